@@ -1,0 +1,260 @@
+//! Dirty-page sets.
+//!
+//! * [`DirtyPages`] is a plain bitmap over every guest frame, owned by one thread:
+//!   what the engine holds between a harvest and the pages it sends.
+//! * [`SharedDirtyBitmap`] is written concurrently (by vCPU threads, ring
+//!   harvesters, or the soft MMU's write-fault path) and harvested with one atomic
+//!   exchange per 64 frames, with no lock and no MMU walk: the shared-bitmap half
+//!   of the fast-write-protection seed.
+
+use crate::types::Gfn;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A set of guest frames, one bit per frame, frames numbered from 0.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirtyPages {
+    words: Vec<u64>,
+    pages: u64,
+}
+
+impl DirtyPages {
+    /// An empty set over `pages` frames.
+    pub fn new(pages: u64) -> Self {
+        DirtyPages {
+            words: vec![0; pages.div_ceil(64) as usize],
+            pages,
+        }
+    }
+
+    /// The set of every frame.
+    pub fn all(pages: u64) -> Self {
+        let mut set = Self::new(pages);
+        set.words.iter_mut().for_each(|w| *w = u64::MAX);
+        set.trim_tail();
+        set
+    }
+
+    fn trim_tail(&mut self) {
+        let rem = self.pages % 64;
+        if rem != 0 {
+            if let Some(last) = self.words.last_mut() {
+                *last &= (1u64 << rem) - 1;
+            }
+        }
+    }
+
+    /// Number of frames the set ranges over.
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    /// Adds `gfn`. Frames past the end are ignored, so a bogus frame reported by a
+    /// dirty ring cannot grow the set.
+    pub fn set(&mut self, gfn: Gfn) {
+        if gfn.0 < self.pages {
+            self.words[(gfn.0 / 64) as usize] |= 1 << (gfn.0 % 64);
+        }
+    }
+
+    /// Whether `gfn` is in the set.
+    pub fn contains(&self, gfn: Gfn) -> bool {
+        gfn.0 < self.pages && self.words[(gfn.0 / 64) as usize] & (1 << (gfn.0 % 64)) != 0
+    }
+
+    /// ORs in a bitmap whose bit 0 is frame `first` (KVM's per-slot log layout).
+    /// `first` must be a multiple of 64, as every slot base in ferry's layouts is.
+    pub fn merge_words(&mut self, first: Gfn, words: &[u64]) {
+        assert_eq!(first.0 % 64, 0, "slot base {first} is not 64-frame aligned");
+        let base = (first.0 / 64) as usize;
+        for (dst, src) in self.words[base..].iter_mut().zip(words) {
+            *dst |= *src;
+        }
+        self.trim_tail();
+    }
+
+    /// ORs in another set of the same size.
+    pub fn merge(&mut self, other: &DirtyPages) {
+        self.merge_words(Gfn(0), &other.words);
+    }
+
+    /// Number of frames in the set.
+    pub fn count(&self) -> u64 {
+        self.words.iter().map(|w| u64::from(w.count_ones())).sum()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.words.iter().all(|&w| w == 0)
+    }
+
+    /// Empties the set.
+    pub fn clear(&mut self) {
+        self.words.iter_mut().for_each(|w| *w = 0);
+    }
+
+    /// The raw words, frame 0 in bit 0 of word 0.
+    pub fn words(&self) -> &[u64] {
+        &self.words
+    }
+
+    /// Frames in ascending order.
+    pub fn iter(&self) -> impl Iterator<Item = Gfn> + '_ {
+        self.words.iter().enumerate().flat_map(|(i, &word)| {
+            let mut w = word;
+            std::iter::from_fn(move || {
+                if w == 0 {
+                    return None;
+                }
+                let bit = w.trailing_zeros() as u64;
+                w &= w - 1;
+                Some(Gfn(i as u64 * 64 + bit))
+            })
+        })
+    }
+
+    /// Runs of consecutive frames as `(first, count)`, ascending. Used to batch
+    /// page copies.
+    pub fn runs(&self) -> Vec<(Gfn, u64)> {
+        let mut runs: Vec<(Gfn, u64)> = Vec::new();
+        for gfn in self.iter() {
+            match runs.last_mut() {
+                Some((first, len)) if first.0 + *len == gfn.0 => *len += 1,
+                _ => runs.push((gfn, 1)),
+            }
+        }
+        runs
+    }
+}
+
+/// A dirty bitmap shared between writers and one harvester.
+///
+/// Writers set bits with `fetch_or`; the harvester takes each word with `swap(0)`.
+/// A write that lands during a harvest is either in this harvest or the next one,
+/// never lost.
+#[derive(Debug)]
+pub struct SharedDirtyBitmap {
+    words: Vec<AtomicU64>,
+    pages: u64,
+}
+
+impl SharedDirtyBitmap {
+    /// An empty bitmap over `pages` frames.
+    pub fn new(pages: u64) -> Self {
+        SharedDirtyBitmap {
+            words: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            pages,
+        }
+    }
+
+    /// Number of frames covered.
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    /// Marks `gfn` dirty. Returns true if it was clean before.
+    #[inline]
+    pub fn mark(&self, gfn: Gfn) -> bool {
+        if gfn.0 >= self.pages {
+            return false;
+        }
+        let bit = 1u64 << (gfn.0 % 64);
+        self.words[(gfn.0 / 64) as usize].fetch_or(bit, Ordering::AcqRel) & bit == 0
+    }
+
+    /// Whether `gfn` is currently marked.
+    pub fn is_marked(&self, gfn: Gfn) -> bool {
+        gfn.0 < self.pages
+            && self.words[(gfn.0 / 64) as usize].load(Ordering::Acquire) & (1 << (gfn.0 % 64)) != 0
+    }
+
+    /// Moves every marked frame into `into` and clears the bitmap, one atomic
+    /// exchange per word. Returns the number of frames harvested.
+    pub fn harvest_into(&self, into: &mut DirtyPages) -> u64 {
+        assert_eq!(into.pages, self.pages, "harvest into a set of another size");
+        let mut count = 0;
+        for (dst, src) in into.words.iter_mut().zip(&self.words) {
+            // A relaxed load first skips the exchange (and its cache-line
+            // ownership) for the common all-clean word.
+            if src.load(Ordering::Relaxed) != 0 {
+                let taken = src.swap(0, Ordering::AcqRel);
+                count += u64::from(taken.count_ones());
+                *dst |= taken;
+            }
+        }
+        count
+    }
+
+    /// Clears every bit.
+    pub fn clear(&self) {
+        self.words
+            .iter()
+            .for_each(|w| w.store(0, Ordering::Release));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn set_count_iter() {
+        let mut d = DirtyPages::new(130);
+        for g in [0, 5, 63, 64, 129, 500] {
+            d.set(Gfn(g));
+        }
+        assert_eq!(d.count(), 5);
+        let v: Vec<u64> = d.iter().map(|g| g.0).collect();
+        assert_eq!(v, vec![0, 5, 63, 64, 129]);
+        assert!(d.contains(Gfn(129)) && !d.contains(Gfn(128)));
+    }
+
+    #[test]
+    fn all_is_trimmed() {
+        let d = DirtyPages::all(70);
+        assert_eq!(d.count(), 70);
+        assert_eq!(d.iter().last(), Some(Gfn(69)));
+    }
+
+    #[test]
+    fn runs_group_consecutive_frames() {
+        let mut d = DirtyPages::new(256);
+        for g in [1, 2, 3, 10, 63, 64, 65] {
+            d.set(Gfn(g));
+        }
+        assert_eq!(d.runs(), vec![(Gfn(1), 3), (Gfn(10), 1), (Gfn(63), 3)]);
+    }
+
+    #[test]
+    fn merge_words_at_slot_base() {
+        let mut d = DirtyPages::new(256);
+        d.merge_words(Gfn(128), &[0b101, 1]);
+        let v: Vec<u64> = d.iter().map(|g| g.0).collect();
+        assert_eq!(v, vec![128, 130, 192]);
+    }
+
+    #[test]
+    fn shared_bitmap_loses_nothing_under_concurrent_harvest() {
+        let pages = 1 << 16;
+        let shared = Arc::new(SharedDirtyBitmap::new(pages));
+        let writers: Vec<_> = (0..2)
+            .map(|t| {
+                let s = Arc::clone(&shared);
+                std::thread::spawn(move || {
+                    for g in (t..pages).step_by(2) {
+                        s.mark(Gfn(g));
+                    }
+                })
+            })
+            .collect();
+        let mut seen = DirtyPages::new(pages);
+        while !writers.iter().all(|w| w.is_finished()) {
+            shared.harvest_into(&mut seen);
+        }
+        for w in writers {
+            w.join().unwrap();
+        }
+        shared.harvest_into(&mut seen);
+        assert_eq!(seen.count(), pages);
+    }
+}

@@ -1,0 +1,30 @@
+//! The backend interface of ferry.
+//!
+//! The migration engine drives a VM only through what this crate defines, so it
+//! does not know (or care) whether the VM runs on `/dev/kvm` or on the software
+//! MMU of the soft backend:
+//!
+//! ```text
+//!   engine ──► Vm trait ──► kvm backend  (real vCPUs, KVM dirty log / ring)
+//!                      └──► soft backend (software stage-2 MMU, all seed mechanisms)
+//!   both:  GuestRam (vm-memory mmap + VMM-write bitmap), DirtyPages, memstress layout
+//! ```
+//!
+//! * [`types`]: frame and address newtypes, so units never get mixed up.
+//! * [`ram`]: guest RAM in one or more slots, with selectable backing.
+//! * [`dirty`]: dirty-page sets and the shared atomic bitmap harvested by exchange.
+//! * [`memstress`]: the guest workload contract: parameters, memory layout, stamps.
+//! * [`vm`]: the `Vm` trait and the configuration both ends of a migration agree on.
+
+pub mod dirty;
+pub mod memstress;
+pub mod ram;
+pub mod types;
+pub mod vm;
+
+pub use dirty::{DirtyPages, SharedDirtyBitmap};
+pub use memstress::WorkloadError;
+pub use memstress::{AccessOrder, MemoryLayout, VcpuProgress, Workload};
+pub use ram::{Backing, GuestRam, RamError, RamSlot};
+pub use types::{Gfn, Gpa, PAGE_SHIFT, PAGE_SIZE};
+pub use vm::{BackendError, BackendKind, DirtyTracking, HarvestStats, Vm, VmConfig};

@@ -1,0 +1,448 @@
+//! The memstress workload contract, shared by both backends.
+//!
+//! This is the workload of the Linux KVM selftests (`dirty_log_perf_test`,
+//! `demand_paging_test`): each vCPU loops over its own region and, for each
+//! page, reads or (with probability `write_percent`) writes 8 bytes. ferry adds
+//! a self-check: a write stores a stamp `(vcpu, page, pass)`, and before every
+//! access the guest checks that the page still holds the stamp it last put
+//! there. A page lost or stale after a migration is caught by the guest itself.
+//!
+//! Both backends run exactly this loop (x86-64 code on kvm, Rust on soft) over
+//! exactly this memory layout, so their pages, stamps and digests are comparable.
+//!
+//! ```text
+//!  guest-physical layout (identity-mapped; every address below is also the gva)
+//!  0x0000_0500  GDT (3 entries)
+//!  0x0000_1000  PML4       0x0000_2000  PDPT
+//!  0x0000_4000  vCPU parameters, 256 bytes each   (PARAMS_GPA)
+//!  0x0000_8000  vCPU progress, 64 bytes each      (PROGRESS_GPA)
+//!  0x0000_c000  guest code                        (CODE_GPA)
+//!  0x0001_0000  page directories, one per GiB     (PD_GPA)
+//!  0x0010_0000  shadow arrays: u32 last-written pass per page, per vCPU
+//!  ── system slot ends (2 MiB aligned) ── data slot: vCPU 0 region, vCPU 1 region, ...
+//! ```
+//!
+//! Per pass, for `i` in `0 .. pages/stride`:
+//! ```text
+//!   page = random ? (next_rand32() * pages) >> 32 : i * stride
+//!   expect = shadow[page] == 0 ? 0 : stamp(vcpu, page, shadow[page])
+//!   if *(region + page*4096) != expect { mismatches += 1 }
+//!   if next_rand32() < write_threshold { *(..) = stamp(vcpu, page, pass); shadow[page] = pass }
+//!   (rate limit: spin on rdtsc until pass_start + accessed * tsc_per_page)
+//! ```
+//! then publish `pass`, `mismatches`, `accesses` in the vCPU's progress record.
+
+use crate::ram::{GuestRam, RamError};
+use crate::types::{Gpa, PAGE_SIZE};
+use serde::{Deserialize, Serialize};
+
+/// Guest-physical address of the GDT.
+pub const GDT_GPA: Gpa = Gpa(0x500);
+/// Guest-physical address of the PML4.
+pub const PML4_GPA: Gpa = Gpa(0x1000);
+/// Guest-physical address of the PDPT (one covers 512 GiB).
+pub const PDPT_GPA: Gpa = Gpa(0x2000);
+/// Guest-physical address of the per-vCPU parameter records.
+pub const PARAMS_GPA: Gpa = Gpa(0x4000);
+/// Size of one parameter record.
+pub const PARAMS_STRIDE: u64 = 256;
+/// Guest-physical address of the per-vCPU progress records.
+pub const PROGRESS_GPA: Gpa = Gpa(0x8000);
+/// Size of one progress record (a cache line, so vCPUs do not share one).
+pub const PROGRESS_STRIDE: u64 = 64;
+/// Guest-physical address of the guest code.
+pub const CODE_GPA: Gpa = Gpa(0xc000);
+/// Maximum guest code size.
+pub const CODE_MAX: usize = 0x4000;
+/// Guest-physical address of the first page directory.
+pub const PD_GPA: Gpa = Gpa(0x1_0000);
+/// Guest-physical address where shadow arrays start.
+pub const SHADOW_GPA: Gpa = Gpa(0x10_0000);
+/// Most vCPUs one layout supports (parameter pages hold 64 records).
+pub const MAX_VCPUS: u32 = 64;
+/// Most guest RAM one layout supports: one page directory per GiB fits below
+/// `SHADOW_GPA`.
+pub const MAX_RAM_BYTES: u64 = 192 << 30;
+
+const MIB2: u64 = 2 << 20;
+
+/// Offsets of fields in a vCPU parameter record (all u64).
+pub mod param {
+    /// Guest address of the vCPU's region.
+    pub const REGION: u64 = 0;
+    /// Pages in the region.
+    pub const PAGES: u64 = 8;
+    /// Page stride of sequential order.
+    pub const STRIDE: u64 = 16;
+    /// A write happens when `rand32 < WRITE_THRESHOLD` (0..=2^32).
+    pub const WRITE_THRESHOLD: u64 = 24;
+    /// 1 for random order, 0 for sequential.
+    pub const RANDOM: u64 = 32;
+    /// Guest address of the shadow array.
+    pub const SHADOW: u64 = 40;
+    /// TSC ticks per page access for the rate limit; 0 means unlimited.
+    pub const TSC_PER_PAGE: u64 = 48;
+    /// vCPU index.
+    pub const VCPU: u64 = 56;
+    /// Initial random state.
+    pub const SEED: u64 = 64;
+    /// Guest address of the progress record.
+    pub const PROGRESS: u64 = 72;
+}
+
+/// Offsets of fields in a vCPU progress record (all u64, written by the guest).
+pub mod progress {
+    /// Completed passes.
+    pub const PASS: u64 = 0;
+    /// Stamp mismatches seen so far.
+    pub const MISMATCHES: u64 = 8;
+    /// Page accesses completed (reads and writes).
+    pub const ACCESSES: u64 = 16;
+    /// Writes completed.
+    pub const WRITES: u64 = 24;
+}
+
+/// Order in which a vCPU visits the pages of its region.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessOrder {
+    /// Page 0, stride, 2*stride, ...
+    #[default]
+    Sequential,
+    /// Uniformly random pages, as many accesses per pass as sequential order.
+    Random,
+}
+
+impl std::str::FromStr for AccessOrder {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "seq" | "sequential" => Ok(AccessOrder::Sequential),
+            "random" | "rand" => Ok(AccessOrder::Random),
+            other => Err(format!(
+                "unknown access order '{other}': expected sequential or random"
+            )),
+        }
+    }
+}
+
+/// What the guest does. Both ends of a migration carry the same workload.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Workload {
+    /// Number of vCPUs, each with its own region.
+    pub vcpus: u32,
+    /// Bytes in each vCPU's region (a multiple of 2 MiB).
+    pub bytes_per_vcpu: u64,
+    /// Percentage of accesses that write, 0..=100.
+    pub write_percent: u8,
+    /// Visiting order.
+    pub order: AccessOrder,
+    /// Page stride in sequential order (1 = every page; 512 = one page per 2 MiB).
+    pub stride_pages: u64,
+    /// Optional cap on pages visited, in MiB/s per vCPU (4 KiB per visited page).
+    pub rate_limit_mib_s: Option<u64>,
+    /// Seed of the guest's random generator.
+    pub seed: u64,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Workload {
+            vcpus: 2,
+            bytes_per_vcpu: 512 << 20,
+            write_percent: 100,
+            order: AccessOrder::Sequential,
+            stride_pages: 1,
+            rate_limit_mib_s: None,
+            seed: 0x5eed,
+        }
+    }
+}
+
+/// A workload that cannot be run.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WorkloadError {
+    /// vCPU count outside 1..=MAX_VCPUS.
+    #[error("vCPU count {0} is out of range: use 1 to {MAX_VCPUS}")]
+    Vcpus(u32),
+    /// Region size not a positive multiple of 2 MiB.
+    #[error("bytes per vCPU {0} must be a positive multiple of 2 MiB")]
+    RegionSize(u64),
+    /// More than 100 percent.
+    #[error("write percent {0} is over 100")]
+    WritePercent(u8),
+    /// Stride of zero or larger than the region.
+    #[error("page stride {stride} must be between 1 and the region's {pages} pages")]
+    Stride { stride: u64, pages: u64 },
+    /// Too much memory for one layout.
+    #[error("{0} bytes of guest RAM is more than the {MAX_RAM_BYTES} a layout supports")]
+    TooLarge(u64),
+    /// A rate limit of zero.
+    #[error("a rate limit must be at least 1 MiB/s")]
+    RateLimit,
+}
+
+impl Workload {
+    /// Checks that the workload can be laid out and run.
+    pub fn validate(&self) -> Result<(), WorkloadError> {
+        if self.vcpus == 0 || self.vcpus > MAX_VCPUS {
+            return Err(WorkloadError::Vcpus(self.vcpus));
+        }
+        if self.bytes_per_vcpu == 0 || self.bytes_per_vcpu % MIB2 != 0 {
+            return Err(WorkloadError::RegionSize(self.bytes_per_vcpu));
+        }
+        if self.write_percent > 100 {
+            return Err(WorkloadError::WritePercent(self.write_percent));
+        }
+        if self.stride_pages == 0 || self.stride_pages > self.pages_per_vcpu() {
+            return Err(WorkloadError::Stride {
+                stride: self.stride_pages,
+                pages: self.pages_per_vcpu(),
+            });
+        }
+        if self.rate_limit_mib_s == Some(0) {
+            return Err(WorkloadError::RateLimit);
+        }
+        let total = MemoryLayout::for_workload(self).total_bytes();
+        if total > MAX_RAM_BYTES {
+            return Err(WorkloadError::TooLarge(total));
+        }
+        Ok(())
+    }
+
+    /// Pages in each vCPU's region.
+    pub fn pages_per_vcpu(&self) -> u64 {
+        self.bytes_per_vcpu / PAGE_SIZE as u64
+    }
+
+    /// Accesses per pass: the same in both orders.
+    pub fn accesses_per_pass(&self) -> u64 {
+        self.pages_per_vcpu() / self.stride_pages
+    }
+
+    /// `rand32 < threshold` decides a write.
+    pub fn write_threshold(&self) -> u64 {
+        (u64::from(self.write_percent) << 32) / 100
+    }
+}
+
+/// Where everything of a workload lives in guest-physical memory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryLayout {
+    /// Size of slot 0: tables, code, parameters, progress and shadow arrays.
+    pub system_bytes: u64,
+    /// Size of slot 1: the vCPU regions.
+    pub data_bytes: u64,
+    /// Bytes in each vCPU's region.
+    pub bytes_per_vcpu: u64,
+    /// Bytes of each vCPU's shadow array (page aligned).
+    pub shadow_bytes_per_vcpu: u64,
+    /// vCPU count.
+    pub vcpus: u32,
+}
+
+impl MemoryLayout {
+    /// The layout of `w`. Deterministic: both ends compute the same one.
+    pub fn for_workload(w: &Workload) -> Self {
+        let pages = w.bytes_per_vcpu / PAGE_SIZE as u64;
+        let shadow = (pages * 4).next_multiple_of(PAGE_SIZE as u64);
+        let system = (SHADOW_GPA.0 + shadow * u64::from(w.vcpus)).next_multiple_of(MIB2);
+        MemoryLayout {
+            system_bytes: system,
+            data_bytes: w.bytes_per_vcpu * u64::from(w.vcpus),
+            bytes_per_vcpu: w.bytes_per_vcpu,
+            shadow_bytes_per_vcpu: shadow,
+            vcpus: w.vcpus,
+        }
+    }
+
+    /// Slot sizes in guest-physical order.
+    pub fn slot_sizes(&self) -> [u64; 2] {
+        [self.system_bytes, self.data_bytes]
+    }
+
+    /// Total guest RAM.
+    pub fn total_bytes(&self) -> u64 {
+        self.system_bytes + self.data_bytes
+    }
+
+    /// Start of the data slot.
+    pub fn data_gpa(&self) -> Gpa {
+        Gpa(self.system_bytes)
+    }
+
+    /// Start of vCPU `vcpu`'s region.
+    pub fn region_gpa(&self, vcpu: u32) -> Gpa {
+        Gpa(self.system_bytes + u64::from(vcpu) * self.bytes_per_vcpu)
+    }
+
+    /// Start of vCPU `vcpu`'s shadow array.
+    pub fn shadow_gpa(&self, vcpu: u32) -> Gpa {
+        Gpa(SHADOW_GPA.0 + u64::from(vcpu) * self.shadow_bytes_per_vcpu)
+    }
+
+    /// vCPU `vcpu`'s parameter record.
+    pub fn params_gpa(vcpu: u32) -> Gpa {
+        Gpa(PARAMS_GPA.0 + u64::from(vcpu) * PARAMS_STRIDE)
+    }
+
+    /// vCPU `vcpu`'s progress record.
+    pub fn progress_gpa(vcpu: u32) -> Gpa {
+        Gpa(PROGRESS_GPA.0 + u64::from(vcpu) * PROGRESS_STRIDE)
+    }
+}
+
+/// The stamp a vCPU writes into `page` of its region in pass `pass`.
+/// Never 0, so a zero page is never mistaken for a written one.
+#[inline]
+pub fn stamp(vcpu: u32, page: u64, pass: u32) -> u64 {
+    ((u64::from(vcpu) + 1) << 56) | ((page & 0xff_ffff) << 32) | u64::from(pass)
+}
+
+/// The guest's random generator: a 64-bit LCG (Knuth's MMIX constants); the
+/// high 32 bits are the output. Two instructions in the kvm guest.
+#[inline]
+pub fn next_rand32(state: &mut u64) -> u64 {
+    *state = state
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *state >> 32
+}
+
+/// `rand32` scaled to `0..pages`, as the guest computes it (`(r * pages) >> 32`).
+#[inline]
+pub fn scale_rand(rand32: u64, pages: u64) -> u64 {
+    (rand32 * pages) >> 32
+}
+
+/// A vCPU's published progress.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VcpuProgress {
+    /// Completed passes.
+    pub passes: u64,
+    /// Stamp mismatches seen.
+    pub mismatches: u64,
+    /// Page accesses.
+    pub accesses: u64,
+    /// Page writes.
+    pub writes: u64,
+}
+
+/// Reads every vCPU's progress record without stopping the guest.
+pub fn read_progress(ram: &GuestRam, vcpus: u32) -> Result<Vec<VcpuProgress>, RamError> {
+    (0..vcpus)
+        .map(|v| {
+            let base = MemoryLayout::progress_gpa(v);
+            Ok(VcpuProgress {
+                passes: ram.load_u64(base.add(progress::PASS))?,
+                mismatches: ram.load_u64(base.add(progress::MISMATCHES))?,
+                accesses: ram.load_u64(base.add(progress::ACCESSES))?,
+                writes: ram.load_u64(base.add(progress::WRITES))?,
+            })
+        })
+        .collect()
+}
+
+/// Writes every vCPU's parameter record. `tsc_khz` converts the rate limit into
+/// TSC ticks; backends without a TSC pass their own clock's rate in kHz.
+pub fn write_params(ram: &GuestRam, w: &Workload, tsc_khz: u64) -> Result<(), RamError> {
+    let layout = MemoryLayout::for_workload(w);
+    let tsc_per_page = match w.rate_limit_mib_s {
+        // pages/s = rate * 256; ticks/page = tsc_hz / pages_per_s.
+        Some(rate) => (tsc_khz * 1000) / (rate * 256).max(1),
+        None => 0,
+    };
+    for v in 0..w.vcpus {
+        let base = MemoryLayout::params_gpa(v);
+        let fields = [
+            (param::REGION, layout.region_gpa(v).0),
+            (param::PAGES, w.pages_per_vcpu()),
+            (param::STRIDE, w.stride_pages),
+            (param::WRITE_THRESHOLD, w.write_threshold()),
+            (param::RANDOM, u64::from(w.order == AccessOrder::Random)),
+            (param::SHADOW, layout.shadow_gpa(v).0),
+            (param::TSC_PER_PAGE, tsc_per_page),
+            (param::VCPU, u64::from(v)),
+            (
+                param::SEED,
+                w.seed ^ (u64::from(v) << 32) ^ 0x9e37_79b9_7f4a_7c15,
+            ),
+            (param::PROGRESS, MemoryLayout::progress_gpa(v).0),
+        ];
+        for (off, value) in fields {
+            ram.store_u64(base.add(off), value)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_of_demo_guest() {
+        let w = Workload::default();
+        let l = MemoryLayout::for_workload(&w);
+        assert_eq!(l.data_bytes, 1 << 30);
+        assert_eq!(l.system_bytes % MIB2, 0);
+        assert!(l.shadow_gpa(1).0 + l.shadow_bytes_per_vcpu <= l.system_bytes);
+        assert_eq!(l.region_gpa(1).0, l.system_bytes + (512 << 20));
+    }
+
+    #[test]
+    fn stamps_are_never_zero_and_distinct() {
+        assert_ne!(stamp(0, 0, 0), 0);
+        assert_ne!(stamp(0, 1, 1), stamp(1, 1, 1));
+        assert_ne!(stamp(0, 1, 1), stamp(0, 1, 2));
+    }
+
+    #[test]
+    fn write_threshold_bounds() {
+        let mut w = Workload {
+            write_percent: 100,
+            ..Workload::default()
+        };
+        assert_eq!(w.write_threshold(), 1 << 32);
+        w.write_percent = 0;
+        assert_eq!(w.write_threshold(), 0);
+    }
+
+    #[test]
+    fn validation_catches_nonsense() {
+        let bad = [
+            Workload {
+                vcpus: 0,
+                ..Workload::default()
+            },
+            Workload {
+                bytes_per_vcpu: 4096,
+                ..Workload::default()
+            },
+            Workload {
+                write_percent: 101,
+                ..Workload::default()
+            },
+            Workload {
+                stride_pages: 0,
+                ..Workload::default()
+            },
+            Workload {
+                rate_limit_mib_s: Some(0),
+                ..Workload::default()
+            },
+        ];
+        for w in bad {
+            assert!(w.validate().is_err(), "{w:?}");
+        }
+        assert!(Workload::default().validate().is_ok());
+    }
+
+    #[test]
+    fn scaled_random_pages_stay_in_range() {
+        let mut s = 1;
+        for _ in 0..10_000 {
+            assert!(scale_rand(next_rand32(&mut s), 777) < 777);
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! Guest RAM: one or more slots, contiguous from guest-physical address 0, so a
+//! frame number is also the page's index into RAM.
+//!
+//! RAM is a vm-memory `GuestMemoryMmap` with an `AtomicBitmap` per region. Every
+//! write the VMM itself makes goes through vm-memory's `Bytes` API, which marks
+//! the page in that bitmap; [`GuestRam::take_vmm_dirty`] hands those pages to
+//! the engine, which merges them with what KVM or the soft MMU logged. That is
+//! the one place that hands out guest memory, so no VMM write can go unsent.
+//!
+//! No `&[u8]` is ever made over live guest RAM: the guest may change it at any
+//! moment. Reads and writes are copies through vm-memory's volatile accessors.
+
+use crate::dirty::DirtyPages;
+use crate::types::{Gfn, Gpa, PAGE_SIZE};
+use serde::{Deserialize, Serialize};
+use std::num::NonZeroUsize;
+use std::os::fd::FromRawFd;
+use std::sync::atomic::Ordering;
+use thiserror::Error;
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{
+    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestRegionMmap,
+};
+
+/// How guest RAM is backed on the host.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backing {
+    /// Private anonymous memory, 4 KiB pages.
+    #[default]
+    Anonymous,
+    /// Anonymous memory with `MADV_HUGEPAGE` (transparent huge pages).
+    Thp,
+    /// `MAP_HUGETLB` 2 MiB pages; needs pages reserved in `/proc/sys/vm/nr_hugepages`.
+    Hugetlb,
+    /// A shared memfd, the backing a VMM uses to hand memory to another process.
+    Memfd,
+}
+
+impl std::str::FromStr for Backing {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "anon" | "anonymous" => Ok(Backing::Anonymous),
+            "thp" => Ok(Backing::Thp),
+            "hugetlb" => Ok(Backing::Hugetlb),
+            "memfd" => Ok(Backing::Memfd),
+            other => Err(format!(
+                "unknown backing '{other}': expected anon, thp, hugetlb or memfd"
+            )),
+        }
+    }
+}
+
+/// Errors of guest RAM.
+#[derive(Debug, Error)]
+pub enum RamError {
+    /// Slot sizes must be whole 2 MiB multiples so every backing can map them.
+    #[error("slot {slot} size {size:#x} is not a multiple of 2 MiB")]
+    UnalignedSlot { slot: usize, size: u64 },
+    /// Slots must tile guest-physical memory from 0 without gaps.
+    #[error("slot {slot} starts at {start} but the previous slot ends at {expected}")]
+    NotContiguous {
+        slot: usize,
+        start: Gpa,
+        expected: Gpa,
+    },
+    /// The host refused the mapping.
+    #[error("cannot map {size} bytes of {backing:?} guest RAM{hint}")]
+    Map {
+        size: u64,
+        backing: Backing,
+        hint: &'static str,
+        #[source]
+        source: vm_memory::mmap::MmapRegionError,
+    },
+    /// memfd_create or ftruncate failed.
+    #[error("cannot create the memfd backing guest RAM")]
+    Memfd(#[source] std::io::Error),
+    /// vm-memory rejected the region set.
+    #[error("cannot assemble guest RAM regions: {0}")]
+    Regions(String),
+    /// An access fell outside guest RAM.
+    #[error("guest RAM access at {gpa} of {len} bytes is out of range")]
+    OutOfRange { gpa: Gpa, len: usize },
+}
+
+/// One memory slot as registered with the backend.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RamSlot {
+    /// Slot number (the KVM memslot id on the kvm backend).
+    pub slot: u32,
+    /// First guest-physical address.
+    pub gpa: Gpa,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+impl RamSlot {
+    /// First frame of the slot.
+    pub fn first_gfn(&self) -> Gfn {
+        self.gpa.gfn()
+    }
+    /// Number of 4 KiB frames.
+    pub fn pages(&self) -> u64 {
+        self.size / PAGE_SIZE as u64
+    }
+}
+
+const HUGE_2M: u64 = 2 << 20;
+
+/// Guest RAM shared by the backend (which runs the guest on it) and the engine
+/// (which copies it).
+pub struct GuestRam {
+    mem: GuestMemoryMmap<AtomicBitmap>,
+    slots: Vec<RamSlot>,
+    backing: Backing,
+}
+
+impl std::fmt::Debug for GuestRam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestRam")
+            .field("slots", &self.slots)
+            .field("backing", &self.backing)
+            .finish()
+    }
+}
+
+impl GuestRam {
+    /// Maps guest RAM with one slot per entry of `slot_sizes`, laid out
+    /// contiguously from guest-physical 0.
+    pub fn new(slot_sizes: &[u64], backing: Backing) -> Result<Self, RamError> {
+        let mut regions = Vec::with_capacity(slot_sizes.len());
+        let mut slots = Vec::with_capacity(slot_sizes.len());
+        let mut next = Gpa(0);
+        for (i, &size) in slot_sizes.iter().enumerate() {
+            if size == 0 || size % HUGE_2M != 0 {
+                return Err(RamError::UnalignedSlot { slot: i, size });
+            }
+            let region = map_region(size, backing)?;
+            let region = GuestRegionMmap::new(region, GuestAddress(next.0))
+                .ok_or_else(|| RamError::Regions("address overflow".into()))?;
+            regions.push(region);
+            slots.push(RamSlot {
+                slot: i as u32,
+                gpa: next,
+                size,
+            });
+            next = next.add(size);
+        }
+        let mem =
+            GuestMemoryMmap::from_regions(regions).map_err(|e| RamError::Regions(e.to_string()))?;
+        Ok(GuestRam {
+            mem,
+            slots,
+            backing,
+        })
+    }
+
+    /// The slots, in guest-physical order.
+    pub fn slots(&self) -> &[RamSlot] {
+        &self.slots
+    }
+
+    /// The backing the RAM was mapped with.
+    pub fn backing(&self) -> Backing {
+        self.backing
+    }
+
+    /// Total bytes of guest RAM.
+    pub fn size(&self) -> u64 {
+        self.slots.iter().map(|s| s.size).sum()
+    }
+
+    /// Total 4 KiB frames; frames are numbered `0..pages()`.
+    pub fn pages(&self) -> u64 {
+        self.size() / PAGE_SIZE as u64
+    }
+
+    /// Host virtual address of the first byte of `slot`, for registering it with
+    /// a hypervisor. The pointer stays valid as long as `self` lives.
+    pub fn host_address(&self, slot: &RamSlot) -> *mut u8 {
+        self.mem
+            .get_host_address(GuestAddress(slot.gpa.0))
+            .expect("slot base is inside guest RAM by construction")
+    }
+
+    /// The vm-memory view, for code that wants its `Bytes` API directly.
+    pub fn memory(&self) -> &GuestMemoryMmap<AtomicBitmap> {
+        &self.mem
+    }
+
+    /// Copies `buf.len()` bytes starting at frame `first` out of guest RAM.
+    pub fn read_pages(&self, first: Gfn, buf: &mut [u8]) -> Result<(), RamError> {
+        let gpa = first.gpa();
+        self.mem
+            .read_slice(buf, GuestAddress(gpa.0))
+            .map_err(|_| RamError::OutOfRange {
+                gpa,
+                len: buf.len(),
+            })
+    }
+
+    /// Copies `data` into guest RAM at frame `first`. Marks the pages VMM-dirty.
+    pub fn write_pages(&self, first: Gfn, data: &[u8]) -> Result<(), RamError> {
+        self.write_bytes(first.gpa(), data)
+    }
+
+    /// Copies `data` into guest RAM at `gpa`. Marks the pages VMM-dirty.
+    pub fn write_bytes(&self, gpa: Gpa, data: &[u8]) -> Result<(), RamError> {
+        self.mem
+            .write_slice(data, GuestAddress(gpa.0))
+            .map_err(|_| RamError::OutOfRange {
+                gpa,
+                len: data.len(),
+            })
+    }
+
+    /// Atomically loads the aligned u64 at `gpa` (acquire), e.g. a counter the
+    /// guest publishes.
+    pub fn load_u64(&self, gpa: Gpa) -> Result<u64, RamError> {
+        self.mem
+            .load(GuestAddress(gpa.0), Ordering::Acquire)
+            .map_err(|_| RamError::OutOfRange { gpa, len: 8 })
+    }
+
+    /// Atomically stores the aligned u64 at `gpa` (release). Marks the page VMM-dirty.
+    pub fn store_u64(&self, gpa: Gpa, value: u64) -> Result<(), RamError> {
+        self.mem
+            .store(value, GuestAddress(gpa.0), Ordering::Release)
+            .map_err(|_| RamError::OutOfRange { gpa, len: 8 })
+    }
+
+    /// Moves every page the VMM wrote since the last call into `into`.
+    pub fn take_vmm_dirty(&self, into: &mut DirtyPages) {
+        for (slot, region) in self.slots.iter().zip(self.mem.iter()) {
+            let mapping: &vm_memory::MmapRegion<AtomicBitmap> = region;
+            let words = mapping.bitmap().get_and_reset();
+            into.merge_words(slot.first_gfn(), &words);
+        }
+    }
+}
+
+fn map_region(
+    size: u64,
+    backing: Backing,
+) -> Result<vm_memory::MmapRegion<AtomicBitmap>, RamError> {
+    let page = NonZeroUsize::new(PAGE_SIZE).expect("non-zero");
+    let bitmap = AtomicBitmap::new(size as usize, page);
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
+    let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    let builder = MmapRegionBuilder::new_with_bitmap(size as usize, bitmap).with_mmap_prot(prot);
+    let (builder, hint) = match backing {
+        Backing::Anonymous | Backing::Thp => (builder.with_mmap_flags(anon), ""),
+        Backing::Hugetlb => (
+            builder
+                .with_mmap_flags(anon | libc::MAP_HUGETLB)
+                .with_hugetlbfs(true),
+            ": reserve 2 MiB huge pages first (echo N > /proc/sys/vm/nr_hugepages)",
+        ),
+        Backing::Memfd => {
+            let file = memfd(size)?;
+            (
+                builder
+                    .with_mmap_flags(libc::MAP_SHARED | libc::MAP_NORESERVE)
+                    .with_file_offset(FileOffset::new(file, 0)),
+                "",
+            )
+        }
+    };
+    let region = builder.build().map_err(|source| RamError::Map {
+        size,
+        backing,
+        hint,
+        source,
+    })?;
+    if backing == Backing::Thp {
+        // SAFETY: the range is exactly the mapping vm-memory just created and
+        // still owns; madvise only changes how the kernel backs it.
+        let rc =
+            unsafe { libc::madvise(region.as_ptr().cast(), region.size(), libc::MADV_HUGEPAGE) };
+        if rc != 0 {
+            tracing::warn!("madvise(MADV_HUGEPAGE) failed; THP backing falls back to 4K pages");
+        }
+    }
+    Ok(region)
+}
+
+fn memfd(size: u64) -> Result<std::fs::File, RamError> {
+    // SAFETY: the name is a valid NUL-terminated string; the returned fd is
+    // checked before use and owned by the File below.
+    let fd = unsafe { libc::memfd_create(c"ferry-ram".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(RamError::Memfd(std::io::Error::last_os_error()));
+    }
+    // SAFETY: fd is a fresh, valid descriptor that nothing else owns.
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.set_len(size).map_err(RamError::Memfd)?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn slots_are_contiguous_from_zero() {
+        let ram = GuestRam::new(&[2 * MIB, 4 * MIB], Backing::Anonymous).unwrap();
+        assert_eq!(ram.slots()[1].gpa, Gpa(2 * MIB));
+        assert_eq!(ram.pages(), 6 * MIB / 4096);
+    }
+
+    #[test]
+    fn unaligned_slot_is_rejected() {
+        let err = GuestRam::new(&[MIB], Backing::Anonymous).unwrap_err();
+        assert!(matches!(err, RamError::UnalignedSlot { .. }));
+    }
+
+    #[test]
+    fn every_backing_round_trips_and_marks_vmm_writes() {
+        for backing in [Backing::Anonymous, Backing::Thp, Backing::Memfd] {
+            let ram = GuestRam::new(&[2 * MIB, 2 * MIB], backing).unwrap();
+            // One write in each slot: both must show up as VMM-dirty.
+            ram.write_pages(Gfn(1), &[7u8; PAGE_SIZE]).unwrap();
+            ram.store_u64(Gfn(600).gpa(), 0xfeed).unwrap();
+            let mut buf = vec![0u8; PAGE_SIZE];
+            ram.read_pages(Gfn(1), &mut buf).unwrap();
+            assert!(buf.iter().all(|&b| b == 7), "{backing:?}");
+            assert_eq!(ram.load_u64(Gfn(600).gpa()).unwrap(), 0xfeed);
+            let mut dirty = DirtyPages::new(ram.pages());
+            ram.take_vmm_dirty(&mut dirty);
+            assert_eq!(dirty.iter().collect::<Vec<_>>(), vec![Gfn(1), Gfn(600)]);
+            let mut again = DirtyPages::new(ram.pages());
+            ram.take_vmm_dirty(&mut again);
+            assert!(again.is_empty(), "harvest must reset the VMM bitmap");
+        }
+    }
+
+    #[test]
+    fn out_of_range_access_is_an_error() {
+        let ram = GuestRam::new(&[2 * MIB], Backing::Anonymous).unwrap();
+        let mut buf = [0u8; PAGE_SIZE];
+        assert!(ram.read_pages(Gfn(512), &mut buf).is_err());
+    }
+}

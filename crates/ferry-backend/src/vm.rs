@@ -1,0 +1,170 @@
+//! The `Vm` trait: everything the migration engine needs from a backend.
+//!
+//! ```text
+//!  source:       start ─► start_dirty_log ─► (harvest_dirty)* ─► pause ─► harvest_dirty
+//!                ─► save_vcpus ─► [switchover] ─► stop_dirty_log / or start again on failure
+//!  destination:  (RAM filled by the stream) ─► restore_vcpus ─► start
+//! ```
+//!
+//! The engine merges what `harvest_dirty` returns with the pages the VMM wrote
+//! itself ([`crate::GuestRam::take_vmm_dirty`]).
+
+use crate::dirty::DirtyPages;
+use crate::memstress::{MemoryLayout, Workload};
+use crate::ram::{Backing, GuestRam, RamError};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// Which backend runs the VM. Both ends of a migration must use the same one,
+/// because their vCPU state differs.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Real vCPUs on `/dev/kvm`.
+    #[default]
+    Kvm,
+    /// The software second-level MMU.
+    Soft,
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Kvm => "kvm",
+            BackendKind::Soft => "soft",
+        })
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "kvm" => Ok(BackendKind::Kvm),
+            "soft" => Ok(BackendKind::Soft),
+            other => Err(format!("unknown backend '{other}': expected kvm or soft")),
+        }
+    }
+}
+
+/// KVM's dirty-tracking interfaces (the kvm backend's modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "mode")]
+pub enum DirtyTracking {
+    /// `KVM_GET_DIRTY_LOG`: get and write-protect the whole slot in one ioctl.
+    Bitmap,
+    /// `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2` + `KVM_CLEAR_DIRTY_LOG` in chunks of
+    /// `chunk_pages`, sleeping `pace_us` between chunks (eager-split seed).
+    Clear { chunk_pages: u32, pace_us: u32 },
+    /// The per-vCPU dirty ring of `entries` entries, harvested then reset.
+    Ring { entries: u32 },
+}
+
+impl Default for DirtyTracking {
+    fn default() -> Self {
+        DirtyTracking::Bitmap
+    }
+}
+
+impl DirtyTracking {
+    /// Short name used in reports and JSON.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DirtyTracking::Bitmap => "bitmap",
+            DirtyTracking::Clear { .. } => "clear",
+            DirtyTracking::Ring { .. } => "ring",
+        }
+    }
+}
+
+/// What both ends of a migration agree on: checked by the destination against
+/// the stream header.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmConfig {
+    /// The backend running the VM.
+    pub backend: BackendKind,
+    /// The guest workload, which fixes the memory layout.
+    pub workload: Workload,
+    /// Host backing of guest RAM (each end may choose its own).
+    pub backing: Backing,
+}
+
+impl VmConfig {
+    /// The guest-physical layout.
+    pub fn layout(&self) -> MemoryLayout {
+        MemoryLayout::for_workload(&self.workload)
+    }
+}
+
+/// Timing of one harvest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HarvestStats {
+    /// Pages found dirty.
+    pub pages: u64,
+    /// Nanoseconds spent getting the log (GET_DIRTY_LOG, ring walk, exchange).
+    pub get_ns: u64,
+    /// Nanoseconds spent re-protecting (CLEAR_DIRTY_LOG, RESET_DIRTY_RINGS).
+    pub clear_ns: u64,
+}
+
+/// Errors a backend reports to the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// Guest RAM failed.
+    #[error("guest RAM")]
+    Ram(#[from] RamError),
+    /// A backend operation failed.
+    #[error("{backend} backend: {what}")]
+    Operation {
+        /// Which backend.
+        backend: BackendKind,
+        /// What it was doing.
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// A vCPU stopped running the guest.
+    #[error("vCPU {vcpu} stopped: {reason}")]
+    VcpuFailed {
+        /// vCPU index.
+        vcpu: u32,
+        /// Why.
+        reason: String,
+    },
+    /// The call needs paused vCPUs.
+    #[error("the VM must be paused to {0}")]
+    NotPaused(&'static str),
+    /// Saved vCPU state that this VM cannot take.
+    #[error("vCPU state does not fit this VM: {0}")]
+    BadVcpuState(String),
+}
+
+/// A running (or ready-to-run) VM as the engine sees it.
+pub trait Vm: Send {
+    /// The configuration the VM was built from.
+    fn config(&self) -> &VmConfig;
+    /// Guest RAM, shareable with engine threads.
+    fn ram(&self) -> &Arc<GuestRam>;
+    /// Starts the vCPUs, or resumes them after `pause`.
+    fn start(&mut self) -> Result<(), BackendError>;
+    /// Stops every vCPU and returns once none is running guest code.
+    fn pause(&mut self) -> Result<(), BackendError>;
+    /// Whether the vCPUs are running.
+    fn is_running(&self) -> bool;
+    /// Fails if any vCPU has stopped on its own (guest crash, host error).
+    fn check_health(&self) -> Result<(), BackendError>;
+    /// Name of the dirty-tracking method in use, for reports.
+    fn dirty_tracking(&self) -> String;
+    /// Starts logging guest writes. Pages written before this call are not reported.
+    fn start_dirty_log(&mut self) -> Result<(), BackendError>;
+    /// Adds every page the guest wrote since the last harvest (or since
+    /// `start_dirty_log`) to `into`, and re-arms tracking for those pages.
+    fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, BackendError>;
+    /// Stops logging.
+    fn stop_dirty_log(&mut self) -> Result<(), BackendError>;
+    /// Serializes the state of every vCPU. The VM must be paused.
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError>;
+    /// Loads vCPU state saved by the same backend. The VM must not be running.
+    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError>;
+}
