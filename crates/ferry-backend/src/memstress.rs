@@ -188,7 +188,7 @@ impl Workload {
         if self.vcpus == 0 || self.vcpus > MAX_VCPUS {
             return Err(WorkloadError::Vcpus(self.vcpus));
         }
-        if self.bytes_per_vcpu == 0 || self.bytes_per_vcpu % MIB2 != 0 {
+        if self.bytes_per_vcpu == 0 || !self.bytes_per_vcpu.is_multiple_of(MIB2) {
             return Err(WorkloadError::RegionSize(self.bytes_per_vcpu));
         }
         if self.write_percent > 100 {

@@ -135,7 +135,7 @@ impl GuestRam {
         let mut slots = Vec::with_capacity(slot_sizes.len());
         let mut next = Gpa(0);
         for (i, &size) in slot_sizes.iter().enumerate() {
-            if size == 0 || size % HUGE_2M != 0 {
+            if size == 0 || !size.is_multiple_of(HUGE_2M) {
                 return Err(RamError::UnalignedSlot { slot: i, size });
             }
             let region = map_region(size, backing)?;

@@ -48,22 +48,17 @@ impl std::str::FromStr for BackendKind {
 }
 
 /// KVM's dirty-tracking interfaces (the kvm backend's modes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", tag = "mode")]
 pub enum DirtyTracking {
     /// `KVM_GET_DIRTY_LOG`: get and write-protect the whole slot in one ioctl.
+    #[default]
     Bitmap,
     /// `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2` + `KVM_CLEAR_DIRTY_LOG` in chunks of
     /// `chunk_pages`, sleeping `pace_us` between chunks (eager-split seed).
     Clear { chunk_pages: u32, pace_us: u32 },
     /// The per-vCPU dirty ring of `entries` entries, harvested then reset.
     Ring { entries: u32 },
-}
-
-impl Default for DirtyTracking {
-    fn default() -> Self {
-        DirtyTracking::Bitmap
-    }
 }
 
 impl DirtyTracking {
