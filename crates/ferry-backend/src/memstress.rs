@@ -88,6 +88,8 @@ pub mod param {
     pub const SEED: u64 = 64;
     /// Guest address of the progress record.
     pub const PROGRESS: u64 = 72;
+    /// Accesses per pass (`pages / stride`), precomputed by the host.
+    pub const ACCESSES: u64 = 80;
 }
 
 /// Offsets of fields in a vCPU progress record (all u64, written by the guest).
@@ -100,6 +102,9 @@ pub mod progress {
     pub const ACCESSES: u64 = 16;
     /// Writes completed.
     pub const WRITES: u64 = 24;
+    /// Backend-private clock value at the start of the current pass (the rate
+    /// limit's baseline; the kvm guest keeps its TSC here).
+    pub const PASS_START: u64 = 32;
 }
 
 /// Order in which a vCPU visits the pages of its region.
@@ -368,6 +373,7 @@ pub fn write_params(ram: &GuestRam, w: &Workload, tsc_khz: u64) -> Result<(), Ra
                 w.seed ^ (u64::from(v) << 32) ^ 0x9e37_79b9_7f4a_7c15,
             ),
             (param::PROGRESS, MemoryLayout::progress_gpa(v).0),
+            (param::ACCESSES, w.accesses_per_pass()),
         ];
         for (off, value) in fields {
             ram.store_u64(base.add(off), value)?;

@@ -1,1 +1,24 @@
-//! placeholder
+//! The kvm backend of ferry: real vCPUs on `/dev/kvm`.
+//!
+//! ```text
+//!   KvmVm ── GuestRam (2 slots: system, data) ── KVM memslots
+//!     ├── vCPU threads (vcpu.rs): KVM_RUN loop, paused by signal
+//!     ├── guest/: memstress x86-64 code + CPL3 boot state
+//!     ├── dirty/: bitmap | clear (MANUAL_PROTECT2, paced chunks) | ring
+//!     └── cpu_state.rs: regs, sregs, XSAVE, XCRs, MSRs, events, CPUID
+//! ```
+//!
+//! It uses what the host kernel offers; mechanisms the kernel lacks live in the
+//! soft backend.
+
+pub mod cpu_state;
+pub mod dirty;
+pub mod error;
+pub mod guest;
+pub mod ioctls;
+pub mod memory;
+mod vcpu;
+pub mod vm;
+
+pub use error::KvmError;
+pub use vm::{kvm_available, KvmVm, Role};

@@ -1,0 +1,182 @@
+//! Dirty tracking on KVM, in the three modes of [`DirtyTracking`]:
+//!
+//! | mode | get | re-protect |
+//! |---|---|---|
+//! | `bitmap` | `KVM_GET_DIRTY_LOG` (also re-protects, whole slot) | in the same ioctl |
+//! | `clear`  | `KVM_GET_DIRTY_LOG` under MANUAL_PROTECT2 (no re-protect) | `KVM_CLEAR_DIRTY_LOG` in paced chunks |
+//! | `ring`   | walk each vCPU's dirty ring, flip DIRTY→RESET | `KVM_RESET_DIRTY_RINGS` |
+//!
+//! `clear` is the userspace half of the eager-splitting seed: re-protection (and
+//! on TDP hosts, huge-page splitting) happens chunk by chunk, with a pause in
+//! between, instead of all at once. Under MANUAL_PROTECT2 with INITIALLY_SET,
+//! enabling logging protects nothing; ferry then clears the whole slot in paced
+//! chunks, so the first harvest is exact.
+//!
+//! In every mode, pages are re-protected *before* the engine reads them, so a
+//! write that races with a harvest is either in the copy or in the next harvest.
+
+pub mod ring;
+
+use crate::error::{ioctl, KvmError};
+use crate::ioctls;
+use crate::memory::set_slot_logging;
+use ferry_backend::{DirtyPages, DirtyTracking, GuestRam, HarvestStats, SharedDirtyBitmap};
+use kvm_ioctls::VmFd;
+use ring::DirtyRing;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The dirty log of one VM.
+pub(crate) struct DirtyLog {
+    mode: DirtyTracking,
+    vm: Arc<VmFd>,
+    ram: Arc<GuestRam>,
+    rings: Vec<Arc<DirtyRing>>,
+    /// Pages collected from rings (by vCPU threads on ring-full exits, or by a
+    /// harvest) that the engine has not taken yet.
+    pending: Arc<SharedDirtyBitmap>,
+    active: bool,
+}
+
+impl DirtyLog {
+    pub fn new(
+        mode: DirtyTracking,
+        vm: Arc<VmFd>,
+        ram: Arc<GuestRam>,
+        pending: Arc<SharedDirtyBitmap>,
+    ) -> Self {
+        DirtyLog {
+            mode,
+            vm,
+            ram,
+            rings: Vec::new(),
+            pending,
+            active: false,
+        }
+    }
+
+    pub fn add_ring(&mut self, ring: Arc<DirtyRing>) {
+        self.rings.push(ring);
+    }
+
+    pub fn mode(&self) -> DirtyTracking {
+        self.mode
+    }
+
+    pub fn start(&mut self) -> Result<(), KvmError> {
+        for slot in self.ram.slots() {
+            set_slot_logging(&self.vm, &self.ram, slot, true)?;
+        }
+        if let DirtyTracking::Clear {
+            chunk_pages,
+            pace_us,
+        } = self.mode
+        {
+            // INITIALLY_SET: every bit starts set and nothing is protected.
+            // Clearing everything protects the slot, chunk by chunk.
+            for slot in self.ram.slots() {
+                let all = vec![u64::MAX; slot.pages().div_ceil(64) as usize];
+                self.clear_chunks(slot.slot, slot.pages(), &all, chunk_pages, pace_us)?;
+            }
+        }
+        self.pending.clear();
+        self.active = true;
+        Ok(())
+    }
+
+    pub fn stop(&mut self) -> Result<(), KvmError> {
+        if !self.active {
+            return Ok(());
+        }
+        for slot in self.ram.slots() {
+            set_slot_logging(&self.vm, &self.ram, slot, false)?;
+        }
+        if !self.rings.is_empty() {
+            for ring in &self.rings {
+                ring.collect();
+            }
+            ioctls::reset_dirty_rings(&self.vm).map_err(ioctl("KVM_RESET_DIRTY_RINGS"))?;
+            self.pending.clear();
+        }
+        self.active = false;
+        Ok(())
+    }
+
+    pub fn harvest(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, KvmError> {
+        if !self.active {
+            return Err(KvmError::Config("dirty logging is not started".into()));
+        }
+        let mut stats = HarvestStats::default();
+        let before = into.count();
+        match self.mode {
+            DirtyTracking::Bitmap => {
+                let t = Instant::now();
+                for slot in self.ram.slots() {
+                    let bits = self
+                        .vm
+                        .get_dirty_log(slot.slot, slot.size as usize)
+                        .map_err(ioctl("KVM_GET_DIRTY_LOG"))?;
+                    into.merge_words(slot.first_gfn(), &bits);
+                }
+                stats.get_ns = t.elapsed().as_nanos() as u64;
+            }
+            DirtyTracking::Clear {
+                chunk_pages,
+                pace_us,
+            } => {
+                for slot in self.ram.slots() {
+                    let t = Instant::now();
+                    let bits = self
+                        .vm
+                        .get_dirty_log(slot.slot, slot.size as usize)
+                        .map_err(ioctl("KVM_GET_DIRTY_LOG"))?;
+                    stats.get_ns += t.elapsed().as_nanos() as u64;
+                    into.merge_words(slot.first_gfn(), &bits);
+                    let t = Instant::now();
+                    self.clear_chunks(slot.slot, slot.pages(), &bits, chunk_pages, pace_us)?;
+                    stats.clear_ns += t.elapsed().as_nanos() as u64;
+                }
+            }
+            DirtyTracking::Ring { .. } => {
+                let t = Instant::now();
+                for ring in &self.rings {
+                    ring.collect();
+                }
+                stats.get_ns = t.elapsed().as_nanos() as u64;
+                let t = Instant::now();
+                ioctls::reset_dirty_rings(&self.vm).map_err(ioctl("KVM_RESET_DIRTY_RINGS"))?;
+                stats.clear_ns = t.elapsed().as_nanos() as u64;
+                self.pending.harvest_into(into);
+            }
+        }
+        stats.pages = into.count() - before;
+        Ok(stats)
+    }
+
+    /// KVM_CLEAR_DIRTY_LOG over `pages` pages of `slot`, `chunk_pages` at a time,
+    /// skipping chunks with no bit set and sleeping `pace_us` after each call.
+    fn clear_chunks(
+        &self,
+        slot: u32,
+        pages: u64,
+        bits: &[u64],
+        chunk_pages: u32,
+        pace_us: u32,
+    ) -> Result<(), KvmError> {
+        let chunk = u64::from(chunk_pages.max(64));
+        let mut first = 0u64;
+        while first < pages {
+            let n = chunk.min(pages - first);
+            let words = &bits[(first / 64) as usize..(first + n).div_ceil(64) as usize];
+            if words.iter().any(|&w| w != 0) {
+                ioctls::clear_dirty_log(&self.vm, slot, first, n as u32, words)
+                    .map_err(ioctl("KVM_CLEAR_DIRTY_LOG"))?;
+                if pace_us > 0 {
+                    std::thread::sleep(Duration::from_micros(u64::from(pace_us)));
+                }
+            }
+            first += n;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,134 @@
+//! The per-vCPU dirty ring (`KVM_CAP_DIRTY_LOG_RING_ACQ_REL`).
+//!
+//! KVM appends `(slot, offset)` for each page a vCPU dirties to that vCPU's
+//! ring, mapped at page `KVM_DIRTY_LOG_PAGE_OFFSET` of the vCPU fd. Userspace
+//! walks entries in order from its fetch index: an entry with the DIRTY flag
+//! (read with acquire) is recorded, then flagged RESET (store with release).
+//! `KVM_RESET_DIRTY_RINGS` then re-protects the recorded pages and recycles the
+//! entries. When a ring fills, the vCPU exits with `KVM_EXIT_DIRTY_RING_FULL`
+//! and its own thread drains it ([`DirtyRing::drain_full`]).
+//!
+//! Collected pages go into a [`SharedDirtyBitmap`] until the engine harvests.
+
+use crate::error::{ioctl, KvmError};
+use crate::ioctls;
+use ferry_backend::{Gfn, SharedDirtyBitmap};
+use kvm_bindings::{kvm_dirty_gfn, KVM_DIRTY_LOG_PAGE_OFFSET};
+use kvm_ioctls::{VcpuFd, VmFd};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+const GFN_DIRTY: u32 = 1;
+const GFN_RESET: u32 = 2;
+
+/// One vCPU's mapped dirty ring.
+pub struct DirtyRing {
+    entries: *mut kvm_dirty_gfn,
+    count: u32,
+    bytes: usize,
+    fetch: Mutex<u32>,
+    vm: Arc<VmFd>,
+    slot_bases: Vec<Gfn>,
+    pending: Arc<SharedDirtyBitmap>,
+}
+
+// SAFETY: the ring mapping is process-shared memory owned by this struct for
+// its whole life; every access to it goes through `collect`, serialized by the
+// `fetch` mutex, with atomic flag accesses as the KVM ABI requires.
+unsafe impl Send for DirtyRing {}
+// SAFETY: as above; `&DirtyRing` only allows `collect`, which takes the mutex.
+unsafe impl Sync for DirtyRing {}
+
+impl DirtyRing {
+    /// Maps the ring of `vcpu`, which has `entries` entries (a power of two).
+    /// `slot_bases[slot]` is the first frame of each memslot.
+    pub fn map(
+        vcpu: &VcpuFd,
+        entries: u32,
+        vm: Arc<VmFd>,
+        slot_bases: Vec<Gfn>,
+        pending: Arc<SharedDirtyBitmap>,
+    ) -> Result<Self, KvmError> {
+        let bytes = entries as usize * std::mem::size_of::<kvm_dirty_gfn>();
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as i64;
+        // SAFETY: mapping a KVM vCPU fd at the dirty-ring offset with the size
+        // the ring was enabled with; the result is checked before use.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                vcpu.as_raw_fd(),
+                i64::from(KVM_DIRTY_LOG_PAGE_OFFSET) * page,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(KvmError::Ioctl(
+                "mmap of the dirty ring",
+                vmm_sys_util::errno::Error::last(),
+            ));
+        }
+        Ok(DirtyRing {
+            entries: ptr.cast(),
+            count: entries,
+            bytes,
+            fetch: Mutex::new(0),
+            vm,
+            slot_bases,
+            pending,
+        })
+    }
+
+    /// Records every published entry into the pending bitmap and flags it for
+    /// reset. Returns the number of entries collected.
+    pub fn collect(&self) -> u32 {
+        let mut fetch = self.fetch.lock().expect("dirty ring lock");
+        let mut n = 0;
+        loop {
+            let idx = (*fetch % self.count) as usize;
+            // SAFETY: idx < count, so the entry lies inside the mapping.
+            let entry = unsafe { self.entries.add(idx) };
+            // SAFETY: `flags` is the first, 4-byte-aligned u32 of the entry; KVM
+            // and userspace both access it atomically per the ring ABI.
+            let flags = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*entry).flags)) };
+            if flags.load(Ordering::Acquire) & GFN_DIRTY == 0 {
+                break;
+            }
+            // SAFETY: the DIRTY flag (acquire) publishes slot and offset.
+            let (slot, offset) = unsafe {
+                (
+                    std::ptr::read_volatile(std::ptr::addr_of!((*entry).slot)),
+                    std::ptr::read_volatile(std::ptr::addr_of!((*entry).offset)),
+                )
+            };
+            // Low 16 bits: slot id; high 16 bits: address space (always 0 here).
+            if let Some(base) = self.slot_bases.get((slot & 0xffff) as usize) {
+                self.pending.mark(Gfn(base.0 + offset));
+            }
+            flags.store(GFN_RESET, Ordering::Release);
+            *fetch = fetch.wrapping_add(1);
+            n += 1;
+        }
+        n
+    }
+
+    /// Handles `KVM_EXIT_DIRTY_RING_FULL` on the vCPU's own thread: collect,
+    /// then reset so the vCPU can run again.
+    pub fn drain_full(&self) -> Result<(), KvmError> {
+        self.collect();
+        ioctls::reset_dirty_rings(&self.vm).map_err(ioctl("KVM_RESET_DIRTY_RINGS"))?;
+        Ok(())
+    }
+}
+
+impl Drop for DirtyRing {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping created in `map`, once.
+        unsafe {
+            libc::munmap(self.entries.cast(), self.bytes);
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Errors of the kvm backend.
+
+use ferry_backend::{BackendError, BackendKind};
+use vmm_sys_util::errno;
+
+/// What went wrong talking to KVM.
+#[derive(Debug, thiserror::Error)]
+pub enum KvmError {
+    /// /dev/kvm could not be opened.
+    #[error("cannot open /dev/kvm (is KVM available and are you allowed to use it?)")]
+    Open(#[source] errno::Error),
+    /// A KVM ioctl failed.
+    #[error("{0} failed")]
+    Ioctl(&'static str, #[source] errno::Error),
+    /// A capability ferry needs is missing.
+    #[error("this host's KVM lacks {0}")]
+    MissingCap(&'static str),
+    /// A configuration KVM cannot run.
+    #[error("{0}")]
+    Config(String),
+    /// Building the guest image failed.
+    #[error(transparent)]
+    Boot(#[from] crate::guest::boot::BootError),
+    /// Guest RAM could not be created.
+    #[error(transparent)]
+    Ram(#[from] ferry_backend::RamError),
+    /// A vCPU thread could not be started.
+    #[error("cannot start vCPU thread {0}")]
+    Thread(u32, #[source] std::io::Error),
+}
+
+impl From<KvmError> for BackendError {
+    /// Flattens the error chain into one message, so the engine's report shows
+    /// the cause (the errno) without repeating any level.
+    fn from(e: KvmError) -> Self {
+        let mut what = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            what.push_str(": ");
+            what.push_str(&c.to_string());
+            cause = c.source();
+        }
+        BackendError::Operation {
+            backend: BackendKind::Kvm,
+            what,
+            source: None,
+        }
+    }
+}
+
+/// Shorthand for mapping an ioctl error.
+pub(crate) fn ioctl(name: &'static str) -> impl FnOnce(errno::Error) -> KvmError {
+    move |e| KvmError::Ioctl(name, e)
+}

@@ -1,0 +1,193 @@
+//! The memstress loop as x86-64 machine code.
+//!
+//! The loop is the one documented in `ferry_backend::memstress`, register for
+//! register. All loop state lives in registers or guest memory, so saving the
+//! vCPU registers and RAM captures it exactly, mid-pass included:
+//!
+//! ```text
+//!  rdi params record      rsi progress record    r8  region base
+//!  r9  pages in region    r11 write threshold    r12 shadow array
+//!  r13 stamp high bits ((vcpu+1) << 56)          r14 mismatches
+//!  r15 access index i     rbx random state       rbp current pass
+//!  rax page / clock, rcx page address, rdx expected stamp, r10 scratch
+//! ```
+//!
+//! Progress is published to the progress record in guest memory (the host reads
+//! it without an exit); the guest never exits on its own, because an exit costs
+//! ~25 µs here. The host stops vCPUs by signalling their threads.
+
+use ferry_backend::memstress::{param, progress};
+use iced_x86::code_asm::*;
+
+/// LCG multiplier, as in `ferry_backend::memstress::next_rand32`.
+const LCG_MUL: u64 = 6364136223846793005;
+/// LCG increment.
+const LCG_ADD: u64 = 1442695040888963407;
+
+/// Errors assembling the guest.
+#[derive(Debug, thiserror::Error)]
+pub enum CodeError {
+    /// iced-x86 rejected an instruction or a label.
+    #[error("cannot assemble the memstress guest: {0}")]
+    Assemble(#[from] IcedError),
+}
+
+fn disp(offset: u64) -> i32 {
+    i32::try_from(offset).expect("record offsets are small")
+}
+
+/// Assembles the memstress loop to run at guest address `origin`.
+/// The vCPU enters with `rdi` = its parameter record and everything else zero.
+pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
+    let mut a = CodeAssembler::new(64)?;
+    let mut pass_loop = a.create_label();
+    let mut access_loop = a.create_label();
+    let mut sequential = a.create_label();
+    let mut have_page = a.create_label();
+    let mut check = a.create_label();
+    let mut stamp_ok = a.create_label();
+    let mut no_write = a.create_label();
+    let mut wait = a.create_label();
+    let mut next = a.create_label();
+
+    // Load parameters. Resuming state (pass, mismatches) comes from the
+    // progress record, which is zero on a fresh guest.
+    a.mov(rsi, qword_ptr(rdi + disp(param::PROGRESS)))?;
+    a.mov(r8, qword_ptr(rdi + disp(param::REGION)))?;
+    a.mov(r9, qword_ptr(rdi + disp(param::PAGES)))?;
+    a.mov(r11, qword_ptr(rdi + disp(param::WRITE_THRESHOLD)))?;
+    a.mov(r12, qword_ptr(rdi + disp(param::SHADOW)))?;
+    a.mov(r13, qword_ptr(rdi + disp(param::VCPU)))?;
+    a.inc(r13)?;
+    a.shl(r13, 56)?;
+    a.mov(rbx, qword_ptr(rdi + disp(param::SEED)))?;
+    a.mov(rbp, qword_ptr(rsi + disp(progress::PASS)))?;
+    a.inc(rbp)?;
+    a.mov(r14, qword_ptr(rsi + disp(progress::MISMATCHES)))?;
+
+    a.set_label(&mut pass_loop)?;
+    a.xor(r15, r15)?;
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)?;
+    a.mov(qword_ptr(rsi + disp(progress::PASS_START)), rax)?;
+
+    a.set_label(&mut access_loop)?;
+    // Pick the page: random order draws from the LCG, sequential is i * stride.
+    a.cmp(qword_ptr(rdi + disp(param::RANDOM)), 0)?;
+    a.je(sequential)?;
+    a.mov(r10, LCG_MUL)?;
+    a.imul_2(rbx, r10)?;
+    a.mov(r10, LCG_ADD)?;
+    a.add(rbx, r10)?;
+    a.mov(rax, rbx)?;
+    a.shr(rax, 32)?;
+    a.imul_2(rax, r9)?;
+    a.shr(rax, 32)?;
+    a.jmp(have_page)?;
+    a.set_label(&mut sequential)?;
+    a.mov(rax, r15)?;
+    a.imul_2(rax, qword_ptr(rdi + disp(param::STRIDE)))?;
+    a.set_label(&mut have_page)?;
+    a.mov(rcx, rax)?;
+    a.shl(rcx, 12)?;
+    a.add(rcx, r8)?;
+
+    // Expected stamp: 0 if never written, else stamp(vcpu, page, shadow[page]).
+    a.mov(edx, dword_ptr(r12 + rax * 4))?;
+    a.test(edx, edx)?;
+    a.jz(check)?;
+    a.mov(r10, rax)?;
+    a.and(r10d, 0xff_ffff)?;
+    a.shl(r10, 32)?;
+    a.or(r10, r13)?;
+    a.or(rdx, r10)?;
+    a.set_label(&mut check)?;
+    a.cmp(qword_ptr(rcx), rdx)?;
+    a.je(stamp_ok)?;
+    a.inc(r14)?;
+    a.mov(qword_ptr(rsi + disp(progress::MISMATCHES)), r14)?;
+    a.set_label(&mut stamp_ok)?;
+
+    // Write decision: a second LCG draw below the threshold.
+    a.mov(r10, LCG_MUL)?;
+    a.imul_2(rbx, r10)?;
+    a.mov(r10, LCG_ADD)?;
+    a.add(rbx, r10)?;
+    a.mov(r10, rbx)?;
+    a.shr(r10, 32)?;
+    a.cmp(r10, r11)?;
+    a.jae(no_write)?;
+    a.mov(r10, rax)?;
+    a.and(r10d, 0xff_ffff)?;
+    a.shl(r10, 32)?;
+    a.or(r10, r13)?;
+    a.mov(edx, ebp)?;
+    a.or(r10, rdx)?;
+    a.mov(qword_ptr(rcx), r10)?;
+    a.mov(dword_ptr(r12 + rax * 4), ebp)?;
+    a.inc(qword_ptr(rsi + disp(progress::WRITES)))?;
+    a.set_label(&mut no_write)?;
+    a.inc(r15)?;
+
+    // Rate limit: spin until (now - pass_start) >= i * tsc_per_page. A clock
+    // that went backwards (as after a migration) makes the difference huge and
+    // never stalls the guest.
+    a.mov(r10, qword_ptr(rdi + disp(param::TSC_PER_PAGE)))?;
+    a.test(r10, r10)?;
+    a.jz(next)?;
+    a.imul_2(r10, r15)?;
+    a.set_label(&mut wait)?;
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)?;
+    a.sub(rax, qword_ptr(rsi + disp(progress::PASS_START)))?;
+    a.cmp(rax, r10)?;
+    a.jae(next)?;
+    a.pause()?;
+    a.jmp(wait)?;
+
+    a.set_label(&mut next)?;
+    a.cmp(r15, qword_ptr(rdi + disp(param::ACCESSES)))?;
+    a.jb(access_loop)?;
+    // End of pass: publish, then start the next one.
+    a.mov(rax, qword_ptr(rdi + disp(param::ACCESSES)))?;
+    a.add(qword_ptr(rsi + disp(progress::ACCESSES)), rax)?;
+    a.mov(qword_ptr(rsi + disp(progress::PASS)), rbp)?;
+    a.inc(rbp)?;
+    a.jmp(pass_loop)?;
+
+    Ok(a.assemble(origin)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn assembles_and_fits_the_code_area() {
+        let code = memstress(ferry_backend::memstress::CODE_GPA.0).unwrap();
+        assert!(!code.is_empty());
+        assert!(code.len() <= ferry_backend::memstress::CODE_MAX);
+    }
+
+    #[test]
+    fn uses_no_privileged_or_exiting_instructions() {
+        let code = memstress(0xc000).unwrap();
+        let mut decoder = iced_x86::Decoder::with_ip(64, &code, 0xc000, 0);
+        for insn in &mut decoder {
+            let m = insn.mnemonic();
+            assert!(
+                !matches!(
+                    m,
+                    iced_x86::Mnemonic::Hlt
+                        | iced_x86::Mnemonic::Out
+                        | iced_x86::Mnemonic::In
+                        | iced_x86::Mnemonic::Cli
+                        | iced_x86::Mnemonic::Sti
+                ),
+                "{m:?} would exit or fault at CPL3"
+            );
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! vCPU threads: each owns one `VcpuFd` and loops in `KVM_RUN` until told to stop.
+//!
+//! Pausing: the controller sets `want = Pause` and signals the thread (a no-op
+//! handler on `SIGRTMIN`) so `KVM_RUN` returns `EINTR`. A signal that lands just
+//! before the thread re-enters `KVM_RUN` would be missed, so the controller
+//! repeats it every millisecond until the thread acknowledges; the thread
+//! re-checks `want` before every `KVM_RUN`.
+//!
+//! While paused, the thread holds no lock on its `VcpuFd`, so the controller can
+//! save or restore its state.
+
+use crate::dirty::ring::DirtyRing;
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Once};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+
+const WANT_RUN: u8 = 0;
+const WANT_PAUSE: u8 = 1;
+const WANT_EXIT: u8 = 2;
+/// KVM_EXIT_DIRTY_RING_FULL, which kvm-ioctls reports as unsupported.
+const EXIT_DIRTY_RING_FULL: u32 = kvm_bindings::KVM_EXIT_DIRTY_RING_FULL;
+
+/// Where a vCPU thread is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum VcpuState {
+    /// Waiting, not in KVM_RUN.
+    Paused,
+    /// In (or about to enter) KVM_RUN.
+    Running,
+    /// Stopped on its own; the reason is kept for the engine.
+    Failed(String),
+}
+
+/// State shared between a vCPU thread and its controller.
+pub(crate) struct VcpuShared {
+    pub index: u32,
+    pub fd: Mutex<VcpuFd>,
+    pub ring: Option<Arc<DirtyRing>>,
+    want: AtomicU8,
+    state: Mutex<VcpuState>,
+    changed: Condvar,
+}
+
+/// A vCPU thread and its controls.
+pub(crate) struct VcpuThread {
+    pub shared: Arc<VcpuShared>,
+    handle: Option<JoinHandle<()>>,
+}
+
+extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+fn install_kick_handler() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        register_signal_handler(SIGRTMIN(), kick_handler)
+            .expect("SIGRTMIN is a valid real-time signal");
+    });
+}
+
+impl VcpuThread {
+    /// Spawns the thread for `fd`, initially paused.
+    pub fn spawn(index: u32, fd: VcpuFd, ring: Option<Arc<DirtyRing>>) -> std::io::Result<Self> {
+        install_kick_handler();
+        let shared = Arc::new(VcpuShared {
+            index,
+            fd: Mutex::new(fd),
+            ring,
+            want: AtomicU8::new(WANT_PAUSE),
+            state: Mutex::new(VcpuState::Paused),
+            changed: Condvar::new(),
+        });
+        let thread_shared = Arc::clone(&shared);
+        let handle = std::thread::Builder::new()
+            .name(format!("vcpu{index}"))
+            .spawn(move || run_loop(&thread_shared))?;
+        Ok(VcpuThread {
+            shared,
+            handle: Some(handle),
+        })
+    }
+
+    /// Lets the vCPU run.
+    pub fn resume(&self) {
+        let state = self.shared.state.lock().expect("vcpu state lock");
+        self.shared.want.store(WANT_RUN, Ordering::Release);
+        drop(state);
+        self.shared.changed.notify_all();
+    }
+
+    /// Asks the vCPU to stop; does not wait.
+    pub fn request_pause(&self) {
+        self.shared.want.store(WANT_PAUSE, Ordering::Release);
+    }
+
+    /// Waits until the vCPU is out of KVM_RUN, kicking it as needed.
+    pub fn wait_paused(&self) -> VcpuState {
+        let mut state = self.shared.state.lock().expect("vcpu state lock");
+        while *state == VcpuState::Running {
+            if let Some(h) = &self.handle {
+                // A failed kick means the thread is gone; the loop then sees
+                // its final state.
+                let _ = h.kill(SIGRTMIN());
+            }
+            state = self
+                .shared
+                .changed
+                .wait_timeout(state, Duration::from_millis(1))
+                .expect("vcpu state lock")
+                .0;
+        }
+        state.clone()
+    }
+
+    /// The vCPU's current state.
+    pub fn state(&self) -> VcpuState {
+        self.shared.state.lock().expect("vcpu state lock").clone()
+    }
+}
+
+impl Drop for VcpuThread {
+    fn drop(&mut self) {
+        {
+            // Store under the state lock so a thread between its check of
+            // `want` and its wait cannot miss the notification.
+            let _state = self.shared.state.lock().expect("vcpu state lock");
+            self.shared.want.store(WANT_EXIT, Ordering::Release);
+        }
+        self.shared.changed.notify_all();
+        self.wait_paused();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn set_state(shared: &VcpuShared, new: VcpuState) {
+    *shared.state.lock().expect("vcpu state lock") = new;
+    shared.changed.notify_all();
+}
+
+fn run_loop(shared: &VcpuShared) {
+    loop {
+        // Wait until asked to run (or to exit).
+        {
+            let mut state = shared.state.lock().expect("vcpu state lock");
+            loop {
+                match shared.want.load(Ordering::Acquire) {
+                    WANT_EXIT => return,
+                    WANT_RUN if !matches!(*state, VcpuState::Failed(_)) => break,
+                    _ => {
+                        if *state == VcpuState::Running {
+                            *state = VcpuState::Paused;
+                            shared.changed.notify_all();
+                        }
+                        state = shared.changed.wait(state).expect("vcpu state lock");
+                    }
+                }
+            }
+            *state = VcpuState::Running;
+            shared.changed.notify_all();
+        }
+        let mut fd = shared.fd.lock().expect("vcpu fd lock");
+        while shared.want.load(Ordering::Acquire) == WANT_RUN {
+            match fd.run() {
+                Ok(VcpuExit::Unsupported(EXIT_DIRTY_RING_FULL)) => {
+                    if let Some(ring) = &shared.ring {
+                        if let Err(e) = ring.drain_full() {
+                            drop(fd);
+                            set_state(shared, VcpuState::Failed(e.to_string()));
+                            return park_failed(shared);
+                        }
+                    }
+                }
+                Ok(exit) => {
+                    let reason = format!("unexpected exit {exit:?}");
+                    drop(fd);
+                    set_state(shared, VcpuState::Failed(reason));
+                    return park_failed(shared);
+                }
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+                Err(e) => {
+                    drop(fd);
+                    set_state(shared, VcpuState::Failed(format!("KVM_RUN failed: {e}")));
+                    return park_failed(shared);
+                }
+            }
+        }
+        drop(fd);
+        set_state(shared, VcpuState::Paused);
+    }
+}
+
+/// A failed vCPU waits for the VM to be torn down.
+fn park_failed(shared: &VcpuShared) {
+    let mut state = shared.state.lock().expect("vcpu state lock");
+    while shared.want.load(Ordering::Acquire) != WANT_EXIT {
+        state = shared.changed.wait(state).expect("vcpu state lock");
+    }
+}

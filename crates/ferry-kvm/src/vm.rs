@@ -1,0 +1,298 @@
+//! `KvmVm`: a VM on `/dev/kvm` running the memstress guest, implementing the
+//! engine's `Vm` trait.
+
+use crate::cpu_state::{self, VcpuSnapshot};
+use crate::dirty::ring::DirtyRing;
+use crate::dirty::DirtyLog;
+use crate::error::{ioctl, KvmError};
+use crate::guest::boot;
+use crate::memory::set_slot_logging;
+use crate::vcpu::{VcpuState, VcpuThread};
+use ferry_backend::{
+    BackendError, DirtyPages, DirtyTracking, GuestRam, HarvestStats, SharedDirtyBitmap, Vm,
+    VmConfig,
+};
+use kvm_bindings::{kvm_enable_cap, KVM_MAX_CPUID_ENTRIES};
+use kvm_ioctls::{Kvm, VmFd};
+use std::sync::Arc;
+
+const CAP_MANUAL_DIRTY_LOG_PROTECT2: u32 = kvm_bindings::KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2;
+const CAP_DIRTY_LOG_RING_ACQ_REL: u32 = kvm_bindings::KVM_CAP_DIRTY_LOG_RING_ACQ_REL;
+const CAP_XSAVE2: u64 = 208;
+/// MANUAL_PROTECT_ENABLE | INITIALLY_SET.
+const MANUAL_PROTECT_FLAGS: u64 = 3;
+/// Address of the (unused) real-mode TSS Intel VMX wants; outside guest RAM.
+const TSS_ADDRESS: usize = 0xfffb_d000;
+
+/// Which end of a migration a VM is.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Boots the guest image and runs it.
+    Source,
+    /// Starts with empty RAM and vCPUs; the stream fills both.
+    Destination,
+}
+
+/// A VM on /dev/kvm.
+pub struct KvmVm {
+    config: VmConfig,
+    // Field order is drop order: vCPU threads stop before the VM and RAM go.
+    vcpus: Vec<VcpuThread>,
+    dirty: DirtyLog,
+    ram: Arc<GuestRam>,
+    msr_indices: Vec<u32>,
+    xsave_fits: bool,
+    running: bool,
+    _kvm: Kvm,
+}
+
+/// Whether /dev/kvm can be opened here.
+pub fn kvm_available() -> bool {
+    Kvm::new().is_ok()
+}
+
+impl KvmVm {
+    /// Creates the VM, its RAM and its vCPUs (paused). A source also gets the
+    /// guest image.
+    pub fn new(config: VmConfig, mode: DirtyTracking, role: Role) -> Result<Self, KvmError> {
+        config
+            .workload
+            .validate()
+            .map_err(|e| KvmError::Config(e.to_string()))?;
+        let kvm = Kvm::new().map_err(KvmError::Open)?;
+        let vm = Arc::new(kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?);
+        vm.set_tss_address(TSS_ADDRESS)
+            .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
+        enable_dirty_caps(&vm, mode)?;
+
+        let layout = config.layout();
+        let ram = Arc::new(GuestRam::new(&layout.slot_sizes(), config.backing)?);
+        for slot in ram.slots() {
+            set_slot_logging(&vm, &ram, slot, false)?;
+        }
+        let pending = Arc::new(SharedDirtyBitmap::new(ram.pages()));
+        let mut dirty = DirtyLog::new(mode, Arc::clone(&vm), Arc::clone(&ram), pending.clone());
+
+        let cpuid = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
+        let slot_bases = ram
+            .slots()
+            .iter()
+            .map(|s| s.first_gfn())
+            .collect::<Vec<_>>();
+        let mut fds = Vec::new();
+        for i in 0..config.workload.vcpus {
+            let fd = vm
+                .create_vcpu(u64::from(i))
+                .map_err(ioctl("KVM_CREATE_VCPU"))?;
+            fd.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
+            if role == Role::Source {
+                let sregs = fd.get_sregs().map_err(ioctl("KVM_GET_SREGS"))?;
+                fd.set_sregs(&boot::initial_sregs(sregs))
+                    .map_err(ioctl("KVM_SET_SREGS"))?;
+                fd.set_regs(&boot::initial_regs(i))
+                    .map_err(ioctl("KVM_SET_REGS"))?;
+            }
+            let ring = match mode {
+                DirtyTracking::Ring { entries } => {
+                    let ring = Arc::new(DirtyRing::map(
+                        &fd,
+                        entries,
+                        Arc::clone(&vm),
+                        slot_bases.clone(),
+                        pending.clone(),
+                    )?);
+                    dirty.add_ring(Arc::clone(&ring));
+                    Some(ring)
+                }
+                _ => None,
+            };
+            fds.push((fd, ring));
+        }
+        let tsc_khz = match fds.first().map(|(fd, _)| fd.get_tsc_khz()) {
+            Some(Ok(khz)) => u64::from(khz),
+            _ if config.workload.rate_limit_mib_s.is_some() => {
+                return Err(KvmError::Config(
+                    "a rate limit needs the TSC frequency, which KVM_GET_TSC_KHZ did not give"
+                        .into(),
+                ))
+            }
+            _ => 1_000_000,
+        };
+        if role == Role::Source {
+            boot::load_guest(&ram, &config.workload, tsc_khz)?;
+        }
+        let mut vcpus = Vec::new();
+        for (i, (fd, ring)) in fds.into_iter().enumerate() {
+            vcpus.push(
+                VcpuThread::spawn(i as u32, fd, ring).map_err(|e| KvmError::Thread(i as u32, e))?,
+            );
+        }
+        let xsave_size = vm.check_extension_raw(CAP_XSAVE2);
+        Ok(KvmVm {
+            config,
+            vcpus,
+            dirty,
+            ram,
+            msr_indices: cpu_state::migratable_msrs(&kvm)?,
+            xsave_fits: xsave_size <= 4096,
+            running: false,
+            _kvm: kvm,
+        })
+    }
+
+    fn failed_vcpu(&self) -> Option<BackendError> {
+        self.vcpus.iter().find_map(|v| match v.state() {
+            VcpuState::Failed(reason) => Some(BackendError::VcpuFailed {
+                vcpu: v.shared.index,
+                reason,
+            }),
+            _ => None,
+        })
+    }
+}
+
+fn enable_dirty_caps(vm: &VmFd, mode: DirtyTracking) -> Result<(), KvmError> {
+    match mode {
+        DirtyTracking::Bitmap => Ok(()),
+        DirtyTracking::Clear { chunk_pages, .. } => {
+            if chunk_pages == 0 || !chunk_pages.is_multiple_of(64) {
+                return Err(KvmError::Config(format!(
+                    "clear chunk of {chunk_pages} pages: use a positive multiple of 64"
+                )));
+            }
+            let caps = vm.check_extension_raw(u64::from(CAP_MANUAL_DIRTY_LOG_PROTECT2));
+            if (caps as u64) & MANUAL_PROTECT_FLAGS != MANUAL_PROTECT_FLAGS {
+                return Err(KvmError::MissingCap(
+                    "KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 with INITIALLY_SET",
+                ));
+            }
+            let mut cap = kvm_enable_cap {
+                cap: CAP_MANUAL_DIRTY_LOG_PROTECT2,
+                ..Default::default()
+            };
+            cap.args[0] = MANUAL_PROTECT_FLAGS;
+            vm.enable_cap(&cap)
+                .map_err(ioctl("KVM_ENABLE_CAP(MANUAL_DIRTY_LOG_PROTECT2)"))
+        }
+        DirtyTracking::Ring { entries } => {
+            let max = vm.check_extension_raw(u64::from(CAP_DIRTY_LOG_RING_ACQ_REL));
+            if max <= 0 {
+                return Err(KvmError::MissingCap("KVM_CAP_DIRTY_LOG_RING_ACQ_REL"));
+            }
+            let bytes = u64::from(entries) * 16;
+            if !entries.is_power_of_two() || entries < 1024 || bytes > max as u64 {
+                return Err(KvmError::Config(format!(
+                    "dirty ring of {entries} entries: use a power of two from 1024 to {}",
+                    max / 16
+                )));
+            }
+            let mut cap = kvm_enable_cap {
+                cap: CAP_DIRTY_LOG_RING_ACQ_REL,
+                ..Default::default()
+            };
+            cap.args[0] = bytes;
+            vm.enable_cap(&cap)
+                .map_err(ioctl("KVM_ENABLE_CAP(DIRTY_LOG_RING_ACQ_REL)"))
+        }
+    }
+}
+
+impl Vm for KvmVm {
+    fn config(&self) -> &VmConfig {
+        &self.config
+    }
+
+    fn ram(&self) -> &Arc<GuestRam> {
+        &self.ram
+    }
+
+    fn start(&mut self) -> Result<(), BackendError> {
+        if let Some(e) = self.failed_vcpu() {
+            return Err(e);
+        }
+        for v in &self.vcpus {
+            v.resume();
+        }
+        self.running = true;
+        Ok(())
+    }
+
+    fn pause(&mut self) -> Result<(), BackendError> {
+        for v in &self.vcpus {
+            v.request_pause();
+        }
+        for v in &self.vcpus {
+            v.wait_paused();
+        }
+        self.running = false;
+        match self.failed_vcpu() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn is_running(&self) -> bool {
+        self.running
+    }
+
+    fn check_health(&self) -> Result<(), BackendError> {
+        match self.failed_vcpu() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn dirty_tracking(&self) -> String {
+        self.dirty.mode().name().to_string()
+    }
+
+    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
+        Ok(self.dirty.start()?)
+    }
+
+    fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
+        Ok(self.dirty.harvest(into)?)
+    }
+
+    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
+        Ok(self.dirty.stop()?)
+    }
+
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
+        if self.running {
+            return Err(BackendError::NotPaused("save vCPU state"));
+        }
+        let mut snaps = Vec::with_capacity(self.vcpus.len());
+        for v in &self.vcpus {
+            let fd = v.shared.fd.lock().expect("vcpu fd lock");
+            snaps.push(cpu_state::save(
+                &fd,
+                &self.msr_indices,
+                KVM_MAX_CPUID_ENTRIES,
+            )?);
+        }
+        serde_json::to_vec(&snaps).map_err(|e| BackendError::BadVcpuState(e.to_string()))
+    }
+
+    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
+        if self.running {
+            return Err(BackendError::NotPaused("restore vCPU state"));
+        }
+        let snaps: Vec<VcpuSnapshot> = serde_json::from_slice(state)
+            .map_err(|e| BackendError::BadVcpuState(format!("not kvm vCPU state: {e}")))?;
+        if snaps.len() != self.vcpus.len() {
+            return Err(BackendError::BadVcpuState(format!(
+                "state for {} vCPUs, this VM has {}",
+                snaps.len(),
+                self.vcpus.len()
+            )));
+        }
+        for (v, snap) in self.vcpus.iter().zip(&snaps) {
+            let fd = v.shared.fd.lock().expect("vcpu fd lock");
+            cpu_state::restore(&fd, snap, self.xsave_fits)?;
+        }
+        Ok(())
+    }
+}

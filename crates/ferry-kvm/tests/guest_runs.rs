@@ -1,0 +1,172 @@
+//! The memstress guest on real vCPUs: it runs at CPL3, makes progress, its
+//! stamp checks pass, every dirty-tracking mode reports what it wrote, and its
+//! vCPU state moves into another VM and resumes there.
+//!
+//! Needs /dev/kvm; prints a skip line where it is absent.
+
+use ferry_backend::memstress::read_progress;
+use ferry_backend::{
+    BackendKind, Backing, DirtyPages, DirtyTracking, Gfn, Vm, VmConfig, Workload, PAGE_SIZE,
+};
+use ferry_kvm::{kvm_available, KvmVm, Role};
+use std::time::{Duration, Instant};
+
+fn require_kvm() -> bool {
+    if kvm_available() {
+        return true;
+    }
+    println!("SKIP: /dev/kvm is not available on this machine; kvm backend test not run");
+    false
+}
+
+fn config(write_percent: u8, mib_per_vcpu: u64) -> VmConfig {
+    VmConfig {
+        backend: BackendKind::Kvm,
+        workload: Workload {
+            vcpus: 2,
+            bytes_per_vcpu: mib_per_vcpu << 20,
+            write_percent,
+            ..Workload::default()
+        },
+        backing: Backing::Anonymous,
+    }
+}
+
+fn wait_for_passes(vm: &KvmVm, passes: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        vm.check_health().expect("vCPUs healthy");
+        let p = read_progress(vm.ram(), vm.config().workload.vcpus).unwrap();
+        if p.iter().all(|v| v.passes >= passes) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "guest made no progress: {p:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn guest_runs_and_checks_its_stamps() {
+    if !require_kvm() {
+        return;
+    }
+    let mut vm = KvmVm::new(config(100, 8), DirtyTracking::Bitmap, Role::Source).unwrap();
+    vm.start().unwrap();
+    wait_for_passes(&vm, 3);
+    vm.pause().unwrap();
+    let p = read_progress(vm.ram(), 2).unwrap();
+    for v in &p {
+        assert_eq!(v.mismatches, 0, "{p:?}");
+        assert!(v.writes >= 2 * 2048, "{p:?}");
+    }
+    // The stamp of page 5 of vCPU 1 is where the contract says it is.
+    let layout = vm.config().layout();
+    let page5 = layout.region_gpa(1).add(5 * PAGE_SIZE as u64);
+    let stamp = vm.ram().load_u64(page5).unwrap();
+    assert_eq!(stamp >> 56, 2, "vCPU 1 stamps carry vcpu+1 = 2: {stamp:#x}");
+    assert_eq!((stamp >> 32) & 0xff_ffff, 5);
+}
+
+#[test]
+fn a_corrupted_page_is_caught_by_the_guest() {
+    if !require_kvm() {
+        return;
+    }
+    let mut vm = KvmVm::new(config(100, 4), DirtyTracking::Bitmap, Role::Source).unwrap();
+    vm.start().unwrap();
+    wait_for_passes(&vm, 1);
+    vm.pause().unwrap();
+    let page = vm.config().layout().region_gpa(0).add(7 * PAGE_SIZE as u64);
+    vm.ram().store_u64(page, 0xdead_beef).unwrap();
+    vm.start().unwrap();
+    let before = read_progress(vm.ram(), 2).unwrap()[0].passes;
+    wait_for_passes(&vm, before + 2);
+    vm.pause().unwrap();
+    let p = read_progress(vm.ram(), 2).unwrap();
+    assert_eq!(p[0].mismatches, 1, "{p:?}");
+    assert_eq!(p[1].mismatches, 0, "{p:?}");
+}
+
+fn dirty_tracking_reports_writes(mode: DirtyTracking) {
+    let mut vm = KvmVm::new(config(100, 8), mode, Role::Source).unwrap();
+    vm.start().unwrap();
+    wait_for_passes(&vm, 1);
+    vm.start_dirty_log().unwrap();
+    let mut first = DirtyPages::new(vm.ram().pages());
+    vm.harvest_dirty(&mut first).unwrap();
+    let passes = read_progress(vm.ram(), 2).unwrap()[0].passes;
+    wait_for_passes(&vm, passes + 2);
+    vm.pause().unwrap();
+    let mut dirty = DirtyPages::new(vm.ram().pages());
+    vm.harvest_dirty(&mut dirty).unwrap();
+    dirty.merge(&first);
+    let layout = vm.config().layout();
+    // Every page of both regions was written after logging started.
+    for v in 0..2 {
+        let first_gfn = layout.region_gpa(v).gfn().0;
+        for g in first_gfn..first_gfn + 2048 {
+            assert!(dirty.contains(Gfn(g)), "{} missed page {g:#x}", mode.name());
+        }
+    }
+    // A harvest with the guest stopped is empty afterwards.
+    let mut after = DirtyPages::new(vm.ram().pages());
+    vm.harvest_dirty(&mut after).unwrap();
+    assert!(
+        after.is_empty(),
+        "{}: {} stale pages",
+        mode.name(),
+        after.count()
+    );
+    vm.stop_dirty_log().unwrap();
+}
+
+#[test]
+fn bitmap_mode_reports_every_write() {
+    if require_kvm() {
+        dirty_tracking_reports_writes(DirtyTracking::Bitmap);
+    }
+}
+
+#[test]
+fn clear_mode_reports_every_write() {
+    if require_kvm() {
+        dirty_tracking_reports_writes(DirtyTracking::Clear {
+            chunk_pages: 4096,
+            pace_us: 0,
+        });
+    }
+}
+
+#[test]
+fn ring_mode_reports_every_write() {
+    if require_kvm() {
+        // A small ring, so ring-full exits happen and are drained by the vCPUs.
+        dirty_tracking_reports_writes(DirtyTracking::Ring { entries: 1024 });
+    }
+}
+
+#[test]
+fn vcpu_state_and_ram_resume_in_another_vm() {
+    if !require_kvm() {
+        return;
+    }
+    let cfg = config(50, 4);
+    let mut src = KvmVm::new(cfg.clone(), DirtyTracking::Bitmap, Role::Source).unwrap();
+    src.start().unwrap();
+    wait_for_passes(&src, 2);
+    src.pause().unwrap();
+    let state = src.save_vcpus().unwrap();
+    let mut dst = KvmVm::new(cfg, DirtyTracking::Bitmap, Role::Destination).unwrap();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for g in 0..src.ram().pages() {
+        src.ram().read_pages(Gfn(g), &mut buf).unwrap();
+        dst.ram().write_pages(Gfn(g), &buf).unwrap();
+    }
+    dst.restore_vcpus(&state).unwrap();
+    let at_switch = read_progress(dst.ram(), 2).unwrap();
+    dst.start().unwrap();
+    wait_for_passes(&dst, at_switch[0].passes.max(at_switch[1].passes) + 2);
+    dst.pause().unwrap();
+    let p = read_progress(dst.ram(), 2).unwrap();
+    assert!(p.iter().all(|v| v.mismatches == 0), "{p:?}");
+}
