@@ -30,7 +30,8 @@
 //!   if next_rand32() < write_threshold { *(..) = stamp(vcpu, page, pass); shadow[page] = pass }
 //!   (rate limit: spin on rdtsc until pass_start + accessed * tsc_per_page)
 //! ```
-//! then publish `pass`, `mismatches`, `accesses` in the vCPU's progress record.
+//! then publish `pass`, `mismatches`, `accesses` in the vCPU's progress record,
+//! and wait while `pass_limit != 0 && pass >= pass_limit` (a benchmark barrier).
 
 use crate::ram::{GuestRam, RamError};
 use crate::types::{Gpa, PAGE_SIZE};
@@ -90,6 +91,10 @@ pub mod param {
     pub const PROGRESS: u64 = 72;
     /// Accesses per pass (`pages / stride`), precomputed by the host.
     pub const ACCESSES: u64 = 80;
+    /// If non-zero, the guest waits (spinning, no exit) after completing this
+    /// pass until the host raises the limit: the iteration barrier of
+    /// `dirty_log_perf_test`. 0 = run freely.
+    pub const PASS_LIMIT: u64 = 88;
 }
 
 /// Offsets of fields in a vCPU progress record (all u64, written by the guest).
@@ -318,6 +323,14 @@ pub fn next_rand32(state: &mut u64) -> u64 {
 #[inline]
 pub fn scale_rand(rand32: u64, pages: u64) -> u64 {
     (rand32 * pages) >> 32
+}
+
+/// Sets every vCPU's pass limit (see [`param::PASS_LIMIT`]); 0 lifts it.
+pub fn set_pass_limit(ram: &GuestRam, vcpus: u32, limit: u64) -> Result<(), RamError> {
+    for v in 0..vcpus {
+        ram.store_u64(MemoryLayout::params_gpa(v).add(param::PASS_LIMIT), limit)?;
+    }
+    Ok(())
 }
 
 /// A vCPU's published progress.

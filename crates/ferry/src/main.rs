@@ -1,1 +1,43 @@
-fn main() {}
+//! `ferry`: live migration of KVM virtual machines, measured and verified.
+//!
+//! The subcommands are thin: each parses its arguments, builds a VM through
+//! [`vms`], and hands it to the migration engine or an experiment.
+
+mod args;
+mod bench;
+mod cmd;
+mod rates;
+mod vms;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+/// ferry moves a running KVM virtual machine from one process (or host) to another
+/// while the guest keeps running, and proves the move by digest.
+///
+/// Start with `ferry demo`: it boots a busy 2-vCPU guest, starts a destination
+/// process on this machine, migrates over loopback and prints what happened.
+#[derive(Parser, Debug)]
+#[command(name = "ferry", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: cmd::Command,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cmd::run(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ferry: error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

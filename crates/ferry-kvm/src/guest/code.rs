@@ -49,6 +49,8 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     let mut no_write = a.create_label();
     let mut wait = a.create_label();
     let mut next = a.create_label();
+    let mut barrier = a.create_label();
+    let mut go_on = a.create_label();
 
     // Load parameters. Resuming state (pass, mismatches) comes from the
     // progress record, which is zero on a fresh guest.
@@ -154,6 +156,16 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     a.mov(rax, qword_ptr(rdi + disp(param::ACCESSES)))?;
     a.add(qword_ptr(rsi + disp(progress::ACCESSES)), rax)?;
     a.mov(qword_ptr(rsi + disp(progress::PASS)), rbp)?;
+    // Benchmark barrier: spin while a pass limit is set and reached.
+    a.set_label(&mut barrier)?;
+    a.mov(r10, qword_ptr(rdi + disp(param::PASS_LIMIT)))?;
+    a.test(r10, r10)?;
+    a.jz(go_on)?;
+    a.cmp(rbp, r10)?;
+    a.jb(go_on)?;
+    a.pause()?;
+    a.jmp(barrier)?;
+    a.set_label(&mut go_on)?;
     a.inc(rbp)?;
     a.jmp(pass_loop)?;
 

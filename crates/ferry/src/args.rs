@@ -1,0 +1,175 @@
+//! Command-line arguments shared by several subcommands: the guest workload and
+//! the backend that runs it.
+
+use clap::{Args, ValueEnum};
+use ferry_backend::{AccessOrder, BackendKind, Backing, DirtyTracking, VmConfig, Workload};
+
+/// Sizes like `512M`, `1G`, `2048K` or plain bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let mult = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("unknown size suffix in '{s}': use K, M, G or T")),
+            };
+            (&s[..i], mult)
+        }
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (examples: 512M, 1G, 4096)"))?;
+    n.checked_mul(mult)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("size '{s}' is zero or too large"))
+}
+
+/// The guest workload (memstress).
+#[derive(Args, Debug, Clone)]
+pub struct WorkloadArgs {
+    /// Number of vCPUs, each running memstress over its own region.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub vcpus: u32,
+    /// Guest memory per vCPU (multiple of 2M), e.g. 512M or 1G.
+    #[arg(long = "mem-per-vcpu", default_value = "512M", value_parser = parse_size)]
+    pub mem_per_vcpu: u64,
+    /// Percentage of page accesses that write (0-100).
+    #[arg(long = "write-percent", default_value_t = 100, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub write_percent: u8,
+    /// Page visiting order.
+    #[arg(long, default_value = "sequential", value_parser = ["sequential", "random"])]
+    pub order: String,
+    /// Page stride for sequential order (512 = one page per 2 MiB).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stride: u64,
+    /// Cap each vCPU at this many MiB/s of pages visited (default: unlimited).
+    #[arg(long = "rate-limit", value_parser = clap::value_parser!(u64).range(1..))]
+    pub rate_limit_mib_s: Option<u64>,
+    /// Seed of the guest's random generator.
+    #[arg(long, default_value_t = 0x5eed)]
+    pub seed: u64,
+}
+
+impl WorkloadArgs {
+    /// The workload, validated.
+    pub fn workload(&self) -> Result<Workload, String> {
+        let w = Workload {
+            vcpus: self.vcpus,
+            bytes_per_vcpu: self.mem_per_vcpu,
+            write_percent: self.write_percent,
+            order: self.order.parse::<AccessOrder>()?,
+            stride_pages: self.stride,
+            rate_limit_mib_s: self.rate_limit_mib_s,
+            seed: self.seed,
+        };
+        w.validate().map_err(|e| e.to_string())?;
+        Ok(w)
+    }
+}
+
+/// KVM dirty-tracking modes, as named on the command line.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrackingMode {
+    /// KVM_GET_DIRTY_LOG (get and re-protect in one ioctl).
+    Bitmap,
+    /// MANUAL_PROTECT2 + KVM_CLEAR_DIRTY_LOG in paced chunks.
+    Clear,
+    /// The per-vCPU dirty ring.
+    Ring,
+}
+
+/// Which backend runs the VM and how.
+#[derive(Args, Debug, Clone)]
+pub struct BackendArgs {
+    /// Backend: kvm (real vCPUs on /dev/kvm) or soft (software MMU, no /dev/kvm needed).
+    #[arg(long, default_value = "kvm", value_parser = ["kvm", "soft"])]
+    pub backend: String,
+    /// Host backing of guest RAM: anon, thp, hugetlb or memfd.
+    #[arg(long, default_value = "anon", value_parser = ["anon", "thp", "hugetlb", "memfd"])]
+    pub backing: String,
+    /// KVM dirty tracking: bitmap, clear or ring.
+    #[arg(long = "dirty-tracking", value_enum, default_value_t = TrackingMode::Bitmap)]
+    pub dirty_tracking: TrackingMode,
+    /// Pages per KVM_CLEAR_DIRTY_LOG call in clear mode (a multiple of 64).
+    #[arg(long = "clear-chunk", default_value_t = 32768)]
+    pub clear_chunk: u32,
+    /// Microseconds to pause between clear chunks (eager-split pacing).
+    #[arg(long = "clear-pace-us", default_value_t = 0)]
+    pub clear_pace_us: u32,
+    /// Entries per vCPU dirty ring in ring mode (power of two, 1024-65536).
+    #[arg(long = "ring-entries", default_value_t = 65536)]
+    pub ring_entries: u32,
+}
+
+impl BackendArgs {
+    /// The backend kind.
+    pub fn kind(&self) -> BackendKind {
+        self.backend.parse().expect("clap restricts the values")
+    }
+
+    /// The RAM backing.
+    pub fn backing(&self) -> Backing {
+        self.backing.parse().expect("clap restricts the values")
+    }
+
+    /// The KVM dirty-tracking mode with its parameters.
+    pub fn tracking(&self) -> Result<DirtyTracking, String> {
+        Ok(match self.dirty_tracking {
+            TrackingMode::Bitmap => DirtyTracking::Bitmap,
+            TrackingMode::Clear => {
+                if self.clear_chunk == 0 || !self.clear_chunk.is_multiple_of(64) {
+                    return Err(format!(
+                        "--clear-chunk {} must be a positive multiple of 64",
+                        self.clear_chunk
+                    ));
+                }
+                DirtyTracking::Clear {
+                    chunk_pages: self.clear_chunk,
+                    pace_us: self.clear_pace_us,
+                }
+            }
+            TrackingMode::Ring => {
+                if !self.ring_entries.is_power_of_two()
+                    || !(1024..=65536).contains(&self.ring_entries)
+                {
+                    return Err(format!(
+                        "--ring-entries {} must be a power of two from 1024 to 65536",
+                        self.ring_entries
+                    ));
+                }
+                DirtyTracking::Ring {
+                    entries: self.ring_entries,
+                }
+            }
+        })
+    }
+
+    /// The VM configuration for `workload`.
+    pub fn config(&self, workload: Workload) -> VmConfig {
+        VmConfig {
+            backend: self.kind(),
+            workload,
+            backing: self.backing(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("0").is_err());
+    }
+}

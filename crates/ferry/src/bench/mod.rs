@@ -1,0 +1,5 @@
+//! `ferry bench ...`: experiments that print seed-shaped tables and write JSON
+//! plus an SVG plot. Timings always compare two variants measured in the same
+//! run; an absolute time from a shared machine is not a result on its own.
+
+pub mod dirty_log_kvm;

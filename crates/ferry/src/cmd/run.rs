@@ -1,0 +1,78 @@
+//! `ferry run`: boot a VM with the memstress guest and report its progress.
+
+use super::CmdError;
+use crate::args::{BackendArgs, WorkloadArgs};
+use crate::{rates, vms};
+use clap::Args;
+use ferry_backend::memstress::read_progress;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Arguments of `ferry run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Stop after this many seconds (default: run until interrupted).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Seconds between progress lines.
+    #[arg(long, default_value_t = 1.0)]
+    pub interval: f64,
+}
+
+pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
+    let workload = a.workload.workload().map_err(CmdError::Usage)?;
+    if a.interval.is_nan() || a.interval <= 0.0 {
+        return Err(CmdError::Usage("--interval must be positive".into()));
+    }
+    let config = a.backend.config(workload);
+    let mut vm = vms::create(&config, &a.backend, vms::VmRole::Source)?;
+    vm.start()?;
+    let vcpus = config.workload.vcpus;
+    let started = Instant::now();
+    let mut before = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
+    let mut at = Instant::now();
+    eprintln!(
+        "ferry: running {} vCPUs x {} MiB on the {} backend; Ctrl-C to stop",
+        vcpus,
+        config.workload.bytes_per_vcpu >> 20,
+        config.backend
+    );
+    loop {
+        std::thread::sleep(Duration::from_secs_f64(a.interval));
+        vm.check_health()?;
+        let now = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
+        let r = rates::rates(&before, &now, at.elapsed());
+        let mismatches: u64 = now.iter().map(|p| p.mismatches).sum();
+        println!(
+            "[{:7.1}s] {} | mismatches {}",
+            started.elapsed().as_secs_f64(),
+            rates::describe(&r),
+            mismatches
+        );
+        before = now;
+        at = Instant::now();
+        if a.duration
+            .is_some_and(|d| started.elapsed().as_secs_f64() >= d)
+        {
+            break;
+        }
+    }
+    vm.pause()?;
+    let end = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
+    let mismatches: u64 = end.iter().map(|p| p.mismatches).sum();
+    println!(
+        "stopped after {:.1}s: {} passes, {} guest mismatches",
+        started.elapsed().as_secs_f64(),
+        end.iter().map(|p| p.passes).sum::<u64>(),
+        mismatches
+    );
+    Ok(if mismatches == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}

@@ -1,0 +1,32 @@
+//! Building a VM for a backend: the one place the CLI chooses between kvm and
+//! soft. The engine only ever sees `Box<dyn Vm>`.
+
+use crate::args::BackendArgs;
+use ferry_backend::{BackendError, BackendKind, Vm, VmConfig};
+use ferry_kvm::{KvmVm, Role};
+
+/// Which end of a migration the VM is.
+pub use ferry_kvm::Role as VmRole;
+
+/// Creates a VM for `config` on the backend it names.
+pub fn create(
+    config: &VmConfig,
+    backend: &BackendArgs,
+    role: Role,
+) -> Result<Box<dyn Vm>, BackendError> {
+    match config.backend {
+        BackendKind::Kvm => {
+            let tracking = backend.tracking().map_err(|what| BackendError::Operation {
+                backend: BackendKind::Kvm,
+                what,
+                source: None,
+            })?;
+            Ok(Box::new(KvmVm::new(config.clone(), tracking, role)?))
+        }
+        BackendKind::Soft => Err(BackendError::Operation {
+            backend: BackendKind::Soft,
+            what: "the soft backend is not built into this ferry yet".into(),
+            source: None,
+        }),
+    }
+}
