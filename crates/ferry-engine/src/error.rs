@@ -1,0 +1,98 @@
+//! Errors of a migration, on either side. Stream and header errors are shown
+//! as they are: their messages are already what the user needs to read.
+
+use crate::stream::{FrameKind, HeaderError, StreamError};
+use ferry_backend::{BackendError, RamError};
+use thiserror::Error;
+
+/// Why a migration failed.
+#[derive(Debug, Error)]
+pub enum MigrationError {
+    /// The stream is broken, corrupt or not ours.
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+    /// The header does not fit this destination.
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    /// The peer gave up and said why.
+    #[error("the {peer} reported: {message}")]
+    Peer {
+        /// "source" or "destination".
+        peer: &'static str,
+        /// Its message.
+        message: String,
+    },
+    /// A frame arrived that does not belong here.
+    #[error("protocol error at stream offset {offset}: expected {expected}, got a {got} frame")]
+    Protocol {
+        /// What was expected.
+        expected: &'static str,
+        /// What came.
+        got: FrameKind,
+        /// Stream offset of the frame.
+        offset: u64,
+    },
+    /// A backend call failed.
+    #[error("cannot {what}")]
+    Backend {
+        /// What the engine was doing.
+        what: &'static str,
+        /// The backend's error.
+        #[source]
+        source: BackendError,
+    },
+    /// Copying guest memory failed.
+    #[error("cannot {what}")]
+    Ram {
+        /// What the engine was doing.
+        what: &'static str,
+        /// The RAM error.
+        #[source]
+        source: RamError,
+    },
+    /// The stream reached switchover without all of memory.
+    #[error("the stream reached switchover with {missing} of {total} pages never sent")]
+    Incomplete {
+        /// Pages never received.
+        missing: u64,
+        /// Guest pages.
+        total: u64,
+    },
+    /// The destination's memory differs from the source's.
+    #[error(
+        "memory digest mismatch: source {source_digest:#018x}, destination {dest_digest:#018x}"
+    )]
+    DigestMismatch {
+        /// Source digest.
+        source_digest: u64,
+        /// Destination digest.
+        dest_digest: u64,
+    },
+    /// Cancelled through [`crate::Tunables::cancel`].
+    #[error("migration cancelled")]
+    Cancelled,
+}
+
+impl MigrationError {
+    /// Wraps a backend error with what the engine was doing.
+    pub(crate) fn backend(what: &'static str) -> impl FnOnce(BackendError) -> Self {
+        move |source| MigrationError::Backend { what, source }
+    }
+
+    /// Wraps a RAM error with what the engine was doing.
+    pub(crate) fn ram(what: &'static str) -> impl FnOnce(RamError) -> Self {
+        move |source| MigrationError::Ram { what, source }
+    }
+
+    /// The message with its causes, for an Error frame to the peer.
+    pub fn chain(&self) -> String {
+        let mut s = self.to_string();
+        let mut cur: Option<&dyn std::error::Error> = std::error::Error::source(self);
+        while let Some(e) = cur {
+            s.push_str(": ");
+            s.push_str(&e.to_string());
+            cur = e.source();
+        }
+        s
+    }
+}

@@ -1,0 +1,408 @@
+//! The sending side: rounds, convergence, switchover, digest, rollback.
+
+use super::{guest_totals, recv, send, unexpected, PrecopyOptions};
+use crate::digest::{memory_digest, SOURCE_DIGEST_THREADS};
+use crate::error::MigrationError;
+use crate::progress::{Phase, Progress};
+use crate::stream::{FrameKind, FrameStream, Message, PageBatch, StreamHeader};
+use crate::summary::{ms, MigrationSummary, RoundKind, RoundStats, Status};
+use crate::tunables::TokenBucket;
+use ferry_backend::{DirtyPages, Gfn, GuestRam, Vm, PAGE_SIZE};
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Wire bytes a dirty page is assumed to cost when estimating downtime.
+const EST_BYTES_PER_PAGE: u64 = PAGE_SIZE as u64 + 16;
+/// Rounds shorter than this do not update the bandwidth estimate (a socket
+/// buffer swallows them at memory speed).
+const MIN_MEASURED_BYTES: u64 = 4 << 20;
+
+/// Migrates `vm` over `stream` (precopy). The caller's thread does all the
+/// sending; the digest uses [`SOURCE_DIGEST_THREADS`] scoped threads.
+///
+/// Returns a summary on success, and also when the destination's memory
+/// digest did not match (status `failed`, VM rolled back and running). On
+/// `Err`, the VM runs again (if it ran before) and dirty logging is off.
+pub fn migrate<S: Read + Write + Send>(
+    vm: &mut dyn Vm,
+    stream: S,
+    opts: &PrecopyOptions,
+    progress: &dyn Progress,
+) -> Result<MigrationSummary, MigrationError> {
+    let ram = Arc::clone(vm.ram());
+    let summary = MigrationSummary {
+        status: Status::Failed,
+        backend: vm.config().backend.to_string(),
+        dirty_tracking: vm.dirty_tracking(),
+        total_ms: 0.0,
+        downtime_ms: 0.0,
+        dest_resume_ms: 0.0,
+        digest_ms: 0.0,
+        verify_before_resume: opts.verify_before_resume,
+        bytes_sent: 0,
+        rounds: Vec::new(),
+        digest_match: false,
+        guest_mismatches: 0,
+        mismatches_before: 0,
+        mismatches_after: 0,
+        dest_passes_after: 0,
+        error: None,
+    };
+    let mut src = Source {
+        pages: ram.pages(),
+        vm,
+        ram,
+        io: FrameStream::new(stream),
+        opts,
+        progress,
+        bucket: TokenBucket::new(Arc::clone(&opts.tunables)),
+        batch: PageBatch::new(opts.batch_pages),
+        logging: false,
+        paused_by_us: false,
+        start: Instant::now(),
+        summary,
+    };
+    let result = src.run();
+    src.summary.total_ms = ms(src.start.elapsed());
+    src.summary.bytes_sent = src.io.bytes_written();
+    progress.phase(Phase::Done);
+    match result {
+        Ok(()) => Ok(src.summary),
+        Err(e) => {
+            tracing::warn!("migration failed, source resumes: {}", e.chain());
+            src.rollback();
+            if !matches!(e, MigrationError::Peer { .. }) {
+                // Best effort: the stream may be what broke.
+                let _ = send(&mut src.io, &Message::Error(e.chain()));
+            }
+            Err(e)
+        }
+    }
+}
+
+struct Source<'a, S> {
+    vm: &'a mut dyn Vm,
+    ram: Arc<GuestRam>,
+    io: FrameStream<S>,
+    opts: &'a PrecopyOptions,
+    progress: &'a dyn Progress,
+    bucket: TokenBucket,
+    batch: PageBatch,
+    pages: u64,
+    logging: bool,
+    paused_by_us: bool,
+    start: Instant,
+    summary: MigrationSummary,
+}
+
+impl<S: Read + Write> Source<'_, S> {
+    fn run(&mut self) -> Result<(), MigrationError> {
+        let strict = self.handshake()?;
+        self.summary.verify_before_resume = strict;
+
+        self.vm
+            .start_dirty_log()
+            .map_err(MigrationError::backend("start dirty logging"))?;
+        self.logging = true;
+        // The full pass sends every page, so VMM writes made so far are covered.
+        let mut dirty = DirtyPages::new(self.pages);
+        self.ram.take_vmm_dirty(&mut dirty);
+        dirty.clear();
+
+        self.progress.phase(Phase::FullPass);
+        let mut last_harvest = Instant::now();
+        self.send_round(0, RoundKind::Full, &DirtyPages::all(self.pages))?;
+        let mut bandwidth = 0.0f64;
+        let mut round = 1;
+        loop {
+            self.vm
+                .check_health()
+                .map_err(MigrationError::backend("keep the guest running"))?;
+            let t = Instant::now();
+            let (found, since) = self.harvest(&mut dirty, &mut last_harvest)?;
+            self.finish_round(found, since, t.elapsed());
+            bandwidth = self.estimate_bandwidth(bandwidth);
+            let remaining = dirty.count() * EST_BYTES_PER_PAGE;
+            let tun = &self.opts.tunables;
+            let fits = (remaining as f64) <= bandwidth * tun.downtime_target().as_secs_f64();
+            if dirty.is_empty() || fits || round >= tun.max_rounds() {
+                break;
+            }
+            if round == 1 {
+                self.progress.phase(Phase::DirtyRounds);
+            }
+            let set = std::mem::replace(&mut dirty, DirtyPages::new(self.pages));
+            self.send_round(round, RoundKind::Dirty, &set)?;
+            round += 1;
+        }
+        if self.opts.tunables.is_cancelled() {
+            return Err(MigrationError::Cancelled);
+        }
+        self.switchover(round, dirty, strict)
+    }
+
+    /// Preamble, header, and the destination's Accept. Returns whether the
+    /// destination verifies before resuming.
+    fn handshake(&mut self) -> Result<bool, MigrationError> {
+        self.progress.phase(Phase::Handshake);
+        self.io.write_preamble()?;
+        let header = StreamHeader::for_vm(&*self.vm);
+        self.io
+            .write_frame(FrameKind::Header, &[&header.encode()])?;
+        self.io.flush()?;
+        match recv(&mut self.io, "destination", "Accept")? {
+            (
+                Message::Accept {
+                    verify_before_resume,
+                },
+                _,
+            ) => Ok(self.opts.verify_before_resume || verify_before_resume),
+            (m, offset) => Err(unexpected("Accept", &m, offset)),
+        }
+    }
+
+    /// Pause, send the rest, hand over, verify, and commit or roll back.
+    fn switchover(
+        &mut self,
+        round: u32,
+        mut dirty: DirtyPages,
+        strict: bool,
+    ) -> Result<(), MigrationError> {
+        self.progress.phase(Phase::Switchover);
+        let paused_at = Instant::now();
+        if self.vm.is_running() {
+            self.vm
+                .pause()
+                .map_err(MigrationError::backend("pause the guest for switchover"))?;
+            self.paused_by_us = true;
+        }
+        let vcpus = self.vm.config().workload.vcpus;
+        let (_, before) =
+            guest_totals(&self.ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
+        self.summary.mismatches_before = before;
+        let mut last = Instant::now();
+        let (_, harvest) = self.harvest(&mut dirty, &mut last)?;
+        self.send_round(round, RoundKind::Final, &dirty)?;
+        self.finish_round(0, Duration::ZERO, harvest);
+        let state = self
+            .vm
+            .save_vcpus()
+            .map_err(MigrationError::backend("save vCPU state"))?;
+        self.io.write_frame(FrameKind::VcpuState, &[&state])?;
+        send(
+            &mut self.io,
+            &Message::Switchover {
+                verify_before_resume: strict,
+            },
+        )?;
+
+        self.progress.phase(Phase::Verifying);
+        let mut digest = None;
+        if strict {
+            digest = Some(self.send_digest()?);
+        }
+        let (matched, dest) = loop {
+            match recv(&mut self.io, "destination", "Resumed or Verified")? {
+                (Message::Resumed { resume_ns }, _) => {
+                    self.summary.downtime_ms = ms(paused_at.elapsed());
+                    self.summary.dest_resume_ms = resume_ns as f64 / 1e6;
+                    if digest.is_none() {
+                        digest = Some(self.send_digest()?);
+                    }
+                }
+                (Message::Verified { matched, dest }, _) if digest.is_some() => {
+                    break (matched, dest)
+                }
+                (m, offset) => return Err(unexpected("Resumed or Verified", &m, offset)),
+            }
+        };
+        let ours = digest.unwrap_or(dest);
+        self.summary.digest_match = matched;
+        if !matched {
+            let err = MigrationError::DigestMismatch {
+                source_digest: ours.value,
+                dest_digest: dest.value,
+            };
+            tracing::error!("{err}; the destination paused its guest, the source resumes");
+            self.rollback();
+            self.summary.error = Some(err.to_string());
+            return Ok(());
+        }
+        if ours != dest {
+            tracing::warn!("destination reports a match for digest {dest:?}, ours is {ours:?}");
+        }
+        self.commit();
+        self.collect_report();
+        Ok(())
+    }
+
+    fn send_digest(&mut self) -> Result<crate::stream::MemoryDigest, MigrationError> {
+        let t = Instant::now();
+        let d = memory_digest(&self.ram, SOURCE_DIGEST_THREADS)
+            .map_err(MigrationError::ram("hash guest memory"))?;
+        self.summary.digest_ms = ms(t.elapsed());
+        send(&mut self.io, &Message::Digest(d))?;
+        Ok(d)
+    }
+
+    /// The guest now belongs to the destination: the source stays paused.
+    fn commit(&mut self) {
+        self.summary.status = Status::Completed;
+        self.paused_by_us = false;
+        if self.logging {
+            self.logging = false;
+            if let Err(e) = self.vm.stop_dirty_log() {
+                tracing::warn!("stopping dirty logging after migration: {e}");
+            }
+        }
+    }
+
+    fn collect_report(&mut self) {
+        self.progress.phase(Phase::Reporting);
+        match recv(&mut self.io, "destination", "Report") {
+            Ok((Message::Report(r), _)) => {
+                self.summary.mismatches_before = r.mismatches_before;
+                self.summary.mismatches_after = r.mismatches_after;
+                self.summary.dest_passes_after = r.passes_after;
+                if let Some(h) = r.health {
+                    self.summary.error = Some(format!("destination guest: {h}"));
+                }
+            }
+            Ok((m, offset)) => {
+                self.summary.error = Some(unexpected("Report", &m, offset).to_string());
+            }
+            Err(e) => {
+                self.summary.error = Some(format!(
+                    "migration completed, but no guest report from the destination: {}",
+                    e.chain()
+                ));
+            }
+        }
+        self.summary.guest_mismatches = self
+            .summary
+            .mismatches_before
+            .saturating_add(self.summary.mismatches_after);
+    }
+
+    /// Leaves the source as it was before the migration.
+    fn rollback(&mut self) {
+        if self.logging {
+            self.logging = false;
+            if let Err(e) = self.vm.stop_dirty_log() {
+                tracing::warn!("stopping dirty logging on rollback: {e}");
+            }
+        }
+        if self.paused_by_us {
+            self.paused_by_us = false;
+            if let Err(e) = self.vm.start() {
+                tracing::error!("cannot resume the source VM after a failed migration: {e}");
+            }
+        }
+    }
+
+    /// Backend log ∪ VMM writes into `into`. Returns the pages found and the
+    /// time since the previous harvest (`last`, which is reset).
+    fn harvest(
+        &mut self,
+        into: &mut DirtyPages,
+        last: &mut Instant,
+    ) -> Result<(u64, Duration), MigrationError> {
+        let before = into.count();
+        self.vm
+            .harvest_dirty(into)
+            .map_err(MigrationError::backend("harvest the dirty log"))?;
+        self.ram.take_vmm_dirty(into);
+        let since = last.elapsed();
+        *last = Instant::now();
+        Ok((into.count() - before, since))
+    }
+
+    /// Records the harvest that followed the last round in its stats.
+    fn finish_round(&mut self, found: u64, since: Duration, harvest: Duration) {
+        if let Some(r) = self.summary.rounds.last_mut() {
+            r.harvest_ms = ms(harvest);
+            let secs = since.as_secs_f64();
+            r.dirty_rate_pages_s = if secs > 0.0 { found as f64 / secs } else { 0.0 };
+            self.progress.round_finished(r);
+        }
+    }
+
+    /// Bytes/s to plan with: the last big round's rate, capped by the limit.
+    fn estimate_bandwidth(&self, previous: f64) -> f64 {
+        let mut bw = previous;
+        if let Some(r) = self.summary.rounds.last() {
+            if r.bytes >= MIN_MEASURED_BYTES || previous == 0.0 {
+                bw = r.bandwidth_mb_s * 1e6;
+            }
+        }
+        let cap = self.opts.tunables.bandwidth_bytes_per_sec();
+        if cap > 0 {
+            bw = bw.min(cap as f64);
+        }
+        bw
+    }
+
+    fn send_round(
+        &mut self,
+        round: u32,
+        kind: RoundKind,
+        set: &DirtyPages,
+    ) -> Result<(), MigrationError> {
+        let t = Instant::now();
+        self.progress.round_started(round, set.count());
+        let bytes_at = self.io.bytes_written();
+        let (mut pages, mut zero) = (0u64, 0u64);
+        for (first, count) in set.runs() {
+            let (mut gfn, mut left) = (first.0, count as usize);
+            while left > 0 {
+                let n = left.min(self.batch.room());
+                let buf = self.batch.push_run(Gfn(gfn), n);
+                self.ram
+                    .read_pages(Gfn(gfn), buf)
+                    .map_err(MigrationError::ram("read guest memory"))?;
+                gfn += n as u64;
+                left -= n;
+                if self.batch.room() == 0 {
+                    pages += self.batch.len() as u64;
+                    zero += self.send_batch(kind != RoundKind::Final)?;
+                }
+            }
+        }
+        if !self.batch.is_empty() {
+            pages += self.batch.len() as u64;
+            zero += self.send_batch(kind != RoundKind::Final)?;
+        }
+        self.io.flush()?;
+        let elapsed = t.elapsed().max(Duration::from_nanos(1));
+        let bytes = self.io.bytes_written() - bytes_at;
+        self.summary.rounds.push(RoundStats {
+            round,
+            kind,
+            pages,
+            zero_pages: zero,
+            bytes,
+            ms: ms(elapsed),
+            dirty_rate_pages_s: 0.0,
+            bandwidth_mb_s: bytes as f64 / elapsed.as_secs_f64() / 1e6,
+            harvest_ms: 0.0,
+        });
+        Ok(())
+    }
+
+    /// Seals and sends the batch; returns its zero-page count.
+    fn send_batch(&mut self, cancellable: bool) -> Result<u64, MigrationError> {
+        if cancellable && self.opts.tunables.is_cancelled() {
+            return Err(MigrationError::Cancelled);
+        }
+        self.batch.seal();
+        let at = self.io.bytes_written();
+        self.io.write_frame(FrameKind::Pages, &self.batch.parts())?;
+        let bytes = self.io.bytes_written() - at;
+        self.bucket.consume(bytes);
+        self.progress.pages_sent(self.batch.len() as u64, bytes);
+        let zero = self.batch.zero_pages() as u64;
+        self.batch.clear();
+        Ok(zero)
+    }
+}

@@ -1,0 +1,43 @@
+//! Progress callbacks, so a CLI can drive a progress bar (indicatif) or a
+//! control socket can stream events, without the engine knowing which.
+//! Every method has an empty default; [`NoProgress`] is the no-op observer.
+
+use crate::summary::RoundStats;
+
+/// Where a migration is.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Exchanging preamble, header and Accept.
+    Handshake,
+    /// The first pass over all memory.
+    FullPass,
+    /// Re-sending pages dirtied since the previous round.
+    DirtyRounds,
+    /// Source paused: final pages and vCPU state.
+    Switchover,
+    /// Computing and comparing the memory digest.
+    Verifying,
+    /// Waiting for the destination's guest report.
+    Reporting,
+    /// Finished (successfully or not).
+    Done,
+}
+
+/// Observer of a migration's progress. Called on the migrating thread, so
+/// implementations must be quick.
+pub trait Progress {
+    /// The migration entered `phase`.
+    fn phase(&self, _phase: Phase) {}
+    /// Round `round` (0 = full pass) starts and will send `pages` pages.
+    fn round_started(&self, _round: u32, _pages: u64) {}
+    /// A batch of `pages` pages (`bytes` on the wire) was sent.
+    fn pages_sent(&self, _pages: u64, _bytes: u64) {}
+    /// A round finished.
+    fn round_finished(&self, _stats: &RoundStats) {}
+}
+
+/// Reports nothing.
+#[derive(Copy, Clone, Debug, Default)]
+pub struct NoProgress;
+
+impl Progress for NoProgress {}

@@ -1,0 +1,241 @@
+//! Payloads of the small control frames. Fixed little-endian layouts for the
+//! ones on the switchover path (no parser between pause and resume), JSON for
+//! the report, which is read once at the very end and will grow fields.
+
+use super::{FrameKind, StreamError};
+use serde::{Deserialize, Serialize};
+
+/// Flag bit: the destination verifies the digest before it resumes the guest.
+const FLAG_VERIFY_BEFORE_RESUME: u32 = 1;
+
+/// A digest of all guest memory: see [`crate::digest`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MemoryDigest {
+    /// Pages covered.
+    pub pages: u64,
+    /// xxh3-64 over the per-page hash array.
+    pub value: u64,
+}
+
+/// What the destination's guest reported after switchover.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestReport {
+    /// Guest passes completed (summed over vCPUs) while the destination ran.
+    pub passes_after: u64,
+    /// Stamp mismatches the guest had counted at switchover (on the source).
+    pub mismatches_before: u64,
+    /// Stamp mismatches counted on the destination after switchover.
+    pub mismatches_after: u64,
+    /// Milliseconds the destination ran the guest before reporting.
+    pub run_ms: u64,
+    /// A vCPU failure seen while running, if any.
+    pub health: Option<String>,
+}
+
+/// A control message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    /// Header accepted, destination VM created.
+    Accept {
+        /// The destination insists on verify-before-resume.
+        verify_before_resume: bool,
+    },
+    /// Source paused; all pages and the vCPU state are sent.
+    Switchover {
+        /// The destination must verify before resuming.
+        verify_before_resume: bool,
+    },
+    /// The guest runs on the destination.
+    Resumed {
+        /// Destination time from Switchover received to guest running.
+        resume_ns: u64,
+    },
+    /// The source's digest of its memory.
+    Digest(MemoryDigest),
+    /// The destination's verdict.
+    Verified {
+        /// Whether the digests are equal.
+        matched: bool,
+        /// The destination's digest.
+        dest: MemoryDigest,
+    },
+    /// The guest report.
+    Report(GuestReport),
+    /// The sender gives up.
+    Error(String),
+}
+
+impl Message {
+    /// The frame type carrying this message.
+    pub fn kind(&self) -> FrameKind {
+        match self {
+            Message::Accept { .. } => FrameKind::Accept,
+            Message::Switchover { .. } => FrameKind::Switchover,
+            Message::Resumed { .. } => FrameKind::Resumed,
+            Message::Digest(_) => FrameKind::Digest,
+            Message::Verified { .. } => FrameKind::Verified,
+            Message::Report(_) => FrameKind::Report,
+            Message::Error(_) => FrameKind::Error,
+        }
+    }
+
+    /// The payload bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let flags = |strict: bool| {
+            let f = if strict { FLAG_VERIFY_BEFORE_RESUME } else { 0 };
+            [f.to_le_bytes(), [0; 4]].concat()
+        };
+        match self {
+            Message::Accept {
+                verify_before_resume,
+            }
+            | Message::Switchover {
+                verify_before_resume,
+            } => flags(*verify_before_resume),
+            Message::Resumed { resume_ns } => resume_ns.to_le_bytes().to_vec(),
+            Message::Digest(d) => digest_bytes(d).to_vec(),
+            Message::Verified { matched, dest } => {
+                let mut v = vec![u8::from(*matched), 0, 0, 0, 0, 0, 0, 0];
+                v.extend_from_slice(&digest_bytes(dest));
+                v
+            }
+            Message::Report(r) => serde_json::to_vec(r).unwrap_or_default(),
+            Message::Error(text) => text.as_bytes().to_vec(),
+        }
+    }
+
+    /// Decodes the payload of a `kind` frame read at `offset`. Pages,
+    /// VcpuState and Header frames are not control messages.
+    pub fn decode(kind: FrameKind, payload: &[u8], offset: u64) -> Result<Message, StreamError> {
+        let bad = |reason: String| StreamError::Malformed {
+            kind,
+            offset,
+            reason,
+        };
+        let exact = |n: usize| {
+            if payload.len() == n {
+                Ok(())
+            } else {
+                Err(bad(format!(
+                    "{} payload bytes, expected {n}",
+                    payload.len()
+                )))
+            }
+        };
+        Ok(match kind {
+            FrameKind::Accept | FrameKind::Switchover => {
+                exact(8)?;
+                let strict = u32_at(payload, 0) & FLAG_VERIFY_BEFORE_RESUME != 0;
+                if kind == FrameKind::Accept {
+                    Message::Accept {
+                        verify_before_resume: strict,
+                    }
+                } else {
+                    Message::Switchover {
+                        verify_before_resume: strict,
+                    }
+                }
+            }
+            FrameKind::Resumed => {
+                exact(8)?;
+                Message::Resumed {
+                    resume_ns: u64_at(payload, 0),
+                }
+            }
+            FrameKind::Digest => {
+                exact(16)?;
+                Message::Digest(digest_at(payload, 0))
+            }
+            FrameKind::Verified => {
+                exact(24)?;
+                Message::Verified {
+                    matched: payload[0] != 0,
+                    dest: digest_at(payload, 8),
+                }
+            }
+            FrameKind::Report => Message::Report(
+                serde_json::from_slice(payload).map_err(|e| bad(format!("bad report: {e}")))?,
+            ),
+            FrameKind::Error => Message::Error(String::from_utf8_lossy(payload).into_owned()),
+            FrameKind::Header | FrameKind::Pages | FrameKind::VcpuState => {
+                return Err(bad("not a control message here".into()))
+            }
+        })
+    }
+}
+
+fn digest_bytes(d: &MemoryDigest) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&d.pages.to_le_bytes());
+    b[8..].copy_from_slice(&d.value.to_le_bytes());
+    b
+}
+
+fn digest_at(p: &[u8], at: usize) -> MemoryDigest {
+    MemoryDigest {
+        pages: u64_at(p, at),
+        value: u64_at(p, at + 8),
+    }
+}
+
+/// Little-endian u64 at `at`; callers have checked the length.
+pub(crate) fn u64_at(p: &[u8], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&p[at..at + 8]);
+    u64::from_le_bytes(b)
+}
+
+/// Little-endian u32 at `at`; callers have checked the length.
+pub(crate) fn u32_at(p: &[u8], at: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&p[at..at + 4]);
+    u32::from_le_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        let d = MemoryDigest {
+            pages: 262_144,
+            value: 0xdead_beef_0123_4567,
+        };
+        let all = [
+            Message::Accept {
+                verify_before_resume: true,
+            },
+            Message::Switchover {
+                verify_before_resume: false,
+            },
+            Message::Resumed { resume_ns: 1234 },
+            Message::Digest(d),
+            Message::Verified {
+                matched: true,
+                dest: d,
+            },
+            Message::Report(GuestReport {
+                passes_after: 9,
+                health: Some("vCPU 1 stopped".into()),
+                ..GuestReport::default()
+            }),
+            Message::Error("cancelled".into()),
+        ];
+        for m in all {
+            let back = Message::decode(m.kind(), &m.encode(), 0).unwrap();
+            assert_eq!(back, m);
+        }
+    }
+
+    #[test]
+    fn wrong_lengths_are_malformed() {
+        let err = Message::decode(FrameKind::Digest, &[0; 15], 99).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "malformed Digest frame at stream offset 99: 15 payload bytes, expected 16"
+        );
+        assert!(Message::decode(FrameKind::Report, b"{", 0).is_err());
+        assert!(Message::decode(FrameKind::Pages, b"", 0).is_err());
+    }
+}

@@ -1,0 +1,262 @@
+//! The frame codec: a 12-byte header (type, flags, length, CRC) in front of
+//! every payload. Kept apart from buffering ([`super::channel`]) so the codec
+//! can be tested on plain byte slices.
+
+use super::{StreamError, MAX_FRAME_LEN};
+use std::fmt;
+
+/// Bytes of a frame header.
+pub const FRAME_HEADER_LEN: usize = 12;
+
+/// What a frame carries.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// Source → destination: the [`super::StreamHeader`] as JSON.
+    Header = 1,
+    /// Destination → source: header accepted, VM created; flags.
+    Accept = 2,
+    /// Source → destination: a batch of pages.
+    Pages = 3,
+    /// Source → destination: the opaque vCPU state from `Vm::save_vcpus`.
+    VcpuState = 4,
+    /// Source → destination: the source is paused, everything is sent.
+    Switchover = 5,
+    /// Destination → source: the guest runs on the destination.
+    Resumed = 6,
+    /// Source → destination: digest of the source's actual memory.
+    Digest = 7,
+    /// Destination → source: whether the digests match.
+    Verified = 8,
+    /// Destination → source: what the guest reported after switchover.
+    Report = 9,
+    /// Either way: the sender gives up, with a message.
+    Error = 10,
+}
+
+impl FrameKind {
+    /// The type for a header byte, if known.
+    pub fn from_u8(byte: u8) -> Option<Self> {
+        use FrameKind::*;
+        Some(match byte {
+            1 => Header,
+            2 => Accept,
+            3 => Pages,
+            4 => VcpuState,
+            5 => Switchover,
+            6 => Resumed,
+            7 => Digest,
+            8 => Verified,
+            9 => Report,
+            10 => Error,
+            _ => return None,
+        })
+    }
+
+    /// Name for messages.
+    pub fn name(self) -> &'static str {
+        use FrameKind::*;
+        match self {
+            Header => "Header",
+            Accept => "Accept",
+            Pages => "Pages",
+            VcpuState => "VcpuState",
+            Switchover => "Switchover",
+            Resumed => "Resumed",
+            Digest => "Digest",
+            Verified => "Verified",
+            Report => "Report",
+            Error => "Error",
+        }
+    }
+}
+
+impl fmt::Display for FrameKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A decoded frame header, before the payload is read.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct FrameHead {
+    /// The type byte as sent (checked against [`FrameKind`] after the CRC).
+    pub kind_byte: u8,
+    /// Payload length.
+    pub len: u32,
+    /// CRC stored in the header.
+    pub crc: u32,
+    /// Stream offset of the header's first byte.
+    pub offset: u64,
+}
+
+impl FrameHead {
+    /// The known type, or [`StreamError::UnknownFrame`].
+    pub fn kind(&self) -> Result<FrameKind, StreamError> {
+        FrameKind::from_u8(self.kind_byte).ok_or(StreamError::UnknownFrame {
+            kind: self.kind_byte,
+            offset: self.offset,
+        })
+    }
+
+    fn kind_name(&self) -> String {
+        match FrameKind::from_u8(self.kind_byte) {
+            Some(k) => k.name().to_string(),
+            None => format!("type-{}", self.kind_byte),
+        }
+    }
+}
+
+/// Starts the CRC of a frame: its first 8 header bytes.
+fn crc_start(head8: &[u8; 8]) -> crc32fast::Hasher {
+    let mut h = crc32fast::Hasher::new();
+    h.update(head8);
+    h
+}
+
+fn head8(kind: u8, len: u32) -> [u8; 8] {
+    let l = len.to_le_bytes();
+    [kind, 0, 0, 0, l[0], l[1], l[2], l[3]]
+}
+
+/// Encodes the header of a frame whose payload is `parts` concatenated.
+pub fn encode_header(
+    kind: FrameKind,
+    parts: &[&[u8]],
+) -> Result<[u8; FRAME_HEADER_LEN], StreamError> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let len = u32::try_from(total)
+        .ok()
+        .filter(|&l| l <= MAX_FRAME_LEN)
+        .ok_or(StreamError::TooLong {
+            len: total as u64,
+            max: MAX_FRAME_LEN,
+            offset: 0,
+        })?;
+    let h8 = head8(kind as u8, len);
+    let mut crc = crc_start(&h8);
+    for p in parts {
+        crc.update(p);
+    }
+    let mut out = [0u8; FRAME_HEADER_LEN];
+    out[..8].copy_from_slice(&h8);
+    out[8..].copy_from_slice(&crc.finalize().to_le_bytes());
+    Ok(out)
+}
+
+/// Decodes a frame header read at stream `offset`. Checks the length limit
+/// and the reserved bytes, but not the CRC (that needs the payload).
+pub fn decode_header(
+    bytes: &[u8; FRAME_HEADER_LEN],
+    offset: u64,
+) -> Result<FrameHead, StreamError> {
+    let len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    if len > MAX_FRAME_LEN {
+        return Err(StreamError::TooLong {
+            len: u64::from(len),
+            max: MAX_FRAME_LEN,
+            offset,
+        });
+    }
+    Ok(FrameHead {
+        kind_byte: bytes[0],
+        len,
+        crc: u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]),
+        offset,
+    })
+}
+
+/// Checks `payload` against the header's CRC, then its type and flags.
+pub fn verify(
+    head: &FrameHead,
+    raw_head: &[u8; FRAME_HEADER_LEN],
+    payload: &[u8],
+) -> Result<FrameKind, StreamError> {
+    let mut h8 = [0u8; 8];
+    h8.copy_from_slice(&raw_head[..8]);
+    let mut crc = crc_start(&h8);
+    crc.update(payload);
+    let computed = crc.finalize();
+    if computed != head.crc {
+        return Err(StreamError::Checksum {
+            kind: head.kind_name(),
+            offset: head.offset,
+            stored: head.crc,
+            computed,
+        });
+    }
+    let kind = head.kind()?;
+    if raw_head[1..4] != [0, 0, 0] {
+        return Err(StreamError::Malformed {
+            kind,
+            offset: head.offset,
+            reason: format!("unsupported flags {:02x?}", &raw_head[1..4]),
+        });
+    }
+    Ok(kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(kind: FrameKind, payload: &[u8]) -> Result<FrameKind, StreamError> {
+        let raw = encode_header(kind, &[payload])?;
+        let head = decode_header(&raw, 0)?;
+        assert_eq!(head.len as usize, payload.len());
+        verify(&head, &raw, payload)
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        for b in 0..=255u8 {
+            if let Some(k) = FrameKind::from_u8(b) {
+                assert_eq!(k as u8, b);
+                assert_eq!(round_trip(k, b"payload").unwrap(), k);
+            }
+        }
+    }
+
+    #[test]
+    fn split_parts_crc_equals_whole() {
+        let a = encode_header(FrameKind::Pages, &[b"abc", b"def"]).unwrap();
+        let b = encode_header(FrameKind::Pages, &[b"abcdef"]).unwrap();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn flipped_payload_bit_is_a_checksum_error() {
+        let raw = encode_header(FrameKind::Digest, &[b"0123456789abcdef"]).unwrap();
+        let head = decode_header(&raw, 40).unwrap();
+        let err = verify(&head, &raw, b"0123456789abcdeg").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("Digest frame at stream offset 40"), "{msg}");
+    }
+
+    #[test]
+    fn oversized_length_is_refused() {
+        let mut raw = encode_header(FrameKind::Pages, &[b""]).unwrap();
+        raw[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            decode_header(&raw, 7),
+            Err(StreamError::TooLong { offset: 7, .. })
+        ));
+    }
+
+    #[test]
+    fn unknown_type_with_valid_crc_is_reported_as_unknown() {
+        let h8 = head8(200, 0);
+        let crc = crc_start(&h8).finalize();
+        let mut raw = [0u8; FRAME_HEADER_LEN];
+        raw[..8].copy_from_slice(&h8);
+        raw[8..].copy_from_slice(&crc.to_le_bytes());
+        let head = decode_header(&raw, 3).unwrap();
+        assert!(matches!(
+            verify(&head, &raw, b""),
+            Err(StreamError::UnknownFrame {
+                kind: 200,
+                offset: 3
+            })
+        ));
+    }
+}

@@ -1,0 +1,124 @@
+//! What a migration reports: serialisable for `--json`, and for the converge
+//! experiment's tables.
+
+use serde::Serialize;
+
+/// How a migration ended.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// The guest runs on the destination, memory verified.
+    Completed,
+    /// The guest runs on the source.
+    Failed,
+}
+
+/// Which kind of round.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RoundKind {
+    /// The first pass over all memory.
+    Full,
+    /// Pages dirtied during the previous round, guest running.
+    Dirty,
+    /// The last dirty set, guest paused (stop-and-copy).
+    Final,
+}
+
+/// One precopy round, as the source saw it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RoundStats {
+    /// 0 for the full pass.
+    pub round: u32,
+    /// Which kind.
+    pub kind: RoundKind,
+    /// Pages sent.
+    pub pages: u64,
+    /// Of those, zero pages (sent as a bit, no data).
+    pub zero_pages: u64,
+    /// Bytes put on the wire.
+    pub bytes: u64,
+    /// Wall time of the round.
+    pub ms: f64,
+    /// Pages the guest dirtied per second during the round (from the harvest
+    /// that followed it; 0 for the final round).
+    pub dirty_rate_pages_s: f64,
+    /// Bytes per second of the round, in MB/s (10^6).
+    pub bandwidth_mb_s: f64,
+    /// Time spent harvesting the dirty log after the round.
+    pub harvest_ms: f64,
+}
+
+/// The source's account of a migration.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MigrationSummary {
+    /// "completed" or "failed".
+    pub status: Status,
+    /// Backend name.
+    pub backend: String,
+    /// Dirty-tracking method of the source.
+    pub dirty_tracking: String,
+    /// Start of `migrate` to the end.
+    pub total_ms: f64,
+    /// Source pause to the receipt of the destination's Resumed frame.
+    pub downtime_ms: f64,
+    /// Destination time from Switchover received to guest running.
+    pub dest_resume_ms: f64,
+    /// Time the source spent hashing its memory for the digest.
+    pub digest_ms: f64,
+    /// Whether the destination was asked to verify before resuming.
+    pub verify_before_resume: bool,
+    /// Bytes written to the stream.
+    pub bytes_sent: u64,
+    /// Every round, the final one last.
+    pub rounds: Vec<RoundStats>,
+    /// Whether source and destination memory digests matched.
+    pub digest_match: bool,
+    /// Stamp mismatches the guest counted: before switchover plus after.
+    pub guest_mismatches: u64,
+    /// Of those, counted on the source before switchover.
+    pub mismatches_before: u64,
+    /// Of those, counted on the destination after switchover.
+    pub mismatches_after: u64,
+    /// Guest passes (summed over vCPUs) completed on the destination during
+    /// its `run_after` period.
+    pub dest_passes_after: u64,
+    /// Why the migration failed, or a problem after it committed.
+    pub error: Option<String>,
+}
+
+/// The destination's account of a migration.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReceiveSummary {
+    /// "completed" or "failed".
+    pub status: Status,
+    /// Backend name.
+    pub backend: String,
+    /// First byte to report sent.
+    pub total_ms: f64,
+    /// Switchover received to guest running.
+    pub resume_ms: f64,
+    /// Bytes read from the stream.
+    pub bytes_received: u64,
+    /// Pages received, counting repeats.
+    pub pages_received: u64,
+    /// Of those, zero pages.
+    pub zero_pages: u64,
+    /// Page batches received.
+    pub batches: u64,
+    /// The memory digest of the destination.
+    pub digest: u64,
+    /// Whether it matched the source's.
+    pub digest_match: bool,
+    /// Guest passes completed after switchover.
+    pub passes_after: u64,
+    /// Mismatches counted before switchover (on the source).
+    pub mismatches_before: u64,
+    /// Mismatches counted after switchover.
+    pub mismatches_after: u64,
+}
+
+/// Milliseconds of a duration, as f64.
+pub(crate) fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}

@@ -1,0 +1,188 @@
+//! A small but real test VM: one "vCPU" thread that walks the data region
+//! writing stamps through `GuestRam` (so every write is tracked through the
+//! VMM-dirty bitmap) and checks, before each write, that the page still holds
+//! the stamp of the previous pass — the memstress self-check in miniature.
+//! Its "vCPU state" is the walk position, so a migrated guest continues where
+//! the source stopped and any lost page shows up as a mismatch.
+
+#![allow(dead_code)]
+
+use ferry_backend::memstress::{progress, stamp};
+use ferry_backend::{
+    BackendError, BackendKind, Backing, DirtyPages, GuestRam, HarvestStats, MemoryLayout, Vm,
+    VmConfig, Workload, PAGE_SIZE,
+};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub fn config() -> VmConfig {
+    VmConfig {
+        backend: BackendKind::Soft,
+        workload: Workload {
+            vcpus: 1,
+            bytes_per_vcpu: 4 << 20,
+            ..Workload::default()
+        },
+        backing: Backing::Anonymous,
+    }
+}
+
+pub struct TestVm {
+    config: VmConfig,
+    ram: Arc<GuestRam>,
+    /// pass << 32 | next page
+    position: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    worker: Option<JoinHandle<()>>,
+    pub logging: bool,
+    /// Write a page after the final harvest, so the digest must catch it.
+    pub untracked_write_on_save: bool,
+}
+
+impl TestVm {
+    pub fn new(config: &VmConfig) -> Result<Self, BackendError> {
+        let layout = config.layout();
+        let ram = Arc::new(GuestRam::new(&layout.slot_sizes(), config.backing)?);
+        // Something for the VMM to have written at build time, as backends do.
+        ram.store_u64(MemoryLayout::params_gpa(0), 0xc0de)?;
+        Ok(TestVm {
+            config: config.clone(),
+            ram,
+            position: Arc::new(AtomicU64::new(1 << 32)),
+            stop: Arc::new(AtomicBool::new(false)),
+            worker: None,
+            logging: false,
+            untracked_write_on_save: false,
+        })
+    }
+
+    pub fn boxed(config: &VmConfig) -> Result<Box<dyn Vm>, BackendError> {
+        Ok(Box::new(Self::new(config)?))
+    }
+}
+
+fn guest(
+    ram: Arc<GuestRam>,
+    layout: MemoryLayout,
+    position: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) {
+    let pages = layout.data_bytes / PAGE_SIZE as u64;
+    let prog = MemoryLayout::progress_gpa(0);
+    let pos = position.load(Ordering::Acquire);
+    let (mut pass, mut page) = (pos >> 32, pos & 0xffff_ffff);
+    while !stop.load(Ordering::Acquire) {
+        let gpa = layout.data_gpa().add(page * PAGE_SIZE as u64);
+        let expect = if pass <= 1 {
+            0
+        } else {
+            stamp(0, page, (pass - 1) as u32)
+        };
+        if ram.load_u64(gpa).unwrap() != expect {
+            let m = ram.load_u64(prog.add(progress::MISMATCHES)).unwrap();
+            ram.store_u64(prog.add(progress::MISMATCHES), m + 1)
+                .unwrap();
+        }
+        ram.store_u64(gpa, stamp(0, page, pass as u32)).unwrap();
+        page += 1;
+        if page == pages {
+            ram.store_u64(prog.add(progress::PASS), pass).unwrap();
+            page = 0;
+            pass += 1;
+        }
+        position.store(pass << 32 | page, Ordering::Release);
+        if page % 64 == 0 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+}
+
+impl Vm for TestVm {
+    fn config(&self) -> &VmConfig {
+        &self.config
+    }
+    fn ram(&self) -> &Arc<GuestRam> {
+        &self.ram
+    }
+    fn start(&mut self) -> Result<(), BackendError> {
+        if self.worker.is_none() {
+            self.stop.store(false, Ordering::Release);
+            let (ram, pos, stop) = (
+                Arc::clone(&self.ram),
+                Arc::clone(&self.position),
+                Arc::clone(&self.stop),
+            );
+            let layout = self.config.layout();
+            self.worker = Some(std::thread::spawn(move || guest(ram, layout, pos, stop)));
+        }
+        Ok(())
+    }
+    fn pause(&mut self) -> Result<(), BackendError> {
+        self.stop.store(true, Ordering::Release);
+        if let Some(w) = self.worker.take() {
+            w.join().map_err(|_| BackendError::VcpuFailed {
+                vcpu: 0,
+                reason: "panicked".into(),
+            })?;
+        }
+        Ok(())
+    }
+    fn is_running(&self) -> bool {
+        self.worker.is_some()
+    }
+    fn check_health(&self) -> Result<(), BackendError> {
+        match &self.worker {
+            Some(w) if w.is_finished() => Err(BackendError::VcpuFailed {
+                vcpu: 0,
+                reason: "guest thread exited".into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+    fn dirty_tracking(&self) -> String {
+        "vmm-bitmap".into()
+    }
+    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
+        self.logging = true;
+        Ok(())
+    }
+    fn harvest_dirty(&mut self, _into: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
+        // Every guest write goes through GuestRam, so the engine's
+        // take_vmm_dirty sees it; the "hardware" log is empty.
+        Ok(HarvestStats::default())
+    }
+    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
+        self.logging = false;
+        Ok(())
+    }
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
+        if self.is_running() {
+            return Err(BackendError::NotPaused("save vCPUs"));
+        }
+        if self.untracked_write_on_save {
+            let gpa = self
+                .config
+                .layout()
+                .data_gpa()
+                .add(12 * PAGE_SIZE as u64 + 512);
+            self.ram.store_u64(gpa, 0xbad)?;
+        }
+        Ok(self.position.load(Ordering::Acquire).to_le_bytes().to_vec())
+    }
+    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
+        let bytes: [u8; 8] = state
+            .try_into()
+            .map_err(|_| BackendError::BadVcpuState(format!("{} bytes", state.len())))?;
+        self.position
+            .store(u64::from_le_bytes(bytes), Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Drop for TestVm {
+    fn drop(&mut self) {
+        let _ = self.pause();
+    }
+}
