@@ -1,0 +1,204 @@
+//! A vCPU's view of guest memory: every access goes through its TLB and, on a
+//! miss, the MMU; data goes to the host mapping of `GuestRam`.
+//!
+//! Guest stores do not use vm-memory's `Bytes` path, which would mark the
+//! VMM-write bitmap: guest writes are tracked by the MMU's dirty log, VMM
+//! writes by `GuestRam`. Data is accessed with atomic u64/u32 operations on
+//! the host address (the engine copies the same memory concurrently).
+//!
+//! With no RAM (sparse memory), translations are real and contents implied:
+//! loads return 0 and stores are dropped after the MMU has done its part.
+
+use crate::error::SoftError;
+use crate::mmu::Mmu;
+use crate::tlb::Tlb;
+use ferry_backend::{Gfn, GuestRam, PAGE_SHIFT};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Host addresses of guest RAM, slot by slot.
+#[derive(Clone)]
+pub struct HostView {
+    /// (first gfn, frames, host base address) per slot.
+    slots: Vec<(u64, u64, usize)>,
+    /// Keeps the mappings alive as long as the view.
+    _ram: Option<Arc<GuestRam>>,
+}
+
+impl HostView {
+    /// The view of `ram`.
+    pub fn of(ram: &Arc<GuestRam>) -> Self {
+        let slots = ram
+            .slots()
+            .iter()
+            .map(|s| (s.first_gfn().0, s.pages(), ram.host_address(s) as usize))
+            .collect();
+        HostView {
+            slots,
+            _ram: Some(Arc::clone(ram)),
+        }
+    }
+
+    /// Sparse memory: no contents.
+    pub fn sparse() -> Self {
+        HostView {
+            slots: Vec::new(),
+            _ram: None,
+        }
+    }
+
+    /// Host address of the page `gfn`, or 0 for sparse memory.
+    #[inline]
+    fn host(&self, gfn: u64) -> Result<usize, SoftError> {
+        if self.slots.is_empty() {
+            return Ok(0);
+        }
+        for &(first, pages, base) in &self.slots {
+            if gfn >= first && gfn < first + pages {
+                return Ok(base + (((gfn - first) as usize) << PAGE_SHIFT));
+            }
+        }
+        Err(SoftError::OutOfRange(gfn))
+    }
+}
+
+/// Guest memory as one vCPU sees it.
+pub struct VcpuMem {
+    mmu: Arc<Mmu>,
+    view: HostView,
+    id: usize,
+    tlb: Tlb,
+    /// Pages this vCPU dirtied first (what a dirty quota charges), not yet
+    /// taken by [`VcpuMem::take_dirtied`].
+    dirtied: u64,
+}
+
+impl VcpuMem {
+    /// vCPU `id`'s view.
+    pub fn new(mmu: Arc<Mmu>, view: HostView, id: usize) -> Self {
+        VcpuMem {
+            mmu,
+            view,
+            id,
+            tlb: Tlb::default(),
+            dirtied: 0,
+        }
+    }
+
+    /// The MMU.
+    pub fn mmu(&self) -> &Arc<Mmu> {
+        &self.mmu
+    }
+
+    /// vCPU index.
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// Access boundary: acknowledges a pending remote flush.
+    #[inline]
+    pub fn boundary(&mut self) {
+        if self.mmu.flush.pending(self.id) {
+            self.mmu.flush.service(self.id, &mut self.tlb);
+        }
+    }
+
+    /// Starts running accesses (joins the flush domain).
+    pub fn online(&mut self) {
+        self.mmu.flush.go_online(self.id, &mut self.tlb);
+    }
+
+    /// Stops running accesses (paused, sleeping).
+    pub fn offline(&mut self) {
+        self.mmu.flush.go_offline(self.id);
+    }
+
+    /// Pages dirtied first by this vCPU since the last call.
+    pub fn take_dirtied(&mut self) -> u64 {
+        std::mem::take(&mut self.dirtied)
+    }
+
+    /// TLB (hits, misses).
+    pub fn tlb_stats(&self) -> (u64, u64) {
+        self.tlb.stats()
+    }
+
+    /// Host address for an access at `gpa`.
+    #[inline]
+    pub fn translate(&mut self, gpa: u64, write: bool) -> Result<usize, SoftError> {
+        let gfn = gpa >> PAGE_SHIFT;
+        let page_off = (gpa & 0xfff) as usize;
+        if let Some(host) = self.tlb.lookup(gfn, write) {
+            return Ok(host + page_off);
+        }
+        self.miss(gfn, write).map(|h| h + page_off)
+    }
+
+    #[cold]
+    fn miss(&mut self, gfn: u64, write: bool) -> Result<usize, SoftError> {
+        // Clear the TLB first if a flush was acknowledged from inside the MMU
+        // during an earlier miss; never between the walk and the fill below,
+        // which would let a flush pass a translation it should have killed.
+        if self.mmu.flush.pending(self.id) {
+            self.mmu.flush.service(self.id, &mut self.tlb);
+        }
+        let t = self.mmu.translate(Some(self.id), Gfn(gfn), write)?;
+        // A flush acknowledged during the walk: the walk itself re-read what
+        // it used, but other cached translations may be stale.
+        if self.mmu.flush.take_must_clear(self.id) {
+            self.tlb.clear();
+        }
+        if t.dirtied {
+            self.dirtied += 1;
+        }
+        let host = self.view.host(gfn)?;
+        self.tlb.fill(gfn, host, t.writable);
+        Ok(host)
+    }
+
+    /// Loads the aligned u64 at `gpa`.
+    #[inline]
+    pub fn load_u64(&mut self, gpa: u64) -> Result<u64, SoftError> {
+        let host = self.translate(gpa, false)?;
+        if host < 4096 {
+            return Ok(0);
+        }
+        // SAFETY: `host` is inside a live guest RAM mapping (the view holds an
+        // Arc to it), 8-byte aligned because `gpa` is and slot bases are page
+        // aligned, and only ever accessed atomically or by volatile copies.
+        Ok(unsafe { &*(host as *const AtomicU64) }.load(Ordering::Relaxed))
+    }
+
+    /// Stores the aligned u64 at `gpa`.
+    #[inline]
+    pub fn store_u64(&mut self, gpa: u64, value: u64) -> Result<(), SoftError> {
+        let host = self.translate(gpa, true)?;
+        if host >= 4096 {
+            // SAFETY: as in `load_u64`.
+            unsafe { &*(host as *const AtomicU64) }.store(value, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Loads the aligned u32 at `gpa`.
+    #[inline]
+    pub fn load_u32(&mut self, gpa: u64) -> Result<u32, SoftError> {
+        let host = self.translate(gpa, false)?;
+        if host < 4096 {
+            return Ok(0);
+        }
+        // SAFETY: as in `load_u64`, with 4-byte alignment.
+        Ok(unsafe { &*(host as *const AtomicU32) }.load(Ordering::Relaxed))
+    }
+
+    /// Stores the aligned u32 at `gpa`.
+    #[inline]
+    pub fn store_u32(&mut self, gpa: u64, value: u32) -> Result<(), SoftError> {
+        let host = self.translate(gpa, true)?;
+        if host >= 4096 {
+            // SAFETY: as in `load_u32`.
+            unsafe { &*(host as *const AtomicU32) }.store(value, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,462 @@
+//! The soft MMU: guest-physical to host translation through 4-level radix
+//! tables, the fault paths, and the dirty log.
+//!
+//! Concurrency follows the TDP MMU. vCPU faults hold the MMU lock *shared*
+//! and change entries with compare-exchange, so faults on different pages run
+//! in parallel. Structural changes that free tables (zap) or rewrite many
+//! entries (eager split, walk-based write-protect) hold it *exclusively*. Nobody
+//! waits for a remote TLB flush while holding the lock exclusively, and a vCPU
+//! waiting for the lock keeps acknowledging flushes, so the flush handshake
+//! (tlb.rs) cannot deadlock against the lock.
+//!
+//! ```text
+//!  access ─► TLB hit ─► done
+//!     └──► walk (lock shared): per table: lazy write-protect if its generation is stale
+//!            missing entry  ─► map (huge leaf if allowed, else tables down to 4K)
+//!            write on RO 4K ─► write fault: mark dirty, make writable
+//!            write on RO huge while logging ─► split on fault: freeze, flush, empty child
+//! ```
+//!
+//! The fault that makes a page writable while logging marks it in the shared
+//! dirty bitmap *before* the vCPU stores, and a harvest takes the bitmap
+//! *before* it write-protects, so a write is either in this harvest or faults
+//! again and lands in the next one.
+
+use crate::config::{Mechanisms, WriteProtect};
+use crate::error::SoftError;
+use crate::pte::{self, ROOT_LEVEL};
+use crate::table::{Arena, Table};
+use crate::tlb::FlushDomain;
+use ferry_backend::{Gfn, SharedDirtyBitmap};
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+
+/// Counters of MMU events.
+#[derive(Default, Debug)]
+pub struct MmuCounters {
+    /// Faults on a missing entry.
+    pub missing_faults: AtomicU64,
+    /// Write faults on a present read-only leaf.
+    pub write_faults: AtomicU64,
+    /// Huge leaves broken by a write fault.
+    pub fault_splits: AtomicU64,
+    /// Huge leaves split eagerly.
+    pub eager_splits: AtomicU64,
+    /// Tables write-protected lazily (generation mode).
+    pub lazy_syncs: AtomicU64,
+    /// Entries write-protected (either mode).
+    pub protected_entries: AtomicU64,
+    /// Walks that had to restart (frozen entry, lost race).
+    pub retries: AtomicU64,
+}
+
+/// A snapshot of [`MmuCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MmuStats {
+    /// Faults on a missing entry.
+    pub missing_faults: u64,
+    /// Write faults on a present read-only leaf.
+    pub write_faults: u64,
+    /// Huge leaves broken by a write fault.
+    pub fault_splits: u64,
+    /// Huge leaves split eagerly.
+    pub eager_splits: u64,
+    /// Tables write-protected lazily.
+    pub lazy_syncs: u64,
+    /// Entries write-protected.
+    pub protected_entries: u64,
+    /// Walk restarts.
+    pub retries: u64,
+    /// Remote TLB flushes.
+    pub flushes: u64,
+    /// Tables in use.
+    pub tables: u32,
+}
+
+/// Result of a translation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Translation {
+    /// The vCPU may cache the translation as writable.
+    pub writable: bool,
+    /// This fault marked the page dirty for the first time in this round
+    /// (what a dirty quota charges).
+    pub dirtied: bool,
+}
+
+enum Step {
+    Done(Translation),
+    Retry,
+}
+
+/// The software second-level MMU of one address space.
+pub struct Mmu {
+    pub(crate) arena: Arena,
+    pub(crate) root: u32,
+    pub(crate) lock: RwLock<()>,
+    frames: u64,
+    pub(crate) mech: Mechanisms,
+    pub(crate) gen: AtomicU64,
+    pub(crate) logging: AtomicBool,
+    dirty: Arc<SharedDirtyBitmap>,
+    pub(crate) flush: FlushDomain,
+    pub(crate) counters: MmuCounters,
+}
+
+impl Mmu {
+    /// An MMU for guest frames `0..frames`, with `vcpus` vCPU slots.
+    pub fn new(frames: u64, vcpus: usize, mech: Mechanisms) -> Result<Self, SoftError> {
+        let arena = Arena::for_frames(frames, 256 + 4 * vcpus as u32);
+        let root = arena.alloc(ROOT_LEVEL, 0, 0)?;
+        Ok(Mmu {
+            arena,
+            root,
+            lock: RwLock::new(()),
+            frames,
+            mech,
+            gen: AtomicU64::new(0),
+            logging: AtomicBool::new(false),
+            dirty: Arc::new(SharedDirtyBitmap::new(frames)),
+            flush: FlushDomain::new(vcpus),
+            counters: MmuCounters::default(),
+        })
+    }
+
+    /// Guest frames covered.
+    pub fn frames(&self) -> u64 {
+        self.frames
+    }
+
+    /// The mechanism switches.
+    pub fn mechanisms(&self) -> Mechanisms {
+        self.mech
+    }
+
+    /// The dirty bitmap the write-fault path marks and the engine harvests.
+    pub fn dirty_bitmap(&self) -> &Arc<SharedDirtyBitmap> {
+        &self.dirty
+    }
+
+    /// The remote-flush domain of the vCPUs.
+    pub fn flush_domain(&self) -> &FlushDomain {
+        &self.flush
+    }
+
+    /// Whether dirty logging is on.
+    pub fn logging(&self) -> bool {
+        self.logging.load(Ordering::Acquire)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> MmuStats {
+        let c = &self.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MmuStats {
+            missing_faults: l(&c.missing_faults),
+            write_faults: l(&c.write_faults),
+            fault_splits: l(&c.fault_splits),
+            eager_splits: l(&c.eager_splits),
+            lazy_syncs: l(&c.lazy_syncs),
+            protected_entries: l(&c.protected_entries),
+            retries: l(&c.retries),
+            flushes: self.flush.flushes(),
+            tables: self.arena.in_use(),
+        }
+    }
+
+    /// Takes the lock shared. A vCPU that has to wait keeps acknowledging
+    /// remote flushes, so a flusher holding the lock shared can finish.
+    pub(crate) fn read_lock(&self, vcpu: Option<usize>) -> RwLockReadGuard<'_, ()> {
+        let mut spins = 0u32;
+        loop {
+            match self.lock.try_read() {
+                Ok(g) => return g,
+                Err(TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    if let Some(v) = vcpu {
+                        self.flush.ack_deferred(v);
+                    }
+                    spins += 1;
+                    if spins.is_multiple_of(16) {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes the lock exclusively.
+    pub(crate) fn write_lock(&self) -> RwLockWriteGuard<'_, ()> {
+        self.lock.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Translates `gfn` for an access by `vcpu` (None for a host thread),
+    /// faulting it in as needed. Returns whether the translation may be cached
+    /// writable.
+    pub fn translate(
+        &self,
+        vcpu: Option<usize>,
+        gfn: Gfn,
+        write: bool,
+    ) -> Result<Translation, SoftError> {
+        if gfn.0 >= self.frames {
+            return Err(SoftError::OutOfRange(gfn.0));
+        }
+        loop {
+            let step = {
+                let _shared = self.read_lock(vcpu);
+                self.walk(vcpu, gfn.0, write)?
+            };
+            match step {
+                Step::Done(t) => return Ok(t),
+                Step::Retry => {
+                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    if let Some(v) = vcpu {
+                        self.flush.ack_deferred(v);
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Level of the leaf a missing fault at `gfn` may install at `level`.
+    fn map_level(&self, gfn: u64, level: u8) -> u8 {
+        if self.logging.load(Ordering::Acquire) {
+            return 1;
+        }
+        let mut l = self.mech.leaf.level().min(level);
+        while l > 1 {
+            let span = pte::frames_per_entry(l);
+            let base = gfn & !(span - 1);
+            if base + span <= self.frames {
+                break;
+            }
+            l -= 1;
+        }
+        l
+    }
+
+    /// Brings `table` up to write-protect generation `gen` (lazy
+    /// write-protect: only possibly-writable entries are touched).
+    #[inline]
+    pub(crate) fn sync_table(&self, table: &Table, gen: u64) {
+        if self.mech.write_protect != WriteProtect::Generation
+            || table.wp_gen.load(Ordering::Acquire) >= gen
+        {
+            return;
+        }
+        let _locked = table.lock();
+        if table.wp_gen.load(Ordering::Acquire) >= gen {
+            return;
+        }
+        let n = table.write_protect_possibly_writable();
+        table.wp_gen.store(gen, Ordering::Release);
+        self.counters.lazy_syncs.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .protected_entries
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn mark_dirty(&self, gfn: u64) -> bool {
+        self.logging.load(Ordering::Acquire) && self.dirty.mark(Gfn(gfn))
+    }
+
+    fn walk(&self, vcpu: Option<usize>, gfn: u64, write: bool) -> Result<Step, SoftError> {
+        let gen = self.gen.load(Ordering::Acquire);
+        let mut t = self.root;
+        let mut level = ROOT_LEVEL;
+        loop {
+            let table = self.arena.get(t);
+            self.sync_table(table, gen);
+            let i = pte::index(gfn, level);
+            let e = table.entries[i].load(Ordering::Acquire);
+            if e == pte::FROZEN {
+                return Ok(Step::Retry);
+            }
+            let span = pte::frames_per_entry(level);
+            let base = gfn & !(span - 1);
+            if !pte::is_present(e) {
+                if level > self.map_level(gfn, level) {
+                    let child = self.arena.alloc(level - 1, base, gen)?;
+                    if table.install(i, pte::table(child)).is_err() {
+                        self.arena.free(child);
+                    }
+                    continue;
+                }
+                self.counters.missing_faults.fetch_add(1, Ordering::Relaxed);
+                if !write {
+                    if table.install(i, pte::leaf(base, level, false)).is_err() {
+                        continue;
+                    }
+                    return Ok(Step::Done(Translation {
+                        writable: false,
+                        dirtied: false,
+                    }));
+                }
+                let _locked = table.lock();
+                table.note_writable(i);
+                if table.install(i, pte::leaf(base, level, true)).is_err() {
+                    continue;
+                }
+                let dirtied = level == 1 && self.mark_dirty(gfn);
+                return Ok(Step::Done(Translation {
+                    writable: true,
+                    dirtied,
+                }));
+            }
+            if !pte::is_leaf(e, level) {
+                t = pte::child(e);
+                level -= 1;
+                continue;
+            }
+            if !write || pte::is_writable(e) {
+                return Ok(Step::Done(Translation {
+                    writable: pte::is_writable(e),
+                    dirtied: false,
+                }));
+            }
+            if level > 1 && self.logging.load(Ordering::Acquire) {
+                self.split_on_fault(vcpu, table, i, level, e, gen)?;
+                continue;
+            }
+            // Write fault on a read-only leaf.
+            let _locked = table.lock();
+            if table.wp_gen.load(Ordering::Acquire) < gen
+                && self.mech.write_protect == WriteProtect::Generation
+            {
+                continue; // protected meanwhile: sync and look again
+            }
+            table.note_writable(i);
+            if table.entries[i]
+                .compare_exchange(e, e | pte::WRITABLE, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            self.counters.write_faults.fetch_add(1, Ordering::Relaxed);
+            let dirtied = level == 1 && self.mark_dirty(gfn);
+            return Ok(Step::Done(Translation {
+                writable: true,
+                dirtied,
+            }));
+        }
+    }
+
+    /// Breaks a read-only huge leaf hit by a write while logging (arm64's
+    /// behaviour before eager splitting): break-before-make with a remote TLB
+    /// flush, then an empty child table, so only the faulting page gets mapped
+    /// and its 511 neighbours fault again when touched, reads included.
+    fn split_on_fault(
+        &self,
+        vcpu: Option<usize>,
+        table: &Table,
+        i: usize,
+        level: u8,
+        e: u64,
+        gen: u64,
+    ) -> Result<(), SoftError> {
+        if table.entries[i]
+            .compare_exchange(e, pte::FROZEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Ok(());
+        }
+        self.flush.flush_remote(vcpu);
+        let child = match self.arena.alloc(level - 1, pte::frame(e), gen) {
+            Ok(c) => c,
+            Err(err) => {
+                table.entries[i].store(e, Ordering::Release);
+                return Err(err.into());
+            }
+        };
+        table.entries[i].store(pte::table(child), Ordering::Release);
+        self.counters.fault_splits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The leaf mapping `gfn` as (entry, level), without faulting.
+    pub fn lookup(&self, gfn: Gfn) -> Option<(u64, u8)> {
+        let _shared = self.read_lock(None);
+        let mut t = self.root;
+        let mut level = ROOT_LEVEL;
+        loop {
+            let e = self.arena.get(t).entries[pte::index(gfn.0, level)].load(Ordering::Acquire);
+            if !pte::is_present(e) {
+                return None;
+            }
+            if pte::is_leaf(e, level) {
+                return Some((e, level));
+            }
+            t = pte::child(e);
+            level -= 1;
+        }
+    }
+
+    /// Returns the table at `level` covering `gfn`, creating tables down to it.
+    /// Caller holds the lock exclusively.
+    pub(crate) fn ensure_table(&self, gfn: u64, level: u8) -> Result<u32, SoftError> {
+        let gen = self.gen.load(Ordering::Acquire);
+        let mut t = self.root;
+        let mut l = ROOT_LEVEL;
+        while l > level {
+            let table = self.arena.get(t);
+            let i = pte::index(gfn, l);
+            let e = table.entries[i].load(Ordering::Acquire);
+            if !pte::is_present(e) {
+                let base = gfn & !(pte::frames_per_entry(l) - 1);
+                let child = self.arena.alloc(l - 1, base, gen)?;
+                table
+                    .install(i, pte::table(child))
+                    .expect("exclusive lock: entry cannot change");
+                t = child;
+            } else if pte::is_leaf(e, l) {
+                return Err(SoftError::Options(format!(
+                    "gfn {gfn:#x} is already mapped by a level-{l} leaf"
+                )));
+            } else {
+                t = pte::child(e);
+            }
+            l -= 1;
+        }
+        Ok(t)
+    }
+
+    /// Maps frames `start..end` with leaves of `level` (the range must be
+    /// aligned to it), as a guest that touched all of its memory would have:
+    /// how the sparse-memory experiments build real tables without faulting
+    /// every page.
+    pub fn populate(
+        &self,
+        start: u64,
+        end: u64,
+        level: u8,
+        writable: bool,
+    ) -> Result<(), SoftError> {
+        let span = pte::frames_per_entry(level);
+        if !start.is_multiple_of(span) || !end.is_multiple_of(span) || end > self.frames {
+            return Err(SoftError::Options(format!(
+                "populate {start:#x}..{end:#x} is not aligned to level {level} or past the end"
+            )));
+        }
+        let _excl = self.write_lock();
+        let mut gfn = start;
+        while gfn < end {
+            let t = self.ensure_table(gfn, level)?;
+            let table = self.arena.get(t);
+            let _locked = table.lock();
+            let table_end = (table.base_gfn() + span * pte::ENTRIES as u64).min(end);
+            while gfn < table_end {
+                let i = pte::index(gfn, level);
+                if writable {
+                    table.note_writable(i);
+                }
+                let _ = table.install(i, pte::leaf(gfn, level, writable));
+                gfn += span;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,236 @@
+//! Throttling a vCPU's dirtying: the per-vCPU dirty quota (seed) next to
+//! time-based throttling (auto-converge, the baseline).
+//!
+//! * [`DirtyQuota`]: each vCPU may dirty `quota_bytes` before it "exits to
+//!   the engine" with [`QuotaExit`]. The fault that first dirties a page
+//!   charges it (4 KiB). The engine-side [`QuotaHandler`] decides how long the
+//!   vCPU sleeps and how much quota it gets back. Readers are never charged,
+//!   so they are never throttled.
+//! * [`TimeThrottle`]: every vCPU, reader or writer, sleeps `percent` of each
+//!   10 ms timeslice.
+//!
+//! The vCPU loop calls [`Throttle::after_access`] at each access boundary with
+//! the bytes it newly dirtied; it returns how long to sleep (offline) first.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Why a vCPU stopped: its dirty quota ran out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaExit {
+    /// The vCPU.
+    pub vcpu: usize,
+    /// Bytes it dirtied since its quota was last refilled.
+    pub dirtied_bytes: u64,
+}
+
+/// What the engine decides on a quota exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaRefill {
+    /// How long the vCPU sleeps before it runs again.
+    pub sleep: Duration,
+    /// New quota in bytes.
+    pub quota_bytes: u64,
+}
+
+/// The engine side of the dirty quota.
+pub trait QuotaHandler: Send + Sync {
+    /// Called on the vCPU's thread when its quota is exhausted.
+    fn exhausted(&self, exit: QuotaExit) -> QuotaRefill;
+}
+
+impl<F: Fn(QuotaExit) -> QuotaRefill + Send + Sync> QuotaHandler for F {
+    fn exhausted(&self, exit: QuotaExit) -> QuotaRefill {
+        self(exit)
+    }
+}
+
+/// Per-vCPU dirty quotas.
+pub struct DirtyQuota {
+    remaining: Box<[AtomicU64]>,
+    used: Box<[AtomicU64]>,
+    exits: AtomicU64,
+    handler: Arc<dyn QuotaHandler>,
+}
+
+impl DirtyQuota {
+    /// `vcpus` quotas of `quota_bytes` each, refilled by `handler`.
+    pub fn new(vcpus: usize, quota_bytes: u64, handler: Arc<dyn QuotaHandler>) -> Self {
+        DirtyQuota {
+            remaining: (0..vcpus).map(|_| AtomicU64::new(quota_bytes)).collect(),
+            used: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
+            exits: AtomicU64::new(0),
+            handler,
+        }
+    }
+
+    /// Charges `bytes` to `vcpu`; on exhaustion exits to the handler and
+    /// returns the sleep it decided (the new quota is already in place).
+    pub fn charge(&self, vcpu: usize, bytes: u64) -> Option<Duration> {
+        if bytes == 0 {
+            return None;
+        }
+        self.used[vcpu].fetch_add(bytes, Ordering::Relaxed);
+        let before = self.remaining[vcpu].load(Ordering::Relaxed);
+        let after = before.saturating_sub(bytes);
+        self.remaining[vcpu].store(after, Ordering::Relaxed);
+        if after > 0 {
+            return None;
+        }
+        self.exits.fetch_add(1, Ordering::Relaxed);
+        let refill = self.handler.exhausted(QuotaExit {
+            vcpu,
+            dirtied_bytes: self.used[vcpu].swap(0, Ordering::Relaxed),
+        });
+        self.remaining[vcpu].store(refill.quota_bytes, Ordering::Relaxed);
+        Some(refill.sleep)
+    }
+
+    /// Sets `vcpu`'s quota (the engine refilling outside an exit).
+    pub fn set_quota(&self, vcpu: usize, quota_bytes: u64) {
+        self.remaining[vcpu].store(quota_bytes, Ordering::Relaxed);
+    }
+
+    /// Quota exits so far.
+    pub fn exits(&self) -> u64 {
+        self.exits.load(Ordering::Relaxed)
+    }
+}
+
+/// The timeslice of time-based throttling.
+pub const TIMESLICE: Duration = Duration::from_millis(10);
+
+/// Time-based throttling: each vCPU sleeps `percent` of every timeslice.
+pub struct TimeThrottle {
+    percent: AtomicU32,
+    slice_start: Box<[AtomicU64]>,
+    epoch: Instant,
+    sleeps: AtomicU64,
+}
+
+impl TimeThrottle {
+    /// Throttling at `percent` (0 = off) for `vcpus` vCPUs.
+    pub fn new(vcpus: usize, percent: u32) -> Self {
+        TimeThrottle {
+            percent: AtomicU32::new(percent.min(99)),
+            slice_start: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
+            epoch: Instant::now(),
+            sleeps: AtomicU64::new(0),
+        }
+    }
+
+    /// Changes the throttle (auto-converge raises it round by round).
+    pub fn set_percent(&self, percent: u32) {
+        self.percent.store(percent.min(99), Ordering::Relaxed);
+    }
+
+    /// Current throttle.
+    pub fn percent(&self) -> u32 {
+        self.percent.load(Ordering::Relaxed)
+    }
+
+    /// Sleeps so far.
+    pub fn sleeps(&self) -> u64 {
+        self.sleeps.load(Ordering::Relaxed)
+    }
+
+    /// If `vcpu` has run its share of the current slice, the sleep that ends it.
+    pub fn check(&self, vcpu: usize) -> Option<Duration> {
+        let pct = u64::from(self.percent());
+        if pct == 0 {
+            return None;
+        }
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let start = self.slice_start[vcpu].load(Ordering::Relaxed);
+        let slice = TIMESLICE.as_nanos() as u64;
+        let run = slice * (100 - pct) / 100;
+        if now < start + run {
+            return None;
+        }
+        self.slice_start[vcpu].store(now + slice - run, Ordering::Relaxed);
+        self.sleeps.fetch_add(1, Ordering::Relaxed);
+        Some(Duration::from_nanos(slice - run))
+    }
+}
+
+/// How the vCPUs are throttled.
+#[derive(Clone, Default)]
+pub enum Throttle {
+    /// Not at all.
+    #[default]
+    None,
+    /// Per-vCPU dirty quota.
+    Quota(Arc<DirtyQuota>),
+    /// Time-based.
+    Time(Arc<TimeThrottle>),
+}
+
+impl Throttle {
+    /// At an access boundary after `vcpu` newly dirtied `dirtied_pages`:
+    /// how long to sleep first, if at all. Time-based checks every call.
+    pub fn after_access(&self, vcpu: usize, dirtied_pages: u64) -> Option<Duration> {
+        match self {
+            Throttle::None => None,
+            Throttle::Quota(q) => q.charge(vcpu, dirtied_pages * 4096),
+            Throttle::Time(t) => t.check(vcpu),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[test]
+    fn quota_exits_when_exhausted_and_refills() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = Arc::clone(&seen);
+        let q = DirtyQuota::new(
+            2,
+            3 * 4096,
+            Arc::new(move |e: QuotaExit| {
+                s.lock().unwrap().push(e);
+                QuotaRefill {
+                    sleep: Duration::from_millis(1),
+                    quota_bytes: 4096,
+                }
+            }),
+        );
+        assert_eq!(q.charge(0, 4096), None);
+        assert_eq!(q.charge(0, 0), None, "reads are never charged");
+        assert_eq!(q.charge(0, 4096), None);
+        assert_eq!(q.charge(0, 4096), Some(Duration::from_millis(1)));
+        assert_eq!(q.charge(1, 4096), None, "quotas are per vCPU");
+        assert_eq!(
+            q.charge(0, 4096),
+            Some(Duration::from_millis(1)),
+            "refilled to one page"
+        );
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(
+            seen[0],
+            QuotaExit {
+                vcpu: 0,
+                dirtied_bytes: 3 * 4096
+            }
+        );
+        assert_eq!(seen[1].dirtied_bytes, 4096);
+        assert_eq!(q.exits(), 2);
+    }
+
+    #[test]
+    fn time_throttle_sleeps_its_share_of_each_slice() {
+        let t = TimeThrottle::new(1, 50);
+        assert_eq!(t.check(0), None, "the first slice has just begun");
+        std::thread::sleep(Duration::from_millis(6));
+        let sleep = t.check(0).expect("ran more than half of the slice");
+        assert_eq!(sleep, TIMESLICE / 2);
+        assert_eq!(t.check(0), None, "the next slice has just begun");
+        t.set_percent(0);
+        assert_eq!(t.check(0), None);
+        assert_eq!(t.sleeps(), 1);
+    }
+}

@@ -1,0 +1,263 @@
+//! vCPU threads running the memstress loop through the soft MMU.
+//!
+//! The loop is exactly the one documented in `ferry_backend::memstress` and
+//! assembled for the kvm guest: same parameters read from the parameter
+//! records, same shadow arrays, stamps and progress records, every access
+//! (parameters, shadow, region, progress) going through the vCPU's TLB and
+//! the MMU, so the dirty log sees every page the guest writes.
+//!
+//! The state that is not in guest memory (the kvm guest's registers) is
+//! [`VcpuState`]: pass, loop index, random state and time into the pass. A
+//! vCPU stops only at an access boundary, where that state is exact, so a
+//! migration resumes the loop at the very access where it stopped.
+//!
+//! ```text
+//!  run: loop { boundary: flush ack │ pause → park │ throttle → sleep offline
+//!              one memstress access (shadow read, stamp check, maybe write) }
+//! ```
+
+use crate::error::SoftError;
+use crate::guest_mem::VcpuMem;
+use crate::quota::Throttle;
+use ferry_backend::memstress::{next_rand32, param, progress, scale_rand, stamp, MemoryLayout};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
+
+/// The loop state of one vCPU outside guest memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VcpuState {
+    /// Pass being run (1-based); 0 means not started yet.
+    pub pass: u64,
+    /// Next access index in the pass.
+    pub index: u64,
+    /// Random generator state.
+    pub rng: u64,
+    /// Nanoseconds of the current pass already run (rate-limit baseline).
+    pub pass_elapsed_ns: u64,
+}
+
+/// Parameters of one vCPU, read from its parameter record.
+#[derive(Clone, Copy, Debug)]
+struct Params {
+    region: u64,
+    pages: u64,
+    stride: u64,
+    threshold: u64,
+    random: bool,
+    shadow: u64,
+    ns_per_page: u64,
+    vcpu: u32,
+    seed: u64,
+    progress: u64,
+}
+
+impl Params {
+    fn read(mem: &mut VcpuMem, vcpu: u32) -> Result<Self, SoftError> {
+        let base = MemoryLayout::params_gpa(vcpu).0;
+        let mut f = |off: u64| mem.load_u64(base + off);
+        Ok(Params {
+            region: f(param::REGION)?,
+            pages: f(param::PAGES)?,
+            stride: f(param::STRIDE)?.max(1),
+            threshold: f(param::WRITE_THRESHOLD)?,
+            random: f(param::RANDOM)? != 0,
+            shadow: f(param::SHADOW)?,
+            ns_per_page: f(param::TSC_PER_PAGE)?,
+            vcpu: f(param::VCPU)? as u32,
+            seed: f(param::SEED)?,
+            progress: f(param::PROGRESS)?,
+        })
+    }
+}
+
+/// Run control shared by the VM and its vCPU threads.
+pub struct Control {
+    /// Pause requested.
+    pub pause: AtomicBool,
+    /// Threads must exit.
+    pub exit: AtomicBool,
+    park: Mutex<Parked>,
+    cond: Condvar,
+    /// Saved loop state per vCPU (authoritative while the vCPU is parked).
+    pub states: Vec<Mutex<VcpuState>>,
+    /// First failure of a vCPU thread.
+    pub failure: Mutex<Option<(u32, String)>>,
+}
+
+#[derive(Default)]
+struct Parked {
+    parked: usize,
+    alive: usize,
+}
+
+impl Control {
+    /// Control for `vcpus` vCPUs, not yet running.
+    pub fn new(vcpus: usize) -> Self {
+        Control {
+            pause: AtomicBool::new(false),
+            exit: AtomicBool::new(false),
+            park: Mutex::new(Parked::default()),
+            cond: Condvar::new(),
+            states: (0..vcpus)
+                .map(|_| Mutex::new(VcpuState::default()))
+                .collect(),
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// Registers `n` new threads.
+    pub fn spawned(&self, n: usize) {
+        self.park.lock().expect("park").alive += n;
+    }
+
+    /// Blocks until every live thread is parked (or has exited).
+    pub fn wait_parked(&self) {
+        let mut p = self.park.lock().expect("park");
+        while p.parked < p.alive {
+            p = self.cond.wait(p).expect("park");
+        }
+    }
+
+    /// Wakes parked threads (after clearing `pause` or setting `exit`).
+    pub fn wake(&self) {
+        let _p = self.park.lock().expect("park");
+        self.cond.notify_all();
+    }
+
+    fn park(&self) {
+        let mut p = self.park.lock().expect("park");
+        p.parked += 1;
+        self.cond.notify_all();
+        while self.pause.load(Ordering::SeqCst) && !self.exit.load(Ordering::SeqCst) {
+            p = self.cond.wait(p).expect("park");
+        }
+        p.parked -= 1;
+    }
+
+    fn exited(&self) {
+        let mut p = self.park.lock().expect("park");
+        p.alive -= 1;
+        self.cond.notify_all();
+    }
+}
+
+fn clock_ns(epoch: Instant) -> u64 {
+    epoch.elapsed().as_nanos() as u64
+}
+
+/// Runs vCPU `vcpu` until `ctl.exit`. Records a failure in `ctl` on error.
+pub fn run(mut mem: VcpuMem, vcpu: u32, ctl: &Control, throttle: &Throttle) {
+    let result = run_inner(&mut mem, vcpu, ctl, throttle);
+    mem.offline();
+    if let Err(e) = result {
+        let mut f = ctl.failure.lock().expect("failure");
+        if f.is_none() {
+            *f = Some((vcpu, format!("{e}")));
+        }
+    }
+    ctl.exited();
+}
+
+fn run_inner(
+    mem: &mut VcpuMem,
+    vcpu: u32,
+    ctl: &Control,
+    throttle: &Throttle,
+) -> Result<(), SoftError> {
+    let epoch = Instant::now();
+    let v = vcpu as usize;
+    mem.online();
+    let mut p = Params::read(mem, vcpu)?;
+    let mut st = *ctl.states[v].lock().expect("state");
+    let mut pass_start = 0;
+    let mut resume = true;
+    loop {
+        if resume {
+            resume = false;
+            if st.pass == 0 {
+                st = VcpuState {
+                    pass: mem.load_u64(p.progress + progress::PASS)? + 1,
+                    index: 0,
+                    rng: p.seed,
+                    pass_elapsed_ns: 0,
+                };
+            }
+            pass_start = clock_ns(epoch).wrapping_sub(st.pass_elapsed_ns);
+        }
+        let accesses = p.pages / p.stride;
+        let stamp_pass = st.pass as u32;
+        while st.index < accesses {
+            // Access boundary.
+            mem.boundary();
+            if ctl.pause.load(Ordering::Relaxed) || ctl.exit.load(Ordering::Relaxed) {
+                st.pass_elapsed_ns = clock_ns(epoch).wrapping_sub(pass_start);
+                *ctl.states[v].lock().expect("state") = st;
+                if ctl.exit.load(Ordering::SeqCst) {
+                    return Ok(());
+                }
+                mem.offline();
+                ctl.park();
+                if ctl.exit.load(Ordering::SeqCst) {
+                    return Ok(());
+                }
+                mem.online();
+                st = *ctl.states[v].lock().expect("state");
+                p = Params::read(mem, vcpu)?;
+                resume = true;
+                break;
+            }
+            if let Some(sleep) = throttle.after_access(v, mem.take_dirtied()) {
+                mem.offline();
+                std::thread::sleep(sleep);
+                mem.online();
+                continue;
+            }
+            let page = if p.random {
+                scale_rand(next_rand32(&mut st.rng), p.pages)
+            } else {
+                st.index * p.stride
+            };
+            let addr = p.region + (page << 12);
+            let shadow_gpa = p.shadow + page * 4;
+            let last = mem.load_u32(shadow_gpa)?;
+            let expect = if last == 0 {
+                0
+            } else {
+                stamp(p.vcpu, page, last)
+            };
+            if mem.load_u64(addr)? != expect {
+                let m = mem.load_u64(p.progress + progress::MISMATCHES)?;
+                mem.store_u64(p.progress + progress::MISMATCHES, m + 1)?;
+            }
+            if next_rand32(&mut st.rng) < p.threshold {
+                mem.store_u64(addr, stamp(p.vcpu, page, stamp_pass))?;
+                mem.store_u32(shadow_gpa, stamp_pass)?;
+                let w = mem.load_u64(p.progress + progress::WRITES)?;
+                mem.store_u64(p.progress + progress::WRITES, w + 1)?;
+            }
+            st.index += 1;
+            if p.ns_per_page != 0 {
+                let due = st.index * p.ns_per_page;
+                while clock_ns(epoch).wrapping_sub(pass_start) < due
+                    && !ctl.pause.load(Ordering::Relaxed)
+                {
+                    mem.boundary();
+                    std::thread::yield_now();
+                }
+            }
+        }
+        if resume {
+            continue;
+        }
+        // End of pass: publish, then start the next one.
+        let a = mem.load_u64(p.progress + progress::ACCESSES)?;
+        mem.store_u64(p.progress + progress::ACCESSES, a + accesses)?;
+        mem.store_u64(p.progress + progress::PASS, st.pass)?;
+        st.pass += 1;
+        st.index = 0;
+        st.pass_elapsed_ns = 0;
+        pass_start = clock_ns(epoch);
+    }
+}

@@ -1,0 +1,245 @@
+//! `SoftVm`: the `Vm` trait on the soft MMU, so the engine and
+//! `ferry demo --backend soft` run on it unchanged.
+//!
+//! ```text
+//!  source:      new_source (RAM: memstress params) ─► start ─► start_dirty_log
+//!               ─► harvest_dirty* (exchange, then write-protect-all) ─► pause ─► save_vcpus
+//!  destination: new_destination (RAM empty, filled by the stream) ─► restore_vcpus ─► start
+//! ```
+
+use crate::config::Mechanisms;
+use crate::error::SoftError;
+use crate::guest_mem::{HostView, VcpuMem};
+use crate::mmu::Mmu;
+use crate::quota::Throttle;
+use crate::vcpu::{self, Control, VcpuState};
+use ferry_backend::{
+    memstress, BackendError, BackendKind, DirtyPages, GuestRam, HarvestStats, Vm, VmConfig,
+};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// The soft backend's clock for the rate limit: nanoseconds, i.e. 1 GHz.
+pub const CLOCK_KHZ: u64 = 1_000_000;
+
+const STATE_MAGIC: &str = "ferry-soft-vcpus";
+const STATE_VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+struct SavedVcpus {
+    magic: String,
+    version: u32,
+    vcpus: Vec<VcpuState>,
+}
+
+/// A VM whose vCPUs are host threads running memstress on the soft MMU.
+pub struct SoftVm {
+    config: VmConfig,
+    ram: Arc<GuestRam>,
+    mmu: Arc<Mmu>,
+    ctl: Arc<Control>,
+    throttle: Throttle,
+    threads: Vec<JoinHandle<()>>,
+    running: bool,
+}
+
+fn op(what: &str, e: SoftError) -> BackendError {
+    BackendError::Operation {
+        backend: BackendKind::Soft,
+        what: what.to_string(),
+        source: Some(Box::new(e)),
+    }
+}
+
+impl SoftVm {
+    fn build(config: VmConfig, mech: Mechanisms) -> Result<Self, BackendError> {
+        config
+            .workload
+            .validate()
+            .map_err(|e| op("validate the workload", e.into()))?;
+        let layout = config.layout();
+        let ram = Arc::new(GuestRam::new(&layout.slot_sizes(), config.backing)?);
+        let vcpus = config.workload.vcpus as usize;
+        let mmu = Mmu::new(ram.pages(), vcpus, mech).map_err(|e| op("build the MMU", e))?;
+        Ok(SoftVm {
+            config,
+            ram,
+            mmu: Arc::new(mmu),
+            ctl: Arc::new(Control::new(vcpus)),
+            throttle: Throttle::None,
+            threads: Vec::new(),
+            running: false,
+        })
+    }
+
+    /// A source VM: guest RAM initialised with the memstress parameters.
+    pub fn new_source(config: VmConfig, mech: Mechanisms) -> Result<Self, BackendError> {
+        let vm = Self::build(config, mech)?;
+        memstress::write_params(&vm.ram, &vm.config.workload, CLOCK_KHZ)?;
+        Ok(vm)
+    }
+
+    /// A destination VM: RAM left empty for the stream, then `restore_vcpus`
+    /// and `start`.
+    pub fn new_destination(config: VmConfig, mech: Mechanisms) -> Result<Self, BackendError> {
+        Self::build(config, mech)
+    }
+
+    /// Throttles the vCPUs (dirty quota or time-based). Takes effect for
+    /// threads started afterwards.
+    pub fn set_throttle(&mut self, throttle: Throttle) {
+        self.throttle = throttle;
+    }
+
+    /// The MMU.
+    pub fn mmu(&self) -> &Arc<Mmu> {
+        &self.mmu
+    }
+
+    fn spawn(&mut self) -> Result<(), BackendError> {
+        let n = self.config.workload.vcpus;
+        self.ctl.spawned(n as usize);
+        for v in 0..n {
+            let mem = VcpuMem::new(Arc::clone(&self.mmu), HostView::of(&self.ram), v as usize);
+            let ctl = Arc::clone(&self.ctl);
+            let throttle = self.throttle.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("soft-vcpu{v}"))
+                .spawn(move || vcpu::run(mem, v, &ctl, &throttle))
+                .map_err(|e| BackendError::Operation {
+                    backend: BackendKind::Soft,
+                    what: format!("spawn vCPU thread {v}"),
+                    source: Some(Box::new(e)),
+                })?;
+            self.threads.push(handle);
+        }
+        Ok(())
+    }
+}
+
+impl Vm for SoftVm {
+    fn config(&self) -> &VmConfig {
+        &self.config
+    }
+
+    fn ram(&self) -> &Arc<GuestRam> {
+        &self.ram
+    }
+
+    fn start(&mut self) -> Result<(), BackendError> {
+        self.ctl.pause.store(false, Ordering::SeqCst);
+        if self.threads.is_empty() {
+            self.spawn()?;
+        } else {
+            self.ctl.wake();
+        }
+        self.running = true;
+        Ok(())
+    }
+
+    fn pause(&mut self) -> Result<(), BackendError> {
+        self.ctl.pause.store(true, Ordering::SeqCst);
+        self.ctl.wait_parked();
+        self.running = false;
+        Ok(())
+    }
+
+    fn is_running(&self) -> bool {
+        self.running
+    }
+
+    fn check_health(&self) -> Result<(), BackendError> {
+        match &*self.ctl.failure.lock().expect("failure") {
+            Some((vcpu, reason)) => Err(BackendError::VcpuFailed {
+                vcpu: *vcpu,
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn dirty_tracking(&self) -> String {
+        let m = self.mmu.mechanisms();
+        format!(
+            "soft (split {:?}, write-protect {:?}, iteration {:?})",
+            m.split, m.write_protect, m.iteration
+        )
+    }
+
+    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
+        self.mmu
+            .start_dirty_log()
+            .map_err(|e| op("start dirty logging", e))
+    }
+
+    fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
+        let t = self
+            .mmu
+            .harvest(into)
+            .map_err(|e| op("harvest the dirty log", e))?;
+        Ok(HarvestStats {
+            pages: t.pages,
+            get_ns: t.get_ns,
+            clear_ns: t.protect_ns,
+        })
+    }
+
+    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
+        self.mmu.stop_dirty_log();
+        Ok(())
+    }
+
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
+        if self.running {
+            return Err(BackendError::NotPaused("save vCPU state"));
+        }
+        let saved = SavedVcpus {
+            magic: STATE_MAGIC.into(),
+            version: STATE_VERSION,
+            vcpus: self
+                .ctl
+                .states
+                .iter()
+                .map(|s| *s.lock().expect("state"))
+                .collect(),
+        };
+        serde_json::to_vec(&saved).map_err(|e| BackendError::BadVcpuState(e.to_string()))
+    }
+
+    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
+        if self.running {
+            return Err(BackendError::NotPaused("restore vCPU state"));
+        }
+        let saved: SavedVcpus = serde_json::from_slice(state)
+            .map_err(|e| BackendError::BadVcpuState(format!("not soft-backend vCPU state: {e}")))?;
+        if saved.magic != STATE_MAGIC || saved.version != STATE_VERSION {
+            return Err(BackendError::BadVcpuState(format!(
+                "expected {STATE_MAGIC} version {STATE_VERSION}, got {} version {}",
+                saved.magic, saved.version
+            )));
+        }
+        if saved.vcpus.len() != self.ctl.states.len() {
+            return Err(BackendError::BadVcpuState(format!(
+                "state has {} vCPUs, this VM {}",
+                saved.vcpus.len(),
+                self.ctl.states.len()
+            )));
+        }
+        for (slot, s) in self.ctl.states.iter().zip(saved.vcpus) {
+            *slot.lock().expect("state") = s;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SoftVm {
+    fn drop(&mut self) {
+        self.ctl.exit.store(true, Ordering::SeqCst);
+        self.ctl.wake();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
