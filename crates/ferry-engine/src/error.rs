@@ -68,6 +68,15 @@ pub enum MigrationError {
         /// Destination digest.
         dest_digest: u64,
     },
+    /// The stream failed after the source sent its digest, before the
+    /// destination's verdict arrived. The source has resumed; a destination
+    /// that did not confirm pauses its copy, but one whose confirmation was
+    /// lost in flight runs it: check the destination before using either.
+    #[error(
+        "lost the destination before it confirmed the memory digest; the source \
+         resumed, check that the destination paused its copy"
+    )]
+    Unconfirmed(#[source] Box<MigrationError>),
     /// Cancelled through [`crate::Tunables::cancel`].
     #[error("migration cancelled")]
     Cancelled,

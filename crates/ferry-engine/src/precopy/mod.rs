@@ -43,6 +43,7 @@
 
 mod destination;
 mod source;
+mod switchover;
 
 pub use destination::{receive, CreateVm};
 pub use source::migrate;

@@ -1,7 +1,7 @@
-//! The sending side: rounds, convergence, switchover, digest, rollback.
+//! The sending side: handshake, rounds and convergence (switchover is in
+//! `switchover.rs`).
 
-use super::{guest_totals, recv, send, unexpected, PrecopyOptions};
-use crate::digest::{memory_digest, SOURCE_DIGEST_THREADS};
+use super::{recv, send, unexpected, PrecopyOptions};
 use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
 use crate::stream::{FrameKind, FrameStream, Message, PageBatch, StreamHeader};
@@ -19,7 +19,7 @@ const EST_BYTES_PER_PAGE: u64 = PAGE_SIZE as u64 + 16;
 const MIN_MEASURED_BYTES: u64 = 4 << 20;
 
 /// Migrates `vm` over `stream` (precopy). The caller's thread does all the
-/// sending; the digest uses [`SOURCE_DIGEST_THREADS`] scoped threads.
+/// sending; the digest uses [`crate::digest::SOURCE_DIGEST_THREADS`] scoped threads.
 ///
 /// Returns a summary on success, and also when the destination's memory
 /// digest did not match (status `failed`, VM rolled back and running). On
@@ -60,6 +60,7 @@ pub fn migrate<S: Read + Write + Send>(
         batch: PageBatch::new(opts.batch_pages),
         logging: false,
         paused_by_us: false,
+        awaiting_verdict: false,
         start: Instant::now(),
         summary,
     };
@@ -70,6 +71,11 @@ pub fn migrate<S: Read + Write + Send>(
     match result {
         Ok(()) => Ok(src.summary),
         Err(e) => {
+            let e = match e {
+                e @ (MigrationError::Peer { .. } | MigrationError::Protocol { .. }) => e,
+                e if src.awaiting_verdict => MigrationError::Unconfirmed(Box::new(e)),
+                e => e,
+            };
             tracing::warn!("migration failed, source resumes: {}", e.chain());
             src.rollback();
             if !matches!(e, MigrationError::Peer { .. }) {
@@ -81,19 +87,21 @@ pub fn migrate<S: Read + Write + Send>(
     }
 }
 
-struct Source<'a, S> {
-    vm: &'a mut dyn Vm,
-    ram: Arc<GuestRam>,
-    io: FrameStream<S>,
-    opts: &'a PrecopyOptions,
-    progress: &'a dyn Progress,
-    bucket: TokenBucket,
-    batch: PageBatch,
-    pages: u64,
-    logging: bool,
-    paused_by_us: bool,
-    start: Instant,
-    summary: MigrationSummary,
+pub(super) struct Source<'a, S> {
+    pub(super) vm: &'a mut dyn Vm,
+    pub(super) ram: Arc<GuestRam>,
+    pub(super) io: FrameStream<S>,
+    pub(super) opts: &'a PrecopyOptions,
+    pub(super) progress: &'a dyn Progress,
+    pub(super) bucket: TokenBucket,
+    pub(super) batch: PageBatch,
+    pub(super) pages: u64,
+    pub(super) logging: bool,
+    pub(super) paused_by_us: bool,
+    /// The digest is sent; a failure now may leave the destination running.
+    pub(super) awaiting_verdict: bool,
+    pub(super) start: Instant,
+    pub(super) summary: MigrationSummary,
 }
 
 impl<S: Read + Write> Source<'_, S> {
@@ -162,148 +170,9 @@ impl<S: Read + Write> Source<'_, S> {
         }
     }
 
-    /// Pause, send the rest, hand over, verify, and commit or roll back.
-    fn switchover(
-        &mut self,
-        round: u32,
-        mut dirty: DirtyPages,
-        strict: bool,
-    ) -> Result<(), MigrationError> {
-        self.progress.phase(Phase::Switchover);
-        let paused_at = Instant::now();
-        if self.vm.is_running() {
-            self.vm
-                .pause()
-                .map_err(MigrationError::backend("pause the guest for switchover"))?;
-            self.paused_by_us = true;
-        }
-        let vcpus = self.vm.config().workload.vcpus;
-        let (_, before) =
-            guest_totals(&self.ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
-        self.summary.mismatches_before = before;
-        let mut last = Instant::now();
-        let (_, harvest) = self.harvest(&mut dirty, &mut last)?;
-        self.send_round(round, RoundKind::Final, &dirty)?;
-        self.finish_round(0, Duration::ZERO, harvest);
-        let state = self
-            .vm
-            .save_vcpus()
-            .map_err(MigrationError::backend("save vCPU state"))?;
-        self.io.write_frame(FrameKind::VcpuState, &[&state])?;
-        send(
-            &mut self.io,
-            &Message::Switchover {
-                verify_before_resume: strict,
-            },
-        )?;
-
-        self.progress.phase(Phase::Verifying);
-        let mut digest = None;
-        if strict {
-            digest = Some(self.send_digest()?);
-        }
-        let (matched, dest) = loop {
-            match recv(&mut self.io, "destination", "Resumed or Verified")? {
-                (Message::Resumed { resume_ns }, _) => {
-                    self.summary.downtime_ms = ms(paused_at.elapsed());
-                    self.summary.dest_resume_ms = resume_ns as f64 / 1e6;
-                    if digest.is_none() {
-                        digest = Some(self.send_digest()?);
-                    }
-                }
-                (Message::Verified { matched, dest }, _) if digest.is_some() => {
-                    break (matched, dest)
-                }
-                (m, offset) => return Err(unexpected("Resumed or Verified", &m, offset)),
-            }
-        };
-        let ours = digest.unwrap_or(dest);
-        self.summary.digest_match = matched;
-        if !matched {
-            let err = MigrationError::DigestMismatch {
-                source_digest: ours.value,
-                dest_digest: dest.value,
-            };
-            tracing::error!("{err}; the destination paused its guest, the source resumes");
-            self.rollback();
-            self.summary.error = Some(err.to_string());
-            return Ok(());
-        }
-        if ours != dest {
-            tracing::warn!("destination reports a match for digest {dest:?}, ours is {ours:?}");
-        }
-        self.commit();
-        self.collect_report();
-        Ok(())
-    }
-
-    fn send_digest(&mut self) -> Result<crate::stream::MemoryDigest, MigrationError> {
-        let t = Instant::now();
-        let d = memory_digest(&self.ram, SOURCE_DIGEST_THREADS)
-            .map_err(MigrationError::ram("hash guest memory"))?;
-        self.summary.digest_ms = ms(t.elapsed());
-        send(&mut self.io, &Message::Digest(d))?;
-        Ok(d)
-    }
-
-    /// The guest now belongs to the destination: the source stays paused.
-    fn commit(&mut self) {
-        self.summary.status = Status::Completed;
-        self.paused_by_us = false;
-        if self.logging {
-            self.logging = false;
-            if let Err(e) = self.vm.stop_dirty_log() {
-                tracing::warn!("stopping dirty logging after migration: {e}");
-            }
-        }
-    }
-
-    fn collect_report(&mut self) {
-        self.progress.phase(Phase::Reporting);
-        match recv(&mut self.io, "destination", "Report") {
-            Ok((Message::Report(r), _)) => {
-                self.summary.mismatches_before = r.mismatches_before;
-                self.summary.mismatches_after = r.mismatches_after;
-                self.summary.dest_passes_after = r.passes_after;
-                if let Some(h) = r.health {
-                    self.summary.error = Some(format!("destination guest: {h}"));
-                }
-            }
-            Ok((m, offset)) => {
-                self.summary.error = Some(unexpected("Report", &m, offset).to_string());
-            }
-            Err(e) => {
-                self.summary.error = Some(format!(
-                    "migration completed, but no guest report from the destination: {}",
-                    e.chain()
-                ));
-            }
-        }
-        self.summary.guest_mismatches = self
-            .summary
-            .mismatches_before
-            .saturating_add(self.summary.mismatches_after);
-    }
-
-    /// Leaves the source as it was before the migration.
-    fn rollback(&mut self) {
-        if self.logging {
-            self.logging = false;
-            if let Err(e) = self.vm.stop_dirty_log() {
-                tracing::warn!("stopping dirty logging on rollback: {e}");
-            }
-        }
-        if self.paused_by_us {
-            self.paused_by_us = false;
-            if let Err(e) = self.vm.start() {
-                tracing::error!("cannot resume the source VM after a failed migration: {e}");
-            }
-        }
-    }
-
     /// Backend log ∪ VMM writes into `into`. Returns the pages found and the
     /// time since the previous harvest (`last`, which is reset).
-    fn harvest(
+    pub(super) fn harvest(
         &mut self,
         into: &mut DirtyPages,
         last: &mut Instant,
@@ -319,7 +188,7 @@ impl<S: Read + Write> Source<'_, S> {
     }
 
     /// Records the harvest that followed the last round in its stats.
-    fn finish_round(&mut self, found: u64, since: Duration, harvest: Duration) {
+    pub(super) fn finish_round(&mut self, found: u64, since: Duration, harvest: Duration) {
         if let Some(r) = self.summary.rounds.last_mut() {
             r.harvest_ms = ms(harvest);
             let secs = since.as_secs_f64();
@@ -343,7 +212,7 @@ impl<S: Read + Write> Source<'_, S> {
         bw
     }
 
-    fn send_round(
+    pub(super) fn send_round(
         &mut self,
         round: u32,
         kind: RoundKind,

@@ -1,0 +1,157 @@
+//! The source's switchover: pause, send what is left, hand over, verify the
+//! digest, then commit (stay paused) or roll back (run again). See the
+//! module docs of [`super`] for why the digest is checked after resume.
+
+use super::source::Source;
+use super::{guest_totals, recv, send, unexpected};
+use crate::digest::{memory_digest, SOURCE_DIGEST_THREADS};
+use crate::error::MigrationError;
+use crate::progress::Phase;
+use crate::stream::{FrameKind, MemoryDigest, Message};
+use crate::summary::{ms, RoundKind, Status};
+use ferry_backend::DirtyPages;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+impl<S: Read + Write> Source<'_, S> {
+    /// Pause, send the rest, hand over, verify, and commit or roll back.
+    pub(super) fn switchover(
+        &mut self,
+        round: u32,
+        mut dirty: DirtyPages,
+        strict: bool,
+    ) -> Result<(), MigrationError> {
+        self.progress.phase(Phase::Switchover);
+        let paused_at = Instant::now();
+        if self.vm.is_running() {
+            self.vm
+                .pause()
+                .map_err(MigrationError::backend("pause the guest for switchover"))?;
+            self.paused_by_us = true;
+        }
+        let vcpus = self.vm.config().workload.vcpus;
+        let (_, before) =
+            guest_totals(&self.ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
+        self.summary.mismatches_before = before;
+        let mut last = Instant::now();
+        let (_, harvest) = self.harvest(&mut dirty, &mut last)?;
+        self.send_round(round, RoundKind::Final, &dirty)?;
+        self.finish_round(0, Duration::ZERO, harvest);
+        let state = self
+            .vm
+            .save_vcpus()
+            .map_err(MigrationError::backend("save vCPU state"))?;
+        self.io.write_frame(FrameKind::VcpuState, &[&state])?;
+        send(
+            &mut self.io,
+            &Message::Switchover {
+                verify_before_resume: strict,
+            },
+        )?;
+
+        self.progress.phase(Phase::Verifying);
+        let mut digest = None;
+        if strict {
+            digest = Some(self.send_digest()?);
+        }
+        let (matched, dest) = loop {
+            match recv(&mut self.io, "destination", "Resumed or Verified")? {
+                (Message::Resumed { resume_ns }, _) => {
+                    self.summary.downtime_ms = ms(paused_at.elapsed());
+                    self.summary.dest_resume_ms = resume_ns as f64 / 1e6;
+                    if digest.is_none() {
+                        digest = Some(self.send_digest()?);
+                    }
+                }
+                (Message::Verified { matched, dest }, _) if digest.is_some() => {
+                    break (matched, dest)
+                }
+                (m, offset) => return Err(unexpected("Resumed or Verified", &m, offset)),
+            }
+        };
+        self.awaiting_verdict = false;
+        let ours = digest.unwrap_or(dest);
+        self.summary.digest_match = matched;
+        if !matched {
+            let err = MigrationError::DigestMismatch {
+                source_digest: ours.value,
+                dest_digest: dest.value,
+            };
+            tracing::error!("{err}; the destination paused its guest, the source resumes");
+            self.rollback();
+            self.summary.error = Some(err.to_string());
+            return Ok(());
+        }
+        if ours != dest {
+            tracing::warn!("destination reports a match for digest {dest:?}, ours is {ours:?}");
+        }
+        self.commit();
+        self.collect_report();
+        Ok(())
+    }
+
+    fn send_digest(&mut self) -> Result<MemoryDigest, MigrationError> {
+        let t = Instant::now();
+        let d = memory_digest(&self.ram, SOURCE_DIGEST_THREADS)
+            .map_err(MigrationError::ram("hash guest memory"))?;
+        self.summary.digest_ms = ms(t.elapsed());
+        self.awaiting_verdict = true;
+        send(&mut self.io, &Message::Digest(d))?;
+        Ok(d)
+    }
+
+    /// The guest now belongs to the destination: the source stays paused.
+    fn commit(&mut self) {
+        self.summary.status = Status::Completed;
+        self.paused_by_us = false;
+        if self.logging {
+            self.logging = false;
+            if let Err(e) = self.vm.stop_dirty_log() {
+                tracing::warn!("stopping dirty logging after migration: {e}");
+            }
+        }
+    }
+
+    fn collect_report(&mut self) {
+        self.progress.phase(Phase::Reporting);
+        match recv(&mut self.io, "destination", "Report") {
+            Ok((Message::Report(r), _)) => {
+                self.summary.mismatches_before = r.mismatches_before;
+                self.summary.mismatches_after = r.mismatches_after;
+                self.summary.dest_passes_after = r.passes_after;
+                if let Some(h) = r.health {
+                    self.summary.error = Some(format!("destination guest: {h}"));
+                }
+            }
+            Ok((m, offset)) => {
+                self.summary.error = Some(unexpected("Report", &m, offset).to_string());
+            }
+            Err(e) => {
+                self.summary.error = Some(format!(
+                    "migration completed, but no guest report from the destination: {}",
+                    e.chain()
+                ));
+            }
+        }
+        self.summary.guest_mismatches = self
+            .summary
+            .mismatches_before
+            .saturating_add(self.summary.mismatches_after);
+    }
+
+    /// Leaves the source as it was before the migration.
+    pub(super) fn rollback(&mut self) {
+        if self.logging {
+            self.logging = false;
+            if let Err(e) = self.vm.stop_dirty_log() {
+                tracing::warn!("stopping dirty logging on rollback: {e}");
+            }
+        }
+        if self.paused_by_us {
+            self.paused_by_us = false;
+            if let Err(e) = self.vm.start() {
+                tracing::error!("cannot resume the source VM after a failed migration: {e}");
+            }
+        }
+    }
+}
