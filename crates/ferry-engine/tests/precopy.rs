@@ -185,3 +185,72 @@ fn garbage_is_not_a_migration_stream() {
         "{err}"
     );
 }
+
+#[test]
+fn losing_the_destination_before_its_verdict_resumes_the_source() {
+    use ferry_engine::stream::{FrameKind, FrameStream, Message};
+    let (a, b) = UnixStream::pair().unwrap();
+    // Takes everything, says Resumed, reads the digest, and vanishes.
+    let dest = std::thread::spawn(move || {
+        let mut io = FrameStream::new(b);
+        io.read_preamble().unwrap();
+        io.read_frame().unwrap();
+        let reply = |io: &mut FrameStream<UnixStream>, m: Message| {
+            io.write_frame(m.kind(), &[&m.encode()]).unwrap();
+            io.flush().unwrap();
+        };
+        reply(
+            &mut io,
+            Message::Accept {
+                verify_before_resume: false,
+            },
+        );
+        while io.read_frame().unwrap().0 != FrameKind::Switchover {}
+        reply(&mut io, Message::Resumed { resume_ns: 1 });
+        assert_eq!(io.read_frame().unwrap().0, FrameKind::Digest);
+    });
+    let mut src = running_source();
+    let err = migrate(&mut src, a, &PrecopyOptions::default(), &NoProgress).unwrap_err();
+    assert!(matches!(err, MigrationError::Unconfirmed(_)), "{err}");
+    assert!(src.is_running() && !src.logging);
+    dest.join().unwrap();
+}
+
+#[test]
+fn progress_observer_sees_every_page_and_phase() {
+    use ferry_engine::{Phase, Progress, RoundStats};
+    use std::sync::Mutex;
+    #[derive(Default)]
+    struct Seen {
+        phases: Mutex<Vec<Phase>>,
+        pages: Mutex<u64>,
+        rounds: Mutex<u32>,
+    }
+    impl Progress for Seen {
+        fn phase(&self, p: Phase) {
+            self.phases.lock().unwrap().push(p);
+        }
+        fn pages_sent(&self, pages: u64, _bytes: u64) {
+            *self.pages.lock().unwrap() += pages;
+        }
+        fn round_finished(&self, _: &RoundStats) {
+            *self.rounds.lock().unwrap() += 1;
+        }
+    }
+    let (a, b) = UnixStream::pair().unwrap();
+    let dest = spawn_receiver(b, quick_receive());
+    let mut src = running_source();
+    let opts = PrecopyOptions::default();
+    // A cap far above what this test sends exercises the token bucket only.
+    opts.tunables.set_bandwidth_bytes_per_sec(1 << 40);
+    let seen = Seen::default();
+    let summary = migrate(&mut src, a, &opts, &seen).unwrap();
+    dest.join().unwrap().unwrap();
+    let sent: u64 = summary.rounds.iter().map(|r| r.pages).sum();
+    assert_eq!(*seen.pages.lock().unwrap(), sent);
+    assert_eq!(*seen.rounds.lock().unwrap() as usize, summary.rounds.len());
+    let phases = seen.phases.lock().unwrap();
+    assert_eq!(phases.first(), Some(&Phase::Handshake));
+    assert!(phases.contains(&Phase::Switchover) && phases.contains(&Phase::Verifying));
+    assert_eq!(phases.last(), Some(&Phase::Done));
+}

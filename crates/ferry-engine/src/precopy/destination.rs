@@ -39,6 +39,12 @@ pub fn receive<S: Read + Write + Send>(
         let vm = create_vm(&header.config)
             .map_err(MigrationError::backend("create the destination VM"))?;
         header.check_destination(&*vm)?;
+        if vm.is_running() {
+            return Err(MigrationError::Backend {
+                what: "take memory into a VM whose vCPUs already run",
+                source: BackendError::NotPaused("receive a migration"),
+            });
+        }
         Ok((header, vm))
     });
     let (header, vm) = match prepared {
