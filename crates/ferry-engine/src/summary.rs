@@ -64,6 +64,12 @@ pub struct MigrationSummary {
     pub downtime_ms: f64,
     /// Destination time from Switchover received to guest running.
     pub dest_resume_ms: f64,
+    /// Part of the downtime spent stopping the source's vCPUs. The rest:
+    /// the final round (`rounds.last()`: its `harvest_ms` and `ms`),
+    /// `save_vcpus_ms`, `dest_resume_ms`, and the network.
+    pub pause_ms: f64,
+    /// Part of the downtime spent in `Vm::save_vcpus`.
+    pub save_vcpus_ms: f64,
     /// Time the source spent hashing its memory for the digest.
     pub digest_ms: f64,
     /// Whether the destination was asked to verify before resuming.

@@ -14,9 +14,12 @@ use std::time::{Duration, Instant};
 
 /// Wire bytes a dirty page is assumed to cost when estimating downtime.
 const EST_BYTES_PER_PAGE: u64 = PAGE_SIZE as u64 + 16;
-/// Rounds shorter than this do not update the bandwidth estimate (a socket
-/// buffer swallows them at memory speed).
+/// Rounds that put less than this on the wire do not update the bandwidth
+/// estimate: a socket buffer swallows them at memory speed, and an idle
+/// guest's full pass is almost all zero-page bits.
 const MIN_MEASURED_BYTES: u64 = 4 << 20;
+/// Bandwidth assumed until a round could be measured: 1 Gbit/s.
+const NOMINAL_BYTES_PER_SEC: f64 = 125e6;
 
 /// Migrates `vm` over `stream` (precopy). The caller's thread does all the
 /// sending; the digest uses [`crate::digest::SOURCE_DIGEST_THREADS`] scoped threads.
@@ -38,6 +41,8 @@ pub fn migrate<S: Read + Write + Send>(
         total_ms: 0.0,
         downtime_ms: 0.0,
         dest_resume_ms: 0.0,
+        pause_ms: 0.0,
+        save_vcpus_ms: 0.0,
         digest_ms: 0.0,
         verify_before_resume: opts.verify_before_resume,
         bytes_sent: 0,
@@ -121,7 +126,7 @@ impl<S: Read + Write> Source<'_, S> {
         self.progress.phase(Phase::FullPass);
         let mut last_harvest = Instant::now();
         self.send_round(0, RoundKind::Full, &DirtyPages::all(self.pages))?;
-        let mut bandwidth = 0.0f64;
+        let mut measured = None;
         let mut round = 1;
         loop {
             self.vm
@@ -130,7 +135,7 @@ impl<S: Read + Write> Source<'_, S> {
             let t = Instant::now();
             let (found, since) = self.harvest(&mut dirty, &mut last_harvest)?;
             self.finish_round(found, since, t.elapsed());
-            bandwidth = self.estimate_bandwidth(bandwidth);
+            let bandwidth = self.plan_bandwidth(&mut measured);
             let remaining = dirty.count() * EST_BYTES_PER_PAGE;
             let tun = &self.opts.tunables;
             let fits = (remaining as f64) <= bandwidth * tun.downtime_target().as_secs_f64();
@@ -197,19 +202,20 @@ impl<S: Read + Write> Source<'_, S> {
         }
     }
 
-    /// Bytes/s to plan with: the last big round's rate, capped by the limit.
-    fn estimate_bandwidth(&self, previous: f64) -> f64 {
-        let mut bw = previous;
+    /// Bytes/s to plan with: the wire rate of the latest round that carried
+    /// enough data to be measured, else [`NOMINAL_BYTES_PER_SEC`]; never
+    /// above the bandwidth cap.
+    fn plan_bandwidth(&self, measured: &mut Option<f64>) -> f64 {
         if let Some(r) = self.summary.rounds.last() {
-            if r.bytes >= MIN_MEASURED_BYTES || previous == 0.0 {
-                bw = r.bandwidth_mb_s * 1e6;
+            if r.bytes >= MIN_MEASURED_BYTES {
+                *measured = Some(r.bandwidth_mb_s * 1e6);
             }
         }
-        let cap = self.opts.tunables.bandwidth_bytes_per_sec();
-        if cap > 0 {
-            bw = bw.min(cap as f64);
+        let bw = measured.unwrap_or(NOMINAL_BYTES_PER_SEC);
+        match self.opts.tunables.bandwidth_bytes_per_sec() {
+            0 => bw,
+            cap => bw.min(cap as f64),
         }
-        bw
     }
 
     pub(super) fn send_round(

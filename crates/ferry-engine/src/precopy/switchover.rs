@@ -29,6 +29,7 @@ impl<S: Read + Write> Source<'_, S> {
                 .map_err(MigrationError::backend("pause the guest for switchover"))?;
             self.paused_by_us = true;
         }
+        self.summary.pause_ms = ms(paused_at.elapsed());
         let vcpus = self.vm.config().workload.vcpus;
         let (_, before) =
             guest_totals(&self.ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
@@ -37,10 +38,12 @@ impl<S: Read + Write> Source<'_, S> {
         let (_, harvest) = self.harvest(&mut dirty, &mut last)?;
         self.send_round(round, RoundKind::Final, &dirty)?;
         self.finish_round(0, Duration::ZERO, harvest);
+        let saving = Instant::now();
         let state = self
             .vm
             .save_vcpus()
             .map_err(MigrationError::backend("save vCPU state"))?;
+        self.summary.save_vcpus_ms = ms(saving.elapsed());
         self.io.write_frame(FrameKind::VcpuState, &[&state])?;
         send(
             &mut self.io,
