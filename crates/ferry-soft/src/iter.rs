@@ -47,6 +47,8 @@ pub struct Walker<'a> {
     pub steps: u64,
     /// Tables entered.
     pub tables: u64,
+    /// Steps that found a non-present entry (always 0 in present-only mode).
+    pub empty_steps: u64,
 }
 
 impl<'a> Walker<'a> {
@@ -57,6 +59,7 @@ impl<'a> Walker<'a> {
             mode,
             steps: 0,
             tables: 0,
+            empty_steps: 0,
         }
     }
 
@@ -102,6 +105,8 @@ impl<'a> Walker<'a> {
                         self.visit_entry(
                             table, i, level, base, span, entry, min_level, start, end, visit,
                         );
+                    } else {
+                        self.empty_steps += 1;
                     }
                 }
             }
@@ -120,6 +125,8 @@ impl<'a> Walker<'a> {
                             self.visit_entry(
                                 table, i, level, base, span, entry, min_level, start, end, visit,
                             );
+                        } else {
+                            self.empty_steps += 1;
                         }
                     }
                 }

@@ -24,12 +24,15 @@ pub struct WalkStats {
     pub tables: u64,
     /// Entries changed (zapped, split or protected).
     pub changed: u64,
+    /// Steps that landed on a non-present entry.
+    pub empty_steps: u64,
 }
 
 impl WalkStats {
     fn add(&mut self, w: &Walker<'_>, changed: u64) {
         self.steps += w.steps;
         self.tables += w.tables;
+        self.empty_steps += w.empty_steps;
         self.changed += changed;
     }
 }
