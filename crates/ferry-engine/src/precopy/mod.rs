@@ -36,6 +36,12 @@
 //! read it, the destination runs the guest and the source resumes its own
 //! copy. The source logs this case loudly.
 //!
+//! **Threads and timeouts.** Each side runs on the caller's thread; the only
+//! extra threads are the source's two scoped digest workers, while its guest
+//! is paused. Neither side sets timeouts on the stream: the source waits for
+//! the Report for as long as the destination's `run_after`, so a read timeout
+//! set by the caller must be longer than that.
+//!
 //! Failure before switchover (I/O error, peer error, cancel, backend error)
 //! leaves the source running: dirty logging is stopped and, if the engine
 //! paused the vCPUs, they are started again. The error goes to the peer as
