@@ -3,6 +3,7 @@
 
 use clap::{Args, ValueEnum};
 use ferry_backend::{AccessOrder, BackendKind, Backing, DirtyTracking, VmConfig, Workload};
+use ferry_soft::{Iteration, LeafSize, Mechanisms, SplitMode, WriteProtect};
 
 /// Sizes like `512M`, `1G`, `2048K` or plain bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -104,6 +105,25 @@ pub struct BackendArgs {
     /// Entries per vCPU dirty ring in ring mode (power of two, 1024-65536).
     #[arg(long = "ring-entries", default_value_t = 65536)]
     pub ring_entries: u32,
+    /// Soft backend: huge-page splitting: eager, on-fault, or chunked:<pages>:<pace_us>.
+    #[arg(long = "soft-split", default_value = "eager", value_parser = parse_soft::<SplitMode>)]
+    pub soft_split: SplitMode,
+    /// Soft backend: write-protect-all: gen (O(1) generation) or walk.
+    #[arg(long = "soft-write-protect", default_value = "gen", value_parser = parse_soft::<WriteProtect>)]
+    pub soft_write_protect: WriteProtect,
+    /// Soft backend: table iteration: present (skip non-present runs) or full.
+    #[arg(long = "soft-iteration", default_value = "present", value_parser = parse_soft::<Iteration>)]
+    pub soft_iteration: Iteration,
+    /// Soft backend: largest leaf: 4k, 2m or 1g.
+    #[arg(long = "soft-leaf", default_value = "2m", value_parser = parse_soft::<LeafSize>)]
+    pub soft_leaf: LeafSize,
+}
+
+fn parse_soft<T: std::str::FromStr>(s: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    s.parse().map_err(|e: T::Err| e.to_string())
 }
 
 impl BackendArgs {
@@ -147,6 +167,16 @@ impl BackendArgs {
                 }
             }
         })
+    }
+
+    /// The soft backend's mechanism switches.
+    pub fn mechanisms(&self) -> Mechanisms {
+        Mechanisms {
+            split: self.soft_split,
+            iteration: self.soft_iteration,
+            write_protect: self.soft_write_protect,
+            leaf: self.soft_leaf,
+        }
     }
 
     /// The VM configuration for `workload`.

@@ -6,7 +6,9 @@
 mod args;
 mod bench;
 mod cmd;
+mod progress_bar;
 mod rates;
+mod summary;
 mod vms;
 
 use clap::Parser;

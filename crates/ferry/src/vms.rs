@@ -4,6 +4,7 @@
 use crate::args::BackendArgs;
 use ferry_backend::{BackendError, BackendKind, Vm, VmConfig};
 use ferry_kvm::{KvmVm, Role};
+use ferry_soft::SoftVm;
 
 /// Which end of a migration the VM is.
 pub use ferry_kvm::Role as VmRole;
@@ -23,10 +24,12 @@ pub fn create(
             })?;
             Ok(Box::new(KvmVm::new(config.clone(), tracking, role)?))
         }
-        BackendKind::Soft => Err(BackendError::Operation {
-            backend: BackendKind::Soft,
-            what: "the soft backend is not built into this ferry yet".into(),
-            source: None,
-        }),
+        BackendKind::Soft => {
+            let mech = backend.mechanisms();
+            Ok(match role {
+                Role::Source => Box::new(SoftVm::new_source(config.clone(), mech)?),
+                Role::Destination => Box::new(SoftVm::new_destination(config.clone(), mech)?),
+            })
+        }
     }
 }

@@ -1,6 +1,9 @@
 //! Subcommands.
 
 mod bench;
+mod demo;
+mod migrate;
+mod receive;
 mod run;
 
 use clap::Subcommand;
@@ -26,8 +29,15 @@ pub enum CmdError {
 /// The ferry subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Migrate a busy guest between two processes on this machine and show how
+    /// it went (the main job in one command).
+    Demo(demo::DemoArgs),
     /// Run a VM with the memstress guest and print its progress.
     Run(run::RunArgs),
+    /// Receive a migration: listen, load the guest, resume it, verify it.
+    Receive(receive::ReceiveArgs),
+    /// Boot a VM with the memstress guest and migrate it to a `ferry receive`.
+    Migrate(migrate::MigrateArgs),
     /// Run an experiment (dirty-log, zap, write-protect).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -36,7 +46,10 @@ pub enum Command {
 /// Runs a subcommand.
 pub fn run(command: Command) -> Result<ExitCode, CmdError> {
     match command {
+        Command::Demo(a) => demo::run(a),
         Command::Run(a) => run::run(a),
+        Command::Receive(a) => receive::run(a),
+        Command::Migrate(a) => migrate::run(a),
         Command::Bench(b) => bench::run(b),
     }
 }

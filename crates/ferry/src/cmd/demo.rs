@@ -1,0 +1,112 @@
+//! `ferry demo`: the main job in one command. Boots a busy 2-vCPU, 1 GiB guest,
+//! starts a destination `ferry receive` process on this machine, migrates over
+//! loopback with a progress bar, and prints the summary.
+
+use super::migrate::{boot_and_migrate, finish, MigrationArgs};
+use super::CmdError;
+use crate::args::{BackendArgs, WorkloadArgs};
+use crate::vms;
+use clap::Args;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitCode, Stdio};
+
+/// Arguments of `ferry demo`.
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    #[command(flatten)]
+    pub migration: MigrationArgs,
+    /// Seconds the destination runs the guest after switchover before reporting.
+    #[arg(long = "run-after", default_value_t = 1.0)]
+    pub run_after: f64,
+}
+
+/// Kills the destination process if the demo ends early.
+struct Destination(Child);
+
+impl Drop for Destination {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
+    let workload = a.workload.workload().map_err(CmdError::Usage)?;
+    let config = a.backend.config(workload);
+    let mut dest = spawn_destination(&a)?;
+    let addr = read_listen_address(&mut dest)?;
+    if !a.migration.json {
+        eprintln!(
+            "ferry demo: {} vCPUs x {} MiB ({}% writes{}), {} backend, {} dirty tracking; destination pid {} on {addr}",
+            config.workload.vcpus,
+            config.workload.bytes_per_vcpu >> 20,
+            config.workload.write_percent,
+            config
+                .workload
+                .rate_limit_mib_s
+                .map(|r| format!(", {r} MiB/s per vCPU"))
+                .unwrap_or_default(),
+            config.backend,
+            a.backend.tracking().map_err(CmdError::Usage)?.name(),
+            dest.0.id()
+        );
+    }
+    let mut vm = vms::create(&config, &a.backend, vms::VmRole::Source)?;
+    let summary = boot_and_migrate(&mut *vm, &addr, &a.migration)?;
+    let status = dest
+        .0
+        .wait()
+        .map_err(|e| CmdError::Failed(format!("waiting for the destination: {e}")))?;
+    if !status.success() && summary.error.is_none() {
+        eprintln!("ferry demo: destination exited with {status}");
+    }
+    Ok(finish(&mut *vm, &summary, a.migration.json))
+}
+
+fn spawn_destination(a: &DemoArgs) -> Result<Destination, CmdError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| CmdError::Failed(format!("cannot find the ferry executable: {e}")))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["receive", "--listen", "127.0.0.1:0", "--exit-after-report"])
+        .args(["--backend", &a.backend.backend])
+        .args(["--backing", &a.backend.backing])
+        .args(["--run-after", &a.run_after.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    if a.migration.verify_before_resume {
+        cmd.arg("--verify-before-resume");
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| CmdError::Failed(format!("cannot start the destination process: {e}")))?;
+    Ok(Destination(child))
+}
+
+/// Reads `listening on ADDR` from the destination's stdout.
+fn read_listen_address(dest: &mut Destination) -> Result<String, CmdError> {
+    let stdout = dest
+        .0
+        .stdout
+        .take()
+        .ok_or_else(|| CmdError::Failed("destination stdout is not piped".into()))?;
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| CmdError::Failed(format!("reading the destination's address: {e}")))?;
+    line.trim()
+        .strip_prefix("listening on ")
+        .map(str::to_string)
+        .ok_or_else(|| {
+            CmdError::Failed(format!(
+                "the destination did not start (it said {:?})",
+                line.trim()
+            ))
+        })
+}

@@ -1,0 +1,190 @@
+//! `ferry migrate`: boot a source VM, let the guest warm up, and migrate it to
+//! a `ferry receive` listening elsewhere. Also the engine call `demo` shares.
+
+use super::receive::chain;
+use super::CmdError;
+use crate::args::{BackendArgs, WorkloadArgs};
+use crate::progress_bar::MigrationBar;
+use crate::{summary, vms};
+use clap::Args;
+use ferry_backend::memstress::read_progress;
+use ferry_backend::Vm;
+use ferry_engine::{MigrationSummary, PrecopyOptions, Status, Tunables};
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Knobs of a precopy migration.
+#[derive(Args, Debug, Clone)]
+pub struct MigrationArgs {
+    /// Downtime target in ms: precopy stops when what is left fits in it.
+    #[arg(long = "downtime-ms", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub downtime_ms: u64,
+    /// Most dirty rounds before stop-and-copy regardless.
+    #[arg(long = "max-rounds", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_rounds: u32,
+    /// Bandwidth cap in MiB/s (0 = unlimited).
+    #[arg(long = "bandwidth", default_value_t = 0)]
+    pub bandwidth_mib_s: u64,
+    /// Verify the memory digest before the destination resumes (longer downtime).
+    #[arg(long = "verify-before-resume")]
+    pub verify_before_resume: bool,
+    /// Seconds the guest runs before migration starts (at least until every
+    /// vCPU has finished one pass).
+    #[arg(long, default_value_t = 1.0)]
+    pub warmup: f64,
+    /// Print the summary as one JSON object on the last line of stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `ferry migrate`.
+#[derive(Args, Debug)]
+pub struct MigrateArgs {
+    /// Address of the destination (`ferry receive --listen ...`).
+    #[arg(long)]
+    pub to: String,
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    #[command(flatten)]
+    pub migration: MigrationArgs,
+}
+
+pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
+    check_address(&a.to)?;
+    let workload = a.workload.workload().map_err(CmdError::Usage)?;
+    let config = a.backend.config(workload);
+    let mut vm = vms::create(&config, &a.backend, vms::VmRole::Source)?;
+    let summary = boot_and_migrate(&mut *vm, &a.to, &a.migration)?;
+    Ok(finish(&mut *vm, &summary, a.migration.json))
+}
+
+/// Refuses an address that cannot be resolved before any VM is booted.
+fn check_address(to: &str) -> Result<(), CmdError> {
+    use std::net::ToSocketAddrs;
+    match to.to_socket_addrs().map(|mut a| a.next()) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(CmdError::Usage(format!(
+            "--to {to}: the name has no address"
+        ))),
+        Err(e) => Err(CmdError::Usage(format!(
+            "--to {to}: not a destination address (expected HOST:PORT): {e}"
+        ))),
+    }
+}
+
+/// Starts the guest, warms it up, and migrates it to `to`.
+pub fn boot_and_migrate(
+    vm: &mut dyn Vm,
+    to: &str,
+    m: &MigrationArgs,
+) -> Result<MigrationSummary, CmdError> {
+    if !(0.0..=3600.0).contains(&m.warmup) {
+        return Err(CmdError::Usage("--warmup must be 0 to 3600 seconds".into()));
+    }
+    vm.start()?;
+    warm_up(vm, Duration::from_secs_f64(m.warmup))?;
+    let tunables = Tunables::shared();
+    tunables.set_downtime_target(Duration::from_millis(m.downtime_ms));
+    tunables.set_max_rounds(m.max_rounds);
+    tunables.set_bandwidth_bytes_per_sec(m.bandwidth_mib_s << 20);
+    let opts = PrecopyOptions {
+        tunables,
+        verify_before_resume: m.verify_before_resume,
+        ..PrecopyOptions::default()
+    };
+    let started = Instant::now();
+    let result = ferry_engine::connect(to)
+        .map_err(|e| chain(&e))
+        .and_then(|stream| {
+            let bar = MigrationBar::new(std::io::stderr().is_terminal());
+            let r = ferry_engine::migrate(vm, stream, &opts, &bar);
+            bar.finish();
+            r.map_err(|e| chain(&e))
+        });
+    Ok(result.unwrap_or_else(|error| {
+        eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
+        failed_summary(vm, started.elapsed(), error)
+    }))
+}
+
+/// The summary of a migration that ended in an error before it produced one.
+fn failed_summary(vm: &dyn Vm, took: Duration, error: String) -> MigrationSummary {
+    MigrationSummary {
+        status: Status::Failed,
+        backend: vm.config().backend.to_string(),
+        dirty_tracking: vm.dirty_tracking(),
+        total_ms: took.as_secs_f64() * 1e3,
+        downtime_ms: 0.0,
+        pause_ms: 0.0,
+        save_vcpus_ms: 0.0,
+        dest_resume_ms: 0.0,
+        digest_ms: 0.0,
+        verify_before_resume: false,
+        bytes_sent: 0,
+        rounds: vec![],
+        digest_match: false,
+        guest_mismatches: 0,
+        mismatches_before: 0,
+        mismatches_after: 0,
+        dest_passes_after: 0,
+        error: Some(error),
+    }
+}
+
+/// Runs the guest until every vCPU finished a pass and `at_least` has passed.
+fn warm_up(vm: &dyn Vm, at_least: Duration) -> Result<(), CmdError> {
+    let vcpus = vm.config().workload.vcpus;
+    let start = Instant::now();
+    eprintln!("ferry: warming up the guest ...");
+    loop {
+        vm.check_health()?;
+        let p = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
+        if p.iter().all(|v| v.passes >= 1) && start.elapsed() >= at_least {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(600) {
+            return Err(CmdError::Failed(format!(
+                "the guest did not finish a pass in 10 minutes: {p:?}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Prints the summary and picks the exit code. On failure, shows that the
+/// source VM still runs.
+pub fn finish(vm: &mut dyn Vm, s: &MigrationSummary, json: bool) -> ExitCode {
+    let mut s = s.clone();
+    let ok = s.status == Status::Completed && s.digest_match && s.guest_mismatches == 0;
+    if s.status == Status::Failed && vm.is_running() {
+        // Show that the guest survived: it still makes progress, and its own
+        // stamp checks still pass.
+        let vcpus = vm.config().workload.vcpus;
+        let before = read_progress(vm.ram(), vcpus).unwrap_or_default();
+        std::thread::sleep(Duration::from_millis(500));
+        let after = read_progress(vm.ram(), vcpus).unwrap_or_default();
+        let passes: u64 = after
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| a.passes - b.passes)
+            .sum();
+        let mismatches: u64 = after.iter().map(|p| p.mismatches).sum();
+        s.mismatches_before = mismatches;
+        s.guest_mismatches = mismatches;
+        println!(
+            "the source VM is still running: {passes} guest passes in the last 0.5 s, {mismatches} guest mismatches"
+        );
+    }
+    println!("{}", summary::render(&s));
+    if json {
+        println!("{}", summary::json(&s));
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}

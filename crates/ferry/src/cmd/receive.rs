@@ -1,0 +1,152 @@
+//! `ferry receive`: the destination. Listens, receives one migration, then
+//! keeps running the guest.
+
+use super::CmdError;
+use crate::args::{parse_size, BackendArgs};
+use crate::{rates, vms};
+use clap::Args;
+use ferry_backend::memstress::read_progress;
+use ferry_backend::types::human_bytes;
+use ferry_backend::{BackendError, Vm, VmConfig};
+use ferry_engine::{ExpectedVm, ReceiveOptions};
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Arguments of `ferry receive`.
+#[derive(Args, Debug)]
+pub struct ReceiveArgs {
+    /// Address to listen on, e.g. 0.0.0.0:7070 or 127.0.0.1:0 (any free port).
+    #[arg(long)]
+    pub listen: String,
+    /// Guest memory this destination has room for (all vCPUs' regions, e.g. 1G).
+    /// A stream carrying another size is refused.
+    #[arg(long, value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// vCPUs this destination will run; a stream with another count is refused.
+    #[arg(long)]
+    pub vcpus: Option<u32>,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Seconds to run the guest after switchover before reporting to the source.
+    #[arg(long = "run-after", default_value_t = 1.0)]
+    pub run_after: f64,
+    /// Verify the memory digest before resuming the guest (longer downtime).
+    #[arg(long = "verify-before-resume")]
+    pub verify_before_resume: bool,
+    /// Exit after reporting instead of running the guest on.
+    #[arg(long = "exit-after-report")]
+    pub exit_after_report: bool,
+    /// Print the destination's summary as one JSON line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
+    if !(0.0..=3600.0).contains(&a.run_after) {
+        return Err(CmdError::Usage(
+            "--run-after must be 0 to 3600 seconds".into(),
+        ));
+    }
+    let listener =
+        ferry_engine::listen(a.listen.as_str()).map_err(|e| CmdError::Failed(chain(&e)))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| CmdError::Failed(format!("cannot read the listening address: {e}")))?;
+    // The demo (and scripts) read this line to learn the port.
+    println!("listening on {local}");
+    std::io::stdout().flush().ok();
+    let (stream, peer) =
+        ferry_engine::accept(&listener).map_err(|e| CmdError::Failed(chain(&e)))?;
+    eprintln!("ferry receive: migration from {peer}");
+
+    let opts = ReceiveOptions {
+        expect: Some(ExpectedVm {
+            memory_bytes: None,
+            vcpus: a.vcpus,
+            backend: Some(a.backend.kind()),
+        }),
+        run_after: Duration::from_secs_f64(a.run_after),
+        verify_before_resume: a.verify_before_resume,
+    };
+    let memory = a.memory;
+    let backend = a.backend.clone();
+    let mut create = move |cfg: &VmConfig| -> Result<Box<dyn Vm>, BackendError> {
+        let carried = cfg.workload.bytes_per_vcpu * u64::from(cfg.workload.vcpus);
+        if let Some(have) = memory.filter(|&m| m != carried) {
+            return Err(BackendError::Operation {
+                backend: cfg.backend,
+                what: format!(
+                    "destination has {} of guest memory, stream carries {}",
+                    human_bytes(have),
+                    human_bytes(carried)
+                ),
+                source: None,
+            });
+        }
+        let mut cfg = cfg.clone();
+        cfg.backing = backend.backing();
+        vms::create(&cfg, &backend, vms::VmRole::Destination)
+    };
+    let (mut vm, summary) = ferry_engine::receive(stream, &mut create, &opts)
+        .map_err(|e| CmdError::Failed(chain(&e)))?;
+    eprintln!(
+        "ferry receive: {:?}: resumed in {:.1} ms, digest {}, {} passes after switchover, mismatches {} before / {} after",
+        summary.status,
+        summary.resume_ms,
+        if summary.digest_match { "match" } else { "MISMATCH" },
+        summary.passes_after,
+        summary.mismatches_before,
+        summary.mismatches_after
+    );
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string(&summary).expect("summary serializes")
+        );
+    }
+    let ok = summary.digest_match && summary.mismatches_after == 0;
+    if !a.exit_after_report && ok {
+        keep_running(&mut *vm)?;
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}
+
+/// Runs the migrated guest on, printing its progress every second.
+fn keep_running(vm: &mut dyn Vm) -> Result<(), CmdError> {
+    let vcpus = vm.config().workload.vcpus;
+    eprintln!("ferry receive: guest running here; Ctrl-C to stop");
+    let mut before = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
+    let mut at = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        vm.check_health()?;
+        let now = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
+        println!(
+            "{} | mismatches {}",
+            rates::describe(&rates::rates(&before, &now, at.elapsed())),
+            now.iter().map(|p| p.mismatches).sum::<u64>()
+        );
+        before = now;
+        at = Instant::now();
+    }
+}
+
+/// An error and all its causes on one line.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cause = c.source();
+    }
+    s
+}

@@ -1,0 +1,84 @@
+//! Printing a migration summary: a table for people, one JSON line for machines.
+
+use ferry_engine::MigrationSummary;
+use ferry_report::Table;
+
+/// The summary as the JSON object `--json` prints: the engine's summary, with
+/// `rounds` as a count and the per-round records under `round_stats`.
+pub fn json(summary: &MigrationSummary) -> serde_json::Value {
+    let mut v = serde_json::to_value(summary).expect("summary serializes");
+    if let Some(obj) = v.as_object_mut() {
+        let rounds = obj.remove("rounds").unwrap_or_default();
+        let count = rounds.as_array().map_or(0, |r| r.len());
+        obj.insert("rounds".into(), count.into());
+        obj.insert("round_stats".into(), rounds);
+    }
+    v
+}
+
+/// The summary as tables.
+pub fn render(s: &MigrationSummary) -> String {
+    let mut rounds = Table::new(
+        "precopy rounds",
+        &[
+            "round",
+            "kind",
+            "pages",
+            "zero",
+            "MiB sent",
+            "ms",
+            "dirty pages/s",
+            "MB/s",
+        ],
+    );
+    for r in &s.rounds {
+        rounds.row(vec![
+            r.round.to_string(),
+            format!("{:?}", r.kind).to_lowercase(),
+            r.pages.to_string(),
+            r.zero_pages.to_string(),
+            format!("{:.1}", r.bytes as f64 / (1 << 20) as f64),
+            format!("{:.1}", r.ms),
+            format!("{:.0}", r.dirty_rate_pages_s),
+            format!("{:.0}", r.bandwidth_mb_s),
+        ]);
+    }
+    let mut totals = Table::new("migration", &["", ""]);
+    let status = format!("{:?}", s.status).to_lowercase();
+    let rows = [
+        ("status", status),
+        (
+            "backend / dirty tracking",
+            format!("{} / {}", s.backend, s.dirty_tracking),
+        ),
+        ("total time", format!("{:.1} ms", s.total_ms)),
+        ("downtime", format!("{:.1} ms", s.downtime_ms)),
+        (
+            "bytes sent",
+            ferry_backend::types::human_bytes(s.bytes_sent),
+        ),
+        (
+            "digest check",
+            if s.digest_match {
+                "match".into()
+            } else {
+                "MISMATCH".into()
+            },
+        ),
+        (
+            "guest mismatches before / after",
+            format!("{} / {}", s.mismatches_before, s.mismatches_after),
+        ),
+        (
+            "guest passes on destination",
+            s.dest_passes_after.to_string(),
+        ),
+    ];
+    for (k, v) in rows {
+        totals.row(vec![k.to_string(), v]);
+    }
+    if let Some(e) = &s.error {
+        totals.note(format!("error: {e}"));
+    }
+    format!("{}\n{}", rounds.render(), totals.render())
+}

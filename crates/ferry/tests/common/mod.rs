@@ -1,0 +1,83 @@
+//! Helpers for tests that run the `ferry` binary.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+/// The ferry binary under test.
+pub fn ferry() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+}
+
+/// True if /dev/kvm is usable; otherwise prints the skip line.
+pub fn require_kvm(test: &str) -> bool {
+    let ok = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(Path::new("/dev/kvm"))
+        .is_ok();
+    if !ok {
+        println!("SKIP {test}: /dev/kvm is not available on this machine");
+    }
+    ok
+}
+
+/// Runs ferry with `args` and returns its output.
+pub fn run(args: &[&str]) -> Output {
+    ferry().args(args).output().expect("ferry runs")
+}
+
+/// The JSON object on the last line of stdout.
+pub fn last_json(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|e| {
+        panic!(
+            "last stdout line is not JSON ({e}):\n--- stdout\n{stdout}\n--- stderr\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Asserts that nothing panicked.
+pub fn assert_no_panic(out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "ferry panicked:\n{stderr}");
+}
+
+/// A `ferry receive` child and the address it listens on.
+pub struct Receiver {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl Receiver {
+    pub fn start(extra: &[&str]) -> Receiver {
+        let mut child = ferry()
+            .args(["receive", "--listen", "127.0.0.1:0", "--exit-after-report"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ferry receive starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Receiver { child, addr }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
