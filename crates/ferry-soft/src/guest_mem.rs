@@ -71,6 +71,9 @@ pub struct VcpuMem {
     /// Pages this vCPU dirtied first (what a dirty quota charges), not yet
     /// taken by [`VcpuMem::take_dirtied`].
     dirtied: u64,
+    /// Modelled cost of a fault's exit to the hypervisor and back.
+    exit_cost_ns: u64,
+    faults: u64,
 }
 
 impl VcpuMem {
@@ -82,7 +85,21 @@ impl VcpuMem {
             id,
             tlb: Tlb::default(),
             dirtied: 0,
+            exit_cost_ns: 0,
+            faults: 0,
         }
+    }
+
+    /// Models the VM exit and re-entry a fault costs on hardware: each fault
+    /// this vCPU takes busy-waits `ns` on its own thread (0, the default,
+    /// models nothing beyond the software MMU's own work).
+    pub fn set_exit_cost_ns(&mut self, ns: u64) {
+        self.exit_cost_ns = ns;
+    }
+
+    /// Faults this vCPU took.
+    pub fn faults(&self) -> u64 {
+        self.faults
     }
 
     /// The MMU.
@@ -150,6 +167,16 @@ impl VcpuMem {
         }
         if t.dirtied {
             self.dirtied += 1;
+        }
+        if t.fault {
+            self.faults += 1;
+            if self.exit_cost_ns > 0 {
+                let until =
+                    std::time::Instant::now() + std::time::Duration::from_nanos(self.exit_cost_ns);
+                while std::time::Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            }
         }
         let host = self.view.host(gfn)?;
         self.tlb.fill(gfn, host, t.writable);

@@ -21,12 +21,14 @@
 
 pub mod config;
 pub mod error;
+pub mod experiments;
 pub mod guest_mem;
 pub mod iter;
 pub mod mmu;
 pub mod ops;
 pub mod pte;
 pub mod quota;
+pub mod sparse;
 pub mod table;
 pub mod tlb;
 pub mod vcpu;

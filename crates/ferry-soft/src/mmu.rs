@@ -82,6 +82,9 @@ pub struct Translation {
     /// This fault marked the page dirty for the first time in this round
     /// (what a dirty quota charges).
     pub dirtied: bool,
+    /// The access faulted (on hardware: a VM exit to the hypervisor), as
+    /// opposed to a plain table walk.
+    pub fault: bool,
 }
 
 enum Step {
@@ -294,6 +297,7 @@ impl Mmu {
                     return Ok(Step::Done(Translation {
                         writable: false,
                         dirtied: false,
+                        fault: true,
                     }));
                 }
                 let _locked = table.lock();
@@ -305,6 +309,7 @@ impl Mmu {
                 return Ok(Step::Done(Translation {
                     writable: true,
                     dirtied,
+                    fault: true,
                 }));
             }
             if !pte::is_leaf(e, level) {
@@ -316,6 +321,7 @@ impl Mmu {
                 return Ok(Step::Done(Translation {
                     writable: pte::is_writable(e),
                     dirtied: false,
+                    fault: false,
                 }));
             }
             if level > 1 && self.logging.load(Ordering::Acquire) {
@@ -341,6 +347,7 @@ impl Mmu {
             return Ok(Step::Done(Translation {
                 writable: true,
                 dirtied,
+                fault: true,
             }));
         }
     }

@@ -58,11 +58,15 @@ impl Mmu {
     fn free_subtree(&self, t: u32) {
         let table = self.arena.get(t);
         let level = table.level();
-        let present: Vec<usize> = table.present_indices().collect();
-        for i in present {
-            let old = table.clear(i);
-            if pte::is_present(old) && !pte::is_leaf(old, level) {
-                self.free_subtree(pte::child(old));
+        for w in 0..pte::ENTRIES / 64 {
+            let mut bits = table.present_word(w);
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let old = table.clear(i);
+                if pte::is_present(old) && !pte::is_leaf(old, level) {
+                    self.free_subtree(pte::child(old));
+                }
             }
         }
         table.write_protect_possibly_writable();
@@ -126,8 +130,8 @@ impl Mmu {
         stats
     }
 
-    /// Splits every huge leaf in frames `start..end` into 4 KiB leaves with the
-    /// same permission, under the exclusive lock, then flushes once (all the
+    /// Splits every huge leaf in frames `start..end` into 4 KiB leaves (with
+    /// the same permission, or read-only while dirty logging), under the exclusive lock, then flushes once (all the
     /// chunk's breaks share one flush).
     pub fn split_range(&self, start: u64, end: u64) -> Result<WalkStats, SoftError> {
         let mut stats = WalkStats::default();
@@ -151,7 +155,9 @@ impl Mmu {
                 };
                 let table = self.arena.get(child);
                 let span = pte::frames_per_entry(child_level);
-                let writable = pte::is_writable(v.entry);
+                // Split for dirty logging: the 4 KiB leaves start write-protected,
+                // which is what the next write-protect-all would do anyway.
+                let writable = pte::is_writable(v.entry) && !self.logging();
                 for i in 0..pte::ENTRIES {
                     if writable {
                         table.note_writable(i);

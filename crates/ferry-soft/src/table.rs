@@ -90,12 +90,7 @@ impl Table {
             self.present_bits[i / 64].fetch_and(!(1 << (i % 64)), Ordering::AcqRel);
             self.present.fetch_sub(1, Ordering::AcqRel);
         }
-        if self.writable_bits[i / 64].fetch_and(!(1 << (i % 64)), Ordering::AcqRel)
-            & (1 << (i % 64))
-            != 0
-        {
-            self.writable.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.forget_writable(i);
         old
     }
 
@@ -112,7 +107,9 @@ impl Table {
     /// write-protected by a walk).
     pub fn forget_writable(&self, i: usize) {
         let bit = 1u64 << (i % 64);
-        if self.writable_bits[i / 64].fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
+        if self.writable_bits[i / 64].load(Ordering::Acquire) & bit != 0
+            && self.writable_bits[i / 64].fetch_and(!bit, Ordering::AcqRel) & bit != 0
+        {
             self.writable.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -142,10 +139,12 @@ impl Table {
     pub fn write_protect_possibly_writable(&self) -> u64 {
         let mut visited = 0;
         for w in 0..WORDS {
-            let mut bits = self.writable_bits[w].swap(0, Ordering::AcqRel);
-            if bits == 0 {
+            // A plain load first: most words of a table are clean, and an
+            // exchange would take the cache line for nothing.
+            if self.writable_bits[w].load(Ordering::Acquire) == 0 {
                 continue;
             }
+            let mut bits = self.writable_bits[w].swap(0, Ordering::AcqRel);
             self.writable.fetch_sub(bits.count_ones(), Ordering::AcqRel);
             while bits != 0 {
                 let i = w * 64 + bits.trailing_zeros() as usize;

@@ -82,13 +82,13 @@ fn vcpu_thread(
     std::thread::spawn(move || {
         let mut mem = VcpuMem::new(mmu, HostView::of(&ram), v);
         mem.online();
-        let mut rng = seed ^ (v as u64) << 40;
+        let mut rng = seed ^ ((v as u64) << 40);
         for k in 0..accesses {
             mem.boundary();
             let page = next_rand32(&mut rng) % FRAMES;
             let gpa = page * PAGE_SIZE as u64 + 8 * v as u64;
             if next_rand32(&mut rng) % 100 < write_percent {
-                mem.store_u64(gpa, (v as u64) << 56 | k + 1).unwrap();
+                mem.store_u64(gpa, ((v as u64) << 56) | (k + 1)).unwrap();
             } else {
                 mem.load_u64(gpa).unwrap();
             }

@@ -1,0 +1,42 @@
+//! The experiments at their default (full) sizes. Not part of the test suite:
+//! run with `cargo test --release -p ferry-soft --test bench -- --ignored --nocapture <name>`
+//! to print the tables (the CLI's `ferry bench` calls the same functions).
+
+use ferry_soft::experiments::{write_protect, zap};
+
+fn out_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join("ferry-soft-bench")
+}
+
+#[test]
+#[ignore = "benchmark: prints numbers, run on demand"]
+fn zap_default() {
+    let r = zap::zap_experiment(&zap::ZapOpts::default()).unwrap();
+    println!("{}", r.render());
+    r.write(&out_dir()).unwrap();
+}
+
+#[test]
+#[ignore = "benchmark: prints numbers, run on demand"]
+fn write_protect_default() {
+    let r = write_protect::write_protect_experiment(&write_protect::WriteProtectOpts::default())
+        .unwrap();
+    println!("{}", r.render());
+    r.write(&out_dir()).unwrap();
+}
+
+#[test]
+#[ignore = "benchmark: prints numbers, run on demand"]
+fn dirty_log_default() {
+    let exit: u64 = std::env::var("FERRY_EXIT_NS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(ferry_soft::experiments::dirty_log::SEED_EXIT_COST_NS);
+    let opts = ferry_soft::experiments::dirty_log::DirtyLogOpts {
+        exit_cost_ns: exit,
+        ..Default::default()
+    };
+    let r = ferry_soft::experiments::dirty_log::dirty_log_experiment(&opts).unwrap();
+    println!("{}", r.render());
+    r.write(&out_dir()).unwrap();
+}
