@@ -20,6 +20,10 @@ pub enum SoftError {
     /// Options of an experiment that cannot work.
     #[error("invalid options: {0}")]
     Options(String),
+    /// A vCPU touched a page that is not present yet (postcopy): an
+    /// annotated memory-fault exit.
+    #[error("memory fault at {} ({} bytes, write: {})", .0.gpa, .0.size, .0.flags.write)]
+    MemoryFault(crate::fault_exit::MemoryFault),
     /// A worker thread panicked.
     #[error("thread {0} panicked")]
     Thread(String),

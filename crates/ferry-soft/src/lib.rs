@@ -22,6 +22,7 @@
 pub mod config;
 pub mod error;
 pub mod experiments;
+pub mod fault_exit;
 pub mod guest_mem;
 pub mod iter;
 pub mod mmu;

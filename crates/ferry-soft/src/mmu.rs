@@ -24,13 +24,15 @@
 
 use crate::config::{Mechanisms, WriteProtect};
 use crate::error::SoftError;
+use crate::fault_exit::{FaultFlags, MemoryFault, Residency};
 use crate::pte::{self, ROOT_LEVEL};
 use crate::table::{Arena, Table};
 use crate::tlb::FlushDomain;
+use ferry_backend::Gpa;
 use ferry_backend::{Gfn, SharedDirtyBitmap};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 /// Counters of MMU events.
 #[derive(Default, Debug)]
@@ -104,6 +106,7 @@ pub struct Mmu {
     dirty: Arc<SharedDirtyBitmap>,
     pub(crate) flush: FlushDomain,
     pub(crate) counters: MmuCounters,
+    residency: OnceLock<Arc<Residency>>,
 }
 
 impl Mmu {
@@ -122,6 +125,7 @@ impl Mmu {
             dirty: Arc::new(SharedDirtyBitmap::new(frames)),
             flush: FlushDomain::new(vcpus),
             counters: MmuCounters::default(),
+            residency: OnceLock::new(),
         })
     }
 
@@ -225,9 +229,18 @@ impl Mmu {
         }
     }
 
+    /// Postcopy: from now on a missing-page fault on a page that is not
+    /// present in `residency` fails with [`SoftError::MemoryFault`] instead of
+    /// mapping it, and pages are mapped 4 KiB at a time. Set once.
+    pub fn set_residency(&self, residency: Arc<Residency>) -> Result<(), SoftError> {
+        self.residency
+            .set(residency)
+            .map_err(|_| SoftError::Options("residency is already set".into()))
+    }
+
     /// Level of the leaf a missing fault at `gfn` may install at `level`.
     fn map_level(&self, gfn: u64, level: u8) -> u8 {
-        if self.logging.load(Ordering::Acquire) {
+        if self.logging.load(Ordering::Acquire) || self.residency.get().is_some() {
             return 1;
         }
         let mut l = self.mech.leaf.level().min(level);
@@ -288,6 +301,15 @@ impl Mmu {
                         self.arena.free(child);
                     }
                     continue;
+                }
+                if let Some(r) = self.residency.get() {
+                    if !r.is_present(Gfn(gfn)) {
+                        return Err(SoftError::MemoryFault(MemoryFault {
+                            gpa: Gpa(gfn << 12),
+                            size: 4096,
+                            flags: FaultFlags { write },
+                        }));
+                    }
                 }
                 self.counters.missing_faults.fetch_add(1, Ordering::Relaxed);
                 if !write {

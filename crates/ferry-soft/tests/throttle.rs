@@ -1,0 +1,75 @@
+//! Dirty quota vs time-based throttling on running soft vCPUs.
+
+use ferry_backend::memstress::{read_progress, Workload};
+use ferry_backend::{BackendKind, Backing, Vm, VmConfig};
+use ferry_soft::quota::{DirtyQuota, QuotaExit, QuotaRefill, Throttle, TimeThrottle};
+use ferry_soft::{Mechanisms, SoftVm};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn config(write_percent: u8) -> VmConfig {
+    VmConfig {
+        backend: BackendKind::Soft,
+        workload: Workload {
+            vcpus: 2,
+            bytes_per_vcpu: 4 << 20,
+            write_percent,
+            ..Workload::default()
+        },
+        backing: Backing::Anonymous,
+    }
+}
+
+fn run_with_quota(write_percent: u8) -> (u64, u64) {
+    let exits = Arc::new(AtomicU64::new(0));
+    let e = Arc::clone(&exits);
+    let quota = Arc::new(DirtyQuota::new(
+        2,
+        64 * 4096,
+        Arc::new(move |exit: QuotaExit| {
+            assert!(exit.dirtied_bytes >= 64 * 4096);
+            e.fetch_add(1, Ordering::Relaxed);
+            QuotaRefill {
+                sleep: Duration::from_micros(200),
+                quota_bytes: 64 * 4096,
+            }
+        }),
+    ));
+    let mut vm = SoftVm::new_source(config(write_percent), Mechanisms::default()).unwrap();
+    vm.set_throttle(Throttle::Quota(Arc::clone(&quota)));
+    vm.start().unwrap();
+    vm.start_dirty_log().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    vm.pause().unwrap();
+    vm.check_health().unwrap();
+    let p = read_progress(vm.ram(), 2).unwrap();
+    assert!(p.iter().all(|p| p.mismatches == 0));
+    (exits.load(Ordering::Relaxed), quota.exits())
+}
+
+#[test]
+fn dirty_quota_throttles_writers_only() {
+    let (handler_exits, exits) = run_with_quota(100);
+    assert!(
+        handler_exits > 0 && handler_exits == exits,
+        "writers exhaust their quota"
+    );
+    let (readers, _) = run_with_quota(0);
+    assert_eq!(readers, 0, "readers are never charged");
+}
+
+#[test]
+fn time_throttle_sleeps_every_vcpu() {
+    let t = Arc::new(TimeThrottle::new(2, 50));
+    let mut vm = SoftVm::new_source(config(0), Mechanisms::default()).unwrap();
+    vm.set_throttle(Throttle::Time(Arc::clone(&t)));
+    vm.start().unwrap();
+    std::thread::sleep(Duration::from_millis(60));
+    vm.pause().unwrap();
+    assert!(
+        t.sleeps() >= 2,
+        "readers are throttled too: {} sleeps",
+        t.sleeps()
+    );
+}
