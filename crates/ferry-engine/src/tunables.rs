@@ -74,7 +74,12 @@ impl Tunables {
         self.cancelled.store(true, Relaxed);
     }
 
-    /// Whether [`Self::cancel`] was called.
+    /// Clears a cancel, so the next migration with these tunables can run.
+    pub fn reset_cancel(&self) {
+        self.cancelled.store(false, Relaxed);
+    }
+
+    /// Whether `cancel` was called (and not reset since).
     pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Relaxed)
     }

@@ -6,6 +6,7 @@
 mod args;
 mod bench;
 mod cmd;
+mod control;
 mod progress_bar;
 mod rates;
 mod summary;

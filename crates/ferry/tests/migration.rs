@@ -109,3 +109,27 @@ fn killed_destination_leaves_the_source_running() {
     assert!(passes > 0, "source guest stopped: {line}");
     assert!(!out.status.success());
 }
+
+#[test]
+fn migrates_on_the_soft_backend() {
+    // The soft backend needs no /dev/kvm: this runs everywhere.
+    let out = run(&[
+        "demo",
+        "--json",
+        "--backend",
+        "soft",
+        "--mem-per-vcpu",
+        "32M",
+        "--rate-limit",
+        "32",
+        "--warmup",
+        "0.3",
+    ]);
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    assert_eq!(j["status"], "completed", "{j}");
+    assert_eq!(j["backend"], "soft");
+    assert_eq!(j["digest_match"], true, "{j}");
+    assert_eq!(j["guest_mismatches"], 0, "{j}");
+    assert!(j["dest_passes_after"].as_u64().unwrap() >= 1, "{j}");
+}

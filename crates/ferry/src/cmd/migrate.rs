@@ -12,6 +12,7 @@ use ferry_backend::Vm;
 use ferry_engine::{MigrationSummary, PrecopyOptions, Status, Tunables};
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Knobs of a precopy migration.
@@ -44,6 +45,9 @@ pub struct MigrateArgs {
     /// Address of the destination (`ferry receive --listen ...`).
     #[arg(long)]
     pub to: String,
+    /// Migrate the VM of a `ferry run --control PATH` instead of booting one.
+    #[arg(long)]
+    pub control: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub workload: WorkloadArgs,
     #[command(flatten)]
@@ -54,11 +58,44 @@ pub struct MigrateArgs {
 
 pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
     check_address(&a.to)?;
+    if let Some(path) = &a.control {
+        return via_control(path, &a);
+    }
     let workload = a.workload.workload().map_err(CmdError::Usage)?;
     let config = a.backend.config(workload);
     let mut vm = vms::create(&config, &a.backend, vms::VmRole::Source)?;
     let summary = boot_and_migrate(&mut *vm, &a.to, &a.migration)?;
     Ok(finish(&mut *vm, &summary, a.migration.json))
+}
+
+/// Asks a running `ferry run --control` to migrate its VM.
+fn via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdError> {
+    let set = serde_json::json!({
+        "cmd": "set",
+        "downtime_ms": a.migration.downtime_ms,
+        "bandwidth_mib_s": a.migration.bandwidth_mib_s,
+        "max_rounds": a.migration.max_rounds,
+    });
+    crate::control::request(path, &set).map_err(|e| CmdError::Failed(chain(&e)))?;
+    let req = serde_json::json!({
+        "cmd": "migrate",
+        "to": a.to,
+        "verify_before_resume": a.migration.verify_before_resume,
+    });
+    let reply = crate::control::request(path, &req).map_err(|e| CmdError::Failed(chain(&e)))?;
+    if a.migration.json {
+        println!("{reply}");
+    } else {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&reply).unwrap_or_default()
+        );
+    }
+    Ok(if reply["status"] == "completed" {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// Refuses an address that cannot be resolved before any VM is booted.
@@ -90,9 +127,20 @@ pub fn boot_and_migrate(
     tunables.set_downtime_target(Duration::from_millis(m.downtime_ms));
     tunables.set_max_rounds(m.max_rounds);
     tunables.set_bandwidth_bytes_per_sec(m.bandwidth_mib_s << 20);
+    Ok(migrate_running(vm, to, tunables, m.verify_before_resume))
+}
+
+/// Migrates a running VM to `to`. Never fails: a failure is a summary with
+/// status "failed" (and the VM still running).
+pub fn migrate_running(
+    vm: &mut dyn Vm,
+    to: &str,
+    tunables: Arc<Tunables>,
+    verify_before_resume: bool,
+) -> MigrationSummary {
     let opts = PrecopyOptions {
         tunables,
-        verify_before_resume: m.verify_before_resume,
+        verify_before_resume,
         ..PrecopyOptions::default()
     };
     let started = Instant::now();
@@ -104,10 +152,10 @@ pub fn boot_and_migrate(
             bar.finish();
             r.map_err(|e| chain(&e))
         });
-    Ok(result.unwrap_or_else(|error| {
+    result.unwrap_or_else(|error| {
         eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
         failed_summary(vm, started.elapsed(), error)
-    }))
+    })
 }
 
 /// The summary of a migration that ended in an error before it produced one.

@@ -1,11 +1,16 @@
 //! `ferry run`: boot a VM with the memstress guest and report its progress.
 
+use super::migrate::migrate_running;
 use super::CmdError;
 use crate::args::{BackendArgs, WorkloadArgs};
+use crate::control::{self, VmCommand};
 use crate::{rates, vms};
 use clap::Args;
 use ferry_backend::memstress::read_progress;
+use ferry_engine::{Status, Tunables};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 /// Arguments of `ferry run`.
@@ -21,6 +26,9 @@ pub struct RunArgs {
     /// Seconds between progress lines.
     #[arg(long, default_value_t = 1.0)]
     pub interval: f64,
+    /// Serve a control socket here (JSON lines: status, set, migrate, cancel, stop).
+    #[arg(long)]
+    pub control: Option<PathBuf>,
 }
 
 pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
@@ -41,8 +49,47 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
         config.workload.bytes_per_vcpu >> 20,
         config.backend
     );
+    let tunables = Tunables::shared();
+    let (tx, commands) = std::sync::mpsc::channel();
+    if let Some(path) = &a.control {
+        control::serve(
+            path,
+            control::Shared {
+                ram: vm.ram().clone(),
+                vcpus,
+                tunables: tunables.clone(),
+                commands: tx.clone(),
+            },
+        )
+        .map_err(|e| CmdError::Failed(super::receive::chain(&e)))?;
+        eprintln!("ferry: control socket at {}", path.display());
+    }
+    let _keep_channel_open = tx;
     loop {
-        std::thread::sleep(Duration::from_secs_f64(a.interval));
+        match commands.recv_timeout(Duration::from_secs_f64(a.interval)) {
+            Ok(VmCommand::Stop { reply }) => {
+                let _ = reply.send(serde_json::json!({"ok": true}));
+                break;
+            }
+            Ok(VmCommand::Migrate {
+                to,
+                verify_before_resume,
+                reply,
+            }) => {
+                // A cancel aimed at an earlier migration must not stop this one.
+                tunables.reset_cancel();
+                let summary =
+                    migrate_running(&mut *vm, &to, tunables.clone(), verify_before_resume);
+                let moved = summary.status == Status::Completed;
+                let _ = reply.send(crate::summary::json(&summary));
+                if moved {
+                    println!("the VM now runs at {to}; stopping here");
+                    return Ok(ExitCode::SUCCESS);
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
+        }
         vm.check_health()?;
         let now = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
         let r = rates::rates(&before, &now, at.elapsed());

@@ -1,0 +1,235 @@
+//! The control socket of `ferry run --control PATH`: one JSON object per line,
+//! one reply per request.
+//!
+//! ```text
+//!  {"cmd":"status"}                                  -> progress and rates per vCPU
+//!  {"cmd":"set","downtime_ms":100,"bandwidth_mib_s":512,"max_rounds":10}
+//!                                                    -> tunables, live, also mid-migration
+//!  {"cmd":"migrate","to":"10.0.0.2:7070"}            -> the migration summary (blocks)
+//!  {"cmd":"cancel"}                                  -> cancels a migration in precopy
+//!  {"cmd":"stop"}                                    -> stops the VM and `ferry run`
+//! ```
+//!
+//! Status, set and cancel are answered on the connection's own thread, so they
+//! work while a migration is running. Migrate and stop go to the thread that
+//! owns the VM.
+
+use crate::rates;
+use ferry_backend::memstress::read_progress;
+use ferry_backend::GuestRam;
+use ferry_engine::Tunables;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A request on the control socket.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "cmd", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Request {
+    Status,
+    Set {
+        downtime_ms: Option<u64>,
+        bandwidth_mib_s: Option<u64>,
+        max_rounds: Option<u32>,
+    },
+    Migrate {
+        to: String,
+        #[serde(default)]
+        verify_before_resume: bool,
+    },
+    Cancel,
+    Stop,
+}
+
+/// What the VM's thread must do, with where to send the reply.
+pub enum VmCommand {
+    Migrate {
+        to: String,
+        verify_before_resume: bool,
+        reply: Sender<Value>,
+    },
+    Stop {
+        reply: Sender<Value>,
+    },
+}
+
+/// Errors of the control socket.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The socket could not be created.
+    #[error("cannot listen on control socket {path}")]
+    Bind {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket could not be reached.
+    #[error("cannot reach control socket {path} (is `ferry run --control` running?)")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Talking on the socket failed.
+    #[error("control socket I/O")]
+    Io(#[from] std::io::Error),
+    /// The reply was not JSON.
+    #[error("control socket reply is not JSON: {0}")]
+    Reply(String),
+}
+
+/// What connection threads share.
+#[derive(Clone)]
+pub struct Shared {
+    pub ram: Arc<GuestRam>,
+    pub vcpus: u32,
+    pub tunables: Arc<Tunables>,
+    pub commands: Sender<VmCommand>,
+}
+
+/// Listens on `path` and serves each connection on its own thread.
+pub fn serve(path: &Path, shared: Shared) -> Result<(), ControlError> {
+    // A stale socket file from a killed run would make bind fail.
+    if path.exists() && UnixStream::connect(path).is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    let listener = UnixListener::bind(path).map_err(|source| ControlError::Bind {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let shared = shared.clone();
+                let _ = std::thread::Builder::new()
+                    .name("control-conn".into())
+                    .spawn(move || serve_connection(conn, &shared));
+            }
+        })
+        .map_err(ControlError::Io)?;
+    Ok(())
+}
+
+fn serve_connection(conn: UnixStream, shared: &Shared) {
+    let Ok(mut out) = conn.try_clone() else {
+        return;
+    };
+    for line in BufReader::new(conn).lines() {
+        let Ok(line) = line else { return };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let reply = match serde_json::from_str::<Request>(&line) {
+            Ok(req) => handle(req, shared),
+            Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
+        };
+        if writeln!(out, "{reply}").is_err() {
+            return;
+        }
+    }
+}
+
+fn handle(req: Request, shared: &Shared) -> Value {
+    match req {
+        Request::Status => status(shared),
+        Request::Set {
+            downtime_ms,
+            bandwidth_mib_s,
+            max_rounds,
+        } => {
+            if let Some(ms) = downtime_ms {
+                shared
+                    .tunables
+                    .set_downtime_target(Duration::from_millis(ms));
+            }
+            if let Some(b) = bandwidth_mib_s {
+                shared.tunables.set_bandwidth_bytes_per_sec(b << 20);
+            }
+            if let Some(r) = max_rounds {
+                shared.tunables.set_max_rounds(r);
+            }
+            json!({
+                "ok": true,
+                "downtime_ms": shared.tunables.downtime_target().as_millis() as u64,
+                "bandwidth_mib_s": shared.tunables.bandwidth_bytes_per_sec() >> 20,
+                "max_rounds": shared.tunables.max_rounds(),
+            })
+        }
+        Request::Cancel => {
+            shared.tunables.cancel();
+            json!({"ok": true})
+        }
+        Request::Migrate {
+            to,
+            verify_before_resume,
+        } => forward(shared, |reply| VmCommand::Migrate {
+            to,
+            verify_before_resume,
+            reply,
+        }),
+        Request::Stop => forward(shared, |reply| VmCommand::Stop { reply }),
+    }
+}
+
+fn forward(shared: &Shared, make: impl FnOnce(Sender<Value>) -> VmCommand) -> Value {
+    let (tx, rx) = std::sync::mpsc::channel();
+    if shared.commands.send(make(tx)).is_err() {
+        return json!({"ok": false, "error": "the VM has stopped"});
+    }
+    rx.recv()
+        .unwrap_or_else(|_| json!({"ok": false, "error": "the VM stopped before replying"}))
+}
+
+fn status(shared: &Shared) -> Value {
+    let Ok(before) = read_progress(&shared.ram, shared.vcpus) else {
+        return json!({"ok": false, "error": "cannot read guest progress"});
+    };
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_millis(200));
+    let after = read_progress(&shared.ram, shared.vcpus).unwrap_or(before.clone());
+    json!({
+        "ok": true,
+        "progress": after,
+        "rates": rates::rates(&before, &after, t.elapsed()),
+    })
+}
+
+/// Sends one request to a control socket and returns the reply.
+pub fn request(path: &Path, req: &Value) -> Result<Value, ControlError> {
+    let mut conn = UnixStream::connect(path).map_err(|source| ControlError::Connect {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    writeln!(conn, "{req}")?;
+    let mut line = String::new();
+    BufReader::new(conn).read_line(&mut line)?;
+    serde_json::from_str(&line).map_err(|e| ControlError::Reply(format!("{e}: {line:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_and_unknown_ones_do_not() {
+        assert!(matches!(
+            serde_json::from_str::<Request>(r#"{"cmd":"status"}"#),
+            Ok(Request::Status)
+        ));
+        assert!(matches!(
+            serde_json::from_str::<Request>(r#"{"cmd":"set","downtime_ms":5}"#),
+            Ok(Request::Set {
+                downtime_ms: Some(5),
+                ..
+            })
+        ));
+        assert!(serde_json::from_str::<Request>(r#"{"cmd":"explode"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"cmd":"set","speed":1}"#).is_err());
+    }
+}

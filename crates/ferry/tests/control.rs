@@ -1,0 +1,74 @@
+//! `ferry run --control`: status while running, live tunables, and a migration
+//! started through the socket.
+
+mod common;
+use common::*;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+fn ask(path: &std::path::Path, req: &str) -> serde_json::Value {
+    let mut conn = UnixStream::connect(path).unwrap();
+    writeln!(conn, "{req}").unwrap();
+    let mut line = String::new();
+    BufReader::new(conn).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap()
+}
+
+#[test]
+fn control_socket_reports_tunes_and_migrates() {
+    if !require_kvm("control socket") {
+        return;
+    }
+    let sock = std::env::temp_dir().join(format!("ferry-test-{}.sock", std::process::id()));
+    let mut vm = ferry()
+        .args([
+            "run",
+            "--mem-per-vcpu",
+            "32M",
+            "--rate-limit",
+            "32",
+            "--control",
+        ])
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "control socket never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = ask(&sock, r#"{"cmd":"status"}"#);
+    assert_eq!(status["ok"], true, "{status}");
+    assert_eq!(status["progress"].as_array().unwrap().len(), 2);
+
+    let set = ask(&sock, r#"{"cmd":"set","downtime_ms":120,"max_rounds":7}"#);
+    assert_eq!(set["downtime_ms"], 120, "{set}");
+    assert_eq!(set["max_rounds"], 7, "{set}");
+    let bad = ask(&sock, r#"{"cmd":"launch"}"#);
+    assert_eq!(bad["ok"], false, "{bad}");
+
+    let dest = Receiver::start(&[]);
+    let out = run(&[
+        "migrate",
+        "--to",
+        &dest.addr,
+        "--control",
+        sock.to_str().unwrap(),
+        "--downtime-ms",
+        "300",
+        "--json",
+    ]);
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    assert_eq!(j["status"], "completed", "{j}");
+    assert_eq!(j["digest_match"], true, "{j}");
+    assert_eq!(j["guest_mismatches"], 0, "{j}");
+    // The VM has moved: `ferry run` exits on its own.
+    let code = vm.wait().unwrap();
+    assert!(code.success());
+    let _ = std::fs::remove_file(&sock);
+}
