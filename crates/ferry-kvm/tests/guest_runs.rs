@@ -170,3 +170,53 @@ fn vcpu_state_and_ram_resume_in_another_vm() {
     let p = read_progress(dst.ram(), 2).unwrap();
     assert!(p.iter().all(|v| v.mismatches == 0), "{p:?}");
 }
+
+/// Free 2 MiB huge pages in the host's hugetlb pool.
+fn free_huge_pages() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn every_backing_runs_the_guest_and_logs_its_writes() {
+    if !require_kvm() {
+        return;
+    }
+    for backing in [
+        Backing::Anonymous,
+        Backing::Thp,
+        Backing::Memfd,
+        Backing::Hugetlb,
+    ] {
+        let mut cfg = config(100, 4);
+        cfg.backing = backing;
+        let pages_needed = cfg.layout().total_bytes() / (2 << 20);
+        if backing == Backing::Hugetlb && free_huge_pages() < pages_needed {
+            println!(
+                "SKIP hugetlb backing: {pages_needed} free 2 MiB huge pages needed, {} reserved",
+                free_huge_pages()
+            );
+            continue;
+        }
+        let mut vm = KvmVm::new(cfg, DirtyTracking::Bitmap, Role::Source).unwrap();
+        vm.start().unwrap();
+        wait_for_passes(&vm, 1);
+        vm.start_dirty_log().unwrap();
+        let passes = read_progress(vm.ram(), 2).unwrap()[0].passes;
+        wait_for_passes(&vm, passes + 1);
+        vm.pause().unwrap();
+        let mut dirty = DirtyPages::new(vm.ram().pages());
+        vm.harvest_dirty(&mut dirty).unwrap();
+        assert!(
+            dirty.count() >= 2 * 1024,
+            "{backing:?}: {} pages",
+            dirty.count()
+        );
+        let p = read_progress(vm.ram(), 2).unwrap();
+        assert!(p.iter().all(|v| v.mismatches == 0), "{backing:?}: {p:?}");
+    }
+}
