@@ -32,6 +32,26 @@ fn config(write_percent: u8, mib_per_vcpu: u64) -> VmConfig {
     }
 }
 
+/// Waits until every vCPU has completed two more passes than it had now: at
+/// least one whole pass of each starts after this call.
+fn wait_for_a_whole_pass_each(vm: &KvmVm) {
+    let vcpus = vm.config().workload.vcpus;
+    let start = read_progress(vm.ram(), vcpus).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        vm.check_health().expect("vCPUs healthy");
+        let p = read_progress(vm.ram(), vcpus).unwrap();
+        if p.iter()
+            .zip(&start)
+            .all(|(now, then)| now.passes >= then.passes + 2)
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "guest made no progress: {p:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn wait_for_passes(vm: &KvmVm, passes: u64) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -94,8 +114,7 @@ fn dirty_tracking_reports_writes(mode: DirtyTracking) {
     vm.start_dirty_log().unwrap();
     let mut first = DirtyPages::new(vm.ram().pages());
     vm.harvest_dirty(&mut first).unwrap();
-    let passes = read_progress(vm.ram(), 2).unwrap()[0].passes;
-    wait_for_passes(&vm, passes + 2);
+    wait_for_a_whole_pass_each(&vm);
     vm.pause().unwrap();
     let mut dirty = DirtyPages::new(vm.ram().pages());
     vm.harvest_dirty(&mut dirty).unwrap();
@@ -206,8 +225,7 @@ fn every_backing_runs_the_guest_and_logs_its_writes() {
         vm.start().unwrap();
         wait_for_passes(&vm, 1);
         vm.start_dirty_log().unwrap();
-        let passes = read_progress(vm.ram(), 2).unwrap()[0].passes;
-        wait_for_passes(&vm, passes + 1);
+        wait_for_a_whole_pass_each(&vm);
         vm.pause().unwrap();
         let mut dirty = DirtyPages::new(vm.ram().pages());
         vm.harvest_dirty(&mut dirty).unwrap();

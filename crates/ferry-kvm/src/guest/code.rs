@@ -32,6 +32,22 @@ pub enum CodeError {
     Assemble(#[from] IcedError),
 }
 
+/// rbx = rbx * LCG_MUL + LCG_ADD (clobbers r10): `next_rand32`'s state step.
+fn lcg_step(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.mov(r10, LCG_MUL)?;
+    a.imul_2(rbx, r10)?;
+    a.mov(r10, LCG_ADD)?;
+    a.add(rbx, r10)
+}
+
+/// r10 = stamp(vcpu, page = rax, pass = 0): the vCPU and page fields.
+fn stamp_without_pass(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.mov(r10, rax)?;
+    a.and(r10d, 0xff_ffff)?;
+    a.shl(r10, 32)?;
+    a.or(r10, r13)
+}
+
 fn disp(offset: u64) -> i32 {
     i32::try_from(offset).expect("record offsets are small")
 }
@@ -78,10 +94,7 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     // Pick the page: random order draws from the LCG, sequential is i * stride.
     a.cmp(qword_ptr(rdi + disp(param::RANDOM)), 0)?;
     a.je(sequential)?;
-    a.mov(r10, LCG_MUL)?;
-    a.imul_2(rbx, r10)?;
-    a.mov(r10, LCG_ADD)?;
-    a.add(rbx, r10)?;
+    lcg_step(&mut a)?;
     a.mov(rax, rbx)?;
     a.shr(rax, 32)?;
     a.imul_2(rax, r9)?;
@@ -99,10 +112,7 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     a.mov(edx, dword_ptr(r12 + rax * 4))?;
     a.test(edx, edx)?;
     a.jz(check)?;
-    a.mov(r10, rax)?;
-    a.and(r10d, 0xff_ffff)?;
-    a.shl(r10, 32)?;
-    a.or(r10, r13)?;
+    stamp_without_pass(&mut a)?;
     a.or(rdx, r10)?;
     a.set_label(&mut check)?;
     a.cmp(qword_ptr(rcx), rdx)?;
@@ -112,18 +122,12 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     a.set_label(&mut stamp_ok)?;
 
     // Write decision: a second LCG draw below the threshold.
-    a.mov(r10, LCG_MUL)?;
-    a.imul_2(rbx, r10)?;
-    a.mov(r10, LCG_ADD)?;
-    a.add(rbx, r10)?;
+    lcg_step(&mut a)?;
     a.mov(r10, rbx)?;
     a.shr(r10, 32)?;
     a.cmp(r10, r11)?;
     a.jae(no_write)?;
-    a.mov(r10, rax)?;
-    a.and(r10d, 0xff_ffff)?;
-    a.shl(r10, 32)?;
-    a.or(r10, r13)?;
+    stamp_without_pass(&mut a)?;
     a.mov(edx, ebp)?;
     a.or(r10, rdx)?;
     a.mov(qword_ptr(rcx), r10)?;
