@@ -4,16 +4,61 @@ use super::CmdError;
 use crate::args::{parse_size, BackendArgs, TrackingMode};
 use crate::bench::dirty_log_kvm;
 use clap::{Args, Subcommand};
-use ferry_backend::{AccessOrder, Workload};
-use std::path::PathBuf;
+use ferry_backend::{AccessOrder, BackendKind, Workload};
+use ferry_report::Report;
+use ferry_soft::experiments::dirty_log::{dirty_log_experiment, DirtyLogOpts};
+use ferry_soft::experiments::write_protect::{write_protect_experiment, WriteProtectOpts};
+use ferry_soft::experiments::zap::{zap_experiment, ZapOpts};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// The experiments.
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
-    /// Dirty-memory pass time and get/clear dirty log cost, per tracking mode
-    /// (the shape of the kernel's dirty_log_perf_test).
+    /// Dirty-memory pass time and get/clear dirty log cost: per KVM tracking
+    /// mode (kvm), or eager split vs split on fault over 1-16 vCPUs (soft;
+    /// the eager-splitting seed's two tables).
     DirtyLog(DirtyLogArgs),
+    /// Zap a sparse (the iterator seed's 18 tables) and a dense table tree:
+    /// present-only iteration vs full scan, loop steps and time (soft MMU).
+    Zap(ZapArgs),
+    /// Write-protect all memory and harvest the log for 1-64 GiB: O(1)
+    /// generation bump vs walk, and the faults that follow (soft MMU).
+    WriteProtect(WriteProtectArgs),
+}
+
+/// Arguments of `ferry bench zap`.
+#[derive(Args, Debug)]
+pub struct ZapArgs {
+    /// Timed zaps of the sparse case per mode (median reported).
+    #[arg(long = "sparse-repeats", default_value_t = 2001, value_parser = clap::value_parser!(u64).range(1..))]
+    pub sparse_repeats: u64,
+    /// Size of the dense case (all 4 KiB leaves).
+    #[arg(long = "dense-mem", default_value = "1G", value_parser = parse_size)]
+    pub dense_mem: u64,
+    /// Timed zaps of the dense case per mode.
+    #[arg(long = "dense-repeats", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub dense_repeats: u64,
+    /// Directory for the JSON and SVG outputs.
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+}
+
+/// Arguments of `ferry bench write-protect`.
+#[derive(Args, Debug)]
+pub struct WriteProtectArgs {
+    /// Guest sizes in GiB (sparse memory: page tables are real, contents implied).
+    #[arg(long = "sizes-gib", value_delimiter = ',', default_value = "1,4,16,64")]
+    pub sizes_gib: Vec<u64>,
+    /// Pages written after write-protect-all, spread evenly over memory.
+    #[arg(long = "fault-pages", default_value_t = 65536, value_parser = clap::value_parser!(u64).range(1..))]
+    pub fault_pages: u64,
+    /// Timed generation bumps per size (median reported).
+    #[arg(long, default_value_t = 101, value_parser = clap::value_parser!(u64).range(1..))]
+    pub repeats: u64,
+    /// Directory for the JSON and SVG outputs.
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
 }
 
 /// Arguments of `ferry bench dirty-log`.
@@ -34,9 +79,26 @@ pub struct DirtyLogArgs {
     /// Page stride (512 = one page per 2 MiB, the eager-split seed's sparse test).
     #[arg(long, default_value_t = 1)]
     pub stride: u64,
-    /// Modes to measure (default: all three).
+    /// Modes to measure (kvm; default: all three).
     #[arg(long = "modes", value_enum, value_delimiter = ',')]
     pub modes: Vec<TrackingMode>,
+    /// vCPU counts to compare (soft backend).
+    #[arg(
+        long = "vcpu-counts",
+        value_delimiter = ',',
+        default_value = "1,2,4,8,16"
+    )]
+    pub vcpu_counts: Vec<u32>,
+    /// Guest memory shared out among the vCPUs (soft backend).
+    #[arg(long = "total-mem", default_value = "1G", value_parser = parse_size)]
+    pub total_mem: u64,
+    /// Modelled cost of a fault's exit to the hypervisor in ns (soft backend;
+    /// 2000 = the seed's own figure, 0 = the software MMU alone).
+    #[arg(long = "exit-cost-ns", default_value_t = ferry_soft::experiments::dirty_log::SEED_EXIT_COST_NS)]
+    pub exit_cost_ns: u64,
+    /// Runs of each soft configuration (median reported).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeats: u32,
     #[command(flatten)]
     pub backend: BackendArgs,
     /// Directory for the JSON and SVG outputs.
@@ -46,8 +108,53 @@ pub struct DirtyLogArgs {
 
 pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
     match cmd {
+        BenchCommand::DirtyLog(a) if a.backend.kind() == BackendKind::Soft => dirty_log_soft(a),
         BenchCommand::DirtyLog(a) => dirty_log(a),
+        BenchCommand::Zap(a) => {
+            let opts = ZapOpts {
+                sparse_repeats: a.sparse_repeats as usize,
+                dense_bytes: a.dense_mem,
+                dense_repeats: a.dense_repeats as usize,
+            };
+            let report = zap_experiment(&opts).map_err(|e| CmdError::Usage(e.to_string()))?;
+            emit(&report, &a.out)
+        }
+        BenchCommand::WriteProtect(a) => {
+            let opts = WriteProtectOpts {
+                sizes_gib: a.sizes_gib.clone(),
+                fault_pages: a.fault_pages,
+                repeats: a.repeats as usize,
+            };
+            let report =
+                write_protect_experiment(&opts).map_err(|e| CmdError::Usage(e.to_string()))?;
+            emit(&report, &a.out)
+        }
     }
+}
+
+/// Prints a report and writes its JSON and SVG.
+fn emit<T: serde::Serialize>(report: &Report<T>, out: &Path) -> Result<ExitCode, CmdError> {
+    print!("{}", report.render());
+    let written = report.write(out)?;
+    println!(
+        "wrote {} and {}",
+        written.json.display(),
+        written.svg.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn dirty_log_soft(a: DirtyLogArgs) -> Result<ExitCode, CmdError> {
+    let opts = DirtyLogOpts {
+        vcpus: a.vcpu_counts.clone(),
+        total_bytes: a.total_mem,
+        iterations: a.iterations,
+        exit_cost_ns: a.exit_cost_ns,
+        repeats: a.repeats,
+    };
+    eprintln!("ferry bench dirty-log --backend soft: eager split vs split on fault ...");
+    let report = dirty_log_experiment(&opts).map_err(|e| CmdError::Usage(e.to_string()))?;
+    emit(&report, &a.out)
 }
 
 fn dirty_log(a: DirtyLogArgs) -> Result<ExitCode, CmdError> {
