@@ -151,6 +151,7 @@ fn dirty_log_soft(a: DirtyLogArgs) -> Result<ExitCode, CmdError> {
         iterations: a.iterations,
         exit_cost_ns: a.exit_cost_ns,
         repeats: a.repeats,
+        ..DirtyLogOpts::default()
     };
     eprintln!("ferry bench dirty-log --backend soft: eager split vs split on fault ...");
     let report = dirty_log_experiment(&opts).map_err(|e| CmdError::Usage(e.to_string()))?;
