@@ -149,10 +149,12 @@ impl FaultQueue {
             let mut s = self.state.lock().expect("fault queue");
             match result {
                 Ok(resolved) => {
-                    self.residency.mark_present(gfn);
+                    // Count before publishing: whoever sees the page present
+                    // also sees it counted.
                     if resolved {
                         self.resolved.fetch_add(1, Ordering::Relaxed);
                     }
+                    self.residency.mark_present(gfn);
                 }
                 Err(e) => s.failure = Some(e.to_string()),
             }
@@ -240,7 +242,12 @@ impl FaultDelivery {
             match mem.load_u64(gpa) {
                 Err(SoftError::MemoryFault(f)) => {
                     counts.exits.fetch_add(1, Ordering::Relaxed);
-                    if let Err(e) = self.resolve(f) {
+                    // Exited to the VMM: out of guest mode, so remote flushes
+                    // do not wait for this vCPU while the page is fetched.
+                    mem.offline();
+                    let resolved = self.resolve(f);
+                    mem.online();
+                    if let Err(e) = resolved {
                         counts.failed.store(true, Ordering::Relaxed);
                         return Err(e);
                     }
