@@ -136,8 +136,15 @@ impl Control {
         p.parked -= 1;
     }
 
+    fn fail(&self, vcpu: u32, reason: String) {
+        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        if f.is_none() {
+            *f = Some((vcpu, reason));
+        }
+    }
+
     fn exited(&self) {
-        let mut p = self.park.lock().expect("park");
+        let mut p = self.park.lock().unwrap_or_else(|p| p.into_inner());
         p.alive -= 1;
         self.cond.notify_all();
     }
@@ -149,15 +156,32 @@ fn clock_ns(epoch: Instant) -> u64 {
 
 /// Runs vCPU `vcpu` until `ctl.exit`. Records a failure in `ctl` on error.
 pub fn run(mut mem: VcpuMem, vcpu: u32, ctl: &Control, throttle: &Throttle) {
-    let result = run_inner(&mut mem, vcpu, ctl, throttle);
-    mem.offline();
-    if let Err(e) = result {
-        let mut f = ctl.failure.lock().expect("failure");
-        if f.is_none() {
-            *f = Some((vcpu, format!("{e}")));
+    // Even if the loop panics, the thread must leave the flush domain and
+    // the park count, or a flush or a pause would wait for it forever.
+    struct Leave<'a> {
+        ctl: &'a Control,
+        vcpu: u32,
+    }
+    impl Drop for Leave<'_> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                self.ctl.fail(self.vcpu, "the vCPU thread panicked".into());
+            }
+            self.ctl.exited();
         }
     }
-    ctl.exited();
+    let _leave = Leave { ctl, vcpu };
+    struct Offline<'a>(&'a crate::tlb::FlushDomain, usize);
+    impl Drop for Offline<'_> {
+        fn drop(&mut self) {
+            self.0.go_offline(self.1);
+        }
+    }
+    let mmu = std::sync::Arc::clone(mem.mmu());
+    let _offline = Offline(mmu.flush_domain(), vcpu as usize);
+    if let Err(e) = run_inner(&mut mem, vcpu, ctl, throttle) {
+        ctl.fail(vcpu, format!("{e}"));
+    }
 }
 
 fn run_inner(

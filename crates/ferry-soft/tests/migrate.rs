@@ -146,3 +146,29 @@ fn saved_state_of_another_shape_is_refused() {
     one.start().unwrap();
     assert!(one.save_vcpus().is_err(), "save needs a paused VM");
 }
+
+#[test]
+fn a_failing_vcpu_is_reported_and_pause_still_returns() {
+    let cfg = config(AccessOrder::Sequential, 50);
+    let mut vm = SoftVm::new_source(cfg, Mechanisms::default()).unwrap();
+    // Point vCPU 1's region past the end of guest RAM.
+    let params = ferry_backend::memstress::MemoryLayout::params_gpa(1);
+    vm.ram()
+        .store_u64(params.add(ferry_backend::memstress::param::REGION), 1 << 40)
+        .unwrap();
+    vm.start().unwrap();
+    let mut failed = None;
+    for _ in 0..1000 {
+        if let Err(e) = vm.check_health() {
+            failed = Some(e);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    match failed {
+        Some(ferry_backend::BackendError::VcpuFailed { vcpu, .. }) => assert_eq!(vcpu, 1),
+        other => panic!("expected vCPU 1 to fail, got {other:?}"),
+    }
+    vm.pause().unwrap();
+    assert!(!vm.is_running());
+}

@@ -309,6 +309,7 @@ pub fn dirty_log_experiment(opts: &DirtyLogOpts) -> Result<Report<DirtyLogResult
                 "faults on fault",
                 "faults eager",
                 "eager enable (ms)",
+                "harvest on fault / eager (µs)",
             ],
         );
         let mut on_fault_pts = Vec::new();
@@ -328,6 +329,11 @@ pub fn dirty_log_experiment(opts: &DirtyLogOpts) -> Result<Report<DirtyLogResult
                 f.faults[0].to_string(),
                 e.faults[0].to_string(),
                 format!("{:.2}", e.enable_ns / 1e6),
+                format!(
+                    "{:.0} / {:.0}",
+                    f.harvest_ns[0] / 1e3,
+                    e.harvest_ns[0] / 1e3
+                ),
             ]);
             on_fault_pts.push((f64::from(f.vcpus), f.pass_ns[0] / scale));
             eager_pts.push((f64::from(e.vcpus), e.pass_ns[0] / scale));
