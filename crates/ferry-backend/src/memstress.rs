@@ -333,6 +333,19 @@ pub fn set_pass_limit(ram: &GuestRam, vcpus: u32, limit: u64) -> Result<(), RamE
     Ok(())
 }
 
+/// Changes every vCPU's write percentage while the guest runs (the guest
+/// reads its threshold on every access).
+pub fn set_write_percent(ram: &GuestRam, vcpus: u32, percent: u8) -> Result<(), RamError> {
+    let threshold = (u64::from(percent.min(100)) << 32) / 100;
+    for v in 0..vcpus {
+        ram.store_u64(
+            MemoryLayout::params_gpa(v).add(param::WRITE_THRESHOLD),
+            threshold,
+        )?;
+    }
+    Ok(())
+}
+
 /// A vCPU's published progress.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VcpuProgress {

@@ -9,6 +9,7 @@ use crate::stream::{
     decode_batch, FrameKind, FrameStream, GuestReport, Message, StreamError, StreamHeader,
 };
 use crate::summary::{ms, ReceiveSummary, Status};
+use ferry_backend::memstress::read_progress;
 use ferry_backend::{BackendError, DirtyPages, Gfn, GuestRam, Vm, VmConfig, PAGE_SIZE};
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -18,6 +19,9 @@ use std::time::{Duration, Instant};
 pub type CreateVm<'a> = dyn FnMut(&VmConfig) -> Result<Box<dyn Vm>, BackendError> + 'a;
 
 static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
+/// Longest the destination waits for every vCPU to complete a pass before
+/// it reports anyway.
+const MAX_RUN_AFTER: Duration = Duration::from_secs(120);
 /// How often the destination checks the guest's health while it runs.
 const HEALTH_POLL: Duration = Duration::from_millis(100);
 
@@ -335,17 +339,41 @@ impl<S: Read + Write> Dest<S> {
         Ok(())
     }
 
-    /// Runs the committed guest for `run_after`, watching its health, and
-    /// reads what it reports.
+    /// Runs the committed guest for `run_after`, and on until every vCPU has
+    /// completed a pass here (at most [`MAX_RUN_AFTER`]), so the report says
+    /// the guest really works on this side. Watches its health, then reads
+    /// what the guest reports.
     fn run_guest(&mut self, run_after: Duration, passes0: u64, mismatches0: u64) -> GuestReport {
         let started = Instant::now();
+        let at_switchover = read_progress(&self.ram, self.header.vcpus).unwrap_or_default();
         let mut health = None;
-        while started.elapsed() < run_after {
+        loop {
             if let Err(e) = self.vm.check_health() {
                 health = Some(e.to_string());
                 break;
             }
-            std::thread::sleep(HEALTH_POLL.min(run_after.saturating_sub(started.elapsed())));
+            let elapsed = started.elapsed();
+            if elapsed >= MAX_RUN_AFTER {
+                break;
+            }
+            if elapsed >= run_after {
+                let now = read_progress(&self.ram, self.header.vcpus).unwrap_or_default();
+                let each_passed = now.len() == at_switchover.len()
+                    && now
+                        .iter()
+                        .zip(&at_switchover)
+                        .all(|(n, s)| n.passes > s.passes);
+                if each_passed {
+                    break;
+                }
+            }
+            std::thread::sleep(
+                HEALTH_POLL.min(
+                    run_after
+                        .saturating_sub(elapsed)
+                        .max(Duration::from_millis(5)),
+                ),
+            );
         }
         let (passes, mismatches) = match guest_totals(&self.ram, self.header.vcpus) {
             Ok(t) => t,

@@ -92,7 +92,8 @@ impl Default for PrecopyOptions {
 pub struct ReceiveOptions {
     /// What the stream must carry; checked before any VM is built.
     pub expect: Option<ExpectedVm>,
-    /// How long to run the guest after verification before reporting.
+    /// How long to run the guest after verification before reporting (and on
+    /// until every vCPU has completed a pass, at most 120 s).
     pub run_after: Duration,
     /// Verify the digest before resuming the guest.
     pub verify_before_resume: bool,

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //!  rdi params record      rsi progress record    r8  region base
-//!  r9  pages in region    r11 write threshold    r12 shadow array
+//!  r9  pages in region    r12 shadow array
 //!  r13 stamp high bits ((vcpu+1) << 56)          r14 mismatches
 //!  r15 access index i     rbx random state       rbp current pass
 //!  rax page / clock, rcx page address, rdx expected stamp, r10 scratch
@@ -73,7 +73,6 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     a.mov(rsi, qword_ptr(rdi + disp(param::PROGRESS)))?;
     a.mov(r8, qword_ptr(rdi + disp(param::REGION)))?;
     a.mov(r9, qword_ptr(rdi + disp(param::PAGES)))?;
-    a.mov(r11, qword_ptr(rdi + disp(param::WRITE_THRESHOLD)))?;
     a.mov(r12, qword_ptr(rdi + disp(param::SHADOW)))?;
     a.mov(r13, qword_ptr(rdi + disp(param::VCPU)))?;
     a.inc(r13)?;
@@ -125,7 +124,8 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     lcg_step(&mut a)?;
     a.mov(r10, rbx)?;
     a.shr(r10, 32)?;
-    a.cmp(r10, r11)?;
+    // Read from memory every time, so the host can change it while the guest runs.
+    a.cmp(r10, qword_ptr(rdi + disp(param::WRITE_THRESHOLD)))?;
     a.jae(no_write)?;
     stamp_without_pass(&mut a)?;
     a.mov(edx, ebp)?;

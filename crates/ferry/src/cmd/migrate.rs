@@ -7,7 +7,7 @@ use crate::args::{BackendArgs, WorkloadArgs};
 use crate::progress_bar::MigrationBar;
 use crate::{summary, vms};
 use clap::Args;
-use ferry_backend::memstress::read_progress;
+use ferry_backend::memstress::{read_progress, set_write_percent};
 use ferry_backend::Vm;
 use ferry_engine::{MigrationSummary, PrecopyOptions, Status, Tunables};
 use std::io::IsTerminal;
@@ -34,6 +34,10 @@ pub struct MigrationArgs {
     /// vCPU has finished one pass).
     #[arg(long, default_value_t = 1.0)]
     pub warmup: f64,
+    /// Idle guest: after the warm-up pass has written every page, stop writing
+    /// (the guest keeps reading and checking its stamps).
+    #[arg(long)]
+    pub idle: bool,
     /// Print the summary as one JSON object on the last line of stdout.
     #[arg(long)]
     pub json: bool,
@@ -123,6 +127,10 @@ pub fn boot_and_migrate(
     }
     vm.start()?;
     warm_up(vm, Duration::from_secs_f64(m.warmup))?;
+    if m.idle {
+        let vcpus = vm.config().workload.vcpus;
+        set_write_percent(vm.ram(), vcpus, 0).map_err(|e| CmdError::Failed(e.to_string()))?;
+    }
     let tunables = Tunables::shared();
     tunables.set_downtime_target(Duration::from_millis(m.downtime_ms));
     tunables.set_max_rounds(m.max_rounds);

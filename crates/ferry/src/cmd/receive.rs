@@ -28,7 +28,8 @@ pub struct ReceiveArgs {
     pub vcpus: Option<u32>,
     #[command(flatten)]
     pub backend: BackendArgs,
-    /// Seconds to run the guest after switchover before reporting to the source.
+    /// Seconds to run the guest after switchover before reporting to the source
+    /// (and on until every vCPU has completed a pass there, at most 120 s).
     #[arg(long = "run-after", default_value_t = 1.0)]
     pub run_after: f64,
     /// Verify the memory digest before resuming the guest (longer downtime).
