@@ -6,10 +6,14 @@
 //!
 //! ```text
 //!  rdi params record      rsi progress record    r8  region base
-//!  r9  pages in region    r12 shadow array
+//!  r9  pages in region    r11 page index         r12 shadow array
 //!  r13 stamp high bits ((vcpu+1) << 56)          r14 mismatches
 //!  r15 access index i     rbx random state       rbp current pass
-//!  rax page / clock, rcx page address, rdx expected stamp, r10 scratch
+//!  rax comparand / clock, rcx page address, rdx expected stamp, r10 scratch
+//!
+//! A write is one unlocked `CMPXCHG` of the expected stamp for the new one:
+//! a single write access that both checks and stores, so dirty tracking
+//! costs one write-protection fault per page, as in `dirty_log_perf_test`.
 //! ```
 //!
 //! Progress is published to the progress record in guest memory (the host reads
@@ -40,9 +44,9 @@ fn lcg_step(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.add(rbx, r10)
 }
 
-/// r10 = stamp(vcpu, page = rax, pass = 0): the vCPU and page fields.
+/// r10 = stamp(vcpu, page = r11, pass = 0): the vCPU and page fields.
 fn stamp_without_pass(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    a.mov(r10, rax)?;
+    a.mov(r10, r11)?;
     a.and(r10d, 0xff_ffff)?;
     a.shl(r10, 32)?;
     a.or(r10, r13)
@@ -61,7 +65,8 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     let mut sequential = a.create_label();
     let mut have_page = a.create_label();
     let mut check = a.create_label();
-    let mut stamp_ok = a.create_label();
+    let mut stored = a.create_label();
+    let mut read_only = a.create_label();
     let mut no_write = a.create_label();
     let mut wait = a.create_label();
     let mut next = a.create_label();
@@ -94,45 +99,58 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     a.cmp(qword_ptr(rdi + disp(param::RANDOM)), 0)?;
     a.je(sequential)?;
     lcg_step(&mut a)?;
-    a.mov(rax, rbx)?;
-    a.shr(rax, 32)?;
-    a.imul_2(rax, r9)?;
-    a.shr(rax, 32)?;
+    a.mov(r11, rbx)?;
+    a.shr(r11, 32)?;
+    a.imul_2(r11, r9)?;
+    a.shr(r11, 32)?;
     a.jmp(have_page)?;
     a.set_label(&mut sequential)?;
-    a.mov(rax, r15)?;
-    a.imul_2(rax, qword_ptr(rdi + disp(param::STRIDE)))?;
+    a.mov(r11, r15)?;
+    a.imul_2(r11, qword_ptr(rdi + disp(param::STRIDE)))?;
     a.set_label(&mut have_page)?;
-    a.mov(rcx, rax)?;
+    a.mov(rcx, r11)?;
     a.shl(rcx, 12)?;
     a.add(rcx, r8)?;
 
     // Expected stamp: 0 if never written, else stamp(vcpu, page, shadow[page]).
-    a.mov(edx, dword_ptr(r12 + rax * 4))?;
+    a.mov(edx, dword_ptr(r12 + r11 * 4))?;
     a.test(edx, edx)?;
     a.jz(check)?;
     stamp_without_pass(&mut a)?;
     a.or(rdx, r10)?;
     a.set_label(&mut check)?;
-    a.cmp(qword_ptr(rcx), rdx)?;
-    a.je(stamp_ok)?;
-    a.inc(r14)?;
-    a.mov(qword_ptr(rsi + disp(progress::MISMATCHES)), r14)?;
-    a.set_label(&mut stamp_ok)?;
 
-    // Write decision: a second LCG draw below the threshold.
+    // Write decision: a second LCG draw below the threshold, read from memory
+    // every time so the host can change it while the guest runs.
     lcg_step(&mut a)?;
     a.mov(r10, rbx)?;
     a.shr(r10, 32)?;
-    // Read from memory every time, so the host can change it while the guest runs.
     a.cmp(r10, qword_ptr(rdi + disp(param::WRITE_THRESHOLD)))?;
-    a.jae(no_write)?;
+    a.jae(read_only)?;
+
+    // Write: check and store in one unlocked CMPXCHG, a single write access,
+    // so a write-protected page takes one fault, not a read fault and then a
+    // write fault. ZF clear means the page did not hold the expected stamp.
     stamp_without_pass(&mut a)?;
-    a.mov(edx, ebp)?;
-    a.or(r10, rdx)?;
+    a.mov(eax, ebp)?;
+    a.or(r10, rax)?;
+    a.mov(rax, rdx)?;
+    a.cmpxchg(qword_ptr(rcx), r10)?;
+    a.je(stored)?;
+    a.inc(r14)?;
+    a.mov(qword_ptr(rsi + disp(progress::MISMATCHES)), r14)?;
     a.mov(qword_ptr(rcx), r10)?;
-    a.mov(dword_ptr(r12 + rax * 4), ebp)?;
+    a.set_label(&mut stored)?;
+    a.mov(dword_ptr(r12 + r11 * 4), ebp)?;
     a.inc(qword_ptr(rsi + disp(progress::WRITES)))?;
+    a.jmp(no_write)?;
+
+    // Read: just check.
+    a.set_label(&mut read_only)?;
+    a.cmp(qword_ptr(rcx), rdx)?;
+    a.je(no_write)?;
+    a.inc(r14)?;
+    a.mov(qword_ptr(rsi + disp(progress::MISMATCHES)), r14)?;
     a.set_label(&mut no_write)?;
     a.inc(r15)?;
 
