@@ -21,4 +21,5 @@ mod vcpu;
 pub mod vm;
 
 pub use error::KvmError;
+pub use guest::boot::Program;
 pub use vm::{kvm_available, KvmVm, Role};

@@ -5,7 +5,7 @@ use crate::cpu_state::{self, VcpuSnapshot};
 use crate::dirty::ring::DirtyRing;
 use crate::dirty::DirtyLog;
 use crate::error::{ioctl, KvmError};
-use crate::guest::boot;
+use crate::guest::boot::{self, Program};
 use crate::memory::set_slot_logging;
 use crate::vcpu::{VcpuState, VcpuThread};
 use ferry_backend::{
@@ -55,6 +55,17 @@ impl KvmVm {
     /// Creates the VM, its RAM and its vCPUs (paused). A source also gets the
     /// guest image.
     pub fn new(config: VmConfig, mode: DirtyTracking, role: Role) -> Result<Self, KvmError> {
+        Self::with_program(config, mode, role, Program::Memstress)
+    }
+
+    /// Like [`KvmVm::new`], running `program` instead of memstress (a source's
+    /// guest image only; benchmarks use it to calibrate).
+    pub fn with_program(
+        config: VmConfig,
+        mode: DirtyTracking,
+        role: Role,
+        program: Program,
+    ) -> Result<Self, KvmError> {
         config
             .workload
             .validate()
@@ -121,7 +132,7 @@ impl KvmVm {
             _ => 1_000_000,
         };
         if role == Role::Source {
-            boot::load_guest(&ram, &config.workload, tsc_khz)?;
+            boot::load_guest(&ram, &config.workload, tsc_khz, program)?;
         }
         let mut vcpus = Vec::new();
         for (i, (fd, ring)) in fds.into_iter().enumerate() {

@@ -28,12 +28,30 @@ const DATA_SELECTOR: u16 = 0x2b;
 const CODE_SELECTOR: u16 = 0x33;
 const GDT_ENTRIES: usize = 8;
 
+/// Which guest program the vCPUs run.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Program {
+    /// The memstress workload with its stamp checks.
+    #[default]
+    Memstress,
+    /// The probe's bare write loop, for calibrating fault costs.
+    RawWrites,
+}
+
 /// Writes page tables, GDT, TSS, code and parameters for `workload` into `ram`.
-pub fn load_guest(ram: &GuestRam, workload: &Workload, tsc_khz: u64) -> Result<(), BootError> {
+pub fn load_guest(
+    ram: &GuestRam,
+    workload: &Workload,
+    tsc_khz: u64,
+    program: Program,
+) -> Result<(), BootError> {
     let layout = MemoryLayout::for_workload(workload);
     write_page_tables(ram, layout.total_bytes())?;
     write_gdt_and_tss(ram)?;
-    let code = super::code::memstress(memstress::CODE_GPA.0)?;
+    let code = match program {
+        Program::Memstress => super::code::memstress(memstress::CODE_GPA.0)?,
+        Program::RawWrites => super::code::raw_writes(memstress::CODE_GPA.0)?,
+    };
     if code.len() > memstress::CODE_MAX {
         return Err(BootError::CodeTooLarge(code.len()));
     }
@@ -177,7 +195,7 @@ mod tests {
         };
         let layout = MemoryLayout::for_workload(&w);
         let ram = GuestRam::new(&layout.slot_sizes(), Backing::Anonymous).unwrap();
-        load_guest(&ram, &w, 1_000_000).unwrap();
+        load_guest(&ram, &w, 1_000_000, Program::Memstress).unwrap();
         let pml4e = ram.load_u64(memstress::PML4_GPA).unwrap();
         assert_eq!(pml4e & 7, 7);
         let pdpte = ram.load_u64(Gpa(pml4e & !0xfff)).unwrap();

@@ -194,6 +194,48 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     Ok(a.assemble(origin)?)
 }
 
+/// The probe's loop, for calibration: write one u64 (the pass number) to
+/// every page of the region in order, with no check, no random draw and no
+/// bookkeeping but the pass counter and the benchmark barrier. `ferry bench
+/// dirty-log` runs it next to memstress, so the cost of a write-protection
+/// fault on this host is measured in the same run rather than assumed.
+pub fn raw_writes(origin: u64) -> Result<Vec<u8>, CodeError> {
+    let mut a = CodeAssembler::new(64)?;
+    let mut pass_loop = a.create_label();
+    let mut page_loop = a.create_label();
+    let mut barrier = a.create_label();
+    let mut go_on = a.create_label();
+    a.mov(rsi, qword_ptr(rdi + disp(param::PROGRESS)))?;
+    a.mov(r8, qword_ptr(rdi + disp(param::REGION)))?;
+    a.mov(r9, qword_ptr(rdi + disp(param::PAGES)))?;
+    a.mov(rbp, qword_ptr(rsi + disp(progress::PASS)))?;
+    a.inc(rbp)?;
+    a.set_label(&mut pass_loop)?;
+    a.mov(rcx, r8)?;
+    a.xor(r15, r15)?;
+    a.set_label(&mut page_loop)?;
+    a.mov(qword_ptr(rcx), rbp)?;
+    a.add(rcx, 4096)?;
+    a.inc(r15)?;
+    a.cmp(r15, r9)?;
+    a.jb(page_loop)?;
+    a.add(qword_ptr(rsi + disp(progress::ACCESSES)), r9)?;
+    a.add(qword_ptr(rsi + disp(progress::WRITES)), r9)?;
+    a.mov(qword_ptr(rsi + disp(progress::PASS)), rbp)?;
+    a.set_label(&mut barrier)?;
+    a.mov(r10, qword_ptr(rdi + disp(param::PASS_LIMIT)))?;
+    a.test(r10, r10)?;
+    a.jz(go_on)?;
+    a.cmp(rbp, r10)?;
+    a.jb(go_on)?;
+    a.pause()?;
+    a.jmp(barrier)?;
+    a.set_label(&mut go_on)?;
+    a.inc(rbp)?;
+    a.jmp(pass_loop)?;
+    Ok(a.assemble(origin)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

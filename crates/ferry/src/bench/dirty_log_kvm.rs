@@ -12,7 +12,7 @@
 
 use ferry_backend::memstress::{read_progress, set_pass_limit};
 use ferry_backend::{DirtyPages, DirtyTracking, Vm, VmConfig};
-use ferry_kvm::{KvmVm, Role};
+use ferry_kvm::{KvmVm, Program, Role};
 use ferry_report::{Plot, Report, Series, Table};
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -72,13 +72,16 @@ fn run_to_pass(vm: &KvmVm, pass: u64) -> Result<Duration, String> {
     }
 }
 
-/// Runs one mode.
+/// Runs one mode with `program` as the guest (memstress, or the probe's bare
+/// write loop for calibration).
 pub fn run_mode(
     config: &VmConfig,
     mode: DirtyTracking,
     iterations: u32,
+    program: Program,
 ) -> Result<ModeResult, String> {
-    let mut vm = KvmVm::new(config.clone(), mode, Role::Source).map_err(|e| e.to_string())?;
+    let mut vm = KvmVm::with_program(config.clone(), mode, Role::Source, program)
+        .map_err(|e| e.to_string())?;
     let w = &config.workload;
     set_pass_limit(vm.ram(), w.vcpus, 1).map_err(|e| e.to_string())?;
     vm.start().map_err(|e| e.to_string())?;
@@ -90,7 +93,10 @@ pub fn run_mode(
     let enable = t.elapsed();
 
     let mut result = ModeResult {
-        mode: mode.name().to_string(),
+        mode: match program {
+            Program::Memstress => mode.name().to_string(),
+            Program::RawWrites => format!("probe loop, {}", mode.name()),
+        },
         populate_ms: ms(populate),
         steady_pass_ms: ms(steady),
         enable_ms: ms(enable),
@@ -120,8 +126,12 @@ pub fn run_mode(
     let progress = read_progress(vm.ram(), w.vcpus).map_err(|e| e.to_string())?;
     result.guest_mismatches = progress.iter().map(|p| p.mismatches).sum();
 
-    let written_per_vcpu =
-        (w.accesses_per_pass() as f64 * f64::from(w.write_percent) / 100.0).max(1.0);
+    let written_per_vcpu = match program {
+        Program::Memstress => {
+            (w.accesses_per_pass() as f64 * f64::from(w.write_percent) / 100.0).max(1.0)
+        }
+        Program::RawWrites => w.pages_per_vcpu() as f64,
+    };
     let mean_iter =
         result.iteration_ms.iter().sum::<f64>() / result.iteration_ms.len().max(1) as f64;
     result.us_per_written_page = mean_iter * 1e3 / written_per_vcpu;
@@ -174,7 +184,26 @@ pub fn report(results: DirtyLogResults) -> Report<DirtyLogResults> {
         ]);
     }
     table.note("pass off = one pass with dirty logging off; pass logged = mean pass after each re-protect.");
-    table.note("us/page = pass time / pages written per vCPU (vCPUs run in parallel). Probe note: ~2.4 us per WP fault on this host.");
+    table.note("us/page = pass time / pages written per vCPU (vCPUs run in parallel).");
+    table.note("probe loop = the host probe's bare guest (one u64 per page, nothing else): the raw cost of a write-protection fault here, today.");
+    if let Some(raw) = results
+        .modes
+        .iter()
+        .find(|m| m.mode.starts_with("probe loop"))
+    {
+        for m in results
+            .modes
+            .iter()
+            .filter(|m| !m.mode.starts_with("probe loop"))
+        {
+            table.note(format!(
+                "{}: memstress us/page logged vs the {}: {} (same run)",
+                m.mode,
+                raw.mode,
+                ferry_report::ratio(m.us_per_written_page, raw.us_per_written_page)
+            ));
+        }
+    }
     for m in &results.modes {
         table.note(format!(
             "{}: logged/off pass-time ratio {} (same run)",

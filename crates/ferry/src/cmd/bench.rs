@@ -4,7 +4,8 @@ use super::CmdError;
 use crate::args::{parse_size, BackendArgs, TrackingMode};
 use crate::bench::dirty_log_kvm;
 use clap::{Args, Subcommand};
-use ferry_backend::{AccessOrder, BackendKind, Workload};
+use ferry_backend::{AccessOrder, BackendKind, DirtyTracking, Workload};
+use ferry_kvm::Program;
 use ferry_report::Report;
 use ferry_soft::experiments::dirty_log::{dirty_log_experiment, DirtyLogOpts};
 use ferry_soft::experiments::write_protect::{write_protect_experiment, WriteProtectOpts};
@@ -82,6 +83,9 @@ pub struct DirtyLogArgs {
     /// Modes to measure (kvm; default: all three).
     #[arg(long = "modes", value_enum, value_delimiter = ',')]
     pub modes: Vec<TrackingMode>,
+    /// Skip the calibration run of the probe's bare write loop (kvm).
+    #[arg(long = "no-calibration")]
+    pub no_calibration: bool,
     /// vCPU counts to compare (soft backend).
     #[arg(
         long = "vcpu-counts",
@@ -189,13 +193,25 @@ fn dirty_log(a: DirtyLogArgs) -> Result<ExitCode, CmdError> {
         backing: a.backend.backing.clone(),
         modes: vec![],
     };
+    if !a.no_calibration {
+        eprintln!("ferry bench dirty-log: calibrating with the probe's bare write loop ...");
+        let raw = dirty_log_kvm::run_mode(
+            &config,
+            DirtyTracking::Bitmap,
+            a.iterations,
+            Program::RawWrites,
+        )
+        .map_err(CmdError::Failed)?;
+        results.modes.push(raw);
+    }
     for mode in modes {
         let mut backend = a.backend.clone();
         backend.dirty_tracking = mode;
         let tracking = backend.tracking().map_err(CmdError::Usage)?;
         eprintln!("ferry bench dirty-log: measuring {} ...", tracking.name());
         results.modes.push(
-            dirty_log_kvm::run_mode(&config, tracking, a.iterations).map_err(CmdError::Failed)?,
+            dirty_log_kvm::run_mode(&config, tracking, a.iterations, Program::Memstress)
+                .map_err(CmdError::Failed)?,
         );
     }
     let report = dirty_log_kvm::report(results);
