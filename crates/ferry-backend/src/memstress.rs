@@ -95,7 +95,18 @@ pub mod param {
     /// pass until the host raises the limit: the iteration barrier of
     /// `dirty_log_perf_test`. 0 = run freely.
     pub const PASS_LIMIT: u64 = 88;
+    /// Clock ticks the guest may run ahead of its rate limit; further ahead it
+    /// asks the host to sleep it (see [`SLEEP_PORT`]). 0 = never sleep: spin
+    /// page by page instead.
+    pub const SLEEP_MIN: u64 = 96;
 }
+
+/// A rate-limited guest runs ahead of its schedule by up to
+/// [`param::SLEEP_MIN`] ticks; once further ahead, it writes the ticks left into
+/// [`progress::SLEEP_TICKS`] and does `out` to this port; the host sleeps the
+/// vCPU for that long. So an idle guest costs the host (almost) no CPU, as a
+/// real idle guest halting on a timer would, while a busy guest never exits.
+pub const SLEEP_PORT: u16 = 0xf0;
 
 /// Offsets of fields in a vCPU progress record (all u64, written by the guest).
 pub mod progress {
@@ -110,6 +121,8 @@ pub mod progress {
     /// Backend-private clock value at the start of the current pass (the rate
     /// limit's baseline; the kvm guest keeps its TSC here).
     pub const PASS_START: u64 = 32;
+    /// Clock ticks the guest asks the host to sleep it (see [`SLEEP_PORT`]).
+    pub const SLEEP_TICKS: u64 = 40;
 }
 
 /// Order in which a vCPU visits the pages of its region.
@@ -400,6 +413,11 @@ pub fn write_params(ram: &GuestRam, w: &Workload, tsc_khz: u64) -> Result<(), Ra
             ),
             (param::PROGRESS, MemoryLayout::progress_gpa(v).0),
             (param::ACCESSES, w.accesses_per_pass()),
+            // Sleep when a millisecond or more ahead of the rate limit.
+            (
+                param::SLEEP_MIN,
+                if tsc_per_page == 0 { 0 } else { tsc_khz },
+            ),
         ];
         for (off, value) in fields {
             ram.store_u64(base.add(off), value)?;

@@ -10,11 +10,13 @@
 //! save or restore its state.
 
 use crate::dirty::ring::DirtyRing;
+use ferry_backend::memstress::{progress, MemoryLayout, SLEEP_PORT};
+use ferry_backend::GuestRam;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 const WANT_RUN: u8 = 0;
@@ -34,9 +36,39 @@ pub(crate) enum VcpuState {
     Failed(String),
 }
 
+/// What a vCPU thread needs to serve the guest's sleep requests.
+pub(crate) struct Sleeper {
+    pub ram: Arc<GuestRam>,
+    pub tsc_khz: u64,
+}
+
+/// Longest single sleep a guest can ask for; it asks again if still ahead.
+const MAX_SLEEP: Duration = Duration::from_millis(50);
+/// Sleep slice, so a pause request never waits longer than this.
+const SLEEP_SLICE: Duration = Duration::from_millis(1);
+
+impl Sleeper {
+    /// Sleeps vCPU `index` for the ticks it asked for, in slices, returning
+    /// early when it is asked to stop running.
+    fn sleep(&self, index: u32, want: &AtomicU8) {
+        let gpa = MemoryLayout::progress_gpa(index).add(progress::SLEEP_TICKS);
+        let ticks = self.ram.load_u64(gpa).unwrap_or(0);
+        let ns = u128::from(ticks) * 1_000_000 / u128::from(self.tsc_khz.max(1));
+        let until = Instant::now() + MAX_SLEEP.min(Duration::from_nanos(ns as u64));
+        while want.load(Ordering::Acquire) == WANT_RUN {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            std::thread::sleep(SLEEP_SLICE.min(until - now));
+        }
+    }
+}
+
 /// State shared between a vCPU thread and its controller.
 pub(crate) struct VcpuShared {
     pub index: u32,
+    sleeper: Sleeper,
     pub fd: Mutex<VcpuFd>,
     pub ring: Option<Arc<DirtyRing>>,
     want: AtomicU8,
@@ -62,10 +94,16 @@ fn install_kick_handler() {
 
 impl VcpuThread {
     /// Spawns the thread for `fd`, initially paused.
-    pub fn spawn(index: u32, fd: VcpuFd, ring: Option<Arc<DirtyRing>>) -> std::io::Result<Self> {
+    pub fn spawn(
+        index: u32,
+        fd: VcpuFd,
+        ring: Option<Arc<DirtyRing>>,
+        sleeper: Sleeper,
+    ) -> std::io::Result<Self> {
         install_kick_handler();
         let shared = Arc::new(VcpuShared {
             index,
+            sleeper,
             fd: Mutex::new(fd),
             ring,
             want: AtomicU8::new(WANT_PAUSE),
@@ -173,6 +211,9 @@ fn run_loop(shared: &VcpuShared) {
                             return park_failed(shared);
                         }
                     }
+                }
+                Ok(VcpuExit::IoOut(SLEEP_PORT, _)) => {
+                    shared.sleeper.sleep(shared.index, &shared.want);
                 }
                 Ok(exit) => {
                     let reason = format!("unexpected exit {exit:?}");

@@ -7,7 +7,7 @@ use crate::dirty::DirtyLog;
 use crate::error::{ioctl, KvmError};
 use crate::guest::boot::{self, Program};
 use crate::memory::set_slot_logging;
-use crate::vcpu::{VcpuState, VcpuThread};
+use crate::vcpu::{Sleeper, VcpuState, VcpuThread};
 use ferry_backend::{
     BackendError, DirtyPages, DirtyTracking, GuestRam, HarvestStats, SharedDirtyBitmap, Vm,
     VmConfig,
@@ -136,8 +136,13 @@ impl KvmVm {
         }
         let mut vcpus = Vec::new();
         for (i, (fd, ring)) in fds.into_iter().enumerate() {
+            let sleeper = Sleeper {
+                ram: Arc::clone(&ram),
+                tsc_khz,
+            };
             vcpus.push(
-                VcpuThread::spawn(i as u32, fd, ring).map_err(|e| KvmError::Thread(i as u32, e))?,
+                VcpuThread::spawn(i as u32, fd, ring, sleeper)
+                    .map_err(|e| KvmError::Thread(i as u32, e))?,
             );
         }
         let xsave_size = vm.check_extension_raw(CAP_XSAVE2);

@@ -5,7 +5,7 @@
 //! runs guest code natively here"): CR0 0x80050033, CR4 PAE, EFER SCE|LME|LMA|NXE,
 //! CS 0x33 (64-bit code, DPL3), SS/DS/ES 0x2b (data, DPL3), RFLAGS 0x3202 (IOPL 3).
 
-use ferry_backend::memstress::{self, MemoryLayout, Workload};
+use ferry_backend::memstress::{self, MemoryLayout, Workload, SLEEP_PORT};
 use ferry_backend::{Gpa, GuestRam, RamError};
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 
@@ -20,6 +20,12 @@ const MIB2: u64 = 2 << 20;
 
 /// Guest-physical address of the TSS (the page between the PDPT and the params).
 pub const TSS_GPA: Gpa = Gpa(0x3000);
+/// Offset of the I/O permission bitmap in the TSS (right after the TSS proper).
+const TSS_IOMAP_OFFSET: u64 = 0x68;
+/// Bitmap bytes: ports 0..=255, which covers SLEEP_PORT.
+const IOMAP_BYTES: usize = 32;
+/// TSS limit: the TSS, the bitmap and its 0xff terminator byte.
+const TSS_LIMIT: u64 = TSS_IOMAP_OFFSET + IOMAP_BYTES as u64;
 /// Selector of the TSS descriptor (GDT entries 2 and 3).
 const TSS_SELECTOR: u16 = 0x10;
 /// Ring-3 data selector (GDT entry 5, RPL 3).
@@ -97,7 +103,7 @@ fn write_gdt_and_tss(ram: &GuestRam) -> Result<(), RamError> {
     let mut gdt = [0u64; GDT_ENTRIES];
     // 64-bit TSS descriptor (type 9 = available; KVM marks it busy when loaded).
     let base = TSS_GPA.0;
-    let limit = 0x67u64;
+    let limit = TSS_LIMIT;
     gdt[2] = limit | ((base & 0xff_ffff) << 16) | (0x89 << 40) | (((base >> 24) & 0xff) << 56);
     gdt[3] = base >> 32;
     gdt[5] = 0x00cf_f200_0000_ffff; // data, DPL3, writable
@@ -105,8 +111,14 @@ fn write_gdt_and_tss(ram: &GuestRam) -> Result<(), RamError> {
     for (i, e) in gdt.iter().enumerate() {
         ram.store_u64(memstress::GDT_GPA.add(i as u64 * 8), *e)?;
     }
-    // TSS: I/O map base past the limit (no I/O bitmap); the guest does no I/O.
-    ram.store_u64(TSS_GPA.add(0x60), 0x68u64 << 48)?;
+    // TSS I/O permission bitmap right after the 0x68-byte TSS: every port
+    // denied but SLEEP_PORT, the guest's one sleep request. IOPL 3 alone is
+    // not enough on every host (see the probe note), so both are set.
+    ram.store_u64(TSS_GPA.add(0x60), TSS_IOMAP_OFFSET << 48)?;
+    let mut bitmap = [0xffu8; IOMAP_BYTES + 1];
+    let port = usize::from(SLEEP_PORT);
+    bitmap[port / 8] &= !(1 << (port % 8));
+    ram.write_bytes(TSS_GPA.add(TSS_IOMAP_OFFSET), &bitmap)?;
     Ok(())
 }
 
@@ -151,7 +163,7 @@ pub fn initial_sregs(mut base: kvm_sregs) -> kvm_sregs {
     };
     base.tr = kvm_segment {
         base: TSS_GPA.0,
-        limit: 0x67,
+        limit: TSS_LIMIT as u32,
         selector: TSS_SELECTOR,
         type_: 11,
         present: 1,
