@@ -3,12 +3,13 @@
 //! * [`DirtyPages`] is a plain bitmap over every guest frame, owned by one thread:
 //!   what the engine holds between a harvest and the pages it sends.
 //! * [`SharedDirtyBitmap`] is written concurrently (by vCPU threads, ring
-//!   harvesters, or the soft MMU's write-fault path) and harvested with one atomic
-//!   exchange per 64 frames, with no lock and no MMU walk: the shared-bitmap half
-//!   of the fast-write-protection seed.
+//!   harvesters, or the soft MMU's write-fault path) and harvested with no MMU
+//!   walk and no atomic read-modify-write per word (two banks, switched at
+//!   harvest): the shared-bitmap half of the fast-write-protection seed.
 
 use crate::types::Gfn;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// A set of guest frames, one bit per frame, frames numbered from 0.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,22 +127,39 @@ impl DirtyPages {
     }
 }
 
-/// A dirty bitmap shared between writers and one harvester.
+/// A dirty bitmap shared between writers and a harvester, double-buffered.
 ///
-/// Writers set bits with `fetch_or`; the harvester takes each word with `swap(0)`.
-/// A write that lands during a harvest is either in this harvest or the next one,
-/// never lost.
+/// Writers set bits in the *active* bank with `fetch_or`. A harvest flips the
+/// active bank with one store, waits until no writer is still inside the old
+/// bank, then reads and clears the old bank with plain loads and stores: no
+/// atomic read-modify-write per word, which is what made the single-bank
+/// exchange (one `xchg` per 64 frames) the bottleneck. This is the "double
+/// dirty bitmaps switched during fetching" the fast-write-protection seed
+/// proposes instead of `xchg`.
+///
+/// The hand-off is Dekker-style, all `SeqCst`: a writer announces itself in
+/// the bank's writer count, then re-checks the active bank; the harvester
+/// flips the bank, then reads the old bank's writer count. Either the writer
+/// sees the flip (and retries on the new bank) or the harvester sees the
+/// writer (and waits for it), so a bit is never set in a bank already read.
 #[derive(Debug)]
 pub struct SharedDirtyBitmap {
-    words: Vec<AtomicU64>,
+    banks: [Vec<AtomicU64>; 2],
+    writers: [AtomicU64; 2],
+    active: AtomicUsize,
+    harvest: Mutex<()>,
     pages: u64,
 }
 
 impl SharedDirtyBitmap {
     /// An empty bitmap over `pages` frames.
     pub fn new(pages: u64) -> Self {
+        let bank = || (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
         SharedDirtyBitmap {
-            words: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            banks: [bank(), bank()],
+            writers: [AtomicU64::new(0), AtomicU64::new(0)],
+            active: AtomicUsize::new(0),
+            harvest: Mutex::new(()),
             pages,
         }
     }
@@ -151,44 +169,75 @@ impl SharedDirtyBitmap {
         self.pages
     }
 
-    /// Marks `gfn` dirty. Returns true if it was clean before.
+    /// Marks `gfn` dirty. Returns true if it was clean since the last harvest.
     #[inline]
     pub fn mark(&self, gfn: Gfn) -> bool {
         if gfn.0 >= self.pages {
             return false;
         }
         let bit = 1u64 << (gfn.0 % 64);
-        self.words[(gfn.0 / 64) as usize].fetch_or(bit, Ordering::AcqRel) & bit == 0
+        let word = (gfn.0 / 64) as usize;
+        loop {
+            let bank = self.active.load(Ordering::SeqCst);
+            self.writers[bank].fetch_add(1, Ordering::SeqCst);
+            if self.active.load(Ordering::SeqCst) == bank {
+                let old = self.banks[bank][word].fetch_or(bit, Ordering::AcqRel);
+                self.writers[bank].fetch_sub(1, Ordering::Release);
+                return old & bit == 0;
+            }
+            // A harvest flipped the bank under us: leave it, use the new one.
+            self.writers[bank].fetch_sub(1, Ordering::Release);
+        }
     }
 
-    /// Whether `gfn` is currently marked.
+    /// Whether `gfn` is marked and not yet harvested.
     pub fn is_marked(&self, gfn: Gfn) -> bool {
-        gfn.0 < self.pages
-            && self.words[(gfn.0 / 64) as usize].load(Ordering::Acquire) & (1 << (gfn.0 % 64)) != 0
+        if gfn.0 >= self.pages {
+            return false;
+        }
+        let bank = self.active.load(Ordering::SeqCst);
+        self.banks[bank][(gfn.0 / 64) as usize].load(Ordering::Acquire) & (1 << (gfn.0 % 64)) != 0
     }
 
-    /// Moves every marked frame into `into` and clears the bitmap, one atomic
-    /// exchange per word. Returns the number of frames harvested.
+    /// Moves every marked frame into `into` and clears the bitmap. Returns the
+    /// number of frames harvested. Concurrent harvests are serialized.
     pub fn harvest_into(&self, into: &mut DirtyPages) -> u64 {
         assert_eq!(into.pages, self.pages, "harvest into a set of another size");
-        let mut count = 0;
-        for (dst, src) in into.words.iter_mut().zip(&self.words) {
-            // A relaxed load first skips the exchange (and its cache-line
-            // ownership) for the common all-clean word.
-            if src.load(Ordering::Relaxed) != 0 {
-                let taken = src.swap(0, Ordering::AcqRel);
-                count += u64::from(taken.count_ones());
-                *dst |= taken;
+        let _one_harvester = self.harvest.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.active.load(Ordering::SeqCst);
+        self.active.store(1 - old, Ordering::SeqCst);
+        let mut spins = 0u32;
+        while self.writers[old].load(Ordering::SeqCst) != 0 {
+            // A writer descheduled mid-mark holds us up; let it run.
+            spins += 1;
+            if spins < 1000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
             }
         }
+        // No writer can touch the old bank now: plain loads and stores.
+        let mut count = 0;
+        for (dst, src) in into.words.iter_mut().zip(&self.banks[old]) {
+            let bits = src.load(Ordering::Relaxed);
+            if bits != 0 {
+                src.store(0, Ordering::Relaxed);
+                count += u64::from(bits.count_ones());
+                *dst |= bits;
+            }
+        }
+        // Order the clearing stores before the bank is handed back to writers
+        // by the next flip (which is SeqCst, after this fence).
+        std::sync::atomic::fence(Ordering::Release);
         count
     }
 
     /// Clears every bit.
     pub fn clear(&self) {
-        self.words
-            .iter()
-            .for_each(|w| w.store(0, Ordering::Release));
+        let _one_harvester = self.harvest.lock().unwrap_or_else(|e| e.into_inner());
+        for bank in &self.banks {
+            bank.iter().for_each(|w| w.store(0, Ordering::Release));
+        }
     }
 }
 

@@ -184,7 +184,7 @@ pub fn write_protect_experiment(
     }
     t.note("seed: getting the dirty log of 3 GB went from 64 ms (walk) to 0.14 ms (O(1) + shared bitmap)");
     t.note(
-        "harvest: one atomic exchange per 64-frame word that has a bit set (SharedDirtyBitmap); \
+        "harvest: flip to the second bank of the SharedDirtyBitmap, then plain loads and stores over the first (no atomic exchange per word); \
          a relaxed load skips clean words",
     );
     t.note(format!(
