@@ -219,8 +219,12 @@ pub fn zap_experiment(opts: &ZapOpts) -> Result<Report<ZapResults>, SoftError> {
     }
     let entered: u64 = cases[1].passes.iter().map(|p| p.tables).sum();
     summary.note(format!(
-        "present-only: every step visits a present entry; steps {} <= present entries {} + tables entered          over the 8 passes {}; the first pass alone takes exactly one step per present entry ({})",
-        cases[1].steps, cases[1].present, entered, cases[1].passes[0].steps
+        "present-only: every step visits a present entry; steps {} <= present entries {} + tables entered over the 8 passes {} = {}; the first pass alone takes exactly one step per present entry ({})",
+        cases[1].steps,
+        cases[1].present,
+        entered,
+        cases[1].present + entered,
+        cases[1].passes[0].steps
     ));
     summary.note(format!(
         "medians of {} (sparse) and {} (dense) zaps; zap time includes freeing the tables; {}",
