@@ -238,3 +238,39 @@ fn every_backing_runs_the_guest_and_logs_its_writes() {
         assert!(p.iter().all(|v| v.mismatches == 0), "{backing:?}: {p:?}");
     }
 }
+
+#[test]
+fn rate_limit_caps_passes_and_write_percent_changes_live() {
+    if !require_kvm() {
+        return;
+    }
+    // 4 MiB regions at 64 MiB/s: at most 16 passes a second per vCPU.
+    let mut cfg = config(100, 4);
+    cfg.workload.rate_limit_mib_s = Some(64);
+    let mut vm = KvmVm::new(cfg, DirtyTracking::Bitmap, Role::Source).unwrap();
+    vm.start().unwrap();
+    wait_for_passes(&vm, 1);
+    let before = read_progress(vm.ram(), 2).unwrap();
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_millis(500));
+    let after = read_progress(vm.ram(), 2).unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    for (b, a) in before.iter().zip(&after) {
+        let passes = (a.passes - b.passes) as f64;
+        // An upper bound only: a slow host may run fewer passes, never more.
+        assert!(passes <= 16.0 * secs + 2.0, "{passes} passes in {secs:.2}s");
+    }
+    // Stop writing while the guest runs: the write counters freeze, the
+    // guest keeps reading and checking.
+    ferry_backend::memstress::set_write_percent(vm.ram(), 2, 0).unwrap();
+    wait_for_a_whole_pass_each(&vm);
+    let frozen = read_progress(vm.ram(), 2).unwrap();
+    wait_for_a_whole_pass_each(&vm);
+    vm.pause().unwrap();
+    let last = read_progress(vm.ram(), 2).unwrap();
+    for (f, l) in frozen.iter().zip(&last) {
+        assert_eq!(f.writes, l.writes, "writes went on at 0%");
+        assert!(l.passes > f.passes);
+        assert_eq!(l.mismatches, 0);
+    }
+}

@@ -23,7 +23,7 @@ use ferry_backend::memstress::{next_rand32, param, progress, scale_rand, stamp, 
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The loop state of one vCPU outside guest memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,7 +44,9 @@ struct Params {
     region: u64,
     pages: u64,
     stride: u64,
-    threshold: u64,
+    /// Guest address of the write threshold, re-read at every access so the
+    /// host can change it while the guest runs (as the kvm guest does).
+    threshold_gpa: u64,
     random: bool,
     shadow: u64,
     ns_per_page: u64,
@@ -61,7 +63,7 @@ impl Params {
             region: f(param::REGION)?,
             pages: f(param::PAGES)?,
             stride: f(param::STRIDE)?.max(1),
-            threshold: f(param::WRITE_THRESHOLD)?,
+            threshold_gpa: base + param::WRITE_THRESHOLD,
             random: f(param::RANDOM)? != 0,
             shadow: f(param::SHADOW)?,
             ns_per_page: f(param::TSC_PER_PAGE)?,
@@ -149,6 +151,9 @@ impl Control {
         self.cond.notify_all();
     }
 }
+
+/// How far ahead of its rate limit a vCPU may run before it sleeps.
+const RATE_LIMIT_SLACK_NS: u64 = 1_000_000;
 
 fn clock_ns(epoch: Instant) -> u64 {
     epoch.elapsed().as_nanos() as u64
@@ -255,7 +260,8 @@ fn run_inner(
                 let m = mem.load_u64(p.progress + progress::MISMATCHES)?;
                 mem.store_u64(p.progress + progress::MISMATCHES, m + 1)?;
             }
-            if next_rand32(&mut st.rng) < p.threshold {
+            let threshold = mem.load_u64(p.threshold_gpa)?;
+            if next_rand32(&mut st.rng) < threshold {
                 mem.store_u64(addr, stamp(p.vcpu, page, stamp_pass))?;
                 mem.store_u32(shadow_gpa, stamp_pass)?;
                 let w = mem.load_u64(p.progress + progress::WRITES)?;
@@ -263,12 +269,18 @@ fn run_inner(
             }
             st.index += 1;
             if p.ns_per_page != 0 {
+                // Rate limit, as the kvm guest does it: run up to a millisecond
+                // ahead of schedule, then sleep (offline, so flushes do not
+                // wait for a sleeping vCPU) instead of spinning.
                 let due = st.index * p.ns_per_page;
-                while clock_ns(epoch).wrapping_sub(pass_start) < due
-                    && !ctl.pause.load(Ordering::Relaxed)
-                {
-                    mem.boundary();
-                    std::thread::yield_now();
+                loop {
+                    let ahead = due.saturating_sub(clock_ns(epoch).wrapping_sub(pass_start));
+                    if ahead < RATE_LIMIT_SLACK_NS || ctl.pause.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    mem.offline();
+                    std::thread::sleep(Duration::from_nanos(ahead.min(RATE_LIMIT_SLACK_NS)));
+                    mem.online();
                 }
             }
         }

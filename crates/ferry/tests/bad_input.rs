@@ -83,3 +83,25 @@ fn destination_with_other_memory_size_is_refused() {
         "unclear error: {err}"
     );
 }
+
+#[test]
+fn stream_of_another_version_is_refused_by_the_destination() {
+    let mut dest = Receiver::start(&[]);
+    let mut s = std::net::TcpStream::connect(&dest.addr).unwrap();
+    let mut preamble = b"FERRYMIG".to_vec();
+    preamble.extend_from_slice(&99u32.to_le_bytes());
+    preamble.extend_from_slice(&[0; 4]);
+    let _ = s.write_all(&preamble);
+    drop(s);
+    assert!(!dest.child.wait().unwrap().success());
+    let mut stderr = String::new();
+    use std::io::Read;
+    dest.child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains("version 99"), "unclear error: {stderr}");
+}
