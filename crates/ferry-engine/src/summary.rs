@@ -58,7 +58,8 @@ pub struct MigrationSummary {
     pub backend: String,
     /// Dirty-tracking method of the source.
     pub dirty_tracking: String,
-    /// Start of `migrate` to the end.
+    /// Start of `migrate` to the commit (digest verified), or to the failure.
+    /// The destination's guest report after the commit is not included.
     pub total_ms: f64,
     /// Source pause to the receipt of the destination's Resumed frame.
     pub downtime_ms: f64,

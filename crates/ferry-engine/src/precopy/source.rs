@@ -70,7 +70,9 @@ pub fn migrate<S: Read + Write + Send>(
         summary,
     };
     let result = src.run();
-    src.summary.total_ms = ms(src.start.elapsed());
+    if src.summary.status != Status::Completed {
+        src.summary.total_ms = ms(src.start.elapsed());
+    }
     src.summary.bytes_sent = src.io.bytes_written();
     progress.phase(Phase::Done);
     match result {

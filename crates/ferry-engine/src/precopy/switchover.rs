@@ -106,6 +106,9 @@ impl<S: Read + Write> Source<'_, S> {
     /// The guest now belongs to the destination: the source stays paused.
     fn commit(&mut self) {
         self.summary.status = Status::Completed;
+        // The migration is done here; the guest report that follows measures
+        // the destination, not the move.
+        self.summary.total_ms = ms(self.start.elapsed());
         self.paused_by_us = false;
         if self.logging {
             self.logging = false;
