@@ -213,11 +213,11 @@ impl Arena {
         let tables = if capacity == 0 {
             Vec::new().into_boxed_slice()
         } else {
-            // SAFETY: the layout has non-zero size. Every field of `Table` is an
-            // atomic integer or bool, for which all-zero bytes are a valid value,
-            // so zeroed memory is `capacity` valid tables; ownership passes to
-            // the Box, which frees it with the same layout. Large zeroed
-            // allocations come from mmap, so untouched tables cost no memory.
+            // Large zeroed allocations come from mmap, so untouched tables
+            // cost no memory. The layout has non-zero size.
+            // SAFETY: every field of `Table` is an atomic or bool, valid as all
+            // zero bytes, so this is `capacity` valid tables; the Box takes
+            // ownership and frees it with the same layout.
             unsafe {
                 let ptr = std::alloc::alloc_zeroed(layout).cast::<Table>();
                 if ptr.is_null() {
