@@ -40,16 +40,8 @@ fn garbage_stream_is_refused_by_the_destination() {
     let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: ferry\r\n\r\n");
     let _ = s.write_all(&[0xa5; 4096]);
     drop(s);
-    let status = dest.child.wait().unwrap();
-    let mut stderr = String::new();
-    use std::io::Read;
-    dest.child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    assert!(!status.success());
+    let (ok, stderr) = dest.finish();
+    assert!(!ok);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(
         stderr.contains("not a ferry migration stream"),
@@ -93,15 +85,8 @@ fn stream_of_another_version_is_refused_by_the_destination() {
     preamble.extend_from_slice(&[0; 4]);
     let _ = s.write_all(&preamble);
     drop(s);
-    assert!(!dest.child.wait().unwrap().success());
-    let mut stderr = String::new();
-    use std::io::Read;
-    dest.child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let (ok, stderr) = dest.finish();
+    assert!(!ok);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(stderr.contains("version 99"), "unclear error: {stderr}");
 }

@@ -54,6 +54,25 @@ fn stamp_without_pass(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.or(r10, r13)
 }
 
+/// Publishes pass `rbp` as completed, waits at the benchmark barrier (spin
+/// while a pass limit is set and reached), then starts the next pass.
+fn end_pass(a: &mut CodeAssembler, pass_loop: CodeLabel) -> Result<(), IcedError> {
+    let mut barrier = a.create_label();
+    let mut go_on = a.create_label();
+    a.mov(qword_ptr(rsi + disp(progress::PASS)), rbp)?;
+    a.set_label(&mut barrier)?;
+    a.mov(r10, qword_ptr(rdi + disp(param::PASS_LIMIT)))?;
+    a.test(r10, r10)?;
+    a.jz(go_on)?;
+    a.cmp(rbp, r10)?;
+    a.jb(go_on)?;
+    a.pause()?;
+    a.jmp(barrier)?;
+    a.set_label(&mut go_on)?;
+    a.inc(rbp)?;
+    a.jmp(pass_loop)
+}
+
 fn disp(offset: u64) -> i32 {
     i32::try_from(offset).expect("record offsets are small")
 }
@@ -72,8 +91,6 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     let mut no_write = a.create_label();
     let mut wait = a.create_label();
     let mut next = a.create_label();
-    let mut barrier = a.create_label();
-    let mut go_on = a.create_label();
     let mut spin = a.create_label();
 
     // Load parameters. Resuming state (pass, mismatches) comes from the
@@ -195,19 +212,7 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     // End of pass: publish, then start the next one.
     a.mov(rax, qword_ptr(rdi + disp(param::ACCESSES)))?;
     a.add(qword_ptr(rsi + disp(progress::ACCESSES)), rax)?;
-    a.mov(qword_ptr(rsi + disp(progress::PASS)), rbp)?;
-    // Benchmark barrier: spin while a pass limit is set and reached.
-    a.set_label(&mut barrier)?;
-    a.mov(r10, qword_ptr(rdi + disp(param::PASS_LIMIT)))?;
-    a.test(r10, r10)?;
-    a.jz(go_on)?;
-    a.cmp(rbp, r10)?;
-    a.jb(go_on)?;
-    a.pause()?;
-    a.jmp(barrier)?;
-    a.set_label(&mut go_on)?;
-    a.inc(rbp)?;
-    a.jmp(pass_loop)?;
+    end_pass(&mut a, pass_loop)?;
 
     Ok(a.assemble(origin)?)
 }
@@ -221,8 +226,6 @@ pub fn raw_writes(origin: u64) -> Result<Vec<u8>, CodeError> {
     let mut a = CodeAssembler::new(64)?;
     let mut pass_loop = a.create_label();
     let mut page_loop = a.create_label();
-    let mut barrier = a.create_label();
-    let mut go_on = a.create_label();
     a.mov(rsi, qword_ptr(rdi + disp(param::PROGRESS)))?;
     a.mov(r8, qword_ptr(rdi + disp(param::REGION)))?;
     a.mov(r9, qword_ptr(rdi + disp(param::PAGES)))?;
@@ -239,18 +242,7 @@ pub fn raw_writes(origin: u64) -> Result<Vec<u8>, CodeError> {
     a.jb(page_loop)?;
     a.add(qword_ptr(rsi + disp(progress::ACCESSES)), r9)?;
     a.add(qword_ptr(rsi + disp(progress::WRITES)), r9)?;
-    a.mov(qword_ptr(rsi + disp(progress::PASS)), rbp)?;
-    a.set_label(&mut barrier)?;
-    a.mov(r10, qword_ptr(rdi + disp(param::PASS_LIMIT)))?;
-    a.test(r10, r10)?;
-    a.jz(go_on)?;
-    a.cmp(rbp, r10)?;
-    a.jb(go_on)?;
-    a.pause()?;
-    a.jmp(barrier)?;
-    a.set_label(&mut go_on)?;
-    a.inc(rbp)?;
-    a.jmp(pass_loop)?;
+    end_pass(&mut a, pass_loop)?;
     Ok(a.assemble(origin)?)
 }
 

@@ -75,6 +75,19 @@ impl Receiver {
     }
 }
 
+impl Receiver {
+    /// Waits for the receiver to exit; returns whether it succeeded and its stderr.
+    pub fn finish(&mut self) -> (bool, String) {
+        let ok = self.child.wait().unwrap().success();
+        let mut stderr = String::new();
+        use std::io::Read;
+        if let Some(mut e) = self.child.stderr.take() {
+            e.read_to_string(&mut stderr).unwrap();
+        }
+        (ok, stderr)
+    }
+}
+
 impl Drop for Receiver {
     fn drop(&mut self) {
         let _ = self.child.kill();
