@@ -43,7 +43,7 @@ pub fn render(s: &MigrationSummary) -> String {
             format!("{:.0}", r.bandwidth_mb_s),
         ]);
     }
-    let mut totals = Table::new("migration", &["", ""]);
+    let mut totals = Table::new("migration", &["", "result"]);
     let status = format!("{:?}", s.status).to_lowercase();
     let rows = [
         ("status", status),
