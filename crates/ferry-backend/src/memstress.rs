@@ -96,7 +96,7 @@ pub mod param {
     /// `dirty_log_perf_test`. 0 = run freely.
     pub const PASS_LIMIT: u64 = 88;
     /// Clock ticks the guest may run ahead of its rate limit; further ahead it
-    /// asks the host to sleep it (see [`SLEEP_PORT`]). 0 = never sleep: spin
+    /// asks the host to sleep it (see [`super::SLEEP_PORT`]). 0 = never sleep: spin
     /// page by page instead.
     pub const SLEEP_MIN: u64 = 96;
 }
@@ -121,7 +121,7 @@ pub mod progress {
     /// Backend-private clock value at the start of the current pass (the rate
     /// limit's baseline; the kvm guest keeps its TSC here).
     pub const PASS_START: u64 = 32;
-    /// Clock ticks the guest asks the host to sleep it (see [`SLEEP_PORT`]).
+    /// Clock ticks the guest asks the host to sleep it (see [`super::SLEEP_PORT`]).
     pub const SLEEP_TICKS: u64 = 40;
 }
 

@@ -107,7 +107,7 @@ pub struct BackendArgs {
     /// Entries per vCPU dirty ring in ring mode (power of two, 1024-65536).
     #[arg(long = "ring-entries", default_value_t = 65536)]
     pub ring_entries: u32,
-    /// Soft backend: huge-page splitting: eager, on-fault, or chunked:<pages>:<pace_us>.
+    /// Soft backend: huge-page splitting: eager, on-fault, or `chunked:PAGES:PACE_US`.
     #[arg(long = "soft-split", default_value = "eager", value_parser = parse_soft::<SplitMode>)]
     pub soft_split: SplitMode,
     /// Soft backend: write-protect-all: gen (O(1) generation) or walk.
