@@ -133,3 +133,45 @@ fn migrates_on_the_soft_backend() {
     assert_eq!(j["guest_mismatches"], 0, "{j}");
     assert!(j["dest_passes_after"].as_u64().unwrap() >= 1, "{j}");
 }
+
+#[test]
+fn random_order_partial_writes_and_stride_migrate_exactly() {
+    for backend in ["kvm", "soft"] {
+        if backend == "kvm" && !require_kvm("random-order migration on kvm") {
+            continue;
+        }
+        let out = run(&[
+            "demo",
+            "--json",
+            "--backend",
+            backend,
+            "--dirty-tracking",
+            "ring",
+            "--ring-entries",
+            "1024",
+            "--order",
+            "random",
+            "--write-percent",
+            "30",
+            "--stride",
+            "3",
+            "--vcpus",
+            "3",
+            "--mem-per-vcpu",
+            "32M",
+            "--rate-limit",
+            "32",
+            "--warmup",
+            "0.3",
+        ]);
+        assert_no_panic(&out);
+        let j = last_json(&out);
+        assert_eq!(j["status"], "completed", "{backend}: {j}");
+        assert_eq!(j["digest_match"], true, "{backend}: {j}");
+        assert_eq!(j["guest_mismatches"], 0, "{backend}: {j}");
+        assert!(
+            j["dest_passes_after"].as_u64().unwrap() >= 3,
+            "{backend}: {j}"
+        );
+    }
+}
