@@ -158,6 +158,10 @@ pub trait Vm: Send {
     fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, BackendError>;
     /// Stops logging.
     fn stop_dirty_log(&mut self) -> Result<(), BackendError>;
+    /// Slows every vCPU live: each sleeps `percent` (0 = none, at most 99) of
+    /// every 10 ms timeslice, as QEMU's auto-converge does. The hook a
+    /// convergence policy turns while a migration runs.
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError>;
     /// Serializes the state of every vCPU. The VM must be paused.
     fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError>;
     /// Loads vCPU state saved by the same backend. The VM must not be running.

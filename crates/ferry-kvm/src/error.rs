@@ -27,6 +27,9 @@ pub enum KvmError {
     /// A vCPU thread could not be started.
     #[error("cannot start vCPU thread {0}")]
     Thread(u32, #[source] std::io::Error),
+    /// The throttle thread could not be started.
+    #[error("cannot start the vCPU throttle thread")]
+    ThrottleThread(#[source] std::io::Error),
 }
 
 impl From<KvmError> for BackendError {

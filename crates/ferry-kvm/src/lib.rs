@@ -17,6 +17,7 @@ pub mod error;
 pub mod guest;
 pub mod ioctls;
 pub mod memory;
+mod throttle;
 mod vcpu;
 pub mod vm;
 

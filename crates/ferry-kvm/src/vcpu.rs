@@ -13,7 +13,7 @@ use crate::dirty::ring::DirtyRing;
 use ferry_backend::memstress::{progress, MemoryLayout, SLEEP_PORT};
 use ferry_backend::GuestRam;
 use kvm_ioctls::{VcpuExit, VcpuFd};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -54,14 +54,20 @@ impl Sleeper {
         let gpa = MemoryLayout::progress_gpa(index).add(progress::SLEEP_TICKS);
         let ticks = self.ram.load_u64(gpa).unwrap_or(0);
         let ns = u128::from(ticks) * 1_000_000 / u128::from(self.tsc_khz.max(1));
-        let until = Instant::now() + MAX_SLEEP.min(Duration::from_nanos(ns as u64));
-        while want.load(Ordering::Acquire) == WANT_RUN {
-            let now = Instant::now();
-            if now >= until {
-                break;
-            }
-            std::thread::sleep(SLEEP_SLICE.min(until - now));
+        sleep_while_running(MAX_SLEEP.min(Duration::from_nanos(ns as u64)), want);
+    }
+}
+
+/// Sleeps for `total` in slices, returning early when the vCPU is asked to
+/// stop running.
+fn sleep_while_running(total: Duration, want: &AtomicU8) {
+    let until = Instant::now() + total;
+    while want.load(Ordering::Acquire) == WANT_RUN {
+        let now = Instant::now();
+        if now >= until {
+            break;
         }
+        std::thread::sleep(SLEEP_SLICE.min(until - now));
     }
 }
 
@@ -69,6 +75,12 @@ impl Sleeper {
 pub(crate) struct VcpuShared {
     pub index: u32,
     sleeper: Sleeper,
+    /// The thread's pthread id (0 until it starts), for kicks by the throttler.
+    pthread: AtomicU64,
+    /// Nanoseconds the vCPU must sleep at its next kick (time throttling).
+    pub throttle_ns: AtomicU64,
+    /// Throttle sleeps taken so far.
+    pub throttle_sleeps: AtomicU64,
     pub fd: Mutex<VcpuFd>,
     pub ring: Option<Arc<DirtyRing>>,
     want: AtomicU8,
@@ -104,6 +116,9 @@ impl VcpuThread {
         let shared = Arc::new(VcpuShared {
             index,
             sleeper,
+            pthread: AtomicU64::new(0),
+            throttle_ns: AtomicU64::new(0),
+            throttle_sleeps: AtomicU64::new(0),
             fd: Mutex::new(fd),
             ring,
             want: AtomicU8::new(WANT_PAUSE),
@@ -158,6 +173,26 @@ impl VcpuThread {
     }
 }
 
+impl VcpuShared {
+    /// Whether the vCPU is in (or entering) KVM_RUN.
+    pub fn is_running(&self) -> bool {
+        *self.state.lock().expect("vcpu state lock") == VcpuState::Running
+    }
+
+    /// Interrupts KVM_RUN on the vCPU's thread, if it has started.
+    pub fn kick(&self) {
+        let thread = self.pthread.load(Ordering::Acquire);
+        if thread != 0 {
+            // SAFETY: `thread` is this vCPU's live pthread: it is set by the
+            // thread itself and the thread only exits when its VcpuThread is
+            // dropped, after every kicker (the VM's throttler) has stopped.
+            unsafe {
+                libc::pthread_kill(thread as libc::pthread_t, SIGRTMIN());
+            }
+        }
+    }
+}
+
 impl Drop for VcpuThread {
     fn drop(&mut self) {
         {
@@ -180,6 +215,9 @@ fn set_state(shared: &VcpuShared, new: VcpuState) {
 }
 
 fn run_loop(shared: &VcpuShared) {
+    // SAFETY: pthread_self has no preconditions.
+    let me = unsafe { libc::pthread_self() };
+    shared.pthread.store(me as u64, Ordering::Release);
     loop {
         // Wait until asked to run (or to exit).
         {
@@ -221,7 +259,13 @@ fn run_loop(shared: &VcpuShared) {
                     set_state(shared, VcpuState::Failed(reason));
                     return park_failed(shared);
                 }
-                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    let ns = shared.throttle_ns.swap(0, Ordering::AcqRel);
+                    if ns > 0 {
+                        shared.throttle_sleeps.fetch_add(1, Ordering::Relaxed);
+                        sleep_while_running(Duration::from_nanos(ns), &shared.want);
+                    }
+                }
                 Err(e) => {
                     drop(fd);
                     set_state(shared, VcpuState::Failed(format!("KVM_RUN failed: {e}")));

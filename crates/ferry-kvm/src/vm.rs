@@ -7,6 +7,7 @@ use crate::dirty::DirtyLog;
 use crate::error::{ioctl, KvmError};
 use crate::guest::boot::{self, Program};
 use crate::memory::set_slot_logging;
+use crate::throttle::TimeThrottler;
 use crate::vcpu::{Sleeper, VcpuState, VcpuThread};
 use ferry_backend::{
     BackendError, DirtyPages, DirtyTracking, GuestRam, HarvestStats, SharedDirtyBitmap, Vm,
@@ -36,7 +37,9 @@ pub enum Role {
 /// A VM on /dev/kvm.
 pub struct KvmVm {
     config: VmConfig,
-    // Field order is drop order: vCPU threads stop before the VM and RAM go.
+    // Field order is drop order: the throttler (which kicks vCPU threads)
+    // stops first, then the vCPU threads, then the VM and RAM go.
+    throttler: Option<TimeThrottler>,
     vcpus: Vec<VcpuThread>,
     dirty: DirtyLog,
     ram: Arc<GuestRam>,
@@ -148,6 +151,7 @@ impl KvmVm {
         let xsave_size = vm.check_extension_raw(CAP_XSAVE2);
         Ok(KvmVm {
             config,
+            throttler: None,
             vcpus,
             dirty,
             ram,
@@ -156,6 +160,18 @@ impl KvmVm {
             running: false,
             _kvm: kvm,
         })
+    }
+
+    /// Throttle sleeps each vCPU has taken (for tests and reports).
+    pub fn throttle_sleeps(&self) -> Vec<u64> {
+        self.vcpus
+            .iter()
+            .map(|v| {
+                v.shared
+                    .throttle_sleeps
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
+            .collect()
     }
 
     fn failed_vcpu(&self) -> Option<BackendError> {
@@ -274,6 +290,20 @@ impl Vm for KvmVm {
 
     fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
         Ok(self.dirty.stop()?)
+    }
+
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
+        if self.throttler.is_none() {
+            if percent == 0 {
+                return Ok(());
+            }
+            let shared = self.vcpus.iter().map(|v| Arc::clone(&v.shared)).collect();
+            self.throttler = Some(TimeThrottler::start(shared).map_err(KvmError::ThrottleThread)?);
+        }
+        if let Some(t) = &self.throttler {
+            t.set(percent);
+        }
+        Ok(())
     }
 
     fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {

@@ -274,3 +274,31 @@ fn rate_limit_caps_passes_and_write_percent_changes_live() {
         assert_eq!(l.mismatches, 0);
     }
 }
+
+#[test]
+fn time_throttle_puts_running_vcpus_to_sleep_live() {
+    if !require_kvm() {
+        return;
+    }
+    let mut vm = KvmVm::new(config(100, 4), DirtyTracking::Bitmap, Role::Source).unwrap();
+    vm.start().unwrap();
+    wait_for_passes(&vm, 1);
+    assert_eq!(vm.throttle_sleeps(), vec![0, 0], "no throttle, no sleeps");
+    vm.set_time_throttle(50).unwrap();
+    wait_for_a_whole_pass_each(&vm);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while vm.throttle_sleeps().iter().any(|&n| n < 3) {
+        assert!(Instant::now() < deadline, "{:?}", vm.throttle_sleeps());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Off again: the count stops growing once in-flight sleeps end, and the
+    // throttled guest kept running correctly throughout.
+    vm.set_time_throttle(0).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let settled = vm.throttle_sleeps();
+    wait_for_a_whole_pass_each(&vm);
+    assert_eq!(vm.throttle_sleeps(), settled);
+    vm.pause().unwrap();
+    let p = read_progress(vm.ram(), 2).unwrap();
+    assert!(p.iter().all(|v| v.mismatches == 0), "{p:?}");
+}

@@ -11,7 +11,7 @@ use crate::config::Mechanisms;
 use crate::error::SoftError;
 use crate::guest_mem::{HostView, VcpuMem};
 use crate::mmu::Mmu;
-use crate::quota::Throttle;
+use crate::quota::{Throttle, TimeThrottle};
 use crate::vcpu::{self, Control, VcpuState};
 use ferry_backend::{
     memstress, BackendError, BackendKind, DirtyPages, GuestRam, HarvestStats, Vm, VmConfig,
@@ -68,7 +68,9 @@ impl SoftVm {
             ram,
             mmu: Arc::new(mmu),
             ctl: Arc::new(Control::new(vcpus)),
-            throttle: Throttle::None,
+            // A 0% time throttle costs one relaxed load per access and lets
+            // `set_time_throttle` act live on running vCPUs.
+            throttle: Throttle::Time(Arc::new(TimeThrottle::new(vcpus, 0))),
             threads: Vec::new(),
             running: false,
         })
@@ -122,6 +124,28 @@ impl SoftVm {
 impl Vm for SoftVm {
     fn config(&self) -> &VmConfig {
         &self.config
+    }
+
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
+        match &self.throttle {
+            Throttle::Time(t) => {
+                t.set_percent(u32::from(percent));
+                Ok(())
+            }
+            Throttle::None if self.threads.is_empty() => {
+                let vcpus = self.config.workload.vcpus as usize;
+                self.throttle =
+                    Throttle::Time(Arc::new(TimeThrottle::new(vcpus, u32::from(percent))));
+                Ok(())
+            }
+            _ => Err(BackendError::Operation {
+                backend: ferry_backend::BackendKind::Soft,
+                what: "another throttle (a dirty quota) is installed; it cannot be \
+                       replaced while the vCPUs run"
+                    .into(),
+                source: None,
+            }),
+        }
     }
 
     fn ram(&self) -> &Arc<GuestRam> {

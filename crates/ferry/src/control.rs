@@ -5,6 +5,7 @@
 //!  {"cmd":"status"}                                  -> progress and rates per vCPU
 //!  {"cmd":"set","downtime_ms":100,"bandwidth_mib_s":512,"max_rounds":10}
 //!                                                    -> tunables, live, also mid-migration
+//!  {"cmd":"throttle","percent":50}                   -> vCPUs sleep 50% of each 10 ms
 //!  {"cmd":"migrate","to":"10.0.0.2:7070"}            -> the migration summary (blocks)
 //!  {"cmd":"cancel"}                                  -> cancels a migration in precopy
 //!  {"cmd":"stop"}                                    -> stops the VM and `ferry run`
@@ -42,6 +43,9 @@ pub enum Request {
         #[serde(default)]
         verify_before_resume: bool,
     },
+    Throttle {
+        percent: u8,
+    },
     Cancel,
     Stop,
 }
@@ -51,6 +55,10 @@ pub enum VmCommand {
     Migrate {
         to: String,
         verify_before_resume: bool,
+        reply: Sender<Value>,
+    },
+    Throttle {
+        percent: u8,
         reply: Sender<Value>,
     },
     Stop {
@@ -173,6 +181,9 @@ fn handle(req: Request, shared: &Shared) -> Value {
             verify_before_resume,
             reply,
         }),
+        Request::Throttle { percent } => {
+            forward(shared, |reply| VmCommand::Throttle { percent, reply })
+        }
         Request::Stop => forward(shared, |reply| VmCommand::Stop { reply }),
     }
 }

@@ -48,6 +48,8 @@ fn control_socket_reports_tunes_and_migrates() {
     let set = ask(&sock, r#"{"cmd":"set","downtime_ms":120,"max_rounds":7}"#);
     assert_eq!(set["downtime_ms"], 120, "{set}");
     assert_eq!(set["max_rounds"], 7, "{set}");
+    let throttle = ask(&sock, r#"{"cmd":"throttle","percent":30}"#);
+    assert_eq!(throttle["throttle_percent"], 30, "{throttle}");
     let bad = ask(&sock, r#"{"cmd":"launch"}"#);
     assert_eq!(bad["ok"], false, "{bad}");
 

@@ -36,6 +36,8 @@ pub struct TestVm {
     position: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     worker: Option<JoinHandle<()>>,
+    /// Percent of its time the guest thread sleeps (time throttling).
+    throttle: Arc<AtomicU64>,
     pub logging: bool,
     /// Write a page after the final harvest, so the digest must catch it.
     pub untracked_write_on_save: bool,
@@ -53,6 +55,7 @@ impl TestVm {
             position: Arc::new(AtomicU64::new(1 << 32)),
             stop: Arc::new(AtomicBool::new(false)),
             worker: None,
+            throttle: Arc::new(AtomicU64::new(0)),
             logging: false,
             untracked_write_on_save: false,
         })
@@ -68,6 +71,7 @@ fn guest(
     layout: MemoryLayout,
     position: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    throttle: Arc<AtomicU64>,
 ) {
     let pages = layout.data_bytes / PAGE_SIZE as u64;
     let prog = MemoryLayout::progress_gpa(0);
@@ -94,7 +98,9 @@ fn guest(
         }
         position.store(pass << 32 | page, Ordering::Release);
         if page % 64 == 0 {
-            std::thread::sleep(Duration::from_micros(100));
+            // 100 µs of rest per 64 pages, stretched by the throttle.
+            let pct = throttle.load(Ordering::Relaxed).min(99);
+            std::thread::sleep(Duration::from_micros(100 * 100 / (100 - pct)));
         }
     }
 }
@@ -103,19 +109,26 @@ impl Vm for TestVm {
     fn config(&self) -> &VmConfig {
         &self.config
     }
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
+        self.throttle.store(u64::from(percent), Ordering::Relaxed);
+        Ok(())
+    }
     fn ram(&self) -> &Arc<GuestRam> {
         &self.ram
     }
     fn start(&mut self) -> Result<(), BackendError> {
         if self.worker.is_none() {
             self.stop.store(false, Ordering::Release);
-            let (ram, pos, stop) = (
+            let (ram, pos, stop, throttle) = (
                 Arc::clone(&self.ram),
                 Arc::clone(&self.position),
                 Arc::clone(&self.stop),
+                Arc::clone(&self.throttle),
             );
             let layout = self.config.layout();
-            self.worker = Some(std::thread::spawn(move || guest(ram, layout, pos, stop)));
+            self.worker = Some(std::thread::spawn(move || {
+                guest(ram, layout, pos, stop, throttle)
+            }));
         }
         Ok(())
     }

@@ -67,6 +67,14 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
     let _keep_channel_open = tx;
     loop {
         match commands.recv_timeout(Duration::from_secs_f64(a.interval)) {
+            Ok(VmCommand::Throttle { percent, reply }) => {
+                let answer = match vm.set_time_throttle(percent.min(99)) {
+                    Ok(()) => serde_json::json!({"ok": true, "throttle_percent": percent.min(99)}),
+                    Err(e) => serde_json::json!({"ok": false, "error": super::receive::chain(&e)}),
+                };
+                let _ = reply.send(answer);
+                continue;
+            }
             Ok(VmCommand::Stop { reply }) => {
                 let _ = reply.send(serde_json::json!({"ok": true}));
                 break;
