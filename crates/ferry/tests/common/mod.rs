@@ -41,6 +41,18 @@ pub fn last_json(out: &Output) -> serde_json::Value {
     })
 }
 
+/// Asserts what every successful migration must show: completed, memory
+/// digest matched, no guest mismatch, and the guest ran on at the destination.
+pub fn assert_verified(j: &serde_json::Value, context: &str) {
+    assert_eq!(j["status"], "completed", "{context}: {j}");
+    assert_eq!(j["digest_match"], true, "{context}: {j}");
+    assert_eq!(j["guest_mismatches"], 0, "{context}: {j}");
+    assert!(
+        j["dest_passes_after"].as_u64().unwrap_or(0) >= 1,
+        "{context}: {j}"
+    );
+}
+
 /// Asserts that nothing panicked.
 pub fn assert_no_panic(out: &Output) {
     let stderr = String::from_utf8_lossy(&out.stderr);
