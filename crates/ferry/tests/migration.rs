@@ -160,9 +160,7 @@ fn random_order_partial_writes_and_stride_migrate_exactly() {
         ]);
         assert_no_panic(&out);
         let j = last_json(&out);
-        assert_eq!(j["status"], "completed", "{backend}: {j}");
-        assert_eq!(j["digest_match"], true, "{backend}: {j}");
-        assert_eq!(j["guest_mismatches"], 0, "{backend}: {j}");
+        assert_verified(&j, backend);
         assert!(
             j["dest_passes_after"].as_u64().unwrap() >= 3,
             "{backend}: {j}"
