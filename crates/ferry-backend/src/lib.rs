@@ -17,12 +17,14 @@
 //! * [`vm`]: the `Vm` trait and the configuration both ends of a migration agree on.
 
 pub mod dirty;
+pub mod errors;
 pub mod memstress;
 pub mod ram;
 pub mod types;
 pub mod vm;
 
 pub use dirty::{DirtyPages, SharedDirtyBitmap};
+pub use errors::error_chain;
 pub use memstress::WorkloadError;
 pub use memstress::{AccessOrder, MemoryLayout, VcpuProgress, Workload};
 pub use ram::{Backing, GuestRam, RamError, RamSlot};

@@ -95,13 +95,6 @@ impl MigrationError {
 
     /// The message with its causes, for an Error frame to the peer.
     pub fn chain(&self) -> String {
-        let mut s = self.to_string();
-        let mut cur: Option<&dyn std::error::Error> = std::error::Error::source(self);
-        while let Some(e) = cur {
-            s.push_str(": ");
-            s.push_str(&e.to_string());
-            cur = e.source();
-        }
-        s
+        ferry_backend::error_chain(self)
     }
 }

@@ -36,16 +36,9 @@ impl From<KvmError> for BackendError {
     /// Flattens the error chain into one message, so the engine's report shows
     /// the cause (the errno) without repeating any level.
     fn from(e: KvmError) -> Self {
-        let mut what = e.to_string();
-        let mut cause = std::error::Error::source(&e);
-        while let Some(c) = cause {
-            what.push_str(": ");
-            what.push_str(&c.to_string());
-            cause = c.source();
-        }
         BackendError::Operation {
             backend: BackendKind::Kvm,
-            what,
+            what: ferry_backend::error_chain(&e),
             source: None,
         }
     }

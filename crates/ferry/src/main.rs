@@ -39,7 +39,7 @@ fn main() -> ExitCode {
     match cmd::run(cli.command) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ferry: error: {e}");
+            eprintln!("ferry: error: {}", ferry_backend::error_chain(&e));
             ExitCode::from(1)
         }
     }

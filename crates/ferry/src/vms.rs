@@ -3,11 +3,10 @@
 
 use crate::args::BackendArgs;
 use ferry_backend::{BackendError, BackendKind, Vm, VmConfig};
-use ferry_kvm::{KvmVm, Role};
-use ferry_soft::SoftVm;
-
+use ferry_kvm::KvmVm;
 /// Which end of a migration the VM is.
-pub use ferry_kvm::Role as VmRole;
+pub use ferry_kvm::Role;
+use ferry_soft::SoftVm;
 
 /// Creates a VM for `config` on the backend it names.
 pub fn create(

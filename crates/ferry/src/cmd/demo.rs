@@ -69,7 +69,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
             dest.0.id()
         );
     }
-    let mut vm = vms::create(&config, &a.backend, vms::VmRole::Source)?;
+    let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
     let summary = boot_and_migrate(&mut *vm, &addr, &a.migration)?;
     let status = dest
         .0

@@ -1,12 +1,12 @@
 //! `ferry migrate`: boot a source VM, let the guest warm up, and migrate it to
 //! a `ferry receive` listening elsewhere. Also the engine call `demo` shares.
 
-use super::receive::chain;
 use super::CmdError;
 use crate::args::{BackendArgs, WorkloadArgs};
 use crate::progress_bar::MigrationBar;
 use crate::{summary, vms};
 use clap::Args;
+use ferry_backend::error_chain as chain;
 use ferry_backend::memstress::{read_progress, set_write_percent};
 use ferry_backend::Vm;
 use ferry_engine::{MigrationSummary, PrecopyOptions, Status, Tunables};
@@ -67,7 +67,7 @@ pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
     }
     let workload = a.workload.workload().map_err(CmdError::Usage)?;
     let config = a.backend.config(workload);
-    let mut vm = vms::create(&config, &a.backend, vms::VmRole::Source)?;
+    let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
     let summary = boot_and_migrate(&mut *vm, &a.to, &a.migration)?;
     Ok(finish(&mut *vm, &summary, a.migration.json))
 }

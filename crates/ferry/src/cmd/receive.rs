@@ -7,7 +7,7 @@ use crate::{rates, vms};
 use clap::Args;
 use ferry_backend::memstress::read_progress;
 use ferry_backend::types::human_bytes;
-use ferry_backend::{BackendError, Vm, VmConfig};
+use ferry_backend::{error_chain as chain, BackendError, Vm, VmConfig};
 use ferry_engine::{ExpectedVm, ReceiveOptions};
 use std::io::Write;
 use std::process::ExitCode;
@@ -87,7 +87,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         }
         let mut cfg = cfg.clone();
         cfg.backing = backend.backing();
-        vms::create(&cfg, &backend, vms::VmRole::Destination)
+        vms::create(&cfg, &backend, vms::Role::Destination)
     };
     let (mut vm, summary) = ferry_engine::receive(stream, &mut create, &opts)
         .map_err(|e| CmdError::Failed(chain(&e)))?;
@@ -135,19 +135,4 @@ fn keep_running(vm: &mut dyn Vm) -> Result<(), CmdError> {
         before = now;
         at = Instant::now();
     }
-}
-
-/// An error and all its causes on one line.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        cause = c.source();
-    }
-    s
 }

@@ -37,7 +37,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
         return Err(CmdError::Usage("--interval must be positive".into()));
     }
     let config = a.backend.config(workload);
-    let mut vm = vms::create(&config, &a.backend, vms::VmRole::Source)?;
+    let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
     vm.start()?;
     let vcpus = config.workload.vcpus;
     let started = Instant::now();
@@ -61,7 +61,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
                 commands: tx.clone(),
             },
         )
-        .map_err(|e| CmdError::Failed(super::receive::chain(&e)))?;
+        .map_err(|e| CmdError::Failed(ferry_backend::error_chain(&e)))?;
         eprintln!("ferry: control socket at {}", path.display());
     }
     let _keep_channel_open = tx;
@@ -70,7 +70,9 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
             Ok(VmCommand::Throttle { percent, reply }) => {
                 let answer = match vm.set_time_throttle(percent.min(99)) {
                     Ok(()) => serde_json::json!({"ok": true, "throttle_percent": percent.min(99)}),
-                    Err(e) => serde_json::json!({"ok": false, "error": super::receive::chain(&e)}),
+                    Err(e) => {
+                        serde_json::json!({"ok": false, "error": ferry_backend::error_chain(&e)})
+                    }
                 };
                 let _ = reply.send(answer);
                 continue;
