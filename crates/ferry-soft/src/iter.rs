@@ -99,15 +99,7 @@ impl<'a> Walker<'a> {
         match self.mode {
             Iteration::FullScan => {
                 for i in first as usize..last as usize {
-                    self.steps += 1;
-                    let entry = table.entries[i].load(Ordering::Acquire);
-                    if pte::is_present(entry) {
-                        self.visit_entry(
-                            table, i, level, base, span, entry, min_level, start, end, visit,
-                        );
-                    } else {
-                        self.empty_steps += 1;
-                    }
+                    self.step(table, i, level, base, span, min_level, start, end, visit);
                 }
             }
             Iteration::PresentOnly => {
@@ -119,35 +111,35 @@ impl<'a> Walker<'a> {
                         if (i as u64) < first || (i as u64) >= last {
                             continue;
                         }
-                        self.steps += 1;
-                        let entry = table.entries[i].load(Ordering::Acquire);
-                        if pte::is_present(entry) {
-                            self.visit_entry(
-                                table, i, level, base, span, entry, min_level, start, end, visit,
-                            );
-                        } else {
-                            self.empty_steps += 1;
-                        }
+                        self.step(table, i, level, base, span, min_level, start, end, visit);
                     }
                 }
             }
         }
     }
 
+    /// One loop step: entry `i` of `table`. A present entry is visited (and
+    /// descended into if asked); a non-present one only counts as an empty
+    /// step, which present-only iteration never takes.
     #[allow(clippy::too_many_arguments)]
-    fn visit_entry(
+    fn step(
         &mut self,
         table: &Table,
         i: usize,
         level: u8,
         base: u64,
         span: u64,
-        entry: u64,
         min_level: u8,
         start: u64,
         end: u64,
         visit: &mut dyn FnMut(&Visit<'_>) -> Next,
     ) {
+        self.steps += 1;
+        let entry = table.entries[i].load(Ordering::Acquire);
+        if !pte::is_present(entry) {
+            self.empty_steps += 1;
+            return;
+        }
         let v = Visit {
             table,
             index: i,
