@@ -253,9 +253,11 @@ fn map_region(
     let builder = MmapRegionBuilder::new_with_bitmap(size as usize, bitmap).with_mmap_prot(prot);
     let (builder, hint) = match backing {
         Backing::Anonymous | Backing::Thp => (builder.with_mmap_flags(anon), ""),
+        // No MAP_NORESERVE: the reservation must fail here, with a hint,
+        // not later as a fault the guest cannot survive.
         Backing::Hugetlb => (
             builder
-                .with_mmap_flags(anon | libc::MAP_HUGETLB)
+                .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB)
                 .with_hugetlbfs(true),
             ": reserve 2 MiB huge pages first (echo N > /proc/sys/vm/nr_hugepages)",
         ),
