@@ -170,13 +170,7 @@ impl VcpuMem {
         }
         if t.fault {
             self.faults += 1;
-            if self.exit_cost_ns > 0 {
-                let until =
-                    std::time::Instant::now() + std::time::Duration::from_nanos(self.exit_cost_ns);
-                while std::time::Instant::now() < until {
-                    std::hint::spin_loop();
-                }
-            }
+            crate::hw_cost::spin_for(self.exit_cost_ns);
         }
         let host = self.view.host(gfn)?;
         self.tlb.fill(gfn, host, t.writable);

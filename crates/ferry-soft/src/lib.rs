@@ -17,13 +17,14 @@
 //!
 //! Mechanism switches are in [`config`]; the dirty quota and the annotated
 //! fault exits are in [`quota`] and [`fault_exit`]; the seed experiments are in
-//! [`experiments`].
+//! [`experiments`], and the hardware costs they may model are in [`hw_cost`].
 
 pub mod config;
 pub mod error;
 pub mod experiments;
 pub mod fault_exit;
 pub mod guest_mem;
+pub mod hw_cost;
 pub mod iter;
 pub mod mmu;
 pub mod ops;

@@ -1,7 +1,9 @@
 //! The soft MMU: guest-physical to host translation through 4-level radix
 //! tables, the fault paths, and the dirty log.
 //!
-//! Concurrency follows the TDP MMU. vCPU faults hold the MMU lock *shared*
+//! Concurrency follows the TDP MMU. A TLB miss that needs no fault walks with
+//! no lock at all, as the hardware walker does (tables are reused only after
+//! a flush grace period, see `walk_lockless`). vCPU faults hold the MMU lock *shared*
 //! and change entries with compare-exchange, so faults on different pages run
 //! in parallel. Structural changes that free tables (zap) or rewrite many
 //! entries (eager split, walk-based write-protect) hold it *exclusively*. Nobody
@@ -11,6 +13,7 @@
 //!
 //! ```text
 //!  access ─► TLB hit ─► done
+//!     └──► lock-free walk: present leaf with the permission ─► fill TLB
 //!     └──► walk (lock shared): per table: lazy write-protect if its generation is stale
 //!            missing entry  ─► map (huge leaf if allowed, else tables down to 4K)
 //!            write on RO 4K ─► write fault: mark dirty, make writable
@@ -211,6 +214,11 @@ impl Mmu {
         if gfn.0 >= self.frames {
             return Err(SoftError::OutOfRange(gfn.0));
         }
+        if vcpu.is_some() {
+            if let Some(t) = self.walk_lockless(gfn.0, write) {
+                return Ok(t);
+            }
+        }
         loop {
             let step = {
                 let _shared = self.read_lock(vcpu);
@@ -278,6 +286,47 @@ impl Mmu {
 
     fn mark_dirty(&self, gfn: u64) -> bool {
         self.logging.load(Ordering::Acquire) && self.dirty.mark(Gfn(gfn))
+    }
+
+    /// A TLB miss that needs no fault, served as a hardware page walker
+    /// serves it: loads only, no MMU lock. Returns `None` when the access must
+    /// take the fault path (missing or frozen entry, write to a read-only leaf).
+    ///
+    /// Only a vCPU in the flush domain may walk without the lock: tables are
+    /// returned to the arena only after a remote flush that every online vCPU
+    /// acknowledges at an access boundary, and a walk never spans a boundary,
+    /// so no table this walk reads is reused under it. Anything it caches that
+    /// was changed meanwhile is dropped at that same acknowledgement, before
+    /// the changer's flush returns. Stale tables are still write-protected on
+    /// the way down, so a writable translation is only ever one that a write
+    /// fault of the current generation made writable.
+    #[inline]
+    fn walk_lockless(&self, gfn: u64, write: bool) -> Option<Translation> {
+        let gen = self.gen.load(Ordering::Acquire);
+        let mut t = self.root;
+        let mut level = ROOT_LEVEL;
+        loop {
+            let table = self.arena.get(t);
+            self.sync_table(table, gen);
+            let e = table.entries[pte::index(gfn, level)].load(Ordering::Acquire);
+            if !pte::is_present(e) {
+                return None; // missing, or FROZEN (which is not present)
+            }
+            if !pte::is_leaf(e, level) {
+                t = pte::child(e);
+                level -= 1;
+                continue;
+            }
+            let writable = pte::is_writable(e);
+            if write && !writable {
+                return None;
+            }
+            return Some(Translation {
+                writable,
+                dirtied: false,
+                fault: false,
+            });
+        }
     }
 
     fn walk(&self, vcpu: Option<usize>, gfn: u64, write: bool) -> Result<Step, SoftError> {

@@ -53,9 +53,12 @@ impl Mmu {
         Walker::new(&self.arena, self.mech.iteration)
     }
 
-    /// Frees the subtree under table `t` (which must be unreachable), clearing
-    /// only its present entries.
-    fn free_subtree(&self, t: u32) {
+    /// Empties the subtree under table `t` (which must be unreachable),
+    /// clearing only its present entries, and collects its tables into
+    /// `retired`. They go back to the arena only after the remote flush that
+    /// follows (see [`Mmu::free_retired`]), because a vCPU's lock-free walk may
+    /// still be reading them until it acknowledges that flush.
+    fn retire_subtree(&self, t: u32, retired: &mut Vec<u32>) {
         let table = self.arena.get(t);
         let level = table.level();
         for w in 0..pte::ENTRIES / 64 {
@@ -65,18 +68,32 @@ impl Mmu {
                 bits &= bits - 1;
                 let old = table.clear(i);
                 if pte::is_present(old) && !pte::is_leaf(old, level) {
-                    self.free_subtree(pte::child(old));
+                    self.retire_subtree(pte::child(old), retired);
                 }
             }
         }
-        table.write_protect_possibly_writable();
-        self.arena.free(t);
+        {
+            // A lock-free walk may be syncing this table right now.
+            let _locked = table.lock();
+            table.write_protect_possibly_writable();
+        }
+        retired.push(t);
     }
 
-    fn zap_entry(&self, table: &crate::table::Table, i: usize, level: u8) {
+    fn zap_entry(&self, table: &crate::table::Table, i: usize, level: u8, retired: &mut Vec<u32>) {
         let old = table.clear(i);
         if pte::is_present(old) && !pte::is_leaf(old, level) {
-            self.free_subtree(pte::child(old));
+            self.retire_subtree(pte::child(old), retired);
+        }
+    }
+
+    /// Returns retired tables to the arena. Call only after a remote flush
+    /// issued after they became unreachable: every vCPU has then passed an
+    /// access boundary, so no walk still holds them (the flush is the grace
+    /// period, as RCU is for KVM's TDP MMU).
+    fn free_retired(&self, retired: Vec<u32>) {
+        for t in retired {
+            self.arena.free(t);
         }
     }
 
@@ -86,6 +103,7 @@ impl Mmu {
     /// flushes TLBs. Returns iterator steps per pass.
     pub fn zap_all(&self) -> [WalkStats; ROOT_LEVEL as usize] {
         let mut passes = [WalkStats::default(); ROOT_LEVEL as usize];
+        let mut retired = Vec::new();
         {
             let _excl = self.write_lock();
             for zap_level in 1..=ROOT_LEVEL {
@@ -95,7 +113,7 @@ impl Mmu {
                     if v.level > zap_level {
                         return Next::Descend;
                     }
-                    self.zap_entry(v.table, v.index, v.level);
+                    self.zap_entry(v.table, v.index, v.level, &mut retired);
                     zapped += 1;
                     Next::Skip
                 });
@@ -103,12 +121,14 @@ impl Mmu {
             }
         }
         self.flush.flush_remote(None);
+        self.free_retired(retired);
         passes
     }
 
     /// Zaps every leaf lying wholly inside frames `start..end` (tables stay).
     pub fn zap_range(&self, start: u64, end: u64) -> WalkStats {
         let mut stats = WalkStats::default();
+        let mut retired = Vec::new();
         {
             let _excl = self.write_lock();
             let mut w = self.walker();
@@ -119,7 +139,7 @@ impl Mmu {
                 }
                 let span = pte::frames_per_entry(v.level);
                 if v.gfn >= start && v.gfn + span <= end {
-                    self.zap_entry(v.table, v.index, v.level);
+                    self.zap_entry(v.table, v.index, v.level, &mut retired);
                     zapped += 1;
                 }
                 Next::Skip
@@ -127,6 +147,7 @@ impl Mmu {
             stats.add(&w, zapped);
         }
         self.flush.flush_remote(None);
+        self.free_retired(retired);
         stats
     }
 

@@ -4,9 +4,10 @@
 //! instead of a pointer. The arena's size is the most tables the guest-physical
 //! range can ever need (one per aligned range per level, plus slack for faults
 //! that lose an install race), so it never grows and a table index stays valid
-//! for the life of the MMU: a walker holding the MMU lock shared can never see a
-//! table disappear under it, because tables are only freed under the exclusive
-//! lock (zap) or before they were ever published (a lost install race).
+//! for the life of the MMU. A walker never sees a table reused under it:
+//! a zap unlinks tables under the exclusive lock but returns them to the arena
+//! only after the remote flush that follows, which every vCPU acknowledges
+//! between walks; a table that lost an install race was never published.
 //!
 //! Per-table metadata, as in the TDP MMU plus the fast-write-protection seed:
 //!

@@ -14,10 +14,14 @@
 //!  offline (paused, throttled): skipped; clears its TLB when it comes back
 //! ```
 //!
+//! The handshake is the software part of a flush. An experiment can add the
+//! hardware part, a modelled broadcast-invalidation cost (hw_cost.rs).
+//!
 //! A vCPU that must wait inside the MMU (for a lock, or for its own flush)
 //! keeps acknowledging others' requests and notes that its TLB must be
 //! cleared before its next use, so two flushing vCPUs never wait on each other.
 
+use crate::hw_cost::DvmPath;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// One vCPU's flush state, on its own cache line.
@@ -34,6 +38,9 @@ pub struct FlushDomain {
     req: AtomicU64,
     slots: Box<[Slot]>,
     flushes: AtomicU64,
+    /// Modelled cost of the broadcast invalidation itself (hw_cost.rs).
+    broadcast_cost_ns: AtomicU64,
+    dvm: DvmPath,
 }
 
 impl FlushDomain {
@@ -43,7 +50,16 @@ impl FlushDomain {
             req: AtomicU64::new(0),
             slots: (0..vcpus).map(|_| Slot::default()).collect(),
             flushes: AtomicU64::new(0),
+            broadcast_cost_ns: AtomicU64::new(0),
+            dvm: DvmPath::default(),
         }
+    }
+
+    /// Makes every remote flush also pay a modelled broadcast-TLBI cost of
+    /// `ns`, serialised over one DVM path (see hw_cost.rs; 0 = none, the
+    /// default).
+    pub fn set_broadcast_cost_ns(&self, ns: u64) {
+        self.broadcast_cost_ns.store(ns, Ordering::Relaxed);
     }
 
     /// Number of vCPU slots.
@@ -116,6 +132,12 @@ impl FlushDomain {
         if let Some(v) = me {
             self.ack_deferred(v);
         }
+        self.dvm
+            .occupy(self.broadcast_cost_ns.load(Ordering::Relaxed), || {
+                if let Some(v) = me {
+                    self.ack_deferred(v);
+                }
+            });
         for (v, slot) in self.slots.iter().enumerate() {
             let mut spins = 0u32;
             while slot.online.load(Ordering::SeqCst) && slot.ack.load(Ordering::Acquire) < target {

@@ -28,12 +28,15 @@ fn write_protect_default() {
 #[test]
 #[ignore = "benchmark: prints numbers, run on demand"]
 fn dirty_log_default() {
-    let exit: u64 = std::env::var("FERRY_EXIT_NS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(ferry_soft::experiments::dirty_log::SEED_EXIT_COST_NS);
+    let env = |name: &str, default: u64| -> u64 {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
     let opts = ferry_soft::experiments::dirty_log::DirtyLogOpts {
-        exit_cost_ns: exit,
+        exit_cost_ns: env("FERRY_EXIT_NS", ferry_soft::hw_cost::SEED_EXIT_COST_NS),
+        tlbi_cost_ns: env("FERRY_TLBI_NS", ferry_soft::hw_cost::SEED_BROADCAST_TLBI_NS),
         ..Default::default()
     };
     let r = ferry_soft::experiments::dirty_log::dirty_log_experiment(&opts).unwrap();

@@ -16,12 +16,14 @@
 //! maps only that 4 KiB page, so later reads of its 511 neighbours fault too.
 //! Eager: all huge leaves were split when logging started (timed separately).
 //! A fault can be given a modelled exit cost (a VM exit and re-entry on
-//! hardware); the table says which.
+//! hardware) and a remote flush a modelled broadcast-TLBI cost (hw_cost.rs);
+//! the table says which.
 
 use super::{machine_note, ns, time};
 use crate::config::{LeafSize, Mechanisms, SplitMode};
 use crate::error::SoftError;
 use crate::guest_mem::{HostView, VcpuMem};
+use crate::hw_cost::{SEED_BROADCAST_TLBI_NS, SEED_EXIT_COST_NS};
 use crate::mmu::{Mmu, MmuStats};
 use ferry_backend::memstress::next_rand32;
 use ferry_backend::DirtyPages;
@@ -45,6 +47,8 @@ pub struct DirtyLogOpts {
     pub iterations: u32,
     /// Modelled cost of one fault's exit to the hypervisor, in ns (0 = none).
     pub exit_cost_ns: u64,
+    /// Modelled cost of one broadcast TLB invalidation, in ns (0 = none).
+    pub tlbi_cost_ns: u64,
     /// Runs of each configuration; the table shows the median first pass.
     pub repeats: u32,
 }
@@ -57,18 +61,11 @@ impl Default for DirtyLogOpts {
             write_bytes_per_vcpu: 1 << 30,
             iterations: 3,
             exit_cost_ns: SEED_EXIT_COST_NS,
+            tlbi_cost_ns: SEED_BROADCAST_TLBI_NS,
             repeats: 3,
         }
     }
 }
-
-/// The cost of one stage-2 fault in the seed's own numbers: its read-heavy
-/// run at 1 vCPU took 0.65 s with split on fault and 0.09 s with eager
-/// splitting over 1 GiB, the difference being ~257k extra faults, about
-/// 2.2 µs each. The soft MMU does the fault's page-table work for real; this
-/// models only the exit to the hypervisor and back, which has no software
-/// equivalent. Set `exit_cost_ns` to 0 to see the soft MMU alone.
-pub const SEED_EXIT_COST_NS: u64 = 2000;
 
 /// The access pattern of a pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -214,6 +211,7 @@ fn run(
     let mmu = Arc::new(Mmu::new(frames_per_vcpu * u64::from(n), n as usize, mech)?);
     // Populate: one write per 2 MiB maps every huge page, writable.
     pass(&mmu, n, frames_per_vcpu, 512, 1 << 32, 0, 1)?;
+    mmu.flush_domain().set_broadcast_cost_ns(opts.tlbi_cost_ns);
     let (enabled, enable) = time(|| mmu.start_dirty_log());
     enabled?;
     let mut r = DirtyLogRun {
@@ -269,12 +267,14 @@ pub fn dirty_log_experiment(opts: &DirtyLogOpts) -> Result<Report<DirtyLogResult
         }
     }
     let max_vcpus = opts.vcpus.iter().copied().max().unwrap_or(1) as usize;
-    let exit = if opts.exit_cost_ns == 0 {
-        "no modelled exit cost (a fault costs only the soft MMU's work)".to_string()
+    let exit = if opts.exit_cost_ns == 0 && opts.tlbi_cost_ns == 0 {
+        "no modelled hardware cost (a fault costs only the soft MMU's work)".to_string()
     } else {
         format!(
-            "each fault costs a modelled {} ns VM exit",
-            opts.exit_cost_ns
+            "modelled hardware costs (hw_cost.rs): {} ns VM exit per fault, {} ns broadcast \
+             TLBI per remote flush, one at a time; both from the seed's 1-vCPU rows, which \
+             therefore calibrate rather than test",
+            opts.exit_cost_ns, opts.tlbi_cost_ns
         )
     };
     let mut tables = Vec::new();
@@ -390,6 +390,7 @@ mod tests {
             write_bytes_per_vcpu: 16 << 20,
             iterations: 2,
             exit_cost_ns: 0,
+            tlbi_cost_ns: 0,
             repeats: 1,
         })
         .unwrap();

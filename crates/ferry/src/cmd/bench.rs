@@ -98,8 +98,13 @@ pub struct DirtyLogArgs {
     pub total_mem: u64,
     /// Modelled cost of a fault's exit to the hypervisor in ns (soft backend;
     /// 2000 = the seed's own figure, 0 = the software MMU alone).
-    #[arg(long = "exit-cost-ns", default_value_t = ferry_soft::experiments::dirty_log::SEED_EXIT_COST_NS)]
+    #[arg(long = "exit-cost-ns", default_value_t = ferry_soft::hw_cost::SEED_EXIT_COST_NS)]
     pub exit_cost_ns: u64,
+    /// Modelled cost of one broadcast TLB invalidation in ns, paid one at a
+    /// time by every remote flush, e.g. split on fault's break-before-make
+    /// (soft backend; 2500 = the seed's own figure, 0 = none).
+    #[arg(long = "tlbi-cost-ns", default_value_t = ferry_soft::hw_cost::SEED_BROADCAST_TLBI_NS)]
+    pub tlbi_cost_ns: u64,
     /// Runs of each soft configuration (median reported).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeats: u32,
@@ -154,6 +159,7 @@ fn dirty_log_soft(a: DirtyLogArgs) -> Result<ExitCode, CmdError> {
         total_bytes: a.total_mem,
         iterations: a.iterations,
         exit_cost_ns: a.exit_cost_ns,
+        tlbi_cost_ns: a.tlbi_cost_ns,
         repeats: a.repeats,
         ..DirtyLogOpts::default()
     };
