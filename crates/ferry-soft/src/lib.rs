@@ -20,6 +20,7 @@
 //! [`experiments`], and the hardware costs they may model are in [`hw_cost`].
 
 pub mod config;
+pub mod counter;
 pub mod error;
 pub mod experiments;
 pub mod fault_exit;
@@ -27,6 +28,7 @@ pub mod guest_mem;
 pub mod hw_cost;
 pub mod iter;
 pub mod mmu;
+pub mod mmu_lock;
 pub mod ops;
 pub mod pte;
 pub mod quota;

@@ -26,8 +26,10 @@
 //! again and lands in the next one.
 
 use crate::config::{Mechanisms, WriteProtect};
+use crate::counter::Counter;
 use crate::error::SoftError;
 use crate::fault_exit::{FaultFlags, MemoryFault, Residency};
+use crate::mmu_lock::{MmuLock, ReadGuard, WriteGuard};
 use crate::pte::{self, ROOT_LEVEL};
 use crate::table::{Arena, Table};
 use crate::tlb::FlushDomain;
@@ -35,25 +37,25 @@ use ferry_backend::Gpa;
 use ferry_backend::{Gfn, SharedDirtyBitmap};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::sync::{Arc, OnceLock};
 
 /// Counters of MMU events.
 #[derive(Default, Debug)]
 pub struct MmuCounters {
     /// Faults on a missing entry.
-    pub missing_faults: AtomicU64,
+    pub missing_faults: Counter,
     /// Write faults on a present read-only leaf.
-    pub write_faults: AtomicU64,
+    pub write_faults: Counter,
     /// Huge leaves broken by a write fault.
-    pub fault_splits: AtomicU64,
+    pub fault_splits: Counter,
     /// Huge leaves split eagerly.
-    pub eager_splits: AtomicU64,
+    pub eager_splits: Counter,
     /// Tables write-protected lazily (generation mode).
-    pub lazy_syncs: AtomicU64,
+    pub lazy_syncs: Counter,
     /// Entries write-protected (either mode).
-    pub protected_entries: AtomicU64,
+    pub protected_entries: Counter,
     /// Walks that had to restart (frozen entry, lost race).
-    pub retries: AtomicU64,
+    pub retries: Counter,
 }
 
 /// A snapshot of [`MmuCounters`].
@@ -101,7 +103,7 @@ enum Step {
 pub struct Mmu {
     pub(crate) arena: Arena,
     pub(crate) root: u32,
-    pub(crate) lock: RwLock<()>,
+    pub(crate) lock: MmuLock,
     frames: u64,
     pub(crate) mech: Mechanisms,
     pub(crate) gen: AtomicU64,
@@ -120,7 +122,7 @@ impl Mmu {
         Ok(Mmu {
             arena,
             root,
-            lock: RwLock::new(()),
+            lock: MmuLock::new(vcpus),
             frames,
             mech,
             gen: AtomicU64::new(0),
@@ -160,7 +162,7 @@ impl Mmu {
     /// A snapshot of the counters.
     pub fn stats(&self) -> MmuStats {
         let c = &self.counters;
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let l = Counter::get;
         MmuStats {
             missing_faults: l(&c.missing_faults),
             write_faults: l(&c.write_faults),
@@ -176,30 +178,17 @@ impl Mmu {
 
     /// Takes the lock shared. A vCPU that has to wait keeps acknowledging
     /// remote flushes, so a flusher holding the lock shared can finish.
-    pub(crate) fn read_lock(&self, vcpu: Option<usize>) -> RwLockReadGuard<'_, ()> {
-        let mut spins = 0u32;
-        loop {
-            match self.lock.try_read() {
-                Ok(g) => return g,
-                Err(TryLockError::Poisoned(p)) => return p.into_inner(),
-                Err(TryLockError::WouldBlock) => {
-                    if let Some(v) = vcpu {
-                        self.flush.ack_deferred(v);
-                    }
-                    spins += 1;
-                    if spins.is_multiple_of(16) {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
+    pub(crate) fn read_lock(&self, vcpu: Option<usize>) -> ReadGuard<'_> {
+        self.lock.read(vcpu, || {
+            if let Some(v) = vcpu {
+                self.flush.ack_deferred(v);
             }
-        }
+        })
     }
 
     /// Takes the lock exclusively.
-    pub(crate) fn write_lock(&self) -> RwLockWriteGuard<'_, ()> {
-        self.lock.write().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn write_lock(&self) -> WriteGuard<'_> {
+        self.lock.write()
     }
 
     /// Translates `gfn` for an access by `vcpu` (None for a host thread),
@@ -215,7 +204,7 @@ impl Mmu {
             return Err(SoftError::OutOfRange(gfn.0));
         }
         if vcpu.is_some() {
-            if let Some(t) = self.walk_lockless(gfn.0, write) {
+            if let Some(t) = self.walk_lockless(vcpu, gfn.0, write) {
                 return Ok(t);
             }
         }
@@ -227,7 +216,7 @@ impl Mmu {
             match step {
                 Step::Done(t) => return Ok(t),
                 Step::Retry => {
-                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    self.counters.retries.add(vcpu, 1);
                     if let Some(v) = vcpu {
                         self.flush.ack_deferred(v);
                     }
@@ -266,7 +255,7 @@ impl Mmu {
     /// Brings `table` up to write-protect generation `gen` (lazy
     /// write-protect: only possibly-writable entries are touched).
     #[inline]
-    pub(crate) fn sync_table(&self, table: &Table, gen: u64) {
+    pub(crate) fn sync_table(&self, vcpu: Option<usize>, table: &Table, gen: u64) {
         if self.mech.write_protect != WriteProtect::Generation
             || table.wp_gen.load(Ordering::Acquire) >= gen
         {
@@ -278,10 +267,8 @@ impl Mmu {
         }
         let n = table.write_protect_possibly_writable();
         table.wp_gen.store(gen, Ordering::Release);
-        self.counters.lazy_syncs.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .protected_entries
-            .fetch_add(n, Ordering::Relaxed);
+        self.counters.lazy_syncs.add(vcpu, 1);
+        self.counters.protected_entries.add(vcpu, n);
     }
 
     fn mark_dirty(&self, gfn: u64) -> bool {
@@ -301,13 +288,13 @@ impl Mmu {
     /// the way down, so a writable translation is only ever one that a write
     /// fault of the current generation made writable.
     #[inline]
-    fn walk_lockless(&self, gfn: u64, write: bool) -> Option<Translation> {
+    fn walk_lockless(&self, vcpu: Option<usize>, gfn: u64, write: bool) -> Option<Translation> {
         let gen = self.gen.load(Ordering::Acquire);
         let mut t = self.root;
         let mut level = ROOT_LEVEL;
         loop {
             let table = self.arena.get(t);
-            self.sync_table(table, gen);
+            self.sync_table(vcpu, table, gen);
             let e = table.entries[pte::index(gfn, level)].load(Ordering::Acquire);
             if !pte::is_present(e) {
                 return None; // missing, or FROZEN (which is not present)
@@ -335,7 +322,7 @@ impl Mmu {
         let mut level = ROOT_LEVEL;
         loop {
             let table = self.arena.get(t);
-            self.sync_table(table, gen);
+            self.sync_table(vcpu, table, gen);
             let i = pte::index(gfn, level);
             let e = table.entries[i].load(Ordering::Acquire);
             if e == pte::FROZEN {
@@ -360,7 +347,7 @@ impl Mmu {
                         }));
                     }
                 }
-                self.counters.missing_faults.fetch_add(1, Ordering::Relaxed);
+                self.counters.missing_faults.add(vcpu, 1);
                 if !write {
                     if table.install(i, pte::leaf(base, level, false)).is_err() {
                         continue;
@@ -413,7 +400,7 @@ impl Mmu {
             {
                 continue;
             }
-            self.counters.write_faults.fetch_add(1, Ordering::Relaxed);
+            self.counters.write_faults.add(vcpu, 1);
             let dirtied = level == 1 && self.mark_dirty(gfn);
             return Ok(Step::Done(Translation {
                 writable: true,
@@ -451,7 +438,7 @@ impl Mmu {
             }
         };
         table.entries[i].store(pte::table(child), Ordering::Release);
-        self.counters.fault_splits.fetch_add(1, Ordering::Relaxed);
+        self.counters.fault_splits.add(vcpu, 1);
         Ok(())
     }
 

@@ -196,9 +196,7 @@ impl Mmu {
                 Next::Descend // a 1 GiB split yields 2 MiB leaves to split next
             });
             stats.add(&w, split);
-            self.counters
-                .eager_splits
-                .fetch_add(split, Ordering::Relaxed);
+            self.counters.eager_splits.add(None, split);
             if let Some(e) = failure {
                 return Err(e.into());
             }
@@ -234,9 +232,7 @@ impl Mmu {
                     Next::Skip
                 });
                 stats.add(&w, protected);
-                self.counters
-                    .protected_entries
-                    .fetch_add(protected, Ordering::Relaxed);
+                self.counters.protected_entries.add(None, protected);
             }
         }
         self.flush.flush_remote(None);
