@@ -98,6 +98,12 @@ impl DvmPath {
         }
     }
 
+    /// Where the path's timeline is reserved up to, in ns since it was made.
+    #[cfg(test)]
+    pub(crate) fn reserved_until_ns(&self) -> u64 {
+        self.free_at.load(Ordering::Acquire)
+    }
+
     /// Sends one broadcast invalidation costing `ns` of the path and waits
     /// until it has completed. `while_waiting` runs between spins (a vCPU uses
     /// it to keep acknowledging others' flushes, so waiters never deadlock).

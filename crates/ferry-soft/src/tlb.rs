@@ -235,6 +235,22 @@ mod tests {
     }
 
     #[test]
+    fn a_remote_flush_pays_the_modelled_broadcast_cost_on_the_dvm_path() {
+        let d = FlushDomain::new(1);
+        d.flush_remote(None);
+        assert_eq!(d.dvm.reserved_until_ns(), 0, "no cost by default");
+        d.set_broadcast_cost_ns(50_000);
+        d.flush_remote(None);
+        d.flush_remote(None);
+        let until = d.dvm.reserved_until_ns();
+        assert!(
+            until >= 100_000,
+            "two 50 µs slots back to back end at {until}"
+        );
+        assert_eq!(d.flushes(), 3);
+    }
+
+    #[test]
     fn flush_waits_for_online_vcpus_only() {
         let d = Arc::new(FlushDomain::new(2));
         d.flush_remote(None); // nobody online: returns at once

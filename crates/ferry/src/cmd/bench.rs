@@ -106,7 +106,7 @@ pub struct DirtyLogArgs {
     #[arg(long = "tlbi-cost-ns", default_value_t = ferry_soft::hw_cost::SEED_BROADCAST_TLBI_NS)]
     pub tlbi_cost_ns: u64,
     /// Runs of each soft configuration (median reported).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeats: u32,
     #[command(flatten)]
     pub backend: BackendArgs,
