@@ -37,7 +37,7 @@ use ferry_backend::Gpa;
 use ferry_backend::{Gfn, SharedDirtyBitmap};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Counters of MMU events.
 #[derive(Default, Debug)]
@@ -112,6 +112,9 @@ pub struct Mmu {
     pub(crate) flush: FlushDomain,
     pub(crate) counters: MmuCounters,
     residency: OnceLock<Arc<Residency>>,
+    /// Tables a zap unlinked, waiting for its flush before they are freed
+    /// (kept here so a zap does not allocate).
+    pub(crate) retired: Mutex<Vec<u32>>,
 }
 
 impl Mmu {
@@ -131,6 +134,7 @@ impl Mmu {
             flush: FlushDomain::new(vcpus),
             counters: MmuCounters::default(),
             residency: OnceLock::new(),
+            retired: Mutex::new(Vec::new()),
         })
     }
 

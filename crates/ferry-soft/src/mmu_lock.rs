@@ -12,14 +12,13 @@
 //!
 //! ```text
 //!  reader v: slot[v] += 1; if writer { slot[v] -= 1; wait until !writer; retry }
-//!  writer:   (one writer at a time) writer = true; wait ∀ slots == 0 ... writer = false
+//!  writer:   cmpxchg writer false → true; wait ∀ slots == 0 ... writer = false
 //! ```
 //!
 //! Both sides store their own flag, then load the other's, all `SeqCst`, so
 //! a reader and a writer can never both go ahead (Dekker).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 #[repr(align(64))]
 #[derive(Default)]
@@ -29,8 +28,8 @@ struct ReaderSlot(AtomicU64);
 pub struct MmuLock {
     /// One per vCPU, then one for host threads.
     readers: Box<[ReaderSlot]>,
+    /// Held by the one writer (writers take it by compare-exchange).
     writer: AtomicBool,
-    one_writer: Mutex<()>,
 }
 
 /// The lock held shared.
@@ -47,7 +46,6 @@ impl Drop for ReadGuard<'_> {
 /// The lock held exclusively.
 pub struct WriteGuard<'a> {
     lock: &'a MmuLock,
-    _one_writer: MutexGuard<'a, ()>,
 }
 
 impl Drop for WriteGuard<'_> {
@@ -72,7 +70,6 @@ impl MmuLock {
         MmuLock {
             readers: (0..=vcpus).map(|_| ReaderSlot::default()).collect(),
             writer: AtomicBool::new(false),
-            one_writer: Mutex::new(()),
         }
     }
 
@@ -98,18 +95,20 @@ impl MmuLock {
 
     /// Takes the lock exclusively.
     pub fn write(&self) -> WriteGuard<'_> {
-        let one = self.one_writer.lock().unwrap_or_else(|p| p.into_inner());
-        self.writer.store(true, Ordering::SeqCst);
         let mut spins = 0;
+        while self
+            .writer
+            .compare_exchange_weak(false, true, Ordering::SeqCst, Ordering::Relaxed)
+            .is_err()
+        {
+            back_off(&mut spins);
+        }
         for r in self.readers.iter() {
             while r.0.load(Ordering::SeqCst) != 0 {
                 back_off(&mut spins);
             }
         }
-        WriteGuard {
-            lock: self,
-            _one_writer: one,
-        }
+        WriteGuard { lock: self }
     }
 }
 

@@ -72,11 +72,10 @@ impl Mmu {
                 }
             }
         }
-        {
-            // A lock-free walk may be syncing this table right now.
-            let _locked = table.lock();
-            table.write_protect_possibly_writable();
-        }
+        // No table lock: no fault can reach an unlinked table any more, and a
+        // lock-free walk syncing it concurrently takes each bitmap word by
+        // exchange too, so every bit is cleared and counted exactly once.
+        table.write_protect_possibly_writable();
         retired.push(t);
     }
 
@@ -91,9 +90,9 @@ impl Mmu {
     /// issued after they became unreachable: every vCPU has then passed an
     /// access boundary, so no walk still holds them (the flush is the grace
     /// period, as RCU is for KVM's TDP MMU).
-    fn free_retired(&self, retired: Vec<u32>) {
-        for t in retired {
-            self.arena.free(t);
+    fn free_retired(&self, retired: &mut Vec<u32>) {
+        if !retired.is_empty() {
+            self.arena.free_all(retired.drain(..));
         }
     }
 
@@ -103,7 +102,7 @@ impl Mmu {
     /// flushes TLBs. Returns iterator steps per pass.
     pub fn zap_all(&self) -> [WalkStats; ROOT_LEVEL as usize] {
         let mut passes = [WalkStats::default(); ROOT_LEVEL as usize];
-        let mut retired = Vec::new();
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
         {
             let _excl = self.write_lock();
             for zap_level in 1..=ROOT_LEVEL {
@@ -121,14 +120,14 @@ impl Mmu {
             }
         }
         self.flush.flush_remote(None);
-        self.free_retired(retired);
+        self.free_retired(&mut retired);
         passes
     }
 
     /// Zaps every leaf lying wholly inside frames `start..end` (tables stay).
     pub fn zap_range(&self, start: u64, end: u64) -> WalkStats {
         let mut stats = WalkStats::default();
-        let mut retired = Vec::new();
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
         {
             let _excl = self.write_lock();
             let mut w = self.walker();
@@ -147,7 +146,7 @@ impl Mmu {
             stats.add(&w, zapped);
         }
         self.flush.flush_remote(None);
-        self.free_retired(retired);
+        self.free_retired(&mut retired);
         stats
     }
 

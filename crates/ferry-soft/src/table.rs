@@ -276,11 +276,22 @@ impl Arena {
 
     /// Returns an empty table to the arena. The table must not be reachable.
     pub fn free(&self, i: u32) {
-        let t = self.get(i);
-        debug_assert_eq!(t.present_count(), 0, "freeing a table with present entries");
-        debug_assert_eq!(t.writable_count(), 0);
-        self.in_use.fetch_sub(1, Ordering::AcqRel);
-        self.free.lock().expect("arena free list").push(i);
+        self.free_all(std::iter::once(i));
+    }
+
+    /// Returns empty tables to the arena under one lock of the free list.
+    /// The tables must not be reachable.
+    pub fn free_all(&self, tables: impl IntoIterator<Item = u32>) {
+        let mut free = self.free.lock().expect("arena free list");
+        let before = free.len();
+        for i in tables {
+            let t = self.get(i);
+            debug_assert_eq!(t.present_count(), 0, "freeing a table with present entries");
+            debug_assert_eq!(t.writable_count(), 0);
+            free.push(i);
+        }
+        self.in_use
+            .fetch_sub((free.len() - before) as u32, Ordering::AcqRel);
     }
 }
 
