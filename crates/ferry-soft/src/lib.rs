@@ -10,6 +10,7 @@
 //!        │                               │ per-vCPU TLB (tlb.rs)
 //!        ▼                               ▼
 //!  Mmu (mmu.rs faults, ops.rs zap/split/write-protect, iter.rs iterator)
+//!        │  lock with per-vCPU reader slots (mmu_lock.rs), sharded counters (counter.rs)
 //!        │  tables in an arena (table.rs), entries as AtomicU64 (pte.rs)
 //!        ▼
 //!  GuestRam (ferry-backend)      or sparse memory (sparse.rs): tables real, contents implied
