@@ -34,6 +34,7 @@ pub mod ops;
 pub mod pte;
 pub mod quota;
 pub mod sparse;
+mod spin;
 pub mod table;
 pub mod tlb;
 pub mod vcpu;

@@ -18,6 +18,7 @@
 //! Both sides store their own flag, then load the other's, all `SeqCst`, so
 //! a reader and a writer can never both go ahead (Dekker).
 
+use crate::spin::back_off;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 #[repr(align(64))]
@@ -54,16 +55,6 @@ impl Drop for WriteGuard<'_> {
     }
 }
 
-/// Spins a little, then yields: the other side may be a descheduled thread.
-fn back_off(spins: &mut u32) {
-    *spins += 1;
-    if spins.is_multiple_of(16) {
-        std::thread::yield_now();
-    } else {
-        std::hint::spin_loop();
-    }
-}
-
 impl MmuLock {
     /// A lock with reader slots for `vcpus` vCPUs and the host threads.
     pub fn new(vcpus: usize) -> Self {
@@ -88,7 +79,7 @@ impl MmuLock {
             slot.fetch_sub(1, Ordering::SeqCst);
             while self.writer.load(Ordering::Acquire) {
                 while_waiting();
-                back_off(&mut spins);
+                back_off(&mut spins, 16);
             }
         }
     }
@@ -101,11 +92,11 @@ impl MmuLock {
             .compare_exchange_weak(false, true, Ordering::SeqCst, Ordering::Relaxed)
             .is_err()
         {
-            back_off(&mut spins);
+            back_off(&mut spins, 16);
         }
         for r in self.readers.iter() {
             while r.0.load(Ordering::SeqCst) != 0 {
-                back_off(&mut spins);
+                back_off(&mut spins, 16);
             }
         }
         WriteGuard { lock: self }

@@ -72,9 +72,7 @@ impl Mmu {
                 }
             }
         }
-        // No table lock: no fault can reach an unlinked table any more, and a
-        // lock-free walk syncing it concurrently takes each bitmap word by
-        // exchange too, so every bit is cleared and counted exactly once.
+        // No table lock needed on an unlinked table (see the method's doc).
         table.write_protect_possibly_writable();
         retired.push(t);
     }

@@ -124,19 +124,16 @@ impl Table {
             .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
-            spins += 1;
-            if spins.is_multiple_of(64) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            crate::spin::back_off(&mut spins, 64);
         }
         TableGuard(self)
     }
 
     /// Clears `WRITABLE` in every possibly-writable entry, using the bitmap
     /// so clean entries are never touched. Returns how many entries it visited.
-    /// Caller holds [`Table::lock`].
+    /// Caller holds [`Table::lock`], or no fault can reach the table any more
+    /// (a zap retiring it): each bitmap word is taken by exchange, so a
+    /// concurrent lock-free sync and a retire clear and count every bit once.
     pub fn write_protect_possibly_writable(&self) -> u64 {
         let mut visited = 0;
         for w in 0..WORDS {

@@ -145,12 +145,7 @@ impl FlushDomain {
                     self.ack_deferred(me);
                 }
                 debug_assert!(Some(v) != me || slot.ack.load(Ordering::Acquire) >= target);
-                spins += 1;
-                if spins.is_multiple_of(32) {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
+                crate::spin::back_off(&mut spins, 32);
             }
         }
     }
