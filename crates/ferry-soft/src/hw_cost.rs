@@ -124,6 +124,10 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    /// Holds under every interleaving: whichever thread reserves first, no
+    /// two slots overlap, none starts before it was asked for, and each one
+    /// starts either when asked (the path was idle) or exactly when the one
+    /// before it ends (queued back to back).
     #[test]
     fn concurrent_reservations_never_overlap() {
         let path = Arc::new(DvmPath::default());
@@ -132,22 +136,38 @@ mod tests {
                 let path = Arc::clone(&path);
                 std::thread::spawn(move || {
                     (0..500)
-                        .map(|i| path.reserve((i * 7 + t) % 300, 10))
+                        .map(|i| {
+                            let now = (i * 7 + t) % 300;
+                            let (start, end) = path.reserve(now, 10);
+                            (start, end, now)
+                        })
                         .collect::<Vec<_>>()
                 })
             })
             .collect();
-        let mut slots: Vec<(u64, u64)> = threads
+        let mut slots: Vec<(u64, u64, u64)> = threads
             .into_iter()
             .flat_map(|t| t.join().unwrap())
             .collect();
         slots.sort_unstable();
         assert_eq!(slots.len(), 2000);
-        for w in slots.windows(2) {
-            assert!(w[0].1 <= w[1].0, "slots {:?} and {:?} overlap", w[0], w[1]);
+        for &(start, end, now) in &slots {
+            assert_eq!(end - start, 10);
+            assert!(
+                start >= now,
+                "slot {start} starts before it was asked ({now})"
+            );
         }
-        assert_eq!(slots[0].0, 0);
-        assert_eq!(slots.last().unwrap().1, 20_000, "back to back once queued");
+        assert_eq!(
+            slots[0].0, slots[0].2,
+            "an idle path starts the first slot at once"
+        );
+        for w in slots.windows(2) {
+            let (prev_end, (start, _, now)) = (w[0].1, w[1]);
+            assert!(prev_end <= start, "slots {:?} and {:?} overlap", w[0], w[1]);
+            assert_eq!(start, prev_end.max(now), "a queued slot follows at once");
+        }
+        assert_eq!(path.reserved_until_ns(), slots.last().unwrap().1);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use ferry_backend::memstress::{read_progress, AccessOrder, Workload};
 use ferry_backend::{BackendKind, Backing, DirtyPages, GuestRam, Vm, VmConfig, PAGE_SIZE};
 use ferry_soft::{Mechanisms, SoftVm, SplitMode};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn config(order: AccessOrder, write_percent: u8) -> VmConfig {
     VmConfig {
@@ -51,11 +51,19 @@ fn migrate(mech: Mechanisms, order: AccessOrder, write_percent: u8) {
     let mut vmm = DirtyPages::new(pages);
     src.ram().take_vmm_dirty(&mut vmm);
     copy(src.ram(), dst.ram(), &DirtyPages::all(pages));
-    for _ in 0..6 {
+    // Dirty rounds: at least six, and on until every vCPU finished a pass,
+    // however slowly the host runs them.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for round in 0.. {
         let mut dirty = DirtyPages::new(pages);
         src.harvest_dirty(&mut dirty).unwrap();
         src.ram().take_vmm_dirty(&mut dirty);
         copy(src.ram(), dst.ram(), &dirty);
+        let progress = read_progress(src.ram(), cfg.workload.vcpus).unwrap();
+        if round >= 6 && progress.iter().all(|p| p.passes >= 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "source made no progress");
         std::thread::sleep(Duration::from_millis(5));
     }
     src.pause().unwrap();
@@ -81,7 +89,8 @@ fn migrate(mech: Mechanisms, order: AccessOrder, write_percent: u8) {
     dst.start().unwrap();
     let before = read_progress(dst.ram(), cfg.workload.vcpus).unwrap();
     // Run until every vCPU finished at least two more passes on the destination.
-    for _ in 0..2000 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
         let now = read_progress(dst.ram(), cfg.workload.vcpus).unwrap();
         if now
             .iter()
@@ -158,7 +167,8 @@ fn a_failing_vcpu_is_reported_and_pause_still_returns() {
         .unwrap();
     vm.start().unwrap();
     let mut failed = None;
-    for _ in 0..1000 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
         if let Err(e) = vm.check_health() {
             failed = Some(e);
             break;

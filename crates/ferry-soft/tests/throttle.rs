@@ -6,7 +6,7 @@ use ferry_soft::quota::{DirtyQuota, QuotaExit, QuotaRefill, Throttle, TimeThrott
 use ferry_soft::{Mechanisms, SoftVm};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn config(write_percent: u8) -> VmConfig {
     VmConfig {
@@ -18,6 +18,16 @@ fn config(write_percent: u8) -> VmConfig {
             ..Workload::default()
         },
         backing: Backing::Anonymous,
+    }
+}
+
+/// Polls `done` until it holds; fails after 30 s (a guest that makes no
+/// progress at all), never on a slow host.
+fn wait_until(mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "no progress in 30 s");
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -40,7 +50,17 @@ fn run_with_quota(write_percent: u8) -> (u64, u64) {
     vm.set_throttle(Throttle::Quota(Arc::clone(&quota)));
     vm.start().unwrap();
     vm.start_dirty_log().unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    // Writers: until the first exhaustion, however slowly the host runs the
+    // vCPUs. Readers: two whole passes each, every page read at least once.
+    if write_percent > 0 {
+        wait_until(|| exits.load(Ordering::Relaxed) > 0);
+    } else {
+        let start = read_progress(vm.ram(), 2).unwrap();
+        wait_until(|| {
+            let p = read_progress(vm.ram(), 2).unwrap();
+            p.iter().zip(&start).all(|(n, s)| n.passes >= s.passes + 2)
+        });
+    }
     vm.pause().unwrap();
     vm.check_health().unwrap();
     let p = read_progress(vm.ram(), 2).unwrap();
@@ -65,7 +85,7 @@ fn time_throttle_sleeps_every_vcpu() {
     let mut vm = SoftVm::new_source(config(0), Mechanisms::default()).unwrap();
     vm.set_throttle(Throttle::Time(Arc::clone(&t)));
     vm.start().unwrap();
-    std::thread::sleep(Duration::from_millis(60));
+    wait_until(|| t.sleeps() >= 2);
     vm.pause().unwrap();
     assert!(
         t.sleeps() >= 2,
