@@ -6,10 +6,86 @@
 //!   harvesters, or the soft MMU's write-fault path) and harvested with no MMU
 //!   walk and no atomic read-modify-write per word (two banks, switched at
 //!   harvest): the shared-bitmap half of the fast-write-protection seed.
+//! * [`PageBits`] is a set that many threads add to and remove from at once,
+//!   one atomic operation per frame: the destination's received and
+//!   known-zero sets, filled by one receiver thread per data connection.
 
 use crate::types::Gfn;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+
+/// A set of guest frames that many threads change at once.
+#[derive(Debug)]
+pub struct PageBits {
+    words: Vec<AtomicU64>,
+    pages: u64,
+}
+
+impl PageBits {
+    /// An empty set over `pages` frames.
+    pub fn new(pages: u64) -> Self {
+        PageBits {
+            words: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            pages,
+        }
+    }
+
+    /// The set of every frame.
+    pub fn all(pages: u64) -> Self {
+        let set = Self::new(pages);
+        for g in 0..pages.div_ceil(64) {
+            let rem = pages - g * 64;
+            let word = if rem >= 64 { u64::MAX } else { (1 << rem) - 1 };
+            set.words[g as usize].store(word, Ordering::Relaxed);
+        }
+        set
+    }
+
+    /// Number of frames the set ranges over.
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    fn at(&self, gfn: Gfn) -> Option<(&AtomicU64, u64)> {
+        (gfn.0 < self.pages).then(|| (&self.words[(gfn.0 / 64) as usize], 1 << (gfn.0 % 64)))
+    }
+
+    /// Adds `gfn`; returns whether it was new. Frames past the end are ignored.
+    pub fn insert(&self, gfn: Gfn) -> bool {
+        self.at(gfn)
+            .is_some_and(|(w, bit)| w.fetch_or(bit, Ordering::Relaxed) & bit == 0)
+    }
+
+    /// Removes `gfn`.
+    pub fn remove(&self, gfn: Gfn) {
+        if let Some((w, bit)) = self.at(gfn) {
+            w.fetch_and(!bit, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether `gfn` is in the set.
+    pub fn contains(&self, gfn: Gfn) -> bool {
+        self.at(gfn)
+            .is_some_and(|(w, bit)| w.load(Ordering::Relaxed) & bit != 0)
+    }
+
+    /// Frames in the set.
+    pub fn count(&self) -> u64 {
+        self.words
+            .iter()
+            .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
+            .sum()
+    }
+
+    /// The frames in `set`, as a `DirtyPages` snapshot.
+    pub fn to_dirty_pages(&self) -> DirtyPages {
+        let mut out = DirtyPages::new(self.pages);
+        for (o, w) in out.words.iter_mut().zip(&self.words) {
+            *o = w.load(Ordering::Relaxed);
+        }
+        out
+    }
+}
 
 /// A set of guest frames, one bit per frame, frames numbered from 0.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -243,6 +319,31 @@ impl SharedDirtyBitmap {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn page_bits_from_many_threads() {
+        let bits = std::sync::Arc::new(PageBits::new(1000));
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let bits = std::sync::Arc::clone(&bits);
+                std::thread::spawn(move || {
+                    (t..1000)
+                        .step_by(4)
+                        .filter(|&g| bits.insert(Gfn(g)))
+                        .count()
+                })
+            })
+            .collect();
+        let new: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(new, 1000);
+        assert_eq!(bits.count(), 1000);
+        assert!(!bits.insert(Gfn(5)), "already there");
+        bits.remove(Gfn(5));
+        assert!(!bits.contains(Gfn(5)));
+        assert!(!bits.insert(Gfn(1000)), "past the end is ignored");
+        assert_eq!(PageBits::all(70).count(), 70);
+        assert_eq!(PageBits::all(70).to_dirty_pages(), DirtyPages::all(70));
+    }
+
     use super::*;
     use std::sync::Arc;
 

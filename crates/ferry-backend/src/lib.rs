@@ -23,7 +23,7 @@ pub mod ram;
 pub mod types;
 pub mod vm;
 
-pub use dirty::{DirtyPages, SharedDirtyBitmap};
+pub use dirty::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use errors::error_chain;
 pub use memstress::WorkloadError;
 pub use memstress::{AccessOrder, MemoryLayout, VcpuProgress, Workload};

@@ -1,43 +1,38 @@
 //! Migrates a test VM between two threads over TCP loopback and prints the
 //! summary: a quick throughput and downtime check of the engine alone, with no
 //! backend. `cargo run --release -p ferry-engine --example loopback -- [MiB] [run]`
-//! (`run` starts the test guest's writer; without it the guest is idle).
+//! [connections] (`run` starts the test guest's writer; without it the guest
+//! is idle).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use ferry_backend::{BackendError, Vm, VmConfig};
-use ferry_engine::{
-    accept, connect, listen, migrate, receive, NoProgress, PrecopyOptions, ReceiveOptions,
-};
+use ferry_backend::Vm;
+use ferry_engine::{migrate, NoProgress, PrecopyOptions, ReceiveOptions};
 use std::time::Duration;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mib: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1024);
     let run = args.get(2).is_some_and(|a| a == "run");
+    let connections = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(1);
     let mut config = common::config();
     config.workload.bytes_per_vcpu = mib << 20;
-    let listener = listen("127.0.0.1:0").expect("listen");
-    let addr = listener.local_addr().expect("address");
-    let dest = std::thread::spawn(move || {
-        let (stream, _) = accept(&listener).expect("accept");
-        let mut create =
-            |c: &VmConfig| -> Result<Box<dyn Vm>, BackendError> { common::TestVm::boxed(c) };
-        let opts = ReceiveOptions {
-            run_after: Duration::from_millis(100),
-            ..ReceiveOptions::default()
-        };
-        receive(stream, &mut create, &opts).map(|(_, s)| s)
+    let (to, dest) = common::spawn_receiver(ReceiveOptions {
+        run_after: Duration::from_millis(100),
+        ..ReceiveOptions::default()
     });
     let mut src = common::TestVm::new(&config).expect("source VM");
     if run {
         src.start().expect("start");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let stream = connect(addr).expect("connect");
-    let summary = migrate(&mut src, stream, &PrecopyOptions::default(), &NoProgress);
-    let dsum = dest.join().expect("destination thread");
+    let opts = PrecopyOptions {
+        connections,
+        ..PrecopyOptions::default()
+    };
+    let summary = migrate(&mut src, &to, &opts, &NoProgress);
+    let dsum = dest.join().expect("destination thread").map(|(_, s)| s);
     match summary {
         Ok(s) => {
             let full = &s.rounds[0];

@@ -10,8 +10,9 @@
 //! tracking missed shows up as a mismatch; it does so after the destination
 //! has resumed, on [`SOURCE_DIGEST_THREADS`] threads.
 
-use crate::stream::MemoryDigest;
+use crate::wire::MemoryDigest;
 use ferry_backend::{Gfn, GuestRam, RamError, PAGE_SIZE};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
@@ -48,32 +49,40 @@ pub fn digest_of(hashes: &[u64]) -> MemoryDigest {
     }
 }
 
-/// The destination's per-page hashes, updated as pages arrive.
-#[derive(Clone, Debug)]
+/// The destination's per-page hashes, updated as pages arrive (by several
+/// receiver threads at once; a page is written by one of them at a time).
+#[derive(Debug)]
 pub struct PageHashes {
-    hashes: Vec<u64>,
+    hashes: Vec<AtomicU64>,
 }
 
 impl PageHashes {
     /// Hashes of `pages` zero pages (what fresh guest RAM holds).
     pub fn zeroed(pages: u64) -> Self {
         PageHashes {
-            hashes: vec![zero_page_hash(); pages as usize],
+            hashes: (0..pages)
+                .map(|_| AtomicU64::new(zero_page_hash()))
+                .collect(),
         }
     }
 
     /// Records the hash of frame `gfn`. Out-of-range frames are ignored
     /// (batches are bounds-checked before they get here).
     #[inline]
-    pub fn set(&mut self, gfn: Gfn, hash: u64) {
-        if let Some(h) = self.hashes.get_mut(gfn.0 as usize) {
-            *h = hash;
+    pub fn set(&self, gfn: Gfn, hash: u64) {
+        if let Some(h) = self.hashes.get(gfn.0 as usize) {
+            h.store(hash, Ordering::Relaxed);
         }
     }
 
     /// The digest of the memory these hashes describe.
     pub fn digest(&self) -> MemoryDigest {
-        digest_of(&self.hashes)
+        let all: Vec<u64> = self
+            .hashes
+            .iter()
+            .map(|h| h.load(Ordering::Relaxed))
+            .collect();
+        digest_of(&all)
     }
 }
 
@@ -127,7 +136,7 @@ mod tests {
     #[test]
     fn digest_of_memory_equals_digest_of_tracked_hashes() {
         let ram = GuestRam::new(&[2 << 20, 2 << 20], Backing::Anonymous).unwrap();
-        let mut tracked = PageHashes::zeroed(ram.pages());
+        let tracked = PageHashes::zeroed(ram.pages());
         for (g, fill) in [(3u64, 7u8), (700, 9), (1023, 1)] {
             let page = [fill; PAGE_SIZE];
             ram.write_pages(Gfn(g), &page).unwrap();

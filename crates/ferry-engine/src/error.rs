@@ -1,7 +1,8 @@
 //! Errors of a migration, on either side. Stream and header errors are shown
 //! as they are: their messages are already what the user needs to read.
 
-use crate::stream::{FrameKind, HeaderError, StreamError};
+use crate::transport::TransportError;
+use crate::wire::{FrameKind, HeaderError, StreamError};
 use ferry_backend::{BackendError, RamError};
 use thiserror::Error;
 
@@ -14,8 +15,11 @@ pub enum MigrationError {
     /// The header does not fit this destination.
     #[error(transparent)]
     Header(#[from] HeaderError),
+    /// A connection could not be set up.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
     /// The peer gave up and said why.
-    #[error("the {peer} reported: {message}")]
+    #[error("{}", peer_gave_up(peer, message))]
     Peer {
         /// "source" or "destination".
         peer: &'static str,
@@ -80,6 +84,36 @@ pub enum MigrationError {
     /// Cancelled through [`crate::Tunables::cancel`].
     #[error("migration cancelled")]
     Cancelled,
+    /// Nothing moved on the link for the stall timeout.
+    #[error("no progress from {peer} for {secs} s")]
+    Stalled {
+        /// "source" or "destination".
+        peer: &'static str,
+        /// The stall timeout.
+        secs: f64,
+    },
+    /// The peer closed the connection without saying why.
+    #[error("the {peer} closed the connection without saying why")]
+    Closed {
+        /// "source" or "destination".
+        peer: &'static str,
+    },
+    /// The destination refused a connection.
+    #[error("{0}")]
+    Refused(String),
+    /// Another thread of this side failed; its reason is kept in the
+    /// side's [`crate::transport::Health`] and reported instead of this.
+    #[error("the migration was aborted")]
+    Aborted,
+}
+
+/// "destination refused the stream: …" or "source gave up the migration: …".
+fn peer_gave_up(peer: &str, message: &str) -> String {
+    if peer == "destination" {
+        format!("destination refused the stream: {message}")
+    } else {
+        format!("{peer} gave up the migration: {message}")
+    }
 }
 
 impl MigrationError {

@@ -1,20 +1,27 @@
-//! The ferry migration engine: the stream format, the TCP transport, and the
+//! The ferry migration engine: the wire format, the connection set, and the
 //! precopy source and destination, driving any backend through
 //! [`ferry_backend::Vm`].
 //!
 //! ```text
-//!   migrate(vm, stream) ──► precopy::source ──► stream (frames) ──► transport (TCP, any Read+Write)
-//!   receive(stream, create_vm) ◄── precopy::destination ◄── stream ◄──┘
-//!        both: digest (per-page xxh3), tunables (live knobs, cancel), progress (observer), summary (JSON)
+//!   migrate(vm, dialer) ──► precopy::source ─┬─ control connection (transport::control)
+//!                                            └─ N data connections (precopy::senders)
+//!   await_migration(listener), receive(…) ◄── precopy::destination, precopy::receivers
+//!        both: wire (frames), digest (per-page xxh3), tunables (live knobs, cancel),
+//!              progress (observer), summary (JSON), transport::health (failures, stalls)
 //! ```
 //!
-//! * [`stream`]: preamble, frame codec, header, page batches, control messages.
-//! * [`precopy`]: rounds, convergence, switchover, commit-after-verify.
+//! * [`wire`]: preamble, frame codec, header, page batches, control messages.
+//! * [`transport`]: TCP, opening a migration's connections, the control
+//!   connection's threads, failure and stall handling.
+//! * [`precopy`]: rounds, switchover, commit-after-verify; senders and receivers.
 //! * [`digest`]: the memory digest that proves both ends hold the same memory.
 //! * [`tunables`]: parameters that change while a migration runs; bandwidth cap.
 //! * [`progress`]: callbacks for progress bars.
-//! * [`transport`]: TCP connect / listen with clear errors.
 //! * [`summary`]: what a migration reports (`--json`).
+//!
+//! Convergence policies (`converge/`) and postcopy (`postcopy/`) come next,
+//! on the same connection set: postcopy adds a priority connection for page
+//! requests beside the data connections.
 //!
 //! The engine never asks which backend it drives; both ends must run the
 //! same one (the header says which, and the destination checks).
@@ -23,15 +30,17 @@ pub mod digest;
 pub mod error;
 pub mod precopy;
 pub mod progress;
-pub mod stream;
 pub mod summary;
 pub mod transport;
 pub mod tunables;
+pub mod wire;
 
 pub use error::MigrationError;
-pub use precopy::{migrate, receive, PrecopyOptions, ReceiveOptions};
+pub use precopy::{
+    await_migration, migrate, receive, IncomingMigration, PrecopyOptions, ReceiveOptions,
+};
 pub use progress::{NoProgress, Phase, Progress};
-pub use stream::{ExpectedVm, StreamError};
 pub use summary::{MigrationSummary, ReceiveSummary, RoundKind, RoundStats, Status};
-pub use transport::{accept, connect, listen, TransportError};
+pub use transport::{accept, connect, listen, Dial, Listen, TcpDialer, TransportError};
 pub use tunables::Tunables;
+pub use wire::{ExpectedVm, StreamError};

@@ -58,6 +58,10 @@ pub struct MigrationSummary {
     pub backend: String,
     /// Dirty-tracking method of the source.
     pub dirty_tracking: String,
+    /// Wire format version spoken.
+    pub wire_version: u32,
+    /// Data connections used.
+    pub connections: usize,
     /// Start of `migrate` to the commit (digest verified), or to the failure.
     /// The destination's guest report after the commit is not included.
     pub total_ms: f64,
@@ -75,7 +79,7 @@ pub struct MigrationSummary {
     pub digest_ms: f64,
     /// Whether the destination was asked to verify before resuming.
     pub verify_before_resume: bool,
-    /// Bytes written to the stream.
+    /// Bytes written to all connections (page data and control).
     pub bytes_sent: u64,
     /// Every round, the final one last.
     pub rounds: Vec<RoundStats>,
@@ -105,7 +109,9 @@ pub struct ReceiveSummary {
     pub total_ms: f64,
     /// Switchover received to guest running.
     pub resume_ms: f64,
-    /// Bytes read from the stream.
+    /// Data connections the source opened.
+    pub connections: usize,
+    /// Page-data bytes read from the data connections.
     pub bytes_received: u64,
     /// Pages received, counting repeats.
     pub pages_received: u64,

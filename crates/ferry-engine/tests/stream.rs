@@ -2,7 +2,7 @@
 //! truncation give errors, never panics or huge allocations.
 
 use ferry_backend::Gfn;
-use ferry_engine::stream::{
+use ferry_engine::wire::{
     decode_batch, FrameKind, FrameStream, Message, PageBatch, StreamError, StreamHeader,
 };
 use proptest::prelude::*;
@@ -52,7 +52,7 @@ fn valid_stream() -> Vec<u8> {
     let mut batch = PageBatch::new(4);
     batch.push_run(Gfn(3), 2).fill(7);
     batch.push_run(Gfn(9), 1).fill(0);
-    batch.seal();
+    batch.seal(0);
     w.write_frame(FrameKind::Pages, &batch.parts()).unwrap();
     let m = Message::Resumed { resume_ns: 5 };
     w.write_frame(m.kind(), &[&m.encode()]).unwrap();

@@ -15,6 +15,7 @@
 //! work while a migration is running. Migrate and stop go to the thread that
 //! owns the VM.
 
+use crate::cmd::migrate::LinkSettings;
 use crate::rates;
 use ferry_backend::memstress::read_progress;
 use ferry_backend::GuestRam;
@@ -42,6 +43,10 @@ pub enum Request {
         to: String,
         #[serde(default)]
         verify_before_resume: bool,
+        /// Data connections (default 1).
+        connections: Option<usize>,
+        /// Seconds the link may stand still (default 10).
+        stall_timeout_s: Option<u64>,
     },
     Throttle {
         percent: u8,
@@ -54,7 +59,7 @@ pub enum Request {
 pub enum VmCommand {
     Migrate {
         to: String,
-        verify_before_resume: bool,
+        link: LinkSettings,
         reply: Sender<Value>,
     },
     Throttle {
@@ -176,11 +181,25 @@ fn handle(req: Request, shared: &Shared) -> Value {
         Request::Migrate {
             to,
             verify_before_resume,
-        } => forward(shared, |reply| VmCommand::Migrate {
-            to,
-            verify_before_resume,
-            reply,
-        }),
+            connections,
+            stall_timeout_s,
+        } => {
+            let max = ferry_engine::precopy::MAX_CONNECTIONS;
+            let connections = connections.unwrap_or(1);
+            let stall = stall_timeout_s.unwrap_or(10);
+            if !(1..=max).contains(&connections) {
+                return json!({"ok": false, "error": format!("connections must be 1 to {max}")});
+            }
+            if !(1..=3600).contains(&stall) {
+                return json!({"ok": false, "error": "stall_timeout_s must be 1 to 3600"});
+            }
+            let link = LinkSettings {
+                connections,
+                stall_timeout: Duration::from_secs(stall),
+                verify_before_resume,
+            };
+            forward(shared, |reply| VmCommand::Migrate { to, link, reply })
+        }
         Request::Throttle { percent } => {
             forward(shared, |reply| VmCommand::Throttle { percent, reply })
         }

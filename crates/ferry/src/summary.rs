@@ -51,6 +51,10 @@ pub fn render(s: &MigrationSummary) -> String {
             "backend / dirty tracking",
             format!("{} / {}", s.backend, s.dirty_tracking),
         ),
+        (
+            "wire / connections",
+            format!("v{}, 1 control + {} data", s.wire_version, s.connections),
+        ),
         ("total time", format!("{:.1} ms", s.total_ms)),
         ("downtime", format!("{:.1} ms", s.downtime_ms)),
         (

@@ -1,74 +1,99 @@
 //! The receiving side: check the header, build the VM, load pages while
 //! keeping per-page hashes, resume, verify, run, report.
 
-use super::{guest_totals, recv, send, unexpected, ReceiveOptions};
-use crate::digest::{page_hash, zero_page_hash, PageHashes};
+use super::receivers::{Loaded, Receivers};
+use super::{guest_totals, unexpected, ReceiveOptions};
 use crate::error::MigrationError;
-use crate::stream::pages::Segment;
-use crate::stream::{
-    decode_batch, FrameKind, FrameStream, GuestReport, Message, StreamError, StreamHeader,
-};
 use crate::summary::{ms, ReceiveSummary, Status};
+use crate::transport::{accept_channel, Channel, Control, Health, Listen, Side};
+use crate::wire::control::Hello;
+use crate::wire::{FrameKind, GuestReport, Message, StreamError, StreamHeader};
 use ferry_backend::memstress::read_progress;
-use ferry_backend::{BackendError, DirtyPages, Gfn, GuestRam, Vm, VmConfig, PAGE_SIZE};
-use std::io::{Read, Write};
+use ferry_backend::{BackendError, DirtyPages, Vm, VmConfig};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Builds the destination VM from the configuration in the stream header.
 pub type CreateVm<'a> = dyn FnMut(&VmConfig) -> Result<Box<dyn Vm>, BackendError> + 'a;
 
-static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
 /// Longest the destination waits for every vCPU to complete a pass before
 /// it reports anyway.
 const MAX_RUN_AFTER: Duration = Duration::from_secs(120);
 /// How often the destination checks the guest's health while it runs.
 const HEALTH_POLL: Duration = Duration::from_millis(100);
 
-/// Receives a migration from `stream`: reads the header, checks it against
-/// `opts.expect`, builds the VM with `create_vm`, loads memory, resumes the
-/// guest, verifies the digest, runs the guest for `opts.run_after`, reports
-/// to the source, and returns the running VM.
+/// A migration whose control connection has arrived and introduced itself.
+pub struct IncomingMigration {
+    io: Channel,
+    hello: Hello,
+    peer: String,
+}
+
+impl IncomingMigration {
+    /// The source's address.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Data connections the source will open.
+    pub fn connections(&self) -> usize {
+        usize::from(self.hello.data_channels)
+    }
+}
+
+/// Waits on `listener` for a migration's control connection. A connection
+/// that is not one (another program, a wrong version, a data connection of
+/// another migration) is refused with a reason, sent to it as well.
+pub fn await_migration(listener: &dyn Listen) -> Result<IncomingMigration, MigrationError> {
+    let (io, hello) = accept_channel(listener, None, &|h: &Hello| {
+        if h.channel == 0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "expected a migration's control connection, got its data connection {}",
+                h.channel
+            ))
+        }
+    })?;
+    let peer = io.get_ref().peer_name();
+    Ok(IncomingMigration { io, hello, peer })
+}
+
+/// Receives the migration `incoming` announced: reads the header, checks it
+/// against `opts.expect`, builds the VM with `create_vm`, takes the data
+/// connections on `listener`, loads memory, resumes the guest, verifies the
+/// digest, runs the guest for `opts.run_after`, reports to the source, and
+/// returns the running VM.
 ///
-/// Runs on the caller's thread. Errors found here are also sent to the
-/// source as an Error frame. On `Err` no guest of this side is running.
-pub fn receive<S: Read + Write + Send>(
-    stream: S,
+/// Errors found here are also sent to the source as an Error frame. On `Err`
+/// no guest of this side is running.
+pub fn receive(
+    incoming: IncomingMigration,
+    listener: &dyn Listen,
     create_vm: &mut CreateVm<'_>,
     opts: &ReceiveOptions,
 ) -> Result<(Box<dyn Vm>, ReceiveSummary), MigrationError> {
     let start = Instant::now();
-    let mut io = FrameStream::new(stream);
-    let prepared = handshake(&mut io, opts).and_then(|header| {
-        let vm = create_vm(&header.config)
-            .map_err(MigrationError::backend("create the destination VM"))?;
-        header.check_destination(&*vm)?;
-        if vm.is_running() {
-            return Err(MigrationError::Backend {
-                what: "take memory into a VM whose vCPUs already run",
-                source: BackendError::NotPaused("receive a migration"),
-            });
-        }
-        Ok((header, vm))
-    });
+    let health = Arc::new(Health::new(Side::Destination, opts.stall_timeout));
+    let hello = incoming.hello;
+    let mut ctl = Control::start(incoming.io, Arc::clone(&health))?;
+    let prepared = prepare(&ctl, create_vm, opts);
     let (header, vm) = match prepared {
         Ok(p) => p,
-        Err(e) => {
-            notify(&mut io, &e);
-            return Err(e);
-        }
+        Err(e) => return Err(ctl.give_up(e)),
     };
     let ram = Arc::clone(vm.ram());
-    let pages = header.pages();
     // Fresh RAM is zero, except what the backend wrote while building the VM.
-    let mut known_zero = Bits::ones(pages);
-    let mut written = DirtyPages::new(pages);
+    let mut written = DirtyPages::new(header.pages());
     ram.take_vmm_dirty(&mut written);
-    written.iter().for_each(|g| known_zero.clear(g.0));
+    let connections = usize::from(hello.data_channels);
+    let loaded = Arc::new(Loaded::new(ram, &written, connections));
     let mut dest = Dest {
         summary: ReceiveSummary {
             status: Status::Failed,
             backend: header.config.backend.to_string(),
+            connections,
             total_ms: 0.0,
             resume_ms: 0.0,
             bytes_received: 0,
@@ -82,115 +107,131 @@ pub fn receive<S: Read + Write + Send>(
             mismatches_after: 0,
         },
         vm,
-        ram,
-        io,
+        ctl: &ctl,
+        health: &health,
         header,
-        hashes: PageHashes::zeroed(pages),
-        known_zero,
-        received: Bits::zeros(pages),
-        received_count: 0,
+        loaded,
+        receivers: None,
         vcpu_state: None,
     };
-    let result = dest.run(opts);
-    dest.summary.total_ms = ms(start.elapsed());
-    dest.summary.bytes_received = dest.io.bytes_read();
+    let result = dest.run(listener, hello, opts);
+    let Dest {
+        mut summary,
+        mut vm,
+        loaded,
+        receivers,
+        ..
+    } = dest;
+    summary.total_ms = ms(start.elapsed());
+    summary.bytes_received = health.data_bytes();
+    summary.pages_received = loaded.pages_received.load(Ordering::Relaxed);
+    summary.zero_pages = loaded.zero_pages.load(Ordering::Relaxed);
+    summary.batches = loaded.batches.load(Ordering::Relaxed);
     match result {
-        Ok(()) => Ok((dest.vm, dest.summary)),
+        Ok(()) => {
+            ctl.close();
+            if let Some(r) = receivers {
+                r.join();
+            }
+            Ok((vm, summary))
+        }
         Err(e) => {
-            if dest.vm.is_running() {
-                if let Err(pe) = dest.vm.pause() {
+            if vm.is_running() {
+                if let Err(pe) = vm.pause() {
                     tracing::error!("cannot pause the unverified destination guest: {pe}");
                 }
             }
-            notify(&mut dest.io, &e);
+            let e = ctl.give_up(e);
+            if let Some(r) = receivers {
+                r.join();
+            }
             Err(e)
         }
     }
 }
 
-/// Tells the source why we give up, unless it told us.
-fn notify<S: Read + Write>(io: &mut FrameStream<S>, e: &MigrationError) {
-    if !matches!(e, MigrationError::Peer { .. }) {
-        let _ = send(io, &Message::Error(e.chain()));
-    }
-}
-
-fn handshake<S: Read + Write>(
-    io: &mut FrameStream<S>,
+/// Reads and checks the header, builds the VM, and checks it.
+fn prepare(
+    ctl: &Control,
+    create_vm: &mut CreateVm<'_>,
     opts: &ReceiveOptions,
-) -> Result<StreamHeader, MigrationError> {
-    io.read_preamble()?;
-    let (kind, offset) = io.read_frame()?;
-    if kind != FrameKind::Header {
-        if kind == FrameKind::Error {
-            if let Ok(Message::Error(message)) = Message::decode(kind, io.payload(), offset) {
-                return Err(MigrationError::Peer {
-                    peer: "source",
-                    message,
-                });
-            }
-        }
+) -> Result<(StreamHeader, Box<dyn Vm>), MigrationError> {
+    let first = ctl.recv()?;
+    if first.kind != FrameKind::Header {
         return Err(MigrationError::Protocol {
             expected: "Header",
-            got: kind,
-            offset,
+            got: first.kind,
+            offset: first.offset,
         });
     }
-    let header = StreamHeader::decode(io.payload())?;
+    let header = StreamHeader::decode(&first.payload)?;
     if let Some(expect) = &opts.expect {
         header.check_expected(expect)?;
     }
-    Ok(header)
+    let vm =
+        create_vm(&header.config).map_err(MigrationError::backend("create the destination VM"))?;
+    header.check_destination(&*vm)?;
+    if vm.is_running() {
+        return Err(MigrationError::Backend {
+            what: "take memory into a VM whose vCPUs already run",
+            source: BackendError::NotPaused("receive a migration"),
+        });
+    }
+    Ok((header, vm))
 }
 
-struct Dest<S> {
+struct Dest<'a> {
     summary: ReceiveSummary,
     vm: Box<dyn Vm>,
-    ram: Arc<GuestRam>,
-    io: FrameStream<S>,
+    ctl: &'a Control,
+    health: &'a Arc<Health>,
     header: StreamHeader,
-    hashes: PageHashes,
-    known_zero: Bits,
-    received: Bits,
-    received_count: u64,
+    loaded: Arc<Loaded>,
+    receivers: Option<Receivers>,
     vcpu_state: Option<Vec<u8>>,
 }
 
-impl<S: Read + Write> Dest<S> {
-    fn run(&mut self, opts: &ReceiveOptions) -> Result<(), MigrationError> {
-        send(
-            &mut self.io,
-            &Message::Accept {
-                verify_before_resume: opts.verify_before_resume,
-            },
-        )?;
-        let (strict, switch_offset) = self.load()?;
+impl Dest<'_> {
+    fn run(
+        &mut self,
+        listener: &dyn Listen,
+        hello: Hello,
+        opts: &ReceiveOptions,
+    ) -> Result<(), MigrationError> {
+        self.ctl.send(&Message::Accept {
+            verify_before_resume: opts.verify_before_resume,
+        })?;
+        self.accept_data(listener, hello)?;
+        let (strict, final_round) = self.load()?;
         let switched = Instant::now();
+        self.loaded.wait_round(final_round, self.health)?;
         let total = self.header.pages();
-        if self.received_count != total {
+        let received = self.loaded.received.count();
+        if received != total {
             return Err(MigrationError::Incomplete {
-                missing: total - self.received_count,
+                missing: total - received,
                 total,
             });
         }
         let state = self.vcpu_state.take().ok_or(MigrationError::Protocol {
             expected: "VcpuState before Switchover",
             got: FrameKind::Switchover,
-            offset: switch_offset,
+            offset: 0,
         })?;
         self.vm
             .restore_vcpus(&state)
             .map_err(MigrationError::backend("restore vCPU state"))?;
         let vcpus = self.header.vcpus;
+        let ram = Arc::clone(&self.loaded.ram);
         let (passes_before, mismatches_before) =
-            guest_totals(&self.ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
-        let ours = self.hashes.digest();
+            guest_totals(&ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
+        let ours = self.loaded.hashes.digest();
         self.summary.digest = ours.value;
 
         if !strict {
             self.resume(switched)?;
         }
-        let theirs = match recv(&mut self.io, "source", "Digest")? {
+        let theirs = match self.ctl.recv_message("Digest")? {
             (Message::Digest(d), _) => d,
             (m, offset) => return Err(unexpected("Digest", &m, offset)),
         };
@@ -200,13 +241,10 @@ impl<S: Read + Write> Dest<S> {
                     .pause()
                     .map_err(MigrationError::backend("pause the unverified guest"))?;
             }
-            let _ = send(
-                &mut self.io,
-                &Message::Verified {
-                    matched: false,
-                    dest: ours,
-                },
-            );
+            let _ = self.ctl.send(&Message::Verified {
+                matched: false,
+                dest: ours,
+            });
             return Err(MigrationError::DigestMismatch {
                 source_digest: theirs.value,
                 dest_digest: ours.value,
@@ -215,113 +253,82 @@ impl<S: Read + Write> Dest<S> {
         if strict {
             self.resume(switched)?;
         }
-        send(
-            &mut self.io,
-            &Message::Verified {
-                matched: true,
-                dest: ours,
-            },
-        )?;
+        self.ctl.send(&Message::Verified {
+            matched: true,
+            dest: ours,
+        })?;
         // Committed: from here on the guest stays up whatever happens.
+        self.health.finish();
         self.summary.digest_match = true;
         self.summary.status = Status::Completed;
-        self.ram.take_vmm_dirty(&mut DirtyPages::new(total));
+        ram.take_vmm_dirty(&mut DirtyPages::new(total));
         let report = self.run_guest(opts.run_after, passes_before, mismatches_before);
         self.summary.passes_after = report.passes_after;
         self.summary.mismatches_before = report.mismatches_before;
         self.summary.mismatches_after = report.mismatches_after;
-        if let Err(e) = send(&mut self.io, &Message::Report(report)) {
+        if let Err(e) = self.ctl.send(&Message::Report(report)) {
             tracing::warn!("cannot send the guest report to the source: {e}");
         }
         Ok(())
     }
 
-    /// Reads Pages and VcpuState frames up to Switchover. Returns the
-    /// Switchover's verify-before-resume flag and offset.
-    fn load(&mut self) -> Result<(bool, u64), MigrationError> {
-        loop {
-            let (kind, offset) = self.io.read_frame()?;
-            match kind {
-                FrameKind::Pages => self.apply_pages(offset)?,
-                FrameKind::VcpuState => self.vcpu_state = Some(self.io.payload().to_vec()),
-                FrameKind::Switchover | FrameKind::Error => {
-                    match Message::decode(kind, self.io.payload(), offset)? {
-                        Message::Switchover {
-                            verify_before_resume,
-                        } => return Ok((verify_before_resume, offset)),
-                        Message::Error(message) => {
-                            return Err(MigrationError::Peer {
-                                peer: "source",
-                                message,
-                            })
-                        }
-                        m => return Err(unexpected("Pages", &m, offset)),
-                    }
+    /// Takes the migration's data connections (within the stall timeout)
+    /// and starts a receiver on each.
+    fn accept_data(&mut self, listener: &dyn Listen, hello: Hello) -> Result<(), MigrationError> {
+        let n = usize::from(hello.data_channels);
+        let deadline = Instant::now() + self.health.stall_timeout();
+        let mut links: Vec<Option<Channel>> = (0..n).map(|_| None).collect();
+        for _ in 0..n {
+            let taken: Vec<bool> = links.iter().map(Option::is_some).collect();
+            let admit = |h: &Hello| -> Result<(), String> {
+                if h.session != hello.session {
+                    return Err("this destination is receiving another migration".into());
                 }
+                if h.channel == 0 || h.data_channels != hello.data_channels {
+                    return Err(format!(
+                        "expected one of {n} data connections, got channel {} of {}",
+                        h.channel, h.data_channels
+                    ));
+                }
+                if taken[usize::from(h.channel) - 1] {
+                    return Err(format!("data connection {} opened twice", h.channel));
+                }
+                Ok(())
+            };
+            let (io, h) = accept_channel(listener, Some(deadline), &admit)?;
+            self.health
+                .add_data_link(io.get_ref().try_clone_link().map_err(StreamError::Io)?);
+            links[usize::from(h.channel) - 1] = Some(io);
+        }
+        let links = links.into_iter().flatten().collect();
+        self.receivers = Some(Receivers::start(links, &self.loaded, self.health)?);
+        Ok(())
+    }
+
+    /// Reads control frames up to Switchover (pages arrive on the data
+    /// connections meanwhile). Returns Switchover's verify-before-resume flag
+    /// and final round.
+    fn load(&mut self) -> Result<(bool, u32), MigrationError> {
+        loop {
+            let i = self.ctl.recv()?;
+            match i.kind {
+                FrameKind::VcpuState => self.vcpu_state = Some(i.payload),
+                FrameKind::Switchover => match Message::decode(i.kind, &i.payload, i.offset)? {
+                    Message::Switchover {
+                        verify_before_resume,
+                        final_round,
+                    } => return Ok((verify_before_resume, final_round)),
+                    m => return Err(unexpected("Switchover", &m, i.offset)),
+                },
                 got => {
                     return Err(MigrationError::Protocol {
-                        expected: "Pages, VcpuState or Switchover",
+                        expected: "VcpuState or Switchover",
                         got,
-                        offset,
+                        offset: i.offset,
                     })
                 }
             }
         }
-    }
-
-    fn apply_pages(&mut self, offset: u64) -> Result<(), MigrationError> {
-        let Dest {
-            io,
-            ram,
-            hashes,
-            known_zero,
-            received,
-            received_count,
-            summary,
-            header,
-            ..
-        } = self;
-        let batch = decode_batch(io.payload(), header.pages()).map_err(|reason| {
-            StreamError::Malformed {
-                kind: FrameKind::Pages,
-                offset,
-                reason,
-            }
-        })?;
-        let mut note = |g: u64| {
-            if !received.get(g) {
-                received.set(g);
-                *received_count += 1;
-            }
-        };
-        batch.visit(|segment| -> Result<(), MigrationError> {
-            match segment {
-                Segment::Zero(gfn) => {
-                    if !known_zero.get(gfn.0) {
-                        ram.write_pages(gfn, &ZERO_PAGE)
-                            .map_err(MigrationError::ram("write guest memory"))?;
-                        known_zero.set(gfn.0);
-                    }
-                    hashes.set(gfn, zero_page_hash());
-                    note(gfn.0);
-                }
-                Segment::Data { first, bytes } => {
-                    ram.write_pages(first, bytes)
-                        .map_err(MigrationError::ram("write guest memory"))?;
-                    for (i, page) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
-                        let g = first.0 + i as u64;
-                        hashes.set(Gfn(g), page_hash(page));
-                        known_zero.clear(g);
-                        note(g);
-                    }
-                }
-            }
-            Ok(())
-        })?;
-        summary.batches += 1;
-        summary.pages_received += batch.pages() as u64;
-        summary.zero_pages += batch.zero_pages() as u64;
-        Ok(())
     }
 
     fn resume(&mut self, switched: Instant) -> Result<(), MigrationError> {
@@ -330,12 +337,9 @@ impl<S: Read + Write> Dest<S> {
         ))?;
         let took = switched.elapsed();
         self.summary.resume_ms = ms(took);
-        send(
-            &mut self.io,
-            &Message::Resumed {
-                resume_ns: took.as_nanos().min(u128::from(u64::MAX)) as u64,
-            },
-        )?;
+        self.ctl.send(&Message::Resumed {
+            resume_ns: took.as_nanos().min(u128::from(u64::MAX)) as u64,
+        })?;
         Ok(())
     }
 
@@ -345,7 +349,7 @@ impl<S: Read + Write> Dest<S> {
     /// what the guest reports.
     fn run_guest(&mut self, run_after: Duration, passes0: u64, mismatches0: u64) -> GuestReport {
         let started = Instant::now();
-        let at_switchover = read_progress(&self.ram, self.header.vcpus).unwrap_or_default();
+        let at_switchover = read_progress(&self.loaded.ram, self.header.vcpus).unwrap_or_default();
         let mut health = None;
         loop {
             if let Err(e) = self.vm.check_health() {
@@ -357,7 +361,7 @@ impl<S: Read + Write> Dest<S> {
                 break;
             }
             if elapsed >= run_after {
-                let now = read_progress(&self.ram, self.header.vcpus).unwrap_or_default();
+                let now = read_progress(&self.loaded.ram, self.header.vcpus).unwrap_or_default();
                 let each_passed = now.len() == at_switchover.len()
                     && now
                         .iter()
@@ -375,7 +379,7 @@ impl<S: Read + Write> Dest<S> {
                 ),
             );
         }
-        let (passes, mismatches) = match guest_totals(&self.ram, self.header.vcpus) {
+        let (passes, mismatches) = match guest_totals(&self.loaded.ram, self.header.vcpus) {
             Ok(t) => t,
             Err(e) => {
                 health.get_or_insert_with(|| format!("cannot read guest progress: {e}"));
@@ -388,39 +392,6 @@ impl<S: Read + Write> Dest<S> {
             mismatches_after: mismatches.wrapping_sub(mismatches0),
             run_ms: started.elapsed().as_millis() as u64,
             health,
-        }
-    }
-}
-
-/// A plain bitmap over guest frames (unlike `DirtyPages`, bits can be cleared).
-struct Bits {
-    words: Vec<u64>,
-}
-
-impl Bits {
-    fn zeros(pages: u64) -> Self {
-        Bits {
-            words: vec![0; pages.div_ceil(64) as usize],
-        }
-    }
-    fn ones(pages: u64) -> Self {
-        Bits {
-            words: vec![u64::MAX; pages.div_ceil(64) as usize],
-        }
-    }
-    fn get(&self, i: u64) -> bool {
-        self.words
-            .get((i / 64) as usize)
-            .is_some_and(|w| w & (1 << (i % 64)) != 0)
-    }
-    fn set(&mut self, i: u64) {
-        if let Some(w) = self.words.get_mut((i / 64) as usize) {
-            *w |= 1 << (i % 64);
-        }
-    }
-    fn clear(&mut self, i: u64) {
-        if let Some(w) = self.words.get_mut((i / 64) as usize) {
-            *w &= !(1 << (i % 64));
         }
     }
 }

@@ -36,32 +36,42 @@
 //! read it, the destination runs the guest and the source resumes its own
 //! copy. The source logs this case loudly.
 //!
-//! **Threads and timeouts.** Each side runs on the caller's thread; the only
-//! extra threads are the source's two scoped digest workers, while its guest
-//! is paused. Neither side sets timeouts on the stream: the source waits for
-//! the Report for as long as the destination's `run_after`, so a read timeout
-//! set by the caller must be longer than that.
+//! **Threads and timeouts.** The engine thread of each side drives the
+//! migration; the control connection has a reader and a heartbeat thread on
+//! each side (see [`crate::transport::control`]); each data connection has a
+//! sender thread on the source and a receiver thread on the destination. The
+//! source's digest runs on two scoped threads while its guest is paused. A
+//! link on which nothing moves for the stall timeout fails both sides with
+//! `no progress from <peer> for N s`; nothing else has a timeout, so the
+//! source waits for the Report as long as the destination's `run_after`.
 //!
-//! Failure before switchover (I/O error, peer error, cancel, backend error)
-//! leaves the source running: dirty logging is stopped and, if the engine
-//! paused the vCPUs, they are started again. The error goes to the peer as
-//! an Error frame when the stream still works.
+//! Failure before switchover (I/O error, peer error, stall, cancel, backend
+//! error) leaves the source running: dirty logging is stopped and, if the
+//! engine paused the vCPUs, they are started again. The error goes to the
+//! peer as an Error frame on the control connection, and the side that
+//! reports it gives the peer's reason when the peer gave one.
 
 mod destination;
+mod receivers;
+mod senders;
 mod source;
 mod switchover;
 
-pub use destination::{receive, CreateVm};
+pub use destination::{await_migration, receive, CreateVm, IncomingMigration};
 pub use source::migrate;
 
 use crate::error::MigrationError;
-use crate::stream::{ExpectedVm, FrameKind, FrameStream, Message, StreamError};
 use crate::tunables::Tunables;
+use crate::wire::{ExpectedVm, Message};
 use ferry_backend::memstress::read_progress;
 use ferry_backend::{GuestRam, RamError};
-use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// How long a link may stand still before both sides give up.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most data connections one migration opens.
+pub const MAX_CONNECTIONS: usize = 64;
 
 /// Pages per batch by default (1 MiB).
 pub const DEFAULT_BATCH_PAGES: usize = 256;
@@ -73,8 +83,12 @@ pub struct PrecopyOptions {
     pub tunables: Arc<Tunables>,
     /// Have the destination verify the digest before it resumes the guest.
     pub verify_before_resume: bool,
-    /// Pages per batch (clamped to 1..=[`crate::stream::MAX_BATCH_PAGES`]).
+    /// Pages per batch (clamped to 1..=[`crate::wire::MAX_BATCH_PAGES`]).
     pub batch_pages: usize,
+    /// Data connections (clamped to 1..=[`MAX_CONNECTIONS`]).
+    pub connections: usize,
+    /// How long the link may stand still before the migration fails.
+    pub stall_timeout: Duration,
 }
 
 impl Default for PrecopyOptions {
@@ -83,6 +97,8 @@ impl Default for PrecopyOptions {
             tunables: Tunables::shared(),
             verify_before_resume: false,
             batch_pages: DEFAULT_BATCH_PAGES,
+            connections: 1,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
         }
     }
 }
@@ -97,6 +113,8 @@ pub struct ReceiveOptions {
     pub run_after: Duration,
     /// Verify the digest before resuming the guest.
     pub verify_before_resume: bool,
+    /// How long the link may stand still before the migration fails.
+    pub stall_timeout: Duration,
 }
 
 impl Default for ReceiveOptions {
@@ -105,36 +123,8 @@ impl Default for ReceiveOptions {
             expect: None,
             run_after: Duration::from_secs(1),
             verify_before_resume: false,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
         }
-    }
-}
-
-/// Sends one control message and flushes.
-fn send<S: Read + Write>(io: &mut FrameStream<S>, msg: &Message) -> Result<(), StreamError> {
-    io.write_frame(msg.kind(), &[&msg.encode()])?;
-    io.flush()
-}
-
-/// Receives one control message; an Error frame becomes [`MigrationError::Peer`].
-fn recv<S: Read + Write>(
-    io: &mut FrameStream<S>,
-    peer: &'static str,
-    expected: &'static str,
-) -> Result<(Message, u64), MigrationError> {
-    let (kind, offset) = io.read_frame()?;
-    if matches!(
-        kind,
-        FrameKind::Header | FrameKind::Pages | FrameKind::VcpuState
-    ) {
-        return Err(MigrationError::Protocol {
-            expected,
-            got: kind,
-            offset,
-        });
-    }
-    match Message::decode(kind, io.payload(), offset)? {
-        Message::Error(message) => Err(MigrationError::Peer { peer, message }),
-        m => Ok((m, offset)),
     }
 }
 

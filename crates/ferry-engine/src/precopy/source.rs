@@ -1,14 +1,17 @@
 //! The sending side: handshake, rounds and convergence (switchover is in
 //! `switchover.rs`).
 
-use super::{recv, send, unexpected, PrecopyOptions};
+use super::senders::Senders;
+use super::{unexpected, PrecopyOptions, MAX_CONNECTIONS};
 use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
-use crate::stream::{FrameKind, FrameStream, Message, PageBatch, StreamHeader};
 use crate::summary::{ms, MigrationSummary, RoundKind, RoundStats, Status};
+use crate::transport::{open_channel, Control, Dial, Health, Side};
 use crate::tunables::TokenBucket;
+use crate::wire::control::Hello;
+use crate::wire::frame::FRAME_HEADER_LEN;
+use crate::wire::{FrameKind, Message, PageBatch, StreamHeader, VERSION};
 use ferry_backend::{DirtyPages, Gfn, GuestRam, Vm, PAGE_SIZE};
-use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,23 +24,27 @@ const MIN_MEASURED_BYTES: u64 = 4 << 20;
 /// Bandwidth assumed until a round could be measured: 1 Gbit/s.
 const NOMINAL_BYTES_PER_SEC: f64 = 125e6;
 
-/// Migrates `vm` over `stream` (precopy). The caller's thread does all the
-/// sending; the digest uses [`crate::digest::SOURCE_DIGEST_THREADS`] scoped threads.
+/// Migrates `vm` to the destination that `dialer` reaches (precopy), over
+/// one control connection and `opts.connections` data connections.
 ///
 /// Returns a summary on success, and also when the destination's memory
 /// digest did not match (status `failed`, VM rolled back and running). On
-/// `Err`, the VM runs again (if it ran before) and dirty logging is off.
-pub fn migrate<S: Read + Write + Send>(
+/// `Err`, the VM runs again (if it ran before) and dirty logging is off; the
+/// error is the destination's own reason when it gave one.
+pub fn migrate(
     vm: &mut dyn Vm,
-    stream: S,
+    dialer: &dyn Dial,
     opts: &PrecopyOptions,
     progress: &dyn Progress,
 ) -> Result<MigrationSummary, MigrationError> {
     let ram = Arc::clone(vm.ram());
+    let connections = opts.connections.clamp(1, MAX_CONNECTIONS);
     let summary = MigrationSummary {
         status: Status::Failed,
         backend: vm.config().backend.to_string(),
         dirty_tracking: vm.dirty_tracking(),
+        wire_version: VERSION,
+        connections,
         total_ms: 0.0,
         downtime_ms: 0.0,
         dest_resume_ms: 0.0,
@@ -54,54 +61,93 @@ pub fn migrate<S: Read + Write + Send>(
         dest_passes_after: 0,
         error: None,
     };
+    let start = Instant::now();
+    progress.phase(Phase::Handshake);
+    let health = Arc::new(Health::new(Side::Source, opts.stall_timeout));
+    let session = new_session_id();
+    let hello = |channel: u16| Hello {
+        session,
+        channel,
+        data_channels: connections as u16,
+    };
+    let control = open_channel(dialer, hello(0), opts.stall_timeout)
+        .and_then(|io| Control::start(io, Arc::clone(&health)));
+    let control = match control {
+        Ok(c) => c,
+        Err(e) => {
+            progress.phase(Phase::Done);
+            return Err(e);
+        }
+    };
     let mut src = Source {
         pages: ram.pages(),
         vm,
         ram,
-        io: FrameStream::new(stream),
+        ctl: control,
+        senders: None,
+        health,
         opts,
         progress,
         bucket: TokenBucket::new(Arc::clone(&opts.tunables)),
-        batch: PageBatch::new(opts.batch_pages),
         logging: false,
         paused_by_us: false,
         awaiting_verdict: false,
-        start: Instant::now(),
+        start,
         summary,
     };
-    let result = src.run();
+    let result = src.run(dialer, &hello);
     if src.summary.status != Status::Completed {
         src.summary.total_ms = ms(src.start.elapsed());
     }
-    src.summary.bytes_sent = src.io.bytes_written();
+    src.summary.bytes_sent = src.health.data_bytes() + src.ctl.bytes_sent();
     progress.phase(Phase::Done);
     match result {
-        Ok(()) => Ok(src.summary),
+        Ok(()) => {
+            if let Some(s) = src.senders.take() {
+                s.finish();
+            }
+            src.ctl.close();
+            Ok(src.summary)
+        }
         Err(e) => {
-            let e = match e {
+            drop(src.senders.take());
+            let e = match src.ctl.give_up(e) {
                 e @ (MigrationError::Peer { .. } | MigrationError::Protocol { .. }) => e,
                 e if src.awaiting_verdict => MigrationError::Unconfirmed(Box::new(e)),
                 e => e,
             };
             tracing::warn!("migration failed, source resumes: {}", e.chain());
             src.rollback();
-            if !matches!(e, MigrationError::Peer { .. }) {
-                // Best effort: the stream may be what broke.
-                let _ = send(&mut src.io, &Message::Error(e.chain()));
-            }
             Err(e)
         }
     }
 }
 
-pub(super) struct Source<'a, S> {
+/// A random id for one migration's connections.
+fn new_session_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(start_nanos());
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+fn start_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default()
+}
+
+pub(super) struct Source<'a> {
     pub(super) vm: &'a mut dyn Vm,
     pub(super) ram: Arc<GuestRam>,
-    pub(super) io: FrameStream<S>,
+    pub(super) ctl: Control,
+    pub(super) senders: Option<Senders>,
+    pub(super) health: Arc<Health>,
     pub(super) opts: &'a PrecopyOptions,
     pub(super) progress: &'a dyn Progress,
     pub(super) bucket: TokenBucket,
-    pub(super) batch: PageBatch,
     pub(super) pages: u64,
     pub(super) logging: bool,
     pub(super) paused_by_us: bool,
@@ -111,10 +157,29 @@ pub(super) struct Source<'a, S> {
     pub(super) summary: MigrationSummary,
 }
 
-impl<S: Read + Write> Source<'_, S> {
-    fn run(&mut self) -> Result<(), MigrationError> {
+impl Source<'_> {
+    fn run(
+        &mut self,
+        dialer: &dyn Dial,
+        hello: &dyn Fn(u16) -> Hello,
+    ) -> Result<(), MigrationError> {
         let strict = self.handshake()?;
         self.summary.verify_before_resume = strict;
+        let mut links = Vec::new();
+        for channel in 1..=self.summary.connections as u16 {
+            let io = open_channel(dialer, hello(channel), self.opts.stall_timeout)?;
+            self.health.add_data_link(
+                io.get_ref()
+                    .try_clone_link()
+                    .map_err(crate::wire::StreamError::Io)?,
+            );
+            links.push(io);
+        }
+        self.senders = Some(Senders::start(
+            links,
+            self.opts.batch_pages,
+            Arc::clone(&self.health),
+        )?);
 
         self.vm
             .start_dirty_log()
@@ -157,16 +222,12 @@ impl<S: Read + Write> Source<'_, S> {
         self.switchover(round, dirty, strict)
     }
 
-    /// Preamble, header, and the destination's Accept. Returns whether the
+    /// Header, and the destination's Accept. Returns whether the
     /// destination verifies before resuming.
     fn handshake(&mut self) -> Result<bool, MigrationError> {
-        self.progress.phase(Phase::Handshake);
-        self.io.write_preamble()?;
         let header = StreamHeader::for_vm(&*self.vm);
-        self.io
-            .write_frame(FrameKind::Header, &[&header.encode()])?;
-        self.io.flush()?;
-        match recv(&mut self.io, "destination", "Accept")? {
+        self.ctl.send_frame(FrameKind::Header, &header.encode())?;
+        match self.ctl.recv_message("Accept")? {
             (
                 Message::Accept {
                     verify_before_resume,
@@ -228,31 +289,55 @@ impl<S: Read + Write> Source<'_, S> {
     ) -> Result<(), MigrationError> {
         let t = Instant::now();
         self.progress.round_started(round, set.count());
-        let bytes_at = self.io.bytes_written();
+        let bytes_at = self.health.data_bytes();
+        let cancellable = kind != RoundKind::Final;
+        let Some(senders) = self.senders.as_mut() else {
+            return Err(MigrationError::Aborted);
+        };
         let (mut pages, mut zero) = (0u64, 0u64);
+        let mut batch = senders.batch()?;
         for (first, count) in set.runs() {
             let (mut gfn, mut left) = (first.0, count as usize);
             while left > 0 {
-                let n = left.min(self.batch.room());
-                let buf = self.batch.push_run(Gfn(gfn), n);
+                let n = left.min(batch.room());
+                let buf = batch.push_run(Gfn(gfn), n);
                 self.ram
                     .read_pages(Gfn(gfn), buf)
                     .map_err(MigrationError::ram("read guest memory"))?;
                 gfn += n as u64;
                 left -= n;
-                if self.batch.room() == 0 {
-                    pages += self.batch.len() as u64;
-                    zero += self.send_batch(kind != RoundKind::Final)?;
+                if batch.room() == 0 {
+                    let full = std::mem::replace(&mut batch, senders.batch()?);
+                    let (p, z) = ship(
+                        senders,
+                        full,
+                        round,
+                        cancellable,
+                        self.opts,
+                        &mut self.bucket,
+                        self.progress,
+                    )?;
+                    pages += p;
+                    zero += z;
                 }
             }
         }
-        if !self.batch.is_empty() {
-            pages += self.batch.len() as u64;
-            zero += self.send_batch(kind != RoundKind::Final)?;
+        if !batch.is_empty() {
+            let (p, z) = ship(
+                senders,
+                batch,
+                round,
+                cancellable,
+                self.opts,
+                &mut self.bucket,
+                self.progress,
+            )?;
+            pages += p;
+            zero += z;
         }
-        self.io.flush()?;
+        senders.end_round(round)?;
         let elapsed = t.elapsed().max(Duration::from_nanos(1));
-        let bytes = self.io.bytes_written() - bytes_at;
+        let bytes = self.health.data_bytes() - bytes_at;
         self.summary.rounds.push(RoundStats {
             round,
             kind,
@@ -266,20 +351,27 @@ impl<S: Read + Write> Source<'_, S> {
         });
         Ok(())
     }
+}
 
-    /// Seals and sends the batch; returns its zero-page count.
-    fn send_batch(&mut self, cancellable: bool) -> Result<u64, MigrationError> {
-        if cancellable && self.opts.tunables.is_cancelled() {
-            return Err(MigrationError::Cancelled);
-        }
-        self.batch.seal();
-        let at = self.io.bytes_written();
-        self.io.write_frame(FrameKind::Pages, &self.batch.parts())?;
-        let bytes = self.io.bytes_written() - at;
-        self.bucket.consume(bytes);
-        self.progress.pages_sent(self.batch.len() as u64, bytes);
-        let zero = self.batch.zero_pages() as u64;
-        self.batch.clear();
-        Ok(zero)
+/// Seals `batch` as part of `round` and hands it to a sender; returns its
+/// pages and zero pages.
+fn ship(
+    senders: &mut Senders,
+    mut batch: PageBatch,
+    round: u32,
+    cancellable: bool,
+    opts: &PrecopyOptions,
+    bucket: &mut TokenBucket,
+    progress: &dyn Progress,
+) -> Result<(u64, u64), MigrationError> {
+    if cancellable && opts.tunables.is_cancelled() {
+        return Err(MigrationError::Cancelled);
     }
+    batch.seal(round);
+    let bytes = (FRAME_HEADER_LEN + batch.payload_len()) as u64;
+    let (pages, zero) = (batch.len() as u64, batch.zero_pages() as u64);
+    bucket.consume(bytes);
+    senders.send(batch)?;
+    progress.pages_sent(pages, bytes);
+    Ok((pages, zero))
 }

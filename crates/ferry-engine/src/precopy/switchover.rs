@@ -3,17 +3,16 @@
 //! module docs of [`super`] for why the digest is checked after resume.
 
 use super::source::Source;
-use super::{guest_totals, recv, send, unexpected};
+use super::{guest_totals, unexpected};
 use crate::digest::{memory_digest, SOURCE_DIGEST_THREADS};
 use crate::error::MigrationError;
 use crate::progress::Phase;
-use crate::stream::{FrameKind, MemoryDigest, Message};
 use crate::summary::{ms, RoundKind, Status};
+use crate::wire::{FrameKind, MemoryDigest, Message};
 use ferry_backend::DirtyPages;
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-impl<S: Read + Write> Source<'_, S> {
+impl Source<'_> {
     /// Pause, send the rest, hand over, verify, and commit or roll back.
     pub(super) fn switchover(
         &mut self,
@@ -44,13 +43,11 @@ impl<S: Read + Write> Source<'_, S> {
             .save_vcpus()
             .map_err(MigrationError::backend("save vCPU state"))?;
         self.summary.save_vcpus_ms = ms(saving.elapsed());
-        self.io.write_frame(FrameKind::VcpuState, &[&state])?;
-        send(
-            &mut self.io,
-            &Message::Switchover {
-                verify_before_resume: strict,
-            },
-        )?;
+        self.ctl.send_frame(FrameKind::VcpuState, &state)?;
+        self.ctl.send(&Message::Switchover {
+            verify_before_resume: strict,
+            final_round: round,
+        })?;
 
         self.progress.phase(Phase::Verifying);
         let mut digest = None;
@@ -58,7 +55,7 @@ impl<S: Read + Write> Source<'_, S> {
             digest = Some(self.send_digest()?);
         }
         let (matched, dest) = loop {
-            match recv(&mut self.io, "destination", "Resumed or Verified")? {
+            match self.ctl.recv_message("Resumed or Verified")? {
                 (Message::Resumed { resume_ns }, _) => {
                     self.summary.downtime_ms = ms(paused_at.elapsed());
                     self.summary.dest_resume_ms = resume_ns as f64 / 1e6;
@@ -99,7 +96,7 @@ impl<S: Read + Write> Source<'_, S> {
             .map_err(MigrationError::ram("hash guest memory"))?;
         self.summary.digest_ms = ms(t.elapsed());
         self.awaiting_verdict = true;
-        send(&mut self.io, &Message::Digest(d))?;
+        self.ctl.send(&Message::Digest(d))?;
         Ok(d)
     }
 
@@ -120,7 +117,7 @@ impl<S: Read + Write> Source<'_, S> {
 
     fn collect_report(&mut self) {
         self.progress.phase(Phase::Reporting);
-        match recv(&mut self.io, "destination", "Report") {
+        match self.ctl.recv_message("Report") {
             Ok((Message::Report(r), _)) => {
                 self.summary.mismatches_before = r.mismatches_before;
                 self.summary.mismatches_after = r.mismatches_after;
@@ -147,14 +144,12 @@ impl<S: Read + Write> Source<'_, S> {
 
     /// Leaves the source as it was before the migration.
     pub(super) fn rollback(&mut self) {
-        if self.logging {
-            self.logging = false;
+        if std::mem::take(&mut self.logging) {
             if let Err(e) = self.vm.stop_dirty_log() {
                 tracing::warn!("stopping dirty logging on rollback: {e}");
             }
         }
-        if self.paused_by_us {
-            self.paused_by_us = false;
+        if std::mem::take(&mut self.paused_by_us) {
             if let Err(e) = self.vm.start() {
                 tracing::error!("cannot resume the source VM after a failed migration: {e}");
             }

@@ -7,15 +7,49 @@
 
 #![allow(dead_code)]
 
+pub mod relay;
+
 use ferry_backend::memstress::{progress, stamp};
 use ferry_backend::{
     BackendError, BackendKind, Backing, DirtyPages, GuestRam, HarvestStats, MemoryLayout, Vm,
     VmConfig, Workload, PAGE_SIZE,
 };
+use ferry_engine::{
+    await_migration, listen, receive, MigrationError, ReceiveOptions, ReceiveSummary, TcpDialer,
+};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+pub type Received = Result<(Box<dyn Vm>, ReceiveSummary), MigrationError>;
+
+/// A test VM whose guest thread is running.
+pub fn running_source() -> TestVm {
+    let mut vm = TestVm::new(&config()).unwrap();
+    vm.start().unwrap();
+    vm
+}
+
+/// A destination in a thread, listening on loopback; returns how to reach it.
+pub fn spawn_receiver(opts: ReceiveOptions) -> (TcpDialer, JoinHandle<Received>) {
+    let listener = listen("127.0.0.1:0").unwrap();
+    let to = TcpDialer(listener.local_addr().unwrap().to_string());
+    let dest = std::thread::spawn(move || {
+        let incoming = await_migration(&listener)?;
+        let mut create = |c: &VmConfig| -> Result<Box<dyn Vm>, BackendError> { TestVm::boxed(c) };
+        receive(incoming, &listener, &mut create, &opts)
+    });
+    (to, dest)
+}
+
+/// Destination options that report soon after switchover.
+pub fn quick_receive() -> ReceiveOptions {
+    ReceiveOptions {
+        run_after: Duration::from_millis(50),
+        ..ReceiveOptions::default()
+    }
+}
 
 pub fn config() -> VmConfig {
     VmConfig {

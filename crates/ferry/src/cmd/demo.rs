@@ -89,6 +89,7 @@ fn spawn_destination(a: &DemoArgs) -> Result<Destination, CmdError> {
         .args(["--backend", &a.backend.backend])
         .args(["--backing", &a.backend.backing])
         .args(["--run-after", &a.run_after.to_string()])
+        .args(["--stall-timeout", &a.migration.stall_timeout_s.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());

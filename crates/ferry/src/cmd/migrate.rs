@@ -9,7 +9,7 @@ use clap::Args;
 use ferry_backend::error_chain as chain;
 use ferry_backend::memstress::{read_progress, set_write_percent};
 use ferry_backend::Vm;
-use ferry_engine::{MigrationSummary, PrecopyOptions, Status, Tunables};
+use ferry_engine::{MigrationSummary, PrecopyOptions, Status, TcpDialer, Tunables};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -30,6 +30,15 @@ pub struct MigrationArgs {
     /// Verify the memory digest before the destination resumes (longer downtime).
     #[arg(long = "verify-before-resume")]
     pub verify_before_resume: bool,
+    /// Data connections for guest pages, each with its own sender and
+    /// receiver thread: 1 to 64, or `auto` (one per core, at most 8). A
+    /// control connection is always opened besides them.
+    #[arg(long, default_value = "1", value_parser = parse_connections)]
+    pub connections: usize,
+    /// Seconds the link may stand still before both ends give up (the source
+    /// VM keeps running, the destination starts no guest).
+    #[arg(long = "stall-timeout", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub stall_timeout_s: u64,
     /// Seconds the guest runs before migration starts (at least until every
     /// vCPU has finished one pass).
     #[arg(long, default_value_t = 1.0)]
@@ -41,6 +50,41 @@ pub struct MigrationArgs {
     /// Print the summary as one JSON object on the last line of stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--connections`: a count, or `auto` for one per core (at most 8).
+pub fn parse_connections(s: &str) -> Result<usize, String> {
+    let max = ferry_engine::precopy::MAX_CONNECTIONS;
+    if s == "auto" {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        return Ok(cores.clamp(1, 8));
+    }
+    match s.parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("expected 1 to {max}, or auto")),
+    }
+}
+
+/// How a migration reaches its destination.
+#[derive(Clone, Copy, Debug)]
+pub struct LinkSettings {
+    /// Data connections.
+    pub connections: usize,
+    /// How long the link may stand still.
+    pub stall_timeout: Duration,
+    /// Verify the digest before the destination resumes.
+    pub verify_before_resume: bool,
+}
+
+impl MigrationArgs {
+    /// The link settings these arguments ask for.
+    pub fn link(&self) -> LinkSettings {
+        LinkSettings {
+            connections: self.connections,
+            stall_timeout: Duration::from_secs(self.stall_timeout_s),
+            verify_before_resume: self.verify_before_resume,
+        }
+    }
 }
 
 /// Arguments of `ferry migrate`.
@@ -85,6 +129,8 @@ fn via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdE
         "cmd": "migrate",
         "to": a.to,
         "verify_before_resume": a.migration.verify_before_resume,
+        "connections": a.migration.connections,
+        "stall_timeout_s": a.migration.stall_timeout_s,
     });
     let reply = crate::control::request(path, &req).map_err(|e| CmdError::Failed(chain(&e)))?;
     if a.migration.json {
@@ -135,7 +181,7 @@ pub fn boot_and_migrate(
     tunables.set_downtime_target(Duration::from_millis(m.downtime_ms));
     tunables.set_max_rounds(m.max_rounds);
     tunables.set_bandwidth_bytes_per_sec(m.bandwidth_mib_s << 20);
-    Ok(migrate_running(vm, to, tunables, m.verify_before_resume))
+    Ok(migrate_running(vm, to, tunables, m.link()))
 }
 
 /// Migrates a running VM to `to`. Never fails: a failure is a summary with
@@ -144,34 +190,39 @@ pub fn migrate_running(
     vm: &mut dyn Vm,
     to: &str,
     tunables: Arc<Tunables>,
-    verify_before_resume: bool,
+    link: LinkSettings,
 ) -> MigrationSummary {
     let opts = PrecopyOptions {
         tunables,
-        verify_before_resume,
+        verify_before_resume: link.verify_before_resume,
+        connections: link.connections,
+        stall_timeout: link.stall_timeout,
         ..PrecopyOptions::default()
     };
     let started = Instant::now();
-    let result = ferry_engine::connect(to)
-        .map_err(|e| chain(&e))
-        .and_then(|stream| {
-            let bar = MigrationBar::new(std::io::stderr().is_terminal());
-            let r = ferry_engine::migrate(vm, stream, &opts, &bar);
-            bar.finish();
-            r.map_err(|e| chain(&e))
-        });
+    let bar = MigrationBar::new(std::io::stderr().is_terminal());
+    let result =
+        ferry_engine::migrate(vm, &TcpDialer(to.to_string()), &opts, &bar).map_err(|e| chain(&e));
+    bar.finish();
     result.unwrap_or_else(|error| {
         eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
-        failed_summary(vm, started.elapsed(), error)
+        failed_summary(vm, link, started.elapsed(), error)
     })
 }
 
 /// The summary of a migration that ended in an error before it produced one.
-fn failed_summary(vm: &dyn Vm, took: Duration, error: String) -> MigrationSummary {
+fn failed_summary(
+    vm: &dyn Vm,
+    link: LinkSettings,
+    took: Duration,
+    error: String,
+) -> MigrationSummary {
     MigrationSummary {
         status: Status::Failed,
         backend: vm.config().backend.to_string(),
         dirty_tracking: vm.dirty_tracking(),
+        wire_version: ferry_engine::wire::VERSION,
+        connections: link.connections,
         total_ms: took.as_secs_f64() * 1e3,
         downtime_ms: 0.0,
         pause_ms: 0.0,

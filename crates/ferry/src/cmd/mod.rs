@@ -2,7 +2,7 @@
 
 mod bench;
 mod demo;
-mod migrate;
+pub(crate) mod migrate;
 mod receive;
 mod run;
 

@@ -35,6 +35,10 @@ pub struct ReceiveArgs {
     /// Verify the memory digest before resuming the guest (longer downtime).
     #[arg(long = "verify-before-resume")]
     pub verify_before_resume: bool,
+    /// Seconds the link may stand still before the migration fails (no
+    /// guest is started here then).
+    #[arg(long = "stall-timeout", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub stall_timeout_s: u64,
     /// Exit after reporting instead of running the guest on.
     #[arg(long = "exit-after-report")]
     pub exit_after_report: bool,
@@ -57,9 +61,13 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     // The demo (and scripts) read this line to learn the port.
     println!("listening on {local}");
     std::io::stdout().flush().ok();
-    let (stream, peer) =
-        ferry_engine::accept(&listener).map_err(|e| CmdError::Failed(chain(&e)))?;
-    eprintln!("ferry receive: migration from {peer}");
+    let incoming =
+        ferry_engine::await_migration(&listener).map_err(|e| CmdError::Failed(chain(&e)))?;
+    eprintln!(
+        "ferry receive: migration from {} over {} data connection(s)",
+        incoming.peer(),
+        incoming.connections()
+    );
 
     let opts = ReceiveOptions {
         expect: Some(ExpectedVm {
@@ -69,6 +77,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         }),
         run_after: Duration::from_secs_f64(a.run_after),
         verify_before_resume: a.verify_before_resume,
+        stall_timeout: Duration::from_secs(a.stall_timeout_s),
     };
     let memory = a.memory;
     let backend = a.backend.clone();
@@ -89,7 +98,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         cfg.backing = backend.backing();
         vms::create(&cfg, &backend, vms::Role::Destination)
     };
-    let (mut vm, summary) = ferry_engine::receive(stream, &mut create, &opts)
+    let (mut vm, summary) = ferry_engine::receive(incoming, &listener, &mut create, &opts)
         .map_err(|e| CmdError::Failed(chain(&e)))?;
     eprintln!(
         "ferry receive: {:?}: resumed in {:.1} ms, digest {}, {} passes after switchover, mismatches {} before / {} after",

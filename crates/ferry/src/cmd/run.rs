@@ -81,15 +81,10 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
                 let _ = reply.send(serde_json::json!({"ok": true}));
                 break;
             }
-            Ok(VmCommand::Migrate {
-                to,
-                verify_before_resume,
-                reply,
-            }) => {
+            Ok(VmCommand::Migrate { to, link, reply }) => {
                 // A cancel aimed at an earlier migration must not stop this one.
                 tunables.reset_cancel();
-                let summary =
-                    migrate_running(&mut *vm, &to, tunables.clone(), verify_before_resume);
+                let summary = migrate_running(&mut *vm, &to, tunables.clone(), link);
                 let moved = summary.status == Status::Completed;
                 let _ = reply.send(crate::summary::json(&summary));
                 if moved {

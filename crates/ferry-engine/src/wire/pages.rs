@@ -90,10 +90,11 @@ impl PageBatch {
         &mut self.data[at..self.pages * PAGE_SIZE]
     }
 
-    /// Finds zero pages, builds the run table and bitmap, and packs the
-    /// non-zero pages to the front of the data buffer.
-    pub fn seal(&mut self) {
+    /// Finds zero pages, builds the round, run table and bitmap, and packs
+    /// the non-zero pages to the front of the data buffer.
+    pub fn seal(&mut self, round: u32) {
         self.head.clear();
+        self.head.extend_from_slice(&round.to_le_bytes());
         self.head
             .extend_from_slice(&(self.runs.len() as u32).to_le_bytes());
         for (gfn, n) in &self.runs {
@@ -118,7 +119,13 @@ impl PageBatch {
         self.zero_pages = self.pages - out;
     }
 
-    /// The sealed payload as two parts: run table + bitmap, then page data.
+    /// Bytes of the sealed payload.
+    pub fn payload_len(&self) -> usize {
+        self.head.len() + self.data_pages * PAGE_SIZE
+    }
+
+    /// The sealed payload as two parts: round, run table and bitmap, then
+    /// page data.
     pub fn parts(&self) -> [&[u8]; 2] {
         [&self.head, &self.data[..self.data_pages * PAGE_SIZE]]
     }
@@ -150,6 +157,8 @@ pub enum Segment<'a> {
 /// A received, validated batch.
 #[derive(Debug)]
 pub struct BatchView<'a> {
+    /// The precopy round the batch belongs to.
+    pub round: u32,
     runs: Vec<(Gfn, u32)>,
     bitmap: &'a [u8],
     data: &'a [u8],
@@ -205,21 +214,23 @@ impl<'a> BatchView<'a> {
 /// Parses and validates a Pages payload against a guest of `total_pages`.
 /// The error is a reason; the caller adds frame type and offset.
 pub fn decode_batch(payload: &[u8], total_pages: u64) -> Result<BatchView<'_>, String> {
-    if payload.len() < 4 {
-        return Err("too short for a run count".into());
+    const HEAD: usize = 8;
+    if payload.len() < HEAD {
+        return Err("too short for a round and a run count".into());
     }
-    let run_count = super::control::u32_at(payload, 0) as usize;
+    let round = super::control::u32_at(payload, 0);
+    let run_count = super::control::u32_at(payload, 4) as usize;
     if run_count == 0 || run_count > MAX_BATCH_PAGES {
         return Err(format!("run count {run_count} is out of range"));
     }
-    let table_end = 4 + run_count * RUN_BYTES;
+    let table_end = HEAD + run_count * RUN_BYTES;
     if payload.len() < table_end {
         return Err(format!("too short for {run_count} runs"));
     }
     let mut runs = Vec::with_capacity(run_count);
     let mut pages = 0usize;
     for r in 0..run_count {
-        let at = 4 + r * RUN_BYTES;
+        let at = HEAD + r * RUN_BYTES;
         let first = super::control::u64_at(payload, at);
         let n = super::control::u32_at(payload, at + 8);
         let end = first.checked_add(u64::from(n));
@@ -251,6 +262,7 @@ pub fn decode_batch(payload: &[u8], total_pages: u64) -> Result<BatchView<'_>, S
         ));
     }
     Ok(BatchView {
+        round,
         runs,
         bitmap,
         data,
@@ -287,11 +299,13 @@ mod tests {
         b.push_run(Gfn(13), 1).fill(4); // merges with the run before
         b.push_run(Gfn(40), 2).fill(0);
         assert_eq!(b.room(), 2);
-        b.seal();
+        b.seal(5);
         assert_eq!(b.zero_pages(), 3);
         let bytes = payload(&b);
         let view = decode_batch(&bytes, 64).unwrap();
         assert_eq!(view.pages(), 6);
+        assert_eq!(view.round, 5);
+        assert_eq!(bytes.len(), b.payload_len());
         let mut seen = Vec::new();
         view.visit(|s| {
             seen.push(match s {
@@ -311,14 +325,14 @@ mod tests {
     fn batch_outside_guest_or_with_bad_lengths_is_refused() {
         let mut b = PageBatch::new(4);
         b.push_run(Gfn(62), 2).fill(1);
-        b.seal();
+        b.seal(0);
         let bytes = payload(&b);
         assert!(decode_batch(&bytes, 64).is_ok());
         assert!(decode_batch(&bytes, 63).unwrap_err().contains("outside"));
         assert!(decode_batch(&bytes[..bytes.len() - 1], 64).is_err());
-        assert!(decode_batch(&[0, 0, 0, 0], 64).is_err());
+        assert!(decode_batch(&[0, 0, 0, 0, 0, 0, 0, 0], 64).is_err());
         let mut huge = bytes.clone();
-        huge[4..12].copy_from_slice(&u64::MAX.to_le_bytes());
+        huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(decode_batch(&huge, 64).is_err());
     }
 }

@@ -44,6 +44,9 @@ pub enum Message {
     Switchover {
         /// The destination must verify before resuming.
         verify_before_resume: bool,
+        /// The last round of pages: the destination waits until every data
+        /// connection has ended it.
+        final_round: u32,
     },
     /// The guest runs on the destination.
     Resumed {
@@ -63,6 +66,39 @@ pub enum Message {
     Report(GuestReport),
     /// The sender gives up.
     Error(String),
+    /// Opens a connection of a migration.
+    Hello(Hello),
+    /// The destination takes the connection.
+    Welcome {
+        /// The stream version both ends speak from here on.
+        version: u32,
+    },
+    /// Liveness and page-data progress.
+    Heartbeat {
+        /// Page-data bytes this side has sent (source) or received
+        /// (destination) so far, over all data connections.
+        data_bytes: u64,
+    },
+    /// A round is complete on one data connection.
+    RoundEnd {
+        /// The round.
+        round: u32,
+        /// Pages this connection carried in it.
+        pages: u64,
+    },
+}
+
+/// What a [`Message::Hello`] says: which migration and which of its
+/// connections this is. The session id ties a migration's connections
+/// together on a destination that listens for more than one.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// Random per migration, the same on all its connections.
+    pub session: u64,
+    /// 0 for the control connection, 1..=`data_channels` for data.
+    pub channel: u16,
+    /// How many data connections the migration uses.
+    pub data_channels: u16,
 }
 
 impl Message {
@@ -76,6 +112,10 @@ impl Message {
             Message::Verified { .. } => FrameKind::Verified,
             Message::Report(_) => FrameKind::Report,
             Message::Error(_) => FrameKind::Error,
+            Message::Hello(_) => FrameKind::Hello,
+            Message::Welcome { .. } => FrameKind::Welcome,
+            Message::Heartbeat { .. } => FrameKind::Heartbeat,
+            Message::RoundEnd { .. } => FrameKind::RoundEnd,
         }
     }
 
@@ -88,10 +128,15 @@ impl Message {
         match self {
             Message::Accept {
                 verify_before_resume,
-            }
-            | Message::Switchover {
-                verify_before_resume,
             } => flags(*verify_before_resume),
+            Message::Switchover {
+                verify_before_resume,
+                final_round,
+            } => {
+                let mut v = flags(*verify_before_resume);
+                v[4..].copy_from_slice(&final_round.to_le_bytes());
+                v
+            }
             Message::Resumed { resume_ns } => resume_ns.to_le_bytes().to_vec(),
             Message::Digest(d) => digest_bytes(d).to_vec(),
             Message::Verified { matched, dest } => {
@@ -101,6 +146,21 @@ impl Message {
             }
             Message::Report(r) => serde_json::to_vec(r).unwrap_or_default(),
             Message::Error(text) => text.as_bytes().to_vec(),
+            Message::Hello(h) => {
+                let mut v = h.session.to_le_bytes().to_vec();
+                v.extend_from_slice(&h.channel.to_le_bytes());
+                v.extend_from_slice(&h.data_channels.to_le_bytes());
+                v.extend_from_slice(&[0; 4]);
+                v
+            }
+            Message::Welcome { version } => [version.to_le_bytes(), [0; 4]].concat(),
+            Message::Heartbeat { data_bytes } => data_bytes.to_le_bytes().to_vec(),
+            Message::RoundEnd { round, pages } => {
+                let mut v = round.to_le_bytes().to_vec();
+                v.extend_from_slice(&[0; 4]);
+                v.extend_from_slice(&pages.to_le_bytes());
+                v
+            }
         }
     }
 
@@ -133,6 +193,7 @@ impl Message {
                 } else {
                     Message::Switchover {
                         verify_before_resume: strict,
+                        final_round: u32_at(payload, 4),
                     }
                 }
             }
@@ -157,6 +218,40 @@ impl Message {
                 serde_json::from_slice(payload).map_err(|e| bad(format!("bad report: {e}")))?,
             ),
             FrameKind::Error => Message::Error(String::from_utf8_lossy(payload).into_owned()),
+            FrameKind::Hello => {
+                exact(16)?;
+                let h = Hello {
+                    session: u64_at(payload, 0),
+                    channel: u16::from_le_bytes([payload[8], payload[9]]),
+                    data_channels: u16::from_le_bytes([payload[10], payload[11]]),
+                };
+                if h.data_channels == 0 || h.channel > h.data_channels {
+                    return Err(bad(format!(
+                        "channel {} of {} data connections",
+                        h.channel, h.data_channels
+                    )));
+                }
+                Message::Hello(h)
+            }
+            FrameKind::Welcome => {
+                exact(8)?;
+                Message::Welcome {
+                    version: u32_at(payload, 0),
+                }
+            }
+            FrameKind::Heartbeat => {
+                exact(8)?;
+                Message::Heartbeat {
+                    data_bytes: u64_at(payload, 0),
+                }
+            }
+            FrameKind::RoundEnd => {
+                exact(16)?;
+                Message::RoundEnd {
+                    round: u32_at(payload, 0),
+                    pages: u64_at(payload, 8),
+                }
+            }
             FrameKind::Header | FrameKind::Pages | FrameKind::VcpuState => {
                 return Err(bad("not a control message here".into()))
             }
@@ -208,6 +303,20 @@ mod tests {
             },
             Message::Switchover {
                 verify_before_resume: false,
+                final_round: 7,
+            },
+            Message::Hello(Hello {
+                session: 0x1234_5678_9abc,
+                channel: 3,
+                data_channels: 4,
+            }),
+            Message::Welcome { version: 2 },
+            Message::Heartbeat {
+                data_bytes: 1 << 40,
+            },
+            Message::RoundEnd {
+                round: 3,
+                pages: 99,
             },
             Message::Resumed { resume_ns: 1234 },
             Message::Digest(d),
@@ -237,5 +346,15 @@ mod tests {
         );
         assert!(Message::decode(FrameKind::Report, b"{", 0).is_err());
         assert!(Message::decode(FrameKind::Pages, b"", 0).is_err());
+        let mut hello = Message::Hello(Hello {
+            session: 1,
+            channel: 5,
+            data_channels: 4,
+        })
+        .encode();
+        let err = Message::decode(FrameKind::Hello, &hello, 0).unwrap_err();
+        assert!(err.to_string().contains("channel 5 of 4"), "{err}");
+        hello[10] = 0;
+        assert!(Message::decode(FrameKind::Hello, &hello, 0).is_err());
     }
 }

@@ -1,15 +1,17 @@
-//! TCP transport helpers. The engine itself runs over any `Read + Write`;
-//! these set up the common case.
+//! TCP: connect, listen and accept with clear errors, and [`Link`] for a
+//! socket.
 //!
 //! Socket buffers are left to Linux's TCP autotuning: setting `SO_SNDBUF`
 //! pins the size and turns autotuning off, which on a fast link makes things
-//! slower. Large writes come from [`crate::stream::FrameStream`] instead
+//! slower. Large writes come from [`crate::wire::FrameStream`] instead
 //! (1 MiB buffer, page data written through), and Nagle is off so the small
 //! switchover frames leave at once.
 
+use super::set::{Dial, Listen};
+use super::Link;
 use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// How long [`connect`] tries each address.
@@ -50,6 +52,14 @@ pub enum TransportError {
         /// Why.
         #[source]
         source: io::Error,
+    },
+    /// No connection arrived in time.
+    #[error("no connection from the source on {addr} within {secs} s")]
+    AcceptTimeout {
+        /// The listening address.
+        addr: String,
+        /// How long we waited.
+        secs: u64,
     },
     /// Setting a socket option failed.
     #[error("cannot set up the connection to {addr}")]
@@ -109,6 +119,87 @@ pub fn accept(listener: &TcpListener) -> Result<(TcpStream, SocketAddr), Transpo
     })?;
     prepare(&s, &peer.to_string())?;
     Ok((s, peer))
+}
+
+/// Dials a TCP address for every connection of a migration.
+#[derive(Clone, Debug)]
+pub struct TcpDialer(pub String);
+
+impl Dial for TcpDialer {
+    fn dial(&self) -> Result<Box<dyn Link>, TransportError> {
+        Ok(Box::new(connect(self.0.as_str())?))
+    }
+}
+
+impl Listen for TcpListener {
+    fn accept_link(&self, deadline: Option<Instant>) -> Result<Box<dyn Link>, TransportError> {
+        let Some(deadline) = deadline else {
+            return Ok(Box::new(accept(self)?.0));
+        };
+        let name = self
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "the listener".into());
+        let setup = |source| TransportError::Setup {
+            addr: name.clone(),
+            source,
+        };
+        self.set_nonblocking(true).map_err(setup)?;
+        let started = Instant::now();
+        let got = loop {
+            match self.accept() {
+                Ok((s, peer)) => break Ok((s, peer)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        break Err(TransportError::AcceptTimeout {
+                            addr: name.clone(),
+                            secs: started.elapsed().as_secs(),
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    break Err(TransportError::Listen {
+                        addr: name.clone(),
+                        source,
+                    })
+                }
+            }
+        };
+        self.set_nonblocking(false).map_err(setup)?;
+        let (s, peer) = got?;
+        s.set_nonblocking(false).map_err(setup)?;
+        prepare(&s, &peer.to_string())?;
+        Ok(Box::new(s))
+    }
+
+    fn local_name(&self) -> String {
+        self.local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "the listener".into())
+    }
+}
+
+impl Link for TcpStream {
+    fn try_clone_link(&self) -> io::Result<Box<dyn Link>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn shutdown_link(&self, how: Shutdown) {
+        // Already shut down or never connected: nothing left to stop.
+        let _ = self.shutdown(how);
+    }
+    fn set_read_timeout_link(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(t)
+    }
+    fn set_write_timeout_link(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_write_timeout(t)
+    }
+    fn peer_name(&self) -> String {
+        self.peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "the peer".into())
+    }
 }
 
 fn prepare(s: &TcpStream, name: &str) -> Result<(), TransportError> {

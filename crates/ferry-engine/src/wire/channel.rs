@@ -10,7 +10,7 @@
 //! straight into the payload buffer. Every error carries the stream offset.
 
 use super::frame::{self, FrameHead, FrameKind, FRAME_HEADER_LEN};
-use super::{StreamError, MAGIC, PREAMBLE_LEN, VERSION};
+use super::{StreamError, MAGIC, MIN_VERSION, PREAMBLE_LEN, VERSION};
 use std::io::{ErrorKind, Read, Write};
 
 const WRITE_BUF: usize = 1 << 20;
@@ -56,21 +56,34 @@ impl<S: Read + Write> FrameStream<S> {
         self.read_offset
     }
 
+    /// The underlying stream, for calls that neither read nor write.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The underlying stream, to read or write around the framing (only
+    /// once the framed conversation is over).
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
     /// The underlying stream.
     pub fn into_inner(self) -> S {
         self.inner
     }
 
-    /// Writes magic and version.
+    /// Writes magic and the versions this ferry speaks.
     pub fn write_preamble(&mut self) -> Result<(), StreamError> {
         let mut p = [0u8; PREAMBLE_LEN];
         p[..8].copy_from_slice(&MAGIC);
         p[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        p[12..16].copy_from_slice(&MIN_VERSION.to_le_bytes());
         self.buffer(&p)
     }
 
-    /// Reads and checks magic and version.
-    pub fn read_preamble(&mut self) -> Result<(), StreamError> {
+    /// Reads the magic and the peer's versions; returns the newest version
+    /// both ends speak, or [`StreamError::Version`].
+    pub fn read_preamble(&mut self) -> Result<u32, StreamError> {
         let mut p = [0u8; PREAMBLE_LEN];
         let got = self.read_up_to(&mut p)?;
         let mut magic = [0u8; 8];
@@ -92,14 +105,30 @@ impl<S: Read + Write> FrameStream<S> {
                 what: "the stream preamble",
             });
         }
-        let version = u32::from_le_bytes([p[8], p[9], p[10], p[11]]);
-        if version != VERSION {
-            return Err(StreamError::Version {
-                found: version,
-                ours: VERSION,
-            });
+        let peer_max = u32::from_le_bytes([p[8], p[9], p[10], p[11]]);
+        let peer_min = match u32::from_le_bytes([p[12], p[13], p[14], p[15]]) {
+            0 => peer_max,
+            v => v,
+        };
+        let common = peer_max.min(VERSION);
+        if common < peer_min.max(MIN_VERSION) {
+            return Err(StreamError::Version { peer_min, peer_max });
         }
-        Ok(())
+        Ok(common)
+    }
+
+    /// Reads the next frame, or `None` if the peer closed the stream cleanly
+    /// at a frame boundary.
+    pub fn read_frame_or_end(&mut self) -> Result<Option<(FrameKind, u64)>, StreamError> {
+        if self.rpos == self.rend {
+            let n = retry_read(&mut self.inner, &mut self.rbuf)?;
+            self.rpos = 0;
+            self.rend = n;
+            if n == 0 {
+                return Ok(None);
+            }
+        }
+        self.read_frame().map(Some)
     }
 
     /// Queues one frame whose payload is `parts` concatenated. Large parts
@@ -295,9 +324,23 @@ mod tests {
         assert!(err.to_string().starts_with("not a ferry migration stream"));
 
         let mut bytes = written(&[]);
-        bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+        assert_eq!(reader(bytes.clone()).read_preamble().unwrap(), VERSION);
+        // A v1 peer: version 1, reserved 0.
+        bytes[8..16].copy_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
+        let err = reader(bytes.clone()).read_preamble().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the peer speaks stream version 1, this ferry speaks 2"
+        );
+        // A newer peer that still speaks ours: ours is picked.
+        bytes[8..16].copy_from_slice(&[9, 0, 0, 0, 1, 0, 0, 0]);
+        assert_eq!(reader(bytes.clone()).read_preamble().unwrap(), VERSION);
+        bytes[8..16].copy_from_slice(&[9, 0, 0, 0, 7, 0, 0, 0]);
         let err = reader(bytes).read_preamble().unwrap_err();
-        assert_eq!(err.to_string(), "stream version 7, this ferry speaks 1");
+        assert_eq!(
+            err.to_string(),
+            "the peer speaks stream version 7 to 9, this ferry speaks 2"
+        );
     }
 
     #[test]

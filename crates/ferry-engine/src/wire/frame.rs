@@ -32,6 +32,17 @@ pub enum FrameKind {
     Report = 9,
     /// Either way: the sender gives up, with a message.
     Error = 10,
+    /// Source → destination, first frame of every connection: which
+    /// migration (session) and which channel of it this connection is.
+    Hello = 11,
+    /// Destination → source: the connection is taken; the version spoken.
+    Welcome = 12,
+    /// Either way on the control connection: still alive, and how many
+    /// page-data bytes this side has moved so far.
+    Heartbeat = 13,
+    /// Source → destination on each data connection: a round is complete
+    /// on this connection, with the pages it carried there.
+    RoundEnd = 14,
 }
 
 impl FrameKind {
@@ -49,6 +60,10 @@ impl FrameKind {
             8 => Verified,
             9 => Report,
             10 => Error,
+            11 => Hello,
+            12 => Welcome,
+            13 => Heartbeat,
+            14 => RoundEnd,
             _ => return None,
         })
     }
@@ -67,6 +82,10 @@ impl FrameKind {
             Verified => "Verified",
             Report => "Report",
             Error => "Error",
+            Hello => "Hello",
+            Welcome => "Welcome",
+            Heartbeat => "Heartbeat",
+            RoundEnd => "RoundEnd",
         }
     }
 }

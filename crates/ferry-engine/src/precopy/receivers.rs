@@ -1,0 +1,249 @@
+//! The destination's data connections: one receiver thread each, placing
+//! pages in guest memory and keeping the per-page hashes.
+//!
+//! Batches of one round arrive over several connections in any order, and a
+//! page appears at most once in a round, so within a round any order is
+//! right. Across rounds a later copy of a page must win, so a receiver holds
+//! a round-r batch until every connection has ended round r − 1 (the
+//! [`RoundGate`]). A connection never blocks on its own later rounds, so the
+//! gate cannot deadlock: each connection's RoundEnd(r − 1) precedes its
+//! round-r batches in its own byte stream.
+
+use crate::digest::{page_hash, zero_page_hash, PageHashes};
+use crate::error::MigrationError;
+use crate::transport::{Channel, Health};
+use crate::wire::frame::FRAME_HEADER_LEN;
+use crate::wire::pages::Segment;
+use crate::wire::{decode_batch, BatchView, FrameKind, Message, StreamError};
+use ferry_backend::{Gfn, GuestRam, PageBits, PAGE_SIZE};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
+
+/// What the receivers build up, shared with the destination's engine thread.
+pub(super) struct Loaded {
+    pub ram: Arc<GuestRam>,
+    pub pages: u64,
+    pub hashes: PageHashes,
+    /// Pages known to hold zeros: fresh RAM, or a zero page placed here.
+    known_zero: PageBits,
+    /// Pages received at least once.
+    pub received: PageBits,
+    pub pages_received: AtomicU64,
+    pub zero_pages: AtomicU64,
+    pub batches: AtomicU64,
+    gate: RoundGate,
+}
+
+impl Loaded {
+    /// State for a guest of `ram`, whose pages are zero except `written`.
+    pub fn new(ram: Arc<GuestRam>, written: &ferry_backend::DirtyPages, lanes: usize) -> Self {
+        let pages = ram.pages();
+        let known_zero = PageBits::all(pages);
+        written.iter().for_each(|g| known_zero.remove(g));
+        Loaded {
+            ram,
+            pages,
+            hashes: PageHashes::zeroed(pages),
+            known_zero,
+            received: PageBits::new(pages),
+            pages_received: AtomicU64::new(0),
+            zero_pages: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            gate: RoundGate::new(lanes),
+        }
+    }
+
+    /// Waits until every data connection has ended `round`.
+    pub fn wait_round(&self, round: u32, health: &Health) -> Result<(), MigrationError> {
+        self.gate.wait_ended(round, health)
+    }
+
+    /// Places a batch's pages; returns how many it had.
+    fn apply(&self, batch: &BatchView<'_>) -> Result<u64, MigrationError> {
+        batch.visit(|segment| -> Result<(), MigrationError> {
+            match segment {
+                Segment::Zero(gfn) => {
+                    if !self.known_zero.contains(gfn) {
+                        self.ram
+                            .write_pages(gfn, &ZERO_PAGE)
+                            .map_err(MigrationError::ram("write guest memory"))?;
+                        self.known_zero.insert(gfn);
+                    }
+                    self.hashes.set(gfn, zero_page_hash());
+                    self.received.insert(gfn);
+                }
+                Segment::Data { first, bytes } => {
+                    self.ram
+                        .write_pages(first, bytes)
+                        .map_err(MigrationError::ram("write guest memory"))?;
+                    for (i, page) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
+                        let g = Gfn(first.0 + i as u64);
+                        self.hashes.set(g, page_hash(page));
+                        self.known_zero.remove(g);
+                        self.received.insert(g);
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.pages_received
+            .fetch_add(batch.pages() as u64, Ordering::Relaxed);
+        self.zero_pages
+            .fetch_add(batch.zero_pages() as u64, Ordering::Relaxed);
+        Ok(batch.pages() as u64)
+    }
+}
+
+/// Which round each data connection has ended, and which have closed.
+struct RoundGate {
+    state: Mutex<Vec<Lane>>,
+    cv: Condvar,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Lane {
+    /// One more than the last round ended (0: none yet).
+    ended: u32,
+    closed: bool,
+}
+
+impl RoundGate {
+    fn new(lanes: usize) -> Self {
+        RoundGate {
+            state: Mutex::new(vec![Lane::default(); lanes]),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn update(&self, lane: usize, f: impl FnOnce(&mut Lane)) {
+        f(&mut self.state.lock().unwrap_or_else(|p| p.into_inner())[lane]);
+        self.cv.notify_all();
+    }
+
+    fn wait_ended(&self, round: u32, health: &Health) -> Result<(), MigrationError> {
+        let mut lanes = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if lanes.iter().all(|l| l.ended > round) {
+                return Ok(());
+            }
+            if let Some(i) = lanes.iter().position(|l| l.closed && l.ended <= round) {
+                return Err(MigrationError::Refused(format!(
+                    "data connection {} closed before round {round} ended",
+                    i + 1
+                )));
+            }
+            health.check()?;
+            lanes = self
+                .cv
+                .wait_timeout(lanes, Duration::from_millis(20))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// The receiver threads of one migration.
+pub(super) struct Receivers {
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Receivers {
+    /// Starts one receiver per data connection.
+    pub fn start(
+        links: Vec<Channel>,
+        loaded: &Arc<Loaded>,
+        health: &Arc<Health>,
+    ) -> Result<Self, MigrationError> {
+        let mut handles = Vec::new();
+        for (i, io) in links.into_iter().enumerate() {
+            let (loaded, health) = (Arc::clone(loaded), Arc::clone(health));
+            let h = std::thread::Builder::new()
+                .name(format!("recv-{}", i + 1))
+                .spawn(move || {
+                    let r = receive_loop(i, io, &loaded, &health);
+                    loaded.gate.update(i, |l| l.closed = true);
+                    if let Err(e) = r {
+                        health.fail(e);
+                    }
+                })
+                .map_err(StreamError::Io)?;
+            handles.push(h);
+        }
+        Ok(Receivers { handles })
+    }
+
+    /// Waits for every receiver to end (the source closed its connections,
+    /// or a failure shut them down).
+    pub fn join(mut self) {
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+fn receive_loop(
+    lane: usize,
+    mut io: Channel,
+    loaded: &Loaded,
+    health: &Health,
+) -> Result<(), MigrationError> {
+    let name = lane + 1;
+    let mut round = 0u32;
+    let mut pages_this_round = 0u64;
+    while let Some((kind, offset)) = io.read_frame_or_end()? {
+        health.add_data_bytes((FRAME_HEADER_LEN + io.payload().len()) as u64);
+        match kind {
+            FrameKind::Pages => {
+                let batch = decode_batch(io.payload(), loaded.pages).map_err(|reason| {
+                    StreamError::Malformed {
+                        kind: FrameKind::Pages,
+                        offset,
+                        reason,
+                    }
+                })?;
+                if batch.round != round {
+                    return Err(MigrationError::Refused(format!(
+                        "data connection {name} carried a round-{} batch in round {round}",
+                        batch.round
+                    )));
+                }
+                // A later round waits until every lane has ended the one before.
+                if round > 0 {
+                    loaded.wait_round(round - 1, health)?;
+                }
+                pages_this_round += loaded.apply(&batch)?;
+            }
+            FrameKind::RoundEnd => match Message::decode(kind, io.payload(), offset)? {
+                Message::RoundEnd { round: r, pages } if r == round => {
+                    if pages != pages_this_round {
+                        return Err(MigrationError::Refused(format!(
+                            "data connection {name} ended round {r} with {pages_this_round} \
+                             pages, the source sent {pages}"
+                        )));
+                    }
+                    loaded.gate.update(lane, |l| l.ended = r + 1);
+                    round = r + 1;
+                    pages_this_round = 0;
+                }
+                m => {
+                    return Err(MigrationError::Refused(format!(
+                        "data connection {name} expected the end of round {round}, got {m:?}"
+                    )))
+                }
+            },
+            got => {
+                return Err(MigrationError::Protocol {
+                    expected: "Pages or RoundEnd on a data connection",
+                    got,
+                    offset,
+                })
+            }
+        }
+    }
+    Ok(())
+}

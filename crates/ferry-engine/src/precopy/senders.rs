@@ -1,0 +1,225 @@
+//! The source's data connections: one sender thread each.
+//!
+//! ```text
+//!   engine thread: harvest → read pages into a free batch → seal(round) ──┐
+//!        ▲                                                               │ round robin,
+//!        └──── free batches (a small pool, reused) ◄── sender i ◄────────┘ first lane with room
+//!   end of round r: RoundEnd(r, pages on lane i) to every lane; wait until every
+//!   sender has written and flushed it (round timing and bandwidth are then exact)
+//! ```
+//!
+//! Reading guest memory and finding zero pages happen on the engine thread
+//! while the senders write, so even one connection overlaps the two. A
+//! sender that fails records why in [`Health`], which shuts every data
+//! connection down; the engine thread sees it at its next batch.
+
+use crate::error::MigrationError;
+use crate::transport::{Channel, Health};
+use crate::wire::frame::FRAME_HEADER_LEN;
+use crate::wire::{FrameKind, Message, PageBatch};
+use std::net::Shutdown;
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Batches queued per lane beyond the one being written.
+const LANE_DEPTH: usize = 2;
+
+enum Job {
+    Batch(PageBatch),
+    RoundEnd { round: u32, pages: u64 },
+}
+
+struct Lane {
+    tx: SyncSender<Job>,
+    pages: u64,
+}
+
+/// Rounds every sender has flushed: `flushed[i]` is one more than the last
+/// round sender i wrote a RoundEnd for (0: none yet).
+type Flushed = Arc<(Mutex<Vec<u32>>, Condvar)>;
+
+/// The sender threads of one migration.
+pub(super) struct Senders {
+    lanes: Vec<Lane>,
+    handles: Vec<JoinHandle<()>>,
+    free_rx: Receiver<PageBatch>,
+    free_tx: Sender<PageBatch>,
+    allocated: usize,
+    batch_pages: usize,
+    next: usize,
+    flushed: Flushed,
+    health: Arc<Health>,
+}
+
+impl Senders {
+    /// Starts one sender per data connection.
+    pub fn start(
+        links: Vec<Channel>,
+        batch_pages: usize,
+        health: Arc<Health>,
+    ) -> Result<Self, MigrationError> {
+        let (free_tx, free_rx) = mpsc::channel();
+        let flushed: Flushed = Arc::new((Mutex::new(vec![0; links.len()]), Condvar::new()));
+        let mut lanes = Vec::new();
+        let mut handles = Vec::new();
+        for (i, io) in links.into_iter().enumerate() {
+            let (tx, rx) = mpsc::sync_channel(LANE_DEPTH);
+            let (free, flushed, health) =
+                (free_tx.clone(), Arc::clone(&flushed), Arc::clone(&health));
+            let handle = std::thread::Builder::new()
+                .name(format!("send-{}", i + 1))
+                .spawn(move || send_loop(i, io, &rx, &free, &flushed, &health))
+                .map_err(crate::wire::StreamError::Io)?;
+            lanes.push(Lane { tx, pages: 0 });
+            handles.push(handle);
+        }
+        Ok(Senders {
+            lanes,
+            handles,
+            free_rx,
+            free_tx,
+            allocated: 0,
+            batch_pages,
+            next: 0,
+            flushed,
+            health,
+        })
+    }
+
+    /// An empty batch to fill: a returned one, or a new one while the pool
+    /// is small, else waits for a sender to return one.
+    pub fn batch(&mut self) -> Result<PageBatch, MigrationError> {
+        if let Ok(b) = self.free_rx.try_recv() {
+            return Ok(b);
+        }
+        if self.allocated < self.lanes.len() * (LANE_DEPTH + 1) + 1 {
+            self.allocated += 1;
+            return Ok(PageBatch::new(self.batch_pages));
+        }
+        loop {
+            self.health.check()?;
+            if let Ok(b) = self.free_rx.recv_timeout(Duration::from_millis(20)) {
+                return Ok(b);
+            }
+        }
+    }
+
+    /// Hands a sealed batch to a sender: the first lane with room, starting
+    /// after the last one used; if all are full, waits on the next in turn.
+    pub fn send(&mut self, batch: PageBatch) -> Result<(), MigrationError> {
+        let n = self.lanes.len();
+        let pages = batch.len() as u64;
+        let mut job = Job::Batch(batch);
+        for k in 0..n {
+            let i = (self.next + k) % n;
+            match self.lanes[i].tx.try_send(job) {
+                Ok(()) => {
+                    self.lanes[i].pages += pages;
+                    self.next = (i + 1) % n;
+                    return Ok(());
+                }
+                Err(TrySendError::Full(j)) => job = j,
+                Err(TrySendError::Disconnected(_)) => return Err(self.broken()),
+            }
+        }
+        let i = self.next;
+        self.lanes[i].tx.send(job).map_err(|_| self.broken())?;
+        self.lanes[i].pages += pages;
+        self.next = (i + 1) % n;
+        Ok(())
+    }
+
+    /// Ends `round` on every lane and waits until every sender has flushed it.
+    pub fn end_round(&mut self, round: u32) -> Result<(), MigrationError> {
+        for i in 0..self.lanes.len() {
+            let pages = std::mem::take(&mut self.lanes[i].pages);
+            self.lanes[i]
+                .tx
+                .send(Job::RoundEnd { round, pages })
+                .map_err(|_| self.broken())?;
+        }
+        let (lock, cv) = &*self.flushed;
+        let mut flushed = lock.lock().unwrap_or_else(|p| p.into_inner());
+        while flushed.iter().any(|&f| f <= round) {
+            self.health.check()?;
+            flushed = cv
+                .wait_timeout(flushed, Duration::from_millis(20))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Closes every lane once its queue is written (the destination then
+    /// sees each data connection end cleanly) and joins the senders.
+    pub fn finish(mut self) {
+        self.lanes.clear();
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+
+    fn broken(&self) -> MigrationError {
+        // A sender only drops its lane after recording why in Health.
+        MigrationError::Aborted
+    }
+}
+
+impl Drop for Senders {
+    fn drop(&mut self) {
+        // Not finished: unblock the senders (the migration failed).
+        if !self.handles.is_empty() {
+            self.health.shutdown_data();
+            self.lanes.clear();
+            for h in self.handles.drain(..) {
+                let _ = h.join();
+            }
+        }
+        let _ = &self.free_tx;
+    }
+}
+
+fn send_loop(
+    lane: usize,
+    mut io: Channel,
+    jobs: &Receiver<Job>,
+    free: &Sender<PageBatch>,
+    flushed: &Flushed,
+    health: &Health,
+) {
+    let result = (|| -> Result<(), MigrationError> {
+        for job in jobs.iter() {
+            match job {
+                Job::Batch(mut b) => {
+                    io.write_frame(FrameKind::Pages, &b.parts())?;
+                    health.add_data_bytes((FRAME_HEADER_LEN + b.payload_len()) as u64);
+                    b.clear();
+                    // The engine may have stopped taking batches back.
+                    let _ = free.send(b);
+                }
+                Job::RoundEnd { round, pages } => {
+                    let end = Message::RoundEnd { round, pages }.encode();
+                    io.write_frame(FrameKind::RoundEnd, &[&end])?;
+                    io.flush()?;
+                    health.add_data_bytes((FRAME_HEADER_LEN + end.len()) as u64);
+                    let (lock, cv) = &**flushed;
+                    lock.lock().unwrap_or_else(|p| p.into_inner())[lane] = round + 1;
+                    cv.notify_all();
+                }
+            }
+        }
+        io.flush()?;
+        Ok(())
+    })();
+    match result {
+        Ok(()) => io.get_ref().shutdown_link(Shutdown::Write),
+        Err(e) => {
+            if !health.is_failed() {
+                tracing::debug!("data connection {}: {}", lane + 1, e.chain());
+            }
+            health.fail(e);
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! The health of one side's connection set: the first failure of any of its
+//! threads, stall detection, and the handles that shut every link down so
+//! that no thread stays blocked once the migration has failed.
+//!
+//! Several threads can fail at once for one cause: a destination that
+//! refuses the stream closes its data connections, so the source's senders
+//! see a broken pipe at about the moment its control reader gets the
+//! destination's Error frame. The reason a user can act on is the peer's, so
+//! failures are ranked and the highest-ranked one is kept:
+//!
+//! ```text
+//!   rank 3  the peer's Error frame (it says why)
+//!   rank 2  a stall: no progress from the peer for the stall timeout
+//!   rank 1  anything this side saw itself (I/O, protocol, backend, cancel)
+//! ```
+//!
+//! **Stalls.** Each side hears the other's heartbeat on the control
+//! connection at least every [`Health::heartbeat_interval`]. Heartbeats carry
+//! the page-data bytes the peer has moved; a side calls the link stalled when
+//! it heard nothing for the stall timeout, or when page data is outstanding
+//! (sent but not received) and the receiving end's count has not moved for
+//! the stall timeout.
+
+use super::Link;
+use crate::error::MigrationError;
+use crate::wire::StreamError;
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Which end of the migration this is.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// Sends memory.
+    Source,
+    /// Receives memory.
+    Destination,
+}
+
+impl Side {
+    /// What this side calls the other.
+    pub fn peer(self) -> &'static str {
+        match self {
+            Side::Source => "destination",
+            Side::Destination => "source",
+        }
+    }
+}
+
+/// Shared by every thread of one side of a migration.
+pub struct Health {
+    side: Side,
+    stall: Duration,
+    epoch: Instant,
+    failed: AtomicBool,
+    /// Set once the migration is over: late closes and errors are not failures.
+    done: AtomicBool,
+    failure: Mutex<Option<(u8, MigrationError)>>,
+    data_links: Mutex<Vec<Box<dyn Link>>>,
+    control_link: Mutex<Option<Box<dyn Link>>>,
+    /// Page-data bytes this side has sent (source) or received (destination).
+    data_bytes: AtomicU64,
+    /// The peer's count, from its latest heartbeat.
+    peer_data_bytes: AtomicU64,
+    /// When anything last arrived on the control connection (ns since epoch).
+    last_heard_ns: AtomicU64,
+    /// When the receiving end's data count last moved (ns since epoch).
+    last_moved_ns: AtomicU64,
+}
+
+fn rank(e: &MigrationError) -> u8 {
+    match e {
+        MigrationError::Peer { .. } => 3,
+        MigrationError::Stalled { .. } => 2,
+        MigrationError::Aborted => 0,
+        _ => 1,
+    }
+}
+
+impl Health {
+    /// Health of a new migration on `side`, with `stall` as the stall timeout.
+    pub fn new(side: Side, stall: Duration) -> Self {
+        Health {
+            side,
+            stall,
+            epoch: Instant::now(),
+            failed: AtomicBool::new(false),
+            done: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            data_links: Mutex::new(Vec::new()),
+            control_link: Mutex::new(None),
+            data_bytes: AtomicU64::new(0),
+            peer_data_bytes: AtomicU64::new(0),
+            last_heard_ns: AtomicU64::new(0),
+            last_moved_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// This side.
+    pub fn side(&self) -> Side {
+        self.side
+    }
+
+    /// The stall timeout.
+    pub fn stall_timeout(&self) -> Duration {
+        self.stall
+    }
+
+    /// How often heartbeats go out: a quarter of the stall timeout, between
+    /// 20 ms and 1 s, so several are missed before a stall is called.
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.stall / 4).clamp(Duration::from_millis(20), Duration::from_secs(1))
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Keeps a handle on a data connection, to shut it down on failure.
+    pub fn add_data_link(&self, link: Box<dyn Link>) {
+        self.data_links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(link);
+        if self.failed.load(Ordering::Acquire) {
+            self.shutdown_data();
+        }
+    }
+
+    /// Keeps a handle on the control connection.
+    pub fn set_control_link(&self, link: Box<dyn Link>) {
+        *self.control_link.lock().unwrap_or_else(|p| p.into_inner()) = Some(link);
+    }
+
+    /// Records a failure and unblocks every thread: data connections are
+    /// shut down at once; the control connection too unless the failure is
+    /// this side's own, which the owner still reports to the peer on it.
+    /// The highest-ranked failure is kept (see the module docs).
+    pub fn fail(&self, e: MigrationError) {
+        if self.done.load(Ordering::Acquire) {
+            tracing::debug!("after the migration ended: {}", e.chain());
+            return;
+        }
+        let r = rank(&e);
+        let local = r <= 1;
+        {
+            let mut slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+            match &*slot {
+                Some((have, _)) if *have >= r => {}
+                _ => *slot = Some((r, e)),
+            }
+        }
+        self.failed.store(true, Ordering::Release);
+        self.shutdown_data();
+        if !local {
+            self.shutdown_control();
+        }
+    }
+
+    /// Whether any thread has failed.
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Ok while no thread has failed; else [`MigrationError::Aborted`], which
+    /// [`Self::settle`] turns into the real reason.
+    pub fn check(&self) -> Result<(), MigrationError> {
+        if self.is_failed() {
+            Err(MigrationError::Aborted)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether the failure recorded so far is a broken or closed link: the
+    /// peer may have said why just before, and its Error frame may still be
+    /// on its way.
+    pub fn failure_may_be_the_peers(&self) -> bool {
+        let slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        matches!(
+            slot.as_ref().map(|(_, e)| e),
+            Some(
+                MigrationError::Stream(StreamError::Io(_) | StreamError::Truncated { .. })
+                    | MigrationError::Closed { .. }
+            )
+        )
+    }
+
+    /// The reason to report for `e`, which ended the caller's work: the
+    /// highest-ranked of `e` and every failure recorded.
+    pub fn settle(&self, e: MigrationError) -> MigrationError {
+        self.fail(e);
+        let mut slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        match slot.take() {
+            Some((_, e)) => {
+                // Keep a marker so later calls still see a failure.
+                *slot = Some((0, MigrationError::Aborted));
+                e
+            }
+            None => MigrationError::Aborted,
+        }
+    }
+
+    /// The migration is over (committed or given up): from now on closes
+    /// and errors on its connections are expected.
+    pub fn finish(&self) {
+        self.done.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Self::finish`] was called.
+    pub fn is_finished(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// Shuts every data connection down.
+    pub fn shutdown_data(&self) {
+        for l in self
+            .data_links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            l.shutdown_link(Shutdown::Both);
+        }
+    }
+
+    /// Shuts the control connection down.
+    pub fn shutdown_control(&self) {
+        if let Some(l) = &*self.control_link.lock().unwrap_or_else(|p| p.into_inner()) {
+            l.shutdown_link(Shutdown::Both);
+        }
+    }
+
+    /// Shuts everything down (end of the migration, either way).
+    pub fn shutdown_all(&self) {
+        self.shutdown_data();
+        self.shutdown_control();
+    }
+
+    /// Counts page-data bytes this side moved.
+    pub fn add_data_bytes(&self, n: u64) {
+        self.data_bytes.fetch_add(n, Ordering::Relaxed);
+        if self.side == Side::Destination {
+            self.last_moved_ns.store(self.now_ns(), Ordering::Relaxed);
+        }
+    }
+
+    /// Page-data bytes this side moved so far.
+    pub fn data_bytes(&self) -> u64 {
+        self.data_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Something arrived on the control connection.
+    pub fn heard(&self) {
+        self.last_heard_ns.store(self.now_ns(), Ordering::Relaxed);
+    }
+
+    /// The peer's heartbeat reported `bytes` of page data moved.
+    pub fn peer_data(&self, bytes: u64) {
+        let before = self.peer_data_bytes.swap(bytes, Ordering::Relaxed);
+        if self.side == Side::Source && before != bytes {
+            self.last_moved_ns.store(self.now_ns(), Ordering::Relaxed);
+        }
+    }
+
+    /// A stall, if the link has one now (see the module docs).
+    pub fn stalled(&self) -> Option<MigrationError> {
+        let now = self.now_ns();
+        let limit = self.stall.as_nanos() as u64;
+        let stalled = MigrationError::Stalled {
+            peer: self.side.peer(),
+            secs: self.stall.as_secs_f64(),
+        };
+        if now.saturating_sub(self.last_heard_ns.load(Ordering::Relaxed)) > limit {
+            return Some(stalled);
+        }
+        let (ours, theirs) = (
+            self.data_bytes.load(Ordering::Relaxed),
+            self.peer_data_bytes.load(Ordering::Relaxed),
+        );
+        let outstanding = match self.side {
+            Side::Source => ours > theirs,
+            Side::Destination => theirs > ours,
+        };
+        let moved = self.last_moved_ns.load(Ordering::Relaxed);
+        (outstanding && now.saturating_sub(moved) > limit).then_some(stalled)
+    }
+
+    /// Starts the stall clocks (when the connection set is up).
+    pub fn start_clocks(&self) {
+        let now = self.now_ns();
+        self.last_heard_ns.store(now, Ordering::Relaxed);
+        self.last_moved_ns.store(now, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_peers_reason_outranks_what_this_side_saw() {
+        let h = Health::new(Side::Source, Duration::from_secs(10));
+        assert!(h.check().is_ok());
+        h.fail(MigrationError::Cancelled);
+        assert!(h.check().is_err());
+        h.fail(MigrationError::Peer {
+            peer: "destination",
+            message: "checksum mismatch".into(),
+        });
+        h.fail(MigrationError::Cancelled);
+        let e = h.settle(MigrationError::Aborted);
+        assert!(matches!(e, MigrationError::Peer { .. }), "{e}");
+        assert!(h.is_failed());
+    }
+
+    #[test]
+    fn nothing_after_finish_is_a_failure() {
+        let h = Health::new(Side::Destination, Duration::from_secs(10));
+        h.finish();
+        h.fail(MigrationError::Cancelled);
+        assert!(!h.is_failed());
+    }
+
+    #[test]
+    fn outstanding_data_that_does_not_move_is_a_stall() {
+        let h = Health::new(Side::Source, Duration::from_millis(30));
+        h.start_clocks();
+        assert!(h.stalled().is_none());
+        h.add_data_bytes(100);
+        h.peer_data(100);
+        std::thread::sleep(Duration::from_millis(40));
+        h.heard();
+        assert!(h.stalled().is_none(), "all delivered: idle is not a stall");
+        h.add_data_bytes(5);
+        std::thread::sleep(Duration::from_millis(40));
+        h.heard();
+        let e = h.stalled().expect("5 bytes outstanding for 40 ms");
+        assert_eq!(e.to_string(), "no progress from destination for 0.03 s");
+    }
+
+    #[test]
+    fn silence_is_a_stall() {
+        let h = Health::new(Side::Destination, Duration::from_millis(20));
+        h.start_clocks();
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(h.stalled().is_some());
+    }
+}

@@ -1,0 +1,140 @@
+//! A fault-injecting TCP relay between a source and a destination on
+//! loopback: it forwards every connection of a migration and, at a chosen
+//! byte of the first data connection (the second connection opened), flips
+//! a bit or stops forwarding everything while keeping every socket open,
+//! the way a hung middlebox does.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// What the relay does to the first data connection.
+#[derive(Clone, Copy, Debug)]
+pub enum Fault {
+    /// Forward faithfully.
+    None,
+    /// Flip the low bit of the byte at this offset (source → destination).
+    FlipAt(u64),
+    /// Once this many bytes went source → destination, forward nothing more
+    /// on any connection, either way, until [`Relay::release`].
+    StallAfter(u64),
+}
+
+/// A running relay. Dropping it releases a stall and lets its threads end.
+pub struct Relay {
+    /// Where sources connect.
+    pub addr: String,
+    stalled: Arc<AtomicBool>,
+    released: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl Relay {
+    /// Relays connections made to the returned address on to `target`.
+    pub fn start(target: String, fault: Fault) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stalled = Arc::new(AtomicBool::new(false));
+        let released = Arc::new(AtomicBool::new(false));
+        let (s, r) = (Arc::clone(&stalled), Arc::clone(&released));
+        listener.set_nonblocking(true).unwrap();
+        let accept = std::thread::spawn(move || {
+            let mut index = 0u64;
+            while !r.load(Ordering::Acquire) {
+                let client = match listener.accept() {
+                    Ok((c, _)) => c,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(2));
+                        continue;
+                    }
+                };
+                client.set_nonblocking(false).unwrap();
+                let Ok(server) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                let fault = if index == 1 { fault } else { Fault::None };
+                index += 1;
+                let pair = [
+                    (
+                        client.try_clone().unwrap(),
+                        server.try_clone().unwrap(),
+                        fault,
+                    ),
+                    (server, client, Fault::None),
+                ];
+                for (from, to, fault) in pair {
+                    let (s, r) = (Arc::clone(&s), Arc::clone(&r));
+                    std::thread::spawn(move || pump(from, to, fault, &s, &r));
+                }
+            }
+        });
+        Relay {
+            addr,
+            stalled,
+            released,
+            accept: Some(accept),
+        }
+    }
+
+    /// Whether the stall point was reached.
+    pub fn has_stalled(&self) -> bool {
+        self.stalled.load(Ordering::Acquire)
+    }
+
+    /// Ends a stall: the relay's held connections close.
+    pub fn release(&self) {
+        self.released.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.release();
+        if let Some(a) = self.accept.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    fault: Fault,
+    stalled: &AtomicBool,
+    released: &AtomicBool,
+) {
+    let moved = AtomicU64::new(0);
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        if stalled.load(Ordering::Acquire) {
+            // Hold both sockets open, forward nothing.
+            while !released.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            break;
+        }
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let at = moved.fetch_add(n as u64, Ordering::Relaxed);
+        let mut n = n;
+        match fault {
+            Fault::FlipAt(off) if off >= at && off < at + n as u64 => {
+                buf[(off - at) as usize] ^= 1;
+            }
+            Fault::StallAfter(limit) if at + n as u64 >= limit => {
+                n = limit.saturating_sub(at) as usize;
+                stalled.store(true, Ordering::Release);
+            }
+            _ => {}
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}

@@ -1,0 +1,144 @@
+//! The connection set: several data connections, refusals that reach the
+//! source with the destination's reason, version negotiation, and a link
+//! that stops moving.
+
+mod common;
+
+use common::relay::{Fault, Relay};
+use common::{quick_receive, running_source, spawn_receiver};
+use ferry_backend::memstress::read_progress;
+use ferry_backend::Vm;
+use ferry_engine::wire::{FrameKind, FrameStream, Message, MAGIC};
+use ferry_engine::{
+    migrate, ExpectedVm, NoProgress, PrecopyOptions, ReceiveOptions, Status, TcpDialer,
+};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+#[test]
+fn four_connections_carry_every_round_and_verify() {
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = running_source();
+    let opts = PrecopyOptions {
+        connections: 4,
+        batch_pages: 16,
+        ..PrecopyOptions::default()
+    };
+    // Dirty rounds: every round's batches spread over the four connections.
+    opts.tunables.set_downtime_target(Duration::ZERO);
+    opts.tunables.set_max_rounds(5);
+    let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+    let (dvm, dsum) = dest.join().unwrap().unwrap();
+    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert!(summary.digest_match && dsum.digest_match);
+    assert_eq!(summary.guest_mismatches, 0, "{summary:?}");
+    assert_eq!((summary.connections, dsum.connections), (4, 4));
+    assert!(summary.rounds.len() >= 3, "{:?}", summary.rounds);
+    let sent: u64 = summary.rounds.iter().map(|r| r.pages).sum();
+    assert_eq!(sent, dsum.pages_received);
+    let data: u64 = summary.rounds.iter().map(|r| r.bytes).sum();
+    assert_eq!(data, dsum.bytes_received, "every page byte arrived");
+    assert!(dvm.is_running());
+}
+
+#[test]
+fn a_v1_peer_is_refused_naming_both_versions() {
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut raw = ferry_engine::connect(to.0.as_str()).unwrap();
+    let mut v1 = MAGIC.to_vec();
+    v1.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
+    raw.write_all(&v1).unwrap();
+    let want = "the peer speaks stream version 1, this ferry speaks 2";
+    let err = dest.join().unwrap().err().unwrap();
+    assert_eq!(err.to_string(), want);
+    // The v1 peer is told why, in a frame it can read.
+    let mut io = FrameStream::new(raw);
+    let (kind, offset) = io.read_frame().unwrap();
+    assert_eq!(kind, FrameKind::Error);
+    let msg = Message::decode(kind, io.payload(), offset).unwrap();
+    assert_eq!(msg, Message::Error(want.into()));
+}
+
+#[test]
+fn a_vcpu_count_refusal_reaches_the_source_and_it_keeps_running() {
+    let (to, dest) = spawn_receiver(ReceiveOptions {
+        expect: Some(ExpectedVm {
+            vcpus: Some(4),
+            ..ExpectedVm::default()
+        }),
+        ..quick_receive()
+    });
+    let mut src = running_source();
+    let err = migrate(&mut src, &to, &PrecopyOptions::default(), &NoProgress).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "destination refused the stream: destination has 4 vCPUs, stream carries 1"
+    );
+    assert!(src.is_running() && !src.logging);
+    assert!(dest.join().unwrap().is_err());
+}
+
+#[test]
+fn a_corrupt_page_batch_is_refused_and_the_source_says_why() {
+    let (to, dest) = spawn_receiver(quick_receive());
+    // Byte 50 000 of the first data connection is inside the first batch's
+    // page data (the batch is 1 MiB).
+    let relay = Relay::start(to.0.clone(), Fault::FlipAt(50_000));
+    let mut src = running_source();
+    let opts = PrecopyOptions {
+        connections: 2,
+        ..PrecopyOptions::default()
+    };
+    let err = migrate(&mut src, &TcpDialer(relay.addr.clone()), &opts, &NoProgress)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("destination refused the stream: checksum mismatch in Pages frame"),
+        "{err}"
+    );
+    assert!(src.is_running() && !src.logging);
+    let derr = dest.join().unwrap().err().unwrap().to_string();
+    assert!(
+        derr.starts_with("checksum mismatch in Pages frame"),
+        "{derr}"
+    );
+}
+
+#[test]
+fn a_stalled_link_fails_both_ends_and_the_source_runs_on() {
+    let stall = Duration::from_secs(2);
+    let (to, dest) = spawn_receiver(ReceiveOptions {
+        stall_timeout: stall,
+        ..quick_receive()
+    });
+    let relay = Relay::start(to.0.clone(), Fault::StallAfter(300_000));
+    let mut src = running_source();
+    let opts = PrecopyOptions {
+        stall_timeout: stall,
+        ..PrecopyOptions::default()
+    };
+    let started = Instant::now();
+    let err = migrate(&mut src, &TcpDialer(relay.addr.clone()), &opts, &NoProgress).unwrap_err();
+    let source_took = started.elapsed();
+    assert!(relay.has_stalled());
+    assert_eq!(err.to_string(), "no progress from destination for 2 s");
+    let derr = dest.join().unwrap().err().unwrap();
+    let dest_took = started.elapsed();
+    assert_eq!(derr.to_string(), "no progress from source for 2 s");
+    // Nothing hangs: each end gives up within the stall timeout plus 5 s.
+    let bound = stall + Duration::from_secs(5);
+    assert!(
+        source_took < bound && dest_took < bound,
+        "{source_took:?} {dest_took:?}"
+    );
+    // The source guest ran on throughout, and keeps running correctly.
+    assert!(src.is_running() && !src.logging);
+    let before = read_progress(src.ram(), 1).unwrap()[0];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while read_progress(src.ram(), 1).unwrap()[0].passes < before.passes + 2 {
+        assert!(Instant::now() < deadline, "source guest stopped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    src.pause().unwrap();
+    assert_eq!(read_progress(src.ram(), 1).unwrap()[0].mismatches, 0);
+}
