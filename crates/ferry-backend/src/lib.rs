@@ -18,6 +18,7 @@
 
 pub mod dirty;
 pub mod errors;
+pub mod fill;
 pub mod memstress;
 pub mod ram;
 pub mod types;
@@ -25,6 +26,7 @@ pub mod vm;
 
 pub use dirty::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use errors::error_chain;
+pub use fill::Fill;
 pub use memstress::WorkloadError;
 pub use memstress::{AccessOrder, MemoryLayout, VcpuProgress, Workload};
 pub use ram::{Backing, GuestRam, RamError, RamSlot};

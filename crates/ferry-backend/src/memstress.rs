@@ -33,6 +33,7 @@
 //! then publish `pass`, `mismatches`, `accesses` in the vCPU's progress record,
 //! and wait while `pass_limit != 0 && pass >= pass_limit` (a benchmark barrier).
 
+use crate::fill::Fill;
 use crate::ram::{GuestRam, RamError};
 use crate::types::{Gpa, PAGE_SIZE};
 use serde::{Deserialize, Serialize};
@@ -166,6 +167,9 @@ pub struct Workload {
     pub rate_limit_mib_s: Option<u64>,
     /// Seed of the guest's random generator.
     pub seed: u64,
+    /// What data pages hold besides the stamp (written once, at boot).
+    #[serde(default)]
+    pub fill: Fill,
 }
 
 impl Default for Workload {
@@ -178,6 +182,7 @@ impl Default for Workload {
             stride_pages: 1,
             rate_limit_mib_s: None,
             seed: 0x5eed,
+            fill: Fill::Zero,
         }
     }
 }
@@ -225,6 +230,12 @@ impl Workload {
         }
         if self.rate_limit_mib_s == Some(0) {
             return Err(WorkloadError::RateLimit);
+        }
+        // Checked first: the layout multiplies, and a crafted header may
+        // carry any size.
+        let data = self.bytes_per_vcpu.checked_mul(u64::from(self.vcpus));
+        if data.is_none_or(|d| d > MAX_RAM_BYTES) {
+            return Err(WorkloadError::TooLarge(data.unwrap_or(u64::MAX)));
         }
         let total = MemoryLayout::for_workload(self).total_bytes();
         if total > MAX_RAM_BYTES {
@@ -387,10 +398,14 @@ pub fn read_progress(ram: &GuestRam, vcpus: u32) -> Result<Vec<VcpuProgress>, Ra
         .collect()
 }
 
-/// Writes every vCPU's parameter record. `tsc_khz` converts the rate limit into
-/// TSC ticks; backends without a TSC pass their own clock's rate in kHz.
+/// Writes every vCPU's parameter record, and the data pages' fill. `tsc_khz`
+/// converts the rate limit into TSC ticks; backends without a TSC pass their
+/// own clock's rate in kHz.
 pub fn write_params(ram: &GuestRam, w: &Workload, tsc_khz: u64) -> Result<(), RamError> {
     let layout = MemoryLayout::for_workload(w);
+    if w.fill != Fill::Zero {
+        write_fill(ram, &layout, w.fill)?;
+    }
     let tsc_per_page = match w.rate_limit_mib_s {
         // pages/s = rate * 256; ticks/page = tsc_hz / pages_per_s.
         Some(rate) => (tsc_khz * 1000) / (rate * 256).max(1),
@@ -422,6 +437,25 @@ pub fn write_params(ram: &GuestRam, w: &Workload, tsc_khz: u64) -> Result<(), Ra
         for (off, value) in fields {
             ram.store_u64(base.add(off), value)?;
         }
+    }
+    Ok(())
+}
+
+/// Writes `fill` into every data page, 2 MiB at a time.
+fn write_fill(ram: &GuestRam, layout: &MemoryLayout, fill: Fill) -> Result<(), RamError> {
+    const CHUNK_PAGES: u64 = 512;
+    let first = layout.data_gpa().0 / PAGE_SIZE as u64;
+    let pages = layout.data_bytes / PAGE_SIZE as u64;
+    let mut buf = vec![0u8; CHUNK_PAGES as usize * PAGE_SIZE];
+    let mut done = 0;
+    while done < pages {
+        let n = CHUNK_PAGES.min(pages - done);
+        let bytes = &mut buf[..n as usize * PAGE_SIZE];
+        for (i, page) in bytes.chunks_exact_mut(PAGE_SIZE).enumerate() {
+            fill.fill_page(first + done + i as u64, page);
+        }
+        ram.write_pages(crate::types::Gfn(first + done), bytes)?;
+        done += n;
     }
     Ok(())
 }

@@ -36,8 +36,10 @@ pub struct RoundStats {
     pub pages: u64,
     /// Of those, zero pages (sent as a bit, no data).
     pub zero_pages: u64,
-    /// Bytes put on the wire.
+    /// Bytes put on the wire (after compression).
     pub bytes: u64,
+    /// Page-batch bytes before compression.
+    pub raw_bytes: u64,
     /// Wall time of the round.
     pub ms: f64,
     /// Pages the guest dirtied per second during the round (from the harvest
@@ -81,6 +83,10 @@ pub struct MigrationSummary {
     pub verify_before_resume: bool,
     /// Bytes written to all connections (page data and control).
     pub bytes_sent: u64,
+    /// The compression setting: none, lz4, zstd or auto.
+    pub compression: String,
+    /// Page batches sent raw, with lz4, and with zstd (what `auto` chose).
+    pub batches_by_codec: [u64; 3],
     /// Every round, the final one last.
     pub rounds: Vec<RoundStats>,
     /// Whether source and destination memory digests matched.

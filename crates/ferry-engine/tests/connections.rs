@@ -8,6 +8,8 @@ use common::relay::{Fault, Relay};
 use common::{quick_receive, running_source, spawn_receiver};
 use ferry_backend::memstress::read_progress;
 use ferry_backend::Vm;
+use ferry_engine::precopy::Compression;
+use ferry_engine::wire::compress::Codec;
 use ferry_engine::wire::{FrameKind, FrameStream, Message, MAGIC};
 use ferry_engine::{
     migrate, ExpectedVm, NoProgress, PrecopyOptions, ReceiveOptions, Status, TcpDialer,
@@ -17,11 +19,18 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn four_connections_carry_every_round_and_verify() {
+    for compression in ["none", "lz4", "zstd", "auto"] {
+        four_connections(compression.parse().unwrap());
+    }
+}
+
+fn four_connections(compression: Compression) {
     let (to, dest) = spawn_receiver(quick_receive());
     let mut src = running_source();
     let opts = PrecopyOptions {
         connections: 4,
         batch_pages: 16,
+        compression,
         ..PrecopyOptions::default()
     };
     // Dirty rounds: every round's batches spread over the four connections.
@@ -39,6 +48,13 @@ fn four_connections_carry_every_round_and_verify() {
     let data: u64 = summary.rounds.iter().map(|r| r.bytes).sum();
     assert_eq!(data, dsum.bytes_received, "every page byte arrived");
     assert!(dvm.is_running());
+    let [raw, lz4, zstd] = summary.batches_by_codec;
+    match compression {
+        Compression::None => assert_eq!((lz4, zstd), (0, 0)),
+        Compression::Fixed(Codec::Lz4) => assert!(lz4 > 0 && zstd == 0),
+        Compression::Fixed(Codec::Zstd) => assert!(zstd > 0 && lz4 == 0),
+        Compression::Auto => assert!(raw + lz4 + zstd > 0),
+    }
 }
 
 #[test]

@@ -19,6 +19,7 @@ fn config(order: AccessOrder, write_percent: u8) -> VmConfig {
             stride_pages: 1,
             rate_limit_mib_s: None,
             seed: 7,
+            fill: ferry_backend::Fill::Zero,
         },
         backing: Backing::Anonymous,
     }

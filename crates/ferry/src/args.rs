@@ -2,6 +2,7 @@
 //! the backend that runs it.
 
 use clap::{Args, ValueEnum};
+use ferry_backend::Fill;
 use ferry_backend::{AccessOrder, BackendKind, Backing, DirtyTracking, VmConfig, Workload};
 use ferry_soft::{Iteration, LeafSize, Mechanisms, SplitMode, WriteProtect};
 
@@ -55,6 +56,11 @@ pub struct WorkloadArgs {
     /// Seed of the guest's random generator.
     #[arg(long, default_value_t = 0x5eed)]
     pub seed: u64,
+    /// What data pages hold besides the guest's 8-byte stamp: zero, random
+    /// (incompressible) or text (compresses about 3x with zstd, like ordinary
+    /// memory). Written once at boot; use random or text to measure compression.
+    #[arg(long, default_value = "zero", value_parser = ["zero", "random", "text"])]
+    pub fill: String,
 }
 
 impl WorkloadArgs {
@@ -68,6 +74,7 @@ impl WorkloadArgs {
             stride_pages: self.stride,
             rate_limit_mib_s: self.rate_limit_mib_s,
             seed: self.seed,
+            fill: self.fill.parse::<Fill>()?,
         };
         w.validate().map_err(|e| e.to_string())?;
         Ok(w)

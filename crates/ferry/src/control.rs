@@ -47,6 +47,8 @@ pub enum Request {
         connections: Option<usize>,
         /// Seconds the link may stand still (default 10).
         stall_timeout_s: Option<u64>,
+        /// none, lz4, zstd or auto (default none).
+        compress: Option<String>,
     },
     Throttle {
         percent: u8,
@@ -183,7 +185,12 @@ fn handle(req: Request, shared: &Shared) -> Value {
             verify_before_resume,
             connections,
             stall_timeout_s,
+            compress,
         } => {
+            let compression = match compress.as_deref().unwrap_or("none").parse() {
+                Ok(c) => c,
+                Err(e) => return json!({"ok": false, "error": e}),
+            };
             let max = ferry_engine::precopy::MAX_CONNECTIONS;
             let connections = connections.unwrap_or(1);
             let stall = stall_timeout_s.unwrap_or(10);
@@ -195,6 +202,7 @@ fn handle(req: Request, shared: &Shared) -> Value {
             }
             let link = LinkSettings {
                 connections,
+                compression,
                 stall_timeout: Duration::from_secs(stall),
                 verify_before_resume,
             };

@@ -16,6 +16,24 @@ pub fn json(summary: &MigrationSummary) -> serde_json::Value {
     v
 }
 
+/// "none", or the setting and how the batches went, e.g.
+/// "auto: 12 raw, 0 lz4, 388 zstd batches; 3.1x".
+fn compression(s: &MigrationSummary) -> String {
+    let [raw, lz4, zstd] = s.batches_by_codec;
+    if s.compression == "none" {
+        return "none".into();
+    }
+    let (page_bytes, wire): (u64, u64) = s
+        .rounds
+        .iter()
+        .fold((0, 0), |(r, w), x| (r + x.raw_bytes, w + x.bytes));
+    let ratio = page_bytes as f64 / wire.max(1) as f64;
+    format!(
+        "{}: {raw} raw, {lz4} lz4, {zstd} zstd batches; {ratio:.1}x",
+        s.compression
+    )
+}
+
 /// The summary as tables.
 pub fn render(s: &MigrationSummary) -> String {
     let mut rounds = Table::new(
@@ -55,6 +73,7 @@ pub fn render(s: &MigrationSummary) -> String {
             "wire / connections",
             format!("v{}, 1 control + {} data", s.wire_version, s.connections),
         ),
+        ("compression", compression(s)),
         ("total time", format!("{:.1} ms", s.total_ms)),
         ("downtime", format!("{:.1} ms", s.downtime_ms)),
         (

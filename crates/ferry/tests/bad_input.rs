@@ -19,6 +19,13 @@ fn nonsense_cli_values_are_refused() {
         &["migrate", "--to", "not-an-address:xx"],
         &["receive", "--listen", "300.1.1.1:1"],
         &["bench", "dirty-log", "--iterations", "0"],
+        &["demo", "--connections", "0"],
+        &["demo", "--connections", "65"],
+        &["demo", "--connections", "lots"],
+        &["demo", "--compress", "gzip"],
+        &["demo", "--fill", "ones"],
+        &["demo", "--stall-timeout", "0"],
+        &["receive", "--listen", "127.0.0.1:0", "--stall-timeout", "0"],
         &["frobnicate"],
     ];
     for args in cases {

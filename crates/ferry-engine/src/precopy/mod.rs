@@ -51,12 +51,14 @@
 //! peer as an Error frame on the control connection, and the side that
 //! reports it gives the peer's reason when the peer gave one.
 
+mod compression;
 mod destination;
 mod receivers;
 mod senders;
 mod source;
 mod switchover;
 
+pub use compression::Compression;
 pub use destination::{await_migration, receive, CreateVm, IncomingMigration};
 pub use source::migrate;
 
@@ -89,6 +91,8 @@ pub struct PrecopyOptions {
     pub connections: usize,
     /// How long the link may stand still before the migration fails.
     pub stall_timeout: Duration,
+    /// Compression of page batches.
+    pub compression: Compression,
 }
 
 impl Default for PrecopyOptions {
@@ -99,6 +103,7 @@ impl Default for PrecopyOptions {
             batch_pages: DEFAULT_BATCH_PAGES,
             connections: 1,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            compression: Compression::None,
         }
     }
 }

@@ -12,6 +12,7 @@
 use crate::digest::{page_hash, zero_page_hash, PageHashes};
 use crate::error::MigrationError;
 use crate::transport::{Channel, Health};
+use crate::wire::compress::decompress;
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::pages::Segment;
 use crate::wire::{decode_batch, BatchView, FrameKind, Message, StreamError};
@@ -195,17 +196,24 @@ fn receive_loop(
     let name = lane + 1;
     let mut round = 0u32;
     let mut pages_this_round = 0u64;
+    let mut unpacked = Vec::new();
     while let Some((kind, offset)) = io.read_frame_or_end()? {
         health.add_data_bytes((FRAME_HEADER_LEN + io.payload().len()) as u64);
         match kind {
             FrameKind::Pages => {
-                let batch = decode_batch(io.payload(), loaded.pages).map_err(|reason| {
-                    StreamError::Malformed {
-                        kind: FrameKind::Pages,
-                        offset,
-                        reason,
+                let malformed = |reason| StreamError::Malformed {
+                    kind: FrameKind::Pages,
+                    offset,
+                    reason,
+                };
+                let payload = match io.flags() {
+                    0 => io.payload(),
+                    flags => {
+                        decompress(flags, io.payload(), &mut unpacked).map_err(malformed)?;
+                        &unpacked
                     }
-                })?;
+                };
+                let batch = decode_batch(payload, loaded.pages).map_err(malformed)?;
                 if batch.round != round {
                     return Err(MigrationError::Refused(format!(
                         "data connection {name} carried a round-{} batch in round {round}",

@@ -9,19 +9,26 @@
 //! ```
 //!
 //! Reading guest memory and finding zero pages happen on the engine thread
-//! while the senders write, so even one connection overlaps the two. A
-//! sender that fails records why in [`Health`], which shuts every data
-//! connection down; the engine thread sees it at its next batch.
+//! while the senders compress and write, so even one connection overlaps the
+//! two, and compression runs on as many threads as there are connections.
+//! The bandwidth cap is one token bucket shared by the senders, charged with
+//! the bytes that go on the wire (compressed or not). A sender that fails
+//! records why in [`Health`], which shuts every data connection down; the
+//! engine thread sees it at its next batch.
 
+use super::compression::{Chooser, Compression};
 use crate::error::MigrationError;
 use crate::transport::{Channel, Health};
+use crate::tunables::TokenBucket;
+use crate::wire::compress::{Codec, Compressor};
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::{FrameKind, Message, PageBatch};
 use std::net::Shutdown;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Batches queued per lane beyond the one being written.
 const LANE_DEPTH: usize = 2;
@@ -40,6 +47,37 @@ struct Lane {
 /// round sender i wrote a RoundEnd for (0: none yet).
 type Flushed = Arc<(Mutex<Vec<u32>>, Condvar)>;
 
+/// How the senders sent their batches: raw, lz4, zstd.
+#[derive(Debug, Default)]
+pub(super) struct SendStats {
+    pub batches: [AtomicU64; 3],
+}
+
+impl SendStats {
+    fn record(&self, codec: Option<Codec>) {
+        let i = match codec {
+            None => 0,
+            Some(Codec::Lz4) => 1,
+            Some(Codec::Zstd) => 2,
+        };
+        self.batches[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Batches sent raw, with lz4, with zstd.
+    pub fn counts(&self) -> [u64; 3] {
+        [0, 1, 2].map(|i| self.batches[i].load(Ordering::Relaxed))
+    }
+}
+
+/// What each sender thread shares with the others.
+struct Shared {
+    flushed: Flushed,
+    health: Arc<Health>,
+    bucket: Mutex<TokenBucket>,
+    stats: Arc<SendStats>,
+    compression: Compression,
+}
+
 /// The sender threads of one migration.
 pub(super) struct Senders {
     lanes: Vec<Lane>,
@@ -51,6 +89,8 @@ pub(super) struct Senders {
     next: usize,
     flushed: Flushed,
     health: Arc<Health>,
+    /// How the batches went.
+    pub stats: Arc<SendStats>,
 }
 
 impl Senders {
@@ -58,19 +98,28 @@ impl Senders {
     pub fn start(
         links: Vec<Channel>,
         batch_pages: usize,
+        compression: Compression,
+        bucket: TokenBucket,
         health: Arc<Health>,
     ) -> Result<Self, MigrationError> {
         let (free_tx, free_rx) = mpsc::channel();
         let flushed: Flushed = Arc::new((Mutex::new(vec![0; links.len()]), Condvar::new()));
+        let stats = Arc::new(SendStats::default());
+        let shared = Arc::new(Shared {
+            flushed: Arc::clone(&flushed),
+            health: Arc::clone(&health),
+            bucket: Mutex::new(bucket),
+            stats: Arc::clone(&stats),
+            compression,
+        });
         let mut lanes = Vec::new();
         let mut handles = Vec::new();
         for (i, io) in links.into_iter().enumerate() {
             let (tx, rx) = mpsc::sync_channel(LANE_DEPTH);
-            let (free, flushed, health) =
-                (free_tx.clone(), Arc::clone(&flushed), Arc::clone(&health));
+            let (free, shared) = (free_tx.clone(), Arc::clone(&shared));
             let handle = std::thread::Builder::new()
                 .name(format!("send-{}", i + 1))
-                .spawn(move || send_loop(i, io, &rx, &free, &flushed, &health))
+                .spawn(move || send_loop(i, io, &rx, &free, &shared))
                 .map_err(crate::wire::StreamError::Io)?;
             lanes.push(Lane { tx, pages: 0 });
             handles.push(handle);
@@ -85,6 +134,7 @@ impl Senders {
             next: 0,
             flushed,
             health,
+            stats,
         })
     }
 
@@ -186,15 +236,41 @@ fn send_loop(
     mut io: Channel,
     jobs: &Receiver<Job>,
     free: &Sender<PageBatch>,
-    flushed: &Flushed,
-    health: &Health,
+    shared: &Shared,
 ) {
+    let health = &shared.health;
+    let mut chooser = Chooser::new(shared.compression);
+    let mut compressor = Compressor::default();
+    let mut packed = Vec::new();
     let result = (|| -> Result<(), MigrationError> {
         for job in jobs.iter() {
             match job {
                 Job::Batch(mut b) => {
-                    io.write_frame(FrameKind::Pages, &b.parts())?;
-                    health.add_data_bytes((FRAME_HEADER_LEN + b.payload_len()) as u64);
+                    let raw = b.payload_len();
+                    let codec = chooser.pick().filter(|&c| {
+                        let t = Instant::now();
+                        let smaller = compressor.compress(c, &b.parts(), &mut packed);
+                        let out = if smaller { packed.len() } else { raw };
+                        chooser.compressed(c, raw, out, t.elapsed().as_nanos() as u64);
+                        smaller
+                    });
+                    let payload = if codec.is_some() { packed.len() } else { raw };
+                    let wire = FRAME_HEADER_LEN + payload;
+                    let t = Instant::now();
+                    shared
+                        .bucket
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .consume(wire as u64);
+                    match codec {
+                        Some(c) => {
+                            io.write_frame_with_flags(FrameKind::Pages, c.flag(), &[&packed])?
+                        }
+                        None => io.write_frame(FrameKind::Pages, &b.parts())?,
+                    }
+                    chooser.sent(wire, t.elapsed().as_nanos() as u64);
+                    shared.stats.record(codec);
+                    health.add_data_bytes(wire as u64);
                     b.clear();
                     // The engine may have stopped taking batches back.
                     let _ = free.send(b);
@@ -204,7 +280,7 @@ fn send_loop(
                     io.write_frame(FrameKind::RoundEnd, &[&end])?;
                     io.flush()?;
                     health.add_data_bytes((FRAME_HEADER_LEN + end.len()) as u64);
-                    let (lock, cv) = &**flushed;
+                    let (lock, cv) = &*shared.flushed;
                     lock.lock().unwrap_or_else(|p| p.into_inner())[lane] = round + 1;
                     cv.notify_all();
                 }

@@ -53,6 +53,8 @@ pub fn migrate(
         digest_ms: 0.0,
         verify_before_resume: opts.verify_before_resume,
         bytes_sent: 0,
+        compression: opts.compression.to_string(),
+        batches_by_codec: [0; 3],
         rounds: Vec::new(),
         digest_match: false,
         guest_mismatches: 0,
@@ -88,7 +90,6 @@ pub fn migrate(
         health,
         opts,
         progress,
-        bucket: TokenBucket::new(Arc::clone(&opts.tunables)),
         logging: false,
         paused_by_us: false,
         awaiting_verdict: false,
@@ -100,6 +101,9 @@ pub fn migrate(
         src.summary.total_ms = ms(src.start.elapsed());
     }
     src.summary.bytes_sent = src.health.data_bytes() + src.ctl.bytes_sent();
+    if let Some(s) = &src.senders {
+        src.summary.batches_by_codec = s.stats.counts();
+    }
     progress.phase(Phase::Done);
     match result {
         Ok(()) => {
@@ -147,7 +151,6 @@ pub(super) struct Source<'a> {
     pub(super) health: Arc<Health>,
     pub(super) opts: &'a PrecopyOptions,
     pub(super) progress: &'a dyn Progress,
-    pub(super) bucket: TokenBucket,
     pub(super) pages: u64,
     pub(super) logging: bool,
     pub(super) paused_by_us: bool,
@@ -178,6 +181,8 @@ impl Source<'_> {
         self.senders = Some(Senders::start(
             links,
             self.opts.batch_pages,
+            self.opts.compression,
+            TokenBucket::new(Arc::clone(&self.opts.tunables)),
             Arc::clone(&self.health),
         )?);
 
@@ -265,19 +270,22 @@ impl Source<'_> {
         }
     }
 
-    /// Bytes/s to plan with: the wire rate of the latest round that carried
-    /// enough data to be measured, else [`NOMINAL_BYTES_PER_SEC`]; never
-    /// above the bandwidth cap.
+    /// Bytes/s of guest memory to plan with: the rate of the latest round
+    /// that carried enough data to be measured, else
+    /// [`NOMINAL_BYTES_PER_SEC`]; never above the bandwidth cap (which counts
+    /// wire bytes, so compression raises it by the ratio the round achieved).
     fn plan_bandwidth(&self, measured: &mut Option<f64>) -> f64 {
+        let mut expansion = 1.0;
         if let Some(r) = self.summary.rounds.last() {
             if r.bytes >= MIN_MEASURED_BYTES {
-                *measured = Some(r.bandwidth_mb_s * 1e6);
+                *measured = Some(r.raw_bytes as f64 / (r.ms / 1e3).max(1e-9));
+                expansion = r.raw_bytes as f64 / r.bytes as f64;
             }
         }
         let bw = measured.unwrap_or(NOMINAL_BYTES_PER_SEC);
         match self.opts.tunables.bandwidth_bytes_per_sec() {
             0 => bw,
-            cap => bw.min(cap as f64),
+            cap => bw.min(cap as f64 * expansion.max(1.0)),
         }
     }
 
@@ -294,7 +302,7 @@ impl Source<'_> {
         let Some(senders) = self.senders.as_mut() else {
             return Err(MigrationError::Aborted);
         };
-        let (mut pages, mut zero) = (0u64, 0u64);
+        let (mut pages, mut zero, mut raw) = (0u64, 0u64, 0u64);
         let mut batch = senders.batch()?;
         for (first, count) in set.runs() {
             let (mut gfn, mut left) = (first.0, count as usize);
@@ -308,32 +316,19 @@ impl Source<'_> {
                 left -= n;
                 if batch.room() == 0 {
                     let full = std::mem::replace(&mut batch, senders.batch()?);
-                    let (p, z) = ship(
-                        senders,
-                        full,
-                        round,
-                        cancellable,
-                        self.opts,
-                        &mut self.bucket,
-                        self.progress,
-                    )?;
+                    let (p, z, r) =
+                        ship(senders, full, round, cancellable, self.opts, self.progress)?;
                     pages += p;
                     zero += z;
+                    raw += r;
                 }
             }
         }
         if !batch.is_empty() {
-            let (p, z) = ship(
-                senders,
-                batch,
-                round,
-                cancellable,
-                self.opts,
-                &mut self.bucket,
-                self.progress,
-            )?;
+            let (p, z, r) = ship(senders, batch, round, cancellable, self.opts, self.progress)?;
             pages += p;
             zero += z;
+            raw += r;
         }
         senders.end_round(round)?;
         let elapsed = t.elapsed().max(Duration::from_nanos(1));
@@ -344,6 +339,7 @@ impl Source<'_> {
             pages,
             zero_pages: zero,
             bytes,
+            raw_bytes: raw,
             ms: ms(elapsed),
             dirty_rate_pages_s: 0.0,
             bandwidth_mb_s: bytes as f64 / elapsed.as_secs_f64() / 1e6,
@@ -354,24 +350,22 @@ impl Source<'_> {
 }
 
 /// Seals `batch` as part of `round` and hands it to a sender; returns its
-/// pages and zero pages.
+/// pages, zero pages and uncompressed frame bytes.
 fn ship(
     senders: &mut Senders,
     mut batch: PageBatch,
     round: u32,
     cancellable: bool,
     opts: &PrecopyOptions,
-    bucket: &mut TokenBucket,
     progress: &dyn Progress,
-) -> Result<(u64, u64), MigrationError> {
+) -> Result<(u64, u64, u64), MigrationError> {
     if cancellable && opts.tunables.is_cancelled() {
         return Err(MigrationError::Cancelled);
     }
     batch.seal(round);
     let bytes = (FRAME_HEADER_LEN + batch.payload_len()) as u64;
     let (pages, zero) = (batch.len() as u64, batch.zero_pages() as u64);
-    bucket.consume(bytes);
     senders.send(batch)?;
     progress.pages_sent(pages, bytes);
-    Ok((pages, zero))
+    Ok((pages, zero, bytes))
 }

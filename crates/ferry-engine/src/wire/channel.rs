@@ -28,6 +28,7 @@ pub struct FrameStream<S> {
     bytes_written: u64,
     payload: Vec<u8>,
     payload_len: usize,
+    flags: u8,
 }
 
 impl<S: Read + Write> FrameStream<S> {
@@ -43,6 +44,7 @@ impl<S: Read + Write> FrameStream<S> {
             bytes_written: 0,
             payload: Vec::new(),
             payload_len: 0,
+            flags: 0,
         }
     }
 
@@ -134,7 +136,17 @@ impl<S: Read + Write> FrameStream<S> {
     /// Queues one frame whose payload is `parts` concatenated. Large parts
     /// are written through at once; call [`Self::flush`] to push the rest.
     pub fn write_frame(&mut self, kind: FrameKind, parts: &[&[u8]]) -> Result<(), StreamError> {
-        let head = frame::encode_header(kind, parts)?;
+        self.write_frame_with_flags(kind, 0, parts)
+    }
+
+    /// Like [`Self::write_frame`], with frame flags (see [`super::compress`]).
+    pub fn write_frame_with_flags(
+        &mut self,
+        kind: FrameKind,
+        flags: u8,
+        parts: &[&[u8]],
+    ) -> Result<(), StreamError> {
+        let head = frame::encode_header_with_flags(kind, flags, parts)?;
         self.buffer(&head)?;
         for part in parts {
             if part.len() >= DIRECT_WRITE {
@@ -188,7 +200,13 @@ impl<S: Read + Write> FrameStream<S> {
         self.payload_len = len;
         read?;
         let kind = frame::verify(&head, &raw, &self.payload[..len])?;
+        self.flags = raw[1];
         Ok((kind, offset))
+    }
+
+    /// Flags of the last frame read (0, or a compression flag on Pages).
+    pub fn flags(&self) -> u8 {
+        self.flags
     }
 
     /// Payload of the last frame read.

@@ -2,6 +2,7 @@
 //! every payload. Kept apart from buffering ([`super::channel`]) so the codec
 //! can be tested on plain byte slices.
 
+use super::compress::{FLAG_LZ4, FLAG_ZSTD};
 use super::{StreamError, MAX_FRAME_LEN};
 use std::fmt;
 
@@ -133,14 +134,23 @@ fn crc_start(head8: &[u8; 8]) -> crc32fast::Hasher {
     h
 }
 
-fn head8(kind: u8, len: u32) -> [u8; 8] {
+fn head8(kind: u8, flags: u8, len: u32) -> [u8; 8] {
     let l = len.to_le_bytes();
-    [kind, 0, 0, 0, l[0], l[1], l[2], l[3]]
+    [kind, flags, 0, 0, l[0], l[1], l[2], l[3]]
 }
 
 /// Encodes the header of a frame whose payload is `parts` concatenated.
 pub fn encode_header(
     kind: FrameKind,
+    parts: &[&[u8]],
+) -> Result<[u8; FRAME_HEADER_LEN], StreamError> {
+    encode_header_with_flags(kind, 0, parts)
+}
+
+/// Like [`encode_header`], with frame flags (compression, on Pages only).
+pub fn encode_header_with_flags(
+    kind: FrameKind,
+    flags: u8,
     parts: &[&[u8]],
 ) -> Result<[u8; FRAME_HEADER_LEN], StreamError> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
@@ -152,7 +162,7 @@ pub fn encode_header(
             max: MAX_FRAME_LEN,
             offset: 0,
         })?;
-    let h8 = head8(kind as u8, len);
+    let h8 = head8(kind as u8, flags, len);
     let mut crc = crc_start(&h8);
     for p in parts {
         crc.update(p);
@@ -205,7 +215,12 @@ pub fn verify(
         });
     }
     let kind = head.kind()?;
-    if raw_head[1..4] != [0, 0, 0] {
+    let flags_ok = match raw_head[1] {
+        0 => true,
+        FLAG_LZ4 | FLAG_ZSTD => kind == FrameKind::Pages,
+        _ => false,
+    };
+    if !flags_ok || raw_head[2..4] != [0, 0] {
         return Err(StreamError::Malformed {
             kind,
             offset: head.offset,
@@ -253,6 +268,20 @@ mod tests {
     }
 
     #[test]
+    fn compression_flags_only_on_pages() {
+        for (kind, flags, ok) in [
+            (FrameKind::Pages, FLAG_LZ4, true),
+            (FrameKind::Pages, FLAG_ZSTD, true),
+            (FrameKind::Pages, 0x80, false),
+            (FrameKind::Digest, FLAG_LZ4, false),
+        ] {
+            let raw = encode_header_with_flags(kind, flags, &[b"x"]).unwrap();
+            let head = decode_header(&raw, 0).unwrap();
+            assert_eq!(verify(&head, &raw, b"x").is_ok(), ok, "{kind} {flags:#x}");
+        }
+    }
+
+    #[test]
     fn oversized_length_is_refused() {
         let mut raw = encode_header(FrameKind::Pages, &[b""]).unwrap();
         raw[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
@@ -264,7 +293,7 @@ mod tests {
 
     #[test]
     fn unknown_type_with_valid_crc_is_reported_as_unknown() {
-        let h8 = head8(200, 0);
+        let h8 = head8(200, 0, 0);
         let crc = crc_start(&h8).finalize();
         let mut raw = [0u8; FRAME_HEADER_LEN];
         raw[..8].copy_from_slice(&h8);

@@ -17,7 +17,7 @@
 //!    destination picks the highest version both speak and says which in
 //!    Welcome, or refuses with an Error frame naming both ranges.
 //!
-//!  frame (both directions)
+//!  frame (both directions; flags: 0, or a compression codec on Pages, see compress)
 //!  ┌─────────┬──────────┬──────────────┬─────────────┬───────────┬───────────────────┐
 //!  │ type u8 │ flags u8 │ reserved u16 │ length u32  │ crc32 u32 │ payload (length)  │
 //!  └─────────┴──────────┴──────────────┴─────────────┴───────────┴───────────────────┘
@@ -51,6 +51,7 @@
 //! because silently skipping memory is how pages get lost.
 
 pub mod channel;
+pub mod compress;
 pub mod control;
 pub mod frame;
 pub mod header;

@@ -177,6 +177,7 @@ fn dirty_log(a: DirtyLogArgs) -> Result<ExitCode, CmdError> {
         stride_pages: a.stride,
         rate_limit_mib_s: None,
         seed: 0x5eed,
+        fill: ferry_backend::Fill::Zero,
     };
     workload
         .validate()

@@ -9,6 +9,7 @@ use clap::Args;
 use ferry_backend::error_chain as chain;
 use ferry_backend::memstress::{read_progress, set_write_percent};
 use ferry_backend::Vm;
+use ferry_engine::precopy::Compression;
 use ferry_engine::{MigrationSummary, PrecopyOptions, Status, TcpDialer, Tunables};
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -39,6 +40,11 @@ pub struct MigrationArgs {
     /// VM keeps running, the destination starts no guest).
     #[arg(long = "stall-timeout", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub stall_timeout_s: u64,
+    /// Compress page batches: none, lz4, zstd, or auto (compress only while
+    /// the link, not the CPU, is the bottleneck; the summary says what it
+    /// chose). Pair with --fill text or random for honest figures.
+    #[arg(long, default_value = "none", value_parser = clap::value_parser!(Compression))]
+    pub compress: Compression,
     /// Seconds the guest runs before migration starts (at least until every
     /// vCPU has finished one pass).
     #[arg(long, default_value_t = 1.0)]
@@ -70,6 +76,8 @@ pub fn parse_connections(s: &str) -> Result<usize, String> {
 pub struct LinkSettings {
     /// Data connections.
     pub connections: usize,
+    /// Compression of page batches.
+    pub compression: Compression,
     /// How long the link may stand still.
     pub stall_timeout: Duration,
     /// Verify the digest before the destination resumes.
@@ -81,6 +89,7 @@ impl MigrationArgs {
     pub fn link(&self) -> LinkSettings {
         LinkSettings {
             connections: self.connections,
+            compression: self.compress,
             stall_timeout: Duration::from_secs(self.stall_timeout_s),
             verify_before_resume: self.verify_before_resume,
         }
@@ -131,6 +140,7 @@ fn via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdE
         "verify_before_resume": a.migration.verify_before_resume,
         "connections": a.migration.connections,
         "stall_timeout_s": a.migration.stall_timeout_s,
+        "compress": a.migration.compress.to_string(),
     });
     let reply = crate::control::request(path, &req).map_err(|e| CmdError::Failed(chain(&e)))?;
     if a.migration.json {
@@ -197,6 +207,7 @@ pub fn migrate_running(
         verify_before_resume: link.verify_before_resume,
         connections: link.connections,
         stall_timeout: link.stall_timeout,
+        compression: link.compression,
         ..PrecopyOptions::default()
     };
     let started = Instant::now();
@@ -231,6 +242,8 @@ fn failed_summary(
         digest_ms: 0.0,
         verify_before_resume: false,
         bytes_sent: 0,
+        compression: link.compression.to_string(),
+        batches_by_codec: [0; 3],
         rounds: vec![],
         digest_match: false,
         guest_mismatches: 0,
