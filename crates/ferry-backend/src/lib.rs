@@ -16,6 +16,7 @@
 //! * [`memstress`]: the guest workload contract: parameters, memory layout, stamps.
 //! * [`vm`]: the `Vm` trait and the configuration both ends of a migration agree on.
 
+pub mod admission;
 pub mod dirty;
 pub mod errors;
 pub mod fill;

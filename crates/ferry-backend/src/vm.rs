@@ -133,6 +133,9 @@ pub enum BackendError {
     /// Saved vCPU state that this VM cannot take.
     #[error("vCPU state does not fit this VM: {0}")]
     BadVcpuState(String),
+    /// The guest does not fit on this host.
+    #[error(transparent)]
+    Admission(#[from] crate::admission::AdmissionError),
 }
 
 /// A running (or ready-to-run) VM as the engine sees it.

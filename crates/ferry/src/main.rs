@@ -5,6 +5,7 @@
 
 mod args;
 mod bench;
+mod child;
 mod cmd;
 mod control;
 mod progress_bar;

@@ -8,12 +8,14 @@ use ferry_kvm::KvmVm;
 pub use ferry_kvm::Role;
 use ferry_soft::SoftVm;
 
-/// Creates a VM for `config` on the backend it names.
+/// Creates a VM for `config` on the backend it names, once the guest is
+/// known to fit on this host.
 pub fn create(
     config: &VmConfig,
     backend: &BackendArgs,
     role: Role,
 ) -> Result<Box<dyn Vm>, BackendError> {
+    ferry_backend::admission::admit(config)?;
     match config.backend {
         BackendKind::Kvm => {
             let tracking = backend.tracking().map_err(|what| BackendError::Operation {

@@ -41,6 +41,21 @@ fn nonsense_cli_values_are_refused() {
 }
 
 #[test]
+fn a_guest_larger_than_the_host_is_refused_at_once_with_both_sizes() {
+    // 160 GiB: within what a layout supports, beyond any of our hosts.
+    let out = run(&["demo", "--vcpus", "1", "--mem-per-vcpu", "160G"]);
+    assert_no_panic(&out);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("guest needs 160.")
+            && stderr.contains("this host has")
+            && stderr.contains("available"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn garbage_stream_is_refused_by_the_destination() {
     let mut dest = Receiver::start(&[]);
     let mut s = std::net::TcpStream::connect(&dest.addr).unwrap();

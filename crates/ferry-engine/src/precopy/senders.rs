@@ -83,7 +83,6 @@ pub(super) struct Senders {
     lanes: Vec<Lane>,
     handles: Vec<JoinHandle<()>>,
     free_rx: Receiver<PageBatch>,
-    free_tx: Sender<PageBatch>,
     allocated: usize,
     batch_pages: usize,
     next: usize,
@@ -128,7 +127,6 @@ impl Senders {
             lanes,
             handles,
             free_rx,
-            free_tx,
             allocated: 0,
             batch_pages,
             next: 0,
@@ -227,7 +225,6 @@ impl Drop for Senders {
                 let _ = h.join();
             }
         }
-        let _ = &self.free_tx;
     }
 }
 

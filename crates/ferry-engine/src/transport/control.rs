@@ -293,7 +293,9 @@ fn heartbeat_loop(health: &Health, writer: &Mutex<Channel>, stop: &AtomicBool) {
             }
             return;
         }
-        if let Some(stall) = health.stalled() {
+        // Once the migration is over (the destination runs the committed
+        // guest), a quiet source is no reason to stop heartbeating.
+        if let Some(stall) = health.stalled().filter(|_| !health.is_finished()) {
             tracing::warn!("{stall}");
             health.fail(stall);
             return;

@@ -3,3 +3,4 @@
 //! run; an absolute time from a shared machine is not a result on its own.
 
 pub mod dirty_log_kvm;
+pub mod link;

@@ -26,6 +26,9 @@ pub enum BenchCommand {
     /// Write-protect all memory and harvest the log for 1-64 GiB: O(1)
     /// generation bump vs walk, and the faults that follow (soft MMU).
     WriteProtect(WriteProtectArgs),
+    /// The first pass of an idle guest over 1, 2 and 4 connections, with and
+    /// without compression, against raw loopback TCP measured in the same run.
+    Link(crate::bench::link::LinkArgs),
 }
 
 /// Arguments of `ferry bench zap`.
@@ -127,6 +130,14 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
             };
             let report = zap_experiment(&opts).map_err(|e| CmdError::Usage(e.to_string()))?;
             emit(&report, &a.out)
+        }
+        BenchCommand::Link(a) => {
+            let report = crate::bench::link::run(&a)?;
+            let code = emit(&report, &a.out)?;
+            if a.json {
+                println!("{}", crate::bench::link::summary_json(&report.results));
+            }
+            Ok(code)
         }
         BenchCommand::WriteProtect(a) => {
             let opts = WriteProtectOpts {

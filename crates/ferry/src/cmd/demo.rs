@@ -51,6 +51,8 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
         workload.rate_limit_mib_s = Some(DEMO_RATE_LIMIT_MIB_S);
     }
     let config = a.backend.config(workload);
+    // Refuse a guest this host cannot hold before starting anything.
+    ferry_backend::admission::admit(&config).map_err(ferry_backend::BackendError::from)?;
     let mut dest = spawn_destination(&a)?;
     let addr = read_listen_address(&mut dest)?;
     if !a.migration.json {
@@ -85,6 +87,7 @@ fn spawn_destination(a: &DemoArgs) -> Result<Destination, CmdError> {
     let exe = std::env::current_exe()
         .map_err(|e| CmdError::Failed(format!("cannot find the ferry executable: {e}")))?;
     let mut cmd = Command::new(exe);
+    crate::child::die_with_parent(&mut cmd);
     cmd.args(["receive", "--listen", "127.0.0.1:0", "--exit-after-report"])
         .args(["--backend", &a.backend.backend])
         .args(["--backing", &a.backend.backing])

@@ -1,0 +1,357 @@
+//! `ferry bench link`: how close the first pass of a migration comes to the
+//! raw link, measured in one run.
+//!
+//! ```text
+//!   raw loopback TCP, N connections: N threads send 4 MiB buffers, N discard them
+//!   first pass of an idle guest: `ferry demo --idle` in a fresh process per cell
+//!     (fresh source, fresh destination: first-touch costs included, as users see them)
+//!   ratio = first-pass GiB/s of guest memory ÷ raw loopback GiB/s with the same N
+//! ```
+//!
+//! Compression is reported only on `--fill text` or `random` pages: a
+//! memstress page left at zero is one 8-byte stamp, which any compressor
+//! shrinks 500×. The capped cells compare compression with none under a
+//! bandwidth cap, where the link is the bottleneck by construction.
+
+use crate::cmd::CmdError;
+use clap::Args;
+use ferry_report::{Plot, Report, Series, Table};
+use serde::Serialize;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Arguments of `ferry bench link`.
+#[derive(Args, Debug)]
+pub struct LinkArgs {
+    /// Backend of the migrated guest.
+    #[arg(long, default_value = "kvm", value_parser = ["kvm", "soft"])]
+    pub backend: String,
+    /// Guest memory (2 vCPUs, half each).
+    #[arg(long, default_value = "1G", value_parser = crate::args::parse_size)]
+    pub mem: u64,
+    /// Data connection counts to compare.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub connections: Vec<usize>,
+    /// Seconds of each raw loopback measurement.
+    #[arg(long = "raw-secs", default_value_t = 2.0)]
+    pub raw_secs: f64,
+    /// Bandwidth cap in MiB/s for the compression-under-a-cap cells (0 skips them).
+    #[arg(long = "cap-mib-s", default_value_t = 128)]
+    pub cap_mib_s: u64,
+    /// Print one JSON object (loopback_gib_s, first_pass_gib_s, ratio) as the
+    /// last line of stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Directory for the JSON and SVG outputs.
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+}
+
+/// One measured cell.
+#[derive(Clone, Debug, Serialize)]
+pub struct Cell {
+    /// "raw TCP" or "first pass".
+    pub what: String,
+    /// Data connections.
+    pub connections: usize,
+    /// Page fill (first pass only).
+    pub fill: String,
+    /// Compression setting.
+    pub compress: String,
+    /// Bandwidth cap in MiB/s (0: none).
+    pub cap_mib_s: u64,
+    /// GiB/s: of bytes for raw TCP, of guest memory for a first pass.
+    pub gib_s: f64,
+    /// Wire bytes per guest byte (first pass; 1.0 raw).
+    pub wire_ratio: f64,
+    /// This cell over raw TCP with the same connections, same run.
+    pub vs_raw: f64,
+    /// The migration verified (digest match, no guest mismatch).
+    pub verified: bool,
+}
+
+/// All cells of a run.
+#[derive(Debug, Serialize)]
+pub struct LinkResults {
+    /// Backend of the guest.
+    pub backend: String,
+    /// Guest memory in bytes.
+    pub mem: u64,
+    /// Every cell, in the order measured.
+    pub cells: Vec<Cell>,
+}
+
+const RAW_BUF: usize = 4 << 20;
+
+/// Raw loopback TCP over `n` connections for `secs`: GiB/s.
+fn raw_tcp(n: usize, secs: f64) -> Result<f64, CmdError> {
+    let fail = |e: std::io::Error| CmdError::Failed(format!("raw loopback TCP: {e}"));
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(fail)?;
+    let addr = listener.local_addr().map_err(fail)?;
+    // Connect every client first (the kernel queues them), then accept.
+    let clients = (0..n)
+        .map(|_| TcpStream::connect(addr))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(fail)?;
+    let servers = (0..n)
+        .map(|_| listener.accept().map(|(s, _)| s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(fail)?;
+    let sinks: Vec<_> = servers
+        .into_iter()
+        .map(|mut s| {
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; RAW_BUF];
+                let mut total = 0u64;
+                while let Ok(k) = s.read(&mut buf) {
+                    if k == 0 {
+                        break;
+                    }
+                    total += k as u64;
+                }
+                total
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    let until = start + Duration::from_secs_f64(secs);
+    let senders: Vec<_> = clients
+        .into_iter()
+        .map(|mut s| {
+            std::thread::spawn(move || {
+                let buf = vec![0x5au8; RAW_BUF];
+                while Instant::now() < until {
+                    if s.write_all(&buf).is_err() {
+                        break;
+                    }
+                }
+            })
+        })
+        .collect();
+    for s in senders {
+        let _ = s.join();
+    }
+    let bytes: u64 = sinks.into_iter().map(|h| h.join().unwrap_or(0)).sum();
+    Ok(bytes as f64 / start.elapsed().as_secs_f64() / (1u64 << 30) as f64)
+}
+
+/// One first-pass cell: `ferry demo --idle` in a fresh process.
+fn first_pass(
+    a: &LinkArgs,
+    connections: usize,
+    fill: &str,
+    compress: &str,
+    cap: u64,
+) -> Result<(f64, f64, bool), CmdError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| CmdError::Failed(format!("cannot find the ferry executable: {e}")))?;
+    let half = (a.mem / 2).to_string();
+    let mut cmd = Command::new(exe);
+    crate::child::die_with_parent(&mut cmd);
+    let out = cmd
+        .args(["demo", "--json", "--idle", "--unthrottled", "--warmup", "0"])
+        .args([
+            "--backend",
+            &a.backend,
+            "--vcpus",
+            "2",
+            "--mem-per-vcpu",
+            &half,
+        ])
+        .args(["--connections", &connections.to_string()])
+        .args(["--fill", fill, "--compress", compress])
+        .args(["--bandwidth", &cap.to_string(), "--run-after", "0.2"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| CmdError::Failed(format!("cannot run ferry demo: {e}")))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let j: serde_json::Value = text
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| CmdError::Failed(format!("ferry demo printed no summary:\n{text}")))?;
+    let full = &j["round_stats"][0];
+    let (pages, wire, ms) = (
+        full["pages"].as_f64().unwrap_or(0.0),
+        full["bytes"].as_f64().unwrap_or(0.0),
+        full["ms"].as_f64().unwrap_or(f64::INFINITY),
+    );
+    let guest_bytes = pages * 4096.0;
+    let verified = j["digest_match"] == true && j["guest_mismatches"] == 0;
+    Ok((
+        guest_bytes / (ms / 1e3) / (1u64 << 30) as f64,
+        wire / guest_bytes.max(1.0),
+        verified,
+    ))
+}
+
+/// Runs the experiment.
+pub fn run(a: &LinkArgs) -> Result<Report<LinkResults>, CmdError> {
+    let mut cells = Vec::new();
+    for &n in &a.connections {
+        eprintln!("ferry bench link: raw loopback TCP, {n} connection(s) ...");
+        let raw = raw_tcp(n, a.raw_secs)?;
+        cells.push(Cell {
+            what: "raw TCP".into(),
+            connections: n,
+            fill: "-".into(),
+            compress: "-".into(),
+            cap_mib_s: 0,
+            gib_s: raw,
+            wire_ratio: 1.0,
+            vs_raw: 1.0,
+            verified: true,
+        });
+        for (fill, compress) in [
+            ("zero", "none"),
+            ("text", "none"),
+            ("text", "lz4"),
+            ("text", "zstd"),
+        ] {
+            eprintln!("ferry bench link: first pass, {n} connection(s), fill {fill}, compress {compress} ...");
+            let (gib_s, wire_ratio, verified) = first_pass(a, n, fill, compress, 0)?;
+            cells.push(Cell {
+                what: "first pass".into(),
+                connections: n,
+                fill: fill.into(),
+                compress: compress.into(),
+                cap_mib_s: 0,
+                gib_s,
+                wire_ratio,
+                vs_raw: gib_s / raw,
+                verified,
+            });
+        }
+    }
+    if a.cap_mib_s > 0 {
+        let raw = cells.first().map_or(1.0, |c| c.gib_s);
+        for compress in ["none", "zstd", "auto"] {
+            eprintln!(
+                "ferry bench link: first pass under a {} MiB/s cap, compress {compress} ...",
+                a.cap_mib_s
+            );
+            let (gib_s, wire_ratio, verified) = first_pass(a, 1, "text", compress, a.cap_mib_s)?;
+            cells.push(Cell {
+                what: "first pass, capped".into(),
+                connections: 1,
+                fill: "text".into(),
+                compress: compress.into(),
+                cap_mib_s: a.cap_mib_s,
+                gib_s,
+                wire_ratio,
+                vs_raw: gib_s / raw,
+                verified,
+            });
+        }
+    }
+    Ok(report(a, cells))
+}
+
+fn report(a: &LinkArgs, cells: Vec<Cell>) -> Report<LinkResults> {
+    let mut table = Table::new(
+        format!(
+            "first pass of an idle {} GiB {} guest vs raw loopback TCP (same run)",
+            a.mem as f64 / (1u64 << 30) as f64,
+            a.backend
+        ),
+        &[
+            "what",
+            "conns",
+            "fill",
+            "compress",
+            "cap MiB/s",
+            "GiB/s",
+            "wire/guest",
+            "vs raw TCP",
+            "verified",
+        ],
+    );
+    for c in &cells {
+        table.row(vec![
+            c.what.clone(),
+            c.connections.to_string(),
+            c.fill.clone(),
+            c.compress.clone(),
+            if c.cap_mib_s == 0 {
+                "-".into()
+            } else {
+                c.cap_mib_s.to_string()
+            },
+            format!("{:.3}", c.gib_s),
+            format!("{:.3}", c.wire_ratio),
+            format!("{:.0}%", c.vs_raw * 100.0),
+            if c.verified {
+                "yes".into()
+            } else {
+                "NO".into()
+            },
+        ]);
+    }
+    table.note("GiB/s: raw TCP counts bytes; a first pass counts guest memory moved (zero pages included).");
+    table.note("Each first pass runs `ferry demo --idle` in a fresh process pair: the destination's first touch of its memory is part of what is measured.");
+    table.note("vs raw TCP: the capped cells compare with the 1-connection raw figure; against the cap itself, see GiB/s.");
+    table.note(format!(
+        "{} thread(s) of the host's {} core(s) per side: each connection has a sender and a receiver thread.",
+        a.connections.iter().max().unwrap_or(&1),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    ));
+    let mut series: Vec<Series> = Vec::new();
+    for (label, pick) in [
+        ("raw TCP", ("raw TCP", "-", "-")),
+        ("first pass, zero fill", ("first pass", "zero", "none")),
+        ("first pass, text, none", ("first pass", "text", "none")),
+        ("first pass, text, lz4", ("first pass", "text", "lz4")),
+        ("first pass, text, zstd", ("first pass", "text", "zstd")),
+    ] {
+        let points = cells
+            .iter()
+            .filter(|c| (c.what.as_str(), c.fill.as_str(), c.compress.as_str()) == pick)
+            .map(|c| (c.connections as f64, c.gib_s))
+            .collect();
+        series.push(Series {
+            label: label.into(),
+            points,
+        });
+    }
+    Report {
+        name: "link".into(),
+        tables: vec![table],
+        results: LinkResults {
+            backend: a.backend.clone(),
+            mem: a.mem,
+            cells,
+        },
+        plot: Plot {
+            title: "first pass vs raw loopback TCP".into(),
+            x_label: "data connections".into(),
+            y_label: "GiB/s".into(),
+            log_y: false,
+            series,
+        },
+    }
+}
+
+/// The `--json` line: the raw loopback figure and the best first pass
+/// (uncapped, verified) with the same connection count.
+pub fn summary_json(r: &LinkResults) -> serde_json::Value {
+    let best = r
+        .cells
+        .iter()
+        .filter(|c| c.what == "first pass" && c.verified)
+        .max_by(|a, b| a.vs_raw.total_cmp(&b.vs_raw));
+    let raw = best.and_then(|b| {
+        r.cells
+            .iter()
+            .find(|c| c.what == "raw TCP" && c.connections == b.connections)
+    });
+    serde_json::json!({
+        "loopback_gib_s": raw.map(|c| c.gib_s),
+        "first_pass_gib_s": best.map(|c| c.gib_s),
+        "ratio": best.map(|c| c.vs_raw),
+        "best": best,
+    })
+}
