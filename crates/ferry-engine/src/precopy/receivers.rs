@@ -132,13 +132,13 @@ impl RoundGate {
             if lanes.iter().all(|l| l.ended > round) {
                 return Ok(());
             }
+            health.check()?;
             if let Some(i) = lanes.iter().position(|l| l.closed && l.ended <= round) {
                 return Err(MigrationError::Refused(format!(
                     "data connection {} closed before round {round} ended",
                     i + 1
                 )));
             }
-            health.check()?;
             lanes = self
                 .cv
                 .wait_timeout(lanes, Duration::from_millis(20))
@@ -166,11 +166,12 @@ impl Receivers {
             let h = std::thread::Builder::new()
                 .name(format!("recv-{}", i + 1))
                 .spawn(move || {
-                    let r = receive_loop(i, io, &loaded, &health);
-                    loaded.gate.update(i, |l| l.closed = true);
-                    if let Err(e) = r {
+                    // The reason first: a lane seen closed must not look
+                    // like the cause of a failure it only follows.
+                    if let Err(e) = receive_loop(i, io, &loaded, &health) {
                         health.fail(e);
                     }
+                    loaded.gate.update(i, |l| l.closed = true);
                 })
                 .map_err(StreamError::Io)?;
             handles.push(h);

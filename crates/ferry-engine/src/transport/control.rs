@@ -11,7 +11,7 @@
 //! itself, so it can wait for a message with a timeout and notice any other
 //! thread's failure while it waits.
 
-use super::health::Health;
+use super::health::{is_link_failure, Health};
 use super::Channel;
 use crate::error::MigrationError;
 use crate::wire::{FrameKind, FrameStream, Message, StreamError};
@@ -153,12 +153,16 @@ impl Control {
     /// just before it closed; its reason is then the one reported.
     pub fn give_up(&mut self, e: MigrationError) -> MigrationError {
         let deadline = Instant::now() + GIVE_UP_DRAIN;
-        self.health.fail(e);
+        self.health.abort();
         self.stop_heartbeats();
-        if self.health.failure_may_be_the_peers() {
+        let link_broke = match e {
+            MigrationError::Aborted => self.health.failure_may_be_the_peers(),
+            ref e => is_link_failure(e),
+        };
+        if link_broke {
             self.wait_for_reader(deadline);
         }
-        let e = self.health.settle(MigrationError::Aborted);
+        let e = self.health.settle(e);
         if !matches!(
             e,
             MigrationError::Peer { .. } | MigrationError::Stalled { .. }

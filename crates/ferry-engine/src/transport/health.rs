@@ -69,6 +69,15 @@ pub struct Health {
     last_moved_ns: AtomicU64,
 }
 
+/// A broken or closed connection: often the peer's doing.
+pub fn is_link_failure(e: &MigrationError) -> bool {
+    matches!(
+        e,
+        MigrationError::Stream(StreamError::Io(_) | StreamError::Truncated { .. })
+            | MigrationError::Closed { .. }
+    )
+}
+
 fn rank(e: &MigrationError) -> u8 {
     match e {
         MigrationError::Peer { .. } => 3,
@@ -178,28 +187,31 @@ impl Health {
     /// on its way.
     pub fn failure_may_be_the_peers(&self) -> bool {
         let slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
-        matches!(
-            slot.as_ref().map(|(_, e)| e),
-            Some(
-                MigrationError::Stream(StreamError::Io(_) | StreamError::Truncated { .. })
-                    | MigrationError::Closed { .. }
-            )
-        )
+        slot.as_ref().is_some_and(|(_, e)| is_link_failure(e))
     }
 
-    /// The reason to report for `e`, which ended the caller's work: the
-    /// highest-ranked of `e` and every failure recorded.
-    pub fn settle(&self, e: MigrationError) -> MigrationError {
-        self.fail(e);
-        let mut slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
-        match slot.take() {
-            Some((_, e)) => {
-                // Keep a marker so later calls still see a failure.
-                *slot = Some((0, MigrationError::Aborted));
-                e
-            }
-            None => MigrationError::Aborted,
+    /// Marks the side failed and unblocks its data threads, recording
+    /// nothing: the caller holds the reason and settles it later.
+    pub fn abort(&self) {
+        if !self.done.load(Ordering::Acquire) {
+            self.failed.store(true, Ordering::Release);
+            self.shutdown_data();
         }
+    }
+
+    /// The reason to report when the caller's work ended with `e`: `e`
+    /// itself, unless another thread recorded a higher-ranked failure (or
+    /// `e` only says that another thread failed).
+    pub fn settle(&self, e: MigrationError) -> MigrationError {
+        let mut slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        let chosen = match slot.take() {
+            Some((r, stored)) if r > rank(&e) => stored,
+            _ => e,
+        };
+        // Keep a marker so later calls still see a failure.
+        *slot = Some((0, MigrationError::Aborted));
+        self.failed.store(true, Ordering::Release);
+        chosen
     }
 
     /// The migration is over (committed or given up): from now on closes
@@ -313,6 +325,18 @@ mod tests {
         let e = h.settle(MigrationError::Aborted);
         assert!(matches!(e, MigrationError::Peer { .. }), "{e}");
         assert!(h.is_failed());
+    }
+
+    #[test]
+    fn the_owners_reason_wins_a_tie() {
+        let h = Health::new(Side::Destination, Duration::from_secs(10));
+        h.fail(MigrationError::Closed { peer: "source" });
+        let e = h.settle(MigrationError::Cancelled);
+        assert!(matches!(e, MigrationError::Cancelled), "{e}");
+        let h = Health::new(Side::Destination, Duration::from_secs(10));
+        h.fail(MigrationError::Closed { peer: "source" });
+        let e = h.settle(MigrationError::Aborted);
+        assert!(matches!(e, MigrationError::Closed { .. }), "{e}");
     }
 
     #[test]
