@@ -23,6 +23,7 @@ pub mod fill;
 pub mod memstress;
 pub mod ram;
 pub mod types;
+pub mod uffd;
 pub mod vm;
 
 pub use dirty::{DirtyPages, PageBits, SharedDirtyBitmap};

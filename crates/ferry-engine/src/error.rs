@@ -98,6 +98,9 @@ pub enum MigrationError {
         /// "source" or "destination".
         peer: &'static str,
     },
+    /// Placing a page by copy failed.
+    #[error("cannot place a received page: {0}")]
+    Placement(String),
     /// The destination refused a connection.
     #[error("{0}")]
     Refused(String),

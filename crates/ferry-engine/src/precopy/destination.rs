@@ -205,6 +205,8 @@ impl Dest<'_> {
         let (strict, final_round) = self.load()?;
         let switched = Instant::now();
         self.loaded.wait_round(final_round, self.health)?;
+        // Every page is in; the guest may touch any of them from now on.
+        self.loaded.end_placement();
         let total = self.header.pages();
         let received = self.loaded.received.count();
         if received != total {

@@ -1,6 +1,12 @@
 //! The destination's data connections: one receiver thread each, placing
 //! pages in guest memory and keeping the per-page hashes.
 //!
+//! A page that is not in guest memory yet is placed with `UFFDIO_COPY`
+//! (see [`ferry_backend::uffd`]): the kernel then allocates it already
+//! filled, instead of zeroing it on first touch and having the data copied
+//! over it. Pages already present (resent in a dirty round) are copied in
+//! as before. The registration ends before the guest runs.
+//!
 //! Batches of one round arrive over several connections in any order, and a
 //! page appears at most once in a round, so within a round any order is
 //! right. Across rounds a later copy of a page must win, so a receiver holds
@@ -16,9 +22,10 @@ use crate::wire::compress::decompress;
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::pages::Segment;
 use crate::wire::{decode_batch, BatchView, FrameKind, Message, StreamError};
+use ferry_backend::uffd::{Placed, Placer};
 use ferry_backend::{Gfn, GuestRam, PageBits, PAGE_SIZE};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -33,6 +40,10 @@ pub(super) struct Loaded {
     known_zero: PageBits,
     /// Pages received at least once.
     pub received: PageBits,
+    /// Pages that exist in guest memory (written at creation, or placed).
+    present: PageBits,
+    /// Placement by copy into missing pages, while registered.
+    placer: RwLock<Option<Placer>>,
     pub pages_received: AtomicU64,
     pub zero_pages: AtomicU64,
     pub batches: AtomicU64,
@@ -44,18 +55,78 @@ impl Loaded {
     pub fn new(ram: Arc<GuestRam>, written: &ferry_backend::DirtyPages, lanes: usize) -> Self {
         let pages = ram.pages();
         let known_zero = PageBits::all(pages);
-        written.iter().for_each(|g| known_zero.remove(g));
+        let present = PageBits::new(pages);
+        written.iter().for_each(|g| {
+            known_zero.remove(g);
+            present.insert(g);
+        });
+        let placer = Placer::register(&ram)
+            .map_err(|e| tracing::info!("pages are written, not placed by copy: {e}"))
+            .ok();
         Loaded {
             ram,
             pages,
             hashes: PageHashes::zeroed(pages),
             known_zero,
             received: PageBits::new(pages),
+            present,
+            placer: RwLock::new(placer),
             pages_received: AtomicU64::new(0),
             zero_pages: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             gate: RoundGate::new(lanes),
         }
+    }
+
+    /// Ends placement by copy: from now on every page is written normally,
+    /// and the guest may touch any page. Call before the guest runs.
+    pub fn end_placement(&self) {
+        self.placer
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+    }
+
+    /// Writes `bytes` (whole pages) at `first`: missing pages by copy while
+    /// registered, present pages through guest RAM.
+    fn put(&self, first: Gfn, bytes: &[u8]) -> Result<(), MigrationError> {
+        let placer = self.placer.read().unwrap_or_else(|p| p.into_inner());
+        let n = (bytes.len() / PAGE_SIZE) as u64;
+        let mut i = 0u64;
+        while i < n {
+            let g = Gfn(first.0 + i);
+            // The run of pages from i that are all present, or all missing.
+            let here = self.present.contains(g);
+            let mut end = i + 1;
+            while end < n && self.present.contains(Gfn(first.0 + end)) == here {
+                end += 1;
+            }
+            let part = &bytes[i as usize * PAGE_SIZE..end as usize * PAGE_SIZE];
+            let placed = match (&*placer, here) {
+                (Some(p), false) => p
+                    .copy(g, part)
+                    .map_err(|e| MigrationError::Placement(e.to_string()))?,
+                _ => Placed::Unregistered,
+            };
+            // What to write normally: page i + k when it turned out present,
+            // or the whole part when nothing is placed by copy.
+            let (done, write) = match placed {
+                Placed::Copied(k) => (k, None),
+                Placed::PresentAt(k) => (k + 1, Some((k, 1))),
+                Placed::Unregistered => (end - i, Some((0, end - i))),
+            };
+            if let Some((k, len)) = write {
+                let bytes = &part[k as usize * PAGE_SIZE..(k + len) as usize * PAGE_SIZE];
+                self.ram
+                    .write_pages(Gfn(g.0 + k), bytes)
+                    .map_err(MigrationError::ram("write guest memory"))?;
+            }
+            for j in i..i + done {
+                self.present.insert(Gfn(first.0 + j));
+            }
+            i += done;
+        }
+        Ok(())
     }
 
     /// Waits until every data connection has ended `round`.
@@ -78,9 +149,7 @@ impl Loaded {
                     self.received.insert(gfn);
                 }
                 Segment::Data { first, bytes } => {
-                    self.ram
-                        .write_pages(first, bytes)
-                        .map_err(MigrationError::ram("write guest memory"))?;
+                    self.put(first, bytes)?;
                     for (i, page) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
                         let g = Gfn(first.0 + i as u64);
                         self.hashes.set(g, page_hash(page));

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //!   raw loopback TCP, N connections: N threads send 4 MiB buffers, N discard them
-//!   first pass of an idle guest: `ferry demo --idle` in a fresh process per cell
+//!   first pass of an idle guest: `ferry demo --idle --rate-limit 1024` in a fresh
+//!     process per cell (the guest reads and checks its pages at 1 GiB/s per vCPU)
 //!     (fresh source, fresh destination: first-touch costs included, as users see them)
 //!   ratio = first-pass GiB/s of guest memory ÷ raw loopback GiB/s with the same N
 //! ```
@@ -152,7 +153,17 @@ fn first_pass(
     let mut cmd = Command::new(exe);
     crate::child::die_with_parent(&mut cmd);
     let out = cmd
-        .args(["demo", "--json", "--idle", "--unthrottled", "--warmup", "0"])
+        // 1 GiB/s per vCPU: the warm-up pass is quick, and the idle guest
+        // (reading and checking only) leaves the cores to the migration.
+        .args([
+            "demo",
+            "--json",
+            "--idle",
+            "--rate-limit",
+            "1024",
+            "--warmup",
+            "0",
+        ])
         .args([
             "--backend",
             &a.backend,
