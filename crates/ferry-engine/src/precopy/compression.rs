@@ -1,18 +1,17 @@
 //! Which codec a sender uses for its next batch.
 //!
 //! `auto` compresses only while the link, not the CPU, is the bottleneck.
-//! Each sender keeps running estimates (moving averages over its own
-//! batches) of:
+//! Each sender measures, per way of sending a batch (raw, lz4, zstd), what
+//! one raw byte costs end to end: compressing, waiting for the bandwidth
+//! cap, and writing to the socket. It keeps a moving average per way and
+//! sends each batch the cheapest way. That single figure takes in whatever
+//! the host does to us: a slow link makes raw bytes dear, a busy CPU makes
+//! compression dear, and incompressible data makes it pure cost.
 //!
-//! ```text
-//!   w    ns the link takes per wire byte (writing, and waiting for the bandwidth cap)
-//!   c_a  ns codec a takes per raw byte          r_a  its wire bytes per raw byte
-//! ```
-//!
-//! and sends each batch the way that costs least: raw costs `w` per byte,
-//! codec `a` costs `c_a + r_a·w`. Every 32nd batch tries a codec that is not
-//! the current choice, so estimates follow the data and the link as they
-//! change. Fixed settings (`none`, `lz4`, `zstd`) skip all of this.
+//! Each way is tried twice at the start, the first try not counted (it runs
+//! on cold caches and a fresh context), then every 16th batch tries a way
+//! that is not the current choice, so the averages follow the data and the link as
+//! they change. Fixed settings (`none`, `lz4`, `zstd`) skip all of this.
 
 use crate::wire::compress::Codec;
 use std::fmt;
@@ -54,33 +53,26 @@ impl FromStr for Compression {
 }
 
 /// Weight of the newest sample in the moving averages.
-const ALPHA: f64 = 0.25;
-/// Batches between tries of a codec that is not the current choice.
-const PROBE_EVERY: u64 = 32;
-const CODECS: [Codec; 2] = [Codec::Lz4, Codec::Zstd];
+const ALPHA: f64 = 0.5;
+/// Batches between tries of a way that is not the current choice.
+const PROBE_EVERY: u64 = 16;
+/// ... when the choice wins by more than 2×: trying is then mostly waste.
+const PROBE_EVERY_CLEAR: u64 = 128;
+/// Samples of each way taken before choosing.
+const LEARN_SAMPLES: u32 = 2;
+/// The ways of sending a batch: raw, lz4, zstd.
+const WAYS: [Option<Codec>; 3] = [None, Some(Codec::Lz4), Some(Codec::Zstd)];
 
-#[derive(Clone, Copy, Default)]
-struct Estimate {
-    ns_per_raw_byte: f64,
-    ratio: f64,
-    known: bool,
-}
-
-fn blend(old: f64, new: f64, known: bool) -> f64 {
-    if known {
-        old + ALPHA * (new - old)
-    } else {
-        new
-    }
+fn way_index(way: Option<Codec>) -> usize {
+    WAYS.iter().position(|&w| w == way).unwrap_or(0)
 }
 
 /// One sender's choice of codec, batch by batch.
 pub(super) struct Chooser {
     mode: Compression,
     batches: u64,
-    wire_ns_per_byte: f64,
-    wire_known: bool,
-    codecs: [Estimate; 2],
+    /// Moving average of ns per raw byte, and samples, per way.
+    cost: [(f64, u32); 3],
 }
 
 impl Chooser {
@@ -88,9 +80,7 @@ impl Chooser {
         Chooser {
             mode,
             batches: 0,
-            wire_ns_per_byte: 0.0,
-            wire_known: false,
-            codecs: [Estimate::default(); 2],
+            cost: [(0.0, 0); 3],
         }
     }
 
@@ -101,49 +91,50 @@ impl Chooser {
             Compression::Fixed(c) => Some(c),
             Compression::Auto => {
                 self.batches += 1;
-                // Learn every codec once, then try each again now and then.
-                if let Some(i) = self.codecs.iter().position(|e| !e.known) {
-                    return Some(CODECS[i]);
+                if let Some(i) = self.cost.iter().position(|&(_, n)| n < LEARN_SAMPLES) {
+                    return WAYS[i];
                 }
                 let best = self.best();
-                let probe = self.batches % PROBE_EVERY;
-                match probe as usize {
-                    p @ 1..=2 if best != Some(CODECS[p - 1]) => Some(CODECS[p - 1]),
-                    3 if best.is_some() => None,
+                // Now and then, each other way once; seldom when the choice is clear.
+                let mut costs: Vec<f64> = self.cost.iter().map(|c| c.0).collect();
+                costs.sort_by(f64::total_cmp);
+                let every = if costs[0] * 2.0 < costs[1] {
+                    PROBE_EVERY_CLEAR
+                } else {
+                    PROBE_EVERY
+                };
+                match (self.batches % every) as usize {
+                    p @ 1..=2 => {
+                        let others: Vec<_> = WAYS.into_iter().filter(|&w| w != best).collect();
+                        others[p - 1]
+                    }
                     _ => best,
                 }
             }
         }
     }
 
-    /// The cheapest way to send a byte under the current estimates.
+    /// The way with the lowest measured cost per raw byte.
     fn best(&self) -> Option<Codec> {
-        let w = self.wire_ns_per_byte;
-        let mut best = (w, None);
-        for (e, c) in self.codecs.iter().zip(CODECS) {
-            let cost = e.ns_per_raw_byte + e.ratio * w;
-            if e.known && cost < best.0 {
-                best = (cost, Some(c));
-            }
-        }
-        best.1
+        let i = (0..WAYS.len())
+            .min_by(|&a, &b| self.cost[a].0.total_cmp(&self.cost[b].0))
+            .unwrap_or(0);
+        WAYS[i]
     }
 
-    /// Records a compression of `raw` bytes to `packed` in `ns`.
-    pub fn compressed(&mut self, codec: Codec, raw: usize, packed: usize, ns: u64) {
-        let i = CODECS.iter().position(|&c| c == codec).unwrap_or(0);
-        let e = &mut self.codecs[i];
-        let raw = raw.max(1) as f64;
-        e.ns_per_raw_byte = blend(e.ns_per_raw_byte, ns as f64 / raw, e.known);
-        e.ratio = blend(e.ratio, (packed as f64 / raw).min(1.0), e.known);
-        e.known = true;
-    }
-
-    /// Records that `wire` bytes took `ns` to leave (bandwidth cap included).
-    pub fn sent(&mut self, wire: usize, ns: u64) {
-        let w = ns as f64 / wire.max(1) as f64;
-        self.wire_ns_per_byte = blend(self.wire_ns_per_byte, w, self.wire_known);
-        self.wire_known = true;
+    /// Records that a batch of `raw` bytes, sent the `way` it was picked
+    /// (a compression that did not shrink it counts as that way), took
+    /// `ns` from compression to written.
+    pub fn finished(&mut self, way: Option<Codec>, raw: usize, ns: u64) {
+        let (avg, n) = &mut self.cost[way_index(way)];
+        let sample = ns as f64 / raw.max(1) as f64;
+        // The first batch each way warms caches and contexts: not counted.
+        *avg = match *n {
+            0 => *avg,
+            1 => sample,
+            _ => *avg + ALPHA * (sample - *avg),
+        };
+        *n = n.saturating_add(1);
     }
 }
 
@@ -151,44 +142,74 @@ impl Chooser {
 mod tests {
     use super::*;
 
-    fn learn(c: &mut Chooser, wire_ns: f64, lz4: (f64, f64), zstd: (f64, f64)) {
-        for _ in 0..20 {
-            c.sent(1 << 20, (wire_ns * (1 << 20) as f64) as u64);
-            for (codec, (ns, ratio)) in [(Codec::Lz4, lz4), (Codec::Zstd, zstd)] {
-                let raw = 1usize << 20;
-                c.compressed(
-                    codec,
-                    raw,
-                    (raw as f64 * ratio) as usize,
-                    (ns * raw as f64) as u64,
-                );
-            }
-        }
+    /// Feeds `batches` batches whose cost per raw byte is `ns(way)`.
+    fn run(
+        c: &mut Chooser,
+        batches: usize,
+        mut ns: impl FnMut(Option<Codec>) -> f64,
+    ) -> Vec<Option<Codec>> {
+        (0..batches)
+            .map(|_| {
+                let way = c.pick();
+                c.finished(way, 1 << 20, (ns(way) * (1 << 20) as f64) as u64);
+                way
+            })
+            .collect()
     }
 
     #[test]
     fn auto_compresses_on_a_slow_link_and_not_on_a_fast_one() {
-        // A 128 MiB/s link (7.5 ns a byte): zstd's 2 ns and ratio 0.3 win.
+        // A 128 MiB/s link: raw 7.5 ns a byte; zstd 2 + 0.4 x 7.5.
         let mut slow = Chooser::new(Compression::Auto);
-        learn(&mut slow, 7.5, (0.8, 0.5), (2.0, 0.3));
+        run(&mut slow, 40, |w| match w {
+            None => 7.5,
+            Some(Codec::Lz4) => 0.8 + 0.6 * 7.5,
+            Some(Codec::Zstd) => 2.0 + 0.4 * 7.5,
+        });
         assert_eq!(slow.best(), Some(Codec::Zstd));
-        // Loopback at 3 GB/s (0.3 ns a byte): the CPU is the bottleneck.
+        // Loopback at 3 GB/s: the CPU is the bottleneck.
         let mut fast = Chooser::new(Compression::Auto);
-        learn(&mut fast, 0.3, (0.8, 0.5), (2.0, 0.3));
+        run(&mut fast, 40, |w| match w {
+            None => 0.3,
+            Some(Codec::Lz4) => 0.8 + 0.6 * 0.3,
+            Some(Codec::Zstd) => 2.0 + 0.4 * 0.3,
+        });
         assert_eq!(fast.best(), None);
-        // Incompressible data: nothing pays.
-        let mut noise = Chooser::new(Compression::Auto);
-        learn(&mut noise, 7.5, (0.3, 1.0), (1.0, 1.0));
-        assert_eq!(noise.best(), None);
     }
 
     #[test]
-    fn auto_keeps_trying_the_alternatives() {
+    fn a_cold_first_compression_does_not_decide() {
         let mut c = Chooser::new(Compression::Auto);
-        learn(&mut c, 0.3, (0.8, 0.5), (2.0, 0.3));
-        let picks: Vec<_> = (0..PROBE_EVERY).map(|_| c.pick()).collect();
-        assert!(picks.contains(&Some(Codec::Lz4)) && picks.contains(&Some(Codec::Zstd)));
-        assert!(picks.iter().filter(|p| p.is_none()).count() as u64 >= PROBE_EVERY - 3);
+        let mut first = true;
+        run(&mut c, 40, |w| match w {
+            None => 7.5,
+            Some(Codec::Lz4) => 0.8 + 0.6 * 7.5,
+            Some(Codec::Zstd) if std::mem::take(&mut first) => 25.0,
+            Some(Codec::Zstd) => 2.0 + 0.4 * 7.5,
+        });
+        assert_eq!(c.best(), Some(Codec::Zstd));
+    }
+
+    #[test]
+    fn auto_keeps_trying_the_alternatives_and_mostly_sends_the_best() {
+        let mut c = Chooser::new(Compression::Auto);
+        // A close call: probes every 16 batches.
+        let picks = run(&mut c, 6 + PROBE_EVERY as usize * 4, |w| match w {
+            None => 1.5,
+            Some(_) => 2.0,
+        });
+        let late = &picks[6..];
+        assert!(late.contains(&Some(Codec::Lz4)) && late.contains(&Some(Codec::Zstd)));
+        let raw = late.iter().filter(|p| p.is_none()).count();
+        assert!(raw >= late.len() * (PROBE_EVERY as usize - 2) / PROBE_EVERY as usize);
+        // A clear one: probes every 128.
+        let mut c = Chooser::new(Compression::Auto);
+        let picks = run(&mut c, 6 + PROBE_EVERY_CLEAR as usize, |w| match w {
+            None => 0.3,
+            Some(_) => 2.0,
+        });
+        let tried = picks[6..].iter().filter(|p| p.is_some()).count();
+        assert_eq!(tried, 2, "{picks:?}");
     }
 
     #[test]

@@ -244,16 +244,11 @@ fn send_loop(
             match job {
                 Job::Batch(mut b) => {
                     let raw = b.payload_len();
-                    let codec = chooser.pick().filter(|&c| {
-                        let t = Instant::now();
-                        let smaller = compressor.compress(c, &b.parts(), &mut packed);
-                        let out = if smaller { packed.len() } else { raw };
-                        chooser.compressed(c, raw, out, t.elapsed().as_nanos() as u64);
-                        smaller
-                    });
+                    let started = Instant::now();
+                    let picked = chooser.pick();
+                    let codec = picked.filter(|&c| compressor.compress(c, &b.parts(), &mut packed));
                     let payload = if codec.is_some() { packed.len() } else { raw };
                     let wire = FRAME_HEADER_LEN + payload;
-                    let t = Instant::now();
                     shared
                         .bucket
                         .lock()
@@ -265,7 +260,7 @@ fn send_loop(
                         }
                         None => io.write_frame(FrameKind::Pages, &b.parts())?,
                     }
-                    chooser.sent(wire, t.elapsed().as_nanos() as u64);
+                    chooser.finished(picked, raw, started.elapsed().as_nanos() as u64);
                     shared.stats.record(codec);
                     health.add_data_bytes(wire as u64);
                     b.clear();
