@@ -149,21 +149,43 @@ impl Fill {
             }
             Fill::Text => {
                 let mut at = 0;
+                let mut word = [0u8; 24];
                 while at < body.len() {
                     let r = xorshift(&mut s);
-                    let word = if r.is_multiple_of(5) {
+                    let len = if r.is_multiple_of(5) {
                         // A number now and then, as logs and records have.
-                        format!("{} ", (r >> 8) % 100_000)
+                        digits((r >> 8) % 100_000, &mut word)
                     } else {
-                        format!("{} ", WORDS[((r >> 8) % WORDS.len() as u64) as usize])
+                        let w = WORDS[((r >> 8) % WORDS.len() as u64) as usize].as_bytes();
+                        word[..w.len()].copy_from_slice(w);
+                        w.len()
                     };
-                    let n = word.len().min(body.len() - at);
-                    body[at..at + n].copy_from_slice(&word.as_bytes()[..n]);
+                    word[len] = b' ';
+                    let n = (len + 1).min(body.len() - at);
+                    body[at..at + n].copy_from_slice(&word[..n]);
                     at += n;
                 }
             }
         }
     }
+}
+
+/// Writes `v` in decimal at the start of `out`; returns its length.
+fn digits(mut v: u64, out: &mut [u8]) -> usize {
+    let mut tmp = [0u8; 20];
+    let mut n = 0;
+    loop {
+        tmp[n] = b'0' + (v % 10) as u8;
+        n += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for i in 0..n {
+        out[i] = tmp[n - 1 - i];
+    }
+    n
 }
 
 #[cfg(test)]
@@ -186,6 +208,9 @@ mod tests {
         let mut b = vec![0u8; PAGE_SIZE];
         Fill::Text.fill_page(2, &mut b);
         assert_ne!(a[STAMP_BYTES..], b[STAMP_BYTES..], "pages differ");
+        let text = String::from_utf8(a[STAMP_BYTES..].to_vec()).unwrap();
+        assert!(text.split(' ').any(|w| w.parse::<u64>().is_ok()), "numbers");
+        assert!(text.contains("memory") || text.contains("the "), "words");
         let mut r = vec![0u8; PAGE_SIZE];
         Fill::Random.fill_page(1, &mut r);
         assert!(r[STAMP_BYTES..].iter().filter(|&&x| x == 0).count() < 100);
