@@ -8,7 +8,7 @@ use common::relay::{Fault, Relay};
 use common::{quick_receive, running_source, spawn_receiver};
 use ferry_backend::memstress::read_progress;
 use ferry_backend::Vm;
-use ferry_engine::precopy::Compression;
+use ferry_engine::precopy::{Compression, Placement};
 use ferry_engine::wire::compress::Codec;
 use ferry_engine::wire::{FrameKind, FrameStream, Message, MAGIC};
 use ferry_engine::{
@@ -157,4 +157,23 @@ fn a_stalled_link_fails_both_ends_and_the_source_runs_on() {
     }
     src.pause().unwrap();
     assert_eq!(read_progress(src.ram(), 1).unwrap()[0].mismatches, 0);
+}
+
+#[test]
+fn placement_by_plain_write_verifies_as_well() {
+    let (to, dest) = spawn_receiver(ReceiveOptions {
+        placement: Placement::Write,
+        ..quick_receive()
+    });
+    let mut src = running_source();
+    let opts = PrecopyOptions {
+        connections: 2,
+        ..PrecopyOptions::default()
+    };
+    opts.tunables.set_downtime_target(Duration::ZERO);
+    opts.tunables.set_max_rounds(3);
+    let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+    let (_dvm, dsum) = dest.join().unwrap().unwrap();
+    assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
+    assert_eq!(summary.guest_mismatches, 0);
 }

@@ -88,7 +88,7 @@ pub fn receive(
     let mut written = DirtyPages::new(header.pages());
     ram.take_vmm_dirty(&mut written);
     let connections = usize::from(hello.data_channels);
-    let loaded = Arc::new(Loaded::new(ram, &written, connections));
+    let loaded = Arc::new(Loaded::new(ram, &written, connections, opts.placement));
     let mut dest = Dest {
         summary: ReceiveSummary {
             status: Status::Failed,

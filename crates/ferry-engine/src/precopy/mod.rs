@@ -120,6 +120,33 @@ pub struct ReceiveOptions {
     pub verify_before_resume: bool,
     /// How long the link may stand still before the migration fails.
     pub stall_timeout: Duration,
+    /// How received pages land in guest memory.
+    pub placement: Placement,
+}
+
+/// How the destination puts a received page into guest memory that has
+/// never been touched.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// `UFFDIO_COPY`: the kernel allocates the page already filled (no
+    /// zeroing first); falls back to `Write` where userfaultfd is missing
+    /// and on hugetlb backing.
+    #[default]
+    Uffd,
+    /// A plain copy into the mapping: the first touch faults and the kernel
+    /// zeroes the page before the data overwrites it.
+    Write,
+}
+
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "uffd" => Ok(Placement::Uffd),
+            "write" => Ok(Placement::Write),
+            _ => Err(format!("unknown placement {s:?} (uffd, write)")),
+        }
+    }
 }
 
 impl Default for ReceiveOptions {
@@ -129,6 +156,7 @@ impl Default for ReceiveOptions {
             run_after: Duration::from_secs(1),
             verify_before_resume: false,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            placement: Placement::Uffd,
         }
     }
 }

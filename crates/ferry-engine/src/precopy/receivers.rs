@@ -15,6 +15,7 @@
 //! gate cannot deadlock: each connection's RoundEnd(r − 1) precedes its
 //! round-r batches in its own byte stream.
 
+use super::Placement;
 use crate::digest::{page_hash, zero_page_hash, PageHashes};
 use crate::error::MigrationError;
 use crate::transport::{Channel, Health};
@@ -52,7 +53,12 @@ pub(super) struct Loaded {
 
 impl Loaded {
     /// State for a guest of `ram`, whose pages are zero except `written`.
-    pub fn new(ram: Arc<GuestRam>, written: &ferry_backend::DirtyPages, lanes: usize) -> Self {
+    pub fn new(
+        ram: Arc<GuestRam>,
+        written: &ferry_backend::DirtyPages,
+        lanes: usize,
+        placement: Placement,
+    ) -> Self {
         let pages = ram.pages();
         let known_zero = PageBits::all(pages);
         let present = PageBits::new(pages);
@@ -60,9 +66,12 @@ impl Loaded {
             known_zero.remove(g);
             present.insert(g);
         });
-        let placer = Placer::register(&ram)
-            .map_err(|e| tracing::info!("pages are written, not placed by copy: {e}"))
-            .ok();
+        let placer = match placement {
+            Placement::Uffd => Placer::register(&ram)
+                .map_err(|e| tracing::info!("pages are written, not placed by copy: {e}"))
+                .ok(),
+            Placement::Write => None,
+        };
         Loaded {
             ram,
             pages,

@@ -146,6 +146,7 @@ fn first_pass(
     fill: &str,
     compress: &str,
     cap: u64,
+    placement: &str,
 ) -> Result<(f64, f64, bool), CmdError> {
     let exe = std::env::current_exe()
         .map_err(|e| CmdError::Failed(format!("cannot find the ferry executable: {e}")))?;
@@ -175,6 +176,7 @@ fn first_pass(
         .args(["--connections", connections])
         .args(["--fill", fill, "--compress", compress])
         .args(["--bandwidth", &cap.to_string(), "--run-after", "0.2"])
+        .args(["--placement", placement])
         .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output()
@@ -224,7 +226,8 @@ pub fn run(a: &LinkArgs) -> Result<Report<LinkResults>, CmdError> {
             ("text", "zstd"),
         ] {
             eprintln!("ferry bench link: first pass, {n} connection(s), fill {fill}, compress {compress} ...");
-            let (gib_s, wire_ratio, verified) = first_pass(a, &n.to_string(), fill, compress, 0)?;
+            let (gib_s, wire_ratio, verified) =
+                first_pass(a, &n.to_string(), fill, compress, 0, "uffd")?;
             cells.push(Cell {
                 what: "first pass".into(),
                 connections: n,
@@ -252,7 +255,7 @@ pub fn run(a: &LinkArgs) -> Result<Report<LinkResults>, CmdError> {
                 a.cap_mib_s
             );
             let (gib_s, wire_ratio, verified) =
-                first_pass(a, &n.to_string(), "text", compress, a.cap_mib_s)?;
+                first_pass(a, &n.to_string(), "text", compress, a.cap_mib_s, "uffd")?;
             cells.push(Cell {
                 what: "first pass, capped".into(),
                 connections: n,
@@ -310,6 +313,7 @@ fn report(a: &LinkArgs, cells: Vec<Cell>) -> Report<LinkResults> {
         ]);
     }
     table.note("GiB/s: raw TCP counts bytes; a first pass counts guest memory moved (zero pages included).");
+    table.note("first pass: the destination places untouched pages with UFFDIO_COPY; \"first pass, write\" copies them in after the kernel zeroes them (the old way), same run.");
     table.note("Each first pass runs `ferry demo --idle` in a fresh process pair: the destination's first touch of its memory is part of what is measured.");
     table.note("The capped cells use one connection per core (compression runs on the sender threads); vs raw TCP compares with raw TCP over as many connections. Against the cap itself, see GiB/s.");
     table.note(format!(

@@ -28,6 +28,9 @@ pub struct DemoArgs {
     /// it, which is what the convergence policies are for.
     #[arg(long, conflicts_with = "rate_limit_mib_s")]
     pub unthrottled: bool,
+    /// How the destination places received pages (see `ferry receive --help`).
+    #[arg(long, default_value = "uffd", value_parser = ["uffd", "write"])]
+    pub placement: String,
 }
 
 /// The demo's per-vCPU write cap when the user sets none.
@@ -93,6 +96,7 @@ fn spawn_destination(a: &DemoArgs) -> Result<Destination, CmdError> {
         .args(["--backing", &a.backend.backing])
         .args(["--run-after", &a.run_after.to_string()])
         .args(["--stall-timeout", &a.migration.stall_timeout_s.to_string()])
+        .args(["--placement", &a.placement])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());

@@ -8,6 +8,7 @@ use clap::Args;
 use ferry_backend::memstress::read_progress;
 use ferry_backend::types::human_bytes;
 use ferry_backend::{error_chain as chain, BackendError, Vm, VmConfig};
+use ferry_engine::precopy::Placement;
 use ferry_engine::{ExpectedVm, ReceiveOptions};
 use std::io::Write;
 use std::process::ExitCode;
@@ -39,6 +40,11 @@ pub struct ReceiveArgs {
     /// guest is started here then).
     #[arg(long = "stall-timeout", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub stall_timeout_s: u64,
+    /// How received pages land in untouched guest memory: uffd (UFFDIO_COPY,
+    /// no zeroing first; falls back to write where unavailable and on
+    /// hugetlb) or write (a plain copy, after the kernel zeroes the page).
+    #[arg(long, default_value = "uffd", value_parser = clap::value_parser!(Placement))]
+    pub placement: Placement,
     /// Exit after reporting instead of running the guest on.
     #[arg(long = "exit-after-report")]
     pub exit_after_report: bool,
@@ -78,6 +84,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         run_after: Duration::from_secs_f64(a.run_after),
         verify_before_resume: a.verify_before_resume,
         stall_timeout: Duration::from_secs(a.stall_timeout_s),
+        placement: a.placement,
     };
     let memory = a.memory;
     let backend = a.backend.clone();
