@@ -219,6 +219,22 @@ pub fn run(a: &LinkArgs) -> Result<Report<LinkResults>, CmdError> {
             vs_raw: 1.0,
             verified: true,
         });
+        // The destination's placement, compared in the same run: a plain
+        // write after the kernel zeroed the page.
+        eprintln!("ferry bench link: first pass, {n} connection(s), placement by write ...");
+        let (gib_s, wire_ratio, verified) =
+            first_pass(a, &n.to_string(), "text", "none", 0, "write")?;
+        cells.push(Cell {
+            what: "first pass, write".into(),
+            connections: n,
+            fill: "text".into(),
+            compress: "none".into(),
+            cap_mib_s: 0,
+            gib_s,
+            wire_ratio,
+            vs_raw: gib_s / raw,
+            verified,
+        });
         for (fill, compress) in [
             ("zero", "none"),
             ("text", "none"),
