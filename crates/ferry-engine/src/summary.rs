@@ -91,6 +91,9 @@ pub struct MigrationSummary {
     pub rounds: Vec<RoundStats>,
     /// Whether source and destination memory digests matched.
     pub digest_match: bool,
+    /// Whether the digests were compared at all (a migration that failed
+    /// earlier never got that far).
+    pub digest_checked: bool,
     /// Stamp mismatches the guest counted: before switchover plus after.
     pub guest_mismatches: u64,
     /// Of those, counted on the source before switchover.

@@ -22,6 +22,7 @@ fn precopy_over_tcp_moves_a_running_guest_with_matching_digest() {
 
     assert_eq!(summary.status, Status::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match);
+    assert!(summary.digest_checked);
     assert_eq!(summary.guest_mismatches, 0, "{summary:?}");
     assert_eq!(dsum.mismatches_after, 0);
     assert_eq!(summary.dest_passes_after, dsum.passes_after);
@@ -67,7 +68,7 @@ fn digest_mismatch_rolls_the_source_back() {
     src.untracked_write_on_save = true;
     let summary = migrate(&mut src, &to, &PrecopyOptions::default(), &NoProgress).unwrap();
     assert_eq!(summary.status, Status::Failed);
-    assert!(!summary.digest_match);
+    assert!(!summary.digest_match && summary.digest_checked);
     assert!(summary
         .error
         .as_deref()

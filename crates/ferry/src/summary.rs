@@ -82,7 +82,9 @@ pub fn render(s: &MigrationSummary) -> String {
         ),
         (
             "digest check",
-            if s.digest_match {
+            if !s.digest_checked {
+                "not reached".into()
+            } else if s.digest_match {
                 "match".into()
             } else {
                 "MISMATCH".into()

@@ -91,6 +91,7 @@ fn killed_destination_leaves_the_source_running() {
     let j = last_json(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(j["status"], "failed", "{j}");
+    assert_eq!(j["digest_checked"], false, "{j}");
     assert!(j["error"].as_str().unwrap_or_default().len() > 5, "{j}");
     assert_eq!(j["guest_mismatches"], 0, "{j}");
     let line = text

@@ -57,6 +57,7 @@ pub fn migrate(
         batches_by_codec: [0; 3],
         rounds: Vec::new(),
         digest_match: false,
+        digest_checked: false,
         guest_mismatches: 0,
         mismatches_before: 0,
         mismatches_after: 0,

@@ -72,6 +72,7 @@ impl Source<'_> {
         self.awaiting_verdict = false;
         let ours = digest.unwrap_or(dest);
         self.summary.digest_match = matched;
+        self.summary.digest_checked = true;
         if !matched {
             let err = MigrationError::DigestMismatch {
                 source_digest: ours.value,

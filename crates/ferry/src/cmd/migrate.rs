@@ -246,6 +246,7 @@ fn failed_summary(
         batches_by_codec: [0; 3],
         rounds: vec![],
         digest_match: false,
+        digest_checked: false,
         guest_mismatches: 0,
         mismatches_before: 0,
         mismatches_after: 0,
