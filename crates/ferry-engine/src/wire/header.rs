@@ -255,6 +255,22 @@ mod tests {
     }
 
     #[test]
+    fn crafted_huge_sizes_are_refused_not_overflowed() {
+        for (vcpus, bytes_per_vcpu) in [
+            (64, u64::MAX & !((2 << 20) - 1)),
+            (2, 1 << 63),
+            (64, 1 << 58),
+        ] {
+            let mut h = header();
+            h.config.workload.vcpus = vcpus;
+            h.vcpus = vcpus;
+            h.config.workload.bytes_per_vcpu = bytes_per_vcpu;
+            let err = StreamHeader::decode(&h.encode()).unwrap_err();
+            assert!(matches!(err, HeaderError::Workload(_)), "{err}");
+        }
+    }
+
+    #[test]
     fn inconsistent_or_garbage_headers_are_refused() {
         let mut h = header();
         h.memory_bytes += 4096;
