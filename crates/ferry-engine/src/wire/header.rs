@@ -256,11 +256,7 @@ mod tests {
 
     #[test]
     fn crafted_huge_sizes_are_refused_not_overflowed() {
-        for (vcpus, bytes_per_vcpu) in [
-            (64, u64::MAX & !((2 << 20) - 1)),
-            (2, 1 << 63),
-            (64, 1 << 58),
-        ] {
+        for (vcpus, bytes_per_vcpu) in [(64, !((2u64 << 20) - 1)), (2, 1 << 63), (64, 1 << 58)] {
             let mut h = header();
             h.config.workload.vcpus = vcpus;
             h.vcpus = vcpus;
