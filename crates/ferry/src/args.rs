@@ -57,7 +57,7 @@ pub struct WorkloadArgs {
     #[arg(long, default_value_t = 0x5eed)]
     pub seed: u64,
     /// What data pages hold besides the guest's 8-byte stamp: zero, random
-    /// (incompressible) or text (compresses about 3x with zstd, like ordinary
+    /// (incompressible) or text (compresses about 2.5x with zstd, like ordinary
     /// memory). Written once at boot; use random or text to measure compression.
     #[arg(long, default_value = "zero", value_parser = ["zero", "random", "text"])]
     pub fill: String,
