@@ -160,7 +160,7 @@ impl Placer {
     }
 
     /// Places `data` (whole pages) at frame `first` by copy, as far as the
-    /// pages are missing. Pages must lie in one slot.
+    /// pages are missing and lie in `first`'s slot (see [`Placed`]).
     pub fn copy(&self, first: Gfn, data: &[u8]) -> io::Result<Placed> {
         let Some(&(slot_first, slot_pages, host)) = self
             .ranges

@@ -91,11 +91,6 @@ impl Control {
             .unwrap_or_default()
     }
 
-    /// The side's health.
-    pub fn health(&self) -> &Arc<Health> {
-        &self.health
-    }
-
     /// Sends one message and flushes it.
     pub fn send(&self, msg: &Message) -> Result<(), MigrationError> {
         self.send_frame(msg.kind(), &msg.encode())

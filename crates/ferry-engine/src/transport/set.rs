@@ -30,8 +30,6 @@ pub trait Dial: Sync {
 pub trait Listen {
     /// The next connection; by `deadline` if one is given.
     fn accept_link(&self, deadline: Option<Instant>) -> Result<Box<dyn Link>, TransportError>;
-    /// Where it listens, for messages.
-    fn local_name(&self) -> String;
 }
 
 /// Source side: dials one connection and introduces it as `hello`. Waits at

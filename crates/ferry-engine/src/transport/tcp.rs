@@ -173,12 +173,6 @@ impl Listen for TcpListener {
         prepare(&s, &peer.to_string())?;
         Ok(Box::new(s))
     }
-
-    fn local_name(&self) -> String {
-        self.local_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| "the listener".into())
-    }
 }
 
 impl Link for TcpStream {

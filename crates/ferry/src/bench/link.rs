@@ -139,15 +139,42 @@ fn raw_tcp(n: usize, secs: f64) -> Result<f64, CmdError> {
     Ok(bytes as f64 / start.elapsed().as_secs_f64() / (1u64 << 30) as f64)
 }
 
-/// One first-pass cell: `ferry demo --idle` in a fresh process.
-fn first_pass(
-    a: &LinkArgs,
-    connections: &str,
-    fill: &str,
-    compress: &str,
-    cap: u64,
-    placement: &str,
-) -> Result<(f64, f64, bool), CmdError> {
+/// One first-pass cell to measure.
+struct FirstPass<'a> {
+    what: &'a str,
+    connections: usize,
+    fill: &'a str,
+    compress: &'a str,
+    cap_mib_s: u64,
+    /// The destination's `--placement`.
+    placement: &'a str,
+}
+
+impl FirstPass<'_> {
+    /// Measures it and compares with `raw` GiB/s of raw TCP from the same run.
+    fn measure(&self, a: &LinkArgs, raw: f64) -> Result<Cell, CmdError> {
+        eprintln!(
+            "ferry bench link: {}, {} connection(s), fill {}, compress {}, cap {} MiB/s, placement {} ...",
+            self.what, self.connections, self.fill, self.compress, self.cap_mib_s, self.placement
+        );
+        let (gib_s, wire_ratio, verified) = first_pass(a, self)?;
+        Ok(Cell {
+            what: self.what.into(),
+            connections: self.connections,
+            fill: self.fill.into(),
+            compress: self.compress.into(),
+            cap_mib_s: self.cap_mib_s,
+            gib_s,
+            wire_ratio,
+            vs_raw: gib_s / raw,
+            verified,
+        })
+    }
+}
+
+/// `ferry demo --idle` in a fresh process for one cell: (guest GiB/s, wire
+/// bytes per guest byte, verified).
+fn first_pass(a: &LinkArgs, c: &FirstPass<'_>) -> Result<(f64, f64, bool), CmdError> {
     let exe = std::env::current_exe()
         .map_err(|e| CmdError::Failed(format!("cannot find the ferry executable: {e}")))?;
     let half = (a.mem / 2).to_string();
@@ -173,10 +200,15 @@ fn first_pass(
             "--mem-per-vcpu",
             &half,
         ])
-        .args(["--connections", connections])
-        .args(["--fill", fill, "--compress", compress])
-        .args(["--bandwidth", &cap.to_string(), "--run-after", "0.2"])
-        .args(["--placement", placement])
+        .args(["--connections", &c.connections.to_string()])
+        .args(["--fill", c.fill, "--compress", c.compress])
+        .args([
+            "--bandwidth",
+            &c.cap_mib_s.to_string(),
+            "--run-after",
+            "0.2",
+        ])
+        .args(["--placement", c.placement])
         .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output()
@@ -219,42 +251,24 @@ pub fn run(a: &LinkArgs) -> Result<Report<LinkResults>, CmdError> {
             vs_raw: 1.0,
             verified: true,
         });
+        let cell = |what, fill, compress, placement| FirstPass {
+            what,
+            connections: n,
+            fill,
+            compress,
+            cap_mib_s: 0,
+            placement,
+        };
         // The destination's placement, compared in the same run: a plain
         // write after the kernel zeroed the page.
-        eprintln!("ferry bench link: first pass, {n} connection(s), placement by write ...");
-        let (gib_s, wire_ratio, verified) =
-            first_pass(a, &n.to_string(), "text", "none", 0, "write")?;
-        cells.push(Cell {
-            what: "first pass, write".into(),
-            connections: n,
-            fill: "text".into(),
-            compress: "none".into(),
-            cap_mib_s: 0,
-            gib_s,
-            wire_ratio,
-            vs_raw: gib_s / raw,
-            verified,
-        });
+        cells.push(cell("first pass, write", "text", "none", "write").measure(a, raw)?);
         for (fill, compress) in [
             ("zero", "none"),
             ("text", "none"),
             ("text", "lz4"),
             ("text", "zstd"),
         ] {
-            eprintln!("ferry bench link: first pass, {n} connection(s), fill {fill}, compress {compress} ...");
-            let (gib_s, wire_ratio, verified) =
-                first_pass(a, &n.to_string(), fill, compress, 0, "uffd")?;
-            cells.push(Cell {
-                what: "first pass".into(),
-                connections: n,
-                fill: fill.into(),
-                compress: compress.into(),
-                cap_mib_s: 0,
-                gib_s,
-                wire_ratio,
-                vs_raw: gib_s / raw,
-                verified,
-            });
+            cells.push(cell("first pass", fill, compress, "uffd").measure(a, raw)?);
         }
     }
     if a.cap_mib_s > 0 {
@@ -266,23 +280,15 @@ pub fn run(a: &LinkArgs) -> Result<Report<LinkResults>, CmdError> {
             .or(cells.first())
             .map_or(1.0, |c| c.gib_s);
         for compress in ["none", "zstd", "auto"] {
-            eprintln!(
-                "ferry bench link: first pass under a {} MiB/s cap, compress {compress} ...",
-                a.cap_mib_s
-            );
-            let (gib_s, wire_ratio, verified) =
-                first_pass(a, &n.to_string(), "text", compress, a.cap_mib_s, "uffd")?;
-            cells.push(Cell {
-                what: "first pass, capped".into(),
+            let capped = FirstPass {
+                what: "first pass, capped",
                 connections: n,
-                fill: "text".into(),
-                compress: compress.into(),
+                fill: "text",
+                compress,
                 cap_mib_s: a.cap_mib_s,
-                gib_s,
-                wire_ratio,
-                vs_raw: gib_s / raw,
-                verified,
-            });
+                placement: "uffd",
+            };
+            cells.push(capped.measure(a, raw)?);
         }
     }
     Ok(report(a, cells))
