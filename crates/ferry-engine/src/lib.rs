@@ -41,6 +41,8 @@ pub use precopy::{
 };
 pub use progress::{NoProgress, Phase, Progress};
 pub use summary::{MigrationSummary, ReceiveSummary, RoundKind, RoundStats, Status};
-pub use transport::{accept, connect, listen, Dial, Listen, TcpDialer, TransportError};
+pub use transport::{
+    accept, connect, listen, Dial, Listen, TcpDialer, TlsConfig, TlsError, TransportError,
+};
 pub use tunables::Tunables;
 pub use wire::{ExpectedVm, StreamError};

@@ -64,6 +64,8 @@ pub struct MigrationSummary {
     pub wire_version: u32,
     /// Data connections used.
     pub connections: usize,
+    /// Whether every connection ran mutual TLS.
+    pub tls: bool,
     /// Start of `migrate` to the commit (digest verified), or to the failure.
     /// The destination's guest report after the commit is not included.
     pub total_ms: f64,
@@ -120,6 +122,8 @@ pub struct ReceiveSummary {
     pub resume_ms: f64,
     /// Data connections the source opened.
     pub connections: usize,
+    /// Whether every connection ran mutual TLS.
+    pub tls: bool,
     /// Page-data bytes read from the data connections.
     pub bytes_received: u64,
     /// Pages received, counting repeats.

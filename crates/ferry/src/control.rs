@@ -7,6 +7,7 @@
 //!                                                    -> tunables, live, also mid-migration
 //!  {"cmd":"throttle","percent":50}                   -> vCPUs sleep 50% of each 10 ms
 //!  {"cmd":"migrate","to":"10.0.0.2:7070"}            -> the migration summary (blocks)
+//!      optional: connections, stall_timeout_s, compress, verify_before_resume, tls_dir
 //!  {"cmd":"cancel"}                                  -> cancels a migration in precopy
 //!  {"cmd":"stop"}                                    -> stops the VM and `ferry run`
 //! ```
@@ -49,6 +50,8 @@ pub enum Request {
         stall_timeout_s: Option<u64>,
         /// none, lz4, zstd or auto (default none).
         compress: Option<String>,
+        /// Mutual TLS with the material in this directory (default: none).
+        tls_dir: Option<std::path::PathBuf>,
     },
     Throttle {
         percent: u8,
@@ -186,6 +189,7 @@ fn handle(req: Request, shared: &Shared) -> Value {
             connections,
             stall_timeout_s,
             compress,
+            tls_dir,
         } => {
             let compression = match compress.as_deref().unwrap_or("none").parse() {
                 Ok(c) => c,
@@ -200,11 +204,16 @@ fn handle(req: Request, shared: &Shared) -> Value {
             if !(1..=3600).contains(&stall) {
                 return json!({"ok": false, "error": "stall_timeout_s must be 1 to 3600"});
             }
+            let tls = match crate::cmd::migrate::load_tls(tls_dir.as_deref()) {
+                Ok(t) => t,
+                Err(e) => return json!({"ok": false, "error": e.to_string()}),
+            };
             let link = LinkSettings {
                 connections,
                 compression,
                 stall_timeout: Duration::from_secs(stall),
                 verify_before_resume,
+                tls,
             };
             forward(shared, |reply| VmCommand::Migrate { to, link, reply })
         }

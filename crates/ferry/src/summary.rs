@@ -71,7 +71,12 @@ pub fn render(s: &MigrationSummary) -> String {
         ),
         (
             "wire / connections",
-            format!("v{}, 1 control + {} data", s.wire_version, s.connections),
+            format!(
+                "v{}, 1 control + {} data{}",
+                s.wire_version,
+                s.connections,
+                if s.tls { ", mutual TLS" } else { "" }
+            ),
         ),
         ("compression", compression(s)),
         ("total time", format!("{:.1} ms", s.total_ms)),

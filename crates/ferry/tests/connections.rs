@@ -59,3 +59,53 @@ fn four_connections_with_and_without_compression_on_both_backends() {
         assert!(counts[0].as_u64().unwrap() > 0, "{backend}: {j}");
     }
 }
+
+#[test]
+fn mutual_tls_on_both_backends() {
+    for backend in ["kvm", "soft"] {
+        if backend == "kvm" && !require_kvm("TLS on kvm") {
+            continue;
+        }
+        let out = run(&[
+            "demo",
+            "--json",
+            "--tls",
+            "--backend",
+            backend,
+            "--connections",
+            "2",
+            "--mem-per-vcpu",
+            "32M",
+            "--rate-limit",
+            "32",
+            "--warmup",
+            "0.3",
+        ]);
+        assert_no_panic(&out);
+        let j = last_json(&out);
+        assert_verified(&j, &format!("{backend} tls"));
+        assert_eq!(j["tls"], true, "{backend}: {j}");
+        assert_eq!(j["connections"], 2, "{backend}: {j}");
+    }
+}
+
+#[test]
+fn a_missing_tls_dir_is_refused_before_any_vm_boots() {
+    let out = run(&[
+        "migrate",
+        "--to",
+        "127.0.0.1:9",
+        "--backend",
+        "soft",
+        "--tls-dir",
+        "/nonexistent-ferry-tls-dir",
+    ]);
+    assert_no_panic(&out);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--tls-dir: cannot read /nonexistent-ferry-tls-dir/ca.pem"),
+        "{err}"
+    );
+    assert!(!err.contains("warming up"), "a VM booted: {err}");
+}

@@ -94,6 +94,7 @@ pub fn receive(
             status: Status::Failed,
             backend: header.config.backend.to_string(),
             connections,
+            tls: listener.tls(),
             total_ms: 0.0,
             resume_ms: 0.0,
             bytes_received: 0,

@@ -45,6 +45,7 @@ pub fn migrate(
         dirty_tracking: vm.dirty_tracking(),
         wire_version: VERSION,
         connections,
+        tls: dialer.tls(),
         total_ms: 0.0,
         downtime_ms: 0.0,
         dest_resume_ms: 0.0,

@@ -6,6 +6,7 @@
 //!   set       opening a migration's connections: preamble + Hello → Welcome | Error
 //!   health    the first failure of any thread, stall detection, shutting links down
 //!   control   the control connection: a reader thread, a shared writer, heartbeats
+//!   tls       mutual TLS on every connection (--tls-dir), and throwaway certificates
 //! ```
 //!
 //! A migration has one control connection and N data connections (see
@@ -19,11 +20,13 @@ pub mod control;
 pub mod health;
 pub mod set;
 pub mod tcp;
+pub mod tls;
 
 pub use control::{Control, Incoming};
 pub use health::{Health, Side};
 pub use set::{accept_channel, open_channel, Dial, Listen};
 pub use tcp::{accept, connect, listen, TcpDialer, TransportError};
+pub use tls::{TlsConfig, TlsDialer, TlsError, TlsListener};
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;

@@ -24,12 +24,20 @@ use std::time::{Duration, Instant};
 pub trait Dial: Sync {
     /// A new connection.
     fn dial(&self) -> Result<Box<dyn Link>, TransportError>;
+    /// Whether the connections are TLS (for the summary).
+    fn tls(&self) -> bool {
+        false
+    }
 }
 
 /// Where a destination waits for connections.
 pub trait Listen {
     /// The next connection; by `deadline` if one is given.
     fn accept_link(&self, deadline: Option<Instant>) -> Result<Box<dyn Link>, TransportError>;
+    /// Whether the connections are TLS (for the summary).
+    fn tls(&self) -> bool {
+        false
+    }
 }
 
 /// Source side: dials one connection and introduces it as `hello`. Waits at

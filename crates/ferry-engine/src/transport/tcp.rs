@@ -61,6 +61,14 @@ pub enum TransportError {
         /// How long we waited.
         secs: u64,
     },
+    /// The TLS handshake failed, or the peer does not speak TLS.
+    #[error("TLS with {peer}: {reason}")]
+    Tls {
+        /// The peer.
+        peer: String,
+        /// What went wrong, in words.
+        reason: String,
+    },
     /// Setting a socket option failed.
     #[error("cannot set up the connection to {addr}")]
     Setup {
@@ -133,46 +141,55 @@ impl Dial for TcpDialer {
 
 impl Listen for TcpListener {
     fn accept_link(&self, deadline: Option<Instant>) -> Result<Box<dyn Link>, TransportError> {
-        let Some(deadline) = deadline else {
-            return Ok(Box::new(accept(self)?.0));
-        };
-        let name = self
-            .local_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| "the listener".into());
-        let setup = |source| TransportError::Setup {
-            addr: name.clone(),
-            source,
-        };
-        self.set_nonblocking(true).map_err(setup)?;
-        let started = Instant::now();
-        let got = loop {
-            match self.accept() {
-                Ok((s, peer)) => break Ok((s, peer)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        break Err(TransportError::AcceptTimeout {
-                            addr: name.clone(),
-                            secs: started.elapsed().as_secs(),
-                        });
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    break Err(TransportError::Listen {
-                        addr: name.clone(),
-                        source,
-                    })
-                }
-            }
-        };
-        self.set_nonblocking(false).map_err(setup)?;
-        let (s, peer) = got?;
-        s.set_nonblocking(false).map_err(setup)?;
-        prepare(&s, &peer.to_string())?;
-        Ok(Box::new(s))
+        Ok(Box::new(accept_by(self, deadline)?))
     }
+}
+
+/// Accepts one connection on `listener` like [`accept`], giving up at
+/// `deadline` if one is given.
+pub fn accept_by(
+    listener: &TcpListener,
+    deadline: Option<Instant>,
+) -> Result<TcpStream, TransportError> {
+    let Some(deadline) = deadline else {
+        return Ok(accept(listener)?.0);
+    };
+    let name = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "the listener".into());
+    let setup = |source| TransportError::Setup {
+        addr: name.clone(),
+        source,
+    };
+    listener.set_nonblocking(true).map_err(setup)?;
+    let started = Instant::now();
+    let got = loop {
+        match listener.accept() {
+            Ok((s, peer)) => break Ok((s, peer)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    break Err(TransportError::AcceptTimeout {
+                        addr: name.clone(),
+                        secs: started.elapsed().as_secs(),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(source) => {
+                break Err(TransportError::Listen {
+                    addr: name.clone(),
+                    source,
+                })
+            }
+        }
+    };
+    listener.set_nonblocking(false).map_err(setup)?;
+    let (s, peer) = got?;
+    s.set_nonblocking(false).map_err(setup)?;
+    prepare(&s, &peer.to_string())?;
+    Ok(s)
 }
 
 impl Link for TcpStream {

@@ -99,6 +99,10 @@ impl<S: Read + Write> FrameStream<S> {
                     what: "the stream preamble",
                 });
             }
+            // A TLS record header: a handshake (22) of TLS major version 3.
+            if got >= 2 && p[0] == 22 && p[1] == 3 {
+                return Err(StreamError::TlsPeer);
+            }
             return Err(StreamError::BadMagic { found: magic });
         }
         if got < PREAMBLE_LEN {

@@ -97,6 +97,9 @@ pub enum StreamError {
         /// What was there instead.
         found: [u8; 8],
     },
+    /// The peer opened with a TLS handshake, and this side does not use TLS.
+    #[error("the peer speaks TLS, and this side was started without --tls-dir")]
+    TlsPeer,
     /// No format version both ends speak.
     #[error("the peer speaks stream version {}, this ferry speaks {}", versions(*.peer_min, *.peer_max), versions(MIN_VERSION, VERSION))]
     Version {

@@ -7,7 +7,9 @@ use super::CmdError;
 use crate::args::{BackendArgs, WorkloadArgs};
 use crate::vms;
 use clap::Args;
+use ferry_backend::error_chain as chain;
 use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
 
 /// Arguments of `ferry demo`.
@@ -31,6 +33,30 @@ pub struct DemoArgs {
     /// How the destination places received pages (see `ferry receive --help`).
     #[arg(long, default_value = "uffd", value_parser = ["uffd", "write"])]
     pub placement: String,
+    /// Run every connection over mutual TLS, with a throwaway CA and
+    /// certificate written for this run (or the ones in --tls-dir).
+    #[arg(long)]
+    pub tls: bool,
+}
+
+/// Throwaway TLS material for one demo, removed when the demo ends.
+struct DemoCerts(PathBuf);
+
+impl DemoCerts {
+    fn write() -> Result<Self, CmdError> {
+        let dir = std::env::temp_dir().join(format!("ferry-demo-tls-{}", std::process::id()));
+        // A leftover of an earlier demo with this pid is ours to replace.
+        let _ = std::fs::remove_dir_all(&dir);
+        ferry_engine::transport::tls::pki::write_throwaway(&dir, &[])
+            .map_err(|e| CmdError::Failed(chain(&e)))?;
+        Ok(DemoCerts(dir))
+    }
+}
+
+impl Drop for DemoCerts {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The demo's per-vCPU write cap when the user sets none.
@@ -56,6 +82,15 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     let config = a.backend.config(workload);
     // Refuse a guest this host cannot hold before starting anything.
     ferry_backend::admission::admit(&config).map_err(ferry_backend::BackendError::from)?;
+    let mut a = a;
+    let _certs = if a.tls && a.migration.tls_dir.is_none() {
+        let certs = DemoCerts::write()?;
+        a.migration.tls_dir = Some(certs.0.clone());
+        Some(certs)
+    } else {
+        None
+    };
+    let link = a.migration.link()?;
     let mut dest = spawn_destination(&a)?;
     let addr = read_listen_address(&mut dest)?;
     if !a.migration.json {
@@ -75,7 +110,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
         );
     }
     let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
-    let summary = boot_and_migrate(&mut *vm, &addr, &a.migration)?;
+    let summary = boot_and_migrate(&mut *vm, &addr, &a.migration, link)?;
     let status = dest
         .0
         .wait()
@@ -102,6 +137,9 @@ fn spawn_destination(a: &DemoArgs) -> Result<Destination, CmdError> {
         .stderr(Stdio::inherit());
     if a.migration.verify_before_resume {
         cmd.arg("--verify-before-resume");
+    }
+    if let Some(dir) = &a.migration.tls_dir {
+        cmd.arg("--tls-dir").arg(dir);
     }
     let child = cmd
         .spawn()

@@ -10,7 +10,9 @@ use ferry_backend::error_chain as chain;
 use ferry_backend::memstress::{read_progress, set_write_percent};
 use ferry_backend::Vm;
 use ferry_engine::precopy::Compression;
-use ferry_engine::{MigrationSummary, PrecopyOptions, Status, TcpDialer, Tunables};
+use ferry_engine::{
+    Dial, MigrationSummary, PrecopyOptions, Status, TcpDialer, TlsConfig, Tunables,
+};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -45,6 +47,11 @@ pub struct MigrationArgs {
     /// chose). Pair with --fill text or random for honest figures.
     #[arg(long, default_value = "none", value_parser = clap::value_parser!(Compression))]
     pub compress: Compression,
+    /// Mutual TLS on every connection, with `ca.pem`, `cert.pem` and `key.pem`
+    /// from this directory (`ferry certs DIR` writes a throwaway set). The
+    /// destination's certificate must name the host in --to.
+    #[arg(long = "tls-dir", value_name = "DIR")]
+    pub tls_dir: Option<std::path::PathBuf>,
     /// Seconds the guest runs before migration starts (at least until every
     /// vCPU has finished one pass).
     #[arg(long, default_value_t = 1.0)]
@@ -72,7 +79,7 @@ pub fn parse_connections(s: &str) -> Result<usize, String> {
 }
 
 /// How a migration reaches its destination.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct LinkSettings {
     /// Data connections.
     pub connections: usize,
@@ -82,18 +89,30 @@ pub struct LinkSettings {
     pub stall_timeout: Duration,
     /// Verify the digest before the destination resumes.
     pub verify_before_resume: bool,
+    /// Mutual TLS, if asked for.
+    pub tls: Option<TlsConfig>,
 }
 
 impl MigrationArgs {
-    /// The link settings these arguments ask for.
-    pub fn link(&self) -> LinkSettings {
-        LinkSettings {
+    /// The link settings these arguments ask for; loads the TLS material,
+    /// so a bad --tls-dir is refused before any VM boots.
+    pub fn link(&self) -> Result<LinkSettings, CmdError> {
+        Ok(LinkSettings {
             connections: self.connections,
             compression: self.compress,
             stall_timeout: Duration::from_secs(self.stall_timeout_s),
             verify_before_resume: self.verify_before_resume,
-        }
+            tls: load_tls(self.tls_dir.as_deref())?,
+        })
     }
+}
+
+/// Loads `--tls-dir`, if given.
+pub fn load_tls(dir: Option<&std::path::Path>) -> Result<Option<TlsConfig>, CmdError> {
+    dir.map(|d| {
+        TlsConfig::load(d).map_err(|e| CmdError::Usage(format!("--tls-dir: {}", chain(&e))))
+    })
+    .transpose()
 }
 
 /// Arguments of `ferry migrate`.
@@ -118,10 +137,11 @@ pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
     if let Some(path) = &a.control {
         return via_control(path, &a);
     }
+    let link = a.migration.link()?;
     let workload = a.workload.workload().map_err(CmdError::Usage)?;
     let config = a.backend.config(workload);
     let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
-    let summary = boot_and_migrate(&mut *vm, &a.to, &a.migration)?;
+    let summary = boot_and_migrate(&mut *vm, &a.to, &a.migration, link)?;
     Ok(finish(&mut *vm, &summary, a.migration.json))
 }
 
@@ -141,6 +161,7 @@ fn via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdE
         "connections": a.migration.connections,
         "stall_timeout_s": a.migration.stall_timeout_s,
         "compress": a.migration.compress.to_string(),
+        "tls_dir": a.migration.tls_dir,
     });
     let reply = crate::control::request(path, &req).map_err(|e| CmdError::Failed(chain(&e)))?;
     if a.migration.json {
@@ -177,6 +198,7 @@ pub fn boot_and_migrate(
     vm: &mut dyn Vm,
     to: &str,
     m: &MigrationArgs,
+    link: LinkSettings,
 ) -> Result<MigrationSummary, CmdError> {
     if !(0.0..=3600.0).contains(&m.warmup) {
         return Err(CmdError::Usage("--warmup must be 0 to 3600 seconds".into()));
@@ -191,7 +213,7 @@ pub fn boot_and_migrate(
     tunables.set_downtime_target(Duration::from_millis(m.downtime_ms));
     tunables.set_max_rounds(m.max_rounds);
     tunables.set_bandwidth_bytes_per_sec(m.bandwidth_mib_s << 20);
-    Ok(migrate_running(vm, to, tunables, m.link()))
+    Ok(migrate_running(vm, to, tunables, link))
 }
 
 /// Migrates a running VM to `to`. Never fails: a failure is a summary with
@@ -211,9 +233,19 @@ pub fn migrate_running(
         ..PrecopyOptions::default()
     };
     let started = Instant::now();
+    let dialer: Box<dyn Dial> = match &link.tls {
+        None => Box::new(TcpDialer(to.to_string())),
+        Some(tls) => match tls.dialer(to) {
+            Ok(d) => Box::new(d),
+            Err(e) => {
+                let error = chain(&e);
+                eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
+                return failed_summary(vm, link, started.elapsed(), error);
+            }
+        },
+    };
     let bar = MigrationBar::new(std::io::stderr().is_terminal());
-    let result =
-        ferry_engine::migrate(vm, &TcpDialer(to.to_string()), &opts, &bar).map_err(|e| chain(&e));
+    let result = ferry_engine::migrate(vm, &*dialer, &opts, &bar).map_err(|e| chain(&e));
     bar.finish();
     result.unwrap_or_else(|error| {
         eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
@@ -234,6 +266,7 @@ fn failed_summary(
         dirty_tracking: vm.dirty_tracking(),
         wire_version: ferry_engine::wire::VERSION,
         connections: link.connections,
+        tls: link.tls.is_some(),
         total_ms: took.as_secs_f64() * 1e3,
         downtime_ms: 0.0,
         pause_ms: 0.0,

@@ -1,6 +1,7 @@
 //! Subcommands.
 
 mod bench;
+mod certs;
 mod demo;
 pub(crate) mod migrate;
 mod receive;
@@ -38,6 +39,8 @@ pub enum Command {
     Receive(receive::ReceiveArgs),
     /// Boot a VM with the memstress guest and migrate it to a `ferry receive`.
     Migrate(migrate::MigrateArgs),
+    /// Write a throwaway CA and certificate for --tls-dir (tests and demos).
+    Certs(certs::CertsArgs),
     /// Run an experiment (dirty-log, zap, write-protect).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -50,6 +53,7 @@ pub fn run(command: Command) -> Result<ExitCode, CmdError> {
         Command::Run(a) => run::run(a),
         Command::Receive(a) => receive::run(a),
         Command::Migrate(a) => migrate::run(a),
+        Command::Certs(a) => certs::run(a),
         Command::Bench(b) => bench::run(b),
     }
 }

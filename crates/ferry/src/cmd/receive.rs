@@ -9,7 +9,7 @@ use ferry_backend::memstress::read_progress;
 use ferry_backend::types::human_bytes;
 use ferry_backend::{error_chain as chain, BackendError, Vm, VmConfig};
 use ferry_engine::precopy::Placement;
-use ferry_engine::{ExpectedVm, ReceiveOptions};
+use ferry_engine::{ExpectedVm, Listen, ReceiveOptions};
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -45,6 +45,11 @@ pub struct ReceiveArgs {
     /// hugetlb) or write (a plain copy, after the kernel zeroes the page).
     #[arg(long, default_value = "uffd", value_parser = clap::value_parser!(Placement))]
     pub placement: Placement,
+    /// Mutual TLS: accept only sources with a certificate from `ca.pem` in
+    /// this directory, and serve `cert.pem` / `key.pem` (`ferry certs DIR`
+    /// writes a throwaway set). Plaintext sources are refused.
+    #[arg(long = "tls-dir", value_name = "DIR")]
+    pub tls_dir: Option<std::path::PathBuf>,
     /// Exit after reporting instead of running the guest on.
     #[arg(long = "exit-after-report")]
     pub exit_after_report: bool,
@@ -59,16 +64,20 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
             "--run-after must be 0 to 3600 seconds".into(),
         ));
     }
-    let listener =
-        ferry_engine::listen(a.listen.as_str()).map_err(|e| CmdError::Failed(chain(&e)))?;
-    let local = listener
+    let tls = crate::cmd::migrate::load_tls(a.tls_dir.as_deref())?;
+    let tcp = ferry_engine::listen(a.listen.as_str()).map_err(|e| CmdError::Failed(chain(&e)))?;
+    let local = tcp
         .local_addr()
         .map_err(|e| CmdError::Failed(format!("cannot read the listening address: {e}")))?;
+    let listener: Box<dyn Listen> = match &tls {
+        Some(t) => Box::new(t.listener(tcp)),
+        None => Box::new(tcp),
+    };
     // The demo (and scripts) read this line to learn the port.
     println!("listening on {local}");
     std::io::stdout().flush().ok();
     let incoming =
-        ferry_engine::await_migration(&listener).map_err(|e| CmdError::Failed(chain(&e)))?;
+        ferry_engine::await_migration(&*listener).map_err(|e| CmdError::Failed(chain(&e)))?;
     eprintln!(
         "ferry receive: migration from {} over {} data connection(s)",
         incoming.peer(),
@@ -105,7 +114,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         cfg.backing = backend.backing();
         vms::create(&cfg, &backend, vms::Role::Destination)
     };
-    let (mut vm, summary) = ferry_engine::receive(incoming, &listener, &mut create, &opts)
+    let (mut vm, summary) = ferry_engine::receive(incoming, &*listener, &mut create, &opts)
         .map_err(|e| CmdError::Failed(chain(&e)))?;
     eprintln!(
         "ferry receive: {:?}: resumed in {:.1} ms, digest {}, {} passes after switchover, mismatches {} before / {} after",
