@@ -40,7 +40,7 @@ pub use precopy::{
     await_migration, migrate, receive, IncomingMigration, PrecopyOptions, ReceiveOptions,
 };
 pub use progress::{NoProgress, Phase, Progress};
-pub use summary::{MigrationSummary, ReceiveSummary, RoundKind, RoundStats, Status};
+pub use summary::{DeltaSummary, MigrationSummary, ReceiveSummary, RoundKind, RoundStats, Status};
 pub use transport::{
     accept, connect, listen, Dial, Listen, TcpDialer, TlsConfig, TlsError, TransportError,
 };

@@ -52,6 +52,19 @@ pub struct RoundStats {
 }
 
 /// The source's account of a migration.
+/// How delta re-sends went.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeltaSummary {
+    /// Bytes of the source's cache of last-sent pages.
+    pub cache_bytes: u64,
+    /// Dirty-round pages sent as a delta.
+    pub pages: u64,
+    /// Dirty-round pages sent whole (not cached, or changed too much).
+    pub misses: u64,
+    /// Bytes of the delta entries, against 4096 per page sent whole.
+    pub bytes: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MigrationSummary {
     /// "completed" or "failed".
@@ -89,6 +102,8 @@ pub struct MigrationSummary {
     pub compression: String,
     /// Page batches sent raw, with lz4, and with zstd (what `auto` chose).
     pub batches_by_codec: [u64; 3],
+    /// Delta re-sends (`--delta`), if on.
+    pub delta: Option<DeltaSummary>,
     /// Every round, the final one last.
     pub rounds: Vec<RoundStats>,
     /// Whether source and destination memory digests matched.

@@ -20,22 +20,30 @@ use std::time::{Duration, Instant};
 #[test]
 fn four_connections_carry_every_round_and_verify() {
     for compression in ["none", "lz4", "zstd", "auto"] {
-        four_connections(compression.parse().unwrap());
+        four_connections(compression.parse().unwrap(), false);
     }
 }
 
-fn four_connections(compression: Compression) {
+#[test]
+fn four_connections_with_delta_resends_verify() {
+    for compression in ["none", "zstd"] {
+        four_connections(compression.parse().unwrap(), true);
+    }
+}
+
+fn four_connections(compression: Compression, delta: bool) {
     let (to, dest) = spawn_receiver(quick_receive());
     let mut src = running_source();
     let opts = PrecopyOptions {
         connections: 4,
         batch_pages: 16,
         compression,
+        delta_cache_bytes: if delta { 1 << 20 } else { 0 },
         ..PrecopyOptions::default()
     };
     // Dirty rounds: every round's batches spread over the four connections.
     opts.tunables.set_downtime_target(Duration::ZERO);
-    opts.tunables.set_max_rounds(5);
+    opts.tunables.set_max_rounds(if delta { 6 } else { 5 });
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Status::Completed, "{summary:?}");
@@ -47,6 +55,12 @@ fn four_connections(compression: Compression) {
     assert_eq!(sent, dsum.pages_received);
     let data: u64 = summary.rounds.iter().map(|r| r.bytes).sum();
     assert_eq!(data, dsum.bytes_received, "every page byte arrived");
+    match &summary.delta {
+        // The guest rewrites an 8-byte stamp per page: re-sent pages become
+        // deltas (a 1 MiB cache holds a quarter of its 4 MiB).
+        Some(d) => assert!(d.pages > 0 && d.bytes < d.pages * 64, "{d:?}"),
+        None => assert!(!delta),
+    }
     assert!(dvm.is_running());
     let [raw, lz4, zstd] = summary.batches_by_codec;
     match compression {

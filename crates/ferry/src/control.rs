@@ -7,7 +7,8 @@
 //!                                                    -> tunables, live, also mid-migration
 //!  {"cmd":"throttle","percent":50}                   -> vCPUs sleep 50% of each 10 ms
 //!  {"cmd":"migrate","to":"10.0.0.2:7070"}            -> the migration summary (blocks)
-//!      optional: connections, stall_timeout_s, compress, verify_before_resume, tls_dir
+//!      optional: connections, stall_timeout_s, compress, verify_before_resume, tls_dir,
+//!      delta_cache_mib
 //!  {"cmd":"cancel"}                                  -> cancels a migration in precopy
 //!  {"cmd":"stop"}                                    -> stops the VM and `ferry run`
 //! ```
@@ -52,6 +53,8 @@ pub enum Request {
         compress: Option<String>,
         /// Mutual TLS with the material in this directory (default: none).
         tls_dir: Option<std::path::PathBuf>,
+        /// MiB of delta cache for re-sent pages (default 0: off).
+        delta_cache_mib: Option<u64>,
     },
     Throttle {
         percent: u8,
@@ -190,6 +193,7 @@ fn handle(req: Request, shared: &Shared) -> Value {
             stall_timeout_s,
             compress,
             tls_dir,
+            delta_cache_mib,
         } => {
             let compression = match compress.as_deref().unwrap_or("none").parse() {
                 Ok(c) => c,
@@ -214,6 +218,7 @@ fn handle(req: Request, shared: &Shared) -> Value {
                 stall_timeout: Duration::from_secs(stall),
                 verify_before_resume,
                 tls,
+                delta_cache_bytes: delta_cache_mib.unwrap_or(0).saturating_mul(1 << 20),
             };
             forward(shared, |reply| VmCommand::Migrate { to, link, reply })
         }

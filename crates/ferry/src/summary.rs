@@ -34,6 +34,22 @@ fn compression(s: &MigrationSummary) -> String {
     )
 }
 
+/// "off", or pages sent as deltas and what they cost.
+fn delta(s: &MigrationSummary) -> String {
+    let Some(d) = &s.delta else {
+        return "off".into();
+    };
+    let whole = d.pages * 4096;
+    format!(
+        "{} of {} re-sent pages as deltas ({} instead of {}), {} cache",
+        d.pages,
+        d.pages + d.misses,
+        ferry_backend::types::human_bytes(d.bytes),
+        ferry_backend::types::human_bytes(whole),
+        ferry_backend::types::human_bytes(d.cache_bytes)
+    )
+}
+
 /// The summary as tables.
 pub fn render(s: &MigrationSummary) -> String {
     let mut rounds = Table::new(
@@ -79,6 +95,7 @@ pub fn render(s: &MigrationSummary) -> String {
             ),
         ),
         ("compression", compression(s)),
+        ("delta re-sends", delta(s)),
         ("total time", format!("{:.1} ms", s.total_ms)),
         ("downtime", format!("{:.1} ms", s.downtime_ms)),
         (

@@ -109,3 +109,42 @@ fn a_missing_tls_dir_is_refused_before_any_vm_boots() {
     );
     assert!(!err.contains("warming up"), "a VM booted: {err}");
 }
+
+#[test]
+fn delta_resends_over_four_connections_on_both_backends() {
+    for backend in ["kvm", "soft"] {
+        if backend == "kvm" && !require_kvm("delta re-sends on kvm") {
+            continue;
+        }
+        // A 1 ms downtime target keeps precopy in dirty rounds until the
+        // round cap, so pages go again and again.
+        let out = run(&[
+            "demo",
+            "--json",
+            "--backend",
+            backend,
+            "--connections",
+            "4",
+            "--compress",
+            "lz4",
+            "--delta",
+            "--fill",
+            "text",
+            "--mem-per-vcpu",
+            "16M",
+            "--rate-limit",
+            "64",
+            "--downtime-ms",
+            "1",
+            "--max-rounds",
+            "6",
+            "--warmup",
+            "0.3",
+        ]);
+        assert_no_panic(&out);
+        let j = last_json(&out);
+        assert_verified(&j, &format!("{backend} delta"));
+        let pages = j["delta"]["pages"].as_u64().unwrap_or(0);
+        assert!(pages > 0, "{backend}: no page went as a delta: {j}");
+    }
+}

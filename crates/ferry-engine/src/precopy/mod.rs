@@ -52,6 +52,7 @@
 //! reports it gives the peer's reason when the peer gave one.
 
 mod compression;
+mod delta;
 mod destination;
 mod receivers;
 mod senders;
@@ -93,6 +94,8 @@ pub struct PrecopyOptions {
     pub stall_timeout: Duration,
     /// Compression of page batches.
     pub compression: Compression,
+    /// Bytes of last-sent pages kept to re-send pages as deltas (0: off).
+    pub delta_cache_bytes: u64,
 }
 
 impl Default for PrecopyOptions {
@@ -104,6 +107,7 @@ impl Default for PrecopyOptions {
             connections: 1,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             compression: Compression::None,
+            delta_cache_bytes: 0,
         }
     }
 }

@@ -20,6 +20,7 @@ use crate::digest::{page_hash, zero_page_hash, PageHashes};
 use crate::error::MigrationError;
 use crate::transport::{Channel, Health};
 use crate::wire::compress::decompress;
+use crate::wire::delta::{self, decode_delta, DeltaView};
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::pages::Segment;
 use crate::wire::{decode_batch, BatchView, FrameKind, Message, StreamError};
@@ -136,6 +137,37 @@ impl Loaded {
             i += done;
         }
         Ok(())
+    }
+
+    /// Applies a Delta frame's pages to the copies placed before; returns
+    /// how many it had. A delta for a page this side does not hold as sent
+    /// data is refused (it never reads a page that is not there: with
+    /// placement by copy, that read would wait for ever).
+    fn apply_delta(&self, view: &DeltaView<'_>, scratch: &mut Vec<u8>) -> Result<u64, String> {
+        scratch.resize(PAGE_SIZE, 0);
+        for (gfn, delta) in view.entries() {
+            let held = self.received.contains(gfn)
+                && self.present.contains(gfn)
+                && !self.known_zero.contains(gfn);
+            if !held {
+                return Err(format!(
+                    "delta for gfn {:#x}, which this side never received as data",
+                    gfn.0
+                ));
+            }
+            self.ram
+                .read_pages(gfn, scratch)
+                .map_err(|e| format!("cannot read guest memory: {e}"))?;
+            delta::apply(scratch, delta).map_err(|e| format!("gfn {:#x}: {e}", gfn.0))?;
+            self.ram
+                .write_pages(gfn, scratch)
+                .map_err(|e| format!("cannot write guest memory: {e}"))?;
+            self.hashes.set(gfn, page_hash(scratch));
+        }
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.pages_received
+            .fetch_add(view.pages() as u64, Ordering::Relaxed);
+        Ok(view.pages() as u64)
     }
 
     /// Waits until every data connection has ended `round`.
@@ -276,6 +308,7 @@ fn receive_loop(
     let mut round = 0u32;
     let mut pages_this_round = 0u64;
     let mut unpacked = Vec::new();
+    let mut scratch = Vec::new();
     while let Some((kind, offset)) = io.read_frame_or_end()? {
         health.add_data_bytes((FRAME_HEADER_LEN + io.payload().len()) as u64);
         match kind {
@@ -305,6 +338,31 @@ fn receive_loop(
                 }
                 pages_this_round += loaded.apply(&batch)?;
             }
+            FrameKind::Delta => {
+                let malformed = |reason| StreamError::Malformed {
+                    kind: FrameKind::Delta,
+                    offset,
+                    reason,
+                };
+                let payload = match io.flags() {
+                    0 => io.payload(),
+                    flags => {
+                        decompress(flags, io.payload(), &mut unpacked).map_err(malformed)?;
+                        &unpacked
+                    }
+                };
+                let view = decode_delta(payload, loaded.pages).map_err(malformed)?;
+                if view.round != round || round == 0 {
+                    return Err(MigrationError::Refused(format!(
+                        "data connection {name} carried a round-{} delta in round {round}",
+                        view.round
+                    )));
+                }
+                loaded.wait_round(round - 1, health)?;
+                pages_this_round += loaded
+                    .apply_delta(&view, &mut scratch)
+                    .map_err(malformed)?;
+            }
             FrameKind::RoundEnd => match Message::decode(kind, io.payload(), offset)? {
                 Message::RoundEnd { round: r, pages } if r == round => {
                     if pages != pages_this_round {
@@ -325,7 +383,7 @@ fn receive_loop(
             },
             got => {
                 return Err(MigrationError::Protocol {
-                    expected: "Pages or RoundEnd on a data connection",
+                    expected: "Pages, Delta or RoundEnd on a data connection",
                     got,
                     offset,
                 })

@@ -17,10 +17,13 @@
 //! engine thread sees it at its next batch.
 
 use super::compression::{Chooser, Compression};
+use super::delta::DeltaCache;
 use crate::error::MigrationError;
+use crate::summary::DeltaSummary;
 use crate::transport::{Channel, Health};
 use crate::tunables::TokenBucket;
 use crate::wire::compress::{Codec, Compressor};
+use crate::wire::delta::DeltaBatch;
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::{FrameKind, Message, PageBatch};
 use std::net::Shutdown;
@@ -76,6 +79,7 @@ struct Shared {
     bucket: Mutex<TokenBucket>,
     stats: Arc<SendStats>,
     compression: Compression,
+    delta: Option<DeltaCache>,
 }
 
 /// The sender threads of one migration.
@@ -88,6 +92,7 @@ pub(super) struct Senders {
     next: usize,
     flushed: Flushed,
     health: Arc<Health>,
+    shared: Arc<Shared>,
     /// How the batches went.
     pub stats: Arc<SendStats>,
 }
@@ -98,6 +103,7 @@ impl Senders {
         links: Vec<Channel>,
         batch_pages: usize,
         compression: Compression,
+        delta: Option<DeltaCache>,
         bucket: TokenBucket,
         health: Arc<Health>,
     ) -> Result<Self, MigrationError> {
@@ -110,6 +116,7 @@ impl Senders {
             bucket: Mutex::new(bucket),
             stats: Arc::clone(&stats),
             compression,
+            delta,
         });
         let mut lanes = Vec::new();
         let mut handles = Vec::new();
@@ -132,7 +139,18 @@ impl Senders {
             next: 0,
             flushed,
             health,
+            shared,
             stats,
+        })
+    }
+
+    /// How delta re-sends went, if on.
+    pub fn delta_summary(&self) -> Option<DeltaSummary> {
+        self.shared.delta.as_ref().map(|d| DeltaSummary {
+            cache_bytes: d.bytes(),
+            pages: d.hits.load(Ordering::Relaxed),
+            misses: d.misses.load(Ordering::Relaxed),
+            bytes: d.delta_bytes.load(Ordering::Relaxed),
         })
     }
 
@@ -239,10 +257,30 @@ fn send_loop(
     let mut chooser = Chooser::new(shared.compression);
     let mut compressor = Compressor::default();
     let mut packed = Vec::new();
+    let mut deltas = DeltaBatch::default();
     let result = (|| -> Result<(), MigrationError> {
         for job in jobs.iter() {
             match job {
                 Job::Batch(mut b) => {
+                    if let Some(cache) = shared.delta.as_ref().filter(|_| b.round() > 0) {
+                        deltas.begin(b.round());
+                        cache.split(&mut b, &mut deltas);
+                        if !deltas.is_empty() {
+                            let wire = FRAME_HEADER_LEN + deltas.payload().len();
+                            shared
+                                .bucket
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .consume(wire as u64);
+                            io.write_frame(FrameKind::Delta, &[deltas.payload()])?;
+                            health.add_data_bytes(wire as u64);
+                        }
+                        if b.is_empty() {
+                            b.clear();
+                            let _ = free.send(b);
+                            continue;
+                        }
+                    }
                     let raw = b.payload_len();
                     let started = Instant::now();
                     let picked = chooser.pick();

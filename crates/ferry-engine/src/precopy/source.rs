@@ -1,6 +1,7 @@
 //! The sending side: handshake, rounds and convergence (switchover is in
 //! `switchover.rs`).
 
+use super::delta::DeltaCache;
 use super::senders::Senders;
 use super::{unexpected, PrecopyOptions, MAX_CONNECTIONS};
 use crate::error::MigrationError;
@@ -56,6 +57,7 @@ pub fn migrate(
         bytes_sent: 0,
         compression: opts.compression.to_string(),
         batches_by_codec: [0; 3],
+        delta: None,
         rounds: Vec::new(),
         digest_match: false,
         digest_checked: false,
@@ -105,6 +107,7 @@ pub fn migrate(
     src.summary.bytes_sent = src.health.data_bytes() + src.ctl.bytes_sent();
     if let Some(s) = &src.senders {
         src.summary.batches_by_codec = s.stats.counts();
+        src.summary.delta = s.delta_summary();
     }
     progress.phase(Phase::Done);
     match result {
@@ -184,6 +187,7 @@ impl Source<'_> {
             links,
             self.opts.batch_pages,
             self.opts.compression,
+            (self.opts.delta_cache_bytes > 0).then(|| DeltaCache::new(self.opts.delta_cache_bytes)),
             TokenBucket::new(Arc::clone(&self.opts.tunables)),
             Arc::clone(&self.health),
         )?);

@@ -252,7 +252,7 @@ impl Message {
                     pages: u64_at(payload, 8),
                 }
             }
-            FrameKind::Header | FrameKind::Pages | FrameKind::VcpuState => {
+            FrameKind::Header | FrameKind::Pages | FrameKind::Delta | FrameKind::VcpuState => {
                 return Err(bad("not a control message here".into()))
             }
         })

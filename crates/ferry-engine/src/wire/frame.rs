@@ -44,6 +44,9 @@ pub enum FrameKind {
     /// Source → destination on each data connection: a round is complete
     /// on this connection, with the pages it carried there.
     RoundEnd = 14,
+    /// Source → destination on a data connection: pages sent again as what
+    /// changed since the copy the destination holds (see [`super::delta`]).
+    Delta = 15,
 }
 
 impl FrameKind {
@@ -65,6 +68,7 @@ impl FrameKind {
             12 => Welcome,
             13 => Heartbeat,
             14 => RoundEnd,
+            15 => Delta,
             _ => return None,
         })
     }
@@ -87,6 +91,7 @@ impl FrameKind {
             Welcome => "Welcome",
             Heartbeat => "Heartbeat",
             RoundEnd => "RoundEnd",
+            Delta => "Delta",
         }
     }
 }
@@ -217,7 +222,7 @@ pub fn verify(
     let kind = head.kind()?;
     let flags_ok = match raw_head[1] {
         0 => true,
-        FLAG_LZ4 | FLAG_ZSTD => kind == FrameKind::Pages,
+        FLAG_LZ4 | FLAG_ZSTD => matches!(kind, FrameKind::Pages | FrameKind::Delta),
         _ => false,
     };
     if !flags_ok || raw_head[2..4] != [0, 0] {

@@ -53,6 +53,7 @@
 pub mod channel;
 pub mod compress;
 pub mod control;
+pub mod delta;
 pub mod frame;
 pub mod header;
 pub mod pages;

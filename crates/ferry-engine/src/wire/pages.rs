@@ -93,6 +93,30 @@ impl PageBatch {
     /// Finds zero pages, builds the round, run table and bitmap, and packs
     /// the non-zero pages to the front of the data buffer.
     pub fn seal(&mut self, round: u32) {
+        let mut zero = Vec::with_capacity(self.pages);
+        let mut out = 0;
+        for i in 0..self.pages {
+            let at = i * PAGE_SIZE;
+            let z = is_zero_page(&self.data[at..at + PAGE_SIZE]);
+            if !z {
+                if out != i {
+                    self.data.copy_within(at..at + PAGE_SIZE, out * PAGE_SIZE);
+                }
+                out += 1;
+            }
+            zero.push(z);
+        }
+        self.data_pages = out;
+        self.write_head(round, &zero);
+    }
+
+    /// The round of a sealed batch.
+    pub fn round(&self) -> u32 {
+        u32::from_le_bytes([self.head[0], self.head[1], self.head[2], self.head[3]])
+    }
+
+    /// Round, run table and zero bitmap for the current runs.
+    fn write_head(&mut self, round: u32, zero: &[bool]) {
         self.head.clear();
         self.head.extend_from_slice(&round.to_le_bytes());
         self.head
@@ -102,21 +126,51 @@ impl PageBatch {
             self.head.extend_from_slice(&n.to_le_bytes());
         }
         let bitmap_at = self.head.len();
-        self.head.resize(bitmap_at + self.pages.div_ceil(8), 0);
-        let mut out = 0;
-        for i in 0..self.pages {
-            let at = i * PAGE_SIZE;
-            if is_zero_page(&self.data[at..at + PAGE_SIZE]) {
-                self.head[bitmap_at + i / 8] |= 1 << (i % 8);
-            } else {
-                if out != i {
-                    self.data.copy_within(at..at + PAGE_SIZE, out * PAGE_SIZE);
+        self.head.resize(bitmap_at + zero.len().div_ceil(8), 0);
+        for (i, _) in zero.iter().enumerate().filter(|(_, &z)| z) {
+            self.head[bitmap_at + i / 8] |= 1 << (i % 8);
+        }
+        self.zero_pages = zero.iter().filter(|&&z| z).count();
+    }
+
+    /// Calls `keep` with every page of a sealed batch, in order (`None` for
+    /// a zero page), drops the pages it returns false for, and seals again.
+    pub fn retain(&mut self, mut keep: impl FnMut(Gfn, Option<&[u8]>) -> bool) {
+        let round = self.round();
+        let bitmap_at = 8 + self.runs.len() * RUN_BYTES;
+        let bitmap = self.head[bitmap_at..].to_vec();
+        let old_runs = std::mem::take(&mut self.runs);
+        let mut zero = Vec::with_capacity(self.pages);
+        let (mut index, mut data_in, mut data_out) = (0usize, 0usize, 0usize);
+        for (first, n) in old_runs {
+            for k in 0..u64::from(n) {
+                let gfn = Gfn(first.0 + k);
+                let z = bitmap[index / 8] & (1 << (index % 8)) != 0;
+                index += 1;
+                let at = (!z).then(|| {
+                    data_in += 1;
+                    (data_in - 1) * PAGE_SIZE
+                });
+                if !keep(gfn, at.map(|a| &self.data[a..a + PAGE_SIZE])) {
+                    continue;
                 }
-                out += 1;
+                match self.runs.last_mut() {
+                    Some((start, len)) if start.0 + u64::from(*len) == gfn.0 => *len += 1,
+                    _ => self.runs.push((gfn, 1)),
+                }
+                zero.push(z);
+                if let Some(a) = at {
+                    if a != data_out * PAGE_SIZE {
+                        self.data
+                            .copy_within(a..a + PAGE_SIZE, data_out * PAGE_SIZE);
+                    }
+                    data_out += 1;
+                }
             }
         }
-        self.data_pages = out;
-        self.zero_pages = self.pages - out;
+        self.pages = zero.len();
+        self.data_pages = data_out;
+        self.write_head(round, &zero);
     }
 
     /// Bytes of the sealed payload.
@@ -319,6 +373,55 @@ mod tests {
             seen,
             vec![(10, 1, 1), (11, 0, 0), (12, 2, 3), (40, 0, 0), (41, 0, 0)]
         );
+    }
+
+    #[test]
+    fn retain_drops_pages_and_reseals() {
+        let mut b = PageBatch::new(8);
+        b.push_run(Gfn(10), 4).copy_from_slice(
+            &[
+                [1u8; PAGE_SIZE],
+                [0; PAGE_SIZE],
+                [3; PAGE_SIZE],
+                [4; PAGE_SIZE],
+            ]
+            .concat(),
+        );
+        b.push_run(Gfn(20), 1).fill(5);
+        b.seal(3);
+        let mut seen = Vec::new();
+        b.retain(|g, page| {
+            seen.push((g.0, page.map(|p| p[0])));
+            g.0 != 12 && g.0 != 10
+        });
+        assert_eq!(
+            seen,
+            vec![
+                (10, Some(1)),
+                (11, None),
+                (12, Some(3)),
+                (13, Some(4)),
+                (20, Some(5))
+            ]
+        );
+        assert_eq!((b.len(), b.zero_pages()), (3, 1));
+        let bytes = payload(&b);
+        let view = decode_batch(&bytes, 64).unwrap();
+        assert_eq!(view.round, 3);
+        let mut got = Vec::new();
+        view.visit(|s| {
+            match s {
+                Segment::Zero(g) => got.push((g.0, 0)),
+                Segment::Data { first, bytes } => {
+                    for (i, p) in bytes.chunks(PAGE_SIZE).enumerate() {
+                        got.push((first.0 + i as u64, p[0]));
+                    }
+                }
+            }
+            Ok::<_, ()>(())
+        })
+        .unwrap();
+        assert_eq!(got, vec![(11, 0), (13, 4), (20, 5)]);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //!     process per cell (the guest reads and checks its pages at 1 GiB/s per vCPU)
 //!     (fresh source, fresh destination: first-touch costs included, as users see them)
 //!   ratio = first-pass GiB/s of guest memory ÷ raw loopback GiB/s with the same N
+//!   with and without mutual TLS (`demo --tls`: a throwaway CA per cell)
 //! ```
 //!
 //! Compression is reported only on `--fill text` or `random` pages: a
@@ -64,6 +65,8 @@ pub struct Cell {
     pub compress: String,
     /// Bandwidth cap in MiB/s (0: none).
     pub cap_mib_s: u64,
+    /// Mutual TLS on every connection.
+    pub tls: bool,
     /// GiB/s: of bytes for raw TCP, of guest memory for a first pass.
     pub gib_s: f64,
     /// Wire bytes per guest byte (first pass; 1.0 raw).
@@ -148,14 +151,16 @@ struct FirstPass<'a> {
     cap_mib_s: u64,
     /// The destination's `--placement`.
     placement: &'a str,
+    /// `ferry demo --tls`.
+    tls: bool,
 }
 
 impl FirstPass<'_> {
     /// Measures it and compares with `raw` GiB/s of raw TCP from the same run.
     fn measure(&self, a: &LinkArgs, raw: f64) -> Result<Cell, CmdError> {
         eprintln!(
-            "ferry bench link: {}, {} connection(s), fill {}, compress {}, cap {} MiB/s, placement {} ...",
-            self.what, self.connections, self.fill, self.compress, self.cap_mib_s, self.placement
+            "ferry bench link: {}, {} connection(s), fill {}, compress {}, cap {} MiB/s, placement {}, tls {} ...",
+            self.what, self.connections, self.fill, self.compress, self.cap_mib_s, self.placement, self.tls
         );
         let (gib_s, wire_ratio, verified) = first_pass(a, self)?;
         Ok(Cell {
@@ -164,6 +169,7 @@ impl FirstPass<'_> {
             fill: self.fill.into(),
             compress: self.compress.into(),
             cap_mib_s: self.cap_mib_s,
+            tls: self.tls,
             gib_s,
             wire_ratio,
             vs_raw: gib_s / raw,
@@ -209,6 +215,7 @@ fn first_pass(a: &LinkArgs, c: &FirstPass<'_>) -> Result<(f64, f64, bool), CmdEr
             "0.2",
         ])
         .args(["--placement", c.placement])
+        .args(c.tls.then_some("--tls"))
         .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output()
@@ -246,6 +253,7 @@ pub fn run(a: &LinkArgs) -> Result<Report<LinkResults>, CmdError> {
             fill: "-".into(),
             compress: "-".into(),
             cap_mib_s: 0,
+            tls: false,
             gib_s: raw,
             wire_ratio: 1.0,
             vs_raw: 1.0,
@@ -258,6 +266,7 @@ pub fn run(a: &LinkArgs) -> Result<Report<LinkResults>, CmdError> {
             compress,
             cap_mib_s: 0,
             placement,
+            tls: false,
         };
         // The destination's placement, compared in the same run: a plain
         // write after the kernel zeroed the page.
@@ -270,6 +279,11 @@ pub fn run(a: &LinkArgs) -> Result<Report<LinkResults>, CmdError> {
         ] {
             cells.push(cell("first pass", fill, compress, "uffd").measure(a, raw)?);
         }
+        let tls = FirstPass {
+            tls: true,
+            ..cell("first pass, TLS", "text", "none", "uffd")
+        };
+        cells.push(tls.measure(a, raw)?);
     }
     if a.cap_mib_s > 0 {
         // One connection per core: compression runs on the sender threads.
@@ -287,6 +301,7 @@ pub fn run(a: &LinkArgs) -> Result<Report<LinkResults>, CmdError> {
                 compress,
                 cap_mib_s: a.cap_mib_s,
                 placement: "uffd",
+                tls: false,
             };
             cells.push(capped.measure(a, raw)?);
         }
@@ -307,6 +322,7 @@ fn report(a: &LinkArgs, cells: Vec<Cell>) -> Report<LinkResults> {
             "fill",
             "compress",
             "cap MiB/s",
+            "tls",
             "GiB/s",
             "wire/guest",
             "vs raw TCP",
@@ -324,6 +340,7 @@ fn report(a: &LinkArgs, cells: Vec<Cell>) -> Report<LinkResults> {
             } else {
                 c.cap_mib_s.to_string()
             },
+            if c.tls { "yes" } else { "-" }.into(),
             format!("{:.3}", c.gib_s),
             format!("{:.3}", c.wire_ratio),
             format!("{:.0}%", c.vs_raw * 100.0),
@@ -350,6 +367,7 @@ fn report(a: &LinkArgs, cells: Vec<Cell>) -> Report<LinkResults> {
         ("first pass, text, none", ("first pass", "text", "none")),
         ("first pass, text, lz4", ("first pass", "text", "lz4")),
         ("first pass, text, zstd", ("first pass", "text", "zstd")),
+        ("first pass, text, TLS", ("first pass, TLS", "text", "none")),
     ] {
         let points = cells
             .iter()

@@ -47,6 +47,14 @@ pub struct MigrationArgs {
     /// chose). Pair with --fill text or random for honest figures.
     #[arg(long, default_value = "none", value_parser = clap::value_parser!(Compression))]
     pub compress: Compression,
+    /// Re-send pages dirtied again as the bytes that changed since their
+    /// last copy (like QEMU's XBZRLE), from a cache of last-sent pages.
+    #[arg(long)]
+    pub delta: bool,
+    /// Size of --delta's cache of last-sent pages (at most the guest's
+    /// memory is used). A page evicted from it is sent whole.
+    #[arg(long = "delta-cache", default_value = "256M", value_parser = crate::args::parse_size, requires = "delta")]
+    pub delta_cache: u64,
     /// Mutual TLS on every connection, with `ca.pem`, `cert.pem` and `key.pem`
     /// from this directory (`ferry certs DIR` writes a throwaway set). The
     /// destination's certificate must name the host in --to.
@@ -91,6 +99,8 @@ pub struct LinkSettings {
     pub verify_before_resume: bool,
     /// Mutual TLS, if asked for.
     pub tls: Option<TlsConfig>,
+    /// Bytes of the delta cache (0: no delta re-sends).
+    pub delta_cache_bytes: u64,
 }
 
 impl MigrationArgs {
@@ -103,6 +113,7 @@ impl MigrationArgs {
             stall_timeout: Duration::from_secs(self.stall_timeout_s),
             verify_before_resume: self.verify_before_resume,
             tls: load_tls(self.tls_dir.as_deref())?,
+            delta_cache_bytes: if self.delta { self.delta_cache } else { 0 },
         })
     }
 }
@@ -162,6 +173,7 @@ fn via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdE
         "stall_timeout_s": a.migration.stall_timeout_s,
         "compress": a.migration.compress.to_string(),
         "tls_dir": a.migration.tls_dir,
+        "delta_cache_mib": if a.migration.delta { a.migration.delta_cache >> 20 } else { 0 },
     });
     let reply = crate::control::request(path, &req).map_err(|e| CmdError::Failed(chain(&e)))?;
     if a.migration.json {
@@ -230,6 +242,7 @@ pub fn migrate_running(
         connections: link.connections,
         stall_timeout: link.stall_timeout,
         compression: link.compression,
+        delta_cache_bytes: link.delta_cache_bytes.min(vm.ram().pages() * 4096),
         ..PrecopyOptions::default()
     };
     let started = Instant::now();
@@ -277,6 +290,7 @@ fn failed_summary(
         bytes_sent: 0,
         compression: link.compression.to_string(),
         batches_by_codec: [0; 3],
+        delta: None,
         rounds: vec![],
         digest_match: false,
         digest_checked: false,
