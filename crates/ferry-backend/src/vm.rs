@@ -89,6 +89,31 @@ impl VmConfig {
     pub fn layout(&self) -> MemoryLayout {
         MemoryLayout::for_workload(&self.workload)
     }
+
+    /// The guest program's section of a migration stream: the workload,
+    /// which the engine carries without reading it.
+    pub fn guest_section(&self) -> serde_json::Value {
+        serde_json::to_value(&self.workload).unwrap_or_default()
+    }
+
+    /// The configuration a destination builds from a stream's guest
+    /// section, for `backend`, with its own `backing`.
+    pub fn from_guest_section(
+        backend: BackendKind,
+        guest: &serde_json::Value,
+        backing: Backing,
+    ) -> Result<Self, BackendError> {
+        let workload: Workload = serde_json::from_value(guest.clone())
+            .map_err(|e| BackendError::Guest(format!("not a memstress workload: {e}")))?;
+        workload
+            .validate()
+            .map_err(|e| BackendError::Guest(e.to_string()))?;
+        Ok(VmConfig {
+            backend,
+            workload,
+            backing,
+        })
+    }
 }
 
 /// Timing of one harvest.
@@ -133,6 +158,9 @@ pub enum BackendError {
     /// Saved vCPU state that this VM cannot take.
     #[error("vCPU state does not fit this VM: {0}")]
     BadVcpuState(String),
+    /// A migration stream's guest section this ferry cannot run.
+    #[error("the stream's guest section cannot run here: {0}")]
+    Guest(String),
     /// The guest does not fit on this host.
     #[error(transparent)]
     Admission(#[from] crate::admission::AdmissionError),

@@ -9,13 +9,15 @@ use crate::transport::{accept_channel, Channel, Control, Health, Listen, Side};
 use crate::wire::control::Hello;
 use crate::wire::{FrameKind, GuestReport, Message, StreamError, StreamHeader};
 use ferry_backend::memstress::read_progress;
-use ferry_backend::{BackendError, DirtyPages, Vm, VmConfig};
+use ferry_backend::{BackendError, DirtyPages, Vm};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Builds the destination VM from the configuration in the stream header.
-pub type CreateVm<'a> = dyn FnMut(&VmConfig) -> Result<Box<dyn Vm>, BackendError> + 'a;
+/// Builds the destination VM from the stream header: its backend, and its
+/// guest section (see [`ferry_backend::VmConfig::from_guest_section`]). The
+/// engine then checks the VM against the header's vCPUs and memory slots.
+pub type CreateVm<'a> = dyn FnMut(&StreamHeader) -> Result<Box<dyn Vm>, BackendError> + 'a;
 
 /// Longest the destination waits for every vCPU to complete a pass before
 /// it reports anyway.
@@ -92,7 +94,7 @@ pub fn receive(
     let mut dest = Dest {
         summary: ReceiveSummary {
             status: Status::Failed,
-            backend: header.config.backend.to_string(),
+            backend: header.backend.to_string(),
             connections,
             tls: listener.tls(),
             total_ms: 0.0,
@@ -169,8 +171,7 @@ fn prepare(
     if let Some(expect) = &opts.expect {
         header.check_expected(expect)?;
     }
-    let vm =
-        create_vm(&header.config).map_err(MigrationError::backend("create the destination VM"))?;
+    let vm = create_vm(&header).map_err(MigrationError::backend("create the destination VM"))?;
     header.check_destination(&*vm)?;
     if vm.is_running() {
         return Err(MigrationError::Backend {

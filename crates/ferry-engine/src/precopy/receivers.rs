@@ -359,9 +359,7 @@ fn receive_loop(
                     )));
                 }
                 loaded.wait_round(round - 1, health)?;
-                pages_this_round += loaded
-                    .apply_delta(&view, &mut scratch)
-                    .map_err(malformed)?;
+                pages_this_round += loaded.apply_delta(&view, &mut scratch).map_err(malformed)?;
             }
             FrameKind::RoundEnd => match Message::decode(kind, io.payload(), offset)? {
                 Message::RoundEnd { round: r, pages } if r == round => {

@@ -1,29 +1,45 @@
 //! The stream header: everything the destination must know to build the VM
 //! before the first page arrives, and to refuse a stream it cannot take.
 //!
-//! It is JSON inside a checksummed frame: read once, and easy to extend
-//! without a format version bump for every new workload field.
+//! It describes the VM as the engine sees it: backend kind, vCPU count,
+//! memory slots and page size. What the guest program needs (the memstress
+//! workload) is a section of its own, which the engine carries to the
+//! destination's VM builder without reading it; a new kind of guest is then
+//! a new section, not a new stream format. Every size from the wire is
+//! checked with checked arithmetic before it sizes anything.
+//!
+//! JSON inside a checksummed frame: read once, and easy to extend.
 
 use ferry_backend::types::human_bytes;
-use ferry_backend::{BackendKind, MemoryLayout, Vm, VmConfig, WorkloadError, PAGE_SIZE};
+use ferry_backend::{BackendKind, Vm, PAGE_SIZE};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+/// Most memory slots a header may describe.
+pub const MAX_SLOTS: usize = 64;
+/// Most vCPUs a header may describe.
+pub const MAX_VCPUS: u32 = 4096;
+/// Most guest memory a header may describe (16 TiB).
+pub const MAX_MEMORY_BYTES: u64 = 16 << 40;
 
 /// What the source announces.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamHeader {
-    /// The whole VM configuration (backend, workload, backing).
-    pub config: VmConfig,
-    /// The guest-physical layout the source runs.
-    pub layout: MemoryLayout,
-    /// Bytes of guest RAM.
-    pub memory_bytes: u64,
+    /// The backend the VM runs on; both ends must run the same.
+    pub backend: BackendKind,
     /// vCPU count.
     pub vcpus: u32,
+    /// Bytes of each guest memory slot, in guest-physical order.
+    pub slots: Vec<u64>,
+    /// Bytes of guest RAM (the slots' sum).
+    pub memory_bytes: u64,
     /// Page size of the page batches.
     pub page_size: u32,
     /// The source's dirty-tracking method, for the record.
     pub dirty_tracking: String,
+    /// The guest program's own section, handed to the destination's VM
+    /// builder as it came.
+    pub guest: serde_json::Value,
 }
 
 /// What the destination expects of a stream, checked before any VM is built.
@@ -43,12 +59,9 @@ pub enum HeaderError {
     /// Not JSON of the right shape.
     #[error("cannot parse the stream header")]
     Parse(#[source] serde_json::Error),
-    /// The header contradicts itself.
+    /// The header contradicts itself, or is out of range.
     #[error("stream header is inconsistent: {0}")]
     Inconsistent(String),
-    /// The workload in the header cannot be run.
-    #[error("stream header carries a workload that cannot run")]
-    Workload(#[source] WorkloadError),
     /// Different memory size.
     #[error(
         "destination has {} of guest memory, stream carries {}",
@@ -90,15 +103,15 @@ pub enum HeaderError {
 impl StreamHeader {
     /// The header describing `vm`.
     pub fn for_vm(vm: &dyn Vm) -> Self {
-        let config = vm.config().clone();
-        let layout = config.layout();
+        let config = vm.config();
         StreamHeader {
-            memory_bytes: vm.ram().size(),
+            backend: config.backend,
             vcpus: config.workload.vcpus,
+            slots: vm.ram().slots().iter().map(|s| s.size).collect(),
+            memory_bytes: vm.ram().size(),
             page_size: PAGE_SIZE as u32,
             dirty_tracking: vm.dirty_tracking(),
-            layout,
-            config,
+            guest: config.guest_section(),
         }
     }
 
@@ -127,24 +140,34 @@ impl StreamHeader {
                 self.page_size
             ));
         }
-        self.config
-            .workload
-            .validate()
-            .map_err(HeaderError::Workload)?;
-        if self.layout != self.config.layout() {
-            return bad("the layout does not follow from the workload".into());
+        if !(1..=MAX_VCPUS).contains(&self.vcpus) {
+            return bad(format!("{} vCPUs, expected 1 to {MAX_VCPUS}", self.vcpus));
         }
-        if self.memory_bytes != self.layout.total_bytes() {
+        if self.slots.is_empty() || self.slots.len() > MAX_SLOTS {
             return bad(format!(
-                "{} bytes of memory but a layout of {}",
-                self.memory_bytes,
-                self.layout.total_bytes()
+                "{} memory slots, expected 1 to {MAX_SLOTS}",
+                self.slots.len()
             ));
         }
-        if self.vcpus != self.config.workload.vcpus {
+        let mut total = 0u64;
+        for (i, &size) in self.slots.iter().enumerate() {
+            if size == 0 || size % PAGE_SIZE as u64 != 0 {
+                return bad(format!("slot {i} of {size} bytes is not whole pages"));
+            }
+            total = match total.checked_add(size) {
+                Some(t) if t <= MAX_MEMORY_BYTES => t,
+                _ => {
+                    return bad(format!(
+                        "the slots add up to more than {}",
+                        human_bytes(MAX_MEMORY_BYTES)
+                    ))
+                }
+            };
+        }
+        if total != self.memory_bytes {
             return bad(format!(
-                "{} vCPUs but a workload of {}",
-                self.vcpus, self.config.workload.vcpus
+                "{} bytes of memory but slots of {total}",
+                self.memory_bytes
             ));
         }
         Ok(())
@@ -164,10 +187,10 @@ impl StreamHeader {
                 stream: self.vcpus,
             });
         }
-        if let Some(dest) = expect.backend.filter(|&b| b != self.config.backend) {
+        if let Some(dest) = expect.backend.filter(|&b| b != self.backend) {
             return Err(HeaderError::Backend {
                 dest,
-                stream: self.config.backend,
+                stream: self.backend,
             });
         }
         Ok(())
@@ -182,9 +205,11 @@ impl StreamHeader {
             backend: Some(cfg.backend),
         })?;
         let dest: Vec<u64> = vm.ram().slots().iter().map(|s| s.size).collect();
-        let stream = self.layout.slot_sizes().to_vec();
-        if dest != stream {
-            return Err(HeaderError::Layout { dest, stream });
+        if dest != self.slots {
+            return Err(HeaderError::Layout {
+                dest,
+                stream: self.slots.clone(),
+            });
         }
         Ok(())
     }
@@ -193,7 +218,7 @@ impl StreamHeader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_backend::{Backing, Workload};
+    use ferry_backend::{Backing, VmConfig, Workload};
 
     fn header() -> StreamHeader {
         let config = VmConfig {
@@ -207,19 +232,24 @@ mod tests {
         };
         let layout = config.layout();
         StreamHeader {
-            memory_bytes: layout.total_bytes(),
+            backend: config.backend,
             vcpus: 2,
+            slots: layout.slot_sizes().to_vec(),
+            memory_bytes: layout.total_bytes(),
             page_size: PAGE_SIZE as u32,
             dirty_tracking: "bitmap".into(),
-            layout,
-            config,
+            guest: config.guest_section(),
         }
     }
 
     #[test]
-    fn header_round_trips() {
+    fn header_round_trips_and_carries_the_guest_section_untouched() {
         let h = header();
         assert_eq!(StreamHeader::decode(&h.encode()).unwrap(), h);
+        // A section the engine knows nothing about travels as it came.
+        let mut other = header();
+        other.guest = serde_json::json!({"program": "not memstress", "x": [1, 2]});
+        assert_eq!(StreamHeader::decode(&other.encode()).unwrap(), other);
     }
 
     #[test]
@@ -256,14 +286,27 @@ mod tests {
 
     #[test]
     fn crafted_huge_sizes_are_refused_not_overflowed() {
-        for (vcpus, bytes_per_vcpu) in [(64, !((2u64 << 20) - 1)), (2, 1 << 63), (64, 1 << 58)] {
+        for slots in [
+            vec![u64::MAX - 4095, 8192],
+            vec![1 << 63, 1 << 63],
+            vec![MAX_MEMORY_BYTES, 4096],
+        ] {
             let mut h = header();
-            h.config.workload.vcpus = vcpus;
-            h.vcpus = vcpus;
-            h.config.workload.bytes_per_vcpu = bytes_per_vcpu;
+            h.memory_bytes = slots[0].wrapping_add(slots[1]);
+            h.slots = slots;
             let err = StreamHeader::decode(&h.encode()).unwrap_err();
-            assert!(matches!(err, HeaderError::Workload(_)), "{err}");
+            assert!(
+                matches!(&err, HeaderError::Inconsistent(m) if m.contains("add up to more than")),
+                "{err}"
+            );
         }
+        let mut h = header();
+        h.vcpus = u32::MAX;
+        assert!(StreamHeader::decode(&h.encode()).is_err());
+        let mut h = header();
+        h.slots = vec![4096; MAX_SLOTS + 1];
+        h.memory_bytes = 4096 * (MAX_SLOTS as u64 + 1);
+        assert!(StreamHeader::decode(&h.encode()).is_err());
     }
 
     #[test]
@@ -275,8 +318,11 @@ mod tests {
             Err(HeaderError::Inconsistent(_))
         ));
         let mut h = header();
-        h.config.workload.vcpus = 0;
         h.vcpus = 0;
+        assert!(StreamHeader::decode(&h.encode()).is_err());
+        let mut h = header();
+        h.slots[0] += 1;
+        h.memory_bytes += 1;
         assert!(StreamHeader::decode(&h.encode()).is_err());
         assert!(matches!(
             StreamHeader::decode(b"\xff\x00{"),

@@ -14,6 +14,7 @@ use ferry_backend::{
     BackendError, BackendKind, Backing, DirtyPages, GuestRam, HarvestStats, MemoryLayout, Vm,
     VmConfig, Workload, PAGE_SIZE,
 };
+use ferry_engine::wire::StreamHeader;
 use ferry_engine::{
     await_migration, listen, receive, MigrationError, ReceiveOptions, ReceiveSummary, TcpDialer,
 };
@@ -37,7 +38,13 @@ pub fn spawn_receiver(opts: ReceiveOptions) -> (TcpDialer, JoinHandle<Received>)
     let to = TcpDialer(listener.local_addr().unwrap().to_string());
     let dest = std::thread::spawn(move || {
         let incoming = await_migration(&listener)?;
-        let mut create = |c: &VmConfig| -> Result<Box<dyn Vm>, BackendError> { TestVm::boxed(c) };
+        let mut create = |h: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
+            TestVm::boxed(&VmConfig::from_guest_section(
+                h.backend,
+                &h.guest,
+                Backing::Anonymous,
+            )?)
+        };
         receive(incoming, &listener, &mut create, &opts)
     });
     (to, dest)

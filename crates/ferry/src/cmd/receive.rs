@@ -9,6 +9,7 @@ use ferry_backend::memstress::read_progress;
 use ferry_backend::types::human_bytes;
 use ferry_backend::{error_chain as chain, BackendError, Vm, VmConfig};
 use ferry_engine::precopy::Placement;
+use ferry_engine::wire::StreamHeader;
 use ferry_engine::{ExpectedVm, Listen, ReceiveOptions};
 use std::io::Write;
 use std::process::ExitCode;
@@ -97,7 +98,8 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     };
     let memory = a.memory;
     let backend = a.backend.clone();
-    let mut create = move |cfg: &VmConfig| -> Result<Box<dyn Vm>, BackendError> {
+    let mut create = move |header: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
+        let cfg = VmConfig::from_guest_section(header.backend, &header.guest, backend.backing())?;
         let carried = cfg.workload.bytes_per_vcpu * u64::from(cfg.workload.vcpus);
         if let Some(have) = memory.filter(|&m| m != carried) {
             return Err(BackendError::Operation {
@@ -110,8 +112,6 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                 source: None,
             });
         }
-        let mut cfg = cfg.clone();
-        cfg.backing = backend.backing();
         vms::create(&cfg, &backend, vms::Role::Destination)
     };
     let (mut vm, summary) = ferry_engine::receive(incoming, &*listener, &mut create, &opts)
