@@ -5,9 +5,8 @@
 mod common;
 use common::*;
 
-use ferry_backend::{BackendError, Backing, Vm, VmConfig};
+use ferry_backend::Vm;
 use ferry_engine::transport::tls::{pki, CA_FILE, CERT_FILE};
-use ferry_engine::wire::StreamHeader;
 use ferry_engine::{
     await_migration, listen, migrate, receive, Dial, Listen, MigrationError, NoProgress,
     PrecopyOptions, ReceiveOptions, TcpDialer, TlsConfig,
@@ -46,13 +45,7 @@ impl Drop for Certs {
 fn destination(listener: Box<dyn Listen + Send>) -> JoinHandle<Result<bool, MigrationError>> {
     std::thread::spawn(move || {
         let incoming = await_migration(&*listener)?;
-        let mut create = |h: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
-            TestVm::boxed(&VmConfig::from_guest_section(
-                h.backend,
-                &h.guest,
-                Backing::Anonymous,
-            )?)
-        };
+        let mut create = create_test_vm;
         let opts = ReceiveOptions {
             run_after: std::time::Duration::from_millis(50),
             ..ReceiveOptions::default()

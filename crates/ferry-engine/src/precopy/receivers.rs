@@ -298,6 +298,12 @@ impl Receivers {
     }
 }
 
+/// A decoded page-carrying frame.
+enum Pages<'a> {
+    Whole(BatchView<'a>),
+    Delta(DeltaView<'a>),
+}
+
 fn receive_loop(
     lane: usize,
     mut io: Channel,
@@ -312,9 +318,9 @@ fn receive_loop(
     while let Some((kind, offset)) = io.read_frame_or_end()? {
         health.add_data_bytes((FRAME_HEADER_LEN + io.payload().len()) as u64);
         match kind {
-            FrameKind::Pages => {
+            FrameKind::Pages | FrameKind::Delta => {
                 let malformed = |reason| StreamError::Malformed {
-                    kind: FrameKind::Pages,
+                    kind,
                     offset,
                     reason,
                 };
@@ -325,41 +331,30 @@ fn receive_loop(
                         &unpacked
                     }
                 };
-                let batch = decode_batch(payload, loaded.pages).map_err(malformed)?;
-                if batch.round != round {
+                let (batch_round, pages) = if kind == FrameKind::Pages {
+                    let batch = decode_batch(payload, loaded.pages).map_err(malformed)?;
+                    (batch.round, Pages::Whole(batch))
+                } else {
+                    let view = decode_delta(payload, loaded.pages).map_err(malformed)?;
+                    (view.round, Pages::Delta(view))
+                };
+                // A delta refers to an earlier round's copy, so never in round 0.
+                let delta_in_0 = matches!(pages, Pages::Delta(_)) && round == 0;
+                if batch_round != round || delta_in_0 {
                     return Err(MigrationError::Refused(format!(
-                        "data connection {name} carried a round-{} batch in round {round}",
-                        batch.round
+                        "data connection {name} carried a round-{batch_round} {kind} frame in round {round}"
                     )));
                 }
                 // A later round waits until every lane has ended the one before.
                 if round > 0 {
                     loaded.wait_round(round - 1, health)?;
                 }
-                pages_this_round += loaded.apply(&batch)?;
-            }
-            FrameKind::Delta => {
-                let malformed = |reason| StreamError::Malformed {
-                    kind: FrameKind::Delta,
-                    offset,
-                    reason,
-                };
-                let payload = match io.flags() {
-                    0 => io.payload(),
-                    flags => {
-                        decompress(flags, io.payload(), &mut unpacked).map_err(malformed)?;
-                        &unpacked
+                pages_this_round += match &pages {
+                    Pages::Whole(batch) => loaded.apply(batch)?,
+                    Pages::Delta(view) => {
+                        loaded.apply_delta(view, &mut scratch).map_err(malformed)?
                     }
                 };
-                let view = decode_delta(payload, loaded.pages).map_err(malformed)?;
-                if view.round != round || round == 0 {
-                    return Err(MigrationError::Refused(format!(
-                        "data connection {name} carried a round-{} delta in round {round}",
-                        view.round
-                    )));
-                }
-                loaded.wait_round(round - 1, health)?;
-                pages_this_round += loaded.apply_delta(&view, &mut scratch).map_err(malformed)?;
             }
             FrameKind::RoundEnd => match Message::decode(kind, io.payload(), offset)? {
                 Message::RoundEnd { round: r, pages } if r == round => {

@@ -38,16 +38,16 @@ pub fn spawn_receiver(opts: ReceiveOptions) -> (TcpDialer, JoinHandle<Received>)
     let to = TcpDialer(listener.local_addr().unwrap().to_string());
     let dest = std::thread::spawn(move || {
         let incoming = await_migration(&listener)?;
-        let mut create = |h: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
-            TestVm::boxed(&VmConfig::from_guest_section(
-                h.backend,
-                &h.guest,
-                Backing::Anonymous,
-            )?)
-        };
+        let mut create = create_test_vm;
         receive(incoming, &listener, &mut create, &opts)
     });
     (to, dest)
+}
+
+/// Builds a destination test VM from a stream header.
+pub fn create_test_vm(h: &StreamHeader) -> Result<Box<dyn Vm>, BackendError> {
+    let config = VmConfig::from_guest_section(h.backend, &h.guest, Backing::Anonymous)?;
+    TestVm::boxed(&config)
 }
 
 /// Destination options that report soon after switchover.
