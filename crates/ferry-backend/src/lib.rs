@@ -17,7 +17,7 @@
 //! * [`vm`]: the `Vm` trait and the configuration both ends of a migration agree on.
 
 pub mod admission;
-pub mod dirty;
+pub mod bitmap;
 pub mod errors;
 pub mod fill;
 pub mod memstress;
@@ -26,7 +26,7 @@ pub mod types;
 pub mod uffd;
 pub mod vm;
 
-pub use dirty::{DirtyPages, PageBits, SharedDirtyBitmap};
+pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use errors::error_chain;
 pub use fill::Fill;
 pub use memstress::WorkloadError;

@@ -10,7 +10,7 @@
 //! No `&[u8]` is ever made over live guest RAM: the guest may change it at any
 //! moment. Reads and writes are copies through vm-memory's volatile accessors.
 
-use crate::dirty::DirtyPages;
+use crate::bitmap::DirtyPages;
 use crate::types::{Gfn, Gpa, PAGE_SIZE};
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroUsize;

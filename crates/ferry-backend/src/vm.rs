@@ -9,7 +9,7 @@
 //! The engine merges what `harvest_dirty` returns with the pages the VMM wrote
 //! itself ([`crate::GuestRam::take_vmm_dirty`]).
 
-use crate::dirty::DirtyPages;
+use crate::bitmap::DirtyPages;
 use crate::memstress::{MemoryLayout, Workload};
 use crate::ram::{Backing, GuestRam, RamError};
 use serde::{Deserialize, Serialize};

@@ -14,6 +14,7 @@
 use crate::config::Iteration;
 use crate::pte::{self, ENTRIES};
 use crate::table::{Arena, Table};
+use ferry_backend::bitmap::ones;
 use std::sync::atomic::Ordering;
 
 /// What the visitor wants after seeing an entry.
@@ -104,10 +105,7 @@ impl<'a> Walker<'a> {
             }
             Iteration::PresentOnly => {
                 for w in (first / 64) as usize..(last as usize).div_ceil(64) {
-                    let mut bits = table.present_word(w);
-                    while bits != 0 {
-                        let i = w * 64 + bits.trailing_zeros() as usize;
-                        bits &= bits - 1;
+                    for i in ones(w, table.present_word(w)) {
                         if (i as u64) < first || (i as u64) >= last {
                             continue;
                         }

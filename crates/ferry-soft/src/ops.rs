@@ -10,6 +10,7 @@ use crate::error::SoftError;
 use crate::iter::{Next, Walker};
 use crate::mmu::Mmu;
 use crate::pte::{self, ROOT_LEVEL};
+use ferry_backend::bitmap::ones;
 use ferry_backend::DirtyPages;
 use serde::Serialize;
 use std::sync::atomic::Ordering;
@@ -62,10 +63,7 @@ impl Mmu {
         let table = self.arena.get(t);
         let level = table.level();
         for w in 0..pte::ENTRIES / 64 {
-            let mut bits = table.present_word(w);
-            while bits != 0 {
-                let i = w * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
+            for i in ones(w, table.present_word(w)) {
                 let old = table.clear(i);
                 if pte::is_present(old) && !pte::is_leaf(old, level) {
                     self.retire_subtree(pte::child(old), retired);

@@ -22,6 +22,7 @@
 //! ```
 
 use crate::pte::{self, ENTRIES};
+use ferry_backend::bitmap::ones;
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
@@ -142,11 +143,9 @@ impl Table {
             if self.writable_bits[w].load(Ordering::Acquire) == 0 {
                 continue;
             }
-            let mut bits = self.writable_bits[w].swap(0, Ordering::AcqRel);
+            let bits = self.writable_bits[w].swap(0, Ordering::AcqRel);
             self.writable.fetch_sub(bits.count_ones(), Ordering::AcqRel);
-            while bits != 0 {
-                let i = w * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
+            for i in ones(w, bits) {
                 self.entries[i].fetch_and(!pte::WRITABLE, Ordering::AcqRel);
                 visited += 1;
             }
@@ -156,17 +155,7 @@ impl Table {
 
     /// Present entry indices in ascending order, from the present bitmap.
     pub fn present_indices(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..WORDS).flat_map(move |w| {
-            let mut bits = self.present_word(w);
-            std::iter::from_fn(move || {
-                if bits == 0 {
-                    return None;
-                }
-                let i = w * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                Some(i)
-            })
-        })
+        (0..WORDS).flat_map(move |w| ones(w, self.present_word(w)))
     }
 }
 

@@ -1,4 +1,5 @@
-//! Dirty-page sets.
+//! The bitmap family: one bit per guest frame (or page-table entry), in
+//! 64-bit words, frame 0 in bit 0 of word 0. Three kinds, by who writes:
 //!
 //! * [`DirtyPages`] is a plain bitmap over every guest frame, owned by one thread:
 //!   what the engine holds between a harvest and the pages it sends.
@@ -10,9 +11,29 @@
 //!   one atomic operation per frame: the destination's received and
 //!   known-zero sets, filled by one receiver thread per data connection.
 
+//!
+//! [`ones`] walks the set bits of one word; every scan of a bitmap in ferry
+//! (these sets, and the soft MMU's present and writable entry bitmaps) goes
+//! through it.
+
 use crate::types::Gfn;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+
+/// The indices of the set bits of `word`, which is word `index` of its
+/// bitmap, in ascending order.
+#[inline]
+pub fn ones(index: usize, word: u64) -> impl Iterator<Item = usize> {
+    let mut bits = word;
+    std::iter::from_fn(move || {
+        if bits == 0 {
+            return None;
+        }
+        let i = index * 64 + bits.trailing_zeros() as usize;
+        bits &= bits - 1;
+        Some(i)
+    })
+}
 
 /// A set of guest frames that many threads change at once.
 #[derive(Debug)]
@@ -75,6 +96,14 @@ impl PageBits {
             .iter()
             .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
             .sum()
+    }
+
+    /// Frames in the set, ascending (a snapshot word by word).
+    pub fn iter(&self) -> impl Iterator<Item = Gfn> + '_ {
+        self.words
+            .iter()
+            .enumerate()
+            .flat_map(|(i, w)| ones(i, w.load(Ordering::Relaxed)).map(|g| Gfn(g as u64)))
     }
 }
 
@@ -167,17 +196,10 @@ impl DirtyPages {
 
     /// Frames in ascending order.
     pub fn iter(&self) -> impl Iterator<Item = Gfn> + '_ {
-        self.words.iter().enumerate().flat_map(|(i, &word)| {
-            let mut w = word;
-            std::iter::from_fn(move || {
-                if w == 0 {
-                    return None;
-                }
-                let bit = w.trailing_zeros() as u64;
-                w &= w - 1;
-                Some(Gfn(i as u64 * 64 + bit))
-            })
-        })
+        self.words
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &w)| ones(i, w).map(|g| Gfn(g as u64)))
     }
 
     /// Runs of consecutive frames as `(first, count)`, ascending. Used to batch
@@ -332,6 +354,8 @@ mod tests {
         assert!(!bits.contains(Gfn(5)));
         assert!(!bits.insert(Gfn(1000)), "past the end is ignored");
         assert_eq!(PageBits::all(70).count(), 70);
+        assert_eq!(PageBits::all(70).iter().last(), Some(Gfn(69)));
+        assert_eq!(bits.iter().count(), 999);
         let all = PageBits::all(70);
         assert!(all.contains(Gfn(69)) && !all.contains(Gfn(70)));
     }
