@@ -17,13 +17,12 @@
 //! ```
 //!
 //! Mechanism switches are in [`config`]; the dirty quota and the annotated
-//! fault exits are in [`quota`] and [`fault_exit`]; the seed experiments are in
-//! [`experiments`], and the hardware costs they may model are in [`hw_cost`].
+//! fault exits are in [`quota`] and [`fault_exit`], and the hardware costs the
+//! experiments (crate `ferry-bench`) may model are in [`hw_cost`].
 
 pub mod config;
 pub mod counter;
 pub mod error;
-pub mod experiments;
 pub mod fault_exit;
 pub mod guest_mem;
 pub mod hw_cost;

@@ -2,5 +2,7 @@
 //! plus an SVG plot. Timings always compare two variants measured in the same
 //! run; an absolute time from a shared machine is not a result on its own.
 
-pub mod dirty_log_kvm;
+//! The experiments themselves live in the `ferry-bench` crate; this is the
+//! one that drives `ferry demo` processes.
+
 pub mod link;

@@ -2,14 +2,14 @@
 
 use super::CmdError;
 use crate::args::{parse_size, BackendArgs, TrackingMode};
-use crate::bench::dirty_log_kvm;
 use clap::{Args, Subcommand};
 use ferry_backend::{AccessOrder, BackendKind, DirtyTracking, Workload};
+use ferry_bench::kvm::dirty_log as dirty_log_kvm;
+use ferry_bench::soft::dirty_log::{dirty_log_experiment, DirtyLogOpts};
+use ferry_bench::soft::write_protect::{write_protect_experiment, WriteProtectOpts};
+use ferry_bench::soft::zap::{zap_experiment, ZapOpts};
 use ferry_kvm::Program;
 use ferry_report::Report;
-use ferry_soft::experiments::dirty_log::{dirty_log_experiment, DirtyLogOpts};
-use ferry_soft::experiments::write_protect::{write_protect_experiment, WriteProtectOpts};
-use ferry_soft::experiments::zap::{zap_experiment, ZapOpts};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 

@@ -19,15 +19,15 @@
 //! hardware) and a remote flush a modelled broadcast-TLBI cost (hw_cost.rs);
 //! the table says which.
 
-use super::{machine_note, ns, time};
-use crate::config::{LeafSize, Mechanisms, SplitMode};
-use crate::error::SoftError;
-use crate::guest_mem::{HostView, VcpuMem};
-use crate::hw_cost::{SEED_BROADCAST_TLBI_NS, SEED_EXIT_COST_NS};
-use crate::mmu::{Mmu, MmuStats};
+use crate::{machine_note, ns, time};
 use ferry_backend::memstress::next_rand32;
 use ferry_backend::DirtyPages;
 use ferry_report::{ratio, Plot, Report, Series, Table};
+use ferry_soft::config::{LeafSize, Mechanisms, SplitMode};
+use ferry_soft::error::SoftError;
+use ferry_soft::guest_mem::{HostView, VcpuMem};
+use ferry_soft::hw_cost::{SEED_BROADCAST_TLBI_NS, SEED_EXIT_COST_NS};
+use ferry_soft::mmu::{Mmu, MmuStats};
 use serde::Serialize;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};

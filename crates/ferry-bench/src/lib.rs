@@ -1,13 +1,22 @@
-//! The seed experiments. Each returns a `ferry_report::Report` whose first
-//! table is shaped like the seed's, with every ratio measured in the same run.
+//! ferry's experiments, for both backends. Each returns a
+//! `ferry_report::Report` whose first table is shaped like its seed's, with
+//! every ratio measured in the same run; `ferry bench ...` prints it and
+//! writes JSON and an SVG.
 //!
-//! * [`dirty_log`]: eager splitting vs split on fault (seed tables 1 and 2).
-//! * [`zap`]: present-only iteration vs full scan (the iterator seed).
-//! * [`write_protect`]: O(1) write-protect-all vs a walk, and harvest speed.
+//! ```text
+//!   soft::dirty_log      eager splitting vs split on fault (seed tables 1 and 2)
+//!   soft::zap            present-only iteration vs full scan (the iterator seed)
+//!   soft::write_protect  O(1) write-protect-all vs a walk, and harvest speed
+//!   kvm::dirty_log       the kernel's dirty_log_perf_test shape, per KVM tracking mode
+//! ```
+//!
+//! Kept apart from the backends so that a backend is only a backend: the
+//! soft MMU does not depend on the report crate, and the converge and
+//! demand-paging benches join here. `ferry bench link` stays in the CLI,
+//! because what it measures is `ferry demo` processes end to end.
 
-pub mod dirty_log;
-pub mod write_protect;
-pub mod zap;
+pub mod kvm;
+pub mod soft;
 
 use std::time::{Duration, Instant};
 

@@ -7,14 +7,14 @@
 //! zaps a guest whose memory is all mapped with 4 KiB leaves, where skipping
 //! cannot help and must not hurt much.
 
-use super::{machine_note, median, ns, time};
-use crate::config::{Iteration, LeafSize, Mechanisms};
-use crate::error::SoftError;
-use crate::mmu::Mmu;
-use crate::ops::WalkStats;
-use crate::sparse;
+use crate::{machine_note, median, ns, time};
 use ferry_backend::Gfn;
 use ferry_report::{ratio, Plot, Report, Series, Table};
+use ferry_soft::config::{Iteration, LeafSize, Mechanisms};
+use ferry_soft::error::SoftError;
+use ferry_soft::mmu::Mmu;
+use ferry_soft::ops::WalkStats;
+use ferry_soft::sparse;
 use serde::Serialize;
 
 /// Options of the zap experiment.

@@ -11,12 +11,12 @@
 //!  faults    write `fault_pages` pages spread over memory, each one faulting
 //! ```
 
-use super::{machine_note, median, ns, time};
-use crate::config::{LeafSize, Mechanisms, WriteProtect};
-use crate::error::SoftError;
-use crate::sparse;
+use crate::{machine_note, median, ns, time};
 use ferry_backend::{DirtyPages, Gfn};
 use ferry_report::{ratio, Plot, Report, Series, Table};
+use ferry_soft::config::{LeafSize, Mechanisms, WriteProtect};
+use ferry_soft::error::SoftError;
+use ferry_soft::sparse;
 use serde::Serialize;
 use std::time::Duration;
 

@@ -1,0 +1,3 @@
+//! Experiments on `/dev/kvm`.
+
+pub mod dirty_log;
