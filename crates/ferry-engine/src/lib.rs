@@ -18,14 +18,17 @@
 //! * [`tunables`]: parameters that change while a migration runs; bandwidth cap.
 //! * [`progress`]: callbacks for progress bars.
 //! * [`summary`]: what a migration reports (`--json`).
+//! * [`converge`]: what slows a guest that dirties faster than the link, and
+//!   what the engine does when precopy stalls.
 //!
-//! Convergence policies (`converge/`) and postcopy (`postcopy/`) come next,
+//! Postcopy (`postcopy/`) comes next,
 //! on the same connection set: postcopy adds a priority connection for page
 //! requests beside the data connections.
 //!
 //! The engine never asks which backend it drives; both ends must run the
 //! same one (the header says which, and the destination checks).
 
+pub mod converge;
 pub mod digest;
 pub mod error;
 pub mod precopy;
@@ -40,7 +43,10 @@ pub use precopy::{
     await_migration, migrate, receive, IncomingMigration, PrecopyOptions, ReceiveOptions,
 };
 pub use progress::{NoProgress, Phase, Progress};
-pub use summary::{DeltaSummary, MigrationSummary, ReceiveSummary, RoundKind, RoundStats, Status};
+pub use summary::{
+    DeltaSummary, Escalation, MigrationSummary, ReceiveSummary, RoundKind, RoundStats, Status,
+    ThrottleStep,
+};
 pub use transport::{
     accept, connect, listen, Dial, Listen, TcpDialer, TlsConfig, TlsError, TransportError,
 };

@@ -52,6 +52,28 @@ pub struct RoundStats {
 }
 
 /// The source's account of a migration.
+/// A change of the source's vCPU throttle.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ThrottleStep {
+    /// Milliseconds since the migration started.
+    pub at_ms: f64,
+    /// The round whose harvest led to it.
+    pub round: u32,
+    /// Share of each 10 ms slice every vCPU sleeps.
+    pub percent: u8,
+}
+
+/// A step the engine took because precopy stopped converging.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Escalation {
+    /// Milliseconds since the migration started.
+    pub at_ms: f64,
+    /// The round after which it happened.
+    pub round: u32,
+    /// What was done, in words.
+    pub what: String,
+}
+
 /// How delta re-sends went.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DeltaSummary {
@@ -104,6 +126,12 @@ pub struct MigrationSummary {
     pub batches_by_codec: [u64; 3],
     /// Delta re-sends (`--delta`), if on.
     pub delta: Option<DeltaSummary>,
+    /// The convergence policy: none or auto.
+    pub converge: String,
+    /// Every change of the source's vCPU throttle.
+    pub throttle_timeline: Vec<ThrottleStep>,
+    /// Steps taken because precopy stopped converging.
+    pub escalations: Vec<Escalation>,
     /// Every round, the final one last.
     pub rounds: Vec<RoundStats>,
     /// Whether source and destination memory digests matched.

@@ -8,7 +8,7 @@
 //!  {"cmd":"throttle","percent":50}                   -> vCPUs sleep 50% of each 10 ms
 //!  {"cmd":"migrate","to":"10.0.0.2:7070"}            -> the migration summary (blocks)
 //!      optional: connections, stall_timeout_s, compress, verify_before_resume, tls_dir,
-//!      delta_cache_mib
+//!      delta_cache_mib, converge, max_downtime_ms
 //!  {"cmd":"cancel"}                                  -> cancels a migration in precopy
 //!  {"cmd":"stop"}                                    -> stops the VM and `ferry run`
 //! ```
@@ -55,6 +55,10 @@ pub enum Request {
         tls_dir: Option<std::path::PathBuf>,
         /// MiB of delta cache for re-sent pages (default 0: off).
         delta_cache_mib: Option<u64>,
+        /// none or auto (default auto).
+        converge: Option<String>,
+        /// Highest downtime target a stall may raise the target to.
+        max_downtime_ms: Option<u64>,
     },
     Throttle {
         percent: u8,
@@ -194,7 +198,13 @@ fn handle(req: Request, shared: &Shared) -> Value {
             compress,
             tls_dir,
             delta_cache_mib,
+            converge,
+            max_downtime_ms,
         } => {
+            let converge = match converge.as_deref().unwrap_or("auto").parse() {
+                Ok(c) => c,
+                Err(e) => return json!({"ok": false, "error": e}),
+            };
             let compression = match compress.as_deref().unwrap_or("none").parse() {
                 Ok(c) => c,
                 Err(e) => return json!({"ok": false, "error": e}),
@@ -219,6 +229,8 @@ fn handle(req: Request, shared: &Shared) -> Value {
                 verify_before_resume,
                 tls,
                 delta_cache_bytes: delta_cache_mib.unwrap_or(0).saturating_mul(1 << 20),
+                converge,
+                max_downtime: max_downtime_ms.map(Duration::from_millis),
             };
             forward(shared, |reply| VmCommand::Migrate { to, link, reply })
         }

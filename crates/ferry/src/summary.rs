@@ -50,6 +50,26 @@ fn delta(s: &MigrationSummary) -> String {
     )
 }
 
+/// The policy, the throttle it reached, and any escalation.
+fn convergence(s: &MigrationSummary) -> String {
+    let mut out = s.converge.clone();
+    if let (Some(first), Some(last)) = (s.throttle_timeline.first(), s.throttle_timeline.last()) {
+        out += &format!(
+            ": vCPUs throttled from round {}, {}% up to {}% ({} steps)",
+            first.round,
+            first.percent,
+            last.percent,
+            s.throttle_timeline.len()
+        );
+    } else {
+        out += ": no throttle needed";
+    }
+    for e in &s.escalations {
+        out += &format!("; after round {}: {}", e.round, e.what);
+    }
+    out
+}
+
 /// The summary as tables.
 pub fn render(s: &MigrationSummary) -> String {
     let mut rounds = Table::new(
@@ -96,6 +116,7 @@ pub fn render(s: &MigrationSummary) -> String {
         ),
         ("compression", compression(s)),
         ("delta re-sends", delta(s)),
+        ("convergence", convergence(s)),
         ("total time", format!("{:.1} ms", s.total_ms)),
         ("downtime", format!("{:.1} ms", s.downtime_ms)),
         (

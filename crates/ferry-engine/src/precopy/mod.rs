@@ -63,6 +63,7 @@ pub use compression::Compression;
 pub use destination::{await_migration, receive, CreateVm, IncomingMigration};
 pub use source::migrate;
 
+use crate::converge::ConvergeMode;
 use crate::error::MigrationError;
 use crate::tunables::Tunables;
 use crate::wire::{ExpectedVm, Message};
@@ -96,6 +97,11 @@ pub struct PrecopyOptions {
     pub compression: Compression,
     /// Bytes of last-sent pages kept to re-send pages as deltas (0: off).
     pub delta_cache_bytes: u64,
+    /// What slows the guest when precopy does not converge.
+    pub converge: ConvergeMode,
+    /// Highest downtime target a stall may raise the target to (`None`:
+    /// the target is never raised).
+    pub max_downtime: Option<Duration>,
 }
 
 impl Default for PrecopyOptions {
@@ -108,6 +114,8 @@ impl Default for PrecopyOptions {
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             compression: Compression::None,
             delta_cache_bytes: 0,
+            converge: ConvergeMode::default(),
+            max_downtime: None,
         }
     }
 }

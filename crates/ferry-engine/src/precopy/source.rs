@@ -4,6 +4,7 @@
 use super::delta::DeltaCache;
 use super::senders::Senders;
 use super::{unexpected, PrecopyOptions, MAX_CONNECTIONS};
+use crate::converge::{Converger, RoundSample};
 use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
 use crate::summary::{ms, MigrationSummary, RoundKind, RoundStats, Status};
@@ -58,6 +59,9 @@ pub fn migrate(
         compression: opts.compression.to_string(),
         batches_by_codec: [0; 3],
         delta: None,
+        converge: opts.converge.to_string(),
+        throttle_timeline: Vec::new(),
+        escalations: Vec::new(),
         rounds: Vec::new(),
         digest_match: false,
         digest_checked: false,
@@ -85,7 +89,11 @@ pub fn migrate(
             return Err(e);
         }
     };
+    let max_downtime = opts
+        .max_downtime
+        .unwrap_or_else(|| opts.tunables.downtime_target());
     let mut src = Source {
+        converge: Converger::new(opts.converge, max_downtime),
         pages: ram.pages(),
         vm,
         ram,
@@ -109,6 +117,8 @@ pub fn migrate(
         src.summary.batches_by_codec = s.stats.counts();
         src.summary.delta = s.delta_summary();
     }
+    src.summary.throttle_timeline = std::mem::take(&mut src.converge.timeline);
+    src.summary.escalations = std::mem::take(&mut src.converge.escalations);
     progress.phase(Phase::Done);
     match result {
         Ok(()) => {
@@ -163,6 +173,7 @@ pub(super) struct Source<'a> {
     pub(super) awaiting_verdict: bool,
     pub(super) start: Instant,
     pub(super) summary: MigrationSummary,
+    pub(super) converge: Converger,
 }
 
 impl Source<'_> {
@@ -215,6 +226,16 @@ impl Source<'_> {
             self.finish_round(found, since, t.elapsed());
             let bandwidth = self.plan_bandwidth(&mut measured);
             let remaining = dirty.count() * EST_BYTES_PER_PAGE;
+            let sample = RoundSample {
+                round: round - 1,
+                dirty_bytes: found * PAGE_SIZE as u64,
+                sent_bytes: self.summary.rounds.last().map_or(0, |r| r.raw_bytes),
+                remaining_bytes: remaining,
+                link_bytes_per_sec: bandwidth,
+                downtime_target: self.opts.tunables.downtime_target(),
+            };
+            self.converge
+                .after_round(&sample, &mut *self.vm, &self.opts.tunables)?;
             let tun = &self.opts.tunables;
             let fits = (remaining as f64) <= bandwidth * tun.downtime_target().as_secs_f64();
             if dirty.is_empty() || fits || round >= tun.max_rounds() {

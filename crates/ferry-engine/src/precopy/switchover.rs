@@ -145,6 +145,7 @@ impl Source<'_> {
 
     /// Leaves the source as it was before the migration.
     pub(super) fn rollback(&mut self) {
+        self.converge.release(&mut *self.vm);
         if std::mem::take(&mut self.logging) {
             if let Err(e) = self.vm.stop_dirty_log() {
                 tracing::warn!("stopping dirty logging on rollback: {e}");

@@ -105,6 +105,11 @@ impl TestVm {
     pub fn boxed(config: &VmConfig) -> Result<Box<dyn Vm>, BackendError> {
         Ok(Box::new(Self::new(config)?))
     }
+
+    /// The time throttle, in percent, readable while the VM migrates.
+    pub fn throttle_handle(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.throttle)
+    }
 }
 
 fn guest(

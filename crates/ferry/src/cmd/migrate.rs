@@ -9,6 +9,7 @@ use clap::Args;
 use ferry_backend::error_chain as chain;
 use ferry_backend::memstress::{read_progress, set_write_percent};
 use ferry_backend::Vm;
+use ferry_engine::converge::ConvergeMode;
 use ferry_engine::precopy::Compression;
 use ferry_engine::{
     Dial, MigrationSummary, PrecopyOptions, Status, TcpDialer, TlsConfig, Tunables,
@@ -47,6 +48,18 @@ pub struct MigrationArgs {
     /// chose). Pair with --fill text or random for honest figures.
     #[arg(long, default_value = "none", value_parser = clap::value_parser!(Compression))]
     pub compress: Compression,
+    /// What slows the guest when it dirties memory faster than the link
+    /// sends it: auto (QEMU's auto-converge: every vCPU sleeps a growing
+    /// share of each 10 ms, from 20% up to 99%, once dirtying exceeds half
+    /// the transfer twice) or none. quota and dirty-limit come next.
+    #[arg(long, default_value = "auto", value_parser = clap::value_parser!(ConvergeMode))]
+    pub converge: ConvergeMode,
+    /// When precopy stops converging (the bytes left stop shrinking for 3
+    /// rounds), the engine first engages --converge, then raises the
+    /// downtime target by half at a time up to this many ms. Default: never
+    /// above --downtime-ms.
+    #[arg(long = "max-downtime-ms", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub max_downtime_ms: Option<u64>,
     /// Re-send pages dirtied again as the bytes that changed since their
     /// last copy (like QEMU's XBZRLE), from a cache of last-sent pages.
     #[arg(long)]
@@ -101,6 +114,10 @@ pub struct LinkSettings {
     pub tls: Option<TlsConfig>,
     /// Bytes of the delta cache (0: no delta re-sends).
     pub delta_cache_bytes: u64,
+    /// The convergence policy.
+    pub converge: ConvergeMode,
+    /// Highest downtime target a stall may raise the target to.
+    pub max_downtime: Option<Duration>,
 }
 
 impl MigrationArgs {
@@ -114,6 +131,8 @@ impl MigrationArgs {
             verify_before_resume: self.verify_before_resume,
             tls: load_tls(self.tls_dir.as_deref())?,
             delta_cache_bytes: if self.delta { self.delta_cache } else { 0 },
+            converge: self.converge,
+            max_downtime: self.max_downtime_ms.map(Duration::from_millis),
         })
     }
 }
@@ -174,6 +193,8 @@ fn via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdE
         "compress": a.migration.compress.to_string(),
         "tls_dir": a.migration.tls_dir,
         "delta_cache_mib": if a.migration.delta { a.migration.delta_cache >> 20 } else { 0 },
+        "converge": a.migration.converge.to_string(),
+        "max_downtime_ms": a.migration.max_downtime_ms,
     });
     let reply = crate::control::request(path, &req).map_err(|e| CmdError::Failed(chain(&e)))?;
     if a.migration.json {
@@ -243,6 +264,8 @@ pub fn migrate_running(
         stall_timeout: link.stall_timeout,
         compression: link.compression,
         delta_cache_bytes: link.delta_cache_bytes.min(vm.ram().pages() * 4096),
+        converge: link.converge,
+        max_downtime: link.max_downtime,
         ..PrecopyOptions::default()
     };
     let started = Instant::now();
@@ -291,6 +314,9 @@ fn failed_summary(
         compression: link.compression.to_string(),
         batches_by_codec: [0; 3],
         delta: None,
+        converge: link.converge.to_string(),
+        throttle_timeline: vec![],
+        escalations: vec![],
         rounds: vec![],
         digest_match: false,
         digest_checked: false,

@@ -1,0 +1,85 @@
+//! Convergence: a guest that dirties its memory faster than the link is
+//! throttled under `auto` and not under `none`; a stall escalates; a failed
+//! migration leaves the source unthrottled. The test guest rewrites all of
+//! its 4 MiB every few milliseconds, so with a 1 ms downtime target precopy
+//! never fits on its own and every round is a full one.
+
+mod common;
+use common::*;
+
+use ferry_backend::Vm;
+use ferry_engine::converge::ConvergeMode;
+use ferry_engine::{migrate, MigrationError, NoProgress, PrecopyOptions, Status};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+fn busy(converge: ConvergeMode, max_rounds: u32) -> PrecopyOptions {
+    let opts = PrecopyOptions {
+        converge,
+        ..PrecopyOptions::default()
+    };
+    opts.tunables.set_downtime_target(Duration::from_millis(1));
+    opts.tunables.set_max_rounds(max_rounds);
+    opts.tunables.set_bandwidth_bytes_per_sec(64 << 20);
+    opts
+}
+
+#[test]
+fn auto_throttles_every_vcpu_in_steps_and_the_migration_verifies() {
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = running_source();
+    let s = migrate(&mut src, &to, &busy(ConvergeMode::Auto, 8), &NoProgress).unwrap();
+    dest.join().unwrap().unwrap();
+    assert_eq!(s.status, Status::Completed, "{s:?}");
+    assert!(s.digest_match && s.guest_mismatches == 0, "{s:?}");
+    assert_eq!(s.converge, "auto");
+    let steps: Vec<u8> = s.throttle_timeline.iter().map(|t| t.percent).collect();
+    assert!(steps.len() >= 2, "{steps:?}");
+    assert_eq!(steps[0], 20, "{steps:?}");
+    assert!(steps.windows(2).all(|w| w[1] == w[0] + 10), "{steps:?}");
+}
+
+#[test]
+fn none_never_throttles_and_a_stall_raises_the_downtime_target_up_to_the_cap() {
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = running_source();
+    let mut opts = busy(ConvergeMode::None, 24);
+    opts.max_downtime = Some(Duration::from_millis(2));
+    let s = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+    dest.join().unwrap().unwrap();
+    assert!(s.digest_match && s.guest_mismatches == 0, "{s:?}");
+    assert!(s.throttle_timeline.is_empty(), "{s:?}");
+    assert!(!s.escalations.is_empty(), "no escalation: {s:?}");
+    for e in &s.escalations {
+        assert!(e.what.contains("downtime target raised"), "{e:?}");
+    }
+    // 1 → 1.5 → 2 (the cap): never further.
+    assert!(s.escalations.len() <= 2, "{:?}", s.escalations);
+    let target = opts.tunables.downtime_target();
+    assert!(target > Duration::from_millis(1) && target <= Duration::from_millis(2));
+}
+
+#[test]
+fn a_cancelled_migration_lifts_the_throttle_it_set() {
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = running_source();
+    let opts = busy(ConvergeMode::Auto, 10_000);
+    let tunables = std::sync::Arc::clone(&opts.tunables);
+    let throttle = src.throttle_handle();
+    let cancel = std::thread::spawn(move || {
+        // Cancel as soon as auto has engaged (round 2, well before the
+        // guest converges at 99%); bounded so nothing hangs.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while throttle.load(Ordering::Relaxed) == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        tunables.cancel();
+    });
+    let err = migrate(&mut src, &to, &opts, &NoProgress).unwrap_err();
+    cancel.join().unwrap();
+    assert!(matches!(err, MigrationError::Cancelled), "{err}");
+    let _ = dest.join().unwrap();
+    assert!(src.is_running(), "the source must keep running");
+    let after = src.throttle_handle().load(Ordering::Relaxed);
+    assert_eq!(after, 0, "the source must be left unthrottled");
+}
