@@ -14,6 +14,7 @@ use crate::memstress::{MemoryLayout, Workload};
 use crate::ram::{Backing, GuestRam, RamError};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Which backend runs the VM. Both ends of a migration must use the same one,
 /// because their vCPU state differs.
@@ -70,6 +71,19 @@ impl DirtyTracking {
             DirtyTracking::Ring { .. } => "ring",
         }
     }
+}
+
+/// The time a time-throttled vCPU runs between two sleeps.
+pub const THROTTLE_SLICE: Duration = Duration::from_millis(10);
+/// The highest time throttle: a vCPU always runs a little.
+pub const MAX_THROTTLE_PERCENT: u8 = 99;
+
+/// How long a vCPU throttled to `percent` sleeps after each
+/// [`THROTTLE_SLICE`] it runs: `percent / (100 − percent)` slices, so it
+/// runs `100 − percent`% of the time (1 s of sleep per 10 ms at 99%).
+pub fn throttle_sleep(percent: u8) -> Duration {
+    let p = u32::from(percent.min(MAX_THROTTLE_PERCENT));
+    THROTTLE_SLICE * p / (100 - p)
 }
 
 /// What both ends of a migration agree on: checked by the destination against
@@ -189,9 +203,10 @@ pub trait Vm: Send {
     fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, BackendError>;
     /// Stops logging.
     fn stop_dirty_log(&mut self) -> Result<(), BackendError>;
-    /// Slows every vCPU live: each sleeps `percent` (0 = none, at most 99) of
-    /// every 10 ms timeslice, as QEMU's auto-converge does. The hook a
-    /// convergence policy turns while a migration runs.
+    /// Slows every vCPU live to `percent` (0 = none, at most 99) as QEMU's
+    /// auto-converge does: after each [`THROTTLE_SLICE`] it runs, a vCPU
+    /// sleeps [`throttle_sleep`]`(percent)`. The hook a convergence policy
+    /// turns while a migration runs.
     fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError>;
     /// Serializes the state of every vCPU. The VM must be paused.
     fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError>;

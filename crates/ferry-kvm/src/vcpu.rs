@@ -209,6 +209,15 @@ impl Drop for VcpuThread {
     }
 }
 
+/// Sleeps the throttle share the throttler left for this vCPU, if any.
+fn throttle_sleep(shared: &VcpuShared) {
+    let ns = shared.throttle_ns.swap(0, Ordering::AcqRel);
+    if ns > 0 {
+        shared.throttle_sleeps.fetch_add(1, Ordering::Relaxed);
+        sleep_while_running(Duration::from_nanos(ns), &shared.want);
+    }
+}
+
 fn set_state(shared: &VcpuShared, new: VcpuState) {
     *shared.state.lock().expect("vcpu state lock") = new;
     shared.changed.notify_all();
@@ -240,6 +249,9 @@ fn run_loop(shared: &VcpuShared) {
         }
         let mut fd = shared.fd.lock().expect("vcpu fd lock");
         while shared.want.load(Ordering::Acquire) == WANT_RUN {
+            // A kick that arrived outside KVM_RUN (during an exit's handling)
+            // left its throttle sleep here: take it now, not a period late.
+            throttle_sleep(shared);
             match fd.run() {
                 Ok(VcpuExit::Unsupported(EXIT_DIRTY_RING_FULL)) => {
                     if let Some(ring) = &shared.ring {
@@ -260,11 +272,7 @@ fn run_loop(shared: &VcpuShared) {
                     return park_failed(shared);
                 }
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-                    let ns = shared.throttle_ns.swap(0, Ordering::AcqRel);
-                    if ns > 0 {
-                        shared.throttle_sleeps.fetch_add(1, Ordering::Relaxed);
-                        sleep_while_running(Duration::from_nanos(ns), &shared.want);
-                    }
+                    throttle_sleep(shared);
                 }
                 Err(e) => {
                     drop(fd);

@@ -6,8 +6,9 @@
 //!   charges it (4 KiB). The engine-side [`QuotaHandler`] decides how long the
 //!   vCPU sleeps and how much quota it gets back. Readers are never charged,
 //!   so they are never throttled.
-//! * [`TimeThrottle`]: every vCPU, reader or writer, sleeps `percent` of each
-//!   10 ms timeslice.
+//! * [`TimeThrottle`]: every vCPU, reader or writer, runs a 10 ms slice and
+//!   then sleeps [`ferry_backend::throttle_sleep`] (QEMU's auto-converge
+//!   timing, the same as the kvm backend's).
 //!
 //! The vCPU loop calls [`Throttle::after_access`] at each access boundary with
 //! the bytes it newly dirtied; it returns how long to sleep (offline) first.
@@ -99,9 +100,9 @@ impl DirtyQuota {
 }
 
 /// The timeslice of time-based throttling.
-pub const TIMESLICE: Duration = Duration::from_millis(10);
+pub const TIMESLICE: Duration = ferry_backend::THROTTLE_SLICE;
 
-/// Time-based throttling: each vCPU sleeps `percent` of every timeslice.
+/// Time-based throttling: each vCPU sleeps after every timeslice it runs.
 pub struct TimeThrottle {
     percent: AtomicU32,
     slice_start: Box<[AtomicU64]>,
@@ -143,14 +144,14 @@ impl TimeThrottle {
         }
         let now = self.epoch.elapsed().as_nanos() as u64;
         let start = self.slice_start[vcpu].load(Ordering::Relaxed);
-        let slice = TIMESLICE.as_nanos() as u64;
-        let run = slice * (100 - pct) / 100;
+        let run = TIMESLICE.as_nanos() as u64;
         if now < start + run {
             return None;
         }
-        self.slice_start[vcpu].store(now + slice - run, Ordering::Relaxed);
+        let sleep = ferry_backend::throttle_sleep(pct as u8);
+        self.slice_start[vcpu].store(now + sleep.as_nanos() as u64, Ordering::Relaxed);
         self.sleeps.fetch_add(1, Ordering::Relaxed);
-        Some(Duration::from_nanos(slice - run))
+        Some(sleep)
     }
 }
 
@@ -222,13 +223,15 @@ mod tests {
     }
 
     #[test]
-    fn time_throttle_sleeps_its_share_of_each_slice() {
+    fn time_throttle_runs_a_slice_then_sleeps_qemus_share() {
         let t = TimeThrottle::new(1, 50);
         assert_eq!(t.check(0), None, "the first slice has just begun");
-        std::thread::sleep(Duration::from_millis(6));
-        let sleep = t.check(0).expect("ran more than half of the slice");
-        assert_eq!(sleep, TIMESLICE / 2);
-        assert_eq!(t.check(0), None, "the next slice has just begun");
+        std::thread::sleep(TIMESLICE + Duration::from_millis(1));
+        let sleep = t.check(0).expect("ran a whole slice");
+        assert_eq!(sleep, TIMESLICE, "50%: sleep as long as it ran");
+        assert_eq!(t.check(0), None, "the next slice starts after the sleep");
+        t.set_percent(75);
+        assert_eq!(ferry_backend::throttle_sleep(75), TIMESLICE * 3);
         t.set_percent(0);
         assert_eq!(t.check(0), None);
         assert_eq!(t.sleeps(), 1);
