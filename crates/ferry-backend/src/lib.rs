@@ -33,5 +33,5 @@ pub use memstress::WorkloadError;
 pub use memstress::{AccessOrder, MemoryLayout, VcpuProgress, Workload};
 pub use ram::{Backing, GuestRam, RamError, RamSlot};
 pub use types::{Gfn, Gpa, PAGE_SHIFT, PAGE_SIZE};
-pub use vm::{throttle_sleep, MAX_THROTTLE_PERCENT, THROTTLE_SLICE};
+pub use vm::{throttle_sleep, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, THROTTLE_SLICE};
 pub use vm::{BackendError, BackendKind, DirtyTracking, HarvestStats, Vm, VmConfig};

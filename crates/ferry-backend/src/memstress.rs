@@ -360,14 +360,17 @@ pub fn set_pass_limit(ram: &GuestRam, vcpus: u32, limit: u64) -> Result<(), RamE
 /// Changes every vCPU's write percentage while the guest runs (the guest
 /// reads its threshold on every access).
 pub fn set_write_percent(ram: &GuestRam, vcpus: u32, percent: u8) -> Result<(), RamError> {
+    (0..vcpus).try_for_each(|v| set_vcpu_write_percent(ram, v, percent))
+}
+
+/// Changes one vCPU's write percentage while the guest runs: writers and
+/// readers in one VM.
+pub fn set_vcpu_write_percent(ram: &GuestRam, vcpu: u32, percent: u8) -> Result<(), RamError> {
     let threshold = (u64::from(percent.min(100)) << 32) / 100;
-    for v in 0..vcpus {
-        ram.store_u64(
-            MemoryLayout::params_gpa(v).add(param::WRITE_THRESHOLD),
-            threshold,
-        )?;
-    }
-    Ok(())
+    ram.store_u64(
+        MemoryLayout::params_gpa(vcpu).add(param::WRITE_THRESHOLD),
+        threshold,
+    )
 }
 
 /// A vCPU's published progress.

@@ -73,6 +73,9 @@ impl DirtyTracking {
     }
 }
 
+/// The refill interval of the per-vCPU dirty quota.
+pub const QUOTA_INTERVAL: Duration = Duration::from_millis(100);
+
 /// The time a time-throttled vCPU runs between two sleeps.
 pub const THROTTLE_SLICE: Duration = Duration::from_millis(10);
 /// The highest time throttle: a vCPU always runs a little.
@@ -208,6 +211,19 @@ pub trait Vm: Send {
     /// sleeps [`throttle_sleep`]`(percent)`. The hook a convergence policy
     /// turns while a migration runs.
     fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError>;
+    /// Gives every vCPU a dirty quota of `bytes` per [`QUOTA_INTERVAL`]
+    /// (`None`: no quota): a vCPU that dirties its quota sleeps until the
+    /// next interval; one that does not write is never slowed. The seed's
+    /// per-vCPU dirty-quota throttle. Backends without a per-vCPU dirty meter
+    /// say so.
+    fn set_dirty_quota(&mut self, bytes: Option<u64>) -> Result<(), BackendError> {
+        let _ = bytes;
+        Err(BackendError::Operation {
+            backend: self.config().backend,
+            what: "set a per-vCPU dirty quota: this backend has no per-vCPU dirty meter yet".into(),
+            source: None,
+        })
+    }
     /// Serializes the state of every vCPU. The VM must be paused.
     fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError>;
     /// Loads vCPU state saved by the same backend. The VM must not be running.

@@ -59,8 +59,11 @@ pub struct ThrottleStep {
     pub at_ms: f64,
     /// The round whose harvest led to it.
     pub round: u32,
-    /// Share of each 10 ms slice every vCPU sleeps.
+    /// Time throttle of every vCPU, in percent (0 under a quota).
     pub percent: u8,
+    /// Bytes each vCPU may dirty per 100 ms, under the quota policy
+    /// (`None`: no quota).
+    pub quota_bytes: Option<u64>,
 }
 
 /// A step the engine took because precopy stopped converging.

@@ -155,6 +155,123 @@ impl TimeThrottle {
     }
 }
 
+/// Refills a dirty quota at interval boundaries: a vCPU that used up its
+/// quota sleeps until the next [`ferry_backend::QUOTA_INTERVAL`] starts and
+/// then gets the quota in force at that moment (the engine changes it live).
+pub struct IntervalRefill {
+    quota_bytes: AtomicU64,
+    epoch: Instant,
+    slept_ns: Box<[AtomicU64]>,
+    /// The interval each vCPU's quota was last filled for.
+    filled_for: Box<[AtomicU64]>,
+}
+
+impl IntervalRefill {
+    /// Off (an unlimited quota) for `vcpus` vCPUs.
+    pub fn new(vcpus: usize) -> Self {
+        IntervalRefill {
+            quota_bytes: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
+            slept_ns: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
+            filled_for: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn interval_now(&self) -> u64 {
+        let interval = ferry_backend::QUOTA_INTERVAL.as_nanos() as u64;
+        self.epoch.elapsed().as_nanos() as u64 / interval
+    }
+
+    /// Nanoseconds `vcpu` has slept on its quota so far.
+    pub fn slept_ns(&self, vcpu: usize) -> u64 {
+        self.slept_ns[vcpu].load(Ordering::Relaxed)
+    }
+}
+
+impl QuotaHandler for IntervalRefill {
+    fn exhausted(&self, exit: QuotaExit) -> QuotaRefill {
+        let quota_bytes = self.quota_bytes.load(Ordering::Relaxed);
+        if quota_bytes == u64::MAX {
+            return QuotaRefill {
+                sleep: Duration::ZERO,
+                quota_bytes,
+            };
+        }
+        let interval = ferry_backend::QUOTA_INTERVAL.as_nanos() as u64;
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let sleep = interval - now % interval;
+        self.slept_ns[exit.vcpu].fetch_add(sleep, Ordering::Relaxed);
+        QuotaRefill {
+            sleep: Duration::from_nanos(sleep),
+            quota_bytes,
+        }
+    }
+}
+
+/// What a running VM's vCPUs check at every access boundary: the time
+/// throttle and the interval dirty quota, both changed live (one relaxed
+/// load each while off).
+pub struct LiveThrottle {
+    /// Time-based throttling (auto-converge).
+    pub time: TimeThrottle,
+    /// The per-vCPU dirty quota, refilled every interval.
+    pub quota: DirtyQuota,
+    refill: Arc<IntervalRefill>,
+}
+
+impl LiveThrottle {
+    /// Both off, for `vcpus` vCPUs.
+    pub fn new(vcpus: usize) -> Self {
+        let refill = Arc::new(IntervalRefill::new(vcpus));
+        LiveThrottle {
+            time: TimeThrottle::new(vcpus, 0),
+            quota: DirtyQuota::new(
+                vcpus,
+                u64::MAX,
+                Arc::clone(&refill) as Arc<dyn QuotaHandler>,
+            ),
+            refill,
+        }
+    }
+
+    /// Sets every vCPU's quota per interval (`None`: off), at once.
+    pub fn set_quota(&self, bytes: Option<u64>) {
+        let q = bytes.unwrap_or(u64::MAX).max(1);
+        self.refill.quota_bytes.store(q, Ordering::Relaxed);
+        for v in 0..self.refill.slept_ns.len() {
+            self.quota.set_quota(v, q);
+        }
+    }
+
+    /// Nanoseconds `vcpu` has slept on its quota so far.
+    pub fn quota_slept_ns(&self, vcpu: usize) -> u64 {
+        self.refill.slept_ns(vcpu)
+    }
+
+    /// Charges `vcpu` for pages it newly dirtied. The quota is per interval:
+    /// the first charge in a new interval starts from a full quota, so
+    /// what a light writer dirtied earlier never adds up to a sleep.
+    fn charge(&self, vcpu: usize, dirtied_pages: u64) -> Option<Duration> {
+        if dirtied_pages == 0 {
+            return None;
+        }
+        let q = self.refill.quota_bytes.load(Ordering::Relaxed);
+        if q == u64::MAX {
+            return None;
+        }
+        let now = self.refill.interval_now();
+        if self.refill.filled_for[vcpu].swap(now, Ordering::Relaxed) != now {
+            self.quota.set_quota(vcpu, q);
+        }
+        let sleep = self.quota.charge(vcpu, dirtied_pages * 4096);
+        if sleep.is_some() {
+            // Refilled by the exit for the interval it sleeps into.
+            self.refill.filled_for[vcpu].store(now + 1, Ordering::Relaxed);
+        }
+        sleep
+    }
+}
+
 /// How the vCPUs are throttled.
 #[derive(Clone, Default)]
 pub enum Throttle {
@@ -165,6 +282,8 @@ pub enum Throttle {
     Quota(Arc<DirtyQuota>),
     /// Time-based.
     Time(Arc<TimeThrottle>),
+    /// Both, changed live by the engine (what a [`crate::SoftVm`] runs).
+    Live(Arc<LiveThrottle>),
 }
 
 impl Throttle {
@@ -175,6 +294,11 @@ impl Throttle {
             Throttle::None => None,
             Throttle::Quota(q) => q.charge(vcpu, dirtied_pages * 4096),
             Throttle::Time(t) => t.check(vcpu),
+            Throttle::Live(l) => l
+                .time
+                .check(vcpu)
+                .or_else(|| l.charge(vcpu, dirtied_pages))
+                .filter(|d| !d.is_zero()),
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::config::Mechanisms;
 use crate::error::SoftError;
 use crate::guest_mem::{HostView, VcpuMem};
 use crate::mmu::Mmu;
-use crate::quota::{Throttle, TimeThrottle};
+use crate::quota::{LiveThrottle, Throttle, TimeThrottle};
 use crate::vcpu::{self, Control, VcpuState};
 use ferry_backend::{
     memstress, BackendError, BackendKind, DirtyPages, GuestRam, HarvestStats, Vm, VmConfig,
@@ -68,9 +68,9 @@ impl SoftVm {
             ram,
             mmu: Arc::new(mmu),
             ctl: Arc::new(Control::new(vcpus)),
-            // A 0% time throttle costs one relaxed load per access and lets
-            // `set_time_throttle` act live on running vCPUs.
-            throttle: Throttle::Time(Arc::new(TimeThrottle::new(vcpus, 0))),
+            // Off, both cost a relaxed load per access, and let the engine's
+            // time throttle and dirty quota act live on running vCPUs.
+            throttle: Throttle::Live(Arc::new(LiveThrottle::new(vcpus))),
             threads: Vec::new(),
             running: false,
         })
@@ -93,6 +93,15 @@ impl SoftVm {
     /// threads started afterwards.
     pub fn set_throttle(&mut self, throttle: Throttle) {
         self.throttle = throttle;
+    }
+
+    /// The live throttle the engine drives, unless an experiment installed
+    /// its own with [`Self::set_throttle`].
+    pub fn live_throttle(&self) -> Option<&Arc<LiveThrottle>> {
+        match &self.throttle {
+            Throttle::Live(l) => Some(l),
+            _ => None,
+        }
     }
 
     /// The MMU.
@@ -132,6 +141,10 @@ impl Vm for SoftVm {
                 t.set_percent(u32::from(percent));
                 Ok(())
             }
+            Throttle::Live(l) => {
+                l.time.set_percent(u32::from(percent));
+                Ok(())
+            }
             Throttle::None if self.threads.is_empty() => {
                 let vcpus = self.config.workload.vcpus as usize;
                 self.throttle =
@@ -143,6 +156,20 @@ impl Vm for SoftVm {
                 what: "another throttle (a dirty quota) is installed; it cannot be \
                        replaced while the vCPUs run"
                     .into(),
+                source: None,
+            }),
+        }
+    }
+
+    fn set_dirty_quota(&mut self, bytes: Option<u64>) -> Result<(), BackendError> {
+        match &self.throttle {
+            Throttle::Live(l) => {
+                l.set_quota(bytes);
+                Ok(())
+            }
+            _ => Err(BackendError::Operation {
+                backend: BackendKind::Soft,
+                what: "set a dirty quota: an experiment's own throttle is installed".into(),
                 source: None,
             }),
         }

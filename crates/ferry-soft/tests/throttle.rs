@@ -93,3 +93,46 @@ fn time_throttle_sleeps_every_vcpu() {
         t.sleeps()
     );
 }
+
+#[test]
+fn the_live_quota_sleeps_the_writer_and_never_the_reader() {
+    let mut vm = SoftVm::new_source(config(100), Mechanisms::default()).unwrap();
+    // vCPU 1 only reads.
+    ferry_backend::memstress::set_vcpu_write_percent(vm.ram(), 1, 0).unwrap();
+    vm.start().unwrap();
+    vm.start_dirty_log().unwrap();
+    // 256 pages per vCPU per interval: the writer sweeps its 1024 pages
+    // far faster. The reader writes only its progress record, at most once
+    // per harvest (every 5 ms here): 20 pages an interval, under its quota.
+    vm.set_dirty_quota(Some(256 * 4096)).unwrap();
+    let live = Arc::clone(vm.live_throttle().expect("a SoftVm runs the live throttle"));
+    let mut dirty = ferry_backend::DirtyPages::new(vm.ram().pages());
+    // Harvests re-protect the pages, so each new write is charged again;
+    // run until the writer has slept on its quota twice over an interval.
+    wait_until(|| {
+        std::thread::sleep(Duration::from_millis(4));
+        vm.harvest_dirty(&mut dirty).unwrap();
+        dirty.clear();
+        live.quota_slept_ns(0) >= 2 * ferry_backend::QUOTA_INTERVAL.as_nanos() as u64
+    });
+    assert_eq!(
+        live.quota_slept_ns(1),
+        0,
+        "the reader must never sleep on a quota"
+    );
+    let before = read_progress(vm.ram(), 2).unwrap();
+    wait_until(|| read_progress(vm.ram(), 2).unwrap()[1].passes >= before[1].passes + 2);
+    assert_eq!(live.quota_slept_ns(1), 0);
+    // Lifting the quota stops the sleeps.
+    vm.set_dirty_quota(None).unwrap();
+    let slept = live.quota_slept_ns(0);
+    let p = read_progress(vm.ram(), 2).unwrap()[0].passes;
+    wait_until(|| {
+        std::thread::sleep(Duration::from_millis(4));
+        vm.harvest_dirty(&mut dirty).unwrap();
+        dirty.clear();
+        read_progress(vm.ram(), 2).unwrap()[0].passes >= p + 2
+    });
+    assert_eq!(live.quota_slept_ns(0), slept, "no quota sleep once lifted");
+    vm.pause().unwrap();
+}

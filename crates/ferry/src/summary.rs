@@ -53,7 +53,21 @@ fn delta(s: &MigrationSummary) -> String {
 /// The policy, the throttle it reached, and any escalation.
 fn convergence(s: &MigrationSummary) -> String {
     let mut out = s.converge.clone();
-    if let (Some(first), Some(last)) = (s.throttle_timeline.first(), s.throttle_timeline.last()) {
+    let quotas: Vec<u64> = s
+        .throttle_timeline
+        .iter()
+        .filter_map(|t| t.quota_bytes)
+        .collect();
+    if let (Some(first), Some(min)) = (s.throttle_timeline.first(), quotas.iter().min()) {
+        out += &format!(
+            ": dirty quota from round {}, down to {} per vCPU per 100 ms ({} steps)",
+            first.round,
+            ferry_backend::types::human_bytes(*min),
+            s.throttle_timeline.len()
+        );
+    } else if let (Some(first), Some(last)) =
+        (s.throttle_timeline.first(), s.throttle_timeline.last())
+    {
         out += &format!(
             ": vCPUs throttled from round {}, {}% up to {}% ({} steps)",
             first.round,

@@ -148,36 +148,3 @@ fn delta_resends_over_four_connections_on_both_backends() {
         assert!(pages > 0, "{backend}: no page went as a delta: {j}");
     }
 }
-
-#[test]
-fn auto_converge_throttles_a_guest_faster_than_the_link_on_both_backends() {
-    for backend in ["kvm", "soft"] {
-        if backend == "kvm" && !require_kvm("auto-converge on kvm") {
-            continue;
-        }
-        let out = run(&[
-            "demo",
-            "--json",
-            "--backend",
-            backend,
-            "--unthrottled",
-            "--converge",
-            "auto",
-            "--bandwidth",
-            "64",
-            "--downtime-ms",
-            "20",
-            "--mem-per-vcpu",
-            "8M",
-            "--warmup",
-            "0.3",
-        ]);
-        assert_no_panic(&out);
-        let j = last_json(&out);
-        assert_verified(&j, &format!("{backend} auto"));
-        assert_eq!(j["converge"], "auto", "{backend}: {j}");
-        let steps = j["throttle_timeline"].as_array().map_or(0, |a| a.len());
-        assert!(steps > 0, "{backend}: never throttled: {j}");
-        assert_eq!(j["throttle_timeline"][0]["percent"], 20, "{backend}: {j}");
-    }
-}

@@ -8,7 +8,7 @@
 //! `set_time_throttle`). Readers are slowed as much as writers, which is
 //! what the seed's per-vCPU quota improves on.
 
-use super::{Policy, RoundSample};
+use super::{Action, Policy, RoundSample};
 
 /// First throttle, in percent.
 pub const INITIAL_PCT: u8 = 20;
@@ -44,7 +44,7 @@ impl Policy for AutoConverge {
         "auto"
     }
 
-    fn decide(&mut self, s: &RoundSample) -> Option<u8> {
+    fn decide(&mut self, s: &RoundSample) -> Option<Action> {
         // The full pass sends memory nobody dirtied since: not a period.
         if s.round == 0 || s.sent_bytes == 0 {
             return None;
@@ -57,11 +57,11 @@ impl Policy for AutoConverge {
             return None;
         }
         self.high = 0;
-        Some(self.step())
+        Some(Action::Time(self.step()))
     }
 
-    fn engage(&mut self) -> Option<u8> {
-        (self.pct == 0).then(|| self.step())
+    fn engage(&mut self, _: &RoundSample) -> Option<Action> {
+        (self.pct == 0).then(|| Action::Time(self.step()))
     }
 }
 
@@ -78,6 +78,7 @@ mod tests {
             remaining_bytes: dirty,
             link_bytes_per_sec: 1e9,
             downtime_target: Duration::from_millis(300),
+            vcpus: 2,
         }
     }
 
@@ -86,15 +87,19 @@ mod tests {
         let mut a = AutoConverge::default();
         assert_eq!(a.decide(&sample(1, 40, 100)), None, "40% is below half");
         assert_eq!(a.decide(&sample(2, 60, 100)), None, "one trigger");
-        assert_eq!(a.decide(&sample(3, 60, 100)), Some(20));
+        assert_eq!(a.decide(&sample(3, 60, 100)), Some(Action::Time(20)));
         assert_eq!(a.decide(&sample(4, 60, 100)), None);
-        assert_eq!(a.decide(&sample(5, 60, 100)), Some(30));
+        assert_eq!(a.decide(&sample(5, 60, 100)), Some(Action::Time(30)));
         for r in 6..40 {
             a.decide(&sample(r, 90, 100));
         }
         assert_eq!(a.decide(&sample(40, 90, 100)), None);
-        assert_eq!(a.decide(&sample(41, 90, 100)), Some(99), "capped");
-        assert_eq!(a.engage(), None, "already on");
+        assert_eq!(
+            a.decide(&sample(41, 90, 100)),
+            Some(Action::Time(99)),
+            "capped"
+        );
+        assert_eq!(a.engage(&sample(42, 0, 0)), None, "already on");
     }
 
     #[test]
@@ -102,6 +107,6 @@ mod tests {
         let mut a = AutoConverge::default();
         assert_eq!(a.decide(&sample(0, 1000, 100)), None);
         assert_eq!(a.decide(&sample(0, 1000, 100)), None);
-        assert_eq!(a.engage(), Some(INITIAL_PCT));
+        assert_eq!(a.engage(&sample(1, 0, 0)), Some(Action::Time(INITIAL_PCT)));
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //!   every harvest (the end of a round):
-//!     RoundSample ──► Policy::decide ──► throttle every vCPU to p% of each 10 ms slice
+//!     RoundSample ──► Policy::decide ──► Action: time throttle p% for every vCPU (auto),
+//!                 │                      or a dirty quota per vCPU per 100 ms (quota)
 //!                 └─► Stall          ──► remaining bytes stopped shrinking for K rounds:
 //!                                          1. engage the policy now (if it is not on yet)
 //!                                          2. raise the downtime target step by step,
@@ -14,15 +15,20 @@
 //! and lands in the summary (`throttle_timeline`, `escalations`). A
 //! migration that fails leaves the source unthrottled.
 //!
-//! Policies ([`ConvergeMode`]): `none`, and `auto` (QEMU's auto-converge, the
-//! baseline: it slows every vCPU, readers too). The seed's per-vCPU dirty
-//! quota and QEMU 8.1's dirty-limit need per-vCPU meters from the backends,
-//! and come next behind the same [`Policy`] seam.
+//! Policies ([`ConvergeMode`]): `none`; `auto` (QEMU's auto-converge, the
+//! baseline: it slows every vCPU, readers too); `quota` (the seed's: each
+//! vCPU may dirty a quota derived from the link per interval, and only a
+//! vCPU that uses it up sleeps, so readers run on). The backend applies the
+//! quota between rounds on its own clock (`Vm::set_dirty_quota`); the soft
+//! backend meters it at write-fault time, the kvm backend does not meter
+//! per vCPU yet. QEMU 8.1's dirty-limit comes next behind the same seam.
 
 mod auto;
+mod quota;
 mod stall;
 
 pub use auto::AutoConverge;
+pub use quota::QuotaPolicy;
 pub use stall::Stall;
 
 use crate::error::MigrationError;
@@ -39,6 +45,8 @@ pub enum ConvergeMode {
     /// QEMU's auto-converge: every vCPU sleeps a growing share of its time.
     #[default]
     Auto,
+    /// The seed's per-vCPU dirty quota: only writers are slowed.
+    Quota,
 }
 
 impl std::str::FromStr for ConvergeMode {
@@ -47,10 +55,13 @@ impl std::str::FromStr for ConvergeMode {
         match s {
             "none" => Ok(ConvergeMode::None),
             "auto" => Ok(ConvergeMode::Auto),
-            "quota" | "dirty-limit" => Err(format!(
-                "--converge {s} is not available yet (it needs per-vCPU dirty meters); use auto or none"
+            "quota" => Ok(ConvergeMode::Quota),
+            "dirty-limit" => {
+                Err("--converge dirty-limit is not available yet; use quota, auto or none".into())
+            }
+            _ => Err(format!(
+                "unknown convergence policy {s:?} (none, auto, quota)"
             )),
-            _ => Err(format!("unknown convergence policy {s:?} (none, auto)")),
         }
     }
 }
@@ -60,6 +71,7 @@ impl std::fmt::Display for ConvergeMode {
         f.write_str(match self {
             ConvergeMode::None => "none",
             ConvergeMode::Auto => "auto",
+            ConvergeMode::Quota => "quota",
         })
     }
 }
@@ -79,19 +91,30 @@ pub struct RoundSample {
     pub link_bytes_per_sec: f64,
     /// The downtime target now.
     pub downtime_target: Duration,
+    /// vCPUs of the guest.
+    pub vcpus: u32,
+}
+
+/// What a policy asks of the source VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Every vCPU sleeps this share of its time (percent).
+    Time(u8),
+    /// Every vCPU may dirty this many bytes per `QUOTA_INTERVAL` (`None`:
+    /// no quota).
+    Quota(Option<u64>),
 }
 
 /// A convergence policy: told what each round measured, it answers with
-/// the time throttle every vCPU should get.
+/// what the source VM should do.
 pub trait Policy: Send {
     /// Name for the summary.
     fn name(&self) -> &'static str;
-    /// The throttle (percent of each 10 ms slice spent asleep) to apply now,
-    /// or `None` to leave it as it is.
-    fn decide(&mut self, sample: &RoundSample) -> Option<u8>;
-    /// Engages the policy at once (the stall detector asks): the throttle to
-    /// apply, or `None` if it is already engaged.
-    fn engage(&mut self) -> Option<u8>;
+    /// What to apply now, or `None` to leave things as they are.
+    fn decide(&mut self, sample: &RoundSample) -> Option<Action>;
+    /// Engages the policy at once (the stall detector asks): what to apply,
+    /// or `None` if it is already engaged.
+    fn engage(&mut self, sample: &RoundSample) -> Option<Action>;
 }
 
 /// The policy of `mode`.
@@ -99,6 +122,7 @@ pub fn policy(mode: ConvergeMode) -> Option<Box<dyn Policy>> {
     match mode {
         ConvergeMode::None => None,
         ConvergeMode::Auto => Some(Box::new(AutoConverge::default())),
+        ConvergeMode::Quota => Some(Box::new(QuotaPolicy::default())),
     }
 }
 
@@ -109,6 +133,7 @@ pub(crate) struct Converger {
     max_downtime: Duration,
     started: Instant,
     throttle: u8,
+    quota: Option<u64>,
     /// Every throttle change.
     pub timeline: Vec<ThrottleStep>,
     /// Every escalation after a stall.
@@ -125,6 +150,7 @@ impl Converger {
             max_downtime,
             started: Instant::now(),
             throttle: 0,
+            quota: None,
             timeline: Vec::new(),
             escalations: Vec::new(),
         }
@@ -141,17 +167,21 @@ impl Converger {
         if self.stall.observe(s.remaining_bytes) {
             want = want.or(self.escalate(s, tunables));
         }
-        if let Some(pct) = want.filter(|&p| p != self.throttle) {
-            self.set_throttle(vm, s.round, pct)?;
+        match want {
+            Some(Action::Time(pct)) if pct != self.throttle => {
+                self.set_throttle(vm, s.round, pct)?;
+            }
+            Some(Action::Quota(q)) if q != self.quota => self.set_quota(vm, s.round, q)?,
+            _ => {}
         }
         Ok(())
     }
 
-    /// One escalation step; returns a throttle to apply if the step was to
-    /// engage the policy.
-    fn escalate(&mut self, s: &RoundSample, tunables: &Tunables) -> Option<u8> {
+    /// One escalation step; returns what to apply if the step was to engage
+    /// the policy.
+    fn escalate(&mut self, s: &RoundSample, tunables: &Tunables) -> Option<Action> {
         let at_ms = self.started.elapsed().as_secs_f64() * 1e3;
-        if let Some(pct) = self.policy.as_mut().and_then(|p| p.engage()) {
+        if let Some(action) = self.policy.as_mut().and_then(|p| p.engage(s)) {
             let what = format!(
                 "remaining bytes stopped shrinking: {} engaged",
                 self.policy.as_ref().map_or("policy", |p| p.name())
@@ -162,7 +192,7 @@ impl Converger {
                 round: s.round,
                 what,
             });
-            return Some(pct);
+            return Some(action);
         }
         let now = tunables.downtime_target();
         if now < self.max_downtime {
@@ -192,17 +222,43 @@ impl Converger {
             at_ms: self.started.elapsed().as_secs_f64() * 1e3,
             round,
             percent: pct,
+            quota_bytes: None,
         });
         Ok(())
     }
 
-    /// Lifts the throttle (a failed migration leaves the source as it was).
+    fn set_quota(
+        &mut self,
+        vm: &mut dyn Vm,
+        round: u32,
+        bytes: Option<u64>,
+    ) -> Result<(), MigrationError> {
+        vm.set_dirty_quota(bytes)
+            .map_err(MigrationError::backend("set the vCPUs' dirty quota"))?;
+        tracing::info!("round {round}: dirty quota per vCPU per interval {bytes:?}");
+        self.quota = bytes;
+        self.timeline.push(ThrottleStep {
+            at_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            round,
+            percent: 0,
+            quota_bytes: bytes,
+        });
+        Ok(())
+    }
+
+    /// Lifts the throttle and the quota (a failed migration leaves the
+    /// source as it was).
     pub fn release(&mut self, vm: &mut dyn Vm) {
         if self.throttle > 0 {
             if let Err(e) = vm.set_time_throttle(0) {
                 tracing::warn!("cannot lift the source's throttle: {e}");
             }
             self.throttle = 0;
+        }
+        if self.quota.take().is_some() {
+            if let Err(e) = vm.set_dirty_quota(None) {
+                tracing::warn!("cannot lift the source's dirty quota: {e}");
+            }
         }
     }
 }

@@ -4,7 +4,7 @@
 use super::delta::DeltaCache;
 use super::senders::Senders;
 use super::{unexpected, PrecopyOptions, MAX_CONNECTIONS};
-use crate::converge::{Converger, RoundSample};
+use crate::converge::{ConvergeMode, Converger, RoundSample};
 use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
 use crate::summary::{ms, MigrationSummary, RoundKind, RoundStats, Status};
@@ -39,6 +39,11 @@ pub fn migrate(
     opts: &PrecopyOptions,
     progress: &dyn Progress,
 ) -> Result<MigrationSummary, MigrationError> {
+    // A policy the backend cannot serve is refused before anything starts.
+    if opts.converge == ConvergeMode::Quota {
+        vm.set_dirty_quota(None)
+            .map_err(MigrationError::backend("run --converge quota"))?;
+    }
     let ram = Arc::clone(vm.ram());
     let connections = opts.connections.clamp(1, MAX_CONNECTIONS);
     let summary = MigrationSummary {
@@ -233,6 +238,7 @@ impl Source<'_> {
                 remaining_bytes: remaining,
                 link_bytes_per_sec: bandwidth,
                 downtime_target: self.opts.tunables.downtime_target(),
+                vcpus: self.vm.config().workload.vcpus,
             };
             self.converge
                 .after_round(&sample, &mut *self.vm, &self.opts.tunables)?;

@@ -11,6 +11,7 @@ use ferry_backend::error_chain as chain;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
 
 /// Arguments of `ferry demo`.
 #[derive(Args, Debug)]
@@ -91,6 +92,10 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
         None
     };
     let link = a.migration.link()?;
+    // The source VM first: a policy its backend cannot serve is refused
+    // before a destination process exists.
+    let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
+    super::migrate::check_policy(&mut *vm, &link)?;
     let mut dest = spawn_destination(&a)?;
     let addr = read_listen_address(&mut dest)?;
     if !a.migration.json {
@@ -109,14 +114,20 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
             dest.0.id()
         );
     }
-    let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
     let summary = boot_and_migrate(&mut *vm, &addr, &a.migration, link)?;
-    let status = dest
-        .0
-        .wait()
-        .map_err(|e| CmdError::Failed(format!("waiting for the destination: {e}")))?;
-    if !status.success() && summary.error.is_none() {
-        eprintln!("ferry demo: destination exited with {status}");
+    // A destination that got no migration (the source failed before it
+    // connected) would wait for ever: give it the stall timeout to finish
+    // reporting, then stop it.
+    let grace = Duration::from_secs(a.migration.stall_timeout_s + 5);
+    match wait_for(&mut dest.0, grace) {
+        Some(status) if !status.success() && summary.error.is_none() => {
+            eprintln!("ferry demo: destination exited with {status}");
+        }
+        Some(_) => {}
+        None => eprintln!(
+            "ferry demo: the destination was still waiting {} s after the migration ended; stopped it",
+            grace.as_secs()
+        ),
     }
     Ok(finish(&mut *vm, &summary, a.migration.json))
 }
@@ -145,6 +156,18 @@ fn spawn_destination(a: &DemoArgs) -> Result<Destination, CmdError> {
         .spawn()
         .map_err(|e| CmdError::Failed(format!("cannot start the destination process: {e}")))?;
     Ok(Destination(child))
+}
+
+/// Waits up to `grace` for `child` to exit; `None` if it had not.
+fn wait_for(child: &mut Child, grace: Duration) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + grace;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
+            _ => return None,
+        }
+    }
 }
 
 /// Reads `listening on ADDR` from the destination's stdout.

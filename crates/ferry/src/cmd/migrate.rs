@@ -49,9 +49,11 @@ pub struct MigrationArgs {
     #[arg(long, default_value = "none", value_parser = clap::value_parser!(Compression))]
     pub compress: Compression,
     /// What slows the guest when it dirties memory faster than the link
-    /// sends it: auto (QEMU's auto-converge: every vCPU sleeps a growing
-    /// share of each 10 ms, from 20% up to 99%, once dirtying exceeds half
-    /// the transfer twice) or none. quota and dirty-limit come next.
+    /// sends it. auto: QEMU's auto-converge (once dirtying exceeds half the
+    /// transfer twice, every vCPU, readers too, runs 10 ms and sleeps
+    /// p/(1-p) x 10 ms, p from 20% up to 99%). quota: the seed's per-vCPU
+    /// dirty quota (each vCPU may dirty a share of the link per 100 ms; only
+    /// a vCPU that uses it up sleeps; soft backend only for now). none.
     #[arg(long, default_value = "auto", value_parser = clap::value_parser!(ConvergeMode))]
     pub converge: ConvergeMode,
     /// When precopy stops converging (the bytes left stop shrinking for 3
@@ -226,6 +228,16 @@ fn check_address(to: &str) -> Result<(), CmdError> {
     }
 }
 
+/// Refuses a convergence policy the VM's backend cannot serve, before the
+/// guest boots.
+pub fn check_policy(vm: &mut dyn Vm, link: &LinkSettings) -> Result<(), CmdError> {
+    if link.converge == ConvergeMode::Quota {
+        vm.set_dirty_quota(None)
+            .map_err(|e| CmdError::Usage(format!("--converge quota: {}", chain(&e))))?;
+    }
+    Ok(())
+}
+
 /// Starts the guest, warms it up, and migrates it to `to`.
 pub fn boot_and_migrate(
     vm: &mut dyn Vm,
@@ -236,6 +248,7 @@ pub fn boot_and_migrate(
     if !(0.0..=3600.0).contains(&m.warmup) {
         return Err(CmdError::Usage("--warmup must be 0 to 3600 seconds".into()));
     }
+    check_policy(vm, &link)?;
     vm.start()?;
     warm_up(vm, Duration::from_secs_f64(m.warmup))?;
     if m.idle {

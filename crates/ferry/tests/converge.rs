@@ -1,0 +1,80 @@
+//! Convergence between two ferry processes: a guest that dirties faster
+//! than the link converges under `auto` (both backends) and `quota` (soft),
+//! with every migration proven as always; a policy a backend cannot serve is
+//! refused before anything starts.
+
+mod common;
+use common::*;
+
+/// `ferry demo` of an uncapped 2 x 8 MiB guest over a 64 MiB/s link with a
+/// 20 ms downtime target: it cannot converge without help.
+fn busy_demo(backend: &str, converge: &str) -> std::process::Output {
+    run(&[
+        "demo",
+        "--json",
+        "--backend",
+        backend,
+        "--unthrottled",
+        "--converge",
+        converge,
+        "--bandwidth",
+        "64",
+        "--downtime-ms",
+        "20",
+        "--mem-per-vcpu",
+        "8M",
+        "--warmup",
+        "0.3",
+    ])
+}
+
+#[test]
+fn auto_converge_throttles_a_guest_faster_than_the_link_on_both_backends() {
+    for backend in ["kvm", "soft"] {
+        if backend == "kvm" && !require_kvm("auto-converge on kvm") {
+            continue;
+        }
+        let out = busy_demo(backend, "auto");
+        assert_no_panic(&out);
+        let j = last_json(&out);
+        assert_verified(&j, &format!("{backend} auto"));
+        assert_eq!(j["converge"], "auto", "{backend}: {j}");
+        let steps = j["throttle_timeline"].as_array().map_or(0, |a| a.len());
+        assert!(steps > 0, "{backend}: never throttled: {j}");
+        assert_eq!(j["throttle_timeline"][0]["percent"], 20, "{backend}: {j}");
+    }
+}
+
+#[test]
+fn the_quota_policy_converges_a_busy_soft_guest() {
+    let out = busy_demo("soft", "quota");
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    assert_verified(&j, "soft quota");
+    assert_eq!(j["converge"], "quota", "{j}");
+    let timeline = j["throttle_timeline"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!timeline.is_empty(), "the quota never engaged: {j}");
+    for step in &timeline {
+        assert_eq!(step["percent"], 0, "quota never time-throttles: {j}");
+        assert!(step["quota_bytes"].as_u64().unwrap_or(0) >= 4096, "{j}");
+    }
+}
+
+#[test]
+fn quota_on_kvm_is_refused_before_anything_starts() {
+    if !require_kvm("quota refusal on kvm") {
+        return;
+    }
+    let out = run(&["demo", "--backend", "kvm", "--converge", "quota"]);
+    assert_no_panic(&out);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--converge quota: kvm backend") && err.contains("no per-vCPU dirty meter"),
+        "{err}"
+    );
+    assert!(!err.contains("warming up"), "a guest booted: {err}");
+}
