@@ -192,3 +192,51 @@ fn placement_by_plain_write_verifies_as_well() {
     assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
     assert_eq!(summary.guest_mismatches, 0);
 }
+
+/// A hand-driven source: the control connection's header is accepted, then
+/// one data connection introduces itself as `channel`.
+fn data_connection_as(channel: u16) -> (String, ferry_engine::MigrationError) {
+    use ferry_engine::transport::open_channel;
+    use ferry_engine::wire::control::Hello;
+    use ferry_engine::wire::StreamHeader;
+    let (to, dest) = spawn_receiver(quick_receive());
+    let src = running_source();
+    let hello = |channel| Hello {
+        session: 7,
+        channel,
+        data_channels: 1,
+    };
+    let timeout = Duration::from_secs(10);
+    let mut ctl = open_channel(&to, hello(0), timeout).unwrap();
+    let header = StreamHeader::for_vm(&src).encode();
+    ctl.write_frame(FrameKind::Header, &[&header]).unwrap();
+    ctl.flush().unwrap();
+    // Heartbeats may come first.
+    loop {
+        match ctl.read_frame().unwrap().0 {
+            FrameKind::Heartbeat => continue,
+            kind => break assert_eq!(kind, FrameKind::Accept),
+        }
+    }
+    let Err(answer) = open_channel(&to, hello(channel), timeout) else {
+        panic!("channel {channel} was welcomed");
+    };
+    let dest_err = dest
+        .join()
+        .unwrap()
+        .err()
+        .expect("the destination must refuse");
+    (answer.to_string(), dest_err)
+}
+
+#[test]
+fn a_data_channel_out_of_range_or_the_priority_one_is_refused_not_a_panic() {
+    let (answer, dest) = data_connection_as(70);
+    assert!(
+        answer.contains("channel 70 of 1 data connections"),
+        "{answer}"
+    );
+    assert!(dest.to_string().contains("channel 70"), "{dest}");
+    let (answer, _) = data_connection_as(ferry_engine::wire::control::PRIORITY_CHANNEL);
+    assert!(answer.contains("priority connection"), "{answer}");
+}

@@ -6,7 +6,7 @@ use super::{guest_totals, unexpected, ReceiveOptions};
 use crate::error::MigrationError;
 use crate::summary::{ms, ReceiveSummary, Status};
 use crate::transport::{accept_channel, Channel, Control, Health, Listen, Side};
-use crate::wire::control::Hello;
+use crate::wire::control::{Hello, PRIORITY_CHANNEL};
 use crate::wire::{FrameKind, GuestReport, Message, StreamError, StreamHeader};
 use ferry_backend::memstress::read_progress;
 use ferry_backend::{BackendError, DirtyPages, Vm};
@@ -288,7 +288,13 @@ impl Dest<'_> {
                 if h.session != hello.session {
                     return Err("this destination is receiving another migration".into());
                 }
-                if h.channel == 0 || h.data_channels != hello.data_channels {
+                if h.channel == PRIORITY_CHANNEL {
+                    return Err(
+                        "postcopy's priority connection is not served by this ferry yet".into(),
+                    );
+                }
+                let in_range = (1..=n).contains(&usize::from(h.channel));
+                if !in_range || h.data_channels != hello.data_channels {
                     return Err(format!(
                         "expected one of {n} data connections, got channel {} of {}",
                         h.channel, h.data_channels

@@ -91,6 +91,11 @@ pub enum Message {
 /// What a [`Message::Hello`] says: which migration and which of its
 /// connections this is. The session id ties a migration's connections
 /// together on a destination that listens for more than one.
+///
+/// Channel [`PRIORITY_CHANNEL`] is kept for postcopy's priority connection:
+/// page requests and their answers, which must never queue behind bulk
+/// batches on a data connection. Data channels stop far below it
+/// (`precopy::MAX_CONNECTIONS`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Hello {
     /// Random per migration, the same on all its connections.
@@ -100,6 +105,9 @@ pub struct Hello {
     /// How many data connections the migration uses.
     pub data_channels: u16,
 }
+
+/// The channel number kept for postcopy's priority connection.
+pub const PRIORITY_CHANNEL: u16 = u16::MAX;
 
 impl Message {
     /// The frame type carrying this message.
@@ -225,7 +233,9 @@ impl Message {
                     channel: u16::from_le_bytes([payload[8], payload[9]]),
                     data_channels: u16::from_le_bytes([payload[10], payload[11]]),
                 };
-                if h.data_channels == 0 || h.channel > h.data_channels {
+                let data_or_priority =
+                    h.channel <= h.data_channels || h.channel == PRIORITY_CHANNEL;
+                if h.data_channels == 0 || !data_or_priority {
                     return Err(bad(format!(
                         "channel {} of {} data connections",
                         h.channel, h.data_channels
