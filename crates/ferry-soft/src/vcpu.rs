@@ -117,6 +117,8 @@ impl Control {
     /// Blocks until every live thread is parked (or has exited).
     pub fn wait_parked(&self) {
         let mut p = self.park.lock().expect("park");
+        // Wake vCPUs napping on a throttle: they park at once.
+        self.cond.notify_all();
         while p.parked < p.alive {
             p = self.cond.wait(p).expect("park");
         }
@@ -126,6 +128,21 @@ impl Control {
     pub fn wake(&self) {
         let _p = self.park.lock().expect("park");
         self.cond.notify_all();
+    }
+
+    /// Sleeps `d`, or less if a pause or an exit is asked for meanwhile: a
+    /// throttle sleep (up to 990 ms at 99%) must not hold up a pause, which
+    /// would be downtime.
+    fn nap(&self, d: Duration) {
+        let until = Instant::now() + d;
+        let mut p = self.park.lock().expect("park");
+        while !self.pause.load(Ordering::SeqCst) && !self.exit.load(Ordering::SeqCst) {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            p = self.cond.wait_timeout(p, until - now).expect("park").0;
+        }
     }
 
     fn park(&self) {
@@ -239,7 +256,7 @@ fn run_inner(
             }
             if let Some(sleep) = throttle.after_access(v, mem.take_dirtied()) {
                 mem.offline();
-                std::thread::sleep(sleep);
+                ctl.nap(sleep);
                 mem.online();
                 continue;
             }

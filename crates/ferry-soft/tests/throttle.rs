@@ -136,3 +136,20 @@ fn the_live_quota_sleeps_the_writer_and_never_the_reader() {
     assert_eq!(live.quota_slept_ns(0), slept, "no quota sleep once lifted");
     vm.pause().unwrap();
 }
+
+#[test]
+fn a_pause_does_not_wait_out_a_throttle_sleep() {
+    let mut vm = SoftVm::new_source(config(100), Mechanisms::default()).unwrap();
+    vm.start().unwrap();
+    // At 99% each sleep is 990 ms.
+    vm.set_time_throttle(99).unwrap();
+    let live = Arc::clone(vm.live_throttle().unwrap());
+    let before = live.time.sleeps();
+    wait_until(|| live.time.sleeps() >= before + 2);
+    // Both vCPUs are (or are about to be) in a 990 ms sleep: the pause must
+    // not wait it out. The bound is half a sleep: a hang check, not timing.
+    let t = Instant::now();
+    vm.pause().unwrap();
+    let took = t.elapsed();
+    assert!(took < Duration::from_millis(495), "pause took {took:?}");
+}
