@@ -55,7 +55,8 @@ pub enum Request {
         tls_dir: Option<std::path::PathBuf>,
         /// MiB of delta cache for re-sent pages (default 0: off).
         delta_cache_mib: Option<u64>,
-        /// none or auto (default auto).
+        /// none, auto or quota (default: quota where the backend meters
+        /// each vCPU, else auto).
         converge: Option<String>,
         /// Highest downtime target a stall may raise the target to.
         max_downtime_ms: Option<u64>,
@@ -201,7 +202,7 @@ fn handle(req: Request, shared: &Shared) -> Value {
             converge,
             max_downtime_ms,
         } => {
-            let converge = match converge.as_deref().unwrap_or("auto").parse() {
+            let converge = match converge.as_deref().map(str::parse).transpose() {
                 Ok(c) => c,
                 Err(e) => return json!({"ok": false, "error": e}),
             };

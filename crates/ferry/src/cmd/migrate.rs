@@ -54,8 +54,9 @@ pub struct MigrationArgs {
     /// p/(1-p) x 10 ms, p from 20% up to 99%). quota: the seed's per-vCPU
     /// dirty quota (each vCPU may dirty a share of the link per 100 ms; only
     /// a vCPU that uses it up sleeps; soft backend only for now). none.
-    #[arg(long, default_value = "auto", value_parser = clap::value_parser!(ConvergeMode))]
-    pub converge: ConvergeMode,
+    /// Default: quota where the backend meters each vCPU's writes, else auto.
+    #[arg(long, value_parser = clap::value_parser!(ConvergeMode))]
+    pub converge: Option<ConvergeMode>,
     /// When precopy stops converging (the bytes left stop shrinking for 3
     /// rounds), the engine first engages --converge, then raises the
     /// downtime target by half at a time up to this many ms. Default: never
@@ -116,8 +117,8 @@ pub struct LinkSettings {
     pub tls: Option<TlsConfig>,
     /// Bytes of the delta cache (0: no delta re-sends).
     pub delta_cache_bytes: u64,
-    /// The convergence policy.
-    pub converge: ConvergeMode,
+    /// The convergence policy (`None`: the best the backend serves).
+    pub converge: Option<ConvergeMode>,
     /// Highest downtime target a stall may raise the target to.
     pub max_downtime: Option<Duration>,
 }
@@ -195,7 +196,7 @@ fn via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdE
         "compress": a.migration.compress.to_string(),
         "tls_dir": a.migration.tls_dir,
         "delta_cache_mib": if a.migration.delta { a.migration.delta_cache >> 20 } else { 0 },
-        "converge": a.migration.converge.to_string(),
+        "converge": a.migration.converge.map(|c| c.to_string()),
         "max_downtime_ms": a.migration.max_downtime_ms,
     });
     let reply = crate::control::request(path, &req).map_err(|e| CmdError::Failed(chain(&e)))?;
@@ -231,11 +232,20 @@ fn check_address(to: &str) -> Result<(), CmdError> {
 /// Refuses a convergence policy the VM's backend cannot serve, before the
 /// guest boots.
 pub fn check_policy(vm: &mut dyn Vm, link: &LinkSettings) -> Result<(), CmdError> {
-    if link.converge == ConvergeMode::Quota {
+    if link.converge == Some(ConvergeMode::Quota) {
         vm.set_dirty_quota(None)
             .map_err(|e| CmdError::Usage(format!("--converge quota: {}", chain(&e))))?;
     }
     Ok(())
+}
+
+/// The policy asked for, or by default the best `vm`'s backend serves:
+/// the per-vCPU quota where it meters each vCPU's writes, else auto.
+pub fn converge_for(choice: Option<ConvergeMode>, vm: &mut dyn Vm) -> ConvergeMode {
+    choice.unwrap_or_else(|| match vm.set_dirty_quota(None) {
+        Ok(()) => ConvergeMode::Quota,
+        Err(_) => ConvergeMode::Auto,
+    })
 }
 
 /// Starts the guest, warms it up, and migrates it to `to`.
@@ -270,6 +280,9 @@ pub fn migrate_running(
     tunables: Arc<Tunables>,
     link: LinkSettings,
 ) -> MigrationSummary {
+    let mut link = link;
+    let converge = converge_for(link.converge, vm);
+    link.converge = Some(converge);
     let opts = PrecopyOptions {
         tunables,
         verify_before_resume: link.verify_before_resume,
@@ -277,7 +290,7 @@ pub fn migrate_running(
         stall_timeout: link.stall_timeout,
         compression: link.compression,
         delta_cache_bytes: link.delta_cache_bytes.min(vm.ram().pages() * 4096),
-        converge: link.converge,
+        converge,
         max_downtime: link.max_downtime,
         ..PrecopyOptions::default()
     };
@@ -327,7 +340,7 @@ fn failed_summary(
         compression: link.compression.to_string(),
         batches_by_codec: [0; 3],
         delta: None,
-        converge: link.converge.to_string(),
+        converge: link.converge.unwrap_or_default().to_string(),
         throttle_timeline: vec![],
         escalations: vec![],
         rounds: vec![],
