@@ -3,7 +3,7 @@
 //! atomics at each batch or round, plus the token bucket that enforces the
 //! bandwidth cap.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,12 @@ pub struct Tunables {
     max_rounds: AtomicU32,
     bandwidth_bytes_per_sec: AtomicU64,
     cancelled: AtomicBool,
+    migrating: AtomicBool,
+    throttle_request: AtomicU16,
 }
+
+/// No throttle request pending.
+const NO_REQUEST: u16 = u16::MAX;
 
 impl Default for Tunables {
     fn default() -> Self {
@@ -28,6 +33,8 @@ impl Default for Tunables {
             max_rounds: AtomicU32::new(DEFAULT_MAX_ROUNDS),
             bandwidth_bytes_per_sec: AtomicU64::new(0),
             cancelled: AtomicBool::new(false),
+            migrating: AtomicBool::new(false),
+            throttle_request: AtomicU16::new(NO_REQUEST),
         }
     }
 }
@@ -82,6 +89,33 @@ impl Tunables {
     /// Whether `cancel` was called (and not reset since).
     pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Relaxed)
+    }
+
+    /// Whether a migration with these tunables is running (the engine
+    /// owns the VM then, so a VM command must go through here).
+    pub fn is_migrating(&self) -> bool {
+        self.migrating.load(Relaxed)
+    }
+
+    /// Marks a migration as running or not (the engine does).
+    pub fn set_migrating(&self, on: bool) {
+        self.migrating.store(on, Relaxed);
+    }
+
+    /// Asks the running migration to set every vCPU's time throttle to
+    /// `percent` at its next round (the convergence policy may move it
+    /// again afterwards).
+    pub fn request_throttle(&self, percent: u8) {
+        self.throttle_request
+            .store(u16::from(percent.min(99)), Relaxed);
+    }
+
+    /// The pending throttle request, taken.
+    pub fn take_throttle_request(&self) -> Option<u8> {
+        match self.throttle_request.swap(NO_REQUEST, Relaxed) {
+            NO_REQUEST => None,
+            p => Some(p as u8),
+        }
     }
 }
 

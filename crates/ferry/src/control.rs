@@ -15,7 +15,9 @@
 //!
 //! Status, set and cancel are answered on the connection's own thread, so they
 //! work while a migration is running. Migrate and stop go to the thread that
-//! owns the VM.
+//! owns the VM; so does throttle, except during a migration, when the engine
+//! applies it at the end of the current round (and records it in the
+//! summary's throttle_timeline).
 
 use crate::cmd::migrate::LinkSettings;
 use crate::rates;
@@ -27,6 +29,7 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -116,6 +119,17 @@ pub struct Shared {
     pub vcpus: u32,
     pub tunables: Arc<Tunables>,
     pub commands: Sender<VmCommand>,
+    /// Requests being answered: `ferry run` waits for these before it exits,
+    /// so the reply to the migrate or stop that ends it is written whole.
+    pub answering: Arc<AtomicUsize>,
+}
+
+/// Waits (at most 5 s) until no reply is being written.
+pub fn wait_answered(answering: &AtomicUsize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while answering.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Listens on `path` and serves each connection on its own thread.
@@ -151,11 +165,14 @@ fn serve_connection(conn: UnixStream, shared: &Shared) {
         if line.trim().is_empty() {
             continue;
         }
+        shared.answering.fetch_add(1, Ordering::AcqRel);
         let reply = match serde_json::from_str::<Request>(&line) {
             Ok(req) => handle(req, shared),
             Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
         };
-        if writeln!(out, "{reply}").is_err() {
+        let written = writeln!(out, "{reply}").and_then(|_| out.flush());
+        shared.answering.fetch_sub(1, Ordering::AcqRel);
+        if written.is_err() {
             return;
         }
     }
@@ -236,6 +253,16 @@ fn handle(req: Request, shared: &Shared) -> Value {
             forward(shared, |reply| VmCommand::Migrate { to, link, reply })
         }
         Request::Throttle { percent } => {
+            if shared.tunables.is_migrating() {
+                // The VM's thread is inside the migration: the engine applies
+                // it at the end of the round under way.
+                shared.tunables.request_throttle(percent);
+                return json!({
+                    "ok": true,
+                    "throttle_percent": percent.min(99),
+                    "applies": "at the end of the migration's current round",
+                });
+            }
             forward(shared, |reply| VmCommand::Throttle { percent, reply })
         }
         Request::Stop => forward(shared, |reply| VmCommand::Stop { reply }),

@@ -72,3 +72,67 @@ fn control_socket_reports_tunes_and_migrates() {
     assert!(code.success());
     let _ = std::fs::remove_file(&sock);
 }
+
+#[test]
+fn a_throttle_reaches_a_vm_that_is_migrating() {
+    let sock = std::env::temp_dir().join(format!("ferry-test-mig-{}.sock", std::process::id()));
+    let mut vm = ferry()
+        .args([
+            "run",
+            "--backend",
+            "soft",
+            "--mem-per-vcpu",
+            "32M",
+            "--control",
+        ])
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "control socket never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dest = Receiver::start(&["--backend", "soft"]);
+    let (addr, path) = (dest.addr.clone(), sock.to_str().unwrap().to_string());
+    // 16 MiB/s for a 64 MiB guest: the full pass alone takes 4 s.
+    let migration = std::thread::spawn(move || {
+        run(&[
+            "migrate",
+            "--to",
+            &addr,
+            "--control",
+            &path,
+            "--bandwidth",
+            "16",
+            "--json",
+        ])
+    });
+    // Until the migration owns the VM, a throttle is answered by the VM's
+    // thread; once it runs, the engine takes it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let reply = loop {
+        let r = ask(&sock, r#"{"cmd":"throttle","percent":40}"#);
+        if r.get("applies").is_some() {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the migration never started: {r}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(reply["throttle_percent"], 40, "{reply}");
+    let out = migration.join().unwrap();
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    assert_verified(&j, "throttled mid-migration");
+    let applied = j["throttle_timeline"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|s| s["percent"] == 40));
+    assert!(applied, "the throttle never reached the VM: {j}");
+    assert!(vm.wait().unwrap().success());
+    let _ = std::fs::remove_file(&sock);
+}

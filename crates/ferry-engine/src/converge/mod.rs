@@ -167,6 +167,14 @@ impl Converger {
         if self.stall.observe(s.remaining_bytes) {
             want = want.or(self.escalate(s, tunables));
         }
+        // An operator's throttle (control socket) wins this round.
+        if let Some(pct) = tunables.take_throttle_request() {
+            tracing::info!(
+                "round {}: throttle {pct}% asked for by the operator",
+                s.round
+            );
+            want = Some(Action::Time(pct));
+        }
         match want {
             Some(Action::Time(pct)) if pct != self.throttle => {
                 self.set_throttle(vm, s.round, pct)?;

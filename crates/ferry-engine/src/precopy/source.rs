@@ -77,6 +77,11 @@ pub fn migrate(
         error: None,
     };
     let start = Instant::now();
+    // While this runs, a VM command (a throttle) reaches the VM through the
+    // tunables; a request left from before does not apply to this one.
+    opts.tunables.take_throttle_request();
+    opts.tunables.set_migrating(true);
+    let _migrating = Migrating(&opts.tunables);
     progress.phase(Phase::Handshake);
     let health = Arc::new(Health::new(Side::Source, opts.stall_timeout));
     let session = new_session_id();
@@ -144,6 +149,15 @@ pub fn migrate(
             src.rollback();
             Err(e)
         }
+    }
+}
+
+/// Clears [`Tunables::set_migrating`] however `migrate` returns.
+struct Migrating<'a>(&'a crate::tunables::Tunables);
+
+impl Drop for Migrating<'_> {
+    fn drop(&mut self) {
+        self.0.set_migrating(false);
     }
 }
 

@@ -11,6 +11,7 @@ use ferry_engine::{Status, Tunables};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::mpsc::RecvTimeoutError;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Arguments of `ferry run`.
@@ -51,6 +52,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
     );
     let tunables = Tunables::shared();
     let (tx, commands) = std::sync::mpsc::channel();
+    let answering = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     if let Some(path) = &a.control {
         control::serve(
             path,
@@ -59,6 +61,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
                 vcpus,
                 tunables: tunables.clone(),
                 commands: tx.clone(),
+                answering: Arc::clone(&answering),
             },
         )
         .map_err(|e| CmdError::Failed(ferry_backend::error_chain(&e)))?;
@@ -79,6 +82,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
             }
             Ok(VmCommand::Stop { reply }) => {
                 let _ = reply.send(serde_json::json!({"ok": true}));
+                control::wait_answered(&answering);
                 break;
             }
             Ok(VmCommand::Migrate { to, link, reply }) => {
@@ -89,6 +93,8 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
                 let _ = reply.send(crate::summary::json(&summary));
                 if moved {
                     println!("the VM now runs at {to}; stopping here");
+                    // The summary must reach the asker before this exits.
+                    control::wait_answered(&answering);
                     return Ok(ExitCode::SUCCESS);
                 }
                 continue;
