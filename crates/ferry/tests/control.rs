@@ -16,21 +16,15 @@ fn ask(path: &std::path::Path, req: &str) -> serde_json::Value {
     serde_json::from_str(&line).unwrap()
 }
 
-#[test]
-fn control_socket_reports_tunes_and_migrates() {
-    if !require_kvm("control socket") {
-        return;
-    }
-    let sock = std::env::temp_dir().join(format!("ferry-test-{}.sock", std::process::id()));
-    let mut vm = ferry()
-        .args([
-            "run",
-            "--mem-per-vcpu",
-            "32M",
-            "--rate-limit",
-            "32",
-            "--control",
-        ])
+/// `ferry run --backend BACKEND ARGS --control SOCK`, once its socket
+/// answers.
+fn run_with_control(backend: &str, args: &[&str]) -> (std::process::Child, std::path::PathBuf) {
+    let sock =
+        std::env::temp_dir().join(format!("ferry-test-{backend}-{}.sock", std::process::id()));
+    let vm = ferry()
+        .args(["run", "--backend", backend])
+        .args(args)
+        .arg("--control")
         .arg(&sock)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -41,6 +35,15 @@ fn control_socket_reports_tunes_and_migrates() {
         assert!(Instant::now() < deadline, "control socket never appeared");
         std::thread::sleep(Duration::from_millis(20));
     }
+    (vm, sock)
+}
+
+#[test]
+fn control_socket_reports_tunes_and_migrates() {
+    if !require_kvm("control socket") {
+        return;
+    }
+    let (mut vm, sock) = run_with_control("kvm", &["--mem-per-vcpu", "32M", "--rate-limit", "32"]);
     let status = ask(&sock, r#"{"cmd":"status"}"#);
     assert_eq!(status["ok"], true, "{status}");
     assert_eq!(status["progress"].as_array().unwrap().len(), 2);
@@ -75,26 +78,7 @@ fn control_socket_reports_tunes_and_migrates() {
 
 #[test]
 fn a_throttle_reaches_a_vm_that_is_migrating() {
-    let sock = std::env::temp_dir().join(format!("ferry-test-mig-{}.sock", std::process::id()));
-    let mut vm = ferry()
-        .args([
-            "run",
-            "--backend",
-            "soft",
-            "--mem-per-vcpu",
-            "32M",
-            "--control",
-        ])
-        .arg(&sock)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while UnixStream::connect(&sock).is_err() {
-        assert!(Instant::now() < deadline, "control socket never appeared");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
     let dest = Receiver::start(&["--backend", "soft"]);
     let (addr, path) = (dest.addr.clone(), sock.to_str().unwrap().to_string());
     // 16 MiB/s for a 64 MiB guest: the full pass alone takes 4 s.

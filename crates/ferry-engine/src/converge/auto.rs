@@ -68,19 +68,7 @@ impl Policy for AutoConverge {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-
-    fn sample(round: u32, dirty: u64, sent: u64) -> RoundSample {
-        RoundSample {
-            round,
-            dirty_bytes: dirty,
-            sent_bytes: sent,
-            remaining_bytes: dirty,
-            link_bytes_per_sec: 1e9,
-            downtime_target: Duration::from_millis(300),
-            vcpus: 2,
-        }
-    }
+    use crate::converge::sample;
 
     #[test]
     fn throttles_after_two_high_periods_then_steps_to_the_cap() {

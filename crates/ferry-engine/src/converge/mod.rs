@@ -270,3 +270,17 @@ impl Converger {
         }
     }
 }
+
+/// A round of a 2-vCPU guest over a 1 GB/s link, for the policies' tests.
+#[cfg(test)]
+fn sample(round: u32, dirty: u64, sent: u64) -> RoundSample {
+    RoundSample {
+        round,
+        dirty_bytes: dirty,
+        sent_bytes: sent,
+        remaining_bytes: dirty,
+        link_bytes_per_sec: 1e9,
+        downtime_target: Duration::from_millis(300),
+        vcpus: 2,
+    }
+}

@@ -66,19 +66,7 @@ impl Policy for QuotaPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-
-    fn sample(round: u32, dirty: u64, sent: u64) -> RoundSample {
-        RoundSample {
-            round,
-            dirty_bytes: dirty,
-            sent_bytes: sent,
-            remaining_bytes: dirty,
-            link_bytes_per_sec: 1e9,
-            downtime_target: Duration::from_millis(300),
-            vcpus: 2,
-        }
-    }
+    use crate::converge::sample;
 
     #[test]
     fn engages_on_the_first_outrun_round_and_halves_while_outrun() {
