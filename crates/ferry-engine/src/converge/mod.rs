@@ -188,18 +188,12 @@ impl Converger {
     /// One escalation step; returns what to apply if the step was to engage
     /// the policy.
     fn escalate(&mut self, s: &RoundSample, tunables: &Tunables) -> Option<Action> {
-        let at_ms = self.started.elapsed().as_secs_f64() * 1e3;
         if let Some(action) = self.policy.as_mut().and_then(|p| p.engage(s)) {
             let what = format!(
                 "remaining bytes stopped shrinking: {} engaged",
                 self.policy.as_ref().map_or("policy", |p| p.name())
             );
-            tracing::info!("round {}: {what}", s.round);
-            self.escalations.push(Escalation {
-                at_ms,
-                round: s.round,
-                what,
-            });
+            self.record(s.round, what);
             return Some(action);
         }
         let now = tunables.downtime_target();
@@ -211,14 +205,19 @@ impl Converger {
                 now.as_millis(),
                 next.as_millis()
             );
-            tracing::info!("round {}: {what}", s.round);
-            self.escalations.push(Escalation {
-                at_ms,
-                round: s.round,
-                what,
-            });
+            self.record(s.round, what);
         }
         None
+    }
+
+    /// Logs an escalation and keeps it for the summary.
+    fn record(&mut self, round: u32, what: String) {
+        tracing::info!("round {round}: {what}");
+        self.escalations.push(Escalation {
+            at_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            round,
+            what,
+        });
     }
 
     fn set_throttle(&mut self, vm: &mut dyn Vm, round: u32, pct: u8) -> Result<(), MigrationError> {

@@ -82,6 +82,16 @@ struct Shared {
     delta: Option<DeltaCache>,
 }
 
+impl Shared {
+    /// Waits until the bandwidth cap lets `wire` more bytes out.
+    fn pace(&self, wire: usize) {
+        self.bucket
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .consume(wire as u64);
+    }
+}
+
 /// The sender threads of one migration.
 pub(super) struct Senders {
     lanes: Vec<Lane>,
@@ -267,11 +277,7 @@ fn send_loop(
                         cache.split(&mut b, &mut deltas);
                         if !deltas.is_empty() {
                             let wire = FRAME_HEADER_LEN + deltas.payload().len();
-                            shared
-                                .bucket
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .consume(wire as u64);
+                            shared.pace(wire);
                             io.write_frame(FrameKind::Delta, &[deltas.payload()])?;
                             health.add_data_bytes(wire as u64);
                         }
@@ -287,11 +293,7 @@ fn send_loop(
                     let codec = picked.filter(|&c| compressor.compress(c, &b.parts(), &mut packed));
                     let payload = if codec.is_some() { packed.len() } else { raw };
                     let wire = FRAME_HEADER_LEN + payload;
-                    shared
-                        .bucket
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .consume(wire as u64);
+                    shared.pace(wire);
                     match codec {
                         Some(c) => {
                             io.write_frame_with_flags(FrameKind::Pages, c.flag(), &[&packed])?
