@@ -1,0 +1,55 @@
+//! `ferry bench link` end to end on a small soft guest: every cell verified,
+//! the placed-TCP ceiling measured next to raw TCP, JSON and SVG written.
+
+mod common;
+
+use common::{assert_no_panic, last_json, run};
+
+#[test]
+fn bench_link_measures_the_placed_ceiling_and_verifies_every_cell() {
+    let out_dir = std::env::temp_dir().join(format!("ferry-bench-link-{}", std::process::id()));
+    let out = run(&[
+        "bench",
+        "link",
+        "--backend",
+        "soft",
+        "--mem",
+        "64M",
+        "--connections",
+        "1",
+        "--raw-secs",
+        "0.2",
+        "--cap-mib-s",
+        "0",
+        "--json",
+        "--out",
+        out_dir.to_str().expect("utf-8 temp dir"),
+    ]);
+    assert_no_panic(&out);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = last_json(&out);
+    for key in ["loopback_gib_s", "placed_floor_gib_s", "first_pass_gib_s"] {
+        assert!(j[key].as_f64().unwrap_or(0.0) > 0.0, "{key}: {j}");
+    }
+    let written: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.join("link.json")).expect("link.json written"),
+    )
+    .expect("link.json is JSON");
+    let cells = written["results"]["cells"]
+        .as_array()
+        .or_else(|| written["cells"].as_array())
+        .expect("cells");
+    assert!(
+        cells.iter().any(|c| c["what"] == "raw TCP, placed"),
+        "{written}"
+    );
+    for c in cells {
+        assert_eq!(c["verified"], true, "{c}");
+    }
+    assert!(out_dir.join("link.svg").exists());
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
