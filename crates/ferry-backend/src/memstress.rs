@@ -159,6 +159,11 @@ pub struct Workload {
     pub bytes_per_vcpu: u64,
     /// Percentage of accesses that write, 0..=100.
     pub write_percent: u8,
+    /// How many of the vCPUs, counted from the last, only read (write
+    /// percent 0 whatever `write_percent` says): writers and readers in one
+    /// VM, the dirty-quota seed's guest-performance mixes.
+    #[serde(default)]
+    pub readers: u32,
     /// Visiting order.
     pub order: AccessOrder,
     /// Page stride in sequential order (1 = every page; 512 = one page per 2 MiB).
@@ -178,6 +183,7 @@ impl Default for Workload {
             vcpus: 2,
             bytes_per_vcpu: 512 << 20,
             write_percent: 100,
+            readers: 0,
             order: AccessOrder::Sequential,
             stride_pages: 1,
             rate_limit_mib_s: None,
@@ -208,6 +214,9 @@ pub enum WorkloadError {
     /// A rate limit of zero.
     #[error("a rate limit must be at least 1 MiB/s")]
     RateLimit,
+    /// More readers than vCPUs.
+    #[error("{readers} reader vCPUs but only {vcpus} vCPUs")]
+    Readers { readers: u32, vcpus: u32 },
 }
 
 impl Workload {
@@ -230,6 +239,12 @@ impl Workload {
         }
         if self.rate_limit_mib_s == Some(0) {
             return Err(WorkloadError::RateLimit);
+        }
+        if self.readers > self.vcpus {
+            return Err(WorkloadError::Readers {
+                readers: self.readers,
+                vcpus: self.vcpus,
+            });
         }
         // Checked first: the layout multiplies, and a crafted header may
         // carry any size.
@@ -257,6 +272,20 @@ impl Workload {
     /// `rand32 < threshold` decides a write.
     pub fn write_threshold(&self) -> u64 {
         (u64::from(self.write_percent) << 32) / 100
+    }
+
+    /// Whether vCPU `v` only reads (one of the last [`Self::readers`]).
+    pub fn is_reader(&self, v: u32) -> bool {
+        v >= self.vcpus.saturating_sub(self.readers)
+    }
+
+    /// Write percentage of vCPU `v`.
+    pub fn vcpu_write_percent(&self, v: u32) -> u8 {
+        if self.is_reader(v) {
+            0
+        } else {
+            self.write_percent
+        }
     }
 }
 
@@ -420,7 +449,10 @@ pub fn write_params(ram: &GuestRam, w: &Workload, tsc_khz: u64) -> Result<(), Ra
             (param::REGION, layout.region_gpa(v).0),
             (param::PAGES, w.pages_per_vcpu()),
             (param::STRIDE, w.stride_pages),
-            (param::WRITE_THRESHOLD, w.write_threshold()),
+            (
+                param::WRITE_THRESHOLD,
+                (u64::from(w.vcpu_write_percent(v)) << 32) / 100,
+            ),
             (param::RANDOM, u64::from(w.order == AccessOrder::Random)),
             (param::SHADOW, layout.shadow_gpa(v).0),
             (param::TSC_PER_PAGE, tsc_per_page),
@@ -482,6 +514,27 @@ mod tests {
         assert_ne!(stamp(0, 0, 0), 0);
         assert_ne!(stamp(0, 1, 1), stamp(1, 1, 1));
         assert_ne!(stamp(0, 1, 1), stamp(0, 1, 2));
+    }
+
+    #[test]
+    fn readers_are_the_last_vcpus_and_never_write() {
+        let w = Workload {
+            vcpus: 4,
+            readers: 1,
+            write_percent: 60,
+            ..Workload::default()
+        };
+        assert_eq!(w.validate(), Ok(()));
+        let percents: Vec<u8> = (0..4).map(|v| w.vcpu_write_percent(v)).collect();
+        assert_eq!(percents, vec![60, 60, 60, 0]);
+        let too_many = Workload { readers: 5, ..w };
+        assert_eq!(
+            too_many.validate(),
+            Err(WorkloadError::Readers {
+                readers: 5,
+                vcpus: 4
+            })
+        );
     }
 
     #[test]

@@ -224,6 +224,13 @@ pub trait Vm: Send {
             source: None,
         })
     }
+    /// Time each vCPU has spent asleep on a throttle so far (time throttle
+    /// and dirty quota alike; not the guest's own idle sleeps): what its
+    /// runtime share during a migration is computed from. Empty where the
+    /// backend does not count it.
+    fn throttled(&self) -> Vec<Duration> {
+        Vec::new()
+    }
     /// Serializes the state of every vCPU. The VM must be paused.
     fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError>;
     /// Loads vCPU state saved by the same backend. The VM must not be running.

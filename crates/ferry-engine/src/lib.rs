@@ -45,7 +45,7 @@ pub use precopy::{
 pub use progress::{NoProgress, Phase, Progress};
 pub use summary::{
     DeltaSummary, Escalation, MigrationSummary, ReceiveSummary, RoundKind, RoundStats, Status,
-    ThrottleStep,
+    ThrottleStep, VcpuShare,
 };
 pub use transport::{
     accept, connect, listen, Dial, Listen, TcpDialer, TlsConfig, TlsError, TransportError,

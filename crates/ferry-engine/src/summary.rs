@@ -51,7 +51,6 @@ pub struct RoundStats {
     pub harvest_ms: f64,
 }
 
-/// The source's account of a migration.
 /// A change of the source's vCPU throttle.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ThrottleStep {
@@ -90,6 +89,19 @@ pub struct DeltaSummary {
     pub bytes: u64,
 }
 
+/// How one source vCPU fared from the start of a migration until the source
+/// paused it (or, when the migration failed, until it ended).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct VcpuShare {
+    /// Share of that time the vCPU was not asleep on a throttle, in percent:
+    /// the seed's "guest runtime".
+    pub runtime_pct: f64,
+    /// The guest's own page-access rate over that time, as a percentage of
+    /// its rate just before the migration started.
+    pub progress_pct: f64,
+}
+
+/// The source's account of a migration.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MigrationSummary {
     /// "completed" or "failed".
@@ -135,6 +147,9 @@ pub struct MigrationSummary {
     pub throttle_timeline: Vec<ThrottleStep>,
     /// Steps taken because precopy stopped converging.
     pub escalations: Vec<Escalation>,
+    /// Each source vCPU's runtime and progress during the migration (filled
+    /// in by whoever knows the guest program; empty when nobody measured).
+    pub vcpu_shares: Vec<VcpuShare>,
     /// Every round, the final one last.
     pub rounds: Vec<RoundStats>,
     /// Whether source and destination memory digests matched.

@@ -81,6 +81,8 @@ pub(crate) struct VcpuShared {
     pub throttle_ns: AtomicU64,
     /// Throttle sleeps taken so far.
     pub throttle_sleeps: AtomicU64,
+    /// Nanoseconds spent in throttle sleeps so far.
+    pub throttled_ns: AtomicU64,
     pub fd: Mutex<VcpuFd>,
     pub ring: Option<Arc<DirtyRing>>,
     want: AtomicU8,
@@ -119,6 +121,7 @@ impl VcpuThread {
             pthread: AtomicU64::new(0),
             throttle_ns: AtomicU64::new(0),
             throttle_sleeps: AtomicU64::new(0),
+            throttled_ns: AtomicU64::new(0),
             fd: Mutex::new(fd),
             ring,
             want: AtomicU8::new(WANT_PAUSE),
@@ -214,7 +217,10 @@ fn throttle_sleep(shared: &VcpuShared) {
     let ns = shared.throttle_ns.swap(0, Ordering::AcqRel);
     if ns > 0 {
         shared.throttle_sleeps.fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
         sleep_while_running(Duration::from_nanos(ns), &shared.want);
+        let slept = start.elapsed().as_nanos() as u64;
+        shared.throttled_ns.fetch_add(slept, Ordering::Relaxed);
     }
 }
 

@@ -292,6 +292,19 @@ impl Vm for KvmVm {
         Ok(self.dirty.stop()?)
     }
 
+    fn throttled(&self) -> Vec<std::time::Duration> {
+        self.vcpus
+            .iter()
+            .map(|v| {
+                let ns = v
+                    .shared
+                    .throttled_ns
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                std::time::Duration::from_nanos(ns)
+            })
+            .collect()
+    }
+
     fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
         if self.throttler.is_none() {
             if percent == 0 {

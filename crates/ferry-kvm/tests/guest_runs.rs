@@ -26,6 +26,7 @@ fn config(write_percent: u8, mib_per_vcpu: u64) -> VmConfig {
             vcpus: 2,
             bytes_per_vcpu: mib_per_vcpu << 20,
             write_percent,
+            readers: 0,
             ..Workload::default()
         },
         backing: Backing::Anonymous,

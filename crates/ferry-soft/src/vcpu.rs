@@ -21,7 +21,7 @@ use crate::guest_mem::VcpuMem;
 use crate::quota::Throttle;
 use ferry_backend::memstress::{next_rand32, param, progress, scale_rand, stamp, MemoryLayout};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -86,6 +86,8 @@ pub struct Control {
     pub states: Vec<Mutex<VcpuState>>,
     /// First failure of a vCPU thread.
     pub failure: Mutex<Option<(u32, String)>>,
+    /// Nanoseconds each vCPU has napped on a throttle.
+    throttled_ns: Vec<AtomicU64>,
 }
 
 #[derive(Default)]
@@ -106,6 +108,7 @@ impl Control {
                 .map(|_| Mutex::new(VcpuState::default()))
                 .collect(),
             failure: Mutex::new(None),
+            throttled_ns: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -133,8 +136,20 @@ impl Control {
     /// Sleeps `d`, or less if a pause or an exit is asked for meanwhile: a
     /// throttle sleep (up to 990 ms at 99%) must not hold up a pause, which
     /// would be downtime.
-    fn nap(&self, d: Duration) {
-        let until = Instant::now() + d;
+    fn nap(&self, vcpu: usize, d: Duration) {
+        let start = Instant::now();
+        self.nap_until(start + d);
+        let slept = start.elapsed().as_nanos() as u64;
+        self.throttled_ns[vcpu].fetch_add(slept, Ordering::Relaxed);
+    }
+
+    /// Time each vCPU has napped on a throttle so far.
+    pub fn throttled(&self) -> Vec<Duration> {
+        let ns = |n: &AtomicU64| Duration::from_nanos(n.load(Ordering::Relaxed));
+        self.throttled_ns.iter().map(ns).collect()
+    }
+
+    fn nap_until(&self, until: Instant) {
         let mut p = self.park.lock().expect("park");
         while !self.pause.load(Ordering::SeqCst) && !self.exit.load(Ordering::SeqCst) {
             let now = Instant::now();
@@ -256,7 +271,7 @@ fn run_inner(
             }
             if let Some(sleep) = throttle.after_access(v, mem.take_dirtied()) {
                 mem.offline();
-                ctl.nap(sleep);
+                ctl.nap(v, sleep);
                 mem.online();
                 continue;
             }

@@ -135,6 +135,10 @@ impl Vm for SoftVm {
         &self.config
     }
 
+    fn throttled(&self) -> Vec<std::time::Duration> {
+        self.ctl.throttled()
+    }
+
     fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
         match &self.throttle {
             Throttle::Time(t) => {

@@ -15,6 +15,7 @@ fn config(order: AccessOrder, write_percent: u8) -> VmConfig {
             vcpus: 3,
             bytes_per_vcpu: 4 << 20,
             write_percent,
+            readers: 0,
             order,
             stride_pages: 1,
             rate_limit_mib_s: None,

@@ -15,6 +15,7 @@ fn config(write_percent: u8) -> VmConfig {
             vcpus: 2,
             bytes_per_vcpu: 4 << 20,
             write_percent,
+            readers: 0,
             ..Workload::default()
         },
         backing: Backing::Anonymous,

@@ -43,6 +43,10 @@ pub struct WorkloadArgs {
     /// Percentage of page accesses that write (0-100).
     #[arg(long = "write-percent", default_value_t = 100, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub write_percent: u8,
+    /// How many vCPUs, counted from the last, only read (the rest write at
+    /// --write-percent): writers and readers in one VM.
+    #[arg(long, default_value_t = 0)]
+    pub readers: u32,
     /// Page visiting order.
     #[arg(long, default_value = "sequential", value_parser = ["sequential", "random"])]
     pub order: String,
@@ -70,6 +74,7 @@ impl WorkloadArgs {
             vcpus: self.vcpus,
             bytes_per_vcpu: self.mem_per_vcpu,
             write_percent: self.write_percent,
+            readers: self.readers,
             order: self.order.parse::<AccessOrder>()?,
             stride_pages: self.stride,
             rate_limit_mib_s: self.rate_limit_mib_s,

@@ -11,6 +11,7 @@ mod control;
 mod progress_bar;
 mod rates;
 mod summary;
+mod vcpu_share;
 mod vms;
 
 use clap::Parser;

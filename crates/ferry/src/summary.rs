@@ -84,6 +84,20 @@ fn convergence(s: &MigrationSummary) -> String {
     out
 }
 
+/// Each vCPU's runtime and progress during the migration.
+fn vcpu_shares(s: &MigrationSummary) -> String {
+    if s.vcpu_shares.is_empty() {
+        return "not measured".into();
+    }
+    let each: Vec<String> = s
+        .vcpu_shares
+        .iter()
+        .enumerate()
+        .map(|(v, x)| format!("vCPU{v} {:.0}% / {:.0}%", x.runtime_pct, x.progress_pct))
+        .collect();
+    each.join(", ")
+}
+
 /// The summary as tables.
 pub fn render(s: &MigrationSummary) -> String {
     let mut rounds = Table::new(
@@ -131,6 +145,7 @@ pub fn render(s: &MigrationSummary) -> String {
         ("compression", compression(s)),
         ("delta re-sends", delta(s)),
         ("convergence", convergence(s)),
+        ("guest runtime / progress", vcpu_shares(s)),
         ("total time", format!("{:.1} ms", s.total_ms)),
         ("downtime", format!("{:.1} ms", s.downtime_ms)),
         (

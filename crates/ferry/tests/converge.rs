@@ -78,3 +78,38 @@ fn quota_on_kvm_is_refused_before_anything_starts() {
     );
     assert!(!err.contains("warming up"), "a guest booted: {err}");
 }
+
+#[test]
+fn the_quota_spares_a_reader_vcpu_and_the_summary_shows_each_vcpus_share() {
+    let out = run(&[
+        "demo",
+        "--json",
+        "--backend",
+        "soft",
+        "--unthrottled",
+        "--readers",
+        "1",
+        "--converge",
+        "quota",
+        "--bandwidth",
+        "64",
+        "--downtime-ms",
+        "20",
+        "--mem-per-vcpu",
+        "8M",
+        "--warmup",
+        "0.3",
+    ]);
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    assert_verified(&j, "soft quota with a reader");
+    let shares = j["vcpu_shares"].as_array().cloned().unwrap_or_default();
+    assert_eq!(shares.len(), 2, "{j}");
+    for s in &shares {
+        let runtime = s["runtime_pct"].as_f64().unwrap_or(-1.0);
+        assert!((0.0..=100.0).contains(&runtime), "{j}");
+        assert!(s["progress_pct"].as_f64().unwrap_or(-1.0) >= 0.0, "{j}");
+    }
+    // vCPU 1 only reads: it dirties nothing, so its quota never runs out.
+    assert_eq!(shares[1]["runtime_pct"], 100.0, "the reader slept: {j}");
+}

@@ -67,6 +67,7 @@ pub fn migrate(
         converge: opts.converge.to_string(),
         throttle_timeline: Vec::new(),
         escalations: Vec::new(),
+        vcpu_shares: Vec::new(),
         rounds: Vec::new(),
         digest_match: false,
         digest_checked: false,

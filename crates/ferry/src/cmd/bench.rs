@@ -184,6 +184,7 @@ fn dirty_log(a: DirtyLogArgs) -> Result<ExitCode, CmdError> {
         vcpus: a.vcpus,
         bytes_per_vcpu: a.mem_per_vcpu,
         write_percent: a.write_percent,
+        readers: 0,
         order: AccessOrder::Sequential,
         stride_pages: a.stride,
         rate_limit_mib_s: None,

@@ -4,6 +4,7 @@
 use super::CmdError;
 use crate::args::{BackendArgs, WorkloadArgs};
 use crate::progress_bar::MigrationBar;
+use crate::vcpu_share::ShareWatch;
 use crate::{summary, vms};
 use clap::Args;
 use ferry_backend::error_chain as chain;
@@ -306,13 +307,21 @@ pub fn migrate_running(
             }
         },
     };
+    let watch = ShareWatch::start(vm);
+    let started = Instant::now();
     let bar = MigrationBar::new(std::io::stderr().is_terminal());
     let result = ferry_engine::migrate(vm, &*dialer, &opts, &bar).map_err(|e| chain(&e));
     bar.finish();
-    result.unwrap_or_else(|error| {
+    let mut summary = result.unwrap_or_else(|error| {
         eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
         failed_summary(vm, link, started.elapsed(), error)
-    })
+    });
+    if let Some(w) = watch {
+        // A completed migration paused the guest downtime_ms before its end.
+        let ran = (summary.total_ms - summary.downtime_ms).max(0.0);
+        summary.vcpu_shares = w.finish(vm, Duration::from_secs_f64(ran / 1e3));
+    }
+    summary
 }
 
 /// The summary of a migration that ended in an error before it produced one.
@@ -343,6 +352,7 @@ fn failed_summary(
         converge: link.converge.unwrap_or_default().to_string(),
         throttle_timeline: vec![],
         escalations: vec![],
+        vcpu_shares: vec![],
         rounds: vec![],
         digest_match: false,
         digest_checked: false,

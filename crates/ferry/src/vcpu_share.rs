@@ -1,0 +1,84 @@
+//! Each source vCPU's share of a migration: how much of the time it ran
+//! (not asleep on a throttle) and how much work it got done, against its own
+//! rate just before. The dirty-quota seed's table B measures the first; the
+//! second is what a tenant notices.
+//!
+//! ```text
+//!   before   accesses over BASELINE (the guest's own counters), per vCPU
+//!   start    accesses, throttled time (Vm::throttled), clock
+//!   end      the same once the source paused (completed) or gave up (failed)
+//!   runtime  = 100 × (1 − Δthrottled / window)
+//!   progress = 100 × (Δaccesses / window) / before
+//! ```
+
+use ferry_backend::memstress::{read_progress, VcpuProgress};
+use ferry_backend::Vm;
+use ferry_engine::VcpuShare;
+use std::time::{Duration, Instant};
+
+/// How long the guest's rate is sampled before a migration starts.
+const BASELINE: Duration = Duration::from_millis(250);
+
+/// What was read when the migration started.
+pub struct ShareWatch {
+    vcpus: u32,
+    /// Accesses per second per vCPU just before.
+    before: Vec<f64>,
+    at: Instant,
+    progress: Vec<VcpuProgress>,
+    throttled: Vec<Duration>,
+}
+
+impl ShareWatch {
+    /// Samples the guest's rate for [`BASELINE`], then takes the starting
+    /// point. `None` when the guest's counters cannot be read.
+    pub fn start(vm: &dyn Vm) -> Option<ShareWatch> {
+        let vcpus = vm.config().workload.vcpus;
+        let first = read_progress(vm.ram(), vcpus).ok()?;
+        let t0 = Instant::now();
+        std::thread::sleep(BASELINE);
+        let progress = read_progress(vm.ram(), vcpus).ok()?;
+        let at = Instant::now();
+        let secs = (at - t0).as_secs_f64();
+        let before = first
+            .iter()
+            .zip(&progress)
+            .map(|(a, b)| b.accesses.saturating_sub(a.accesses) as f64 / secs)
+            .collect();
+        Some(ShareWatch {
+            vcpus,
+            before,
+            at,
+            progress,
+            throttled: vm.throttled(),
+        })
+    }
+
+    /// Each vCPU's share over `window` from the start (the time until the
+    /// source paused the guest; the guest's counters stop there).
+    pub fn finish(&self, vm: &dyn Vm, window: Duration) -> Vec<VcpuShare> {
+        let window = window.min(self.at.elapsed()).as_secs_f64().max(1e-3);
+        let Ok(now) = read_progress(vm.ram(), self.vcpus) else {
+            return Vec::new();
+        };
+        let throttled = vm.throttled();
+        (0..self.vcpus as usize)
+            .map(|v| {
+                let slept = match (throttled.get(v), self.throttled.get(v)) {
+                    (Some(b), Some(a)) => b.saturating_sub(*a).as_secs_f64(),
+                    _ => 0.0,
+                };
+                let done = now[v].accesses.saturating_sub(self.progress[v].accesses) as f64;
+                let progress_pct = if self.before[v] > 0.0 {
+                    100.0 * done / window / self.before[v]
+                } else {
+                    100.0
+                };
+                VcpuShare {
+                    runtime_pct: (100.0 * (1.0 - slept / window)).clamp(0.0, 100.0),
+                    progress_pct,
+                }
+            })
+            .collect()
+    }
+}
