@@ -40,7 +40,8 @@ pub mod wire;
 
 pub use error::MigrationError;
 pub use precopy::{
-    await_migration, migrate, receive, IncomingMigration, PrecopyOptions, ReceiveOptions,
+    await_migration, migrate, migrate_accounted, receive, IncomingMigration, PrecopyOptions,
+    ReceiveOptions,
 };
 pub use progress::{NoProgress, Phase, Progress};
 pub use summary::{

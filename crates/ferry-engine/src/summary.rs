@@ -147,6 +147,10 @@ pub struct MigrationSummary {
     pub throttle_timeline: Vec<ThrottleStep>,
     /// Steps taken because precopy stopped converging.
     pub escalations: Vec<Escalation>,
+    /// Precopy converged: what was left at the end fitted the downtime
+    /// target. False when the round cap forced the stop-and-copy (or the
+    /// migration failed before).
+    pub converged: bool,
     /// Each source vCPU's runtime and progress during the migration (filled
     /// in by whoever knows the guest program; empty when nobody measured).
     pub vcpu_shares: Vec<VcpuShare>,

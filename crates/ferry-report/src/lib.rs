@@ -129,6 +129,17 @@ pub struct Plot {
     pub series: Vec<Series>,
 }
 
+impl Plot {
+    /// Draws the plot into `path` as SVG (for experiments that write more
+    /// than their report's one plot, such as a timeline per run).
+    pub fn write_svg(&self, path: &Path) -> Result<(), ReportError> {
+        draw(self, path).map_err(|message| ReportError::Plot {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
+}
+
 /// A finished experiment: tables to print, raw results, and a plot.
 #[derive(Debug)]
 pub struct Report<T: Serialize> {

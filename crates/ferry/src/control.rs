@@ -8,7 +8,7 @@
 //!  {"cmd":"throttle","percent":50}                   -> vCPUs sleep 50% of each 10 ms
 //!  {"cmd":"migrate","to":"10.0.0.2:7070"}            -> the migration summary (blocks)
 //!      optional: connections, stall_timeout_s, compress, verify_before_resume, tls_dir,
-//!      delta_cache_mib, converge, max_downtime_ms
+//!      delta_cache_mib, converge, max_downtime_ms, give_up_after_s
 //!  {"cmd":"cancel"}                                  -> cancels a migration in precopy
 //!  {"cmd":"stop"}                                    -> stops the VM and `ferry run`
 //! ```
@@ -63,6 +63,8 @@ pub enum Request {
         converge: Option<String>,
         /// Highest downtime target a stall may raise the target to.
         max_downtime_ms: Option<u64>,
+        /// Cancel the migration if it has not switched over by then.
+        give_up_after_s: Option<u64>,
     },
     Throttle {
         percent: u8,
@@ -218,6 +220,7 @@ fn handle(req: Request, shared: &Shared) -> Value {
             delta_cache_mib,
             converge,
             max_downtime_ms,
+            give_up_after_s,
         } => {
             let converge = match converge.as_deref().map(str::parse).transpose() {
                 Ok(c) => c,
@@ -249,6 +252,7 @@ fn handle(req: Request, shared: &Shared) -> Value {
                 delta_cache_bytes: delta_cache_mib.unwrap_or(0).saturating_mul(1 << 20),
                 converge,
                 max_downtime: max_downtime_ms.map(Duration::from_millis),
+                give_up_after: give_up_after_s.map(Duration::from_secs),
             };
             forward(shared, |reply| VmCommand::Migrate { to, link, reply })
         }

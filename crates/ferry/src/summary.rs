@@ -81,6 +81,9 @@ fn convergence(s: &MigrationSummary) -> String {
     for e in &s.escalations {
         out += &format!("; after round {}: {}", e.round, e.what);
     }
+    if s.status == ferry_engine::Status::Completed && !s.converged {
+        out += "; did NOT converge: the round cap forced the stop-and-copy";
+    }
     out
 }
 

@@ -61,7 +61,7 @@ mod switchover;
 
 pub use compression::Compression;
 pub use destination::{await_migration, receive, CreateVm, IncomingMigration};
-pub use source::migrate;
+pub use source::{migrate, migrate_accounted};
 
 use crate::converge::ConvergeMode;
 use crate::error::MigrationError;

@@ -39,11 +39,19 @@ pub fn migrate(
     opts: &PrecopyOptions,
     progress: &dyn Progress,
 ) -> Result<MigrationSummary, MigrationError> {
-    // A policy the backend cannot serve is refused before anything starts.
-    if opts.converge == ConvergeMode::Quota {
-        vm.set_dirty_quota(None)
-            .map_err(MigrationError::backend("run --converge quota"))?;
-    }
+    let (summary, result) = migrate_accounted(vm, dialer, opts, progress);
+    result.map(|()| summary)
+}
+
+/// Like [`migrate`], and also on `Err` returns what the migration did
+/// before it failed (rounds, bytes sent, throttle timeline; status `failed`,
+/// the error in `error`): a failed migration is still accounted for.
+pub fn migrate_accounted(
+    vm: &mut dyn Vm,
+    dialer: &dyn Dial,
+    opts: &PrecopyOptions,
+    progress: &dyn Progress,
+) -> (MigrationSummary, Result<(), MigrationError>) {
     let ram = Arc::clone(vm.ram());
     let connections = opts.connections.clamp(1, MAX_CONNECTIONS);
     let summary = MigrationSummary {
@@ -67,6 +75,7 @@ pub fn migrate(
         converge: opts.converge.to_string(),
         throttle_timeline: Vec::new(),
         escalations: Vec::new(),
+        converged: false,
         vcpu_shares: Vec::new(),
         rounds: Vec::new(),
         digest_match: false,
@@ -78,6 +87,15 @@ pub fn migrate(
         error: None,
     };
     let start = Instant::now();
+    // A policy the backend cannot serve is refused before anything starts.
+    if opts.converge == ConvergeMode::Quota {
+        if let Err(e) = vm.set_dirty_quota(None) {
+            let e = MigrationError::backend("run --converge quota")(e);
+            let mut summary = summary;
+            summary.error = Some(e.chain());
+            return (summary, Err(e));
+        }
+    }
     // While this runs, a VM command (a throttle) reaches the VM through the
     // tunables; a request left from before does not apply to this one.
     opts.tunables.take_throttle_request();
@@ -97,7 +115,10 @@ pub fn migrate(
         Ok(c) => c,
         Err(e) => {
             progress.phase(Phase::Done);
-            return Err(e);
+            let mut summary = summary;
+            summary.total_ms = ms(start.elapsed());
+            summary.error = Some(e.chain());
+            return (summary, Err(e));
         }
     };
     let max_downtime = opts
@@ -137,7 +158,7 @@ pub fn migrate(
                 s.finish();
             }
             src.ctl.close();
-            Ok(src.summary)
+            (src.summary, Ok(()))
         }
         Err(e) => {
             drop(src.senders.take());
@@ -148,7 +169,9 @@ pub fn migrate(
             };
             tracing::warn!("migration failed, source resumes: {}", e.chain());
             src.rollback();
-            Err(e)
+            src.summary.status = Status::Failed;
+            src.summary.error = Some(e.chain());
+            (src.summary, Err(e))
         }
     }
 }
@@ -259,7 +282,8 @@ impl Source<'_> {
                 .after_round(&sample, &mut *self.vm, &self.opts.tunables)?;
             let tun = &self.opts.tunables;
             let fits = (remaining as f64) <= bandwidth * tun.downtime_target().as_secs_f64();
-            if dirty.is_empty() || fits || round >= tun.max_rounds() {
+            self.summary.converged = dirty.is_empty() || fits;
+            if self.summary.converged || round >= tun.max_rounds() {
                 break;
             }
             if round == 1 {

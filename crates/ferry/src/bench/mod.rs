@@ -3,6 +3,7 @@
 //! run; an absolute time from a shared machine is not a result on its own.
 
 //! The experiments themselves live in the `ferry-bench` crate; this is the
-//! one that drives `ferry demo` processes.
+//! one for the benches that drive `ferry demo` processes end to end.
 
+pub mod converge;
 pub mod link;

@@ -29,6 +29,10 @@ pub enum BenchCommand {
     /// The first pass of an idle guest over 1, 2 and 4 connections, with and
     /// without compression, against raw loopback TCP measured in the same run.
     Link(crate::bench::link::LinkArgs),
+    /// Each convergence policy against guests that dirty faster than the
+    /// link: the dirty-quota seed's table A (migration time per policy) and
+    /// table B (guest runtime and progress for writer/reader mixes).
+    Converge(crate::bench::converge::ConvergeArgs),
 }
 
 /// Arguments of `ferry bench zap`.
@@ -136,6 +140,14 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
             let code = emit(&report, &a.out)?;
             if a.json {
                 println!("{}", crate::bench::link::summary_json(&report.results));
+            }
+            Ok(code)
+        }
+        BenchCommand::Converge(a) => {
+            let report = crate::bench::converge::run(&a)?;
+            let code = emit(&report, &a.out)?;
+            if a.json {
+                println!("{}", crate::bench::converge::summary_json(&report.results));
             }
             Ok(code)
         }

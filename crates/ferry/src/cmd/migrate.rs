@@ -64,6 +64,11 @@ pub struct MigrationArgs {
     /// above --downtime-ms.
     #[arg(long = "max-downtime-ms", value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub max_downtime_ms: Option<u64>,
+    /// Give up if the migration has not switched over after this many
+    /// seconds: it is cancelled and the source VM keeps running (as a
+    /// progress timeout in an orchestrator would). Default: never.
+    #[arg(long = "give-up-after", value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub give_up_after_s: Option<u64>,
     /// Re-send pages dirtied again as the bytes that changed since their
     /// last copy (like QEMU's XBZRLE), from a cache of last-sent pages.
     #[arg(long)]
@@ -122,6 +127,8 @@ pub struct LinkSettings {
     pub converge: Option<ConvergeMode>,
     /// Highest downtime target a stall may raise the target to.
     pub max_downtime: Option<Duration>,
+    /// Cancel the migration if it has not switched over by then.
+    pub give_up_after: Option<Duration>,
 }
 
 impl MigrationArgs {
@@ -137,6 +144,7 @@ impl MigrationArgs {
             delta_cache_bytes: if self.delta { self.delta_cache } else { 0 },
             converge: self.converge,
             max_downtime: self.max_downtime_ms.map(Duration::from_millis),
+            give_up_after: self.give_up_after_s.map(Duration::from_secs),
         })
     }
 }
@@ -199,6 +207,7 @@ fn via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdE
         "delta_cache_mib": if a.migration.delta { a.migration.delta_cache >> 20 } else { 0 },
         "converge": a.migration.converge.map(|c| c.to_string()),
         "max_downtime_ms": a.migration.max_downtime_ms,
+        "give_up_after_s": a.migration.give_up_after_s,
     });
     let reply = crate::control::request(path, &req).map_err(|e| CmdError::Failed(chain(&e)))?;
     if a.migration.json {
@@ -308,20 +317,59 @@ pub fn migrate_running(
         },
     };
     let watch = ShareWatch::start(vm);
-    let started = Instant::now();
+    let give_up = link
+        .give_up_after
+        .map(|after| GiveUp::arm(&opts.tunables, after));
     let bar = MigrationBar::new(std::io::stderr().is_terminal());
-    let result = ferry_engine::migrate(vm, &*dialer, &opts, &bar).map_err(|e| chain(&e));
+    let (mut summary, result) = ferry_engine::migrate_accounted(vm, &*dialer, &opts, &bar);
     bar.finish();
-    let mut summary = result.unwrap_or_else(|error| {
+    let gave_up = give_up.is_some_and(GiveUp::disarm);
+    if let Err(e) = result {
+        let mut error = chain(&e);
+        if gave_up {
+            let after = link.give_up_after.unwrap_or_default().as_secs();
+            error = format!("gave up after {after} s (--give-up-after): {error}");
+        }
         eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
-        failed_summary(vm, link, started.elapsed(), error)
-    });
+        summary.error = Some(error);
+    }
     if let Some(w) = watch {
         // A completed migration paused the guest downtime_ms before its end.
         let ran = (summary.total_ms - summary.downtime_ms).max(0.0);
         summary.vcpu_shares = w.finish(vm, Duration::from_secs_f64(ran / 1e3));
     }
     summary
+}
+
+/// `--give-up-after`: a thread that cancels the migration at the deadline
+/// unless it is disarmed first.
+struct GiveUp {
+    done: std::sync::mpsc::Sender<()>,
+    fired: std::thread::JoinHandle<bool>,
+}
+
+impl GiveUp {
+    fn arm(tunables: &Arc<Tunables>, after: Duration) -> GiveUp {
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let tunables = Arc::clone(tunables);
+        let fired = std::thread::spawn(move || {
+            let timed_out = matches!(
+                wait.recv_timeout(after),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            );
+            if timed_out {
+                tunables.cancel();
+            }
+            timed_out
+        });
+        GiveUp { done, fired }
+    }
+
+    /// Stops the thread; whether it had cancelled the migration.
+    fn disarm(self) -> bool {
+        let _ = self.done.send(());
+        self.fired.join().unwrap_or(false)
+    }
 }
 
 /// The summary of a migration that ended in an error before it produced one.
@@ -352,6 +400,7 @@ fn failed_summary(
         converge: link.converge.unwrap_or_default().to_string(),
         throttle_timeline: vec![],
         escalations: vec![],
+        converged: false,
         vcpu_shares: vec![],
         rounds: vec![],
         digest_match: false,

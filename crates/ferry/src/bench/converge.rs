@@ -1,0 +1,557 @@
+//! `ferry bench converge`: how each convergence policy copes with a guest
+//! that dirties memory faster than the link, in the dirty-quota seed's two
+//! tables, measured in one run.
+//!
+//! ```text
+//!   cell  = (memory m, vCPUs n, write rate l per vCPU, write %, link b)
+//!   run   = `ferry demo --json --converge P --bandwidth b ...` in a fresh process
+//!           pair, killed at the cell's time limit (40 s up to 256 MiB, 60 s above)
+//!   converged = completed, verified, and what was left fitted the downtime
+//!           target (not forced by the round cap), within the time limit
+//!   table A: t per policy, and the last policy against the one before it
+//!   table B: the seed's mixes (writers and readers in one VM): each policy's
+//!           guest runtime and progress, averaged over vCPUs
+//! ```
+//!
+//! The link is a bandwidth cap on loopback (`--bandwidth`), the same token
+//! bucket a real migration uses; network namespaces are not needed for it.
+
+use crate::child::die_with_parent;
+use crate::cmd::CmdError;
+use clap::Args;
+use ferry_report::{Plot, Report, Series, Table};
+use serde::Serialize;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Arguments of `ferry bench converge`.
+#[derive(Args, Debug)]
+pub struct ConvergeArgs {
+    /// Backend of the migrated guests.
+    #[arg(long, default_value = "soft", value_parser = ["kvm", "soft"])]
+    pub backend: String,
+    /// Policies to compare (default: every one the backend serves: none,
+    /// auto, and quota where the backend meters each vCPU's writes).
+    #[arg(long, value_delimiter = ',', value_parser = ["none", "auto", "quota"])]
+    pub policies: Vec<String>,
+    /// A subset: one cell of table A and table B's three mixes, in a few
+    /// minutes.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON object with `cells` as the last line of stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Directory for the JSON and SVG outputs (and a timeline SVG per run).
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+}
+
+/// One workload and link.
+#[derive(Clone, Debug, Serialize)]
+pub struct CellSpec {
+    /// Table B's mix name, or "" for a table A cell.
+    pub mix: String,
+    /// Guest memory in MiB (all vCPUs).
+    pub mem_mib: u64,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// Write rate cap per vCPU in MiB/s (`None`: as fast as it can).
+    pub rate_mib_s: Option<u64>,
+    /// Percentage of accesses that write.
+    pub write_percent: u8,
+    /// vCPUs that only read (the last ones).
+    pub readers: u32,
+    /// Link bandwidth in MiB/s.
+    pub link_mib_s: u64,
+}
+
+impl CellSpec {
+    fn a(mem_mib: u64, vcpus: u32, rate: Option<u64>, write_percent: u8, link: u64) -> Self {
+        CellSpec {
+            mix: String::new(),
+            mem_mib,
+            vcpus,
+            rate_mib_s: rate,
+            write_percent,
+            readers: 0,
+            link_mib_s: link,
+        }
+    }
+
+    fn time_limit(&self) -> Duration {
+        Duration::from_secs(if self.mem_mib <= 256 { 40 } else { 60 })
+    }
+
+    fn rate(&self) -> String {
+        self.rate_mib_s
+            .map_or_else(|| "max".to_string(), |r| r.to_string())
+    }
+}
+
+/// One policy's run of a cell.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunResult {
+    /// The policy.
+    pub policy: String,
+    /// See the module docs.
+    pub converged: bool,
+    /// Why it did not converge, if it did not.
+    pub why_not: Option<String>,
+    /// Migration time, ms (the time limit if it was cut off).
+    pub total_ms: f64,
+    /// Downtime, ms.
+    pub downtime_ms: f64,
+    /// Bytes on the wire.
+    pub bytes_sent: u64,
+    /// Precopy rounds, the final one included.
+    pub rounds: usize,
+    /// Guest runtime %, averaged over vCPUs.
+    pub runtime_pct: f64,
+    /// Guest progress %, averaged over vCPUs.
+    pub progress_pct: f64,
+    /// The timeline SVG of this run.
+    pub timeline: Option<PathBuf>,
+}
+
+/// A cell and its runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct CellResult {
+    /// The workload and link.
+    pub cell: CellSpec,
+    /// One per policy, in the order asked.
+    pub results: Vec<RunResult>,
+}
+
+/// Everything measured.
+#[derive(Debug, Serialize)]
+pub struct ConvergeResults {
+    /// Backend of the guests.
+    pub backend: String,
+    /// Policies compared.
+    pub policies: Vec<String>,
+    /// Every cell, table A's first.
+    pub cells: Vec<CellResult>,
+}
+
+/// Table A's cells: the issue's default grid, or one cell with `quick`.
+fn grid(quick: bool) -> Vec<CellSpec> {
+    if quick {
+        return vec![CellSpec::a(256, 1, None, 100, 128)];
+    }
+    let mut cells = Vec::new();
+    for rate in [Some(50), Some(200), None] {
+        for link in [32, 128, 512] {
+            cells.push(CellSpec::a(256, 1, rate, 100, link));
+        }
+    }
+    for rate in [Some(50), Some(200), None] {
+        for link in [128, 512] {
+            cells.push(CellSpec::a(1024, 2, rate, 100, link));
+        }
+    }
+    for (mem, vcpus) in [(256, 1), (1024, 2)] {
+        for rate in [Some(50), Some(200), None] {
+            cells.push(CellSpec::a(mem, vcpus, rate, 10, 128));
+        }
+    }
+    cells
+}
+
+/// Table B's mixes: 4 vCPUs sweeping 64 MiB each as fast as they can, some
+/// writing and the rest reading, over a 128 MiB/s link.
+fn mixes() -> Vec<CellSpec> {
+    [
+        ("write-intensive", 1),
+        ("read-write-balanced", 2),
+        ("read-intensive", 3),
+    ]
+    .into_iter()
+    .map(|(mix, readers)| CellSpec {
+        mix: mix.into(),
+        readers,
+        ..CellSpec::a(256, 4, None, 100, 128)
+    })
+    .collect()
+}
+
+/// The policies the backend serves, in the order compared.
+fn default_policies(backend: &str) -> Vec<String> {
+    let all: &[&str] = if backend == "soft" {
+        &["none", "auto", "quota"]
+    } else {
+        &["none", "auto"]
+    };
+    all.iter().map(|s| s.to_string()).collect()
+}
+
+/// Runs `ferry demo` for one cell and policy, killing it at the time limit.
+fn run_one(
+    backend: &str,
+    cell: &CellSpec,
+    policy: &str,
+    timeline: &Path,
+) -> Result<RunResult, CmdError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| CmdError::Failed(format!("cannot find the ferry executable: {e}")))?;
+    let mut cmd = Command::new(exe);
+    die_with_parent(&mut cmd);
+    let per_vcpu = format!("{}M", cell.mem_mib / u64::from(cell.vcpus));
+    cmd.args(["demo", "--json", "--warmup", "0.5", "--backend", backend])
+        .args([
+            "--vcpus",
+            &cell.vcpus.to_string(),
+            "--mem-per-vcpu",
+            &per_vcpu,
+        ])
+        .args(["--write-percent", &cell.write_percent.to_string()])
+        .args(["--readers", &cell.readers.to_string()])
+        .args(["--bandwidth", &cell.link_mib_s.to_string()])
+        .args(["--converge", policy, "--run-after", "0.2"])
+        .args(["--give-up-after", &cell.time_limit().as_secs().to_string()]);
+    match cell.rate_mib_s {
+        Some(r) => cmd.args(["--rate-limit", &r.to_string()]),
+        None => cmd.arg("--unthrottled"),
+    };
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| CmdError::Failed(format!("cannot run ferry demo: {e}")))?;
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    // The demo gives up at the limit by itself (and still reports how the
+    // guest fared); this is for a demo that hangs past it.
+    let deadline = Instant::now() + cell.time_limit() + Duration::from_secs(30);
+    let cut_off = loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break false,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break true;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Err(CmdError::Failed(format!("waiting for ferry demo: {e}"))),
+        }
+    };
+    let text = reader.join().unwrap_or_default();
+    let limit_ms = cell.time_limit().as_secs_f64() * 1e3;
+    let mut r = RunResult {
+        policy: policy.into(),
+        converged: false,
+        why_not: None,
+        total_ms: limit_ms,
+        downtime_ms: 0.0,
+        bytes_sent: 0,
+        rounds: 0,
+        runtime_pct: 0.0,
+        progress_pct: 0.0,
+        timeline: None,
+    };
+    if cut_off {
+        r.why_not = Some("ferry demo still ran 30 s after its time limit, and was killed".into());
+        return Ok(r);
+    }
+    let Some(j) = text
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    else {
+        r.why_not = Some("ferry demo printed no summary".into());
+        return Ok(r);
+    };
+    let verified =
+        j["status"] == "completed" && j["digest_match"] == true && j["guest_mismatches"] == 0;
+    r.total_ms = j["total_ms"].as_f64().unwrap_or(limit_ms);
+    r.downtime_ms = j["downtime_ms"].as_f64().unwrap_or(0.0);
+    r.bytes_sent = j["bytes_sent"].as_u64().unwrap_or(0);
+    r.rounds = j["round_stats"].as_array().map_or(0, |a| a.len());
+    let shares = j["vcpu_shares"].as_array().cloned().unwrap_or_default();
+    let mean = |key: &str| {
+        let sum: f64 = shares.iter().filter_map(|s| s[key].as_f64()).sum();
+        sum / shares.len().max(1) as f64
+    };
+    r.runtime_pct = mean("runtime_pct");
+    r.progress_pct = mean("progress_pct");
+    r.converged = verified && j["converged"] == true;
+    let gave_up = j["error"]
+        .as_str()
+        .is_some_and(|e| e.contains("--give-up-after"));
+    r.why_not = if gave_up {
+        r.total_ms = limit_ms;
+        Some(format!("not finished in {} s", cell.time_limit().as_secs()))
+    } else if !verified {
+        Some(format!(
+            "not verified: {}",
+            j["error"]
+                .as_str()
+                .unwrap_or("digest or guest stamps differ")
+        ))
+    } else if !r.converged {
+        Some("the round cap forced the stop-and-copy".into())
+    } else {
+        None
+    };
+    timeline_plot(&j, cell, policy).write_svg(timeline)?;
+    r.timeline = Some(timeline.to_path_buf());
+    Ok(r)
+}
+
+/// One run's rounds over time: dirty rate, link rate, what each round sent,
+/// and the throttle (percent, or the quota in MiB per 100 ms).
+fn timeline_plot(j: &serde_json::Value, cell: &CellSpec, policy: &str) -> Plot {
+    let rounds = j["round_stats"].as_array().cloned().unwrap_or_default();
+    let (mut dirty, mut link, mut sent) = (Vec::new(), Vec::new(), Vec::new());
+    let mut at = 0.0;
+    for r in &rounds {
+        at += r["ms"].as_f64().unwrap_or(0.0);
+        let mib = |v: f64| v / f64::from(1u32 << 20);
+        dirty.push((
+            at,
+            mib(r["dirty_rate_pages_s"].as_f64().unwrap_or(0.0) * 4096.0),
+        ));
+        link.push((
+            at,
+            r["bandwidth_mb_s"].as_f64().unwrap_or(0.0) * 1e6 / f64::from(1u32 << 20),
+        ));
+        sent.push((at, mib(r["raw_bytes"].as_f64().unwrap_or(0.0))));
+    }
+    let throttle = j["throttle_timeline"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|t| {
+            let x = t["at_ms"].as_f64().unwrap_or(0.0);
+            match t["quota_bytes"].as_f64() {
+                Some(q) => (x, q / f64::from(1u32 << 20)),
+                None => (x, t["percent"].as_f64().unwrap_or(0.0)),
+            }
+        })
+        .collect();
+    let series = |label: &str, points| Series {
+        label: label.into(),
+        points,
+    };
+    Plot {
+        title: format!(
+            "{} MiB, {} vCPU(s), {} MiB/s per vCPU, {}% writes, {} MiB/s link: {policy}",
+            cell.mem_mib,
+            cell.vcpus,
+            cell.rate(),
+            cell.write_percent,
+            cell.link_mib_s
+        ),
+        x_label: "ms since the migration started".into(),
+        y_label: "MiB/s (rates), MiB (round sent), % or MiB/100 ms (throttle)".into(),
+        log_y: false,
+        series: vec![
+            series("dirty rate MiB/s", dirty),
+            series("link MiB/s", link),
+            series("round sent MiB (what was left)", sent),
+            series("throttle % or quota MiB", throttle),
+        ],
+    }
+}
+
+/// Runs the experiment.
+pub fn run(a: &ConvergeArgs) -> Result<Report<ConvergeResults>, CmdError> {
+    let policies = if a.policies.is_empty() {
+        default_policies(&a.backend)
+    } else {
+        a.policies.clone()
+    };
+    std::fs::create_dir_all(&a.out)
+        .map_err(|e| CmdError::Failed(format!("cannot create {}: {e}", a.out.display())))?;
+    let specs: Vec<CellSpec> = grid(a.quick).into_iter().chain(mixes()).collect();
+    let mut cells = Vec::new();
+    for (i, cell) in specs.into_iter().enumerate() {
+        let mut results = Vec::new();
+        for p in &policies {
+            eprintln!(
+                "ferry bench converge: cell {} ({} MiB, {} vCPU(s), {} MiB/s, {}% writes, {} reader(s), link {} MiB/s), {p} ...",
+                i + 1,
+                cell.mem_mib,
+                cell.vcpus,
+                cell.rate(),
+                cell.write_percent,
+                cell.readers,
+                cell.link_mib_s
+            );
+            let svg = a
+                .out
+                .join(format!("converge-{}-cell{}-{p}.svg", a.backend, i + 1));
+            results.push(run_one(&a.backend, &cell, p, &svg)?);
+        }
+        cells.push(CellResult { cell, results });
+    }
+    Ok(report(a, policies, cells))
+}
+
+/// `t` in seconds, or "unconverged".
+fn time_cell(r: &RunResult) -> String {
+    if r.converged {
+        format!("{:.2}", r.total_ms / 1e3)
+    } else {
+        "unconverged".into()
+    }
+}
+
+/// How much shorter the last policy's migration was than the one before it.
+fn diff_cell(results: &[RunResult]) -> String {
+    match results {
+        [.., base, new] if base.converged && new.converged => {
+            format!(
+                "{:.1}",
+                100.0 * (base.total_ms - new.total_ms) / base.total_ms
+            )
+        }
+        _ => "N/A".into(),
+    }
+}
+
+fn report(
+    a: &ConvergeArgs,
+    policies: Vec<String>,
+    cells: Vec<CellResult>,
+) -> Report<ConvergeResults> {
+    let last_two = match policies.as_slice() {
+        [.., x, y] => format!("diff % ({y} vs {x})"),
+        _ => "diff %".into(),
+    };
+    let mut cols: Vec<String> = ["m (MiB)", "n", "l (MiB/s)", "w %", "b (MiB/s)"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    cols.extend(policies.iter().map(|p| format!("t {p} (s)")));
+    cols.extend(policies.iter().map(|p| format!("downtime {p} (ms)")));
+    cols.push(last_two.clone());
+    let col_refs: Vec<&str> = cols.iter().map(String::as_str).collect();
+    let mut table_a = Table::new(
+        format!("A. Live migration performance ({} backend)", a.backend),
+        &col_refs,
+    );
+    let mut b_cols = vec!["case".to_string()];
+    b_cols.extend(policies.iter().map(|p| format!("runtime % ({p})")));
+    b_cols.extend(policies.iter().map(|p| format!("progress % ({p})")));
+    b_cols.push(last_two.replace("diff %", "runtime diff %"));
+    let b_refs: Vec<&str> = b_cols.iter().map(String::as_str).collect();
+    let mut table_b = Table::new(
+        format!("B. Guest performance ({} backend)", a.backend),
+        &b_refs,
+    );
+    for c in &cells {
+        let s = &c.cell;
+        if s.mix.is_empty() {
+            let mut row = vec![
+                s.mem_mib.to_string(),
+                s.vcpus.to_string(),
+                s.rate(),
+                s.write_percent.to_string(),
+                s.link_mib_s.to_string(),
+            ];
+            row.extend(c.results.iter().map(time_cell));
+            row.extend(c.results.iter().map(|r| {
+                if r.converged {
+                    format!("{:.0}", r.downtime_ms)
+                } else {
+                    "-".into()
+                }
+            }));
+            row.push(diff_cell(&c.results));
+            table_a.row(row);
+        } else {
+            let mut row = vec![format!(
+                "{} ({}W/{}R)",
+                s.mix,
+                s.vcpus - s.readers,
+                s.readers
+            )];
+            row.extend(c.results.iter().map(|r| format!("{:.1}", r.runtime_pct)));
+            row.extend(c.results.iter().map(|r| format!("{:.1}", r.progress_pct)));
+            row.push(match c.results.as_slice() {
+                [.., x, y] if x.runtime_pct > 0.0 => {
+                    format!(
+                        "{:.1}",
+                        100.0 * (y.runtime_pct - x.runtime_pct) / x.runtime_pct
+                    )
+                }
+                _ => "N/A".into(),
+            });
+            table_b.row(row);
+        }
+    }
+    table_a.note("m memory, n vCPUs, l write rate per vCPU (max: as fast as the guest can), w share of accesses that write, b link (a bandwidth cap on loopback). t: total migration time; unconverged: not finished in the time limit (40 s up to 256 MiB, 60 s above), or the round cap forced the stop-and-copy. Every run is a fresh `ferry demo` process pair, digest and guest stamps checked.");
+    table_a.note(format!(
+        "{last_two}: how much shorter the migration was; N/A where either did not converge."
+    ));
+    table_b.note("4 vCPUs x 64 MiB as fast as they can, the writers first, over a 128 MiB/s link. runtime: share of the migration a vCPU was not asleep on a throttle; progress: its page-access rate during the migration over its rate just before; both averaged over vCPUs.");
+    table_b.note(format!(
+        "{} vCPU threads on a host with {} core(s), plus the migration's threads: where threads exceed cores, they also wait for a core.",
+        4,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    ));
+    let series = policies
+        .iter()
+        .enumerate()
+        .map(|(k, p)| Series {
+            label: format!("{p}: total s (unconverged at the limit)"),
+            points: cells
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.cell.mix.is_empty())
+                .map(|(i, c)| ((i + 1) as f64, c.results[k].total_ms / 1e3))
+                .collect(),
+        })
+        .collect();
+    Report {
+        name: format!("converge-{}", a.backend),
+        tables: vec![table_a, table_b],
+        results: ConvergeResults {
+            backend: a.backend.clone(),
+            policies,
+            cells,
+        },
+        plot: Plot {
+            title: format!("migration time per table A cell ({} backend)", a.backend),
+            x_label: "cell".into(),
+            y_label: "s".into(),
+            log_y: false,
+            series,
+        },
+    }
+}
+
+/// The `--json` line: every cell with a result per policy.
+pub fn summary_json(r: &ConvergeResults) -> serde_json::Value {
+    let cells: Vec<serde_json::Value> = r
+        .cells
+        .iter()
+        .map(|c| {
+            let results: serde_json::Map<String, serde_json::Value> = c
+                .results
+                .iter()
+                .map(|x| {
+                    let v = serde_json::json!({
+                        "converged": x.converged,
+                        "total_ms": x.total_ms,
+                        "downtime_ms": x.downtime_ms,
+                        "runtime_pct": x.runtime_pct,
+                        "progress_pct": x.progress_pct,
+                        "why_not": x.why_not,
+                    });
+                    (x.policy.clone(), v)
+                })
+                .collect();
+            serde_json::json!({"cell": c.cell, "results": results})
+        })
+        .collect();
+    serde_json::json!({"backend": r.backend, "cells": cells})
+}
