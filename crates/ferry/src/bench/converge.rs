@@ -40,6 +40,14 @@ pub struct ConvergeArgs {
     /// minutes.
     #[arg(long)]
     pub quick: bool,
+    /// Table A cells of your own instead of the default grid, each
+    /// MEM,VCPUS,RATE,WRITE%,LINK: e.g. `--cell 1G,2,max,100,512` (RATE in
+    /// MiB/s per vCPU or `max`, LINK in MiB/s). Repeat for more.
+    #[arg(long = "cell", value_parser = parse_cell)]
+    pub cells: Vec<CellSpec>,
+    /// Leave out table B (the writer/reader mixes).
+    #[arg(long = "skip-mixes")]
+    pub skip_mixes: bool,
     /// Print one JSON object with `cells` as the last line of stdout.
     #[arg(long)]
     pub json: bool,
@@ -133,6 +141,48 @@ pub struct ConvergeResults {
     pub policies: Vec<String>,
     /// Every cell, table A's first.
     pub cells: Vec<CellResult>,
+}
+
+/// Parses `--cell MEM,VCPUS,RATE,WRITE%,LINK`.
+fn parse_cell(s: &str) -> Result<CellSpec, String> {
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    let [mem, vcpus, rate, write, link] = parts.as_slice() else {
+        return Err(format!(
+            "'{s}': want MEM,VCPUS,RATE,WRITE%,LINK, e.g. 256M,1,max,100,128"
+        ));
+    };
+    let mem = crate::args::parse_size(mem)?;
+    let vcpus: u32 = vcpus
+        .parse()
+        .ok()
+        .filter(|v| (1..=64).contains(v))
+        .ok_or_else(|| format!("vCPUs '{vcpus}': want 1 to 64"))?;
+    let rate = match *rate {
+        "max" => None,
+        r => Some(
+            r.parse::<u64>()
+                .ok()
+                .filter(|&r| r > 0)
+                .ok_or_else(|| format!("rate '{r}': want MiB/s per vCPU or max"))?,
+        ),
+    };
+    let write: u8 = write
+        .parse()
+        .ok()
+        .filter(|w| *w <= 100)
+        .ok_or_else(|| format!("write percent '{write}': want 0 to 100"))?;
+    let link: u64 = link
+        .parse()
+        .ok()
+        .filter(|&l| l > 0)
+        .ok_or_else(|| format!("link '{link}': want MiB/s"))?;
+    let per_vcpu = mem / u64::from(vcpus);
+    if per_vcpu == 0 || per_vcpu % (2 << 20) != 0 {
+        return Err(format!(
+            "memory {mem} over {vcpus} vCPUs: want a multiple of 2 MiB per vCPU"
+        ));
+    }
+    Ok(CellSpec::a(mem >> 20, vcpus, rate, write, link))
 }
 
 /// Table A's cells: the default grid, or one cell with `quick`.
@@ -370,7 +420,13 @@ pub fn run(a: &ConvergeArgs) -> Result<Report<ConvergeResults>, CmdError> {
     };
     std::fs::create_dir_all(&a.out)
         .map_err(|e| CmdError::Failed(format!("cannot create {}: {e}", a.out.display())))?;
-    let specs: Vec<CellSpec> = grid(a.quick).into_iter().chain(mixes()).collect();
+    let table_a = if a.cells.is_empty() {
+        grid(a.quick)
+    } else {
+        a.cells.clone()
+    };
+    let table_b = if a.skip_mixes { Vec::new() } else { mixes() };
+    let specs: Vec<CellSpec> = table_a.into_iter().chain(table_b).collect();
     let mut cells = Vec::new();
     for (i, cell) in specs.into_iter().enumerate() {
         let mut results = Vec::new();
