@@ -16,8 +16,14 @@ use ferry_backend::Vm;
 use ferry_engine::VcpuShare;
 use std::time::{Duration, Instant};
 
-/// How long the guest's rate is sampled before a migration starts.
+/// How long the guest's rate is sampled before a migration starts, when no
+/// earlier sample is at hand.
 const BASELINE: Duration = Duration::from_millis(250);
+/// The shortest window an earlier sample may give.
+const MIN_WINDOW: Duration = Duration::from_millis(50);
+
+/// The guest's counters read at a moment.
+pub type Sample = (Vec<VcpuProgress>, Instant);
 
 /// What was read when the migration started.
 pub struct ShareWatch {
@@ -30,13 +36,20 @@ pub struct ShareWatch {
 }
 
 impl ShareWatch {
-    /// Samples the guest's rate for [`BASELINE`], then takes the starting
-    /// point. `None` when the guest's counters cannot be read.
-    pub fn start(vm: &dyn Vm) -> Option<ShareWatch> {
+    /// Takes the starting point; the rate before is measured from `since`
+    /// (an earlier reading of the counters, such as `ferry run`'s last
+    /// report), or over [`BASELINE`] now when there is none or it is too
+    /// recent. `None` when the guest's counters cannot be read.
+    pub fn start(vm: &dyn Vm, since: Option<Sample>) -> Option<ShareWatch> {
         let vcpus = vm.config().workload.vcpus;
-        let first = read_progress(vm.ram(), vcpus).ok()?;
-        let t0 = Instant::now();
-        std::thread::sleep(BASELINE);
+        let (first, t0) = match since {
+            Some((p, at)) if at.elapsed() >= MIN_WINDOW && p.len() == vcpus as usize => (p, at),
+            _ => {
+                let p = read_progress(vm.ram(), vcpus).ok()?;
+                std::thread::sleep(BASELINE);
+                (p, Instant::now() - BASELINE)
+            }
+        };
         let progress = read_progress(vm.ram(), vcpus).ok()?;
         let at = Instant::now();
         let secs = (at - t0).as_secs_f64();

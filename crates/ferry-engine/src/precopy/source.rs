@@ -97,8 +97,9 @@ pub fn migrate_accounted(
         }
     }
     // While this runs, a VM command (a throttle) reaches the VM through the
-    // tunables; a request left from before does not apply to this one.
-    opts.tunables.take_throttle_request();
+    // tunables. A caller that owns the VM may have marked it migrating
+    // already, so that a throttle asked in between waits here and is not
+    // queued behind the whole migration.
     opts.tunables.set_migrating(true);
     let _migrating = Migrating(&opts.tunables);
     progress.phase(Phase::Handshake);
@@ -176,12 +177,14 @@ pub fn migrate_accounted(
     }
 }
 
-/// Clears [`Tunables::set_migrating`] however `migrate` returns.
+/// Clears [`Tunables::set_migrating`] however `migrate` returns, and drops a
+/// throttle request it did not take: it does not apply to the next one.
 struct Migrating<'a>(&'a crate::tunables::Tunables);
 
 impl Drop for Migrating<'_> {
     fn drop(&mut self) {
         self.0.set_migrating(false);
+        self.0.take_throttle_request();
     }
 }
 

@@ -4,7 +4,7 @@
 use super::CmdError;
 use crate::args::{BackendArgs, WorkloadArgs};
 use crate::progress_bar::MigrationBar;
-use crate::vcpu_share::ShareWatch;
+use crate::vcpu_share::{Sample, ShareWatch};
 use crate::{summary, vms};
 use clap::Args;
 use ferry_backend::error_chain as chain;
@@ -270,8 +270,10 @@ pub fn boot_and_migrate(
     }
     check_policy(vm, &link)?;
     vm.start()?;
-    warm_up(vm, Duration::from_secs_f64(m.warmup))?;
+    let mut since = Some(warm_up(vm, Duration::from_secs_f64(m.warmup))?);
     if m.idle {
+        // The rate before must be the idle guest's.
+        since = None;
         let vcpus = vm.config().workload.vcpus;
         set_write_percent(vm.ram(), vcpus, 0).map_err(|e| CmdError::Failed(e.to_string()))?;
     }
@@ -279,7 +281,7 @@ pub fn boot_and_migrate(
     tunables.set_downtime_target(Duration::from_millis(m.downtime_ms));
     tunables.set_max_rounds(m.max_rounds);
     tunables.set_bandwidth_bytes_per_sec(m.bandwidth_mib_s << 20);
-    Ok(migrate_running(vm, to, tunables, link))
+    Ok(migrate_running(vm, to, tunables, link, since))
 }
 
 /// Migrates a running VM to `to`. Never fails: a failure is a summary with
@@ -289,6 +291,7 @@ pub fn migrate_running(
     to: &str,
     tunables: Arc<Tunables>,
     link: LinkSettings,
+    since: Option<Sample>,
 ) -> MigrationSummary {
     let mut link = link;
     let converge = converge_for(link.converge, vm);
@@ -316,7 +319,7 @@ pub fn migrate_running(
             }
         },
     };
-    let watch = ShareWatch::start(vm);
+    let watch = ShareWatch::start(vm, since);
     let give_up = link
         .give_up_after
         .map(|after| GiveUp::arm(&opts.tunables, after));
@@ -414,15 +417,21 @@ fn failed_summary(
 }
 
 /// Runs the guest until every vCPU finished a pass and `at_least` has passed.
-fn warm_up(vm: &dyn Vm, at_least: Duration) -> Result<(), CmdError> {
+/// Returns the guest's counters as they were when every vCPU had finished
+/// its first pass (the start of its steady rate).
+fn warm_up(vm: &dyn Vm, at_least: Duration) -> Result<Sample, CmdError> {
     let vcpus = vm.config().workload.vcpus;
     let start = Instant::now();
     eprintln!("ferry: warming up the guest ...");
+    let mut steady: Option<Sample> = None;
     loop {
         vm.check_health()?;
         let p = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
-        if p.iter().all(|v| v.passes >= 1) && start.elapsed() >= at_least {
-            return Ok(());
+        if steady.is_none() && p.iter().all(|v| v.passes >= 1) {
+            steady = Some((p.clone(), Instant::now()));
+        }
+        if let Some(s) = steady.as_ref().filter(|_| start.elapsed() >= at_least) {
+            return Ok(s.clone());
         }
         if start.elapsed() > Duration::from_secs(600) {
             return Err(CmdError::Failed(format!(

@@ -88,7 +88,14 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
             Ok(VmCommand::Migrate { to, link, reply }) => {
                 // A cancel aimed at an earlier migration must not stop this one.
                 tunables.reset_cancel();
-                let summary = migrate_running(&mut *vm, &to, tunables.clone(), link);
+                let since = Some((before.clone(), at));
+                // From here this thread is busy: a throttle asked meanwhile
+                // goes through the tunables to the migration, not into this
+                // thread's queue behind it.
+                tunables.set_migrating(true);
+                let summary = migrate_running(&mut *vm, &to, tunables.clone(), link, since);
+                tunables.set_migrating(false);
+                tunables.take_throttle_request();
                 let moved = summary.status == Status::Completed;
                 let _ = reply.send(crate::summary::json(&summary));
                 if moved {
