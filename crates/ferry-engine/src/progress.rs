@@ -2,7 +2,7 @@
 //! control socket can stream events, without the engine knowing which.
 //! Every method has an empty default; [`NoProgress`] is the no-op observer.
 
-use crate::summary::RoundStats;
+use crate::summary::{RoundStats, ThrottleStep};
 
 /// Where a migration is.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -34,6 +34,8 @@ pub trait Progress {
     fn pages_sent(&self, _pages: u64, _bytes: u64) {}
     /// A round finished.
     fn round_finished(&self, _stats: &RoundStats) {}
+    /// The convergence policy changed the vCPUs' throttle or quota.
+    fn throttle_changed(&self, _step: &ThrottleStep) {}
 }
 
 /// Reports nothing.

@@ -53,8 +53,7 @@ pub struct WorkloadArgs {
     /// Page stride for sequential order (512 = one page per 2 MiB).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub stride: u64,
-    /// Cap each vCPU at this many MiB/s of pages visited (default: unlimited;
-    /// `ferry demo` caps at 128 unless --unthrottled).
+    /// Cap each vCPU at this many MiB/s of pages visited (default: unlimited).
     #[arg(long = "rate-limit", value_parser = clap::value_parser!(u64).range(1..))]
     pub rate_limit_mib_s: Option<u64>,
     /// Seed of the guest's random generator.

@@ -1,6 +1,6 @@
 //! An indicatif progress bar driven by the engine's progress callbacks.
 
-use ferry_engine::{Phase, Progress, RoundStats};
+use ferry_engine::{Phase, Progress, RoundStats, ThrottleStep};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Shows the current round as a byte bar on stderr (hidden when stderr is not
@@ -57,6 +57,19 @@ impl Progress for MigrationBar {
 
     fn pages_sent(&self, pages: u64, _bytes: u64) {
         self.bar.inc(pages * ferry_backend::PAGE_SIZE as u64);
+    }
+
+    fn throttle_changed(&self, step: &ThrottleStep) {
+        let what = match step.quota_bytes {
+            Some(q) => format!(
+                "each vCPU may dirty {} per 100 ms (a vCPU that does not write runs on)",
+                ferry_backend::types::human_bytes(q)
+            ),
+            None if step.percent == 0 => "throttle lifted".to_string(),
+            None => format!("every vCPU sleeps {}% of its time", step.percent),
+        };
+        self.bar
+            .println(format!("  after round {:>2}: {what}", step.round));
     }
 
     fn round_finished(&self, stats: &RoundStats) {

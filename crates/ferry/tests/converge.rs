@@ -52,6 +52,7 @@ fn the_quota_policy_converges_a_busy_soft_guest() {
     let j = last_json(&out);
     assert_verified(&j, "soft quota");
     assert_eq!(j["converge"], "quota", "{j}");
+    assert_eq!(j["converged"], true, "the round cap forced the stop: {j}");
     let timeline = j["throttle_timeline"]
         .as_array()
         .cloned()

@@ -281,8 +281,12 @@ impl Source<'_> {
                 downtime_target: self.opts.tunables.downtime_target(),
                 vcpus: self.vm.config().workload.vcpus,
             };
+            let steps = self.converge.timeline.len();
             self.converge
                 .after_round(&sample, &mut *self.vm, &self.opts.tunables)?;
+            for step in &self.converge.timeline[steps..] {
+                self.progress.throttle_changed(step);
+            }
             let tun = &self.opts.tunables;
             let fits = (remaining as f64) <= bandwidth * tun.downtime_target().as_secs_f64();
             self.summary.converged = dirty.is_empty() || fits;

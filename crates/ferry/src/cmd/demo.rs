@@ -25,10 +25,10 @@ pub struct DemoArgs {
     /// Seconds the destination runs the guest after switchover before reporting.
     #[arg(long = "run-after", default_value_t = 1.0)]
     pub run_after: f64,
-    /// Let the guest write as fast as it can. By default the demo caps each vCPU
-    /// at 128 MiB/s of writes, so precopy converges without throttling; an
-    /// uncapped write-heavy guest dirties memory faster than loopback can send
-    /// it, which is what the convergence policies are for.
+    /// Let the guest write as fast as it can: the default. An uncapped
+    /// write-heavy guest dirties memory faster than loopback can send it, and
+    /// the demo shows the convergence policy (--converge) bringing it home.
+    /// Give --rate-limit to cap the guest instead.
     #[arg(long, conflicts_with = "rate_limit_mib_s")]
     pub unthrottled: bool,
     /// How the destination places received pages (see `ferry receive --help`).
@@ -60,9 +60,6 @@ impl Drop for DemoCerts {
     }
 }
 
-/// The demo's per-vCPU write cap when the user sets none.
-const DEMO_RATE_LIMIT_MIB_S: u64 = 128;
-
 /// Kills the destination process if the demo ends early.
 struct Destination(Child);
 
@@ -76,10 +73,7 @@ impl Drop for Destination {
 }
 
 pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
-    let mut workload = a.workload.workload().map_err(CmdError::Usage)?;
-    if !a.unthrottled && workload.rate_limit_mib_s.is_none() {
-        workload.rate_limit_mib_s = Some(DEMO_RATE_LIMIT_MIB_S);
-    }
+    let workload = a.workload.workload().map_err(CmdError::Usage)?;
     let config = a.backend.config(workload);
     // Refuse a guest this host cannot hold before starting anything.
     ferry_backend::admission::admit(&config).map_err(ferry_backend::BackendError::from)?;
