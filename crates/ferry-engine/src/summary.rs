@@ -147,6 +147,8 @@ pub struct MigrationSummary {
     pub throttle_timeline: Vec<ThrottleStep>,
     /// Steps taken because precopy stopped converging.
     pub escalations: Vec<Escalation>,
+    /// What the prediction before the migration said, if one was made.
+    pub predicted: Option<crate::converge::Prediction>,
     /// Precopy converged: what was left at the end fitted the downtime
     /// target. False when the round cap forced the stop-and-copy (or the
     /// migration failed before).

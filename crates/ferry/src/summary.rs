@@ -87,6 +87,34 @@ fn convergence(s: &MigrationSummary) -> String {
     out
 }
 
+/// What the prediction said for the policy that ran.
+fn predicted(s: &MigrationSummary) -> String {
+    let Some(p) = &s.predicted else {
+        return "not asked (--predict)".into();
+    };
+    let Some(f) = p.policies.iter().find(|f| f.policy == s.converge) else {
+        return format!("recommended {}", p.recommended);
+    };
+    format!(
+        "{}: {}, {:.1} s, {:.0} ms downtime, {:.0}% runtime (recommended: {}{})",
+        f.policy,
+        if f.converges {
+            "converges"
+        } else {
+            "does NOT converge"
+        },
+        f.total_ms / 1e3,
+        f.downtime_ms,
+        f.runtime_pct,
+        p.recommended,
+        if p.link_known {
+            ""
+        } else {
+            "; link rate assumed"
+        }
+    )
+}
+
 /// Each vCPU's runtime and progress during the migration.
 fn vcpu_shares(s: &MigrationSummary) -> String {
     if s.vcpu_shares.is_empty() {
@@ -149,6 +177,7 @@ pub fn render(s: &MigrationSummary) -> String {
         ("delta re-sends", delta(s)),
         ("convergence", convergence(s)),
         ("guest runtime / progress", vcpu_shares(s)),
+        ("predicted", predicted(s)),
         ("total time", format!("{:.1} ms", s.total_ms)),
         ("downtime", format!("{:.1} ms", s.downtime_ms)),
         (

@@ -22,12 +22,17 @@
 //! quota between rounds on its own clock (`Vm::set_dirty_quota`); the soft
 //! backend meters it at write-fault time, the kvm backend does not meter
 //! per vCPU yet. QEMU 8.1's dirty-limit comes next behind the same seam.
+//!
+//! Before a migration, [`predict`] runs the same policies over a model of
+//! the rounds, fed with the guest's measured dirty rates and the link.
 
 mod auto;
+mod predict;
 mod quota;
 mod stall;
 
 pub use auto::AutoConverge;
+pub use predict::{predict, PolicyForecast, PredictInput, Prediction};
 pub use quota::QuotaPolicy;
 pub use stall::Stall;
 

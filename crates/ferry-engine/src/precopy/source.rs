@@ -76,6 +76,7 @@ pub fn migrate_accounted(
         throttle_timeline: Vec::new(),
         escalations: Vec::new(),
         converged: false,
+        predicted: None,
         vcpu_shares: Vec::new(),
         rounds: Vec::new(),
         digest_match: false,

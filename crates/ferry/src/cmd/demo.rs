@@ -78,6 +78,8 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     // Refuse a guest this host cannot hold before starting anything.
     ferry_backend::admission::admit(&config).map_err(ferry_backend::BackendError::from)?;
     let mut a = a;
+    // The demo shows what to expect before it starts.
+    a.migration.predict = true;
     let _certs = if a.tls && a.migration.tls_dir.is_none() {
         let certs = DemoCerts::write()?;
         a.migration.tls_dir = Some(certs.0.clone());

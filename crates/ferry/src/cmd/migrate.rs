@@ -86,6 +86,15 @@ pub struct MigrationArgs {
     /// vCPU has finished one pass).
     #[arg(long, default_value_t = 1.0)]
     pub warmup: f64,
+    /// Before migrating, sample each vCPU's dirty rate for --predict-secs
+    /// with dirty tracking on, and predict whether precopy converges and how
+    /// long, how much downtime and how much guest slowdown each policy gives
+    /// (`ferry demo` always does). The summary keeps it as `predicted`.
+    #[arg(long)]
+    pub predict: bool,
+    /// Seconds --predict samples the guest.
+    #[arg(long = "predict-secs", default_value_t = 1.0)]
+    pub predict_secs: f64,
     /// Idle guest: after the warm-up pass has written every page, stop writing
     /// (the guest keeps reading and checking its stamps).
     #[arg(long)]
@@ -177,6 +186,12 @@ pub struct MigrateArgs {
 pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
     check_address(&a.to)?;
     if let Some(path) = &a.control {
+        if a.migration.predict {
+            return Err(CmdError::Usage(
+                "--predict samples a VM this command boots; with --control it is not available yet"
+                    .into(),
+            ));
+        }
         return via_control(path, &a);
     }
     let link = a.migration.link()?;
@@ -281,7 +296,28 @@ pub fn boot_and_migrate(
     tunables.set_downtime_target(Duration::from_millis(m.downtime_ms));
     tunables.set_max_rounds(m.max_rounds);
     tunables.set_bandwidth_bytes_per_sec(m.bandwidth_mib_s << 20);
-    Ok(migrate_running(vm, to, tunables, link, since))
+    let predicted = if m.predict {
+        if !(0.1..=60.0).contains(&m.predict_secs) {
+            return Err(CmdError::Usage("--predict-secs must be 0.1 to 60".into()));
+        }
+        eprintln!("ferry: sampling the guest's dirty rate to predict the migration ...");
+        let p = crate::predict::sample_and_predict(
+            vm,
+            &tunables,
+            Duration::from_secs_f64(m.predict_secs),
+        )?;
+        if !m.json {
+            println!("{}", crate::predict::render(&p));
+        }
+        // The guest ran slower while tracked: the rate before must not be that.
+        since = None;
+        Some(p)
+    } else {
+        None
+    };
+    let mut summary = migrate_running(vm, to, tunables, link, since);
+    summary.predicted = predicted;
+    Ok(summary)
 }
 
 /// Migrates a running VM to `to`. Never fails: a failure is a summary with
@@ -404,6 +440,7 @@ fn failed_summary(
         throttle_timeline: vec![],
         escalations: vec![],
         converged: false,
+        predicted: None,
         vcpu_shares: vec![],
         rounds: vec![],
         digest_match: false,

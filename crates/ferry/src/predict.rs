@@ -1,0 +1,104 @@
+//! `--predict` (always on in `ferry demo`): before migrating, sample each
+//! vCPU's dirty rate with the migration's own dirty tracking on, then ask
+//! the engine's model (`ferry_engine::converge::predict`) what each policy
+//! would do.
+//!
+//! ```text
+//!   start dirty logging ─ guest write counters ─ SECS ─ counters, harvest ─ stop logging
+//!   rate per vCPU = writes × 4 KiB / SECS   (tracking's own cost included: on
+//!                                            a shadow-paging host it is most of it)
+//!   working set   = the vCPU's region if it writes, else 0
+//!   link          = the --bandwidth cap, or an assumed 1 GiB/s (said so)
+//! ```
+
+use crate::cmd::CmdError;
+use ferry_backend::memstress::read_progress;
+use ferry_backend::{DirtyPages, Vm, PAGE_SIZE};
+use ferry_engine::converge::{predict, ConvergeMode, PredictInput, Prediction};
+use ferry_engine::Tunables;
+use ferry_report::Table;
+use std::time::{Duration, Instant};
+
+/// The link rate assumed when no bandwidth cap says it.
+const ASSUMED_LINK: f64 = (1u64 << 30) as f64;
+
+/// Samples the guest for `secs` and predicts every policy the backend serves.
+pub fn sample_and_predict(
+    vm: &mut dyn Vm,
+    tunables: &Tunables,
+    secs: Duration,
+) -> Result<Prediction, CmdError> {
+    let w = vm.config().workload.clone();
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        CmdError::Failed(format!("prediction: cannot {what}: {e}"))
+    };
+    vm.start_dirty_log()
+        .map_err(|e| failed("start dirty logging", &e))?;
+    let before = read_progress(vm.ram(), w.vcpus).map_err(|e| failed("read the guest", &e));
+    let t0 = Instant::now();
+    std::thread::sleep(secs);
+    let after = read_progress(vm.ram(), w.vcpus).map_err(|e| failed("read the guest", &e));
+    let took = t0.elapsed().as_secs_f64();
+    let mut scratch = DirtyPages::new(vm.ram().pages());
+    let harvested = vm.harvest_dirty(&mut scratch);
+    vm.stop_dirty_log()
+        .map_err(|e| failed("stop dirty logging", &e))?;
+    harvested.map_err(|e| failed("harvest the dirty log", &e))?;
+    let (before, after) = (before?, after?);
+    let rates = before
+        .iter()
+        .zip(&after)
+        .map(|(a, b)| b.writes.saturating_sub(a.writes) as f64 * PAGE_SIZE as f64 / took)
+        .collect();
+    let working_sets = (0..w.vcpus)
+        .map(|v| match w.vcpu_write_percent(v) {
+            0 => 0,
+            _ => w.bytes_per_vcpu,
+        })
+        .collect();
+    let cap = tunables.bandwidth_bytes_per_sec();
+    let input = PredictInput {
+        memory_bytes: vm.ram().pages() * PAGE_SIZE as u64,
+        dirty_bytes_per_sec: rates,
+        working_set_bytes: working_sets,
+        link_bytes_per_sec: if cap > 0 { cap as f64 } else { ASSUMED_LINK },
+        link_known: cap > 0,
+        downtime_target_ms: tunables.downtime_target().as_secs_f64() * 1e3,
+        max_rounds: tunables.max_rounds(),
+    };
+    let mut modes = vec![ConvergeMode::None, ConvergeMode::Auto];
+    if vm.set_dirty_quota(None).is_ok() {
+        modes.push(ConvergeMode::Quota);
+    }
+    Ok(predict(&input, &modes))
+}
+
+/// The prediction as a table.
+pub fn render(p: &Prediction) -> String {
+    let mut t = Table::new(
+        "prediction (before starting)",
+        &[
+            "policy",
+            "converges",
+            "rounds",
+            "total s",
+            "downtime ms",
+            "guest runtime %",
+        ],
+    );
+    for f in &p.policies {
+        t.row(vec![
+            f.policy.clone(),
+            if f.converges { "yes" } else { "NO" }.into(),
+            f.rounds.to_string(),
+            format!("{:.1}", f.total_ms / 1e3),
+            format!("{:.0}", f.downtime_ms),
+            format!("{:.0}", f.runtime_pct),
+        ]);
+    }
+    t.note(format!("recommended: {}", p.recommended));
+    if !p.link_known {
+        t.note("link rate not known: assumed 1 GiB/s (give --bandwidth for a sharper prediction)");
+    }
+    t.render()
+}
