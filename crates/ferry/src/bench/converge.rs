@@ -11,6 +11,7 @@
 //!   table A: t per policy, and the last policy against the one before it
 //!   table B: the seed's mixes (writers and readers in one VM): each policy's
 //!           guest runtime and progress, averaged over vCPUs
+//!   table C: what the demo predicted before it started, against what it measured
 //! ```
 //!
 //! The link is a bandwidth cap on loopback (`--bandwidth`), the same token
@@ -121,6 +122,8 @@ pub struct RunResult {
     pub progress_pct: f64,
     /// The timeline SVG of this run.
     pub timeline: Option<PathBuf>,
+    /// What the demo's prediction said for this policy: converges, total ms.
+    pub predicted: Option<(bool, f64)>,
 }
 
 /// A cell and its runs.
@@ -304,6 +307,7 @@ fn run_one(
         runtime_pct: 0.0,
         progress_pct: 0.0,
         timeline: None,
+        predicted: None,
     };
     if cut_off {
         r.why_not = Some("ferry demo still ran 30 s after its time limit, and was killed".into());
@@ -328,6 +332,15 @@ fn run_one(
         let sum: f64 = shares.iter().filter_map(|s| s[key].as_f64()).sum();
         sum / shares.len().max(1) as f64
     };
+    r.predicted = j["predicted"]["policies"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["policy"] == policy))
+        .map(|p| {
+            (
+                p["converges"] == true,
+                p["total_ms"].as_f64().unwrap_or(0.0),
+            )
+        });
     r.runtime_pct = mean("runtime_pct");
     r.progress_pct = mean("progress_pct");
     r.converged = verified && j["converged"] == true;
@@ -544,6 +557,41 @@ fn report(
             table_b.row(row);
         }
     }
+    let mut table_c = Table::new(
+        format!("C. Prediction against measurement ({} backend)", a.backend),
+        &[
+            "cell",
+            "policy",
+            "predicted",
+            "measured",
+            "predicted / measured",
+        ],
+    );
+    for (i, c) in cells.iter().enumerate() {
+        for r in &c.results {
+            let Some((converges, ms)) = r.predicted else {
+                continue;
+            };
+            let said = if converges {
+                format!("{:.2} s", ms / 1e3)
+            } else {
+                "unconverged".into()
+            };
+            let ratio = match (converges, r.converged) {
+                (true, true) => format!("{:.2}", ms / r.total_ms),
+                (false, false) => "agree".into(),
+                _ => "DISAGREE".into(),
+            };
+            table_c.row(vec![
+                (i + 1).to_string(),
+                r.policy.clone(),
+                said,
+                time_cell(r),
+                ratio,
+            ]);
+        }
+    }
+    table_c.note("predicted: what the demo's prediction (a 1 s sample of each vCPU's dirty rate with tracking on, the policies run over a model of the rounds) said before the migration started; agree: both say it does not converge.");
     table_a.note("m memory, n vCPUs, l write rate per vCPU (max: as fast as the guest can), w share of accesses that write, b link (a bandwidth cap on loopback). t: total migration time; unconverged: not finished in the time limit (40 s up to 256 MiB, 60 s above), or the round cap forced the stop-and-copy. Every run is a fresh `ferry demo` process pair, digest and guest stamps checked.");
     table_a.note(format!(
         "{last_two}: how much shorter the migration was; N/A where either did not converge."
@@ -569,7 +617,7 @@ fn report(
         .collect();
     Report {
         name: format!("converge-{}", a.backend),
-        tables: vec![table_a, table_b],
+        tables: vec![table_a, table_b, table_c],
         results: ConvergeResults {
             backend: a.backend.clone(),
             policies,
@@ -602,6 +650,8 @@ pub fn summary_json(r: &ConvergeResults) -> serde_json::Value {
                         "runtime_pct": x.runtime_pct,
                         "progress_pct": x.progress_pct,
                         "why_not": x.why_not,
+                        "predicted_converges": x.predicted.map(|p| p.0),
+                        "predicted_total_ms": x.predicted.map(|p| p.1),
                     });
                     (x.policy.clone(), v)
                 })
