@@ -11,6 +11,7 @@ mod control;
 mod predict;
 mod progress_bar;
 mod rates;
+mod signals;
 mod summary;
 mod vcpu_share;
 mod vms;
@@ -39,6 +40,8 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // Before any thread starts: every thread inherits the blocked mask.
+    signals::install();
     match cmd::run(cli.command) {
         Ok(code) => code,
         Err(e) => {

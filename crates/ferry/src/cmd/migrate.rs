@@ -211,6 +211,18 @@ fn via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdE
         "max_rounds": a.migration.max_rounds,
     });
     crate::control::request(path, &set).map_err(|e| CmdError::Failed(chain(&e)))?;
+    // Ctrl-C here cancels the VM's migration; its summary still comes back.
+    let socket = path.to_path_buf();
+    crate::signals::on_stop(move || {
+        let cancel = serde_json::json!({"cmd": "cancel"});
+        if let Err(e) = crate::control::request(&socket, &cancel) {
+            eprintln!(
+                "ferry: cannot cancel through {}: {}",
+                socket.display(),
+                chain(&e)
+            );
+        }
+    });
     let req = serde_json::json!({
         "cmd": "migrate",
         "to": a.to,
@@ -284,6 +296,9 @@ pub fn boot_and_migrate(
         return Err(CmdError::Usage("--warmup must be 0 to 3600 seconds".into()));
     }
     check_policy(vm, &link)?;
+    // A signal before the migration starts stops the warm-up (the flag is
+    // read there); once it runs, the signal cancels it (migrate_running).
+    crate::signals::on_stop(|| {});
     vm.start()?;
     let mut since = Some(warm_up(vm, Duration::from_secs_f64(m.warmup))?);
     if m.idle {
@@ -356,6 +371,13 @@ pub fn migrate_running(
         },
     };
     let watch = ShareWatch::start(vm, since);
+    // SIGINT or SIGTERM cancels the migration: the engine rolls back, the
+    // destination is told, the source VM runs on, the summary is printed.
+    let cancel = Arc::clone(&opts.tunables);
+    crate::signals::on_stop(move || cancel.cancel());
+    if crate::signals::received().is_some() {
+        opts.tunables.cancel();
+    }
     let give_up = link
         .give_up_after
         .map(|after| GiveUp::arm(&opts.tunables, after));
@@ -368,6 +390,8 @@ pub fn migrate_running(
         if gave_up {
             let after = link.give_up_after.unwrap_or_default().as_secs();
             error = format!("gave up after {after} s (--give-up-after): {error}");
+        } else if let Some(sig) = crate::signals::received() {
+            error = format!("stopped by {sig}: {error}");
         }
         eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
         summary.error = Some(error);
@@ -463,6 +487,11 @@ fn warm_up(vm: &dyn Vm, at_least: Duration) -> Result<Sample, CmdError> {
     let mut steady: Option<Sample> = None;
     loop {
         vm.check_health()?;
+        if let Some(sig) = crate::signals::received() {
+            return Err(CmdError::Failed(format!(
+                "stopped by {sig} while the guest warmed up; nothing was migrated"
+            )));
+        }
         let p = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
         if steady.is_none() && p.iter().all(|v| v.passes >= 1) {
             steady = Some((p.clone(), Instant::now()));

@@ -74,6 +74,13 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         Some(t) => Box::new(t.listener(tcp)),
         None => Box::new(tcp),
     };
+    // Nothing to roll back on this side: a stop ends it, and the source
+    // sees the connection go (its guest runs on there).
+    crate::signals::on_stop(|| {
+        let sig = crate::signals::received().unwrap_or("a signal");
+        eprintln!("ferry receive: stopped by {sig}; the source keeps its VM");
+        std::process::exit(130);
+    });
     // The demo (and scripts) read this line to learn the port.
     println!("listening on {local}");
     std::io::stdout().flush().ok();

@@ -67,6 +67,13 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
         .map_err(|e| CmdError::Failed(ferry_backend::error_chain(&e)))?;
         eprintln!("ferry: control socket at {}", path.display());
     }
+    // SIGINT or SIGTERM: cancel a migration under way, then stop as `stop` does.
+    let (stop_tx, stop_tunables) = (tx.clone(), Arc::clone(&tunables));
+    crate::signals::on_stop(move || {
+        stop_tunables.cancel();
+        let (reply, _) = std::sync::mpsc::channel();
+        let _ = stop_tx.send(VmCommand::Stop { reply });
+    });
     let _keep_channel_open = tx;
     loop {
         match commands.recv_timeout(Duration::from_secs_f64(a.interval)) {
@@ -125,6 +132,9 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
         {
             break;
         }
+    }
+    if let Some(path) = &a.control {
+        let _ = std::fs::remove_file(path);
     }
     vm.pause()?;
     let end = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
