@@ -7,7 +7,7 @@ use crate::dirty::DirtyLog;
 use crate::error::{ioctl, KvmError};
 use crate::guest::boot::{self, Program};
 use crate::memory::set_slot_logging;
-use crate::throttle::TimeThrottler;
+use crate::throttle::Throttler;
 use crate::vcpu::{Sleeper, VcpuState, VcpuThread};
 use ferry_backend::{
     BackendError, DirtyPages, DirtyTracking, GuestRam, HarvestStats, SharedDirtyBitmap, Vm,
@@ -39,7 +39,7 @@ pub struct KvmVm {
     config: VmConfig,
     // Field order is drop order: the throttler (which kicks vCPU threads)
     // stops first, then the vCPU threads, then the VM and RAM go.
-    throttler: Option<TimeThrottler>,
+    throttler: Option<Throttler>,
     vcpus: Vec<VcpuThread>,
     dirty: DirtyLog,
     ram: Arc<GuestRam>,
@@ -174,6 +174,15 @@ impl KvmVm {
             .collect()
     }
 
+    /// The VM's throttle thread, started on first use.
+    fn throttler(&mut self) -> Result<&Throttler, BackendError> {
+        if self.throttler.is_none() {
+            let shared = self.vcpus.iter().map(|v| Arc::clone(&v.shared)).collect();
+            self.throttler = Some(Throttler::start(shared).map_err(KvmError::ThrottleThread)?);
+        }
+        Ok(self.throttler.as_ref().expect("started above"))
+    }
+
     fn failed_vcpu(&self) -> Option<BackendError> {
         self.vcpus.iter().find_map(|v| match v.state() {
             VcpuState::Failed(reason) => Some(BackendError::VcpuFailed {
@@ -306,16 +315,27 @@ impl Vm for KvmVm {
     }
 
     fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
-        if self.throttler.is_none() {
-            if percent == 0 {
-                return Ok(());
-            }
-            let shared = self.vcpus.iter().map(|v| Arc::clone(&v.shared)).collect();
-            self.throttler = Some(TimeThrottler::start(shared).map_err(KvmError::ThrottleThread)?);
+        if self.throttler.is_none() && percent == 0 {
+            return Ok(());
         }
-        if let Some(t) = &self.throttler {
-            t.set(percent);
+        self.throttler()?.set_percent(percent);
+        Ok(())
+    }
+
+    fn set_dirty_quota(&mut self, bytes: Option<u64>) -> Result<(), BackendError> {
+        if !matches!(self.dirty.mode(), DirtyTracking::Ring { .. }) {
+            return Err(BackendError::Operation {
+                backend: ferry_backend::BackendKind::Kvm,
+                what: "set a per-vCPU dirty quota: it is metered by each vCPU's dirty ring; \
+                       use --dirty-tracking ring"
+                    .into(),
+                source: None,
+            });
         }
+        if self.throttler.is_none() && bytes.is_none() {
+            return Ok(());
+        }
+        self.throttler()?.set_quota(bytes);
         Ok(())
     }
 

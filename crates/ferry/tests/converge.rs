@@ -65,7 +65,7 @@ fn the_quota_policy_converges_a_busy_soft_guest() {
 }
 
 #[test]
-fn quota_on_kvm_is_refused_before_anything_starts() {
+fn quota_on_kvm_without_the_dirty_ring_is_refused_before_anything_starts() {
     if !require_kvm("quota refusal on kvm") {
         return;
     }
@@ -74,7 +74,7 @@ fn quota_on_kvm_is_refused_before_anything_starts() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("--converge quota: kvm backend") && err.contains("no per-vCPU dirty meter"),
+        err.contains("--converge quota: kvm backend") && err.contains("--dirty-tracking ring"),
         "{err}"
     );
     assert!(!err.contains("warming up"), "a guest booted: {err}");
@@ -113,4 +113,39 @@ fn the_quota_spares_a_reader_vcpu_and_the_summary_shows_each_vcpus_share() {
     }
     // vCPU 1 only reads: it dirties nothing, so its quota never runs out.
     assert_eq!(shares[1]["runtime_pct"], 100.0, "the reader slept: {j}");
+}
+
+#[test]
+fn on_kvm_each_vcpus_dirty_ring_meters_the_quota_and_a_reader_is_never_slowed() {
+    if !require_kvm("quota on kvm") {
+        return;
+    }
+    let out = run(&[
+        "demo",
+        "--json",
+        "--backend",
+        "kvm",
+        "--dirty-tracking",
+        "ring",
+        "--converge",
+        "quota",
+        "--readers",
+        "1",
+        "--bandwidth",
+        "16",
+        "--mem-per-vcpu",
+        "16M",
+        "--warmup",
+        "0.3",
+    ]);
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    assert_verified(&j, "kvm quota with a reader");
+    assert_eq!(j["converge"], "quota", "{j}");
+    let steps = j["throttle_timeline"].as_array().map_or(0, |t| t.len());
+    assert!(steps > 0, "the quota never engaged: {j}");
+    assert_eq!(
+        j["vcpu_shares"][1]["runtime_pct"], 100.0,
+        "the reader slept: {j}"
+    );
 }

@@ -20,8 +20,8 @@
 //! vCPU may dirty a quota derived from the link per interval, and only a
 //! vCPU that uses it up sleeps, so readers run on). The backend applies the
 //! quota between rounds on its own clock (`Vm::set_dirty_quota`); the soft
-//! backend meters it at write-fault time, the kvm backend does not meter
-//! per vCPU yet. QEMU 8.1's dirty-limit comes next behind the same seam.
+//! backend meters it at write-fault time, the kvm backend with each vCPU's
+//! dirty ring. QEMU 8.1's dirty-limit comes next behind the same seam.
 //!
 //! Before a migration, [`predict`] runs the same policies over a model of
 //! the rounds, fed with the guest's measured dirty rates and the link.

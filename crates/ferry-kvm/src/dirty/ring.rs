@@ -16,7 +16,7 @@ use ferry_backend::{Gfn, SharedDirtyBitmap};
 use kvm_bindings::{kvm_dirty_gfn, KVM_DIRTY_LOG_PAGE_OFFSET};
 use kvm_ioctls::{VcpuFd, VmFd};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 const GFN_DIRTY: u32 = 1;
@@ -31,6 +31,9 @@ pub struct DirtyRing {
     vm: Arc<VmFd>,
     slot_bases: Vec<Gfn>,
     pending: Arc<SharedDirtyBitmap>,
+    /// Entries collected so far: the pages this vCPU dirtied (the per-vCPU
+    /// meter of the dirty quota).
+    collected: AtomicU64,
 }
 
 // SAFETY: the ring mapping is process-shared memory owned by this struct for
@@ -79,6 +82,7 @@ impl DirtyRing {
             vm,
             slot_bases,
             pending,
+            collected: AtomicU64::new(0),
         })
     }
 
@@ -112,7 +116,13 @@ impl DirtyRing {
             *fetch = fetch.wrapping_add(1);
             n += 1;
         }
+        self.collected.fetch_add(u64::from(n), Ordering::Relaxed);
         n
+    }
+
+    /// Entries collected from this ring so far.
+    pub fn collected(&self) -> u64 {
+        self.collected.load(Ordering::Relaxed)
     }
 
     /// Handles `KVM_EXIT_DIRTY_RING_FULL` on the vCPU's own thread: collect,

@@ -54,7 +54,7 @@ pub struct MigrationArgs {
     /// transfer twice, every vCPU, readers too, runs 10 ms and sleeps
     /// p/(1-p) x 10 ms, p from 20% up to 99%). quota: the seed's per-vCPU
     /// dirty quota (each vCPU may dirty a share of the link per 100 ms; only
-    /// a vCPU that uses it up sleeps; soft backend only for now). none.
+    /// a vCPU that uses it up sleeps; soft, and kvm with --dirty-tracking ring). none.
     /// Default: quota where the backend meters each vCPU's writes, else auto.
     #[arg(long, value_parser = clap::value_parser!(ConvergeMode))]
     pub converge: Option<ConvergeMode>,
