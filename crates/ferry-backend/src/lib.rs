@@ -18,6 +18,7 @@
 
 pub mod admission;
 pub mod bitmap;
+pub mod dirty_limit;
 pub mod errors;
 pub mod fill;
 pub mod memstress;

@@ -224,6 +224,19 @@ pub trait Vm: Send {
             source: None,
         })
     }
+    /// Limits every vCPU's dirty rate to `bytes_per_sec` (`None`: no limit)
+    /// with QEMU 8.1's dirty-limit feedback loop
+    /// ([`crate::dirty_limit::DirtyLimiter`]): each writer's own time
+    /// throttle follows its measured rate; a reader is never slowed.
+    /// Backends without a per-vCPU dirty meter say so.
+    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), BackendError> {
+        let _ = bytes_per_sec;
+        Err(BackendError::Operation {
+            backend: self.config().backend,
+            what: "set a per-vCPU dirty limit: this backend has no per-vCPU dirty meter".into(),
+            source: None,
+        })
+    }
     /// Time each vCPU has spent asleep on a throttle so far (time throttle
     /// and dirty quota alike; not the guest's own idle sleeps): what its
     /// runtime share during a migration is computed from. Empty where the

@@ -63,6 +63,9 @@ pub struct ThrottleStep {
     /// Bytes each vCPU may dirty per 100 ms, under the quota policy
     /// (`None`: no quota).
     pub quota_bytes: Option<u64>,
+    /// Each vCPU's dirty-rate limit in bytes per second, under the
+    /// dirty-limit policy (`None`: no limit).
+    pub limit_bytes_per_sec: Option<u64>,
 }
 
 /// A step the engine took because precopy stopped converging.

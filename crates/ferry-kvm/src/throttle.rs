@@ -16,7 +16,12 @@
 //!                (an exit costs about 25 µs on this project's hosts).
 //! ```
 //!
-//! The quota needs ring-mode dirty tracking: the bitmap modes count pages
+//!   limit r      (QEMU 8.1's dirty-limit) every QUOTA_TICK each vCPU is charged
+//!                for its ring entries; its own time throttle follows its rate
+//!                (`ferry_backend::dirty_limit`), and it is kicked with its sleep
+//!                after each slice it runs while throttled.
+//!
+//! The quota and the limit need ring-mode dirty tracking: the bitmap modes count pages
 //! per VM, not per vCPU.
 
 use crate::vcpu::VcpuShared;
@@ -25,6 +30,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ferry_backend::dirty_limit::DirtyLimiter;
 use ferry_backend::{
     throttle_sleep, MAX_THROTTLE_PERCENT, PAGE_SIZE, QUOTA_INTERVAL, THROTTLE_SLICE as TIMESLICE,
 };
@@ -37,6 +43,8 @@ const NO_QUOTA: u64 = u64::MAX;
 /// The knobs the thread reads.
 struct Knobs {
     percent: AtomicU8,
+    /// QEMU's dirty-limit, fed off the rings (off unless a limit is set).
+    limit: DirtyLimiter,
     /// Bytes per vCPU per interval, or [`NO_QUOTA`].
     quota: AtomicU64,
     stop: AtomicBool,
@@ -52,6 +60,7 @@ impl Throttler {
     /// Starts the thread for `vcpus`, throttling nothing yet.
     pub fn start(vcpus: Vec<Arc<VcpuShared>>) -> std::io::Result<Self> {
         let knobs = Arc::new(Knobs {
+            limit: DirtyLimiter::new(vcpus.len()),
             percent: AtomicU8::new(0),
             quota: AtomicU64::new(NO_QUOTA),
             stop: AtomicBool::new(false),
@@ -66,6 +75,9 @@ impl Throttler {
                     let pct = k.percent.load(Ordering::Relaxed);
                     if quota != NO_QUOTA {
                         meter.tick(&vcpus, quota);
+                        std::thread::sleep(QUOTA_TICK);
+                    } else if k.limit.is_on() {
+                        limit_tick(&vcpus, &k.limit, &mut meter.seen);
                         std::thread::sleep(QUOTA_TICK);
                     } else if pct > 0 {
                         time_period(&vcpus, &k, pct);
@@ -86,6 +98,11 @@ impl Throttler {
         self.knobs
             .percent
             .store(percent.min(MAX_THROTTLE_PERCENT), Ordering::Relaxed);
+    }
+
+    /// Sets each vCPU's dirty-rate limit in bytes per second (`None`: off).
+    pub fn set_limit(&self, bytes_per_sec: Option<u64>) {
+        self.knobs.limit.set_limit(bytes_per_sec);
     }
 
     /// Sets each vCPU's dirty quota per [`QUOTA_INTERVAL`] (`None`: off).
@@ -115,6 +132,26 @@ fn time_period(vcpus: &[Arc<VcpuShared>], k: &Knobs, pct: u8) {
             break;
         }
         std::thread::sleep(left.min(TIMESLICE));
+    }
+}
+
+/// One tick of the dirty limit: charge each vCPU for the ring entries since
+/// the last tick; a vCPU whose throttle says it has run its slice is kicked
+/// with its sleep.
+fn limit_tick(vcpus: &[Arc<VcpuShared>], limit: &DirtyLimiter, seen: &mut [u64]) {
+    for (i, v) in vcpus.iter().enumerate() {
+        let Some(ring) = &v.ring else { continue };
+        ring.collect();
+        let total = ring.collected();
+        let spent = total.saturating_sub(seen[i]) * PAGE_SIZE as u64;
+        seen[i] = total;
+        if let Some(sleep) = limit.charge(i, spent) {
+            if v.is_running() {
+                v.throttle_ns
+                    .store(sleep.as_nanos() as u64, Ordering::Release);
+                v.kick();
+            }
+        }
     }
 }
 

@@ -174,6 +174,20 @@ impl KvmVm {
             .collect()
     }
 
+    /// Refuses `what` unless each vCPU's dirty ring can meter it.
+    fn ring_metered(&self, what: &str) -> Result<(), BackendError> {
+        if matches!(self.dirty.mode(), DirtyTracking::Ring { .. }) {
+            return Ok(());
+        }
+        Err(BackendError::Operation {
+            backend: ferry_backend::BackendKind::Kvm,
+            what: format!(
+                "set {what}: it is metered by each vCPU's dirty ring; use --dirty-tracking ring"
+            ),
+            source: None,
+        })
+    }
+
     /// The VM's throttle thread, started on first use.
     fn throttler(&mut self) -> Result<&Throttler, BackendError> {
         if self.throttler.is_none() {
@@ -323,19 +337,20 @@ impl Vm for KvmVm {
     }
 
     fn set_dirty_quota(&mut self, bytes: Option<u64>) -> Result<(), BackendError> {
-        if !matches!(self.dirty.mode(), DirtyTracking::Ring { .. }) {
-            return Err(BackendError::Operation {
-                backend: ferry_backend::BackendKind::Kvm,
-                what: "set a per-vCPU dirty quota: it is metered by each vCPU's dirty ring; \
-                       use --dirty-tracking ring"
-                    .into(),
-                source: None,
-            });
-        }
+        self.ring_metered("a per-vCPU dirty quota")?;
         if self.throttler.is_none() && bytes.is_none() {
             return Ok(());
         }
         self.throttler()?.set_quota(bytes);
+        Ok(())
+    }
+
+    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), BackendError> {
+        self.ring_metered("a per-vCPU dirty limit")?;
+        if self.throttler.is_none() && bytes_per_sec.is_none() {
+            return Ok(());
+        }
+        self.throttler()?.set_limit(bytes_per_sec);
         Ok(())
     }
 

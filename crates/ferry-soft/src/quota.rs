@@ -217,6 +217,8 @@ pub struct LiveThrottle {
     /// The per-vCPU dirty quota, refilled every interval.
     pub quota: DirtyQuota,
     refill: Arc<IntervalRefill>,
+    /// QEMU's dirty-limit: each writer's own time throttle follows its rate.
+    pub limit: ferry_backend::dirty_limit::DirtyLimiter,
 }
 
 impl LiveThrottle {
@@ -231,6 +233,7 @@ impl LiveThrottle {
                 Arc::clone(&refill) as Arc<dyn QuotaHandler>,
             ),
             refill,
+            limit: ferry_backend::dirty_limit::DirtyLimiter::new(vcpus),
         }
     }
 
@@ -297,6 +300,7 @@ impl Throttle {
             Throttle::Live(l) => l
                 .time
                 .check(vcpu)
+                .or_else(|| l.limit.charge(vcpu, dirtied_pages * 4096))
                 .or_else(|| l.charge(vcpu, dirtied_pages))
                 .filter(|d| !d.is_zero()),
         }

@@ -179,6 +179,20 @@ impl Vm for SoftVm {
         }
     }
 
+    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), BackendError> {
+        match &self.throttle {
+            Throttle::Live(l) => {
+                l.limit.set_limit(bytes_per_sec);
+                Ok(())
+            }
+            _ => Err(BackendError::Operation {
+                backend: BackendKind::Soft,
+                what: "set a dirty limit: an experiment's own throttle is installed".into(),
+                source: None,
+            }),
+        }
+    }
+
     fn ram(&self) -> &Arc<GuestRam> {
         &self.ram
     }

@@ -67,6 +67,9 @@ pub fn sample_and_predict(
         max_rounds: tunables.max_rounds(),
     };
     let mut modes = vec![ConvergeMode::None, ConvergeMode::Auto];
+    if vm.set_dirty_limit(None).is_ok() {
+        modes.push(ConvergeMode::DirtyLimit);
+    }
     if vm.set_dirty_quota(None).is_ok() {
         modes.push(ConvergeMode::Quota);
     }

@@ -60,13 +60,17 @@ impl Progress for MigrationBar {
     }
 
     fn throttle_changed(&self, step: &ThrottleStep) {
-        let what = match step.quota_bytes {
-            Some(q) => format!(
+        let what = match (step.quota_bytes, step.limit_bytes_per_sec) {
+            (Some(q), _) => format!(
                 "each vCPU may dirty {} per 100 ms (a vCPU that does not write runs on)",
                 ferry_backend::types::human_bytes(q)
             ),
-            None if step.percent == 0 => "throttle lifted".to_string(),
-            None => format!("every vCPU sleeps {}% of its time", step.percent),
+            (_, Some(l)) => format!(
+                "each vCPU's dirty rate is limited to {}/s (a vCPU that does not write runs on)",
+                ferry_backend::types::human_bytes(l)
+            ),
+            _ if step.percent == 0 => "throttle lifted".to_string(),
+            _ => format!("every vCPU sleeps {}% of its time", step.percent),
         };
         self.bar
             .println(format!("  after round {:>2}: {what}", step.round));

@@ -58,7 +58,19 @@ fn convergence(s: &MigrationSummary) -> String {
         .iter()
         .filter_map(|t| t.quota_bytes)
         .collect();
-    if let (Some(first), Some(min)) = (s.throttle_timeline.first(), quotas.iter().min()) {
+    let limits: Vec<u64> = s
+        .throttle_timeline
+        .iter()
+        .filter_map(|t| t.limit_bytes_per_sec)
+        .collect();
+    if let (Some(first), Some(min)) = (s.throttle_timeline.first(), limits.iter().min()) {
+        out += &format!(
+            ": dirty limit from round {}, down to {}/s per vCPU ({} steps)",
+            first.round,
+            ferry_backend::types::human_bytes(*min),
+            s.throttle_timeline.len()
+        );
+    } else if let (Some(first), Some(min)) = (s.throttle_timeline.first(), quotas.iter().min()) {
         out += &format!(
             ": dirty quota from round {}, down to {} per vCPU per 100 ms ({} steps)",
             first.round,

@@ -149,3 +149,46 @@ fn on_kvm_each_vcpus_dirty_ring_meters_the_quota_and_a_reader_is_never_slowed() 
         "the reader slept: {j}"
     );
 }
+
+#[test]
+fn on_kvm_dirty_limit_converges_a_writer_faster_than_the_link_and_spares_a_reader() {
+    if !require_kvm("dirty-limit on kvm") {
+        return;
+    }
+    let out = run(&[
+        "demo",
+        "--json",
+        "--backend",
+        "kvm",
+        "--dirty-tracking",
+        "ring",
+        "--converge",
+        "dirty-limit",
+        "--readers",
+        "1",
+        "--bandwidth",
+        "16",
+        "--mem-per-vcpu",
+        "16M",
+        "--warmup",
+        "0.3",
+    ]);
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    assert_verified(&j, "kvm dirty-limit with a reader");
+    assert_eq!(j["converge"], "dirty-limit", "{j}");
+    assert_eq!(j["converged"], true, "the round cap forced the stop: {j}");
+    let limits: Vec<u64> = j["throttle_timeline"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|s| s["limit_bytes_per_sec"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(!limits.is_empty(), "the limit never engaged: {j}");
+    assert_eq!(
+        j["vcpu_shares"][1]["runtime_pct"], 100.0,
+        "the reader slept: {j}"
+    );
+}

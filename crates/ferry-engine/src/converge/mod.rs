@@ -27,11 +27,13 @@
 //! the rounds, fed with the guest's measured dirty rates and the link.
 
 mod auto;
+mod limit;
 mod predict;
 mod quota;
 mod stall;
 
 pub use auto::AutoConverge;
+pub use limit::DirtyLimitPolicy;
 pub use predict::{predict, PolicyForecast, PredictInput, Prediction};
 pub use quota::QuotaPolicy;
 pub use stall::Stall;
@@ -52,6 +54,8 @@ pub enum ConvergeMode {
     Auto,
     /// The seed's per-vCPU dirty quota: only writers are slowed.
     Quota,
+    /// QEMU 8.1's dirty-limit: each writer's throttle follows its rate.
+    DirtyLimit,
 }
 
 impl std::str::FromStr for ConvergeMode {
@@ -61,11 +65,9 @@ impl std::str::FromStr for ConvergeMode {
             "none" => Ok(ConvergeMode::None),
             "auto" => Ok(ConvergeMode::Auto),
             "quota" => Ok(ConvergeMode::Quota),
-            "dirty-limit" => {
-                Err("--converge dirty-limit is not available yet; use quota, auto or none".into())
-            }
+            "dirty-limit" => Ok(ConvergeMode::DirtyLimit),
             _ => Err(format!(
-                "unknown convergence policy {s:?} (none, auto, quota)"
+                "unknown convergence policy {s:?} (none, auto, quota, dirty-limit)"
             )),
         }
     }
@@ -77,6 +79,7 @@ impl std::fmt::Display for ConvergeMode {
             ConvergeMode::None => "none",
             ConvergeMode::Auto => "auto",
             ConvergeMode::Quota => "quota",
+            ConvergeMode::DirtyLimit => "dirty-limit",
         })
     }
 }
@@ -108,6 +111,9 @@ pub enum Action {
     /// Every vCPU may dirty this many bytes per `QUOTA_INTERVAL` (`None`:
     /// no quota).
     Quota(Option<u64>),
+    /// Every vCPU's dirty rate is limited to this many bytes per second
+    /// (`None`: no limit).
+    Limit(Option<u64>),
 }
 
 /// A convergence policy: told what each round measured, it answers with
@@ -128,6 +134,7 @@ pub fn policy(mode: ConvergeMode) -> Option<Box<dyn Policy>> {
         ConvergeMode::None => None,
         ConvergeMode::Auto => Some(Box::new(AutoConverge::default())),
         ConvergeMode::Quota => Some(Box::new(QuotaPolicy::default())),
+        ConvergeMode::DirtyLimit => Some(Box::new(DirtyLimitPolicy::default())),
     }
 }
 
@@ -139,6 +146,7 @@ pub(crate) struct Converger {
     started: Instant,
     throttle: u8,
     quota: Option<u64>,
+    limit: Option<u64>,
     /// Every throttle change.
     pub timeline: Vec<ThrottleStep>,
     /// Every escalation after a stall.
@@ -156,6 +164,7 @@ impl Converger {
             started: Instant::now(),
             throttle: 0,
             quota: None,
+            limit: None,
             timeline: Vec::new(),
             escalations: Vec::new(),
         }
@@ -185,6 +194,7 @@ impl Converger {
                 self.set_throttle(vm, s.round, pct)?;
             }
             Some(Action::Quota(q)) if q != self.quota => self.set_quota(vm, s.round, q)?,
+            Some(Action::Limit(l)) if l != self.limit => self.set_limit(vm, s.round, l)?,
             _ => {}
         }
         Ok(())
@@ -235,6 +245,7 @@ impl Converger {
             round,
             percent: pct,
             quota_bytes: None,
+            limit_bytes_per_sec: None,
         });
         Ok(())
     }
@@ -254,6 +265,27 @@ impl Converger {
             round,
             percent: 0,
             quota_bytes: bytes,
+            limit_bytes_per_sec: None,
+        });
+        Ok(())
+    }
+
+    fn set_limit(
+        &mut self,
+        vm: &mut dyn Vm,
+        round: u32,
+        bytes_per_sec: Option<u64>,
+    ) -> Result<(), MigrationError> {
+        vm.set_dirty_limit(bytes_per_sec)
+            .map_err(MigrationError::backend("set the vCPUs' dirty limit"))?;
+        tracing::info!("round {round}: dirty limit per vCPU {bytes_per_sec:?} bytes/s");
+        self.limit = bytes_per_sec;
+        self.timeline.push(ThrottleStep {
+            at_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            round,
+            percent: 0,
+            quota_bytes: None,
+            limit_bytes_per_sec: bytes_per_sec,
         });
         Ok(())
     }
@@ -270,6 +302,11 @@ impl Converger {
         if self.quota.take().is_some() {
             if let Err(e) = vm.set_dirty_quota(None) {
                 tracing::warn!("cannot lift the source's dirty quota: {e}");
+            }
+        }
+        if self.limit.take().is_some() {
+            if let Err(e) = vm.set_dirty_limit(None) {
+                tracing::warn!("cannot lift the source's dirty limit: {e}");
             }
         }
     }

@@ -119,6 +119,11 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
                     let eff = rate.min(cap);
                     (eff, if rate > 0.0 { eff / rate } else { 1.0 })
                 }
+                // The feedback loop settles the rate on the limit.
+                Some(Action::Limit(Some(l))) => {
+                    let eff = rate.min(l as f64);
+                    (eff, if rate > 0.0 { eff / rate } else { 1.0 })
+                }
                 _ => (rate, 1.0),
             };
             dirty += (eff * secs).min(input.working_set_bytes[v] as f64);

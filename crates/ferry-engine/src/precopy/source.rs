@@ -89,13 +89,19 @@ pub fn migrate_accounted(
     };
     let start = Instant::now();
     // A policy the backend cannot serve is refused before anything starts.
-    if opts.converge == ConvergeMode::Quota {
-        if let Err(e) = vm.set_dirty_quota(None) {
-            let e = MigrationError::backend("run --converge quota")(e);
-            let mut summary = summary;
-            summary.error = Some(e.chain());
-            return (summary, Err(e));
-        }
+    let refused = match opts.converge {
+        ConvergeMode::Quota => vm
+            .set_dirty_quota(None)
+            .map_err(MigrationError::backend("run --converge quota")),
+        ConvergeMode::DirtyLimit => vm
+            .set_dirty_limit(None)
+            .map_err(MigrationError::backend("run --converge dirty-limit")),
+        _ => Ok(()),
+    };
+    if let Err(e) = refused {
+        let mut summary = summary;
+        summary.error = Some(e.chain());
+        return (summary, Err(e));
     }
     // While this runs, a VM command (a throttle) reaches the VM through the
     // tunables. A caller that owns the VM may have marked it migrating

@@ -33,9 +33,9 @@ pub struct ConvergeArgs {
     /// Backend of the migrated guests.
     #[arg(long, default_value = "soft", value_parser = ["kvm", "soft"])]
     pub backend: String,
-    /// Policies to compare (default: every one the backend serves: none,
-    /// auto, and quota where the backend meters each vCPU's writes).
-    #[arg(long, value_delimiter = ',', value_parser = ["none", "auto", "quota"])]
+    /// Policies to compare (default: none, auto, dirty-limit and quota; kvm
+    /// guests run with the dirty ring, which meters the last two).
+    #[arg(long, value_delimiter = ',', value_parser = ["none", "auto", "dirty-limit", "quota"])]
     pub policies: Vec<String>,
     /// A subset: one cell of table A, and table B's three mixes without the
     /// `none` baseline, in about 5 minutes.
@@ -230,13 +230,13 @@ fn mixes() -> Vec<CellSpec> {
 }
 
 /// The policies the backend serves, in the order compared.
-fn default_policies(backend: &str) -> Vec<String> {
-    let all: &[&str] = if backend == "soft" {
-        &["none", "auto", "quota"]
-    } else {
-        &["none", "auto"]
-    };
-    all.iter().map(|s| s.to_string()).collect()
+fn default_policies(_backend: &str) -> Vec<String> {
+    // kvm runs its guests with the dirty ring, which meters the per-vCPU
+    // policies there.
+    ["none", "auto", "dirty-limit", "quota"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 
 /// Runs `ferry demo` for one cell and policy, killing it at the time limit.
@@ -251,18 +251,21 @@ fn run_one(
     let mut cmd = Command::new(exe);
     die_with_parent(&mut cmd);
     let per_vcpu = format!("{}M", cell.mem_mib / u64::from(cell.vcpus));
-    cmd.args(["demo", "--json", "--warmup", "0.5", "--backend", backend])
-        .args([
-            "--vcpus",
-            &cell.vcpus.to_string(),
-            "--mem-per-vcpu",
-            &per_vcpu,
-        ])
-        .args(["--write-percent", &cell.write_percent.to_string()])
-        .args(["--readers", &cell.readers.to_string()])
-        .args(["--bandwidth", &cell.link_mib_s.to_string()])
-        .args(["--converge", policy, "--run-after", "0.2"])
-        .args(["--give-up-after", &cell.time_limit().as_secs().to_string()]);
+    cmd.args(["demo", "--json", "--warmup", "0.5", "--backend", backend]);
+    if backend == "kvm" {
+        cmd.args(["--dirty-tracking", "ring"]);
+    }
+    cmd.args([
+        "--vcpus",
+        &cell.vcpus.to_string(),
+        "--mem-per-vcpu",
+        &per_vcpu,
+    ])
+    .args(["--write-percent", &cell.write_percent.to_string()])
+    .args(["--readers", &cell.readers.to_string()])
+    .args(["--bandwidth", &cell.link_mib_s.to_string()])
+    .args(["--converge", policy, "--run-after", "0.2"])
+    .args(["--give-up-after", &cell.time_limit().as_secs().to_string()]);
     match cell.rate_mib_s {
         Some(r) => cmd.args(["--rate-limit", &r.to_string()]),
         None => cmd.arg("--unthrottled"),
@@ -478,16 +481,26 @@ fn time_cell(r: &RunResult) -> String {
     }
 }
 
-/// How much shorter the last policy's migration was than the one before it.
-fn diff_cell(results: &[RunResult]) -> String {
-    match results {
-        [.., base, new] if base.converged && new.converged => {
-            format!(
-                "{:.1}",
-                100.0 * (base.total_ms - new.total_ms) / base.total_ms
-            )
-        }
-        _ => "N/A".into(),
+/// The baselines the last policy is compared with: every other one but
+/// `none` (which slows nothing).
+fn baselines(policies: &[String]) -> Vec<String> {
+    let n = policies.len().saturating_sub(1);
+    policies[..n]
+        .iter()
+        .filter(|p| *p != "none")
+        .cloned()
+        .collect()
+}
+
+/// How much shorter the last policy's migration was than `base`'s.
+fn diff_cell(results: &[RunResult], base: &str) -> String {
+    let (Some(b), Some(new)) = (results.iter().find(|r| r.policy == base), results.last()) else {
+        return "N/A".into();
+    };
+    if b.converged && new.converged {
+        format!("{:.1}", 100.0 * (b.total_ms - new.total_ms) / b.total_ms)
+    } else {
+        "N/A".into()
     }
 }
 
@@ -496,6 +509,8 @@ fn report(
     policies: Vec<String>,
     cells: Vec<CellResult>,
 ) -> Report<ConvergeResults> {
+    let last = policies.last().cloned().unwrap_or_default();
+    let bases = baselines(&policies);
     let last_two = match policies.as_slice() {
         [.., x, y] => format!("diff % ({y} vs {x})"),
         _ => "diff %".into(),
@@ -506,7 +521,7 @@ fn report(
         .collect();
     cols.extend(policies.iter().map(|p| format!("t {p} (s)")));
     cols.extend(policies.iter().map(|p| format!("downtime {p} (ms)")));
-    cols.push(last_two.clone());
+    cols.extend(bases.iter().map(|b| format!("diff % ({last} vs {b})")));
     let col_refs: Vec<&str> = cols.iter().map(String::as_str).collect();
     let mut table_a = Table::new(
         format!("A. Live migration performance ({} backend)", a.backend),
@@ -539,7 +554,7 @@ fn report(
                     "-".into()
                 }
             }));
-            row.push(diff_cell(&c.results));
+            row.extend(bases.iter().map(|b| diff_cell(&c.results, b)));
             table_a.row(row);
         } else {
             let mut row = vec![format!(
@@ -606,7 +621,7 @@ fn report(
     table_c.note("predicted: what the demo's prediction (a 1 s sample of each vCPU's dirty rate with tracking on, the policies run over a model of the rounds) said before the migration started; agree: both say it does not converge.");
     table_a.note("m memory, n vCPUs, l write rate per vCPU (max: as fast as the guest can), w share of accesses that write, b link (a bandwidth cap on loopback). t: total migration time; unconverged: not finished in the time limit (40 s up to 256 MiB, 60 s above), or the round cap forced the stop-and-copy. Every run is a fresh `ferry demo` process pair, digest and guest stamps checked.");
     table_a.note(format!(
-        "{last_two}: how much shorter the migration was; N/A where either did not converge."
+        "diff % ({last} vs X): how much shorter the migration was under {last} than under X; N/A where either did not converge."
     ));
     table_b.note("4 vCPUs x 64 MiB as fast as they can, the writers first, over a 128 MiB/s link. runtime: share of the migration a vCPU was not asleep on a throttle; progress: its page-access rate during the migration over its rate just before; both averaged over vCPUs.");
     table_b.note(format!(

@@ -54,7 +54,9 @@ pub struct MigrationArgs {
     /// transfer twice, every vCPU, readers too, runs 10 ms and sleeps
     /// p/(1-p) x 10 ms, p from 20% up to 99%). quota: the seed's per-vCPU
     /// dirty quota (each vCPU may dirty a share of the link per 100 ms; only
-    /// a vCPU that uses it up sleeps; soft, and kvm with --dirty-tracking ring). none.
+    /// a vCPU that uses it up sleeps; soft, and kvm with --dirty-tracking ring).
+    /// dirty-limit: QEMU 8.1's (each vCPU's dirty rate is limited to a share
+    /// of the link; each writer's own throttle follows its rate). none.
     /// Default: quota where the backend meters each vCPU's writes, else auto.
     #[arg(long, value_parser = clap::value_parser!(ConvergeMode))]
     pub converge: Option<ConvergeMode>,
@@ -269,9 +271,13 @@ fn check_address(to: &str) -> Result<(), CmdError> {
 /// Refuses a convergence policy the VM's backend cannot serve, before the
 /// guest boots.
 pub fn check_policy(vm: &mut dyn Vm, link: &LinkSettings) -> Result<(), CmdError> {
-    if link.converge == Some(ConvergeMode::Quota) {
-        vm.set_dirty_quota(None)
-            .map_err(|e| CmdError::Usage(format!("--converge quota: {}", chain(&e))))?;
+    let refused = match link.converge {
+        Some(ConvergeMode::Quota) => vm.set_dirty_quota(None).err(),
+        Some(ConvergeMode::DirtyLimit) => vm.set_dirty_limit(None).err(),
+        _ => None,
+    };
+    if let (Some(e), Some(mode)) = (refused, link.converge) {
+        return Err(CmdError::Usage(format!("--converge {mode}: {}", chain(&e))));
     }
     Ok(())
 }
