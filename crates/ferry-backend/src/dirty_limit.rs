@@ -104,9 +104,7 @@ impl DirtyLimiter {
         if limit == 0 {
             return None;
         }
-        let Some(state) = self.vcpus.get(vcpu) else {
-            return None;
-        };
+        let state = self.vcpus.get(vcpu)?;
         let now = self.epoch.elapsed().as_nanos() as u64;
         let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
         s.bytes += bytes;
