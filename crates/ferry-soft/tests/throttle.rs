@@ -154,3 +154,40 @@ fn a_pause_does_not_wait_out_a_throttle_sleep() {
     let took = t.elapsed();
     assert!(took < Duration::from_millis(495), "pause took {took:?}");
 }
+
+#[test]
+fn the_dirty_limit_slows_a_writer_and_never_a_reader() {
+    let mut vm = SoftVm::new_source(
+        VmConfig {
+            workload: Workload {
+                readers: 1,
+                bytes_per_vcpu: 32 << 20,
+                ..config(100).workload
+            },
+            ..config(100)
+        },
+        Mechanisms::default(),
+    )
+    .unwrap();
+    vm.start().unwrap();
+    vm.start_dirty_log().unwrap();
+    vm.set_dirty_limit(Some(1 << 20)).unwrap();
+    let mut scratch = ferry_backend::DirtyPages::new(vm.ram().pages());
+    // Rounds of 100 ms (each harvest write-protects the pages again), until
+    // the writer has slept on its limit, however slowly the host runs it;
+    // then a few more rounds for the reader to show it never does.
+    wait_until(|| {
+        std::thread::sleep(Duration::from_millis(100));
+        vm.harvest_dirty(&mut scratch).unwrap();
+        vm.throttled()[0] > Duration::ZERO
+    });
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(100));
+        vm.harvest_dirty(&mut scratch).unwrap();
+    }
+    let throttled = vm.throttled();
+    vm.pause().unwrap();
+    assert_eq!(throttled[1], Duration::ZERO, "the reader slept");
+    let p = read_progress(vm.ram(), 2).unwrap();
+    assert!(p.iter().all(|p| p.mismatches == 0));
+}
