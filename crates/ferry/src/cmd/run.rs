@@ -53,6 +53,14 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
     let tunables = Tunables::shared();
     let (tx, commands) = std::sync::mpsc::channel();
     let answering = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // SIGINT or SIGTERM: cancel a migration under way, then stop as `stop`
+    // does. Set before the socket is announced: a signal may follow at once.
+    let (stop_tx, stop_tunables) = (tx.clone(), Arc::clone(&tunables));
+    crate::signals::on_stop(move || {
+        stop_tunables.cancel();
+        let (reply, _) = std::sync::mpsc::channel();
+        let _ = stop_tx.send(VmCommand::Stop { reply });
+    });
     if let Some(path) = &a.control {
         control::serve(
             path,
@@ -67,13 +75,6 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
         .map_err(|e| CmdError::Failed(ferry_backend::error_chain(&e)))?;
         eprintln!("ferry: control socket at {}", path.display());
     }
-    // SIGINT or SIGTERM: cancel a migration under way, then stop as `stop` does.
-    let (stop_tx, stop_tunables) = (tx.clone(), Arc::clone(&tunables));
-    crate::signals::on_stop(move || {
-        stop_tunables.cancel();
-        let (reply, _) = std::sync::mpsc::channel();
-        let _ = stop_tx.send(VmCommand::Stop { reply });
-    });
     let _keep_channel_open = tx;
     loop {
         match commands.recv_timeout(Duration::from_secs_f64(a.interval)) {
