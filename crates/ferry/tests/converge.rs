@@ -115,12 +115,10 @@ fn the_quota_spares_a_reader_vcpu_and_the_summary_shows_each_vcpus_share() {
     assert_eq!(shares[1]["runtime_pct"], 100.0, "the reader slept: {j}");
 }
 
-#[test]
-fn on_kvm_each_vcpus_dirty_ring_meters_the_quota_and_a_reader_is_never_slowed() {
-    if !require_kvm("quota on kvm") {
-        return;
-    }
-    let out = run(&[
+/// `ferry demo` on kvm with the dirty ring: a writer and a reader of 16 MiB
+/// each, uncapped, over a 16 MiB/s link, under `policy`.
+fn ring_demo_with_a_reader(policy: &str) -> std::process::Output {
+    run(&[
         "demo",
         "--json",
         "--backend",
@@ -128,7 +126,7 @@ fn on_kvm_each_vcpus_dirty_ring_meters_the_quota_and_a_reader_is_never_slowed() 
         "--dirty-tracking",
         "ring",
         "--converge",
-        "quota",
+        policy,
         "--readers",
         "1",
         "--bandwidth",
@@ -137,7 +135,15 @@ fn on_kvm_each_vcpus_dirty_ring_meters_the_quota_and_a_reader_is_never_slowed() 
         "16M",
         "--warmup",
         "0.3",
-    ]);
+    ])
+}
+
+#[test]
+fn on_kvm_each_vcpus_dirty_ring_meters_the_quota_and_a_reader_is_never_slowed() {
+    if !require_kvm("quota on kvm") {
+        return;
+    }
+    let out = ring_demo_with_a_reader("quota");
     assert_no_panic(&out);
     let j = last_json(&out);
     assert_verified(&j, "kvm quota with a reader");
@@ -155,24 +161,7 @@ fn on_kvm_dirty_limit_converges_a_writer_faster_than_the_link_and_spares_a_reade
     if !require_kvm("dirty-limit on kvm") {
         return;
     }
-    let out = run(&[
-        "demo",
-        "--json",
-        "--backend",
-        "kvm",
-        "--dirty-tracking",
-        "ring",
-        "--converge",
-        "dirty-limit",
-        "--readers",
-        "1",
-        "--bandwidth",
-        "16",
-        "--mem-per-vcpu",
-        "16M",
-        "--warmup",
-        "0.3",
-    ]);
+    let out = ring_demo_with_a_reader("dirty-limit");
     assert_no_panic(&out);
     let j = last_json(&out);
     assert_verified(&j, "kvm dirty-limit with a reader");

@@ -10,12 +10,9 @@
 //! period and a throttle that converges on it, against a budget that is
 //! slept off as soon as it is spent.
 
+use super::share::LinkShare;
 use super::{Action, Policy, RoundSample};
 
-/// Dirtying above this share of the transfer engages the limit.
-pub const THRESHOLD_PCT: u64 = 50;
-/// The share of the link the guest may dirty at first, in percent.
-pub const INITIAL_SHARE_PCT: u64 = 50;
 /// The lowest limit, per vCPU: QEMU's default `vcpu-dirty-limit`, 1 MB/s.
 /// Lower, a reader's own bookkeeping writes would count as dirtying.
 pub const MIN_LIMIT: u64 = 1_000_000;
@@ -23,20 +20,11 @@ pub const MIN_LIMIT: u64 = 1_000_000;
 /// The dirty-limit policy's state.
 #[derive(Debug, Default)]
 pub struct DirtyLimitPolicy {
-    /// Share of the link the guest may dirty, in 1/1024ths (0: not engaged).
-    share: u64,
+    share: LinkShare,
 }
 
-impl DirtyLimitPolicy {
-    fn limit(&self, s: &RoundSample) -> Action {
-        let total = s.link_bytes_per_sec * self.share as f64 / 1024.0;
-        let per_vcpu = (total / f64::from(s.vcpus.max(1))) as u64;
-        Action::Limit(Some(per_vcpu.max(MIN_LIMIT)))
-    }
-
-    fn outrun(s: &RoundSample) -> bool {
-        s.round > 0 && s.sent_bytes > 0 && s.dirty_bytes * 100 > s.sent_bytes * THRESHOLD_PCT
-    }
+fn limit(per_sec: f64) -> Action {
+    Action::Limit(Some((per_sec as u64).max(MIN_LIMIT)))
 }
 
 impl Policy for DirtyLimitPolicy {
@@ -45,23 +33,11 @@ impl Policy for DirtyLimitPolicy {
     }
 
     fn decide(&mut self, s: &RoundSample) -> Option<Action> {
-        if self.share == 0 {
-            if !Self::outrun(s) {
-                return None;
-            }
-            self.share = INITIAL_SHARE_PCT * 1024 / 100;
-        } else if Self::outrun(s) {
-            self.share = (self.share / 2).max(1);
-        }
-        Some(self.limit(s))
+        self.share.decide(s).map(limit)
     }
 
     fn engage(&mut self, s: &RoundSample) -> Option<Action> {
-        if self.share != 0 {
-            return None;
-        }
-        self.share = INITIAL_SHARE_PCT * 1024 / 100;
-        Some(self.limit(s))
+        self.share.engage(s).map(limit)
     }
 }
 

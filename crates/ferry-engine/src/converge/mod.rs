@@ -30,6 +30,7 @@ mod auto;
 mod limit;
 mod predict;
 mod quota;
+mod share;
 mod stall;
 
 pub use auto::AutoConverge;

@@ -8,33 +8,20 @@
 //! round, and halves while dirtying still outruns the link, so the bytes
 //! left shrink at least geometrically.
 
+use super::share::LinkShare;
 use super::{Action, Policy, RoundSample};
 use ferry_backend::{PAGE_SIZE, QUOTA_INTERVAL};
-
-/// Dirtying above this share of the transfer engages the quota.
-pub const THRESHOLD_PCT: u64 = 50;
-/// The share of the link the guest may dirty at first, in percent.
-pub const INITIAL_SHARE_PCT: u64 = 50;
 
 /// The quota policy's state.
 #[derive(Debug, Default)]
 pub struct QuotaPolicy {
-    /// Share of the link the guest may dirty, in 1/1024ths (0: not engaged).
-    share: u64,
+    share: LinkShare,
 }
 
-impl QuotaPolicy {
-    /// Bytes each vCPU may dirty per interval at the current share.
-    fn quota(&self, s: &RoundSample) -> Action {
-        let link_per_interval = s.link_bytes_per_sec * QUOTA_INTERVAL.as_secs_f64();
-        let total = link_per_interval * self.share as f64 / 1024.0;
-        let per_vcpu = (total / f64::from(s.vcpus.max(1))) as u64;
-        Action::Quota(Some(per_vcpu.max(PAGE_SIZE as u64)))
-    }
-
-    fn outrun(s: &RoundSample) -> bool {
-        s.round > 0 && s.sent_bytes > 0 && s.dirty_bytes * 100 > s.sent_bytes * THRESHOLD_PCT
-    }
+/// A budget in bytes per second as a quota per interval.
+fn quota(per_sec: f64) -> Action {
+    let bytes = (per_sec * QUOTA_INTERVAL.as_secs_f64()) as u64;
+    Action::Quota(Some(bytes.max(PAGE_SIZE as u64)))
 }
 
 impl Policy for QuotaPolicy {
@@ -43,23 +30,11 @@ impl Policy for QuotaPolicy {
     }
 
     fn decide(&mut self, s: &RoundSample) -> Option<Action> {
-        if self.share == 0 {
-            if !Self::outrun(s) {
-                return None;
-            }
-            self.share = INITIAL_SHARE_PCT * 1024 / 100;
-        } else if Self::outrun(s) {
-            self.share = (self.share / 2).max(1);
-        }
-        Some(self.quota(s))
+        self.share.decide(s).map(quota)
     }
 
     fn engage(&mut self, s: &RoundSample) -> Option<Action> {
-        if self.share != 0 {
-            return None;
-        }
-        self.share = INITIAL_SHARE_PCT * 1024 / 100;
-        Some(self.quota(s))
+        self.share.engage(s).map(quota)
     }
 }
 
