@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_no_panic, last_json, run};
+use common::{assert_no_panic, assert_success, last_json, run};
 
 #[test]
 fn bench_converge_runs_a_cell_per_policy_and_writes_its_outputs() {
@@ -23,12 +23,7 @@ fn bench_converge_runs_a_cell_per_policy_and_writes_its_outputs() {
         "--out",
         out_dir.to_str().expect("utf-8 temp dir"),
     ]);
-    assert_no_panic(&out);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let j = last_json(&out);
     let cells = j["cells"].as_array().cloned().unwrap_or_default();
     assert_eq!(cells.len(), 1, "{j}");

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{assert_no_panic, last_json, run};
+use common::{assert_success, last_json, run};
 
 #[test]
 fn bench_link_measures_the_placed_ceiling_and_verifies_every_cell() {
@@ -25,12 +25,7 @@ fn bench_link_measures_the_placed_ceiling_and_verifies_every_cell() {
         "--out",
         out_dir.to_str().expect("utf-8 temp dir"),
     ]);
-    assert_no_panic(&out);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let j = last_json(&out);
     for key in ["loopback_gib_s", "placed_floor_gib_s", "first_pass_gib_s"] {
         assert!(j[key].as_f64().unwrap_or(0.0) > 0.0, "{key}: {j}");

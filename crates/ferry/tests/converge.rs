@@ -116,9 +116,11 @@ fn the_quota_spares_a_reader_vcpu_and_the_summary_shows_each_vcpus_share() {
 }
 
 /// `ferry demo` on kvm with the dirty ring: a writer and a reader of 16 MiB
-/// each, uncapped, over a 16 MiB/s link, under `policy`.
-fn ring_demo_with_a_reader(policy: &str) -> std::process::Output {
-    run(&[
+/// each, uncapped, over a 16 MiB/s link, under `policy`. Checks what both
+/// per-vCPU policies promise (verified, the policy ran, the reader never
+/// slept) and returns the summary.
+fn ring_demo_with_a_reader(policy: &str) -> serde_json::Value {
+    let out = run(&[
         "demo",
         "--json",
         "--backend",
@@ -135,7 +137,16 @@ fn ring_demo_with_a_reader(policy: &str) -> std::process::Output {
         "16M",
         "--warmup",
         "0.3",
-    ])
+    ]);
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    assert_verified(&j, &format!("kvm {policy} with a reader"));
+    assert_eq!(j["converge"], policy, "{j}");
+    assert_eq!(
+        j["vcpu_shares"][1]["runtime_pct"], 100.0,
+        "the reader slept: {j}"
+    );
+    j
 }
 
 #[test]
@@ -143,17 +154,9 @@ fn on_kvm_each_vcpus_dirty_ring_meters_the_quota_and_a_reader_is_never_slowed() 
     if !require_kvm("quota on kvm") {
         return;
     }
-    let out = ring_demo_with_a_reader("quota");
-    assert_no_panic(&out);
-    let j = last_json(&out);
-    assert_verified(&j, "kvm quota with a reader");
-    assert_eq!(j["converge"], "quota", "{j}");
+    let j = ring_demo_with_a_reader("quota");
     let steps = j["throttle_timeline"].as_array().map_or(0, |t| t.len());
     assert!(steps > 0, "the quota never engaged: {j}");
-    assert_eq!(
-        j["vcpu_shares"][1]["runtime_pct"], 100.0,
-        "the reader slept: {j}"
-    );
 }
 
 #[test]
@@ -161,11 +164,7 @@ fn on_kvm_dirty_limit_converges_a_writer_faster_than_the_link_and_spares_a_reade
     if !require_kvm("dirty-limit on kvm") {
         return;
     }
-    let out = ring_demo_with_a_reader("dirty-limit");
-    assert_no_panic(&out);
-    let j = last_json(&out);
-    assert_verified(&j, "kvm dirty-limit with a reader");
-    assert_eq!(j["converge"], "dirty-limit", "{j}");
+    let j = ring_demo_with_a_reader("dirty-limit");
     assert_eq!(j["converged"], true, "the round cap forced the stop: {j}");
     let limits: Vec<u64> = j["throttle_timeline"]
         .as_array()
@@ -176,8 +175,4 @@ fn on_kvm_dirty_limit_converges_a_writer_faster_than_the_link_and_spares_a_reade
         })
         .unwrap_or_default();
     assert!(!limits.is_empty(), "the limit never engaged: {j}");
-    assert_eq!(
-        j["vcpu_shares"][1]["runtime_pct"], 100.0,
-        "the reader slept: {j}"
-    );
 }

@@ -191,14 +191,9 @@ impl Converger {
             want = Some(Action::Time(pct));
         }
         match want {
-            Some(Action::Time(pct)) if pct != self.throttle => {
-                self.set_throttle(vm, s.round, pct)?;
-            }
-            Some(Action::Quota(q)) if q != self.quota => self.set_quota(vm, s.round, q)?,
-            Some(Action::Limit(l)) if l != self.limit => self.set_limit(vm, s.round, l)?,
-            _ => {}
+            Some(action) if !self.in_force(action) => self.apply(vm, s.round, action),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// One escalation step; returns what to apply if the step was to engage
@@ -236,58 +231,46 @@ impl Converger {
         });
     }
 
-    fn set_throttle(&mut self, vm: &mut dyn Vm, round: u32, pct: u8) -> Result<(), MigrationError> {
-        vm.set_time_throttle(pct)
-            .map_err(MigrationError::backend("throttle the source's vCPUs"))?;
-        tracing::info!("round {round}: vCPUs throttled to {pct}%");
-        self.throttle = pct;
-        self.timeline.push(ThrottleStep {
-            at_ms: self.started.elapsed().as_secs_f64() * 1e3,
-            round,
-            percent: pct,
-            quota_bytes: None,
-            limit_bytes_per_sec: None,
-        });
-        Ok(())
+    /// Whether `action` is what the VM runs under already.
+    fn in_force(&self, action: Action) -> bool {
+        match action {
+            Action::Time(pct) => pct == self.throttle,
+            Action::Quota(q) => q == self.quota,
+            Action::Limit(l) => l == self.limit,
+        }
     }
 
-    fn set_quota(
-        &mut self,
-        vm: &mut dyn Vm,
-        round: u32,
-        bytes: Option<u64>,
-    ) -> Result<(), MigrationError> {
-        vm.set_dirty_quota(bytes)
-            .map_err(MigrationError::backend("set the vCPUs' dirty quota"))?;
-        tracing::info!("round {round}: dirty quota per vCPU per interval {bytes:?}");
-        self.quota = bytes;
-        self.timeline.push(ThrottleStep {
-            at_ms: self.started.elapsed().as_secs_f64() * 1e3,
-            round,
-            percent: 0,
-            quota_bytes: bytes,
-            limit_bytes_per_sec: None,
-        });
-        Ok(())
-    }
-
-    fn set_limit(
-        &mut self,
-        vm: &mut dyn Vm,
-        round: u32,
-        bytes_per_sec: Option<u64>,
-    ) -> Result<(), MigrationError> {
-        vm.set_dirty_limit(bytes_per_sec)
-            .map_err(MigrationError::backend("set the vCPUs' dirty limit"))?;
-        tracing::info!("round {round}: dirty limit per vCPU {bytes_per_sec:?} bytes/s");
-        self.limit = bytes_per_sec;
-        self.timeline.push(ThrottleStep {
+    /// Applies `action` to the VM and keeps it in the timeline.
+    fn apply(&mut self, vm: &mut dyn Vm, round: u32, action: Action) -> Result<(), MigrationError> {
+        let mut step = ThrottleStep {
             at_ms: self.started.elapsed().as_secs_f64() * 1e3,
             round,
             percent: 0,
             quota_bytes: None,
-            limit_bytes_per_sec: bytes_per_sec,
-        });
+            limit_bytes_per_sec: None,
+        };
+        match action {
+            Action::Time(pct) => {
+                vm.set_time_throttle(pct)
+                    .map_err(MigrationError::backend("throttle the source's vCPUs"))?;
+                self.throttle = pct;
+                step.percent = pct;
+            }
+            Action::Quota(bytes) => {
+                vm.set_dirty_quota(bytes)
+                    .map_err(MigrationError::backend("set the vCPUs' dirty quota"))?;
+                self.quota = bytes;
+                step.quota_bytes = bytes;
+            }
+            Action::Limit(bytes_per_sec) => {
+                vm.set_dirty_limit(bytes_per_sec)
+                    .map_err(MigrationError::backend("set the vCPUs' dirty limit"))?;
+                self.limit = bytes_per_sec;
+                step.limit_bytes_per_sec = bytes_per_sec;
+            }
+        }
+        tracing::info!("round {round}: {action:?}");
+        self.timeline.push(step);
         Ok(())
     }
 

@@ -53,6 +53,16 @@ pub fn assert_verified(j: &serde_json::Value, context: &str) {
     );
 }
 
+/// Asserts that ferry exited 0 and nothing panicked.
+pub fn assert_success(out: &Output) {
+    assert_no_panic(out);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Asserts that nothing panicked.
 pub fn assert_no_panic(out: &Output) {
     let stderr = String::from_utf8_lossy(&out.stderr);
