@@ -34,5 +34,8 @@ pub use memstress::WorkloadError;
 pub use memstress::{AccessOrder, MemoryLayout, VcpuProgress, Workload};
 pub use ram::{Backing, GuestRam, RamError, RamSlot};
 pub use types::{Gfn, Gpa, PAGE_SHIFT, PAGE_SIZE};
-pub use vm::{throttle_sleep, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, THROTTLE_SLICE};
+pub use vm::Quota;
+pub use vm::{
+    throttle_sleep, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, THROTTLE_SLICE,
+};
 pub use vm::{BackendError, BackendKind, DirtyTracking, HarvestStats, Vm, VmConfig};

@@ -73,8 +73,45 @@ impl DirtyTracking {
     }
 }
 
-/// The refill interval of the per-vCPU dirty quota.
+/// The default refill interval of the per-vCPU dirty quota.
 pub const QUOTA_INTERVAL: Duration = Duration::from_millis(100);
+/// The shortest and longest quota intervals a [`Quota`] takes: below 10 ms
+/// the kvm meter (a 5 ms tick) cannot tell intervals apart; above 10 s a
+/// writer would stall visibly.
+pub const QUOTA_INTERVALS: std::ops::RangeInclusive<Duration> =
+    Duration::from_millis(10)..=Duration::from_secs(10);
+
+/// A per-vCPU dirty quota: each vCPU may dirty `bytes` per `interval`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    /// Bytes each vCPU may dirty per interval (at least one page).
+    pub bytes: u64,
+    /// How often the quota is refilled, within [`QUOTA_INTERVALS`].
+    pub interval: Duration,
+}
+
+impl Quota {
+    /// `bytes` per `interval`, both brought into range.
+    pub fn new(bytes: u64, interval: Duration) -> Self {
+        Quota {
+            bytes: bytes.max(crate::PAGE_SIZE as u64),
+            interval: interval.clamp(*QUOTA_INTERVALS.start(), *QUOTA_INTERVALS.end()),
+        }
+    }
+
+    /// The rate the quota allows, in bytes per second.
+    pub fn bytes_per_sec(&self) -> f64 {
+        self.bytes as f64 / self.interval.as_secs_f64()
+    }
+
+    /// The same rate per `interval`.
+    pub fn per(&self, interval: Duration) -> Self {
+        Quota::new(
+            (self.bytes_per_sec() * interval.as_secs_f64()) as u64,
+            interval,
+        )
+    }
+}
 
 /// The time a time-throttled vCPU runs between two sleeps.
 pub const THROTTLE_SLICE: Duration = Duration::from_millis(10);
@@ -211,13 +248,13 @@ pub trait Vm: Send {
     /// sleeps [`throttle_sleep`]`(percent)`. The hook a convergence policy
     /// turns while a migration runs.
     fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError>;
-    /// Gives every vCPU a dirty quota of `bytes` per [`QUOTA_INTERVAL`]
+    /// Gives every vCPU a dirty quota of `quota.bytes` per `quota.interval`
     /// (`None`: no quota): a vCPU that dirties its quota sleeps until the
     /// next interval; one that does not write is never slowed. The seed's
     /// per-vCPU dirty-quota throttle. Backends without a per-vCPU dirty meter
     /// say so.
-    fn set_dirty_quota(&mut self, bytes: Option<u64>) -> Result<(), BackendError> {
-        let _ = bytes;
+    fn set_dirty_quota(&mut self, quota: Option<Quota>) -> Result<(), BackendError> {
+        let _ = quota;
         Err(BackendError::Operation {
             backend: self.config().backend,
             what: "set a per-vCPU dirty quota: this backend has no per-vCPU dirty meter yet".into(),

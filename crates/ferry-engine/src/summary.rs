@@ -60,15 +60,18 @@ pub struct ThrottleStep {
     pub round: u32,
     /// Time throttle of every vCPU, in percent (0 under a quota).
     pub percent: u8,
-    /// Bytes each vCPU may dirty per 100 ms, under the quota policy
-    /// (`None`: no quota).
+    /// Bytes each vCPU may dirty per quota interval, under the quota
+    /// policy (`None`: no quota).
     pub quota_bytes: Option<u64>,
+    /// The quota's refill interval in milliseconds (`None`: no quota).
+    pub quota_interval_ms: Option<f64>,
     /// Each vCPU's dirty-rate limit in bytes per second, under the
     /// dirty-limit policy (`None`: no limit).
     pub limit_bytes_per_sec: Option<u64>,
 }
 
-/// A step the engine took because precopy stopped converging.
+/// A step the engine took because precopy stopped converging, or one an
+/// operator asked for.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Escalation {
     /// Milliseconds since the migration started.
@@ -150,6 +153,9 @@ pub struct MigrationSummary {
     pub throttle_timeline: Vec<ThrottleStep>,
     /// Steps taken because precopy stopped converging.
     pub escalations: Vec<Escalation>,
+    /// Changes an operator asked for while the migration ran (control
+    /// socket `set`): policy switches, throttles, quota intervals.
+    pub operator_changes: Vec<Escalation>,
     /// What the prediction before the migration said, if one was made.
     pub predicted: Option<crate::converge::Prediction>,
     /// Precopy converged: what was left at the end fitted the downtime

@@ -3,7 +3,8 @@
 //! atomics at each batch or round, plus the token bucket that enforces the
 //! bandwidth cap.
 
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
+use crate::converge::ConvergeMode;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,10 +22,14 @@ pub struct Tunables {
     cancelled: AtomicBool,
     migrating: AtomicBool,
     throttle_request: AtomicU16,
+    policy_request: AtomicU8,
+    quota_interval_us: AtomicU64,
 }
 
 /// No throttle request pending.
 const NO_REQUEST: u16 = u16::MAX;
+/// No policy switch pending.
+const NO_POLICY: u8 = u8::MAX;
 
 impl Default for Tunables {
     fn default() -> Self {
@@ -35,6 +40,8 @@ impl Default for Tunables {
             cancelled: AtomicBool::new(false),
             migrating: AtomicBool::new(false),
             throttle_request: AtomicU16::new(NO_REQUEST),
+            policy_request: AtomicU8::new(NO_POLICY),
+            quota_interval_us: AtomicU64::new(ferry_backend::QUOTA_INTERVAL.as_micros() as u64),
         }
     }
 }
@@ -110,6 +117,32 @@ impl Tunables {
             .store(u16::from(percent.min(99)), Relaxed);
     }
 
+    /// Asks the running migration to switch its convergence policy (the
+    /// old one's throttle is lifted first) at its next batch.
+    pub fn request_policy(&self, mode: ConvergeMode) {
+        self.policy_request.store(mode as u8, Relaxed);
+    }
+
+    /// The pending policy switch, taken.
+    pub fn take_policy_request(&self) -> Option<ConvergeMode> {
+        ConvergeMode::from_index(self.policy_request.swap(NO_POLICY, Relaxed))
+    }
+
+    /// The dirty quota's refill interval.
+    pub fn quota_interval(&self) -> Duration {
+        Duration::from_micros(self.quota_interval_us.load(Relaxed))
+    }
+
+    /// Sets the dirty quota's refill interval (brought into
+    /// [`ferry_backend::QUOTA_INTERVALS`]); a quota in force follows at the
+    /// next batch, at the same rate.
+    pub fn set_quota_interval(&self, interval: Duration) {
+        let range = ferry_backend::QUOTA_INTERVALS;
+        let interval = interval.clamp(*range.start(), *range.end());
+        self.quota_interval_us
+            .store(interval.as_micros() as u64, Relaxed);
+    }
+
     /// The pending throttle request, taken.
     pub fn take_throttle_request(&self) -> Option<u8> {
         match self.throttle_request.swap(NO_REQUEST, Relaxed) {
@@ -183,6 +216,22 @@ mod tests {
         assert!(!t.is_cancelled());
         t.cancel();
         assert!(t.is_cancelled());
+    }
+
+    #[test]
+    fn a_policy_request_is_taken_once_and_the_quota_interval_stays_in_range() {
+        let t = Tunables::default();
+        assert_eq!(t.take_policy_request(), None);
+        for mode in ConvergeMode::ALL {
+            t.request_policy(mode);
+            assert_eq!(t.take_policy_request(), Some(mode));
+            assert_eq!(t.take_policy_request(), None);
+        }
+        assert_eq!(t.quota_interval(), ferry_backend::QUOTA_INTERVAL);
+        t.set_quota_interval(Duration::from_millis(1));
+        assert_eq!(t.quota_interval(), Duration::from_millis(10));
+        t.set_quota_interval(Duration::from_secs(3600));
+        assert_eq!(t.quota_interval(), Duration::from_secs(10));
     }
 
     #[test]

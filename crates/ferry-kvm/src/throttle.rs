@@ -10,7 +10,7 @@
 //!                wake-up and kick latency eat the small running share.
 //!   quota q      (the dirty-quota seed) every QUOTA_TICK the thread collects each
 //!                vCPU's dirty ring, the per-vCPU meter: a vCPU earns q bytes per
-//!                QUOTA_INTERVAL, and one that dirtied more is kicked once and
+//!                quota interval, and one that dirtied more is kicked once and
 //!                sleeps until it has earned the debt back. A vCPU that does not
 //!                write is never kicked. One exit per debt, never one per page
 //!                (an exit costs about 25 µs on this project's hosts).
@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 
 use ferry_backend::dirty_limit::DirtyLimiter;
 use ferry_backend::{
-    throttle_sleep, MAX_THROTTLE_PERCENT, PAGE_SIZE, QUOTA_INTERVAL, THROTTLE_SLICE as TIMESLICE,
+    throttle_sleep, Quota, MAX_THROTTLE_PERCENT, PAGE_SIZE, QUOTA_INTERVAL,
+    THROTTLE_SLICE as TIMESLICE,
 };
 
 /// How often the quota reads the rings.
@@ -47,6 +48,8 @@ struct Knobs {
     limit: DirtyLimiter,
     /// Bytes per vCPU per interval, or [`NO_QUOTA`].
     quota: AtomicU64,
+    /// The quota's interval in nanoseconds.
+    quota_interval_ns: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -63,6 +66,7 @@ impl Throttler {
             limit: DirtyLimiter::new(vcpus.len()),
             percent: AtomicU8::new(0),
             quota: AtomicU64::new(NO_QUOTA),
+            quota_interval_ns: AtomicU64::new(QUOTA_INTERVAL.as_nanos() as u64),
             stop: AtomicBool::new(false),
         });
         let k = Arc::clone(&knobs);
@@ -74,7 +78,8 @@ impl Throttler {
                     let quota = k.quota.load(Ordering::Relaxed);
                     let pct = k.percent.load(Ordering::Relaxed);
                     if quota != NO_QUOTA {
-                        meter.tick(&vcpus, quota);
+                        let interval = k.quota_interval_ns.load(Ordering::Relaxed);
+                        meter.tick(&vcpus, quota, Duration::from_nanos(interval));
                         std::thread::sleep(QUOTA_TICK);
                     } else if k.limit.is_on() {
                         limit_tick(&vcpus, &k.limit, &mut meter.seen);
@@ -105,9 +110,14 @@ impl Throttler {
         self.knobs.limit.set_limit(bytes_per_sec);
     }
 
-    /// Sets each vCPU's dirty quota per [`QUOTA_INTERVAL`] (`None`: off).
-    pub fn set_quota(&self, bytes: Option<u64>) {
-        let q = bytes.map_or(NO_QUOTA, |b| b.min(NO_QUOTA - 1));
+    /// Sets each vCPU's dirty quota (`None`: off).
+    pub fn set_quota(&self, quota: Option<Quota>) {
+        if let Some(q) = quota {
+            self.knobs
+                .quota_interval_ns
+                .store(q.interval.as_nanos() as u64, Ordering::Relaxed);
+        }
+        let q = quota.map_or(NO_QUOTA, |q| q.bytes.min(NO_QUOTA - 1));
         self.knobs.quota.store(q, Ordering::Relaxed);
     }
 }
@@ -156,7 +166,7 @@ fn limit_tick(vcpus: &[Arc<VcpuShared>], limit: &DirtyLimiter, seen: &mut [u64])
 }
 
 /// Each vCPU's dirty budget, read off its ring: it earns `quota` bytes per
-/// [`QUOTA_INTERVAL`] (holding at most one interval's worth) and spends a
+/// quota interval (holding at most one interval's worth) and spends a
 /// page per ring entry. A vCPU in debt is kicked once and sleeps until the
 /// debt is earned back. Debt carries over, so a burst the meter sees only at
 /// its next tick (a vCPU can dirty thousands of pages in 5 ms) is slept off
@@ -190,11 +200,11 @@ impl QuotaMeter {
         self.last = None;
     }
 
-    fn tick(&mut self, vcpus: &[Arc<VcpuShared>], quota: u64) {
+    fn tick(&mut self, vcpus: &[Arc<VcpuShared>], quota: u64, interval: Duration) {
         let now = Instant::now();
         let quota = quota as f64;
         let earned = match self.last {
-            Some(t) => quota * (now - t).as_secs_f64() / QUOTA_INTERVAL.as_secs_f64(),
+            Some(t) => quota * (now - t).as_secs_f64() / interval.as_secs_f64(),
             None => quota,
         };
         let first = self.last.is_none();
@@ -213,7 +223,7 @@ impl QuotaMeter {
             if self.budget[i] >= 0.0 || now < self.asleep_until[i] || !v.is_running() {
                 continue;
             }
-            let owed = -self.budget[i] / quota * QUOTA_INTERVAL.as_secs_f64();
+            let owed = -self.budget[i] / quota * interval.as_secs_f64();
             let sleep = Duration::from_secs_f64(owed).min(MAX_QUOTA_SLEEP);
             self.asleep_until[i] = now + sleep;
             v.throttle_ns

@@ -10,7 +10,7 @@ use crate::memory::set_slot_logging;
 use crate::throttle::Throttler;
 use crate::vcpu::{Sleeper, VcpuState, VcpuThread};
 use ferry_backend::{
-    BackendError, DirtyPages, DirtyTracking, GuestRam, HarvestStats, SharedDirtyBitmap, Vm,
+    BackendError, DirtyPages, DirtyTracking, GuestRam, HarvestStats, Quota, SharedDirtyBitmap, Vm,
     VmConfig,
 };
 use kvm_bindings::{kvm_enable_cap, KVM_MAX_CPUID_ENTRIES};
@@ -336,12 +336,12 @@ impl Vm for KvmVm {
         Ok(())
     }
 
-    fn set_dirty_quota(&mut self, bytes: Option<u64>) -> Result<(), BackendError> {
+    fn set_dirty_quota(&mut self, quota: Option<Quota>) -> Result<(), BackendError> {
         self.ring_metered("a per-vCPU dirty quota")?;
-        if self.throttler.is_none() && bytes.is_none() {
+        if self.throttler.is_none() && quota.is_none() {
             return Ok(());
         }
-        self.throttler()?.set_quota(bytes);
+        self.throttler()?.set_quota(quota);
         Ok(())
     }
 

@@ -156,10 +156,11 @@ impl TimeThrottle {
 }
 
 /// Refills a dirty quota at interval boundaries: a vCPU that used up its
-/// quota sleeps until the next [`ferry_backend::QUOTA_INTERVAL`] starts and
-/// then gets the quota in force at that moment (the engine changes it live).
+/// quota sleeps until the next interval starts and then gets the quota in
+/// force at that moment (the engine changes both live).
 pub struct IntervalRefill {
     quota_bytes: AtomicU64,
+    interval_ns: AtomicU64,
     epoch: Instant,
     slept_ns: Box<[AtomicU64]>,
     /// The interval each vCPU's quota was last filled for.
@@ -171,6 +172,7 @@ impl IntervalRefill {
     pub fn new(vcpus: usize) -> Self {
         IntervalRefill {
             quota_bytes: AtomicU64::new(u64::MAX),
+            interval_ns: AtomicU64::new(ferry_backend::QUOTA_INTERVAL.as_nanos() as u64),
             epoch: Instant::now(),
             slept_ns: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
             filled_for: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
@@ -178,7 +180,7 @@ impl IntervalRefill {
     }
 
     fn interval_now(&self) -> u64 {
-        let interval = ferry_backend::QUOTA_INTERVAL.as_nanos() as u64;
+        let interval = self.interval_ns.load(Ordering::Relaxed);
         self.epoch.elapsed().as_nanos() as u64 / interval
     }
 
@@ -197,7 +199,7 @@ impl QuotaHandler for IntervalRefill {
                 quota_bytes,
             };
         }
-        let interval = ferry_backend::QUOTA_INTERVAL.as_nanos() as u64;
+        let interval = self.interval_ns.load(Ordering::Relaxed);
         let now = self.epoch.elapsed().as_nanos() as u64;
         let sleep = interval - now % interval;
         self.slept_ns[exit.vcpu].fetch_add(sleep, Ordering::Relaxed);
@@ -237,9 +239,14 @@ impl LiveThrottle {
         }
     }
 
-    /// Sets every vCPU's quota per interval (`None`: off), at once.
-    pub fn set_quota(&self, bytes: Option<u64>) {
-        let q = bytes.unwrap_or(u64::MAX).max(1);
+    /// Sets every vCPU's quota and its interval (`None`: off), at once.
+    pub fn set_quota(&self, quota: Option<ferry_backend::Quota>) {
+        if let Some(q) = quota {
+            self.refill
+                .interval_ns
+                .store(q.interval.as_nanos() as u64, Ordering::Relaxed);
+        }
+        let q = quota.map_or(u64::MAX, |q| q.bytes.max(1));
         self.refill.quota_bytes.store(q, Ordering::Relaxed);
         for v in 0..self.refill.slept_ns.len() {
             self.quota.set_quota(v, q);

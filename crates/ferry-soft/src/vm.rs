@@ -14,7 +14,7 @@ use crate::mmu::Mmu;
 use crate::quota::{LiveThrottle, Throttle, TimeThrottle};
 use crate::vcpu::{self, Control, VcpuState};
 use ferry_backend::{
-    memstress, BackendError, BackendKind, DirtyPages, GuestRam, HarvestStats, Vm, VmConfig,
+    memstress, BackendError, BackendKind, DirtyPages, GuestRam, HarvestStats, Quota, Vm, VmConfig,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
@@ -165,10 +165,10 @@ impl Vm for SoftVm {
         }
     }
 
-    fn set_dirty_quota(&mut self, bytes: Option<u64>) -> Result<(), BackendError> {
+    fn set_dirty_quota(&mut self, quota: Option<Quota>) -> Result<(), BackendError> {
         match &self.throttle {
             Throttle::Live(l) => {
-                l.set_quota(bytes);
+                l.set_quota(quota);
                 Ok(())
             }
             _ => Err(BackendError::Operation {

@@ -105,7 +105,11 @@ fn the_live_quota_sleeps_the_writer_and_never_the_reader() {
     // 256 pages per vCPU per interval: the writer sweeps its 1024 pages
     // far faster. The reader writes only its progress record, at most once
     // per harvest (every 5 ms here): 20 pages an interval, under its quota.
-    vm.set_dirty_quota(Some(256 * 4096)).unwrap();
+    vm.set_dirty_quota(Some(ferry_backend::Quota::new(
+        256 * 4096,
+        ferry_backend::QUOTA_INTERVAL,
+    )))
+    .unwrap();
     let live = Arc::clone(vm.live_throttle().expect("a SoftVm runs the live throttle"));
     let mut dirty = ferry_backend::DirtyPages::new(vm.ram().pages());
     // Harvests re-protect the pages, so each new write is charged again;

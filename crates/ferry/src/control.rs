@@ -3,8 +3,8 @@
 //!
 //! ```text
 //!  {"cmd":"status"}                                  -> progress and rates per vCPU
-//!  {"cmd":"set","downtime_ms":100,"bandwidth_mib_s":512,"max_rounds":10}
-//!                                                    -> tunables, live, also mid-migration
+//!  {"cmd":"set","downtime_ms":100,"bandwidth_mib_s":512,"max_rounds":10,
+//!   "converge":"quota","quota_interval_ms":50}      -> tunables, live, also mid-migration
 //!  {"cmd":"throttle","percent":50}                   -> vCPUs sleep 50% of each 10 ms
 //!  {"cmd":"migrate","to":"10.0.0.2:7070"}            -> the migration summary (blocks)
 //!      optional: connections, stall_timeout_s, compress, verify_before_resume, tls_dir,
@@ -16,8 +16,10 @@
 //! Status, set and cancel are answered on the connection's own thread, so they
 //! work while a migration is running. Migrate and stop go to the thread that
 //! owns the VM; so does throttle, except during a migration, when the engine
-//! applies it at the end of the current round (and records it in the
-//! summary's throttle_timeline).
+//! applies it at its next batch (and records it in the summary's
+//! throttle_timeline and operator_changes). A policy switch (`converge` in
+//! `set`) lifts the old policy's throttle and engages the new one at once;
+//! it needs a running migration, as the policy is chosen per migration.
 
 use crate::cmd::migrate::LinkSettings;
 use crate::rates;
@@ -43,6 +45,10 @@ pub enum Request {
         downtime_ms: Option<u64>,
         bandwidth_mib_s: Option<u64>,
         max_rounds: Option<u32>,
+        /// Switch the running migration's convergence policy.
+        converge: Option<String>,
+        /// The quota policy's refill interval, 10 to 10000 ms.
+        quota_interval_ms: Option<u64>,
     },
     Migrate {
         to: String,
@@ -187,7 +193,28 @@ fn handle(req: Request, shared: &Shared) -> Value {
             downtime_ms,
             bandwidth_mib_s,
             max_rounds,
+            converge,
+            quota_interval_ms,
         } => {
+            let mode = match converge.as_deref().map(str::parse).transpose() {
+                Ok(m) => m,
+                Err(e) => return json!({"ok": false, "error": e}),
+            };
+            if mode.is_some() && !shared.tunables.is_migrating() {
+                return json!({"ok": false, "error": "no migration is running: give \
+                    converge to migrate instead"});
+            }
+            if let Some(ms) = quota_interval_ms {
+                if !(10..=10_000).contains(&ms) {
+                    return json!({"ok": false, "error": "quota_interval_ms must be 10 to 10000"});
+                }
+                shared
+                    .tunables
+                    .set_quota_interval(Duration::from_millis(ms));
+            }
+            if let Some(m) = mode {
+                shared.tunables.request_policy(m);
+            }
             if let Some(ms) = downtime_ms {
                 shared
                     .tunables
@@ -204,6 +231,8 @@ fn handle(req: Request, shared: &Shared) -> Value {
                 "downtime_ms": shared.tunables.downtime_target().as_millis() as u64,
                 "bandwidth_mib_s": shared.tunables.bandwidth_bytes_per_sec() >> 20,
                 "max_rounds": shared.tunables.max_rounds(),
+                "quota_interval_ms": shared.tunables.quota_interval().as_millis() as u64,
+                "converge": mode.map(|m| m.to_string()),
             })
         }
         Request::Cancel => {
@@ -264,7 +293,7 @@ fn handle(req: Request, shared: &Shared) -> Value {
                 return json!({
                     "ok": true,
                     "throttle_percent": percent.min(99),
-                    "applies": "at the end of the migration's current round",
+                    "applies": "at the migration's next batch",
                 });
             }
             forward(shared, |reply| VmCommand::Throttle { percent, reply })

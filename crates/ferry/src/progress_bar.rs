@@ -62,8 +62,9 @@ impl Progress for MigrationBar {
     fn throttle_changed(&self, step: &ThrottleStep) {
         let what = match (step.quota_bytes, step.limit_bytes_per_sec) {
             (Some(q), _) => format!(
-                "each vCPU may dirty {} per 100 ms (a vCPU that does not write runs on)",
-                ferry_backend::types::human_bytes(q)
+                "each vCPU may dirty {} per {:.0} ms (a vCPU that does not write runs on)",
+                ferry_backend::types::human_bytes(q),
+                step.quota_interval_ms.unwrap_or(100.0)
             ),
             (_, Some(l)) => format!(
                 "each vCPU's dirty rate is limited to {}/s (a vCPU that does not write runs on)",
@@ -73,7 +74,7 @@ impl Progress for MigrationBar {
             _ => format!("every vCPU sleeps {}% of its time", step.percent),
         };
         self.bar
-            .println(format!("  after round {:>2}: {what}", step.round));
+            .println(format!("  round {:>2}: {what}", step.round));
     }
 
     fn round_finished(&self, stats: &RoundStats) {

@@ -53,10 +53,10 @@ fn delta(s: &MigrationSummary) -> String {
 /// The policy, the throttle it reached, and any escalation.
 fn convergence(s: &MigrationSummary) -> String {
     let mut out = s.converge.clone();
-    let quotas: Vec<u64> = s
+    let quotas: Vec<(u64, f64)> = s
         .throttle_timeline
         .iter()
-        .filter_map(|t| t.quota_bytes)
+        .filter_map(|t| Some((t.quota_bytes?, t.quota_interval_ms?)))
         .collect();
     let limits: Vec<u64> = s
         .throttle_timeline
@@ -70,11 +70,16 @@ fn convergence(s: &MigrationSummary) -> String {
             ferry_backend::types::human_bytes(*min),
             s.throttle_timeline.len()
         );
-    } else if let (Some(first), Some(min)) = (s.throttle_timeline.first(), quotas.iter().min()) {
+    } else if let (Some(first), Some(&(min, per_ms))) = (
+        s.throttle_timeline.first(),
+        quotas
+            .iter()
+            .min_by(|a, b| (a.0 as f64 / a.1).total_cmp(&(b.0 as f64 / b.1))),
+    ) {
         out += &format!(
-            ": dirty quota from round {}, down to {} per vCPU per 100 ms ({} steps)",
+            ": dirty quota from round {}, down to {} per vCPU per {per_ms:.0} ms ({} steps)",
             first.round,
-            ferry_backend::types::human_bytes(*min),
+            ferry_backend::types::human_bytes(min),
             s.throttle_timeline.len()
         );
     } else if let (Some(first), Some(last)) =
@@ -92,6 +97,9 @@ fn convergence(s: &MigrationSummary) -> String {
     }
     for e in &s.escalations {
         out += &format!("; after round {}: {}", e.round, e.what);
+    }
+    for e in &s.operator_changes {
+        out += &format!("; in round {}: {}", e.round, e.what);
     }
     if s.status == ferry_engine::Status::Completed && !s.converged {
         out += "; did NOT converge: the round cap forced the stop-and-copy";

@@ -19,8 +19,13 @@ fn ask(path: &std::path::Path, req: &str) -> serde_json::Value {
 /// `ferry run --backend BACKEND ARGS --control SOCK`, once its socket
 /// answers.
 fn run_with_control(backend: &str, args: &[&str]) -> (std::process::Child, std::path::PathBuf) {
-    let sock =
-        std::env::temp_dir().join(format!("ferry-test-{backend}-{}.sock", std::process::id()));
+    // Tests run in parallel in one process: each gets its own socket.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let sock = std::env::temp_dir().join(format!(
+        "ferry-test-{backend}-{}-{n}.sock",
+        std::process::id()
+    ));
     let vm = ferry()
         .args(["run", "--backend", backend])
         .args(args)
@@ -117,6 +122,72 @@ fn a_throttle_reaches_a_vm_that_is_migrating() {
         .as_array()
         .is_some_and(|t| t.iter().any(|s| s["percent"] == 40));
     assert!(applied, "the throttle never reached the VM: {j}");
+    assert!(vm.wait().unwrap().success());
+    let _ = std::fs::remove_file(&sock);
+}
+
+#[test]
+fn the_policy_and_the_quota_interval_change_while_a_migration_runs() {
+    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
+    // The policy is chosen per migration: with none running, a switch is
+    // refused, and so is a policy that does not exist.
+    let idle = ask(&sock, r#"{"cmd":"set","converge":"quota"}"#);
+    assert_eq!(idle["ok"], false, "{idle}");
+    let unknown = ask(&sock, r#"{"cmd":"set","converge":"faster"}"#);
+    assert_eq!(unknown["ok"], false, "{unknown}");
+    let short = ask(&sock, r#"{"cmd":"set","quota_interval_ms":1}"#);
+    assert_eq!(short["ok"], false, "{short}");
+
+    let dest = Receiver::start(&["--backend", "soft"]);
+    let (addr, path) = (dest.addr.clone(), sock.to_str().unwrap().to_string());
+    // An uncapped writer over 16 MiB/s under `none` would never converge.
+    let migration = std::thread::spawn(move || {
+        run(&[
+            "migrate",
+            "--to",
+            &addr,
+            "--control",
+            &path,
+            "--converge",
+            "none",
+            "--bandwidth",
+            "16",
+            "--json",
+        ])
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let reply = loop {
+        let r = ask(
+            &sock,
+            r#"{"cmd":"set","converge":"quota","quota_interval_ms":50}"#,
+        );
+        if r["ok"] == true {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the migration never started: {r}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(reply["converge"], "quota", "{reply}");
+    assert_eq!(reply["quota_interval_ms"], 50, "{reply}");
+    let out = migration.join().unwrap();
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    assert_verified(&j, "policy switched mid-migration");
+    assert_eq!(j["converge"], "quota", "{j}");
+    assert_eq!(j["converged"], true, "the quota never converged it: {j}");
+    let switched = j["operator_changes"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|e| e["what"].as_str().unwrap_or("").contains("none -> quota"))
+    });
+    assert!(switched, "the switch is not in the summary: {j}");
+    let quota_at_50 = j["throttle_timeline"].as_array().is_some_and(|t| {
+        t.iter()
+            .any(|s| s["quota_bytes"].as_u64().is_some() && s["quota_interval_ms"] == 50.0)
+    });
+    assert!(quota_at_50, "no quota per 50 ms was applied: {j}");
     assert!(vm.wait().unwrap().success());
     let _ = std::fs::remove_file(&sock);
 }

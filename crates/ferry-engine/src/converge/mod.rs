@@ -42,11 +42,12 @@ pub use stall::Stall;
 use crate::error::MigrationError;
 use crate::summary::{Escalation, ThrottleStep};
 use crate::tunables::Tunables;
-use ferry_backend::Vm;
+use ferry_backend::{Quota, Vm};
 use std::time::{Duration, Instant};
 
 /// Which convergence policy the source runs.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
 pub enum ConvergeMode {
     /// Never slow the guest; a stall can still raise the downtime target.
     None,
@@ -57,6 +58,21 @@ pub enum ConvergeMode {
     Quota,
     /// QEMU 8.1's dirty-limit: each writer's throttle follows its rate.
     DirtyLimit,
+}
+
+impl ConvergeMode {
+    /// Every mode, in the order of their `as u8` values.
+    pub const ALL: [ConvergeMode; 4] = [
+        ConvergeMode::None,
+        ConvergeMode::Auto,
+        ConvergeMode::Quota,
+        ConvergeMode::DirtyLimit,
+    ];
+
+    /// The mode whose `as u8` is `i`.
+    pub fn from_index(i: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(i)).copied()
+    }
 }
 
 impl std::str::FromStr for ConvergeMode {
@@ -100,6 +116,8 @@ pub struct RoundSample {
     pub link_bytes_per_sec: f64,
     /// The downtime target now.
     pub downtime_target: Duration,
+    /// The dirty quota's refill interval now.
+    pub quota_interval: Duration,
     /// vCPUs of the guest.
     pub vcpus: u32,
 }
@@ -109,9 +127,8 @@ pub struct RoundSample {
 pub enum Action {
     /// Every vCPU sleeps this share of its time (percent).
     Time(u8),
-    /// Every vCPU may dirty this many bytes per `QUOTA_INTERVAL` (`None`:
-    /// no quota).
-    Quota(Option<u64>),
+    /// Every vCPU may dirty this quota (`None`: no quota).
+    Quota(Option<Quota>),
     /// Every vCPU's dirty rate is limited to this many bytes per second
     /// (`None`: no limit).
     Limit(Option<u64>),
@@ -141,17 +158,25 @@ pub fn policy(mode: ConvergeMode) -> Option<Box<dyn Policy>> {
 
 /// The source's convergence state during one migration.
 pub(crate) struct Converger {
+    mode: ConvergeMode,
     policy: Option<Box<dyn Policy>>,
     stall: Stall,
     max_downtime: Duration,
     started: Instant,
     throttle: u8,
-    quota: Option<u64>,
+    quota: Option<Quota>,
     limit: Option<u64>,
+    /// The latest round's sample, so a policy switched to mid-round can
+    /// engage at once.
+    last: Option<RoundSample>,
     /// Every throttle change.
     pub timeline: Vec<ThrottleStep>,
+    /// Timeline steps already shown to the progress display.
+    reported: usize,
     /// Every escalation after a stall.
     pub escalations: Vec<Escalation>,
+    /// Every change an operator asked for while the migration ran.
+    pub operator_changes: Vec<Escalation>,
 }
 
 impl Converger {
@@ -159,6 +184,7 @@ impl Converger {
     /// raised up to `max_downtime` when precopy stalls.
     pub fn new(mode: ConvergeMode, max_downtime: Duration) -> Self {
         Converger {
+            mode,
             policy: policy(mode),
             stall: Stall::default(),
             max_downtime,
@@ -166,9 +192,23 @@ impl Converger {
             throttle: 0,
             quota: None,
             limit: None,
+            last: None,
             timeline: Vec::new(),
+            reported: 0,
             escalations: Vec::new(),
+            operator_changes: Vec::new(),
         }
+    }
+
+    /// The policy in force now (an operator may have switched it).
+    pub fn mode(&self) -> ConvergeMode {
+        self.mode
+    }
+
+    /// Timeline steps taken since the last call.
+    pub fn unreported(&mut self) -> &[ThrottleStep] {
+        let from = std::mem::replace(&mut self.reported, self.timeline.len());
+        &self.timeline[from..]
     }
 
     /// Runs the policy and the stall detector on what a round measured.
@@ -178,21 +218,92 @@ impl Converger {
         vm: &mut dyn Vm,
         tunables: &Tunables,
     ) -> Result<(), MigrationError> {
+        self.last = Some(*s);
+        self.live_requests(vm, tunables, s.round)?;
         let mut want = self.policy.as_mut().and_then(|p| p.decide(s));
         if self.stall.observe(s.remaining_bytes) {
             want = want.or(self.escalate(s, tunables));
         }
-        // An operator's throttle (control socket) wins this round.
-        if let Some(pct) = tunables.take_throttle_request() {
-            tracing::info!(
-                "round {}: throttle {pct}% asked for by the operator",
-                s.round
-            );
-            want = Some(Action::Time(pct));
-        }
         match want {
             Some(action) if !self.in_force(action) => self.apply(vm, s.round, action),
             _ => Ok(()),
+        }
+    }
+
+    /// Serves what an operator asked for since the last call (the control
+    /// socket): a policy switch, a time throttle, a new quota interval.
+    /// Cheap enough to run at every batch, so a request lands within one.
+    pub fn live_requests(
+        &mut self,
+        vm: &mut dyn Vm,
+        tunables: &Tunables,
+        round: u32,
+    ) -> Result<(), MigrationError> {
+        if let Some(mode) = tunables.take_policy_request() {
+            self.switch(vm, tunables, round, mode)?;
+        }
+        if let Some(pct) = tunables.take_throttle_request() {
+            self.note(round, format!("operator: time throttle {pct}%"));
+            if !self.in_force(Action::Time(pct)) {
+                self.apply(vm, round, Action::Time(pct))?;
+            }
+        }
+        let interval = tunables.quota_interval();
+        match self.quota {
+            Some(q) if q.interval != interval => {
+                self.note(
+                    round,
+                    format!(
+                        "operator: quota interval {} -> {} ms, same rate",
+                        q.interval.as_millis(),
+                        interval.as_millis()
+                    ),
+                );
+                self.apply(vm, round, Action::Quota(Some(q.per(interval))))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Switches to `mode`'s policy: the old one's throttle is lifted, and
+    /// the new one engages at once on the latest round's figures. A policy
+    /// the backend cannot serve is refused (and noted), the old one stays.
+    fn switch(
+        &mut self,
+        vm: &mut dyn Vm,
+        tunables: &Tunables,
+        round: u32,
+        mode: ConvergeMode,
+    ) -> Result<(), MigrationError> {
+        if mode == self.mode {
+            return Ok(());
+        }
+        // Only the mechanism not in force is touched by the probe.
+        let probe = match mode {
+            ConvergeMode::Quota => vm.set_dirty_quota(None),
+            ConvergeMode::DirtyLimit => vm.set_dirty_limit(None),
+            _ => Ok(()),
+        };
+        if let Err(e) = probe {
+            let why = ferry_backend::error_chain(&e);
+            self.note(round, format!("operator asked for {mode}: refused: {why}"));
+            return Ok(());
+        }
+        let from = std::mem::replace(&mut self.mode, mode);
+        self.note(round, format!("operator: policy {from} -> {mode}"));
+        self.lift(vm, round)?;
+        self.policy = policy(mode);
+        self.stall = Stall::default();
+        let engaged = match (self.policy.as_mut(), self.last) {
+            (Some(p), Some(mut s)) => {
+                s.quota_interval = tunables.quota_interval();
+                p.engage(&s)
+            }
+            _ => None,
+        };
+        match engaged {
+            Some(action) => self.apply(vm, round, action),
+            None => Ok(()),
         }
     }
 
@@ -224,11 +335,20 @@ impl Converger {
     /// Logs an escalation and keeps it for the summary.
     fn record(&mut self, round: u32, what: String) {
         tracing::info!("round {round}: {what}");
-        self.escalations.push(Escalation {
-            at_ms: self.started.elapsed().as_secs_f64() * 1e3,
-            round,
-            what,
-        });
+        let at_ms = self.elapsed_ms();
+        self.escalations.push(Escalation { at_ms, round, what });
+    }
+
+    /// Logs an operator's change and keeps it for the summary.
+    fn note(&mut self, round: u32, what: String) {
+        tracing::info!("round {round}: {what}");
+        let at_ms = self.elapsed_ms();
+        self.operator_changes
+            .push(Escalation { at_ms, round, what });
+    }
+
+    fn elapsed_ms(&self) -> f64 {
+        self.started.elapsed().as_secs_f64() * 1e3
     }
 
     /// Whether `action` is what the VM runs under already.
@@ -242,35 +362,59 @@ impl Converger {
 
     /// Applies `action` to the VM and keeps it in the timeline.
     fn apply(&mut self, vm: &mut dyn Vm, round: u32, action: Action) -> Result<(), MigrationError> {
-        let mut step = ThrottleStep {
-            at_ms: self.started.elapsed().as_secs_f64() * 1e3,
-            round,
-            percent: 0,
-            quota_bytes: None,
-            limit_bytes_per_sec: None,
-        };
         match action {
             Action::Time(pct) => {
                 vm.set_time_throttle(pct)
                     .map_err(MigrationError::backend("throttle the source's vCPUs"))?;
                 self.throttle = pct;
-                step.percent = pct;
             }
-            Action::Quota(bytes) => {
-                vm.set_dirty_quota(bytes)
+            Action::Quota(quota) => {
+                vm.set_dirty_quota(quota)
                     .map_err(MigrationError::backend("set the vCPUs' dirty quota"))?;
-                self.quota = bytes;
-                step.quota_bytes = bytes;
+                self.quota = quota;
             }
             Action::Limit(bytes_per_sec) => {
                 vm.set_dirty_limit(bytes_per_sec)
                     .map_err(MigrationError::backend("set the vCPUs' dirty limit"))?;
                 self.limit = bytes_per_sec;
-                step.limit_bytes_per_sec = bytes_per_sec;
             }
         }
         tracing::info!("round {round}: {action:?}");
-        self.timeline.push(step);
+        self.push_step(round);
+        Ok(())
+    }
+
+    /// Keeps what is in force now in the timeline.
+    fn push_step(&mut self, round: u32) {
+        self.timeline.push(ThrottleStep {
+            at_ms: self.elapsed_ms(),
+            round,
+            percent: self.throttle,
+            quota_bytes: self.quota.map(|q| q.bytes),
+            quota_interval_ms: self.quota.map(|q| q.interval.as_secs_f64() * 1e3),
+            limit_bytes_per_sec: self.limit,
+        });
+    }
+
+    /// Lifts everything in force, as a timeline step.
+    fn lift(&mut self, vm: &mut dyn Vm, round: u32) -> Result<(), MigrationError> {
+        if self.throttle == 0 && self.quota.is_none() && self.limit.is_none() {
+            return Ok(());
+        }
+        if self.throttle > 0 {
+            vm.set_time_throttle(0)
+                .map_err(MigrationError::backend("lift the source's throttle"))?;
+            self.throttle = 0;
+        }
+        if self.quota.take().is_some() {
+            vm.set_dirty_quota(None)
+                .map_err(MigrationError::backend("lift the vCPUs' dirty quota"))?;
+        }
+        if self.limit.take().is_some() {
+            vm.set_dirty_limit(None)
+                .map_err(MigrationError::backend("lift the vCPUs' dirty limit"))?;
+        }
+        self.push_step(round);
         Ok(())
     }
 
@@ -306,6 +450,7 @@ fn sample(round: u32, dirty: u64, sent: u64) -> RoundSample {
         remaining_bytes: dirty,
         link_bytes_per_sec: 1e9,
         downtime_target: Duration::from_millis(300),
+        quota_interval: ferry_backend::QUOTA_INTERVAL,
         vcpus: 2,
     }
 }

@@ -115,8 +115,7 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
                     (rate * run, run)
                 }
                 Some(Action::Quota(Some(q))) => {
-                    let cap = q as f64 / ferry_backend::QUOTA_INTERVAL.as_secs_f64();
-                    let eff = rate.min(cap);
+                    let eff = rate.min(q.bytes_per_sec());
                     (eff, if rate > 0.0 { eff / rate } else { 1.0 })
                 }
                 // The feedback loop settles the rate on the limit.
@@ -138,6 +137,7 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
             remaining_bytes: dirty as u64,
             link_bytes_per_sec: link,
             downtime_target: Duration::from_secs_f64(target),
+            quota_interval: ferry_backend::QUOTA_INTERVAL,
             vcpus: vcpus as u32,
         };
         if let Some(a) = policy.as_mut().and_then(|p| p.decide(&sample)) {

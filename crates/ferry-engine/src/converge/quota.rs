@@ -2,7 +2,8 @@
 //!
 //! Once dirtying outruns the link (dirtied bytes above half the bytes sent
 //! in a round, as auto-converge counts it), every vCPU gets a quota per
-//! `QUOTA_INTERVAL`: an equal share of half the link's rate. A vCPU that
+//! quota interval (100 ms unless the operator sets another, even mid-migration):
+//! an equal share of half the link's rate. A vCPU that
 //! dirties its share sleeps until the next interval; a vCPU that reads, or
 //! writes little, never notices. The quota follows the measured link each
 //! round, and halves while dirtying still outruns the link, so the bytes
@@ -10,7 +11,7 @@
 
 use super::share::LinkShare;
 use super::{Action, Policy, RoundSample};
-use ferry_backend::{PAGE_SIZE, QUOTA_INTERVAL};
+use ferry_backend::Quota;
 
 /// The quota policy's state.
 #[derive(Debug, Default)]
@@ -18,10 +19,10 @@ pub struct QuotaPolicy {
     share: LinkShare,
 }
 
-/// A budget in bytes per second as a quota per interval.
-fn quota(per_sec: f64) -> Action {
-    let bytes = (per_sec * QUOTA_INTERVAL.as_secs_f64()) as u64;
-    Action::Quota(Some(bytes.max(PAGE_SIZE as u64)))
+/// A budget in bytes per second as a quota per the sample's interval.
+fn quota(s: &RoundSample, per_sec: f64) -> Action {
+    let bytes = (per_sec * s.quota_interval.as_secs_f64()) as u64;
+    Action::Quota(Some(Quota::new(bytes, s.quota_interval)))
 }
 
 impl Policy for QuotaPolicy {
@@ -30,11 +31,11 @@ impl Policy for QuotaPolicy {
     }
 
     fn decide(&mut self, s: &RoundSample) -> Option<Action> {
-        self.share.decide(s).map(quota)
+        self.share.decide(s).map(|r| quota(s, r))
     }
 
     fn engage(&mut self, s: &RoundSample) -> Option<Action> {
-        self.share.engage(s).map(quota)
+        self.share.engage(s).map(|r| quota(s, r))
     }
 }
 
@@ -49,11 +50,13 @@ mod tests {
         assert_eq!(q.decide(&sample(0, 900, 100)), None, "the full pass");
         assert_eq!(q.decide(&sample(1, 40, 100)), None, "below half");
         // 1 GB/s × 100 ms × 50% / 2 vCPUs = 25 MB each.
-        let Some(Action::Quota(Some(first))) = q.decide(&sample(2, 60, 100)) else {
+        let Some(Action::Quota(Some(Quota { bytes: first, .. }))) = q.decide(&sample(2, 60, 100))
+        else {
             panic!("not engaged");
         };
         assert!((24_900_000..=25_000_000).contains(&first), "{first}");
-        let Some(Action::Quota(Some(second))) = q.decide(&sample(3, 60, 100)) else {
+        let Some(Action::Quota(Some(Quota { bytes: second, .. }))) = q.decide(&sample(3, 60, 100))
+        else {
             panic!("no action");
         };
         assert!(
@@ -63,7 +66,10 @@ mod tests {
         // Converging: the share holds, the quota follows the link.
         assert_eq!(
             q.decide(&sample(4, 10, 100)),
-            Some(Action::Quota(Some(second)))
+            Some(Action::Quota(Some(Quota::new(
+                second,
+                ferry_backend::QUOTA_INTERVAL
+            ))))
         );
         assert_eq!(q.engage(&sample(5, 10, 100)), None, "already on");
     }

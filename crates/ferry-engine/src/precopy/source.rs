@@ -75,6 +75,7 @@ pub fn migrate_accounted(
         converge: opts.converge.to_string(),
         throttle_timeline: Vec::new(),
         escalations: Vec::new(),
+        operator_changes: Vec::new(),
         converged: false,
         predicted: None,
         vcpu_shares: Vec::new(),
@@ -159,6 +160,8 @@ pub fn migrate_accounted(
     }
     src.summary.throttle_timeline = std::mem::take(&mut src.converge.timeline);
     src.summary.escalations = std::mem::take(&mut src.converge.escalations);
+    src.summary.operator_changes = std::mem::take(&mut src.converge.operator_changes);
+    src.summary.converge = src.converge.mode().to_string();
     progress.phase(Phase::Done);
     match result {
         Ok(()) => {
@@ -185,13 +188,15 @@ pub fn migrate_accounted(
 }
 
 /// Clears [`Tunables::set_migrating`] however `migrate` returns, and drops a
-/// throttle request it did not take: it does not apply to the next one.
+/// throttle or policy request it did not take: it does not apply to the
+/// next one.
 struct Migrating<'a>(&'a crate::tunables::Tunables);
 
 impl Drop for Migrating<'_> {
     fn drop(&mut self) {
         self.0.set_migrating(false);
         self.0.take_throttle_request();
+        self.0.take_policy_request();
     }
 }
 
@@ -286,12 +291,12 @@ impl Source<'_> {
                 remaining_bytes: remaining,
                 link_bytes_per_sec: bandwidth,
                 downtime_target: self.opts.tunables.downtime_target(),
+                quota_interval: self.opts.tunables.quota_interval(),
                 vcpus: self.vm.config().workload.vcpus,
             };
-            let steps = self.converge.timeline.len();
             self.converge
                 .after_round(&sample, &mut *self.vm, &self.opts.tunables)?;
-            for step in &self.converge.timeline[steps..] {
+            for step in self.converge.unreported() {
                 self.progress.throttle_changed(step);
             }
             let tun = &self.opts.tunables;
@@ -407,6 +412,14 @@ impl Source<'_> {
                     pages += p;
                     zero += z;
                     raw += r;
+                    if cancellable {
+                        // An operator's change lands within a batch.
+                        self.converge
+                            .live_requests(&mut *self.vm, &self.opts.tunables, round)?;
+                        for step in self.converge.unreported() {
+                            self.progress.throttle_changed(step);
+                        }
+                    }
                 }
             }
         }

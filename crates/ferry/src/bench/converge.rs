@@ -396,8 +396,10 @@ fn timeline_plot(j: &serde_json::Value, cell: &CellSpec, policy: &str) -> Plot {
         .iter()
         .map(|t| {
             let x = t["at_ms"].as_f64().unwrap_or(0.0);
+            // A quota is drawn as MiB per 100 ms, whatever its interval.
+            let per_100ms = 100.0 / t["quota_interval_ms"].as_f64().unwrap_or(100.0);
             match t["quota_bytes"].as_f64() {
-                Some(q) => (x, q / f64::from(1u32 << 20)),
+                Some(q) => (x, q * per_100ms / f64::from(1u32 << 20)),
                 None => (x, t["percent"].as_f64().unwrap_or(0.0)),
             }
         })

@@ -60,6 +60,12 @@ pub struct MigrationArgs {
     /// Default: quota where the backend meters each vCPU's writes, else auto.
     #[arg(long, value_parser = clap::value_parser!(ConvergeMode))]
     pub converge: Option<ConvergeMode>,
+    /// The quota policy's refill interval in ms: each vCPU may dirty its
+    /// share of the link per interval, and one that used it up sleeps until
+    /// the next. Shorter: smoother, more wake-ups. Changeable live with the
+    /// control socket's `set`.
+    #[arg(long = "quota-interval-ms", default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=10_000))]
+    pub quota_interval_ms: u64,
     /// When precopy stops converging (the bytes left stop shrinking for 3
     /// rounds), the engine first engages --converge, then raises the
     /// downtime target by half at a time up to this many ms. Default: never
@@ -317,6 +323,7 @@ pub fn boot_and_migrate(
     tunables.set_downtime_target(Duration::from_millis(m.downtime_ms));
     tunables.set_max_rounds(m.max_rounds);
     tunables.set_bandwidth_bytes_per_sec(m.bandwidth_mib_s << 20);
+    tunables.set_quota_interval(Duration::from_millis(m.quota_interval_ms));
     let predicted = if m.predict {
         if !(0.1..=60.0).contains(&m.predict_secs) {
             return Err(CmdError::Usage("--predict-secs must be 0.1 to 60".into()));
@@ -469,6 +476,7 @@ fn failed_summary(
         converge: link.converge.unwrap_or_default().to_string(),
         throttle_timeline: vec![],
         escalations: vec![],
+        operator_changes: vec![],
         converged: false,
         predicted: None,
         vcpu_shares: vec![],
