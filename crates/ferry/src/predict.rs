@@ -8,7 +8,8 @@
 //!   rate per vCPU = writes × 4 KiB / SECS   (tracking's own cost included: on
 //!                                            a shadow-paging host it is most of it)
 //!   working set   = the vCPU's region if it writes, else 0
-//!   link          = the --bandwidth cap, or an assumed 1 GiB/s (said so)
+//!   link          = the --bandwidth cap or the shaped --netns link's rate,
+//!                   or an assumed 1 GiB/s (said so)
 //! ```
 
 use crate::cmd::CmdError;
@@ -26,6 +27,7 @@ const ASSUMED_LINK: f64 = (1u64 << 30) as f64;
 pub fn sample_and_predict(
     vm: &mut dyn Vm,
     tunables: &Tunables,
+    link_rate: Option<u64>,
     secs: Duration,
 ) -> Result<Prediction, CmdError> {
     let w = vm.config().workload.clone();
@@ -56,7 +58,12 @@ pub fn sample_and_predict(
             _ => w.bytes_per_vcpu,
         })
         .collect();
-    let cap = tunables.bandwidth_bytes_per_sec();
+    // The lower of the engine's cap and the link's known rate.
+    let cap = [tunables.bandwidth_bytes_per_sec(), link_rate.unwrap_or(0)]
+        .into_iter()
+        .filter(|&r| r > 0)
+        .min()
+        .unwrap_or(0);
     let input = PredictInput {
         memory_bytes: vm.ram().pages() * PAGE_SIZE as u64,
         dirty_bytes_per_sec: rates,

@@ -15,7 +15,11 @@
 //! ```
 //!
 //! The link is a bandwidth cap on loopback (`--bandwidth`), the same token
-//! bucket a real migration uses; network namespaces are not needed for it.
+//! bucket a real migration uses; or, with `--netns`, two hosts on one
+//! machine: each demo's source and destination in network namespaces of
+//! their own, over a veth pair shaped to b with tc (`ferry demo --netns
+//! --link-rate b`), and the engine measures the link instead of capping
+//! itself.
 
 use crate::child::die_with_parent;
 use crate::cmd::CmdError;
@@ -49,6 +53,12 @@ pub struct ConvergeArgs {
     /// Leave out table B (the writer/reader mixes).
     #[arg(long = "skip-mixes")]
     pub skip_mixes: bool,
+    /// Run every demo as two hosts on one machine: source and destination in
+    /// network namespaces of their own, over a veth pair shaped to the
+    /// cell's link with tc (needs root and iproute2). Default: a bandwidth
+    /// cap on loopback.
+    #[arg(long)]
+    pub netns: bool,
     /// Print one JSON object with `cells` as the last line of stdout.
     #[arg(long)]
     pub json: bool,
@@ -140,6 +150,8 @@ pub struct CellResult {
 pub struct ConvergeResults {
     /// Backend of the guests.
     pub backend: String,
+    /// What the link was.
+    pub link: String,
     /// Policies compared.
     pub policies: Vec<String>,
     /// Every cell, table A's first.
@@ -242,6 +254,7 @@ fn default_policies(_backend: &str) -> Vec<String> {
 /// Runs `ferry demo` for one cell and policy, killing it at the time limit.
 fn run_one(
     backend: &str,
+    netns: bool,
     cell: &CellSpec,
     policy: &str,
     timeline: &Path,
@@ -263,7 +276,12 @@ fn run_one(
     ])
     .args(["--write-percent", &cell.write_percent.to_string()])
     .args(["--readers", &cell.readers.to_string()])
-    .args(["--bandwidth", &cell.link_mib_s.to_string()])
+    .args(if netns {
+        &["--netns", "--link-rate"][..]
+    } else {
+        &["--bandwidth"][..]
+    })
+    .arg(cell.link_mib_s.to_string())
     .args(["--converge", policy, "--run-after", "0.2"])
     .args(["--give-up-after", &cell.time_limit().as_secs().to_string()]);
     match cell.rate_mib_s {
@@ -467,11 +485,19 @@ pub fn run(a: &ConvergeArgs) -> Result<Report<ConvergeResults>, CmdError> {
             let svg = a
                 .out
                 .join(format!("converge-{}-cell{}-{p}.svg", a.backend, i + 1));
-            results.push(run_one(&a.backend, &cell, p, &svg)?);
+            results.push(run_one(&a.backend, a.netns, &cell, p, &svg)?);
         }
         cells.push(CellResult { cell, results });
     }
     Ok(report(a, policies, cells))
+}
+
+/// What b is, in words.
+fn link_kind(netns: bool) -> &'static str {
+    match netns {
+        true => "a veth pair between two network namespaces, shaped with tc tbf",
+        false => "a bandwidth cap on loopback",
+    }
 }
 
 /// `t` in seconds, or "unconverged".
@@ -621,7 +647,7 @@ fn report(
         }
     }
     table_c.note("predicted: what the demo's prediction (a 1 s sample of each vCPU's dirty rate with tracking on, the policies run over a model of the rounds) said before the migration started; agree: both say it does not converge.");
-    table_a.note("m memory, n vCPUs, l write rate per vCPU (max: as fast as the guest can), w share of accesses that write, b link (a bandwidth cap on loopback). t: total migration time; unconverged: not finished in the time limit (40 s up to 256 MiB, 60 s above), or the round cap forced the stop-and-copy. Every run is a fresh `ferry demo` process pair, digest and guest stamps checked.");
+    table_a.note(format!("m memory, n vCPUs, l write rate per vCPU (max: as fast as the guest can), w share of accesses that write, b link ({}). t: total migration time; unconverged: not finished in the time limit (40 s up to 256 MiB, 60 s above), or the round cap forced the stop-and-copy. Every run is a fresh `ferry demo` process pair, digest and guest stamps checked.", link_kind(a.netns)));
     table_a.note(format!(
         "diff % ({last} vs X): how much shorter the migration was under {last} than under X; N/A where either did not converge."
     ));
@@ -649,6 +675,7 @@ fn report(
         tables: vec![table_a, table_b, table_c],
         results: ConvergeResults {
             backend: a.backend.clone(),
+            link: link_kind(a.netns).into(),
             policies,
             cells,
         },

@@ -5,6 +5,7 @@
 use super::migrate::{boot_and_migrate, finish, MigrationArgs};
 use super::CmdError;
 use crate::args::{BackendArgs, WorkloadArgs};
+use crate::netns::{LinkShape, NetnsPair, DEST_ADDR};
 use crate::vms;
 use clap::Args;
 use ferry_backend::error_chain as chain;
@@ -38,17 +39,30 @@ pub struct DemoArgs {
     /// certificate written for this run (or the ones in --tls-dir).
     #[arg(long)]
     pub tls: bool,
+    /// Two hosts on one machine: run the source and the destination in
+    /// network namespaces of their own, joined by a veth pair (needs root
+    /// and iproute2). Both are deleted when the demo ends.
+    #[arg(long)]
+    pub netns: bool,
+    /// Shape the --netns link to this many MiB/s (tc tbf, both ways). Unlike
+    /// --bandwidth, which caps the engine, this is the link: the engine
+    /// measures it. Default: as fast as veth goes.
+    #[arg(long = "link-rate", value_name = "MIB_S", requires = "netns", value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub link_rate: Option<u64>,
+    /// One-way delay of the --netns link in ms (tc netem, both ways).
+    #[arg(long = "link-delay-ms", value_name = "MS", requires = "netns", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub link_delay_ms: Option<u64>,
 }
 
 /// Throwaway TLS material for one demo, removed when the demo ends.
 struct DemoCerts(PathBuf);
 
 impl DemoCerts {
-    fn write() -> Result<Self, CmdError> {
+    fn write(names: &[String]) -> Result<Self, CmdError> {
         let dir = std::env::temp_dir().join(format!("ferry-demo-tls-{}", std::process::id()));
         // A leftover of an earlier demo with this pid is ours to replace.
         let _ = std::fs::remove_dir_all(&dir);
-        ferry_engine::transport::tls::pki::write_throwaway(&dir, &[])
+        ferry_engine::transport::tls::pki::write_throwaway(&dir, names)
             .map_err(|e| CmdError::Failed(chain(&e)))?;
         Ok(DemoCerts(dir))
     }
@@ -81,7 +95,12 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     // The demo shows what to expect before it starts.
     a.migration.predict = true;
     let _certs = if a.tls && a.migration.tls_dir.is_none() {
-        let certs = DemoCerts::write()?;
+        let names = if a.netns {
+            vec![DEST_ADDR.to_string()]
+        } else {
+            vec![]
+        };
+        let certs = DemoCerts::write(&names)?;
         a.migration.tls_dir = Some(certs.0.clone());
         Some(certs)
     } else {
@@ -92,8 +111,24 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     // before a destination process exists.
     let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
     super::migrate::check_policy(&mut *vm, &link)?;
-    let mut dest = spawn_destination(&a)?;
+    a.migration.link_bytes_per_sec = a.link_rate.map(|r| r << 20);
+    let netns = if a.netns {
+        let shape = LinkShape {
+            rate_bytes_per_sec: a.link_rate.map(|r| r << 20),
+            delay: a.link_delay_ms.map(Duration::from_millis),
+        };
+        Some(NetnsPair::create(shape).map_err(|e| CmdError::Failed(chain(&e)))?)
+    } else {
+        None
+    };
+    let mut dest = spawn_destination(&a, netns.as_ref())?;
     let addr = read_listen_address(&mut dest)?;
+    if let Some(pair) = &netns {
+        // The migration's threads start from this one: all in the source's
+        // namespace.
+        pair.enter_source()
+            .map_err(|e| CmdError::Failed(chain(&e)))?;
+    }
     if !a.migration.json {
         eprintln!(
             "ferry demo: {} vCPUs x {} MiB ({}% writes{}), {} backend, {} dirty tracking; destination pid {} on {addr}",
@@ -128,12 +163,20 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     Ok(finish(&mut *vm, &summary, a.migration.json))
 }
 
-fn spawn_destination(a: &DemoArgs) -> Result<Destination, CmdError> {
+fn spawn_destination(a: &DemoArgs, netns: Option<&NetnsPair>) -> Result<Destination, CmdError> {
     let exe = std::env::current_exe()
         .map_err(|e| CmdError::Failed(format!("cannot find the ferry executable: {e}")))?;
     let mut cmd = Command::new(exe);
     crate::child::die_with_parent(&mut cmd);
-    cmd.args(["receive", "--listen", "127.0.0.1:0", "--exit-after-report"])
+    let listen = match netns {
+        Some(pair) => {
+            pair.run_in_dest(&mut cmd)
+                .map_err(|e| CmdError::Failed(chain(&e)))?;
+            format!("{DEST_ADDR}:0")
+        }
+        None => "127.0.0.1:0".to_string(),
+    };
+    cmd.args(["receive", "--listen", &listen, "--exit-after-report"])
         .args(["--backend", &a.backend.backend])
         .args(["--backing", &a.backend.backing])
         .args(["--run-after", &a.run_after.to_string()])

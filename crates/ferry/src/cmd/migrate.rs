@@ -110,6 +110,10 @@ pub struct MigrationArgs {
     /// Print the summary as one JSON object on the last line of stdout.
     #[arg(long)]
     pub json: bool,
+    /// The link's rate when the caller knows it (the demo's shaped --netns
+    /// link), for the prediction.
+    #[arg(skip)]
+    pub link_bytes_per_sec: Option<u64>,
 }
 
 /// `--connections`: a count, or `auto` for one per core (at most 8).
@@ -332,6 +336,7 @@ pub fn boot_and_migrate(
         let p = crate::predict::sample_and_predict(
             vm,
             &tunables,
+            m.link_bytes_per_sec,
             Duration::from_secs_f64(m.predict_secs),
         )?;
         if !m.json {

@@ -1,0 +1,156 @@
+//! `ferry demo --netns`: two hosts on one machine, each in a network
+//! namespace of its own over a shaped veth pair, and nothing left behind.
+
+mod common;
+use common::*;
+use std::process::{Command, Stdio};
+
+/// Whether this machine can make network namespaces (root and iproute2's
+/// ip and tc); prints a SKIP line if not.
+fn require_netns(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions and touches no memory.
+    let root = unsafe { libc::geteuid() } == 0;
+    let tools = ["ip", "tc"].iter().all(|t| {
+        Command::new(t)
+            .arg("-V")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if !(root && tools) {
+        eprintln!("SKIP {test}: needs root and iproute2 (ip, tc) for network namespaces");
+    }
+    root && tools
+}
+
+fn namespaces() -> String {
+    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_demo_between_two_namespaces_over_a_shaped_link_verifies_and_leaves_nothing() {
+    if !require_netns("demo --netns") {
+        return;
+    }
+    let child = ferry()
+        .args([
+            "demo",
+            "--json",
+            "--backend",
+            "soft",
+            "--mem-per-vcpu",
+            "16M",
+            "--warmup",
+            "0.3",
+            "--netns",
+            "--link-rate",
+            "64",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    assert_verified(&j, "demo --netns");
+    // The prediction knew the shaped link's rate.
+    assert_eq!(j["predicted"]["link_known"], true, "{j}");
+    let left = namespaces();
+    assert!(
+        !left.contains(&format!("-{pid}")),
+        "the demo left its namespaces behind: {left}"
+    );
+}
+
+#[test]
+fn bad_link_settings_are_refused_in_words() {
+    let out = run(&["demo", "--link-rate", "64"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--netns"), "{err}");
+    let out = run(&["demo", "--netns", "--link-rate", "0"]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn a_link_delay_runs_or_is_refused_in_words() {
+    if !require_netns("demo --netns --link-delay-ms") {
+        return;
+    }
+    let out = run(&[
+        "demo",
+        "--json",
+        "--backend",
+        "soft",
+        "--mem-per-vcpu",
+        "8M",
+        "--warmup",
+        "0.3",
+        "--netns",
+        "--link-delay-ms",
+        "2",
+    ]);
+    assert_no_panic(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        assert_verified(&last_json(&out), "demo --netns with a delay");
+    } else {
+        // Kernels built without netem cannot delay packets.
+        assert!(err.contains("CONFIG_NET_SCH_NETEM"), "{err}");
+    }
+}
+
+#[test]
+fn namespaces_of_a_killed_demo_are_swept_by_the_next_one() {
+    if !require_netns("demo --netns after SIGKILL") {
+        return;
+    }
+    // 1 MiB/s for 16 MiB: the first demo is still migrating when killed.
+    let mut first = ferry()
+        .args([
+            "demo",
+            "--backend",
+            "soft",
+            "--mem-per-vcpu",
+            "8M",
+            "--warmup",
+            "0.3",
+            "--netns",
+            "--link-rate",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let name = format!("ferry-src-{}", first.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !namespaces().contains(&name) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no namespace appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(namespaces().contains(&name), "SIGKILL runs no cleanup");
+    let out = run(&[
+        "demo",
+        "--json",
+        "--backend",
+        "soft",
+        "--mem-per-vcpu",
+        "8M",
+        "--warmup",
+        "0.3",
+        "--netns",
+    ]);
+    assert_verified(&last_json(&out), "demo --netns after a killed one");
+    let left = namespaces();
+    assert!(!left.contains(&name), "the stale pair survived: {left}");
+}
