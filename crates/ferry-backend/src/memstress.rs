@@ -175,6 +175,14 @@ pub struct Workload {
     /// What data pages hold besides the stamp (written once, at boot).
     #[serde(default)]
     pub fill: Fill,
+    /// Each vCPU's write percentage, one per vCPU; overrides
+    /// `write_percent` and `readers` (empty: those apply).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vcpu_write_percents: Vec<u8>,
+    /// Each vCPU's rate limit in MiB/s, one per vCPU, 0 for none; overrides
+    /// `rate_limit_mib_s` (empty: that applies to all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vcpu_rate_limits_mib_s: Vec<u64>,
 }
 
 impl Default for Workload {
@@ -189,6 +197,8 @@ impl Default for Workload {
             rate_limit_mib_s: None,
             seed: 0x5eed,
             fill: Fill::Zero,
+            vcpu_write_percents: Vec::new(),
+            vcpu_rate_limits_mib_s: Vec::new(),
         }
     }
 }
@@ -217,6 +227,13 @@ pub enum WorkloadError {
     /// More readers than vCPUs.
     #[error("{readers} reader vCPUs but only {vcpus} vCPUs")]
     Readers { readers: u32, vcpus: u32 },
+    /// A per-vCPU list of the wrong length.
+    #[error("{what} lists {given} values for {vcpus} vCPUs: give one per vCPU, or one for all")]
+    PerVcpu {
+        what: &'static str,
+        given: usize,
+        vcpus: u32,
+    },
 }
 
 impl Workload {
@@ -228,8 +245,23 @@ impl Workload {
         if self.bytes_per_vcpu == 0 || !self.bytes_per_vcpu.is_multiple_of(MIB2) {
             return Err(WorkloadError::RegionSize(self.bytes_per_vcpu));
         }
-        if self.write_percent > 100 {
-            return Err(WorkloadError::WritePercent(self.write_percent));
+        if let Some(&p) = std::iter::once(&self.write_percent)
+            .chain(&self.vcpu_write_percents)
+            .find(|&&p| p > 100)
+        {
+            return Err(WorkloadError::WritePercent(p));
+        }
+        for (what, given) in [
+            ("the write percent", self.vcpu_write_percents.len()),
+            ("the rate limit", self.vcpu_rate_limits_mib_s.len()),
+        ] {
+            if given != 0 && given != self.vcpus as usize {
+                return Err(WorkloadError::PerVcpu {
+                    what,
+                    given,
+                    vcpus: self.vcpus,
+                });
+            }
         }
         if self.stride_pages == 0 || self.stride_pages > self.pages_per_vcpu() {
             return Err(WorkloadError::Stride {
@@ -274,18 +306,33 @@ impl Workload {
         (u64::from(self.write_percent) << 32) / 100
     }
 
-    /// Whether vCPU `v` only reads (one of the last [`Self::readers`]).
+    /// Whether vCPU `v` only reads.
     pub fn is_reader(&self, v: u32) -> bool {
-        v >= self.vcpus.saturating_sub(self.readers)
+        self.vcpu_write_percent(v) == 0
     }
 
-    /// Write percentage of vCPU `v`.
+    /// Write percentage of vCPU `v`: its own if listed, else 0 for one of
+    /// the last [`Self::readers`], else `write_percent`.
     pub fn vcpu_write_percent(&self, v: u32) -> u8 {
-        if self.is_reader(v) {
-            0
-        } else {
-            self.write_percent
+        match self.vcpu_write_percents.get(v as usize) {
+            Some(&p) => p,
+            None if v >= self.vcpus.saturating_sub(self.readers) => 0,
+            None => self.write_percent,
         }
+    }
+
+    /// Rate limit of vCPU `v` in MiB/s (`None`: as fast as it can).
+    pub fn vcpu_rate_limit_mib_s(&self, v: u32) -> Option<u64> {
+        match self.vcpu_rate_limits_mib_s.get(v as usize) {
+            Some(0) => None,
+            Some(&r) => Some(r),
+            None => self.rate_limit_mib_s,
+        }
+    }
+
+    /// Whether any vCPU runs under a rate limit.
+    pub fn has_rate_limit(&self) -> bool {
+        (0..self.vcpus).any(|v| self.vcpu_rate_limit_mib_s(v).is_some())
     }
 }
 
@@ -438,12 +485,12 @@ pub fn write_params(ram: &GuestRam, w: &Workload, tsc_khz: u64) -> Result<(), Ra
     if w.fill != Fill::Zero {
         write_fill(ram, &layout, w.fill)?;
     }
-    let tsc_per_page = match w.rate_limit_mib_s {
-        // pages/s = rate * 256; ticks/page = tsc_hz / pages_per_s.
-        Some(rate) => (tsc_khz * 1000) / (rate * 256).max(1),
-        None => 0,
-    };
     for v in 0..w.vcpus {
+        let tsc_per_page = match w.vcpu_rate_limit_mib_s(v) {
+            // pages/s = rate * 256; ticks/page = tsc_hz / pages_per_s.
+            Some(rate) => (tsc_khz * 1000) / rate.saturating_mul(256).max(1),
+            None => 0,
+        };
         let base = MemoryLayout::params_gpa(v);
         let fields = [
             (param::REGION, layout.region_gpa(v).0),
@@ -535,6 +582,38 @@ mod tests {
                 vcpus: 4
             })
         );
+    }
+
+    #[test]
+    fn per_vcpu_lists_override_and_must_name_every_vcpu() {
+        let w = Workload {
+            vcpus: 3,
+            readers: 1,
+            rate_limit_mib_s: Some(64),
+            vcpu_write_percents: vec![100, 10, 50],
+            vcpu_rate_limits_mib_s: vec![0, 200, 50],
+            ..Workload::default()
+        };
+        assert_eq!(w.validate(), Ok(()));
+        let writes: Vec<u8> = (0..3).map(|v| w.vcpu_write_percent(v)).collect();
+        assert_eq!(writes, vec![100, 10, 50], "the list wins over readers");
+        let rates: Vec<Option<u64>> = (0..3).map(|v| w.vcpu_rate_limit_mib_s(v)).collect();
+        assert_eq!(rates, vec![None, Some(200), Some(50)], "0 is no limit");
+        assert!(w.has_rate_limit());
+        let short = Workload {
+            vcpu_rate_limits_mib_s: vec![1, 2],
+            ..w.clone()
+        };
+        assert!(matches!(
+            short.validate(),
+            Err(WorkloadError::PerVcpu { given: 2, .. })
+        ));
+        let over = Workload {
+            vcpu_write_percents: vec![100, 101, 0],
+            ..w
+        };
+        assert_eq!(over.validate(), Err(WorkloadError::WritePercent(101)));
+        assert!(!Workload::default().has_rate_limit());
     }
 
     #[test]

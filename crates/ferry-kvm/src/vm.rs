@@ -126,7 +126,7 @@ impl KvmVm {
         }
         let tsc_khz = match fds.first().map(|(fd, _)| fd.get_tsc_khz()) {
             Some(Ok(khz)) => u64::from(khz),
-            _ if config.workload.rate_limit_mib_s.is_some() => {
+            _ if config.workload.has_rate_limit() => {
                 return Err(KvmError::Config(
                     "a rate limit needs the TSC frequency, which KVM_GET_TSC_KHZ did not give"
                         .into(),

@@ -21,6 +21,7 @@ fn config(order: AccessOrder, write_percent: u8) -> VmConfig {
             rate_limit_mib_s: None,
             seed: 7,
             fill: ferry_backend::Fill::Zero,
+            ..Workload::default()
         },
         backing: Backing::Anonymous,
     }

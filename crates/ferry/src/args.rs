@@ -31,6 +31,26 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size '{s}' is zero or too large"))
 }
 
+/// A list given on the command line as per-vCPU values (one value applies
+/// to every vCPU: no list).
+fn per_vcpu<T: Copy>(values: &[T]) -> Vec<T> {
+    if values.len() > 1 {
+        values.to_vec()
+    } else {
+        Vec::new()
+    }
+}
+
+/// A rate limit in MiB/s, or `max` (0: none).
+fn parse_rate(s: &str) -> Result<u64, String> {
+    match s {
+        "max" => Ok(0),
+        _ => s.parse::<u64>().ok().filter(|&r| r > 0).ok_or_else(|| {
+            format!("rate limit '{s}' must be a number of MiB/s (1 or more) or max")
+        }),
+    }
+}
+
 /// The guest workload (memstress).
 #[derive(Args, Debug, Clone)]
 pub struct WorkloadArgs {
@@ -40,9 +60,11 @@ pub struct WorkloadArgs {
     /// Guest memory per vCPU (multiple of 2M), e.g. 512M or 1G.
     #[arg(long = "mem-per-vcpu", default_value = "512M", value_parser = parse_size)]
     pub mem_per_vcpu: u64,
-    /// Percentage of page accesses that write (0-100).
-    #[arg(long = "write-percent", default_value_t = 100, value_parser = clap::value_parser!(u8).range(0..=100))]
-    pub write_percent: u8,
+    /// Percentage of page accesses that write (0-100), for every vCPU, or
+    /// one per vCPU: `--write-percent 100,100,10,0` makes a VM of writers
+    /// and readers.
+    #[arg(long = "write-percent", default_value = "100", value_delimiter = ',', value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub write_percent: Vec<u8>,
     /// How many vCPUs, counted from the last, only read (the rest write at
     /// --write-percent): writers and readers in one VM.
     #[arg(long, default_value_t = 0)]
@@ -53,9 +75,10 @@ pub struct WorkloadArgs {
     /// Page stride for sequential order (512 = one page per 2 MiB).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub stride: u64,
-    /// Cap each vCPU at this many MiB/s of pages visited (default: unlimited).
-    #[arg(long = "rate-limit", value_parser = clap::value_parser!(u64).range(1..))]
-    pub rate_limit_mib_s: Option<u64>,
+    /// Cap each vCPU at this many MiB/s of pages visited (default:
+    /// unlimited), or one cap per vCPU, `max` for none: `--rate-limit 200,50,max`.
+    #[arg(long = "rate-limit", value_delimiter = ',', value_parser = parse_rate)]
+    pub rate_limit_mib_s: Vec<u64>,
     /// Seed of the guest's random generator.
     #[arg(long, default_value_t = 0x5eed)]
     pub seed: u64,
@@ -72,11 +95,17 @@ impl WorkloadArgs {
         let w = Workload {
             vcpus: self.vcpus,
             bytes_per_vcpu: self.mem_per_vcpu,
-            write_percent: self.write_percent,
+            // One value is for every vCPU; a list is one per vCPU.
+            write_percent: self.write_percent.iter().copied().max().unwrap_or(100),
+            vcpu_write_percents: per_vcpu(&self.write_percent),
             readers: self.readers,
             order: self.order.parse::<AccessOrder>()?,
             stride_pages: self.stride,
-            rate_limit_mib_s: self.rate_limit_mib_s,
+            rate_limit_mib_s: match self.rate_limit_mib_s[..] {
+                [r] => Some(r).filter(|&r| r > 0),
+                _ => None,
+            },
+            vcpu_rate_limits_mib_s: per_vcpu(&self.rate_limit_mib_s),
             seed: self.seed,
             fill: self.fill.parse::<Fill>()?,
         };

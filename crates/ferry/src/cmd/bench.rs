@@ -202,6 +202,7 @@ fn dirty_log(a: DirtyLogArgs) -> Result<ExitCode, CmdError> {
         rate_limit_mib_s: None,
         seed: 0x5eed,
         fill: ferry_backend::Fill::Zero,
+        ..Workload::default()
     };
     workload
         .validate()

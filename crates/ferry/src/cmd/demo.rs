@@ -131,15 +131,10 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     }
     if !a.migration.json {
         eprintln!(
-            "ferry demo: {} vCPUs x {} MiB ({}% writes{}), {} backend, {} dirty tracking; destination pid {} on {addr}",
+            "ferry demo: {} vCPUs x {} MiB ({}), {} backend, {} dirty tracking; destination pid {} on {addr}",
             config.workload.vcpus,
             config.workload.bytes_per_vcpu >> 20,
-            config.workload.write_percent,
-            config
-                .workload
-                .rate_limit_mib_s
-                .map(|r| format!(", {r} MiB/s per vCPU"))
-                .unwrap_or_default(),
+            mix(&config.workload),
             config.backend,
             a.backend.tracking().map_err(CmdError::Usage)?.name(),
             dest.0.id()
@@ -161,6 +156,25 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
         ),
     }
     Ok(finish(&mut *vm, &summary, a.migration.json))
+}
+
+/// Each vCPU's write share and rate, grouped: "100% writes, 1 reader;
+/// 200 MiB/s per vCPU".
+fn mix(w: &ferry_backend::Workload) -> String {
+    let per = |f: &dyn Fn(u32) -> String| {
+        let all: Vec<String> = (0..w.vcpus).map(f).collect();
+        if all.iter().all(|x| *x == all[0]) {
+            all[0].clone()
+        } else {
+            all.join("/")
+        }
+    };
+    let writes = per(&|v| w.vcpu_write_percent(v).to_string());
+    let rates = per(&|v| {
+        w.vcpu_rate_limit_mib_s(v)
+            .map_or("max".into(), |r| r.to_string())
+    });
+    format!("{writes}% writes, {rates} MiB/s per vCPU")
 }
 
 fn spawn_destination(a: &DemoArgs, netns: Option<&NetnsPair>) -> Result<Destination, CmdError> {
