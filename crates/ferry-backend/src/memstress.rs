@@ -30,7 +30,8 @@
 //!   if next_rand32() < write_threshold { *(..) = stamp(vcpu, page, pass); shadow[page] = pass }
 //!   (rate limit: spin on rdtsc until pass_start + accessed * tsc_per_page)
 //! ```
-//! then publish `pass`, `mismatches`, `accesses` in the vCPU's progress record,
+//! (`accesses` is published as it goes: per access on kvm, per 64 on soft),
+//! then publish `pass` and `mismatches` in the vCPU's progress record,
 //! and wait while `pass_limit != 0 && pass >= pass_limit` (a benchmark barrier).
 
 use crate::fill::Fill;

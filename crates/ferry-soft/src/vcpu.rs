@@ -184,6 +184,9 @@ impl Control {
     }
 }
 
+/// Accesses between two updates of a vCPU's published access count.
+const ACCESS_BATCH: u64 = 64;
+
 /// How far ahead of its rate limit a vCPU may run before it sleeps.
 const RATE_LIMIT_SLACK_NS: u64 = 1_000_000;
 
@@ -300,6 +303,12 @@ fn run_inner(
                 mem.store_u64(p.progress + progress::WRITES, w + 1)?;
             }
             st.index += 1;
+            // Published every ACCESS_BATCH accesses (and at the pass's end),
+            // so a host reading progress over a fraction of a pass sees it.
+            if st.index.is_multiple_of(ACCESS_BATCH) {
+                let a = mem.load_u64(p.progress + progress::ACCESSES)?;
+                mem.store_u64(p.progress + progress::ACCESSES, a + ACCESS_BATCH)?;
+            }
             if p.ns_per_page != 0 {
                 // Rate limit, as the kvm guest does it: run up to a millisecond
                 // ahead of schedule, then sleep (offline, so flushes do not
@@ -319,9 +328,9 @@ fn run_inner(
         if resume {
             continue;
         }
-        // End of pass: publish, then start the next one.
+        // End of pass: publish what the batches left, then start the next one.
         let a = mem.load_u64(p.progress + progress::ACCESSES)?;
-        mem.store_u64(p.progress + progress::ACCESSES, a + accesses)?;
+        mem.store_u64(p.progress + progress::ACCESSES, a + accesses % ACCESS_BATCH)?;
         mem.store_u64(p.progress + progress::PASS, st.pass)?;
         st.pass += 1;
         st.index = 0;

@@ -173,6 +173,9 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     a.mov(qword_ptr(rsi + disp(progress::MISMATCHES)), r14)?;
     a.set_label(&mut no_write)?;
     a.inc(r15)?;
+    // Published per access, so a host reading progress over a fraction of
+    // a pass (a reader's share of a short migration) sees it.
+    a.inc(qword_ptr(rsi + disp(progress::ACCESSES)))?;
 
     // Rate limit: spin until (now - pass_start) >= i * tsc_per_page. A clock
     // that went backwards (as after a migration) makes the difference huge and
@@ -210,8 +213,6 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     a.cmp(r15, qword_ptr(rdi + disp(param::ACCESSES)))?;
     a.jb(access_loop)?;
     // End of pass: publish, then start the next one.
-    a.mov(rax, qword_ptr(rdi + disp(param::ACCESSES)))?;
-    a.add(qword_ptr(rsi + disp(progress::ACCESSES)), rax)?;
     end_pass(&mut a, pass_loop)?;
 
     Ok(a.assemble(origin)?)
