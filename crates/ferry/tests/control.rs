@@ -81,24 +81,32 @@ fn control_socket_reports_tunes_and_migrates() {
     let _ = std::fs::remove_file(&sock);
 }
 
+/// `ferry migrate --control SOCK --bandwidth 16 --json EXTRA` to a fresh
+/// soft destination, on a thread of its own.
+fn migrate_in_background(
+    sock: &std::path::Path,
+    extra: &[&str],
+) -> (Receiver, std::thread::JoinHandle<std::process::Output>) {
+    let dest = Receiver::start(&["--backend", "soft"]);
+    let mut args: Vec<String> = ["migrate", "--to", &dest.addr, "--control"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    args.push(sock.to_str().unwrap().to_string());
+    args.extend(["--bandwidth", "16", "--json"].map(String::from));
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let migration = std::thread::spawn(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&args)
+    });
+    (dest, migration)
+}
+
 #[test]
 fn a_throttle_reaches_a_vm_that_is_migrating() {
     let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
-    let dest = Receiver::start(&["--backend", "soft"]);
-    let (addr, path) = (dest.addr.clone(), sock.to_str().unwrap().to_string());
     // 16 MiB/s for a 64 MiB guest: the full pass alone takes 4 s.
-    let migration = std::thread::spawn(move || {
-        run(&[
-            "migrate",
-            "--to",
-            &addr,
-            "--control",
-            &path,
-            "--bandwidth",
-            "16",
-            "--json",
-        ])
-    });
+    let (_dest, migration) = migrate_in_background(&sock, &[]);
     // Until the migration owns the VM, a throttle is answered by the VM's
     // thread; once it runs, the engine takes it.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -138,23 +146,8 @@ fn the_policy_and_the_quota_interval_change_while_a_migration_runs() {
     let short = ask(&sock, r#"{"cmd":"set","quota_interval_ms":1}"#);
     assert_eq!(short["ok"], false, "{short}");
 
-    let dest = Receiver::start(&["--backend", "soft"]);
-    let (addr, path) = (dest.addr.clone(), sock.to_str().unwrap().to_string());
     // An uncapped writer over 16 MiB/s under `none` would never converge.
-    let migration = std::thread::spawn(move || {
-        run(&[
-            "migrate",
-            "--to",
-            &addr,
-            "--control",
-            &path,
-            "--converge",
-            "none",
-            "--bandwidth",
-            "16",
-            "--json",
-        ])
-    });
+    let (_dest, migration) = migrate_in_background(&sock, &["--converge", "none"]);
     let deadline = Instant::now() + Duration::from_secs(30);
     let reply = loop {
         let r = ask(

@@ -29,25 +29,31 @@ fn namespaces() -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `ferry demo --json --backend soft --warmup 0.3 --netns` with a small
+/// guest and `extra`.
+fn netns_demo(extra: &[&str]) -> std::process::Command {
+    let mut cmd = ferry();
+    cmd.args([
+        "demo",
+        "--json",
+        "--backend",
+        "soft",
+        "--mem-per-vcpu",
+        "8M",
+        "--warmup",
+        "0.3",
+        "--netns",
+    ])
+    .args(extra);
+    cmd
+}
+
 #[test]
 fn a_demo_between_two_namespaces_over_a_shaped_link_verifies_and_leaves_nothing() {
     if !require_netns("demo --netns") {
         return;
     }
-    let child = ferry()
-        .args([
-            "demo",
-            "--json",
-            "--backend",
-            "soft",
-            "--mem-per-vcpu",
-            "16M",
-            "--warmup",
-            "0.3",
-            "--netns",
-            "--link-rate",
-            "64",
-        ])
+    let child = netns_demo(&["--link-rate", "64"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -81,19 +87,7 @@ fn a_link_delay_runs_or_is_refused_in_words() {
     if !require_netns("demo --netns --link-delay-ms") {
         return;
     }
-    let out = run(&[
-        "demo",
-        "--json",
-        "--backend",
-        "soft",
-        "--mem-per-vcpu",
-        "8M",
-        "--warmup",
-        "0.3",
-        "--netns",
-        "--link-delay-ms",
-        "2",
-    ]);
+    let out = netns_demo(&["--link-delay-ms", "2"]).output().unwrap();
     assert_no_panic(&out);
     let err = String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
@@ -139,17 +133,7 @@ fn namespaces_of_a_killed_demo_are_swept_by_the_next_one() {
     first.kill().unwrap();
     first.wait().unwrap();
     assert!(namespaces().contains(&name), "SIGKILL runs no cleanup");
-    let out = run(&[
-        "demo",
-        "--json",
-        "--backend",
-        "soft",
-        "--mem-per-vcpu",
-        "8M",
-        "--warmup",
-        "0.3",
-        "--netns",
-    ]);
+    let out = netns_demo(&[]).output().unwrap();
     assert_verified(&last_json(&out), "demo --netns after a killed one");
     let left = namespaces();
     assert!(!left.contains(&name), "the stale pair survived: {left}");
