@@ -104,19 +104,7 @@ fn namespaces_of_a_killed_demo_are_swept_by_the_next_one() {
         return;
     }
     // 1 MiB/s for 16 MiB: the first demo is still migrating when killed.
-    let mut first = ferry()
-        .args([
-            "demo",
-            "--backend",
-            "soft",
-            "--mem-per-vcpu",
-            "8M",
-            "--warmup",
-            "0.3",
-            "--netns",
-            "--link-rate",
-            "1",
-        ])
+    let mut first = netns_demo(&["--link-rate", "1"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
