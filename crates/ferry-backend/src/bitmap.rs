@@ -98,6 +98,22 @@ impl PageBits {
             .sum()
     }
 
+    /// The first frame in the set at or after `from`, if any.
+    pub fn next_from(&self, from: Gfn) -> Option<Gfn> {
+        if from.0 >= self.pages {
+            return None;
+        }
+        let mut i = (from.0 / 64) as usize;
+        let mut word = self.words[i].load(Ordering::Relaxed) & (u64::MAX << (from.0 % 64));
+        loop {
+            if word != 0 {
+                return Some(Gfn(i as u64 * 64 + u64::from(word.trailing_zeros())));
+            }
+            i += 1;
+            word = self.words.get(i)?.load(Ordering::Relaxed);
+        }
+    }
+
     /// Frames in the set, ascending (a snapshot word by word).
     pub fn iter(&self) -> impl Iterator<Item = Gfn> + '_ {
         self.words
@@ -332,6 +348,19 @@ impl SharedDirtyBitmap {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn next_from_finds_the_next_member() {
+        let bits = PageBits::new(200);
+        assert_eq!(bits.next_from(Gfn(0)), None);
+        bits.insert(Gfn(5));
+        bits.insert(Gfn(130));
+        assert_eq!(bits.next_from(Gfn(0)), Some(Gfn(5)));
+        assert_eq!(bits.next_from(Gfn(5)), Some(Gfn(5)));
+        assert_eq!(bits.next_from(Gfn(6)), Some(Gfn(130)));
+        assert_eq!(bits.next_from(Gfn(131)), None);
+        assert_eq!(bits.next_from(Gfn(999)), None);
+    }
+
     #[test]
     fn page_bits_from_many_threads() {
         let bits = std::sync::Arc::new(PageBits::new(1000));

@@ -84,6 +84,14 @@ pub enum RamError {
     /// An access fell outside guest RAM.
     #[error("guest RAM access at {gpa} of {len} bytes is out of range")]
     OutOfRange { gpa: Gpa, len: usize },
+    /// The host would not drop pages (postcopy needs them missing again).
+    #[error("cannot discard guest RAM at {gpa}{hint}")]
+    Discard {
+        gpa: Gpa,
+        hint: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// One memory slot as registered with the backend.
@@ -230,6 +238,52 @@ impl GuestRam {
         self.mem
             .store(value, GuestAddress(gpa.0), Ordering::Release)
             .map_err(|_| RamError::OutOfRange { gpa, len: 8 })
+    }
+
+    /// Drops the contents of `count` frames from `first`, so that they are
+    /// missing again: the next touch faults (and, with userfaultfd
+    /// registered, asks for the page). Anonymous memory uses
+    /// `MADV_DONTNEED`, the memfd `MADV_REMOVE`, which frees the file's
+    /// pages too. Hugetlb pages are 2 MiB and cannot drop a 4 KiB page.
+    pub fn discard(&self, first: Gfn, count: u64) -> Result<(), RamError> {
+        let end = first.0 + count;
+        for slot in &self.slots {
+            let (lo, hi) = (
+                first.0.max(slot.first_gfn().0),
+                end.min(slot.first_gfn().0 + slot.pages()),
+            );
+            if lo >= hi {
+                continue;
+            }
+            let gpa = Gfn(lo).gpa();
+            let fail = |hint, source| RamError::Discard { gpa, hint, source };
+            let advice = match self.backing {
+                Backing::Anonymous | Backing::Thp => libc::MADV_DONTNEED,
+                Backing::Memfd => libc::MADV_REMOVE,
+                Backing::Hugetlb => {
+                    return Err(fail(
+                        ": hugetlb backing drops 2 MiB at a time, not single pages",
+                        std::io::Error::from(std::io::ErrorKind::Unsupported),
+                    ))
+                }
+            };
+            let host = self.host_address(slot) as usize
+                + ((lo - slot.first_gfn().0) as usize) * PAGE_SIZE;
+            // SAFETY: [host, host + len) lies inside this slot's mapping, which
+            // `self` owns for its whole life; dropping its contents changes
+            // what the memory reads (zeros, or a fault), never its validity.
+            let r = unsafe {
+                libc::madvise(
+                    host as *mut libc::c_void,
+                    (hi - lo) as usize * PAGE_SIZE,
+                    advice,
+                )
+            };
+            if r != 0 {
+                return Err(fail("", std::io::Error::last_os_error()));
+            }
+        }
+        Ok(())
     }
 
     /// Moves every page the VMM wrote since the last call into `into`.

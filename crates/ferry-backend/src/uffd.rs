@@ -19,7 +19,11 @@
 //!
 //! With `UFFD_FEATURE_SIGBUS` a stray touch of a missing page while the
 //! region is registered is a SIGBUS, never a thread blocked for ever: no
-//! handler thread serves faults here. Hugetlb slots are not registered
+//! handler thread serves faults here. Postcopy registers without it
+//! ([`Placer::register_for_faults`]): a touch of a missing page blocks the
+//! toucher (a vCPU inside `KVM_RUN`, or any thread) and queues a fault
+//! event, which a handler reads with [`Placer::wait_faults`]; the
+//! `UFFDIO_COPY` that places the page wakes every thread waiting on it. Hugetlb slots are not registered
 //! (UFFDIO_COPY there needs whole 2 MiB pages, and a batch is smaller); their
 //! pages are written as before.
 //!
@@ -34,6 +38,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 const UFFD_API: u64 = 0xaa;
 const UFFD_FEATURE_SIGBUS: u64 = 1 << 7;
 const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
+const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+/// Bytes of one `struct uffd_msg`.
+const UFFD_MSG_LEN: usize = 32;
 
 /// `_IOC(dir, 0xaa, nr, size)` of `linux/userfaultfd.h`.
 const fn uffd_ioc(dir: u64, nr: u64, size: u64) -> u64 {
@@ -111,9 +118,28 @@ unsafe fn uffd_ioctl<T>(fd: &OwnedFd, req: u64, arg: *mut T) -> io::Result<()> {
 }
 
 impl Placer {
-    /// Registers every slot of `ram` that can take page-sized copies.
-    /// Fails where userfaultfd is unavailable; callers then write as before.
+    /// Registers every slot of `ram` that can take page-sized copies; a
+    /// touch of a missing page is a SIGBUS. Fails where userfaultfd is
+    /// unavailable; callers then write as before.
     pub fn register(ram: &GuestRam) -> io::Result<Placer> {
+        Self::open(ram, UFFD_FEATURE_SIGBUS)
+    }
+
+    /// Registers all of `ram` for postcopy: a touch of a missing page
+    /// blocks the toucher until the page is placed, and queues a fault for
+    /// [`Placer::wait_faults`]. Hugetlb backing is refused (it needs
+    /// 2 MiB placements).
+    pub fn register_for_faults(ram: &GuestRam) -> io::Result<Placer> {
+        if ram.backing() == Backing::Hugetlb {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "postcopy on hugetlb backing is not supported yet (it needs 2 MiB placements)",
+            ));
+        }
+        Self::open(ram, 0)
+    }
+
+    fn open(ram: &GuestRam, features: u64) -> io::Result<Placer> {
         // SAFETY: opening a device node; the path is a valid C string.
         let dev =
             unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
@@ -132,7 +158,7 @@ impl Placer {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let mut api = UffdioApi {
             api: UFFD_API,
-            features: UFFD_FEATURE_SIGBUS,
+            features,
             ioctls: 0,
         };
         // SAFETY: UFFDIO_API takes a uffdio_api.
@@ -200,6 +226,70 @@ impl Placer {
     }
 }
 
+impl Placer {
+    /// Waits up to `timeout` for fault events and appends the frame of each
+    /// missing page touched to `out` (a page touched by several threads may
+    /// appear more than once). Returns with `out` unchanged on timeout.
+    pub fn wait_faults(&self, timeout: std::time::Duration, out: &mut Vec<Gfn>) -> io::Result<()> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd, for the duration of the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(())
+            } else {
+                Err(e)
+            };
+        }
+        let mut buf = [0u8; UFFD_MSG_LEN * 64];
+        loop {
+            // SAFETY: reading into our own buffer of the length given; the fd
+            // is non-blocking, so this returns EAGAIN once the queue is empty.
+            let got = unsafe {
+                libc::read(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+            if got < 0 {
+                let e = io::Error::last_os_error();
+                return match e.raw_os_error() {
+                    Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(()),
+                    _ => Err(e),
+                };
+            }
+            if got == 0 {
+                return Ok(());
+            }
+            for msg in buf[..got as usize].chunks_exact(UFFD_MSG_LEN) {
+                if msg[0] != UFFD_EVENT_PAGEFAULT {
+                    continue;
+                }
+                let mut a = [0u8; 8];
+                a.copy_from_slice(&msg[16..24]);
+                if let Some(gfn) = self.gfn_of(u64::from_ne_bytes(a)) {
+                    out.push(gfn);
+                }
+            }
+        }
+    }
+
+    /// The guest frame at host address `addr`, if registered here.
+    fn gfn_of(&self, addr: u64) -> Option<Gfn> {
+        self.ranges.iter().find_map(|&(first, pages, host)| {
+            let off = addr.checked_sub(host)? / PAGE_SIZE as u64;
+            (off < pages).then_some(Gfn(first + off))
+        })
+    }
+}
+
 impl Drop for Placer {
     fn drop(&mut self) {
         for &(_, pages, host) in &self.ranges {
@@ -260,5 +350,45 @@ mod tests {
             &data[..],
             "10..13 kept the first copy"
         );
+    }
+
+    #[test]
+    fn a_touch_of_a_missing_page_waits_for_its_copy() {
+        let ram = std::sync::Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap());
+        let placer = match Placer::register_for_faults(&ram) {
+            Ok(p) => p,
+            Err(e) => {
+                println!("SKIP: userfaultfd unavailable here ({e}); fault test not run");
+                return;
+            }
+        };
+        let toucher = {
+            let ram = std::sync::Arc::clone(&ram);
+            std::thread::spawn(move || ram.load_u64(Gfn(7).gpa()).unwrap())
+        };
+        let mut faults = Vec::new();
+        while faults.is_empty() {
+            placer
+                .wait_faults(std::time::Duration::from_secs(5), &mut faults)
+                .unwrap();
+        }
+        assert_eq!(faults[0], Gfn(7));
+        let page = [0x5au8; PAGE_SIZE];
+        assert_eq!(placer.copy(Gfn(7), &page).unwrap(), Placed::Copied(1));
+        assert_eq!(toucher.join().unwrap(), 0x5a5a_5a5a_5a5a_5a5a);
+        // Discarded, the page is missing again: the next copy places it.
+        ram.discard(Gfn(7), 1).unwrap();
+        let other = [0x11u8; PAGE_SIZE];
+        assert_eq!(placer.copy(Gfn(7), &other).unwrap(), Placed::Copied(1));
+        drop(placer);
+        assert_eq!(ram.load_u64(Gfn(7).gpa()).unwrap(), 0x1111_1111_1111_1111);
+    }
+
+    #[test]
+    fn hugetlb_is_refused_for_faults() {
+        if let Ok(ram) = GuestRam::new(&[2 << 20], Backing::Hugetlb) {
+            let err = Placer::register_for_faults(&ram).err().expect("refused");
+            assert!(err.to_string().contains("hugetlb"), "{err}");
+        }
     }
 }
