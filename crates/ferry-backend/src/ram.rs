@@ -267,8 +267,8 @@ impl GuestRam {
                     ))
                 }
             };
-            let host = self.host_address(slot) as usize
-                + ((lo - slot.first_gfn().0) as usize) * PAGE_SIZE;
+            let host =
+                self.host_address(slot) as usize + ((lo - slot.first_gfn().0) as usize) * PAGE_SIZE;
             // SAFETY: [host, host + len) lies inside this slot's mapping, which
             // `self` owns for its whole life; dropping its contents changes
             // what the memory reads (zeros, or a fault), never its validity.

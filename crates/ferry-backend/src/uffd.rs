@@ -251,13 +251,8 @@ impl Placer {
         loop {
             // SAFETY: reading into our own buffer of the length given; the fd
             // is non-blocking, so this returns EAGAIN once the queue is empty.
-            let got = unsafe {
-                libc::read(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                )
-            };
+            let got =
+                unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
             if got < 0 {
                 let e = io::Error::last_os_error();
                 return match e.raw_os_error() {

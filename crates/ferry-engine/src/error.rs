@@ -84,6 +84,18 @@ pub enum MigrationError {
     /// Cancelled through [`crate::Tunables::cancel`].
     #[error("migration cancelled")]
     Cancelled,
+    /// A postcopy failed after the guest moved to the destination.
+    #[error(
+        "postcopy failed after the guest moved to the destination; the source stays \
+         paused and keeps the {unsent} pages it had not sent"
+    )]
+    Postcopy {
+        /// Pages the destination lacked when it failed.
+        unsent: u64,
+        /// What failed.
+        #[source]
+        source: Box<MigrationError>,
+    },
     /// Nothing moved on the link for the stall timeout.
     #[error("no progress from {peer} for {secs} s")]
     Stalled {

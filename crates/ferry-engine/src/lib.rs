@@ -21,9 +21,9 @@
 //! * [`converge`]: what slows a guest that dirties faster than the link, and
 //!   what the engine does when precopy stalls.
 //!
-//! Postcopy (`postcopy/`) comes next,
-//! on the same connection set: postcopy adds a priority connection for page
-//! requests beside the data connections.
+//! * [`postcopy`]: switch over at once and fetch pages on demand, over a
+//!   priority connection beside the data connections (also after precopy
+//!   rounds: hybrid).
 //!
 //! The engine never asks which backend it drives; both ends must run the
 //! same one (the header says which, and the destination checks).
@@ -31,6 +31,7 @@
 pub mod converge;
 pub mod digest;
 pub mod error;
+pub mod postcopy;
 pub mod precopy;
 pub mod progress;
 pub mod summary;
@@ -39,6 +40,7 @@ pub mod tunables;
 pub mod wire;
 
 pub use error::MigrationError;
+pub use postcopy::{Mode, PostcopyReport};
 pub use precopy::{
     await_migration, migrate, migrate_accounted, receive, IncomingMigration, PrecopyOptions,
     ReceiveOptions,

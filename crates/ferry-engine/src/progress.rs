@@ -15,6 +15,8 @@ pub enum Phase {
     DirtyRounds,
     /// Source paused: final pages and vCPU state.
     Switchover,
+    /// Postcopy: the guest runs on the destination, pages follow.
+    Postcopy,
     /// Computing and comparing the memory digest.
     Verifying,
     /// Waiting for the destination's guest report.

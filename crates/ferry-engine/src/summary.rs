@@ -23,6 +23,9 @@ pub enum RoundKind {
     Dirty,
     /// The last dirty set, guest paused (stop-and-copy).
     Final,
+    /// Postcopy's push of the pages the destination lacked, guest running
+    /// there (pages served on request are not counted here).
+    Postcopy,
 }
 
 /// One precopy round, as the source saw it.
@@ -114,6 +117,17 @@ pub struct MigrationSummary {
     pub status: Status,
     /// Backend name.
     pub backend: String,
+    /// precopy, postcopy or hybrid (what was asked; see `postcopy_ms`
+    /// for whether a hybrid switched).
+    pub mode: String,
+    /// Postcopy: time the destination's vCPUs waited for requested pages.
+    pub block_ms: f64,
+    /// Postcopy: pages requests the destination sent.
+    pub page_requests: u64,
+    /// Postcopy: destination resume to the last page in (0: no postcopy).
+    pub postcopy_ms: f64,
+    /// Postcopy: pages the destination lacked at switchover.
+    pub missing_pages: u64,
     /// Dirty-tracking method of the source.
     pub dirty_tracking: String,
     /// Wire format version spoken.
@@ -218,6 +232,8 @@ pub struct ReceiveSummary {
     pub mismatches_before: u64,
     /// Mismatches counted after switchover.
     pub mismatches_after: u64,
+    /// What postcopy did, if the migration switched to it.
+    pub postcopy: Option<crate::postcopy::PostcopyReport>,
 }
 
 /// Milliseconds of a duration, as f64.

@@ -71,6 +71,10 @@ pub enum Request {
         max_downtime_ms: Option<u64>,
         /// Cancel the migration if it has not switched over by then.
         give_up_after_s: Option<u64>,
+        /// precopy, postcopy or hybrid (default precopy).
+        mode: Option<String>,
+        /// hybrid: precopy rounds before postcopy (default 1).
+        postcopy_after_rounds: Option<u32>,
     },
     Throttle {
         percent: u8,
@@ -250,7 +254,20 @@ fn handle(req: Request, shared: &Shared) -> Value {
             converge,
             max_downtime_ms,
             give_up_after_s,
+            mode,
+            postcopy_after_rounds,
         } => {
+            let mode = match mode
+                .as_deref()
+                .unwrap_or("precopy")
+                .parse::<ferry_engine::Mode>()
+            {
+                Ok(m) => m.with_rounds(postcopy_after_rounds.unwrap_or(1)),
+                Err(e) => return json!({"ok": false, "error": e}),
+            };
+            if mode.may_postcopy() && delta_cache_mib.unwrap_or(0) > 0 {
+                return json!({"ok": false, "error": "delta_cache_mib cannot be used with postcopy or hybrid"});
+            }
             let converge = match converge.as_deref().map(str::parse).transpose() {
                 Ok(c) => c,
                 Err(e) => return json!({"ok": false, "error": e}),
@@ -282,6 +299,7 @@ fn handle(req: Request, shared: &Shared) -> Value {
                 converge,
                 max_downtime: max_downtime_ms.map(Duration::from_millis),
                 give_up_after: give_up_after_s.map(Duration::from_secs),
+                mode,
             };
             forward(shared, |reply| VmCommand::Migrate { to, link, reply })
         }

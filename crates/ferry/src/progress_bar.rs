@@ -41,6 +41,7 @@ impl Progress for MigrationBar {
             Phase::FullPass => "full pass",
             Phase::DirtyRounds => "dirty rounds",
             Phase::Switchover => "switchover",
+            Phase::Postcopy => "postcopy",
             Phase::Verifying => "verifying",
             Phase::Reporting => "reporting",
             Phase::Done => "done",

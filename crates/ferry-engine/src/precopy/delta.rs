@@ -37,7 +37,7 @@ struct Stripe {
 }
 
 /// Bounded cache of the last copy sent of recently re-sent pages.
-pub(super) struct DeltaCache {
+pub(crate) struct DeltaCache {
     slots: u64,
     stripes: Vec<Mutex<Stripe>>,
     /// Pages sent as a delta.

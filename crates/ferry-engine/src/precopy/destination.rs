@@ -90,7 +90,10 @@ pub fn receive(
     let mut written = DirtyPages::new(header.pages());
     ram.take_vmm_dirty(&mut written);
     let connections = usize::from(hello.data_channels);
-    let loaded = Arc::new(Loaded::new(ram, &written, connections, opts.placement));
+    let loaded = match Loaded::new(ram, &written, connections, opts.placement, hello.priority) {
+        Ok(l) => Arc::new(l),
+        Err(e) => return Err(ctl.give_up(e)),
+    };
     let mut dest = Dest {
         summary: ReceiveSummary {
             status: Status::Failed,
@@ -108,6 +111,7 @@ pub fn receive(
             passes_after: 0,
             mismatches_before: 0,
             mismatches_after: 0,
+            postcopy: None,
         },
         vm,
         ctl: &ctl,
@@ -116,6 +120,8 @@ pub fn receive(
         loaded,
         receivers: None,
         vcpu_state: None,
+        priority: None,
+        missing: None,
     };
     let result = dest.run(listener, hello, opts);
     let Dest {
@@ -182,15 +188,19 @@ fn prepare(
     Ok((header, vm))
 }
 
-struct Dest<'a> {
-    summary: ReceiveSummary,
-    vm: Box<dyn Vm>,
-    ctl: &'a Control,
-    health: &'a Arc<Health>,
-    header: StreamHeader,
-    loaded: Arc<Loaded>,
+pub(crate) struct Dest<'a> {
+    pub(crate) summary: ReceiveSummary,
+    pub(crate) vm: Box<dyn Vm>,
+    pub(crate) ctl: &'a Control,
+    pub(crate) health: &'a Arc<Health>,
+    pub(crate) header: StreamHeader,
+    pub(crate) loaded: Arc<Loaded>,
     receivers: Option<Receivers>,
-    vcpu_state: Option<Vec<u8>>,
+    pub(crate) vcpu_state: Option<Vec<u8>>,
+    /// The priority connection, when the source may switch to postcopy.
+    pub(crate) priority: Option<Channel>,
+    /// Pages the source said are missing here (postcopy switchover).
+    pub(crate) missing: Option<DirtyPages>,
 }
 
 impl Dest<'_> {
@@ -204,8 +214,13 @@ impl Dest<'_> {
             verify_before_resume: opts.verify_before_resume,
         })?;
         self.accept_data(listener, hello)?;
-        let (strict, final_round) = self.load()?;
+        let (strict, final_round, postcopy) = self.load()?;
         let switched = Instant::now();
+        if postcopy {
+            return self.postcopy(final_round, switched, opts);
+        }
+        // Precopy completed: no page will be asked for.
+        self.priority = None;
         self.loaded.wait_round(final_round, self.health)?;
         // Every page is in; the guest may touch any of them from now on.
         self.loaded.end_placement();
@@ -229,12 +244,26 @@ impl Dest<'_> {
         let ram = Arc::clone(&self.loaded.ram);
         let (passes_before, mismatches_before) =
             guest_totals(&ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
-        let ours = self.loaded.hashes.digest();
-        self.summary.digest = ours.value;
-
         if !strict {
             self.resume(switched)?;
         }
+        self.verify_and_run(strict, switched, passes_before, mismatches_before, opts)
+    }
+
+    /// From the source's Digest on: compare it with the received pages'
+    /// hashes, resume (if not already), commit, run the guest, report.
+    pub(crate) fn verify_and_run(
+        &mut self,
+        strict: bool,
+        switched: Instant,
+        passes_before: u64,
+        mismatches_before: u64,
+        opts: &ReceiveOptions,
+    ) -> Result<(), MigrationError> {
+        let ours = self.loaded.hashes.digest();
+        self.summary.digest = ours.value;
+        let total = self.header.pages();
+        let ram = Arc::clone(&self.loaded.ram);
         let theirs = match self.ctl.recv_message("Digest")? {
             (Message::Digest(d), _) => d,
             (m, offset) => return Err(unexpected("Digest", &m, offset)),
@@ -266,7 +295,8 @@ impl Dest<'_> {
         self.summary.digest_match = true;
         self.summary.status = Status::Completed;
         ram.take_vmm_dirty(&mut DirtyPages::new(total));
-        let report = self.run_guest(opts.run_after, passes_before, mismatches_before);
+        let mut report = self.run_guest(opts.run_after, passes_before, mismatches_before);
+        report.postcopy = self.summary.postcopy.clone();
         self.summary.passes_after = report.passes_after;
         self.summary.mismatches_before = report.mismatches_before;
         self.summary.mismatches_after = report.mismatches_after;
@@ -282,16 +312,21 @@ impl Dest<'_> {
         let n = usize::from(hello.data_channels);
         let deadline = Instant::now() + self.health.stall_timeout();
         let mut links: Vec<Option<Channel>> = (0..n).map(|_| None).collect();
-        for _ in 0..n {
+        for _ in 0..n + usize::from(hello.priority) {
             let taken: Vec<bool> = links.iter().map(Option::is_some).collect();
+            let priority_taken = self.priority.is_some();
             let admit = |h: &Hello| -> Result<(), String> {
                 if h.session != hello.session {
                     return Err("this destination is receiving another migration".into());
                 }
                 if h.channel == PRIORITY_CHANNEL {
-                    return Err(
-                        "postcopy's priority connection is not served by this ferry yet".into(),
-                    );
+                    return match (hello.priority, priority_taken) {
+                        (false, _) => {
+                            Err("a priority connection for a migration that announced none".into())
+                        }
+                        (true, true) => Err("the priority connection opened twice".into()),
+                        (true, false) => Ok(()),
+                    };
                 }
                 let in_range = (1..=n).contains(&usize::from(h.channel));
                 if !in_range || h.data_channels != hello.data_channels {
@@ -308,7 +343,11 @@ impl Dest<'_> {
             let (io, h) = accept_channel(listener, Some(deadline), &admit)?;
             self.health
                 .add_data_link(io.get_ref().try_clone_link().map_err(StreamError::Io)?);
-            links[usize::from(h.channel) - 1] = Some(io);
+            if h.channel == PRIORITY_CHANNEL {
+                self.priority = Some(io);
+            } else {
+                links[usize::from(h.channel) - 1] = Some(io);
+            }
         }
         let links = links.into_iter().flatten().collect();
         self.receivers = Some(Receivers::start(links, &self.loaded, self.health)?);
@@ -316,18 +355,45 @@ impl Dest<'_> {
     }
 
     /// Reads control frames up to Switchover (pages arrive on the data
-    /// connections meanwhile). Returns Switchover's verify-before-resume flag
-    /// and final round.
-    fn load(&mut self) -> Result<(bool, u32), MigrationError> {
+    /// connections meanwhile). Returns Switchover's verify-before-resume flag,
+    /// final round and postcopy flag.
+    fn load(&mut self) -> Result<(bool, u32, bool), MigrationError> {
+        let pages = self.header.pages();
         loop {
             let i = self.ctl.recv()?;
             match i.kind {
                 FrameKind::VcpuState => self.vcpu_state = Some(i.payload),
+                FrameKind::Missing if self.priority.is_some() => {
+                    let runs = match Message::decode(i.kind, &i.payload, i.offset)? {
+                        Message::Missing(runs) => runs,
+                        m => return Err(unexpected("Missing", &m, i.offset)),
+                    };
+                    let set = self.missing.get_or_insert_with(|| DirtyPages::new(pages));
+                    for (first, n) in runs {
+                        if first >= pages || n > pages - first {
+                            return Err(StreamError::Malformed {
+                                kind: i.kind,
+                                offset: i.offset,
+                                reason: format!(
+                                    "{n} pages from frame {first:#x}; the guest has {pages}"
+                                ),
+                            }
+                            .into());
+                        }
+                        (first..first + n).for_each(|g| set.set(ferry_backend::Gfn(g)));
+                    }
+                }
                 FrameKind::Switchover => match Message::decode(i.kind, &i.payload, i.offset)? {
+                    Message::Switchover { postcopy: true, .. } if self.priority.is_none() => {
+                        return Err(MigrationError::Refused(
+                            "a postcopy switchover without a priority connection".into(),
+                        ))
+                    }
                     Message::Switchover {
                         verify_before_resume,
                         final_round,
-                    } => return Ok((verify_before_resume, final_round)),
+                        postcopy,
+                    } => return Ok((verify_before_resume, final_round, postcopy)),
                     m => return Err(unexpected("Switchover", &m, i.offset)),
                 },
                 got => {
@@ -341,7 +407,7 @@ impl Dest<'_> {
         }
     }
 
-    fn resume(&mut self, switched: Instant) -> Result<(), MigrationError> {
+    pub(crate) fn resume(&mut self, switched: Instant) -> Result<(), MigrationError> {
         self.vm.start().map_err(MigrationError::backend(
             "start the guest on the destination",
         ))?;
@@ -402,6 +468,7 @@ impl Dest<'_> {
             mismatches_after: mismatches.wrapping_sub(mismatches0),
             run_ms: started.elapsed().as_millis() as u64,
             health,
+            postcopy: None,
         }
     }
 }

@@ -59,6 +59,10 @@ mod senders;
 mod source;
 mod switchover;
 
+pub(crate) use destination::Dest;
+pub(crate) use receivers::Loaded;
+pub(crate) use source::{ship, Source};
+
 pub use compression::Compression;
 pub use destination::{await_migration, receive, CreateVm, IncomingMigration};
 pub use source::{migrate, migrate_accounted};
@@ -102,6 +106,8 @@ pub struct PrecopyOptions {
     /// Highest downtime target a stall may raise the target to (`None`:
     /// the target is never raised).
     pub max_downtime: Option<Duration>,
+    /// Precopy, postcopy, or precopy then postcopy.
+    pub mode: crate::postcopy::Mode,
 }
 
 impl Default for PrecopyOptions {
@@ -116,6 +122,7 @@ impl Default for PrecopyOptions {
             delta_cache_bytes: 0,
             converge: ConvergeMode::default(),
             max_downtime: None,
+            mode: crate::postcopy::Mode::Precopy,
         }
     }
 }
@@ -134,6 +141,9 @@ pub struct ReceiveOptions {
     pub stall_timeout: Duration,
     /// How received pages land in guest memory.
     pub placement: Placement,
+    /// Postcopy: pages asked for per fault (the faulting page and the
+    /// missing ones after it).
+    pub prefetch: u32,
 }
 
 /// How the destination puts a received page into guest memory that has
@@ -169,12 +179,13 @@ impl Default for ReceiveOptions {
             verify_before_resume: false,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             placement: Placement::Uffd,
+            prefetch: crate::postcopy::DEFAULT_PREFETCH,
         }
     }
 }
 
 /// A message that does not belong where it arrived.
-fn unexpected(expected: &'static str, msg: &Message, offset: u64) -> MigrationError {
+pub(crate) fn unexpected(expected: &'static str, msg: &Message, offset: u64) -> MigrationError {
     MigrationError::Protocol {
         expected,
         got: msg.kind(),
@@ -183,7 +194,7 @@ fn unexpected(expected: &'static str, msg: &Message, offset: u64) -> MigrationEr
 }
 
 /// Guest totals over all vCPUs: (passes, mismatches).
-fn guest_totals(ram: &GuestRam, vcpus: u32) -> Result<(u64, u64), RamError> {
+pub(crate) fn guest_totals(ram: &GuestRam, vcpus: u32) -> Result<(u64, u64), RamError> {
     let all = read_progress(ram, vcpus)?;
     Ok(all.iter().fold((0, 0), |(p, m), v| {
         (p.wrapping_add(v.passes), m.wrapping_add(v.mismatches))

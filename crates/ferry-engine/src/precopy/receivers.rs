@@ -26,15 +26,16 @@ use crate::wire::pages::Segment;
 use crate::wire::{decode_batch, BatchView, FrameKind, Message, StreamError};
 use ferry_backend::uffd::{Placed, Placer};
 use ferry_backend::{Gfn, GuestRam, PageBits, PAGE_SIZE};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
 
-/// What the receivers build up, shared with the destination's engine thread.
-pub(super) struct Loaded {
+/// What the receivers build up, shared with the destination's engine thread
+/// (and, in postcopy, with the pager).
+pub(crate) struct Loaded {
     pub ram: Arc<GuestRam>,
     pub pages: u64,
     pub hashes: PageHashes,
@@ -46,6 +47,8 @@ pub(super) struct Loaded {
     present: PageBits,
     /// Placement by copy into missing pages, while registered.
     placer: RwLock<Option<Placer>>,
+    /// Postcopy has begun: every page is placed once, never overwritten.
+    postcopy: AtomicBool,
     pub pages_received: AtomicU64,
     pub zero_pages: AtomicU64,
     pub batches: AtomicU64,
@@ -54,12 +57,16 @@ pub(super) struct Loaded {
 
 impl Loaded {
     /// State for a guest of `ram`, whose pages are zero except `written`.
+    /// With `faults` (a migration that may switch to postcopy), RAM is
+    /// registered so that a touch of a missing page waits for it; that
+    /// needs userfaultfd, and fails without it.
     pub fn new(
         ram: Arc<GuestRam>,
         written: &ferry_backend::DirtyPages,
         lanes: usize,
         placement: Placement,
-    ) -> Self {
+        faults: bool,
+    ) -> Result<Self, MigrationError> {
         let pages = ram.pages();
         let known_zero = PageBits::all(pages);
         let present = PageBits::new(pages);
@@ -68,12 +75,17 @@ impl Loaded {
             present.insert(g);
         });
         let placer = match placement {
+            _ if faults => Some(Placer::register_for_faults(&ram).map_err(|e| {
+                MigrationError::Placement(format!(
+                    "postcopy needs userfaultfd on the destination: {e}"
+                ))
+            })?),
             Placement::Uffd => Placer::register(&ram)
                 .map_err(|e| tracing::info!("pages are written, not placed by copy: {e}"))
                 .ok(),
             Placement::Write => None,
         };
-        Loaded {
+        Ok(Loaded {
             ram,
             pages,
             hashes: PageHashes::zeroed(pages),
@@ -81,11 +93,56 @@ impl Loaded {
             received: PageBits::new(pages),
             present,
             placer: RwLock::new(placer),
+            postcopy: AtomicBool::new(false),
             pages_received: AtomicU64::new(0),
             zero_pages: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             gate: RoundGate::new(lanes),
+        })
+    }
+
+    /// The registration, while placement by copy lasts.
+    pub fn placer(&self) -> std::sync::RwLockReadGuard<'_, Option<Placer>> {
+        self.placer.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `gfn` is in guest memory.
+    pub fn is_present(&self, gfn: Gfn) -> bool {
+        self.present.contains(gfn)
+    }
+
+    /// Whether `gfn` was received as a zero page and never placed: it can
+    /// be placed here without asking the source.
+    pub fn zero_here(&self, gfn: Gfn) -> bool {
+        self.received.contains(gfn) && self.known_zero.contains(gfn) && !self.present.contains(gfn)
+    }
+
+    /// Places a zero page at `gfn`, once.
+    pub fn place_zero(&self, gfn: Gfn) -> Result<(), MigrationError> {
+        self.put(gfn, &ZERO_PAGE)
+    }
+
+    /// Begins postcopy: the copies this side holds of the `missing` pages
+    /// are stale, so they are dropped and the pages counted as not received;
+    /// from now on every page is placed once and never overwritten. Call
+    /// after the last precopy round is in, before the guest runs.
+    pub fn begin_postcopy(
+        &self,
+        missing: &ferry_backend::DirtyPages,
+    ) -> Result<(), MigrationError> {
+        for (first, count) in missing.runs() {
+            self.ram
+                .discard(first, count)
+                .map_err(MigrationError::ram("drop stale pages for postcopy"))?;
+            for g in first.0..first.0 + count {
+                let g = Gfn(g);
+                self.present.remove(g);
+                self.received.remove(g);
+                self.known_zero.remove(g);
+            }
         }
+        self.postcopy.store(true, Ordering::SeqCst);
+        Ok(())
     }
 
     /// Ends placement by copy: from now on every page is written normally,
@@ -99,8 +156,11 @@ impl Loaded {
 
     /// Writes `bytes` (whole pages) at `first`: missing pages by copy while
     /// registered, present pages through guest RAM.
+    /// In postcopy a page is placed once: a page present already (placed by
+    /// the other path, and perhaps written by the guest since) is skipped.
     fn put(&self, first: Gfn, bytes: &[u8]) -> Result<(), MigrationError> {
         let placer = self.placer.read().unwrap_or_else(|p| p.into_inner());
+        let once = self.postcopy.load(Ordering::SeqCst);
         let n = (bytes.len() / PAGE_SIZE) as u64;
         let mut i = 0u64;
         while i < n {
@@ -113,6 +173,7 @@ impl Loaded {
             }
             let part = &bytes[i as usize * PAGE_SIZE..end as usize * PAGE_SIZE];
             let placed = match (&*placer, here) {
+                (_, true) if once => Placed::Copied(end - i),
                 (Some(p), false) => p
                     .copy(g, part)
                     .map_err(|e| MigrationError::Placement(e.to_string()))?,
@@ -122,6 +183,7 @@ impl Loaded {
             // or the whole part when nothing is placed by copy.
             let (done, write) = match placed {
                 Placed::Copied(k) => (k, None),
+                Placed::PresentAt(k) if once => (k + 1, None),
                 Placed::PresentAt(k) => (k + 1, Some((k, 1))),
                 Placed::Unregistered => (end - i, Some((0, end - i))),
             };
@@ -176,9 +238,15 @@ impl Loaded {
     }
 
     /// Places a batch's pages; returns how many it had.
-    fn apply(&self, batch: &BatchView<'_>) -> Result<u64, MigrationError> {
+    pub fn apply(&self, batch: &BatchView<'_>) -> Result<u64, MigrationError> {
+        let once = self.postcopy.load(Ordering::SeqCst);
         batch.visit(|segment| -> Result<(), MigrationError> {
             match segment {
+                Segment::Zero(gfn) if once => {
+                    self.put(gfn, &ZERO_PAGE)?;
+                    self.hashes.set(gfn, zero_page_hash());
+                    self.received.insert(gfn);
+                }
                 Segment::Zero(gfn) => {
                     if !self.known_zero.contains(gfn) {
                         self.ram
@@ -259,7 +327,7 @@ impl RoundGate {
 }
 
 /// The receiver threads of one migration.
-pub(super) struct Receivers {
+pub(crate) struct Receivers {
     handles: Vec<JoinHandle<()>>,
 }
 

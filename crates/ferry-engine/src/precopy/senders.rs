@@ -52,7 +52,7 @@ type Flushed = Arc<(Mutex<Vec<u32>>, Condvar)>;
 
 /// How the senders sent their batches: raw, lz4, zstd.
 #[derive(Debug, Default)]
-pub(super) struct SendStats {
+pub(crate) struct SendStats {
     pub batches: [AtomicU64; 3],
 }
 
@@ -93,7 +93,7 @@ impl Shared {
 }
 
 /// The sender threads of one migration.
-pub(super) struct Senders {
+pub(crate) struct Senders {
     lanes: Vec<Lane>,
     handles: Vec<JoinHandle<()>>,
     free_rx: Receiver<PageBatch>,

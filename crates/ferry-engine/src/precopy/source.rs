@@ -6,11 +6,14 @@ use super::senders::Senders;
 use super::{unexpected, PrecopyOptions, MAX_CONNECTIONS};
 use crate::converge::{ConvergeMode, Converger, RoundSample};
 use crate::error::MigrationError;
+use crate::postcopy::server::PageServer;
+use crate::postcopy::Mode;
 use crate::progress::{Phase, Progress};
 use crate::summary::{ms, MigrationSummary, RoundKind, RoundStats, Status};
 use crate::transport::{open_channel, Control, Dial, Health, Side};
 use crate::tunables::TokenBucket;
 use crate::wire::control::Hello;
+use crate::wire::control::PRIORITY_CHANNEL;
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::{FrameKind, Message, PageBatch, StreamHeader, VERSION};
 use ferry_backend::{DirtyPages, Gfn, GuestRam, Vm, PAGE_SIZE};
@@ -57,6 +60,11 @@ pub fn migrate_accounted(
     let summary = MigrationSummary {
         status: Status::Failed,
         backend: vm.config().backend.to_string(),
+        mode: opts.mode.to_string(),
+        block_ms: 0.0,
+        page_requests: 0,
+        postcopy_ms: 0.0,
+        missing_pages: 0,
         dirty_tracking: vm.dirty_tracking(),
         wire_version: VERSION,
         connections,
@@ -117,6 +125,7 @@ pub fn migrate_accounted(
         session,
         channel,
         data_channels: connections as u16,
+        priority: opts.mode.may_postcopy(),
     };
     let control = open_channel(dialer, hello(0), opts.stall_timeout)
         .and_then(|io| Control::start(io, Arc::clone(&health)));
@@ -145,6 +154,8 @@ pub fn migrate_accounted(
         progress,
         logging: false,
         paused_by_us: false,
+        server: None,
+        postcopy_unsent: None,
         awaiting_verdict: false,
         start,
         summary,
@@ -174,6 +185,10 @@ pub fn migrate_accounted(
         Err(e) => {
             drop(src.senders.take());
             let e = match src.ctl.give_up(e) {
+                e if src.postcopy_unsent.is_some() => MigrationError::Postcopy {
+                    unsent: src.unsent(),
+                    source: Box::new(e),
+                },
                 e @ (MigrationError::Peer { .. } | MigrationError::Protocol { .. }) => e,
                 e if src.awaiting_verdict => MigrationError::Unconfirmed(Box::new(e)),
                 e => e,
@@ -216,22 +231,27 @@ fn start_nanos() -> u128 {
         .unwrap_or_default()
 }
 
-pub(super) struct Source<'a> {
-    pub(super) vm: &'a mut dyn Vm,
-    pub(super) ram: Arc<GuestRam>,
-    pub(super) ctl: Control,
-    pub(super) senders: Option<Senders>,
-    pub(super) health: Arc<Health>,
-    pub(super) opts: &'a PrecopyOptions,
-    pub(super) progress: &'a dyn Progress,
-    pub(super) pages: u64,
-    pub(super) logging: bool,
-    pub(super) paused_by_us: bool,
+pub(crate) struct Source<'a> {
+    pub(crate) vm: &'a mut dyn Vm,
+    pub(crate) ram: Arc<GuestRam>,
+    pub(crate) ctl: Control,
+    pub(crate) senders: Option<Senders>,
+    pub(crate) health: Arc<Health>,
+    pub(crate) opts: &'a PrecopyOptions,
+    pub(crate) progress: &'a dyn Progress,
+    pub(crate) pages: u64,
+    pub(crate) logging: bool,
+    pub(crate) paused_by_us: bool,
     /// The digest is sent; a failure now may leave the destination running.
-    pub(super) awaiting_verdict: bool,
-    pub(super) start: Instant,
-    pub(super) summary: MigrationSummary,
-    pub(super) converge: Converger,
+    pub(crate) awaiting_verdict: bool,
+    pub(crate) start: Instant,
+    pub(crate) summary: MigrationSummary,
+    pub(crate) converge: Converger,
+    /// Postcopy's page server, when the migration may switch to postcopy.
+    pub(crate) server: Option<PageServer>,
+    /// Set at a postcopy switchover: pages missing on the destination then.
+    /// From that moment the source never resumes.
+    pub(crate) postcopy_unsent: Option<u64>,
 }
 
 impl Source<'_> {
@@ -242,6 +262,13 @@ impl Source<'_> {
     ) -> Result<(), MigrationError> {
         let strict = self.handshake()?;
         self.summary.verify_before_resume = strict;
+        if strict && self.opts.mode.may_postcopy() {
+            return Err(MigrationError::Refused(format!(
+                "{} cannot verify the digest before the guest resumes; \
+                 drop --verify-before-resume on either side, or use --mode precopy",
+                self.opts.mode
+            )));
+        }
         let mut links = Vec::new();
         for channel in 1..=self.summary.connections as u16 {
             let io = open_channel(dialer, hello(channel), self.opts.stall_timeout)?;
@@ -252,6 +279,19 @@ impl Source<'_> {
             );
             links.push(io);
         }
+        if self.opts.mode.may_postcopy() {
+            let io = open_channel(dialer, hello(PRIORITY_CHANNEL), self.opts.stall_timeout)?;
+            self.health.add_data_link(
+                io.get_ref()
+                    .try_clone_link()
+                    .map_err(crate::wire::StreamError::Io)?,
+            );
+            self.server = Some(PageServer::start(
+                io,
+                Arc::clone(&self.ram),
+                Arc::clone(&self.health),
+            )?);
+        }
         self.senders = Some(Senders::start(
             links,
             self.opts.batch_pages,
@@ -261,6 +301,9 @@ impl Source<'_> {
             Arc::clone(&self.health),
         )?);
 
+        if self.opts.mode == Mode::Postcopy {
+            return self.postcopy_switchover(0, DirtyPages::all(self.pages));
+        }
         self.vm
             .start_dirty_log()
             .map_err(MigrationError::backend("start dirty logging"))?;
@@ -302,7 +345,14 @@ impl Source<'_> {
             let tun = &self.opts.tunables;
             let fits = (remaining as f64) <= bandwidth * tun.downtime_target().as_secs_f64();
             self.summary.converged = dirty.is_empty() || fits;
-            if self.summary.converged || round >= tun.max_rounds() {
+            if self.summary.converged {
+                break;
+            }
+            let capped = round >= tun.max_rounds();
+            if self.opts.mode.switch_after(round) || (capped && self.opts.mode.may_postcopy()) {
+                return self.postcopy_switchover(round, dirty);
+            }
+            if capped {
                 break;
             }
             if round == 1 {
@@ -336,7 +386,7 @@ impl Source<'_> {
 
     /// Backend log ∪ VMM writes into `into`. Returns the pages found and the
     /// time since the previous harvest (`last`, which is reset).
-    pub(super) fn harvest(
+    pub(crate) fn harvest(
         &mut self,
         into: &mut DirtyPages,
         last: &mut Instant,
@@ -352,7 +402,7 @@ impl Source<'_> {
     }
 
     /// Records the harvest that followed the last round in its stats.
-    pub(super) fn finish_round(&mut self, found: u64, since: Duration, harvest: Duration) {
+    pub(crate) fn finish_round(&mut self, found: u64, since: Duration, harvest: Duration) {
         if let Some(r) = self.summary.rounds.last_mut() {
             r.harvest_ms = ms(harvest);
             let secs = since.as_secs_f64();
@@ -380,7 +430,7 @@ impl Source<'_> {
         }
     }
 
-    pub(super) fn send_round(
+    pub(crate) fn send_round(
         &mut self,
         round: u32,
         kind: RoundKind,
@@ -450,7 +500,7 @@ impl Source<'_> {
 
 /// Seals `batch` as part of `round` and hands it to a sender; returns its
 /// pages, zero pages and uncompressed frame bytes.
-fn ship(
+pub(crate) fn ship(
     senders: &mut Senders,
     mut batch: PageBatch,
     round: u32,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 impl Source<'_> {
     /// Pause, send the rest, hand over, verify, and commit or roll back.
-    pub(super) fn switchover(
+    pub(crate) fn switchover(
         &mut self,
         round: u32,
         mut dirty: DirtyPages,
@@ -47,6 +47,7 @@ impl Source<'_> {
         self.ctl.send(&Message::Switchover {
             verify_before_resume: strict,
             final_round: round,
+            postcopy: false,
         })?;
 
         self.progress.phase(Phase::Verifying);
@@ -91,7 +92,7 @@ impl Source<'_> {
         Ok(())
     }
 
-    fn send_digest(&mut self) -> Result<MemoryDigest, MigrationError> {
+    pub(crate) fn send_digest(&mut self) -> Result<MemoryDigest, MigrationError> {
         let t = Instant::now();
         let d = memory_digest(&self.ram, SOURCE_DIGEST_THREADS)
             .map_err(MigrationError::ram("hash guest memory"))?;
@@ -102,7 +103,7 @@ impl Source<'_> {
     }
 
     /// The guest now belongs to the destination: the source stays paused.
-    fn commit(&mut self) {
+    pub(crate) fn commit(&mut self) {
         self.summary.status = Status::Completed;
         // The migration is done here; the guest report that follows measures
         // the destination, not the move.
@@ -116,13 +117,18 @@ impl Source<'_> {
         }
     }
 
-    fn collect_report(&mut self) {
+    pub(crate) fn collect_report(&mut self) {
         self.progress.phase(Phase::Reporting);
         match self.ctl.recv_message("Report") {
             Ok((Message::Report(r), _)) => {
                 self.summary.mismatches_before = r.mismatches_before;
                 self.summary.mismatches_after = r.mismatches_after;
                 self.summary.dest_passes_after = r.passes_after;
+                if let Some(p) = &r.postcopy {
+                    self.summary.block_ms = p.block_ms;
+                    self.summary.page_requests = p.page_requests;
+                    self.summary.postcopy_ms = p.postcopy_ms;
+                }
                 if let Some(h) = r.health {
                     self.summary.error = Some(format!("destination guest: {h}"));
                 }
@@ -144,7 +150,7 @@ impl Source<'_> {
     }
 
     /// Leaves the source as it was before the migration.
-    pub(super) fn rollback(&mut self) {
+    pub(crate) fn rollback(&mut self) {
         self.converge.release(&mut *self.vm);
         if std::mem::take(&mut self.logging) {
             if let Err(e) = self.vm.stop_dirty_log() {

@@ -7,6 +7,15 @@ use serde::{Deserialize, Serialize};
 
 /// Flag bit: the destination verifies the digest before it resumes the guest.
 const FLAG_VERIFY_BEFORE_RESUME: u32 = 1;
+/// Switchover flag bit: postcopy; the pages of the Missing frames follow
+/// after the guest resumes.
+const FLAG_POSTCOPY: u32 = 2;
+/// Hello flag bit: the migration opens a priority connection (postcopy).
+const HELLO_PRIORITY: u8 = 1;
+/// Most runs one Missing frame carries (16 bytes each: 16 MiB).
+pub const MAX_MISSING_RUNS: usize = 1 << 20;
+/// Most pages one page request asks for (one batch).
+pub const MAX_REQUEST_PAGES: u32 = super::MAX_BATCH_PAGES as u32;
 
 /// A digest of all guest memory: see [`crate::digest`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
@@ -18,7 +27,7 @@ pub struct MemoryDigest {
 }
 
 /// What the destination's guest reported after switchover.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GuestReport {
     /// Guest passes completed (summed over vCPUs) while the destination ran.
     pub passes_after: u64,
@@ -30,10 +39,13 @@ pub struct GuestReport {
     pub run_ms: u64,
     /// A vCPU failure seen while running, if any.
     pub health: Option<String>,
+    /// What postcopy did, if the migration switched to it.
+    #[serde(default)]
+    pub postcopy: Option<crate::postcopy::PostcopyReport>,
 }
 
 /// A control message.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Message {
     /// Header accepted, destination VM created.
     Accept {
@@ -45,8 +57,21 @@ pub enum Message {
         /// The destination must verify before resuming.
         verify_before_resume: bool,
         /// The last round of pages: the destination waits until every data
-        /// connection has ended it.
+        /// connection has ended it. In postcopy, the round that pushes the
+        /// missing pages after the guest resumes.
         final_round: u32,
+        /// Postcopy: the destination resumes at once and fetches the pages
+        /// of the Missing frames on demand.
+        postcopy: bool,
+    },
+    /// Runs (first frame, pages) the destination does not hold current.
+    Missing(Vec<(u64, u64)>),
+    /// A vCPU on the destination waits for `count` pages from `first`.
+    PageRequest {
+        /// First frame.
+        first: u64,
+        /// Pages, 1..=[`MAX_REQUEST_PAGES`].
+        count: u32,
     },
     /// The guest runs on the destination.
     Resumed {
@@ -104,6 +129,8 @@ pub struct Hello {
     pub channel: u16,
     /// How many data connections the migration uses.
     pub data_channels: u16,
+    /// The migration also opens the priority connection (postcopy).
+    pub priority: bool,
 }
 
 /// The channel number kept for postcopy's priority connection.
@@ -124,6 +151,8 @@ impl Message {
             Message::Welcome { .. } => FrameKind::Welcome,
             Message::Heartbeat { .. } => FrameKind::Heartbeat,
             Message::RoundEnd { .. } => FrameKind::RoundEnd,
+            Message::Missing(_) => FrameKind::Missing,
+            Message::PageRequest { .. } => FrameKind::PageRequest,
         }
     }
 
@@ -140,9 +169,24 @@ impl Message {
             Message::Switchover {
                 verify_before_resume,
                 final_round,
+                postcopy,
             } => {
                 let mut v = flags(*verify_before_resume);
+                if *postcopy {
+                    v[0] |= FLAG_POSTCOPY as u8;
+                }
                 v[4..].copy_from_slice(&final_round.to_le_bytes());
+                v
+            }
+            Message::Missing(runs) => runs
+                .iter()
+                .flat_map(|(f, n)| [f.to_le_bytes(), n.to_le_bytes()])
+                .flatten()
+                .collect(),
+            Message::PageRequest { first, count } => {
+                let mut v = first.to_le_bytes().to_vec();
+                v.extend_from_slice(&count.to_le_bytes());
+                v.extend_from_slice(&[0; 4]);
                 v
             }
             Message::Resumed { resume_ns } => resume_ns.to_le_bytes().to_vec(),
@@ -158,7 +202,7 @@ impl Message {
                 let mut v = h.session.to_le_bytes().to_vec();
                 v.extend_from_slice(&h.channel.to_le_bytes());
                 v.extend_from_slice(&h.data_channels.to_le_bytes());
-                v.extend_from_slice(&[0; 4]);
+                v.extend_from_slice(&[if h.priority { HELLO_PRIORITY } else { 0 }, 0, 0, 0]);
                 v
             }
             Message::Welcome { version } => [version.to_le_bytes(), [0; 4]].concat(),
@@ -193,7 +237,8 @@ impl Message {
         Ok(match kind {
             FrameKind::Accept | FrameKind::Switchover => {
                 exact(8)?;
-                let strict = u32_at(payload, 0) & FLAG_VERIFY_BEFORE_RESUME != 0;
+                let flags = u32_at(payload, 0);
+                let strict = flags & FLAG_VERIFY_BEFORE_RESUME != 0;
                 if kind == FrameKind::Accept {
                     Message::Accept {
                         verify_before_resume: strict,
@@ -202,7 +247,40 @@ impl Message {
                     Message::Switchover {
                         verify_before_resume: strict,
                         final_round: u32_at(payload, 4),
+                        postcopy: flags & FLAG_POSTCOPY != 0,
                     }
+                }
+            }
+            FrameKind::Missing => {
+                if payload.len() % 16 != 0 || payload.len() / 16 > MAX_MISSING_RUNS {
+                    return Err(bad(format!(
+                        "{} payload bytes: not whole 16-byte runs, or more than {MAX_MISSING_RUNS}",
+                        payload.len()
+                    )));
+                }
+                let runs: Vec<(u64, u64)> = payload
+                    .chunks_exact(16)
+                    .map(|r| (u64_at(r, 0), u64_at(r, 8)))
+                    .collect();
+                if let Some((f, n)) = runs
+                    .iter()
+                    .find(|(f, n)| *n == 0 || f.checked_add(*n).is_none())
+                {
+                    return Err(bad(format!("run of {n} pages from frame {f}")));
+                }
+                Message::Missing(runs)
+            }
+            FrameKind::PageRequest => {
+                exact(16)?;
+                let count = u32_at(payload, 8);
+                if !(1..=MAX_REQUEST_PAGES).contains(&count) {
+                    return Err(bad(format!(
+                        "a request for {count} pages (1 to {MAX_REQUEST_PAGES})"
+                    )));
+                }
+                Message::PageRequest {
+                    first: u64_at(payload, 0),
+                    count,
                 }
             }
             FrameKind::Resumed => {
@@ -232,6 +310,7 @@ impl Message {
                     session: u64_at(payload, 0),
                     channel: u16::from_le_bytes([payload[8], payload[9]]),
                     data_channels: u16::from_le_bytes([payload[10], payload[11]]),
+                    priority: payload[12] & HELLO_PRIORITY != 0,
                 };
                 let data_or_priority =
                     h.channel <= h.data_channels || h.channel == PRIORITY_CHANNEL;
@@ -314,11 +393,24 @@ mod tests {
             Message::Switchover {
                 verify_before_resume: false,
                 final_round: 7,
+                postcopy: false,
+            },
+            Message::Switchover {
+                verify_before_resume: true,
+                final_round: 2,
+                postcopy: true,
+            },
+            Message::Missing(vec![(0, 5), (1 << 40, 1)]),
+            Message::Missing(Vec::new()),
+            Message::PageRequest {
+                first: 77,
+                count: 16,
             },
             Message::Hello(Hello {
                 session: 0x1234_5678_9abc,
                 channel: 3,
                 data_channels: 4,
+                priority: true,
             }),
             Message::Welcome { version: 2 },
             Message::Heartbeat {
@@ -360,11 +452,26 @@ mod tests {
             session: 1,
             channel: 5,
             data_channels: 4,
+            priority: false,
         })
         .encode();
         let err = Message::decode(FrameKind::Hello, &hello, 0).unwrap_err();
         assert!(err.to_string().contains("channel 5 of 4"), "{err}");
         hello[10] = 0;
         assert!(Message::decode(FrameKind::Hello, &hello, 0).is_err());
+        let run = |f: u64, n: u64| [f.to_le_bytes(), n.to_le_bytes()].concat();
+        assert!(Message::decode(FrameKind::Missing, &run(u64::MAX, 2), 0).is_err());
+        assert!(Message::decode(FrameKind::Missing, &run(3, 0), 0).is_err());
+        assert!(Message::decode(FrameKind::Missing, &[0; 15], 0).is_err());
+        let req = |n: u32| {
+            [
+                7u64.to_le_bytes().to_vec(),
+                n.to_le_bytes().to_vec(),
+                vec![0; 4],
+            ]
+            .concat()
+        };
+        assert!(Message::decode(FrameKind::PageRequest, &req(0), 0).is_err());
+        assert!(Message::decode(FrameKind::PageRequest, &req(MAX_REQUEST_PAGES + 1), 0).is_err());
     }
 }

@@ -47,6 +47,13 @@ pub enum FrameKind {
     /// Source → destination on a data connection: pages sent again as what
     /// changed since the copy the destination holds (see [`super::delta`]).
     Delta = 15,
+    /// Source → destination on the control connection, at a postcopy
+    /// switchover: runs of pages the destination does not hold as they are
+    /// now; it drops any copy it has, and fetches them on demand.
+    Missing = 16,
+    /// Destination → source on the priority connection: a vCPU waits for
+    /// these pages. The answer is a Pages frame on the same connection.
+    PageRequest = 17,
 }
 
 impl FrameKind {
@@ -69,6 +76,8 @@ impl FrameKind {
             13 => Heartbeat,
             14 => RoundEnd,
             15 => Delta,
+            16 => Missing,
+            17 => PageRequest,
             _ => return None,
         })
     }
@@ -92,6 +101,8 @@ impl FrameKind {
             Heartbeat => "Heartbeat",
             RoundEnd => "RoundEnd",
             Delta => "Delta",
+            Missing => "Missing",
+            PageRequest => "PageRequest",
         }
     }
 }

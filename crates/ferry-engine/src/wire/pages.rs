@@ -208,6 +208,16 @@ pub enum Segment<'a> {
     },
 }
 
+impl Segment<'_> {
+    /// The first frame and how many pages the segment covers.
+    pub fn range(&self) -> (Gfn, u64) {
+        match self {
+            Segment::Zero(g) => (*g, 1),
+            Segment::Data { first, bytes } => (*first, (bytes.len() / PAGE_SIZE) as u64),
+        }
+    }
+}
+
 /// A received, validated batch.
 #[derive(Debug)]
 pub struct BatchView<'a> {

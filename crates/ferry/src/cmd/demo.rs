@@ -35,6 +35,11 @@ pub struct DemoArgs {
     /// How the destination places received pages (see `ferry receive --help`).
     #[arg(long, default_value = "uffd", value_parser = ["uffd", "write"])]
     pub placement: String,
+    /// Postcopy: pages the destination asks for per fault (see `ferry
+    /// receive --help`).
+    #[arg(long, default_value_t = ferry_engine::postcopy::DEFAULT_PREFETCH,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub prefetch: u32,
     /// Run every connection over mutual TLS, with a throwaway CA and
     /// certificate written for this run (or the ones in --tls-dir).
     #[arg(long)]
@@ -196,6 +201,7 @@ fn spawn_destination(a: &DemoArgs, netns: Option<&NetnsPair>) -> Result<Destinat
         .args(["--run-after", &a.run_after.to_string()])
         .args(["--stall-timeout", &a.migration.stall_timeout_s.to_string()])
         .args(["--placement", &a.placement])
+        .args(["--prefetch", &a.prefetch.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());

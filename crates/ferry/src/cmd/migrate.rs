@@ -12,6 +12,7 @@ use ferry_backend::memstress::{read_progress, set_write_percent};
 use ferry_backend::Vm;
 use ferry_engine::converge::ConvergeMode;
 use ferry_engine::precopy::Compression;
+use ferry_engine::Mode;
 use ferry_engine::{
     Dial, MigrationSummary, PrecopyOptions, Status, TcpDialer, TlsConfig, Tunables,
 };
@@ -77,6 +78,18 @@ pub struct MigrationArgs {
     /// progress timeout in an orchestrator would). Default: never.
     #[arg(long = "give-up-after", value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub give_up_after_s: Option<u64>,
+    /// How memory moves. precopy: rounds while the guest runs, then a
+    /// short stop-and-copy. postcopy: switch over at once; the destination
+    /// runs the guest and fetches each page it touches before it arrives
+    /// (the rest are pushed behind). hybrid: precopy for
+    /// --postcopy-after-rounds rounds, then postcopy (unless precopy
+    /// converged first). Postcopy needs userfaultfd on the destination and
+    /// cannot be combined with --delta, --verify-before-resume or hugetlb.
+    #[arg(long, default_value = "precopy", value_parser = clap::value_parser!(Mode))]
+    pub mode: Mode,
+    /// hybrid: precopy rounds before postcopy (the full pass counts as one).
+    #[arg(long = "postcopy-after-rounds", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub postcopy_after_rounds: u32,
     /// Re-send pages dirtied again as the bytes that changed since their
     /// last copy (like QEMU's XBZRLE), from a cache of last-sent pages.
     #[arg(long)]
@@ -116,6 +129,13 @@ pub struct MigrationArgs {
     pub link_bytes_per_sec: Option<u64>,
 }
 
+impl MigrationArgs {
+    /// The mode asked for.
+    pub fn mode(&self) -> Mode {
+        self.mode.with_rounds(self.postcopy_after_rounds)
+    }
+}
+
 /// `--connections`: a count, or `auto` for one per core (at most 8).
 pub fn parse_connections(s: &str) -> Result<usize, String> {
     let max = ferry_engine::precopy::MAX_CONNECTIONS;
@@ -150,12 +170,21 @@ pub struct LinkSettings {
     pub max_downtime: Option<Duration>,
     /// Cancel the migration if it has not switched over by then.
     pub give_up_after: Option<Duration>,
+    /// Precopy, postcopy or hybrid.
+    pub mode: Mode,
 }
 
 impl MigrationArgs {
     /// The link settings these arguments ask for; loads the TLS material,
     /// so a bad --tls-dir is refused before any VM boots.
     pub fn link(&self) -> Result<LinkSettings, CmdError> {
+        let mode = self.mode();
+        if mode.may_postcopy() && self.delta {
+            return Err(CmdError::Usage(format!(
+                "--delta cannot be used with --mode {mode}: a delta re-sends a page \
+                 against a copy that postcopy drops"
+            )));
+        }
         Ok(LinkSettings {
             connections: self.connections,
             compression: self.compress,
@@ -166,6 +195,7 @@ impl MigrationArgs {
             converge: self.converge,
             max_downtime: self.max_downtime_ms.map(Duration::from_millis),
             give_up_after: self.give_up_after_s.map(Duration::from_secs),
+            mode,
         })
     }
 }
@@ -374,6 +404,7 @@ pub fn migrate_running(
         delta_cache_bytes: link.delta_cache_bytes.min(vm.ram().pages() * 4096),
         converge,
         max_downtime: link.max_downtime,
+        mode: link.mode,
         ..PrecopyOptions::default()
     };
     let started = Instant::now();
@@ -463,6 +494,11 @@ fn failed_summary(
     MigrationSummary {
         status: Status::Failed,
         backend: vm.config().backend.to_string(),
+        mode: link.mode.to_string(),
+        block_ms: 0.0,
+        page_requests: 0,
+        postcopy_ms: 0.0,
+        missing_pages: 0,
         dirty_tracking: vm.dirty_tracking(),
         wire_version: ferry_engine::wire::VERSION,
         connections: link.connections,

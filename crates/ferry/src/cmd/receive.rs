@@ -46,6 +46,11 @@ pub struct ReceiveArgs {
     /// hugetlb) or write (a plain copy, after the kernel zeroes the page).
     #[arg(long, default_value = "uffd", value_parser = clap::value_parser!(Placement))]
     pub placement: Placement,
+    /// Postcopy: pages asked for per fault, the faulting page and the
+    /// missing ones right after it (1 = no prefetch).
+    #[arg(long, default_value_t = ferry_engine::postcopy::DEFAULT_PREFETCH,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub prefetch: u32,
     /// Mutual TLS: accept only sources with a certificate from `ca.pem` in
     /// this directory, and serve `cert.pem` / `key.pem` (`ferry certs DIR`
     /// writes a throwaway set). Plaintext sources are refused.
@@ -102,6 +107,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         verify_before_resume: a.verify_before_resume,
         stall_timeout: Duration::from_secs(a.stall_timeout_s),
         placement: a.placement,
+        prefetch: a.prefetch,
     };
     let memory = a.memory;
     let backend = a.backend.clone();

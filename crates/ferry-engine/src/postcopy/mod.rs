@@ -1,0 +1,141 @@
+//! Postcopy: switch over at once, and fetch each page the guest touches
+//! before it arrives.
+//!
+//! ```text
+//!  source                                            destination
+//!  [hybrid: precopy rounds first]                    (uffd MISSING registration,
+//!  pause ── harvest ── save vCPUs                     faults queue as events)
+//!  VcpuState, Missing(runs), Switchover(postcopy) ──► wait for the last precopy round,
+//!                                                     drop stale copies of Missing pages,
+//!                                                     start the pager, restore, START
+//!            ◄────────────────────────────────────── Resumed              (downtime ends)
+//!  page server (priority connection):
+//!     PageRequest(first, n) ◄─────────────────────── fault handler: a vCPU touched a
+//!     Pages (frozen memory) ────────────────────────► missing page; UFFDIO_COPY wakes it
+//!  push (data connections): every Missing page not
+//!     yet served, from the last request onwards ────► placed once: UFFDIO_COPY, and a
+//!                                                      page already there is left alone
+//!  hash frozen memory, Digest ──────────────────────► every page in: compare with the
+//!            ◄────────────────────────────────────── Verified           per-page hashes
+//! ```
+//!
+//! * [`server`]: the source's page server, and the order of the push.
+//! * [`pager`]: the destination's fault handler and priority reader.
+//! * `source`, `destination`: the switchover of each side.
+//!
+//! **Placed exactly once.** Every missing page lands with `UFFDIO_COPY`,
+//! which fails with EEXIST if the page is there already: a request's answer
+//! and the push's copy of one page race, the first wins, and the second is
+//! dropped, so it can never overwrite what the guest wrote since.
+//!
+//! **The source never resumes after a postcopy switchover.** The guest has
+//! run on the destination; the source's paused copy holds every page not
+//! yet sent and is kept for recovery (a later step: today a cut ends the
+//! migration, and both sides say how many pages were still missing).
+//!
+//! **The digest** is the source's frozen memory at switchover against the
+//! hashes of the pages as the destination received them: the guest runs
+//! meanwhile, so the destination's memory itself has moved on.
+
+mod destination;
+pub(crate) mod pager;
+pub(crate) mod server;
+mod source;
+
+pub use pager::DEFAULT_PREFETCH;
+use serde::Serialize;
+
+/// How a migration moves memory.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Rounds while the guest runs, then stop-and-copy.
+    #[default]
+    Precopy,
+    /// Switch over at once; every page is fetched on demand or pushed.
+    Postcopy,
+    /// Precopy for `after_rounds` rounds (the full pass is the first),
+    /// then postcopy, unless precopy converged first.
+    Hybrid {
+        /// Precopy rounds before the switch, at least 1.
+        after_rounds: u32,
+    },
+}
+
+impl Mode {
+    /// The name used in summaries and on the command line.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::Precopy => "precopy",
+            Mode::Postcopy => "postcopy",
+            Mode::Hybrid { .. } => "hybrid",
+        }
+    }
+
+    /// Whether the migration may switch to postcopy (and so opens the
+    /// priority connection).
+    pub fn may_postcopy(&self) -> bool {
+        *self != Mode::Precopy
+    }
+
+    /// Whether precopy hands over to postcopy after `rounds` rounds.
+    pub fn switch_after(&self, rounds: u32) -> bool {
+        match self {
+            Mode::Precopy => false,
+            Mode::Postcopy => true,
+            Mode::Hybrid { after_rounds } => rounds >= (*after_rounds).max(1),
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    /// `precopy`, `postcopy`, or `hybrid` (switching after the full pass;
+    /// set `after_rounds` for more).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "precopy" => Ok(Mode::Precopy),
+            "postcopy" => Ok(Mode::Postcopy),
+            "hybrid" => Ok(Mode::Hybrid { after_rounds: 1 }),
+            _ => Err(format!(
+                "unknown mode '{s}': expected precopy, postcopy or hybrid"
+            )),
+        }
+    }
+}
+
+impl Mode {
+    /// This mode, switching after `rounds` precopy rounds if hybrid.
+    pub fn with_rounds(self, rounds: u32) -> Self {
+        match self {
+            Mode::Hybrid { .. } => Mode::Hybrid {
+                after_rounds: rounds.max(1),
+            },
+            m => m,
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What postcopy did on the destination (in its report to the source).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct PostcopyReport {
+    /// Time vCPUs spent waiting for requested pages: from the fault's
+    /// arrival at the handler to the page's placement, once per request
+    /// (a second vCPU waiting on the same page is not counted twice).
+    pub block_ms: f64,
+    /// Page requests sent on the priority connection.
+    pub page_requests: u64,
+    /// Fault events read (a fault on a page already asked for counts too).
+    pub faults: u64,
+    /// Pages that arrived as answers to requests.
+    pub pages_requested: u64,
+    /// Guest resumed to the last page placed.
+    pub postcopy_ms: f64,
+    /// Missing pages at switchover.
+    pub missing_pages: u64,
+}

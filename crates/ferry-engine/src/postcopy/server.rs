@@ -1,0 +1,211 @@
+//! The source's side of postcopy: it answers page requests on the priority
+//! connection from the paused guest's memory, and chooses what the push on
+//! the data connections sends next.
+//!
+//! Both take pages out of one set, `todo` (missing at switchover and not
+//! sent yet), so the push skips what a request already fetched. A page may
+//! still go out twice, when a request and the push take it at the same
+//! moment; the destination places it once and drops the other copy.
+//!
+//! The push starts where the destination last asked: a guest that touches
+//! page g soon touches g + 1, so those pages go next (QEMU's postcopy does
+//! the same after each request).
+
+use crate::error::MigrationError;
+use crate::transport::{Channel, Health};
+use crate::wire::frame::FRAME_HEADER_LEN;
+use crate::wire::{FrameKind, Message, PageBatch, StreamError};
+use ferry_backend::{DirtyPages, Gfn, GuestRam, PageBits};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// No request yet since the push last looked.
+const NO_HINT: u64 = u64::MAX;
+
+/// What the page server and the push share.
+pub(crate) struct Served {
+    ram: Arc<GuestRam>,
+    /// Missing pages not sent yet, by an answer or by the push.
+    todo: PageBits,
+    /// The round answers are sealed with (the postcopy round).
+    round: AtomicU32,
+    /// Set at the postcopy switchover: requests are answered from then on.
+    armed: AtomicBool,
+    /// Where the destination last asked (first page after the request).
+    hint: AtomicU64,
+    /// Requests answered.
+    pub requests: AtomicU64,
+    /// Pages sent as answers.
+    pub pages: AtomicU64,
+}
+
+impl Served {
+    /// Arms the server for postcopy round `round`, with `missing` to send.
+    pub fn arm(&self, round: u32, missing: &DirtyPages) {
+        for g in missing.iter() {
+            self.todo.insert(g);
+        }
+        self.round.store(round, Ordering::SeqCst);
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Missing pages not sent yet.
+    pub fn unsent(&self) -> u64 {
+        self.todo.count()
+    }
+
+    /// Takes the next run of unsent pages for the push, at most `max`
+    /// long: from the latest request's end if there was one since the last
+    /// call, else from `cursor`, wrapping once. `None` when all are sent.
+    pub fn next_run(&self, cursor: &mut u64, max: usize) -> Option<(Gfn, usize)> {
+        let hint = self.hint.swap(NO_HINT, Ordering::Relaxed);
+        if hint != NO_HINT {
+            *cursor = hint;
+        }
+        let first = self
+            .todo
+            .next_from(Gfn(*cursor))
+            .or_else(|| self.todo.next_from(Gfn(0)))?;
+        let mut n = 0;
+        while n < max && self.todo.contains(Gfn(first.0 + n as u64)) {
+            self.todo.remove(Gfn(first.0 + n as u64));
+            n += 1;
+        }
+        *cursor = first.0 + n as u64;
+        Some((first, n))
+    }
+}
+
+/// The page server of one migration (source side).
+pub(crate) struct PageServer {
+    /// Shared with the push.
+    pub served: Arc<Served>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl PageServer {
+    /// Serves requests arriving on `io`, the priority connection.
+    pub fn start(
+        io: Channel,
+        ram: Arc<GuestRam>,
+        health: Arc<Health>,
+    ) -> Result<Self, MigrationError> {
+        let served = Arc::new(Served {
+            todo: PageBits::new(ram.pages()),
+            ram,
+            round: AtomicU32::new(0),
+            armed: AtomicBool::new(false),
+            hint: AtomicU64::new(NO_HINT),
+            requests: AtomicU64::new(0),
+            pages: AtomicU64::new(0),
+        });
+        let s = Arc::clone(&served);
+        let handle = std::thread::Builder::new()
+            .name("page-server".into())
+            .spawn(move || {
+                if let Err(e) = serve(io, &s, &health) {
+                    health.fail(e);
+                }
+            })
+            .map_err(StreamError::Io)?;
+        Ok(PageServer {
+            served,
+            handle: Some(handle),
+        })
+    }
+}
+
+impl Drop for PageServer {
+    fn drop(&mut self) {
+        // The thread ends when the destination closes the priority
+        // connection, or when a failure shuts the links down.
+        if let Some(h) = self.handle.take() {
+            if h.is_finished() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+fn serve(mut io: Channel, s: &Served, health: &Health) -> Result<(), MigrationError> {
+    let mut batch = PageBatch::new(crate::wire::MAX_BATCH_PAGES);
+    while let Some((kind, offset)) = io.read_frame_or_end()? {
+        let (first, count) = match Message::decode(kind, io.payload(), offset)? {
+            Message::PageRequest { first, count } => (first, u64::from(count)),
+            m => {
+                return Err(MigrationError::Protocol {
+                    expected: "PageRequest on the priority connection",
+                    got: m.kind(),
+                    offset,
+                })
+            }
+        };
+        if !s.armed.load(Ordering::SeqCst) {
+            return Err(MigrationError::Refused(format!(
+                "the destination asked for page {first:#x} before the postcopy switchover"
+            )));
+        }
+        let pages = s.ram.pages();
+        if first >= pages || count > pages - first {
+            return Err(MigrationError::Refused(format!(
+                "the destination asked for {count} pages from {first:#x}; the guest has {pages}"
+            )));
+        }
+        for g in first..first + count {
+            s.todo.remove(Gfn(g));
+        }
+        s.hint.store(first + count, Ordering::Relaxed);
+        batch.clear();
+        let buf = batch.push_run(Gfn(first), count as usize);
+        s.ram
+            .read_pages(Gfn(first), buf)
+            .map_err(MigrationError::ram("read guest memory for a page request"))?;
+        batch.seal(s.round.load(Ordering::SeqCst));
+        io.write_frame(FrameKind::Pages, &batch.parts())?;
+        io.flush()?;
+        health.add_data_bytes((FRAME_HEADER_LEN + batch.payload_len()) as u64);
+        s.requests.fetch_add(1, Ordering::Relaxed);
+        s.pages.fetch_add(count, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_backend::Backing;
+
+    fn served(pages: &[u64]) -> Served {
+        let ram = Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap());
+        let s = Served {
+            todo: PageBits::new(ram.pages()),
+            ram,
+            round: AtomicU32::new(0),
+            armed: AtomicBool::new(false),
+            hint: AtomicU64::new(NO_HINT),
+            requests: AtomicU64::new(0),
+            pages: AtomicU64::new(0),
+        };
+        let mut missing = DirtyPages::new(512);
+        pages.iter().for_each(|&g| missing.set(Gfn(g)));
+        s.arm(3, &missing);
+        s
+    }
+
+    #[test]
+    fn the_push_takes_runs_and_follows_requests() {
+        let s = served(&[1, 2, 3, 10, 11, 500]);
+        let mut cursor = 0;
+        assert_eq!(s.next_run(&mut cursor, 2), Some((Gfn(1), 2)));
+        // A request at 10 sends the push on from 12.
+        s.todo.remove(Gfn(10));
+        s.hint.store(11, Ordering::Relaxed);
+        assert_eq!(s.next_run(&mut cursor, 8), Some((Gfn(11), 1)));
+        assert_eq!(s.next_run(&mut cursor, 8), Some((Gfn(500), 1)));
+        // Then it wraps round to what it skipped.
+        assert_eq!(s.next_run(&mut cursor, 8), Some((Gfn(3), 1)));
+        assert_eq!(s.next_run(&mut cursor, 8), None);
+        assert_eq!(s.unsent(), 0);
+    }
+}

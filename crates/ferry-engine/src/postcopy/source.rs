@@ -1,0 +1,169 @@
+//! The source's postcopy switchover: pause, hand over at once, then serve
+//! requests and push every missing page until the destination has them all.
+
+use crate::error::MigrationError;
+use crate::precopy::{guest_totals, ship, unexpected, Source};
+use crate::progress::Phase;
+use crate::summary::{ms, RoundKind, RoundStats};
+use crate::wire::control::MAX_MISSING_RUNS;
+use crate::wire::{FrameKind, Message};
+use ferry_backend::DirtyPages;
+use std::time::{Duration, Instant};
+
+impl Source<'_> {
+    /// The unsent pages, for a postcopy that failed.
+    pub(crate) fn unsent(&self) -> u64 {
+        match (&self.server, self.postcopy_unsent) {
+            (Some(s), Some(_)) => s.served.unsent(),
+            (_, n) => n.unwrap_or(0),
+        }
+    }
+
+    /// Switches to postcopy after `round` precopy rounds: the destination
+    /// lacks `dirty` (everything, in pure postcopy).
+    pub(crate) fn postcopy_switchover(
+        &mut self,
+        round: u32,
+        mut dirty: DirtyPages,
+    ) -> Result<(), MigrationError> {
+        self.progress.phase(Phase::Switchover);
+        let paused_at = Instant::now();
+        if self.vm.is_running() {
+            self.vm
+                .pause()
+                .map_err(MigrationError::backend("pause the guest for switchover"))?;
+            self.paused_by_us = true;
+        }
+        self.summary.pause_ms = ms(paused_at.elapsed());
+        let vcpus = self.vm.config().workload.vcpus;
+        let (_, before) =
+            guest_totals(&self.ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
+        self.summary.mismatches_before = before;
+        if self.logging {
+            let mut last = Instant::now();
+            let (_, harvest) = self.harvest(&mut dirty, &mut last)?;
+            self.finish_round(0, Duration::ZERO, harvest);
+        }
+        let saving = Instant::now();
+        let state = self
+            .vm
+            .save_vcpus()
+            .map_err(MigrationError::backend("save vCPU state"))?;
+        self.summary.save_vcpus_ms = ms(saving.elapsed());
+        self.ctl.send_frame(FrameKind::VcpuState, &state)?;
+        for runs in dirty
+            .runs()
+            .chunks(MAX_MISSING_RUNS)
+            .map(|c| c.iter().map(|(g, n)| (g.0, *n)).collect::<Vec<_>>())
+        {
+            self.ctl.send(&Message::Missing(runs))?;
+        }
+        let missing = dirty.count();
+        self.summary.missing_pages = missing;
+        let Some(server) = self.server.as_ref() else {
+            return Err(MigrationError::Aborted);
+        };
+        server.served.arm(round, &dirty);
+        self.ctl.send(&Message::Switchover {
+            verify_before_resume: false,
+            final_round: round,
+            postcopy: true,
+        })?;
+        // From here the guest is the destination's: never resume this copy,
+        // keep every page that has not gone out.
+        self.postcopy_unsent = Some(missing);
+        self.paused_by_us = false;
+        self.converge.release(&mut *self.vm);
+        if std::mem::take(&mut self.logging) {
+            if let Err(e) = self.vm.stop_dirty_log() {
+                tracing::warn!("stopping dirty logging at the postcopy switchover: {e}");
+            }
+        }
+        match self.ctl.recv_message("Resumed")? {
+            (Message::Resumed { resume_ns }, _) => {
+                self.summary.downtime_ms = ms(paused_at.elapsed());
+                self.summary.dest_resume_ms = resume_ns as f64 / 1e6;
+            }
+            (m, offset) => return Err(unexpected("Resumed", &m, offset)),
+        }
+        self.progress.phase(Phase::Postcopy);
+        self.push(round)?;
+
+        self.progress.phase(Phase::Verifying);
+        let ours = self.send_digest()?;
+        let (matched, dest) = match self.ctl.recv_message("Verified")? {
+            (Message::Verified { matched, dest }, _) => (matched, dest),
+            (m, offset) => return Err(unexpected("Verified", &m, offset)),
+        };
+        self.awaiting_verdict = false;
+        self.summary.digest_checked = true;
+        self.summary.digest_match = matched;
+        if !matched {
+            // Nothing to roll back to: the guest has run on the destination.
+            return Err(MigrationError::DigestMismatch {
+                source_digest: ours.value,
+                dest_digest: dest.value,
+            });
+        }
+        self.postcopy_unsent = None;
+        self.commit();
+        self.collect_report();
+        Ok(())
+    }
+
+    /// Sends every missing page the page server has not, as round `round`,
+    /// from wherever the destination last asked.
+    fn push(&mut self, round: u32) -> Result<(), MigrationError> {
+        let t = Instant::now();
+        let bytes_at = self.health.data_bytes();
+        let Some(served) = self
+            .server
+            .as_ref()
+            .map(|s| std::sync::Arc::clone(&s.served))
+        else {
+            return Err(MigrationError::Aborted);
+        };
+        let Some(senders) = self.senders.as_mut() else {
+            return Err(MigrationError::Aborted);
+        };
+        self.progress.round_started(round, served.unsent());
+        let (mut pages, mut zero, mut raw) = (0u64, 0u64, 0u64);
+        let mut cursor = 0u64;
+        let mut batch = senders.batch()?;
+        while let Some((first, n)) = served.next_run(&mut cursor, batch.room()) {
+            let buf = batch.push_run(first, n);
+            self.ram
+                .read_pages(first, buf)
+                .map_err(MigrationError::ram("read guest memory"))?;
+            if batch.room() == 0 {
+                let full = std::mem::replace(&mut batch, senders.batch()?);
+                let (p, z, r) = ship(senders, full, round, false, self.opts, self.progress)?;
+                pages += p;
+                zero += z;
+                raw += r;
+            }
+        }
+        if !batch.is_empty() {
+            let (p, z, r) = ship(senders, batch, round, false, self.opts, self.progress)?;
+            pages += p;
+            zero += z;
+            raw += r;
+        }
+        senders.end_round(round)?;
+        let elapsed = t.elapsed().max(Duration::from_nanos(1));
+        let bytes = self.health.data_bytes() - bytes_at;
+        self.summary.rounds.push(RoundStats {
+            round,
+            kind: RoundKind::Postcopy,
+            pages,
+            zero_pages: zero,
+            bytes,
+            raw_bytes: raw,
+            ms: ms(elapsed),
+            dirty_rate_pages_s: 0.0,
+            bandwidth_mb_s: bytes as f64 / elapsed.as_secs_f64() / 1e6,
+            harvest_ms: 0.0,
+        });
+        Ok(())
+    }
+}
