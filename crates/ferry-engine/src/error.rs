@@ -84,13 +84,30 @@ pub enum MigrationError {
     /// Cancelled through [`crate::Tunables::cancel`].
     #[error("migration cancelled")]
     Cancelled,
+    /// The destination's side of a failed postcopy.
+    #[error(
+        "postcopy failed with {missing} of {total} pages still missing here; this copy \
+         of the guest is paused and must not run: the source keeps every page"
+    )]
+    PostcopyIncomplete {
+        /// Pages never received.
+        missing: u64,
+        /// Pages of the guest.
+        total: u64,
+        /// What failed.
+        #[source]
+        source: Box<MigrationError>,
+    },
     /// A postcopy failed after the guest moved to the destination.
     #[error(
         "postcopy failed after the guest moved to the destination; the source stays \
-         paused and keeps the {unsent} pages it had not sent"
+         paused and keeps all its memory ({missing} pages were missing on the \
+         destination at switchover, {unsent} of them not sent yet)"
     )]
     Postcopy {
-        /// Pages the destination lacked when it failed.
+        /// Pages the destination lacked at switchover.
+        missing: u64,
+        /// Of those, pages the source had not sent (handed to a connection).
         unsent: u64,
         /// What failed.
         #[source]

@@ -11,12 +11,10 @@ use ferry_backend::DirtyPages;
 use std::time::{Duration, Instant};
 
 impl Source<'_> {
-    /// The unsent pages, for a postcopy that failed.
+    /// Missing pages not handed to a connection yet, for a postcopy that
+    /// failed.
     pub(crate) fn unsent(&self) -> u64 {
-        match (&self.server, self.postcopy_unsent) {
-            (Some(s), Some(_)) => s.served.unsent(),
-            (_, n) => n.unwrap_or(0),
-        }
+        self.server.as_ref().map_or(0, |s| s.served.unsent())
     }
 
     /// Switches to postcopy after `round` precopy rounds: the destination
@@ -71,7 +69,7 @@ impl Source<'_> {
         })?;
         // From here the guest is the destination's: never resume this copy,
         // keep every page that has not gone out.
-        self.postcopy_unsent = Some(missing);
+        self.in_postcopy = true;
         self.paused_by_us = false;
         self.converge.release(&mut *self.vm);
         if std::mem::take(&mut self.logging) {
@@ -105,7 +103,7 @@ impl Source<'_> {
                 dest_digest: dest.value,
             });
         }
-        self.postcopy_unsent = None;
+        self.in_postcopy = false;
         self.commit();
         self.collect_report();
         Ok(())

@@ -145,12 +145,27 @@ pub fn receive(
             Ok((vm, summary))
         }
         Err(e) => {
+            // A vCPU waiting for a page that will not come now can only be
+            // stopped once the registration is gone (it then reads a zero
+            // page: this copy of the guest is discarded anyway).
+            let missing = loaded
+                .in_postcopy()
+                .then(|| loaded.pages - loaded.received.count());
+            loaded.end_placement();
             if vm.is_running() {
                 if let Err(pe) = vm.pause() {
                     tracing::error!("cannot pause the unverified destination guest: {pe}");
                 }
             }
             let e = ctl.give_up(e);
+            let e = match missing {
+                Some(missing) => MigrationError::PostcopyIncomplete {
+                    missing,
+                    total: loaded.pages,
+                    source: Box::new(e),
+                },
+                None => e,
+            };
             if let Some(r) = receivers {
                 r.join();
             }

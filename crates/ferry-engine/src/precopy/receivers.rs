@@ -145,6 +145,11 @@ impl Loaded {
         Ok(())
     }
 
+    /// Whether postcopy has begun here.
+    pub fn in_postcopy(&self) -> bool {
+        self.postcopy.load(Ordering::SeqCst)
+    }
+
     /// Ends placement by copy: from now on every page is written normally,
     /// and the guest may touch any page. Call before the guest runs.
     pub fn end_placement(&self) {

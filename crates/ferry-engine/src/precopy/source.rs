@@ -155,7 +155,7 @@ pub fn migrate_accounted(
         logging: false,
         paused_by_us: false,
         server: None,
-        postcopy_unsent: None,
+        in_postcopy: false,
         awaiting_verdict: false,
         start,
         summary,
@@ -185,7 +185,8 @@ pub fn migrate_accounted(
         Err(e) => {
             drop(src.senders.take());
             let e = match src.ctl.give_up(e) {
-                e if src.postcopy_unsent.is_some() => MigrationError::Postcopy {
+                e if src.in_postcopy => MigrationError::Postcopy {
+                    missing: src.summary.missing_pages,
                     unsent: src.unsent(),
                     source: Box::new(e),
                 },
@@ -249,9 +250,9 @@ pub(crate) struct Source<'a> {
     pub(crate) converge: Converger,
     /// Postcopy's page server, when the migration may switch to postcopy.
     pub(crate) server: Option<PageServer>,
-    /// Set at a postcopy switchover: pages missing on the destination then.
-    /// From that moment the source never resumes.
-    pub(crate) postcopy_unsent: Option<u64>,
+    /// Set at a postcopy switchover, cleared at the commit: from that
+    /// moment the source never resumes.
+    pub(crate) in_postcopy: bool,
 }
 
 impl Source<'_> {

@@ -1,0 +1,176 @@
+//! Postcopy and hybrid migrations between two test VMs in one process, over
+//! TCP loopback. The test guest reads and writes through `GuestRam`, so on
+//! the destination every touch of a page that has not arrived blocks in the
+//! kernel (userfaultfd) until the pager fetches it: the same path a kvm vCPU
+//! takes. No assertion depends on how long anything takes.
+
+mod common;
+
+use common::{quick_receive, running_source, spawn_receiver};
+use ferry_backend::Vm;
+use ferry_engine::{
+    migrate, migrate_accounted, MigrationError, Mode, NoProgress, PrecopyOptions, ReceiveOptions,
+    RoundKind, Status,
+};
+use std::time::Duration;
+
+/// Skips (with a line saying so) where userfaultfd is unavailable.
+fn uffd_available(test: &str) -> bool {
+    let ram = ferry_backend::GuestRam::new(&[2 << 20], ferry_backend::Backing::Anonymous).unwrap();
+    match ferry_backend::uffd::Placer::register_for_faults(&ram) {
+        Ok(_) => true,
+        Err(e) => {
+            println!("SKIP {test}: userfaultfd is unavailable here ({e})");
+            false
+        }
+    }
+}
+
+fn postcopy_opts(mode: Mode) -> PrecopyOptions {
+    PrecopyOptions {
+        mode,
+        batch_pages: 16,
+        ..PrecopyOptions::default()
+    }
+}
+
+#[test]
+fn postcopy_moves_a_running_guest_at_once_and_fetches_its_pages() {
+    if !uffd_available("postcopy") {
+        return;
+    }
+    let (to, dest) = spawn_receiver(ReceiveOptions {
+        prefetch: 1,
+        ..quick_receive()
+    });
+    let mut src = running_source();
+    let summary = migrate(&mut src, &to, &postcopy_opts(Mode::Postcopy), &NoProgress).unwrap();
+    let (dvm, dsum) = dest.join().unwrap().unwrap();
+
+    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert!(summary.digest_match && summary.digest_checked && dsum.digest_match);
+    assert_eq!(summary.guest_mismatches, 0, "{summary:?}");
+    assert_eq!(summary.mode, "postcopy");
+    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+    assert_eq!(kinds, [RoundKind::Postcopy], "no precopy round");
+    assert_eq!(summary.missing_pages, src.ram().pages());
+    let report = dsum.postcopy.as_ref().expect("postcopy report");
+    assert!(
+        report.page_requests > 0,
+        "the guest touched pages first: {report:?}"
+    );
+    assert_eq!(summary.page_requests, report.page_requests);
+    assert!(report.block_ms > 0.0 && summary.postcopy_ms > 0.0);
+    assert!(!src.is_running(), "the source never resumes after postcopy");
+    assert!(dvm.is_running());
+    assert!(dsum.passes_after > 0);
+}
+
+#[test]
+fn hybrid_switches_after_its_rounds() {
+    if !uffd_available("hybrid") {
+        return;
+    }
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = running_source();
+    let opts = postcopy_opts(Mode::Hybrid { after_rounds: 2 });
+    // Never converges, so the switch comes from the round count.
+    opts.tunables.set_downtime_target(Duration::ZERO);
+    let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+    let (_dvm, dsum) = dest.join().unwrap().unwrap();
+    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert!(summary.digest_match);
+    assert_eq!(summary.guest_mismatches, 0, "{summary:?}");
+    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+    assert_eq!(
+        kinds,
+        [RoundKind::Full, RoundKind::Dirty, RoundKind::Postcopy]
+    );
+    let missing = summary.missing_pages;
+    assert!(missing > 0 && missing < src.ram().pages(), "{missing}");
+    assert_eq!(dsum.postcopy.unwrap().missing_pages, missing);
+}
+
+#[test]
+fn a_hybrid_that_converges_finishes_as_precopy() {
+    if !uffd_available("hybrid converging") {
+        return;
+    }
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = running_source();
+    let opts = postcopy_opts(Mode::Hybrid { after_rounds: 5 });
+    let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+    let (_dvm, dsum) = dest.join().unwrap().unwrap();
+    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.rounds.last().unwrap().kind, RoundKind::Final);
+    assert!(dsum.postcopy.is_none());
+    assert_eq!(summary.guest_mismatches, 0);
+}
+
+#[test]
+fn postcopy_refuses_verify_before_resume_and_the_source_runs_on() {
+    if !uffd_available("postcopy refusal") {
+        return;
+    }
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = running_source();
+    let opts = PrecopyOptions {
+        verify_before_resume: true,
+        ..postcopy_opts(Mode::Postcopy)
+    };
+    let err = migrate(&mut src, &to, &opts, &NoProgress).unwrap_err();
+    assert!(
+        err.to_string().contains("cannot verify the digest before"),
+        "{err}"
+    );
+    assert!(src.is_running());
+    assert!(dest.join().unwrap().is_err());
+}
+
+#[test]
+fn a_cut_mid_postcopy_keeps_the_source_paused_with_its_pages() {
+    if !uffd_available("postcopy cut") {
+        return;
+    }
+    // The destination dies (its stall timeout) once the relay stops
+    // forwarding partway through the push.
+    let (to, dest) = spawn_receiver(ReceiveOptions {
+        stall_timeout: Duration::from_secs(2),
+        ..quick_receive()
+    });
+    let relay =
+        common::relay::Relay::start(to.0.clone(), common::relay::Fault::StallAfter(64 << 10));
+    let mut src = running_source();
+    let opts = PrecopyOptions {
+        stall_timeout: Duration::from_secs(2),
+        ..postcopy_opts(Mode::Postcopy)
+    };
+    let dialer = ferry_engine::TcpDialer(relay.addr.clone());
+    let (summary, result) = migrate_accounted(&mut src, &dialer, &opts, &NoProgress);
+    let err = result.unwrap_err();
+    match &err {
+        MigrationError::Postcopy {
+            missing, unsent, ..
+        } => {
+            assert_eq!(*missing, src.ram().pages());
+            assert!(unsent <= missing, "{unsent}");
+        }
+        e => panic!("expected a postcopy failure, got {e}"),
+    }
+    assert!(err.to_string().contains("stays paused"), "{err}");
+    assert_eq!(summary.status, Status::Failed);
+    assert!(
+        !src.is_running(),
+        "the source must not resume after postcopy began"
+    );
+    relay.release();
+    let dest_err = dest
+        .join()
+        .unwrap()
+        .err()
+        .expect("the destination fails too");
+    assert!(
+        matches!(dest_err, MigrationError::PostcopyIncomplete { missing, .. } if missing > 0),
+        "{dest_err}"
+    );
+}
