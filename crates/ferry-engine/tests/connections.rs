@@ -205,6 +205,7 @@ fn data_connection_as(channel: u16) -> (String, ferry_engine::MigrationError) {
         session: 7,
         channel,
         data_channels: 1,
+        priority: false,
     };
     let timeout = Duration::from_secs(10);
     let mut ctl = open_channel(&to, hello(0), timeout).unwrap();
@@ -238,5 +239,8 @@ fn a_data_channel_out_of_range_or_the_priority_one_is_refused_not_a_panic() {
     );
     assert!(dest.to_string().contains("channel 70"), "{dest}");
     let (answer, _) = data_connection_as(ferry_engine::wire::control::PRIORITY_CHANNEL);
-    assert!(answer.contains("priority connection"), "{answer}");
+    assert!(
+        answer.contains("a priority connection for a migration that announced none"),
+        "{answer}"
+    );
 }

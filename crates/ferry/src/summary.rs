@@ -1,6 +1,6 @@
 //! Printing a migration summary: a table for people, one JSON line for machines.
 
-use ferry_engine::MigrationSummary;
+use ferry_engine::{MigrationSummary, RoundKind};
 use ferry_report::Table;
 
 /// The summary as the JSON object `--json` prints: the engine's summary, with
@@ -47,6 +47,23 @@ fn delta(s: &MigrationSummary) -> String {
         ferry_backend::types::human_bytes(d.bytes),
         ferry_backend::types::human_bytes(whole),
         ferry_backend::types::human_bytes(d.cache_bytes)
+    )
+}
+
+/// The mode, and what postcopy did if the migration switched to it.
+fn mode(s: &MigrationSummary) -> String {
+    if s.missing_pages == 0 {
+        return format!("{}: no postcopy switch", s.mode);
+    }
+    let precopy = s
+        .rounds
+        .iter()
+        .filter(|r| r.kind != RoundKind::Postcopy)
+        .count();
+    format!(
+        "{}: postcopy after {precopy} precopy round(s), {} pages missing at switchover; \
+         {} page requests, vCPUs blocked {:.1} ms, all pages in {:.1} ms after resume",
+        s.mode, s.missing_pages, s.page_requests, s.block_ms, s.postcopy_ms
     )
 }
 
@@ -101,7 +118,8 @@ fn convergence(s: &MigrationSummary) -> String {
     for e in &s.operator_changes {
         out += &format!("; in round {}: {}", e.round, e.what);
     }
-    if s.status == ferry_engine::Status::Completed && !s.converged {
+    let postcopy = s.rounds.iter().any(|r| r.kind == RoundKind::Postcopy);
+    if s.status == ferry_engine::Status::Completed && !s.converged && !postcopy {
         out += "; did NOT converge: the round cap forced the stop-and-copy";
     }
     out
@@ -152,7 +170,7 @@ fn vcpu_shares(s: &MigrationSummary) -> String {
 /// The summary as tables.
 pub fn render(s: &MigrationSummary) -> String {
     let mut rounds = Table::new(
-        "precopy rounds",
+        "rounds",
         &[
             "round",
             "kind",
@@ -195,6 +213,7 @@ pub fn render(s: &MigrationSummary) -> String {
         ),
         ("compression", compression(s)),
         ("delta re-sends", delta(s)),
+        ("mode", mode(s)),
         ("convergence", convergence(s)),
         ("guest runtime / progress", vcpu_shares(s)),
         ("predicted", predicted(s)),

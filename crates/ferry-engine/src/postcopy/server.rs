@@ -63,17 +63,23 @@ impl Served {
         if hint != NO_HINT {
             *cursor = hint;
         }
-        let first = self
-            .todo
-            .next_from(Gfn(*cursor))
-            .or_else(|| self.todo.next_from(Gfn(0)))?;
-        let mut n = 0;
-        while n < max && self.todo.contains(Gfn(first.0 + n as u64)) {
-            self.todo.remove(Gfn(first.0 + n as u64));
-            n += 1;
+        loop {
+            let first = self
+                .todo
+                .next_from(Gfn(*cursor))
+                .or_else(|| self.todo.next_from(Gfn(0)))?;
+            // A request may take pages between the search and here: the run
+            // is what is still there, and may turn out empty.
+            let mut n = 0;
+            while n < max && self.todo.contains(Gfn(first.0 + n as u64)) {
+                self.todo.remove(Gfn(first.0 + n as u64));
+                n += 1;
+            }
+            *cursor = first.0 + n as u64;
+            if n > 0 {
+                return Some((first, n));
+            }
         }
-        *cursor = first.0 + n as u64;
-        Some((first, n))
     }
 }
 
@@ -104,8 +110,17 @@ impl PageServer {
         let handle = std::thread::Builder::new()
             .name("page-server".into())
             .spawn(move || {
-                if let Err(e) = serve(io, &s, &health) {
-                    health.fail(e);
+                match serve(io, &s, &health) {
+                    // The destination closes the priority connection when it
+                    // has every page, perhaps while an answer is on its way.
+                    // A link that breaks earlier costs only the answers: the
+                    // push still carries every page, and a dead network is
+                    // noticed on the other connections.
+                    Err(e) if crate::transport::health::is_link_failure(&e) => {
+                        tracing::debug!("priority connection ended: {}", e.chain());
+                    }
+                    Err(e) => health.fail(e),
+                    Ok(()) => {}
                 }
             })
             .map_err(StreamError::Io)?;

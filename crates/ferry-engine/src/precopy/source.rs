@@ -194,7 +194,11 @@ pub fn migrate_accounted(
                 e if src.awaiting_verdict => MigrationError::Unconfirmed(Box::new(e)),
                 e => e,
             };
-            tracing::warn!("migration failed, source resumes: {}", e.chain());
+            if src.in_postcopy {
+                tracing::warn!("postcopy failed: {}", e.chain());
+            } else {
+                tracing::warn!("migration failed, source resumes: {}", e.chain());
+            }
             src.rollback();
             src.summary.status = Status::Failed;
             src.summary.error = Some(e.chain());

@@ -252,7 +252,7 @@ impl Message {
                 }
             }
             FrameKind::Missing => {
-                if payload.len() % 16 != 0 || payload.len() / 16 > MAX_MISSING_RUNS {
+                if !payload.len().is_multiple_of(16) || payload.len() / 16 > MAX_MISSING_RUNS {
                     return Err(bad(format!(
                         "{} payload bytes: not whole 16-byte runs, or more than {MAX_MISSING_RUNS}",
                         payload.len()

@@ -442,7 +442,11 @@ pub fn migrate_running(
         } else if let Some(sig) = crate::signals::received() {
             error = format!("stopped by {sig}: {error}");
         }
-        eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
+        if matches!(e, ferry_engine::MigrationError::Postcopy { .. }) {
+            eprintln!("ferry: error: {error}");
+        } else {
+            eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
+        }
         summary.error = Some(error);
     }
     if let Some(w) = watch {

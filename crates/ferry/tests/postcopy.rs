@@ -1,0 +1,88 @@
+//! Postcopy and hybrid demos between two ferry processes over loopback, on
+//! both backends, with a guest that writes as fast as it can. Each must
+//! prove itself like a precopy: the digest of the source's memory at
+//! switchover matches the pages the destination received, and the guest's
+//! own stamp checks find nothing.
+
+mod common;
+use common::*;
+
+fn demo(backend: &str, mode: &str) {
+    if backend == "kvm" && !require_kvm(&format!("{mode} on kvm")) {
+        return;
+    }
+    let out = run(&[
+        "demo",
+        "--json",
+        "--backend",
+        backend,
+        "--mode",
+        mode,
+        "--unthrottled",
+        "--mem-per-vcpu",
+        "64M",
+        "--warmup",
+        "0.3",
+    ]);
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    let context = format!("{backend} {mode}: {}", String::from_utf8_lossy(&out.stderr));
+    assert_verified(&j, &context);
+    assert_eq!(j["mode"], mode, "{j}");
+    assert!(j["missing_pages"].as_u64().unwrap() > 0, "{j}");
+    assert!(j["postcopy_ms"].as_f64().unwrap() > 0.0, "{j}");
+    assert!(j["page_requests"].as_u64().is_some(), "{j}");
+    assert!(j["block_ms"].as_f64().is_some(), "{j}");
+    let kinds: Vec<_> = j["round_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(kinds.last().map(String::as_str), Some("postcopy"), "{j}");
+    if mode == "hybrid" {
+        assert_eq!(kinds[0], "full", "{j}");
+    } else {
+        assert_eq!(kinds.len(), 1, "{j}");
+    }
+    assert!(out.status.success(), "{context}");
+}
+
+#[test]
+fn postcopy_on_kvm() {
+    demo("kvm", "postcopy");
+}
+
+#[test]
+fn hybrid_on_kvm() {
+    demo("kvm", "hybrid");
+}
+
+#[test]
+fn postcopy_on_soft() {
+    demo("soft", "postcopy");
+}
+
+#[test]
+fn hybrid_on_soft() {
+    demo("soft", "hybrid");
+}
+
+#[test]
+fn postcopy_refuses_delta_and_unknown_modes() {
+    let out = run(&["demo", "--mode", "postcopy", "--delta", "--backend", "soft"]);
+    assert_no_panic(&out);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--delta cannot be used with --mode postcopy"),
+        "{stderr}"
+    );
+    let out = run(&["demo", "--mode", "sideways"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("expected precopy, postcopy or hybrid"),
+        "{stderr}"
+    );
+}
