@@ -71,24 +71,34 @@ fn hybrid_switches_after_its_rounds() {
     if !uffd_available("hybrid") {
         return;
     }
-    let (to, dest) = spawn_receiver(quick_receive());
-    let mut src = running_source();
-    let opts = postcopy_opts(Mode::Hybrid { after_rounds: 2 });
-    // Never converges, so the switch comes from the round count.
-    opts.tunables.set_downtime_target(Duration::ZERO);
-    let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
-    let (_dvm, dsum) = dest.join().unwrap().unwrap();
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
-    assert!(summary.digest_match);
-    assert_eq!(summary.guest_mismatches, 0, "{summary:?}");
-    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
-    assert_eq!(
-        kinds,
-        [RoundKind::Full, RoundKind::Dirty, RoundKind::Postcopy]
-    );
-    let missing = summary.missing_pages;
-    assert!(missing > 0 && missing < src.ram().pages(), "{missing}");
-    assert_eq!(dsum.postcopy.unwrap().missing_pages, missing);
+    // With a zero downtime target precopy converges only if a round finds
+    // nothing dirty, which a guest starved of CPU by parallel tests can
+    // cause; such a run must then finish as precopy, and is tried again.
+    for _ in 0..5 {
+        let (to, dest) = spawn_receiver(quick_receive());
+        let mut src = running_source();
+        let opts = postcopy_opts(Mode::Hybrid { after_rounds: 2 });
+        opts.tunables.set_downtime_target(Duration::ZERO);
+        let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+        let (_dvm, dsum) = dest.join().unwrap().unwrap();
+        assert_eq!(summary.status, Status::Completed, "{summary:?}");
+        assert!(summary.digest_match);
+        assert_eq!(summary.guest_mismatches, 0, "{summary:?}");
+        let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+        if summary.converged {
+            assert_eq!(kinds.last(), Some(&RoundKind::Final), "{kinds:?}");
+            continue;
+        }
+        assert_eq!(
+            kinds,
+            [RoundKind::Full, RoundKind::Dirty, RoundKind::Postcopy]
+        );
+        let missing = summary.missing_pages;
+        assert!(missing > 0 && missing < src.ram().pages(), "{missing}");
+        assert_eq!(dsum.postcopy.unwrap().missing_pages, missing);
+        return;
+    }
+    panic!("precopy converged in every try: the guest never ran");
 }
 
 #[test]

@@ -42,17 +42,84 @@ struct Asked {
     waited: bool,
 }
 
+/// The pages asked for and not placed yet, and the time vCPUs waited for
+/// them: a page's wait ends when it is placed, by an answer or by the push,
+/// whichever lands first ([`Loaded`] calls [`BlockClock::placed`]).
+#[derive(Default)]
+pub(crate) struct BlockClock {
+    asked: Mutex<HashMap<u64, Asked>>,
+    block_ns: AtomicU64,
+}
+
+impl BlockClock {
+    /// A vCPU waits on `gfn`. Returns the run to ask for (`gfn` and up to
+    /// `prefetch − 1` following pages that `missing` says are missing and
+    /// nobody asked for), or `None` when `gfn` is asked for already.
+    fn ask(&self, gfn: Gfn, prefetch: u32, missing: impl Fn(Gfn) -> bool) -> Option<u32> {
+        let now = Instant::now();
+        let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(a) = asked.get_mut(&gfn.0) {
+            // Prefetched before, or asked by another vCPU: now a vCPU waits.
+            if !a.waited {
+                *a = Asked {
+                    at: now,
+                    waited: true,
+                };
+            }
+            return None;
+        }
+        asked.insert(
+            gfn.0,
+            Asked {
+                at: now,
+                waited: true,
+            },
+        );
+        let mut n = 1u32;
+        while n < prefetch {
+            let g = Gfn(gfn.0 + u64::from(n));
+            if !missing(g) || asked.contains_key(&g.0) {
+                break;
+            }
+            asked.insert(
+                g.0,
+                Asked {
+                    at: now,
+                    waited: false,
+                },
+            );
+            n += 1;
+        }
+        Some(n)
+    }
+
+    /// `n` pages from `first` are in guest memory.
+    pub fn placed(&self, first: Gfn, n: u64) {
+        let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+        if asked.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for g in first.0..first.0 + n {
+            if let Some(a) = asked.remove(&g) {
+                if a.waited {
+                    let ns = now.duration_since(a.at).as_nanos() as u64;
+                    self.block_ns.fetch_add(ns, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
 struct Shared {
     loaded: Arc<Loaded>,
     health: Arc<Health>,
     writer: Mutex<Channel>,
-    asked: Mutex<HashMap<u64, Asked>>,
     stop: AtomicBool,
     prefetch: u32,
     faults: AtomicU64,
     requests: AtomicU64,
     pages_requested: AtomicU64,
-    block_ns: AtomicU64,
 }
 
 /// The running fault handler and priority reader of one migration.
@@ -81,13 +148,11 @@ impl Pager {
             loaded,
             health,
             writer: Mutex::new(FrameStream::new(write_half)),
-            asked: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             prefetch: prefetch.clamp(1, crate::wire::control::MAX_REQUEST_PAGES),
             faults: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             pages_requested: AtomicU64::new(0),
-            block_ns: AtomicU64::new(0),
         });
         let mut threads = Vec::new();
         let s = Arc::clone(&shared);
@@ -127,7 +192,7 @@ impl Pager {
         self.halt();
         let s = &self.shared;
         PostcopyReport {
-            block_ms: s.block_ns.load(Ordering::Relaxed) as f64 / 1e6,
+            block_ms: s.loaded.clock.block_ns.load(Ordering::Relaxed) as f64 / 1e6,
             page_requests: s.requests.load(Ordering::Relaxed),
             faults: s.faults.load(Ordering::Relaxed),
             pages_requested: s.pages_requested.load(Ordering::Relaxed),
@@ -173,42 +238,10 @@ fn handle_faults(s: &Shared) -> Result<(), MigrationError> {
                 loaded.place_zero(gfn)?;
                 continue;
             }
-            let now = Instant::now();
-            let count = {
-                let mut asked = s.asked.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(a) = asked.get_mut(&gfn.0) {
-                    // Prefetched, or asked by another vCPU: now a vCPU waits.
-                    if !a.waited {
-                        *a = Asked {
-                            at: now,
-                            waited: true,
-                        };
-                    }
-                    continue;
-                }
-                asked.insert(
-                    gfn.0,
-                    Asked {
-                        at: now,
-                        waited: true,
-                    },
-                );
-                let mut n = 1u32;
-                while n < s.prefetch {
-                    let g = Gfn(gfn.0 + u64::from(n));
-                    if g.0 >= loaded.pages || loaded.is_present(g) || asked.contains_key(&g.0) {
-                        break;
-                    }
-                    asked.insert(
-                        g.0,
-                        Asked {
-                            at: now,
-                            waited: false,
-                        },
-                    );
-                    n += 1;
-                }
-                n
+            let Some(count) = loaded.clock.ask(gfn, s.prefetch, |g| {
+                g.0 < loaded.pages && !loaded.is_present(g)
+            }) else {
+                continue;
             };
             let req = Message::PageRequest {
                 first: gfn.0,
@@ -243,20 +276,6 @@ fn read_answers(mut io: Channel, s: &Shared) -> Result<(), MigrationError> {
             })?;
         let pages = loaded.apply(&batch)?;
         s.pages_requested.fetch_add(pages, Ordering::Relaxed);
-        let now = Instant::now();
-        let mut asked = s.asked.lock().unwrap_or_else(|p| p.into_inner());
-        batch.visit(|seg| -> Result<(), MigrationError> {
-            let (first, n) = seg.range();
-            for g in first.0..first.0 + n {
-                if let Some(a) = asked.remove(&g) {
-                    if a.waited {
-                        let ns = now.duration_since(a.at).as_nanos() as u64;
-                        s.block_ns.fetch_add(ns, Ordering::Relaxed);
-                    }
-                }
-            }
-            Ok(())
-        })?;
     }
     Ok(())
 }

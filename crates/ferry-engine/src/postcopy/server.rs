@@ -7,17 +7,21 @@
 //! still go out twice, when a request and the push take it at the same
 //! moment; the destination places it once and drops the other copy.
 //!
+//! Answers and the push share one bandwidth cap (`--bandwidth`): a capped
+//! link is capped for both.
+//!
 //! The push starts where the destination last asked: a guest that touches
 //! page g soon touches g + 1, so those pages go next (QEMU's postcopy does
 //! the same after each request).
 
 use crate::error::MigrationError;
 use crate::transport::{Channel, Health};
+use crate::tunables::TokenBucket;
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::{FrameKind, Message, PageBatch, StreamError};
 use ferry_backend::{DirtyPages, Gfn, GuestRam, PageBits};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// No request yet since the push last looked.
@@ -92,10 +96,12 @@ pub(crate) struct PageServer {
 
 impl PageServer {
     /// Serves requests arriving on `io`, the priority connection.
+    /// Answers are charged to `bucket`, the bandwidth cap the push shares.
     pub fn start(
         io: Channel,
         ram: Arc<GuestRam>,
         health: Arc<Health>,
+        bucket: Arc<Mutex<TokenBucket>>,
     ) -> Result<Self, MigrationError> {
         let served = Arc::new(Served {
             todo: PageBits::new(ram.pages()),
@@ -110,7 +116,7 @@ impl PageServer {
         let handle = std::thread::Builder::new()
             .name("page-server".into())
             .spawn(move || {
-                match serve(io, &s, &health) {
+                match serve(io, &s, &health, &bucket) {
                     // The destination closes the priority connection when it
                     // has every page, perhaps while an answer is on its way.
                     // A link that breaks earlier costs only the answers: the
@@ -143,7 +149,12 @@ impl Drop for PageServer {
     }
 }
 
-fn serve(mut io: Channel, s: &Served, health: &Health) -> Result<(), MigrationError> {
+fn serve(
+    mut io: Channel,
+    s: &Served,
+    health: &Health,
+    bucket: &Mutex<TokenBucket>,
+) -> Result<(), MigrationError> {
     let mut batch = PageBatch::new(crate::wire::MAX_BATCH_PAGES);
     while let Some((kind, offset)) = io.read_frame_or_end()? {
         let (first, count) = match Message::decode(kind, io.payload(), offset)? {
@@ -177,9 +188,14 @@ fn serve(mut io: Channel, s: &Served, health: &Health) -> Result<(), MigrationEr
             .read_pages(Gfn(first), buf)
             .map_err(MigrationError::ram("read guest memory for a page request"))?;
         batch.seal(s.round.load(Ordering::SeqCst));
+        let wire = (FRAME_HEADER_LEN + batch.payload_len()) as u64;
+        bucket
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .consume(wire);
         io.write_frame(FrameKind::Pages, &batch.parts())?;
         io.flush()?;
-        health.add_data_bytes((FRAME_HEADER_LEN + batch.payload_len()) as u64);
+        health.add_data_bytes(wire);
         s.requests.fetch_add(1, Ordering::Relaxed);
         s.pages.fetch_add(count, Ordering::Relaxed);
     }

@@ -49,6 +49,8 @@ pub(crate) struct Loaded {
     placer: RwLock<Option<Placer>>,
     /// Postcopy has begun: every page is placed once, never overwritten.
     postcopy: AtomicBool,
+    /// Postcopy: the pages vCPUs wait for, and for how long.
+    pub clock: crate::postcopy::pager::BlockClock,
     pub pages_received: AtomicU64,
     pub zero_pages: AtomicU64,
     pub batches: AtomicU64,
@@ -94,6 +96,7 @@ impl Loaded {
             present,
             placer: RwLock::new(placer),
             postcopy: AtomicBool::new(false),
+            clock: Default::default(),
             pages_received: AtomicU64::new(0),
             zero_pages: AtomicU64::new(0),
             batches: AtomicU64::new(0),
@@ -200,6 +203,9 @@ impl Loaded {
             }
             for j in i..i + done {
                 self.present.insert(Gfn(first.0 + j));
+            }
+            if once {
+                self.clock.placed(Gfn(first.0 + i), done);
             }
             i += done;
         }

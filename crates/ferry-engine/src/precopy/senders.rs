@@ -76,7 +76,7 @@ impl SendStats {
 struct Shared {
     flushed: Flushed,
     health: Arc<Health>,
-    bucket: Mutex<TokenBucket>,
+    bucket: Arc<Mutex<TokenBucket>>,
     stats: Arc<SendStats>,
     compression: Compression,
     delta: Option<DeltaCache>,
@@ -123,7 +123,7 @@ impl Senders {
         let shared = Arc::new(Shared {
             flushed: Arc::clone(&flushed),
             health: Arc::clone(&health),
-            bucket: Mutex::new(bucket),
+            bucket: Arc::new(Mutex::new(bucket)),
             stats: Arc::clone(&stats),
             compression,
             delta,
@@ -152,6 +152,12 @@ impl Senders {
             shared,
             stats,
         })
+    }
+
+    /// The bandwidth cap's bucket, for other traffic that shares the link
+    /// (postcopy's answers to page requests).
+    pub fn bucket(&self) -> Arc<Mutex<TokenBucket>> {
+        Arc::clone(&self.shared.bucket)
     }
 
     /// How delta re-sends went, if on.

@@ -284,19 +284,6 @@ impl Source<'_> {
             );
             links.push(io);
         }
-        if self.opts.mode.may_postcopy() {
-            let io = open_channel(dialer, hello(PRIORITY_CHANNEL), self.opts.stall_timeout)?;
-            self.health.add_data_link(
-                io.get_ref()
-                    .try_clone_link()
-                    .map_err(crate::wire::StreamError::Io)?,
-            );
-            self.server = Some(PageServer::start(
-                io,
-                Arc::clone(&self.ram),
-                Arc::clone(&self.health),
-            )?);
-        }
         self.senders = Some(Senders::start(
             links,
             self.opts.batch_pages,
@@ -305,6 +292,22 @@ impl Source<'_> {
             TokenBucket::new(Arc::clone(&self.opts.tunables)),
             Arc::clone(&self.health),
         )?);
+        if self.opts.mode.may_postcopy() {
+            let io = open_channel(dialer, hello(PRIORITY_CHANNEL), self.opts.stall_timeout)?;
+            self.health.add_data_link(
+                io.get_ref()
+                    .try_clone_link()
+                    .map_err(crate::wire::StreamError::Io)?,
+            );
+            let bucket = self.senders.as_ref().map(Senders::bucket);
+            let bucket = bucket.ok_or(MigrationError::Aborted)?;
+            self.server = Some(PageServer::start(
+                io,
+                Arc::clone(&self.ram),
+                Arc::clone(&self.health),
+                bucket,
+            )?);
+        }
 
         if self.opts.mode == Mode::Postcopy {
             return self.postcopy_switchover(0, DirtyPages::all(self.pages));
