@@ -25,10 +25,20 @@ use std::time::Duration;
 
 pub type Received = Result<(Box<dyn Vm>, ReceiveSummary), MigrationError>;
 
-/// A test VM whose guest thread is running.
+/// A test VM whose guest thread is running and has written every page
+/// once (so a full pass sends data, not zero pages, even on a loaded host).
 pub fn running_source() -> TestVm {
     let mut vm = TestVm::new(&config()).unwrap();
     vm.start().unwrap();
+    let pass = MemoryLayout::progress_gpa(0).add(progress::PASS);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while vm.ram.load_u64(pass).unwrap() < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the test guest did not finish a pass in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     vm
 }
 
