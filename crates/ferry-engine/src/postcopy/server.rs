@@ -45,6 +45,19 @@ pub(crate) struct Served {
 }
 
 impl Served {
+    /// Nothing to send yet, for a guest of `ram`.
+    fn new(ram: Arc<GuestRam>) -> Self {
+        Served {
+            todo: PageBits::new(ram.pages()),
+            ram,
+            round: AtomicU32::new(0),
+            armed: AtomicBool::new(false),
+            hint: AtomicU64::new(NO_HINT),
+            requests: AtomicU64::new(0),
+            pages: AtomicU64::new(0),
+        }
+    }
+
     /// Arms the server for postcopy round `round`, with `missing` to send.
     pub fn arm(&self, round: u32, missing: &DirtyPages) {
         for g in missing.iter() {
@@ -103,15 +116,7 @@ impl PageServer {
         health: Arc<Health>,
         bucket: Arc<Mutex<TokenBucket>>,
     ) -> Result<Self, MigrationError> {
-        let served = Arc::new(Served {
-            todo: PageBits::new(ram.pages()),
-            ram,
-            round: AtomicU32::new(0),
-            armed: AtomicBool::new(false),
-            hint: AtomicU64::new(NO_HINT),
-            requests: AtomicU64::new(0),
-            pages: AtomicU64::new(0),
-        });
+        let served = Arc::new(Served::new(ram));
         let s = Arc::clone(&served);
         let handle = std::thread::Builder::new()
             .name("page-server".into())
@@ -209,15 +214,7 @@ mod tests {
 
     fn served(pages: &[u64]) -> Served {
         let ram = Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap());
-        let s = Served {
-            todo: PageBits::new(ram.pages()),
-            ram,
-            round: AtomicU32::new(0),
-            armed: AtomicBool::new(false),
-            hint: AtomicU64::new(NO_HINT),
-            requests: AtomicU64::new(0),
-            pages: AtomicU64::new(0),
-        };
+        let s = Served::new(ram);
         let mut missing = DirtyPages::new(512);
         pages.iter().for_each(|&g| missing.set(Gfn(g)));
         s.arm(3, &missing);

@@ -2,9 +2,9 @@
 //! requests and push every missing page until the destination has them all.
 
 use crate::error::MigrationError;
-use crate::precopy::{guest_totals, ship, unexpected, Source};
+use crate::precopy::{ship, unexpected, Source};
 use crate::progress::Phase;
-use crate::summary::{ms, RoundKind, RoundStats};
+use crate::summary::{ms, RoundKind};
 use crate::wire::control::MAX_MISSING_RUNS;
 use crate::wire::{FrameKind, Message};
 use ferry_backend::DirtyPages;
@@ -24,19 +24,7 @@ impl Source<'_> {
         round: u32,
         mut dirty: DirtyPages,
     ) -> Result<(), MigrationError> {
-        self.progress.phase(Phase::Switchover);
-        let paused_at = Instant::now();
-        if self.vm.is_running() {
-            self.vm
-                .pause()
-                .map_err(MigrationError::backend("pause the guest for switchover"))?;
-            self.paused_by_us = true;
-        }
-        self.summary.pause_ms = ms(paused_at.elapsed());
-        let vcpus = self.vm.config().workload.vcpus;
-        let (_, before) =
-            guest_totals(&self.ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
-        self.summary.mismatches_before = before;
+        let paused_at = self.pause_for_switchover()?;
         if self.logging {
             let mut last = Instant::now();
             let (_, harvest) = self.harvest(&mut dirty, &mut last)?;
@@ -148,20 +136,7 @@ impl Source<'_> {
             raw += r;
         }
         senders.end_round(round)?;
-        let elapsed = t.elapsed().max(Duration::from_nanos(1));
-        let bytes = self.health.data_bytes() - bytes_at;
-        self.summary.rounds.push(RoundStats {
-            round,
-            kind: RoundKind::Postcopy,
-            pages,
-            zero_pages: zero,
-            bytes,
-            raw_bytes: raw,
-            ms: ms(elapsed),
-            dirty_rate_pages_s: 0.0,
-            bandwidth_mb_s: bytes as f64 / elapsed.as_secs_f64() / 1e6,
-            harvest_ms: 0.0,
-        });
+        self.record_round(round, RoundKind::Postcopy, t, bytes_at, (pages, zero, raw));
         Ok(())
     }
 }

@@ -488,6 +488,20 @@ impl Source<'_> {
             raw += r;
         }
         senders.end_round(round)?;
+        self.record_round(round, kind, t, bytes_at, (pages, zero, raw));
+        Ok(())
+    }
+
+    /// Adds a round that started at `t`, when the data connections had
+    /// carried `bytes_at`, and sent `(pages, zero pages, raw bytes)`.
+    pub(crate) fn record_round(
+        &mut self,
+        round: u32,
+        kind: RoundKind,
+        t: Instant,
+        bytes_at: u64,
+        (pages, zero, raw): (u64, u64, u64),
+    ) {
         let elapsed = t.elapsed().max(Duration::from_nanos(1));
         let bytes = self.health.data_bytes() - bytes_at;
         self.summary.rounds.push(RoundStats {
@@ -502,7 +516,6 @@ impl Source<'_> {
             bandwidth_mb_s: bytes as f64 / elapsed.as_secs_f64() / 1e6,
             harvest_ms: 0.0,
         });
-        Ok(())
     }
 }
 

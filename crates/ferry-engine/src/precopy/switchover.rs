@@ -20,19 +20,7 @@ impl Source<'_> {
         mut dirty: DirtyPages,
         strict: bool,
     ) -> Result<(), MigrationError> {
-        self.progress.phase(Phase::Switchover);
-        let paused_at = Instant::now();
-        if self.vm.is_running() {
-            self.vm
-                .pause()
-                .map_err(MigrationError::backend("pause the guest for switchover"))?;
-            self.paused_by_us = true;
-        }
-        self.summary.pause_ms = ms(paused_at.elapsed());
-        let vcpus = self.vm.config().workload.vcpus;
-        let (_, before) =
-            guest_totals(&self.ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
-        self.summary.mismatches_before = before;
+        let paused_at = self.pause_for_switchover()?;
         let mut last = Instant::now();
         let (_, harvest) = self.harvest(&mut dirty, &mut last)?;
         self.send_round(round, RoundKind::Final, &dirty)?;
@@ -90,6 +78,25 @@ impl Source<'_> {
         self.commit();
         self.collect_report();
         Ok(())
+    }
+
+    /// Pauses the guest for a switchover (precopy or postcopy) and reads
+    /// the mismatches it counted here. Returns when the pause began.
+    pub(crate) fn pause_for_switchover(&mut self) -> Result<Instant, MigrationError> {
+        self.progress.phase(Phase::Switchover);
+        let paused_at = Instant::now();
+        if self.vm.is_running() {
+            self.vm
+                .pause()
+                .map_err(MigrationError::backend("pause the guest for switchover"))?;
+            self.paused_by_us = true;
+        }
+        self.summary.pause_ms = ms(paused_at.elapsed());
+        let vcpus = self.vm.config().workload.vcpus;
+        let (_, before) =
+            guest_totals(&self.ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
+        self.summary.mismatches_before = before;
+        Ok(paused_at)
     }
 
     pub(crate) fn send_digest(&mut self) -> Result<MemoryDigest, MigrationError> {
