@@ -23,6 +23,10 @@ fn demo(backend: &str, mode: &str) {
         "64M",
         "--warmup",
         "0.3",
+        // So tight that precopy never converges first (a hybrid that
+        // converges finishes as precopy, as the engine tests check).
+        "--downtime-ms",
+        "1",
     ]);
     assert_no_panic(&out);
     let j = last_json(&out);
