@@ -38,10 +38,6 @@ pub(crate) struct Served {
     armed: AtomicBool,
     /// Where the destination last asked (first page after the request).
     hint: AtomicU64,
-    /// Requests answered.
-    pub requests: AtomicU64,
-    /// Pages sent as answers.
-    pub pages: AtomicU64,
 }
 
 impl Served {
@@ -53,8 +49,6 @@ impl Served {
             round: AtomicU32::new(0),
             armed: AtomicBool::new(false),
             hint: AtomicU64::new(NO_HINT),
-            requests: AtomicU64::new(0),
-            pages: AtomicU64::new(0),
         }
     }
 
@@ -201,8 +195,6 @@ fn serve(
         io.write_frame(FrameKind::Pages, &batch.parts())?;
         io.flush()?;
         health.add_data_bytes(wire);
-        s.requests.fetch_add(1, Ordering::Relaxed);
-        s.pages.fetch_add(count, Ordering::Relaxed);
     }
     Ok(())
 }

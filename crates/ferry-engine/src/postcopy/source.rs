@@ -6,7 +6,7 @@ use crate::precopy::{ship, unexpected, Source};
 use crate::progress::Phase;
 use crate::summary::{ms, RoundKind};
 use crate::wire::control::MAX_MISSING_RUNS;
-use crate::wire::{FrameKind, Message};
+use crate::wire::Message;
 use ferry_backend::DirtyPages;
 use std::time::{Duration, Instant};
 
@@ -30,13 +30,7 @@ impl Source<'_> {
             let (_, harvest) = self.harvest(&mut dirty, &mut last)?;
             self.finish_round(0, Duration::ZERO, harvest);
         }
-        let saving = Instant::now();
-        let state = self
-            .vm
-            .save_vcpus()
-            .map_err(MigrationError::backend("save vCPU state"))?;
-        self.summary.save_vcpus_ms = ms(saving.elapsed());
-        self.ctl.send_frame(FrameKind::VcpuState, &state)?;
+        self.send_vcpu_state()?;
         for runs in dirty
             .runs()
             .chunks(MAX_MISSING_RUNS)

@@ -25,13 +25,7 @@ impl Source<'_> {
         let (_, harvest) = self.harvest(&mut dirty, &mut last)?;
         self.send_round(round, RoundKind::Final, &dirty)?;
         self.finish_round(0, Duration::ZERO, harvest);
-        let saving = Instant::now();
-        let state = self
-            .vm
-            .save_vcpus()
-            .map_err(MigrationError::backend("save vCPU state"))?;
-        self.summary.save_vcpus_ms = ms(saving.elapsed());
-        self.ctl.send_frame(FrameKind::VcpuState, &state)?;
+        self.send_vcpu_state()?;
         self.ctl.send(&Message::Switchover {
             verify_before_resume: strict,
             final_round: round,
@@ -97,6 +91,18 @@ impl Source<'_> {
             guest_totals(&self.ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
         self.summary.mismatches_before = before;
         Ok(paused_at)
+    }
+
+    /// Saves the paused vCPUs' state and sends it to the destination.
+    pub(crate) fn send_vcpu_state(&mut self) -> Result<(), MigrationError> {
+        let saving = Instant::now();
+        let state = self
+            .vm
+            .save_vcpus()
+            .map_err(MigrationError::backend("save vCPU state"))?;
+        self.summary.save_vcpus_ms = ms(saving.elapsed());
+        self.ctl.send_frame(FrameKind::VcpuState, &state)?;
+        Ok(())
     }
 
     pub(crate) fn send_digest(&mut self) -> Result<MemoryDigest, MigrationError> {
