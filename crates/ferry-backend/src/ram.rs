@@ -244,8 +244,25 @@ impl GuestRam {
     /// missing again: the next touch faults (and, with userfaultfd
     /// registered, asks for the page). Anonymous memory uses
     /// `MADV_DONTNEED`, the memfd `MADV_REMOVE`, which frees the file's
-    /// pages too. Hugetlb pages are 2 MiB and cannot drop a 4 KiB page.
+    /// pages too. Hugetlb drops whole 2 MiB pages only: the range must be
+    /// 2 MiB aligned.
     pub fn discard(&self, first: Gfn, count: u64) -> Result<(), RamError> {
+        let advice = match self.backing {
+            Backing::Memfd => libc::MADV_REMOVE,
+            _ => libc::MADV_DONTNEED,
+        };
+        self.advise(first, count, advice)
+    }
+
+    /// Unmaps `count` frames from `first` from this mapping but keeps a
+    /// memfd's contents in its page cache, so that the next touch is a
+    /// MINOR fault (with userfaultfd MINOR registered) that finds the data
+    /// already there. On anonymous memory this is [`GuestRam::discard`].
+    pub fn unmap(&self, first: Gfn, count: u64) -> Result<(), RamError> {
+        self.advise(first, count, libc::MADV_DONTNEED)
+    }
+
+    fn advise(&self, first: Gfn, count: u64, advice: libc::c_int) -> Result<(), RamError> {
         let end = first.0 + count;
         for slot in &self.slots {
             let (lo, hi) = (
@@ -257,16 +274,14 @@ impl GuestRam {
             }
             let gpa = Gfn(lo).gpa();
             let fail = |hint, source| RamError::Discard { gpa, hint, source };
-            let advice = match self.backing {
-                Backing::Anonymous | Backing::Thp => libc::MADV_DONTNEED,
-                Backing::Memfd => libc::MADV_REMOVE,
-                Backing::Hugetlb => {
-                    return Err(fail(
-                        ": hugetlb backing drops 2 MiB at a time, not single pages",
-                        std::io::Error::from(std::io::ErrorKind::Unsupported),
-                    ))
-                }
-            };
+            if self.backing == Backing::Hugetlb
+                && ((lo - slot.first_gfn().0) % 512 != 0 || (hi - lo) % 512 != 0)
+            {
+                return Err(fail(
+                    ": hugetlb backing drops 2 MiB at a time, not single pages",
+                    std::io::Error::from(std::io::ErrorKind::Unsupported),
+                ));
+            }
             let host =
                 self.host_address(slot) as usize + ((lo - slot.first_gfn().0) as usize) * PAGE_SIZE;
             // SAFETY: [host, host + len) lies inside this slot's mapping, which
