@@ -17,6 +17,7 @@
 //! * [`vm`]: the `Vm` trait and the configuration both ends of a migration agree on.
 
 pub mod admission;
+pub mod affinity;
 pub mod bitmap;
 pub mod dirty_limit;
 pub mod errors;

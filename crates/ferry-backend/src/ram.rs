@@ -243,19 +243,19 @@ impl GuestRam {
     /// Drops the contents of `count` frames from `first`, so that they are
     /// missing again: the next touch faults (and, with userfaultfd
     /// registered, asks for the page). Anonymous memory uses
-    /// `MADV_DONTNEED`, the memfd `MADV_REMOVE`, which frees the file's
-    /// pages too. Hugetlb drops whole 2 MiB pages only: the range must be
-    /// 2 MiB aligned.
+    /// `MADV_DONTNEED`; the shared backings (memfd, hugetlb) `MADV_REMOVE`,
+    /// which frees their page cache too. Hugetlb drops whole 2 MiB pages
+    /// only: the range must be 2 MiB aligned.
     pub fn discard(&self, first: Gfn, count: u64) -> Result<(), RamError> {
         let advice = match self.backing {
-            Backing::Memfd => libc::MADV_REMOVE,
-            _ => libc::MADV_DONTNEED,
+            Backing::Memfd | Backing::Hugetlb => libc::MADV_REMOVE,
+            Backing::Anonymous | Backing::Thp => libc::MADV_DONTNEED,
         };
         self.advise(first, count, advice)
     }
 
     /// Unmaps `count` frames from `first` from this mapping but keeps a
-    /// memfd's contents in its page cache, so that the next touch is a
+    /// memfd's or hugetlb's contents in their page cache, so that the next touch is a
     /// MINOR fault (with userfaultfd MINOR registered) that finds the data
     /// already there. On anonymous memory this is [`GuestRam::discard`].
     pub fn unmap(&self, first: Gfn, count: u64) -> Result<(), RamError> {
@@ -275,7 +275,8 @@ impl GuestRam {
             let gpa = Gfn(lo).gpa();
             let fail = |hint, source| RamError::Discard { gpa, hint, source };
             if self.backing == Backing::Hugetlb
-                && ((lo - slot.first_gfn().0) % 512 != 0 || (hi - lo) % 512 != 0)
+                && (!(lo - slot.first_gfn().0).is_multiple_of(512)
+                    || !(hi - lo).is_multiple_of(512))
             {
                 return Err(fail(
                     ": hugetlb backing drops 2 MiB at a time, not single pages",
@@ -323,10 +324,13 @@ fn map_region(
     let (builder, hint) = match backing {
         Backing::Anonymous | Backing::Thp => (builder.with_mmap_flags(anon), ""),
         // No MAP_NORESERVE: the reservation must fail here, with a hint,
-        // not later as a fault the guest cannot survive.
+        // not later as a fault the guest cannot survive. Shared, like a
+        // VMM's hugetlbfs file: its pages live in a page cache, so a
+        // postcopy destination can fill them there and map them on a MINOR
+        // fault (`GuestRam::unmap`), as with memfd.
         Backing::Hugetlb => (
             builder
-                .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB)
+                .with_mmap_flags(libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB)
                 .with_hugetlbfs(true),
             ": reserve 2 MiB huge pages first (echo N > /proc/sys/vm/nr_hugepages)",
         ),

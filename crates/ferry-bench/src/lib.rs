@@ -8,6 +8,8 @@
 //!   soft::zap            present-only iteration vs full scan (the iterator seed)
 //!   soft::write_protect  O(1) write-protect-all vs a walk, and harvest speed
 //!   kvm::dirty_log       the kernel's dirty_log_perf_test shape, per KVM tracking mode
+//!   demand_paging        postcopy's fault path: userfaultfd variants (kvm), shared
+//!                        queue vs vCPU-direct exits (soft); the annotated-faults seed
 //! ```
 //!
 //! Kept apart from the backends so that a backend is only a backend: the
@@ -15,6 +17,7 @@
 //! demand-paging benches join here. `ferry bench link` stays in the CLI,
 //! because what it measures is `ferry demo` processes end to end.
 
+pub mod demand_paging;
 pub mod kvm;
 pub mod soft;
 

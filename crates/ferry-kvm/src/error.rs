@@ -27,6 +27,9 @@ pub enum KvmError {
     /// A vCPU thread could not be started.
     #[error("cannot start vCPU thread {0}")]
     Thread(u32, #[source] std::io::Error),
+    /// A vCPU thread could not be pinned to a host CPU.
+    #[error("cannot pin vCPU thread {0} to its host CPU")]
+    Pin(u32, #[source] std::io::Error),
     /// The throttle thread could not be started.
     #[error("cannot start the vCPU throttle thread")]
     ThrottleThread(#[source] std::io::Error),

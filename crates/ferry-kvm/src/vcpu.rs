@@ -170,6 +170,15 @@ impl VcpuThread {
         state.clone()
     }
 
+    /// Runs the vCPU thread on host CPU `cpu` only.
+    pub fn pin(&self, cpu: usize) -> std::io::Result<()> {
+        use std::os::unix::thread::JoinHandleExt;
+        let Some(h) = &self.handle else {
+            return Err(std::io::Error::other("the vCPU thread has exited"));
+        };
+        ferry_backend::affinity::pin_thread(h.as_pthread_t(), cpu)
+    }
+
     /// The vCPU's current state.
     pub fn state(&self) -> VcpuState {
         self.shared.state.lock().expect("vcpu state lock").clone()

@@ -162,6 +162,16 @@ impl KvmVm {
         })
     }
 
+    /// Runs vCPU `index`'s thread on host CPU `cpu` only (benchmarks pair a
+    /// vCPU with the thread that serves its faults).
+    pub fn pin_vcpu(&self, index: u32, cpu: usize) -> Result<(), KvmError> {
+        let vcpu = self
+            .vcpus
+            .get(index as usize)
+            .ok_or_else(|| KvmError::Config(format!("no vCPU {index}")))?;
+        vcpu.pin(cpu).map_err(|e| KvmError::Pin(index, e))
+    }
+
     /// Throttle sleeps each vCPU has taken (for tests and reports).
     pub fn throttle_sleeps(&self) -> Vec<u64> {
         self.vcpus

@@ -109,7 +109,12 @@ impl Placer {
         };
         if ram.backing() != Backing::Hugetlb {
             for slot in ram.slots() {
-                placer.add(ram, slot.first_gfn(), slot.pages(), UFFDIO_REGISTER_MODE_MISSING)?;
+                placer.add(
+                    ram,
+                    slot.first_gfn(),
+                    slot.pages(),
+                    UFFDIO_REGISTER_MODE_MISSING,
+                )?;
             }
         }
         Ok(placer)
@@ -141,7 +146,7 @@ impl Placer {
             },
         };
         let granule = if hugetlb { HUGE_PAGES } else { 1 };
-        if first.0 % granule != 0 || pages % granule != 0 {
+        if !first.0.is_multiple_of(granule) || !pages.is_multiple_of(granule) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "a hugetlb range must start and end on 2 MiB boundaries",
@@ -165,7 +170,8 @@ impl Placer {
             .ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, "range is not inside one slot")
             })?;
-        let host = ram.host_address(slot) as u64 + (first.0 - slot.first_gfn().0) * PAGE_SIZE as u64;
+        let host =
+            ram.host_address(slot) as u64 + (first.0 - slot.first_gfn().0) * PAGE_SIZE as u64;
         let mut reg = UffdioRegister {
             range: UffdioRange {
                 start: host,
@@ -389,7 +395,11 @@ mod tests {
         let t = toucher(&ram, 5);
         assert_eq!(first_fault(&placer), Gfn(5));
         assert!(placer.resume(Gfn(5), 1).unwrap());
-        assert_eq!(t.join().unwrap(), 0x3333_3333_3333_3333, "the cached contents");
+        assert_eq!(
+            t.join().unwrap(),
+            0x3333_3333_3333_3333,
+            "the cached contents"
+        );
         assert!(!placer.resume(Gfn(5), 1).unwrap(), "mapped already");
     }
 
@@ -422,6 +432,10 @@ mod tests {
         assert_eq!(first_fault(&placer), Gfn(0), "the huge page's first frame");
         let huge: Vec<u8> = (0..2 << 20).map(|i| (i / PAGE_SIZE) as u8).collect();
         assert_eq!(placer.copy(Gfn(0), &huge).unwrap(), Placed::Copied(512));
-        assert_eq!(t.join().unwrap(), 0x6464_6464_6464_6464, "page 100 of the copy");
+        assert_eq!(
+            t.join().unwrap(),
+            0x6464_6464_6464_6464,
+            "page 100 of the copy"
+        );
     }
 }

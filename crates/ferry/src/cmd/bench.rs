@@ -3,7 +3,8 @@
 use super::CmdError;
 use crate::args::{parse_size, BackendArgs, TrackingMode};
 use clap::{Args, Subcommand};
-use ferry_backend::{AccessOrder, BackendKind, DirtyTracking, Workload};
+use ferry_backend::{AccessOrder, BackendKind, DirtyTracking, Workload, PAGE_SIZE};
+use ferry_bench::demand_paging::{experiment as demand_paging_experiment, DemandPagingOpts};
 use ferry_bench::kvm::dirty_log as dirty_log_kvm;
 use ferry_bench::soft::dirty_log::{dirty_log_experiment, DirtyLogOpts};
 use ferry_bench::soft::write_protect::{write_protect_experiment, WriteProtectOpts};
@@ -33,6 +34,47 @@ pub enum BenchCommand {
     /// link: the dirty-quota seed's table A (migration time per policy) and
     /// table B (guest runtime and progress for writer/reader mixes).
     Converge(crate::bench::converge::ConvergeArgs),
+    /// Postcopy's fault path alone (no network), the annotated-faults
+    /// seed's table: pages/s against vCPUs for userfaultfd variants on kvm
+    /// (4K/2M, MISSING/MINOR, poll/busy, prefetch) and for the shared fault
+    /// queue vs vCPU-direct exits on soft.
+    DemandPaging(DemandPagingArgs),
+}
+
+/// Arguments of `ferry bench demand-paging`.
+#[derive(Args, Debug)]
+pub struct DemandPagingArgs {
+    /// Backends to measure: kvm, soft or both (kvm is skipped, with a
+    /// note, where /dev/kvm is absent).
+    #[arg(long, value_delimiter = ',', default_value = "kvm,soft", value_parser = ["kvm", "soft"])]
+    pub backends: Vec<String>,
+    /// A subset that finishes in under 3 minutes: fewer cases, less memory,
+    /// one run per cell.
+    #[arg(long)]
+    pub quick: bool,
+    /// vCPU counts on kvm.
+    #[arg(long = "kvm-vcpus", value_delimiter = ',', default_value = "1,2", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub kvm_vcpus: Vec<u32>,
+    /// Guest memory per vCPU on kvm (multiple of 2M; default 64M, or 16M
+    /// with --quick).
+    #[arg(long = "mem-per-vcpu", value_parser = parse_size)]
+    pub mem_per_vcpu: Option<u64>,
+    /// vCPU thread counts on soft.
+    #[arg(long = "soft-vcpus", value_delimiter = ',', default_value = "1,2,4,8,16,32", value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub soft_vcpus: Vec<u64>,
+    /// Memory per vCPU thread on soft (multiple of 2M; default 16M, or 4M
+    /// with --quick).
+    #[arg(long = "soft-mem-per-vcpu", value_parser = parse_size)]
+    pub soft_mem_per_vcpu: Option<u64>,
+    /// Modelled cost in ns of a vCPU-direct fault's exit to the VMM (soft).
+    #[arg(long = "exit-cost-ns", default_value_t = ferry_soft::hw_cost::SEED_EXIT_COST_NS)]
+    pub exit_cost_ns: u64,
+    /// Runs per cell, the median reported (default 3, or 1 with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeats: Option<u32>,
+    /// Directory for the JSON and SVG outputs.
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
 }
 
 /// Arguments of `ferry bench zap`.
@@ -151,6 +193,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
             }
             Ok(code)
         }
+        BenchCommand::DemandPaging(a) => demand_paging(a),
         BenchCommand::WriteProtect(a) => {
             let opts = WriteProtectOpts {
                 sizes_gib: a.sizes_gib.clone(),
@@ -255,4 +298,44 @@ fn dirty_log(a: DirtyLogArgs) -> Result<ExitCode, CmdError> {
         written.svg.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+fn demand_paging(a: DemandPagingArgs) -> Result<ExitCode, CmdError> {
+    let mem = a
+        .mem_per_vcpu
+        .unwrap_or(if a.quick { 16 << 20 } else { 64 << 20 });
+    if !mem.is_multiple_of(2 << 20) {
+        return Err(CmdError::Usage(
+            "--mem-per-vcpu must be a multiple of 2M".into(),
+        ));
+    }
+    let soft_mem = a
+        .soft_mem_per_vcpu
+        .unwrap_or(if a.quick { 4 << 20 } else { 16 << 20 });
+    if !soft_mem.is_multiple_of(2 << 20) {
+        return Err(CmdError::Usage(
+            "--soft-mem-per-vcpu must be a multiple of 2M".into(),
+        ));
+    }
+    let mut kvm = a.backends.iter().any(|b| b == "kvm");
+    if kvm && !ferry_kvm::kvm_available() {
+        println!("SKIP: /dev/kvm cannot be opened here; demand paging on kvm not measured");
+        kvm = false;
+    }
+    let opts = DemandPagingOpts {
+        kvm,
+        soft: a.backends.iter().any(|b| b == "soft"),
+        kvm_vcpus: a.kvm_vcpus.clone(),
+        kvm_bytes_per_vcpu: mem,
+        quick: a.quick,
+        soft_vcpus: a.soft_vcpus.iter().map(|&v| v as usize).collect(),
+        soft_pages_per_vcpu: (soft_mem / PAGE_SIZE as u64).max(1),
+        exit_cost_ns: a.exit_cost_ns,
+        repeats: a.repeats.unwrap_or(if a.quick { 1 } else { 3 }),
+    };
+    let report = demand_paging_experiment(&opts, &mut |step| {
+        eprintln!("ferry bench demand-paging: {step} ...")
+    })
+    .map_err(CmdError::Failed)?;
+    emit(&report, &a.out)
 }
