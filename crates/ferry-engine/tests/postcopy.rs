@@ -77,7 +77,10 @@ fn hybrid_switches_after_its_rounds() {
     for _ in 0..5 {
         let (to, dest) = spawn_receiver(quick_receive());
         let mut src = running_source();
-        let opts = postcopy_opts(Mode::Hybrid { after_rounds: 2 });
+        let opts = postcopy_opts(Mode::Hybrid {
+            after_rounds: 2,
+            on_stall: false,
+        });
         opts.tunables.set_downtime_target(Duration::ZERO);
         let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
         let (_dvm, dsum) = dest.join().unwrap().unwrap();
@@ -102,13 +105,60 @@ fn hybrid_switches_after_its_rounds() {
 }
 
 #[test]
+fn a_hybrid_on_stall_switches_when_precopy_stops_shrinking() {
+    if !uffd_available("hybrid on stall") {
+        return;
+    }
+    // As above: a run whose guest was starved of CPU may converge, and is
+    // tried again.
+    for _ in 0..5 {
+        let (to, dest) = spawn_receiver(quick_receive());
+        let mut src = running_source();
+        let opts = PrecopyOptions {
+            converge: ferry_engine::converge::ConvergeMode::None,
+            ..postcopy_opts(Mode::Hybrid {
+                after_rounds: u32::MAX,
+                on_stall: true,
+            })
+        };
+        opts.tunables.set_downtime_target(Duration::ZERO);
+        let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+        let (_dvm, dsum) = dest.join().unwrap().unwrap();
+        assert_eq!(summary.status, Status::Completed, "{summary:?}");
+        assert!(summary.digest_match);
+        assert_eq!(summary.guest_mismatches, 0, "{summary:?}");
+        if summary.converged {
+            continue;
+        }
+        let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+        assert_eq!(kinds.last(), Some(&RoundKind::Postcopy), "{kinds:?}");
+        let switched = summary
+            .escalations
+            .iter()
+            .find(|e| e.what.contains("switching to postcopy"))
+            .expect("the stall is recorded");
+        // The stall, not the round cap, switched.
+        assert!(
+            switched.round + 2 < opts.tunables.max_rounds(),
+            "{switched:?}"
+        );
+        assert!(dsum.postcopy.is_some());
+        return;
+    }
+    panic!("precopy converged in every try: the guest never ran");
+}
+
+#[test]
 fn a_hybrid_that_converges_finishes_as_precopy() {
     if !uffd_available("hybrid converging") {
         return;
     }
     let (to, dest) = spawn_receiver(quick_receive());
     let mut src = running_source();
-    let opts = postcopy_opts(Mode::Hybrid { after_rounds: 5 });
+    let opts = postcopy_opts(Mode::Hybrid {
+        after_rounds: 5,
+        on_stall: false,
+    });
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Status::Completed, "{summary:?}");

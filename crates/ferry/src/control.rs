@@ -8,7 +8,8 @@
 //!  {"cmd":"throttle","percent":50}                   -> vCPUs sleep 50% of each 10 ms
 //!  {"cmd":"migrate","to":"10.0.0.2:7070"}            -> the migration summary (blocks)
 //!      optional: connections, stall_timeout_s, compress, verify_before_resume, tls_dir,
-//!      delta_cache_mib, converge, max_downtime_ms, give_up_after_s
+//!      delta_cache_mib, converge, max_downtime_ms, give_up_after_s, mode,
+//!      postcopy_after_rounds, on_stall
 //!  {"cmd":"cancel"}                                  -> cancels a migration in precopy
 //!  {"cmd":"stop"}                                    -> stops the VM and `ferry run`
 //! ```
@@ -73,8 +74,11 @@ pub enum Request {
         give_up_after_s: Option<u64>,
         /// precopy, postcopy or hybrid (default precopy).
         mode: Option<String>,
-        /// hybrid: precopy rounds before postcopy (default 1).
+        /// hybrid: precopy rounds before postcopy (default 1, or only on a
+        /// stall with on_stall "postcopy").
         postcopy_after_rounds: Option<u32>,
+        /// escalate (default) or postcopy (hybrid: switch on a stall).
+        on_stall: Option<String>,
     },
     Throttle {
         percent: u8,
@@ -256,15 +260,26 @@ fn handle(req: Request, shared: &Shared) -> Value {
             give_up_after_s,
             mode,
             postcopy_after_rounds,
+            on_stall,
         } => {
+            let on_stall = match on_stall.as_deref() {
+                None | Some("escalate") => false,
+                Some("postcopy") => true,
+                Some(other) => {
+                    return json!({"ok": false, "error": format!("unknown on_stall '{other}': expected escalate or postcopy")})
+                }
+            };
             let mode = match mode
                 .as_deref()
                 .unwrap_or("precopy")
                 .parse::<ferry_engine::Mode>()
             {
-                Ok(m) => m.with_rounds(postcopy_after_rounds.unwrap_or(1)),
+                Ok(m) => m.with_switch(postcopy_after_rounds, on_stall),
                 Err(e) => return json!({"ok": false, "error": e}),
             };
+            if on_stall && !mode.switch_on_stall() {
+                return json!({"ok": false, "error": "on_stall postcopy needs mode hybrid"});
+            }
             if mode.may_postcopy() && delta_cache_mib.unwrap_or(0) > 0 {
                 return json!({"ok": false, "error": "delta_cache_mib cannot be used with postcopy or hybrid"});
             }

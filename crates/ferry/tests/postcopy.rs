@@ -90,3 +90,17 @@ fn postcopy_refuses_delta_and_unknown_modes() {
         "{stderr}"
     );
 }
+
+#[test]
+fn switch_settings_need_a_hybrid() {
+    for args in [
+        ["demo", "--on-stall", "postcopy", "--backend", "soft"],
+        ["demo", "--postcopy-after-rounds", "3", "--backend", "soft"],
+    ] {
+        let out = run(&args);
+        assert_no_panic(&out);
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("needs --mode hybrid"), "{args:?}: {stderr}");
+    }
+}

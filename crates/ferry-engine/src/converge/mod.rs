@@ -177,6 +177,10 @@ pub(crate) struct Converger {
     pub escalations: Vec<Escalation>,
     /// Every change an operator asked for while the migration ran.
     pub operator_changes: Vec<Escalation>,
+    /// A stall asks for postcopy instead of escalating (hybrid, on stall).
+    switch_on_stall: bool,
+    /// Set when a stall asked for postcopy.
+    pub switch_requested: bool,
 }
 
 impl Converger {
@@ -197,6 +201,17 @@ impl Converger {
             reported: 0,
             escalations: Vec::new(),
             operator_changes: Vec::new(),
+            switch_on_stall: false,
+            switch_requested: false,
+        }
+    }
+
+    /// This state, where a stall asks for postcopy (`switch_requested`)
+    /// instead of escalating, if `yes`.
+    pub fn switching_on_stall(self, yes: bool) -> Self {
+        Converger {
+            switch_on_stall: yes,
+            ..self
         }
     }
 
@@ -222,6 +237,14 @@ impl Converger {
         self.live_requests(vm, tunables, s.round)?;
         let mut want = self.policy.as_mut().and_then(|p| p.decide(s));
         if self.stall.observe(s.remaining_bytes) {
+            if self.switch_on_stall {
+                self.record(
+                    s.round,
+                    "remaining bytes stopped shrinking: switching to postcopy".into(),
+                );
+                self.switch_requested = true;
+                return Ok(());
+            }
             want = want.or(self.escalate(s, tunables));
         }
         match want {

@@ -54,10 +54,15 @@ pub enum Mode {
     /// Switch over at once; every page is fetched on demand or pushed.
     Postcopy,
     /// Precopy for `after_rounds` rounds (the full pass is the first),
-    /// then postcopy, unless precopy converged first.
+    /// or until precopy stalls if `on_stall`, then postcopy, unless
+    /// precopy converged first.
     Hybrid {
         /// Precopy rounds before the switch, at least 1.
         after_rounds: u32,
+        /// Switch as soon as the stall detector says precopy will not
+        /// finish (the remaining bytes stopped shrinking), instead of
+        /// escalating.
+        on_stall: bool,
     },
 }
 
@@ -82,8 +87,13 @@ impl Mode {
         match self {
             Mode::Precopy => false,
             Mode::Postcopy => true,
-            Mode::Hybrid { after_rounds } => rounds >= (*after_rounds).max(1),
+            Mode::Hybrid { after_rounds, .. } => rounds >= (*after_rounds).max(1),
         }
+    }
+
+    /// Whether a precopy stall switches to postcopy.
+    pub fn switch_on_stall(&self) -> bool {
+        matches!(self, Mode::Hybrid { on_stall: true, .. })
     }
 }
 
@@ -95,7 +105,10 @@ impl std::str::FromStr for Mode {
         match s {
             "precopy" => Ok(Mode::Precopy),
             "postcopy" => Ok(Mode::Postcopy),
-            "hybrid" => Ok(Mode::Hybrid { after_rounds: 1 }),
+            "hybrid" => Ok(Mode::Hybrid {
+                after_rounds: 1,
+                on_stall: false,
+            }),
             _ => Err(format!(
                 "unknown mode '{s}': expected precopy, postcopy or hybrid"
             )),
@@ -104,11 +117,14 @@ impl std::str::FromStr for Mode {
 }
 
 impl Mode {
-    /// This mode, switching after `rounds` precopy rounds if hybrid.
-    pub fn with_rounds(self, rounds: u32) -> Self {
+    /// This mode, if hybrid switching after `rounds` precopy rounds, and on
+    /// a stall if `on_stall`. Without `rounds`: after the full pass, or
+    /// only on a stall (or at the round cap) if `on_stall`.
+    pub fn with_switch(self, rounds: Option<u32>, on_stall: bool) -> Self {
         match self {
             Mode::Hybrid { .. } => Mode::Hybrid {
-                after_rounds: rounds.max(1),
+                after_rounds: rounds.unwrap_or(if on_stall { u32::MAX } else { 1 }).max(1),
+                on_stall,
             },
             m => m,
         }

@@ -143,7 +143,8 @@ pub fn migrate_accounted(
         .max_downtime
         .unwrap_or_else(|| opts.tunables.downtime_target());
     let mut src = Source {
-        converge: Converger::new(opts.converge, max_downtime),
+        converge: Converger::new(opts.converge, max_downtime)
+            .switching_on_stall(opts.mode.switch_on_stall()),
         pages: ram.pages(),
         vm,
         ram,
@@ -357,7 +358,10 @@ impl Source<'_> {
                 break;
             }
             let capped = round >= tun.max_rounds();
-            if self.opts.mode.switch_after(round) || (capped && self.opts.mode.may_postcopy()) {
+            let stalled = std::mem::take(&mut self.converge.switch_requested);
+            if self.opts.mode.switch_after(round)
+                || ((capped || stalled) && self.opts.mode.may_postcopy())
+            {
                 return self.postcopy_switchover(round, dirty);
             }
             if capped {

@@ -88,8 +88,16 @@ pub struct MigrationArgs {
     #[arg(long, default_value = "precopy", value_parser = clap::value_parser!(Mode))]
     pub mode: Mode,
     /// hybrid: precopy rounds before postcopy (the full pass counts as one).
-    #[arg(long = "postcopy-after-rounds", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub postcopy_after_rounds: u32,
+    /// Default: 1, or with --on-stall postcopy only when precopy stalls (or
+    /// reaches --max-rounds).
+    #[arg(long = "postcopy-after-rounds", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub postcopy_after_rounds: Option<u32>,
+    /// What a stall does (the bytes left stopped shrinking for 3 rounds).
+    /// escalate: engage --converge, then raise the downtime target up to
+    /// --max-downtime-ms. postcopy (with --mode hybrid): switch to postcopy
+    /// at once, since precopy will not finish.
+    #[arg(long = "on-stall", default_value = "escalate", value_parser = ["escalate", "postcopy"])]
+    pub on_stall: String,
     /// Re-send pages dirtied again as the bytes that changed since their
     /// last copy (like QEMU's XBZRLE), from a cache of last-sent pages.
     #[arg(long)]
@@ -132,7 +140,25 @@ pub struct MigrationArgs {
 impl MigrationArgs {
     /// The mode asked for.
     pub fn mode(&self) -> Mode {
-        self.mode.with_rounds(self.postcopy_after_rounds)
+        self.mode
+            .with_switch(self.postcopy_after_rounds, self.on_stall == "postcopy")
+    }
+
+    /// Refuses switch settings that the mode would ignore.
+    pub fn check_mode(&self) -> Result<(), CmdError> {
+        let hybrid = matches!(self.mode, Mode::Hybrid { .. });
+        if self.on_stall == "postcopy" && !hybrid {
+            return Err(CmdError::Usage(
+                "--on-stall postcopy needs --mode hybrid (precopy that may switch to postcopy)"
+                    .into(),
+            ));
+        }
+        if self.postcopy_after_rounds.is_some() && !hybrid {
+            return Err(CmdError::Usage(
+                "--postcopy-after-rounds needs --mode hybrid".into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -178,6 +204,7 @@ impl MigrationArgs {
     /// The link settings these arguments ask for; loads the TLS material,
     /// so a bad --tls-dir is refused before any VM boots.
     pub fn link(&self) -> Result<LinkSettings, CmdError> {
+        self.check_mode()?;
         let mode = self.mode();
         if mode.may_postcopy() && self.delta {
             return Err(CmdError::Usage(format!(
