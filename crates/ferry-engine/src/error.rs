@@ -86,14 +86,17 @@ pub enum MigrationError {
     Cancelled,
     /// The destination's side of a failed postcopy.
     #[error(
-        "postcopy failed with {missing} of {total} pages still missing here; this copy \
-         of the guest is paused and must not run: the source keeps every page"
+        "postcopy failed with {missing} of {total} pages still missing here ({ranges}); \
+         this copy of the guest is paused and must not run: only the source holds \
+         those pages"
     )]
     PostcopyIncomplete {
         /// Pages never received.
         missing: u64,
         /// Pages of the guest.
         total: u64,
+        /// The missing frame ranges, the first few spelled out.
+        ranges: String,
         /// What failed.
         #[source]
         source: Box<MigrationError>,
@@ -112,6 +115,17 @@ pub enum MigrationError {
         /// What failed.
         #[source]
         source: Box<MigrationError>,
+    },
+    /// A postcopy's connections broke and the peer did not come back.
+    #[error("the {peer} did not reconnect within {secs} s after the postcopy connections broke")]
+    NotRecovered {
+        /// "source" or "destination".
+        peer: &'static str,
+        /// The recovery timeout.
+        secs: u64,
+        /// Why the connections broke.
+        #[source]
+        cause: Box<MigrationError>,
     },
     /// Nothing moved on the link for the stall timeout.
     #[error("no progress from {peer} for {secs} s")]

@@ -17,6 +17,8 @@ pub enum Phase {
     Switchover,
     /// Postcopy: the guest runs on the destination, pages follow.
     Postcopy,
+    /// Postcopy: the connections broke; reconnecting.
+    Recovering,
     /// Computing and comparing the memory digest.
     Verifying,
     /// Waiting for the destination's guest report.

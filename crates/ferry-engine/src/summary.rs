@@ -128,6 +128,8 @@ pub struct MigrationSummary {
     pub postcopy_ms: f64,
     /// Postcopy: pages the destination lacked at switchover.
     pub missing_pages: u64,
+    /// Postcopy: times the connections broke and were set up again.
+    pub recoveries: u32,
     /// Dirty-tracking method of the source.
     pub dirty_tracking: String,
     /// Wire format version spoken.

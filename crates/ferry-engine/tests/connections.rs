@@ -206,6 +206,7 @@ fn data_connection_as(channel: u16) -> (String, ferry_engine::MigrationError) {
         channel,
         data_channels: 1,
         priority: false,
+        recover: false,
     };
     let timeout = Duration::from_secs(10);
     let mut ctl = open_channel(&to, hello(0), timeout).unwrap();

@@ -187,6 +187,98 @@ fn postcopy_refuses_verify_before_resume_and_the_source_runs_on() {
     assert!(dest.join().unwrap().is_err());
 }
 
+/// A postcopy through a relay that cuts every connection `cuts` times,
+/// each 64 KiB into the push: both sides must recover each time.
+fn postcopy_through_cuts(cuts: u32) {
+    let (to, dest) = spawn_receiver(ReceiveOptions {
+        stall_timeout: Duration::from_secs(5),
+        recover_timeout: Duration::from_secs(30),
+        ..quick_receive()
+    });
+    let relay = common::relay::Relay::start(
+        to.0.clone(),
+        common::relay::Fault::CutAfter {
+            bytes: 64 << 10,
+            times: cuts,
+        },
+    );
+    let mut src = running_source();
+    let opts = PrecopyOptions {
+        stall_timeout: Duration::from_secs(5),
+        recover_timeout: Duration::from_secs(30),
+        ..postcopy_opts(Mode::Postcopy)
+    };
+    let dialer = ferry_engine::TcpDialer(relay.addr.clone());
+    let summary = migrate(&mut src, &dialer, &opts, &NoProgress).unwrap();
+    let (dvm, dsum) = dest.join().unwrap().unwrap();
+    assert_eq!(relay.cuts(), cuts);
+    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
+    assert_eq!(summary.guest_mismatches, 0, "{summary:?}");
+    assert_eq!(summary.recoveries, cuts, "{summary:?}");
+    let report = dsum.postcopy.expect("postcopy report");
+    assert_eq!(report.recoveries, cuts, "{report:?}");
+    assert!(dvm.is_running());
+    assert!(!src.is_running());
+}
+
+#[test]
+fn a_cut_mid_postcopy_is_recovered() {
+    if uffd_available("postcopy recovery") {
+        postcopy_through_cuts(1);
+    }
+}
+
+#[test]
+fn a_second_cut_is_recovered_the_same_way() {
+    if uffd_available("postcopy double failure") {
+        postcopy_through_cuts(2);
+    }
+}
+
+#[test]
+fn a_source_that_never_returns_leaves_ranges_the_destination_names() {
+    if !uffd_available("postcopy source death") {
+        return;
+    }
+    // The source gives up at once (as a source that died would never come
+    // back); the destination waits its recovery timeout, then says which
+    // pages only the source had.
+    let (to, dest) = spawn_receiver(ReceiveOptions {
+        stall_timeout: Duration::from_secs(5),
+        recover_timeout: Duration::from_secs(1),
+        ..quick_receive()
+    });
+    let relay = common::relay::Relay::start(
+        to.0.clone(),
+        common::relay::Fault::CutAfter {
+            bytes: 64 << 10,
+            times: 1,
+        },
+    );
+    let mut src = running_source();
+    let opts = PrecopyOptions {
+        recover_timeout: Duration::ZERO,
+        ..postcopy_opts(Mode::Postcopy)
+    };
+    let dialer = ferry_engine::TcpDialer(relay.addr.clone());
+    let err = migrate(&mut src, &dialer, &opts, &NoProgress).unwrap_err();
+    assert!(matches!(err, MigrationError::Postcopy { .. }), "{err}");
+    assert!(!src.is_running());
+    let dest_err = dest.join().unwrap().err().expect("the destination fails");
+    match &dest_err {
+        MigrationError::PostcopyIncomplete {
+            missing, ranges, ..
+        } => {
+            assert!(*missing > 0);
+            assert!(ranges.starts_with("frames 0x"), "{ranges}");
+        }
+        e => panic!("expected the missing ranges, got {e}"),
+    }
+    let chain = dest_err.chain();
+    assert!(chain.contains("did not reconnect within 1 s"), "{chain}");
+}
+
 #[test]
 fn a_cut_mid_postcopy_keeps_the_source_paused_with_its_pages() {
     if !uffd_available("postcopy cut") {
@@ -194,8 +286,10 @@ fn a_cut_mid_postcopy_keeps_the_source_paused_with_its_pages() {
     }
     // The destination dies (its stall timeout) once the relay stops
     // forwarding partway through the push.
+    // Recovery off on both sides: the failure itself is what is tested.
     let (to, dest) = spawn_receiver(ReceiveOptions {
         stall_timeout: Duration::from_secs(2),
+        recover_timeout: Duration::ZERO,
         ..quick_receive()
     });
     let relay =
@@ -203,6 +297,7 @@ fn a_cut_mid_postcopy_keeps_the_source_paused_with_its_pages() {
     let mut src = running_source();
     let opts = PrecopyOptions {
         stall_timeout: Duration::from_secs(2),
+        recover_timeout: Duration::ZERO,
         ..postcopy_opts(Mode::Postcopy)
     };
     let dialer = ferry_engine::TcpDialer(relay.addr.clone());

@@ -9,7 +9,7 @@
 //!  {"cmd":"migrate","to":"10.0.0.2:7070"}            -> the migration summary (blocks)
 //!      optional: connections, stall_timeout_s, compress, verify_before_resume, tls_dir,
 //!      delta_cache_mib, converge, max_downtime_ms, give_up_after_s, mode,
-//!      postcopy_after_rounds, on_stall
+//!      postcopy_after_rounds, on_stall, recover_timeout_s
 //!  {"cmd":"cancel"}                                  -> cancels a migration in precopy
 //!  {"cmd":"stop"}                                    -> stops the VM and `ferry run`
 //! ```
@@ -79,6 +79,9 @@ pub enum Request {
         postcopy_after_rounds: Option<u32>,
         /// escalate (default) or postcopy (hybrid: switch on a stall).
         on_stall: Option<String>,
+        /// Postcopy: seconds to keep reconnecting after the connections
+        /// break (default 60).
+        recover_timeout_s: Option<u64>,
     },
     Throttle {
         percent: u8,
@@ -261,6 +264,7 @@ fn handle(req: Request, shared: &Shared) -> Value {
             mode,
             postcopy_after_rounds,
             on_stall,
+            recover_timeout_s,
         } => {
             let on_stall = match on_stall.as_deref() {
                 None | Some("escalate") => false,
@@ -315,6 +319,10 @@ fn handle(req: Request, shared: &Shared) -> Value {
                 max_downtime: max_downtime_ms.map(Duration::from_millis),
                 give_up_after: give_up_after_s.map(Duration::from_secs),
                 mode,
+                recover_timeout: recover_timeout_s.map_or(
+                    ferry_engine::postcopy::DEFAULT_RECOVER_TIMEOUT,
+                    Duration::from_secs,
+                ),
             };
             forward(shared, |reply| VmCommand::Migrate { to, link, reply })
         }

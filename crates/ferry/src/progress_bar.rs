@@ -42,6 +42,7 @@ impl Progress for MigrationBar {
             Phase::DirtyRounds => "dirty rounds",
             Phase::Switchover => "switchover",
             Phase::Postcopy => "postcopy",
+            Phase::Recovering => "recovering",
             Phase::Verifying => "verifying",
             Phase::Reporting => "reporting",
             Phase::Done => "done",

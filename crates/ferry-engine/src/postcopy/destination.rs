@@ -1,44 +1,40 @@
 //! The destination's postcopy switchover: drop stale copies, start the
-//! pager, resume at once, and wait for every page before the digest.
+//! pager, resume at once, and wait for every page before the digest. When
+//! the connections break on the way, the guest runs on (a vCPU that touches
+//! a missing page waits in the kernel) while the source reconnects.
 
 use super::pager::Pager;
+use super::{recoverable, PostcopyReport};
 use crate::error::MigrationError;
-use crate::precopy::{guest_totals, Dest, ReceiveOptions};
+use crate::precopy::{guest_totals, unexpected, Dest, ReceiveOptions};
 use crate::summary::ms;
+use crate::transport::Listen;
+use crate::wire::{MemoryDigest, Message};
 use std::time::{Duration, Instant};
 
 /// How often the destination looks whether every page is in.
 const ALL_IN_POLL: Duration = Duration::from_millis(2);
 
-impl Dest<'_> {
+impl Dest {
     /// Postcopy from the Switchover on: the source sends round
     /// `final_round` (the push) after the guest resumes here.
     pub(crate) fn postcopy(
         &mut self,
         final_round: u32,
         switched: Instant,
+        listener: &dyn Listen,
         opts: &ReceiveOptions,
     ) -> Result<(), MigrationError> {
         // Every precopy page must be in before the stale ones are dropped.
         if final_round > 0 {
-            self.loaded.wait_round(final_round - 1, self.health)?;
+            self.loaded.wait_round(final_round - 1, &self.health)?;
         }
         let missing = self
             .missing
             .take()
             .unwrap_or_else(|| ferry_backend::DirtyPages::new(self.header.pages()));
         self.loaded.begin_postcopy(&missing)?;
-        let Some(io) = self.priority.take() else {
-            return Err(MigrationError::Refused(
-                "a postcopy switchover without a priority connection".into(),
-            ));
-        };
-        let pager = Pager::start(
-            io,
-            std::sync::Arc::clone(&self.loaded),
-            std::sync::Arc::clone(self.health),
-            opts.prefetch,
-        )?;
+        let mut pager = Some(self.start_pager(opts, false)?);
         let state = self.vcpu_state.take().ok_or(MigrationError::Protocol {
             expected: "VcpuState before Switchover",
             got: crate::wire::FrameKind::Switchover,
@@ -52,19 +48,88 @@ impl Dest<'_> {
             .map_err(MigrationError::ram("read guest progress"))?;
         self.resume(switched)?;
         let resumed = Instant::now();
+        let mut report = PostcopyReport::default();
+        let mut postcopy_ms = None;
+        let digest = loop {
+            match self.all_in_and_digest(final_round, resumed, &mut postcopy_ms) {
+                Ok(d) => break d,
+                Err(e) => {
+                    let e = self.health.settle(e);
+                    if !recoverable(&e) || opts.recover_timeout.is_zero() {
+                        return Err(e);
+                    }
+                    if let Some(p) = pager.take() {
+                        report.add(&p.stop());
+                    }
+                    tracing::warn!(
+                        "postcopy connections broke ({}); the guest runs on, waiting up to {} s \
+                         for the source to reconnect",
+                        e.chain(),
+                        opts.recover_timeout.as_secs()
+                    );
+                    self.await_recovery(listener, final_round, opts.recover_timeout, e)?;
+                    report.recoveries += 1;
+                    pager = Some(self.start_pager(opts, true)?);
+                }
+            }
+        };
+        if let Some(p) = pager.take() {
+            report.add(&p.stop());
+        }
+        report.block_ms = self.loaded.clock.block_ms();
+        report.postcopy_ms = postcopy_ms.unwrap_or_default();
+        report.missing_pages = missing.count();
+        self.summary.postcopy = Some(report);
+        // Every page is in: the registration has nothing left to catch.
+        self.loaded.end_placement();
+        self.verify_and_run(
+            false,
+            switched,
+            passes_before,
+            mismatches_before,
+            opts,
+            digest,
+        )
+    }
+
+    /// The fault handler and priority reader, on the priority connection.
+    fn start_pager(
+        &mut self,
+        opts: &ReceiveOptions,
+        ask_again: bool,
+    ) -> Result<Pager, MigrationError> {
+        let Some(io) = self.priority.take() else {
+            return Err(MigrationError::Refused(
+                "a postcopy switchover without a priority connection".into(),
+            ));
+        };
+        Pager::start(
+            io,
+            std::sync::Arc::clone(&self.loaded),
+            std::sync::Arc::clone(&self.health),
+            opts.prefetch,
+            ask_again,
+        )
+    }
+
+    /// Waits until every page is in and the push's round has ended, then
+    /// for the source's digest. Sets `postcopy_ms` when the last page lands.
+    fn all_in_and_digest(
+        &mut self,
+        final_round: u32,
+        resumed: Instant,
+        postcopy_ms: &mut Option<f64>,
+    ) -> Result<MemoryDigest, MigrationError> {
         let total = self.header.pages();
         while self.loaded.received.count() < total {
             self.health.check()?;
             std::thread::sleep(ALL_IN_POLL);
         }
-        let postcopy_ms = ms(resumed.elapsed());
-        self.loaded.wait_round(final_round, self.health)?;
-        let mut report = pager.stop();
-        report.postcopy_ms = postcopy_ms;
-        report.missing_pages = missing.count();
-        self.summary.postcopy = Some(report);
-        // Every page is in: the registration has nothing left to catch.
-        self.loaded.end_placement();
-        self.verify_and_run(false, switched, passes_before, mismatches_before, opts)
+        postcopy_ms.get_or_insert_with(|| ms(resumed.elapsed()));
+        self.loaded.wait_round(final_round, &self.health)?;
+        match self.ctl.recv_message("Digest")? {
+            (Message::Digest(d), _) => Ok(d),
+            (m, offset) => Err(unexpected("Digest", &m, offset)),
+        }
     }
 }

@@ -39,10 +39,15 @@
 
 mod destination;
 pub(crate) mod pager;
+mod recovery;
 pub(crate) mod server;
 mod source;
 
 pub use pager::DEFAULT_PREFETCH;
+
+/// How long either side tries to recover a postcopy whose connections
+/// broke before it gives up.
+pub const DEFAULT_RECOVER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 use serde::Serialize;
 
 /// How a migration moves memory.
@@ -154,4 +159,24 @@ pub struct PostcopyReport {
     pub postcopy_ms: f64,
     /// Missing pages at switchover.
     pub missing_pages: u64,
+    /// Times the connections broke mid-postcopy and were set up again.
+    #[serde(default)]
+    pub recoveries: u32,
+}
+
+impl PostcopyReport {
+    /// Adds the counts of a pager that ran over an earlier set of
+    /// connections.
+    fn add(&mut self, earlier: &PostcopyReport) {
+        self.page_requests += earlier.page_requests;
+        self.faults += earlier.faults;
+        self.pages_requested += earlier.pages_requested;
+    }
+}
+
+/// Whether a postcopy that failed with `e` may be recovered: the
+/// connections broke or stood still, and the peer said nothing.
+pub(crate) fn recoverable(e: &crate::error::MigrationError) -> bool {
+    crate::transport::health::is_link_failure(e)
+        || matches!(e, crate::error::MigrationError::Stalled { .. })
 }

@@ -93,6 +93,21 @@ impl BlockClock {
         Some(n)
     }
 
+    /// Pages asked for and not placed yet, in order: after the
+    /// connections broke their answers may never come, so a recovery asks
+    /// again.
+    fn pending(&self) -> Vec<u64> {
+        let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<u64> = asked.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Time vCPUs waited for pages so far, in ms.
+    pub fn block_ms(&self) -> f64 {
+        self.block_ns.load(Ordering::Relaxed) as f64 / 1e6
+    }
+
     /// `n` pages from `first` are in guest memory.
     pub fn placed(&self, first: Gfn, n: u64) {
         let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
@@ -131,12 +146,16 @@ pub(crate) struct Pager {
 
 impl Pager {
     /// Starts serving faults on `loaded`'s registration, asking on `io`
-    /// (the priority connection) for `prefetch` pages per fault.
+    /// (the priority connection) for `prefetch` pages per fault. After a
+    /// recovery (`ask_again`), first asks again for every page asked for
+    /// before the connections broke and not placed since: the vCPUs that
+    /// wait for them raised their faults already.
     pub fn start(
         io: Channel,
         loaded: Arc<Loaded>,
         health: Arc<Health>,
         prefetch: u32,
+        ask_again: bool,
     ) -> Result<Self, MigrationError> {
         let link = io.get_ref();
         let write_half = link.try_clone_link().map_err(StreamError::Io)?;
@@ -154,6 +173,9 @@ impl Pager {
             requests: AtomicU64::new(0),
             pages_requested: AtomicU64::new(0),
         });
+        if ask_again {
+            ask_again_for_pending(&shared)?;
+        }
         let mut threads = Vec::new();
         let s = Arc::clone(&shared);
         threads.push(
@@ -213,6 +235,34 @@ impl Drop for Pager {
     fn drop(&mut self) {
         self.halt();
     }
+}
+
+/// Sends one request for each run of pages asked for before and still
+/// missing.
+fn ask_again_for_pending(s: &Shared) -> Result<(), MigrationError> {
+    let loaded = &s.loaded;
+    let max = u64::from(crate::wire::control::MAX_REQUEST_PAGES);
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for g in loaded.clock.pending() {
+        if loaded.is_present(Gfn(g)) {
+            continue;
+        }
+        match runs.last_mut() {
+            Some((first, n)) if *first + *n == g && *n < max => *n += 1,
+            _ => runs.push((g, 1)),
+        }
+    }
+    let mut w = s.writer.lock().unwrap_or_else(|p| p.into_inner());
+    for (first, n) in runs {
+        let req = Message::PageRequest {
+            first,
+            count: n as u32,
+        };
+        w.write_frame(req.kind(), &[&req.encode()])?;
+        s.requests.fetch_add(1, Ordering::Relaxed);
+    }
+    w.flush()?;
+    Ok(())
 }
 
 fn handle_faults(s: &Shared) -> Result<(), MigrationError> {

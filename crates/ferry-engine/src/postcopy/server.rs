@@ -104,13 +104,18 @@ pub(crate) struct PageServer {
 impl PageServer {
     /// Serves requests arriving on `io`, the priority connection.
     /// Answers are charged to `bucket`, the bandwidth cap the push shares.
+    /// `armed`: already in postcopy round `.0`, with pages `.1` to send.
     pub fn start(
         io: Channel,
         ram: Arc<GuestRam>,
         health: Arc<Health>,
         bucket: Arc<Mutex<TokenBucket>>,
+        armed: Option<(u32, &DirtyPages)>,
     ) -> Result<Self, MigrationError> {
         let served = Arc::new(Served::new(ram));
+        if let Some((round, missing)) = armed {
+            served.arm(round, missing);
+        }
         let s = Arc::clone(&served);
         let handle = std::thread::Builder::new()
             .name("page-server".into())

@@ -1,12 +1,15 @@
 //! The source's postcopy switchover: pause, hand over at once, then serve
 //! requests and push every missing page until the destination has them all.
 
+use super::recoverable;
 use crate::error::MigrationError;
 use crate::precopy::{ship, unexpected, Source};
 use crate::progress::Phase;
 use crate::summary::{ms, RoundKind};
+use crate::transport::Dial;
+use crate::wire::control::Hello;
 use crate::wire::control::MAX_MISSING_RUNS;
-use crate::wire::Message;
+use crate::wire::{MemoryDigest, Message};
 use ferry_backend::DirtyPages;
 use std::time::{Duration, Instant};
 
@@ -23,6 +26,8 @@ impl Source<'_> {
         &mut self,
         round: u32,
         mut dirty: DirtyPages,
+        dialer: &dyn Dial,
+        hello: &dyn Fn(u16) -> Hello,
     ) -> Result<(), MigrationError> {
         let paused_at = self.pause_for_switchover()?;
         if self.logging {
@@ -66,14 +71,25 @@ impl Source<'_> {
             }
             (m, offset) => return Err(unexpected("Resumed", &m, offset)),
         }
-        self.progress.phase(Phase::Postcopy);
-        self.push(round)?;
-
-        self.progress.phase(Phase::Verifying);
-        let ours = self.send_digest()?;
-        let (matched, dest) = match self.ctl.recv_message("Verified")? {
-            (Message::Verified { matched, dest }, _) => (matched, dest),
-            (m, offset) => return Err(unexpected("Verified", &m, offset)),
+        let (ours, matched, dest) = loop {
+            match self.push_and_verify(round) {
+                Ok(v) => break v,
+                Err(e) => {
+                    let e = self.health.settle(e);
+                    if !recoverable(&e) || self.opts.recover_timeout.is_zero() {
+                        return Err(e);
+                    }
+                    tracing::warn!(
+                        "postcopy connections broke ({}); reconnecting for up to {} s",
+                        e.chain(),
+                        self.opts.recover_timeout.as_secs()
+                    );
+                    self.progress.phase(Phase::Recovering);
+                    let deadline = Instant::now() + self.opts.recover_timeout;
+                    self.recover(dialer, hello, round, deadline, e)?;
+                    self.summary.recoveries += 1;
+                }
+            }
         };
         self.awaiting_verdict = false;
         self.summary.digest_checked = true;
@@ -89,6 +105,22 @@ impl Source<'_> {
         self.commit();
         self.collect_report();
         Ok(())
+    }
+
+    /// Pushes what is left, sends the digest and reads the verdict:
+    /// (our digest, whether it matched, the destination's digest).
+    fn push_and_verify(
+        &mut self,
+        round: u32,
+    ) -> Result<(MemoryDigest, bool, MemoryDigest), MigrationError> {
+        self.progress.phase(Phase::Postcopy);
+        self.push(round)?;
+        self.progress.phase(Phase::Verifying);
+        let ours = self.send_digest()?;
+        match self.ctl.recv_message("Verified")? {
+            (Message::Verified { matched, dest }, _) => Ok((ours, matched, dest)),
+            (m, offset) => Err(unexpected("Verified", &m, offset)),
+        }
     }
 
     /// Sends every missing page the page server has not, as round `round`,

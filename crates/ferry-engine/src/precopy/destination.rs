@@ -49,7 +49,13 @@ impl IncomingMigration {
 /// another migration) is refused with a reason, sent to it as well.
 pub fn await_migration(listener: &dyn Listen) -> Result<IncomingMigration, MigrationError> {
     let (io, hello) = accept_channel(listener, None, &|h: &Hello| {
-        if h.channel == 0 {
+        if h.recover {
+            Err(
+                "there is no postcopy to recover here (this destination has no migration \
+                 in progress)"
+                    .into(),
+            )
+        } else if h.channel == 0 {
             Ok(())
         } else {
             Err(format!(
@@ -114,8 +120,10 @@ pub fn receive(
             postcopy: None,
         },
         vm,
-        ctl: &ctl,
-        health: &health,
+        ctl,
+        health,
+        bytes_before: 0,
+        session: hello.session,
         header,
         loaded,
         receivers: None,
@@ -124,15 +132,23 @@ pub fn receive(
         missing: None,
     };
     let result = dest.run(listener, hello, opts);
+    let ranges = if result.is_err() && dest.loaded.in_postcopy() {
+        dest.missing_ranges()
+    } else {
+        String::new()
+    };
     let Dest {
         mut summary,
         mut vm,
         loaded,
         receivers,
+        mut ctl,
+        health,
+        bytes_before,
         ..
     } = dest;
     summary.total_ms = ms(start.elapsed());
-    summary.bytes_received = health.data_bytes();
+    summary.bytes_received = bytes_before + health.data_bytes();
     summary.pages_received = loaded.pages_received.load(Ordering::Relaxed);
     summary.zero_pages = loaded.zero_pages.load(Ordering::Relaxed);
     summary.batches = loaded.batches.load(Ordering::Relaxed);
@@ -150,7 +166,7 @@ pub fn receive(
             // page: this copy of the guest is discarded anyway).
             let missing = loaded
                 .in_postcopy()
-                .then(|| loaded.pages - loaded.received.count());
+                .then(|| (loaded.pages - loaded.received.count(), ranges));
             loaded.end_placement();
             if vm.is_running() {
                 if let Err(pe) = vm.pause() {
@@ -159,9 +175,10 @@ pub fn receive(
             }
             let e = ctl.give_up(e);
             let e = match missing {
-                Some(missing) => MigrationError::PostcopyIncomplete {
+                Some((missing, ranges)) => MigrationError::PostcopyIncomplete {
                     missing,
                     total: loaded.pages,
+                    ranges,
                     source: Box::new(e),
                 },
                 None => e,
@@ -203,14 +220,20 @@ fn prepare(
     Ok((header, vm))
 }
 
-pub(crate) struct Dest<'a> {
+pub(crate) struct Dest {
     pub(crate) summary: ReceiveSummary,
     pub(crate) vm: Box<dyn Vm>,
-    pub(crate) ctl: &'a Control,
-    pub(crate) health: &'a Arc<Health>,
+    pub(crate) ctl: Control,
+    /// Health of the current set of connections (a postcopy recovery
+    /// starts a new one).
+    pub(crate) health: Arc<Health>,
+    /// Page-data bytes received over earlier sets of connections.
+    pub(crate) bytes_before: u64,
+    /// The migration's session id.
+    pub(crate) session: u64,
     pub(crate) header: StreamHeader,
     pub(crate) loaded: Arc<Loaded>,
-    receivers: Option<Receivers>,
+    pub(crate) receivers: Option<Receivers>,
     pub(crate) vcpu_state: Option<Vec<u8>>,
     /// The priority connection, when the source may switch to postcopy.
     pub(crate) priority: Option<Channel>,
@@ -218,7 +241,7 @@ pub(crate) struct Dest<'a> {
     pub(crate) missing: Option<DirtyPages>,
 }
 
-impl Dest<'_> {
+impl Dest {
     fn run(
         &mut self,
         listener: &dyn Listen,
@@ -228,15 +251,15 @@ impl Dest<'_> {
         self.ctl.send(&Message::Accept {
             verify_before_resume: opts.verify_before_resume,
         })?;
-        self.accept_data(listener, hello)?;
+        self.accept_data(listener, hello, 0)?;
         let (strict, final_round, postcopy) = self.load()?;
         let switched = Instant::now();
         if postcopy {
-            return self.postcopy(final_round, switched, opts);
+            return self.postcopy(final_round, switched, listener, opts);
         }
         // Precopy completed: no page will be asked for.
         self.priority = None;
-        self.loaded.wait_round(final_round, self.health)?;
+        self.loaded.wait_round(final_round, &self.health)?;
         // Every page is in; the guest may touch any of them from now on.
         self.loaded.end_placement();
         let total = self.header.pages();
@@ -262,11 +285,22 @@ impl Dest<'_> {
         if !strict {
             self.resume(switched)?;
         }
-        self.verify_and_run(strict, switched, passes_before, mismatches_before, opts)
+        let digest = match self.ctl.recv_message("Digest")? {
+            (Message::Digest(d), _) => d,
+            (m, offset) => return Err(unexpected("Digest", &m, offset)),
+        };
+        self.verify_and_run(
+            strict,
+            switched,
+            passes_before,
+            mismatches_before,
+            opts,
+            digest,
+        )
     }
 
-    /// From the source's Digest on: compare it with the received pages'
-    /// hashes, resume (if not already), commit, run the guest, report.
+    /// With the source's digest `theirs`: compare it with the received
+    /// pages' hashes, resume (if not already), commit, run the guest, report.
     pub(crate) fn verify_and_run(
         &mut self,
         strict: bool,
@@ -274,15 +308,12 @@ impl Dest<'_> {
         passes_before: u64,
         mismatches_before: u64,
         opts: &ReceiveOptions,
+        theirs: crate::wire::MemoryDigest,
     ) -> Result<(), MigrationError> {
         let ours = self.loaded.hashes.digest();
         self.summary.digest = ours.value;
         let total = self.header.pages();
         let ram = Arc::clone(&self.loaded.ram);
-        let theirs = match self.ctl.recv_message("Digest")? {
-            (Message::Digest(d), _) => d,
-            (m, offset) => return Err(unexpected("Digest", &m, offset)),
-        };
         if theirs != ours {
             if self.vm.is_running() {
                 self.vm
@@ -322,8 +353,13 @@ impl Dest<'_> {
     }
 
     /// Takes the migration's data connections (within the stall timeout)
-    /// and starts a receiver on each.
-    fn accept_data(&mut self, listener: &dyn Listen, hello: Hello) -> Result<(), MigrationError> {
+    /// and starts a receiver on each, in round `first_round`.
+    pub(crate) fn accept_data(
+        &mut self,
+        listener: &dyn Listen,
+        hello: Hello,
+        first_round: u32,
+    ) -> Result<(), MigrationError> {
         let n = usize::from(hello.data_channels);
         let deadline = Instant::now() + self.health.stall_timeout();
         let mut links: Vec<Option<Channel>> = (0..n).map(|_| None).collect();
@@ -333,6 +369,9 @@ impl Dest<'_> {
             let admit = |h: &Hello| -> Result<(), String> {
                 if h.session != hello.session {
                     return Err("this destination is receiving another migration".into());
+                }
+                if h.recover != hello.recover {
+                    return Err("a connection of another attempt of this migration".into());
                 }
                 if h.channel == PRIORITY_CHANNEL {
                     return match (hello.priority, priority_taken) {
@@ -365,7 +404,12 @@ impl Dest<'_> {
             }
         }
         let links = links.into_iter().flatten().collect();
-        self.receivers = Some(Receivers::start(links, &self.loaded, self.health)?);
+        self.receivers = Some(Receivers::start(
+            links,
+            &self.loaded,
+            &self.health,
+            first_round,
+        )?);
         Ok(())
     }
 

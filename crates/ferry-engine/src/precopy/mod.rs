@@ -108,6 +108,10 @@ pub struct PrecopyOptions {
     pub max_downtime: Option<Duration>,
     /// Precopy, postcopy, or precopy then postcopy.
     pub mode: crate::postcopy::Mode,
+    /// Postcopy: how long to keep trying to reconnect after the
+    /// connections break (zero: give up at once, the source staying paused
+    /// with its pages).
+    pub recover_timeout: Duration,
 }
 
 impl Default for PrecopyOptions {
@@ -123,6 +127,7 @@ impl Default for PrecopyOptions {
             converge: ConvergeMode::default(),
             max_downtime: None,
             mode: crate::postcopy::Mode::Precopy,
+            recover_timeout: crate::postcopy::DEFAULT_RECOVER_TIMEOUT,
         }
     }
 }
@@ -144,6 +149,10 @@ pub struct ReceiveOptions {
     /// Postcopy: pages asked for per fault (the faulting page and the
     /// missing ones after it).
     pub prefetch: u32,
+    /// Postcopy: how long to wait for the source to reconnect after the
+    /// connections break, with the guest running on (zero: give up at
+    /// once, pausing the guest).
+    pub recover_timeout: Duration,
 }
 
 /// How the destination puts a received page into guest memory that has
@@ -180,6 +189,7 @@ impl Default for ReceiveOptions {
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             placement: Placement::Uffd,
             prefetch: crate::postcopy::DEFAULT_PREFETCH,
+            recover_timeout: crate::postcopy::DEFAULT_RECOVER_TIMEOUT,
         }
     }
 }

@@ -315,6 +315,19 @@ impl RoundGate {
         self.cv.notify_all();
     }
 
+    /// Every lane open again, with the rounds before `round` ended (the
+    /// new connections of a postcopy recovery).
+    fn reopen(&self, round: u32) {
+        let mut lanes = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for l in lanes.iter_mut() {
+            *l = Lane {
+                ended: round,
+                closed: false,
+            };
+        }
+        self.cv.notify_all();
+    }
+
     fn wait_ended(&self, round: u32, health: &Health) -> Result<(), MigrationError> {
         let mut lanes = self.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
@@ -343,12 +356,18 @@ pub(crate) struct Receivers {
 }
 
 impl Receivers {
-    /// Starts one receiver per data connection.
+    /// Starts one receiver per data connection, at round `first_round`
+    /// (a postcopy recovery's new connections start in the push's round;
+    /// the lanes are reopened there).
     pub fn start(
         links: Vec<Channel>,
         loaded: &Arc<Loaded>,
         health: &Arc<Health>,
+        first_round: u32,
     ) -> Result<Self, MigrationError> {
+        if first_round > 0 {
+            loaded.gate.reopen(first_round);
+        }
         let mut handles = Vec::new();
         for (i, io) in links.into_iter().enumerate() {
             let (loaded, health) = (Arc::clone(loaded), Arc::clone(health));
@@ -357,7 +376,7 @@ impl Receivers {
                 .spawn(move || {
                     // The reason first: a lane seen closed must not look
                     // like the cause of a failure it only follows.
-                    if let Err(e) = receive_loop(i, io, &loaded, &health) {
+                    if let Err(e) = receive_loop(i, io, &loaded, &health, first_round) {
                         health.fail(e);
                     }
                     loaded.gate.update(i, |l| l.closed = true);
@@ -388,9 +407,10 @@ fn receive_loop(
     mut io: Channel,
     loaded: &Loaded,
     health: &Health,
+    first_round: u32,
 ) -> Result<(), MigrationError> {
     let name = lane + 1;
-    let mut round = 0u32;
+    let mut round = first_round;
     let mut pages_this_round = 0u64;
     let mut unpacked = Vec::new();
     let mut scratch = Vec::new();

@@ -65,6 +65,7 @@ pub fn migrate_accounted(
         page_requests: 0,
         postcopy_ms: 0.0,
         missing_pages: 0,
+        recoveries: 0,
         dirty_tracking: vm.dirty_tracking(),
         wire_version: VERSION,
         connections,
@@ -126,6 +127,7 @@ pub fn migrate_accounted(
         channel,
         data_channels: connections as u16,
         priority: opts.mode.may_postcopy(),
+        recover: false,
     };
     let control = open_channel(dialer, hello(0), opts.stall_timeout)
         .and_then(|io| Control::start(io, Arc::clone(&health)));
@@ -151,6 +153,7 @@ pub fn migrate_accounted(
         ctl: control,
         senders: None,
         health,
+        bytes_before: 0,
         opts,
         progress,
         logging: false,
@@ -165,7 +168,7 @@ pub fn migrate_accounted(
     if src.summary.status != Status::Completed {
         src.summary.total_ms = ms(src.start.elapsed());
     }
-    src.summary.bytes_sent = src.health.data_bytes() + src.ctl.bytes_sent();
+    src.summary.bytes_sent = src.bytes_before + src.health.data_bytes() + src.ctl.bytes_sent();
     if let Some(s) = &src.senders {
         src.summary.batches_by_codec = s.stats.counts();
         src.summary.delta = s.delta_summary();
@@ -242,7 +245,11 @@ pub(crate) struct Source<'a> {
     pub(crate) ram: Arc<GuestRam>,
     pub(crate) ctl: Control,
     pub(crate) senders: Option<Senders>,
+    /// Health of the current set of connections (a postcopy recovery
+    /// starts a new one).
     pub(crate) health: Arc<Health>,
+    /// Bytes sent over earlier sets of connections.
+    pub(crate) bytes_before: u64,
     pub(crate) opts: &'a PrecopyOptions,
     pub(crate) progress: &'a dyn Progress,
     pub(crate) pages: u64,
@@ -275,43 +282,10 @@ impl Source<'_> {
                 self.opts.mode
             )));
         }
-        let mut links = Vec::new();
-        for channel in 1..=self.summary.connections as u16 {
-            let io = open_channel(dialer, hello(channel), self.opts.stall_timeout)?;
-            self.health.add_data_link(
-                io.get_ref()
-                    .try_clone_link()
-                    .map_err(crate::wire::StreamError::Io)?,
-            );
-            links.push(io);
-        }
-        self.senders = Some(Senders::start(
-            links,
-            self.opts.batch_pages,
-            self.opts.compression,
-            (self.opts.delta_cache_bytes > 0).then(|| DeltaCache::new(self.opts.delta_cache_bytes)),
-            TokenBucket::new(Arc::clone(&self.opts.tunables)),
-            Arc::clone(&self.health),
-        )?);
-        if self.opts.mode.may_postcopy() {
-            let io = open_channel(dialer, hello(PRIORITY_CHANNEL), self.opts.stall_timeout)?;
-            self.health.add_data_link(
-                io.get_ref()
-                    .try_clone_link()
-                    .map_err(crate::wire::StreamError::Io)?,
-            );
-            let bucket = self.senders.as_ref().map(Senders::bucket);
-            let bucket = bucket.ok_or(MigrationError::Aborted)?;
-            self.server = Some(PageServer::start(
-                io,
-                Arc::clone(&self.ram),
-                Arc::clone(&self.health),
-                bucket,
-            )?);
-        }
+        self.open_links(dialer, hello, None)?;
 
         if self.opts.mode == Mode::Postcopy {
-            return self.postcopy_switchover(0, DirtyPages::all(self.pages));
+            return self.postcopy_switchover(0, DirtyPages::all(self.pages), dialer, hello);
         }
         self.vm
             .start_dirty_log()
@@ -362,7 +336,7 @@ impl Source<'_> {
             if self.opts.mode.switch_after(round)
                 || ((capped || stalled) && self.opts.mode.may_postcopy())
             {
-                return self.postcopy_switchover(round, dirty);
+                return self.postcopy_switchover(round, dirty, dialer, hello);
             }
             if capped {
                 break;
@@ -378,6 +352,56 @@ impl Source<'_> {
             return Err(MigrationError::Cancelled);
         }
         self.switchover(round, dirty, strict)
+    }
+
+    /// Opens the data connections (and the priority connection, when the
+    /// migration may switch to postcopy) and starts their senders and the
+    /// page server.
+    /// A recovery's page server starts `armed` with the postcopy round and
+    /// the pages to send, so that it answers the destination's first
+    /// requests.
+    pub(crate) fn open_links(
+        &mut self,
+        dialer: &dyn Dial,
+        hello: &dyn Fn(u16) -> Hello,
+        armed: Option<(u32, &DirtyPages)>,
+    ) -> Result<(), MigrationError> {
+        let mut links = Vec::new();
+        for channel in 1..=self.summary.connections as u16 {
+            let io = open_channel(dialer, hello(channel), self.opts.stall_timeout)?;
+            self.health.add_data_link(
+                io.get_ref()
+                    .try_clone_link()
+                    .map_err(crate::wire::StreamError::Io)?,
+            );
+            links.push(io);
+        }
+        self.senders = Some(Senders::start(
+            links,
+            self.opts.batch_pages,
+            self.opts.compression,
+            (self.opts.delta_cache_bytes > 0).then(|| DeltaCache::new(self.opts.delta_cache_bytes)),
+            TokenBucket::new(Arc::clone(&self.opts.tunables)),
+            Arc::clone(&self.health),
+        )?);
+        if self.opts.mode.may_postcopy() {
+            let io = open_channel(dialer, hello(PRIORITY_CHANNEL), self.opts.stall_timeout)?;
+            self.health.add_data_link(
+                io.get_ref()
+                    .try_clone_link()
+                    .map_err(crate::wire::StreamError::Io)?,
+            );
+            let bucket = self.senders.as_ref().map(Senders::bucket);
+            let bucket = bucket.ok_or(MigrationError::Aborted)?;
+            self.server = Some(PageServer::start(
+                io,
+                Arc::clone(&self.ram),
+                Arc::clone(&self.health),
+                bucket,
+                armed,
+            )?);
+        }
+        Ok(())
     }
 
     /// Header, and the destination's Accept. Returns whether the

@@ -12,6 +12,8 @@ const FLAG_VERIFY_BEFORE_RESUME: u32 = 1;
 const FLAG_POSTCOPY: u32 = 2;
 /// Hello flag bit: the migration opens a priority connection (postcopy).
 const HELLO_PRIORITY: u8 = 1;
+/// Hello flag bit: the connection rejoins a postcopy cut off mid-way.
+const HELLO_RECOVER: u8 = 2;
 /// Most runs one Missing frame carries (16 bytes each: 16 MiB).
 pub const MAX_MISSING_RUNS: usize = 1 << 20;
 /// Most pages one page request asks for (one batch).
@@ -66,6 +68,12 @@ pub enum Message {
     },
     /// Runs (first frame, pages) the destination does not hold current.
     Missing(Vec<(u64, u64)>),
+    /// The Missing frames of a postcopy recovery are complete: the
+    /// destination still lacks `missing` pages.
+    Recover {
+        /// Pages the runs add up to.
+        missing: u64,
+    },
     /// A vCPU on the destination waits for `count` pages from `first`.
     PageRequest {
         /// First frame.
@@ -131,6 +139,9 @@ pub struct Hello {
     pub data_channels: u16,
     /// The migration also opens the priority connection (postcopy).
     pub priority: bool,
+    /// The connection belongs to the recovery of a postcopy whose
+    /// connections broke (the same session, a new set of connections).
+    pub recover: bool,
 }
 
 /// The channel number kept for postcopy's priority connection.
@@ -153,6 +164,7 @@ impl Message {
             Message::RoundEnd { .. } => FrameKind::RoundEnd,
             Message::Missing(_) => FrameKind::Missing,
             Message::PageRequest { .. } => FrameKind::PageRequest,
+            Message::Recover { .. } => FrameKind::Recover,
         }
     }
 
@@ -190,6 +202,7 @@ impl Message {
                 v
             }
             Message::Resumed { resume_ns } => resume_ns.to_le_bytes().to_vec(),
+            Message::Recover { missing } => missing.to_le_bytes().to_vec(),
             Message::Digest(d) => digest_bytes(d).to_vec(),
             Message::Verified { matched, dest } => {
                 let mut v = vec![u8::from(*matched), 0, 0, 0, 0, 0, 0, 0];
@@ -202,7 +215,11 @@ impl Message {
                 let mut v = h.session.to_le_bytes().to_vec();
                 v.extend_from_slice(&h.channel.to_le_bytes());
                 v.extend_from_slice(&h.data_channels.to_le_bytes());
-                v.extend_from_slice(&[if h.priority { HELLO_PRIORITY } else { 0 }, 0, 0, 0]);
+                let mut flags = if h.priority { HELLO_PRIORITY } else { 0 };
+                if h.recover {
+                    flags |= HELLO_RECOVER;
+                }
+                v.extend_from_slice(&[flags, 0, 0, 0]);
                 v
             }
             Message::Welcome { version } => [version.to_le_bytes(), [0; 4]].concat(),
@@ -283,6 +300,12 @@ impl Message {
                     count,
                 }
             }
+            FrameKind::Recover => {
+                exact(8)?;
+                Message::Recover {
+                    missing: u64_at(payload, 0),
+                }
+            }
             FrameKind::Resumed => {
                 exact(8)?;
                 Message::Resumed {
@@ -311,6 +334,7 @@ impl Message {
                     channel: u16::from_le_bytes([payload[8], payload[9]]),
                     data_channels: u16::from_le_bytes([payload[10], payload[11]]),
                     priority: payload[12] & HELLO_PRIORITY != 0,
+                    recover: payload[12] & HELLO_RECOVER != 0,
                 };
                 let data_or_priority =
                     h.channel <= h.data_channels || h.channel == PRIORITY_CHANNEL;
@@ -411,7 +435,9 @@ mod tests {
                 channel: 3,
                 data_channels: 4,
                 priority: true,
+                recover: true,
             }),
+            Message::Recover { missing: 1 << 33 },
             Message::Welcome { version: 2 },
             Message::Heartbeat {
                 data_bytes: 1 << 40,
@@ -453,6 +479,7 @@ mod tests {
             channel: 5,
             data_channels: 4,
             priority: false,
+            recover: false,
         })
         .encode();
         let err = Message::decode(FrameKind::Hello, &hello, 0).unwrap_err();

@@ -54,6 +54,10 @@ pub enum FrameKind {
     /// Destination → source on the priority connection: a vCPU waits for
     /// these pages. The answer is a Pages frame on the same connection.
     PageRequest = 17,
+    /// Destination → source on the control connection of a postcopy
+    /// recovery, after Missing frames listing every page it still lacks:
+    /// the list is complete, with this many pages.
+    Recover = 18,
 }
 
 impl FrameKind {
@@ -78,6 +82,7 @@ impl FrameKind {
             15 => Delta,
             16 => Missing,
             17 => PageRequest,
+            18 => Recover,
             _ => return None,
         })
     }
@@ -103,6 +108,7 @@ impl FrameKind {
             Delta => "Delta",
             Missing => "Missing",
             PageRequest => "PageRequest",
+            Recover => "Recover",
         }
     }
 }

@@ -1,8 +1,9 @@
 //! A fault-injecting TCP relay between a source and a destination on
 //! loopback: it forwards every connection of a migration and, at a chosen
 //! byte of the first data connection (the second connection opened), flips
-//! a bit or stops forwarding everything while keeping every socket open,
-//! the way a hung middlebox does.
+//! a bit, stops forwarding everything while keeping every socket open (the
+//! way a hung middlebox does), or cuts every connection (a network that
+//! drops), then forwards the next set of connections.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -21,6 +22,37 @@ pub enum Fault {
     /// Once this many bytes went source → destination, forward nothing more
     /// on any connection, either way, until [`Relay::release`].
     StallAfter(u64),
+    /// Once this many bytes went source → destination, shut every
+    /// connection opened so far down; the connections opened after that
+    /// are a new set, whose first data connection is cut the same way,
+    /// `times` cuts in all.
+    CutAfter {
+        /// Bytes into the first data connection of each set.
+        bytes: u64,
+        /// Cuts before the relay forwards faithfully.
+        times: u32,
+    },
+}
+
+/// The connections of the current set, and the cuts left.
+#[derive(Default)]
+struct Cuts {
+    open: std::sync::Mutex<Vec<TcpStream>>,
+    /// Connections opened since the last cut.
+    opened: AtomicU64,
+    done: std::sync::atomic::AtomicU32,
+}
+
+impl Cuts {
+    /// Shuts the current set down; the next connection starts a new set.
+    fn cut(&self) {
+        let mut open = self.open.lock().unwrap();
+        for s in open.drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        self.opened.store(0, Ordering::SeqCst);
+        self.done.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// A running relay. Dropping it releases a stall and lets its threads end.
@@ -29,6 +61,7 @@ pub struct Relay {
     pub addr: String,
     stalled: Arc<AtomicBool>,
     released: Arc<AtomicBool>,
+    cuts: Arc<Cuts>,
     accept: Option<JoinHandle<()>>,
 }
 
@@ -40,9 +73,10 @@ impl Relay {
         let stalled = Arc::new(AtomicBool::new(false));
         let released = Arc::new(AtomicBool::new(false));
         let (s, r) = (Arc::clone(&stalled), Arc::clone(&released));
+        let cuts = Arc::new(Cuts::default());
+        let c = Arc::clone(&cuts);
         listener.set_nonblocking(true).unwrap();
         let accept = std::thread::spawn(move || {
-            let mut index = 0u64;
             while !r.load(Ordering::Acquire) {
                 let client = match listener.accept() {
                     Ok((c, _)) => c,
@@ -55,8 +89,19 @@ impl Relay {
                 let Ok(server) = TcpStream::connect(&target) else {
                     continue;
                 };
-                let fault = if index == 1 { fault } else { Fault::None };
-                index += 1;
+                let index = c.opened.fetch_add(1, Ordering::SeqCst);
+                let fault = match fault {
+                    Fault::CutAfter { times, .. } if c.done.load(Ordering::SeqCst) >= times => {
+                        Fault::None
+                    }
+                    f if index == 1 => f,
+                    _ => Fault::None,
+                };
+                {
+                    let mut open = c.open.lock().unwrap();
+                    open.push(client.try_clone().unwrap());
+                    open.push(server.try_clone().unwrap());
+                }
                 let pair = [
                     (
                         client.try_clone().unwrap(),
@@ -66,8 +111,8 @@ impl Relay {
                     (server, client, Fault::None),
                 ];
                 for (from, to, fault) in pair {
-                    let (s, r) = (Arc::clone(&s), Arc::clone(&r));
-                    std::thread::spawn(move || pump(from, to, fault, &s, &r));
+                    let (s, r, c) = (Arc::clone(&s), Arc::clone(&r), Arc::clone(&c));
+                    std::thread::spawn(move || pump(from, to, fault, &s, &r, &c));
                 }
             }
         });
@@ -75,8 +120,14 @@ impl Relay {
             addr,
             stalled,
             released,
+            cuts,
             accept: Some(accept),
         }
+    }
+
+    /// Cuts made so far.
+    pub fn cuts(&self) -> u32 {
+        self.cuts.done.load(Ordering::SeqCst)
     }
 
     /// Whether the stall point was reached.
@@ -105,6 +156,7 @@ fn pump(
     fault: Fault,
     stalled: &AtomicBool,
     released: &AtomicBool,
+    cuts: &Cuts,
 ) {
     let moved = AtomicU64::new(0);
     let mut buf = vec![0u8; 64 << 10];
@@ -129,6 +181,12 @@ fn pump(
             Fault::StallAfter(limit) if at + n as u64 >= limit => {
                 n = limit.saturating_sub(at) as usize;
                 stalled.store(true, Ordering::Release);
+            }
+            Fault::CutAfter { bytes, .. } if at + n as u64 >= bytes => {
+                let n = bytes.saturating_sub(at) as usize;
+                let _ = to.write_all(&buf[..n]);
+                cuts.cut();
+                return;
             }
             _ => {}
         }

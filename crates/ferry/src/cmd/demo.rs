@@ -202,6 +202,10 @@ fn spawn_destination(a: &DemoArgs, netns: Option<&NetnsPair>) -> Result<Destinat
         .args(["--stall-timeout", &a.migration.stall_timeout_s.to_string()])
         .args(["--placement", &a.placement])
         .args(["--prefetch", &a.prefetch.to_string()])
+        .args([
+            "--recover-timeout",
+            &a.migration.recover_timeout_s.to_string(),
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());

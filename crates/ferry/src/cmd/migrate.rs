@@ -98,6 +98,14 @@ pub struct MigrationArgs {
     /// at once, since precopy will not finish.
     #[arg(long = "on-stall", default_value = "escalate", value_parser = ["escalate", "postcopy"])]
     pub on_stall: String,
+    /// Postcopy: when the connections break after the switchover, keep
+    /// reconnecting for this many seconds; the destination's guest runs on
+    /// meanwhile and the paused source keeps every page. 0: give up at once
+    /// (the source stays paused with its pages either way). Pass the same
+    /// to `ferry receive`.
+    #[arg(long = "recover-timeout", value_name = "SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub recover_timeout_s: u64,
     /// Re-send pages dirtied again as the bytes that changed since their
     /// last copy (like QEMU's XBZRLE), from a cache of last-sent pages.
     #[arg(long)]
@@ -198,6 +206,8 @@ pub struct LinkSettings {
     pub give_up_after: Option<Duration>,
     /// Precopy, postcopy or hybrid.
     pub mode: Mode,
+    /// Postcopy: how long to keep reconnecting after the connections break.
+    pub recover_timeout: Duration,
 }
 
 impl MigrationArgs {
@@ -223,6 +233,7 @@ impl MigrationArgs {
             max_downtime: self.max_downtime_ms.map(Duration::from_millis),
             give_up_after: self.give_up_after_s.map(Duration::from_secs),
             mode,
+            recover_timeout: Duration::from_secs(self.recover_timeout_s),
         })
     }
 }
@@ -432,6 +443,7 @@ pub fn migrate_running(
         converge,
         max_downtime: link.max_downtime,
         mode: link.mode,
+        recover_timeout: link.recover_timeout,
         ..PrecopyOptions::default()
     };
     let started = Instant::now();
@@ -530,6 +542,7 @@ fn failed_summary(
         page_requests: 0,
         postcopy_ms: 0.0,
         missing_pages: 0,
+        recoveries: 0,
         dirty_tracking: vm.dirty_tracking(),
         wire_version: ferry_engine::wire::VERSION,
         connections: link.connections,

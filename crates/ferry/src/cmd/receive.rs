@@ -51,6 +51,13 @@ pub struct ReceiveArgs {
     #[arg(long, default_value_t = ferry_engine::postcopy::DEFAULT_PREFETCH,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub prefetch: u32,
+    /// Postcopy: when the connections break after the switchover, run the
+    /// guest on and wait this many seconds for the source to reconnect
+    /// (`ferry migrate` retries for its own --recover-timeout). 0: give up
+    /// at once and pause the guest.
+    #[arg(long = "recover-timeout", value_name = "SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub recover_timeout_s: u64,
     /// Mutual TLS: accept only sources with a certificate from `ca.pem` in
     /// this directory, and serve `cert.pem` / `key.pem` (`ferry certs DIR`
     /// writes a throwaway set). Plaintext sources are refused.
@@ -108,6 +115,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         stall_timeout: Duration::from_secs(a.stall_timeout_s),
         placement: a.placement,
         prefetch: a.prefetch,
+        recover_timeout: Duration::from_secs(a.recover_timeout_s),
     };
     let memory = a.memory;
     let backend = a.backend.clone();
