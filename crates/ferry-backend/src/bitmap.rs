@@ -72,9 +72,12 @@ impl PageBits {
     }
 
     /// Adds `gfn`; returns whether it was new. Frames past the end are ignored.
+    /// Release: whoever sees the frame in the set (with [`Self::contains`])
+    /// also sees what was written before it was added, e.g. the page's
+    /// contents when the set says which pages are present.
     pub fn insert(&self, gfn: Gfn) -> bool {
         self.at(gfn)
-            .is_some_and(|(w, bit)| w.fetch_or(bit, Ordering::Relaxed) & bit == 0)
+            .is_some_and(|(w, bit)| w.fetch_or(bit, Ordering::Release) & bit == 0)
     }
 
     /// Removes `gfn`.
@@ -84,10 +87,10 @@ impl PageBits {
         }
     }
 
-    /// Whether `gfn` is in the set.
+    /// Whether `gfn` is in the set (Acquire: see [`Self::insert`]).
     pub fn contains(&self, gfn: Gfn) -> bool {
         self.at(gfn)
-            .is_some_and(|(w, bit)| w.load(Ordering::Relaxed) & bit != 0)
+            .is_some_and(|(w, bit)| w.load(Ordering::Acquire) & bit != 0)
     }
 
     /// Frames in the set.

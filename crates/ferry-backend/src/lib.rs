@@ -39,4 +39,4 @@ pub use vm::Quota;
 pub use vm::{
     throttle_sleep, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, THROTTLE_SLICE,
 };
-pub use vm::{BackendError, BackendKind, DirtyTracking, HarvestStats, Vm, VmConfig};
+pub use vm::{BackendError, BackendKind, DirtyTracking, FaultExits, HarvestStats, Vm, VmConfig};

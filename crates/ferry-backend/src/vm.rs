@@ -16,6 +16,24 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What a vCPU needs to resolve its own memory faults (see
+/// [`Vm::set_fault_exits`]).
+#[derive(Clone)]
+pub struct FaultExits {
+    /// Pages present in guest memory; a page is added after its contents
+    /// are in place.
+    pub present: Arc<crate::PageBits>,
+    /// Brings frame `gfn` in and returns once it is present, or says why
+    /// it cannot (the migration failed: the vCPU then stops).
+    pub fetch: Arc<dyn Fn(crate::Gfn) -> Result<(), String> + Send + Sync>,
+}
+
+impl std::fmt::Debug for FaultExits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultExits").finish_non_exhaustive()
+    }
+}
+
 /// Which backend runs the VM. Both ends of a migration must use the same one,
 /// because their vCPU state differs.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -280,6 +298,20 @@ pub trait Vm: Send {
     /// backend does not count it.
     fn throttled(&self) -> Vec<Duration> {
         Vec::new()
+    }
+    /// Postcopy with annotated memory-fault exits: from now on a vCPU
+    /// whose access needs a page not in `exits.present` leaves guest mode
+    /// and calls `exits.fetch` on its own thread, then retries (the
+    /// annotated-memory-faults seed). Set before the vCPUs first run.
+    /// Backends without such exits say so, and the caller relies on
+    /// userfaultfd (kvm here: the host has no KVM_EXIT_MEMORY_FAULT).
+    fn set_fault_exits(&mut self, exits: FaultExits) -> Result<(), BackendError> {
+        let _ = exits;
+        Err(BackendError::Operation {
+            backend: self.config().backend,
+            what: "deliver memory faults as vCPU exits: this backend has none".into(),
+            source: None,
+        })
     }
     /// Serializes the state of every vCPU. The VM must be paused.
     fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError>;

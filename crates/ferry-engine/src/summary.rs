@@ -130,6 +130,11 @@ pub struct MigrationSummary {
     pub missing_pages: u64,
     /// Postcopy: times the connections broke and were set up again.
     pub recoveries: u32,
+    /// Postcopy: how the destination's vCPUs reached missing pages: "vcpu
+    /// exit" (annotated exits, soft) or "userfaultfd" (kvm).
+    pub fault_path: String,
+    /// Postcopy: memory-fault exits of vCPUs that asked for pages themselves.
+    pub vcpu_exits: u64,
     /// Dirty-tracking method of the source.
     pub dirty_tracking: String,
     /// Wire format version spoken.

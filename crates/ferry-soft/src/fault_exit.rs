@@ -19,7 +19,7 @@
 
 use crate::error::SoftError;
 use crate::guest_mem::VcpuMem;
-use ferry_backend::{Gfn, Gpa};
+use ferry_backend::{Gfn, Gpa, PageBits};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -43,35 +43,35 @@ pub struct FaultFlags {
     pub write: bool,
 }
 
-/// Which guest pages are present on this host (postcopy destination).
+/// Which guest pages are present on this host (postcopy destination): a
+/// view of a [`PageBits`] set, which the engine shares when it places pages
+/// itself.
 pub struct Residency {
-    words: Box<[AtomicU64]>,
-    frames: u64,
+    bits: Arc<PageBits>,
 }
 
 impl Residency {
     /// No page present among `frames`.
     pub fn new(frames: u64) -> Self {
         Residency {
-            words: (0..frames.div_ceil(64))
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            frames,
+            bits: Arc::new(PageBits::new(frames)),
         }
+    }
+
+    /// Pages present exactly when they are in `bits`.
+    pub fn shared(bits: Arc<PageBits>) -> Self {
+        Residency { bits }
     }
 
     /// Marks `gfn` present (after its contents are in RAM).
     pub fn mark_present(&self, gfn: Gfn) {
-        if gfn.0 < self.frames {
-            self.words[(gfn.0 / 64) as usize].fetch_or(1 << (gfn.0 % 64), Ordering::Release);
-        }
+        self.bits.insert(gfn);
     }
 
     /// Whether `gfn` is present.
     #[inline]
     pub fn is_present(&self, gfn: Gfn) -> bool {
-        gfn.0 < self.frames
-            && self.words[(gfn.0 / 64) as usize].load(Ordering::Acquire) & (1 << (gfn.0 % 64)) != 0
+        self.bits.contains(gfn)
     }
 }
 

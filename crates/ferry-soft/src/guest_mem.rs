@@ -74,6 +74,9 @@ pub struct VcpuMem {
     /// Modelled cost of a fault's exit to the hypervisor and back.
     exit_cost_ns: u64,
     faults: u64,
+    /// Postcopy: how this vCPU resolves its own memory faults (annotated
+    /// exits); without it a memory fault is returned to the caller.
+    delivery: Option<crate::fault_exit::FaultDelivery>,
 }
 
 impl VcpuMem {
@@ -87,7 +90,14 @@ impl VcpuMem {
             dirtied: 0,
             exit_cost_ns: 0,
             faults: 0,
+            delivery: None,
         }
+    }
+
+    /// Postcopy: a memory fault (a page not present yet) exits to
+    /// `delivery` on this thread and the access retries once it returns.
+    pub fn set_fault_delivery(&mut self, delivery: crate::fault_exit::FaultDelivery) {
+        self.delivery = Some(delivery);
     }
 
     /// Models the VM exit and re-entry a fault costs on hardware: each fault
@@ -159,7 +169,21 @@ impl VcpuMem {
         if self.mmu.flush.pending(self.id) {
             self.mmu.flush.service(self.id, &mut self.tlb);
         }
-        let t = self.mmu.translate(Some(self.id), Gfn(gfn), write)?;
+        let t = loop {
+            match self.mmu.translate(Some(self.id), Gfn(gfn), write) {
+                Err(SoftError::MemoryFault(f)) if self.delivery.is_some() => {
+                    // The annotated exit: out of guest mode (remote flushes
+                    // do not wait for this vCPU) while its own thread brings
+                    // the page in, then the access retries.
+                    let delivery = self.delivery.clone();
+                    self.offline();
+                    let resolved = delivery.map_or(Ok(()), |d| d.resolve(f));
+                    self.online();
+                    resolved?;
+                }
+                other => break other?,
+            }
+        };
         // A flush acknowledged during the walk: the walk itself re-read what
         // it used, but other cached translations may be stale.
         if self.mmu.flush.take_must_clear(self.id) {

@@ -9,12 +9,14 @@
 
 use crate::config::Mechanisms;
 use crate::error::SoftError;
+use crate::fault_exit::{FaultDelivery, MemoryFault, PageResolver, Residency};
 use crate::guest_mem::{HostView, VcpuMem};
 use crate::mmu::Mmu;
 use crate::quota::{LiveThrottle, Throttle, TimeThrottle};
 use crate::vcpu::{self, Control, VcpuState};
 use ferry_backend::{
-    memstress, BackendError, BackendKind, DirtyPages, GuestRam, HarvestStats, Quota, Vm, VmConfig,
+    memstress, BackendError, BackendKind, DirtyPages, FaultExits, GuestRam, HarvestStats, Quota,
+    Vm, VmConfig,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
@@ -43,6 +45,8 @@ pub struct SoftVm {
     throttle: Throttle,
     threads: Vec<JoinHandle<()>>,
     running: bool,
+    /// Postcopy: the vCPUs resolve their own memory faults.
+    faults: Option<FaultDelivery>,
 }
 
 fn op(what: &str, e: SoftError) -> BackendError {
@@ -73,6 +77,7 @@ impl SoftVm {
             throttle: Throttle::Live(Arc::new(LiveThrottle::new(vcpus))),
             threads: Vec::new(),
             running: false,
+            faults: None,
         })
     }
 
@@ -113,7 +118,10 @@ impl SoftVm {
         let n = self.config.workload.vcpus;
         self.ctl.spawned(n as usize);
         for v in 0..n {
-            let mem = VcpuMem::new(Arc::clone(&self.mmu), HostView::of(&self.ram), v as usize);
+            let mut mem = VcpuMem::new(Arc::clone(&self.mmu), HostView::of(&self.ram), v as usize);
+            if let Some(d) = &self.faults {
+                mem.set_fault_delivery(d.clone());
+            }
             let ctl = Arc::clone(&self.ctl);
             let throttle = self.throttle.clone();
             let handle = std::thread::Builder::new()
@@ -133,6 +141,26 @@ impl SoftVm {
 impl Vm for SoftVm {
     fn config(&self) -> &VmConfig {
         &self.config
+    }
+
+    fn set_fault_exits(&mut self, exits: FaultExits) -> Result<(), BackendError> {
+        if !self.threads.is_empty() {
+            return Err(BackendError::NotPaused(
+                "deliver memory faults as vCPU exits (before the vCPUs first run)",
+            ));
+        }
+        let residency = Arc::new(Residency::shared(exits.present));
+        self.mmu
+            .set_residency(Arc::clone(&residency))
+            .map_err(|e| op("deliver memory faults as vCPU exits", e))?;
+        let fetch = exits.fetch;
+        let resolver: Arc<dyn PageResolver> =
+            Arc::new(move |f: &MemoryFault| fetch(f.gpa.gfn()).map_err(SoftError::Options));
+        self.faults = Some(FaultDelivery::VcpuExit {
+            resolver,
+            residency,
+        });
+        Ok(())
     }
 
     fn throttled(&self) -> Vec<std::time::Duration> {

@@ -60,9 +60,18 @@ fn mode(s: &MigrationSummary) -> String {
         .iter()
         .filter(|r| r.kind != RoundKind::Postcopy)
         .count();
+    let path = match s.fault_path.as_str() {
+        "vcpu exit" => format!(" (vCPUs asked themselves: {} fault exits)", s.vcpu_exits),
+        "" => String::new(),
+        p => format!(" (faults through {p})"),
+    };
+    let recovered = match s.recoveries {
+        0 => String::new(),
+        n => format!("; the connections broke and were recovered {n} time(s)"),
+    };
     format!(
         "{}: postcopy after {precopy} precopy round(s), {} pages missing at switchover; \
-         {} page requests, vCPUs blocked {:.1} ms, all pages in {:.1} ms after resume",
+         {} page requests{path}, vCPUs blocked {:.1} ms, all pages in {:.1} ms after resume{recovered}",
         s.mode, s.missing_pages, s.page_requests, s.block_ms, s.postcopy_ms
     )
 }

@@ -37,6 +37,17 @@ fn demo(backend: &str, mode: &str) {
     assert!(j["postcopy_ms"].as_f64().unwrap() > 0.0, "{j}");
     assert!(j["page_requests"].as_u64().is_some(), "{j}");
     assert!(j["block_ms"].as_f64().is_some(), "{j}");
+    // Soft vCPUs resolve their own faults (annotated exits); kvm's fault
+    // through userfaultfd (this host has no KVM_EXIT_MEMORY_FAULT).
+    let path = if backend == "soft" {
+        "vcpu exit"
+    } else {
+        "userfaultfd"
+    };
+    assert_eq!(j["fault_path"], path, "{j}");
+    if backend == "soft" {
+        assert!(j["vcpu_exits"].as_u64().unwrap() > 0, "{j}");
+    }
     let kinds: Vec<_> = j["round_stats"]
         .as_array()
         .unwrap()

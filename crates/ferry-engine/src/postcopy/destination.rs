@@ -35,6 +35,20 @@ impl Dest {
             .unwrap_or_else(|| ferry_backend::DirtyPages::new(self.header.pages()));
         self.loaded.begin_postcopy(&missing)?;
         let mut pager = Some(self.start_pager(opts, false)?);
+        // A backend whose vCPUs resolve their own faults asks for pages on
+        // their threads (annotated exits); the others fault through
+        // userfaultfd to the pager's handler thread.
+        let exits = ferry_backend::FaultExits {
+            present: self.loaded.present_set(),
+            fetch: super::pager::fetcher(std::sync::Arc::clone(&self.loaded), opts.prefetch),
+        };
+        let fault_path = match self.vm.set_fault_exits(exits) {
+            Ok(()) => "vcpu exit",
+            Err(e) => {
+                tracing::debug!("faults go through userfaultfd: {e}");
+                "userfaultfd"
+            }
+        };
         let state = self.vcpu_state.take().ok_or(MigrationError::Protocol {
             expected: "VcpuState before Switchover",
             got: crate::wire::FrameKind::Switchover,
@@ -77,6 +91,13 @@ impl Dest {
             report.add(&p.stop());
         }
         report.block_ms = self.loaded.clock.block_ms();
+        report.page_requests = self.loaded.requests.sent();
+        report.vcpu_exits = self
+            .loaded
+            .requests
+            .exits
+            .load(std::sync::atomic::Ordering::Relaxed);
+        report.fault_path = fault_path.into();
         report.postcopy_ms = postcopy_ms.unwrap_or_default();
         report.missing_pages = missing.count();
         self.summary.postcopy = Some(report);

@@ -162,13 +162,20 @@ pub struct PostcopyReport {
     /// Times the connections broke mid-postcopy and were set up again.
     #[serde(default)]
     pub recoveries: u32,
+    /// How a vCPU's touch of a missing page reached the pager: "vcpu
+    /// exit" (the vCPU asked itself: annotated exits, soft) or
+    /// "userfaultfd" (a handler thread read the fault).
+    #[serde(default)]
+    pub fault_path: String,
+    /// Memory-fault exits of vCPUs that asked for pages themselves.
+    #[serde(default)]
+    pub vcpu_exits: u64,
 }
 
 impl PostcopyReport {
     /// Adds the counts of a pager that ran over an earlier set of
     /// connections.
     fn add(&mut self, earlier: &PostcopyReport) {
-        self.page_requests += earlier.page_requests;
         self.faults += earlier.faults;
         self.pages_requested += earlier.pages_requested;
     }

@@ -126,14 +126,90 @@ impl BlockClock {
     }
 }
 
+/// The priority connection's writing half, for whoever asks for pages:
+/// the fault handler thread, and vCPUs that resolve their own faults
+/// (annotated exits). A recovery installs the new connection's.
+#[derive(Default)]
+pub(crate) struct Requests {
+    writer: Mutex<Option<Channel>>,
+    sent: AtomicU64,
+    /// Memory-fault exits of vCPUs that asked themselves.
+    pub exits: AtomicU64,
+}
+
+impl Requests {
+    fn install(&self, w: Option<Channel>) {
+        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = w;
+    }
+
+    /// Asks for `count` pages from `first`. Without a connection (it broke:
+    /// the recovery asks again for every pending page) nothing is sent.
+    fn send(&self, first: u64, count: u32) -> Result<(), MigrationError> {
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(w) = w.as_mut() else {
+            return Ok(());
+        };
+        let req = Message::PageRequest { first, count };
+        w.write_frame(req.kind(), &[&req.encode()])?;
+        w.flush()?;
+        self.sent.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Requests sent so far, over every connection.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+}
+
+/// What a vCPU with annotated memory-fault exits calls, on its own thread,
+/// for a page that is not present: it asks for the page (and up to
+/// `prefetch` − 1 missing ones after it) itself, with no handler thread in
+/// between, and waits for the placement. Fails once postcopy has ended
+/// without the page (the migration failed: the vCPU stops).
+pub(crate) fn fetcher(
+    loaded: Arc<Loaded>,
+    prefetch: u32,
+) -> Arc<dyn Fn(Gfn) -> Result<(), String> + Send + Sync> {
+    let prefetch = prefetch.clamp(1, crate::wire::control::MAX_REQUEST_PAGES);
+    Arc::new(move |gfn: Gfn| {
+        loaded.requests.exits.fetch_add(1, Ordering::Relaxed);
+        loop {
+            let seen = loaded.placements();
+            if loaded.is_present(gfn) {
+                return Ok(());
+            }
+            if !loaded.placing() {
+                return Err(format!("postcopy ended before page {:#x} arrived", gfn.0));
+            }
+            if loaded.zero_here(gfn) {
+                loaded.place_zero(gfn).map_err(|e| e.to_string())?;
+                continue;
+            }
+            let ask = loaded.clock.ask(gfn, prefetch, |g| {
+                g.0 < loaded.pages && !loaded.is_present(g)
+            });
+            if let Some(count) = ask {
+                // A write that fails is a broken connection, which the
+                // migration notices elsewhere and recovers from.
+                if let Err(e) = loaded.requests.send(gfn.0, count) {
+                    tracing::debug!("a vCPU's page request: {}", e.chain());
+                }
+            }
+            loaded.wait_placed(seen, PLACED_WAIT);
+        }
+    })
+}
+
+/// Longest a fetching vCPU sleeps before it looks again.
+const PLACED_WAIT: Duration = Duration::from_millis(5);
+
 struct Shared {
     loaded: Arc<Loaded>,
     health: Arc<Health>,
-    writer: Mutex<Channel>,
     stop: AtomicBool,
     prefetch: u32,
     faults: AtomicU64,
-    requests: AtomicU64,
     pages_requested: AtomicU64,
 }
 
@@ -163,14 +239,13 @@ impl Pager {
             .set_write_timeout_link(Some(health.stall_timeout()))
             .map_err(StreamError::Io)?;
         let shutdown = link.try_clone_link().map_err(StreamError::Io)?;
+        loaded.requests.install(Some(FrameStream::new(write_half)));
         let shared = Arc::new(Shared {
             loaded,
             health,
-            writer: Mutex::new(FrameStream::new(write_half)),
             stop: AtomicBool::new(false),
             prefetch: prefetch.clamp(1, crate::wire::control::MAX_REQUEST_PAGES),
             faults: AtomicU64::new(0),
-            requests: AtomicU64::new(0),
             pages_requested: AtomicU64::new(0),
         });
         if ask_again {
@@ -214,8 +289,7 @@ impl Pager {
         self.halt();
         let s = &self.shared;
         PostcopyReport {
-            block_ms: s.loaded.clock.block_ns.load(Ordering::Relaxed) as f64 / 1e6,
-            page_requests: s.requests.load(Ordering::Relaxed),
+            block_ms: s.loaded.clock.block_ms(),
             faults: s.faults.load(Ordering::Relaxed),
             pages_requested: s.pages_requested.load(Ordering::Relaxed),
             ..PostcopyReport::default()
@@ -224,6 +298,7 @@ impl Pager {
 
     fn halt(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.loaded.requests.install(None);
         self.link.shutdown_link(Shutdown::Both);
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -252,16 +327,9 @@ fn ask_again_for_pending(s: &Shared) -> Result<(), MigrationError> {
             _ => runs.push((g, 1)),
         }
     }
-    let mut w = s.writer.lock().unwrap_or_else(|p| p.into_inner());
     for (first, n) in runs {
-        let req = Message::PageRequest {
-            first,
-            count: n as u32,
-        };
-        w.write_frame(req.kind(), &[&req.encode()])?;
-        s.requests.fetch_add(1, Ordering::Relaxed);
+        loaded.requests.send(first, n as u32)?;
     }
-    w.flush()?;
     Ok(())
 }
 
@@ -293,14 +361,7 @@ fn handle_faults(s: &Shared) -> Result<(), MigrationError> {
             }) else {
                 continue;
             };
-            let req = Message::PageRequest {
-                first: gfn.0,
-                count,
-            };
-            let mut w = s.writer.lock().unwrap_or_else(|p| p.into_inner());
-            w.write_frame(req.kind(), &[&req.encode()])?;
-            w.flush()?;
-            s.requests.fetch_add(1, Ordering::Relaxed);
+            loaded.requests.send(gfn.0, count)?;
         }
     }
     Ok(())

@@ -43,14 +43,20 @@ pub(crate) struct Loaded {
     known_zero: PageBits,
     /// Pages received at least once.
     pub received: PageBits,
-    /// Pages that exist in guest memory (written at creation, or placed).
-    present: PageBits,
+    /// Pages that exist in guest memory (written at creation, or placed);
+    /// shared with a backend whose vCPUs resolve their own faults.
+    present: Arc<PageBits>,
     /// Placement by copy into missing pages, while registered.
     placer: RwLock<Option<Placer>>,
     /// Postcopy has begun: every page is placed once, never overwritten.
     postcopy: AtomicBool,
     /// Postcopy: the pages vCPUs wait for, and for how long.
     pub clock: crate::postcopy::pager::BlockClock,
+    /// Postcopy: where page requests go (the current priority connection).
+    pub requests: crate::postcopy::pager::Requests,
+    /// Postcopy: bumped at every placement, for threads waiting on a page.
+    placements: Mutex<u64>,
+    placed: Condvar,
     pub pages_received: AtomicU64,
     pub zero_pages: AtomicU64,
     pub batches: AtomicU64,
@@ -71,7 +77,7 @@ impl Loaded {
     ) -> Result<Self, MigrationError> {
         let pages = ram.pages();
         let known_zero = PageBits::all(pages);
-        let present = PageBits::new(pages);
+        let present = Arc::new(PageBits::new(pages));
         written.iter().for_each(|g| {
             known_zero.remove(g);
             present.insert(g);
@@ -97,6 +103,9 @@ impl Loaded {
             placer: RwLock::new(placer),
             postcopy: AtomicBool::new(false),
             clock: Default::default(),
+            requests: Default::default(),
+            placements: Mutex::new(0),
+            placed: Condvar::new(),
             pages_received: AtomicU64::new(0),
             zero_pages: AtomicU64::new(0),
             batches: AtomicU64::new(0),
@@ -107,6 +116,30 @@ impl Loaded {
     /// The registration, while placement by copy lasts.
     pub fn placer(&self) -> std::sync::RwLockReadGuard<'_, Option<Placer>> {
         self.placer.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The set of pages in guest memory, for a backend whose vCPUs check
+    /// it themselves (annotated fault exits).
+    pub fn present_set(&self) -> Arc<PageBits> {
+        Arc::clone(&self.present)
+    }
+
+    /// Placements so far (postcopy), for [`Loaded::wait_placed`].
+    pub fn placements(&self) -> u64 {
+        *self.placements.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until a placement after the `seen`-th, or `timeout`.
+    pub fn wait_placed(&self, seen: u64, timeout: Duration) {
+        let n = self.placements.lock().unwrap_or_else(|p| p.into_inner());
+        if *n == seen {
+            let _ = self.placed.wait_timeout(n, timeout);
+        }
+    }
+
+    /// Whether pages are still placed by copy (postcopy not over).
+    pub fn placing(&self) -> bool {
+        self.placer().is_some()
     }
 
     /// Whether `gfn` is in guest memory.
@@ -206,6 +239,8 @@ impl Loaded {
             }
             if once {
                 self.clock.placed(Gfn(first.0 + i), done);
+                *self.placements.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+                self.placed.notify_all();
             }
             i += done;
         }
@@ -336,10 +371,13 @@ impl RoundGate {
             }
             health.check()?;
             if let Some(i) = lanes.iter().position(|l| l.closed && l.ended <= round) {
-                return Err(MigrationError::Refused(format!(
+                // A connection that ends early broke, like one that resets:
+                // in postcopy that is recovered.
+                tracing::debug!(
                     "data connection {} closed before round {round} ended",
                     i + 1
-                )));
+                );
+                return Err(MigrationError::Closed { peer: "source" });
             }
             lanes = self
                 .cv
@@ -365,9 +403,7 @@ impl Receivers {
         health: &Arc<Health>,
         first_round: u32,
     ) -> Result<Self, MigrationError> {
-        if first_round > 0 {
-            loaded.gate.reopen(first_round);
-        }
+        loaded.gate.reopen(first_round);
         let mut handles = Vec::new();
         for (i, io) in links.into_iter().enumerate() {
             let (loaded, health) = (Arc::clone(loaded), Arc::clone(health));

@@ -66,6 +66,8 @@ pub fn migrate_accounted(
         postcopy_ms: 0.0,
         missing_pages: 0,
         recoveries: 0,
+        fault_path: String::new(),
+        vcpu_exits: 0,
         dirty_tracking: vm.dirty_tracking(),
         wire_version: VERSION,
         connections,

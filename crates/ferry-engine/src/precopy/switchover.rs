@@ -141,6 +141,8 @@ impl Source<'_> {
                     self.summary.block_ms = p.block_ms;
                     self.summary.page_requests = p.page_requests;
                     self.summary.postcopy_ms = p.postcopy_ms;
+                    self.summary.fault_path = p.fault_path.clone();
+                    self.summary.vcpu_exits = p.vcpu_exits;
                 }
                 if let Some(h) = r.health {
                     self.summary.error = Some(format!("destination guest: {h}"));

@@ -543,6 +543,8 @@ fn failed_summary(
         postcopy_ms: 0.0,
         missing_pages: 0,
         recoveries: 0,
+        fault_path: String::new(),
+        vcpu_exits: 0,
         dirty_tracking: vm.dirty_tracking(),
         wire_version: ferry_engine::wire::VERSION,
         connections: link.connections,
