@@ -8,10 +8,16 @@ mod common;
 use common::*;
 
 fn demo(backend: &str, mode: &str) {
+    demo_with(backend, mode, None);
+}
+
+/// A demo in `mode`; `fault_path` forces the destination's fault path.
+fn demo_with(backend: &str, mode: &str, fault_path: Option<&str>) {
     if backend == "kvm" && !require_kvm(&format!("{mode} on kvm")) {
         return;
     }
-    let out = run(&[
+    let forced = fault_path.map_or(vec![], |p| vec!["--fault-path", p]);
+    let args: Vec<&str> = [
         "demo",
         "--json",
         "--backend",
@@ -27,7 +33,11 @@ fn demo(backend: &str, mode: &str) {
         // converges finishes as precopy, as the engine tests check).
         "--downtime-ms",
         "1",
-    ]);
+    ]
+    .into_iter()
+    .chain(forced)
+    .collect();
+    let out = run(&args);
     assert_no_panic(&out);
     let j = last_json(&out);
     let context = format!("{backend} {mode}: {}", String::from_utf8_lossy(&out.stderr));
@@ -39,13 +49,13 @@ fn demo(backend: &str, mode: &str) {
     assert!(j["block_ms"].as_f64().is_some(), "{j}");
     // Soft vCPUs resolve their own faults (annotated exits); kvm's fault
     // through userfaultfd (this host has no KVM_EXIT_MEMORY_FAULT).
-    let path = if backend == "soft" {
-        "vcpu exit"
-    } else {
-        "userfaultfd"
+    let path = match (backend, fault_path) {
+        (_, Some(forced)) => forced,
+        ("soft", None) => "vcpu exit",
+        _ => "userfaultfd",
     };
     assert_eq!(j["fault_path"], path, "{j}");
-    if backend == "soft" {
+    if path == "vcpu exit" {
         assert!(j["vcpu_exits"].as_u64().unwrap() > 0, "{j}");
     }
     let kinds: Vec<_> = j["round_stats"]
@@ -81,6 +91,11 @@ fn postcopy_on_soft() {
 #[test]
 fn hybrid_on_soft() {
     demo("soft", "hybrid");
+}
+
+#[test]
+fn soft_postcopy_through_userfaultfd_when_asked() {
+    demo_with("soft", "postcopy", Some("userfaultfd"));
 }
 
 #[test]

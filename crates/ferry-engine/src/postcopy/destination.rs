@@ -42,11 +42,15 @@ impl Dest {
             present: self.loaded.present_set(),
             fetch: super::pager::fetcher(std::sync::Arc::clone(&self.loaded), opts.prefetch),
         };
-        let fault_path = match self.vm.set_fault_exits(exits) {
-            Ok(()) => "vcpu exit",
-            Err(e) => {
-                tracing::debug!("faults go through userfaultfd: {e}");
-                "userfaultfd"
+        let fault_path = if !opts.vcpu_fault_exits {
+            "userfaultfd"
+        } else {
+            match self.vm.set_fault_exits(exits) {
+                Ok(()) => "vcpu exit",
+                Err(e) => {
+                    tracing::debug!("faults go through userfaultfd: {e}");
+                    "userfaultfd"
+                }
             }
         };
         let state = self.vcpu_state.take().ok_or(MigrationError::Protocol {

@@ -153,6 +153,9 @@ pub struct ReceiveOptions {
     /// connections break, with the guest running on (zero: give up at
     /// once, pausing the guest).
     pub recover_timeout: Duration,
+    /// Postcopy: let vCPUs ask for their missing pages themselves where
+    /// the backend has annotated fault exits (else userfaultfd always).
+    pub vcpu_fault_exits: bool,
 }
 
 /// How the destination puts a received page into guest memory that has
@@ -190,6 +193,7 @@ impl Default for ReceiveOptions {
             placement: Placement::Uffd,
             prefetch: crate::postcopy::DEFAULT_PREFETCH,
             recover_timeout: crate::postcopy::DEFAULT_RECOVER_TIMEOUT,
+            vcpu_fault_exits: true,
         }
     }
 }

@@ -40,6 +40,10 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = ferry_engine::postcopy::DEFAULT_PREFETCH,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub prefetch: u32,
+    /// Postcopy: how the destination's vCPUs reach missing pages (see
+    /// `ferry receive --help`).
+    #[arg(long = "fault-path", default_value = "auto", value_parser = ["auto", "userfaultfd"])]
+    pub fault_path: String,
     /// Run every connection over mutual TLS, with a throwaway CA and
     /// certificate written for this run (or the ones in --tls-dir).
     #[arg(long)]
@@ -202,6 +206,7 @@ fn spawn_destination(a: &DemoArgs, netns: Option<&NetnsPair>) -> Result<Destinat
         .args(["--stall-timeout", &a.migration.stall_timeout_s.to_string()])
         .args(["--placement", &a.placement])
         .args(["--prefetch", &a.prefetch.to_string()])
+        .args(["--fault-path", &a.fault_path])
         .args([
             "--recover-timeout",
             &a.migration.recover_timeout_s.to_string(),

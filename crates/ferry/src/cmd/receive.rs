@@ -51,6 +51,13 @@ pub struct ReceiveArgs {
     #[arg(long, default_value_t = ferry_engine::postcopy::DEFAULT_PREFETCH,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub prefetch: u32,
+    /// Postcopy: how a vCPU's touch of a missing page reaches the pager.
+    /// auto: the vCPU asks for the page itself where the backend has
+    /// annotated memory-fault exits (soft), else userfaultfd (kvm here).
+    /// userfaultfd: always through the kernel and one handler thread (the
+    /// seed's baseline, to compare).
+    #[arg(long = "fault-path", default_value = "auto", value_parser = ["auto", "userfaultfd"])]
+    pub fault_path: String,
     /// Postcopy: when the connections break after the switchover, run the
     /// guest on and wait this many seconds for the source to reconnect
     /// (`ferry migrate` retries for its own --recover-timeout). 0: give up
@@ -116,6 +123,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         placement: a.placement,
         prefetch: a.prefetch,
         recover_timeout: Duration::from_secs(a.recover_timeout_s),
+        vcpu_fault_exits: a.fault_path == "auto",
     };
     let memory = a.memory;
     let backend = a.backend.clone();
