@@ -10,7 +10,7 @@ use ferry_backend::types::human_bytes;
 use ferry_backend::{error_chain as chain, BackendError, Vm, VmConfig};
 use ferry_engine::precopy::Placement;
 use ferry_engine::wire::StreamHeader;
-use ferry_engine::{ExpectedVm, Listen, ReceiveOptions};
+use ferry_engine::{ExpectedVm, Listen, MigrationError, ReceiveOptions, TransportError};
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -103,8 +103,22 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     // The demo (and scripts) read this line to learn the port.
     println!("listening on {local}");
     std::io::stdout().flush().ok();
-    let incoming =
-        ferry_engine::await_migration(&*listener).map_err(|e| CmdError::Failed(chain(&e)))?;
+    // A connection that is not a migration (a port scanner, another
+    // program, a wrong version) is refused with the reason, sent to it as
+    // well, and the destination keeps listening; only the listening socket
+    // failing ends it.
+    let incoming = loop {
+        match ferry_engine::await_migration(&*listener) {
+            Ok(incoming) => break incoming,
+            Err(e @ MigrationError::Transport(TransportError::Listen { .. })) => {
+                return Err(CmdError::Failed(chain(&e)))
+            }
+            Err(e) => eprintln!(
+                "ferry receive: refused a connection: {}; still listening on {local}",
+                chain(&e)
+            ),
+        }
+    };
     eprintln!(
         "ferry receive: migration from {} over {} data connection(s)",
         incoming.peer(),
