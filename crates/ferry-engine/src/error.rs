@@ -112,6 +112,8 @@ pub enum MigrationError {
         missing: u64,
         /// Of those, pages the source had not sent (handed to a connection).
         unsent: u64,
+        /// What [`crate::resume_postcopy`] needs to try again later.
+        resume: crate::postcopy::PostcopyResume,
         /// What failed.
         #[source]
         source: Box<MigrationError>,

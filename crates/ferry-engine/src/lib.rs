@@ -40,7 +40,7 @@ pub mod tunables;
 pub mod wire;
 
 pub use error::MigrationError;
-pub use postcopy::{Mode, PostcopyReport};
+pub use postcopy::{resume_postcopy, Mode, PostcopyReport, PostcopyResume};
 pub use precopy::{
     await_migration, migrate, migrate_accounted, receive, IncomingMigration, PrecopyOptions,
     ReceiveOptions,

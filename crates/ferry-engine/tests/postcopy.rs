@@ -237,6 +237,60 @@ fn a_second_cut_is_recovered_the_same_way() {
 }
 
 #[test]
+fn a_postcopy_whose_retries_ran_out_is_resumed_later() {
+    if !uffd_available("postcopy resume") {
+        return;
+    }
+    let (to, dest) = spawn_receiver(ReceiveOptions {
+        stall_timeout: Duration::from_secs(5),
+        recover_timeout: Duration::from_secs(30),
+        ..quick_receive()
+    });
+    let relay = common::relay::Relay::start(
+        to.0.clone(),
+        common::relay::Fault::CutAfter {
+            bytes: 64 << 10,
+            times: 1,
+        },
+    );
+    let mut src = running_source();
+    // The source's own retries run out at once.
+    let opts = PrecopyOptions {
+        stall_timeout: Duration::from_secs(5),
+        recover_timeout: Duration::ZERO,
+        ..postcopy_opts(Mode::Postcopy)
+    };
+    let dialer = ferry_engine::TcpDialer(relay.addr.clone());
+    let token = match migrate(&mut src, &dialer, &opts, &NoProgress).unwrap_err() {
+        MigrationError::Postcopy { resume, .. } => resume,
+        e => panic!("expected a postcopy failure, got {e}"),
+    };
+    assert!(!src.is_running(), "paused, with every page");
+    // Later, an operator resumes it with the token.
+    let opts = PrecopyOptions {
+        recover_timeout: Duration::from_secs(10),
+        ..opts
+    };
+    let (summary, result) =
+        ferry_engine::resume_postcopy(&mut src, &dialer, &opts, &token, &NoProgress);
+    result.unwrap();
+    let (dvm, dsum) = dest.join().unwrap().unwrap();
+    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert!(summary.digest_match && dsum.digest_match);
+    assert_eq!(summary.guest_mismatches, 0, "{summary:?}");
+    assert_eq!(dsum.postcopy.unwrap().recoveries, 1);
+    assert!(dvm.is_running());
+    // A running VM has nothing to resume.
+    let mut other = running_source();
+    let (_, refused) =
+        ferry_engine::resume_postcopy(&mut other, &dialer, &opts, &token, &NoProgress);
+    assert!(refused
+        .unwrap_err()
+        .to_string()
+        .contains("only the paused source"));
+}
+
+#[test]
 fn a_source_that_never_returns_leaves_ranges_the_destination_names() {
     if !uffd_available("postcopy source death") {
         return;

@@ -10,6 +10,9 @@
 //!      optional: connections, stall_timeout_s, compress, verify_before_resume, tls_dir,
 //!      delta_cache_mib, converge, max_downtime_ms, give_up_after_s, mode,
 //!      postcopy_after_rounds, on_stall, recover_timeout_s
+//!  {"cmd":"resume"}                                  -> resumes a postcopy whose automatic
+//!      recovery ran out of time (the source stays paused until then);
+//!      optional: to (another address of the same destination)
 //!  {"cmd":"cancel"}                                  -> cancels a migration in precopy
 //!  {"cmd":"stop"}                                    -> stops the VM and `ferry run`
 //! ```
@@ -86,6 +89,11 @@ pub enum Request {
     Throttle {
         percent: u8,
     },
+    /// Resumes a postcopy whose automatic recovery ran out of time (to the
+    /// same destination, or `to`).
+    Resume {
+        to: Option<String>,
+    },
     Cancel,
     Stop,
 }
@@ -99,6 +107,10 @@ pub enum VmCommand {
     },
     Throttle {
         percent: u8,
+        reply: Sender<Value>,
+    },
+    Resume {
+        to: Option<String>,
         reply: Sender<Value>,
     },
     Stop {
@@ -339,6 +351,7 @@ fn handle(req: Request, shared: &Shared) -> Value {
             }
             forward(shared, |reply| VmCommand::Throttle { percent, reply })
         }
+        Request::Resume { to } => forward(shared, |reply| VmCommand::Resume { to, reply }),
         Request::Stop => forward(shared, |reply| VmCommand::Stop { reply }),
     }
 }

@@ -184,3 +184,86 @@ fn the_policy_and_the_quota_interval_change_while_a_migration_runs() {
     assert!(vm.wait().unwrap().success());
     let _ = std::fs::remove_file(&sock);
 }
+
+#[test]
+fn a_postcopy_whose_retries_ran_out_is_resumed_through_the_socket() {
+    if !std::path::Path::new("/dev/userfaultfd").exists() {
+        println!("SKIP: /dev/userfaultfd absent; postcopy resume not tested");
+        return;
+    }
+    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
+    // Nothing failed yet: nothing to resume.
+    let none = ask(&sock, r#"{"cmd":"resume"}"#);
+    assert!(
+        none["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no failed postcopy"),
+        "{none}"
+    );
+    // 16 MiB/s for 64 MiB: the postcopy push takes 4 s. The source gives up
+    // at once when the link stalls (--recover-timeout 0); the destination
+    // waits for it (60 s by default).
+    let (mut dest, migration) = migrate_in_background(
+        &sock,
+        &[
+            "--mode",
+            "postcopy",
+            "--stall-timeout",
+            "1",
+            "--recover-timeout",
+            "0",
+        ],
+    );
+    // Freeze the destination mid-push for longer than the stall timeout.
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = dest.child.id().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let out = migration.join().unwrap();
+    signal("-CONT");
+    assert_no_panic(&out);
+    let failed = last_json(&out);
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert!(
+        failed["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("stays paused"),
+        "{failed}"
+    );
+    // A new migration is refused while the failed postcopy holds the VM.
+    let busy = ask(
+        &sock,
+        &format!(r#"{{"cmd":"migrate","to":"{}"}}"#, dest.addr),
+    );
+    assert!(
+        busy["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("resume that one"),
+        "{busy}"
+    );
+    let out = run(&[
+        "migrate",
+        "--to",
+        &dest.addr,
+        "--control",
+        sock.to_str().unwrap(),
+        "--resume",
+        "--json",
+    ]);
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    assert_verified(&j, "resumed postcopy");
+    assert_eq!(j["mode"], "postcopy", "{j}");
+    assert!(vm.wait().unwrap().success());
+    assert!(dest.child.wait().unwrap().success());
+    let _ = std::fs::remove_file(&sock);
+}

@@ -40,6 +40,9 @@
 mod destination;
 pub(crate) mod pager;
 mod recovery;
+mod resume;
+
+pub use resume::resume_postcopy;
 pub(crate) mod server;
 mod source;
 
@@ -179,6 +182,19 @@ impl PostcopyReport {
         self.faults += earlier.faults;
         self.pages_requested += earlier.pages_requested;
     }
+}
+
+/// What a source keeps to resume a postcopy whose automatic recovery ran
+/// out of time (see [`resume_postcopy`]): the destination still waits, or
+/// will be asked again, for the same session.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct PostcopyResume {
+    /// The migration's session id.
+    pub session: u64,
+    /// The round the push sends.
+    pub round: u32,
+    /// Data connections per set.
+    pub connections: usize,
 }
 
 /// Whether a postcopy that failed with `e` may be recovered: the

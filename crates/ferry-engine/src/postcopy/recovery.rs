@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Pause between the source's attempts to reconnect.
-const RETRY_PAUSE: Duration = Duration::from_millis(250);
+pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(250);
 /// Missing ranges spelled out in an error message.
 const RANGES_SHOWN: usize = 8;
 
@@ -216,7 +216,7 @@ impl Source<'_> {
     }
 
     /// Reads the destination's list of the pages it still lacks.
-    fn recv_still_missing(&mut self) -> Result<DirtyPages, MigrationError> {
+    pub(crate) fn recv_still_missing(&mut self) -> Result<DirtyPages, MigrationError> {
         let mut missing = DirtyPages::new(self.pages);
         loop {
             let i = self.ctl.recv()?;

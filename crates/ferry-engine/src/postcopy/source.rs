@@ -57,6 +57,7 @@ impl Source<'_> {
         // From here the guest is the destination's: never resume this copy,
         // keep every page that has not gone out.
         self.in_postcopy = true;
+        self.postcopy_round = round;
         self.paused_by_us = false;
         self.converge.release(&mut *self.vm);
         if std::mem::take(&mut self.logging) {
@@ -71,6 +72,17 @@ impl Source<'_> {
             }
             (m, offset) => return Err(unexpected("Resumed", &m, offset)),
         }
+        self.finish_postcopy(round, dialer, hello)
+    }
+
+    /// After the guest resumed on the destination: push, digest and
+    /// verdict, recovering from cuts, then commit and read the report.
+    pub(crate) fn finish_postcopy(
+        &mut self,
+        round: u32,
+        dialer: &dyn Dial,
+        hello: &dyn Fn(u16) -> Hello,
+    ) -> Result<(), MigrationError> {
         let (ours, matched, dest) = loop {
             match self.push_and_verify(round) {
                 Ok(v) => break v,

@@ -61,7 +61,7 @@ mod switchover;
 
 pub(crate) use destination::Dest;
 pub(crate) use receivers::Loaded;
-pub(crate) use source::{ship, Source};
+pub(crate) use source::{fresh_summary, ship, Migrating, Source};
 
 pub use compression::Compression;
 pub use destination::{await_migration, receive, CreateVm, IncomingMigration};

@@ -7,7 +7,7 @@ use super::{unexpected, PrecopyOptions, MAX_CONNECTIONS};
 use crate::converge::{ConvergeMode, Converger, RoundSample};
 use crate::error::MigrationError;
 use crate::postcopy::server::PageServer;
-use crate::postcopy::Mode;
+use crate::postcopy::{Mode, PostcopyResume};
 use crate::progress::{Phase, Progress};
 use crate::summary::{ms, MigrationSummary, RoundKind, RoundStats, Status};
 use crate::transport::{open_channel, Control, Dial, Health, Side};
@@ -55,50 +55,8 @@ pub fn migrate_accounted(
     opts: &PrecopyOptions,
     progress: &dyn Progress,
 ) -> (MigrationSummary, Result<(), MigrationError>) {
-    let ram = Arc::clone(vm.ram());
     let connections = opts.connections.clamp(1, MAX_CONNECTIONS);
-    let summary = MigrationSummary {
-        status: Status::Failed,
-        backend: vm.config().backend.to_string(),
-        mode: opts.mode.to_string(),
-        block_ms: 0.0,
-        page_requests: 0,
-        postcopy_ms: 0.0,
-        missing_pages: 0,
-        recoveries: 0,
-        fault_path: String::new(),
-        vcpu_exits: 0,
-        dirty_tracking: vm.dirty_tracking(),
-        wire_version: VERSION,
-        connections,
-        tls: dialer.tls(),
-        total_ms: 0.0,
-        downtime_ms: 0.0,
-        dest_resume_ms: 0.0,
-        pause_ms: 0.0,
-        save_vcpus_ms: 0.0,
-        digest_ms: 0.0,
-        verify_before_resume: opts.verify_before_resume,
-        bytes_sent: 0,
-        compression: opts.compression.to_string(),
-        batches_by_codec: [0; 3],
-        delta: None,
-        converge: opts.converge.to_string(),
-        throttle_timeline: Vec::new(),
-        escalations: Vec::new(),
-        operator_changes: Vec::new(),
-        converged: false,
-        predicted: None,
-        vcpu_shares: Vec::new(),
-        rounds: Vec::new(),
-        digest_match: false,
-        digest_checked: false,
-        guest_mismatches: 0,
-        mismatches_before: 0,
-        mismatches_after: 0,
-        dest_passes_after: 0,
-        error: None,
-    };
+    let summary = fresh_summary(vm, opts, connections, dialer.tls());
     let start = Instant::now();
     // A policy the backend cannot serve is refused before anything starts.
     let refused = match opts.converge {
@@ -143,72 +101,167 @@ pub fn migrate_accounted(
             return (summary, Err(e));
         }
     };
-    let max_downtime = opts
-        .max_downtime
-        .unwrap_or_else(|| opts.tunables.downtime_target());
-    let mut src = Source {
-        converge: Converger::new(opts.converge, max_downtime)
-            .switching_on_stall(opts.mode.switch_on_stall()),
-        pages: ram.pages(),
-        vm,
-        ram,
-        ctl: control,
-        senders: None,
-        health,
-        bytes_before: 0,
-        opts,
-        progress,
-        logging: false,
-        paused_by_us: false,
-        server: None,
-        in_postcopy: false,
-        awaiting_verdict: false,
-        start,
-        summary,
-    };
+    let mut src = Source::new(vm, control, health, opts, progress, session, summary, start);
     let result = src.run(dialer, &hello);
-    if src.summary.status != Status::Completed {
-        src.summary.total_ms = ms(src.start.elapsed());
+    src.conclude(result)
+}
+
+/// The summary of a migration about to start: status `failed` until it
+/// completes.
+pub(crate) fn fresh_summary(
+    vm: &dyn Vm,
+    opts: &PrecopyOptions,
+    connections: usize,
+    tls: bool,
+) -> MigrationSummary {
+    MigrationSummary {
+        status: Status::Failed,
+        backend: vm.config().backend.to_string(),
+        mode: opts.mode.to_string(),
+        block_ms: 0.0,
+        page_requests: 0,
+        postcopy_ms: 0.0,
+        missing_pages: 0,
+        recoveries: 0,
+        fault_path: String::new(),
+        vcpu_exits: 0,
+        dirty_tracking: vm.dirty_tracking(),
+        wire_version: VERSION,
+        connections,
+        tls,
+        total_ms: 0.0,
+        downtime_ms: 0.0,
+        dest_resume_ms: 0.0,
+        pause_ms: 0.0,
+        save_vcpus_ms: 0.0,
+        digest_ms: 0.0,
+        verify_before_resume: opts.verify_before_resume,
+        bytes_sent: 0,
+        compression: opts.compression.to_string(),
+        batches_by_codec: [0; 3],
+        delta: None,
+        converge: opts.converge.to_string(),
+        throttle_timeline: Vec::new(),
+        escalations: Vec::new(),
+        operator_changes: Vec::new(),
+        converged: false,
+        predicted: None,
+        vcpu_shares: Vec::new(),
+        rounds: Vec::new(),
+        digest_match: false,
+        digest_checked: false,
+        guest_mismatches: 0,
+        mismatches_before: 0,
+        mismatches_after: 0,
+        dest_passes_after: 0,
+        error: None,
     }
-    src.summary.bytes_sent = src.bytes_before + src.health.data_bytes() + src.ctl.bytes_sent();
-    if let Some(s) = &src.senders {
-        src.summary.batches_by_codec = s.stats.counts();
-        src.summary.delta = s.delta_summary();
-    }
-    src.summary.throttle_timeline = std::mem::take(&mut src.converge.timeline);
-    src.summary.escalations = std::mem::take(&mut src.converge.escalations);
-    src.summary.operator_changes = std::mem::take(&mut src.converge.operator_changes);
-    src.summary.converge = src.converge.mode().to_string();
-    progress.phase(Phase::Done);
-    match result {
-        Ok(()) => {
-            if let Some(s) = src.senders.take() {
-                s.finish();
-            }
-            src.ctl.close();
-            (src.summary, Ok(()))
+}
+
+impl<'a> Source<'a> {
+    /// The source side of a migration over `ctl`, before anything is sent.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        vm: &'a mut dyn Vm,
+        ctl: Control,
+        health: Arc<Health>,
+        opts: &'a PrecopyOptions,
+        progress: &'a dyn Progress,
+        session: u64,
+        summary: MigrationSummary,
+        start: Instant,
+    ) -> Self {
+        let max_downtime = opts
+            .max_downtime
+            .unwrap_or_else(|| opts.tunables.downtime_target());
+        let ram = Arc::clone(vm.ram());
+        Source {
+            converge: Converger::new(opts.converge, max_downtime)
+                .switching_on_stall(opts.mode.switch_on_stall()),
+            pages: ram.pages(),
+            vm,
+            ram,
+            ctl,
+            senders: None,
+            health,
+            bytes_before: 0,
+            opts,
+            progress,
+            logging: false,
+            paused_by_us: false,
+            server: None,
+            in_postcopy: false,
+            session,
+            postcopy_round: 0,
+            awaiting_verdict: false,
+            start,
+            summary,
         }
-        Err(e) => {
-            drop(src.senders.take());
-            let e = match src.ctl.give_up(e) {
-                e if src.in_postcopy => MigrationError::Postcopy {
-                    missing: src.summary.missing_pages,
-                    unsent: src.unsent(),
-                    source: Box::new(e),
-                },
-                e @ (MigrationError::Peer { .. } | MigrationError::Protocol { .. }) => e,
-                e if src.awaiting_verdict => MigrationError::Unconfirmed(Box::new(e)),
-                e => e,
-            };
-            if src.in_postcopy {
-                tracing::warn!("postcopy failed: {}", e.chain());
-            } else {
-                tracing::warn!("migration failed, source resumes: {}", e.chain());
+    }
+
+    /// The summary and result of a migration that ended with `result`:
+    /// on success the connections close; on failure the destination is told
+    /// why, and the VM runs again unless postcopy began.
+    pub(crate) fn conclude(
+        mut self,
+        result: Result<(), MigrationError>,
+    ) -> (MigrationSummary, Result<(), MigrationError>) {
+        if self.summary.status != Status::Completed {
+            self.summary.total_ms = ms(self.start.elapsed());
+        }
+        self.summary.bytes_sent =
+            self.bytes_before + self.health.data_bytes() + self.ctl.bytes_sent();
+        if let Some(s) = &self.senders {
+            self.summary.batches_by_codec = s.stats.counts();
+            self.summary.delta = s.delta_summary();
+        }
+        self.summary.throttle_timeline = std::mem::take(&mut self.converge.timeline);
+        self.summary.escalations = std::mem::take(&mut self.converge.escalations);
+        self.summary.operator_changes = std::mem::take(&mut self.converge.operator_changes);
+        self.summary.converge = self.converge.mode().to_string();
+        self.progress.phase(Phase::Done);
+        match result {
+            Ok(()) => {
+                if let Some(s) = self.senders.take() {
+                    s.finish();
+                }
+                self.ctl.close();
+                (self.summary, Ok(()))
             }
-            src.rollback();
-            src.summary.status = Status::Failed;
-            src.summary.error = Some(e.chain());
-            (src.summary, Err(e))
+            Err(e) => {
+                drop(self.senders.take());
+                // A postcopy's destination runs the guest and waits to be
+                // reconnected: it is not told to give up.
+                let e = if self.in_postcopy {
+                    self.ctl.abandon(e)
+                } else {
+                    self.ctl.give_up(e)
+                };
+                let e = match e {
+                    e if self.in_postcopy => MigrationError::Postcopy {
+                        missing: self.summary.missing_pages,
+                        unsent: self.unsent(),
+                        resume: PostcopyResume {
+                            session: self.session,
+                            round: self.postcopy_round,
+                            connections: self.summary.connections,
+                        },
+                        source: Box::new(e),
+                    },
+                    e @ (MigrationError::Peer { .. } | MigrationError::Protocol { .. }) => e,
+                    e if self.awaiting_verdict => MigrationError::Unconfirmed(Box::new(e)),
+                    e => e,
+                };
+                if self.in_postcopy {
+                    tracing::warn!("postcopy failed: {}", e.chain());
+                } else {
+                    tracing::warn!("migration failed, source resumes: {}", e.chain());
+                }
+                self.rollback();
+                self.summary.status = Status::Failed;
+                self.summary.error = Some(e.chain());
+                (self.summary, Err(e))
+            }
         }
     }
 }
@@ -216,7 +269,7 @@ pub fn migrate_accounted(
 /// Clears [`Tunables::set_migrating`] however `migrate` returns, and drops a
 /// throttle or policy request it did not take: it does not apply to the
 /// next one.
-struct Migrating<'a>(&'a crate::tunables::Tunables);
+pub(crate) struct Migrating<'a>(pub(crate) &'a crate::tunables::Tunables);
 
 impl Drop for Migrating<'_> {
     fn drop(&mut self) {
@@ -267,6 +320,10 @@ pub(crate) struct Source<'a> {
     /// Set at a postcopy switchover, cleared at the commit: from that
     /// moment the source never resumes.
     pub(crate) in_postcopy: bool,
+    /// The migration's session id (the same on every set of connections).
+    pub(crate) session: u64,
+    /// The round the postcopy push sends, once switched.
+    pub(crate) postcopy_round: u32,
 }
 
 impl Source<'_> {

@@ -175,6 +175,18 @@ impl Control {
         e
     }
 
+    /// Ends this set of connections after `e` without telling the peer,
+    /// which may wait to be reconnected (a postcopy that can still be
+    /// resumed): returns the reason to report.
+    pub fn abandon(&mut self, e: MigrationError) -> MigrationError {
+        self.health.abort();
+        self.stop_heartbeats();
+        let e = self.health.settle(e);
+        self.health.shutdown_all();
+        self.join();
+        e
+    }
+
     /// Ends a migration that completed: no more heartbeats, and nothing the
     /// peer does from now on is a failure.
     pub fn close(&mut self) {

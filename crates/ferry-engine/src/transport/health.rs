@@ -117,9 +117,10 @@ impl Health {
     }
 
     /// How often heartbeats go out: a quarter of the stall timeout, between
-    /// 20 ms and 1 s, so several are missed before a stall is called.
+    /// 20 ms and 250 ms, so several are missed before a stall is called,
+    /// also by a peer whose own stall timeout is shorter (down to 1 s).
     pub fn heartbeat_interval(&self) -> Duration {
-        (self.stall / 4).clamp(Duration::from_millis(20), Duration::from_secs(1))
+        (self.stall / 4).clamp(Duration::from_millis(20), Duration::from_millis(250))
     }
 
     fn now_ns(&self) -> u64 {

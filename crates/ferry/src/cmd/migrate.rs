@@ -12,10 +12,10 @@ use ferry_backend::memstress::{read_progress, set_write_percent};
 use ferry_backend::Vm;
 use ferry_engine::converge::ConvergeMode;
 use ferry_engine::precopy::Compression;
-use ferry_engine::Mode;
 use ferry_engine::{
     Dial, MigrationSummary, PrecopyOptions, Status, TcpDialer, TlsConfig, Tunables,
 };
+use ferry_engine::{Mode, PostcopyResume};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -255,6 +255,11 @@ pub struct MigrateArgs {
     /// Migrate the VM of a `ferry run --control PATH` instead of booting one.
     #[arg(long)]
     pub control: Option<std::path::PathBuf>,
+    /// With --control: resume the VM's postcopy whose automatic recovery
+    /// ran out of time (its source is paused with every page), to --to.
+    /// The destination must still be waiting (its --recover-timeout).
+    #[arg(long, requires = "control")]
+    pub resume: bool,
     #[command(flatten)]
     pub workload: WorkloadArgs,
     #[command(flatten)]
@@ -272,6 +277,9 @@ pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
                     .into(),
             ));
         }
+        if a.resume {
+            return resume_via_control(path, &a);
+        }
         return via_control(path, &a);
     }
     let link = a.migration.link()?;
@@ -282,8 +290,22 @@ pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
     Ok(finish(&mut *vm, &summary, a.migration.json))
 }
 
+/// Asks a `ferry run --control` whose postcopy failed to resume it.
+fn resume_via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdError> {
+    let req = serde_json::json!({"cmd": "resume", "to": a.to});
+    let reply = crate::control::request(path, &req).map_err(|e| CmdError::Failed(chain(&e)))?;
+    print_control_reply(&reply, a.migration.json);
+    Ok(if reply["status"] == "completed" {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
 /// Asks a running `ferry run --control` to migrate its VM.
 fn via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdError> {
+    // The same refusals as a migration this command runs itself.
+    a.migration.check_mode()?;
     let set = serde_json::json!({
         "cmd": "set",
         "downtime_ms": a.migration.downtime_ms,
@@ -315,21 +337,30 @@ fn via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdE
         "converge": a.migration.converge.map(|c| c.to_string()),
         "max_downtime_ms": a.migration.max_downtime_ms,
         "give_up_after_s": a.migration.give_up_after_s,
+        "mode": a.migration.mode.name(),
+        "postcopy_after_rounds": a.migration.postcopy_after_rounds,
+        "on_stall": a.migration.on_stall,
+        "recover_timeout_s": a.migration.recover_timeout_s,
     });
     let reply = crate::control::request(path, &req).map_err(|e| CmdError::Failed(chain(&e)))?;
-    if a.migration.json {
-        println!("{reply}");
-    } else {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&reply).unwrap_or_default()
-        );
-    }
+    print_control_reply(&reply, a.migration.json);
     Ok(if reply["status"] == "completed" {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Prints the control socket's answer: one JSON line, or pretty.
+fn print_control_reply(reply: &serde_json::Value, json: bool) {
+    if json {
+        println!("{reply}");
+    } else {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(reply).unwrap_or_default()
+        );
+    }
 }
 
 /// Refuses an address that cannot be resolved before any VM is booted.
@@ -416,20 +447,24 @@ pub fn boot_and_migrate(
     } else {
         None
     };
-    let mut summary = migrate_running(vm, to, tunables, link, since);
+    let (mut summary, _) = migrate_running(vm, to, tunables, link, since, None);
     summary.predicted = predicted;
     Ok(summary)
 }
 
 /// Migrates a running VM to `to`. Never fails: a failure is a summary with
 /// status "failed" (and the VM still running).
+/// With `resume`, resumes that failed postcopy instead (see
+/// [`ferry_engine::resume_postcopy`]). Also returns the token to resume with
+/// when a postcopy failed.
 pub fn migrate_running(
     vm: &mut dyn Vm,
     to: &str,
     tunables: Arc<Tunables>,
     link: LinkSettings,
     since: Option<Sample>,
-) -> MigrationSummary {
+    resume: Option<PostcopyResume>,
+) -> (MigrationSummary, Option<PostcopyResume>) {
     let mut link = link;
     let converge = converge_for(link.converge, vm);
     link.converge = Some(converge);
@@ -454,7 +489,7 @@ pub fn migrate_running(
             Err(e) => {
                 let error = chain(&e);
                 eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
-                return failed_summary(vm, link, started.elapsed(), error);
+                return (failed_summary(vm, link, started.elapsed(), error), resume);
             }
         },
     };
@@ -470,8 +505,15 @@ pub fn migrate_running(
         .give_up_after
         .map(|after| GiveUp::arm(&opts.tunables, after));
     let bar = MigrationBar::new(std::io::stderr().is_terminal());
-    let (mut summary, result) = ferry_engine::migrate_accounted(vm, &*dialer, &opts, &bar);
+    let (mut summary, result) = match &resume {
+        Some(token) => ferry_engine::resume_postcopy(vm, &*dialer, &opts, token, &bar),
+        None => ferry_engine::migrate_accounted(vm, &*dialer, &opts, &bar),
+    };
     bar.finish();
+    let token = match &result {
+        Err(ferry_engine::MigrationError::Postcopy { resume, .. }) => Some(*resume),
+        _ => None,
+    };
     let gave_up = give_up.is_some_and(GiveUp::disarm);
     if let Err(e) = result {
         let mut error = chain(&e);
@@ -493,7 +535,7 @@ pub fn migrate_running(
         let ran = (summary.total_ms - summary.downtime_ms).max(0.0);
         summary.vcpu_shares = w.finish(vm, Duration::from_secs_f64(ran / 1e3));
     }
-    summary
+    (summary, token)
 }
 
 /// `--give-up-after`: a thread that cancels the migration at the deadline

@@ -1,12 +1,13 @@
 //! `ferry run`: boot a VM with the memstress guest and report its progress.
 
-use super::migrate::migrate_running;
+use super::migrate::{migrate_running, LinkSettings};
 use super::CmdError;
 use crate::args::{BackendArgs, WorkloadArgs};
 use crate::control::{self, VmCommand};
 use crate::{rates, vms};
 use clap::Args;
 use ferry_backend::memstress::read_progress;
+use ferry_engine::PostcopyResume;
 use ferry_engine::{Status, Tunables};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -76,6 +77,8 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
         eprintln!("ferry: control socket at {}", path.display());
     }
     let _keep_channel_open = tx;
+    // A failed postcopy: where it went, how, and the token to resume it.
+    let mut unfinished: Option<(String, LinkSettings, PostcopyResume)> = None;
     loop {
         match commands.recv_timeout(Duration::from_secs_f64(a.interval)) {
             Ok(VmCommand::Throttle { percent, reply }) => {
@@ -93,6 +96,44 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
                 control::wait_answered(&answering);
                 break;
             }
+            Ok(VmCommand::Resume { to, reply }) => {
+                let Some((was_to, link, token)) = unfinished.take() else {
+                    let _ = reply.send(serde_json::json!({
+                        "ok": false,
+                        "error": "there is no failed postcopy to resume"
+                    }));
+                    continue;
+                };
+                let to = to.unwrap_or(was_to);
+                tunables.reset_cancel();
+                tunables.set_migrating(true);
+                let (summary, token) = migrate_running(
+                    &mut *vm,
+                    &to,
+                    tunables.clone(),
+                    link.clone(),
+                    None,
+                    Some(token),
+                );
+                tunables.set_migrating(false);
+                unfinished = token.map(|t| (to.clone(), link, t));
+                let moved = summary.status == Status::Completed;
+                let _ = reply.send(crate::summary::json(&summary));
+                if moved {
+                    println!("the VM now runs at {to}; stopping here");
+                    control::wait_answered(&answering);
+                    return Ok(ExitCode::SUCCESS);
+                }
+                continue;
+            }
+            Ok(VmCommand::Migrate { reply, .. }) if unfinished.is_some() => {
+                let _ = reply.send(serde_json::json!({
+                    "ok": false,
+                    "error": "a failed postcopy holds this VM paused (the destination has run \
+                              it): resume that one with {\"cmd\":\"resume\"}"
+                }));
+                continue;
+            }
             Ok(VmCommand::Migrate { to, link, reply }) => {
                 // A cancel aimed at an earlier migration must not stop this one.
                 tunables.reset_cancel();
@@ -101,9 +142,13 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
                 // goes through the tunables to the migration, not into this
                 // thread's queue behind it.
                 tunables.set_migrating(true);
-                let summary = migrate_running(&mut *vm, &to, tunables.clone(), link, since);
+                let (summary, token) =
+                    migrate_running(&mut *vm, &to, tunables.clone(), link.clone(), since, None);
                 tunables.set_migrating(false);
                 tunables.take_throttle_request();
+                // A failed postcopy leaves the VM paused with every page,
+                // waiting for `resume`.
+                unfinished = token.map(|t| (to.clone(), link, t));
                 let moved = summary.status == Status::Completed;
                 let _ = reply.send(crate::summary::json(&summary));
                 if moved {
