@@ -167,7 +167,9 @@ impl Source<'_> {
                 raw += r;
             }
         }
-        if !batch.is_empty() {
+        if batch.is_empty() {
+            senders.recycle(batch);
+        } else {
             let (p, z, r) = ship(senders, batch, round, false, self.opts, self.progress)?;
             pages += p;
             zero += z;

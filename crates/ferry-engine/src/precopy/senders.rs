@@ -188,6 +188,15 @@ impl Senders {
         }
     }
 
+    /// Gives back a batch taken with [`Senders::batch`] and not sent (a
+    /// round that ended on a batch boundary leaves one empty). Dropped
+    /// uncounted, each would shrink the pool for good, until `batch` waited
+    /// for ever.
+    pub fn recycle(&mut self, batch: PageBatch) {
+        drop(batch);
+        self.allocated = self.allocated.saturating_sub(1);
+    }
+
     /// Hands a sealed batch to a sender: the first lane with room, starting
     /// after the last one used; if all are full, waits on the next in turn.
     pub fn send(&mut self, batch: PageBatch) -> Result<(), MigrationError> {
@@ -335,5 +344,46 @@ fn send_loop(
             }
             health.fail(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::{Link, Side};
+    use crate::tunables::Tunables;
+    use crate::wire::FrameStream;
+
+    #[test]
+    fn batches_given_back_unsent_do_not_drain_the_pool() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let out = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_peer, _) = listener.accept().unwrap();
+        let health = Arc::new(Health::new(Side::Source, Duration::from_secs(10)));
+        let mut senders = Senders::start(
+            vec![FrameStream::new(Box::new(out) as Box<dyn Link>)],
+            16,
+            Compression::None,
+            None,
+            TokenBucket::new(Tunables::shared()),
+            Arc::clone(&health),
+        )
+        .unwrap();
+        // Were a recycled batch not counted back, the pool would run dry
+        // and `batch` wait for ever: the watchdog turns that into an error.
+        let watchdog = {
+            let health = Arc::clone(&health);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(5));
+                health.abort();
+            })
+        };
+        for _ in 0..100 {
+            let b = senders.batch().expect("a batch from the pool");
+            senders.recycle(b);
+        }
+        assert!(!health.is_failed(), "the pool ran dry");
+        drop(senders);
+        let _ = watchdog;
     }
 }

@@ -568,7 +568,9 @@ impl Source<'_> {
                 }
             }
         }
-        if !batch.is_empty() {
+        if batch.is_empty() {
+            senders.recycle(batch);
+        } else {
             let (p, z, r) = ship(senders, batch, round, cancellable, self.opts, self.progress)?;
             pages += p;
             zero += z;
