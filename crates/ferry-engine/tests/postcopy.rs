@@ -187,12 +187,21 @@ fn postcopy_refuses_verify_before_resume_and_the_source_runs_on() {
     assert!(dest.join().unwrap().is_err());
 }
 
-/// A postcopy through a relay that cuts every connection `cuts` times,
-/// each 64 KiB into the push: both sides must recover each time.
-fn postcopy_through_cuts(cuts: u32) {
+/// A destination that waits `recover` for a reconnection, behind a relay
+/// that cuts every connection `cuts` times, each 64 KiB into the push; the
+/// dialer to use (through the relay) and a running source.
+fn behind_cuts(
+    recover: Duration,
+    cuts: u32,
+) -> (
+    std::thread::JoinHandle<common::Received>,
+    common::relay::Relay,
+    ferry_engine::TcpDialer,
+    common::TestVm,
+) {
     let (to, dest) = spawn_receiver(ReceiveOptions {
         stall_timeout: Duration::from_secs(5),
-        recover_timeout: Duration::from_secs(30),
+        recover_timeout: recover,
         ..quick_receive()
     });
     let relay = common::relay::Relay::start(
@@ -202,13 +211,19 @@ fn postcopy_through_cuts(cuts: u32) {
             times: cuts,
         },
     );
-    let mut src = running_source();
+    let dialer = ferry_engine::TcpDialer(relay.addr.clone());
+    (dest, relay, dialer, running_source())
+}
+
+/// A postcopy through a relay that cuts every connection `cuts` times,
+/// each 64 KiB into the push: both sides must recover each time.
+fn postcopy_through_cuts(cuts: u32) {
+    let (dest, relay, dialer, mut src) = behind_cuts(Duration::from_secs(30), cuts);
     let opts = PrecopyOptions {
         stall_timeout: Duration::from_secs(5),
         recover_timeout: Duration::from_secs(30),
         ..postcopy_opts(Mode::Postcopy)
     };
-    let dialer = ferry_engine::TcpDialer(relay.addr.clone());
     let summary = migrate(&mut src, &dialer, &opts, &NoProgress).unwrap();
     let (dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(relay.cuts(), cuts);
@@ -241,26 +256,13 @@ fn a_postcopy_whose_retries_ran_out_is_resumed_later() {
     if !uffd_available("postcopy resume") {
         return;
     }
-    let (to, dest) = spawn_receiver(ReceiveOptions {
-        stall_timeout: Duration::from_secs(5),
-        recover_timeout: Duration::from_secs(30),
-        ..quick_receive()
-    });
-    let relay = common::relay::Relay::start(
-        to.0.clone(),
-        common::relay::Fault::CutAfter {
-            bytes: 64 << 10,
-            times: 1,
-        },
-    );
-    let mut src = running_source();
+    let (dest, _relay, dialer, mut src) = behind_cuts(Duration::from_secs(30), 1);
     // The source's own retries run out at once.
     let opts = PrecopyOptions {
         stall_timeout: Duration::from_secs(5),
         recover_timeout: Duration::ZERO,
         ..postcopy_opts(Mode::Postcopy)
     };
-    let dialer = ferry_engine::TcpDialer(relay.addr.clone());
     let token = match migrate(&mut src, &dialer, &opts, &NoProgress).unwrap_err() {
         MigrationError::Postcopy { resume, .. } => resume,
         e => panic!("expected a postcopy failure, got {e}"),
@@ -298,24 +300,11 @@ fn a_source_that_never_returns_leaves_ranges_the_destination_names() {
     // The source gives up at once (as a source that died would never come
     // back); the destination waits its recovery timeout, then says which
     // pages only the source had.
-    let (to, dest) = spawn_receiver(ReceiveOptions {
-        stall_timeout: Duration::from_secs(5),
-        recover_timeout: Duration::from_secs(1),
-        ..quick_receive()
-    });
-    let relay = common::relay::Relay::start(
-        to.0.clone(),
-        common::relay::Fault::CutAfter {
-            bytes: 64 << 10,
-            times: 1,
-        },
-    );
-    let mut src = running_source();
+    let (dest, _relay, dialer, mut src) = behind_cuts(Duration::from_secs(1), 1);
     let opts = PrecopyOptions {
         recover_timeout: Duration::ZERO,
         ..postcopy_opts(Mode::Postcopy)
     };
-    let dialer = ferry_engine::TcpDialer(relay.addr.clone());
     let err = migrate(&mut src, &dialer, &opts, &NoProgress).unwrap_err();
     assert!(matches!(err, MigrationError::Postcopy { .. }), "{err}");
     assert!(!src.is_running());

@@ -185,12 +185,12 @@ fn the_policy_and_the_quota_interval_change_while_a_migration_runs() {
     let _ = std::fs::remove_file(&sock);
 }
 
-#[test]
-fn a_postcopy_whose_retries_ran_out_is_resumed_through_the_socket() {
-    if !std::path::Path::new("/dev/userfaultfd").exists() {
-        println!("SKIP: /dev/userfaultfd absent; postcopy resume not tested");
-        return;
-    }
+/// Starts a soft postcopy through the socket whose source gives up at once
+/// (--recover-timeout 0), and freezes its destination mid-push, beyond the
+/// 1 s stall timeout. Returns the paused source, its socket and the
+/// destination (waiting for a reconnection, 60 s by default), or `None`
+/// when a loaded host put the freeze before the switchover or after the end.
+fn postcopy_cut_by_a_freeze() -> Option<(std::process::Child, std::path::PathBuf, Receiver)> {
     let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
     // Nothing failed yet: nothing to resume.
     let none = ask(&sock, r#"{"cmd":"resume"}"#);
@@ -201,10 +201,8 @@ fn a_postcopy_whose_retries_ran_out_is_resumed_through_the_socket() {
             .contains("no failed postcopy"),
         "{none}"
     );
-    // 16 MiB/s for 64 MiB: the postcopy push takes 4 s. The source gives up
-    // at once when the link stalls (--recover-timeout 0); the destination
-    // waits for it (60 s by default).
-    let (mut dest, migration) = migrate_in_background(
+    // 16 MiB/s for 64 MiB: the postcopy push takes 4 s.
+    let (dest, migration) = migrate_in_background(
         &sock,
         &[
             "--mode",
@@ -215,7 +213,6 @@ fn a_postcopy_whose_retries_ran_out_is_resumed_through_the_socket() {
             "0",
         ],
     );
-    // Freeze the destination mid-push for longer than the stall timeout.
     std::thread::sleep(Duration::from_millis(1500));
     let pid = dest.child.id().to_string();
     let signal = |sig: &str| {
@@ -230,14 +227,26 @@ fn a_postcopy_whose_retries_ran_out_is_resumed_through_the_socket() {
     signal("-CONT");
     assert_no_panic(&out);
     let failed = last_json(&out);
-    assert_eq!(failed["status"], "failed", "{failed}");
-    assert!(
-        failed["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("stays paused"),
-        "{failed}"
-    );
+    let error = failed["error"].as_str().unwrap_or("");
+    if failed["status"] == "failed" && error.contains("stays paused") {
+        return Some((vm, sock, dest));
+    }
+    println!("the freeze missed the postcopy push; trying again: {failed}");
+    let _ = vm.kill();
+    let _ = vm.wait();
+    let _ = std::fs::remove_file(&sock);
+    None
+}
+
+#[test]
+fn a_postcopy_whose_retries_ran_out_is_resumed_through_the_socket() {
+    if !std::path::Path::new("/dev/userfaultfd").exists() {
+        println!("SKIP: /dev/userfaultfd absent; postcopy resume not tested");
+        return;
+    }
+    let (mut vm, sock, mut dest) = (0..3)
+        .find_map(|_| postcopy_cut_by_a_freeze())
+        .expect("a freeze landed mid-push in one of 3 tries");
     // A new migration is refused while the failed postcopy holds the VM.
     let busy = ask(
         &sock,

@@ -21,7 +21,6 @@
 //! deadline per outage. When the source never comes back, the destination
 //! reports how many pages, and which ranges, only the source held.
 
-use super::recoverable;
 use crate::error::MigrationError;
 use crate::precopy::{unexpected, Dest, Source};
 use crate::transport::{accept_channel, open_channel, Control, Dial, Health, Listen, Side};
@@ -88,9 +87,14 @@ impl Dest {
     ) -> Result<(), MigrationError> {
         let (session, lanes) = (self.session, self.summary.connections as u16);
         let (io, hello) = accept_channel(listener, Some(deadline), &|h: &Hello| {
-            if !h.recover || h.session != session || h.channel != 0 {
+            if !h.recover || h.session != session {
                 Err(
                     "this destination is waiting for a postcopy recovery of another migration"
+                        .into(),
+                )
+            } else if h.channel != 0 {
+                Err(
+                    "a connection of a recovery attempt this destination gave up on: start over"
                         .into(),
                 )
             } else if h.data_channels != lanes {
@@ -188,12 +192,10 @@ impl Source<'_> {
                     return Ok(());
                 }
                 Err(e) => {
+                    // Retried whatever it was, until the deadline: even a
+                    // refusal may be a late connection of an attempt the
+                    // destination dropped when it timed out (a loaded host).
                     tracing::warn!("a postcopy recovery attempt failed: {}", e.chain());
-                    // A refusal from a destination that has moved on (it
-                    // verified already, or gave up) will not change.
-                    if !recoverable(&e) && !matches!(e, MigrationError::Transport(_)) {
-                        return Err(e);
-                    }
                     std::thread::sleep(RETRY_PAUSE);
                 }
             }

@@ -294,12 +294,7 @@ pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
 fn resume_via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdError> {
     let req = serde_json::json!({"cmd": "resume", "to": a.to});
     let reply = crate::control::request(path, &req).map_err(|e| CmdError::Failed(chain(&e)))?;
-    print_control_reply(&reply, a.migration.json);
-    Ok(if reply["status"] == "completed" {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(print_control_reply(&reply, a.migration.json))
 }
 
 /// Asks a running `ferry run --control` to migrate its VM.
@@ -343,16 +338,12 @@ fn via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdE
         "recover_timeout_s": a.migration.recover_timeout_s,
     });
     let reply = crate::control::request(path, &req).map_err(|e| CmdError::Failed(chain(&e)))?;
-    print_control_reply(&reply, a.migration.json);
-    Ok(if reply["status"] == "completed" {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(print_control_reply(&reply, a.migration.json))
 }
 
-/// Prints the control socket's answer: one JSON line, or pretty.
-fn print_control_reply(reply: &serde_json::Value, json: bool) {
+/// Prints the control socket's answer to a migration (one JSON line, or
+/// pretty) and returns the exit code it means.
+fn print_control_reply(reply: &serde_json::Value, json: bool) -> ExitCode {
     if json {
         println!("{reply}");
     } else {
@@ -360,6 +351,11 @@ fn print_control_reply(reply: &serde_json::Value, json: bool) {
             "{}",
             serde_json::to_string_pretty(reply).unwrap_or_default()
         );
+    }
+    if reply["status"] == "completed" {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }
 

@@ -33,6 +33,55 @@ pub struct RunArgs {
     pub control: Option<PathBuf>,
 }
 
+/// A migration the control socket asked for: a new one, or the resume of
+/// a postcopy that failed.
+struct Job {
+    to: String,
+    link: LinkSettings,
+    since: Option<crate::vcpu_share::Sample>,
+    resume: Option<PostcopyResume>,
+}
+
+impl Job {
+    /// Runs it and replies with the summary. Returns whether the VM moved
+    /// (this process then stops). A failed postcopy leaves the VM paused
+    /// with every page, and is kept in `unfinished` for a resume.
+    fn run(
+        self,
+        vm: &mut dyn ferry_backend::Vm,
+        tunables: &Arc<Tunables>,
+        unfinished: &mut Option<(String, LinkSettings, PostcopyResume)>,
+        reply: std::sync::mpsc::Sender<serde_json::Value>,
+        answering: &Arc<std::sync::atomic::AtomicUsize>,
+    ) -> bool {
+        // A cancel aimed at an earlier migration must not stop this one.
+        tunables.reset_cancel();
+        // From here this thread is busy: a throttle asked meanwhile goes
+        // through the tunables to the migration, not into this thread's
+        // queue behind it.
+        tunables.set_migrating(true);
+        let (summary, token) = migrate_running(
+            vm,
+            &self.to,
+            Arc::clone(tunables),
+            self.link.clone(),
+            self.since,
+            self.resume,
+        );
+        tunables.set_migrating(false);
+        tunables.take_throttle_request();
+        *unfinished = token.map(|t| (self.to.clone(), self.link, t));
+        let moved = summary.status == Status::Completed;
+        let _ = reply.send(crate::summary::json(&summary));
+        if moved {
+            println!("the VM now runs at {}; stopping here", self.to);
+            // The summary must reach the asker before this exits.
+            control::wait_answered(answering);
+        }
+        moved
+    }
+}
+
 pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
     let workload = a.workload.workload().map_err(CmdError::Usage)?;
     if a.interval.is_nan() || a.interval <= 0.0 {
@@ -104,27 +153,15 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
                     }));
                     continue;
                 };
-                let to = to.unwrap_or(was_to);
-                tunables.reset_cancel();
-                tunables.set_migrating(true);
-                let (summary, token) = migrate_running(
-                    &mut *vm,
-                    &to,
-                    tunables.clone(),
-                    link.clone(),
-                    None,
-                    Some(token),
-                );
-                tunables.set_migrating(false);
-                unfinished = token.map(|t| (to.clone(), link, t));
-                let moved = summary.status == Status::Completed;
-                let _ = reply.send(crate::summary::json(&summary));
-                if moved {
-                    println!("the VM now runs at {to}; stopping here");
-                    control::wait_answered(&answering);
+                let job = Job {
+                    to: to.unwrap_or(was_to),
+                    link,
+                    since: None,
+                    resume: Some(token),
+                };
+                if job.run(&mut *vm, &tunables, &mut unfinished, reply, &answering) {
                     return Ok(ExitCode::SUCCESS);
                 }
-                continue;
             }
             Ok(VmCommand::Migrate { reply, .. }) if unfinished.is_some() => {
                 let _ = reply.send(serde_json::json!({
@@ -132,32 +169,17 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
                     "error": "a failed postcopy holds this VM paused (the destination has run \
                               it): resume that one with {\"cmd\":\"resume\"}"
                 }));
-                continue;
             }
             Ok(VmCommand::Migrate { to, link, reply }) => {
-                // A cancel aimed at an earlier migration must not stop this one.
-                tunables.reset_cancel();
-                let since = Some((before.clone(), at));
-                // From here this thread is busy: a throttle asked meanwhile
-                // goes through the tunables to the migration, not into this
-                // thread's queue behind it.
-                tunables.set_migrating(true);
-                let (summary, token) =
-                    migrate_running(&mut *vm, &to, tunables.clone(), link.clone(), since, None);
-                tunables.set_migrating(false);
-                tunables.take_throttle_request();
-                // A failed postcopy leaves the VM paused with every page,
-                // waiting for `resume`.
-                unfinished = token.map(|t| (to.clone(), link, t));
-                let moved = summary.status == Status::Completed;
-                let _ = reply.send(crate::summary::json(&summary));
-                if moved {
-                    println!("the VM now runs at {to}; stopping here");
-                    // The summary must reach the asker before this exits.
-                    control::wait_answered(&answering);
+                let job = Job {
+                    to,
+                    link,
+                    since: Some((before.clone(), at)),
+                    resume: None,
+                };
+                if job.run(&mut *vm, &tunables, &mut unfinished, reply, &answering) {
                     return Ok(ExitCode::SUCCESS);
                 }
-                continue;
             }
             Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
         }
