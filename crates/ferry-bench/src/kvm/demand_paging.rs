@@ -22,7 +22,7 @@
 use ferry_backend::memstress::{read_progress, set_pass_limit};
 use ferry_backend::uffd::{FaultMode, Placed, Placer};
 use ferry_backend::{
-    AccessOrder, BackendKind, Backing, DirtyTracking, Fill, Gfn, Vm, VmConfig, Workload, PAGE_SIZE,
+    BackendKind, Backing, DirtyTracking, Fill, Gfn, Vm, VmConfig, Workload, PAGE_SIZE,
 };
 use ferry_kvm::{KvmVm, Program, Role};
 use serde::Serialize;
@@ -179,16 +179,11 @@ impl Handling {
 
 /// Runs one case with `bytes_per_vcpu` of guest memory per vCPU.
 pub fn run_case(case: &KvmCase, bytes_per_vcpu: u64) -> Result<KvmCell, String> {
+    // The default workload writes every page in order; the probe's loop
+    // (below) only uses its layout.
     let workload = Workload {
         vcpus: case.vcpus,
         bytes_per_vcpu,
-        write_percent: 100,
-        readers: 0,
-        order: AccessOrder::Sequential,
-        stride_pages: 1,
-        rate_limit_mib_s: None,
-        seed: 0x5eed,
-        fill: Fill::Zero,
         ..Workload::default()
     };
     let config = VmConfig {

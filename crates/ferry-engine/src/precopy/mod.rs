@@ -61,11 +61,11 @@ mod switchover;
 
 pub(crate) use destination::Dest;
 pub(crate) use receivers::Loaded;
-pub(crate) use source::{fresh_summary, ship, Migrating, Source};
+pub(crate) use source::{ship, Migrating, Source};
 
 pub use compression::Compression;
 pub use destination::{await_migration, receive, CreateVm, IncomingMigration};
-pub use source::{migrate, migrate_accounted};
+pub use source::{fresh_summary, migrate, migrate_accounted};
 
 use crate::converge::ConvergeMode;
 use crate::error::MigrationError;

@@ -107,8 +107,8 @@ pub fn migrate_accounted(
 }
 
 /// The summary of a migration about to start: status `failed` until it
-/// completes.
-pub(crate) fn fresh_summary(
+/// completes (also what a caller reports for one that could not start).
+pub fn fresh_summary(
     vm: &dyn Vm,
     opts: &PrecopyOptions,
     connections: usize,

@@ -485,7 +485,10 @@ pub fn migrate_running(
             Err(e) => {
                 let error = chain(&e);
                 eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
-                return (failed_summary(vm, link, started.elapsed(), error), resume);
+                return (
+                    failed_summary(vm, &opts, &link, started.elapsed(), error),
+                    resume,
+                );
             }
         },
     };
@@ -568,51 +571,15 @@ impl GiveUp {
 /// The summary of a migration that ended in an error before it produced one.
 fn failed_summary(
     vm: &dyn Vm,
-    link: LinkSettings,
+    opts: &PrecopyOptions,
+    link: &LinkSettings,
     took: Duration,
     error: String,
 ) -> MigrationSummary {
     MigrationSummary {
-        status: Status::Failed,
-        backend: vm.config().backend.to_string(),
-        mode: link.mode.to_string(),
-        block_ms: 0.0,
-        page_requests: 0,
-        postcopy_ms: 0.0,
-        missing_pages: 0,
-        recoveries: 0,
-        fault_path: String::new(),
-        vcpu_exits: 0,
-        dirty_tracking: vm.dirty_tracking(),
-        wire_version: ferry_engine::wire::VERSION,
-        connections: link.connections,
-        tls: link.tls.is_some(),
         total_ms: took.as_secs_f64() * 1e3,
-        downtime_ms: 0.0,
-        pause_ms: 0.0,
-        save_vcpus_ms: 0.0,
-        dest_resume_ms: 0.0,
-        digest_ms: 0.0,
-        verify_before_resume: false,
-        bytes_sent: 0,
-        compression: link.compression.to_string(),
-        batches_by_codec: [0; 3],
-        delta: None,
-        converge: link.converge.unwrap_or_default().to_string(),
-        throttle_timeline: vec![],
-        escalations: vec![],
-        operator_changes: vec![],
-        converged: false,
-        predicted: None,
-        vcpu_shares: vec![],
-        rounds: vec![],
-        digest_match: false,
-        digest_checked: false,
-        guest_mismatches: 0,
-        mismatches_before: 0,
-        mismatches_after: 0,
-        dest_passes_after: 0,
         error: Some(error),
+        ..ferry_engine::precopy::fresh_summary(vm, opts, link.connections, link.tls.is_some())
     }
 }
 
