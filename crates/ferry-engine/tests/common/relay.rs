@@ -47,11 +47,12 @@ impl Cuts {
     /// Shuts the current set down; the next connection starts a new set.
     fn cut(&self) {
         let mut open = self.open.lock().unwrap();
+        // Counted first: whoever sees the cut's effect sees it counted.
+        self.done.fetch_add(1, Ordering::SeqCst);
+        self.opened.store(0, Ordering::SeqCst);
         for s in open.drain(..) {
             let _ = s.shutdown(Shutdown::Both);
         }
-        self.opened.store(0, Ordering::SeqCst);
-        self.done.fetch_add(1, Ordering::SeqCst);
     }
 }
 
