@@ -45,7 +45,7 @@ pub use precopy::{
     await_migration, migrate, migrate_accounted, receive, IncomingMigration, PrecopyOptions,
     ReceiveOptions,
 };
-pub use progress::{NoProgress, Phase, Progress};
+pub use progress::{Both, NoProgress, Phase, Progress};
 pub use summary::{
     DeltaSummary, Escalation, MigrationSummary, ReceiveSummary, RoundKind, RoundStats, Status,
     ThrottleStep, VcpuShare,

@@ -47,3 +47,30 @@ pub trait Progress {
 pub struct NoProgress;
 
 impl Progress for NoProgress {}
+
+/// Reports to two observers, in order (a progress bar and a monitor).
+#[derive(Copy, Clone)]
+pub struct Both<'a>(pub &'a dyn Progress, pub &'a dyn Progress);
+
+impl Progress for Both<'_> {
+    fn phase(&self, phase: Phase) {
+        self.0.phase(phase);
+        self.1.phase(phase);
+    }
+    fn round_started(&self, round: u32, pages: u64) {
+        self.0.round_started(round, pages);
+        self.1.round_started(round, pages);
+    }
+    fn pages_sent(&self, pages: u64, bytes: u64) {
+        self.0.pages_sent(pages, bytes);
+        self.1.pages_sent(pages, bytes);
+    }
+    fn round_finished(&self, stats: &RoundStats) {
+        self.0.round_finished(stats);
+        self.1.round_finished(stats);
+    }
+    fn throttle_changed(&self, step: &ThrottleStep) {
+        self.0.throttle_changed(step);
+        self.1.throttle_changed(step);
+    }
+}

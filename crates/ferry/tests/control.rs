@@ -3,45 +3,7 @@
 
 mod common;
 use common::*;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-fn ask(path: &std::path::Path, req: &str) -> serde_json::Value {
-    let mut conn = UnixStream::connect(path).unwrap();
-    writeln!(conn, "{req}").unwrap();
-    let mut line = String::new();
-    BufReader::new(conn).read_line(&mut line).unwrap();
-    serde_json::from_str(&line).unwrap()
-}
-
-/// `ferry run --backend BACKEND ARGS --control SOCK`, once its socket
-/// answers.
-fn run_with_control(backend: &str, args: &[&str]) -> (std::process::Child, std::path::PathBuf) {
-    // Tests run in parallel in one process: each gets its own socket.
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let sock = std::env::temp_dir().join(format!(
-        "ferry-test-{backend}-{}-{n}.sock",
-        std::process::id()
-    ));
-    let vm = ferry()
-        .args(["run", "--backend", backend])
-        .args(args)
-        .arg("--control")
-        .arg(&sock)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while UnixStream::connect(&sock).is_err() {
-        assert!(Instant::now() < deadline, "control socket never appeared");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (vm, sock)
-}
 
 #[test]
 fn control_socket_reports_tunes_and_migrates() {

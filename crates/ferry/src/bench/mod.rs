@@ -3,7 +3,8 @@
 //! run; an absolute time from a shared machine is not a result on its own.
 
 //! The experiments themselves live in the `ferry-bench` crate; this is the
-//! one for the benches that drive `ferry demo` processes end to end.
+//! one for the benches that drive `ferry` processes end to end.
 
 pub mod converge;
 pub mod link;
+pub mod soak;

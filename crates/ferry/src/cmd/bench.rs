@@ -39,6 +39,10 @@ pub enum BenchCommand {
     /// (4K/2M, MISSING/MINOR, poll/busy, prefetch) and for the shared fault
     /// queue vs vCPU-direct exits on soft.
     DemandPaging(DemandPagingArgs),
+    /// A write-heavy guest ping-pongs between two ends, A→B→A..., every
+    /// hop verified (digest and guest stamps); `--json` ends with `hops`
+    /// and `failed`.
+    Soak(crate::bench::soak::SoakArgs),
 }
 
 /// Arguments of `ferry bench demand-paging`.
@@ -194,6 +198,19 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
             Ok(code)
         }
         BenchCommand::DemandPaging(a) => demand_paging(a),
+        BenchCommand::Soak(a) => {
+            let report = crate::bench::soak::run(&a)?;
+            emit(&report, &a.out)?;
+            let s = &report.results;
+            if a.json {
+                println!("{}", crate::bench::soak::summary_json(s));
+            }
+            Ok(if s.failed == 0 && s.final_exit_ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
         BenchCommand::WriteProtect(a) => {
             let opts = WriteProtectOpts {
                 sizes_gib: a.sizes_gib.clone(),

@@ -12,10 +12,10 @@ use ferry_backend::memstress::{read_progress, set_write_percent};
 use ferry_backend::Vm;
 use ferry_engine::converge::ConvergeMode;
 use ferry_engine::precopy::Compression;
+use ferry_engine::{Both, Mode, NoProgress, PostcopyResume, Progress};
 use ferry_engine::{
     Dial, MigrationSummary, PrecopyOptions, Status, TcpDialer, TlsConfig, Tunables,
 };
-use ferry_engine::{Mode, PostcopyResume};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -443,7 +443,7 @@ pub fn boot_and_migrate(
     } else {
         None
     };
-    let (mut summary, _) = migrate_running(vm, to, tunables, link, since, None);
+    let (mut summary, _) = migrate_running(vm, to, tunables, link, since, None, &NoProgress);
     summary.predicted = predicted;
     Ok(summary)
 }
@@ -452,7 +452,8 @@ pub fn boot_and_migrate(
 /// status "failed" (and the VM still running).
 /// With `resume`, resumes that failed postcopy instead (see
 /// [`ferry_engine::resume_postcopy`]). Also returns the token to resume with
-/// when a postcopy failed.
+/// when a postcopy failed. `observer` hears the engine's progress besides
+/// the progress bar (the control socket's monitor).
 pub fn migrate_running(
     vm: &mut dyn Vm,
     to: &str,
@@ -460,6 +461,7 @@ pub fn migrate_running(
     link: LinkSettings,
     since: Option<Sample>,
     resume: Option<PostcopyResume>,
+    observer: &dyn Progress,
 ) -> (MigrationSummary, Option<PostcopyResume>) {
     let mut link = link;
     let converge = converge_for(link.converge, vm);
@@ -504,9 +506,10 @@ pub fn migrate_running(
         .give_up_after
         .map(|after| GiveUp::arm(&opts.tunables, after));
     let bar = MigrationBar::new(std::io::stderr().is_terminal());
+    let progress = Both(&bar, observer);
     let (mut summary, result) = match &resume {
-        Some(token) => ferry_engine::resume_postcopy(vm, &*dialer, &opts, token, &bar),
-        None => ferry_engine::migrate_accounted(vm, &*dialer, &opts, &bar),
+        Some(token) => ferry_engine::resume_postcopy(vm, &*dialer, &opts, token, &progress),
+        None => ferry_engine::migrate_accounted(vm, &*dialer, &opts, &progress),
     };
     bar.finish();
     let token = match &result {

@@ -2,10 +2,11 @@
 
 mod bench;
 mod certs;
+mod ctl;
 mod demo;
 pub(crate) mod migrate;
 mod receive;
-mod run;
+pub(crate) mod run;
 
 use clap::Subcommand;
 use std::process::ExitCode;
@@ -39,6 +40,9 @@ pub enum Command {
     Receive(receive::ReceiveArgs),
     /// Boot a VM with the memstress guest and migrate it to a `ferry receive`.
     Migrate(migrate::MigrateArgs),
+    /// Talk to a `ferry run --control` socket in QMP's terms: query, set
+    /// parameters, migrate, cancel, and follow events.
+    Ctl(ctl::CtlArgs),
     /// Write a throwaway CA and certificate for --tls-dir (tests and demos).
     Certs(certs::CertsArgs),
     /// Run an experiment (dirty-log, zap, write-protect).
@@ -53,6 +57,7 @@ pub fn run(command: Command) -> Result<ExitCode, CmdError> {
         Command::Run(a) => run::run(a),
         Command::Receive(a) => receive::run(a),
         Command::Migrate(a) => migrate::run(a),
+        Command::Ctl(a) => ctl::run(a),
         Command::Certs(a) => certs::run(a),
         Command::Bench(b) => bench::run(b),
     }

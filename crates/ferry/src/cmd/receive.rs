@@ -3,9 +3,8 @@
 
 use super::CmdError;
 use crate::args::{parse_size, BackendArgs};
-use crate::{rates, vms};
+use crate::vms;
 use clap::Args;
-use ferry_backend::memstress::read_progress;
 use ferry_backend::types::human_bytes;
 use ferry_backend::{error_chain as chain, BackendError, Vm, VmConfig};
 use ferry_engine::precopy::Placement;
@@ -13,7 +12,7 @@ use ferry_engine::wire::StreamHeader;
 use ferry_engine::{ExpectedVm, Listen, MigrationError, ReceiveOptions, TransportError};
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Arguments of `ferry receive`.
 #[derive(Args, Debug)]
@@ -73,6 +72,11 @@ pub struct ReceiveArgs {
     /// Exit after reporting instead of running the guest on.
     #[arg(long = "exit-after-report")]
     pub exit_after_report: bool,
+    /// Once the guest runs here, serve a control socket at this path, as
+    /// `ferry run --control` does: status, live settings, QMP's commands
+    /// (`ferry ctl`), and a migration onward to another `ferry receive`.
+    #[arg(long, value_name = "PATH", conflicts_with = "exit_after_report")]
+    pub control: Option<std::path::PathBuf>,
     /// Print the destination's summary as one JSON line.
     #[arg(long)]
     pub json: bool,
@@ -176,31 +180,19 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     }
     let ok = summary.digest_match && summary.mismatches_after == 0;
     if !a.exit_after_report && ok {
-        keep_running(&mut *vm)?;
+        eprintln!("ferry receive: guest running here; Ctrl-C to stop");
+        return super::run::serve_vm(
+            &mut *vm,
+            &super::run::Serve {
+                interval: Duration::from_secs(1),
+                duration: None,
+                control: a.control,
+            },
+        );
     }
     Ok(if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(2)
     })
-}
-
-/// Runs the migrated guest on, printing its progress every second.
-fn keep_running(vm: &mut dyn Vm) -> Result<(), CmdError> {
-    let vcpus = vm.config().workload.vcpus;
-    eprintln!("ferry receive: guest running here; Ctrl-C to stop");
-    let mut before = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
-    let mut at = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
-        vm.check_health()?;
-        let now = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
-        println!(
-            "{} | mismatches {}",
-            rates::describe(&rates::rates(&before, &now, at.elapsed())),
-            now.iter().map(|p| p.mismatches).sum::<u64>()
-        );
-        before = now;
-        at = Instant::now();
-    }
 }

@@ -3,6 +3,7 @@
 use super::migrate::{migrate_running, LinkSettings};
 use super::CmdError;
 use crate::args::{BackendArgs, WorkloadArgs};
+use crate::control::monitor::Monitor;
 use crate::control::{self, VmCommand};
 use crate::{rates, vms};
 use clap::Args;
@@ -33,6 +34,12 @@ pub struct RunArgs {
     pub control: Option<PathBuf>,
 }
 
+/// What the VM's thread shares with the control socket's connections.
+struct Ctl {
+    answering: Arc<std::sync::atomic::AtomicUsize>,
+    monitor: Arc<Monitor>,
+}
+
 /// A migration the control socket asked for: a new one, or the resume of
 /// a postcopy that failed.
 struct Job {
@@ -52,10 +59,12 @@ impl Job {
         tunables: &Arc<Tunables>,
         unfinished: &mut Option<(String, LinkSettings, PostcopyResume)>,
         reply: std::sync::mpsc::Sender<serde_json::Value>,
-        answering: &Arc<std::sync::atomic::AtomicUsize>,
+        ctl: &Ctl,
     ) -> bool {
         // A cancel aimed at an earlier migration must not stop this one.
         tunables.reset_cancel();
+        // Claimed already when QMP's migrate asked for it.
+        ctl.monitor.begin();
         // From here this thread is busy: a throttle asked meanwhile goes
         // through the tunables to the migration, not into this thread's
         // queue behind it.
@@ -67,16 +76,21 @@ impl Job {
             self.link.clone(),
             self.since,
             self.resume,
+            &*ctl.monitor,
         );
         tunables.set_migrating(false);
         tunables.take_throttle_request();
+        let cancelled = tunables.is_cancelled();
+        ctl.monitor.finish(&summary, cancelled, token.is_some());
         *unfinished = token.map(|t| (self.to.clone(), self.link, t));
         let moved = summary.status == Status::Completed;
         let _ = reply.send(crate::summary::json(&summary));
         if moved {
             println!("the VM now runs at {}; stopping here", self.to);
-            // The summary must reach the asker before this exits.
-            control::wait_answered(answering);
+            // The summary and the last events must reach the askers before
+            // this exits.
+            control::wait_answered(&ctl.answering);
+            ctl.monitor.drain();
         }
         moved
     }
@@ -90,19 +104,47 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
     let config = a.backend.config(workload);
     let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
     vm.start()?;
-    let vcpus = config.workload.vcpus;
-    let started = Instant::now();
-    let mut before = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
-    let mut at = Instant::now();
     eprintln!(
         "ferry: running {} vCPUs x {} MiB on the {} backend; Ctrl-C to stop",
-        vcpus,
+        config.workload.vcpus,
         config.workload.bytes_per_vcpu >> 20,
         config.backend
     );
+    serve_vm(
+        &mut *vm,
+        &Serve {
+            interval: Duration::from_secs_f64(a.interval),
+            duration: a.duration,
+            control: a.control,
+        },
+    )
+}
+
+/// How a running VM is served.
+pub struct Serve {
+    /// Between progress lines.
+    pub interval: Duration,
+    /// Stop after this many seconds.
+    pub duration: Option<f64>,
+    /// The control socket to serve.
+    pub control: Option<PathBuf>,
+}
+
+/// Runs a started VM on: prints its progress, serves its control socket,
+/// and migrates it when asked. Returns when the VM moved away (success),
+/// was stopped, or `duration` ran out; the exit code says whether the
+/// guest's own checks found a mismatch.
+pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, CmdError> {
+    let vcpus = vm.config().workload.vcpus;
+    let started = Instant::now();
+    let mut before = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
+    let mut at = Instant::now();
     let tunables = Tunables::shared();
     let (tx, commands) = std::sync::mpsc::channel();
-    let answering = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ctl = Ctl {
+        answering: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        monitor: Monitor::start(vm.ram().size()),
+    };
     // SIGINT or SIGTERM: cancel a migration under way, then stop as `stop`
     // does. Set before the socket is announced: a signal may follow at once.
     let (stop_tx, stop_tunables) = (tx.clone(), Arc::clone(&tunables));
@@ -119,7 +161,9 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
                 vcpus,
                 tunables: tunables.clone(),
                 commands: tx.clone(),
-                answering: Arc::clone(&answering),
+                answering: Arc::clone(&ctl.answering),
+                monitor: Arc::clone(&ctl.monitor),
+                next_converge: Arc::default(),
             },
         )
         .map_err(|e| CmdError::Failed(ferry_backend::error_chain(&e)))?;
@@ -129,7 +173,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
     // A failed postcopy: where it went, how, and the token to resume it.
     let mut unfinished: Option<(String, LinkSettings, PostcopyResume)> = None;
     loop {
-        match commands.recv_timeout(Duration::from_secs_f64(a.interval)) {
+        match commands.recv_timeout(a.interval) {
             Ok(VmCommand::Throttle { percent, reply }) => {
                 let answer = match vm.set_time_throttle(percent.min(99)) {
                     Ok(()) => serde_json::json!({"ok": true, "throttle_percent": percent.min(99)}),
@@ -142,7 +186,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
             }
             Ok(VmCommand::Stop { reply }) => {
                 let _ = reply.send(serde_json::json!({"ok": true}));
-                control::wait_answered(&answering);
+                control::wait_answered(&ctl.answering);
                 break;
             }
             Ok(VmCommand::Resume { to, reply }) => {
@@ -159,16 +203,15 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
                     since: None,
                     resume: Some(token),
                 };
-                if job.run(&mut *vm, &tunables, &mut unfinished, reply, &answering) {
+                if job.run(vm, &tunables, &mut unfinished, reply, &ctl) {
                     return Ok(ExitCode::SUCCESS);
                 }
             }
             Ok(VmCommand::Migrate { reply, .. }) if unfinished.is_some() => {
-                let _ = reply.send(serde_json::json!({
-                    "ok": false,
-                    "error": "a failed postcopy holds this VM paused (the destination has run \
-                              it): resume that one with {\"cmd\":\"resume\"}"
-                }));
+                let error = "a failed postcopy holds this VM paused (the destination has run \
+                             it): resume that one with {\"cmd\":\"resume\"}";
+                ctl.monitor.refuse(error);
+                let _ = reply.send(serde_json::json!({ "ok": false, "error": error }));
             }
             Ok(VmCommand::Migrate { to, link, reply }) => {
                 let job = Job {
@@ -177,7 +220,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
                     since: Some((before.clone(), at)),
                     resume: None,
                 };
-                if job.run(&mut *vm, &tunables, &mut unfinished, reply, &answering) {
+                if job.run(vm, &tunables, &mut unfinished, reply, &ctl) {
                     return Ok(ExitCode::SUCCESS);
                 }
             }

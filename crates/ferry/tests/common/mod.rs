@@ -116,3 +116,42 @@ impl Drop for Receiver {
         let _ = self.child.wait();
     }
 }
+
+/// Sends one request line to a control socket; returns the reply.
+pub fn ask(path: &std::path::Path, req: &str) -> serde_json::Value {
+    let mut conn = std::os::unix::net::UnixStream::connect(path).unwrap();
+    std::io::Write::write_all(&mut conn, format!("{req}\n").as_bytes()).unwrap();
+    let mut line = String::new();
+    BufReader::new(conn).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap()
+}
+
+/// `ferry run --backend BACKEND ARGS --control SOCK`, once its socket
+/// answers.
+pub fn run_with_control(backend: &str, args: &[&str]) -> (std::process::Child, std::path::PathBuf) {
+    // Tests run in parallel in one process: each gets its own socket.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let sock = std::env::temp_dir().join(format!(
+        "ferry-test-{backend}-{}-{n}.sock",
+        std::process::id()
+    ));
+    let vm = ferry()
+        .args(["run", "--backend", backend])
+        .args(args)
+        .arg("--control")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "control socket never appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    (vm, sock)
+}

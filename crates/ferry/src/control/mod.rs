@@ -1,0 +1,226 @@
+//! The control socket of `ferry run --control PATH`: one JSON object per line,
+//! one reply per request. It speaks two dialects, told apart per line:
+//! ferry's own (`{"cmd": ...}`, [`lines`]) and QMP's (`{"execute": ...}`,
+//! [`qmp`]), so tools written for QEMU's monitor can drive it too.
+//! `ferry ctl` is its command-line client.
+//!
+//! ```text
+//!  {"cmd":"status"}                                  -> progress and rates per vCPU
+//!  {"cmd":"set","downtime_ms":100,"bandwidth_mib_s":512,"max_rounds":10,
+//!   "converge":"quota","quota_interval_ms":50}      -> tunables, live, also mid-migration
+//!  {"cmd":"throttle","percent":50}                   -> vCPUs sleep 50% of each 10 ms
+//!  {"cmd":"migrate","to":"10.0.0.2:7070"}            -> the migration summary (blocks)
+//!      optional: connections, stall_timeout_s, compress, verify_before_resume, tls_dir,
+//!      delta_cache_mib, converge, max_downtime_ms, give_up_after_s, mode,
+//!      postcopy_after_rounds, on_stall, recover_timeout_s
+//!  {"cmd":"resume"}                                  -> resumes a postcopy whose automatic
+//!      recovery ran out of time (the source stays paused until then);
+//!      optional: to (another address of the same destination)
+//!  {"cmd":"cancel"}                                  -> cancels a migration in precopy
+//!  {"cmd":"stop"}                                    -> stops the VM and `ferry run`
+//!  {"execute":"query-migrate"} ...                   -> QMP: see the qmp module
+//! ```
+//!
+//! Status, set, cancel and the QMP queries are answered on the connection's
+//! own thread, so they work while a migration is running. Migrate and stop go
+//! to the thread that owns the VM; so does throttle, except during a
+//! migration, when the engine applies it at its next batch (and records it in
+//! the summary's throttle_timeline and operator_changes). A policy switch
+//! (`converge` in `set`) lifts the old policy's throttle and engages the new
+//! one at once; without a running migration it becomes the next one's
+//! default.
+
+mod lines;
+pub mod monitor;
+mod params;
+mod qmp;
+
+use crate::cmd::migrate::LinkSettings;
+use ferry_backend::GuestRam;
+use ferry_engine::converge::ConvergeMode;
+use ferry_engine::Tunables;
+use monitor::{Monitor, Writer};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the VM's thread must do, with where to send the reply.
+pub enum VmCommand {
+    Migrate {
+        to: String,
+        link: LinkSettings,
+        reply: Sender<Value>,
+    },
+    Throttle {
+        percent: u8,
+        reply: Sender<Value>,
+    },
+    Resume {
+        to: Option<String>,
+        reply: Sender<Value>,
+    },
+    Stop {
+        reply: Sender<Value>,
+    },
+}
+
+/// Errors of the control socket.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The socket could not be created.
+    #[error("cannot listen on control socket {path}")]
+    Bind {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket could not be reached.
+    #[error("cannot reach control socket {path} (is `ferry run --control` running?)")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Talking on the socket failed.
+    #[error("control socket I/O")]
+    Io(#[from] std::io::Error),
+    /// The reply was not JSON.
+    #[error("control socket reply is not JSON: {0}")]
+    Reply(String),
+}
+
+/// What connection threads share.
+#[derive(Clone)]
+pub struct Shared {
+    pub ram: Arc<GuestRam>,
+    pub vcpus: u32,
+    pub tunables: Arc<Tunables>,
+    pub commands: Sender<VmCommand>,
+    /// Requests being answered: `ferry run` waits for these before it exits,
+    /// so the reply to the migrate or stop that ends it is written whole.
+    pub answering: Arc<AtomicUsize>,
+    /// The migration under way or last finished, and its events.
+    pub monitor: Arc<Monitor>,
+    /// The convergence policy set without a migration running: the next
+    /// migration's default. `None`: the backend's default.
+    pub next_converge: Arc<Mutex<Option<ConvergeMode>>>,
+}
+
+impl Shared {
+    fn next(&self) -> std::sync::MutexGuard<'_, Option<ConvergeMode>> {
+        self.next_converge.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The policy the next migration takes, unless it names one.
+    pub fn next_converge(&self) -> Option<ConvergeMode> {
+        *self.next()
+    }
+
+    /// Sets it.
+    pub fn set_next_converge(&self, mode: ConvergeMode) {
+        *self.next() = Some(mode);
+    }
+
+    /// Back to the backend's default.
+    pub fn clear_next_converge(&self) {
+        *self.next() = None;
+    }
+
+    /// Its name, or `None` for the backend's default.
+    pub fn converge_name(&self) -> Option<String> {
+        self.next_converge().map(|m| m.to_string())
+    }
+}
+
+/// Waits (at most 5 s) until no reply is being written.
+pub fn wait_answered(answering: &AtomicUsize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while answering.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Listens on `path` and serves each connection on its own thread.
+pub fn serve(path: &Path, shared: Shared) -> Result<(), ControlError> {
+    // A stale socket file from a killed run would make bind fail.
+    if path.exists() && UnixStream::connect(path).is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    let listener = UnixListener::bind(path).map_err(|source| ControlError::Bind {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let shared = shared.clone();
+                let _ = std::thread::Builder::new()
+                    .name("control-conn".into())
+                    .spawn(move || serve_connection(conn, &shared));
+            }
+        })
+        .map_err(ControlError::Io)?;
+    Ok(())
+}
+
+fn serve_connection(conn: UnixStream, shared: &Shared) {
+    let out: Writer = match conn.try_clone() {
+        Ok(c) => Arc::new(Mutex::new(c)),
+        Err(_) => return,
+    };
+    for line in BufReader::new(conn).lines() {
+        let Ok(line) = line else { return };
+        if line.trim().is_empty() {
+            continue;
+        }
+        shared.answering.fetch_add(1, Ordering::AcqRel);
+        let reply = answer(&line, shared, &out);
+        let written = monitor::write_line(&out, &format!("{reply}\n"));
+        shared.answering.fetch_sub(1, Ordering::AcqRel);
+        if written.is_err() {
+            return;
+        }
+    }
+}
+
+/// Answers one line in either dialect.
+fn answer(line: &str, shared: &Shared, out: &Writer) -> Value {
+    let value: Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
+    };
+    match value {
+        Value::Object(map) if map.contains_key("execute") => qmp::handle(&map, shared, out),
+        other => match serde_json::from_value::<lines::Request>(other) {
+            Ok(req) => lines::handle(req, shared),
+            Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
+        },
+    }
+}
+
+pub(crate) fn forward(shared: &Shared, make: impl FnOnce(Sender<Value>) -> VmCommand) -> Value {
+    let (tx, rx) = std::sync::mpsc::channel();
+    if shared.commands.send(make(tx)).is_err() {
+        return json!({"ok": false, "error": "the VM has stopped"});
+    }
+    rx.recv()
+        .unwrap_or_else(|_| json!({"ok": false, "error": "the VM stopped before replying"}))
+}
+
+/// Sends one request to a control socket and returns the reply.
+pub fn request(path: &Path, req: &Value) -> Result<Value, ControlError> {
+    let mut conn = UnixStream::connect(path).map_err(|source| ControlError::Connect {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    writeln!(conn, "{req}")?;
+    let mut line = String::new();
+    BufReader::new(conn).read_line(&mut line)?;
+    serde_json::from_str(&line).map_err(|e| ControlError::Reply(format!("{e}: {line:?}")))
+}

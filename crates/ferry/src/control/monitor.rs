@@ -1,0 +1,379 @@
+//! The live state of the migration a `ferry run` VM is in, and the events it
+//! raises, in QEMU's terms: what `query-migrate` answers, and the `MIGRATION`
+//! and `MIGRATION_PASS` events a QMP client that sent `qmp_capabilities`
+//! receives.
+//!
+//! The engine reports through [`Progress`] on its migrating thread, which
+//! must never wait on a slow client. So the monitor only updates counters and
+//! queues events; an `qmp-events` thread writes them to the subscribers, each
+//! with a write timeout, and drops a subscriber that cannot keep up.
+
+use ferry_engine::{MigrationSummary, Phase, Progress, RoundStats, Status, ThrottleStep};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How long a subscriber may take to accept one event before it is dropped.
+const EVENT_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long [`Monitor::drain`] waits for queued events to go out.
+const DRAIN_WAIT: Duration = Duration::from_secs(3);
+
+/// QEMU's `MigrationStatus`, as far as ferry has the states.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum MigStatus {
+    None,
+    Setup,
+    Active,
+    /// The source is paused: the last pages, the vCPU state and (precopy)
+    /// the digest.
+    Device,
+    PostcopyActive,
+    /// Postcopy connections broke; the source reconnects.
+    PostcopyRecover,
+    /// Postcopy recovery ran out of time: the source stays paused with
+    /// every page until a resume.
+    PostcopyPaused,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl MigStatus {
+    /// QEMU's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MigStatus::None => "none",
+            MigStatus::Setup => "setup",
+            MigStatus::Active => "active",
+            MigStatus::Device => "device",
+            MigStatus::PostcopyActive => "postcopy-active",
+            MigStatus::PostcopyRecover => "postcopy-recover",
+            MigStatus::PostcopyPaused => "postcopy-paused",
+            MigStatus::Completed => "completed",
+            MigStatus::Failed => "failed",
+            MigStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether a migration is under way (a new one must wait).
+    pub fn in_progress(self) -> bool {
+        !matches!(
+            self,
+            MigStatus::None
+                | MigStatus::Completed
+                | MigStatus::Failed
+                | MigStatus::Cancelled
+                | MigStatus::PostcopyPaused
+        )
+    }
+}
+
+/// A connection's write half, shared by its replies and its events so that
+/// lines never interleave.
+pub type Writer = Arc<Mutex<UnixStream>>;
+
+/// Writes one line (ending in a newline) whole.
+pub fn write_line(w: &Writer, line: &str) -> std::io::Result<()> {
+    let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
+    w.write_all(line.as_bytes())?;
+    w.flush()
+}
+
+/// What the last finished migration left.
+struct Finished {
+    total_ms: f64,
+    downtime_ms: f64,
+    error: Option<String>,
+    summary: Value,
+}
+
+struct State {
+    status: MigStatus,
+    started: Option<Instant>,
+    setup_ms: Option<f64>,
+    postcopy: bool,
+    round: u32,
+    round_pages: u64,
+    round_sent: u64,
+    dirty_pages_rate: f64,
+    mbps: f64,
+    throttle_pct: u8,
+    zero_pages: u64,
+    finished: Option<Finished>,
+}
+
+impl State {
+    fn idle() -> State {
+        State {
+            status: MigStatus::None,
+            started: None,
+            setup_ms: None,
+            postcopy: false,
+            round: 0,
+            round_pages: 0,
+            round_sent: 0,
+            dirty_pages_rate: 0.0,
+            mbps: 0.0,
+            throttle_pct: 0,
+            zero_pages: 0,
+            finished: None,
+        }
+    }
+}
+
+/// Live migration state and event queue, shared by the VM's thread (which
+/// migrates) and the control socket's connections (which ask).
+pub struct Monitor {
+    state: Mutex<State>,
+    total_bytes: u64,
+    /// Wire bytes sent in this migration.
+    transferred: AtomicU64,
+    /// Pages sent in this migration, zero pages included.
+    pages: AtomicU64,
+    events: Sender<Value>,
+    subscribers: Arc<Mutex<Vec<Writer>>>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Monitor {
+    /// A monitor for a guest of `total_bytes`, with its event thread.
+    pub fn start(total_bytes: u64) -> Arc<Monitor> {
+        let (events, queue) = channel::<Value>();
+        let subscribers: Arc<Mutex<Vec<Writer>>> = Arc::default();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (subs, pending) = (Arc::clone(&subscribers), Arc::clone(&queued));
+        let _ = std::thread::Builder::new()
+            .name("qmp-events".into())
+            .spawn(move || {
+                for event in queue {
+                    let line = format!("{event}\n");
+                    let mut subs = subs.lock().unwrap_or_else(|p| p.into_inner());
+                    subs.retain(|w| write_line(w, &line).is_ok());
+                    drop(subs);
+                    pending.fetch_sub(1, Relaxed);
+                }
+            });
+        Arc::new(Monitor {
+            state: Mutex::new(State::idle()),
+            total_bytes,
+            transferred: AtomicU64::new(0),
+            pages: AtomicU64::new(0),
+            events,
+            subscribers,
+            queued,
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends every later event to `conn` too.
+    pub fn subscribe(&self, conn: &Writer) {
+        if let Ok(c) = conn.lock() {
+            let _ = c.set_write_timeout(Some(EVENT_WRITE_TIMEOUT));
+        }
+        self.subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::clone(conn));
+    }
+
+    /// Marks a migration the VM's thread refused before it started.
+    pub fn refuse(&self, error: &str) {
+        let mut s = self.state();
+        if s.status == MigStatus::Setup {
+            s.finished = Some(Finished {
+                total_ms: 0.0,
+                downtime_ms: 0.0,
+                error: Some(error.to_string()),
+                summary: Value::Null,
+            });
+            self.set_status(&mut s, MigStatus::Failed);
+        }
+    }
+
+    /// Queues an event in QMP's shape.
+    pub fn emit(&self, event: &str, data: Value) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        self.queued.fetch_add(1, Relaxed);
+        let sent = self.events.send(json!({
+            "event": event,
+            "data": data,
+            "timestamp": {"seconds": now.as_secs(), "microseconds": now.subsec_micros()},
+        }));
+        if sent.is_err() {
+            self.queued.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Waits (a few seconds at most) until queued events were written, so a
+    /// process about to exit does not swallow its last ones.
+    pub fn drain(&self) {
+        let deadline = Instant::now() + DRAIN_WAIT;
+        while self.queued.load(Relaxed) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn set_status(&self, state: &mut State, status: MigStatus) {
+        if state.status != status {
+            state.status = status;
+            self.emit("MIGRATION", json!({ "status": status.name() }));
+        }
+    }
+
+    /// Claims the monitor for a new migration: false if one is under way.
+    pub fn begin(&self) -> bool {
+        let mut s = self.state();
+        if s.status.in_progress() {
+            return false;
+        }
+        *s = State {
+            started: Some(Instant::now()),
+            ..State::idle()
+        };
+        self.transferred.store(0, Relaxed);
+        self.pages.store(0, Relaxed);
+        self.set_status(&mut s, MigStatus::Setup);
+        true
+    }
+
+    /// Records how the migration ended. `paused`: a postcopy that failed and
+    /// can be resumed.
+    pub fn finish(&self, summary: &MigrationSummary, cancelled: bool, paused: bool) {
+        let mut s = self.state();
+        let status = match summary.status {
+            Status::Completed => MigStatus::Completed,
+            Status::Failed if paused => MigStatus::PostcopyPaused,
+            Status::Failed if cancelled => MigStatus::Cancelled,
+            Status::Failed => MigStatus::Failed,
+        };
+        let summary_json = crate::summary::json(summary);
+        s.finished = Some(Finished {
+            total_ms: summary.total_ms,
+            downtime_ms: summary.downtime_ms,
+            error: summary.error.clone(),
+            summary: summary_json.clone(),
+        });
+        self.emit("FERRY_MIGRATION_SUMMARY", summary_json);
+        self.set_status(&mut s, status);
+    }
+
+    /// `query-migrate`'s answer.
+    pub fn query(&self) -> Value {
+        let s = self.state();
+        if s.status == MigStatus::None {
+            return json!({});
+        }
+        let transferred = self.transferred.load(Relaxed);
+        let pages = self.pages.load(Relaxed);
+        let remaining_pages = s.round_pages.saturating_sub(s.round_sent);
+        let page = ferry_backend::PAGE_SIZE as u64;
+        let mut out = json!({
+            "status": s.status.name(),
+            "ram": {
+                "transferred": transferred,
+                "remaining": remaining_pages * page,
+                "total": self.total_bytes,
+                "duplicate": s.zero_pages,
+                "normal": pages.saturating_sub(s.zero_pages),
+                "normal-bytes": pages.saturating_sub(s.zero_pages) * page,
+                "dirty-pages-rate": s.dirty_pages_rate as u64,
+                "mbps": s.mbps,
+                "dirty-sync-count": u64::from(s.round) + u64::from(s.round_pages > 0),
+                "page-size": page,
+            },
+        });
+        if let Some(ms) = s.setup_ms {
+            out["setup-time"] = json!(ms as u64);
+        }
+        if s.throttle_pct > 0 {
+            out["cpu-throttle-percentage"] = json!(s.throttle_pct);
+        }
+        match (&s.finished, s.started) {
+            (Some(f), _) => {
+                out["total-time"] = json!(f.total_ms as u64);
+                if s.status == MigStatus::Completed {
+                    out["downtime"] = json!(f.downtime_ms as u64);
+                }
+                if let Some(e) = &f.error {
+                    out["error-desc"] = json!(e);
+                }
+                if !f.summary.is_null() {
+                    out["x-ferry-summary"] = f.summary.clone();
+                }
+            }
+            (None, Some(t)) => out["total-time"] = json!(t.elapsed().as_millis() as u64),
+            (None, None) => {}
+        }
+        out
+    }
+
+    /// The status now.
+    pub fn status(&self) -> MigStatus {
+        self.state().status
+    }
+}
+
+impl Progress for Monitor {
+    fn phase(&self, phase: Phase) {
+        let mut s = self.state();
+        let status = match phase {
+            Phase::Handshake => MigStatus::Setup,
+            Phase::FullPass | Phase::DirtyRounds => MigStatus::Active,
+            Phase::Switchover => MigStatus::Device,
+            Phase::Postcopy => {
+                s.postcopy = true;
+                MigStatus::PostcopyActive
+            }
+            Phase::Recovering => MigStatus::PostcopyRecover,
+            // The digest and the report: after the push in postcopy, with
+            // the source paused in precopy.
+            Phase::Verifying | Phase::Reporting if s.postcopy => MigStatus::PostcopyActive,
+            Phase::Verifying | Phase::Reporting => MigStatus::Device,
+            // The final state comes from `finish`, which knows the outcome.
+            Phase::Done => return,
+        };
+        if status == MigStatus::Active && s.setup_ms.is_none() {
+            s.setup_ms = s.started.map(|t| t.elapsed().as_secs_f64() * 1e3);
+        }
+        self.set_status(&mut s, status);
+    }
+
+    fn round_started(&self, round: u32, pages: u64) {
+        let mut s = self.state();
+        s.round = round;
+        s.round_pages = pages;
+        s.round_sent = 0;
+        drop(s);
+        self.emit("MIGRATION_PASS", json!({ "pass": u64::from(round) + 1 }));
+    }
+
+    fn pages_sent(&self, pages: u64, bytes: u64) {
+        self.transferred.fetch_add(bytes, Relaxed);
+        self.pages.fetch_add(pages, Relaxed);
+        self.state().round_sent += pages;
+    }
+
+    fn round_finished(&self, stats: &RoundStats) {
+        let mut s = self.state();
+        s.zero_pages += stats.zero_pages;
+        s.round_sent = s.round_pages;
+        if stats.dirty_rate_pages_s > 0.0 {
+            s.dirty_pages_rate = stats.dirty_rate_pages_s;
+        }
+        // QEMU's mbps is megabits per second.
+        s.mbps = stats.bandwidth_mb_s * 8.0;
+    }
+
+    fn throttle_changed(&self, step: &ThrottleStep) {
+        self.state().throttle_pct = step.percent;
+    }
+}
