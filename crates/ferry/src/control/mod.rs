@@ -36,6 +36,7 @@ mod params;
 mod qmp;
 
 use crate::cmd::migrate::LinkSettings;
+use ferry::protocol::Parsed;
 use ferry_backend::GuestRam;
 use ferry_engine::converge::ConvergeMode;
 use ferry_engine::Tunables;
@@ -191,16 +192,10 @@ fn serve_connection(conn: UnixStream, shared: &Shared) {
 
 /// Answers one line in either dialect.
 fn answer(line: &str, shared: &Shared, out: &Writer) -> Value {
-    let value: Value = match serde_json::from_str(line) {
-        Ok(v) => v,
-        Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
-    };
-    match value {
-        Value::Object(map) if map.contains_key("execute") => qmp::handle(&map, shared, out),
-        other => match serde_json::from_value::<lines::Request>(other) {
-            Ok(req) => lines::handle(req, shared),
-            Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
-        },
+    match ferry::protocol::parse(line) {
+        Ok(Parsed::Lines(req)) => lines::handle(req, shared),
+        Ok(Parsed::Qmp { id, command }) => qmp::handle(id, command, shared, out),
+        Err(e) => json!({"ok": false, "error": e}),
     }
 }
 

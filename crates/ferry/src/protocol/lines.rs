@@ -1,0 +1,89 @@
+//! ferry's own JSON-lines requests: `{"cmd": ...}`.
+
+use serde::Deserialize;
+
+/// A migration's settings, from `{"cmd":"migrate",...}` or QMP's
+/// `migrate` (whose dashed names become underscored).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateRequest {
+    pub to: String,
+    #[serde(default)]
+    pub verify_before_resume: bool,
+    /// Data connections (default 1).
+    pub connections: Option<usize>,
+    /// Seconds the link may stand still (default 10).
+    pub stall_timeout_s: Option<u64>,
+    /// none, lz4, zstd or auto (default none).
+    pub compress: Option<String>,
+    /// Mutual TLS with the material in this directory (default: none).
+    pub tls_dir: Option<std::path::PathBuf>,
+    /// MiB of delta cache for re-sent pages (default 0: off).
+    pub delta_cache_mib: Option<u64>,
+    /// none, auto or quota (default: quota where the backend meters
+    /// each vCPU, else auto).
+    pub converge: Option<String>,
+    /// Highest downtime target a stall may raise the target to.
+    pub max_downtime_ms: Option<u64>,
+    /// Cancel the migration if it has not switched over by then.
+    pub give_up_after_s: Option<u64>,
+    /// precopy, postcopy or hybrid (default precopy).
+    pub mode: Option<String>,
+    /// hybrid: precopy rounds before postcopy (default 1, or only on a
+    /// stall with on_stall "postcopy").
+    pub postcopy_after_rounds: Option<u32>,
+    /// escalate (default) or postcopy (hybrid: switch on a stall).
+    pub on_stall: Option<String>,
+    /// Postcopy: seconds to keep reconnecting after the connections
+    /// break (default 60).
+    pub recover_timeout_s: Option<u64>,
+}
+
+/// A request on the control socket.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "cmd", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Request {
+    Status,
+    Set {
+        downtime_ms: Option<u64>,
+        bandwidth_mib_s: Option<u64>,
+        max_rounds: Option<u32>,
+        /// Switch the running migration's convergence policy.
+        converge: Option<String>,
+        /// The quota policy's refill interval, 10 to 10000 ms.
+        quota_interval_ms: Option<u64>,
+    },
+    Migrate(MigrateRequest),
+    Throttle {
+        percent: u8,
+    },
+    /// Resumes a postcopy whose automatic recovery ran out of time (to the
+    /// same destination, or `to`).
+    Resume {
+        to: Option<String>,
+    },
+    Cancel,
+    Stop,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_and_unknown_ones_do_not() {
+        assert!(matches!(
+            serde_json::from_str::<Request>(r#"{"cmd":"status"}"#),
+            Ok(Request::Status)
+        ));
+        assert!(matches!(
+            serde_json::from_str::<Request>(r#"{"cmd":"set","downtime_ms":5}"#),
+            Ok(Request::Set {
+                downtime_ms: Some(5),
+                ..
+            })
+        ));
+        assert!(serde_json::from_str::<Request>(r#"{"cmd":"explode"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"cmd":"set","speed":1}"#).is_err());
+    }
+}

@@ -1,0 +1,279 @@
+//! QMP's requests: `{"execute": NAME, "arguments": {...}, "id": ...}`.
+
+use super::MigrateRequest;
+use serde_json::{Map, Value};
+
+/// A refusal in QMP's shape: `{"error": {"class": ..., "desc": ...}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QmpError {
+    /// `GenericError` or `CommandNotFound`.
+    pub class: &'static str,
+    /// What was wrong, for a person.
+    pub desc: String,
+}
+
+impl QmpError {
+    /// A `GenericError`.
+    pub fn generic(desc: impl Into<String>) -> Self {
+        QmpError {
+            class: "GenericError",
+            desc: desc.into(),
+        }
+    }
+}
+
+/// The parameters `migrate-set-parameters` takes; `None` leaves one as it is.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ParamUpdate {
+    /// `downtime-limit`, ms.
+    pub downtime_ms: Option<u64>,
+    /// `max-bandwidth`, bytes/s (0: no cap).
+    pub bandwidth_bytes_s: Option<u64>,
+    /// `x-max-rounds`.
+    pub max_rounds: Option<u32>,
+    /// `x-converge`: a policy name.
+    pub converge: Option<String>,
+    /// `x-quota-interval`, ms.
+    pub quota_interval_ms: Option<u64>,
+}
+
+/// The capabilities ferry has: each chooses a convergence policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    AutoConverge,
+    DirtyLimit,
+}
+
+impl Capability {
+    /// The policy it chooses.
+    pub fn policy(self) -> &'static str {
+        match self {
+            Capability::AutoConverge => "auto",
+            Capability::DirtyLimit => "dirty-limit",
+        }
+    }
+}
+
+/// A QMP command ferry answers.
+#[derive(Debug)]
+pub enum QmpCommand {
+    Capabilities,
+    QueryMigrate,
+    QueryParameters,
+    QueryCapabilities,
+    SetParameters(ParamUpdate),
+    SetCapabilities(Vec<(Capability, bool)>),
+    /// `migrate`: a new migration (`settings`), or with `resume` the
+    /// resume of a paused postcopy at `settings.to`.
+    Migrate {
+        resume: bool,
+        settings: Box<MigrateRequest>,
+    },
+    Cancel,
+}
+
+/// The parameter names `migrate-set-parameters` knows.
+pub const PARAMETERS: [&str; 5] = [
+    "downtime-limit",
+    "max-bandwidth",
+    "x-max-rounds",
+    "x-converge",
+    "x-quota-interval",
+];
+
+fn number(args: &Map<String, Value>, key: &str) -> Result<Option<u64>, QmpError> {
+    match args.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| QmpError::generic(format!("parameter '{key}' expects a whole number"))),
+    }
+}
+
+/// Parses a request object that has `execute`.
+pub fn parse(request: &Map<String, Value>) -> Result<QmpCommand, QmpError> {
+    let Some(name) = request.get("execute").and_then(Value::as_str) else {
+        return Err(QmpError::generic(
+            "'execute' must be a string naming a command",
+        ));
+    };
+    if let Some(key) = request
+        .keys()
+        .find(|k| !matches!(k.as_str(), "execute" | "arguments" | "id"))
+    {
+        return Err(QmpError::generic(format!(
+            "QMP input member '{key}' is unexpected"
+        )));
+    }
+    let empty = Map::new();
+    let args = match request.get("arguments") {
+        None => &empty,
+        Some(Value::Object(a)) => a,
+        Some(_) => return Err(QmpError::generic("'arguments' must be an object")),
+    };
+    let no_args = |command: QmpCommand| match args.keys().next() {
+        Some(k) => Err(QmpError::generic(format!("parameter '{k}' is unexpected"))),
+        None => Ok(command),
+    };
+    match name {
+        "qmp_capabilities" => no_args(QmpCommand::Capabilities),
+        "query-migrate" => no_args(QmpCommand::QueryMigrate),
+        "query-migrate-parameters" => no_args(QmpCommand::QueryParameters),
+        "query-migrate-capabilities" => no_args(QmpCommand::QueryCapabilities),
+        "migrate_cancel" => no_args(QmpCommand::Cancel),
+        "migrate-set-parameters" => set_parameters(args),
+        "migrate-set-capabilities" => set_capabilities(args),
+        "migrate" => migrate(args),
+        other => Err(QmpError {
+            class: "CommandNotFound",
+            desc: format!("the command {other} has not been found"),
+        }),
+    }
+}
+
+fn set_parameters(args: &Map<String, Value>) -> Result<QmpCommand, QmpError> {
+    if let Some(k) = args.keys().find(|k| !PARAMETERS.contains(&k.as_str())) {
+        return Err(QmpError::generic(format!(
+            "parameter '{k}' is not supported by ferry (supported: {})",
+            PARAMETERS.join(", ")
+        )));
+    }
+    let max_rounds = number(args, "x-max-rounds")?
+        .map(|r| u32::try_from(r).map_err(|_| QmpError::generic("x-max-rounds is too large")))
+        .transpose()?;
+    let converge = match args.get("x-converge") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(QmpError::generic("parameter 'x-converge' expects a string")),
+    };
+    Ok(QmpCommand::SetParameters(ParamUpdate {
+        downtime_ms: number(args, "downtime-limit")?,
+        bandwidth_bytes_s: number(args, "max-bandwidth")?,
+        max_rounds,
+        converge,
+        quota_interval_ms: number(args, "x-quota-interval")?,
+    }))
+}
+
+fn set_capabilities(args: &Map<String, Value>) -> Result<QmpCommand, QmpError> {
+    let Some(Value::Array(list)) = args.get("capabilities") else {
+        return Err(QmpError::generic(
+            "migrate-set-capabilities needs 'capabilities', a list",
+        ));
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for cap in list {
+        let (Some(name), Some(state)) = (
+            cap.get("capability").and_then(Value::as_str),
+            cap.get("state").and_then(Value::as_bool),
+        ) else {
+            return Err(QmpError::generic(
+                "each capability needs 'capability' (a name) and 'state' (true or false)",
+            ));
+        };
+        let cap = match name {
+            "auto-converge" => Capability::AutoConverge,
+            "dirty-limit" => Capability::DirtyLimit,
+            other => {
+                return Err(QmpError::generic(format!(
+                    "capability '{other}' is not supported by ferry (supported: auto-converge, \
+                     dirty-limit; use x-converge for the others)"
+                )))
+            }
+        };
+        out.push((cap, state));
+    }
+    let on: Vec<_> = out.iter().filter(|(_, s)| *s).map(|(c, _)| *c).collect();
+    if on.windows(2).any(|w| w[0] != w[1]) {
+        return Err(QmpError::generic(
+            "auto-converge and dirty-limit are exclusive: choose one",
+        ));
+    }
+    Ok(QmpCommand::SetCapabilities(out))
+}
+
+fn migrate(args: &Map<String, Value>) -> Result<QmpCommand, QmpError> {
+    let Some(uri) = args.get("uri").and_then(Value::as_str) else {
+        return Err(QmpError::generic(
+            "migrate needs 'uri', e.g. \"tcp:10.0.0.2:7070\"",
+        ));
+    };
+    let Some(to) = uri.strip_prefix("tcp:") else {
+        return Err(QmpError::generic(format!(
+            "uri '{uri}': ferry migrates over tcp only (tcp:HOST:PORT; TLS with tls-dir)"
+        )));
+    };
+    let resume = match args.get("resume") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(QmpError::generic(
+                "parameter 'resume' expects true or false",
+            ))
+        }
+    };
+    // ferry's own settings, with QMP's dashes or the socket's underscores.
+    let mut fields: Map<String, Value> = args
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "uri" | "resume"))
+        .map(|(k, v)| (k.replace('-', "_"), v.clone()))
+        .collect();
+    fields.insert("to".into(), Value::String(to.to_string()));
+    let settings: MigrateRequest = serde_json::from_value(Value::Object(fields))
+        .map_err(|e| QmpError::generic(format!("bad migrate arguments: {e}")))?;
+    Ok(QmpCommand::Migrate {
+        resume,
+        settings: Box::new(settings),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(s: &str) -> Result<QmpCommand, QmpError> {
+        let v: Value = serde_json::from_str(s).unwrap();
+        parse(v.as_object().unwrap())
+    }
+
+    #[test]
+    fn commands_parse_with_their_arguments() {
+        assert!(matches!(
+            parse_str(r#"{"execute":"query-migrate"}"#),
+            Ok(QmpCommand::QueryMigrate)
+        ));
+        let Ok(QmpCommand::SetParameters(p)) = parse_str(
+            r#"{"execute":"migrate-set-parameters","arguments":{"downtime-limit":9,"x-converge":"auto"}}"#,
+        ) else {
+            panic!("set-parameters did not parse");
+        };
+        assert_eq!(p.downtime_ms, Some(9));
+        assert_eq!(p.converge.as_deref(), Some("auto"));
+        let Ok(QmpCommand::Migrate { resume, settings }) =
+            parse_str(r#"{"execute":"migrate","arguments":{"uri":"tcp:h:1","stall-timeout-s":3}}"#)
+        else {
+            panic!("migrate did not parse");
+        };
+        assert!(!resume);
+        assert_eq!(settings.to, "h:1");
+        assert_eq!(settings.stall_timeout_s, Some(3));
+    }
+
+    #[test]
+    fn refusals_name_what_was_wrong() {
+        let class = |s| parse_str(s).unwrap_err().class;
+        assert_eq!(class(r#"{"execute":"boom"}"#), "CommandNotFound");
+        assert_eq!(
+            class(r#"{"execute":"migrate_cancel","arguments":{"a":1}}"#),
+            "GenericError"
+        );
+        let desc = |s| parse_str(s).unwrap_err().desc;
+        assert!(desc(r#"{"execute":"migrate","arguments":{"uri":"exec:x"}}"#).contains("tcp"));
+        assert!(desc(
+            r#"{"execute":"migrate-set-capabilities","arguments":{"capabilities":[
+                {"capability":"auto-converge","state":true},{"capability":"dirty-limit","state":true}]}}"#
+        )
+        .contains("exclusive"));
+    }
+}
