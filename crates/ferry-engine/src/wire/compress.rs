@@ -103,6 +103,11 @@ pub fn decompress(flags: u8, payload: &[u8], out: &mut Vec<u8>) -> Result<(), St
     if payload.len() < 4 {
         return Err("compressed payload too short for its length".into());
     }
+    // Before the buffer is sized: a bad frame must not cost its claimed
+    // length in zeroed memory.
+    if flags != FLAG_LZ4 && flags != FLAG_ZSTD {
+        return Err(format!("unknown compression flags {flags:#04x}"));
+    }
     let raw_len = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]);
     if raw_len > MAX_FRAME_LEN {
         return Err(format!(

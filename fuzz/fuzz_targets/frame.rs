@@ -1,0 +1,48 @@
+//! The frame decoder: a byte stream as a peer would send it (preamble,
+//! then frames with length and CRC), and every control message's payload
+//! decoder, reached directly (random bytes rarely carry a valid CRC).
+#![no_main]
+
+use ferry_engine::wire::{FrameKind, FrameStream, Message};
+use libfuzzer_sys::fuzz_target;
+use std::io::{Cursor, Read, Write};
+
+/// A read-only stream: what the peer sent, and a sink for replies.
+struct Peer(Cursor<Vec<u8>>);
+
+impl Read for Peer {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl Write for Peer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    // First byte: which frame kind the rest is a payload of.
+    if let Some((&kind, payload)) = data.split_first() {
+        if let Some(kind) = FrameKind::from_u8(kind) {
+            let _ = Message::decode(kind, payload, 0);
+        }
+    }
+    // The whole input as a stream.
+    let mut stream = FrameStream::new(Peer(Cursor::new(data.to_vec())));
+    if stream.read_preamble().is_err() {
+        return;
+    }
+    for _ in 0..64 {
+        match stream.read_frame_or_end() {
+            Ok(Some((kind, offset))) => {
+                let _ = Message::decode(kind, stream.payload(), offset);
+            }
+            _ => break,
+        }
+    }
+});
