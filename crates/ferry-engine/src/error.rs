@@ -73,14 +73,22 @@ pub enum MigrationError {
         dest_digest: u64,
     },
     /// The stream failed after the source sent its digest, before the
-    /// destination's verdict arrived. The source has resumed; a destination
-    /// that did not confirm pauses its copy, but one whose confirmation was
-    /// lost in flight runs it: check the destination before using either.
+    /// destination's verdict arrived. The source has resumed; the
+    /// destination pauses its copy, as it never gets the source's Commit
+    /// (even when its verdict was lost in flight).
     #[error(
         "lost the destination before it confirmed the memory digest; the source \
-         resumed, check that the destination paused its copy"
+         resumed (the destination pauses its copy without the source's commit)"
     )]
     Unconfirmed(#[source] Box<MigrationError>),
+    /// The destination's side of a lost verdict: the source never said
+    /// Commit after our Verified(match), so it may have resumed its copy.
+    #[error(
+        "the source did not confirm the commit after the digest matched; this copy \
+         of the guest is paused so that two copies never run: check the source, \
+         which resumed its guest unless it got the verdict"
+    )]
+    Uncommitted(#[source] Box<MigrationError>),
     /// Cancelled through [`crate::Tunables::cancel`].
     #[error("migration cancelled")]
     Cancelled,

@@ -15,6 +15,7 @@ mod common;
 use common::relay::{Fault, Relay};
 use common::{quick_receive, running_source, spawn_receiver};
 use ferry_backend::Vm;
+use ferry_engine::wire::FrameKind;
 use ferry_engine::{
     migrate_accounted, MigrationError, Mode, NoProgress, PrecopyOptions, ReceiveOptions, Status,
     TcpDialer,
@@ -106,5 +107,106 @@ fn a_cut_anywhere_in_a_postcopy_leaves_both_ends_as_promised() {
                 on_stall: false,
             },
         );
+    }
+}
+
+/// Where a cut inside the switchover or the digest exchange leaves a
+/// precopy: who runs the guest afterwards.
+#[derive(Debug, PartialEq)]
+enum After {
+    /// The migration failed; only the source runs.
+    SourceRuns,
+    /// The migration completed; only the destination runs.
+    DestinationRuns,
+    /// The Commit was lost: both copies paused and verified, none runs.
+    BothPaused,
+}
+
+fn cut_at_frame(kind: FrameKind, to_source: bool, strict: bool) -> After {
+    let stall = Duration::from_secs(2);
+    let (to, dest) = spawn_receiver(ReceiveOptions {
+        stall_timeout: stall,
+        verify_before_resume: strict,
+        ..quick_receive()
+    });
+    let fault = Fault::CutAtFrame {
+        kind: kind as u8,
+        to_source,
+    };
+    let relay = Relay::start(to.0.clone(), fault);
+    let mut src = running_source();
+    let opts = PrecopyOptions {
+        batch_pages: 16,
+        stall_timeout: stall,
+        verify_before_resume: strict,
+        ..PrecopyOptions::default()
+    };
+    let dialer = TcpDialer(relay.addr.clone());
+    let (summary, result) = migrate_accounted(&mut src, &dialer, &opts, &NoProgress);
+    let received = dest.join().expect("the destination does not panic");
+    let way = if to_source {
+        "destination's"
+    } else {
+        "source's"
+    };
+    let context = format!("cut before the {way} {}", kind.name());
+    assert_eq!(relay.cuts(), 1, "{context}: the frame never went by");
+    let dest_runs = match &received {
+        Ok((dvm, _)) => dvm.is_running(),
+        Err(e) => {
+            println!("{context}: destination: {e}");
+            false
+        }
+    };
+    if let Err(e) = &result {
+        println!("{context}: source: {e}");
+    }
+    let after = match (src.is_running(), dest_runs) {
+        (true, false) => After::SourceRuns,
+        (false, true) => After::DestinationRuns,
+        (false, false) => After::BothPaused,
+        (true, true) => panic!("{context}: two copies of the guest run"),
+    };
+    match after {
+        After::SourceRuns => {
+            assert!(result.is_err(), "{context}");
+            assert_eq!(summary.status, Status::Failed, "{context}");
+        }
+        After::DestinationRuns => {
+            assert_eq!(summary.status, Status::Completed, "{context}");
+            assert!(summary.digest_match, "{context}");
+        }
+        After::BothPaused => {
+            // The source committed; it must say that it could not tell.
+            assert!(summary.error.is_some(), "{context}: {summary:?}");
+            assert!(
+                matches!(received, Err(MigrationError::Uncommitted(_))),
+                "{context}"
+            );
+        }
+    }
+    after
+}
+
+#[test]
+fn a_cut_in_the_switchover_or_the_digest_exchange_never_leaves_two_copies_running() {
+    use FrameKind::*;
+    let cases = [
+        // (frame, from the destination, strict, who runs after)
+        (VcpuState, false, false, After::SourceRuns),
+        (Switchover, false, false, After::SourceRuns),
+        (Resumed, true, false, After::SourceRuns),
+        (Digest, false, false, After::SourceRuns),
+        // The verdict lost on its way back: the source resumes, and the
+        // destination, which never gets the Commit, pauses its copy.
+        (Verified, true, false, After::SourceRuns),
+        (Verified, true, true, After::SourceRuns),
+        // The Commit lost: the source keeps its promise to stay paused.
+        (Commit, false, false, After::BothPaused),
+        (Report, true, false, After::DestinationRuns),
+    ];
+    for (kind, to_source, strict, want) in cases {
+        let got = cut_at_frame(kind, to_source, strict);
+        assert_eq!(got, want, "cut before {} (strict {strict})", kind.name());
     }
 }

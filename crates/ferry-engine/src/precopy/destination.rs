@@ -329,13 +329,27 @@ impl Dest {
                 dest_digest: ours.value,
             });
         }
-        if strict {
-            self.resume(switched)?;
-        }
         self.ctl.send(&Message::Verified {
             matched: true,
             dest: ours,
         })?;
+        // A precopy's source may still resume its copy until it has our
+        // verdict: the guest is ours only once it says Commit. Without it
+        // (the link failed), our copy pauses, so that two copies never run.
+        // A postcopy's source stays paused whatever happens.
+        if self.summary.postcopy.is_none() {
+            if let Err(e) = self.await_commit() {
+                if self.vm.is_running() {
+                    self.vm
+                        .pause()
+                        .map_err(MigrationError::backend("pause the uncommitted guest"))?;
+                }
+                return Err(e);
+            }
+        }
+        if strict {
+            self.resume(switched)?;
+        }
         // Committed: from here on the guest stays up whatever happens.
         self.health.finish();
         self.summary.digest_match = true;
@@ -350,6 +364,15 @@ impl Dest {
             tracing::warn!("cannot send the guest report to the source: {e}");
         }
         Ok(())
+    }
+
+    /// Waits for the source's Commit after our Verified(match).
+    fn await_commit(&mut self) -> Result<(), MigrationError> {
+        match self.ctl.recv_message("Commit") {
+            Ok((Message::Commit, _)) => Ok(()),
+            Ok((m, offset)) => Err(unexpected("Commit", &m, offset)),
+            Err(e) => Err(MigrationError::Uncommitted(Box::new(e))),
+        }
     }
 
     /// Takes the migration's data connections (within the stall timeout)

@@ -69,7 +69,38 @@ impl Source<'_> {
         if ours != dest {
             tracing::warn!("destination reports a match for digest {dest:?}, ours is {ours:?}");
         }
+        // From the verdict on, this source never runs the guest again: the
+        // destination may already run it. Commit tells it so; should
+        // Commit be lost, the destination pauses its copy too, and the
+        // guest waits, paused and verified on both ends, for an operator:
+        // stopped, never split in two.
+        if let Err(e) = self.ctl.send(&Message::Commit) {
+            self.summary.error = Some(format!(
+                "the link failed as the source confirmed the commit ({}): unless the \
+                 confirmation reached it, the destination paused its copy too; this \
+                 source stays paused with a verified copy",
+                e.chain()
+            ));
+        }
         self.commit();
+        if strict {
+            // A strict destination resumes only once it has the Commit.
+            match self.ctl.recv_message("Resumed") {
+                Ok((Message::Resumed { resume_ns }, _)) => {
+                    self.summary.downtime_ms = ms(paused_at.elapsed());
+                    self.summary.dest_resume_ms = resume_ns as f64 / 1e6;
+                }
+                Ok((m, offset)) => {
+                    self.summary.error = Some(unexpected("Resumed", &m, offset).to_string());
+                }
+                Err(e) => {
+                    self.summary.error = Some(format!(
+                        "migration committed, but the destination did not say it resumed: {}",
+                        e.chain()
+                    ));
+                }
+            }
+        }
         self.collect_report();
         Ok(())
     }

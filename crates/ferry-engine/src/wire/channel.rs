@@ -352,8 +352,11 @@ mod tests {
         let err = reader(bytes.clone()).read_preamble().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "the peer speaks stream version 1, this ferry speaks 2"
+            format!("the peer speaks stream version 1, this ferry speaks {VERSION}")
         );
+        // A v2 peer (no Commit) is refused too.
+        bytes[8..16].copy_from_slice(&[2, 0, 0, 0, 2, 0, 0, 0]);
+        assert!(reader(bytes.clone()).read_preamble().is_err());
         // A newer peer that still speaks ours: ours is picked.
         bytes[8..16].copy_from_slice(&[9, 0, 0, 0, 1, 0, 0, 0]);
         assert_eq!(reader(bytes.clone()).read_preamble().unwrap(), VERSION);
@@ -361,7 +364,7 @@ mod tests {
         let err = reader(bytes).read_preamble().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "the peer speaks stream version 7 to 9, this ferry speaks 2"
+            format!("the peer speaks stream version 7 to 9, this ferry speaks {VERSION}")
         );
     }
 

@@ -68,6 +68,9 @@ pub enum Message {
     },
     /// Runs (first frame, pages) the destination does not hold current.
     Missing(Vec<(u64, u64)>),
+    /// Precopy: the source took the destination's Verified(match) and stays
+    /// paused; the destination's guest may run on for good.
+    Commit,
     /// The Missing frames of a postcopy recovery are complete: the
     /// destination still lacks `missing` pages.
     Recover {
@@ -165,6 +168,7 @@ impl Message {
             Message::Missing(_) => FrameKind::Missing,
             Message::PageRequest { .. } => FrameKind::PageRequest,
             Message::Recover { .. } => FrameKind::Recover,
+            Message::Commit => FrameKind::Commit,
         }
     }
 
@@ -203,6 +207,7 @@ impl Message {
             }
             Message::Resumed { resume_ns } => resume_ns.to_le_bytes().to_vec(),
             Message::Recover { missing } => missing.to_le_bytes().to_vec(),
+            Message::Commit => Vec::new(),
             Message::Digest(d) => digest_bytes(d).to_vec(),
             Message::Verified { matched, dest } => {
                 let mut v = vec![u8::from(*matched), 0, 0, 0, 0, 0, 0, 0];
@@ -299,6 +304,10 @@ impl Message {
                     first: u64_at(payload, 0),
                     count,
                 }
+            }
+            FrameKind::Commit => {
+                exact(0)?;
+                Message::Commit
             }
             FrameKind::Recover => {
                 exact(8)?;
@@ -438,6 +447,7 @@ mod tests {
                 recover: true,
             }),
             Message::Recover { missing: 1 << 33 },
+            Message::Commit,
             Message::Welcome { version: 2 },
             Message::Heartbeat {
                 data_bytes: 1 << 40,

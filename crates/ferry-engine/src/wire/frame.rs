@@ -58,6 +58,11 @@ pub enum FrameKind {
     /// recovery, after Missing frames listing every page it still lacks:
     /// the list is complete, with this many pages.
     Recover = 18,
+    /// Source → destination on the control connection of a precopy, after
+    /// Verified(match): the source stays paused, the guest is the
+    /// destination's. Without it the destination pauses its copy, so a
+    /// lost verdict never leaves two copies running.
+    Commit = 19,
 }
 
 impl FrameKind {
@@ -83,6 +88,7 @@ impl FrameKind {
             16 => Missing,
             17 => PageRequest,
             18 => Recover,
+            19 => Commit,
             _ => return None,
         })
     }
@@ -109,6 +115,7 @@ impl FrameKind {
             Missing => "Missing",
             PageRequest => "PageRequest",
             Recover => "Recover",
+            Commit => "Commit",
         }
     }
 }

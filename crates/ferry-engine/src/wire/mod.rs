@@ -39,7 +39,8 @@
 //!               ◄───────────── Resumed            connection has ended the final round
 //!   Digest ───────────────────►
 //!               ◄───────────── Verified(match)
-//!               ◄───────────── Report(json)
+//!   Commit ───────────────────►                 (precopy; without it the
+//!               ◄───────────── Report(json)      destination pauses its copy)
 //! ```
 //!
 //! Within a round, batches on different connections arrive in any order; a
@@ -79,10 +80,12 @@ fn versions(min: u32, max: u32) -> String {
 pub const MAGIC: [u8; 8] = *b"FERRYMIG";
 /// Version of the wire format this ferry writes and reads: 2 added the
 /// connection set (Hello, Welcome, Heartbeat, RoundEnd) and round-numbered
-/// batches. A v1 peer is refused with a message naming both versions.
-pub const VERSION: u32 = 2;
+/// batches; 3 added Commit, without which a v2 destination would keep its
+/// guest running when the source never heard its verdict. An older peer is
+/// refused with a message naming both versions.
+pub const VERSION: u32 = 3;
 /// Oldest version this ferry speaks.
-pub const MIN_VERSION: u32 = 2;
+pub const MIN_VERSION: u32 = 3;
 /// Bytes of the preamble.
 pub const PREAMBLE_LEN: usize = 16;
 /// Largest frame payload accepted: a full page batch plus its run table fits

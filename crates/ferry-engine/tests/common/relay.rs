@@ -32,6 +32,52 @@ pub enum Fault {
         /// Cuts before the relay forwards faithfully.
         times: u32,
     },
+    /// On the control connection, cut every connection just before the
+    /// first frame of type `kind` goes through (source → destination, or
+    /// with `to_source` the other way): a cut inside the switchover or the
+    /// digest exchange, at a chosen message rather than a byte.
+    CutAtFrame {
+        /// The frame type's byte.
+        kind: u8,
+        /// The destination's frames, not the source's.
+        to_source: bool,
+    },
+}
+
+/// Finds where frames start in a stream fed chunk by chunk: the preamble
+/// (if the stream opens with one) is skipped, then each 12-byte header
+/// gives the length to skip.
+#[derive(Default)]
+struct FrameWatch {
+    seen: Vec<u8>,
+    next: usize,
+    opened: bool,
+}
+
+impl FrameWatch {
+    /// Feeds `chunk`; returns where in it a frame of type `kind` starts.
+    fn feed(&mut self, chunk: &[u8], kind: u8) -> Option<usize> {
+        let before = self.seen.len();
+        self.seen.extend_from_slice(chunk);
+        if !self.opened {
+            if self.seen.len() < 8 {
+                return None;
+            }
+            self.opened = true;
+            if self.seen[..8] == ferry_engine::wire::MAGIC {
+                self.next = ferry_engine::wire::PREAMBLE_LEN;
+            }
+        }
+        while self.seen.len() >= self.next + 12 {
+            let head = &self.seen[self.next..self.next + 12];
+            if head[0] == kind {
+                return Some(self.next.saturating_sub(before));
+            }
+            let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+            self.next += 12 + len;
+        }
+        None
+    }
 }
 
 /// The connections of the current set, and the cuts left.
@@ -91,12 +137,22 @@ impl Relay {
                     continue;
                 };
                 let index = c.opened.fetch_add(1, Ordering::SeqCst);
-                let fault = match fault {
+                let (fault, back) = match fault {
                     Fault::CutAfter { times, .. } if c.done.load(Ordering::SeqCst) >= times => {
-                        Fault::None
+                        (Fault::None, Fault::None)
                     }
-                    f if index == 1 => f,
-                    _ => Fault::None,
+                    Fault::CutAtFrame { to_source, .. }
+                        if index == 0 && c.done.load(Ordering::SeqCst) == 0 =>
+                    {
+                        if to_source {
+                            (Fault::None, fault)
+                        } else {
+                            (fault, Fault::None)
+                        }
+                    }
+                    Fault::CutAtFrame { .. } => (Fault::None, Fault::None),
+                    f if index == 1 => (f, Fault::None),
+                    _ => (Fault::None, Fault::None),
                 };
                 {
                     let mut open = c.open.lock().unwrap();
@@ -109,7 +165,7 @@ impl Relay {
                         server.try_clone().unwrap(),
                         fault,
                     ),
-                    (server, client, Fault::None),
+                    (server, client, back),
                 ];
                 for (from, to, fault) in pair {
                     let (s, r, c) = (Arc::clone(&s), Arc::clone(&r), Arc::clone(&c));
@@ -160,6 +216,7 @@ fn pump(
     cuts: &Cuts,
 ) {
     let moved = AtomicU64::new(0);
+    let mut watch = FrameWatch::default();
     let mut buf = vec![0u8; 64 << 10];
     loop {
         if stalled.load(Ordering::Acquire) {
@@ -182,6 +239,13 @@ fn pump(
             Fault::StallAfter(limit) if at + n as u64 >= limit => {
                 n = limit.saturating_sub(at) as usize;
                 stalled.store(true, Ordering::Release);
+            }
+            Fault::CutAtFrame { kind, .. } => {
+                if let Some(at) = watch.feed(&buf[..n], kind) {
+                    let _ = to.write_all(&buf[..at]);
+                    cuts.cut();
+                    return;
+                }
             }
             Fault::CutAfter { bytes, .. } if at + n as u64 >= bytes => {
                 let n = bytes.saturating_sub(at) as usize;
