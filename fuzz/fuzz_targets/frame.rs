@@ -3,27 +3,8 @@
 //! decoder, reached directly (random bytes rarely carry a valid CRC).
 #![no_main]
 
-use ferry_engine::wire::{FrameKind, FrameStream, Message};
+use ferry_engine::wire::{FrameKind, FrameStream, Message, Replay};
 use libfuzzer_sys::fuzz_target;
-use std::io::{Cursor, Read, Write};
-
-/// A read-only stream: what the peer sent, and a sink for replies.
-struct Peer(Cursor<Vec<u8>>);
-
-impl Read for Peer {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.0.read(buf)
-    }
-}
-
-impl Write for Peer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fuzz_target!(|data: &[u8]| {
     // First byte: which frame kind the rest is a payload of.
@@ -33,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     // The whole input as a stream.
-    let mut stream = FrameStream::new(Peer(Cursor::new(data.to_vec())));
+    let mut stream = FrameStream::new(Replay::new(data.to_vec()));
     if stream.read_preamble().is_err() {
         return;
     }

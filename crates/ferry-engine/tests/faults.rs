@@ -118,7 +118,10 @@ fn a_stall_anywhere_in_a_precopy_or_postcopy_ends_both_ends_within_the_timeout()
             stall_at(bytes, Mode::Postcopy);
         }
         // Each end gives up 2 s into a stall; a hang would never get here.
-        println!("stalls at byte {bytes}: {:.1} s", started.elapsed().as_secs_f64());
+        println!(
+            "stalls at byte {bytes}: {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
     }
     if !postcopy {
         println!("SKIP: userfaultfd is unavailable here; postcopy stalls not run");

@@ -10,9 +10,9 @@
 mod common;
 
 use common::{quick_receive, running_source, spawn_receiver};
-use ferry_engine::wire::{FrameKind, FrameStream};
+use ferry_engine::wire::{FrameKind, FrameStream, Replay};
 use ferry_engine::{migrate_accounted, Mode, NoProgress, PrecopyOptions, TcpDialer};
-use std::io::{Cursor, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -54,29 +54,11 @@ fn recording_relay(target: String) -> (String, Recorded) {
     (addr, recorded)
 }
 
-/// A sink for the replies a FrameStream never sends here.
-struct Replay(Cursor<Vec<u8>>);
-
-impl Read for Replay {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.0.read(buf)
-    }
-}
-
-impl Write for Replay {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The frames of one recorded stream: (kind, payload). A source's streams
 /// open with the preamble; the destination's answers may not.
 fn frames(bytes: &[u8]) -> Vec<(FrameKind, Vec<u8>)> {
     let read = |preamble: bool| {
-        let mut stream = FrameStream::new(Replay(Cursor::new(bytes.to_vec())));
+        let mut stream = FrameStream::new(Replay::new(bytes.to_vec()));
         let mut out = Vec::new();
         if preamble && stream.read_preamble().is_err() {
             return out;

@@ -3,29 +3,14 @@
 
 use ferry_backend::Gfn;
 use ferry_engine::wire::{
-    decode_batch, FrameKind, FrameStream, Message, PageBatch, StreamError, StreamHeader,
+    decode_batch, FrameKind, FrameStream, Message, PageBatch, Replay, StreamError, StreamHeader,
 };
 use proptest::prelude::*;
-use std::io::{Cursor, Read, Write};
-
-struct Input(Cursor<Vec<u8>>);
-impl Read for Input {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.0.read(buf)
-    }
-}
-impl Write for Input {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+use std::io::Cursor;
 
 /// Everything a destination would do with these bytes, until the first error.
 fn consume(bytes: Vec<u8>) -> Result<(), StreamError> {
-    let mut io = FrameStream::new(Input(Cursor::new(bytes)));
+    let mut io = FrameStream::new(Replay::new(bytes));
     io.read_preamble()?;
     loop {
         let (kind, offset) = io.read_frame()?;

@@ -17,6 +17,33 @@ const WRITE_BUF: usize = 1 << 20;
 const READ_BUF: usize = 256 << 10;
 const DIRECT_WRITE: usize = 64 << 10;
 
+/// Recorded bytes as a duplex stream: reads replay them, writes are
+/// dropped. For decoding a capture, a fuzz input or a test's bytes with a
+/// [`FrameStream`], which wants both directions.
+pub struct Replay(std::io::Cursor<Vec<u8>>);
+
+impl Replay {
+    /// Replays `bytes`.
+    pub fn new(bytes: Vec<u8>) -> Self {
+        Replay(std::io::Cursor::new(bytes))
+    }
+}
+
+impl Read for Replay {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl Write for Replay {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Frame-level reader and writer over a duplex stream.
 pub struct FrameStream<S> {
     inner: S,

@@ -59,7 +59,7 @@ pub mod frame;
 pub mod header;
 pub mod pages;
 
-pub use channel::FrameStream;
+pub use channel::{FrameStream, Replay};
 pub use control::{GuestReport, MemoryDigest, Message};
 pub use frame::{FrameHead, FrameKind};
 pub use header::{ExpectedVm, HeaderError, StreamHeader};
