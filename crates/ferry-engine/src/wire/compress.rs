@@ -98,6 +98,10 @@ impl Compressor {
     }
 }
 
+/// Most an lz4 block expands: one literal token byte can stand for 255
+/// more bytes of a match.
+const LZ4_MAX_RATIO: u64 = 255;
+
 /// Decompresses a payload carrying `flags` into `out`; the reason on error.
 pub fn decompress(flags: u8, payload: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
     if payload.len() < 4 {
@@ -112,6 +116,14 @@ pub fn decompress(flags: u8, payload: &[u8], out: &mut Vec<u8>) -> Result<(), St
     if raw_len > MAX_FRAME_LEN {
         return Err(format!(
             "compressed payload claims {raw_len} bytes, more than the {MAX_FRAME_LEN}-byte limit"
+        ));
+    }
+    // lz4 cannot expand a block more than 255-fold: a larger claim is a
+    // lie, refused before its buffer is zeroed.
+    let packed = (payload.len() - 4) as u64;
+    if flags == FLAG_LZ4 && u64::from(raw_len) > packed * LZ4_MAX_RATIO + 16 {
+        return Err(format!(
+            "lz4 payload of {packed} bytes claims {raw_len} bytes, more than lz4 can expand to"
         ));
     }
     let raw_len = raw_len as usize;
@@ -215,5 +227,15 @@ mod tests {
         assert!(decompress(FLAG_LZ4, &[5, 0, 0, 0, 0xff], &mut out).is_err());
         assert!(decompress(0x80, &[0, 0, 0, 0], &mut out).is_err());
         assert!(decompress(FLAG_LZ4, &[1], &mut out).is_err());
+        // A few lz4 bytes that claim 32 MiB: refused before any buffer.
+        let mut out = Vec::new();
+        let mut claim = (32u32 << 20).to_le_bytes().to_vec();
+        claim.extend_from_slice(&[0x1f; 8]);
+        let err = decompress(FLAG_LZ4, &claim, &mut out).unwrap_err();
+        assert!(err.contains("more than lz4 can expand"), "{err}");
+        assert!(out.capacity() < 1 << 20, "nothing allocated for the claim");
+        // Unknown flags: refused before the claimed length is allocated.
+        assert!(decompress(0x80, &claim, &mut out).is_err());
+        assert!(out.capacity() < 1 << 20);
     }
 }

@@ -86,7 +86,10 @@ impl Job {
         let moved = summary.status == Status::Completed;
         let _ = reply.send(crate::summary::json(&summary));
         if moved {
-            println!("the VM now runs at {}; stopping here", self.to);
+            say(format_args!(
+                "the VM now runs at {}; stopping here",
+                self.to
+            ));
             // The summary and the last events must reach the askers before
             // this exits.
             control::wait_answered(&ctl.answering);
@@ -230,12 +233,12 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
         let now = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
         let r = rates::rates(&before, &now, at.elapsed());
         let mismatches: u64 = now.iter().map(|p| p.mismatches).sum();
-        println!(
+        say(format_args!(
             "[{:7.1}s] {} | mismatches {}",
             started.elapsed().as_secs_f64(),
             rates::describe(&r),
             mismatches
-        );
+        ));
         before = now;
         at = Instant::now();
         if a.duration
@@ -250,15 +253,22 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
     vm.pause()?;
     let end = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
     let mismatches: u64 = end.iter().map(|p| p.mismatches).sum();
-    println!(
+    say(format_args!(
         "stopped after {:.1}s: {} passes, {} guest mismatches",
         started.elapsed().as_secs_f64(),
         end.iter().map(|p| p.passes).sum::<u64>(),
         mismatches
-    );
+    ));
     Ok(if mismatches == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(2)
     })
+}
+
+/// Prints a progress line. A closed stdout (a parent that stopped reading)
+/// must not end the process that runs the guest: the line is dropped.
+fn say(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
