@@ -5,7 +5,7 @@ use super::recoverable;
 use crate::error::MigrationError;
 use crate::precopy::{ship, unexpected, Source};
 use crate::progress::Phase;
-use crate::summary::{ms, RoundKind};
+use crate::summary::RoundKind;
 use crate::transport::Dial;
 use crate::wire::control::Hello;
 use crate::wire::control::MAX_MISSING_RUNS;
@@ -67,8 +67,7 @@ impl Source<'_> {
         }
         match self.ctl.recv_message("Resumed")? {
             (Message::Resumed { resume_ns }, _) => {
-                self.summary.downtime_ms = ms(paused_at.elapsed());
-                self.summary.dest_resume_ms = resume_ns as f64 / 1e6;
+                self.record_resumed(paused_at, resume_ns);
             }
             (m, offset) => return Err(unexpected("Resumed", &m, offset)),
         }

@@ -40,8 +40,7 @@ impl Source<'_> {
         let (matched, dest) = loop {
             match self.ctl.recv_message("Resumed or Verified")? {
                 (Message::Resumed { resume_ns }, _) => {
-                    self.summary.downtime_ms = ms(paused_at.elapsed());
-                    self.summary.dest_resume_ms = resume_ns as f64 / 1e6;
+                    self.record_resumed(paused_at, resume_ns);
                     if digest.is_none() {
                         digest = Some(self.send_digest()?);
                     }
@@ -87,8 +86,7 @@ impl Source<'_> {
             // A strict destination resumes only once it has the Commit.
             match self.ctl.recv_message("Resumed") {
                 Ok((Message::Resumed { resume_ns }, _)) => {
-                    self.summary.downtime_ms = ms(paused_at.elapsed());
-                    self.summary.dest_resume_ms = resume_ns as f64 / 1e6;
+                    self.record_resumed(paused_at, resume_ns);
                 }
                 Ok((m, offset)) => {
                     self.summary.error = Some(unexpected("Resumed", &m, offset).to_string());
@@ -144,6 +142,13 @@ impl Source<'_> {
         self.awaiting_verdict = true;
         self.ctl.send(&Message::Digest(d))?;
         Ok(d)
+    }
+
+    /// The destination said Resumed: the downtime ends, counted from the
+    /// source's pause.
+    pub(crate) fn record_resumed(&mut self, paused_at: Instant, resume_ns: u64) {
+        self.summary.downtime_ms = ms(paused_at.elapsed());
+        self.summary.dest_resume_ms = resume_ns as f64 / 1e6;
     }
 
     /// The guest now belongs to the destination: the source stays paused.

@@ -252,7 +252,7 @@ fn io(e: std::io::Error) -> CmdError {
 
 /// One hop from `from` to a fresh end; returns the hop and, if the guest
 /// moved, the new end.
-fn hop(a: &SoakArgs, n: u32, from: &mut End) -> Result<(Hop, Option<End>), CmdError> {
+fn hop(a: &SoakArgs, n: u32, from: &End) -> Result<(Hop, Option<End>), CmdError> {
     let name = if from.name == 'A' { 'B' } else { 'A' };
     let mode = a.modes[(n as usize - 1) % a.modes.len()].clone();
     let (mut to, addr) = next_end(a, n, name)?;
@@ -317,7 +317,7 @@ pub fn run(a: &SoakArgs) -> Result<Report<Soak>, CmdError> {
     let mut end = first_end(a)?;
     let mut hops = Vec::new();
     for n in 1..=a.count {
-        let (h, moved) = hop(a, n, &mut end)?;
+        let (h, moved) = hop(a, n, &end)?;
         eprintln!(
             "hop {:>4} {}: {} {} ({:.1} s, downtime {:.0} ms){}",
             h.hop,
