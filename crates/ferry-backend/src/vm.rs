@@ -292,6 +292,14 @@ pub trait Vm: Send {
             source: None,
         })
     }
+    /// Pages each vCPU has newly dirtied since its VM was built: a write
+    /// that finds its page already dirty since the last harvest is not
+    /// counted again. The per-vCPU dirty count a convergence policy reads
+    /// once per interval. Empty where the backend counts dirtying per VM
+    /// only (the kvm bitmap modes).
+    fn dirtied(&self) -> Vec<u64> {
+        Vec::new()
+    }
     /// Time each vCPU has spent asleep on a throttle so far (time throttle
     /// and dirty quota alike; not the guest's own idle sleeps): what its
     /// runtime share during a migration is computed from. Empty where the

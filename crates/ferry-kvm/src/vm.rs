@@ -325,6 +325,20 @@ impl Vm for KvmVm {
         Ok(self.dirty.stop()?)
     }
 
+    fn dirtied(&self) -> Vec<u64> {
+        self.vcpus
+            .iter()
+            .map(|v| v.shared.ring.as_ref())
+            .map(|ring| {
+                ring.map(|r| {
+                    r.collect();
+                    r.collected()
+                })
+            })
+            .collect::<Option<Vec<u64>>>()
+            .unwrap_or_default()
+    }
+
     fn throttled(&self) -> Vec<std::time::Duration> {
         self.vcpus
             .iter()

@@ -221,6 +221,8 @@ pub struct LiveThrottle {
     refill: Arc<IntervalRefill>,
     /// QEMU's dirty-limit: each writer's own time throttle follows its rate.
     pub limit: ferry_backend::dirty_limit::DirtyLimiter,
+    /// Pages each vCPU has newly dirtied (the per-vCPU dirty count).
+    dirtied: Box<[AtomicU64]>,
 }
 
 impl LiveThrottle {
@@ -236,7 +238,16 @@ impl LiveThrottle {
             ),
             refill,
             limit: ferry_backend::dirty_limit::DirtyLimiter::new(vcpus),
+            dirtied: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// Pages each vCPU has newly dirtied so far.
+    pub fn dirtied(&self) -> Vec<u64> {
+        self.dirtied
+            .iter()
+            .map(|d| d.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// Sets every vCPU's quota and its interval (`None`: off), at once.
@@ -304,12 +315,16 @@ impl Throttle {
             Throttle::None => None,
             Throttle::Quota(q) => q.charge(vcpu, dirtied_pages * 4096),
             Throttle::Time(t) => t.check(vcpu),
-            Throttle::Live(l) => l
-                .time
-                .check(vcpu)
-                .or_else(|| l.limit.charge(vcpu, dirtied_pages * 4096))
-                .or_else(|| l.charge(vcpu, dirtied_pages))
-                .filter(|d| !d.is_zero()),
+            Throttle::Live(l) => {
+                if dirtied_pages > 0 {
+                    l.dirtied[vcpu].fetch_add(dirtied_pages, Ordering::Relaxed);
+                }
+                l.time
+                    .check(vcpu)
+                    .or_else(|| l.limit.charge(vcpu, dirtied_pages * 4096))
+                    .or_else(|| l.charge(vcpu, dirtied_pages))
+                    .filter(|d| !d.is_zero())
+            }
         }
     }
 }

@@ -163,6 +163,10 @@ impl Vm for SoftVm {
         Ok(())
     }
 
+    fn dirtied(&self) -> Vec<u64> {
+        self.live_throttle().map_or_else(Vec::new, |l| l.dirtied())
+    }
+
     fn throttled(&self) -> Vec<std::time::Duration> {
         self.ctl.throttled()
     }

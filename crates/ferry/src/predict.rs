@@ -94,6 +94,7 @@ pub fn render(p: &Prediction) -> String {
             "total s",
             "downtime ms",
             "guest runtime %",
+            "throttled s",
         ],
     );
     for f in &p.policies {
@@ -104,9 +105,13 @@ pub fn render(p: &Prediction) -> String {
             format!("{:.1}", f.total_ms / 1e3),
             format!("{:.0}", f.downtime_ms),
             format!("{:.0}", f.runtime_pct),
+            format!("{:.1}", f.throttled_ms / 1e3),
         ]);
     }
-    t.note(format!("recommended: {}", p.recommended));
+    t.note(format!(
+        "recommended: {} (converges, and keeps the guest throttled least)",
+        p.recommended
+    ));
     if !p.link_known {
         t.note("link rate not known: assumed 1 GiB/s (give --bandwidth for a sharper prediction)");
     }

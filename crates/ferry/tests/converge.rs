@@ -312,3 +312,42 @@ fn under_auto_the_reader_slows_down_with_the_writer_on_both_backends() {
         }
     }
 }
+
+#[test]
+fn the_quota_engages_within_the_full_pass_from_each_vcpus_dirty_count() {
+    for backend in ["soft", "kvm"] {
+        if backend == "kvm" && !require_kvm("the quota's first interval on kvm") {
+            continue;
+        }
+        // The full pass of 32 MiB over 16 MiB/s lasts about 2 s: many
+        // 100 ms policy intervals, in which the guest rewrites its memory.
+        let out = run(&[
+            "demo",
+            "--json",
+            "--backend",
+            backend,
+            "--dirty-tracking",
+            "ring",
+            "--unthrottled",
+            "--converge",
+            "quota",
+            "--bandwidth",
+            "16",
+            "--vcpus",
+            "1",
+            "--mem-per-vcpu",
+            "32M",
+            "--warmup",
+            "0.3",
+        ]);
+        assert_no_panic(&out);
+        let j = last_json(&out);
+        assert_verified(&j, &format!("{backend} quota"));
+        let first = &j["throttle_timeline"][0];
+        assert!(first["quota_bytes"].as_u64().is_some(), "{backend}: {j}");
+        assert_eq!(
+            first["round"], 0,
+            "{backend}: engaged after the full pass: {j}"
+        );
+    }
+}

@@ -8,7 +8,7 @@
 //! `set_time_throttle`). Readers are slowed as much as writers, which is
 //! what the seed's per-vCPU quota improves on.
 
-use super::{Action, Policy, RoundSample};
+use super::{Action, Policy, Sample};
 
 /// First throttle, in percent.
 pub const INITIAL_PCT: u8 = 20;
@@ -44,12 +44,14 @@ impl Policy for AutoConverge {
         "auto"
     }
 
-    fn decide(&mut self, s: &RoundSample) -> Option<Action> {
+    fn decide(&mut self, s: &Sample) -> Option<Action> {
+        // QEMU's period is a dirty-bitmap sync: here, a harvest.
+        let end = s.round_end?;
         // The full pass sends memory nobody dirtied since: not a period.
-        if s.round == 0 || s.sent_bytes == 0 {
+        if s.round == 0 || end.sent_bytes == 0 {
             return None;
         }
-        if s.dirty_bytes * 100 <= s.sent_bytes * THRESHOLD_PCT {
+        if end.dirty_bytes * 100 <= end.sent_bytes * THRESHOLD_PCT {
             return None;
         }
         self.high += 1;
@@ -60,7 +62,7 @@ impl Policy for AutoConverge {
         Some(Action::Time(self.step()))
     }
 
-    fn engage(&mut self, _: &RoundSample) -> Option<Action> {
+    fn engage(&mut self, _: &Sample) -> Option<Action> {
         (self.pct == 0).then(|| Action::Time(self.step()))
     }
 }
@@ -68,7 +70,7 @@ impl Policy for AutoConverge {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::converge::sample;
+    use crate::converge::sample::{interval, sample};
 
     #[test]
     fn throttles_after_two_high_periods_then_steps_to_the_cap() {
@@ -88,6 +90,15 @@ mod tests {
             "capped"
         );
         assert_eq!(a.engage(&sample(42, 0, 0)), None, "already on");
+    }
+
+    #[test]
+    fn only_harvests_are_periods() {
+        let mut a = AutoConverge::default();
+        for _ in 0..10 {
+            assert_eq!(a.decide(&interval(2, &[1 << 30, 1 << 30])), None);
+        }
+        assert_eq!(a.decide(&sample(2, 60, 100)), None, "the first trigger");
     }
 
     #[test]

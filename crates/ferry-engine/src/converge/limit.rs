@@ -11,7 +11,7 @@
 //! slept off as soon as it is spent.
 
 use super::share::LinkShare;
-use super::{Action, Policy, RoundSample};
+use super::{Action, Policy, Sample};
 
 /// The lowest limit, per vCPU: QEMU's default `vcpu-dirty-limit`, 1 MB/s.
 /// Lower, a reader's own bookkeeping writes would count as dirtying.
@@ -32,11 +32,11 @@ impl Policy for DirtyLimitPolicy {
         "dirty-limit"
     }
 
-    fn decide(&mut self, s: &RoundSample) -> Option<Action> {
+    fn decide(&mut self, s: &Sample) -> Option<Action> {
         self.share.decide(s).map(limit)
     }
 
-    fn engage(&mut self, s: &RoundSample) -> Option<Action> {
+    fn engage(&mut self, s: &Sample) -> Option<Action> {
         self.share.engage(s).map(limit)
     }
 }
@@ -44,7 +44,7 @@ impl Policy for DirtyLimitPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::converge::sample;
+    use crate::converge::sample::sample;
 
     #[test]
     fn engages_when_outrun_and_halves_while_outrun() {

@@ -2,10 +2,12 @@
 //! than precopy can send it.
 //!
 //! ```text
-//!   every harvest (the end of a round):
-//!     RoundSample ──► Policy::decide ──► Action: time throttle p% for every vCPU (auto),
-//!                 │                      or a dirty quota per vCPU per 100 ms (quota)
-//!                 └─► Stall          ──► remaining bytes stopped shrinking for K rounds:
+//!   every policy interval (100 ms unless set) while a round is sent, and
+//!   at every harvest (the end of a round):
+//!     Sample ──► Policy::decide ──► Action: time throttle p% for every vCPU (auto),
+//!            │                      a dirty quota per vCPU per interval (quota),
+//!            │                      or a dirty-rate limit per vCPU (dirty-limit)
+//!            └─► Stall (harvests only) ──► remaining bytes stopped shrinking for K rounds:
 //!                                          1. engage the policy now (if it is not on yet)
 //!                                          2. raise the downtime target step by step,
 //!                                             up to --max-downtime-ms
@@ -30,6 +32,7 @@ mod auto;
 mod limit;
 mod predict;
 mod quota;
+mod sample;
 mod share;
 mod stall;
 
@@ -37,12 +40,14 @@ pub use auto::AutoConverge;
 pub use limit::DirtyLimitPolicy;
 pub use predict::{predict, PolicyForecast, PredictInput, Prediction};
 pub use quota::QuotaPolicy;
+pub use sample::{RoundEnd, Sample};
 pub use stall::Stall;
 
 use crate::error::MigrationError;
 use crate::summary::{Escalation, ThrottleStep};
 use crate::tunables::Tunables;
 use ferry_backend::{Quota, Vm};
+use sample::Meter;
 use std::time::{Duration, Instant};
 
 /// Which convergence policy the source runs.
@@ -101,27 +106,6 @@ impl std::fmt::Display for ConvergeMode {
     }
 }
 
-/// What the engine measured over the round that just ended.
-#[derive(Clone, Copy, Debug)]
-pub struct RoundSample {
-    /// The round whose dirty pages were just harvested.
-    pub round: u32,
-    /// Guest bytes dirtied while that round was sent.
-    pub dirty_bytes: u64,
-    /// Guest bytes that round sent.
-    pub sent_bytes: u64,
-    /// Bytes precopy still has to send.
-    pub remaining_bytes: u64,
-    /// Guest bytes per second the link moves.
-    pub link_bytes_per_sec: f64,
-    /// The downtime target now.
-    pub downtime_target: Duration,
-    /// The dirty quota's refill interval now.
-    pub quota_interval: Duration,
-    /// vCPUs of the guest.
-    pub vcpus: u32,
-}
-
 /// What a policy asks of the source VM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -134,16 +118,17 @@ pub enum Action {
     Limit(Option<u64>),
 }
 
-/// A convergence policy: told what each round measured, it answers with
-/// what the source VM should do.
+/// A convergence policy: told what the engine measured, once per policy
+/// interval and at each harvest, it answers with what the source VM should
+/// do.
 pub trait Policy: Send {
     /// Name for the summary.
     fn name(&self) -> &'static str;
     /// What to apply now, or `None` to leave things as they are.
-    fn decide(&mut self, sample: &RoundSample) -> Option<Action>;
+    fn decide(&mut self, sample: &Sample) -> Option<Action>;
     /// Engages the policy at once (the stall detector asks): what to apply,
     /// or `None` if it is already engaged.
-    fn engage(&mut self, sample: &RoundSample) -> Option<Action>;
+    fn engage(&mut self, sample: &Sample) -> Option<Action>;
 }
 
 /// The policy of `mode`.
@@ -156,6 +141,9 @@ pub fn policy(mode: ConvergeMode) -> Option<Box<dyn Policy>> {
     }
 }
 
+/// A new quota or limit within 1/8 (12.5%) of the one in force is not applied.
+const SAME_WITHIN: u64 = 8;
+
 /// The source's convergence state during one migration.
 pub(crate) struct Converger {
     mode: ConvergeMode,
@@ -166,9 +154,11 @@ pub(crate) struct Converger {
     throttle: u8,
     quota: Option<Quota>,
     limit: Option<u64>,
-    /// The latest round's sample, so a policy switched to mid-round can
-    /// engage at once.
-    last: Option<RoundSample>,
+    /// The latest sample, so a policy switched to mid-round can engage at
+    /// once.
+    last: Option<Sample>,
+    /// The interval clock and the per-vCPU dirty count's last reading.
+    meter: Meter,
     /// Every throttle change.
     pub timeline: Vec<ThrottleStep>,
     /// Timeline steps already shown to the progress display.
@@ -197,6 +187,7 @@ impl Converger {
             quota: None,
             limit: None,
             last: None,
+            meter: Meter::new(),
             timeline: Vec::new(),
             reported: 0,
             escalations: Vec::new(),
@@ -226,29 +217,60 @@ impl Converger {
         &self.timeline[from..]
     }
 
-    /// Runs the policy and the stall detector on what a round measured.
-    pub fn after_round(
+    /// Whether a policy interval has passed since the last sample.
+    pub fn interval_due(&self, tunables: &Tunables) -> bool {
+        self.meter.due(tunables.quota_interval())
+    }
+
+    /// Time since the last sample and each vCPU's bytes dirtied since,
+    /// read off `vm`; starts the next interval.
+    pub fn read_meter(&mut self, vm: &dyn Vm) -> (Duration, Vec<u64>) {
+        self.meter.read(vm)
+    }
+
+    /// Runs the policy on an interval's sample (no harvest: the stall
+    /// detector waits for the round's end).
+    pub fn on_interval(
         &mut self,
-        s: &RoundSample,
+        s: Sample,
         vm: &mut dyn Vm,
         tunables: &Tunables,
     ) -> Result<(), MigrationError> {
-        self.last = Some(*s);
         self.live_requests(vm, tunables, s.round)?;
-        let mut want = self.policy.as_mut().and_then(|p| p.decide(s));
-        if self.stall.observe(s.remaining_bytes) {
+        let want = self.policy.as_mut().and_then(|p| p.decide(&s));
+        let round = s.round;
+        self.last = Some(s);
+        match want {
+            Some(action) if !self.in_force(action) => self.apply(vm, round, action),
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs the policy and the stall detector on what a round measured.
+    pub fn after_round(
+        &mut self,
+        s: Sample,
+        vm: &mut dyn Vm,
+        tunables: &Tunables,
+    ) -> Result<(), MigrationError> {
+        self.live_requests(vm, tunables, s.round)?;
+        let mut want = self.policy.as_mut().and_then(|p| p.decide(&s));
+        let stalled = self.stall.observe(s.remaining_bytes);
+        let round = s.round;
+        self.last = Some(s.clone());
+        if stalled {
             if self.switch_on_stall {
                 self.record(
-                    s.round,
+                    round,
                     "remaining bytes stopped shrinking: switching to postcopy".into(),
                 );
                 self.switch_requested = true;
                 return Ok(());
             }
-            want = want.or(self.escalate(s, tunables));
+            want = want.or(self.escalate(&s, tunables));
         }
         match want {
-            Some(action) if !self.in_force(action) => self.apply(vm, s.round, action),
+            Some(action) if !self.in_force(action) => self.apply(vm, round, action),
             _ => Ok(()),
         }
     }
@@ -317,7 +339,7 @@ impl Converger {
         self.lift(vm, round)?;
         self.policy = policy(mode);
         self.stall = Stall::default();
-        let engaged = match (self.policy.as_mut(), self.last) {
+        let engaged = match (self.policy.as_mut(), self.last.clone()) {
             (Some(p), Some(mut s)) => {
                 s.quota_interval = tunables.quota_interval();
                 p.engage(&s)
@@ -332,7 +354,7 @@ impl Converger {
 
     /// One escalation step; returns what to apply if the step was to engage
     /// the policy.
-    fn escalate(&mut self, s: &RoundSample, tunables: &Tunables) -> Option<Action> {
+    fn escalate(&mut self, s: &Sample, tunables: &Tunables) -> Option<Action> {
         if let Some(action) = self.policy.as_mut().and_then(|p| p.engage(s)) {
             let what = format!(
                 "remaining bytes stopped shrinking: {} engaged",
@@ -374,12 +396,20 @@ impl Converger {
         self.started.elapsed().as_secs_f64() * 1e3
     }
 
-    /// Whether `action` is what the VM runs under already.
+    /// Whether `action` is what the VM runs under already. A quota or a
+    /// limit within [`SAME_WITHIN`] of the one in force counts as the same,
+    /// so that one following the measured link does not change (and fill
+    /// the timeline) at every interval.
     fn in_force(&self, action: Action) -> bool {
-        match action {
-            Action::Time(pct) => pct == self.throttle,
-            Action::Quota(q) => q == self.quota,
-            Action::Limit(l) => l == self.limit,
+        let near = |a: u64, b: u64| a.abs_diff(b) <= b / SAME_WITHIN;
+        match (action, self.quota, self.limit) {
+            (Action::Time(pct), ..) => pct == self.throttle,
+            (Action::Quota(Some(q)), Some(now), _) => {
+                q.interval == now.interval && near(q.bytes, now.bytes)
+            }
+            (Action::Quota(q), now, _) => q == now,
+            (Action::Limit(Some(l)), _, Some(now)) => near(l, now),
+            (Action::Limit(l), _, now) => l == now,
         }
     }
 
@@ -460,20 +490,5 @@ impl Converger {
                 tracing::warn!("cannot lift the source's dirty limit: {e}");
             }
         }
-    }
-}
-
-/// A round of a 2-vCPU guest over a 1 GB/s link, for the policies' tests.
-#[cfg(test)]
-fn sample(round: u32, dirty: u64, sent: u64) -> RoundSample {
-    RoundSample {
-        round,
-        dirty_bytes: dirty,
-        sent_bytes: sent,
-        remaining_bytes: dirty,
-        link_bytes_per_sec: 1e9,
-        downtime_target: Duration::from_millis(300),
-        quota_interval: ferry_backend::QUOTA_INTERVAL,
-        vcpus: 2,
     }
 }

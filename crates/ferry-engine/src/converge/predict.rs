@@ -7,9 +7,10 @@
 //!           target; round cap
 //!   model   round 0 sends all memory; round k sends what was dirtied while
 //!           round k−1 was sent (per vCPU: min(working set, rate × time));
-//!           after each round the *real* policy (`Policy::decide`) sees the
-//!           same RoundSample the engine would give it, and its action scales
-//!           each vCPU's rate: a time throttle p% by (1 − p), a quota q per
+//!           the *real* policy (`Policy::decide`) sees the samples the
+//!           engine would give it: the first interval's (each vCPU's rate
+//!           over 100 ms) and each round's end; its action scales each
+//!           vCPU's rate: a time throttle p% by (1 − p), a quota q per
 //!           100 ms caps it at 10·q per second
 //!   stop    what is left fits the downtime target (converged), or the round
 //!           cap forces the stop-and-copy (not converged)
@@ -18,7 +19,7 @@
 //! The stall escalation is not modelled: it only acts when the prediction
 //! would already say "does not converge".
 
-use super::{policy, Action, ConvergeMode, RoundSample};
+use super::{policy, Action, ConvergeMode, RoundEnd, Sample};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -56,6 +57,10 @@ pub struct PolicyForecast {
     pub downtime_ms: f64,
     /// Average share of the migration a vCPU runs (not throttled), percent.
     pub runtime_pct: f64,
+    /// Average time a vCPU spends throttled during the migration, ms: the
+    /// guest's cost of the policy, which a short migration that throttles
+    /// hard can keep below a long one that throttles less.
+    pub throttled_ms: f64,
 }
 
 /// The prediction: every policy asked for, and the one to pick.
@@ -63,9 +68,9 @@ pub struct PolicyForecast {
 pub struct Prediction {
     /// One forecast per policy.
     pub policies: Vec<PolicyForecast>,
-    /// The policy to pick: among those that converge, the one that slows
-    /// the guest least (then the quickest); if none converges, the one with
-    /// the least downtime.
+    /// The policy to pick: among those that converge, the one that keeps
+    /// the guest throttled least (then the quickest); if none converges,
+    /// the one with the least downtime.
     pub recommended: String,
     /// Whether the link rate was known (else assumed; see the input).
     pub link_known: bool,
@@ -74,10 +79,10 @@ pub struct Prediction {
 /// Predicts each of `modes` on `input`.
 pub fn predict(input: &PredictInput, modes: &[ConvergeMode]) -> Prediction {
     let policies: Vec<PolicyForecast> = modes.iter().map(|&m| forecast(input, m)).collect();
-    let best_converging = policies.iter().filter(|f| f.converges).max_by(|a, b| {
-        a.runtime_pct
-            .total_cmp(&b.runtime_pct)
-            .then(b.total_ms.total_cmp(&a.total_ms))
+    let best_converging = policies.iter().filter(|f| f.converges).min_by(|a, b| {
+        a.throttled_ms
+            .total_cmp(&b.throttled_ms)
+            .then(a.total_ms.total_cmp(&b.total_ms))
     });
     let recommended = best_converging
         .or_else(|| {
@@ -99,7 +104,24 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
     let target = input.downtime_target_ms / 1e3;
     let vcpus = input.dirty_bytes_per_sec.len();
     let mut policy = policy(mode);
-    let mut action: Option<Action> = None;
+    let interval = ferry_backend::QUOTA_INTERVAL;
+    let first = Sample {
+        round: 0,
+        elapsed: interval,
+        vcpu_dirty_bytes: (0..vcpus)
+            .map(|v| {
+                let bytes = input.dirty_bytes_per_sec[v] * interval.as_secs_f64();
+                bytes.min(input.working_set_bytes[v] as f64) as u64
+            })
+            .collect(),
+        remaining_bytes: input.memory_bytes,
+        link_bytes_per_sec: link,
+        downtime_target: Duration::from_secs_f64(target),
+        quota_interval: interval,
+        vcpus: vcpus as u32,
+        round_end: None,
+    };
+    let mut action: Option<Action> = policy.as_mut().and_then(|p| p.decide(&first));
     let mut sent = input.memory_bytes as f64;
     let (mut total, mut running_share, mut round) = (0.0, 0.0, 0u32);
     loop {
@@ -130,15 +152,16 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
         }
         total += secs;
         running_share += secs * ran / vcpus.max(1) as f64;
-        let sample = RoundSample {
+        let sample = Sample {
             round,
-            dirty_bytes: dirty as u64,
-            sent_bytes: sent as u64,
+            elapsed: Duration::from_secs_f64(secs),
+            vcpu_dirty_bytes: Vec::new(),
             remaining_bytes: dirty as u64,
-            link_bytes_per_sec: link,
-            downtime_target: Duration::from_secs_f64(target),
-            quota_interval: ferry_backend::QUOTA_INTERVAL,
-            vcpus: vcpus as u32,
+            round_end: Some(RoundEnd {
+                dirty_bytes: dirty as u64,
+                sent_bytes: sent as u64,
+            }),
+            ..first.clone()
         };
         if let Some(a) = policy.as_mut().and_then(|p| p.decide(&sample)) {
             action = Some(a);
@@ -154,6 +177,7 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
                 total_ms: (total + downtime) * 1e3,
                 downtime_ms: downtime * 1e3,
                 runtime_pct: 100.0 * running_share / total.max(1e-9),
+                throttled_ms: (total - running_share) * 1e3,
             };
         }
         sent = dirty;
@@ -207,8 +231,10 @@ mod tests {
         assert!(!of(&p, "none").converges, "{p:?}");
         let (auto, quota) = (of(&p, "auto"), of(&p, "quota"));
         assert!(quota.converges, "{p:?}");
-        // auto slows the reader as much as the writer; the quota does not.
-        assert!(quota.runtime_pct > auto.runtime_pct, "{p:?}");
+        // auto slows the reader as much as the writer, for longer; the
+        // quota engages in the first interval and ends sooner.
+        assert!(quota.throttled_ms < auto.throttled_ms, "{p:?}");
+        assert!(quota.total_ms < auto.total_ms, "{p:?}");
         assert_eq!(p.recommended, "quota", "{p:?}");
     }
 

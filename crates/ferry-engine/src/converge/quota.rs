@@ -10,7 +10,7 @@
 //! left shrink at least geometrically.
 
 use super::share::LinkShare;
-use super::{Action, Policy, RoundSample};
+use super::{Action, Policy, Sample};
 use ferry_backend::Quota;
 
 /// The quota policy's state.
@@ -20,7 +20,7 @@ pub struct QuotaPolicy {
 }
 
 /// A budget in bytes per second as a quota per the sample's interval.
-fn quota(s: &RoundSample, per_sec: f64) -> Action {
+fn quota(s: &Sample, per_sec: f64) -> Action {
     let bytes = (per_sec * s.quota_interval.as_secs_f64()) as u64;
     Action::Quota(Some(Quota::new(bytes, s.quota_interval)))
 }
@@ -30,11 +30,11 @@ impl Policy for QuotaPolicy {
         "quota"
     }
 
-    fn decide(&mut self, s: &RoundSample) -> Option<Action> {
+    fn decide(&mut self, s: &Sample) -> Option<Action> {
         self.share.decide(s).map(|r| quota(s, r))
     }
 
-    fn engage(&mut self, s: &RoundSample) -> Option<Action> {
+    fn engage(&mut self, s: &Sample) -> Option<Action> {
         self.share.engage(s).map(|r| quota(s, r))
     }
 }
@@ -42,7 +42,7 @@ impl Policy for QuotaPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::converge::sample;
+    use crate::converge::sample::sample;
 
     #[test]
     fn engages_on_the_first_outrun_round_and_halves_while_outrun() {

@@ -1,12 +1,18 @@
 //! The budget both per-vCPU policies (quota and dirty-limit) give the
 //! guest: a share of the link, split equally between the vCPUs.
 //!
-//! It engages once dirtying outruns the link (dirtied bytes above half the
-//! bytes a round sent, as auto-converge counts it) at half the link, and
-//! halves while dirtying still outruns it, so the bytes left shrink at least
-//! geometrically. The policies differ only in how the backend enforces it.
+//! It engages once dirtying outruns the link, at half the link. "Outruns"
+//! is read two ways: within a policy interval, the per-vCPU dirty count says
+//! the guest dirtied faster than half the link's rate (so the budget
+//! engages within about 100 ms, even in the full pass); at a harvest, the
+//! round dirtied more than half of what it sent (as auto-converge counts
+//! it, and the only reading where the backend has no per-vCPU count). At
+//! each harvest that still finds the link outrun, the share halves, so the
+//! bytes left shrink at least geometrically. Between harvests the budget
+//! follows the measured link. The policies differ only in how the backend
+//! enforces it.
 
-use super::RoundSample;
+use super::Sample;
 
 /// Dirtying above this share of the transfer engages the budget.
 pub const THRESHOLD_PCT: u64 = 50;
@@ -21,25 +27,35 @@ pub(super) struct LinkShare {
 }
 
 impl LinkShare {
-    fn outrun(s: &RoundSample) -> bool {
-        s.round > 0 && s.sent_bytes > 0 && s.dirty_bytes * 100 > s.sent_bytes * THRESHOLD_PCT
+    fn outrun(s: &Sample) -> bool {
+        let threshold = THRESHOLD_PCT as f64 / 100.0;
+        match s.round_end {
+            Some(end) => {
+                s.round > 0
+                    && end.sent_bytes > 0
+                    && end.dirty_bytes * 100 > end.sent_bytes * THRESHOLD_PCT
+            }
+            None => s
+                .dirty_rate()
+                .is_some_and(|rate| rate > s.link_bytes_per_sec * threshold),
+        }
     }
 
-    /// Each vCPU's budget in bytes per second after round `s`, once engaged.
-    pub fn decide(&mut self, s: &RoundSample) -> Option<f64> {
+    /// Each vCPU's budget in bytes per second after `s`, once engaged.
+    pub fn decide(&mut self, s: &Sample) -> Option<f64> {
         if self.share == 0 {
             if !Self::outrun(s) {
                 return None;
             }
             self.share = INITIAL_SHARE_PCT * 1024 / 100;
-        } else if Self::outrun(s) {
+        } else if s.round_end.is_some() && Self::outrun(s) {
             self.share = (self.share / 2).max(1);
         }
         Some(self.per_vcpu(s))
     }
 
     /// Engages at once (a stall): the budget, or `None` if already engaged.
-    pub fn engage(&mut self, s: &RoundSample) -> Option<f64> {
+    pub fn engage(&mut self, s: &Sample) -> Option<f64> {
         if self.share != 0 {
             return None;
         }
@@ -47,8 +63,36 @@ impl LinkShare {
         Some(self.per_vcpu(s))
     }
 
-    fn per_vcpu(&self, s: &RoundSample) -> f64 {
+    fn per_vcpu(&self, s: &Sample) -> f64 {
         let total = s.link_bytes_per_sec * self.share as f64 / 1024.0;
         total / f64::from(s.vcpus.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::converge::sample::{interval, sample};
+
+    #[test]
+    fn an_interval_that_outruns_the_link_engages_but_never_halves() {
+        let mut share = LinkShare::default();
+        // 1 GB/s link: 2 × 20 MB in 100 ms is 400 MB/s, below half.
+        assert_eq!(share.decide(&interval(0, &[20_000_000, 20_000_000])), None);
+        // 2 × 30 MB in 100 ms is 600 MB/s: engaged in the full pass.
+        let first = share.decide(&interval(0, &[30_000_000, 30_000_000]));
+        assert_eq!(first, Some(250e6), "half the link, split between 2");
+        let again = share.decide(&interval(0, &[90_000_000, 90_000_000]));
+        assert_eq!(again, first, "intervals only follow the link");
+        let halved = share.decide(&sample(1, 60, 100));
+        assert_eq!(halved.map(|b| b.round()), Some(125e6), "a harvest halves");
+    }
+
+    #[test]
+    fn without_a_per_vcpu_count_only_harvests_engage() {
+        let mut share = LinkShare::default();
+        assert_eq!(share.decide(&interval(0, &[])), None);
+        assert_eq!(share.decide(&sample(0, 900, 100)), None, "the full pass");
+        assert!(share.decide(&sample(1, 60, 100)).is_some());
     }
 }

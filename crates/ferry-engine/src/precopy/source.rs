@@ -4,7 +4,7 @@
 use super::delta::DeltaCache;
 use super::senders::Senders;
 use super::{unexpected, PrecopyOptions, MAX_CONNECTIONS};
-use crate::converge::{ConvergeMode, Converger, RoundSample};
+use crate::converge::{ConvergeMode, Converger, RoundEnd, Sample};
 use crate::error::MigrationError;
 use crate::postcopy::server::PageServer;
 use crate::postcopy::{Mode, PostcopyResume};
@@ -193,6 +193,8 @@ impl<'a> Source<'a> {
             in_postcopy: false,
             session,
             postcopy_round: 0,
+            measured_link: None,
+            expansion: 1.0,
             awaiting_verdict: false,
             start,
             summary,
@@ -324,6 +326,24 @@ pub(crate) struct Source<'a> {
     pub(crate) session: u64,
     /// The round the postcopy push sends, once switched.
     pub(crate) postcopy_round: u32,
+    /// Guest bytes per second the link moved in the last transfer large
+    /// enough to measure.
+    pub(crate) measured_link: Option<f64>,
+    /// Guest bytes per wire byte in the last whole round measured
+    /// (compression raises it above 1).
+    pub(crate) expansion: f64,
+}
+
+/// What part of a round moved, for measuring the link.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Transfer {
+    /// Guest bytes handed to the senders.
+    raw: u64,
+    /// Bytes the data connections carried.
+    wire: u64,
+    secs: f64,
+    /// A whole round (else the part sent so far).
+    whole_round: bool,
 }
 
 impl Source<'_> {
@@ -358,7 +378,6 @@ impl Source<'_> {
         self.progress.phase(Phase::FullPass);
         let mut last_harvest = Instant::now();
         self.send_round(0, RoundKind::Full, &DirtyPages::all(self.pages))?;
-        let mut measured = None;
         let mut round = 1;
         loop {
             self.vm
@@ -367,20 +386,22 @@ impl Source<'_> {
             let t = Instant::now();
             let (found, since) = self.harvest(&mut dirty, &mut last_harvest)?;
             self.finish_round(found, since, t.elapsed());
-            let bandwidth = self.plan_bandwidth(&mut measured);
+            let last = self.summary.rounds.last();
+            let sent = last.map(|r| Transfer {
+                raw: r.raw_bytes,
+                wire: r.bytes,
+                secs: r.ms / 1e3,
+                whole_round: true,
+            });
+            let bandwidth = self.plan_bandwidth(sent);
             let remaining = dirty.count() * EST_BYTES_PER_PAGE;
-            let sample = RoundSample {
-                round: round - 1,
+            let round_end = RoundEnd {
                 dirty_bytes: found * PAGE_SIZE as u64,
-                sent_bytes: self.summary.rounds.last().map_or(0, |r| r.raw_bytes),
-                remaining_bytes: remaining,
-                link_bytes_per_sec: bandwidth,
-                downtime_target: self.opts.tunables.downtime_target(),
-                quota_interval: self.opts.tunables.quota_interval(),
-                vcpus: self.vm.config().workload.vcpus,
+                sent_bytes: sent.map_or(0, |t| t.raw),
             };
+            let sample = self.sample(round - 1, remaining, bandwidth, Some(round_end));
             self.converge
-                .after_round(&sample, &mut *self.vm, &self.opts.tunables)?;
+                .after_round(sample, &mut *self.vm, &self.opts.tunables)?;
             for step in self.converge.unreported() {
                 self.progress.throttle_changed(step);
             }
@@ -506,23 +527,79 @@ impl Source<'_> {
         }
     }
 
-    /// Bytes/s of guest memory to plan with: the rate of the latest round
-    /// that carried enough data to be measured, else
-    /// [`NOMINAL_BYTES_PER_SEC`]; never above the bandwidth cap (which counts
-    /// wire bytes, so compression raises it by the ratio the round achieved).
-    fn plan_bandwidth(&self, measured: &mut Option<f64>) -> f64 {
-        let mut expansion = 1.0;
-        if let Some(r) = self.summary.rounds.last() {
-            if r.bytes >= MIN_MEASURED_BYTES {
-                *measured = Some(r.raw_bytes as f64 / (r.ms / 1e3).max(1e-9));
-                expansion = r.raw_bytes as f64 / r.bytes as f64;
+    /// Bytes/s of guest memory to plan with: the rate of `transfer` when it
+    /// carried enough data to be measured, else the last rate measured so,
+    /// else [`NOMINAL_BYTES_PER_SEC`]; never above the bandwidth cap (which
+    /// counts wire bytes, so compression raises it by the ratio the last
+    /// whole round achieved).
+    fn plan_bandwidth(&mut self, transfer: Option<Transfer>) -> f64 {
+        if let Some(t) = transfer.filter(|t| t.wire >= MIN_MEASURED_BYTES) {
+            if t.whole_round {
+                self.expansion = (t.raw as f64 / t.wire as f64).max(1.0);
             }
+            // Wire bytes, not the bytes handed to the senders: early in a
+            // round those run ahead of the link by the senders' queues.
+            self.measured_link = Some(t.wire as f64 * self.expansion / t.secs.max(1e-9));
         }
-        let bw = measured.unwrap_or(NOMINAL_BYTES_PER_SEC);
+        let bw = self.measured_link.unwrap_or(NOMINAL_BYTES_PER_SEC);
         match self.opts.tunables.bandwidth_bytes_per_sec() {
             0 => bw,
-            cap => bw.min(cap as f64 * expansion.max(1.0)),
+            cap => bw.min(cap as f64 * self.expansion),
         }
+    }
+
+    /// What the policy is told now: the per-vCPU dirty count since its
+    /// last sample, and the figures given.
+    fn sample(
+        &mut self,
+        round: u32,
+        remaining_bytes: u64,
+        link_bytes_per_sec: f64,
+        round_end: Option<RoundEnd>,
+    ) -> Sample {
+        let (elapsed, vcpu_dirty_bytes) = self.converge.read_meter(&*self.vm);
+        Sample {
+            round,
+            elapsed,
+            vcpu_dirty_bytes,
+            remaining_bytes,
+            link_bytes_per_sec,
+            downtime_target: self.opts.tunables.downtime_target(),
+            quota_interval: self.opts.tunables.quota_interval(),
+            vcpus: self.vm.config().workload.vcpus,
+            round_end,
+        }
+    }
+
+    /// Between two batches of a round that started at `t` with the data
+    /// connections at `bytes_at`, having sent `raw` guest bytes and with
+    /// `left` pages of it to go: operator requests, and the policy once per
+    /// interval.
+    fn between_batches(
+        &mut self,
+        round: u32,
+        (t, bytes_at, raw): (Instant, u64, u64),
+        left: u64,
+    ) -> Result<(), MigrationError> {
+        let tun = &self.opts.tunables;
+        if self.converge.interval_due(tun) {
+            let link = self.plan_bandwidth(Some(Transfer {
+                raw,
+                wire: self.health.data_bytes() - bytes_at,
+                secs: t.elapsed().as_secs_f64(),
+                whole_round: false,
+            }));
+            let sample = self.sample(round, left * EST_BYTES_PER_PAGE, link, None);
+            self.converge
+                .on_interval(sample, &mut *self.vm, &self.opts.tunables)?;
+        } else {
+            // An operator's change lands within a batch.
+            self.converge.live_requests(&mut *self.vm, tun, round)?;
+        }
+        for step in self.converge.unreported() {
+            self.progress.throttle_changed(step);
+        }
+        Ok(())
     }
 
     pub(crate) fn send_round(
@@ -535,11 +612,9 @@ impl Source<'_> {
         self.progress.round_started(round, set.count());
         let bytes_at = self.health.data_bytes();
         let cancellable = kind != RoundKind::Final;
-        let Some(senders) = self.senders.as_mut() else {
-            return Err(MigrationError::Aborted);
-        };
+        let (opts, progress) = (self.opts, self.progress);
         let (mut pages, mut zero, mut raw) = (0u64, 0u64, 0u64);
-        let mut batch = senders.batch()?;
+        let mut batch = self.senders()?.batch()?;
         for (first, count) in set.runs() {
             let (mut gfn, mut left) = (first.0, count as usize);
             while left > 0 {
@@ -551,27 +626,24 @@ impl Source<'_> {
                 gfn += n as u64;
                 left -= n;
                 if batch.room() == 0 {
+                    let senders = self.senders()?;
                     let full = std::mem::replace(&mut batch, senders.batch()?);
-                    let (p, z, r) =
-                        ship(senders, full, round, cancellable, self.opts, self.progress)?;
+                    let (p, z, r) = ship(senders, full, round, cancellable, opts, progress)?;
                     pages += p;
                     zero += z;
                     raw += r;
                     if cancellable {
-                        // An operator's change lands within a batch.
-                        self.converge
-                            .live_requests(&mut *self.vm, &self.opts.tunables, round)?;
-                        for step in self.converge.unreported() {
-                            self.progress.throttle_changed(step);
-                        }
+                        let left = set.count().saturating_sub(pages);
+                        self.between_batches(round, (t, bytes_at, raw), left)?;
                     }
                 }
             }
         }
+        let senders = self.senders()?;
         if batch.is_empty() {
             senders.recycle(batch);
         } else {
-            let (p, z, r) = ship(senders, batch, round, cancellable, self.opts, self.progress)?;
+            let (p, z, r) = ship(senders, batch, round, cancellable, opts, progress)?;
             pages += p;
             zero += z;
             raw += r;
@@ -579,6 +651,11 @@ impl Source<'_> {
         senders.end_round(round)?;
         self.record_round(round, kind, t, bytes_at, (pages, zero, raw));
         Ok(())
+    }
+
+    /// The data connections' senders (gone once the migration aborted).
+    fn senders(&mut self) -> Result<&mut Senders, MigrationError> {
+        self.senders.as_mut().ok_or(MigrationError::Aborted)
     }
 
     /// Adds a round that started at `t`, when the data connections had

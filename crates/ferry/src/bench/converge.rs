@@ -116,6 +116,9 @@ pub struct RunResult {
     pub policy: String,
     /// See the module docs.
     pub converged: bool,
+    /// The migration completed with matching digests and no guest stamp
+    /// mismatch (false also where it did not finish).
+    pub verified: bool,
     /// Why it did not converge, if it did not.
     pub why_not: Option<String>,
     /// Migration time, ms (the time limit if it was cut off).
@@ -320,6 +323,7 @@ fn run_one(
     let mut r = RunResult {
         policy: policy.into(),
         converged: false,
+        verified: false,
         why_not: None,
         total_ms: limit_ms,
         downtime_ms: 0.0,
@@ -364,6 +368,7 @@ fn run_one(
         });
     r.runtime_pct = mean("runtime_pct");
     r.progress_pct = mean("progress_pct");
+    r.verified = verified;
     r.converged = verified && j["converged"] == true;
     let gave_up = j["error"]
         .as_str()
@@ -500,10 +505,18 @@ fn link_kind(netns: bool) -> &'static str {
     }
 }
 
-/// `t` in seconds, or "unconverged".
+/// `t` in seconds, "unconverged", or "NOT VERIFIED" where the migration
+/// finished but its digest or the guest's stamps disagreed (a bug, never
+/// to be mistaken for a slow cell).
 fn time_cell(r: &RunResult) -> String {
     if r.converged {
         format!("{:.2}", r.total_ms / 1e3)
+    } else if r
+        .why_not
+        .as_deref()
+        .is_some_and(|w| w.starts_with("not verified"))
+    {
+        "NOT VERIFIED".into()
     } else {
         "unconverged".into()
     }
@@ -648,7 +661,7 @@ fn report(
         }
     }
     table_c.note("predicted: what the demo's prediction (a 1 s sample of each vCPU's dirty rate with tracking on, the policies run over a model of the rounds) said before the migration started; agree: both say it does not converge; wrong: the prediction said the opposite of what happened.");
-    table_a.note(format!("m memory, n vCPUs, l write rate per vCPU (max: as fast as the guest can), w share of accesses that write, b link ({}). t: total migration time; unconverged: not finished in the time limit (40 s up to 256 MiB, 60 s above), or the round cap forced the stop-and-copy. Every run is a fresh `ferry demo` process pair, digest and guest stamps checked.", link_kind(a.netns)));
+    table_a.note(format!("m memory, n vCPUs, l write rate per vCPU (max: as fast as the guest can), w share of accesses that write, b link ({}). t: total migration time; unconverged: not finished in the time limit (40 s up to 256 MiB, 60 s above), or the round cap forced the stop-and-copy; NOT VERIFIED: finished, but the digest or the guest's stamps disagreed (`why_not` in the JSON says which). Every run is a fresh `ferry demo` process pair, digest and guest stamps checked.", link_kind(a.netns)));
     table_a.note(format!(
         "diff % ({last} vs X): how much shorter the migration was under {last} than under X; N/A where either did not converge."
     ));
@@ -707,6 +720,7 @@ pub fn summary_json(r: &ConvergeResults) -> serde_json::Value {
                         "runtime_pct": x.runtime_pct,
                         "progress_pct": x.progress_pct,
                         "why_not": x.why_not,
+                        "verified": x.verified,
                         "predicted_converges": x.predicted.map(|p| p.0),
                         "predicted_total_ms": x.predicted.map(|p| p.1),
                     });

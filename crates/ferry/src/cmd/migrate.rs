@@ -61,9 +61,11 @@ pub struct MigrationArgs {
     /// Default: quota where the backend meters each vCPU's writes, else auto.
     #[arg(long, value_parser = clap::value_parser!(ConvergeMode))]
     pub converge: Option<ConvergeMode>,
-    /// The quota policy's refill interval in ms: each vCPU may dirty its
-    /// share of the link per interval, and one that used it up sleeps until
-    /// the next. Shorter: smoother, more wake-ups. Changeable live with the
+    /// The policy interval in ms: how often the convergence policy reads
+    /// each vCPU's dirtying and the link while a round is sent, and the
+    /// quota's refill interval (each vCPU may dirty its share of the link
+    /// per interval; one that used it up sleeps until the next). Shorter:
+    /// quicker reaction, smoother, more wake-ups. Changeable live with the
     /// control socket's `set`.
     #[arg(long = "quota-interval-ms", default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=10_000))]
     pub quota_interval_ms: u64,

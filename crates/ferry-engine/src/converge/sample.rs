@@ -1,0 +1,128 @@
+//! What a policy is told: a [`Sample`] once per policy interval while a
+//! round is sent, and one at each harvest (the end of a round).
+//!
+//! The interval samples carry each vCPU's dirtying since the last sample,
+//! read off the backend's per-vCPU dirty count (`Vm::dirtied`), so a policy
+//! can act within an interval of a writer outrunning the link, even in the
+//! middle of the full pass. The harvest samples add what the round dirtied
+//! and sent, which is what QEMU's auto-converge counts per period.
+
+use ferry_backend::{Vm, PAGE_SIZE};
+use std::time::{Duration, Instant};
+
+/// What the engine measured since the policy's last call.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// The round being sent (at a harvest: the round that just ended).
+    pub round: u32,
+    /// Time since the last sample.
+    pub elapsed: Duration,
+    /// Bytes each vCPU newly dirtied since the last sample. Empty where the
+    /// backend counts dirtying per VM only (the kvm bitmap modes).
+    pub vcpu_dirty_bytes: Vec<u64>,
+    /// Bytes precopy still has to send.
+    pub remaining_bytes: u64,
+    /// Guest bytes per second the link moves.
+    pub link_bytes_per_sec: f64,
+    /// The downtime target now.
+    pub downtime_target: Duration,
+    /// The policy interval now, which is also the quota's refill interval.
+    pub quota_interval: Duration,
+    /// vCPUs of the guest.
+    pub vcpus: u32,
+    /// Set at a harvest: what the round that just ended dirtied and sent.
+    pub round_end: Option<RoundEnd>,
+}
+
+/// What one round dirtied and sent (a harvest's sample).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoundEnd {
+    /// Guest bytes dirtied while the round was sent.
+    pub dirty_bytes: u64,
+    /// Guest bytes the round sent.
+    pub sent_bytes: u64,
+}
+
+impl Sample {
+    /// The guest's metered dirty rate over the sample, bytes per second:
+    /// `None` where the backend has no per-vCPU count.
+    pub fn dirty_rate(&self) -> Option<f64> {
+        let secs = self.elapsed.as_secs_f64();
+        if self.vcpu_dirty_bytes.is_empty() || secs <= 0.0 {
+            return None;
+        }
+        Some(self.vcpu_dirty_bytes.iter().sum::<u64>() as f64 / secs)
+    }
+}
+
+/// The engine's clock for interval samples and its reading of the
+/// per-vCPU dirty count.
+#[derive(Debug)]
+pub(crate) struct Meter {
+    last: Instant,
+    seen: Vec<u64>,
+}
+
+impl Meter {
+    pub fn new() -> Self {
+        Meter {
+            last: Instant::now(),
+            seen: Vec::new(),
+        }
+    }
+
+    /// Whether an interval has passed since the last sample.
+    pub fn due(&self, interval: Duration) -> bool {
+        self.last.elapsed() >= interval
+    }
+
+    /// Time since the last sample, and each vCPU's bytes dirtied since;
+    /// starts the next interval.
+    pub fn read(&mut self, vm: &dyn Vm) -> (Duration, Vec<u64>) {
+        let now = Instant::now();
+        let elapsed = now - self.last;
+        self.last = now;
+        let total = vm.dirtied();
+        if self.seen.len() != total.len() {
+            self.seen = vec![0; total.len()];
+        }
+        let bytes = total
+            .iter()
+            .zip(&mut self.seen)
+            .map(|(&t, seen)| (t.saturating_sub(std::mem::replace(seen, t))) * PAGE_SIZE as u64)
+            .collect();
+        (elapsed, bytes)
+    }
+}
+
+/// A harvest's sample of a 2-vCPU guest over a 1 GB/s link, for the
+/// policies' tests.
+#[cfg(test)]
+pub(crate) fn sample(round: u32, dirty: u64, sent: u64) -> Sample {
+    Sample {
+        round,
+        elapsed: Duration::from_secs(1),
+        vcpu_dirty_bytes: Vec::new(),
+        remaining_bytes: dirty,
+        link_bytes_per_sec: 1e9,
+        downtime_target: Duration::from_millis(300),
+        quota_interval: ferry_backend::QUOTA_INTERVAL,
+        vcpus: 2,
+        round_end: Some(RoundEnd {
+            dirty_bytes: dirty,
+            sent_bytes: sent,
+        }),
+    }
+}
+
+/// An interval's sample of the same guest, in which each vCPU dirtied
+/// `per_vcpu` bytes over 100 ms.
+#[cfg(test)]
+pub(crate) fn interval(round: u32, per_vcpu: &[u64]) -> Sample {
+    Sample {
+        elapsed: Duration::from_millis(100),
+        vcpu_dirty_bytes: per_vcpu.to_vec(),
+        round_end: None,
+        ..sample(round, 0, 0)
+    }
+}
