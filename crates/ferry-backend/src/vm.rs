@@ -99,33 +99,61 @@ pub const QUOTA_INTERVAL: Duration = Duration::from_millis(100);
 pub const QUOTA_INTERVALS: std::ops::RangeInclusive<Duration> =
     Duration::from_millis(10)..=Duration::from_secs(10);
 
-/// A per-vCPU dirty quota: each vCPU may dirty `bytes` per `interval`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Per-vCPU dirty quotas: vCPU `i` may dirty `bytes[i]` per `interval`.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Quota {
-    /// Bytes each vCPU may dirty per interval (at least one page).
-    pub bytes: u64,
-    /// How often the quota is refilled, within [`QUOTA_INTERVALS`].
+    /// Bytes each vCPU may dirty per interval (each at least one page). A
+    /// vCPU past the end of the list gets the last entry.
+    pub bytes: Vec<u64>,
+    /// How often the quotas are refilled, within [`QUOTA_INTERVALS`].
     pub interval: Duration,
 }
 
 impl Quota {
-    /// `bytes` per `interval`, both brought into range.
-    pub fn new(bytes: u64, interval: Duration) -> Self {
+    /// `bytes[i]` for vCPU `i` per `interval`, all brought into range.
+    pub fn new(bytes: Vec<u64>, interval: Duration) -> Self {
         Quota {
-            bytes: bytes.max(crate::PAGE_SIZE as u64),
+            bytes: bytes
+                .into_iter()
+                .map(|b| b.max(crate::PAGE_SIZE as u64))
+                .collect(),
             interval: interval.clamp(*QUOTA_INTERVALS.start(), *QUOTA_INTERVALS.end()),
         }
     }
 
-    /// The rate the quota allows, in bytes per second.
-    pub fn bytes_per_sec(&self) -> f64 {
-        self.bytes as f64 / self.interval.as_secs_f64()
+    /// The same `bytes` per `interval` for each of `vcpus` vCPUs.
+    pub fn uniform(bytes: u64, vcpus: usize, interval: Duration) -> Self {
+        Quota::new(vec![bytes; vcpus.max(1)], interval)
     }
 
-    /// The same rate per `interval`.
+    /// vCPU `vcpu`'s quota in bytes per interval.
+    pub fn of(&self, vcpu: usize) -> u64 {
+        let last = self
+            .bytes
+            .last()
+            .copied()
+            .unwrap_or(crate::PAGE_SIZE as u64);
+        self.bytes.get(vcpu).copied().unwrap_or(last)
+    }
+
+    /// The largest quota of any vCPU, in bytes per interval.
+    pub fn largest(&self) -> u64 {
+        self.bytes.iter().copied().max().unwrap_or(0)
+    }
+
+    /// The rate vCPU `vcpu`'s quota allows, in bytes per second.
+    pub fn bytes_per_sec(&self, vcpu: usize) -> f64 {
+        self.of(vcpu) as f64 / self.interval.as_secs_f64()
+    }
+
+    /// The same rates per `interval`.
     pub fn per(&self, interval: Duration) -> Self {
+        let scale = interval.as_secs_f64() / self.interval.as_secs_f64();
         Quota::new(
-            (self.bytes_per_sec() * interval.as_secs_f64()) as u64,
+            self.bytes
+                .iter()
+                .map(|&b| (b as f64 * scale) as u64)
+                .collect(),
             interval,
         )
     }
@@ -266,12 +294,13 @@ pub trait Vm: Send {
     /// sleeps [`throttle_sleep`]`(percent)`. The hook a convergence policy
     /// turns while a migration runs.
     fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError>;
-    /// Gives every vCPU a dirty quota of `quota.bytes` per `quota.interval`
-    /// (`None`: no quota): a vCPU that dirties its quota sleeps until the
-    /// next interval; one that does not write is never slowed. The seed's
+    /// Gives each vCPU its dirty quota of `quota.of(vcpu)` bytes per
+    /// `quota.interval` (`None`: no quota): a vCPU that dirties its quota
+    /// sleeps until the next interval; one that does not write is never
+    /// slowed. The seed's
     /// per-vCPU dirty-quota throttle. Backends without a per-vCPU dirty meter
     /// say so.
-    fn set_dirty_quota(&mut self, quota: Option<Quota>) -> Result<(), BackendError> {
+    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), BackendError> {
         let _ = quota;
         Err(BackendError::Operation {
             backend: self.config().backend,

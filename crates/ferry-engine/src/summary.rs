@@ -63,9 +63,11 @@ pub struct ThrottleStep {
     pub round: u32,
     /// Time throttle of every vCPU, in percent (0 under a quota).
     pub percent: u8,
-    /// Bytes each vCPU may dirty per quota interval, under the quota
-    /// policy (`None`: no quota).
+    /// The largest of the vCPUs' quotas, in bytes per quota interval,
+    /// under the quota policy (`None`: no quota).
     pub quota_bytes: Option<u64>,
+    /// Each vCPU's quota in bytes per quota interval (empty: no quota).
+    pub vcpu_quota_bytes: Vec<u64>,
     /// The quota's refill interval in milliseconds (`None`: no quota).
     pub quota_interval_ms: Option<f64>,
     /// Each vCPU's dirty-rate limit in bytes per second, under the

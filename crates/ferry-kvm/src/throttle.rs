@@ -9,7 +9,7 @@
 //!                tick with a sleep of p% of it cannot pass about 90%, because
 //!                wake-up and kick latency eat the small running share.
 //!   quota q      (the dirty-quota seed) every QUOTA_TICK the thread collects each
-//!                vCPU's dirty ring, the per-vCPU meter: a vCPU earns q bytes per
+//!                vCPU's dirty ring, the per-vCPU meter: vCPU i earns q[i] bytes per
 //!                quota interval, and one that dirtied more is kicked once and
 //!                sleeps until it has earned the debt back. A vCPU that does not
 //!                write is never kicked. One exit per debt, never one per page
@@ -46,8 +46,11 @@ struct Knobs {
     percent: AtomicU8,
     /// QEMU's dirty-limit, fed off the rings (off unless a limit is set).
     limit: DirtyLimiter,
-    /// Bytes per vCPU per interval, or [`NO_QUOTA`].
-    quota: AtomicU64,
+    /// Each vCPU's bytes per interval, or [`NO_QUOTA`] (all of them, or
+    /// none: see `quota_on`).
+    quota: Box<[AtomicU64]>,
+    /// Whether the quota is on.
+    quota_on: AtomicBool,
     /// The quota's interval in nanoseconds.
     quota_interval_ns: AtomicU64,
     stop: AtomicBool,
@@ -65,7 +68,8 @@ impl Throttler {
         let knobs = Arc::new(Knobs {
             limit: DirtyLimiter::new(vcpus.len()),
             percent: AtomicU8::new(0),
-            quota: AtomicU64::new(NO_QUOTA),
+            quota: vcpus.iter().map(|_| AtomicU64::new(NO_QUOTA)).collect(),
+            quota_on: AtomicBool::new(false),
             quota_interval_ns: AtomicU64::new(QUOTA_INTERVAL.as_nanos() as u64),
             stop: AtomicBool::new(false),
         });
@@ -75,11 +79,10 @@ impl Throttler {
             .spawn(move || {
                 let mut meter = QuotaMeter::new(vcpus.len());
                 while !k.stop.load(Ordering::Acquire) {
-                    let quota = k.quota.load(Ordering::Relaxed);
                     let pct = k.percent.load(Ordering::Relaxed);
-                    if quota != NO_QUOTA {
+                    if k.quota_on.load(Ordering::Acquire) {
                         let interval = k.quota_interval_ns.load(Ordering::Relaxed);
-                        meter.tick(&vcpus, quota, Duration::from_nanos(interval));
+                        meter.tick(&vcpus, &k.quota, Duration::from_nanos(interval));
                         std::thread::sleep(QUOTA_TICK);
                     } else if k.limit.is_on() {
                         limit_tick(&vcpus, &k.limit, &mut meter.seen);
@@ -111,14 +114,19 @@ impl Throttler {
     }
 
     /// Sets each vCPU's dirty quota (`None`: off).
-    pub fn set_quota(&self, quota: Option<Quota>) {
+    pub fn set_quota(&self, quota: Option<&Quota>) {
         if let Some(q) = quota {
             self.knobs
                 .quota_interval_ns
                 .store(q.interval.as_nanos() as u64, Ordering::Relaxed);
         }
-        let q = quota.map_or(NO_QUOTA, |q| q.bytes.min(NO_QUOTA - 1));
-        self.knobs.quota.store(q, Ordering::Relaxed);
+        for (i, slot) in self.knobs.quota.iter().enumerate() {
+            let bytes = quota.map_or(NO_QUOTA, |q| q.of(i).min(NO_QUOTA - 1));
+            slot.store(bytes, Ordering::Relaxed);
+        }
+        self.knobs
+            .quota_on
+            .store(quota.is_some(), Ordering::Release);
     }
 }
 
@@ -135,7 +143,7 @@ fn time_period(vcpus: &[Arc<VcpuShared>], k: &Knobs, pct: u8) {
     let until = Instant::now() + sleep + TIMESLICE;
     while !k.stop.load(Ordering::Acquire)
         && k.percent.load(Ordering::Relaxed) == pct
-        && k.quota.load(Ordering::Relaxed) == NO_QUOTA
+        && !k.quota_on.load(Ordering::Relaxed)
     {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -200,17 +208,22 @@ impl QuotaMeter {
         self.last = None;
     }
 
-    fn tick(&mut self, vcpus: &[Arc<VcpuShared>], quota: u64, interval: Duration) {
+    fn tick(&mut self, vcpus: &[Arc<VcpuShared>], quotas: &[AtomicU64], interval: Duration) {
         let now = Instant::now();
-        let quota = quota as f64;
-        let earned = match self.last {
-            Some(t) => quota * (now - t).as_secs_f64() / interval.as_secs_f64(),
-            None => quota,
+        let share = match self.last {
+            Some(t) => (now - t).as_secs_f64() / interval.as_secs_f64(),
+            None => 1.0,
         };
         let first = self.last.is_none();
         self.last = Some(now);
         for (i, v) in vcpus.iter().enumerate() {
             let Some(ring) = &v.ring else { continue };
+            let quota = quotas[i].load(Ordering::Relaxed);
+            if quota == NO_QUOTA {
+                continue;
+            }
+            let quota = quota as f64;
+            let earned = quota * share;
             ring.collect();
             let total = ring.collected();
             let spent = if first {

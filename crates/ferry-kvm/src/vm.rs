@@ -360,7 +360,7 @@ impl Vm for KvmVm {
         Ok(())
     }
 
-    fn set_dirty_quota(&mut self, quota: Option<Quota>) -> Result<(), BackendError> {
+    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), BackendError> {
         self.ring_metered("a per-vCPU dirty quota")?;
         if self.throttler.is_none() && quota.is_none() {
             return Ok(());

@@ -159,7 +159,8 @@ impl TimeThrottle {
 /// quota sleeps until the next interval starts and then gets the quota in
 /// force at that moment (the engine changes both live).
 pub struct IntervalRefill {
-    quota_bytes: AtomicU64,
+    /// Each vCPU's quota per interval (`u64::MAX`: off).
+    quota_bytes: Box<[AtomicU64]>,
     interval_ns: AtomicU64,
     epoch: Instant,
     slept_ns: Box<[AtomicU64]>,
@@ -171,7 +172,7 @@ impl IntervalRefill {
     /// Off (an unlimited quota) for `vcpus` vCPUs.
     pub fn new(vcpus: usize) -> Self {
         IntervalRefill {
-            quota_bytes: AtomicU64::new(u64::MAX),
+            quota_bytes: (0..vcpus).map(|_| AtomicU64::new(u64::MAX)).collect(),
             interval_ns: AtomicU64::new(ferry_backend::QUOTA_INTERVAL.as_nanos() as u64),
             epoch: Instant::now(),
             slept_ns: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
@@ -192,7 +193,7 @@ impl IntervalRefill {
 
 impl QuotaHandler for IntervalRefill {
     fn exhausted(&self, exit: QuotaExit) -> QuotaRefill {
-        let quota_bytes = self.quota_bytes.load(Ordering::Relaxed);
+        let quota_bytes = self.quota_bytes[exit.vcpu].load(Ordering::Relaxed);
         if quota_bytes == u64::MAX {
             return QuotaRefill {
                 sleep: Duration::ZERO,
@@ -250,17 +251,17 @@ impl LiveThrottle {
             .collect()
     }
 
-    /// Sets every vCPU's quota and its interval (`None`: off), at once.
-    pub fn set_quota(&self, quota: Option<ferry_backend::Quota>) {
+    /// Sets each vCPU's quota and their interval (`None`: off), at once.
+    pub fn set_quota(&self, quota: Option<&ferry_backend::Quota>) {
         if let Some(q) = quota {
             self.refill
                 .interval_ns
                 .store(q.interval.as_nanos() as u64, Ordering::Relaxed);
         }
-        let q = quota.map_or(u64::MAX, |q| q.bytes.max(1));
-        self.refill.quota_bytes.store(q, Ordering::Relaxed);
-        for v in 0..self.refill.slept_ns.len() {
-            self.quota.set_quota(v, q);
+        for (v, slot) in self.refill.quota_bytes.iter().enumerate() {
+            let bytes = quota.map_or(u64::MAX, |q| q.of(v).max(1));
+            slot.store(bytes, Ordering::Relaxed);
+            self.quota.set_quota(v, bytes);
         }
     }
 
@@ -276,7 +277,7 @@ impl LiveThrottle {
         if dirtied_pages == 0 {
             return None;
         }
-        let q = self.refill.quota_bytes.load(Ordering::Relaxed);
+        let q = self.refill.quota_bytes[vcpu].load(Ordering::Relaxed);
         if q == u64::MAX {
             return None;
         }

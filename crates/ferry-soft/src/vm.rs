@@ -197,7 +197,7 @@ impl Vm for SoftVm {
         }
     }
 
-    fn set_dirty_quota(&mut self, quota: Option<Quota>) -> Result<(), BackendError> {
+    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), BackendError> {
         match &self.throttle {
             Throttle::Live(l) => {
                 l.set_quota(quota);

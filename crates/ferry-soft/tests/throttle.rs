@@ -105,8 +105,9 @@ fn the_live_quota_sleeps_the_writer_and_never_the_reader() {
     // 256 pages per vCPU per interval: the writer sweeps its 1024 pages
     // far faster. The reader writes only its progress record, at most once
     // per harvest (every 5 ms here): 20 pages an interval, under its quota.
-    vm.set_dirty_quota(Some(ferry_backend::Quota::new(
+    vm.set_dirty_quota(Some(&ferry_backend::Quota::uniform(
         256 * 4096,
+        2,
         ferry_backend::QUOTA_INTERVAL,
     )))
     .unwrap();

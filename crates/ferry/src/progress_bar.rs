@@ -63,10 +63,14 @@ impl Progress for MigrationBar {
 
     fn throttle_changed(&self, step: &ThrottleStep) {
         let what = match (step.quota_bytes, step.limit_bytes_per_sec) {
-            (Some(q), _) => format!(
-                "each vCPU may dirty {} per {:.0} ms (a vCPU that does not write runs on)",
-                ferry_backend::types::human_bytes(q),
-                step.quota_interval_ms.unwrap_or(100.0)
+            (Some(_), _) => format!(
+                "dirty quota per {:.0} ms, by vCPU: {} (a vCPU that does not use its quota runs on)",
+                step.quota_interval_ms.unwrap_or(100.0),
+                step.vcpu_quota_bytes
+                    .iter()
+                    .map(|&b| ferry_backend::types::human_bytes(b))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             (_, Some(l)) => format!(
                 "each vCPU's dirty rate is limited to {}/s (a vCPU that does not write runs on)",

@@ -103,7 +103,7 @@ fn convergence(s: &MigrationSummary) -> String {
             .min_by(|a, b| (a.0 as f64 / a.1).total_cmp(&(b.0 as f64 / b.1))),
     ) {
         out += &format!(
-            ": dirty quota from round {}, down to {} per vCPU per {per_ms:.0} ms ({} steps)",
+            ": dirty quota from round {}, the largest vCPU's down to {} per {per_ms:.0} ms ({} steps)",
             first.round,
             ferry_backend::types::human_bytes(min),
             s.throttle_timeline.len()

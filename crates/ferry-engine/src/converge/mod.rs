@@ -107,11 +107,11 @@ impl std::fmt::Display for ConvergeMode {
 }
 
 /// What a policy asks of the source VM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Every vCPU sleeps this share of its time (percent).
     Time(u8),
-    /// Every vCPU may dirty this quota (`None`: no quota).
+    /// Each vCPU may dirty its own quota (`None`: no quota).
     Quota(Option<Quota>),
     /// Every vCPU's dirty rate is limited to this many bytes per second
     /// (`None`: no limit).
@@ -241,7 +241,7 @@ impl Converger {
         let round = s.round;
         self.last = Some(s);
         match want {
-            Some(action) if !self.in_force(action) => self.apply(vm, round, action),
+            Some(action) if !self.in_force(&action) => self.apply(vm, round, action),
             _ => Ok(()),
         }
     }
@@ -270,7 +270,7 @@ impl Converger {
             want = want.or(self.escalate(&s, tunables));
         }
         match want {
-            Some(action) if !self.in_force(action) => self.apply(vm, round, action),
+            Some(action) if !self.in_force(&action) => self.apply(vm, round, action),
             _ => Ok(()),
         }
     }
@@ -289,12 +289,12 @@ impl Converger {
         }
         if let Some(pct) = tunables.take_throttle_request() {
             self.note(round, format!("operator: time throttle {pct}%"));
-            if !self.in_force(Action::Time(pct)) {
+            if !self.in_force(&Action::Time(pct)) {
                 self.apply(vm, round, Action::Time(pct))?;
             }
         }
         let interval = tunables.quota_interval();
-        match self.quota {
+        match self.quota.clone() {
             Some(q) if q.interval != interval => {
                 self.note(
                     round,
@@ -397,24 +397,32 @@ impl Converger {
     }
 
     /// Whether `action` is what the VM runs under already. A quota or a
-    /// limit within [`SAME_WITHIN`] of the one in force counts as the same,
+    /// limit within [`SAME_WITHIN`] of the one in force counts as the same
+    /// (for quotas: no vCPU's moves by more than that share of the largest),
     /// so that one following the measured link does not change (and fill
     /// the timeline) at every interval.
-    fn in_force(&self, action: Action) -> bool {
+    fn in_force(&self, action: &Action) -> bool {
         let near = |a: u64, b: u64| a.abs_diff(b) <= b / SAME_WITHIN;
-        match (action, self.quota, self.limit) {
-            (Action::Time(pct), ..) => pct == self.throttle,
+        match (action, &self.quota, self.limit) {
+            (Action::Time(pct), ..) => *pct == self.throttle,
             (Action::Quota(Some(q)), Some(now), _) => {
-                q.interval == now.interval && near(q.bytes, now.bytes)
+                let slack = now.largest() / SAME_WITHIN;
+                q.interval == now.interval
+                    && q.bytes.len() == now.bytes.len()
+                    && q.bytes
+                        .iter()
+                        .zip(&now.bytes)
+                        .all(|(&a, &b)| a.abs_diff(b) <= slack)
             }
             (Action::Quota(q), now, _) => q == now,
-            (Action::Limit(Some(l)), _, Some(now)) => near(l, now),
-            (Action::Limit(l), _, now) => l == now,
+            (Action::Limit(Some(l)), _, Some(now)) => near(*l, now),
+            (Action::Limit(l), _, now) => *l == now,
         }
     }
 
     /// Applies `action` to the VM and keeps it in the timeline.
     fn apply(&mut self, vm: &mut dyn Vm, round: u32, action: Action) -> Result<(), MigrationError> {
+        tracing::info!("round {round}: {action:?}");
         match action {
             Action::Time(pct) => {
                 vm.set_time_throttle(pct)
@@ -422,7 +430,7 @@ impl Converger {
                 self.throttle = pct;
             }
             Action::Quota(quota) => {
-                vm.set_dirty_quota(quota)
+                vm.set_dirty_quota(quota.as_ref())
                     .map_err(MigrationError::backend("set the vCPUs' dirty quota"))?;
                 self.quota = quota;
             }
@@ -432,7 +440,6 @@ impl Converger {
                 self.limit = bytes_per_sec;
             }
         }
-        tracing::info!("round {round}: {action:?}");
         self.push_step(round);
         Ok(())
     }
@@ -443,8 +450,12 @@ impl Converger {
             at_ms: self.elapsed_ms(),
             round,
             percent: self.throttle,
-            quota_bytes: self.quota.map(|q| q.bytes),
-            quota_interval_ms: self.quota.map(|q| q.interval.as_secs_f64() * 1e3),
+            quota_bytes: self.quota.as_ref().map(Quota::largest),
+            vcpu_quota_bytes: self
+                .quota
+                .as_ref()
+                .map_or_else(Vec::new, |q| q.bytes.clone()),
+            quota_interval_ms: self.quota.as_ref().map(|q| q.interval.as_secs_f64() * 1e3),
             limit_bytes_per_sec: self.limit,
         });
     }

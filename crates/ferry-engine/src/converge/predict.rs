@@ -131,18 +131,18 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
         let mut ran = 0.0;
         for v in 0..vcpus {
             let rate = input.dirty_bytes_per_sec[v];
-            let (eff, share) = match action {
+            let (eff, share) = match &action {
                 Some(Action::Time(p)) => {
-                    let run = 1.0 - f64::from(p) / 100.0;
+                    let run = 1.0 - f64::from(*p) / 100.0;
                     (rate * run, run)
                 }
                 Some(Action::Quota(Some(q))) => {
-                    let eff = rate.min(q.bytes_per_sec());
+                    let eff = rate.min(q.bytes_per_sec(v));
                     (eff, if rate > 0.0 { eff / rate } else { 1.0 })
                 }
                 // The feedback loop settles the rate on the limit.
                 Some(Action::Limit(Some(l))) => {
-                    let eff = rate.min(l as f64);
+                    let eff = rate.min(*l as f64);
                     (eff, if rate > 0.0 { eff / rate } else { 1.0 })
                 }
                 _ => (rate, 1.0),

@@ -1,28 +1,116 @@
 //! The seed's per-vCPU dirty quota.
 //!
-//! Once dirtying outruns the link (dirtied bytes above half the bytes sent
-//! in a round, as auto-converge counts it), every vCPU gets a quota per
-//! quota interval (100 ms unless the operator sets another, even mid-migration):
-//! an equal share of half the link's rate. A vCPU that
-//! dirties its share sleeps until the next interval; a vCPU that reads, or
-//! writes little, never notices. The quota follows the measured link each
-//! round, and halves while dirtying still outruns the link, so the bytes
-//! left shrink at least geometrically.
+//! Once dirtying outruns the link (see `share`: within an interval, or over
+//! a round), the guest may dirty half the link's measured rate, per quota
+//! interval (100 ms unless the operator sets another, even mid-migration).
+//! A vCPU that dirties its quota sleeps until the next interval; one that
+//! reads, or writes little, never notices.
+//!
+//! The budget is split between the vCPUs by what each needs, not equally
+//! (max-min fairness, by water-filling): at each interval, a vCPU that
+//! dirtied less than an equal share keeps what it used plus headroom, and
+//! what it leaves goes to the vCPUs that used up their quotas. So a reader
+//! leaves its share to the writers, and a vCPU that starts writing uses up
+//! its small quota and gets an equal share at the next interval. Where a
+//! sample has no per-vCPU count, the last split is scaled to the budget.
 
 use super::share::LinkShare;
 use super::{Action, Policy, Sample};
 use ferry_backend::Quota;
 
+/// A vCPU below its equal share gets what it dirtied times this.
+const HEADROOM: f64 = 1.25;
+/// A vCPU that dirtied this share of its quota counts as wanting more: it
+/// asks for twice its quota (so a vCPU that starts writing grows to an
+/// equal share within a few intervals, and one that only brushes its
+/// quota does not swing between the floor and an equal share).
+const SATURATED: f64 = 0.8;
+/// A sample shorter than this share of the quota interval is too short to
+/// tell what a vCPU needs; the last split stands, scaled to the budget.
+const SHORTEST_WINDOW: f64 = 0.5;
+/// The least a vCPU gets, as a share of an equal split: one that starts
+/// writing is never held to nothing for an interval.
+const FLOOR_SHARE: f64 = 0.125;
+
 /// The quota policy's state.
 #[derive(Debug, Default)]
 pub struct QuotaPolicy {
     share: LinkShare,
+    /// The last split, in bytes per second per vCPU.
+    last: Vec<f64>,
 }
 
-/// A budget in bytes per second as a quota per the sample's interval.
-fn quota(s: &Sample, per_sec: f64) -> Action {
-    let bytes = (per_sec * s.quota_interval.as_secs_f64()) as u64;
-    Action::Quota(Some(Quota::new(bytes, s.quota_interval)))
+/// Splits `total` bytes per second between vCPUs that need `demand[i]`
+/// (`None`: as much as they can get): max-min fair, any surplus shared out
+/// equally as headroom. Each gets at least [`FLOOR_SHARE`] of an equal
+/// split.
+fn split(total: f64, demand: &[Option<f64>]) -> Vec<f64> {
+    let n = demand.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let floor = total / n as f64 * FLOOR_SHARE;
+    let mut alloc = vec![0.0; n];
+    let mut open: Vec<usize> = (0..n).collect();
+    let mut left = total;
+    while !open.is_empty() {
+        let fair = left / open.len() as f64;
+        let needs = |i: usize| demand[i].map(|d| d.max(floor));
+        let (met, rest): (Vec<usize>, Vec<usize>) = open
+            .iter()
+            .partition(|&&i| needs(i).is_some_and(|d| d < fair));
+        if met.is_empty() {
+            rest.iter().for_each(|&i| alloc[i] = fair);
+            return alloc;
+        }
+        for i in met {
+            alloc[i] = needs(i).unwrap_or(fair);
+            left -= alloc[i];
+        }
+        open = rest;
+    }
+    alloc.iter_mut().for_each(|a| *a += left / n as f64);
+    alloc
+}
+
+impl QuotaPolicy {
+    /// Each vCPU's need from its count in `s`, or `None` without a count.
+    fn demand(&self, s: &Sample) -> Option<Vec<Option<f64>>> {
+        let secs = s.elapsed.as_secs_f64();
+        let window = s.quota_interval.as_secs_f64() * SHORTEST_WINDOW;
+        if s.vcpu_dirty_bytes.len() != s.vcpus as usize || secs < window {
+            return None;
+        }
+        let demand = s.vcpu_dirty_bytes.iter().enumerate().map(|(i, &bytes)| {
+            let rate = bytes as f64 / secs;
+            match self.last.get(i) {
+                Some(&q) if rate >= q * SATURATED => Some(q * 2.0),
+                Some(_) => Some(rate * HEADROOM),
+                // Not throttled yet: what it dirtied is what it wants.
+                None => Some(rate * HEADROOM),
+            }
+        });
+        Some(demand.collect())
+    }
+
+    /// The quotas for a budget of `per_vcpu` bytes per second per vCPU.
+    fn quotas(&mut self, s: &Sample, per_vcpu: f64) -> Action {
+        let n = s.vcpus.max(1) as usize;
+        let total = per_vcpu * n as f64;
+        let rates = match self.demand(s) {
+            Some(demand) => split(total, &demand),
+            None if self.last.len() == n => {
+                let before: f64 = self.last.iter().sum();
+                let scale = if before > 0.0 { total / before } else { 1.0 };
+                self.last.iter().map(|r| r * scale).collect()
+            }
+            None => vec![per_vcpu; n],
+        };
+        let secs = s.quota_interval.as_secs_f64();
+        let bytes = rates.iter().map(|r| (r * secs) as u64).collect();
+        self.last = rates;
+        Action::Quota(Some(Quota::new(bytes, s.quota_interval)))
+    }
 }
 
 impl Policy for QuotaPolicy {
@@ -31,46 +119,94 @@ impl Policy for QuotaPolicy {
     }
 
     fn decide(&mut self, s: &Sample) -> Option<Action> {
-        self.share.decide(s).map(|r| quota(s, r))
+        let per_vcpu = self.share.decide(s)?;
+        Some(self.quotas(s, per_vcpu))
     }
 
     fn engage(&mut self, s: &Sample) -> Option<Action> {
-        self.share.engage(s).map(|r| quota(s, r))
+        let per_vcpu = self.share.engage(s)?;
+        Some(self.quotas(s, per_vcpu))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::converge::sample::sample;
+    use crate::converge::sample::{interval, sample};
+
+    fn bytes(a: Option<Action>) -> Vec<u64> {
+        match a {
+            Some(Action::Quota(Some(q))) => q.bytes,
+            other => panic!("no quota: {other:?}"),
+        }
+    }
 
     #[test]
     fn engages_on_the_first_outrun_round_and_halves_while_outrun() {
         let mut q = QuotaPolicy::default();
         assert_eq!(q.decide(&sample(0, 900, 100)), None, "the full pass");
         assert_eq!(q.decide(&sample(1, 40, 100)), None, "below half");
-        // 1 GB/s × 100 ms × 50% / 2 vCPUs = 25 MB each.
-        let Some(Action::Quota(Some(Quota { bytes: first, .. }))) = q.decide(&sample(2, 60, 100))
-        else {
-            panic!("not engaged");
-        };
-        assert!((24_900_000..=25_000_000).contains(&first), "{first}");
-        let Some(Action::Quota(Some(Quota { bytes: second, .. }))) = q.decide(&sample(3, 60, 100))
-        else {
-            panic!("no action");
-        };
+        // 1 GB/s × 100 ms × 50% / 2 vCPUs = 25 MB each, with no count.
+        let first = bytes(q.decide(&sample(2, 60, 100)));
+        assert_eq!(first.len(), 2);
+        assert!((24_900_000..=25_000_000).contains(&first[0]), "{first:?}");
+        let second = bytes(q.decide(&sample(3, 60, 100)));
         assert!(
-            (second as f64 - first as f64 / 2.0).abs() < 50_000.0,
-            "{second}"
+            (second[0] as f64 - first[0] as f64 / 2.0).abs() < 50_000.0,
+            "{second:?}"
         );
         // Converging: the share holds, the quota follows the link.
-        assert_eq!(
-            q.decide(&sample(4, 10, 100)),
-            Some(Action::Quota(Some(Quota::new(
-                second,
-                ferry_backend::QUOTA_INTERVAL
-            ))))
-        );
+        assert_eq!(bytes(q.decide(&sample(4, 10, 100))), second);
         assert_eq!(q.engage(&sample(5, 10, 100)), None, "already on");
+    }
+
+    #[test]
+    fn a_reader_leaves_its_share_to_the_writer_until_it_writes() {
+        let mut q = QuotaPolicy::default();
+        // vCPU 0 writes 100 MB in 100 ms (1 GB/s), vCPU 1 only reads: the
+        // budget is 500 MB/s, 50 MB per interval.
+        let first = bytes(q.decide(&interval(0, &[100_000_000, 0])));
+        let floor = 50_000_000 / 2 / 8;
+        assert!(first[1] >= floor && first[1] < floor + 1000, "{first:?}");
+        assert_eq!(first[0] + first[1], 50_000_000, "{first:?}");
+        // The writer used up its quota: it still wants more; the reader
+        // keeps its floor.
+        let held = bytes(q.decide(&interval(0, &[first[0], 0])));
+        assert_eq!(held, first);
+        // The reader starts writing and uses up its quota: it doubles at
+        // each interval until the two share equally.
+        let mut reader = vec![first[1]];
+        for _ in 0..4 {
+            let last = *reader.last().unwrap();
+            let next = bytes(q.decide(&interval(0, &[first[0], last])));
+            assert_eq!(next[0] + next[1], 50_000_000, "{next:?}");
+            reader.push(next[1]);
+        }
+        assert_eq!(reader[1], 2 * reader[0], "{reader:?}");
+        assert_eq!(reader[2], 4 * reader[0], "{reader:?}");
+        assert_eq!(reader[4], 25_000_000, "{reader:?}");
+    }
+
+    #[test]
+    fn a_window_too_short_to_measure_keeps_the_split() {
+        let mut q = QuotaPolicy::default();
+        let first = bytes(q.decide(&interval(0, &[100_000_000, 0])));
+        let mut short = interval(0, &[0, 5_000_000]);
+        short.elapsed = std::time::Duration::from_millis(5);
+        assert_eq!(bytes(q.decide(&short)), first);
+    }
+
+    #[test]
+    fn the_split_is_max_min_fair() {
+        let s = split(300.0, &[Some(10.0), None, Some(500.0)]);
+        assert_eq!(s, vec![12.5, 143.75, 143.75]);
+        // Everyone's need met (12.5, 20, 30): the surplus is shared out.
+        let surplus = split(300.0, &[Some(10.0), Some(20.0), Some(30.0)]);
+        assert!(
+            (surplus.iter().sum::<f64>() - 300.0).abs() < 1e-9,
+            "{surplus:?}"
+        );
+        assert!((surplus[2] - surplus[1] - 10.0).abs() < 1e-9, "{surplus:?}");
+        assert!((surplus[1] - surplus[0] - 7.5).abs() < 1e-9, "{surplus:?}");
     }
 }
