@@ -236,14 +236,8 @@ impl Converger {
         vm: &mut dyn Vm,
         tunables: &Tunables,
     ) -> Result<(), MigrationError> {
-        self.live_requests(vm, tunables, s.round)?;
-        let want = self.policy.as_mut().and_then(|p| p.decide(&s));
-        let round = s.round;
-        self.last = Some(s);
-        match want {
-            Some(action) if !self.in_force(&action) => self.apply(vm, round, action),
-            _ => Ok(()),
-        }
+        let want = self.consult(&s, vm, tunables)?;
+        self.apply_new(vm, s.round, want)
     }
 
     /// Runs the policy and the stall detector on what a round measured.
@@ -253,15 +247,11 @@ impl Converger {
         vm: &mut dyn Vm,
         tunables: &Tunables,
     ) -> Result<(), MigrationError> {
-        self.live_requests(vm, tunables, s.round)?;
-        let mut want = self.policy.as_mut().and_then(|p| p.decide(&s));
-        let stalled = self.stall.observe(s.remaining_bytes);
-        let round = s.round;
-        self.last = Some(s.clone());
-        if stalled {
+        let mut want = self.consult(&s, vm, tunables)?;
+        if self.stall.observe(s.remaining_bytes) {
             if self.switch_on_stall {
                 self.record(
-                    round,
+                    s.round,
                     "remaining bytes stopped shrinking: switching to postcopy".into(),
                 );
                 self.switch_requested = true;
@@ -269,6 +259,30 @@ impl Converger {
             }
             want = want.or(self.escalate(&s, tunables));
         }
+        self.apply_new(vm, s.round, want)
+    }
+
+    /// Serves operator requests, then asks the policy about `s` (kept as
+    /// the latest sample).
+    fn consult(
+        &mut self,
+        s: &Sample,
+        vm: &mut dyn Vm,
+        tunables: &Tunables,
+    ) -> Result<Option<Action>, MigrationError> {
+        self.live_requests(vm, tunables, s.round)?;
+        let want = self.policy.as_mut().and_then(|p| p.decide(s));
+        self.last = Some(s.clone());
+        Ok(want)
+    }
+
+    /// Applies `want` unless it is in force already.
+    fn apply_new(
+        &mut self,
+        vm: &mut dyn Vm,
+        round: u32,
+        want: Option<Action>,
+    ) -> Result<(), MigrationError> {
         match want {
             Some(action) if !self.in_force(&action) => self.apply(vm, round, action),
             _ => Ok(()),
