@@ -129,49 +129,8 @@ impl DirtyRing {
     /// then reset so the vCPU can run again.
     pub fn drain_full(&self) -> Result<(), KvmError> {
         self.collect();
-        // A kick (the throttler's or a pause's signal) that lands during the
-        // reset can leave pages KVM has already taken off the ring
-        // unprotected: their next writes then go unlogged and the
-        // migration's digest disagrees (seen under auto-converge, whose
-        // kicks are frequent, with pages lost in 64-page batches). The kick
-        // waits until the reset is done; the vCPU loop takes its sleep
-        // before it re-enters KVM_RUN.
-        let _held = KicksHeld::new();
         ioctls::reset_dirty_rings(&self.vm).map_err(ioctl("KVM_RESET_DIRTY_RINGS"))?;
         Ok(())
-    }
-}
-
-/// Holds the vCPU kick signal (`SIGRTMIN`) back on this thread while it
-/// lives; a kick sent meanwhile is delivered when it drops.
-/// Not `Send`: the mask it restores is its own thread's.
-struct KicksHeld(libc::sigset_t, std::marker::PhantomData<*const ()>);
-
-impl KicksHeld {
-    fn new() -> Self {
-        // SAFETY: sigset_t is plain data, and sigemptyset initialises it
-        // before use.
-        let mut kick: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: as above; pthread_sigmask fills it in.
-        let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: both sets are valid, initialised sigset_t values owned by
-        // this frame; pthread_sigmask only changes this thread's mask.
-        unsafe {
-            libc::sigemptyset(&mut kick);
-            libc::sigaddset(&mut kick, vmm_sys_util::signal::SIGRTMIN());
-            libc::pthread_sigmask(libc::SIG_BLOCK, &kick, &mut before);
-        }
-        KicksHeld(before, std::marker::PhantomData)
-    }
-}
-
-impl Drop for KicksHeld {
-    fn drop(&mut self) {
-        // SAFETY: restores the mask saved in `new`, on the same thread
-        // (KicksHeld is not Send).
-        unsafe {
-            libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut());
-        }
     }
 }
 
