@@ -128,15 +128,33 @@ pub fn decompress(flags: u8, payload: &[u8], out: &mut Vec<u8>) -> Result<(), St
     }
     let raw_len = raw_len as usize;
     out.clear();
-    out.resize(raw_len, 0);
     let got = match flags {
         FLAG_LZ4 => {
+            out.resize(raw_len, 0);
             lz4_flex::block::decompress_into(&payload[4..], out).map_err(|e| format!("lz4: {e}"))?
         }
-        FLAG_ZSTD => zstd::bulk::Decompressor::new()
-            .and_then(|mut d| d.decompress_to_buffer(&payload[4..], &mut out[..]))
-            .map_err(|e| format!("zstd: {e}"))?,
-        f => return Err(format!("unknown compression flags {f:#04x}")),
+        _ => {
+            // zstd has no small maximum ratio, but its frame states its
+            // content size (our compressor always writes it): a claim the
+            // frame does not make is refused, and the output is written
+            // into reserved, never zeroed, capacity, so a frame that fails
+            // midway costs no more than what it really decoded.
+            match zstd::zstd_safe::get_frame_content_size(&payload[4..]) {
+                Ok(Some(n)) if n == raw_len as u64 => {}
+                Ok(Some(n)) => {
+                    return Err(format!(
+                        "zstd frame holds {n} bytes, the payload claims {raw_len}"
+                    ))
+                }
+                Ok(None) | Err(_) => {
+                    return Err("zstd frame does not state its content size".into())
+                }
+            }
+            out.reserve_exact(raw_len);
+            zstd::bulk::Decompressor::new()
+                .and_then(|mut d| d.decompress_to_buffer(&payload[4..], out))
+                .map_err(|e| format!("zstd: {e}"))?
+        }
     };
     if got != raw_len {
         return Err(format!(
@@ -237,5 +255,29 @@ mod tests {
         // Unknown flags: refused before the claimed length is allocated.
         assert!(decompress(0x80, &claim, &mut out).is_err());
         assert!(out.capacity() < 1 << 20);
+    }
+
+    /// A zstd payload whose length prefix claims more than its frame
+    /// holds, or whose frame hides its size, is refused before any buffer
+    /// is sized; a frame that lies about its size is never zero-filled.
+    #[test]
+    fn zstd_claims_are_checked_against_the_frame() {
+        let mut packed = Vec::new();
+        assert!(Compressor::default().compress(Codec::Zstd, &[&text(100_000)], &mut packed));
+        let mut out = Vec::new();
+        let mut claim = packed.clone();
+        claim[..4].copy_from_slice(&(32u32 << 20).to_le_bytes());
+        let err = decompress(FLAG_ZSTD, &claim, &mut out).unwrap_err();
+        assert!(err.contains("holds 100000 bytes"), "{err}");
+        assert!(out.capacity() < 1 << 20, "nothing allocated for the claim");
+        // A frame header with no content size (descriptor 0: single
+        // segment off, no size field).
+        let mut hidden = 4096u32.to_le_bytes().to_vec();
+        hidden.extend_from_slice(&[0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x50, 0x01, 0x00, 0x00]);
+        let err = decompress(FLAG_ZSTD, &hidden, &mut out).unwrap_err();
+        assert!(err.contains("content size"), "{err}");
+        // The honest frame still decodes, after the refusals.
+        decompress(FLAG_ZSTD, &packed, &mut out).unwrap();
+        assert_eq!(out, text(100_000));
     }
 }
