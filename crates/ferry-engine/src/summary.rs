@@ -11,6 +11,12 @@ pub enum Status {
     Completed,
     /// The guest runs on the source.
     Failed,
+    /// This side holds a paused copy whose memory was verified, and cannot
+    /// tell whether the other side's copy runs: the Commit that ends a
+    /// precopy was lost. The copy waits for an operator, who resumes it
+    /// (QMP's `cont`) once sure the other one does not run, or discards it.
+    /// Two copies are never run by ferry itself.
+    Held,
 }
 
 /// Which kind of round.
@@ -115,7 +121,8 @@ pub struct VcpuShare {
 /// The source's account of a migration.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MigrationSummary {
-    /// "completed" or "failed".
+    /// "completed", "failed", or "held" (the Commit was lost: see
+    /// [`Status::Held`]; `error` says why).
     pub status: Status,
     /// Backend name.
     pub backend: String,
@@ -211,8 +218,11 @@ pub struct MigrationSummary {
 /// The destination's account of a migration.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ReceiveSummary {
-    /// "completed" or "failed".
+    /// "completed", "failed", or "held" (returned paused: see [`Status::Held`]).
     pub status: Status,
+    /// Why this copy is held, when it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
     /// Backend name.
     pub backend: String,
     /// First byte to report sent.

@@ -24,6 +24,7 @@ pub struct Tunables {
     throttle_request: AtomicU16,
     policy_request: AtomicU8,
     quota_interval_us: AtomicU64,
+    postcopy_request: AtomicBool,
 }
 
 /// No throttle request pending.
@@ -42,6 +43,7 @@ impl Default for Tunables {
             throttle_request: AtomicU16::new(NO_REQUEST),
             policy_request: AtomicU8::new(NO_POLICY),
             quota_interval_us: AtomicU64::new(ferry_backend::QUOTA_INTERVAL.as_micros() as u64),
+            postcopy_request: AtomicBool::new(false),
         }
     }
 }
@@ -141,6 +143,18 @@ impl Tunables {
         let interval = interval.clamp(*range.start(), *range.end());
         self.quota_interval_us
             .store(interval.as_micros() as u64, Relaxed);
+    }
+
+    /// Asks a running migration that may switch to postcopy (hybrid) to
+    /// switch at the end of the round under way (QMP's
+    /// `migrate-start-postcopy`). A precopy ignores it.
+    pub fn request_postcopy(&self) {
+        self.postcopy_request.store(true, Relaxed);
+    }
+
+    /// The pending postcopy request, taken.
+    pub fn take_postcopy_request(&self) -> bool {
+        self.postcopy_request.swap(false, Relaxed)
     }
 
     /// The pending throttle request, taken.

@@ -216,9 +216,18 @@ fn cut_at_frame(kind: FrameKind, to_source: bool, strict: bool) -> After {
         After::BothPaused => {
             // The source committed; it must say that it could not tell.
             assert!(summary.error.is_some(), "{context}: {summary:?}");
+            // The destination holds its paused, verified copy for an
+            // operator, and says why.
+            let Ok((_, dsum)) = &received else {
+                panic!("{context}: the destination dropped its copy");
+            };
+            assert_eq!(dsum.status, Status::Held, "{context}");
+            assert!(dsum.digest_match, "{context}");
             assert!(
-                matches!(received, Err(MigrationError::Uncommitted(_))),
-                "{context}"
+                dsum.held
+                    .as_deref()
+                    .is_some_and(|h| h.contains("did not confirm the commit")),
+                "{context}: {dsum:?}"
             );
         }
     }

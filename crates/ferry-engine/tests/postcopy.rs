@@ -372,3 +372,57 @@ fn a_cut_mid_postcopy_keeps_the_source_paused_with_its_pages() {
         "{dest_err}"
     );
 }
+
+/// QMP's `migrate-start-postcopy`: a hybrid that would run its rounds out
+/// switches at the end of the round under way when asked, and says so.
+#[test]
+fn a_hybrid_switches_when_an_operator_asks() {
+    if !uffd_available("hybrid on request") {
+        return;
+    }
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = running_source();
+    let opts = postcopy_opts(Mode::Hybrid {
+        after_rounds: u32::MAX,
+        on_stall: false,
+    });
+    opts.tunables.set_downtime_target(Duration::ZERO);
+    // Asked before the full pass ends: the switch follows it.
+    opts.tunables.request_postcopy();
+    let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+    let (_dvm, dsum) = dest.join().unwrap().unwrap();
+    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert!(summary.digest_match && dsum.digest_match);
+    assert_eq!(summary.guest_mismatches, 0, "{summary:?}");
+    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+    println!("rounds: {kinds:?}");
+    if summary.converged {
+        // A guest starved of CPU left nothing dirty: precopy finished first.
+        assert_eq!(kinds.last(), Some(&RoundKind::Final), "{kinds:?}");
+        return;
+    }
+    assert_eq!(kinds, [RoundKind::Full, RoundKind::Postcopy], "{kinds:?}");
+    assert!(
+        summary
+            .operator_changes
+            .iter()
+            .any(|c| c.what.contains("switch to postcopy")),
+        "{:?}",
+        summary.operator_changes
+    );
+}
+
+/// A precopy ignores the request: it has no priority connection to serve
+/// pages on, and finishes as precopy.
+#[test]
+fn a_precopy_ignores_a_postcopy_request() {
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = running_source();
+    let opts = postcopy_opts(Mode::Precopy);
+    opts.tunables.request_postcopy();
+    let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+    let _ = dest.join().unwrap().unwrap();
+    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.mode, "precopy");
+    assert!(summary.rounds.iter().all(|r| r.kind != RoundKind::Postcopy));
+}

@@ -399,7 +399,7 @@ impl Converger {
     }
 
     /// Logs an operator's change and keeps it for the summary.
-    fn note(&mut self, round: u32, what: String) {
+    pub(crate) fn note(&mut self, round: u32, what: String) {
         tracing::info!("round {round}: {what}");
         let at_ms = self.elapsed_ms();
         self.operator_changes

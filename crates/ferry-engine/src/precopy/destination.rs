@@ -75,7 +75,10 @@ pub fn await_migration(listener: &dyn Listen) -> Result<IncomingMigration, Migra
 /// returns the running VM.
 ///
 /// Errors found here are also sent to the source as an Error frame. On `Err`
-/// no guest of this side is running.
+/// no guest of this side is running. A precopy whose Commit never came
+/// returns `Ok` with [`Status::Held`]: the VM is paused, its memory
+/// verified, and it is the caller's to hold for an operator (the source may
+/// have resumed its own copy, or may be gone with it).
 pub fn receive(
     incoming: IncomingMigration,
     listener: &dyn Listen,
@@ -103,6 +106,7 @@ pub fn receive(
     let mut dest = Dest {
         summary: ReceiveSummary {
             status: Status::Failed,
+            held: None,
             backend: header.backend.to_string(),
             connections,
             tls: listener.tls(),
@@ -344,7 +348,13 @@ impl Dest {
                         .pause()
                         .map_err(MigrationError::backend("pause the uncommitted guest"))?;
                 }
-                return Err(e);
+                // Verified, paused, and possibly the only copy left: it is
+                // handed to the caller to hold for an operator, not dropped.
+                tracing::error!("{}", e.chain());
+                self.summary.status = Status::Held;
+                self.summary.held = Some(e.chain());
+                self.summary.digest_match = true;
+                return Ok(());
             }
         }
         if strict {

@@ -278,6 +278,7 @@ impl Drop for Migrating<'_> {
         self.0.set_migrating(false);
         self.0.take_throttle_request();
         self.0.take_policy_request();
+        self.0.take_postcopy_request();
     }
 }
 
@@ -413,8 +414,13 @@ impl Source<'_> {
             }
             let capped = round >= tun.max_rounds();
             let stalled = std::mem::take(&mut self.converge.switch_requested);
+            let asked = tun.take_postcopy_request();
+            if asked && self.opts.mode.may_postcopy() {
+                self.converge
+                    .note(round, "operator: switch to postcopy".into());
+            }
             if self.opts.mode.switch_after(round)
-                || ((capped || stalled) && self.opts.mode.may_postcopy())
+                || ((capped || stalled || asked) && self.opts.mode.may_postcopy())
             {
                 return self.postcopy_switchover(round, dirty, dialer, hello);
             }

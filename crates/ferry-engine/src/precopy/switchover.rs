@@ -74,12 +74,16 @@ impl Source<'_> {
         // guest waits, paused and verified on both ends, for an operator:
         // stopped, never split in two.
         if let Err(e) = self.ctl.send(&Message::Commit) {
+            self.commit();
+            self.summary.status = Status::Held;
             self.summary.error = Some(format!(
                 "the link failed as the source confirmed the commit ({}): unless the \
-                 confirmation reached it, the destination paused its copy too; this \
-                 source stays paused with a verified copy",
+                 confirmation reached it, the destination holds its copy paused too; this \
+                 source holds its paused, verified copy for an operator to resume (cont) \
+                 once sure the destination's does not run",
                 e.chain()
             ));
+            return Ok(());
         }
         self.commit();
         if strict {

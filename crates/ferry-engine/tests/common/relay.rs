@@ -3,7 +3,9 @@
 //! byte of the first data connection (the second connection opened), flips
 //! a bit, stops forwarding everything while keeping every socket open (the
 //! way a hung middlebox does), or cuts every connection (a network that
-//! drops), then forwards the next set of connections.
+//! drops), then forwards the next set of connections. It can also hold
+//! the control connection just before a chosen frame, so that a test
+//! kills a peer process at that exact point, then forward on.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -37,6 +39,16 @@ pub enum Fault {
     /// with `to_source` the other way): a cut inside the switchover or the
     /// digest exchange, at a chosen message rather than a byte.
     CutAtFrame {
+        /// The frame type's byte.
+        kind: u8,
+        /// The destination's frames, not the source's.
+        to_source: bool,
+    },
+    /// On the control connection, hold the first frame of type `kind` (in
+    /// that direction) until [`Relay::release`], everything else flowing,
+    /// then forward it and go on faithfully: a peer can be killed while the
+    /// other waits for that frame.
+    HoldAtFrame {
         /// The frame type's byte.
         kind: u8,
         /// The destination's frames, not the source's.
@@ -87,6 +99,10 @@ struct Cuts {
     /// Connections opened since the last cut.
     opened: AtomicU64,
     done: std::sync::atomic::AtomicU32,
+    /// A held frame was reached.
+    held: AtomicBool,
+    /// The held frame is dropped with its connection, not forwarded.
+    discard: AtomicBool,
 }
 
 impl Cuts {
@@ -110,6 +126,13 @@ pub struct Relay {
     released: Arc<AtomicBool>,
     cuts: Arc<Cuts>,
     accept: Option<JoinHandle<()>>,
+}
+
+/// Flags the pumps share.
+struct Flags {
+    stalled: Arc<AtomicBool>,
+    released: Arc<AtomicBool>,
+    cuts: Arc<Cuts>,
 }
 
 impl Relay {
@@ -151,6 +174,14 @@ impl Relay {
                         }
                     }
                     Fault::CutAtFrame { .. } => (Fault::None, Fault::None),
+                    Fault::HoldAtFrame { to_source, .. } if index == 0 => {
+                        if to_source {
+                            (Fault::None, fault)
+                        } else {
+                            (fault, Fault::None)
+                        }
+                    }
+                    Fault::HoldAtFrame { .. } => (Fault::None, Fault::None),
                     f if index == 1 => (f, Fault::None),
                     _ => (Fault::None, Fault::None),
                 };
@@ -168,8 +199,12 @@ impl Relay {
                     (server, client, back),
                 ];
                 for (from, to, fault) in pair {
-                    let (s, r, c) = (Arc::clone(&s), Arc::clone(&r), Arc::clone(&c));
-                    std::thread::spawn(move || pump(from, to, fault, &s, &r, &c));
+                    let flags = Flags {
+                        stalled: Arc::clone(&s),
+                        released: Arc::clone(&r),
+                        cuts: Arc::clone(&c),
+                    };
+                    std::thread::spawn(move || pump(from, to, fault, &flags));
                 }
             }
         });
@@ -192,6 +227,18 @@ impl Relay {
         self.stalled.load(Ordering::Acquire)
     }
 
+    /// Whether the frame to hold has arrived (and is held).
+    pub fn is_holding(&self) -> bool {
+        self.cuts.held.load(Ordering::Acquire)
+    }
+
+    /// Ends a hold by dropping the held frame and closing its connection:
+    /// the frame was never sent (its sender, say, was killed first).
+    pub fn discard(&self) {
+        self.cuts.discard.store(true, Ordering::Release);
+        self.release();
+    }
+
     /// Ends a stall: the relay's held connections close.
     pub fn release(&self) {
         self.released.store(true, Ordering::Release);
@@ -207,14 +254,8 @@ impl Drop for Relay {
     }
 }
 
-fn pump(
-    mut from: TcpStream,
-    mut to: TcpStream,
-    fault: Fault,
-    stalled: &AtomicBool,
-    released: &AtomicBool,
-    cuts: &Cuts,
-) {
+fn pump(mut from: TcpStream, mut to: TcpStream, mut fault: Fault, flags: &Flags) {
+    let (stalled, released, cuts) = (&*flags.stalled, &*flags.released, &*flags.cuts);
     let moved = AtomicU64::new(0);
     let mut watch = FrameWatch::default();
     let mut buf = vec![0u8; 64 << 10];
@@ -245,6 +286,30 @@ fn pump(
                     let _ = to.write_all(&buf[..at]);
                     cuts.cut();
                     return;
+                }
+            }
+            Fault::HoldAtFrame { kind, .. } => {
+                if let Some(at) = watch.feed(&buf[..n], kind) {
+                    if to.write_all(&buf[..at]).is_err() {
+                        break;
+                    }
+                    // Only this direction of this connection waits: the
+                    // flag tells the test, and the pumps at the loop's top
+                    // do not hold for it (that is a stall).
+                    flags.cuts.held.store(true, Ordering::Release);
+                    while !released.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    if cuts.discard.load(Ordering::Acquire) {
+                        let _ = to.shutdown(Shutdown::Both);
+                        let _ = from.shutdown(Shutdown::Both);
+                        return;
+                    }
+                    if to.write_all(&buf[at..n]).is_err() {
+                        break;
+                    }
+                    fault = Fault::None;
+                    continue;
                 }
             }
             Fault::CutAfter { bytes, .. } if at + n as u64 >= bytes => {

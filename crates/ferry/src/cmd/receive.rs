@@ -9,7 +9,7 @@ use ferry_backend::types::human_bytes;
 use ferry_backend::{error_chain as chain, BackendError, Vm, VmConfig};
 use ferry_engine::precopy::Placement;
 use ferry_engine::wire::StreamHeader;
-use ferry_engine::{ExpectedVm, Listen, MigrationError, ReceiveOptions, TransportError};
+use ferry_engine::{ExpectedVm, Listen, MigrationError, ReceiveOptions, Status, TransportError};
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -163,6 +163,31 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     };
     let (mut vm, summary) = ferry_engine::receive(incoming, &*listener, &mut create, &opts)
         .map_err(|e| CmdError::Failed(chain(&e)))?;
+    if summary.status == Status::Held {
+        let why = summary.held.clone().unwrap_or_default();
+        if a.json {
+            println!(
+                "{}",
+                serde_json::to_string(&summary).expect("summary serializes")
+            );
+        }
+        let Some(control) = a.control else {
+            return Err(CmdError::Failed(format!(
+                "{why}; without --control this process cannot hold the paused copy for an \
+                 operator's cont, so it is discarded (the source resumed its own copy unless \
+                 it got this side's verdict: see its summary)"
+            )));
+        };
+        return super::run::serve_vm(
+            &mut *vm,
+            &super::run::Serve {
+                interval: Duration::from_secs(1),
+                duration: None,
+                control: Some(control),
+                held: Some(why),
+            },
+        );
+    }
     eprintln!(
         "ferry receive: {:?}: resumed in {:.1} ms, digest {}, {} passes after switchover, mismatches {} before / {} after",
         summary.status,
@@ -187,6 +212,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                 interval: Duration::from_secs(1),
                 duration: None,
                 control: a.control,
+                held: None,
             },
         );
     }

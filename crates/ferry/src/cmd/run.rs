@@ -12,6 +12,7 @@ use ferry_engine::PostcopyResume;
 use ferry_engine::{Status, Tunables};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,6 +39,8 @@ pub struct RunArgs {
 struct Ctl {
     answering: Arc<std::sync::atomic::AtomicUsize>,
     monitor: Arc<Monitor>,
+    /// The VM is held paused after a lost Commit, until `cont`.
+    held: Arc<AtomicBool>,
 }
 
 /// A migration the control socket asked for: a new one, or the resume of
@@ -65,6 +68,7 @@ impl Job {
         tunables.reset_cancel();
         // Claimed already when QMP's migrate asked for it.
         ctl.monitor.begin();
+        ctl.monitor.set_may_postcopy(self.link.mode.may_postcopy());
         // From here this thread is busy: a throttle asked meanwhile goes
         // through the tunables to the migration, not into this thread's
         // queue behind it.
@@ -84,6 +88,12 @@ impl Job {
         ctl.monitor.finish(&summary, cancelled, token.is_some());
         *unfinished = token.map(|t| (self.to.clone(), self.link, t));
         let moved = summary.status == Status::Completed;
+        if summary.status == Status::Held {
+            hold(
+                &ctl.held,
+                summary.error.as_deref().unwrap_or("the Commit was lost"),
+            );
+        }
         let _ = reply.send(crate::summary::json(&summary));
         if moved {
             say(format_args!(
@@ -119,6 +129,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
             interval: Duration::from_secs_f64(a.interval),
             duration: a.duration,
             control: a.control,
+            held: None,
         },
     )
 }
@@ -131,6 +142,8 @@ pub struct Serve {
     pub duration: Option<f64>,
     /// The control socket to serve.
     pub control: Option<PathBuf>,
+    /// Why the (paused) VM is held for an operator's `cont`, if it is.
+    pub held: Option<String>,
 }
 
 /// Runs a started VM on: prints its progress, serves its control socket,
@@ -147,6 +160,7 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
     let ctl = Ctl {
         answering: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         monitor: Monitor::start(vm.ram().size()),
+        held: Arc::new(AtomicBool::new(false)),
     };
     // SIGINT or SIGTERM: cancel a migration under way, then stop as `stop`
     // does. Set before the socket is announced: a signal may follow at once.
@@ -167,10 +181,15 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
                 answering: Arc::clone(&ctl.answering),
                 monitor: Arc::clone(&ctl.monitor),
                 next_converge: Arc::default(),
+                held: Arc::clone(&ctl.held),
+                postcopy_ram: Arc::default(),
             },
         )
         .map_err(|e| CmdError::Failed(ferry_backend::error_chain(&e)))?;
         eprintln!("ferry: control socket at {}", path.display());
+    }
+    if let Some(why) = &a.held {
+        hold(&ctl.held, why);
     }
     let _keep_channel_open = tx;
     // A failed postcopy: where it went, how, and the token to resume it.
@@ -210,6 +229,37 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
                     return Ok(ExitCode::SUCCESS);
                 }
             }
+            Ok(VmCommand::Cont { reply }) => {
+                let answer = if ctl.held.load(Ordering::Acquire) {
+                    match vm.start() {
+                        Ok(()) => {
+                            ctl.held.store(false, Ordering::Release);
+                            say(format_args!("resumed by cont: this copy of the guest runs"));
+                            serde_json::json!({"ok": true})
+                        }
+                        Err(e) => serde_json::json!({
+                            "ok": false,
+                            "error": ferry_backend::error_chain(&e)
+                        }),
+                    }
+                } else if unfinished.is_some() {
+                    serde_json::json!({
+                        "ok": false,
+                        "error": "a failed postcopy holds this VM paused: the destination has \
+                                  run it, so it must not run here; resume the postcopy instead"
+                    })
+                } else {
+                    serde_json::json!({"ok": true})
+                };
+                let _ = reply.send(answer);
+                continue;
+            }
+            Ok(VmCommand::Migrate { reply, .. }) if ctl.held.load(Ordering::Acquire) => {
+                let error = "this copy is held paused after a lost Commit: `cont` it once \
+                             sure the other copy does not run, or `stop` it";
+                ctl.monitor.refuse(error);
+                let _ = reply.send(serde_json::json!({ "ok": false, "error": error }));
+            }
             Ok(VmCommand::Migrate { reply, .. }) if unfinished.is_some() => {
                 let error = "a failed postcopy holds this VM paused (the destination has run \
                              it): resume that one with {\"cmd\":\"resume\"}";
@@ -230,6 +280,12 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
             Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
         }
         vm.check_health()?;
+        if ctl.held.load(Ordering::Acquire) {
+            // Paused: no progress to report until `cont`.
+            before = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
+            at = Instant::now();
+            continue;
+        }
         let now = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
         let r = rates::rates(&before, &now, at.elapsed());
         let mismatches: u64 = now.iter().map(|p| p.mismatches).sum();
@@ -264,6 +320,17 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
     } else {
         ExitCode::from(2)
     })
+}
+
+/// Marks the VM held (paused, verified, its fate the operator's) and says
+/// what to do.
+fn hold(held: &AtomicBool, why: &str) {
+    held.store(true, Ordering::Release);
+    eprintln!(
+        "ferry: HELD: {why}. This copy of the guest stays paused with verified memory. \
+         Once sure the other copy does not run, resume this one with \
+         `ferry ctl SOCKET cont` (or {{\"cmd\":\"cont\"}}); `stop` discards it."
+    );
 }
 
 /// Prints a progress line. A closed stdout (a parent that stopped reading)

@@ -72,6 +72,7 @@ pub fn handle(req: Request, shared: &Shared) -> Value {
         }
         Request::Resume { to } => forward(shared, |reply| VmCommand::Resume { to, reply }),
         Request::Stop => forward(shared, |reply| VmCommand::Stop { reply }),
+        Request::Cont => forward(shared, |reply| VmCommand::Cont { reply }),
     }
 }
 
@@ -86,12 +87,21 @@ pub fn settings(m: MigrateRequest, shared: &Shared) -> Result<(String, LinkSetti
             ))
         }
     };
-    let mode = m
-        .mode
-        .as_deref()
-        .unwrap_or("precopy")
-        .parse::<ferry_engine::Mode>()?
-        .with_switch(m.postcopy_after_rounds, on_stall);
+    let postcopy_ram = shared
+        .postcopy_ram
+        .load(std::sync::atomic::Ordering::Acquire);
+    let mode = match m.mode.as_deref() {
+        // QMP's postcopy-ram: precopy until migrate-start-postcopy (or
+        // postcopy_after_rounds, or a stall with on_stall).
+        None if postcopy_ram => ferry_engine::Mode::Hybrid {
+            after_rounds: m.postcopy_after_rounds.unwrap_or(u32::MAX).max(1),
+            on_stall,
+        },
+        name => name
+            .unwrap_or("precopy")
+            .parse::<ferry_engine::Mode>()?
+            .with_switch(m.postcopy_after_rounds, on_stall),
+    };
     if on_stall && !mode.switch_on_stall() {
         return Err("on_stall postcopy needs mode hybrid".into());
     }

@@ -16,6 +16,8 @@
 //!  {"cmd":"resume"}                                  -> resumes a postcopy whose automatic
 //!      recovery ran out of time (the source stays paused until then);
 //!      optional: to (another address of the same destination)
+//!  {"cmd":"cont"}                                    -> resumes a copy held paused after
+//!      a lost Commit (see `Status::Held`): only once the other copy is known not to run
 //!  {"cmd":"cancel"}                                  -> cancels a migration in precopy
 //!  {"cmd":"stop"}                                    -> stops the VM and `ferry run`
 //!  {"execute":"query-migrate"} ...                   -> QMP: see the qmp module
@@ -45,7 +47,7 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -66,6 +68,10 @@ pub enum VmCommand {
         reply: Sender<Value>,
     },
     Stop {
+        reply: Sender<Value>,
+    },
+    /// Resumes a copy held paused after a lost Commit (QMP's `cont`).
+    Cont {
         reply: Sender<Value>,
     },
 }
@@ -110,6 +116,11 @@ pub struct Shared {
     /// The convergence policy set without a migration running: the next
     /// migration's default. `None`: the backend's default.
     pub next_converge: Arc<Mutex<Option<ConvergeMode>>>,
+    /// Set while the VM is held paused after a lost Commit, until `cont`.
+    pub held: Arc<AtomicBool>,
+    /// QMP's `postcopy-ram` capability: a migration that names no mode
+    /// runs as a hybrid that switches only when asked.
+    pub postcopy_ram: Arc<AtomicBool>,
 }
 
 impl Shared {

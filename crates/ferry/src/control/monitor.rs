@@ -96,6 +96,8 @@ struct State {
     started: Option<Instant>,
     setup_ms: Option<f64>,
     postcopy: bool,
+    /// Whether the migration may switch to postcopy when asked.
+    may_postcopy: bool,
     round: u32,
     round_pages: u64,
     round_sent: u64,
@@ -113,6 +115,7 @@ impl State {
             started: None,
             setup_ms: None,
             postcopy: false,
+            may_postcopy: false,
             round: 0,
             round_pages: 0,
             round_sent: 0,
@@ -229,6 +232,16 @@ impl Monitor {
         }
     }
 
+    /// Records whether the migration just begun may switch to postcopy.
+    pub fn set_may_postcopy(&self, yes: bool) {
+        self.state().may_postcopy = yes;
+    }
+
+    /// Whether the migration under way may switch to postcopy.
+    pub fn may_postcopy(&self) -> bool {
+        self.state().may_postcopy
+    }
+
     /// Claims the monitor for a new migration: false if one is under way.
     pub fn begin(&self) -> bool {
         let mut s = self.state();
@@ -254,6 +267,9 @@ impl Monitor {
             Status::Failed if paused => MigStatus::PostcopyPaused,
             Status::Failed if cancelled => MigStatus::Cancelled,
             Status::Failed => MigStatus::Failed,
+            // QEMU has no such state: failed, with the reason in
+            // error-desc, and query-status says "paused".
+            Status::Held => MigStatus::Failed,
         };
         let summary_json = crate::summary::json(summary);
         s.finished = Some(Finished {

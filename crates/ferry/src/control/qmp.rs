@@ -12,6 +12,9 @@
 //! | `query-migrate-capabilities` / `migrate-set-capabilities` | `auto-converge` and `dirty-limit`: choose that policy (false: back to the default, quota where the backend meters each vCPU) |
 //! | `migrate` | `uri` (`tcp:HOST:PORT`); returns at once, progress is in `query-migrate` and the events. `resume: true` resumes a postcopy in `postcopy-paused`. ferry's own settings (`connections`, `mode`, `compress`, ... as in `{"cmd":"migrate"}`) may follow, with dashes or underscores |
 //! | `migrate_cancel` | cancels a migration in precopy (the source runs on) |
+//! | `migrate-start-postcopy` | a running migration that may switch (capability `postcopy-ram`, or mode hybrid) switches to postcopy at the end of the round under way |
+//! | `query-status` | `running`, and `status`: `running`, `paused` (held after a lost Commit), `finish-migrate` (switchover) or `postmigrate` (the destination runs the guest) |
+//! | `cont` | resumes a copy held paused after a lost Commit (see `ferry_engine::Status::Held`): only once the other copy is known not to run. A running VM: nothing to do |
 //!
 //! Events: `MIGRATION` (`status`), `MIGRATION_PASS` (`pass`), and
 //! `FERRY_MIGRATION_SUMMARY` (the whole summary, just before the final
@@ -56,6 +59,9 @@ fn answer(command: QmpCommand, shared: &Shared, conn: &Writer) -> Result<Value, 
         }
         QmpCommand::SetCapabilities(list) => set_capabilities(&list, shared),
         QmpCommand::Migrate { resume, settings } => migrate(resume, *settings, shared),
+        QmpCommand::StartPostcopy => start_postcopy(shared),
+        QmpCommand::Cont => cont(shared),
+        QmpCommand::QueryStatus => Ok(run_state(shared)),
         QmpCommand::Cancel => match shared.monitor.status() {
             MigStatus::PostcopyActive | MigStatus::PostcopyRecover => Err(QmpError::generic(
                 "a postcopy cannot be cancelled: the destination already runs the guest",
@@ -66,6 +72,55 @@ fn answer(command: QmpCommand, shared: &Shared, conn: &Writer) -> Result<Value, 
             }
         },
     }
+}
+
+fn start_postcopy(shared: &Shared) -> Result<Value, QmpError> {
+    let status = shared.monitor.status();
+    if !matches!(status, MigStatus::Setup | MigStatus::Active) {
+        return Err(QmpError::generic(format!(
+            "no migration in precopy to switch to postcopy (status: {})",
+            status.name()
+        )));
+    }
+    if !shared.monitor.may_postcopy() {
+        return Err(QmpError::generic(
+            "this migration cannot switch to postcopy: start it with the postcopy-ram \
+             capability, or with mode hybrid",
+        ));
+    }
+    shared.tunables.request_postcopy();
+    Ok(json!({}))
+}
+
+fn cont(shared: &Shared) -> Result<Value, QmpError> {
+    if shared.tunables.is_migrating() {
+        // The migration owns the VM: it resumes or hands it over itself.
+        return Err(QmpError::generic(
+            "a migration is under way: the VM resumes or moves when it ends",
+        ));
+    }
+    let reply = super::forward(shared, |reply| VmCommand::Cont { reply });
+    match reply["ok"].as_bool() {
+        Some(true) => Ok(json!({})),
+        _ => Err(QmpError::generic(
+            reply["error"].as_str().unwrap_or("the VM did not resume"),
+        )),
+    }
+}
+
+fn run_state(shared: &Shared) -> Value {
+    let (status, running) = if shared.held.load(std::sync::atomic::Ordering::Acquire) {
+        ("paused", false)
+    } else {
+        match shared.monitor.status() {
+            MigStatus::Device => ("finish-migrate", false),
+            MigStatus::PostcopyActive | MigStatus::PostcopyRecover | MigStatus::PostcopyPaused => {
+                ("postmigrate", false)
+            }
+            _ => ("running", true),
+        }
+    };
+    json!({"status": status, "running": running, "singlestep": false})
 }
 
 fn parameters(shared: &Shared) -> Value {
@@ -81,22 +136,29 @@ fn parameters(shared: &Shared) -> Value {
 
 fn capabilities(shared: &Shared) -> Value {
     let policy = shared.converge_name();
-    let state = |c: Capability| policy.as_deref() == Some(c.policy());
+    let state = |c: Capability| policy.is_some() && policy.as_deref() == c.policy();
     json!([
         {"capability": "auto-converge", "state": state(Capability::AutoConverge)},
         {"capability": "dirty-limit", "state": state(Capability::DirtyLimit)},
+        {"capability": "postcopy-ram", "state": shared.postcopy_ram.load(std::sync::atomic::Ordering::Acquire)},
     ])
 }
 
 fn set_capabilities(list: &[(Capability, bool)], shared: &Shared) -> Result<Value, QmpError> {
     for &(cap, on) in list {
+        let Some(policy) = cap.policy() else {
+            shared
+                .postcopy_ram
+                .store(on, std::sync::atomic::Ordering::Release);
+            continue;
+        };
         if on {
             let update = ParamUpdate {
-                converge: Some(cap.policy().to_string()),
+                converge: Some(policy.to_string()),
                 ..ParamUpdate::default()
             };
             super::params::apply(update, shared).map_err(QmpError::generic)?;
-        } else if shared.converge_name().as_deref() == Some(cap.policy()) {
+        } else if shared.converge_name().as_deref() == Some(policy) {
             shared.clear_next_converge();
         }
     }
@@ -119,6 +181,12 @@ fn migrate(
             Ok(()) => Ok(json!({})),
             Err(_) => Err(QmpError::generic("the VM has stopped")),
         };
+    }
+    if shared.held.load(std::sync::atomic::Ordering::Acquire) {
+        return Err(QmpError::generic(
+            "this copy is held paused after a lost Commit: cont it once sure the other \
+             copy does not run, or stop it",
+        ));
     }
     if paused {
         return Err(QmpError::generic(

@@ -63,6 +63,8 @@ pub enum Request {
         to: Option<String>,
     },
     Cancel,
+    /// Resumes a copy held paused after a lost Commit.
+    Cont,
     Stop,
 }
 

@@ -37,19 +37,24 @@ pub struct ParamUpdate {
     pub quota_interval_ms: Option<u64>,
 }
 
-/// The capabilities ferry has: each chooses a convergence policy.
+/// The capabilities ferry has: two choose a convergence policy, and
+/// `postcopy-ram` lets a migration switch to postcopy when asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Capability {
     AutoConverge,
     DirtyLimit,
+    /// The next migration runs as a hybrid that stays in precopy until
+    /// `migrate-start-postcopy` (or its round cap), as QEMU's does.
+    PostcopyRam,
 }
 
 impl Capability {
-    /// The policy it chooses.
-    pub fn policy(self) -> &'static str {
+    /// The convergence policy it chooses, if it chooses one.
+    pub fn policy(self) -> Option<&'static str> {
         match self {
-            Capability::AutoConverge => "auto",
-            Capability::DirtyLimit => "dirty-limit",
+            Capability::AutoConverge => Some("auto"),
+            Capability::DirtyLimit => Some("dirty-limit"),
+            Capability::PostcopyRam => None,
         }
     }
 }
@@ -70,6 +75,13 @@ pub enum QmpCommand {
         settings: Box<MigrateRequest>,
     },
     Cancel,
+    /// `migrate-start-postcopy`: a running hybrid switches at the end of
+    /// its round.
+    StartPostcopy,
+    /// `cont`: resumes a VM held paused after a lost Commit.
+    Cont,
+    /// `query-status`: whether the VM runs, in QEMU's run-state names.
+    QueryStatus,
 }
 
 /// The parameter names `migrate-set-parameters` knows.
@@ -122,6 +134,9 @@ pub fn parse(request: &Map<String, Value>) -> Result<QmpCommand, QmpError> {
         "query-migrate-parameters" => no_args(QmpCommand::QueryParameters),
         "query-migrate-capabilities" => no_args(QmpCommand::QueryCapabilities),
         "migrate_cancel" => no_args(QmpCommand::Cancel),
+        "migrate-start-postcopy" => no_args(QmpCommand::StartPostcopy),
+        "cont" => no_args(QmpCommand::Cont),
+        "query-status" => no_args(QmpCommand::QueryStatus),
         "migrate-set-parameters" => set_parameters(args),
         "migrate-set-capabilities" => set_capabilities(args),
         "migrate" => migrate(args),
@@ -175,16 +190,21 @@ fn set_capabilities(args: &Map<String, Value>) -> Result<QmpCommand, QmpError> {
         let cap = match name {
             "auto-converge" => Capability::AutoConverge,
             "dirty-limit" => Capability::DirtyLimit,
+            "postcopy-ram" => Capability::PostcopyRam,
             other => {
                 return Err(QmpError::generic(format!(
                     "capability '{other}' is not supported by ferry (supported: auto-converge, \
-                     dirty-limit; use x-converge for the others)"
+                     dirty-limit, postcopy-ram; use x-converge for the other policies)"
                 )))
             }
         };
         out.push((cap, state));
     }
-    let on: Vec<_> = out.iter().filter(|(_, s)| *s).map(|(c, _)| *c).collect();
+    let on: Vec<_> = out
+        .iter()
+        .filter(|(c, s)| *s && c.policy().is_some())
+        .map(|(c, _)| *c)
+        .collect();
     if on.windows(2).any(|w| w[0] != w[1]) {
         return Err(QmpError::generic(
             "auto-converge and dirty-limit are exclusive: choose one",
@@ -242,6 +262,21 @@ mod tests {
         assert!(matches!(
             parse_str(r#"{"execute":"query-migrate"}"#),
             Ok(QmpCommand::QueryMigrate)
+        ));
+        assert!(matches!(
+            parse_str(r#"{"execute":"cont"}"#),
+            Ok(QmpCommand::Cont)
+        ));
+        assert!(matches!(
+            parse_str(r#"{"execute":"migrate-start-postcopy"}"#),
+            Ok(QmpCommand::StartPostcopy)
+        ));
+        assert!(matches!(
+            parse_str(
+                r#"{"execute":"migrate-set-capabilities","arguments":{"capabilities":[
+                {"capability":"postcopy-ram","state":true},{"capability":"dirty-limit","state":true}]}}"#
+            ),
+            Ok(QmpCommand::SetCapabilities(_))
         ));
         let Ok(QmpCommand::SetParameters(p)) = parse_str(
             r#"{"execute":"migrate-set-parameters","arguments":{"downtime-limit":9,"x-converge":"auto"}}"#,

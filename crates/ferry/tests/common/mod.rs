@@ -76,9 +76,17 @@ pub struct Receiver {
 }
 
 impl Receiver {
+    /// A receiver that exits once it has reported.
     pub fn start(extra: &[&str]) -> Receiver {
+        let mut args = vec!["--exit-after-report"];
+        args.extend_from_slice(extra);
+        Receiver::serving(&args)
+    }
+
+    /// A receiver that runs the guest on after the migration.
+    pub fn serving(extra: &[&str]) -> Receiver {
         let mut child = ferry()
-            .args(["receive", "--listen", "127.0.0.1:0", "--exit-after-report"])
+            .args(["receive", "--listen", "127.0.0.1:0"])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
