@@ -195,6 +195,120 @@ fn migrate_cancel_leaves_the_source_running_and_events_say_cancelled() {
     let _ = std::fs::remove_file(&sock);
 }
 
+/// QEMU's postcopy flow: the `postcopy-ram` capability, a migration that
+/// stays in precopy, and `migrate-start-postcopy`, after which it switches
+/// and completes, verified. query-status says the source runs until then.
+#[test]
+fn migrate_start_postcopy_switches_a_migration_started_with_postcopy_ram() {
+    let ram = ferry_backend::GuestRam::new(&[2 << 20], ferry_backend::Backing::Anonymous).unwrap();
+    if let Err(e) = ferry_backend::uffd::Placer::register_for_faults(&ram) {
+        println!("SKIP: userfaultfd is unavailable here ({e})");
+        return;
+    }
+    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
+    let status = ask(&sock, r#"{"execute":"query-status"}"#);
+    assert_eq!(
+        status["return"],
+        json!({"status": "running", "running": true, "singlestep": false})
+    );
+    // Without a migration, or with one that cannot switch, it is refused.
+    let early = ask(&sock, r#"{"execute":"migrate-start-postcopy"}"#);
+    assert!(
+        early["error"]["desc"]
+            .as_str()
+            .is_some_and(|d| d.contains("no migration")),
+        "{early}"
+    );
+    assert_success(&ctl(
+        &sock,
+        &[
+            "migrate-set-capabilities",
+            "postcopy-ram=on",
+            "dirty-limit=on",
+        ],
+    ));
+    let caps = ask(&sock, r#"{"execute":"query-migrate-capabilities"}"#);
+    assert!(
+        caps["return"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"capability": "postcopy-ram", "state": true})),
+        "{caps}"
+    );
+    // 16 MiB/s, and a 1 ms downtime limit that a running guest never
+    // meets: precopy would go on to its round cap; the switch ends it.
+    assert_success(&ctl(
+        &sock,
+        &[
+            "migrate-set-parameters",
+            "max-bandwidth=16777216",
+            "downtime-limit=1",
+        ],
+    ));
+    let mut events = ferry()
+        .arg("ctl")
+        .arg(&sock)
+        .args(["events", "--json", "--timeout", "120"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(events.stderr.as_mut().unwrap()),
+        &mut said,
+    )
+    .unwrap();
+    assert!(said.contains("following events"), "{said}");
+    let dest = Receiver::start(&["--backend", "soft"]);
+    let started = ctl(&sock, &["migrate", &format!("uri=tcp:{}", dest.addr)]);
+    assert_success(&started);
+    query_until(&sock, |r| {
+        r["status"] == "active" && r["ram"]["transferred"].as_u64() > Some(0)
+    });
+    let status = ask(&sock, r#"{"execute":"query-status"}"#);
+    assert_eq!(status["return"]["running"], true, "{status}");
+    assert_success(&ctl(&sock, &["migrate-start-postcopy"]));
+    // The switch comes at the end of the round under way; then the cap
+    // is lifted so that the push of the rest does not take long.
+    query_until(&sock, |r| r["status"] == "postcopy-active");
+    let status = ask(&sock, r#"{"execute":"query-status"}"#);
+    assert_eq!(status["return"]["status"], "postmigrate", "{status}");
+    assert_success(&ctl(&sock, &["migrate-set-parameters", "max-bandwidth=0"]));
+    let out = events.wait_with_output().unwrap();
+    assert_no_panic(&out);
+    let events = json_lines(&out);
+    let seen = statuses(&events);
+    assert!(seen.contains(&"postcopy-active".to_string()), "{seen:?}");
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("completed"),
+        "{seen:?}"
+    );
+    let summary = events
+        .iter()
+        .find(|e| e["event"] == "FERRY_MIGRATION_SUMMARY")
+        .expect("a summary event")["data"]
+        .clone();
+    assert_verified(&summary, "switched by migrate-start-postcopy");
+    assert_eq!(summary["mode"], "hybrid", "{summary}");
+    let kinds: Vec<&str> = summary["round_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.last(), Some(&"postcopy"), "{kinds:?}");
+    assert!(
+        summary["operator_changes"]
+            .to_string()
+            .contains("switch to postcopy"),
+        "{summary}"
+    );
+    assert!(vm.wait().unwrap().success());
+    let _ = std::fs::remove_file(&sock);
+}
+
 #[test]
 fn qmp_errors_are_in_qmps_shape_and_name_the_problem() {
     let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "8M"]);
@@ -281,5 +395,70 @@ fn qmp_errors_are_in_qmps_shape_and_name_the_problem() {
     let stop = ask(&sock, r#"{"cmd":"stop"}"#);
     assert_eq!(stop["ok"], true, "{stop}");
     assert!(vm.wait().unwrap().success());
+    let _ = std::fs::remove_file(&sock);
+}
+
+/// `--qmp` is QEMU's monitor in shape: a greeting first, then nothing but
+/// `qmp_capabilities` until it was sent, then QMP only. `ferry ctl` speaks
+/// it as it speaks the `--control` socket.
+#[test]
+fn the_qmp_socket_greets_and_negotiates_as_qemus_does() {
+    let qsock = std::env::temp_dir().join(format!("ferry-test-qmp-{}.sock", std::process::id()));
+    let qarg = qsock.to_str().unwrap().to_string();
+    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "8M", "--qmp", &qarg]);
+    let conn = std::os::unix::net::UnixStream::connect(&qsock).unwrap();
+    let mut out = conn.try_clone().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(conn));
+    let mut next = || -> Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
+    let greeting = next();
+    assert!(greeting["QMP"]["version"]["package"]
+        .as_str()
+        .is_some_and(|p| p.starts_with("ferry")));
+    let mut say =
+        |line: &str| std::io::Write::write_all(&mut out, format!("{line}\n").as_bytes()).unwrap();
+    say(r#"{"execute":"query-migrate","id":1}"#);
+    let early = next();
+    assert_eq!(early["error"]["class"], "CommandNotFound", "{early}");
+    assert!(early["error"]["desc"]
+        .as_str()
+        .unwrap()
+        .contains("qmp_capabilities"));
+    assert_eq!(early["id"], 1);
+    say(r#"{"cmd":"status"}"#);
+    let lines_req = next();
+    assert!(
+        lines_req["error"]["desc"]
+            .as_str()
+            .unwrap()
+            .contains("--control"),
+        "{lines_req}"
+    );
+    say(r#"{"execute":"qmp_capabilities"}"#);
+    assert_eq!(next(), json!({"return": {}}));
+    say(r#"{"execute":"qmp_capabilities"}"#);
+    let again = next();
+    assert!(
+        again["error"]["desc"]
+            .as_str()
+            .unwrap()
+            .contains("already complete"),
+        "{again}"
+    );
+    say(r#"{"execute":"query-status","id":"s"}"#);
+    assert_eq!(
+        next(),
+        json!({"return": {"status": "running", "running": true, "singlestep": false}, "id": "s"})
+    );
+    // ferry ctl negotiates by itself; what it sets is seen on both sockets.
+    assert_success(&ctl(
+        &qsock,
+        &["migrate-set-parameters", "downtime-limit=123"],
+    ));
+    let params = ask(&sock, r#"{"execute":"query-migrate-parameters"}"#);
+    assert_eq!(params["return"]["downtime-limit"], 123, "{params}");
+    let stop = ask(&sock, r#"{"cmd":"stop"}"#);
+    assert_eq!(stop["ok"], true, "{stop}");
+    assert!(vm.wait().unwrap().success());
+    assert!(!qsock.exists(), "the QMP socket is removed on exit");
     let _ = std::fs::remove_file(&sock);
 }

@@ -27,9 +27,12 @@ migrate-set-parameters (downtime-limit ms, max-bandwidth bytes/s, x-converge
 none|auto|quota|dirty-limit, x-quota-interval ms, x-max-rounds),
 migrate-set-capabilities (auto-converge, dirty-limit: on|off), migrate (uri,
 resume, and ferry's migrate settings such as connections, mode, compress),
-migrate_cancel; and `events`, which prints events until the migration ends.")]
+migrate_cancel, migrate-start-postcopy (with capability postcopy-ram),
+query-status, cont (resumes a copy held after a lost Commit); and `events`,
+which prints events until the migration ends.")]
 pub struct CtlArgs {
-    /// The control socket of a `ferry run --control SOCKET`.
+    /// The control socket of a `ferry run --control SOCKET`, or its QMP
+    /// socket (`--qmp SOCKET`).
     pub socket: PathBuf,
     /// A QMP command, or `events`.
     pub command: String,
@@ -273,8 +276,13 @@ pub fn run(a: CtlArgs) -> Result<ExitCode, CmdError> {
     }
     let args = arguments(&a.command, &a.args)?;
     let mut session = Session::open(&a)?;
+    // A --qmp socket answers nothing else first (its greeting, which has
+    // no id, is skipped); on --control it subscribes to events, which
+    // are printed only when followed.
+    if a.command != "qmp_capabilities" {
+        session.execute("qmp_capabilities", Map::new(), follow)?;
+    }
     if follow {
-        session.execute("qmp_capabilities", Map::new(), true)?;
         eprintln!(
             "ferry ctl: following events on {} until the migration ends",
             a.socket.display()

@@ -77,6 +77,10 @@ pub struct ReceiveArgs {
     /// (`ferry ctl`), and a migration onward to another `ferry receive`.
     #[arg(long, value_name = "PATH", conflicts_with = "exit_after_report")]
     pub control: Option<std::path::PathBuf>,
+    /// Once the guest runs here, serve a QMP socket at this path, as
+    /// `ferry run --qmp` does (a greeting, then QMP only).
+    #[arg(long, value_name = "PATH", conflicts_with = "exit_after_report")]
+    pub qmp: Option<std::path::PathBuf>,
     /// Print the destination's summary as one JSON line.
     #[arg(long)]
     pub json: bool,
@@ -171,19 +175,20 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                 serde_json::to_string(&summary).expect("summary serializes")
             );
         }
-        let Some(control) = a.control else {
+        if a.control.is_none() && a.qmp.is_none() {
             return Err(CmdError::Failed(format!(
-                "{why}; without --control this process cannot hold the paused copy for an \
-                 operator's cont, so it is discarded (the source resumed its own copy unless \
-                 it got this side's verdict: see its summary)"
+                "{why}; without --control (or --qmp) this process cannot hold the paused copy \
+                 for an operator's cont, so it is discarded (the source resumed its own copy \
+                 unless it got this side's verdict: see its summary)"
             )));
-        };
+        }
         return super::run::serve_vm(
             &mut *vm,
             &super::run::Serve {
                 interval: Duration::from_secs(1),
                 duration: None,
-                control: Some(control),
+                control: a.control,
+                qmp: a.qmp,
                 held: Some(why),
             },
         );
@@ -212,6 +217,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                 interval: Duration::from_secs(1),
                 duration: None,
                 control: a.control,
+                qmp: a.qmp,
                 held: None,
             },
         );

@@ -30,9 +30,15 @@ pub struct RunArgs {
     /// Seconds between progress lines.
     #[arg(long, default_value_t = 1.0)]
     pub interval: f64,
-    /// Serve a control socket here (JSON lines: status, set, migrate, cancel, stop).
+    /// Serve a control socket here (JSON lines: status, set, migrate, cancel,
+    /// stop; and QMP's requests, without a greeting).
     #[arg(long)]
     pub control: Option<PathBuf>,
+    /// Serve a QMP socket here, in the shape of QEMU's monitor: a greeting,
+    /// capabilities negotiation, then QMP's commands and events (`ferry ctl`
+    /// speaks it too).
+    #[arg(long, value_name = "PATH")]
+    pub qmp: Option<PathBuf>,
 }
 
 /// What the VM's thread shares with the control socket's connections.
@@ -129,6 +135,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
             interval: Duration::from_secs_f64(a.interval),
             duration: a.duration,
             control: a.control,
+            qmp: a.qmp,
             held: None,
         },
     )
@@ -142,6 +149,8 @@ pub struct Serve {
     pub duration: Option<f64>,
     /// The control socket to serve.
     pub control: Option<PathBuf>,
+    /// The QMP socket to serve (greeting and negotiation, as QEMU's).
+    pub qmp: Option<PathBuf>,
     /// Why the (paused) VM is held for an operator's `cont`, if it is.
     pub held: Option<String>,
 }
@@ -170,23 +179,29 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
         let (reply, _) = std::sync::mpsc::channel();
         let _ = stop_tx.send(VmCommand::Stop { reply });
     });
-    if let Some(path) = &a.control {
-        control::serve(
-            path,
-            control::Shared {
-                ram: vm.ram().clone(),
-                vcpus,
-                tunables: tunables.clone(),
-                commands: tx.clone(),
-                answering: Arc::clone(&ctl.answering),
-                monitor: Arc::clone(&ctl.monitor),
-                next_converge: Arc::default(),
-                held: Arc::clone(&ctl.held),
-                postcopy_ram: Arc::default(),
-            },
-        )
-        .map_err(|e| CmdError::Failed(ferry_backend::error_chain(&e)))?;
-        eprintln!("ferry: control socket at {}", path.display());
+    // One state behind both sockets: a parameter set on one is seen on
+    // the other, and both see the same migration.
+    let shared = control::Shared {
+        ram: vm.ram().clone(),
+        vcpus,
+        tunables: tunables.clone(),
+        commands: tx.clone(),
+        answering: Arc::clone(&ctl.answering),
+        monitor: Arc::clone(&ctl.monitor),
+        next_converge: Arc::default(),
+        held: Arc::clone(&ctl.held),
+        postcopy_ram: Arc::default(),
+    };
+    let sockets = [
+        (&a.control, control::Dialect::Both, "control socket"),
+        (&a.qmp, control::Dialect::Qmp, "QMP socket"),
+    ];
+    for (path, dialect, what) in sockets {
+        if let Some(path) = path {
+            control::serve(path, shared.clone(), dialect)
+                .map_err(|e| CmdError::Failed(ferry_backend::error_chain(&e)))?;
+            eprintln!("ferry: {what} at {}", path.display());
+        }
     }
     if let Some(why) = &a.held {
         hold(&ctl.held, why);
@@ -303,7 +318,7 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
             break;
         }
     }
-    if let Some(path) = &a.control {
+    for path in [&a.control, &a.qmp].into_iter().flatten() {
         let _ = std::fs::remove_file(path);
     }
     vm.pause()?;

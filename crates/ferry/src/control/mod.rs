@@ -157,8 +157,18 @@ pub fn wait_answered(answering: &AtomicUsize) {
     }
 }
 
+/// Which requests a socket serves.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    /// `--control`: ferry's JSON lines and QMP's requests, no greeting.
+    Both,
+    /// `--qmp`: QMP alone, as QEMU's monitor: a greeting first, and no
+    /// command but `qmp_capabilities` until it was sent.
+    Qmp,
+}
+
 /// Listens on `path` and serves each connection on its own thread.
-pub fn serve(path: &Path, shared: Shared) -> Result<(), ControlError> {
+pub fn serve(path: &Path, shared: Shared, dialect: Dialect) -> Result<(), ControlError> {
     // A stale socket file from a killed run would make bind fail.
     if path.exists() && UnixStream::connect(path).is_err() {
         let _ = std::fs::remove_file(path);
@@ -174,25 +184,33 @@ pub fn serve(path: &Path, shared: Shared) -> Result<(), ControlError> {
                 let shared = shared.clone();
                 let _ = std::thread::Builder::new()
                     .name("control-conn".into())
-                    .spawn(move || serve_connection(conn, &shared));
+                    .spawn(move || serve_connection(conn, &shared, dialect));
             }
         })
         .map_err(ControlError::Io)?;
     Ok(())
 }
 
-fn serve_connection(conn: UnixStream, shared: &Shared) {
+fn serve_connection(conn: UnixStream, shared: &Shared, dialect: Dialect) {
     let out: Writer = match conn.try_clone() {
         Ok(c) => Arc::new(Mutex::new(c)),
         Err(_) => return,
     };
+    // QMP's negotiation: only qmp_capabilities until it was sent.
+    let mut negotiating = dialect == Dialect::Qmp;
+    if negotiating && monitor::write_line(&out, &format!("{}\n", qmp::greeting())).is_err() {
+        return;
+    }
     for line in BufReader::new(conn).lines() {
         let Ok(line) = line else { return };
         if line.trim().is_empty() {
             continue;
         }
         shared.answering.fetch_add(1, Ordering::AcqRel);
-        let reply = answer(&line, shared, &out);
+        let reply = match dialect {
+            Dialect::Both => answer(&line, shared, &out),
+            Dialect::Qmp => qmp::answer_strict(&line, &mut negotiating, shared, &out),
+        };
         let written = monitor::write_line(&out, &format!("{reply}\n"));
         shared.answering.fetch_sub(1, Ordering::AcqRel);
         if written.is_err() {

@@ -18,13 +18,63 @@
 //!
 //! Events: `MIGRATION` (`status`), `MIGRATION_PASS` (`pass`), and
 //! `FERRY_MIGRATION_SUMMARY` (the whole summary, just before the final
-//! `MIGRATION`). There is no greeting: the socket speaks ferry's own JSON
-//! lines too, whose clients expect the first line to be their reply.
+//! `MIGRATION`). The `--control` socket sends no greeting: it speaks
+//! ferry's own JSON lines too, whose clients expect the first line to be
+//! their reply. The `--qmp` socket is QEMU's monitor in shape: a greeting,
+//! then capabilities negotiation (nothing but `qmp_capabilities` is
+//! answered until it was sent), and QMP requests only.
 
 use super::monitor::{MigStatus, Writer};
 use super::{Shared, VmCommand};
 use ferry::protocol::{Capability, ParamUpdate, QmpCommand, QmpError};
 use serde_json::{json, Value};
+
+/// The greeting a `--qmp` connection opens with, as QEMU's.
+pub fn greeting() -> Value {
+    json!({"QMP": {
+        "version": {
+            "qemu": {"major": 0, "minor": 0, "micro": 0},
+            "package": format!("ferry {}", env!("CARGO_PKG_VERSION")),
+        },
+        "capabilities": [],
+    }})
+}
+
+/// Answers one line on a `--qmp` socket: QMP only, and while
+/// `negotiating`, `qmp_capabilities` only (QEMU's capabilities
+/// negotiation mode).
+pub fn answer_strict(line: &str, negotiating: &mut bool, shared: &Shared, conn: &Writer) -> Value {
+    let (id, command) = match ferry::protocol::parse(line) {
+        Ok(ferry::protocol::Parsed::Qmp { id, command }) => (id, command),
+        Ok(ferry::protocol::Parsed::Lines(_)) => {
+            return handle(
+                None,
+                Err(QmpError::generic(
+                    "this is a QMP socket: ferry's {\"cmd\":...} requests go to --control",
+                )),
+                shared,
+                conn,
+            )
+        }
+        Err(e) => return handle(None, Err(QmpError::generic(e)), shared, conn),
+    };
+    let command = match command {
+        Ok(QmpCommand::Capabilities) if !*negotiating => Err(QmpError {
+            class: "CommandNotFound",
+            desc: "Capabilities negotiation is already complete, command ignored".into(),
+        }),
+        Ok(QmpCommand::Capabilities) => {
+            *negotiating = false;
+            Ok(QmpCommand::Capabilities)
+        }
+        Ok(_) if *negotiating => Err(QmpError {
+            class: "CommandNotFound",
+            desc: "Expecting capabilities negotiation with 'qmp_capabilities'".into(),
+        }),
+        other => other,
+    };
+    handle(id, command, shared, conn)
+}
 
 /// The reply to a parsed QMP request; `conn` is subscribed to events on
 /// `qmp_capabilities`.
