@@ -1,7 +1,8 @@
-//! A peer process killed (SIGKILL) at an exact point of a precopy: a relay
-//! between the two `ferry` processes holds the control connection just
-//! before one frame, the test kills a peer while the other waits for that
-//! frame, and the frame is dropped with the connection, as if never sent.
+//! A peer process killed (SIGKILL), or the link stalled, at an exact point
+//! of a migration. A relay between the two `ferry` processes holds the
+//! control connection just before one frame; the test kills a peer while
+//! the other waits for that frame (the frame is then dropped with the
+//! connection, as if never sent), or never lets it through (a stall).
 //!
 //! ```text
 //!  held frame                    the point              kill the destination       kill the source
@@ -11,9 +12,15 @@
 //!                                                                                  verified copy; `cont` runs it
 //! ```
 //!
-//! Whatever the point, the source's guest ends with zero mismatches, every
-//! surviving process ends or answers within the stall timeout, and errors
-//! name what happened.
+//! A stall at each of those frames ends as the destination's kill does on
+//! the source's side, within the stall timeout. A postcopy cut and kept
+//! from reconnecting is in recovery; a kill there leaves the source paused
+//! with every page (destination killed), or the destination naming the
+//! pages only the source held (source killed).
+//!
+//! Whatever the point, the source's guest ends with zero mismatches where
+//! it runs, every surviving process ends or answers within the stall
+//! timeout, and errors name what happened.
 
 mod common;
 #[path = "../../ferry-engine/tests/common/relay.rs"]
@@ -274,4 +281,169 @@ fn a_held_copy_runs_again_on_cont() {
     let _ = ask(&dsock, r#"{"cmd":"stop"}"#);
     let _ = s.dest.child.wait();
     let _ = std::fs::remove_file(&dsock);
+}
+
+/// The link stalls at `kind` and never recovers: the source fails within
+/// its stall timeout and runs on; the destination exits without a guest.
+fn stalled_at(kind: FrameKind, to_source: bool) {
+    let mut s = hold_at(kind, to_source, &["--exit-after-report"]);
+    let end = until(
+        &s.sock,
+        r#"{"execute":"query-migrate"}"#,
+        "the source's failure",
+        |q| q["status"] == "failed",
+    );
+    println!(
+        "stalled before {}: source: {}",
+        kind.name(),
+        end["error-desc"]
+    );
+    assert!(end["error-desc"].is_string(), "{end}");
+    let run = until(&s.sock, r#"{"execute":"query-status"}"#, "running", |q| {
+        q["running"] == true
+    });
+    assert_eq!(run["status"], "running");
+    assert_eq!(source_mismatches(&s.sock), 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.dest.child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the destination hangs on a stall"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, stderr) = s.dest.finish();
+    assert!(!ok && !stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("guest running here"), "{stderr}");
+    s.relay.discard();
+    stop(s.source, &s.sock);
+}
+
+#[test]
+fn a_stall_in_the_handshake_ends_both_sides_in_time() {
+    stalled_at(FrameKind::Accept, true);
+}
+
+#[test]
+fn a_stall_in_stop_and_copy_ends_both_sides_in_time() {
+    stalled_at(FrameKind::VcpuState, false);
+}
+
+#[test]
+fn a_stall_before_the_verdict_ends_both_sides_in_time() {
+    stalled_at(FrameKind::Verified, true);
+}
+
+/// Postcopy needs userfaultfd here; without it these tests print SKIP.
+fn postcopy_possible() -> bool {
+    let ram = ferry_backend::GuestRam::new(&[2 << 20], ferry_backend::Backing::Anonymous).unwrap();
+    if let Err(e) = ferry_backend::uffd::Placer::register_for_faults(&ram) {
+        println!("SKIP: userfaultfd is unavailable here ({e})");
+        return false;
+    }
+    true
+}
+
+/// A postcopy at 16 MiB/s whose connections are cut 1 MiB into the first
+/// data connection and then kept from reconnecting: returns once the
+/// source is in postcopy-recover.
+fn in_recovery(source_recover_s: u32) -> Scene {
+    let (source, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
+    let set = ask(
+        &sock,
+        r#"{"execute":"migrate-set-parameters","arguments":{"max-bandwidth":16777216}}"#,
+    );
+    assert!(set.get("return").is_some(), "{set}");
+    let dest = Receiver::start(&[
+        "--backend",
+        "soft",
+        "--stall-timeout",
+        "2",
+        "--recover-timeout",
+        "3",
+    ]);
+    let relay = Relay::start(dest.addr.clone(), Fault::CutThenRefuse(1 << 20));
+    let req = format!(
+        r#"{{"execute":"migrate","arguments":{{"uri":"tcp:{}","mode":"postcopy","stall-timeout-s":2,"recover-timeout-s":{source_recover_s}}}}}"#,
+        relay.addr
+    );
+    let started = ask(&sock, &req);
+    assert!(started.get("return").is_some(), "{started}");
+    until(
+        &sock,
+        r#"{"execute":"query-migrate"}"#,
+        "postcopy-recover",
+        |q| q["status"] == "postcopy-recover",
+    );
+    Scene {
+        source,
+        sock,
+        dest,
+        relay,
+    }
+}
+
+#[test]
+fn a_destination_killed_in_postcopy_recovery_leaves_the_source_paused_with_every_page() {
+    if !postcopy_possible() {
+        return;
+    }
+    let mut s = in_recovery(5);
+    kill(&mut s.dest.child);
+    // The source's retries now reach a closed port.
+    s.relay.readmit();
+    let end = until(
+        &s.sock,
+        r#"{"execute":"query-migrate"}"#,
+        "postcopy-paused",
+        |q| q["status"] == "postcopy-paused",
+    );
+    println!(
+        "destination killed in recovery: source: {}",
+        end["error-desc"]
+    );
+    assert!(end["error-desc"].is_string(), "{end}");
+    let state = ask(&s.sock, r#"{"execute":"query-status"}"#);
+    assert_eq!(state["return"]["running"], false, "{state}");
+    // Its pages are kept for a resume: a new migration, or cont, is refused.
+    let again = ask(
+        &s.sock,
+        r#"{"execute":"migrate","arguments":{"uri":"tcp:127.0.0.1:1"}}"#,
+    );
+    assert!(
+        again["error"]["desc"]
+            .as_str()
+            .is_some_and(|d| d.contains("resume")),
+        "{again}"
+    );
+    let cont = ask(&s.sock, r#"{"execute":"cont"}"#);
+    assert!(
+        cont["error"]["desc"]
+            .as_str()
+            .is_some_and(|d| d.contains("must not run here")),
+        "{cont}"
+    );
+    stop(s.source, &s.sock);
+}
+
+#[test]
+fn a_source_killed_in_postcopy_recovery_leaves_the_destination_naming_the_missing_pages() {
+    if !postcopy_possible() {
+        return;
+    }
+    let mut s = in_recovery(30);
+    kill(&mut s.source);
+    let _ = std::fs::remove_file(&s.sock);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.dest.child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the destination outlived its source by 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, stderr) = s.dest.finish();
+    println!("source killed in recovery: destination: {stderr}");
+    assert!(!ok && !stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains("still missing here"), "{stderr}");
 }

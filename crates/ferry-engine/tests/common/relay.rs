@@ -44,6 +44,10 @@ pub enum Fault {
         /// The destination's frames, not the source's.
         to_source: bool,
     },
+    /// Like [`Fault::CutAfter`] once, then every new connection is closed
+    /// at once (a peer that cannot be reached) until [`Relay::readmit`]:
+    /// a postcopy stays in recovery as long as a test needs.
+    CutThenRefuse(u64),
     /// On the control connection, hold the first frame of type `kind` (in
     /// that direction) until [`Relay::release`], everything else flowing,
     /// then forward it and go on faithfully: a peer can be killed while the
@@ -103,6 +107,8 @@ struct Cuts {
     held: AtomicBool,
     /// The held frame is dropped with its connection, not forwarded.
     discard: AtomicBool,
+    /// New connections are closed at once.
+    refusing: AtomicBool,
 }
 
 impl Cuts {
@@ -156,12 +162,18 @@ impl Relay {
                     }
                 };
                 client.set_nonblocking(false).unwrap();
+                if c.refusing.load(Ordering::Acquire) {
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(&target) else {
                     continue;
                 };
                 let index = c.opened.fetch_add(1, Ordering::SeqCst);
                 let (fault, back) = match fault {
                     Fault::CutAfter { times, .. } if c.done.load(Ordering::SeqCst) >= times => {
+                        (Fault::None, Fault::None)
+                    }
+                    Fault::CutThenRefuse(_) if c.done.load(Ordering::SeqCst) >= 1 => {
                         (Fault::None, Fault::None)
                     }
                     Fault::CutAtFrame { to_source, .. }
@@ -230,6 +242,11 @@ impl Relay {
     /// Whether the frame to hold has arrived (and is held).
     pub fn is_holding(&self) -> bool {
         self.cuts.held.load(Ordering::Acquire)
+    }
+
+    /// Lets new connections through again, after [`Fault::CutThenRefuse`].
+    pub fn readmit(&self) {
+        self.cuts.refusing.store(false, Ordering::Release);
     }
 
     /// Ends a hold by dropping the held frame and closing its connection:
@@ -311,6 +328,13 @@ fn pump(mut from: TcpStream, mut to: TcpStream, mut fault: Fault, flags: &Flags)
                     fault = Fault::None;
                     continue;
                 }
+            }
+            Fault::CutThenRefuse(bytes) if at + n as u64 >= bytes => {
+                let n = bytes.saturating_sub(at) as usize;
+                let _ = to.write_all(&buf[..n]);
+                cuts.refusing.store(true, Ordering::Release);
+                cuts.cut();
+                return;
             }
             Fault::CutAfter { bytes, .. } if at + n as u64 >= bytes => {
                 let n = bytes.saturating_sub(at) as usize;
