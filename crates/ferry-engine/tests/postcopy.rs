@@ -426,3 +426,81 @@ fn a_precopy_ignores_a_postcopy_request() {
     assert_eq!(summary.mode, "precopy");
     assert!(summary.rounds.iter().all(|r| r.kind != RoundKind::Postcopy));
 }
+
+/// A destination whose guest RAM is hugetlb: postcopy places whole 2 MiB
+/// pages. SKIP where the host has no free huge pages or no userfaultfd.
+fn huge_destination(test: &str) -> bool {
+    if !uffd_available(test) {
+        return false;
+    }
+    match ferry_backend::GuestRam::new(&[8 << 20], ferry_backend::Backing::Hugetlb) {
+        Ok(_) => true,
+        Err(e) => {
+            println!("SKIP {test}: no free 2 MiB huge pages here ({e})");
+            false
+        }
+    }
+}
+
+fn into_hugetlb(mode: Mode, handlers: usize) -> ferry_engine::MigrationSummary {
+    let (to, dest) = common::spawn_receiver_on(
+        ReceiveOptions {
+            fault_handlers: handlers,
+            ..quick_receive()
+        },
+        ferry_backend::Backing::Hugetlb,
+    );
+    let mut src = running_source();
+    let opts = postcopy_opts(mode);
+    opts.tunables.set_downtime_target(Duration::ZERO);
+    let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+    let (dvm, dsum) = dest.join().unwrap().unwrap();
+    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
+    assert_eq!(summary.guest_mismatches, 0, "{summary:?}");
+    assert!(dvm.is_running());
+    assert!(dsum.passes_after > 0);
+    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+    println!(
+        "{kinds:?}: {} missing, {} requests; {:?}",
+        summary.missing_pages, summary.page_requests, dsum.postcopy
+    );
+    if kinds.contains(&RoundKind::Postcopy) {
+        let report = dsum.postcopy.as_ref().expect("postcopy report");
+        assert_eq!(report.fault_path, "userfaultfd");
+    }
+    summary
+}
+
+#[test]
+fn postcopy_places_whole_huge_pages_on_hugetlb() {
+    if !huge_destination("postcopy onto hugetlb") {
+        return;
+    }
+    let summary = into_hugetlb(Mode::Postcopy, 2);
+    assert!(summary.page_requests > 0, "the guest touched pages first");
+}
+
+/// A hybrid's precopy leaves huge pages partly stale: the switchover
+/// drops each whole and asks again for its current pages.
+#[test]
+fn a_hybrid_onto_hugetlb_drops_and_refills_whole_huge_pages() {
+    if !huge_destination("hybrid onto hugetlb") {
+        return;
+    }
+    for _ in 0..5 {
+        let summary = into_hugetlb(
+            Mode::Hybrid {
+                after_rounds: 2,
+                on_stall: false,
+            },
+            1,
+        );
+        if !summary.converged {
+            let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+            assert_eq!(kinds.last(), Some(&RoundKind::Postcopy), "{kinds:?}");
+            return;
+        }
+    }
+    panic!("precopy converged in every try: the guest never ran");
+}

@@ -130,3 +130,73 @@ fn switch_settings_need_a_hybrid() {
         assert!(stderr.contains("needs --mode hybrid"), "{args:?}: {stderr}");
     }
 }
+
+/// Free 2 MiB huge pages in the host's pool.
+fn free_huge_pages() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// kvm vCPUs on hugetlb guest RAM fault through userfaultfd for whole
+/// 2 MiB pages, which the destination fills before it places them.
+fn demo_on_hugetlb(mode: &str) {
+    let test = format!("{mode} onto hugetlb on kvm");
+    if !require_kvm(&test) {
+        return;
+    }
+    // Two guests of 1 x 32 MiB plus their system slots, source and
+    // destination both on hugetlb.
+    if free_huge_pages() < 48 {
+        println!(
+            "SKIP {test}: 48 free 2 MiB huge pages needed, {} free",
+            free_huge_pages()
+        );
+        return;
+    }
+    let out = run(&[
+        "demo",
+        "--json",
+        "--backend",
+        "kvm",
+        "--backing",
+        "hugetlb",
+        "--mode",
+        mode,
+        "--unthrottled",
+        "--vcpus",
+        "1",
+        "--mem-per-vcpu",
+        "32M",
+        "--warmup",
+        "0.3",
+        "--downtime-ms",
+        "1",
+        "--fault-handlers",
+        "2",
+    ]);
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    let context = format!(
+        "kvm {mode} on hugetlb: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_verified(&j, &context);
+    assert_eq!(j["mode"], mode, "{j}");
+    assert_eq!(j["fault_path"], "userfaultfd", "{j}");
+    assert!(j["missing_pages"].as_u64().unwrap() > 0, "{j}");
+    assert!(out.status.success(), "{context}");
+}
+
+#[test]
+fn postcopy_onto_hugetlb_on_kvm() {
+    demo_on_hugetlb("postcopy");
+}
+
+#[test]
+fn hybrid_onto_hugetlb_on_kvm() {
+    demo_on_hugetlb("hybrid");
+}

@@ -42,7 +42,9 @@ impl Dest {
             present: self.loaded.present_set(),
             fetch: super::pager::fetcher(std::sync::Arc::clone(&self.loaded), opts.prefetch),
         };
-        let fault_path = if !opts.vcpu_fault_exits {
+        // Hugetlb: every fault asks for a whole huge page, which the
+        // handler thread does (the vCPUs' own requests are per page).
+        let fault_path = if !opts.vcpu_fault_exits || self.loaded.places_huge_pages() {
             "userfaultfd"
         } else {
             match self.vm.set_fault_exits(exits) {
@@ -132,7 +134,10 @@ impl Dest {
             io,
             std::sync::Arc::clone(&self.loaded),
             std::sync::Arc::clone(&self.health),
-            opts.prefetch,
+            super::pager::Handling {
+                prefetch: opts.prefetch,
+                handlers: opts.fault_handlers,
+            },
             ask_again,
         )
     }

@@ -38,6 +38,7 @@
 //! meanwhile, so the destination's memory itself has moved on.
 
 mod destination;
+pub(crate) mod huge;
 pub(crate) mod pager;
 mod recovery;
 mod resume;

@@ -1,6 +1,6 @@
-//! The destination's side of postcopy: a fault handler thread turns the
-//! guest's touches of missing pages into page requests, and a reader thread
-//! places the answers.
+//! The destination's side of postcopy: fault handler threads (one by
+//! default; `--fault-handlers`) turn the guest's touches of missing pages
+//! into page requests, and a reader thread places the answers.
 //!
 //! ```text
 //!  vCPU touches a missing page ── kernel blocks it, queues a uffd event
@@ -91,6 +91,58 @@ impl BlockClock {
             n += 1;
         }
         Some(n)
+    }
+
+    /// A vCPU waits on the huge page of 512 frames from `base`: marks as
+    /// asked every frame `missing` says is missing and nobody asked for,
+    /// and returns them as runs to request. The first frame marked (or
+    /// found asked but only prefetched) carries the vCPU's wait.
+    fn ask_huge(&self, base: Gfn, missing: impl Fn(Gfn) -> bool) -> Vec<(u64, u32)> {
+        let now = Instant::now();
+        let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+        let mut waits = true;
+        let mut runs: Vec<(u64, u32)> = Vec::new();
+        for g in base.0..base.0 + super::huge::HUGE_PAGES {
+            if !missing(Gfn(g)) {
+                continue;
+            }
+            if let Some(a) = asked.get_mut(&g) {
+                if waits && !a.waited {
+                    *a = Asked {
+                        at: now,
+                        waited: true,
+                    };
+                }
+                waits = false;
+                continue;
+            }
+            asked.insert(
+                g,
+                Asked {
+                    at: now,
+                    waited: waits,
+                },
+            );
+            waits = false;
+            match runs.last_mut() {
+                Some((f, n)) if *f + u64::from(*n) == g => *n += 1,
+                _ => runs.push((g, 1)),
+            }
+        }
+        runs
+    }
+
+    /// Marks `n` frames from `first` as asked for, with no vCPU waiting
+    /// (pages a hugetlb switchover dropped although current).
+    fn prefetched(&self, first: u64, n: u32) {
+        let now = Instant::now();
+        let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+        for g in first..first + u64::from(n) {
+            asked.entry(g).or_insert(Asked {
+                at: now,
+                waited: false,
+            });
+        }
     }
 
     /// Pages asked for and not placed yet, in order: after the
@@ -201,6 +253,20 @@ pub(crate) fn fetcher(
     })
 }
 
+/// How faults are served.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct Handling {
+    /// Pages asked for per fault.
+    pub prefetch: u32,
+    /// Handler threads reading the one userfaultfd: each takes the events
+    /// queued when it wakes, so a burst of faults from several vCPUs is
+    /// served in parallel.
+    pub handlers: usize,
+}
+
+/// Most handler threads.
+pub const MAX_HANDLERS: usize = 16;
+
 /// Longest a fetching vCPU sleeps before it looks again.
 const PLACED_WAIT: Duration = Duration::from_millis(5);
 
@@ -222,17 +288,19 @@ pub(crate) struct Pager {
 
 impl Pager {
     /// Starts serving faults on `loaded`'s registration, asking on `io`
-    /// (the priority connection) for `prefetch` pages per fault. After a
-    /// recovery (`ask_again`), first asks again for every page asked for
-    /// before the connections broke and not placed since: the vCPUs that
-    /// wait for them raised their faults already.
+    /// (the priority connection) for `prefetch` pages per fault, with
+    /// `handlers` threads. After a recovery (`ask_again`), first asks
+    /// again for every page asked for before the connections broke and not
+    /// placed since: the vCPUs that wait for them raised their faults
+    /// already.
     pub fn start(
         io: Channel,
         loaded: Arc<Loaded>,
         health: Arc<Health>,
-        prefetch: u32,
+        handling: Handling,
         ask_again: bool,
     ) -> Result<Self, MigrationError> {
+        let Handling { prefetch, handlers } = handling;
         let link = io.get_ref();
         let write_half = link.try_clone_link().map_err(StreamError::Io)?;
         write_half
@@ -251,18 +319,26 @@ impl Pager {
         if ask_again {
             ask_again_for_pending(&shared)?;
         }
+        // Hugetlb: the current pages the switchover dropped with their huge
+        // pages (a recovery finds those not placed among the pending).
+        for (first, n) in shared.loaded.take_extras() {
+            shared.loaded.clock.prefetched(first, n);
+            shared.loaded.requests.send(first, n)?;
+        }
         let mut threads = Vec::new();
-        let s = Arc::clone(&shared);
-        threads.push(
-            std::thread::Builder::new()
-                .name("uffd-handler".into())
-                .spawn(move || {
-                    if let Err(e) = handle_faults(&s) {
-                        s.health.fail(e);
-                    }
-                })
-                .map_err(StreamError::Io)?,
-        );
+        for i in 0..handlers.clamp(1, MAX_HANDLERS) {
+            let s = Arc::clone(&shared);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("uffd-handler-{i}"))
+                    .spawn(move || {
+                        if let Err(e) = handle_faults(&s) {
+                            s.health.fail(e);
+                        }
+                    })
+                    .map_err(StreamError::Io)?,
+            );
+        }
         let s = Arc::clone(&shared);
         threads.push(
             std::thread::Builder::new()
@@ -319,7 +395,7 @@ fn ask_again_for_pending(s: &Shared) -> Result<(), MigrationError> {
     let max = u64::from(crate::wire::control::MAX_REQUEST_PAGES);
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for g in loaded.clock.pending() {
-        if loaded.is_present(Gfn(g)) {
+        if loaded.is_present(Gfn(g)) || loaded.is_staged(Gfn(g)) {
             continue;
         }
         match runs.last_mut() {
@@ -352,6 +428,10 @@ fn handle_faults(s: &Shared) -> Result<(), MigrationError> {
             if loaded.is_present(gfn) {
                 continue;
             }
+            if loaded.places_huge_pages() {
+                ask_for_huge_page(loaded, gfn)?;
+                continue;
+            }
             if loaded.zero_here(gfn) {
                 loaded.place_zero(gfn)?;
                 continue;
@@ -363,6 +443,25 @@ fn handle_faults(s: &Shared) -> Result<(), MigrationError> {
             };
             loaded.requests.send(gfn.0, count)?;
         }
+    }
+    Ok(())
+}
+
+/// A fault on hugetlb backing: the whole huge page holding `gfn` is
+/// placed at once, so every page of it that is neither here (staged) nor
+/// asked for is asked for now; zero pages known here are staged at once.
+fn ask_for_huge_page(loaded: &Loaded, gfn: Gfn) -> Result<(), MigrationError> {
+    let base = Gfn(gfn.0 / super::huge::HUGE_PAGES * super::huge::HUGE_PAGES);
+    for g in (base.0..base.0 + super::huge::HUGE_PAGES).map(Gfn) {
+        if loaded.zero_here(g) && !loaded.is_staged(g) {
+            loaded.place_zero(g)?;
+        }
+    }
+    let runs = loaded.clock.ask_huge(base, |g| {
+        g.0 < loaded.pages && !loaded.is_present(g) && !loaded.is_staged(g)
+    });
+    for (first, n) in runs {
+        loaded.requests.send(first, n)?;
     }
     Ok(())
 }

@@ -156,6 +156,8 @@ pub struct ReceiveOptions {
     /// Postcopy: let vCPUs ask for their missing pages themselves where
     /// the backend has annotated fault exits (else userfaultfd always).
     pub vcpu_fault_exits: bool,
+    /// Postcopy: threads reading the userfaultfd's fault events.
+    pub fault_handlers: usize,
 }
 
 /// How the destination puts a received page into guest memory that has
@@ -194,6 +196,7 @@ impl Default for ReceiveOptions {
             prefetch: crate::postcopy::DEFAULT_PREFETCH,
             recover_timeout: crate::postcopy::DEFAULT_RECOVER_TIMEOUT,
             vcpu_fault_exits: true,
+            fault_handlers: 1,
         }
     }
 }

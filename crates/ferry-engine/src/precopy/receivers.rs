@@ -18,6 +18,7 @@
 use super::Placement;
 use crate::digest::{page_hash, zero_page_hash, PageHashes};
 use crate::error::MigrationError;
+use crate::postcopy::huge::{self, HugeStaging};
 use crate::transport::{Channel, Health};
 use crate::wire::compress::decompress;
 use crate::wire::delta::{self, decode_delta, DeltaView};
@@ -25,7 +26,7 @@ use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::pages::Segment;
 use crate::wire::{decode_batch, BatchView, FrameKind, Message, StreamError};
 use ferry_backend::uffd::{Placed, Placer};
-use ferry_backend::{Gfn, GuestRam, PageBits, PAGE_SIZE};
+use ferry_backend::{Backing, Gfn, GuestRam, PageBits, PAGE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -61,6 +62,12 @@ pub(crate) struct Loaded {
     pub zero_pages: AtomicU64,
     pub batches: AtomicU64,
     gate: RoundGate,
+    /// Hugetlb backing: postcopy places whole 2 MiB pages, filled here
+    /// first (see [`crate::postcopy::huge`]).
+    huge: Option<HugeStaging>,
+    /// Hugetlb postcopy: pages dropped with their huge page at the
+    /// switchover although current here, to ask for again (runs).
+    extras: Mutex<Vec<(u64, u32)>>,
 }
 
 impl Loaded {
@@ -82,7 +89,12 @@ impl Loaded {
             known_zero.remove(g);
             present.insert(g);
         });
+        let hugetlb = ram.backing() == Backing::Hugetlb;
         let placer = match placement {
+            // Registered at the postcopy switchover: until then precopy
+            // writes its pages normally, which a registered missing huge
+            // page would not take without a handler.
+            _ if faults && hugetlb => None,
             _ if faults => Some(Placer::register_for_faults(&ram).map_err(|e| {
                 MigrationError::Placement(format!(
                     "postcopy needs userfaultfd on the destination: {e}"
@@ -110,6 +122,8 @@ impl Loaded {
             zero_pages: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             gate: RoundGate::new(lanes),
+            huge: hugetlb.then(HugeStaging::default),
+            extras: Mutex::new(Vec::new()),
         })
     }
 
@@ -166,6 +180,9 @@ impl Loaded {
         &self,
         missing: &ferry_backend::DirtyPages,
     ) -> Result<(), MigrationError> {
+        if self.huge.is_some() {
+            return self.begin_huge_postcopy(missing);
+        }
         for (first, count) in missing.runs() {
             self.ram
                 .discard(first, count)
@@ -181,6 +198,66 @@ impl Loaded {
         Ok(())
     }
 
+    /// [`Loaded::begin_postcopy`] on hugetlb: whole huge pages are dropped
+    /// (a huge page is present or missing as a whole), the current pages
+    /// dropped with them are staged as zeros or asked for again, and the
+    /// registration for faults begins.
+    fn begin_huge_postcopy(
+        &self,
+        missing: &ferry_backend::DirtyPages,
+    ) -> Result<(), MigrationError> {
+        let max = crate::wire::control::MAX_REQUEST_PAGES;
+        let mut extras: Vec<(u64, u32)> = Vec::new();
+        let mut zeros = Vec::new();
+        for (first, count) in huge::rounded_runs(missing, self.pages) {
+            self.ram
+                .discard(Gfn(first), count)
+                .map_err(MigrationError::ram("drop stale huge pages for postcopy"))?;
+            for g in (first..first + count).map(Gfn) {
+                self.present.remove(g);
+                if !missing.contains(g) && self.known_zero.contains(g) {
+                    zeros.push(g);
+                    continue;
+                }
+                if !missing.contains(g) {
+                    match extras.last_mut() {
+                        Some((f, n)) if *f + u64::from(*n) == g.0 && *n < max => *n += 1,
+                        _ => extras.push((g.0, 1)),
+                    }
+                }
+                self.received.remove(g);
+                self.known_zero.remove(g);
+            }
+        }
+        let placer = Placer::register_for_faults(&self.ram).map_err(|e| {
+            MigrationError::Placement(format!(
+                "postcopy needs userfaultfd on the destination: {e}"
+            ))
+        })?;
+        *self.placer.write().unwrap_or_else(|p| p.into_inner()) = Some(placer);
+        *self.extras.lock().unwrap_or_else(|p| p.into_inner()) = extras;
+        self.postcopy.store(true, Ordering::SeqCst);
+        for g in zeros {
+            self.put(g, &ZERO_PAGE)?;
+        }
+        Ok(())
+    }
+
+    /// Hugetlb postcopy: the runs of pages to ask for again, taken.
+    pub fn take_extras(&self) -> Vec<(u64, u32)> {
+        std::mem::take(&mut *self.extras.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Hugetlb postcopy: whether `gfn` waits in a staging buffer.
+    pub fn is_staged(&self, gfn: Gfn) -> bool {
+        self.huge.as_ref().is_some_and(|h| h.holds(gfn))
+    }
+
+    /// Whether postcopy places whole huge pages here.
+    pub fn places_huge_pages(&self) -> bool {
+        self.huge.is_some()
+    }
+
     /// Whether postcopy has begun here.
     pub fn in_postcopy(&self) -> bool {
         self.postcopy.load(Ordering::SeqCst)
@@ -189,6 +266,10 @@ impl Loaded {
     /// Ends placement by copy: from now on every page is written normally,
     /// and the guest may touch any page. Call before the guest runs.
     pub fn end_placement(&self) {
+        if let Some(h) = self.huge.as_ref().filter(|h| h.partial() > 0) {
+            // Only a failed postcopy leaves huge pages part-filled.
+            tracing::debug!("{} huge pages were never filled", h.partial());
+        }
         self.placer
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -202,6 +283,27 @@ impl Loaded {
     fn put(&self, first: Gfn, bytes: &[u8]) -> Result<(), MigrationError> {
         let placer = self.placer.read().unwrap_or_else(|p| p.into_inner());
         let once = self.postcopy.load(Ordering::SeqCst);
+        if let (Some(huge), Some(p), true) = (&self.huge, &*placer, once) {
+            for done in huge.stage(first, bytes, |g| self.present.contains(g)) {
+                match p.copy(done.first, &done.bytes) {
+                    Ok(Placed::Copied(_)) => {}
+                    Ok(other) => {
+                        return Err(MigrationError::Placement(format!(
+                            "huge page at frame {:#x} was not placed whole ({other:?})",
+                            done.first.0
+                        )))
+                    }
+                    Err(e) => return Err(MigrationError::Placement(e.to_string())),
+                }
+                for g in done.first.0..done.first.0 + huge::HUGE_PAGES {
+                    self.present.insert(Gfn(g));
+                }
+                self.clock.placed(done.first, huge::HUGE_PAGES);
+                *self.placements.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+                self.placed.notify_all();
+            }
+            return Ok(());
+        }
         let n = (bytes.len() / PAGE_SIZE) as u64;
         let mut i = 0u64;
         while i < n {

@@ -44,11 +44,22 @@ pub fn running_source() -> TestVm {
 
 /// A destination in a thread, listening on loopback; returns how to reach it.
 pub fn spawn_receiver(opts: ReceiveOptions) -> (TcpDialer, JoinHandle<Received>) {
+    spawn_receiver_on(opts, Backing::Anonymous)
+}
+
+/// [`spawn_receiver`] with the destination's guest RAM on `backing`.
+pub fn spawn_receiver_on(
+    opts: ReceiveOptions,
+    backing: Backing,
+) -> (TcpDialer, JoinHandle<Received>) {
     let listener = listen("127.0.0.1:0").unwrap();
     let to = TcpDialer(listener.local_addr().unwrap().to_string());
     let dest = std::thread::spawn(move || {
         let incoming = await_migration(&listener)?;
-        let mut create = create_test_vm;
+        let mut create = |h: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
+            let config = VmConfig::from_guest_section(h.backend, &h.guest, backing)?;
+            TestVm::boxed(&config)
+        };
         receive(incoming, &listener, &mut create, &opts)
     });
     (to, dest)

@@ -44,6 +44,11 @@ pub struct DemoArgs {
     /// `ferry receive --help`).
     #[arg(long = "fault-path", default_value = "auto", value_parser = ["auto", "userfaultfd"])]
     pub fault_path: String,
+    /// Postcopy: the destination's userfaultfd handler threads (see `ferry
+    /// receive --help`).
+    #[arg(long = "fault-handlers", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub fault_handlers: u16,
     /// Run every connection over mutual TLS, with a throwaway CA and
     /// certificate written for this run (or the ones in --tls-dir).
     #[arg(long)]
@@ -207,6 +212,7 @@ fn spawn_destination(a: &DemoArgs, netns: Option<&NetnsPair>) -> Result<Destinat
         .args(["--placement", &a.placement])
         .args(["--prefetch", &a.prefetch.to_string()])
         .args(["--fault-path", &a.fault_path])
+        .args(["--fault-handlers", &a.fault_handlers.to_string()])
         .args([
             "--recover-timeout",
             &a.migration.recover_timeout_s.to_string(),

@@ -57,6 +57,12 @@ pub struct ReceiveArgs {
     /// seed's baseline, to compare).
     #[arg(long = "fault-path", default_value = "auto", value_parser = ["auto", "userfaultfd"])]
     pub fault_path: String,
+    /// Postcopy over userfaultfd: handler threads reading its fault events.
+    /// More serve a burst of faults from several vCPUs in parallel; on a
+    /// host with few cores they compete with the vCPUs for CPU.
+    #[arg(long = "fault-handlers", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub fault_handlers: u16,
     /// Postcopy: when the connections break after the switchover, run the
     /// guest on and wait this many seconds for the source to reconnect
     /// (`ferry migrate` retries for its own --recover-timeout). 0: give up
@@ -146,6 +152,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         prefetch: a.prefetch,
         recover_timeout: Duration::from_secs(a.recover_timeout_s),
         vcpu_fault_exits: a.fault_path == "auto",
+        fault_handlers: usize::from(a.fault_handlers),
     };
     let memory = a.memory;
     let backend = a.backend.clone();
