@@ -406,7 +406,15 @@ fn the_qmp_socket_greets_and_negotiates_as_qemus_does() {
     let qsock = std::env::temp_dir().join(format!("ferry-test-qmp-{}.sock", std::process::id()));
     let qarg = qsock.to_str().unwrap().to_string();
     let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "8M", "--qmp", &qarg]);
-    let conn = std::os::unix::net::UnixStream::connect(&qsock).unwrap();
+    // The sockets are served one after the other: wait for this one too.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let conn = loop {
+        match std::os::unix::net::UnixStream::connect(&qsock) {
+            Ok(c) => break c,
+            Err(e) => assert!(Instant::now() < deadline, "no QMP socket: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let mut out = conn.try_clone().unwrap();
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(conn));
     let mut next = || -> Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
