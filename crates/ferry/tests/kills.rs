@@ -5,6 +5,7 @@
 //! ```text
 //!  destination killed in precopy   the source fails and its guest runs on, intact
 //!  source killed in precopy        the destination fails and exits; no guest runs there
+//!                                  (in the full pass, and in a dirty round)
 //!  destination killed in postcopy  the source stays paused with every page (postcopy-paused)
 //!  source killed in postcopy       the destination names the pages only the source held
 //! ```
@@ -143,6 +144,15 @@ fn source_killed(mode: &str, reached: impl Fn(&Value) -> bool) -> String {
 fn a_source_killed_in_precopy_ends_the_destination_with_no_guest() {
     let stderr = source_killed("precopy", |q| q["ram"]["transferred"].as_u64() > Some(0));
     assert!(stderr.contains("error"), "{stderr}");
+}
+
+#[test]
+fn a_source_killed_in_a_dirty_round_ends_the_destination_with_no_guest() {
+    let stderr = source_killed("precopy", |q| {
+        q["ram"]["dirty-sync-count"].as_u64() >= Some(2) && q["status"] == "active"
+    });
+    assert!(stderr.contains("error"), "{stderr}");
+    assert!(!stderr.contains("guest running here"), "{stderr}");
 }
 
 /// Postcopy needs userfaultfd here; without it these tests print SKIP.

@@ -6,9 +6,23 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
-/// The ferry binary under test.
+/// The ferry binary under test. The process dies (SIGKILL) when the
+/// thread that started it ends, as each test runs on a thread of its own:
+/// a test that fails half-way leaves no `ferry` behind.
 pub fn ferry() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferry"))
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only prctl, which is async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
 }
 
 /// True if /dev/kvm is usable; otherwise prints the skip line.
