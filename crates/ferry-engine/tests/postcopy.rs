@@ -504,3 +504,29 @@ fn a_hybrid_onto_hugetlb_drops_and_refills_whole_huge_pages() {
     }
     panic!("precopy converged in every try: the guest never ran");
 }
+
+/// Two handler threads spinning on the userfaultfd serve the faults as
+/// one sleeping handler does: every page placed once, nothing lost.
+#[test]
+fn busy_polling_handlers_serve_a_postcopy() {
+    if !uffd_available("busy-polling handlers") {
+        return;
+    }
+    let (to, dest) = spawn_receiver(ReceiveOptions {
+        prefetch: 1,
+        fault_handlers: 2,
+        fault_busy_poll: true,
+        vcpu_fault_exits: false,
+        ..quick_receive()
+    });
+    let mut src = running_source();
+    let summary = migrate(&mut src, &to, &postcopy_opts(Mode::Postcopy), &NoProgress).unwrap();
+    let (dvm, dsum) = dest.join().unwrap().unwrap();
+    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert!(summary.digest_match && dsum.digest_match);
+    assert_eq!(summary.guest_mismatches, 0, "{summary:?}");
+    let report = dsum.postcopy.as_ref().expect("postcopy report");
+    assert_eq!(report.fault_path, "userfaultfd");
+    assert!(report.page_requests > 0, "{report:?}");
+    assert!(dvm.is_running());
+}

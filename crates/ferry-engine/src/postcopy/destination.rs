@@ -137,6 +137,7 @@ impl Dest {
             super::pager::Handling {
                 prefetch: opts.prefetch,
                 handlers: opts.fault_handlers,
+                busy_poll: opts.fault_busy_poll,
             },
             ask_again,
         )

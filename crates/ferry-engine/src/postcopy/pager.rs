@@ -262,6 +262,9 @@ pub(crate) struct Handling {
     /// queued when it wakes, so a burst of faults from several vCPUs is
     /// served in parallel.
     pub handlers: usize,
+    /// Handlers spin on the userfaultfd instead of sleeping in `poll`: no
+    /// wake-up latency, at the price of a CPU each.
+    pub busy_poll: bool,
 }
 
 /// Most handler threads.
@@ -274,6 +277,7 @@ struct Shared {
     loaded: Arc<Loaded>,
     health: Arc<Health>,
     stop: AtomicBool,
+    busy_poll: bool,
     prefetch: u32,
     faults: AtomicU64,
     pages_requested: AtomicU64,
@@ -300,7 +304,11 @@ impl Pager {
         handling: Handling,
         ask_again: bool,
     ) -> Result<Self, MigrationError> {
-        let Handling { prefetch, handlers } = handling;
+        let Handling {
+            prefetch,
+            handlers,
+            busy_poll,
+        } = handling;
         let link = io.get_ref();
         let write_half = link.try_clone_link().map_err(StreamError::Io)?;
         write_half
@@ -312,6 +320,7 @@ impl Pager {
             loaded,
             health,
             stop: AtomicBool::new(false),
+            busy_poll,
             prefetch: prefetch.clamp(1, crate::wire::control::MAX_REQUEST_PAGES),
             faults: AtomicU64::new(0),
             pages_requested: AtomicU64::new(0),
@@ -419,9 +428,18 @@ fn handle_faults(s: &Shared) -> Result<(), MigrationError> {
             let Some(p) = placer.as_ref() else {
                 return Ok(());
             };
-            p.wait_faults(FAULT_POLL, &mut faults).map_err(|e| {
+            let read = if s.busy_poll {
+                p.read_faults(&mut faults)
+            } else {
+                p.wait_faults(FAULT_POLL, &mut faults)
+            };
+            read.map_err(|e| {
                 MigrationError::Placement(format!("reading userfaultfd events: {e}"))
             })?;
+        }
+        if faults.is_empty() && s.busy_poll {
+            std::hint::spin_loop();
+            continue;
         }
         for &gfn in &faults {
             s.faults.fetch_add(1, Ordering::Relaxed);

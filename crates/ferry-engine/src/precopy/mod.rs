@@ -158,6 +158,8 @@ pub struct ReceiveOptions {
     pub vcpu_fault_exits: bool,
     /// Postcopy: threads reading the userfaultfd's fault events.
     pub fault_handlers: usize,
+    /// Postcopy: those threads spin instead of sleeping in `poll`.
+    pub fault_busy_poll: bool,
 }
 
 /// How the destination puts a received page into guest memory that has
@@ -197,6 +199,7 @@ impl Default for ReceiveOptions {
             recover_timeout: crate::postcopy::DEFAULT_RECOVER_TIMEOUT,
             vcpu_fault_exits: true,
             fault_handlers: 1,
+            fault_busy_poll: false,
         }
     }
 }

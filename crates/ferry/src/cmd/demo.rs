@@ -49,6 +49,10 @@ pub struct DemoArgs {
     #[arg(long = "fault-handlers", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=16))]
     pub fault_handlers: u16,
+    /// Postcopy: the destination's handlers spin instead of sleeping (see
+    /// `ferry receive --help`).
+    #[arg(long = "busy-poll")]
+    pub busy_poll: bool,
     /// Run every connection over mutual TLS, with a throwaway CA and
     /// certificate written for this run (or the ones in --tls-dir).
     #[arg(long)]
@@ -213,6 +217,7 @@ fn spawn_destination(a: &DemoArgs, netns: Option<&NetnsPair>) -> Result<Destinat
         .args(["--prefetch", &a.prefetch.to_string()])
         .args(["--fault-path", &a.fault_path])
         .args(["--fault-handlers", &a.fault_handlers.to_string()])
+        .args(a.busy_poll.then_some("--busy-poll"))
         .args([
             "--recover-timeout",
             &a.migration.recover_timeout_s.to_string(),

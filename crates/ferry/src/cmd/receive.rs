@@ -63,6 +63,12 @@ pub struct ReceiveArgs {
     #[arg(long = "fault-handlers", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=16))]
     pub fault_handlers: u16,
+    /// Postcopy over userfaultfd: the handler threads spin on it instead
+    /// of sleeping in poll. Waking an idle CPU dominates a fault's latency
+    /// on nested hosts; spinning removes it but takes a core per handler,
+    /// which on a 2-core host the vCPUs miss.
+    #[arg(long = "busy-poll")]
+    pub busy_poll: bool,
     /// Postcopy: when the connections break after the switchover, run the
     /// guest on and wait this many seconds for the source to reconnect
     /// (`ferry migrate` retries for its own --recover-timeout). 0: give up
@@ -153,6 +159,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         recover_timeout: Duration::from_secs(a.recover_timeout_s),
         vcpu_fault_exits: a.fault_path == "auto",
         fault_handlers: usize::from(a.fault_handlers),
+        fault_busy_poll: a.busy_poll,
     };
     let memory = a.memory;
     let backend = a.backend.clone();
