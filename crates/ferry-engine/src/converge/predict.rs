@@ -115,6 +115,9 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
             })
             .collect(),
         remaining_bytes: input.memory_bytes,
+        // The model sends the full pass under one action: no allowance
+        // for the pages ahead of the cursor (see Sample::full_pass_unsent).
+        guest_bytes: 0,
         link_bytes_per_sec: link,
         downtime_target: Duration::from_secs_f64(target),
         quota_interval: interval,

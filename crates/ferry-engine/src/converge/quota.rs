@@ -13,6 +13,14 @@
 //! leaves its share to the writers, and a vCPU that starts writing uses up
 //! its small quota and gets an equal share at the next interval. Where a
 //! sample has no per-vCPU count, the last split is scaled to the budget.
+//!
+//! **The full pass.** Early in the first pass most of memory is not sent
+//! yet, and a page dirtied there goes out in this pass anyway: only the
+//! writes behind the send cursor cost a resend. So while the full pass
+//! runs, the budget is divided by the share already sent (at most
+//! [`FULL_PASS_ALLOWANCE`]-fold): the guest runs nearly free at the start
+//! of the pass and under the plain budget at its end, for about the same
+//! resend as a plain budget throughout (for writes spread over memory).
 
 use super::share::LinkShare;
 use super::{Action, Policy, Sample};
@@ -31,6 +39,15 @@ const SHORTEST_WINDOW: f64 = 0.5;
 /// The least a vCPU gets, as a share of an equal split: one that starts
 /// writing is never held to nothing for an interval.
 const FLOOR_SHARE: f64 = 0.125;
+/// Most the budget grows early in the full pass (see the module's doc).
+const FULL_PASS_ALLOWANCE: f64 = 8.0;
+
+/// The budget's factor for `s`: 1 / (share of memory sent), in the full
+/// pass, at most [`FULL_PASS_ALLOWANCE`]; 1 after it.
+fn full_pass_allowance(s: &Sample) -> f64 {
+    let sent = 1.0 - s.full_pass_unsent();
+    1.0 / sent.max(1.0 / FULL_PASS_ALLOWANCE)
+}
 
 /// The quota policy's state.
 #[derive(Debug, Default)]
@@ -95,6 +112,7 @@ impl QuotaPolicy {
 
     /// The quotas for a budget of `per_vcpu` bytes per second per vCPU.
     fn quotas(&mut self, s: &Sample, per_vcpu: f64) -> Action {
+        let per_vcpu = per_vcpu * full_pass_allowance(s);
         let n = s.vcpus.max(1) as usize;
         let total = per_vcpu * n as f64;
         let rates = match self.demand(s) {
@@ -194,6 +212,32 @@ mod tests {
         let mut short = interval(0, &[0, 5_000_000]);
         short.elapsed = std::time::Duration::from_millis(5);
         assert_eq!(bytes(q.decide(&short)), first);
+    }
+
+    /// In the full pass the budget is divided by the share of memory sent
+    /// (at most eightfold); at a harvest, and after the pass, it is plain.
+    #[test]
+    fn the_full_pass_allows_more_while_little_is_sent() {
+        let budget = |unsent: u64, round: u32, harvest: bool| -> u64 {
+            let mut q = QuotaPolicy::default();
+            let mut s = interval(round, &[100_000_000, 100_000_000]);
+            s.guest_bytes = 1000;
+            s.remaining_bytes = unsent;
+            if harvest {
+                s.round_end = Some(crate::converge::sample::RoundEnd {
+                    dirty_bytes: 200_000_000,
+                    sent_bytes: 1000,
+                });
+            }
+            bytes(q.decide(&s)).iter().sum()
+        };
+        let plain = budget(0, 1, false);
+        assert_eq!(plain, 50_000_000, "500 MB/s over 100 ms");
+        assert_eq!(budget(0, 0, false), plain, "the pass is over");
+        assert_eq!(budget(500, 0, false), 2 * plain, "half sent");
+        assert_eq!(budget(1000, 0, false), 8 * plain, "nothing sent: capped");
+        assert_eq!(budget(950, 0, false), 8 * plain, "5% sent: capped");
+        assert_eq!(budget(500, 1, true), plain, "at a harvest");
     }
 
     #[test]

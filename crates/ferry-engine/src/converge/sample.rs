@@ -20,8 +20,11 @@ pub struct Sample {
     /// Bytes each vCPU newly dirtied since the last sample. Empty where the
     /// backend counts dirtying per VM only (the kvm bitmap modes).
     pub vcpu_dirty_bytes: Vec<u64>,
-    /// Bytes precopy still has to send.
+    /// Bytes precopy still has to send (in the full pass: of all memory).
     pub remaining_bytes: u64,
+    /// All guest memory, in bytes (0 where not known: no full-pass
+    /// allowance, see [`Sample::full_pass_unsent`]).
+    pub guest_bytes: u64,
     /// Guest bytes per second the link moves.
     pub link_bytes_per_sec: f64,
     /// The downtime target now.
@@ -44,6 +47,17 @@ pub struct RoundEnd {
 }
 
 impl Sample {
+    /// In the full pass, between harvests: the share of guest memory not
+    /// sent yet. A page dirtied there goes out in this pass anyway, so only
+    /// the rest of the guest's writes (for writes spread over memory, this
+    /// share's complement) will have to be sent again. 0 otherwise.
+    pub fn full_pass_unsent(&self) -> f64 {
+        if self.round != 0 || self.round_end.is_some() || self.guest_bytes == 0 {
+            return 0.0;
+        }
+        (self.remaining_bytes as f64 / self.guest_bytes as f64).clamp(0.0, 1.0)
+    }
+
     /// The guest's metered dirty rate over the sample, bytes per second:
     /// `None` where the backend has no per-vCPU count.
     pub fn dirty_rate(&self) -> Option<f64> {
@@ -104,6 +118,7 @@ pub(crate) fn sample(round: u32, dirty: u64, sent: u64) -> Sample {
         elapsed: Duration::from_secs(1),
         vcpu_dirty_bytes: Vec::new(),
         remaining_bytes: dirty,
+        guest_bytes: 0,
         link_bytes_per_sec: 1e9,
         downtime_target: Duration::from_millis(300),
         quota_interval: ferry_backend::QUOTA_INTERVAL,

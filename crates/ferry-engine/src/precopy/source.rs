@@ -569,6 +569,7 @@ impl Source<'_> {
             elapsed,
             vcpu_dirty_bytes,
             remaining_bytes,
+            guest_bytes: self.pages * PAGE_SIZE as u64,
             link_bytes_per_sec,
             downtime_target: self.opts.tunables.downtime_target(),
             quota_interval: self.opts.tunables.quota_interval(),
