@@ -82,7 +82,24 @@ impl PageHashes {
             .iter()
             .map(|h| h.load(Ordering::Relaxed))
             .collect();
+        dump_if_asked("destination", &all);
         digest_of(&all)
+    }
+}
+
+/// A diagnostic: with `FERRY_DIGEST_DUMP=DIR` set, each side writes the
+/// per-page hashes its digest is made of to `DIR/SIDE-PID.hashes` (one
+/// little-endian u64 per page), so that after a digest mismatch the pages
+/// that differ can be named by comparing the two files.
+fn dump_if_asked(side: &str, hashes: &[u64]) {
+    let Some(dir) = std::env::var_os("FERRY_DIGEST_DUMP") else {
+        return;
+    };
+    let path = std::path::Path::new(&dir).join(format!("{side}-{}.hashes", std::process::id()));
+    let bytes: Vec<u8> = hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
+    match std::fs::write(&path, bytes) {
+        Ok(()) => tracing::info!("page hashes written to {}", path.display()),
+        Err(e) => tracing::warn!("cannot write page hashes to {}: {e}", path.display()),
     }
 }
 
@@ -106,6 +123,7 @@ pub fn memory_digest(ram: &GuestRam, threads: usize) -> Result<MemoryDigest, Ram
             .into_iter()
             .try_for_each(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
     })?;
+    dump_if_asked("source", &hashes);
     Ok(digest_of(&hashes))
 }
 

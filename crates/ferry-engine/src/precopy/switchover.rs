@@ -25,6 +25,14 @@ impl Source<'_> {
         let (_, harvest) = self.harvest(&mut dirty, &mut last)?;
         self.send_round(round, RoundKind::Final, &dirty)?;
         self.finish_round(0, Duration::ZERO, harvest);
+        if std::env::var_os("FERRY_DIGEST_DUMP").is_some() {
+            // The digest diagnostic: nothing may be dirtied while paused.
+            let mut after = DirtyPages::new(self.pages);
+            let mut t = Instant::now();
+            let (n, _) = self.harvest(&mut after, &mut t)?;
+            let first: Vec<u64> = after.iter().take(8).map(|g| g.0).collect();
+            tracing::warn!("pages dirtied after the final harvest, while paused: {n} {first:x?}");
+        }
         self.send_vcpu_state()?;
         self.ctl.send(&Message::Switchover {
             verify_before_resume: strict,
