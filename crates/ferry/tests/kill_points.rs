@@ -146,15 +146,7 @@ fn source_killed_at(kind: FrameKind, to_source: bool) -> (bool, String) {
     kill(&mut s.source);
     let _ = std::fs::remove_file(&s.sock);
     s.relay.discard();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while s.dest.child.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the destination outlived its source by 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let (ok, stderr) = s.dest.finish();
+    let (ok, stderr) = s.dest.finish_within(30, "its source was killed");
     println!(
         "source killed before {}: destination: {stderr}",
         kind.name()
@@ -304,15 +296,7 @@ fn stalled_at(kind: FrameKind, to_source: bool) {
     });
     assert_eq!(run["status"], "running");
     assert_eq!(source_mismatches(&s.sock), 0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while s.dest.child.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the destination hangs on a stall"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let (ok, stderr) = s.dest.finish();
+    let (ok, stderr) = s.dest.finish_within(30, "a stall");
     assert!(!ok && !stderr.contains("panicked"), "{stderr}");
     assert!(!stderr.contains("guest running here"), "{stderr}");
     s.relay.discard();
@@ -434,15 +418,7 @@ fn a_source_killed_in_postcopy_recovery_leaves_the_destination_naming_the_missin
     let mut s = in_recovery(30);
     kill(&mut s.source);
     let _ = std::fs::remove_file(&s.sock);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while s.dest.child.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the destination outlived its source by 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let (ok, stderr) = s.dest.finish();
+    let (ok, stderr) = s.dest.finish_within(30, "its source was killed");
     println!("source killed in recovery: destination: {stderr}");
     assert!(!ok && !stderr.contains("panicked"), "{stderr}");
     assert!(stderr.contains("still missing here"), "{stderr}");

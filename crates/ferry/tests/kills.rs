@@ -13,7 +13,6 @@
 mod common;
 use common::*;
 use serde_json::Value;
-use std::io::Read;
 use std::time::{Duration, Instant};
 
 /// Polls the source's query-migrate until `done` (60 s at most).
@@ -117,25 +116,8 @@ fn source_killed(mode: &str, reached: impl Fn(&Value) -> bool) -> String {
     until(&sock, "the kill point", reached);
     kill(&mut vm);
     let _ = std::fs::remove_file(&sock);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = dest.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the destination outlived its source by 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(!status.success(), "the destination claims success");
-    let mut stderr = String::new();
-    dest.child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let (ok, stderr) = dest.finish_within(30, "its source was killed");
+    assert!(!ok, "the destination claims success");
     assert!(!stderr.contains("panicked"), "{stderr}");
     stderr
 }

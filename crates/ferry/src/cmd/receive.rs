@@ -181,14 +181,26 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     };
     let (mut vm, summary) = ferry_engine::receive(incoming, &*listener, &mut create, &opts)
         .map_err(|e| CmdError::Failed(chain(&e)))?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string(&summary).expect("summary serializes")
+        );
+    }
+    let serve = |vm: &mut dyn Vm, held: Option<String>| {
+        super::run::serve_vm(
+            vm,
+            &super::run::Serve {
+                interval: Duration::from_secs(1),
+                duration: None,
+                control: a.control.clone(),
+                qmp: a.qmp.clone(),
+                held,
+            },
+        )
+    };
     if summary.status == Status::Held {
         let why = summary.held.clone().unwrap_or_default();
-        if a.json {
-            println!(
-                "{}",
-                serde_json::to_string(&summary).expect("summary serializes")
-            );
-        }
         if a.control.is_none() && a.qmp.is_none() {
             return Err(CmdError::Failed(format!(
                 "{why}; without --control (or --qmp) this process cannot hold the paused copy \
@@ -196,16 +208,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                  unless it got this side's verdict: see its summary)"
             )));
         }
-        return super::run::serve_vm(
-            &mut *vm,
-            &super::run::Serve {
-                interval: Duration::from_secs(1),
-                duration: None,
-                control: a.control,
-                qmp: a.qmp,
-                held: Some(why),
-            },
-        );
+        return serve(&mut *vm, Some(why));
     }
     eprintln!(
         "ferry receive: {:?}: resumed in {:.1} ms, digest {}, {} passes after switchover, mismatches {} before / {} after",
@@ -216,25 +219,10 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         summary.mismatches_before,
         summary.mismatches_after
     );
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string(&summary).expect("summary serializes")
-        );
-    }
     let ok = summary.digest_match && summary.mismatches_after == 0;
     if !a.exit_after_report && ok {
         eprintln!("ferry receive: guest running here; Ctrl-C to stop");
-        return super::run::serve_vm(
-            &mut *vm,
-            &super::run::Serve {
-                interval: Duration::from_secs(1),
-                duration: None,
-                control: a.control,
-                qmp: a.qmp,
-                held: None,
-            },
-        );
+        return serve(&mut *vm, None);
     }
     Ok(if ok {
         ExitCode::SUCCESS

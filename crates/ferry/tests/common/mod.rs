@@ -120,6 +120,21 @@ impl Receiver {
 }
 
 impl Receiver {
+    /// Waits for the receiver to exit, failing the test if it is still
+    /// running after `secs` seconds (`what` says after what); returns
+    /// whether it succeeded and its stderr.
+    pub fn finish_within(&mut self, secs: u64, what: &str) -> (bool, String) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the destination still runs {secs} s after {what}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        self.finish()
+    }
+
     /// Waits for the receiver to exit; returns whether it succeeded and its stderr.
     pub fn finish(&mut self) -> (bool, String) {
         let ok = self.child.wait().unwrap().success();
