@@ -45,15 +45,15 @@ pub fn clear_dirty_log(
 /// Re-protects every page whose ring entry has been marked harvested, in every
 /// vCPU's dirty ring. Returns the number of entries reset.
 ///
-/// A vCPU kick (the throttler's or a pause's `SIGRTMIN`) that lands during the
-/// reset can leave pages KVM has already taken off the ring unprotected: their
-/// next writes then go unlogged and the migration's digest disagrees (seen
-/// under auto-converge, whose kicks are frequent, with pages lost in 64-page
-/// batches, when a vCPU thread reset its full ring). So the kick waits until
-/// the reset is done, on whichever thread resets; a vCPU loop takes its sleep
-/// before it re-enters KVM_RUN.
+/// A signal that lands during the reset makes KVM bail out with EINTR, and it
+/// can leave pages it has already taken off the ring unprotected: their next
+/// writes then go unlogged and the migration's digest disagrees (seen under
+/// auto-converge, whose `SIGRTMIN` kicks are frequent, with pages lost in
+/// 64-page batches, when a vCPU thread reset its full ring). So every signal
+/// that can be held waits until the reset is done, on whichever thread
+/// resets; a kicked vCPU loop takes its sleep before it re-enters KVM_RUN.
 pub fn reset_dirty_rings(vm: &VmFd) -> errno::Result<u32> {
-    let _held = KicksHeld::new();
+    let _held = SignalsHeld::new();
     // SAFETY: KVM_RESET_DIRTY_RINGS takes no argument and only touches the
     // rings KVM itself mapped for this VM.
     let ret = unsafe { ioctl(vm, KVM_RESET_DIRTY_RINGS()) };
@@ -64,33 +64,33 @@ pub fn reset_dirty_rings(vm: &VmFd) -> errno::Result<u32> {
     }
 }
 
-/// Holds the vCPU kick signal (`SIGRTMIN`) back on this thread while it
-/// lives; a kick sent meanwhile is delivered when it drops.
+/// Holds back every signal that can be held, on this thread, while it lives;
+/// a signal sent meanwhile is delivered when it drops.
 /// Not `Send`: the mask it restores is its own thread's.
-struct KicksHeld(libc::sigset_t, std::marker::PhantomData<*const ()>);
+struct SignalsHeld(libc::sigset_t, std::marker::PhantomData<*const ()>);
 
-impl KicksHeld {
+impl SignalsHeld {
     fn new() -> Self {
-        // SAFETY: sigset_t is plain data, and sigemptyset initialises it
+        // SAFETY: sigset_t is plain data, and sigfillset initialises it
         // before use.
-        let mut kick: libc::sigset_t = unsafe { std::mem::zeroed() };
+        let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: as above; pthread_sigmask fills it in.
         let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: both sets are valid, initialised sigset_t values owned by
-        // this frame; pthread_sigmask only changes this thread's mask.
+        // this frame; pthread_sigmask only changes this thread's mask (the
+        // kernel ignores SIGKILL and SIGSTOP in it).
         unsafe {
-            libc::sigemptyset(&mut kick);
-            libc::sigaddset(&mut kick, vmm_sys_util::signal::SIGRTMIN());
-            libc::pthread_sigmask(libc::SIG_BLOCK, &kick, &mut before);
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut before);
         }
-        KicksHeld(before, std::marker::PhantomData)
+        SignalsHeld(before, std::marker::PhantomData)
     }
 }
 
-impl Drop for KicksHeld {
+impl Drop for SignalsHeld {
     fn drop(&mut self) {
         // SAFETY: restores the mask saved in `new`, on the same thread
-        // (KicksHeld is not Send).
+        // (SignalsHeld is not Send).
         unsafe {
             libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut());
         }

@@ -2,7 +2,7 @@
 //! engine's `Vm` trait.
 
 use crate::cpu_state::{self, VcpuSnapshot};
-use crate::dirty::ring::DirtyRing;
+use crate::dirty::ring::{DirtyRing, RingPages};
 use crate::dirty::DirtyLog;
 use crate::error::{ioctl, KvmError};
 use crate::guest::boot::{self, Program};
@@ -10,8 +10,7 @@ use crate::memory::set_slot_logging;
 use crate::throttle::Throttler;
 use crate::vcpu::{Sleeper, VcpuState, VcpuThread};
 use ferry_backend::{
-    BackendError, DirtyPages, DirtyTracking, GuestRam, HarvestStats, Quota, SharedDirtyBitmap, Vm,
-    VmConfig,
+    BackendError, DirtyPages, DirtyTracking, GuestRam, HarvestStats, Quota, Vm, VmConfig,
 };
 use kvm_bindings::{kvm_enable_cap, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VmFd};
@@ -84,7 +83,7 @@ impl KvmVm {
         for slot in ram.slots() {
             set_slot_logging(&vm, &ram, slot, false)?;
         }
-        let pending = Arc::new(SharedDirtyBitmap::new(ram.pages()));
+        let pending = Arc::new(RingPages::new(ram.pages()));
         let mut dirty = DirtyLog::new(mode, Arc::clone(&vm), Arc::clone(&ram), pending.clone());
 
         let cpuid = kvm

@@ -20,9 +20,9 @@ pub mod ring;
 use crate::error::{ioctl, KvmError};
 use crate::ioctls;
 use crate::memory::set_slot_logging;
-use ferry_backend::{DirtyPages, DirtyTracking, GuestRam, HarvestStats, SharedDirtyBitmap};
+use ferry_backend::{DirtyPages, DirtyTracking, GuestRam, HarvestStats};
 use kvm_ioctls::VmFd;
-use ring::DirtyRing;
+use ring::{DirtyRing, RingPages};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,7 +34,7 @@ pub(crate) struct DirtyLog {
     rings: Vec<Arc<DirtyRing>>,
     /// Pages collected from rings (by vCPU threads on ring-full exits, or by a
     /// harvest) that the engine has not taken yet.
-    pending: Arc<SharedDirtyBitmap>,
+    pending: Arc<RingPages>,
     active: bool,
 }
 
@@ -43,7 +43,7 @@ impl DirtyLog {
         mode: DirtyTracking,
         vm: Arc<VmFd>,
         ram: Arc<GuestRam>,
-        pending: Arc<SharedDirtyBitmap>,
+        pending: Arc<RingPages>,
     ) -> Self {
         DirtyLog {
             mode,
@@ -95,8 +95,7 @@ impl DirtyLog {
             for ring in &self.rings {
                 ring.collect();
             }
-            ioctls::reset_dirty_rings(&self.vm).map_err(ioctl("KVM_RESET_DIRTY_RINGS"))?;
-            self.pending.clear();
+            self.pending.reset_and_forget(&self.vm)?;
         }
         self.active = false;
         Ok(())
@@ -144,9 +143,8 @@ impl DirtyLog {
                 }
                 stats.get_ns = t.elapsed().as_nanos() as u64;
                 let t = Instant::now();
-                ioctls::reset_dirty_rings(&self.vm).map_err(ioctl("KVM_RESET_DIRTY_RINGS"))?;
+                self.pending.reset_and_take(&self.vm, into)?;
                 stats.clear_ns = t.elapsed().as_nanos() as u64;
-                self.pending.harvest_into(into);
             }
         }
         stats.pages = into.count() - before;

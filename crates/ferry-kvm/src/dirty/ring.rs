@@ -8,19 +8,84 @@
 //! entries. When a ring fills, the vCPU exits with `KVM_EXIT_DIRTY_RING_FULL`
 //! and its own thread drains it ([`DirtyRing::drain_full`]).
 //!
-//! Collected pages go into a [`SharedDirtyBitmap`] until the engine harvests.
+//! Collected pages go into [`RingPages`] until the engine harvests; see there
+//! why a harvest may take only pages KVM has re-protected.
 
 use crate::error::{ioctl, KvmError};
 use crate::ioctls;
-use ferry_backend::{Gfn, SharedDirtyBitmap};
+use ferry_backend::{DirtyPages, Gfn, SharedDirtyBitmap};
 use kvm_bindings::{kvm_dirty_gfn, KVM_DIRTY_LOG_PAGE_OFFSET};
 use kvm_ioctls::{VcpuFd, VmFd};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 const GFN_DIRTY: u32 = 1;
 const GFN_RESET: u32 = 2;
+
+/// The pages the rings have collected and the engine has not taken yet.
+///
+/// Collecting an entry flags it for reset, but KVM write-protects its page
+/// again only at the next `KVM_RESET_DIRTY_RINGS`. A page taken and copied
+/// before that reset stays writable after the copy: a write then makes no new
+/// entry and is lost to the migration. Several threads collect (the dirty
+/// quota's meter every few milliseconds, vCPUs at ring-full exits, the
+/// engine), so one that collects while a harvest resets could hand the
+/// harvest pages its reset never saw; under the kvm quota this lost hundreds
+/// of pages in a third of busy migrations, caught by the digest.
+///
+/// So collectors hold `gate` shared while they mark pages and flag entries,
+/// and a harvest holds it exclusively from its reset through its take: every
+/// page it takes was flagged before the reset that protected it. A page
+/// collected later waits for the next harvest and its reset.
+pub struct RingPages {
+    pages: SharedDirtyBitmap,
+    gate: RwLock<()>,
+}
+
+impl RingPages {
+    /// An empty set over `pages` guest frames.
+    pub fn new(pages: u64) -> Self {
+        RingPages {
+            pages: SharedDirtyBitmap::new(pages),
+            gate: RwLock::new(()),
+        }
+    }
+
+    /// Re-protects every page collected so far, then moves them into `into`.
+    /// Returns the number of ring entries reset.
+    pub fn reset_and_take(&self, vm: &VmFd, into: &mut DirtyPages) -> Result<u32, KvmError> {
+        let _no_collector = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        let reset = reset(vm)?;
+        self.pages.harvest_into(into);
+        Ok(reset)
+    }
+
+    /// Forgets every collected page (dirty logging starts afresh).
+    pub fn clear(&self) {
+        self.pages.clear();
+    }
+
+    /// Re-protects every page collected so far and forgets them (dirty
+    /// logging has stopped).
+    pub fn reset_and_forget(&self, vm: &VmFd) -> Result<(), KvmError> {
+        let _no_collector = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        reset(vm)?;
+        self.pages.clear();
+        Ok(())
+    }
+}
+
+/// `KVM_RESET_DIRTY_RINGS`, repeated if a signal interrupted it before it
+/// reached the last flagged entry.
+fn reset(vm: &VmFd) -> Result<u32, KvmError> {
+    loop {
+        match ioctls::reset_dirty_rings(vm) {
+            Err(e) if e.errno() == libc::EINTR => continue,
+            other => return other.map_err(ioctl("KVM_RESET_DIRTY_RINGS")),
+        }
+    }
+}
 
 /// One vCPU's mapped dirty ring.
 pub struct DirtyRing {
@@ -30,7 +95,7 @@ pub struct DirtyRing {
     fetch: Mutex<u32>,
     vm: Arc<VmFd>,
     slot_bases: Vec<Gfn>,
-    pending: Arc<SharedDirtyBitmap>,
+    pending: Arc<RingPages>,
     /// Entries collected so far: the pages this vCPU dirtied (the per-vCPU
     /// meter of the dirty quota).
     collected: AtomicU64,
@@ -51,7 +116,7 @@ impl DirtyRing {
         entries: u32,
         vm: Arc<VmFd>,
         slot_bases: Vec<Gfn>,
-        pending: Arc<SharedDirtyBitmap>,
+        pending: Arc<RingPages>,
     ) -> Result<Self, KvmError> {
         let bytes = entries as usize * std::mem::size_of::<kvm_dirty_gfn>();
         // SAFETY: sysconf has no preconditions.
@@ -86,9 +151,10 @@ impl DirtyRing {
         })
     }
 
-    /// Records every published entry into the pending bitmap and flags it for
+    /// Records every published entry into the pending pages and flags it for
     /// reset. Returns the number of entries collected.
     pub fn collect(&self) -> u32 {
+        let _no_harvest = self.pending.gate.read().unwrap_or_else(|e| e.into_inner());
         let mut fetch = self.fetch.lock().expect("dirty ring lock");
         let mut n = 0;
         loop {
@@ -110,7 +176,7 @@ impl DirtyRing {
             };
             // Low 16 bits: slot id; high 16 bits: address space (always 0 here).
             if let Some(base) = self.slot_bases.get((slot & 0xffff) as usize) {
-                self.pending.mark(Gfn(base.0 + offset));
+                self.pending.pages.mark(Gfn(base.0 + offset));
             }
             flags.store(GFN_RESET, Ordering::Release);
             *fetch = fetch.wrapping_add(1);
@@ -126,10 +192,11 @@ impl DirtyRing {
     }
 
     /// Handles `KVM_EXIT_DIRTY_RING_FULL` on the vCPU's own thread: collect,
-    /// then reset so the vCPU can run again.
+    /// then reset so the vCPU can run again. (The pages stay pending for the
+    /// engine's next harvest, which resets again before it takes them.)
     pub fn drain_full(&self) -> Result<(), KvmError> {
         self.collect();
-        ioctls::reset_dirty_rings(&self.vm).map_err(ioctl("KVM_RESET_DIRTY_RINGS"))?;
+        reset(&self.vm)?;
         Ok(())
     }
 }
