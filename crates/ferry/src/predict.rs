@@ -8,14 +8,17 @@
 //!   rate per vCPU = writes × 4 KiB / SECS   (tracking's own cost included: on
 //!                                            a shadow-paging host it is most of it)
 //!   working set   = the vCPU's region if it writes, else 0
+//!   data bytes    = the pages that are not all zero, read after the sample
+//!                   (the full pass sends a zero page as a bit)
 //!   link          = the --bandwidth cap or the shaped --netns link's rate,
 //!                   or an assumed 1 GiB/s (said so)
 //! ```
 
 use crate::cmd::CmdError;
 use ferry_backend::memstress::read_progress;
-use ferry_backend::{DirtyPages, Vm, PAGE_SIZE};
+use ferry_backend::{DirtyPages, Gfn, GuestRam, RamError, Vm, PAGE_SIZE};
 use ferry_engine::converge::{predict, ConvergeMode, PredictInput, Prediction};
+use ferry_engine::wire::is_zero_page;
 use ferry_engine::Tunables;
 use ferry_report::Table;
 use std::time::{Duration, Instant};
@@ -64,8 +67,10 @@ pub fn sample_and_predict(
         .filter(|&r| r > 0)
         .min()
         .unwrap_or(0);
+    let data_bytes = data_bytes(vm.ram()).map_err(|e| failed("read the guest", &e))?;
     let input = PredictInput {
         memory_bytes: vm.ram().pages() * PAGE_SIZE as u64,
+        data_bytes,
         dirty_bytes_per_sec: rates,
         working_set_bytes: working_sets,
         link_bytes_per_sec: if cap > 0 { cap as f64 } else { ASSUMED_LINK },
@@ -81,6 +86,21 @@ pub fn sample_and_predict(
         modes.push(ConvergeMode::Quota);
     }
     Ok(predict(&input, &modes))
+}
+
+/// Bytes of the guest's pages that are not all zero.
+fn data_bytes(ram: &GuestRam) -> Result<u64, RamError> {
+    const CHUNK: u64 = 256;
+    let mut buf = vec![0u8; CHUNK as usize * PAGE_SIZE];
+    let (mut gfn, mut data) = (0, 0);
+    while gfn < ram.pages() {
+        let n = CHUNK.min(ram.pages() - gfn);
+        let chunk = &mut buf[..n as usize * PAGE_SIZE];
+        ram.read_pages(Gfn(gfn), chunk)?;
+        data += chunk.chunks(PAGE_SIZE).filter(|p| !is_zero_page(p)).count() as u64;
+        gfn += n;
+    }
+    Ok(data * PAGE_SIZE as u64)
 }
 
 /// The prediction as a table.

@@ -5,7 +5,9 @@
 //!   input   per vCPU: dirty rate with tracking on (bytes/s) and the bytes it
 //!           can dirty at most (its working set); memory; link; downtime
 //!           target; round cap
-//!   model   round 0 sends all memory; round k sends what was dirtied while
+//!   model   round 0 sends all memory, and its time on the link is that of
+//!           the pages that hold data (a zero page travels as one bit);
+//!           round k sends what was dirtied while
 //!           round k−1 was sent (per vCPU: min(working set, rate × time));
 //!           the *real* policy (`Policy::decide`) sees the samples the
 //!           engine would give it: the first interval's (each vCPU's rate
@@ -28,6 +30,11 @@ use std::time::Duration;
 pub struct PredictInput {
     /// Guest memory in bytes (all of it goes in the first pass).
     pub memory_bytes: u64,
+    /// Of those, the bytes of pages that hold data: what the first pass puts
+    /// on the link (zero pages travel as a bit, no data). A guest that has
+    /// written a tenth of its memory sends its first pass ten times faster
+    /// than its size says.
+    pub data_bytes: u64,
     /// Per vCPU: bytes dirtied per second with dirty tracking on.
     pub dirty_bytes_per_sec: Vec<f64>,
     /// Per vCPU: the most bytes it can have dirtied at once.
@@ -98,6 +105,10 @@ pub fn predict(input: &PredictInput, modes: &[ConvergeMode]) -> Prediction {
     }
 }
 
+/// The most steps the full pass is modelled in (longer passes take longer
+/// steps than the policy interval).
+const MAX_PASS_STEPS: f64 = 400.0;
+
 /// The round loop of one policy.
 fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
     let link = input.link_bytes_per_sec.max(1.0);
@@ -105,70 +116,82 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
     let vcpus = input.dirty_bytes_per_sec.len();
     let mut policy = policy(mode);
     let interval = ferry_backend::QUOTA_INTERVAL;
-    let first = Sample {
+    let template = Sample {
         round: 0,
         elapsed: interval,
-        vcpu_dirty_bytes: (0..vcpus)
-            .map(|v| {
-                let bytes = input.dirty_bytes_per_sec[v] * interval.as_secs_f64();
-                bytes.min(input.working_set_bytes[v] as f64) as u64
-            })
-            .collect(),
+        vcpu_dirty_bytes: Vec::new(),
         remaining_bytes: input.memory_bytes,
-        // The model sends the full pass under one action: no allowance
-        // for the pages ahead of the cursor (see Sample::full_pass_unsent).
-        guest_bytes: 0,
+        guest_bytes: input.memory_bytes,
         link_bytes_per_sec: link,
         downtime_target: Duration::from_secs_f64(target),
         quota_interval: interval,
         vcpus: vcpus as u32,
         round_end: None,
     };
-    let mut action: Option<Action> = policy.as_mut().and_then(|p| p.decide(&first));
-    let mut sent = input.memory_bytes as f64;
-    let (mut total, mut running_share, mut round) = (0.0, 0.0, 0u32);
-    loop {
-        let secs = sent / link;
-        // Each vCPU's effective rate under the action in force.
-        let mut dirty = 0.0;
+    let mut decide = |action: &mut Option<Action>, s: &Sample| {
+        if let Some(a) = policy.as_mut().and_then(|p| p.decide(s)) {
+            *action = Some(a);
+        }
+    };
+    let mut action: Option<Action> = None;
+    let (mut total, mut running_share) = (0.0, 0.0);
+
+    // The full pass, interval by interval, as the engine samples it. The
+    // dirty log is not reset within the pass, so a vCPU's meter counts only
+    // pages it had not dirtied yet in it: a vCPU whose working set is all
+    // dirty runs free, unmetered. What the pass dirtied is sent again.
+    let pass = input.data_bytes.min(input.memory_bytes) as f64 / link;
+    let steps = (pass / interval.as_secs_f64())
+        .ceil()
+        .clamp(1.0, MAX_PASS_STEPS);
+    let dt = pass / steps;
+    let mut touched = vec![0.0f64; vcpus];
+    for step in 1..=steps as u64 {
         let mut ran = 0.0;
-        for v in 0..vcpus {
-            let rate = input.dirty_bytes_per_sec[v];
-            let (eff, share) = match &action {
-                Some(Action::Time(p)) => {
-                    let run = 1.0 - f64::from(*p) / 100.0;
-                    (rate * run, run)
+        let metered: Vec<u64> = (0..vcpus)
+            .map(|v| {
+                let ws = input.working_set_bytes[v] as f64;
+                let (eff, mut share) = under(&action, v, input.dirty_bytes_per_sec[v]);
+                // Metered policies stop at an unmetered vCPU; time does not.
+                if touched[v] >= ws && !matches!(action, Some(Action::Time(_))) {
+                    share = 1.0;
                 }
-                Some(Action::Quota(Some(q))) => {
-                    let eff = rate.min(q.bytes_per_sec(v));
-                    (eff, if rate > 0.0 { eff / rate } else { 1.0 })
-                }
-                // The feedback loop settles the rate on the limit.
-                Some(Action::Limit(Some(l))) => {
-                    let eff = rate.min(*l as f64);
-                    (eff, if rate > 0.0 { eff / rate } else { 1.0 })
-                }
-                _ => (rate, 1.0),
-            };
-            dirty += (eff * secs).min(input.working_set_bytes[v] as f64);
-            ran += share;
-        }
-        total += secs;
-        running_share += secs * ran / vcpus.max(1) as f64;
-        let sample = Sample {
-            round,
-            elapsed: Duration::from_secs_f64(secs),
-            vcpu_dirty_bytes: Vec::new(),
-            remaining_bytes: dirty as u64,
-            round_end: Some(RoundEnd {
-                dirty_bytes: dirty as u64,
-                sent_bytes: sent as u64,
-            }),
-            ..first.clone()
-        };
-        if let Some(a) = policy.as_mut().and_then(|p| p.decide(&sample)) {
-            action = Some(a);
-        }
+                let new = (eff * dt).min(ws - touched[v]);
+                touched[v] += new;
+                ran += share;
+                new as u64
+            })
+            .collect();
+        total += dt;
+        running_share += dt * ran / vcpus.max(1) as f64;
+        let unsent = 1.0 - step as f64 / steps;
+        decide(
+            &mut action,
+            &Sample {
+                elapsed: Duration::from_secs_f64(dt),
+                vcpu_dirty_bytes: metered,
+                remaining_bytes: (input.memory_bytes as f64 * unsent) as u64,
+                ..template.clone()
+            },
+        );
+    }
+    let mut sent = input.memory_bytes as f64;
+    let mut dirty: f64 = touched.iter().sum();
+    let mut round = 0u32;
+    loop {
+        decide(
+            &mut action,
+            &Sample {
+                round,
+                elapsed: Duration::from_secs_f64(if round == 0 { pass } else { sent / link }),
+                remaining_bytes: dirty as u64,
+                round_end: Some(RoundEnd {
+                    dirty_bytes: dirty as u64,
+                    sent_bytes: sent as u64,
+                }),
+                ..template.clone()
+            },
+        );
         round += 1;
         let converges = dirty <= link * target;
         if converges || round >= input.max_rounds {
@@ -183,7 +206,38 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
                 throttled_ms: (total - running_share) * 1e3,
             };
         }
+        // A dirty round sends what the last one dirtied (all of it data: the
+        // guest's stamp at least) under the action in force.
         sent = dirty;
+        let secs = sent / link;
+        let mut ran = 0.0;
+        dirty = 0.0;
+        for v in 0..vcpus {
+            let (eff, share) = under(&action, v, input.dirty_bytes_per_sec[v]);
+            dirty += (eff * secs).min(input.working_set_bytes[v] as f64);
+            ran += share;
+        }
+        total += secs;
+        running_share += secs * ran / vcpus.max(1) as f64;
+    }
+}
+
+/// vCPU `v`'s dirty rate under `action` when it would dirty `rate` bytes/s
+/// unthrottled, and the share of the time it runs.
+fn under(action: &Option<Action>, v: usize, rate: f64) -> (f64, f64) {
+    let capped = |cap: f64| {
+        let eff = rate.min(cap);
+        (eff, if rate > 0.0 { eff / rate } else { 1.0 })
+    };
+    match action {
+        Some(Action::Time(p)) => {
+            let run = 1.0 - f64::from(*p) / 100.0;
+            (rate * run, run)
+        }
+        Some(Action::Quota(Some(q))) => capped(q.bytes_per_sec(v)),
+        // The feedback loop settles the rate on the limit.
+        Some(Action::Limit(Some(l))) => capped(*l as f64),
+        _ => (rate, 1.0),
     }
 }
 
@@ -196,6 +250,7 @@ mod tests {
     fn input(rates_mib_s: &[f64], link_mib_s: f64) -> PredictInput {
         PredictInput {
             memory_bytes: 256 * MIB * rates_mib_s.len() as u64,
+            data_bytes: 256 * MIB * rates_mib_s.len() as u64,
             dirty_bytes_per_sec: rates_mib_s.iter().map(|r| r * MIB as f64).collect(),
             working_set_bytes: vec![256 * MIB; rates_mib_s.len()],
             link_bytes_per_sec: link_mib_s * MIB as f64,
@@ -239,6 +294,20 @@ mod tests {
         assert!(quota.throttled_ms < auto.throttled_ms, "{p:?}");
         assert!(quota.total_ms < auto.total_ms, "{p:?}");
         assert_eq!(p.recommended, "quota", "{p:?}");
+    }
+
+    #[test]
+    fn zero_pages_cost_the_full_pass_nothing() {
+        // A writer at 5 MiB/s that has touched a tenth of its 256 MiB, over
+        // 128 MiB/s: the first pass moves 25.6 MiB, not 256.
+        let mut i = input(&[5.0], 128.0);
+        let full = of(&predict(&i, &ALL), "none").total_ms;
+        i.data_bytes = i.memory_bytes / 10;
+        let tenth = of(&predict(&i, &ALL), "none").clone();
+        assert!(tenth.converges, "{tenth:?}");
+        // 256 MiB / 128 MiB/s = 2 s; a tenth of it, 0.2 s (and a short round).
+        assert!(full > 2000.0, "{full}");
+        assert!((200.0..300.0).contains(&tenth.total_ms), "{tenth:?}");
     }
 
     #[test]
