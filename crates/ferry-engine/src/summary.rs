@@ -195,6 +195,10 @@ pub struct MigrationSummary {
     /// Each source vCPU's runtime and progress during the migration (filled
     /// in by whoever knows the guest program; empty when nobody measured).
     pub vcpu_shares: Vec<VcpuShare>,
+    /// Pages dirtied ahead of the send cursor that a harvest within their
+    /// round caught, so that the round's own read sent them and the next
+    /// round did not send them again.
+    pub spared_pages: u64,
     /// Every round, the final one last.
     pub rounds: Vec<RoundStats>,
     /// Whether source and destination memory digests matched.

@@ -5,6 +5,7 @@ mod common;
 
 use common::{quick_receive, running_source, spawn_receiver};
 use ferry_backend::Vm;
+use ferry_engine::converge::ConvergeMode;
 use ferry_engine::transport::{accept_channel, Channel};
 use ferry_engine::wire::{FrameKind, Message};
 use ferry_engine::{
@@ -235,4 +236,34 @@ fn progress_observer_sees_every_page_and_phase() {
     assert_eq!(phases.first(), Some(&Phase::Handshake));
     assert!(phases.contains(&Phase::Switchover) && phases.contains(&Phase::Verifying));
     assert_eq!(phases.last(), Some(&Phase::Done));
+}
+
+#[test]
+fn harvests_within_rounds_send_pages_dirtied_ahead_once() {
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = running_source();
+    // A slow guest (a pass of its 1024 pages takes about 160 ms) that writes
+    // three more passes, then stops: a page the engine wrongly took for
+    // sent would never be written again, and the digest would disagree.
+    src.throttle_handle()
+        .store(99, std::sync::atomic::Ordering::Relaxed);
+    src.stop_writing_after(3);
+    let opts = PrecopyOptions {
+        harvest_within_rounds: true,
+        converge: ConvergeMode::None,
+        batch_pages: 16,
+        ..PrecopyOptions::default()
+    };
+    // The 4 MiB full pass takes about a second: about ten policy
+    // intervals, each with a harvest, while the guest writes.
+    opts.tunables.set_bandwidth_bytes_per_sec(4 << 20);
+    opts.tunables.set_max_rounds(3);
+    let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+    let (_dvm, dsum) = dest.join().unwrap().unwrap();
+    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
+    assert_eq!(summary.guest_mismatches, 0, "{summary:?}");
+    assert!(summary.spared_pages > 0, "{summary:?}");
+    let sent: u64 = summary.rounds.iter().map(|r| r.pages).sum();
+    assert_eq!(sent, dsum.pages_received);
 }

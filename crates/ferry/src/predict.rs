@@ -32,6 +32,7 @@ pub fn sample_and_predict(
     tunables: &Tunables,
     link_rate: Option<u64>,
     secs: Duration,
+    harvest_within_rounds: bool,
 ) -> Result<Prediction, CmdError> {
     let w = vm.config().workload.clone();
     let failed = |what: &str, e: &dyn std::fmt::Display| {
@@ -77,6 +78,7 @@ pub fn sample_and_predict(
         link_known: cap > 0,
         downtime_target_ms: tunables.downtime_target().as_secs_f64() * 1e3,
         max_rounds: tunables.max_rounds(),
+        harvest_within_rounds,
     };
     let mut modes = vec![ConvergeMode::None, ConvergeMode::Auto];
     if vm.set_dirty_limit(None).is_ok() {

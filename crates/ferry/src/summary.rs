@@ -233,6 +233,17 @@ pub fn render(s: &MigrationSummary) -> String {
             ferry_backend::types::human_bytes(s.bytes_sent),
         ),
         (
+            "sent once, not twice",
+            if s.spared_pages > 0 {
+                format!(
+                    "{} pages dirtied ahead of the send cursor (harvests within rounds)",
+                    s.spared_pages
+                )
+            } else {
+                "none (--harvest-within-rounds spares pages dirtied ahead of the cursor)".into()
+            },
+        ),
+        (
             "digest check",
             if !s.digest_checked {
                 "not reached".into()

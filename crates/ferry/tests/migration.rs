@@ -168,3 +168,33 @@ fn random_order_partial_writes_and_stride_migrate_exactly() {
         );
     }
 }
+
+#[test]
+fn harvests_within_rounds_send_pages_dirtied_ahead_once_on_kvm() {
+    if !require_kvm("harvests within rounds") {
+        return;
+    }
+    // A 2 s full pass over a 64 MiB/s cap: about twenty harvests in it,
+    // racing the quota's meter on the dirty ring.
+    let out = run(&[
+        "demo",
+        "--json",
+        "--mem-per-vcpu",
+        "64M",
+        "--rate-limit",
+        "64",
+        "--bandwidth",
+        "64",
+        "--dirty-tracking",
+        "ring",
+        "--harvest-within-rounds",
+        "--warmup",
+        "0.5",
+    ]);
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_verified(&j, &stderr);
+    assert!(j["spared_pages"].as_u64().unwrap() > 0, "{j}");
+    assert!(out.status.success(), "{stderr}");
+}

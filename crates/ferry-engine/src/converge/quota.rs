@@ -16,7 +16,9 @@
 //!
 //! **The full pass.** Early in the first pass most of memory is not sent
 //! yet, and a page dirtied there goes out in this pass anyway: only the
-//! writes behind the send cursor cost a resend. So while the full pass
+//! writes behind the send cursor cost a resend (the engine harvests at each
+//! interval while a round runs, so a page dirtied ahead of the cursor is not
+//! sent again: `precopy::ahead`). So while the full pass
 //! runs, the budget is divided by the share already sent (at most
 //! [`FULL_PASS_ALLOWANCE`]-fold): the guest runs nearly free at the start
 //! of the pass and under the plain budget at its end, for about the same

@@ -51,6 +51,7 @@
 //! peer as an Error frame on the control connection, and the side that
 //! reports it gives the peer's reason when the peer gave one.
 
+mod ahead;
 mod compression;
 mod delta;
 mod destination;
@@ -101,6 +102,12 @@ pub struct PrecopyOptions {
     pub compression: Compression,
     /// Bytes of last-sent pages kept to re-send pages as deltas (0: off).
     pub delta_cache_bytes: u64,
+    /// Harvest the dirty log at each policy interval while a round runs, so
+    /// a page dirtied ahead of the send cursor is sent once, not again in
+    /// the next round (see `ahead`). Fewer bytes and shorter migrations;
+    /// but each harvest write-protects what it finds, so a guest that
+    /// rewrites its pages faults (and is metered by the quota) more often.
+    pub harvest_within_rounds: bool,
     /// What slows the guest when precopy does not converge.
     pub converge: ConvergeMode,
     /// Highest downtime target a stall may raise the target to (`None`:
@@ -124,6 +131,7 @@ impl Default for PrecopyOptions {
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             compression: Compression::None,
             delta_cache_bytes: 0,
+            harvest_within_rounds: false,
             converge: ConvergeMode::default(),
             max_downtime: None,
             mode: crate::postcopy::Mode::Precopy,

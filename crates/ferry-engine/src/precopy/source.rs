@@ -1,6 +1,7 @@
 //! The sending side: handshake, rounds and convergence (switchover is in
 //! `switchover.rs`).
 
+use super::ahead::WithinRound;
 use super::delta::DeltaCache;
 use super::senders::Senders;
 use super::{unexpected, PrecopyOptions, MAX_CONNECTIONS};
@@ -147,6 +148,7 @@ pub fn fresh_summary(
         converged: false,
         predicted: None,
         vcpu_shares: Vec::new(),
+        spared_pages: 0,
         rounds: Vec::new(),
         digest_match: false,
         digest_checked: false,
@@ -179,6 +181,7 @@ impl<'a> Source<'a> {
             converge: Converger::new(opts.converge, max_downtime)
                 .switching_on_stall(opts.mode.switch_on_stall()),
             pages: ram.pages(),
+            within: WithinRound::new(ram.pages()),
             vm,
             ram,
             ctl,
@@ -312,6 +315,8 @@ pub(crate) struct Source<'a> {
     pub(crate) progress: &'a dyn Progress,
     pub(crate) pages: u64,
     pub(crate) logging: bool,
+    /// Pages harvested within the current round (see [`WithinRound`]).
+    pub(crate) within: WithinRound,
     pub(crate) paused_by_us: bool,
     /// The digest is sent; a failure now may leave the destination running.
     pub(crate) awaiting_verdict: bool,
@@ -518,6 +523,7 @@ impl Source<'_> {
             .harvest_dirty(into)
             .map_err(MigrationError::backend("harvest the dirty log"))?;
         self.ram.take_vmm_dirty(into);
+        self.within.take_into(into);
         let since = last.elapsed();
         *last = Instant::now();
         Ok((into.count() - before, since))
@@ -582,14 +588,20 @@ impl Source<'_> {
     /// connections at `bytes_at`, having sent `raw` guest bytes and with
     /// `left` pages of it to go: operator requests, and the policy once per
     /// interval.
+    /// Also harvests once per interval, filing what it finds by `cursor`,
+    /// the first page of `set` not read yet.
     fn between_batches(
         &mut self,
         round: u32,
         (t, bytes_at, raw): (Instant, u64, u64),
+        (set, cursor): (&DirtyPages, Gfn),
         left: u64,
     ) -> Result<(), MigrationError> {
         let tun = &self.opts.tunables;
         if self.converge.interval_due(tun) {
+            if self.logging && self.opts.harvest_within_rounds {
+                self.harvest_within_round(set, cursor)?;
+            }
             let link = self.plan_bandwidth(Some(Transfer {
                 raw,
                 wire: self.health.data_bytes() - bytes_at,
@@ -606,6 +618,22 @@ impl Source<'_> {
         for step in self.converge.unreported() {
             self.progress.throttle_changed(step);
         }
+        Ok(())
+    }
+
+    /// A harvest while a round runs (see [`WithinRound`]).
+    fn harvest_within_round(
+        &mut self,
+        set: &DirtyPages,
+        cursor: Gfn,
+    ) -> Result<(), MigrationError> {
+        let mut found = DirtyPages::new(self.pages);
+        self.vm
+            .harvest_dirty(&mut found)
+            .map_err(MigrationError::backend("harvest the dirty log"))?;
+        self.ram.take_vmm_dirty(&mut found);
+        self.within.file(&found, set, cursor);
+        self.summary.spared_pages = self.within.spared();
         Ok(())
     }
 
@@ -641,7 +669,8 @@ impl Source<'_> {
                     raw += r;
                     if cancellable {
                         let left = set.count().saturating_sub(pages);
-                        self.between_batches(round, (t, bytes_at, raw), left)?;
+                        let at = (t, bytes_at, raw);
+                        self.between_batches(round, at, (set, Gfn(gfn)), left)?;
                     }
                 }
             }

@@ -100,6 +100,8 @@ pub struct TestVm {
     worker: Option<JoinHandle<()>>,
     /// Percent of its time the guest thread sleeps (time throttling).
     throttle: Arc<AtomicU64>,
+    /// The guest stops writing once it reaches this pass.
+    last_pass: Arc<AtomicU64>,
     pub logging: bool,
     /// Write a page after the final harvest, so the digest must catch it.
     pub untracked_write_on_save: bool,
@@ -118,6 +120,7 @@ impl TestVm {
             stop: Arc::new(AtomicBool::new(false)),
             worker: None,
             throttle: Arc::new(AtomicU64::new(0)),
+            last_pass: Arc::new(AtomicU64::new(u64::MAX)),
             logging: false,
             untracked_write_on_save: false,
         })
@@ -125,6 +128,14 @@ impl TestVm {
 
     pub fn boxed(config: &VmConfig) -> Result<Box<dyn Vm>, BackendError> {
         Ok(Box::new(Self::new(config)?))
+    }
+
+    /// Has the guest write `passes` more passes from now, then idle: a page
+    /// written in them and lost by the migration is never written again,
+    /// so the digest catches it.
+    pub fn stop_writing_after(&self, passes: u64) {
+        let pass = self.position.load(Ordering::Acquire) >> 32;
+        self.last_pass.store(pass + passes, Ordering::Release);
     }
 
     /// The time throttle, in percent, readable while the VM migrates.
@@ -139,12 +150,17 @@ fn guest(
     position: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     throttle: Arc<AtomicU64>,
+    last_pass: Arc<AtomicU64>,
 ) {
     let pages = layout.data_bytes / PAGE_SIZE as u64;
     let prog = MemoryLayout::progress_gpa(0);
     let pos = position.load(Ordering::Acquire);
     let (mut pass, mut page) = (pos >> 32, pos & 0xffff_ffff);
     while !stop.load(Ordering::Acquire) {
+        if pass >= last_pass.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
         let gpa = layout.data_gpa().add(page * PAGE_SIZE as u64);
         let expect = if pass <= 1 {
             0
@@ -186,15 +202,16 @@ impl Vm for TestVm {
     fn start(&mut self) -> Result<(), BackendError> {
         if self.worker.is_none() {
             self.stop.store(false, Ordering::Release);
-            let (ram, pos, stop, throttle) = (
+            let (ram, pos, stop, throttle, last) = (
                 Arc::clone(&self.ram),
                 Arc::clone(&self.position),
                 Arc::clone(&self.stop),
                 Arc::clone(&self.throttle),
+                Arc::clone(&self.last_pass),
             );
             let layout = self.config.layout();
             self.worker = Some(std::thread::spawn(move || {
-                guest(ram, layout, pos, stop, throttle)
+                guest(ram, layout, pos, stop, throttle, last)
             }));
         }
         Ok(())

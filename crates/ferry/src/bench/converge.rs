@@ -59,6 +59,10 @@ pub struct ConvergeArgs {
     /// cap on loopback.
     #[arg(long)]
     pub netns: bool,
+    /// Run every migration with `--harvest-within-rounds` (a page dirtied
+    /// ahead of the send cursor is sent once, not again).
+    #[arg(long = "harvest-within-rounds")]
+    pub harvest_within_rounds: bool,
     /// Print one JSON object with `cells` as the last line of stdout.
     #[arg(long)]
     pub json: bool,
@@ -155,6 +159,8 @@ pub struct ConvergeResults {
     pub backend: String,
     /// What the link was.
     pub link: String,
+    /// Whether the migrations harvested within rounds.
+    pub harvest_within_rounds: bool,
     /// Policies compared.
     pub policies: Vec<String>,
     /// Every cell, table A's first.
@@ -256,8 +262,7 @@ fn default_policies(_backend: &str) -> Vec<String> {
 
 /// Runs `ferry demo` for one cell and policy, killing it at the time limit.
 fn run_one(
-    backend: &str,
-    netns: bool,
+    a: &ConvergeArgs,
     cell: &CellSpec,
     policy: &str,
     timeline: &Path,
@@ -267,8 +272,11 @@ fn run_one(
     let mut cmd = Command::new(exe);
     die_with_parent(&mut cmd);
     let per_vcpu = format!("{}M", cell.mem_mib / u64::from(cell.vcpus));
-    cmd.args(["demo", "--json", "--warmup", "0.5", "--backend", backend]);
-    if backend == "kvm" {
+    cmd.args(["demo", "--json", "--warmup", "0.5", "--backend", &a.backend]);
+    if a.harvest_within_rounds {
+        cmd.arg("--harvest-within-rounds");
+    }
+    if a.backend == "kvm" {
         cmd.args(["--dirty-tracking", "ring"]);
     }
     cmd.args([
@@ -279,7 +287,7 @@ fn run_one(
     ])
     .args(["--write-percent", &cell.write_percent.to_string()])
     .args(["--readers", &cell.readers.to_string()])
-    .args(if netns {
+    .args(if a.netns {
         &["--netns", "--link-rate"][..]
     } else {
         &["--bandwidth"][..]
@@ -490,7 +498,7 @@ pub fn run(a: &ConvergeArgs) -> Result<Report<ConvergeResults>, CmdError> {
             let svg = a
                 .out
                 .join(format!("converge-{}-cell{}-{p}.svg", a.backend, i + 1));
-            results.push(run_one(&a.backend, a.netns, &cell, p, &svg)?);
+            results.push(run_one(a, &cell, p, &svg)?);
         }
         cells.push(CellResult { cell, results });
     }
@@ -690,6 +698,7 @@ fn report(
         results: ConvergeResults {
             backend: a.backend.clone(),
             link: link_kind(a.netns).into(),
+            harvest_within_rounds: a.harvest_within_rounds,
             policies,
             cells,
         },

@@ -112,6 +112,15 @@ pub struct MigrationArgs {
     /// last copy (like QEMU's XBZRLE), from a cache of last-sent pages.
     #[arg(long)]
     pub delta: bool,
+    /// Harvest the dirty log at every policy interval while a round is
+    /// sent, so that a page the guest dirties ahead of the send cursor goes
+    /// out once, in that round, and not again in the next. Measured on a
+    /// nested kvm host: 15-34% fewer bytes and shorter migrations for busy
+    /// writers, but a writer faults more often (each harvest write-protects
+    /// its pages again), so under the quota it runs a smaller share of the
+    /// (shorter) migration. Off by default.
+    #[arg(long = "harvest-within-rounds")]
+    pub harvest_within_rounds: bool,
     /// Size of --delta's cache of last-sent pages (at most the guest's
     /// memory is used). A page evicted from it is sent whole.
     #[arg(long = "delta-cache", default_value = "256M", value_parser = crate::args::parse_size, requires = "delta")]
@@ -200,6 +209,8 @@ pub struct LinkSettings {
     pub tls: Option<TlsConfig>,
     /// Bytes of the delta cache (0: no delta re-sends).
     pub delta_cache_bytes: u64,
+    /// Harvest within rounds (see `PrecopyOptions`).
+    pub harvest_within_rounds: bool,
     /// The convergence policy (`None`: the best the backend serves).
     pub converge: Option<ConvergeMode>,
     /// Highest downtime target a stall may raise the target to.
@@ -231,6 +242,7 @@ impl MigrationArgs {
             verify_before_resume: self.verify_before_resume,
             tls: load_tls(self.tls_dir.as_deref())?,
             delta_cache_bytes: if self.delta { self.delta_cache } else { 0 },
+            harvest_within_rounds: self.harvest_within_rounds,
             converge: self.converge,
             max_downtime: self.max_downtime_ms.map(Duration::from_millis),
             give_up_after: self.give_up_after_s.map(Duration::from_secs),
@@ -435,6 +447,7 @@ pub fn boot_and_migrate(
             &tunables,
             m.link_bytes_per_sec,
             Duration::from_secs_f64(m.predict_secs),
+            link.harvest_within_rounds,
         )?;
         if !m.json {
             println!("{}", crate::predict::render(&p));
@@ -475,6 +488,7 @@ pub fn migrate_running(
         stall_timeout: link.stall_timeout,
         compression: link.compression,
         delta_cache_bytes: link.delta_cache_bytes.min(vm.ram().pages() * 4096),
+        harvest_within_rounds: link.harvest_within_rounds,
         converge,
         max_downtime: link.max_downtime,
         mode: link.mode,

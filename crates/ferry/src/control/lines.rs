@@ -130,6 +130,7 @@ pub fn settings(m: MigrateRequest, shared: &Shared) -> Result<(String, LinkSetti
         verify_before_resume: m.verify_before_resume,
         tls,
         delta_cache_bytes: m.delta_cache_mib.unwrap_or(0).saturating_mul(1 << 20),
+        harvest_within_rounds: false,
         converge,
         max_downtime: m.max_downtime_ms.map(Duration::from_millis),
         give_up_after: m.give_up_after_s.map(Duration::from_secs),

@@ -1,0 +1,141 @@
+//! Harvests within a round: a page dirtied ahead of the send cursor is sent
+//! once, not twice.
+//!
+//! A round reads its pages in ascending order. Without a harvest until the
+//! round ends, a page the guest dirties before the round reaches it goes out
+//! in this round with the new data, and again in the next round, because its
+//! dirty bit is still set. A harvest in the middle of the round settles it:
+//! every backend write-protects what it harvests before it returns, so a
+//! harvested page this round has still to read goes out with everything the
+//! guest wrote before the harvest, and a later write is logged again. Only
+//! the pages the round has already read (or does not send at all) are kept
+//! for the next round.
+//!
+//! ```text
+//!   round's set   ████████████████████████████████
+//!   cursor                      ▲ (pages below it are read)
+//!   harvest        x    x   x  x│ x   x     x   x
+//!   carried        x    x   x  x│                    next round
+//!   spared                      │ x   x     x   x    sent once, below
+//! ```
+//!
+//! The engine harvests at each policy interval while a round runs (the
+//! quota's full-pass allowance relies on it: pages dirtied ahead of the
+//! cursor cost no resend). The price: a page written after a harvest faults
+//! again, so hot pages are logged once per interval instead of once per round.
+
+use ferry_backend::{DirtyPages, Gfn};
+
+/// Pages harvested within the current round, filed by the send cursor.
+#[derive(Debug)]
+pub(crate) struct WithinRound {
+    /// Harvested pages the round has read already, or does not send: the
+    /// next round's.
+    carried: DirtyPages,
+    /// Harvested pages the round had still to read (sent once), in all.
+    spared: u64,
+}
+
+impl WithinRound {
+    /// Nothing carried, over `pages` guest frames.
+    pub fn new(pages: u64) -> Self {
+        WithinRound {
+            carried: DirtyPages::new(pages),
+            spared: 0,
+        }
+    }
+
+    /// Files `found`, harvested while the round sending `set` had read each
+    /// of its pages below `cursor` and none from `cursor` on.
+    pub fn file(&mut self, found: &DirtyPages, set: &DirtyPages, cursor: Gfn) {
+        let keep: Vec<u64> = found
+            .words()
+            .iter()
+            .zip(set.words())
+            .enumerate()
+            .map(|(i, (&dirty, &sends))| {
+                let ahead = sends & at_or_after(i, cursor);
+                self.spared += u64::from((dirty & ahead).count_ones());
+                dirty & !ahead
+            })
+            .collect();
+        self.carried.merge_words(Gfn(0), &keep);
+    }
+
+    /// Moves the carried pages into `into` (the round's end harvest).
+    pub fn take_into(&mut self, into: &mut DirtyPages) {
+        into.merge(&self.carried);
+        self.carried.clear();
+    }
+
+    /// Pages sent once instead of twice so far.
+    pub fn spared(&self) -> u64 {
+        self.spared
+    }
+}
+
+/// The bits of word `i` for frames at or after `cursor`.
+fn at_or_after(i: usize, cursor: Gfn) -> u64 {
+    let first = i as u64 * 64;
+    match cursor.0.checked_sub(first) {
+        None | Some(0) => u64::MAX,
+        Some(n) if n >= 64 => 0,
+        Some(n) => u64::MAX << n,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pages(n: u64, gfns: &[u64]) -> DirtyPages {
+        let mut p = DirtyPages::new(n);
+        gfns.iter().for_each(|&g| p.set(Gfn(g)));
+        p
+    }
+
+    #[test]
+    fn pages_ahead_of_the_cursor_in_the_set_are_spared_the_rest_carried() {
+        let mut w = WithinRound::new(300);
+        // The set: every page but 200..=210; the cursor at 130.
+        let set = pages(
+            300,
+            &(0..300)
+                .filter(|g| !(200..=210).contains(g))
+                .collect::<Vec<_>>(),
+        );
+        let found = pages(300, &[0, 63, 64, 129, 130, 131, 191, 192, 205, 299]);
+        w.file(&found, &set, Gfn(130));
+        // Read already: 0, 63, 64, 129; not in the set: 205.
+        let mut next = DirtyPages::new(300);
+        w.take_into(&mut next);
+        let carried: Vec<u64> = next.iter().map(|g| g.0).collect();
+        assert_eq!(carried, vec![0, 63, 64, 129, 205]);
+        assert_eq!(w.spared(), 5, "130, 131, 191, 192 and 299");
+        // Taken once: nothing carried twice.
+        let mut again = DirtyPages::new(300);
+        w.take_into(&mut again);
+        assert!(again.is_empty());
+    }
+
+    #[test]
+    fn the_cursor_splits_words_exactly() {
+        assert_eq!(at_or_after(0, Gfn(0)), u64::MAX);
+        assert_eq!(at_or_after(1, Gfn(64)), u64::MAX);
+        assert_eq!(at_or_after(0, Gfn(64)), 0);
+        assert_eq!(at_or_after(1, Gfn(65)), u64::MAX << 1);
+        assert_eq!(at_or_after(2, Gfn(65)), u64::MAX);
+        assert_eq!(at_or_after(0, Gfn(u64::MAX)), 0);
+    }
+
+    #[test]
+    fn a_round_that_read_everything_carries_all_it_finds() {
+        let mut w = WithinRound::new(100);
+        let set = DirtyPages::all(100);
+        w.file(&pages(100, &[3, 99]), &set, Gfn(100));
+        let mut next = DirtyPages::new(100);
+        w.take_into(&mut next);
+        assert_eq!(next.count(), 2);
+        assert_eq!(w.spared(), 0);
+    }
+}
