@@ -48,9 +48,10 @@ pub struct RoundEnd {
 
 impl Sample {
     /// In the full pass, between harvests: the share of guest memory not
-    /// sent yet. A page dirtied there goes out in this pass anyway, so only
-    /// the rest of the guest's writes (for writes spread over memory, this
-    /// share's complement) will have to be sent again. 0 otherwise.
+    /// sent yet. A page dirtied there goes out in this pass anyway (with
+    /// harvests within rounds, only once: then only the rest of the guest's
+    /// writes, for writes spread over memory this share's complement, have
+    /// to be sent again). 0 otherwise.
     pub fn full_pass_unsent(&self) -> f64 {
         if self.round != 0 || self.round_end.is_some() || self.guest_bytes == 0 {
             return 0.0;
