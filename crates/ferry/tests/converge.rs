@@ -320,7 +320,12 @@ fn the_quota_engages_within_the_full_pass_from_each_vcpus_dirty_count() {
             continue;
         }
         // The full pass of 32 MiB over 16 MiB/s lasts about 2 s: many
-        // 100 ms policy intervals, in which the guest rewrites its memory.
+        // 100 ms policy intervals. The guest's first pass over its memory
+        // in it takes as long (16 MiB/s of writes, twice the quota's
+        // threshold), so that every interval meters new pages: an uncapped
+        // writer on a loaded host can dirty all 32 MiB in one late first
+        // interval, and then (the log not being reset within the pass)
+        // nothing more for the meter to see until the round ends.
         let out = run(&[
             "demo",
             "--json",
@@ -328,7 +333,8 @@ fn the_quota_engages_within_the_full_pass_from_each_vcpus_dirty_count() {
             backend,
             "--dirty-tracking",
             "ring",
-            "--unthrottled",
+            "--rate-limit",
+            "16",
             "--converge",
             "quota",
             "--bandwidth",

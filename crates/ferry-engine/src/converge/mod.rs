@@ -228,6 +228,11 @@ impl Converger {
         self.meter.read(vm)
     }
 
+    /// Starts the per-vCPU meter (as dirty logging starts).
+    pub fn start_meter(&mut self, vm: &dyn Vm) {
+        self.meter.start(vm)
+    }
+
     /// Runs the policy on an interval's sample (no harvest: the stall
     /// detector waits for the round's end).
     pub fn on_interval(

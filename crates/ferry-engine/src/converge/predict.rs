@@ -132,6 +132,7 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
         quota_interval: interval,
         vcpus: vcpus as u32,
         round_end: None,
+        harvests_within_rounds: input.harvest_within_rounds,
     };
     let mut decide = |action: &mut Option<Action>, s: &Sample| {
         if let Some(a) = policy.as_mut().and_then(|p| p.decide(s)) {
@@ -158,7 +159,9 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
     let mut touched = vec![0.0f64; vcpus];
     let mut again = vec![0.0f64; vcpus];
     for step in 1..=steps as u64 {
-        let sent_share = (step as f64 - 0.5) / steps;
+        // The cursor at the harvest that ends this step (the last step's
+        // writes meet the round's end harvest, all behind the cursor).
+        let sent_share = step as f64 / steps;
         let mut ran = 0.0;
         let metered: Vec<u64> = (0..vcpus)
             .map(|v| {
@@ -184,6 +187,10 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
             .collect();
         total += dt;
         running_share += dt * ran / vcpus.max(1) as f64;
+        if step as f64 >= steps {
+            // The round's end sample replaces the last interval's.
+            break;
+        }
         let unsent = 1.0 - step as f64 / steps;
         decide(
             &mut action,

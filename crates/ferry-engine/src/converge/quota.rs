@@ -61,6 +61,9 @@ pub struct QuotaPolicy {
     share: LinkShare,
     /// The last split, in bytes per second per vCPU.
     last: Vec<f64>,
+    /// Each vCPU's dirty rate when the quota engaged (bytes per second):
+    /// what it dirties unthrottled. Empty without a per-vCPU count.
+    free: Vec<f64>,
 }
 
 /// Splits `total` bytes per second between vCPUs that need `demand[i]`
@@ -116,10 +119,44 @@ impl QuotaPolicy {
         Some(demand.collect())
     }
 
-    /// The quotas for a budget of `per_vcpu` bytes per second per vCPU.
+    /// vCPU `v`'s full-pass allowance (see the module's doc). Without
+    /// harvests within rounds, everything a vCPU dirties in the pass goes
+    /// again, so the allowance is free only for a vCPU that, unthrottled,
+    /// would dirty its share of memory before the pass ends anyway (and is
+    /// then no longer metered): for a slower one it only adds pages to send
+    /// again (a capped 50 MiB/s writer over a 1 GiB pass: 3 s longer).
+    fn allowance(&self, s: &Sample, v: usize) -> f64 {
+        let allowance = full_pass_allowance(s);
+        if s.harvests_within_rounds || allowance <= 1.0 {
+            return allowance;
+        }
+        let Some(&free) = self.free.get(v) else {
+            return allowance;
+        };
+        let pass_left = s.remaining_bytes as f64 / s.link_bytes_per_sec.max(1.0);
+        let its_share = s.guest_bytes as f64 / f64::from(s.vcpus.max(1));
+        if free * pass_left >= its_share {
+            allowance
+        } else {
+            1.0
+        }
+    }
+
+    /// The quotas for a budget of `per_vcpu` bytes per second per vCPU,
+    /// grown by the vCPUs' mean full-pass allowance (the split then gives
+    /// it to those that use it).
     fn quotas(&mut self, s: &Sample, per_vcpu: f64) -> Action {
-        let per_vcpu = per_vcpu * full_pass_allowance(s);
         let n = s.vcpus.max(1) as usize;
+        let secs = s.elapsed.as_secs_f64();
+        if self.last.is_empty() && s.vcpu_dirty_bytes.len() == n && secs > 0.0 {
+            self.free = s
+                .vcpu_dirty_bytes
+                .iter()
+                .map(|&b| b as f64 / secs)
+                .collect();
+        }
+        let allowances: Vec<f64> = (0..n).map(|v| self.allowance(s, v)).collect();
+        let per_vcpu = per_vcpu * allowances.iter().sum::<f64>() / n as f64;
         let total = per_vcpu * n as f64;
         let rates = match self.demand(s) {
             Some(demand) => split(total, &demand),
@@ -244,6 +281,28 @@ mod tests {
         assert_eq!(budget(1000, 0, false), 8 * plain, "nothing sent: capped");
         assert_eq!(budget(950, 0, false), 8 * plain, "5% sent: capped");
         assert_eq!(budget(500, 1, true), plain, "at a harvest");
+    }
+
+    #[test]
+    fn without_harvests_within_rounds_only_a_fast_writer_gets_the_allowance() {
+        // 2 vCPUs over 1 GB/s, nothing sent of 1 GB: the pass has 1 s left,
+        // and each vCPU's share of memory is 500 MB.
+        let budget = |per_100ms: u64, within: bool| -> u64 {
+            let mut q = QuotaPolicy::default();
+            let mut s = interval(0, &[per_100ms, per_100ms]);
+            s.guest_bytes = 1_000_000_000;
+            s.remaining_bytes = 1_000_000_000;
+            s.harvests_within_rounds = within;
+            bytes(q.decide(&s)).iter().sum()
+        };
+        let plain = 50_000_000;
+        // 300 MB/s each: outruns half the link, but dirties 300 of its
+        // 500 MB in the pass; more budget would only add to the resend.
+        assert_eq!(budget(30_000_000, false), plain);
+        // 600 MB/s each: its share is all dirty before the pass ends anyway.
+        assert_eq!(budget(60_000_000, false), 8 * plain);
+        // With harvests within rounds, writes ahead of the cursor are free.
+        assert_eq!(budget(30_000_000, true), 8 * plain);
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub struct Sample {
     pub vcpus: u32,
     /// Set at a harvest: what the round that just ended dirtied and sent.
     pub round_end: Option<RoundEnd>,
+    /// Whether the engine harvests within rounds: a page dirtied ahead of
+    /// the send cursor is then sent once.
+    pub harvests_within_rounds: bool,
 }
 
 /// What one round dirtied and sent (a harvest's sample).
@@ -86,6 +89,14 @@ impl Meter {
         }
     }
 
+    /// Starts metering now: what each vCPU dirtied before (a prediction's
+    /// sample, an earlier migration) is not this migration's, and would
+    /// make the first interval look like a burst.
+    pub fn start(&mut self, vm: &dyn Vm) {
+        self.last = Instant::now();
+        self.seen = vm.dirtied();
+    }
+
     /// Whether an interval has passed since the last sample.
     pub fn due(&self, interval: Duration) -> bool {
         self.last.elapsed() >= interval
@@ -128,6 +139,7 @@ pub(crate) fn sample(round: u32, dirty: u64, sent: u64) -> Sample {
             dirty_bytes: dirty,
             sent_bytes: sent,
         }),
+        harvests_within_rounds: false,
     }
 }
 

@@ -19,10 +19,12 @@
 //!   spared                      │ x   x     x   x    sent once, below
 //! ```
 //!
-//! The engine harvests at each policy interval while a round runs (the
-//! quota's full-pass allowance relies on it: pages dirtied ahead of the
-//! cursor cost no resend). The price: a page written after a harvest faults
-//! again, so hot pages are logged once per interval instead of once per round.
+//! With `--harvest-within-rounds`, the engine harvests at each policy
+//! interval while a round runs. The round's end harvest then counts only the
+//! pages that must go again, and that is what the policies see of the round
+//! (`RoundEnd::dirty_bytes`) and what its dirty rate says. The price: a page
+//! written after a harvest faults again, so hot pages are logged (and, under
+//! the quota, metered) once per interval instead of once per round.
 
 use ferry_backend::{DirtyPages, Gfn};
 
@@ -32,7 +34,9 @@ pub(crate) struct WithinRound {
     /// Harvested pages the round has read already, or does not send: the
     /// next round's.
     carried: DirtyPages,
-    /// Harvested pages the round had still to read (sent once), in all.
+    /// Harvested pages the round had still to read, in this round.
+    ahead: DirtyPages,
+    /// Pages sent once instead of twice, over the rounds ended so far.
     spared: u64,
 }
 
@@ -41,6 +45,7 @@ impl WithinRound {
     pub fn new(pages: u64) -> Self {
         WithinRound {
             carried: DirtyPages::new(pages),
+            ahead: DirtyPages::new(pages),
             spared: 0,
         }
     }
@@ -48,27 +53,37 @@ impl WithinRound {
     /// Files `found`, harvested while the round sending `set` had read each
     /// of its pages below `cursor` and none from `cursor` on.
     pub fn file(&mut self, found: &DirtyPages, set: &DirtyPages, cursor: Gfn) {
-        let keep: Vec<u64> = found
+        let (keep, ahead): (Vec<u64>, Vec<u64>) = found
             .words()
             .iter()
             .zip(set.words())
             .enumerate()
             .map(|(i, (&dirty, &sends))| {
                 let ahead = sends & at_or_after(i, cursor);
-                self.spared += u64::from((dirty & ahead).count_ones());
-                dirty & !ahead
+                (dirty & !ahead, dirty & ahead)
             })
-            .collect();
+            .unzip();
         self.carried.merge_words(Gfn(0), &keep);
+        self.ahead.merge_words(Gfn(0), &ahead);
     }
 
-    /// Moves the carried pages into `into` (the round's end harvest).
+    /// Moves the carried pages into `into` (the round's end harvest), and
+    /// counts the pages spared in the round: harvested ahead of the cursor
+    /// and not carried (one written again behind the cursor goes again).
     pub fn take_into(&mut self, into: &mut DirtyPages) {
+        self.spared += self
+            .ahead
+            .words()
+            .iter()
+            .zip(self.carried.words())
+            .map(|(&a, &c)| u64::from((a & !c).count_ones()))
+            .sum::<u64>();
         into.merge(&self.carried);
         self.carried.clear();
+        self.ahead.clear();
     }
 
-    /// Pages sent once instead of twice so far.
+    /// Pages sent once instead of twice, in the rounds ended so far.
     pub fn spared(&self) -> u64 {
         self.spared
     }
@@ -106,12 +121,15 @@ mod tests {
         );
         let found = pages(300, &[0, 63, 64, 129, 130, 131, 191, 192, 205, 299]);
         w.file(&found, &set, Gfn(130));
+        // A later harvest finds 191 again (still ahead: spared once) and
+        // 131, written again after the cursor passed it: it goes again.
+        w.file(&pages(300, &[131, 191]), &set, Gfn(150));
         // Read already: 0, 63, 64, 129; not in the set: 205.
         let mut next = DirtyPages::new(300);
         w.take_into(&mut next);
         let carried: Vec<u64> = next.iter().map(|g| g.0).collect();
-        assert_eq!(carried, vec![0, 63, 64, 129, 205]);
-        assert_eq!(w.spared(), 5, "130, 131, 191, 192 and 299");
+        assert_eq!(carried, vec![0, 63, 64, 129, 131, 205]);
+        assert_eq!(w.spared(), 4, "130, 191, 192 and 299");
         // Taken once: nothing carried twice.
         let mut again = DirtyPages::new(300);
         w.take_into(&mut again);

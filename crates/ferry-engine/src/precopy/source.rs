@@ -376,6 +376,7 @@ impl Source<'_> {
             .start_dirty_log()
             .map_err(MigrationError::backend("start dirty logging"))?;
         self.logging = true;
+        self.converge.start_meter(&*self.vm);
         // The full pass sends every page, so VMM writes made so far are covered.
         let mut dirty = DirtyPages::new(self.pages);
         self.ram.take_vmm_dirty(&mut dirty);
@@ -524,6 +525,7 @@ impl Source<'_> {
             .map_err(MigrationError::backend("harvest the dirty log"))?;
         self.ram.take_vmm_dirty(into);
         self.within.take_into(into);
+        self.summary.spared_pages = self.within.spared();
         let since = last.elapsed();
         *last = Instant::now();
         Ok((into.count() - before, since))
@@ -581,6 +583,7 @@ impl Source<'_> {
             quota_interval: self.opts.tunables.quota_interval(),
             vcpus: self.vm.config().workload.vcpus,
             round_end,
+            harvests_within_rounds: self.opts.harvest_within_rounds,
         }
     }
 
@@ -633,7 +636,6 @@ impl Source<'_> {
             .map_err(MigrationError::backend("harvest the dirty log"))?;
         self.ram.take_vmm_dirty(&mut found);
         self.within.file(&found, set, cursor);
-        self.summary.spared_pages = self.within.spared();
         Ok(())
     }
 

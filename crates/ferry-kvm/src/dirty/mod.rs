@@ -64,6 +64,9 @@ impl DirtyLog {
     }
 
     pub fn start(&mut self) -> Result<(), KvmError> {
+        // Before logging starts: once it has, a meter may already have
+        // collected (and flagged) pages that only a harvest may drop.
+        self.pending.clear();
         for slot in self.ram.slots() {
             set_slot_logging(&self.vm, &self.ram, slot, true)?;
         }
@@ -79,7 +82,6 @@ impl DirtyLog {
                 self.clear_chunks(slot.slot, slot.pages(), &all, chunk_pages, pace_us)?;
             }
         }
-        self.pending.clear();
         self.active = true;
         Ok(())
     }

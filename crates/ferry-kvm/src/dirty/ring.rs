@@ -76,8 +76,10 @@ impl RingPages {
     }
 }
 
-/// `KVM_RESET_DIRTY_RINGS`, repeated if a signal interrupted it before it
-/// reached the last flagged entry.
+/// `KVM_RESET_DIRTY_RINGS`, called again if interrupted. With every other
+/// signal held (see [`ioctls::reset_dirty_rings`]) only a fatal one can
+/// interrupt it, and the process ends then anyway. Returns the entries the
+/// last call reset.
 fn reset(vm: &VmFd) -> Result<u32, KvmError> {
     loop {
         match ioctls::reset_dirty_rings(vm) {
@@ -155,6 +157,11 @@ impl DirtyRing {
     /// reset. Returns the number of entries collected.
     pub fn collect(&self) -> u32 {
         let _no_harvest = self.pending.gate.read().unwrap_or_else(|e| e.into_inner());
+        self.collect_in_gate()
+    }
+
+    /// [`Self::collect`], for a caller that holds the gate shared.
+    fn collect_in_gate(&self) -> u32 {
         let mut fetch = self.fetch.lock().expect("dirty ring lock");
         let mut n = 0;
         loop {
@@ -193,9 +200,14 @@ impl DirtyRing {
 
     /// Handles `KVM_EXIT_DIRTY_RING_FULL` on the vCPU's own thread: collect,
     /// then reset so the vCPU can run again. (The pages stay pending for the
-    /// engine's next harvest, which resets again before it takes them.)
+    /// engine's next harvest, which resets again before it takes them.) The
+    /// gate is held across both: a harvest's reset right after this one
+    /// finds nothing to reset, and KVM flushes the TLBs only when a reset
+    /// cleared something, so the harvest must not take pages before this
+    /// reset (and its flush) has finished.
     pub fn drain_full(&self) -> Result<(), KvmError> {
-        self.collect();
+        let _no_harvest = self.pending.gate.read().unwrap_or_else(|e| e.into_inner());
+        self.collect_in_gate();
         reset(&self.vm)?;
         Ok(())
     }
