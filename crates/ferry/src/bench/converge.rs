@@ -653,9 +653,11 @@ fn report(
             } else {
                 "unconverged".into()
             };
+            let limit = c.cell.time_limit().as_secs_f64() * 1e3;
             let ratio = match (converges, r.converged) {
                 (true, true) => format!("{:.2}", ms / r.total_ms),
                 (false, false) => "agree".into(),
+                (true, false) if ms > limit => "agree: past the time limit".into(),
                 (true, false) => "wrong: did not converge".into(),
                 (false, true) => "wrong: it converged".into(),
             };
@@ -668,7 +670,7 @@ fn report(
             ]);
         }
     }
-    table_c.note("predicted: what the demo's prediction (a 1 s sample of each vCPU's dirty rate with tracking on, the policies run over a model of the rounds) said before the migration started; agree: both say it does not converge; wrong: the prediction said the opposite of what happened.");
+    table_c.note("predicted: what the demo's prediction (a 1 s sample of each vCPU's dirty rate with tracking on, the policies run over a model of the rounds) said before the migration started; agree: both say it does not converge (or the prediction's time is past the cell's limit); wrong: the prediction said the opposite of what happened.");
     table_a.note(format!("m memory, n vCPUs, l write rate per vCPU (max: as fast as the guest can), w share of accesses that write, b link ({}). t: total migration time; unconverged: not finished in the time limit (40 s up to 256 MiB, 60 s above), or the round cap forced the stop-and-copy; NOT VERIFIED: finished, but the digest or the guest's stamps disagreed (`why_not` in the JSON says which). Every run is a fresh `ferry demo` process pair, digest and guest stamps checked.", link_kind(a.netns)));
     table_a.note(format!(
         "diff % ({last} vs X): how much shorter the migration was under {last} than under X; N/A where either did not converge."
