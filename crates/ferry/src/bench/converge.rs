@@ -596,13 +596,12 @@ fn report(
                 s.write_percent.to_string(),
                 s.link_mib_s.to_string(),
             ];
-            row.extend(c.results.iter().map(time_cell));
-            row.extend(c.results.iter().map(|r| {
-                if r.converged {
-                    format!("{:.0}", r.downtime_ms)
-                } else {
-                    "-".into()
-                }
+            // A policy --quick skipped shows as "-".
+            let of = |p: &String| c.results.iter().find(|r| &r.policy == p);
+            row.extend(policies.iter().map(|p| of(p).map_or("-".into(), time_cell)));
+            row.extend(policies.iter().map(|p| match of(p) {
+                Some(r) if r.converged => format!("{:.0}", r.downtime_ms),
+                _ => "-".into(),
             }));
             row.extend(bases.iter().map(|b| diff_cell(&c.results, b)));
             table_a.row(row);
@@ -684,14 +683,17 @@ fn report(
     ));
     let series = policies
         .iter()
-        .enumerate()
-        .map(|(k, p)| Series {
+        .map(|p| Series {
             label: format!("{p}: total s (unconverged at the limit)"),
             points: cells
                 .iter()
                 .enumerate()
                 .filter(|(_, c)| c.cell.mix.is_empty())
-                .map(|(i, c)| ((i + 1) as f64, c.results[k].total_ms / 1e3))
+                // A policy --quick skipped has no point.
+                .filter_map(|(i, c)| {
+                    let r = c.results.iter().find(|r| r.policy == *p)?;
+                    Some(((i + 1) as f64, r.total_ms / 1e3))
+                })
                 .collect(),
         })
         .collect();
@@ -743,4 +745,59 @@ pub fn summary_json(r: &ConvergeResults) -> serde_json::Value {
         })
         .collect();
     serde_json::json!({"backend": r.backend, "cells": cells})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(policy: &str, total_ms: f64) -> RunResult {
+        RunResult {
+            policy: policy.into(),
+            converged: true,
+            verified: true,
+            why_not: None,
+            total_ms,
+            downtime_ms: 100.0,
+            bytes_sent: 1,
+            rounds: 3,
+            runtime_pct: 50.0,
+            progress_pct: 60.0,
+            timeline: None,
+            predicted: Some((true, total_ms)),
+        }
+    }
+
+    #[test]
+    fn a_policy_quick_skipped_shows_as_a_dash_in_every_table() {
+        let args = ConvergeArgs {
+            backend: "soft".into(),
+            policies: Vec::new(),
+            quick: true,
+            cells: Vec::new(),
+            skip_mixes: false,
+            netns: false,
+            harvest_within_rounds: false,
+            json: false,
+            out: PathBuf::from("unused"),
+        };
+        let policies = vec!["none".to_string(), "quota".to_string()];
+        let cells: Vec<CellResult> = grid(true)
+            .into_iter()
+            .chain(mixes())
+            .map(|cell| CellResult {
+                cell,
+                results: vec![run("quota", 2000.0)],
+            })
+            .collect();
+        let r = report(&args, policies, cells);
+        let a = r.tables[0].render();
+        let row = a.lines().find(|l| l.contains(" 256 |")).expect(&a);
+        let fields: Vec<&str> = row.split('|').map(str::trim).collect();
+        // m, n, l, w, b, then t none, t quota, downtime none, downtime quota.
+        assert_eq!(&fields[6..10], ["-", "2.00", "-", "100"], "{a}");
+        assert!(r.tables[1].render().contains("50.0"));
+        assert_eq!(r.plot.series[0].points.len(), 0, "none has no point");
+        assert_eq!(r.plot.series[1].points.len(), 1);
+    }
 }
