@@ -136,8 +136,11 @@ pub struct BackendArgs {
     /// hugetlb (reserved 2 MiB pages) or memfd (shared).
     #[arg(long, default_value = "thp", value_parser = ["anon", "thp", "hugetlb", "memfd"])]
     pub backing: String,
-    /// KVM dirty tracking: bitmap, clear or ring.
-    #[arg(long = "dirty-tracking", value_enum, default_value_t = TrackingMode::Bitmap)]
+    /// KVM dirty tracking: bitmap, clear or ring. The default, ring, is the
+    /// per-vCPU meter that the quota and dirty-limit policies need (so the
+    /// quota is the default policy on kvm); with bitmap or clear, the
+    /// default policy is auto.
+    #[arg(long = "dirty-tracking", value_enum, default_value_t = TrackingMode::Ring)]
     pub dirty_tracking: TrackingMode,
     /// Pages per KVM_CLEAR_DIRTY_LOG call in clear mode (a multiple of 64).
     #[arg(long = "clear-chunk", default_value_t = 32768)]
