@@ -70,7 +70,15 @@ fn quota_on_kvm_without_the_dirty_ring_is_refused_before_anything_starts() {
     if !require_kvm("quota refusal on kvm") {
         return;
     }
-    let out = run(&["demo", "--backend", "kvm", "--converge", "quota"]);
+    let out = run(&[
+        "demo",
+        "--backend",
+        "kvm",
+        "--dirty-tracking",
+        "bitmap",
+        "--converge",
+        "quota",
+    ]);
     assert_no_panic(&out);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
