@@ -2,7 +2,6 @@
 //! a destination expects.
 #![no_main]
 
-use ferry_backend::BackendKind;
 use ferry_engine::wire::{ExpectedVm, StreamHeader};
 use libfuzzer_sys::fuzz_target;
 
@@ -14,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     let expect = ExpectedVm {
         memory_bytes: Some(64 << 20),
         vcpus: Some(2),
-        backend: Some(BackendKind::Soft),
+        vmm: Some("ferry-soft".into()),
     };
     let _ = header.check_expected(&expect);
     let _ = StreamHeader::decode(&header.encode());

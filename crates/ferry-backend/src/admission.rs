@@ -13,7 +13,6 @@
 
 use crate::ram::Backing;
 use crate::types::human_bytes;
-use crate::VmConfig;
 
 /// A guest that does not fit.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -77,10 +76,9 @@ impl HostMemory {
         }
     }
 
-    /// Whether a guest of `config` fits.
-    pub fn admit(&self, config: &VmConfig) -> Result<(), AdmissionError> {
-        let need = config.layout().total_bytes();
-        match config.backing {
+    /// Whether a guest of `need` bytes on `backing` fits.
+    pub fn admit(&self, need: u64, backing: Backing) -> Result<(), AdmissionError> {
+        match backing {
             Backing::Hugetlb if need > self.huge_free => Err(AdmissionError::HugePages {
                 need,
                 free: self.huge_free,
@@ -96,43 +94,27 @@ impl HostMemory {
 }
 
 /// Refuses a guest that cannot fit on this host (see the module docs).
-pub fn admit(config: &VmConfig) -> Result<(), AdmissionError> {
-    HostMemory::read().map_or(Ok(()), |h| h.admit(config))
+pub fn admit(need: u64, backing: Backing) -> Result<(), AdmissionError> {
+    HostMemory::read().map_or(Ok(()), |h| h.admit(need, backing))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{BackendKind, Workload};
 
     const MEMINFO: &str = "MemTotal:       24000000 kB\nMemAvailable:   23697817 kB\nHugePages_Free:       64\nHugepagesize:       2048 kB\n";
-
-    fn config(gib: u64, backing: Backing) -> VmConfig {
-        VmConfig {
-            backend: BackendKind::Soft,
-            workload: Workload {
-                vcpus: 1,
-                bytes_per_vcpu: gib << 30,
-                ..Workload::default()
-            },
-            backing,
-        }
-    }
 
     #[test]
     fn too_big_is_refused_with_both_sizes() {
         let host = HostMemory::parse(MEMINFO);
         assert_eq!(host.huge_free, 128 << 20);
-        let err = host
-            .admit(&config(64, Backing::Thp))
-            .unwrap_err()
-            .to_string();
+        let err = host.admit(64 << 30, Backing::Thp).unwrap_err().to_string();
         assert!(
-            err.starts_with("guest needs 64.1 GiB, this host has 22.6 GiB available"),
+            err.starts_with("guest needs 64.0 GiB, this host has 22.6 GiB available"),
             "{err}"
         );
-        assert!(host.admit(&config(1, Backing::Thp)).is_ok());
-        let err = host.admit(&config(1, Backing::Hugetlb)).unwrap_err();
+        assert!(host.admit(1 << 30, Backing::Thp).is_ok());
+        let err = host.admit(1 << 30, Backing::Hugetlb).unwrap_err();
         assert!(matches!(err, AdmissionError::HugePages { .. }), "{err}");
     }
 }

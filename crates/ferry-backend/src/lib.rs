@@ -7,22 +7,24 @@
 //! ```text
 //!   engine ──► Vm trait ──► kvm backend  (real vCPUs, KVM dirty log / ring)
 //!                      └──► soft backend (software stage-2 MMU, all seed mechanisms)
-//!   both:  GuestRam (vm-memory mmap + VMM-write bitmap), DirtyPages, memstress layout
+//!   both:  GuestRam (vm-memory mmap + VMM-write bitmap), DirtyPages
 //! ```
 //!
 //! * [`types`]: frame and address newtypes, so units never get mixed up.
 //! * [`ram`]: guest RAM in one or more slots, with selectable backing.
 //! * [`dirty`]: dirty-page sets and the shared atomic bitmap harvested by exchange.
-//! * [`memstress`]: the guest workload contract: parameters, memory layout, stamps.
-//! * [`vm`]: the `Vm` trait and the configuration both ends of a migration agree on.
+//! * [`vm`]: the `Vm` trait: what the engine asks of any VM it migrates.
+//! * [`probe`]: a guest's own checks, which a VMM may hand the engine.
+//!
+//! Nothing here knows the guest program: ferry's own VMs run memstress
+//! (`ferry-memstress`), and other VMMs run whatever they run.
 
 pub mod admission;
 pub mod affinity;
 pub mod bitmap;
 pub mod dirty_limit;
 pub mod errors;
-pub mod fill;
-pub mod memstress;
+pub mod probe;
 pub mod ram;
 pub mod types;
 pub mod uffd;
@@ -30,13 +32,11 @@ pub mod vm;
 
 pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use errors::error_chain;
-pub use fill::Fill;
-pub use memstress::WorkloadError;
-pub use memstress::{AccessOrder, MemoryLayout, VcpuProgress, Workload};
+pub use probe::{GuestCheck, GuestProbe};
 pub use ram::{Backing, GuestRam, RamError, RamSlot};
 pub use types::{Gfn, Gpa, PAGE_SHIFT, PAGE_SIZE};
 pub use vm::Quota;
 pub use vm::{
     throttle_sleep, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, THROTTLE_SLICE,
 };
-pub use vm::{BackendError, BackendKind, DirtyTracking, FaultExits, HarvestStats, Vm, VmConfig};
+pub use vm::{BackendError, DirtyTracking, FaultExits, HarvestStats, Vm};

@@ -10,8 +10,7 @@
 //! itself ([`crate::GuestRam::take_vmm_dirty`]).
 
 use crate::bitmap::DirtyPages;
-use crate::memstress::{MemoryLayout, Workload};
-use crate::ram::{Backing, GuestRam, RamError};
+use crate::ram::{GuestRam, RamError};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,38 +30,6 @@ pub struct FaultExits {
 impl std::fmt::Debug for FaultExits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FaultExits").finish_non_exhaustive()
-    }
-}
-
-/// Which backend runs the VM. Both ends of a migration must use the same one,
-/// because their vCPU state differs.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendKind {
-    /// Real vCPUs on `/dev/kvm`.
-    #[default]
-    Kvm,
-    /// The software second-level MMU.
-    Soft,
-}
-
-impl std::fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            BackendKind::Kvm => "kvm",
-            BackendKind::Soft => "soft",
-        })
-    }
-}
-
-impl std::str::FromStr for BackendKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "kvm" => Ok(BackendKind::Kvm),
-            "soft" => Ok(BackendKind::Soft),
-            other => Err(format!("unknown backend '{other}': expected kvm or soft")),
-        }
     }
 }
 
@@ -172,50 +139,6 @@ pub fn throttle_sleep(percent: u8) -> Duration {
     THROTTLE_SLICE * p / (100 - p)
 }
 
-/// What both ends of a migration agree on: checked by the destination against
-/// the stream header.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VmConfig {
-    /// The backend running the VM.
-    pub backend: BackendKind,
-    /// The guest workload, which fixes the memory layout.
-    pub workload: Workload,
-    /// Host backing of guest RAM (each end may choose its own).
-    pub backing: Backing,
-}
-
-impl VmConfig {
-    /// The guest-physical layout.
-    pub fn layout(&self) -> MemoryLayout {
-        MemoryLayout::for_workload(&self.workload)
-    }
-
-    /// The guest program's section of a migration stream: the workload,
-    /// which the engine carries without reading it.
-    pub fn guest_section(&self) -> serde_json::Value {
-        serde_json::to_value(&self.workload).unwrap_or_default()
-    }
-
-    /// The configuration a destination builds from a stream's guest
-    /// section, for `backend`, with its own `backing`.
-    pub fn from_guest_section(
-        backend: BackendKind,
-        guest: &serde_json::Value,
-        backing: Backing,
-    ) -> Result<Self, BackendError> {
-        let workload: Workload = serde_json::from_value(guest.clone())
-            .map_err(|e| BackendError::Guest(format!("not a memstress workload: {e}")))?;
-        workload
-            .validate()
-            .map_err(|e| BackendError::Guest(e.to_string()))?;
-        Ok(VmConfig {
-            backend,
-            workload,
-            backing,
-        })
-    }
-}
-
 /// Timing of one harvest.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HarvestStats {
@@ -236,8 +159,8 @@ pub enum BackendError {
     /// A backend operation failed.
     #[error("{backend} backend: {what}")]
     Operation {
-        /// Which backend.
-        backend: BackendKind,
+        /// Which backend (the VM's [`Vm::vmm_id`]).
+        backend: String,
         /// What it was doing.
         what: String,
         /// Why it failed.
@@ -268,8 +191,19 @@ pub enum BackendError {
 
 /// A running (or ready-to-run) VM as the engine sees it.
 pub trait Vm: Send {
-    /// The configuration the VM was built from.
-    fn config(&self) -> &VmConfig;
+    /// The VMM's name for its kind of VM (`ferry-kvm`, `minivmm`, ...):
+    /// the stream header carries it, and a destination VM of another kind
+    /// refuses the stream before any memory arrives. Free-form; it names the
+    /// format of the VM's vCPU state, so both ends must agree on it.
+    fn vmm_id(&self) -> &str;
+    /// How many vCPUs the VM has.
+    fn vcpus(&self) -> u32;
+    /// What the destination's VM factory needs to build this VM before any
+    /// memory arrives: the VMM's own configuration, which the engine
+    /// carries in the stream header without reading it (`null`: nothing).
+    fn vmm_config(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
     /// Guest RAM, shareable with engine threads.
     fn ram(&self) -> &Arc<GuestRam>;
     /// Starts the vCPUs, or resumes them after `pause`.
@@ -303,7 +237,7 @@ pub trait Vm: Send {
     fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), BackendError> {
         let _ = quota;
         Err(BackendError::Operation {
-            backend: self.config().backend,
+            backend: self.vmm_id().to_string(),
             what: "set a per-vCPU dirty quota: this backend has no per-vCPU dirty meter yet".into(),
             source: None,
         })
@@ -316,7 +250,7 @@ pub trait Vm: Send {
     fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), BackendError> {
         let _ = bytes_per_sec;
         Err(BackendError::Operation {
-            backend: self.config().backend,
+            backend: self.vmm_id().to_string(),
             what: "set a per-vCPU dirty limit: this backend has no per-vCPU dirty meter".into(),
             source: None,
         })
@@ -345,7 +279,7 @@ pub trait Vm: Send {
     fn set_fault_exits(&mut self, exits: FaultExits) -> Result<(), BackendError> {
         let _ = exits;
         Err(BackendError::Operation {
-            backend: self.config().backend,
+            backend: self.vmm_id().to_string(),
             what: "deliver memory faults as vCPU exits: this backend has none".into(),
             source: None,
         })

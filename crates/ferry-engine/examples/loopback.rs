@@ -8,7 +8,7 @@
 mod common;
 
 use ferry_backend::Vm;
-use ferry_engine::{migrate, NoProgress, PrecopyOptions, ReceiveOptions};
+use ferry_engine::{migrate, NoProgress, PrecopyOptions};
 use std::time::Duration;
 
 fn main() {
@@ -17,11 +17,8 @@ fn main() {
     let run = args.get(2).is_some_and(|a| a == "run");
     let connections = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(1);
     let mut config = common::config();
-    config.workload.bytes_per_vcpu = mib << 20;
-    let (to, dest) = common::spawn_receiver(ReceiveOptions {
-        run_after: Duration::from_millis(100),
-        ..ReceiveOptions::default()
-    });
+    config.data_bytes = mib << 20;
+    let (to, dest) = common::spawn_receiver(common::quick_receive());
     let mut src = common::TestVm::new(&config).expect("source VM");
     if run {
         src.start().expect("start");
@@ -29,7 +26,7 @@ fn main() {
     }
     let opts = PrecopyOptions {
         connections,
-        ..PrecopyOptions::default()
+        ..common::probed()
     };
     let summary = migrate(&mut src, &to, &opts, &NoProgress);
     let dsum = dest.join().expect("destination thread").map(|(_, s)| s);

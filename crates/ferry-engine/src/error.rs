@@ -54,6 +54,9 @@ pub enum MigrationError {
         #[source]
         source: RamError,
     },
+    /// The VMM's guest probe could not read the guest's checks.
+    #[error("the guest probe failed: {0}")]
+    Probe(String),
     /// The stream reached switchover without all of memory.
     #[error("the stream reached switchover with {missing} of {total} pages never sent")]
     Incomplete {

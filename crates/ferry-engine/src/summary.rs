@@ -1,6 +1,7 @@
 //! What a migration reports: serialisable for `--json`, and for the converge
 //! experiment's tables.
 
+use ferry_backend::GuestCheck;
 use serde::Serialize;
 
 /// How a migration ended.
@@ -206,15 +207,26 @@ pub struct MigrationSummary {
     /// Whether the digests were compared at all (a migration that failed
     /// earlier never got that far).
     pub digest_checked: bool,
-    /// Stamp mismatches the guest counted: before switchover plus after.
-    pub guest_mismatches: u64,
-    /// Of those, counted on the source before switchover.
-    pub mismatches_before: u64,
-    /// Of those, counted on the destination after switchover.
-    pub mismatches_after: u64,
-    /// Guest passes (summed over vCPUs) completed on the destination during
-    /// its `run_after` period.
-    pub dest_passes_after: u64,
+    /// Errors the guest's own checks counted ([`GuestCheck::errors`]):
+    /// before the switchover, plus after it where the caller heard from
+    /// the destination. Absent without a [`ferry_backend::GuestProbe`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest_mismatches: Option<u64>,
+    /// Of those, counted on the source up to the pause (the probe's reading
+    /// once the vCPUs were paused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mismatches_before: Option<u64>,
+    /// Of those, counted on the destination after switchover (filled by a
+    /// caller that hears from the destination, as `ferry demo` does).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mismatches_after: Option<u64>,
+    /// The guest's progress on the destination after switchover (filled
+    /// like `mismatches_after`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dest_passes_after: Option<u64>,
+    /// The probe's reading once the source's vCPUs were paused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest_at_pause: Option<GuestCheck>,
     /// Why the migration failed, or a problem after it committed.
     pub error: Option<String>,
 }
@@ -249,12 +261,17 @@ pub struct ReceiveSummary {
     pub digest: u64,
     /// Whether it matched the source's.
     pub digest_match: bool,
-    /// Guest passes completed after switchover.
-    pub passes_after: u64,
-    /// Mismatches counted before switchover (on the source).
-    pub mismatches_before: u64,
-    /// Mismatches counted after switchover.
-    pub mismatches_after: u64,
+    /// The probe's reading just before the guest resumed here (what the
+    /// guest had counted on the source).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest_at_resume: Option<GuestCheck>,
+    /// The guest's progress after switchover, where the caller ran it and
+    /// read its probe again (the engine returns as soon as it commits).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub passes_after: Option<u64>,
+    /// Errors the guest's checks counted after switchover, likewise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mismatches_after: Option<u64>,
     /// What postcopy did, if the migration switched to it.
     pub postcopy: Option<crate::postcopy::PostcopyReport>,
 }

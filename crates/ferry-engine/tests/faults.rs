@@ -13,7 +13,7 @@
 mod common;
 
 use common::relay::{Fault, Relay};
-use common::{quick_receive, running_source, spawn_receiver};
+use common::{probed, quick_receive, running_source, spawn_receiver};
 use ferry_backend::Vm;
 use ferry_engine::wire::FrameKind;
 use ferry_engine::{
@@ -50,7 +50,7 @@ fn fault_at(fault: Fault, mode: Mode) {
         batch_pages: 16,
         stall_timeout: stall,
         recover_timeout: Duration::ZERO,
-        ..PrecopyOptions::default()
+        ..probed()
     };
     let dialer = TcpDialer(relay.addr.clone());
     let (summary, result) = migrate_accounted(&mut src, &dialer, &opts, &NoProgress);
@@ -67,7 +67,7 @@ fn fault_at(fault: Fault, mode: Mode) {
         Ok(()) => {
             assert_eq!(summary.status, Status::Completed, "{context}");
             assert!(summary.digest_match, "{context}");
-            assert_eq!(summary.guest_mismatches, 0, "{context}");
+            assert_eq!(summary.guest_mismatches, Some(0), "{context}");
             let (dvm, _) = received.unwrap_or_else(|e| panic!("{context}: destination: {e}"));
             assert!(dvm.is_running(), "{context}");
             assert!(!src.is_running(), "{context}: both copies run");
@@ -176,7 +176,7 @@ fn cut_at_frame(kind: FrameKind, to_source: bool, strict: bool) -> After {
         batch_pages: 16,
         stall_timeout: stall,
         verify_before_resume: strict,
-        ..PrecopyOptions::default()
+        ..probed()
     };
     let dialer = TcpDialer(relay.addr.clone());
     let (summary, result) = migrate_accounted(&mut src, &dialer, &opts, &NoProgress);

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{quick_receive, running_source, spawn_receiver};
+use common::{probed, quick_receive, running_source, spawn_receiver};
 use ferry_engine::wire::{FrameKind, FrameStream, Replay};
 use ferry_engine::{migrate_accounted, Mode, NoProgress, PrecopyOptions, TcpDialer};
 use std::io::{Read, Write};
@@ -88,7 +88,7 @@ fn migrate_recorded(mode: Mode) -> Vec<Vec<u8>> {
     let opts = PrecopyOptions {
         mode,
         batch_pages: 16,
-        ..PrecopyOptions::default()
+        ..probed()
     };
     let (summary, result) = migrate_accounted(&mut src, &TcpDialer(addr), &opts, &NoProgress);
     result.unwrap();
@@ -103,7 +103,7 @@ fn migrate_recorded(mode: Mode) -> Vec<Vec<u8>> {
 #[ignore = "writes fuzz/seeds: run with --ignored to refresh it"]
 fn record_seed_corpora_from_real_migrations() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds");
-    let pages_of_test_guest = common::config().workload.bytes_per_vcpu / 4096 + 64;
+    let pages_of_test_guest = common::config().total_pages();
     let mut per_kind = std::collections::HashMap::<u8, usize>::new();
     let mut n = 0;
     for mode in [Mode::Precopy, Mode::Postcopy, "hybrid".parse().unwrap()] {

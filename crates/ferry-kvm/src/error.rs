@@ -1,6 +1,7 @@
 //! Errors of the kvm backend.
 
-use ferry_backend::{BackendError, BackendKind};
+use ferry_backend::BackendError;
+use ferry_memstress::BackendKind;
 use vmm_sys_util::errno;
 
 /// What went wrong talking to KVM.
@@ -40,7 +41,7 @@ impl From<KvmError> for BackendError {
     /// the cause (the errno) without repeating any level.
     fn from(e: KvmError) -> Self {
         BackendError::Operation {
-            backend: BackendKind::Kvm,
+            backend: BackendKind::Kvm.vmm_id().into(),
             what: ferry_backend::error_chain(&e),
             source: None,
         }

@@ -10,8 +10,8 @@
 //! save or restore its state.
 
 use crate::dirty::ring::DirtyRing;
-use ferry_backend::memstress::{progress, MemoryLayout, SLEEP_PORT};
 use ferry_backend::GuestRam;
+use ferry_memstress::{progress, MemoryLayout, SLEEP_PORT};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once};

@@ -9,9 +9,8 @@ use crate::guest::boot::{self, Program};
 use crate::memory::set_slot_logging;
 use crate::throttle::Throttler;
 use crate::vcpu::{Sleeper, VcpuState, VcpuThread};
-use ferry_backend::{
-    BackendError, DirtyPages, DirtyTracking, GuestRam, HarvestStats, Quota, Vm, VmConfig,
-};
+use ferry_backend::{BackendError, DirtyPages, DirtyTracking, GuestRam, HarvestStats, Quota, Vm};
+use ferry_memstress::VmConfig;
 use kvm_bindings::{kvm_enable_cap, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VmFd};
 use std::sync::Arc;
@@ -54,6 +53,11 @@ pub fn kvm_available() -> bool {
 }
 
 impl KvmVm {
+    /// The configuration the VM was built from.
+    pub fn config(&self) -> &VmConfig {
+        &self.config
+    }
+
     /// Creates the VM, its RAM and its vCPUs (paused). A source also gets the
     /// guest image.
     pub fn new(config: VmConfig, mode: DirtyTracking, role: Role) -> Result<Self, KvmError> {
@@ -189,7 +193,7 @@ impl KvmVm {
             return Ok(());
         }
         Err(BackendError::Operation {
-            backend: ferry_backend::BackendKind::Kvm,
+            backend: ferry_memstress::BackendKind::Kvm.vmm_id().into(),
             what: format!(
                 "set {what}: it is metered by each vCPU's dirty ring; use --dirty-tracking ring"
             ),
@@ -264,8 +268,14 @@ fn enable_dirty_caps(vm: &VmFd, mode: DirtyTracking) -> Result<(), KvmError> {
 }
 
 impl Vm for KvmVm {
-    fn config(&self) -> &VmConfig {
-        &self.config
+    fn vmm_id(&self) -> &str {
+        self.config.backend.vmm_id()
+    }
+    fn vcpus(&self) -> u32 {
+        self.config.workload.vcpus
+    }
+    fn vmm_config(&self) -> serde_json::Value {
+        self.config.vmm_config()
     }
 
     fn ram(&self) -> &Arc<GuestRam> {

@@ -4,11 +4,10 @@
 //!
 //! Needs /dev/kvm; prints a skip line where it is absent.
 
-use ferry_backend::memstress::read_progress;
-use ferry_backend::{
-    BackendKind, Backing, DirtyPages, DirtyTracking, Gfn, Vm, VmConfig, Workload, PAGE_SIZE,
-};
+use ferry_backend::{Backing, DirtyPages, DirtyTracking, Gfn, Vm, PAGE_SIZE};
 use ferry_kvm::{kvm_available, KvmVm, Role};
+use ferry_memstress::read_progress;
+use ferry_memstress::{BackendKind, VmConfig, Workload};
 use std::time::{Duration, Instant};
 
 fn require_kvm() -> bool {
@@ -263,7 +262,7 @@ fn rate_limit_caps_passes_and_write_percent_changes_live() {
     }
     // Stop writing while the guest runs: the write counters freeze, the
     // guest keeps reading and checking.
-    ferry_backend::memstress::set_write_percent(vm.ram(), 2, 0).unwrap();
+    ferry_memstress::set_write_percent(vm.ram(), 2, 0).unwrap();
     wait_for_a_whole_pass_each(&vm);
     let frozen = read_progress(vm.ram(), 2).unwrap();
     wait_for_a_whole_pass_each(&vm);

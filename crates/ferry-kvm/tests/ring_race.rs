@@ -10,11 +10,10 @@
 //!
 //! Needs /dev/kvm; prints a skip line where it is absent.
 
-use ferry_backend::memstress::read_progress;
-use ferry_backend::{
-    BackendKind, Backing, DirtyPages, DirtyTracking, Gfn, Quota, Vm, VmConfig, Workload, PAGE_SIZE,
-};
+use ferry_backend::{Backing, DirtyPages, DirtyTracking, Gfn, Quota, Vm, PAGE_SIZE};
 use ferry_kvm::{kvm_available, KvmVm, Role};
+use ferry_memstress::read_progress;
+use ferry_memstress::{BackendKind, VmConfig, Workload};
 use std::time::{Duration, Instant};
 
 /// How long to harvest while the guest writes; each harvest races the

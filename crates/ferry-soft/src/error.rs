@@ -16,7 +16,7 @@ pub enum SoftError {
     Ram(#[from] ferry_backend::RamError),
     /// The workload cannot run.
     #[error("workload")]
-    Workload(#[from] ferry_backend::WorkloadError),
+    Workload(#[from] ferry_memstress::WorkloadError),
     /// Options of an experiment that cannot work.
     #[error("invalid options: {0}")]
     Options(String),

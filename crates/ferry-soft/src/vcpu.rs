@@ -19,7 +19,7 @@
 use crate::error::SoftError;
 use crate::guest_mem::VcpuMem;
 use crate::quota::Throttle;
-use ferry_backend::memstress::{next_rand32, param, progress, scale_rand, stamp, MemoryLayout};
+use ferry_memstress::{next_rand32, param, progress, scale_rand, stamp, MemoryLayout};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};

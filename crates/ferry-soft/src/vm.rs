@@ -14,10 +14,8 @@ use crate::guest_mem::{HostView, VcpuMem};
 use crate::mmu::Mmu;
 use crate::quota::{LiveThrottle, Throttle, TimeThrottle};
 use crate::vcpu::{self, Control, VcpuState};
-use ferry_backend::{
-    memstress, BackendError, BackendKind, DirtyPages, FaultExits, GuestRam, HarvestStats, Quota,
-    Vm, VmConfig,
-};
+use ferry_backend::{BackendError, DirtyPages, FaultExits, GuestRam, HarvestStats, Quota, Vm};
+use ferry_memstress::{self as memstress, BackendKind, VmConfig};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -51,13 +49,18 @@ pub struct SoftVm {
 
 fn op(what: &str, e: SoftError) -> BackendError {
     BackendError::Operation {
-        backend: BackendKind::Soft,
+        backend: BackendKind::Soft.vmm_id().into(),
         what: what.to_string(),
         source: Some(Box::new(e)),
     }
 }
 
 impl SoftVm {
+    /// The configuration the VM was built from.
+    pub fn config(&self) -> &VmConfig {
+        &self.config
+    }
+
     fn build(config: VmConfig, mech: Mechanisms) -> Result<Self, BackendError> {
         config
             .workload
@@ -128,7 +131,7 @@ impl SoftVm {
                 .name(format!("soft-vcpu{v}"))
                 .spawn(move || vcpu::run(mem, v, &ctl, &throttle))
                 .map_err(|e| BackendError::Operation {
-                    backend: BackendKind::Soft,
+                    backend: BackendKind::Soft.vmm_id().into(),
                     what: format!("spawn vCPU thread {v}"),
                     source: Some(Box::new(e)),
                 })?;
@@ -139,8 +142,14 @@ impl SoftVm {
 }
 
 impl Vm for SoftVm {
-    fn config(&self) -> &VmConfig {
-        &self.config
+    fn vmm_id(&self) -> &str {
+        self.config.backend.vmm_id()
+    }
+    fn vcpus(&self) -> u32 {
+        self.config.workload.vcpus
+    }
+    fn vmm_config(&self) -> serde_json::Value {
+        self.config.vmm_config()
     }
 
     fn set_fault_exits(&mut self, exits: FaultExits) -> Result<(), BackendError> {
@@ -188,7 +197,7 @@ impl Vm for SoftVm {
                 Ok(())
             }
             _ => Err(BackendError::Operation {
-                backend: ferry_backend::BackendKind::Soft,
+                backend: ferry_memstress::BackendKind::Soft.vmm_id().into(),
                 what: "another throttle (a dirty quota) is installed; it cannot be \
                        replaced while the vCPUs run"
                     .into(),
@@ -204,7 +213,7 @@ impl Vm for SoftVm {
                 Ok(())
             }
             _ => Err(BackendError::Operation {
-                backend: BackendKind::Soft,
+                backend: BackendKind::Soft.vmm_id().into(),
                 what: "set a dirty quota: an experiment's own throttle is installed".into(),
                 source: None,
             }),
@@ -218,7 +227,7 @@ impl Vm for SoftVm {
                 Ok(())
             }
             _ => Err(BackendError::Operation {
-                backend: BackendKind::Soft,
+                backend: BackendKind::Soft.vmm_id().into(),
                 what: "set a dirty limit: an experiment's own throttle is installed".into(),
                 source: None,
             }),

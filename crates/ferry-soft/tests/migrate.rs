@@ -3,8 +3,9 @@
 //! guest's own stamp checks on both sides. Run for the seed mechanisms and for
 //! every baseline.
 
-use ferry_backend::memstress::{read_progress, AccessOrder, Workload};
-use ferry_backend::{BackendKind, Backing, DirtyPages, GuestRam, Vm, VmConfig, PAGE_SIZE};
+use ferry_backend::{Backing, DirtyPages, GuestRam, Vm, PAGE_SIZE};
+use ferry_memstress::{read_progress, AccessOrder, Workload};
+use ferry_memstress::{BackendKind, VmConfig};
 use ferry_soft::{Mechanisms, SoftVm, SplitMode};
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,7 @@ fn config(order: AccessOrder, write_percent: u8) -> VmConfig {
             stride_pages: 1,
             rate_limit_mib_s: None,
             seed: 7,
-            fill: ferry_backend::Fill::Zero,
+            fill: ferry_memstress::Fill::Zero,
             ..Workload::default()
         },
         backing: Backing::Anonymous,
@@ -164,9 +165,9 @@ fn a_failing_vcpu_is_reported_and_pause_still_returns() {
     let cfg = config(AccessOrder::Sequential, 50);
     let mut vm = SoftVm::new_source(cfg, Mechanisms::default()).unwrap();
     // Point vCPU 1's region past the end of guest RAM.
-    let params = ferry_backend::memstress::MemoryLayout::params_gpa(1);
+    let params = ferry_memstress::MemoryLayout::params_gpa(1);
     vm.ram()
-        .store_u64(params.add(ferry_backend::memstress::param::REGION), 1 << 40)
+        .store_u64(params.add(ferry_memstress::param::REGION), 1 << 40)
         .unwrap();
     vm.start().unwrap();
     let mut failed = None;

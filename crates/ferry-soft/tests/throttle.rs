@@ -1,7 +1,8 @@
 //! Dirty quota vs time-based throttling on running soft vCPUs.
 
-use ferry_backend::memstress::{read_progress, Workload};
-use ferry_backend::{BackendKind, Backing, Vm, VmConfig};
+use ferry_backend::{Backing, Vm};
+use ferry_memstress::{read_progress, Workload};
+use ferry_memstress::{BackendKind, VmConfig};
 use ferry_soft::quota::{DirtyQuota, QuotaExit, QuotaRefill, Throttle, TimeThrottle};
 use ferry_soft::{Mechanisms, SoftVm};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,7 +100,7 @@ fn time_throttle_sleeps_every_vcpu() {
 fn the_live_quota_sleeps_the_writer_and_never_the_reader() {
     let mut vm = SoftVm::new_source(config(100), Mechanisms::default()).unwrap();
     // vCPU 1 only reads.
-    ferry_backend::memstress::set_vcpu_write_percent(vm.ram(), 1, 0).unwrap();
+    ferry_memstress::set_vcpu_write_percent(vm.ram(), 1, 0).unwrap();
     vm.start().unwrap();
     vm.start_dirty_log().unwrap();
     // 256 pages per vCPU per interval: the writer sweeps its 1024 pages

@@ -2,8 +2,9 @@
 //! the backend that runs it.
 
 use clap::{Args, ValueEnum};
-use ferry_backend::Fill;
-use ferry_backend::{AccessOrder, BackendKind, Backing, DirtyTracking, VmConfig, Workload};
+use ferry_backend::{Backing, DirtyTracking};
+use ferry_memstress::Fill;
+use ferry_memstress::{AccessOrder, BackendKind, VmConfig, Workload};
 use ferry_soft::{Iteration, LeafSize, Mechanisms, SplitMode, WriteProtect};
 
 /// Sizes like `512M`, `1G`, `2048K` or plain bytes.

@@ -8,6 +8,7 @@ mod bench;
 mod child;
 mod cmd;
 mod control;
+mod guest_check;
 mod netns;
 mod predict;
 mod progress_bar;

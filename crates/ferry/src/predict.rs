@@ -15,11 +15,11 @@
 //! ```
 
 use crate::cmd::CmdError;
-use ferry_backend::memstress::read_progress;
 use ferry_backend::{DirtyPages, Gfn, GuestRam, RamError, Vm, PAGE_SIZE};
 use ferry_engine::converge::{predict, ConvergeMode, PredictInput, Prediction};
 use ferry_engine::wire::is_zero_page;
 use ferry_engine::Tunables;
+use ferry_memstress::{read_progress, Workload};
 use ferry_report::Table;
 use std::time::{Duration, Instant};
 
@@ -29,12 +29,12 @@ const ASSUMED_LINK: f64 = (1u64 << 30) as f64;
 /// Samples the guest for `secs` and predicts every policy the backend serves.
 pub fn sample_and_predict(
     vm: &mut dyn Vm,
+    w: &Workload,
     tunables: &Tunables,
     link_rate: Option<u64>,
     secs: Duration,
     harvest_within_rounds: bool,
 ) -> Result<Prediction, CmdError> {
-    let w = vm.config().workload.clone();
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         CmdError::Failed(format!("prediction: cannot {what}: {e}"))
     };

@@ -1,7 +1,8 @@
 //! Guest progress rates: passes, pages and bytes per second per vCPU, computed
 //! from two snapshots of the progress records the guest publishes in memory.
 
-use ferry_backend::{VcpuProgress, PAGE_SIZE};
+use ferry_backend::PAGE_SIZE;
+use ferry_memstress::VcpuProgress;
 use serde::Serialize;
 use std::time::Duration;
 

@@ -255,12 +255,13 @@ pub fn render(s: &MigrationSummary) -> String {
         ),
         (
             "guest mismatches before / after",
-            format!("{} / {}", s.mismatches_before, s.mismatches_after),
+            format!(
+                "{} / {}",
+                or_dash(s.mismatches_before),
+                or_dash(s.mismatches_after)
+            ),
         ),
-        (
-            "guest passes on destination",
-            s.dest_passes_after.to_string(),
-        ),
+        ("guest passes on destination", or_dash(s.dest_passes_after)),
     ];
     for (k, v) in rows {
         totals.row(vec![k.to_string(), v]);
@@ -269,4 +270,9 @@ pub fn render(s: &MigrationSummary) -> String {
         totals.note(format!("error: {e}"));
     }
     format!("{}\n{}", rounds.render(), totals.render())
+}
+
+/// A count where it is known, `-` where nobody measured it.
+fn or_dash(n: Option<u64>) -> String {
+    n.map_or_else(|| "-".into(), |n| n.to_string())
 }

@@ -11,9 +11,9 @@
 //!   progress = 100 × (Δaccesses / window) / before
 //! ```
 
-use ferry_backend::memstress::{read_progress, VcpuProgress};
 use ferry_backend::Vm;
 use ferry_engine::VcpuShare;
+use ferry_memstress::{read_progress, VcpuProgress};
 use std::time::{Duration, Instant};
 
 /// How long the guest's rate is sampled before a migration starts, when no
@@ -41,7 +41,7 @@ impl ShareWatch {
     /// report), or over [`BASELINE`] now when there is none or it is too
     /// recent. `None` when the guest's counters cannot be read.
     pub fn start(vm: &dyn Vm, since: Option<Sample>) -> Option<ShareWatch> {
-        let vcpus = vm.config().workload.vcpus;
+        let vcpus = vm.vcpus();
         let (first, t0) = match since {
             Some((p, at)) if at.elapsed() >= MIN_WINDOW && p.len() == vcpus as usize => (p, at),
             _ => {

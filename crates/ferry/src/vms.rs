@@ -2,10 +2,11 @@
 //! soft. The engine only ever sees `Box<dyn Vm>`.
 
 use crate::args::BackendArgs;
-use ferry_backend::{BackendError, BackendKind, Vm, VmConfig};
+use ferry_backend::{BackendError, Vm};
 use ferry_kvm::KvmVm;
 /// Which end of a migration the VM is.
 pub use ferry_kvm::Role;
+use ferry_memstress::{BackendKind, VmConfig};
 use ferry_soft::SoftVm;
 
 /// Creates a VM for `config` on the backend it names, once the guest is
@@ -15,11 +16,11 @@ pub fn create(
     backend: &BackendArgs,
     role: Role,
 ) -> Result<Box<dyn Vm>, BackendError> {
-    ferry_backend::admission::admit(config)?;
+    config.admit()?;
     match config.backend {
         BackendKind::Kvm => {
             let tracking = backend.tracking().map_err(|what| BackendError::Operation {
-                backend: BackendKind::Kvm,
+                backend: BackendKind::Kvm.vmm_id().into(),
                 what,
                 source: None,
             })?;

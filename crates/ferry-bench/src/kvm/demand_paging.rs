@@ -19,12 +19,11 @@
 //! only mapped on fault), handlers that sleep in `poll` vs busy-poll, and
 //! prefetch (place the next pages of the region with the faulting one).
 
-use ferry_backend::memstress::{read_progress, set_pass_limit};
 use ferry_backend::uffd::{FaultMode, Placed, Placer};
-use ferry_backend::{
-    BackendKind, Backing, DirtyTracking, Fill, Gfn, Vm, VmConfig, Workload, PAGE_SIZE,
-};
+use ferry_backend::{Backing, DirtyTracking, Gfn, Vm, PAGE_SIZE};
 use ferry_kvm::{KvmVm, Program, Role};
+use ferry_memstress::{read_progress, set_pass_limit};
+use ferry_memstress::{BackendKind, Fill, VmConfig, Workload};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -10,9 +10,10 @@
 //!  ─ { pass under logging ─ get + clear (or harvest + reset) } × iterations ─ disable
 //! ```
 
-use ferry_backend::memstress::{read_progress, set_pass_limit};
-use ferry_backend::{DirtyPages, DirtyTracking, Vm, VmConfig};
+use ferry_backend::{DirtyPages, DirtyTracking, Vm};
 use ferry_kvm::{KvmVm, Program, Role};
+use ferry_memstress::VmConfig;
+use ferry_memstress::{read_progress, set_pass_limit};
 use ferry_report::{Plot, Report, Series, Table};
 use serde::Serialize;
 use std::time::{Duration, Instant};

@@ -63,7 +63,7 @@ pub fn run(
     let src = Arc::new(GuestRam::new(&[bytes], Backing::Anonymous)?);
     let mut page = vec![0u8; PAGE_SIZE];
     for g in 0..frames {
-        ferry_backend::Fill::Text.fill_page(g, &mut page);
+        ferry_memstress::Fill::Text.fill_page(g, &mut page);
         page[..8].copy_from_slice(&stamp(g).to_le_bytes());
         src.write_pages(Gfn(g), &page)?;
     }

@@ -20,8 +20,8 @@
 //! the table says which.
 
 use crate::{machine_note, ns, time};
-use ferry_backend::memstress::next_rand32;
 use ferry_backend::DirtyPages;
+use ferry_memstress::next_rand32;
 use ferry_report::{ratio, Plot, Report, Series, Table};
 use ferry_soft::config::{LeafSize, Mechanisms, SplitMode};
 use ferry_soft::error::SoftError;

@@ -6,7 +6,7 @@
 use super::pager::Pager;
 use super::{recoverable, PostcopyReport};
 use crate::error::MigrationError;
-use crate::precopy::{guest_totals, unexpected, Dest, ReceiveOptions};
+use crate::precopy::{unexpected, Dest, ReceiveOptions};
 use crate::summary::ms;
 use crate::transport::Listen;
 use crate::wire::{MemoryDigest, Message};
@@ -63,9 +63,8 @@ impl Dest {
         self.vm
             .restore_vcpus(&state)
             .map_err(MigrationError::backend("restore vCPU state"))?;
-        // The guest's counters may be on a missing page: the pager fetches it.
-        let (passes_before, mismatches_before) = guest_totals(&self.loaded.ram, self.header.vcpus)
-            .map_err(MigrationError::ram("read guest progress"))?;
+        // What the probe reads may be on a missing page: the pager fetches it.
+        self.read_probe(opts)?;
         self.resume(switched)?;
         let resumed = Instant::now();
         let mut report = PostcopyReport::default();
@@ -109,14 +108,7 @@ impl Dest {
         self.summary.postcopy = Some(report);
         // Every page is in: the registration has nothing left to catch.
         self.loaded.end_placement();
-        self.verify_and_run(
-            false,
-            switched,
-            passes_before,
-            mismatches_before,
-            opts,
-            digest,
-        )
+        self.verify_and_commit(false, switched, digest)
     }
 
     /// The fault handler and priority reader, on the priority connection.

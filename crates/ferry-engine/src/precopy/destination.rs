@@ -1,29 +1,24 @@
 //! The receiving side: check the header, build the VM, load pages while
-//! keeping per-page hashes, resume, verify, run, report.
+//! keeping per-page hashes, resume, verify, commit, report. `receive`
+//! returns as soon as the guest runs here and the source's Commit is in.
 
 use super::receivers::{Loaded, Receivers};
-use super::{guest_totals, unexpected, ReceiveOptions};
+use super::{unexpected, ReceiveOptions};
 use crate::error::MigrationError;
 use crate::summary::{ms, ReceiveSummary, Status};
 use crate::transport::{accept_channel, Channel, Control, Health, Listen, Side};
 use crate::wire::control::{Hello, PRIORITY_CHANNEL};
-use crate::wire::{FrameKind, GuestReport, Message, StreamError, StreamHeader};
-use ferry_backend::memstress::read_progress;
+use crate::wire::{FinalReport, FrameKind, Message, StreamError, StreamHeader};
 use ferry_backend::{BackendError, DirtyPages, Vm};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// Builds the destination VM from the stream header: its backend, and its
-/// guest section (see [`ferry_backend::VmConfig::from_guest_section`]). The
-/// engine then checks the VM against the header's vCPUs and memory slots.
+/// Builds the destination VM from the stream header: the VMM it names
+/// ([`StreamHeader::vmm`]) and the VMM's own configuration
+/// ([`StreamHeader::vmm_config`]). The engine then checks the VM against
+/// the header's vCPUs and memory slots.
 pub type CreateVm<'a> = dyn FnMut(&StreamHeader) -> Result<Box<dyn Vm>, BackendError> + 'a;
-
-/// Longest the destination waits for every vCPU to complete a pass before
-/// it reports anyway.
-const MAX_RUN_AFTER: Duration = Duration::from_secs(120);
-/// How often the destination checks the guest's health while it runs.
-const HEALTH_POLL: Duration = Duration::from_millis(100);
 
 /// A migration whose control connection has arrived and introduced itself.
 pub struct IncomingMigration {
@@ -71,8 +66,8 @@ pub fn await_migration(listener: &dyn Listen) -> Result<IncomingMigration, Migra
 /// Receives the migration `incoming` announced: reads the header, checks it
 /// against `opts.expect`, builds the VM with `create_vm`, takes the data
 /// connections on `listener`, loads memory, resumes the guest, verifies the
-/// digest, runs the guest for `opts.run_after`, reports to the source, and
-/// returns the running VM.
+/// digest, waits for the source's Commit, and returns the running VM at
+/// once: what the guest does from then on is the caller's business.
 ///
 /// Errors found here are also sent to the source as an Error frame. On `Err`
 /// no guest of this side is running. A precopy whose Commit never came
@@ -107,7 +102,7 @@ pub fn receive(
         summary: ReceiveSummary {
             status: Status::Failed,
             held: None,
-            backend: header.backend.to_string(),
+            backend: header.vmm.clone(),
             connections,
             tls: listener.tls(),
             total_ms: 0.0,
@@ -118,9 +113,9 @@ pub fn receive(
             batches: 0,
             digest: 0,
             digest_match: false,
-            passes_after: 0,
-            mismatches_before: 0,
-            mismatches_after: 0,
+            guest_at_resume: None,
+            passes_after: None,
+            mismatches_after: None,
             postcopy: None,
         },
         vm,
@@ -282,10 +277,7 @@ impl Dest {
         self.vm
             .restore_vcpus(&state)
             .map_err(MigrationError::backend("restore vCPU state"))?;
-        let vcpus = self.header.vcpus;
-        let ram = Arc::clone(&self.loaded.ram);
-        let (passes_before, mismatches_before) =
-            guest_totals(&ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
+        self.read_probe(opts)?;
         if !strict {
             self.resume(switched)?;
         }
@@ -293,25 +285,25 @@ impl Dest {
             (Message::Digest(d), _) => d,
             (m, offset) => return Err(unexpected("Digest", &m, offset)),
         };
-        self.verify_and_run(
-            strict,
-            switched,
-            passes_before,
-            mismatches_before,
-            opts,
-            digest,
-        )
+        self.verify_and_commit(strict, switched, digest)
+    }
+
+    /// Reads the guest's own checks before it resumes here, where the VMM
+    /// gave a probe.
+    pub(crate) fn read_probe(&mut self, opts: &ReceiveOptions) -> Result<(), MigrationError> {
+        if let Some(probe) = &opts.probe {
+            let check = probe.read(&*self.vm).map_err(MigrationError::Probe)?;
+            self.summary.guest_at_resume = Some(check);
+        }
+        Ok(())
     }
 
     /// With the source's digest `theirs`: compare it with the received
-    /// pages' hashes, resume (if not already), commit, run the guest, report.
-    pub(crate) fn verify_and_run(
+    /// pages' hashes, resume (if not already), commit, report.
+    pub(crate) fn verify_and_commit(
         &mut self,
         strict: bool,
         switched: Instant,
-        passes_before: u64,
-        mismatches_before: u64,
-        opts: &ReceiveOptions,
         theirs: crate::wire::MemoryDigest,
     ) -> Result<(), MigrationError> {
         let ours = self.loaded.hashes.digest();
@@ -365,13 +357,12 @@ impl Dest {
         self.summary.digest_match = true;
         self.summary.status = Status::Completed;
         ram.take_vmm_dirty(&mut DirtyPages::new(total));
-        let mut report = self.run_guest(opts.run_after, passes_before, mismatches_before);
-        report.postcopy = self.summary.postcopy.clone();
-        self.summary.passes_after = report.passes_after;
-        self.summary.mismatches_before = report.mismatches_before;
-        self.summary.mismatches_after = report.mismatches_after;
+        let report = FinalReport {
+            health: self.vm.check_health().err().map(|e| e.to_string()),
+            postcopy: self.summary.postcopy.clone(),
+        };
         if let Err(e) = self.ctl.send(&Message::Report(report)) {
-            tracing::warn!("cannot send the guest report to the source: {e}");
+            tracing::warn!("cannot send the final report to the source: {e}");
         }
         Ok(())
     }
@@ -509,58 +500,5 @@ impl Dest {
             resume_ns: took.as_nanos().min(u128::from(u64::MAX)) as u64,
         })?;
         Ok(())
-    }
-
-    /// Runs the committed guest for `run_after`, and on until every vCPU has
-    /// completed a pass here (at most [`MAX_RUN_AFTER`]), so the report says
-    /// the guest really works on this side. Watches its health, then reads
-    /// what the guest reports.
-    fn run_guest(&mut self, run_after: Duration, passes0: u64, mismatches0: u64) -> GuestReport {
-        let started = Instant::now();
-        let at_switchover = read_progress(&self.loaded.ram, self.header.vcpus).unwrap_or_default();
-        let mut health = None;
-        loop {
-            if let Err(e) = self.vm.check_health() {
-                health = Some(e.to_string());
-                break;
-            }
-            let elapsed = started.elapsed();
-            if elapsed >= MAX_RUN_AFTER {
-                break;
-            }
-            if elapsed >= run_after {
-                let now = read_progress(&self.loaded.ram, self.header.vcpus).unwrap_or_default();
-                let each_passed = now.len() == at_switchover.len()
-                    && now
-                        .iter()
-                        .zip(&at_switchover)
-                        .all(|(n, s)| n.passes > s.passes);
-                if each_passed {
-                    break;
-                }
-            }
-            std::thread::sleep(
-                HEALTH_POLL.min(
-                    run_after
-                        .saturating_sub(elapsed)
-                        .max(Duration::from_millis(5)),
-                ),
-            );
-        }
-        let (passes, mismatches) = match guest_totals(&self.loaded.ram, self.header.vcpus) {
-            Ok(t) => t,
-            Err(e) => {
-                health.get_or_insert_with(|| format!("cannot read guest progress: {e}"));
-                (passes0, mismatches0)
-            }
-        };
-        GuestReport {
-            passes_after: passes.wrapping_sub(passes0),
-            mismatches_before: mismatches0,
-            mismatches_after: mismatches.wrapping_sub(mismatches0),
-            run_ms: started.elapsed().as_millis() as u64,
-            health,
-            postcopy: None,
-        }
     }
 }

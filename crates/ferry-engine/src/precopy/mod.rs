@@ -14,8 +14,7 @@
 //!            ◄──────────────────────────────────── Verified(match)
 //!  match: stop_dirty_log, stay paused (committed)   match: keep running (committed)
 //!  no match: start the guest again (rolled back)    no match: pause the guest, fail
-//!                                                   run `run_after`, read guest progress
-//!            ◄──────────────────────────────────── Report
+//!            ◄──────────────────────────────────── Report   (receive() returns)
 //! ```
 //!
 //! **Commit after verify.** Hashing all of memory takes far longer than the
@@ -42,8 +41,13 @@
 //! sender thread on the source and a receiver thread on the destination. The
 //! source's digest runs on two scoped threads while its guest is paused. A
 //! link on which nothing moves for the stall timeout fails both sides with
-//! `no progress from <peer> for N s`; nothing else has a timeout, so the
-//! source waits for the Report as long as the destination's `run_after`.
+//! `no progress from <peer> for N s`; nothing else has a timeout.
+//!
+//! **The guest's own checks.** Where the VMM passes a
+//! [`ferry_backend::GuestProbe`], the source reads it once its vCPUs are
+//! paused and the destination just before it resumes the guest; the
+//! summaries carry both readings. Nothing else reads the guest: what it does
+//! after the switchover is the VMM's business.
 //!
 //! Failure before switchover (I/O error, peer error, stall, cancel, backend
 //! error) leaves the source running: dirty logging is stopped and, if the
@@ -72,8 +76,7 @@ use crate::converge::ConvergeMode;
 use crate::error::MigrationError;
 use crate::tunables::Tunables;
 use crate::wire::{ExpectedVm, Message};
-use ferry_backend::memstress::read_progress;
-use ferry_backend::{GuestRam, RamError};
+use ferry_backend::GuestProbe;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -119,6 +122,9 @@ pub struct PrecopyOptions {
     /// connections break (zero: give up at once, the source staying paused
     /// with its pages).
     pub recover_timeout: Duration,
+    /// The guest's own checks, read once the vCPUs are paused for the
+    /// switchover (`None`: the guest has none, or the VMM does not say).
+    pub probe: Option<Arc<dyn GuestProbe>>,
 }
 
 impl Default for PrecopyOptions {
@@ -136,6 +142,7 @@ impl Default for PrecopyOptions {
             max_downtime: None,
             mode: crate::postcopy::Mode::Precopy,
             recover_timeout: crate::postcopy::DEFAULT_RECOVER_TIMEOUT,
+            probe: None,
         }
     }
 }
@@ -145,9 +152,6 @@ impl Default for PrecopyOptions {
 pub struct ReceiveOptions {
     /// What the stream must carry; checked before any VM is built.
     pub expect: Option<ExpectedVm>,
-    /// How long to run the guest after verification before reporting (and on
-    /// until every vCPU has completed a pass, at most 120 s).
-    pub run_after: Duration,
     /// Verify the digest before resuming the guest.
     pub verify_before_resume: bool,
     /// How long the link may stand still before the migration fails.
@@ -168,6 +172,8 @@ pub struct ReceiveOptions {
     pub fault_handlers: usize,
     /// Postcopy: those threads spin instead of sleeping in `poll`.
     pub fault_busy_poll: bool,
+    /// The guest's own checks, read just before the guest resumes here.
+    pub probe: Option<Arc<dyn GuestProbe>>,
 }
 
 /// How the destination puts a received page into guest memory that has
@@ -199,7 +205,6 @@ impl Default for ReceiveOptions {
     fn default() -> Self {
         ReceiveOptions {
             expect: None,
-            run_after: Duration::from_secs(1),
             verify_before_resume: false,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             placement: Placement::Uffd,
@@ -208,6 +213,7 @@ impl Default for ReceiveOptions {
             vcpu_fault_exits: true,
             fault_handlers: 1,
             fault_busy_poll: false,
+            probe: None,
         }
     }
 }
@@ -219,12 +225,4 @@ pub(crate) fn unexpected(expected: &'static str, msg: &Message, offset: u64) -> 
         got: msg.kind(),
         offset,
     }
-}
-
-/// Guest totals over all vCPUs: (passes, mismatches).
-pub(crate) fn guest_totals(ram: &GuestRam, vcpus: u32) -> Result<(u64, u64), RamError> {
-    let all = read_progress(ram, vcpus)?;
-    Ok(all.iter().fold((0, 0), |(p, m), v| {
-        (p.wrapping_add(v.passes), m.wrapping_add(v.mismatches))
-    }))
 }

@@ -117,7 +117,7 @@ pub fn fresh_summary(
 ) -> MigrationSummary {
     MigrationSummary {
         status: Status::Failed,
-        backend: vm.config().backend.to_string(),
+        backend: vm.vmm_id().to_string(),
         mode: opts.mode.to_string(),
         block_ms: 0.0,
         page_requests: 0,
@@ -152,10 +152,11 @@ pub fn fresh_summary(
         rounds: Vec::new(),
         digest_match: false,
         digest_checked: false,
-        guest_mismatches: 0,
-        mismatches_before: 0,
-        mismatches_after: 0,
-        dest_passes_after: 0,
+        guest_mismatches: None,
+        mismatches_before: None,
+        mismatches_after: None,
+        dest_passes_after: None,
+        guest_at_pause: None,
         error: None,
     }
 }
@@ -581,7 +582,7 @@ impl Source<'_> {
             link_bytes_per_sec,
             downtime_target: self.opts.tunables.downtime_target(),
             quota_interval: self.opts.tunables.quota_interval(),
-            vcpus: self.vm.config().workload.vcpus,
+            vcpus: self.vm.vcpus(),
             round_end,
             harvests_within_rounds: self.opts.harvest_within_rounds,
         }

@@ -3,7 +3,7 @@
 //! module docs of [`super`] for why the digest is checked after resume.
 
 use super::source::Source;
-use super::{guest_totals, unexpected};
+use super::unexpected;
 use crate::digest::{memory_digest, SOURCE_DIGEST_THREADS};
 use crate::error::MigrationError;
 use crate::progress::Phase;
@@ -116,7 +116,7 @@ impl Source<'_> {
     }
 
     /// Pauses the guest for a switchover (precopy or postcopy) and reads
-    /// the mismatches it counted here. Returns when the pause began.
+    /// its probe, if the VMM gave one. Returns when the pause began.
     pub(crate) fn pause_for_switchover(&mut self) -> Result<Instant, MigrationError> {
         self.progress.phase(Phase::Switchover);
         let paused_at = Instant::now();
@@ -127,10 +127,12 @@ impl Source<'_> {
             self.paused_by_us = true;
         }
         self.summary.pause_ms = ms(paused_at.elapsed());
-        let vcpus = self.vm.config().workload.vcpus;
-        let (_, before) =
-            guest_totals(&self.ram, vcpus).map_err(MigrationError::ram("read guest progress"))?;
-        self.summary.mismatches_before = before;
+        if let Some(probe) = &self.opts.probe {
+            let check = probe.read(&*self.vm).map_err(MigrationError::Probe)?;
+            self.summary.guest_at_pause = Some(check);
+            self.summary.mismatches_before = Some(check.errors);
+            self.summary.guest_mismatches = Some(check.errors);
+        }
         Ok(paused_at)
     }
 
@@ -182,9 +184,6 @@ impl Source<'_> {
         self.progress.phase(Phase::Reporting);
         match self.ctl.recv_message("Report") {
             Ok((Message::Report(r), _)) => {
-                self.summary.mismatches_before = r.mismatches_before;
-                self.summary.mismatches_after = r.mismatches_after;
-                self.summary.dest_passes_after = r.passes_after;
                 if let Some(p) = &r.postcopy {
                     self.summary.block_ms = p.block_ms;
                     self.summary.page_requests = p.page_requests;
@@ -201,15 +200,11 @@ impl Source<'_> {
             }
             Err(e) => {
                 self.summary.error = Some(format!(
-                    "migration completed, but no guest report from the destination: {}",
+                    "migration completed, but no final report from the destination: {}",
                     e.chain()
                 ));
             }
         }
-        self.summary.guest_mismatches = self
-            .summary
-            .mismatches_before
-            .saturating_add(self.summary.mismatches_after);
     }
 
     /// Leaves the source as it was before the migration.

@@ -206,29 +206,6 @@ mod tests {
         assert!(!Compressor::default().compress(Codec::Lz4, &[&noise], &mut packed));
     }
 
-    /// The page fills are honest inputs: text compresses about as well as
-    /// ordinary memory (2-4x with zstd), random not at all.
-    #[test]
-    fn page_fills_compress_as_documented() {
-        use ferry_backend::{Fill, PAGE_SIZE};
-        let pages = |fill: Fill| {
-            let mut all = vec![0u8; 256 * PAGE_SIZE];
-            for (i, p) in all.chunks_exact_mut(PAGE_SIZE).enumerate() {
-                fill.fill_page(i as u64, p);
-            }
-            all
-        };
-        let mut c = Compressor::default();
-        let mut packed = Vec::new();
-        let text = pages(Fill::Text);
-        assert!(c.compress(Codec::Zstd, &[&text], &mut packed));
-        let ratio = text.len() as f64 / packed.len() as f64;
-        assert!((2.0..=4.0).contains(&ratio), "text: {ratio:.2}x with zstd");
-        let random = pages(Fill::Random);
-        assert!(!c.compress(Codec::Zstd, &[&random], &mut packed));
-        assert!(!c.compress(Codec::Lz4, &[&random], &mut packed));
-    }
-
     #[test]
     fn bombs_and_garbage_are_refused() {
         let mut out = Vec::new();

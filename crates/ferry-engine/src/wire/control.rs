@@ -28,18 +28,10 @@ pub struct MemoryDigest {
     pub value: u64,
 }
 
-/// What the destination's guest reported after switchover.
+/// What the destination reports once the migration committed.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct GuestReport {
-    /// Guest passes completed (summed over vCPUs) while the destination ran.
-    pub passes_after: u64,
-    /// Stamp mismatches the guest had counted at switchover (on the source).
-    pub mismatches_before: u64,
-    /// Stamp mismatches counted on the destination after switchover.
-    pub mismatches_after: u64,
-    /// Milliseconds the destination ran the guest before reporting.
-    pub run_ms: u64,
-    /// A vCPU failure seen while running, if any.
+pub struct FinalReport {
+    /// A vCPU failure seen at the commit, if any.
     pub health: Option<String>,
     /// What postcopy did, if the migration switched to it.
     #[serde(default)]
@@ -99,7 +91,7 @@ pub enum Message {
         dest: MemoryDigest,
     },
     /// The guest report.
-    Report(GuestReport),
+    Report(FinalReport),
     /// The sender gives up.
     Error(String),
     /// Opens a connection of a migration.
@@ -462,10 +454,9 @@ mod tests {
                 matched: true,
                 dest: d,
             },
-            Message::Report(GuestReport {
-                passes_after: 9,
+            Message::Report(FinalReport {
                 health: Some("vCPU 1 stopped".into()),
-                ..GuestReport::default()
+                ..FinalReport::default()
             }),
             Message::Error("cancelled".into()),
         ];

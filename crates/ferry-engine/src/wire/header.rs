@@ -1,17 +1,17 @@
 //! The stream header: everything the destination must know to build the VM
 //! before the first page arrives, and to refuse a stream it cannot take.
 //!
-//! It describes the VM as the engine sees it: backend kind, vCPU count,
-//! memory slots and page size. What the guest program needs (the memstress
-//! workload) is a section of its own, which the engine carries to the
-//! destination's VM builder without reading it; a new kind of guest is then
-//! a new section, not a new stream format. Every size from the wire is
+//! It describes the VM as the engine sees it: which VMM built it (a
+//! free-form id), vCPU count, memory slots and page size. What the VMM needs
+//! to build the destination VM (its own configuration) travels as JSON the
+//! engine carries to the destination's VM factory without reading it; a new
+//! VMM or guest is then new JSON, not a new stream format. Every size from the wire is
 //! checked with checked arithmetic before it sizes anything.
 //!
 //! JSON inside a checksummed frame: read once, and easy to extend.
 
 use ferry_backend::types::human_bytes;
-use ferry_backend::{BackendKind, Vm, PAGE_SIZE};
+use ferry_backend::{Vm, PAGE_SIZE};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -25,8 +25,9 @@ pub const MAX_MEMORY_BYTES: u64 = 16 << 40;
 /// What the source announces.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamHeader {
-    /// The backend the VM runs on; both ends must run the same.
-    pub backend: BackendKind,
+    /// The VMM that built the VM ([`Vm::vmm_id`]); both ends must run the
+    /// same, since it names the format of the vCPU state.
+    pub vmm: String,
     /// vCPU count.
     pub vcpus: u32,
     /// Bytes of each guest memory slot, in guest-physical order.
@@ -37,9 +38,9 @@ pub struct StreamHeader {
     pub page_size: u32,
     /// The source's dirty-tracking method, for the record.
     pub dirty_tracking: String,
-    /// The guest program's own section, handed to the destination's VM
-    /// builder as it came.
-    pub guest: serde_json::Value,
+    /// The VMM's own configuration ([`Vm::vmm_config`]), handed to the
+    /// destination's VM factory as it came.
+    pub vmm_config: serde_json::Value,
 }
 
 /// What the destination expects of a stream, checked before any VM is built.
@@ -49,8 +50,8 @@ pub struct ExpectedVm {
     pub memory_bytes: Option<u64>,
     /// vCPUs the destination will run.
     pub vcpus: Option<u32>,
-    /// Backend the destination runs.
-    pub backend: Option<BackendKind>,
+    /// The VMM id the destination builds VMs for.
+    pub vmm: Option<String>,
 }
 
 /// A header the destination cannot take.
@@ -82,13 +83,13 @@ pub enum HeaderError {
         /// Stream vCPUs.
         stream: u32,
     },
-    /// Different backend.
-    #[error("stream comes from a {stream} VM but the destination runs {dest}: both ends must use the same backend")]
-    Backend {
-        /// Destination backend.
-        dest: BackendKind,
-        /// Stream backend.
-        stream: BackendKind,
+    /// A VM of another VMM.
+    #[error("stream comes from a {stream} VM but the destination runs {dest}: both ends must use the same VMM")]
+    Vmm {
+        /// The destination's VMM id.
+        dest: String,
+        /// The stream's VMM id.
+        stream: String,
     },
     /// Same size, different slots.
     #[error("destination memory slots {dest:?} differ from the stream's {stream:?}")]
@@ -103,15 +104,14 @@ pub enum HeaderError {
 impl StreamHeader {
     /// The header describing `vm`.
     pub fn for_vm(vm: &dyn Vm) -> Self {
-        let config = vm.config();
         StreamHeader {
-            backend: config.backend,
-            vcpus: config.workload.vcpus,
+            vmm: vm.vmm_id().to_string(),
+            vcpus: vm.vcpus(),
             slots: vm.ram().slots().iter().map(|s| s.size).collect(),
             memory_bytes: vm.ram().size(),
             page_size: PAGE_SIZE as u32,
             dirty_tracking: vm.dirty_tracking(),
-            guest: config.guest_section(),
+            vmm_config: vm.vmm_config(),
         }
     }
 
@@ -187,10 +187,10 @@ impl StreamHeader {
                 stream: self.vcpus,
             });
         }
-        if let Some(dest) = expect.backend.filter(|&b| b != self.backend) {
-            return Err(HeaderError::Backend {
-                dest,
-                stream: self.backend,
+        if let Some(dest) = expect.vmm.as_ref().filter(|&v| *v != self.vmm) {
+            return Err(HeaderError::Vmm {
+                dest: dest.clone(),
+                stream: self.vmm.clone(),
             });
         }
         Ok(())
@@ -198,11 +198,10 @@ impl StreamHeader {
 
     /// Checks the VM the destination built against the header.
     pub fn check_destination(&self, vm: &dyn Vm) -> Result<(), HeaderError> {
-        let cfg = vm.config();
         self.check_expected(&ExpectedVm {
             memory_bytes: Some(vm.ram().size()),
-            vcpus: Some(cfg.workload.vcpus),
-            backend: Some(cfg.backend),
+            vcpus: Some(vm.vcpus()),
+            vmm: Some(vm.vmm_id().to_string()),
         })?;
         let dest: Vec<u64> = vm.ram().slots().iter().map(|s| s.size).collect();
         if dest != self.slots {
@@ -218,37 +217,26 @@ impl StreamHeader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_backend::{Backing, VmConfig, Workload};
 
     fn header() -> StreamHeader {
-        let config = VmConfig {
-            backend: BackendKind::Soft,
-            workload: Workload {
-                vcpus: 2,
-                bytes_per_vcpu: 4 << 20,
-                ..Workload::default()
-            },
-            backing: Backing::Anonymous,
-        };
-        let layout = config.layout();
         StreamHeader {
-            backend: config.backend,
+            vmm: "test-vmm".into(),
             vcpus: 2,
-            slots: layout.slot_sizes().to_vec(),
-            memory_bytes: layout.total_bytes(),
+            slots: vec![2 << 20, 8 << 20],
+            memory_bytes: 10 << 20,
             page_size: PAGE_SIZE as u32,
             dirty_tracking: "bitmap".into(),
-            guest: config.guest_section(),
+            vmm_config: serde_json::json!({"vcpus": 2}),
         }
     }
 
     #[test]
-    fn header_round_trips_and_carries_the_guest_section_untouched() {
+    fn header_round_trips_and_carries_the_vmm_config_untouched() {
         let h = header();
         assert_eq!(StreamHeader::decode(&h.encode()).unwrap(), h);
-        // A section the engine knows nothing about travels as it came.
+        // Configuration the engine knows nothing about travels as it came.
         let mut other = header();
-        other.guest = serde_json::json!({"program": "not memstress", "x": [1, 2]});
+        other.vmm_config = serde_json::json!({"program": "anything", "x": [1, 2]});
         assert_eq!(StreamHeader::decode(&other.encode()).unwrap(), other);
     }
 
@@ -276,11 +264,16 @@ mod tests {
         assert_eq!(err, "destination has 4 vCPUs, stream carries 2");
         let err = h
             .check_expected(&ExpectedVm {
-                backend: Some(BackendKind::Kvm),
+                vmm: Some("other-vmm".into()),
                 ..ExpectedVm::default()
             })
-            .unwrap_err();
-        assert!(matches!(err, HeaderError::Backend { .. }));
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "stream comes from a test-vmm VM but the destination runs other-vmm: \
+             both ends must use the same VMM"
+        );
         assert!(h.check_expected(&ExpectedVm::default()).is_ok());
     }
 

@@ -60,7 +60,7 @@ pub mod header;
 pub mod pages;
 
 pub use channel::{FrameStream, Replay};
-pub use control::{GuestReport, MemoryDigest, Message};
+pub use control::{FinalReport, MemoryDigest, Message};
 pub use frame::{FrameHead, FrameKind};
 pub use header::{ExpectedVm, HeaderError, StreamHeader};
 pub use pages::{decode_batch, is_zero_page, BatchView, PageBatch, MAX_BATCH_PAGES};
@@ -81,11 +81,13 @@ pub const MAGIC: [u8; 8] = *b"FERRYMIG";
 /// Version of the wire format this ferry writes and reads: 2 added the
 /// connection set (Hello, Welcome, Heartbeat, RoundEnd) and round-numbered
 /// batches; 3 added Commit, without which a v2 destination would keep its
-/// guest running when the source never heard its verdict. An older peer is
-/// refused with a message naming both versions.
-pub const VERSION: u32 = 3;
+/// guest running when the source never heard its verdict; 4 names the VMM
+/// in the header instead of a backend kind, and the Report no longer
+/// carries the guest's counters. An older peer is refused with a message
+/// naming both versions.
+pub const VERSION: u32 = 4;
 /// Oldest version this ferry speaks.
-pub const MIN_VERSION: u32 = 3;
+pub const MIN_VERSION: u32 = 4;
 /// Bytes of the preamble.
 pub const PREAMBLE_LEN: usize = 16;
 /// Largest frame payload accepted: a full page batch plus its run table fits

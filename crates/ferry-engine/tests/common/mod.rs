@@ -1,45 +1,115 @@
-//! A small but real test VM: one "vCPU" thread that walks the data region
-//! writing stamps through `GuestRam` (so every write is tracked through the
-//! VMM-dirty bitmap) and checks, before each write, that the page still holds
-//! the stamp of the previous pass — the memstress self-check in miniature.
-//! Its "vCPU state" is the walk position, so a migrated guest continues where
-//! the source stopped and any lost page shows up as a mismatch.
+//! A small but real test VM that is not memstress: one "vCPU" thread walks
+//! the data slot writing stamps through `GuestRam` (so every write is
+//! tracked through the VMM-dirty bitmap) and checks, before each write, that
+//! the page still holds the stamp of the previous pass. Its "vCPU state" is
+//! the walk position, so a migrated guest continues where the source stopped
+//! and any lost page shows up as a mismatch. Its counters sit in its own
+//! system page and reach the engine only through [`TestProbe`].
+//!
+//! ```text
+//!   slot 0 (2 MiB, mostly zero): 0x00 passes completed   0x08 mismatches   0x10 built-by-VMM marker
+//!   slot 1: data pages, one stamp at the start of each
+//! ```
 
 #![allow(dead_code)]
 
 pub mod relay;
 
-use ferry_backend::memstress::{progress, stamp};
 use ferry_backend::{
-    BackendError, BackendKind, Backing, DirtyPages, GuestRam, HarvestStats, MemoryLayout, Vm,
-    VmConfig, Workload, PAGE_SIZE,
+    BackendError, Backing, DirtyPages, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats, Vm,
+    PAGE_SIZE,
 };
 use ferry_engine::wire::StreamHeader;
 use ferry_engine::{
-    await_migration, listen, receive, MigrationError, ReceiveOptions, ReceiveSummary, TcpDialer,
+    await_migration, listen, receive, MigrationError, PrecopyOptions, ReceiveOptions,
+    ReceiveSummary, TcpDialer,
 };
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub type Received = Result<(Box<dyn Vm>, ReceiveSummary), MigrationError>;
+
+/// The VMM id of the test VM.
+pub const TEST_VMM: &str = "engine-test-vm";
+const PASSES: Gpa = Gpa(0);
+const MISMATCHES: Gpa = Gpa(8);
+const MARKER: Gpa = Gpa(16);
+/// Bytes of the system slot (slots are whole 2 MiB).
+const SYSTEM_BYTES: u64 = 2 << 20;
+
+/// The test VM's configuration: what its stream header carries.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TestConfig {
+    /// Bytes of the data slot.
+    pub data_bytes: u64,
+    /// Host backing of its memory (each end picks its own; not sent).
+    #[serde(skip)]
+    pub backing: Backing,
+}
+
+impl TestConfig {
+    /// Data pages.
+    pub fn pages(&self) -> u64 {
+        self.data_bytes / PAGE_SIZE as u64
+    }
+
+    /// Guest-physical address of data page `page`.
+    pub fn data_gpa(page: u64) -> Gpa {
+        Gpa(SYSTEM_BYTES + page * PAGE_SIZE as u64)
+    }
+
+    /// Guest pages in all.
+    pub fn total_pages(&self) -> u64 {
+        self.pages() + SYSTEM_BYTES / PAGE_SIZE as u64
+    }
+}
+
+/// The stamp the test guest writes into `page` in `pass`.
+pub fn test_stamp(page: u64, pass: u64) -> u64 {
+    0x7e57_0000_0000_0000 | pass << 24 | page
+}
+
+/// The test guest's own checks, as the engine reads them.
+#[derive(Debug)]
+pub struct TestProbe;
+
+impl GuestProbe for TestProbe {
+    fn read(&self, vm: &dyn Vm) -> Result<GuestCheck, String> {
+        let ram = vm.ram();
+        Ok(GuestCheck {
+            progress: ram.load_u64(PASSES).map_err(|e| e.to_string())?,
+            errors: ram.load_u64(MISMATCHES).map_err(|e| e.to_string())?,
+        })
+    }
+}
+
+/// The test guest's checks now.
+pub fn check(vm: &dyn Vm) -> GuestCheck {
+    TestProbe.read(vm).unwrap()
+}
 
 /// A test VM whose guest thread is running and has written every page
 /// once (so a full pass sends data, not zero pages, even on a loaded host).
 pub fn running_source() -> TestVm {
     let mut vm = TestVm::new(&config()).unwrap();
     vm.start().unwrap();
-    let pass = MemoryLayout::progress_gpa(0).add(progress::PASS);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while vm.ram.load_u64(pass).unwrap() < 1 {
+    wait_for_passes(&vm, 1);
+    vm
+}
+
+/// Waits (at most 30 s) until the guest of `vm` has completed `passes`.
+pub fn wait_for_passes(vm: &dyn Vm, passes: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while check(vm).progress < passes {
         assert!(
-            std::time::Instant::now() < deadline,
-            "the test guest did not finish a pass in 30 s"
+            Instant::now() < deadline,
+            "the test guest did not reach pass {passes} in 30 s"
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    vm
 }
 
 /// A destination in a thread, listening on loopback; returns how to reach it.
@@ -47,7 +117,11 @@ pub fn spawn_receiver(opts: ReceiveOptions) -> (TcpDialer, JoinHandle<Received>)
     spawn_receiver_on(opts, Backing::Anonymous)
 }
 
-/// [`spawn_receiver`] with the destination's guest RAM on `backing`.
+/// [`spawn_receiver`] with the destination's guest RAM on `backing`. Once
+/// `receive` returns a running guest, the thread runs it until it has
+/// completed another pass here, and fills the summary's guest fields from
+/// the probe, as a VMM that checks its guest does. A guest that counts a
+/// mismatch after the switchover fails the test here (the thread panics).
 pub fn spawn_receiver_on(
     opts: ReceiveOptions,
     backing: Backing,
@@ -57,42 +131,51 @@ pub fn spawn_receiver_on(
     let dest = std::thread::spawn(move || {
         let incoming = await_migration(&listener)?;
         let mut create = |h: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
-            let config = VmConfig::from_guest_section(h.backend, &h.guest, backing)?;
-            TestVm::boxed(&config)
+            TestVm::boxed(&TestVm::config_from(h, backing)?)
         };
-        receive(incoming, &listener, &mut create, &opts)
+        let (vm, mut summary) = receive(incoming, &listener, &mut create, &opts)?;
+        if let (Some(at_resume), true) = (summary.guest_at_resume, vm.is_running()) {
+            wait_for_passes(&*vm, at_resume.progress + 1);
+            let after = check(&*vm).since(&at_resume);
+            summary.passes_after = Some(after.progress);
+            summary.mismatches_after = Some(after.errors);
+            assert_eq!(after.errors, 0, "the guest counted mismatches here");
+        }
+        Ok((vm, summary))
     });
     (to, dest)
 }
 
 /// Builds a destination test VM from a stream header.
 pub fn create_test_vm(h: &StreamHeader) -> Result<Box<dyn Vm>, BackendError> {
-    let config = VmConfig::from_guest_section(h.backend, &h.guest, Backing::Anonymous)?;
-    TestVm::boxed(&config)
+    TestVm::boxed(&TestVm::config_from(h, Backing::Anonymous)?)
 }
 
-/// Destination options that report soon after switchover.
+/// Destination options with the test guest's probe.
 pub fn quick_receive() -> ReceiveOptions {
     ReceiveOptions {
-        run_after: Duration::from_millis(50),
+        probe: Some(Arc::new(TestProbe)),
         ..ReceiveOptions::default()
     }
 }
 
-pub fn config() -> VmConfig {
-    VmConfig {
-        backend: BackendKind::Soft,
-        workload: Workload {
-            vcpus: 1,
-            bytes_per_vcpu: 4 << 20,
-            ..Workload::default()
-        },
+/// Source options with the test guest's probe.
+pub fn probed() -> PrecopyOptions {
+    PrecopyOptions {
+        probe: Some(Arc::new(TestProbe)),
+        ..PrecopyOptions::default()
+    }
+}
+
+pub fn config() -> TestConfig {
+    TestConfig {
+        data_bytes: 4 << 20,
         backing: Backing::Anonymous,
     }
 }
 
 pub struct TestVm {
-    config: VmConfig,
+    config: TestConfig,
     ram: Arc<GuestRam>,
     /// pass << 32 | next page
     position: Arc<AtomicU64>,
@@ -108,11 +191,11 @@ pub struct TestVm {
 }
 
 impl TestVm {
-    pub fn new(config: &VmConfig) -> Result<Self, BackendError> {
-        let layout = config.layout();
-        let ram = Arc::new(GuestRam::new(&layout.slot_sizes(), config.backing)?);
-        // Something for the VMM to have written at build time, as backends do.
-        ram.store_u64(MemoryLayout::params_gpa(0), 0xc0de)?;
+    pub fn new(config: &TestConfig) -> Result<Self, BackendError> {
+        let slots = [SYSTEM_BYTES, config.data_bytes];
+        let ram = Arc::new(GuestRam::new(&slots, config.backing)?);
+        // Something for the VMM to have written at build time, as VMMs do.
+        ram.store_u64(MARKER, 0xc0de)?;
         Ok(TestVm {
             config: config.clone(),
             ram,
@@ -126,8 +209,18 @@ impl TestVm {
         })
     }
 
-    pub fn boxed(config: &VmConfig) -> Result<Box<dyn Vm>, BackendError> {
+    pub fn boxed(config: &TestConfig) -> Result<Box<dyn Vm>, BackendError> {
         Ok(Box::new(Self::new(config)?))
+    }
+
+    /// The configuration a stream header describes, on `backing`.
+    pub fn config_from(h: &StreamHeader, backing: Backing) -> Result<TestConfig, BackendError> {
+        if h.vmm != TEST_VMM {
+            return Err(BackendError::Guest(format!("not a test VM: {}", h.vmm)));
+        }
+        let config: TestConfig = serde_json::from_value(h.vmm_config.clone())
+            .map_err(|e| BackendError::Guest(e.to_string()))?;
+        Ok(TestConfig { backing, ..config })
     }
 
     /// Has the guest write `passes` more passes from now, then idle: a page
@@ -146,14 +239,12 @@ impl TestVm {
 
 fn guest(
     ram: Arc<GuestRam>,
-    layout: MemoryLayout,
+    pages: u64,
     position: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     throttle: Arc<AtomicU64>,
     last_pass: Arc<AtomicU64>,
 ) {
-    let pages = layout.data_bytes / PAGE_SIZE as u64;
-    let prog = MemoryLayout::progress_gpa(0);
     let pos = position.load(Ordering::Acquire);
     let (mut pass, mut page) = (pos >> 32, pos & 0xffff_ffff);
     while !stop.load(Ordering::Acquire) {
@@ -161,21 +252,20 @@ fn guest(
             std::thread::sleep(Duration::from_millis(1));
             continue;
         }
-        let gpa = layout.data_gpa().add(page * PAGE_SIZE as u64);
+        let gpa = TestConfig::data_gpa(page);
         let expect = if pass <= 1 {
             0
         } else {
-            stamp(0, page, (pass - 1) as u32)
+            test_stamp(page, pass - 1)
         };
         if ram.load_u64(gpa).unwrap() != expect {
-            let m = ram.load_u64(prog.add(progress::MISMATCHES)).unwrap();
-            ram.store_u64(prog.add(progress::MISMATCHES), m + 1)
-                .unwrap();
+            let m = ram.load_u64(MISMATCHES).unwrap();
+            ram.store_u64(MISMATCHES, m + 1).unwrap();
         }
-        ram.store_u64(gpa, stamp(0, page, pass as u32)).unwrap();
+        ram.store_u64(gpa, test_stamp(page, pass)).unwrap();
         page += 1;
         if page == pages {
-            ram.store_u64(prog.add(progress::PASS), pass).unwrap();
+            ram.store_u64(PASSES, pass).unwrap();
             page = 0;
             pass += 1;
         }
@@ -189,8 +279,14 @@ fn guest(
 }
 
 impl Vm for TestVm {
-    fn config(&self) -> &VmConfig {
-        &self.config
+    fn vmm_id(&self) -> &str {
+        TEST_VMM
+    }
+    fn vcpus(&self) -> u32 {
+        1
+    }
+    fn vmm_config(&self) -> serde_json::Value {
+        serde_json::to_value(&self.config).unwrap()
     }
     fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
         self.throttle.store(u64::from(percent), Ordering::Relaxed);
@@ -209,9 +305,9 @@ impl Vm for TestVm {
                 Arc::clone(&self.throttle),
                 Arc::clone(&self.last_pass),
             );
-            let layout = self.config.layout();
+            let pages = self.config.pages();
             self.worker = Some(std::thread::spawn(move || {
-                guest(ram, layout, pos, stop, throttle, last)
+                guest(ram, pages, pos, stop, throttle, last)
             }));
         }
         Ok(())
@@ -259,11 +355,7 @@ impl Vm for TestVm {
             return Err(BackendError::NotPaused("save vCPUs"));
         }
         if self.untracked_write_on_save {
-            let gpa = self
-                .config
-                .layout()
-                .data_gpa()
-                .add(12 * PAGE_SIZE as u64 + 512);
+            let gpa = TestConfig::data_gpa(12).add(512);
             self.ram.store_u64(gpa, 0xbad)?;
         }
         Ok(self.position.load(Ordering::Acquire).to_le_bytes().to_vec())

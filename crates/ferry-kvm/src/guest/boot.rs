@@ -5,8 +5,8 @@
 //! runs guest code natively here"): CR0 0x80050033, CR4 PAE, EFER SCE|LME|LMA|NXE,
 //! CS 0x33 (64-bit code, DPL3), SS/DS/ES 0x2b (data, DPL3), RFLAGS 0x3202 (IOPL 3).
 
-use ferry_backend::memstress::{self, MemoryLayout, Workload, SLEEP_PORT};
 use ferry_backend::{Gpa, GuestRam, RamError};
+use ferry_memstress::{self as memstress, MemoryLayout, Workload, SLEEP_PORT};
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 
 const PTE_PRESENT: u64 = 1 << 0;

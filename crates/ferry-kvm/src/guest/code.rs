@@ -22,10 +22,10 @@
 //! host to sleep it (`out` to `SLEEP_PORT`), like an idle guest halting on a
 //! timer. The host stops vCPUs by signalling their threads.
 
-use ferry_backend::memstress::{param, progress, SLEEP_PORT};
+use ferry_memstress::{param, progress, SLEEP_PORT};
 use iced_x86::code_asm::*;
 
-/// LCG multiplier, as in `ferry_backend::memstress::next_rand32`.
+/// LCG multiplier, as in `ferry_memstress::next_rand32`.
 const LCG_MUL: u64 = 6364136223846793005;
 /// LCG increment.
 const LCG_ADD: u64 = 1442695040888963407;
@@ -253,9 +253,9 @@ mod tests {
 
     #[test]
     fn assembles_and_fits_the_code_area() {
-        let code = memstress(ferry_backend::memstress::CODE_GPA.0).unwrap();
+        let code = memstress(ferry_memstress::CODE_GPA.0).unwrap();
         assert!(!code.is_empty());
-        assert!(code.len() <= ferry_backend::memstress::CODE_MAX);
+        assert!(code.len() <= ferry_memstress::CODE_MAX);
     }
 
     #[test]

@@ -3,13 +3,14 @@
 use super::CmdError;
 use crate::args::{parse_size, BackendArgs, TrackingMode};
 use clap::{Args, Subcommand};
-use ferry_backend::{AccessOrder, BackendKind, DirtyTracking, Workload, PAGE_SIZE};
+use ferry_backend::{DirtyTracking, PAGE_SIZE};
 use ferry_bench::demand_paging::{experiment as demand_paging_experiment, DemandPagingOpts};
 use ferry_bench::kvm::dirty_log as dirty_log_kvm;
 use ferry_bench::soft::dirty_log::{dirty_log_experiment, DirtyLogOpts};
 use ferry_bench::soft::write_protect::{write_protect_experiment, WriteProtectOpts};
 use ferry_bench::soft::zap::{zap_experiment, ZapOpts};
 use ferry_kvm::Program;
+use ferry_memstress::{AccessOrder, BackendKind, Workload};
 use ferry_report::Report;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -261,7 +262,7 @@ fn dirty_log(a: DirtyLogArgs) -> Result<ExitCode, CmdError> {
         stride_pages: a.stride,
         rate_limit_mib_s: None,
         seed: 0x5eed,
-        fill: ferry_backend::Fill::Zero,
+        fill: ferry_memstress::Fill::Zero,
         ..Workload::default()
     };
     workload

@@ -9,7 +9,7 @@ use crate::netns::{LinkShape, NetnsPair, DEST_ADDR};
 use crate::vms;
 use clap::Args;
 use ferry_backend::error_chain as chain;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -108,7 +108,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     let workload = a.workload.workload().map_err(CmdError::Usage)?;
     let config = a.backend.config(workload);
     // Refuse a guest this host cannot hold before starting anything.
-    ferry_backend::admission::admit(&config).map_err(ferry_backend::BackendError::from)?;
+    config.admit().map_err(ferry_backend::BackendError::from)?;
     let mut a = a;
     // The demo shows what to expect before it starts.
     a.migration.predict = true;
@@ -140,7 +140,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
         None
     };
     let mut dest = spawn_destination(&a, netns.as_ref())?;
-    let addr = read_listen_address(&mut dest)?;
+    let (addr, dest_out) = read_listen_address(&mut dest)?;
     if let Some(pair) = &netns {
         // The migration's threads start from this one: all in the source's
         // namespace.
@@ -158,27 +158,57 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
             dest.0.id()
         );
     }
-    let summary = boot_and_migrate(&mut *vm, &addr, &a.migration, link)?;
+    let mut summary = boot_and_migrate(&mut *vm, &config.workload, &addr, &a.migration, link)?;
     // A destination that got no migration (the source failed before it
     // connected) would wait for ever: give it the stall timeout to finish
-    // reporting, then stop it.
-    let grace = Duration::from_secs(a.migration.stall_timeout_s + 5);
+    // reporting, then stop it. One that got the guest runs it until every
+    // vCPU has completed a pass there (see `guest_check`) before it reports.
+    let mut grace = Duration::from_secs(a.migration.stall_timeout_s + 5);
+    if summary.status == ferry_engine::Status::Completed {
+        grace += crate::guest_check::MAX_RUN_AFTER
+            + Duration::try_from_secs_f64(a.run_after).unwrap_or_default();
+    }
     match wait_for(&mut dest.0, grace) {
         Some(status) if !status.success() && summary.error.is_none() => {
             eprintln!("ferry demo: destination exited with {status}");
         }
         Some(_) => {}
-        None => eprintln!(
-            "ferry demo: the destination was still waiting {} s after the migration ended; stopped it",
-            grace.as_secs()
-        ),
+        None => {
+            eprintln!(
+                "ferry demo: the destination was still running {} s after the migration ended; stopped it",
+                grace.as_secs()
+            );
+            let _ = dest.0.kill();
+            let _ = dest.0.wait();
+        }
     }
+    add_destination_checks(&mut summary, dest_out);
     Ok(finish(&mut *vm, &summary, a.migration.json))
+}
+
+/// Adds what the destination's guest counted after the switchover (the last
+/// line `ferry receive --json` printed) to the source's summary: the engine
+/// returns at the commit, and only the destination ran the guest after it.
+fn add_destination_checks(summary: &mut ferry_engine::MigrationSummary, mut out: impl Read) {
+    let mut text = String::new();
+    let _ = out.read_to_string(&mut text);
+    let Some(j) = text
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    else {
+        return;
+    };
+    summary.dest_passes_after = j["passes_after"].as_u64();
+    summary.mismatches_after = j["mismatches_after"].as_u64();
+    if let (Some(before), Some(after)) = (summary.mismatches_before, summary.mismatches_after) {
+        summary.guest_mismatches = Some(before.saturating_add(after));
+    }
 }
 
 /// Each vCPU's write share and rate, grouped: "100% writes, 1 reader;
 /// 200 MiB/s per vCPU".
-fn mix(w: &ferry_backend::Workload) -> String {
+fn mix(w: &ferry_memstress::Workload) -> String {
     let per = |f: &dyn Fn(u32) -> String| {
         let all: Vec<String> = (0..w.vcpus).map(f).collect();
         if all.iter().all(|x| *x == all[0]) {
@@ -208,23 +238,29 @@ fn spawn_destination(a: &DemoArgs, netns: Option<&NetnsPair>) -> Result<Destinat
         }
         None => "127.0.0.1:0".to_string(),
     };
-    cmd.args(["receive", "--listen", &listen, "--exit-after-report"])
-        .args(["--backend", &a.backend.backend])
-        .args(["--backing", &a.backend.backing])
-        .args(["--run-after", &a.run_after.to_string()])
-        .args(["--stall-timeout", &a.migration.stall_timeout_s.to_string()])
-        .args(["--placement", &a.placement])
-        .args(["--prefetch", &a.prefetch.to_string()])
-        .args(["--fault-path", &a.fault_path])
-        .args(["--fault-handlers", &a.fault_handlers.to_string()])
-        .args(a.busy_poll.then_some("--busy-poll"))
-        .args([
-            "--recover-timeout",
-            &a.migration.recover_timeout_s.to_string(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+    cmd.args([
+        "receive",
+        "--listen",
+        &listen,
+        "--exit-after-report",
+        "--json",
+    ])
+    .args(["--backend", &a.backend.backend])
+    .args(["--backing", &a.backend.backing])
+    .args(["--run-after", &a.run_after.to_string()])
+    .args(["--stall-timeout", &a.migration.stall_timeout_s.to_string()])
+    .args(["--placement", &a.placement])
+    .args(["--prefetch", &a.prefetch.to_string()])
+    .args(["--fault-path", &a.fault_path])
+    .args(["--fault-handlers", &a.fault_handlers.to_string()])
+    .args(a.busy_poll.then_some("--busy-poll"))
+    .args([
+        "--recover-timeout",
+        &a.migration.recover_timeout_s.to_string(),
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
     if a.migration.verify_before_resume {
         cmd.arg("--verify-before-resume");
     }
@@ -249,20 +285,23 @@ fn wait_for(child: &mut Child, grace: Duration) -> Option<std::process::ExitStat
     }
 }
 
-/// Reads `listening on ADDR` from the destination's stdout.
-fn read_listen_address(dest: &mut Destination) -> Result<String, CmdError> {
+/// Reads `listening on ADDR` from the destination's stdout; returns the
+/// address and the rest of its stdout.
+fn read_listen_address(
+    dest: &mut Destination,
+) -> Result<(String, BufReader<std::process::ChildStdout>), CmdError> {
     let stdout = dest
         .0
         .stdout
         .take()
         .ok_or_else(|| CmdError::Failed("destination stdout is not piped".into()))?;
     let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
+    let mut out = BufReader::new(stdout);
+    out.read_line(&mut line)
         .map_err(|e| CmdError::Failed(format!("reading the destination's address: {e}")))?;
     line.trim()
         .strip_prefix("listening on ")
-        .map(str::to_string)
+        .map(|addr| (addr.to_string(), out))
         .ok_or_else(|| {
             CmdError::Failed(format!(
                 "the destination did not start (it said {:?})",

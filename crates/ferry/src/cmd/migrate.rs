@@ -8,7 +8,6 @@ use crate::vcpu_share::{Sample, ShareWatch};
 use crate::{summary, vms};
 use clap::Args;
 use ferry_backend::error_chain as chain;
-use ferry_backend::memstress::{read_progress, set_write_percent};
 use ferry_backend::Vm;
 use ferry_engine::converge::ConvergeMode;
 use ferry_engine::precopy::Compression;
@@ -16,6 +15,7 @@ use ferry_engine::{Both, Mode, NoProgress, PostcopyResume, Progress};
 use ferry_engine::{
     Dial, MigrationSummary, PrecopyOptions, Status, TcpDialer, TlsConfig, Tunables,
 };
+use ferry_memstress::{read_progress, set_write_percent, MemstressProbe, Workload};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -300,7 +300,7 @@ pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
     let workload = a.workload.workload().map_err(CmdError::Usage)?;
     let config = a.backend.config(workload);
     let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
-    let summary = boot_and_migrate(&mut *vm, &a.to, &a.migration, link)?;
+    let summary = boot_and_migrate(&mut *vm, &config.workload, &a.to, &a.migration, link)?;
     Ok(finish(&mut *vm, &summary, a.migration.json))
 }
 
@@ -413,6 +413,7 @@ pub fn converge_for(choice: Option<ConvergeMode>, vm: &mut dyn Vm) -> ConvergeMo
 /// Starts the guest, warms it up, and migrates it to `to`.
 pub fn boot_and_migrate(
     vm: &mut dyn Vm,
+    workload: &Workload,
     to: &str,
     m: &MigrationArgs,
     link: LinkSettings,
@@ -429,7 +430,7 @@ pub fn boot_and_migrate(
     if m.idle {
         // The rate before must be the idle guest's.
         since = None;
-        let vcpus = vm.config().workload.vcpus;
+        let vcpus = vm.vcpus();
         set_write_percent(vm.ram(), vcpus, 0).map_err(|e| CmdError::Failed(e.to_string()))?;
     }
     let tunables = Tunables::shared();
@@ -444,6 +445,7 @@ pub fn boot_and_migrate(
         eprintln!("ferry: sampling the guest's dirty rate to predict the migration ...");
         let p = crate::predict::sample_and_predict(
             vm,
+            workload,
             &tunables,
             m.link_bytes_per_sec,
             Duration::from_secs_f64(m.predict_secs),
@@ -493,6 +495,7 @@ pub fn migrate_running(
         max_downtime: link.max_downtime,
         mode: link.mode,
         recover_timeout: link.recover_timeout,
+        probe: Some(Arc::new(MemstressProbe)),
         ..PrecopyOptions::default()
     };
     let started = Instant::now();
@@ -606,7 +609,7 @@ fn failed_summary(
 /// Returns the guest's counters as they were when every vCPU had finished
 /// its first pass (the start of its steady rate).
 fn warm_up(vm: &dyn Vm, at_least: Duration) -> Result<Sample, CmdError> {
-    let vcpus = vm.config().workload.vcpus;
+    let vcpus = vm.vcpus();
     let start = Instant::now();
     eprintln!("ferry: warming up the guest ...");
     let mut steady: Option<Sample> = None;
@@ -637,11 +640,12 @@ fn warm_up(vm: &dyn Vm, at_least: Duration) -> Result<Sample, CmdError> {
 /// source VM still runs.
 pub fn finish(vm: &mut dyn Vm, s: &MigrationSummary, json: bool) -> ExitCode {
     let mut s = s.clone();
-    let ok = s.status == Status::Completed && s.digest_match && s.guest_mismatches == 0;
+    let ok =
+        s.status == Status::Completed && s.digest_match && s.guest_mismatches.unwrap_or(0) == 0;
     if s.status == Status::Failed && vm.is_running() {
         // Show that the guest survived: it still makes progress, and its own
         // stamp checks still pass.
-        let vcpus = vm.config().workload.vcpus;
+        let vcpus = vm.vcpus();
         let before = read_progress(vm.ram(), vcpus).unwrap_or_default();
         std::thread::sleep(Duration::from_millis(500));
         let after = read_progress(vm.ram(), vcpus).unwrap_or_default();
@@ -651,8 +655,8 @@ pub fn finish(vm: &mut dyn Vm, s: &MigrationSummary, json: bool) -> ExitCode {
             .map(|(a, b)| a.passes - b.passes)
             .sum();
         let mismatches: u64 = after.iter().map(|p| p.mismatches).sum();
-        s.mismatches_before = mismatches;
-        s.guest_mismatches = mismatches;
+        s.mismatches_before = Some(mismatches);
+        s.guest_mismatches = Some(mismatches);
         println!(
             "the source VM is still running: {passes} guest passes in the last 0.5 s, {mismatches} guest mismatches"
         );

@@ -6,12 +6,14 @@ use crate::args::{parse_size, BackendArgs};
 use crate::vms;
 use clap::Args;
 use ferry_backend::types::human_bytes;
-use ferry_backend::{error_chain as chain, BackendError, Vm, VmConfig};
+use ferry_backend::{error_chain as chain, BackendError, Vm};
 use ferry_engine::precopy::Placement;
 use ferry_engine::wire::StreamHeader;
 use ferry_engine::{ExpectedVm, Listen, MigrationError, ReceiveOptions, Status, TransportError};
+use ferry_memstress::{MemstressProbe, VmConfig};
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Arguments of `ferry receive`.
@@ -29,8 +31,8 @@ pub struct ReceiveArgs {
     pub vcpus: Option<u32>,
     #[command(flatten)]
     pub backend: BackendArgs,
-    /// Seconds to run the guest after switchover before reporting to the source
-    /// (and on until every vCPU has completed a pass there, at most 120 s).
+    /// Seconds to run the guest after switchover before reporting its own
+    /// checks (and on until every vCPU has completed a pass here, at most 120 s).
     #[arg(long = "run-after", default_value_t = 1.0)]
     pub run_after: f64,
     /// Verify the memory digest before resuming the guest (longer downtime).
@@ -149,9 +151,8 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         expect: Some(ExpectedVm {
             memory_bytes: None,
             vcpus: a.vcpus,
-            backend: Some(a.backend.kind()),
+            vmm: Some(a.backend.kind().vmm_id().to_string()),
         }),
-        run_after: Duration::from_secs_f64(a.run_after),
         verify_before_resume: a.verify_before_resume,
         stall_timeout: Duration::from_secs(a.stall_timeout_s),
         placement: a.placement,
@@ -160,15 +161,16 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         vcpu_fault_exits: a.fault_path == "auto",
         fault_handlers: usize::from(a.fault_handlers),
         fault_busy_poll: a.busy_poll,
+        probe: Some(Arc::new(MemstressProbe)),
     };
     let memory = a.memory;
     let backend = a.backend.clone();
     let mut create = move |header: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
-        let cfg = VmConfig::from_guest_section(header.backend, &header.guest, backend.backing())?;
+        let cfg = VmConfig::from_stream(&header.vmm, &header.vmm_config, backend.backing())?;
         let carried = cfg.workload.bytes_per_vcpu * u64::from(cfg.workload.vcpus);
         if let Some(have) = memory.filter(|&m| m != carried) {
             return Err(BackendError::Operation {
-                backend: cfg.backend,
+                backend: cfg.backend.vmm_id().into(),
                 what: format!(
                     "destination has {} of guest memory, stream carries {}",
                     human_bytes(have),
@@ -179,8 +181,16 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         }
         vms::create(&cfg, &backend, vms::Role::Destination)
     };
-    let (mut vm, summary) = ferry_engine::receive(incoming, &*listener, &mut create, &opts)
+    let (mut vm, mut summary) = ferry_engine::receive(incoming, &*listener, &mut create, &opts)
         .map_err(|e| CmdError::Failed(chain(&e)))?;
+    let mut problem = None;
+    if let (Status::Completed, Some(at_resume)) = (summary.status, summary.guest_at_resume) {
+        let run_after = Duration::from_secs_f64(a.run_after);
+        let after = crate::guest_check::after_switchover(&*vm, at_resume, run_after);
+        summary.passes_after = Some(after.since_resume.progress);
+        summary.mismatches_after = Some(after.since_resume.errors);
+        problem = after.problem;
+    }
     if a.json {
         println!(
             "{}",
@@ -210,16 +220,19 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         }
         return serve(&mut *vm, Some(why));
     }
+    let before = summary.guest_at_resume.unwrap_or_default().errors;
+    let after = summary.mismatches_after.unwrap_or(0);
     eprintln!(
-        "ferry receive: {:?}: resumed in {:.1} ms, digest {}, {} passes after switchover, mismatches {} before / {} after",
+        "ferry receive: {:?}: resumed in {:.1} ms, digest {}, {} passes after switchover, mismatches {before} before / {after} after",
         summary.status,
         summary.resume_ms,
         if summary.digest_match { "match" } else { "MISMATCH" },
-        summary.passes_after,
-        summary.mismatches_before,
-        summary.mismatches_after
+        summary.passes_after.unwrap_or(0),
     );
-    let ok = summary.digest_match && summary.mismatches_after == 0;
+    if let Some(p) = &problem {
+        eprintln!("ferry receive: the guest after switchover: {p}");
+    }
+    let ok = summary.digest_match && after == 0 && problem.is_none();
     if !a.exit_after_report && ok {
         eprintln!("ferry receive: guest running here; Ctrl-C to stop");
         return serve(&mut *vm, None);

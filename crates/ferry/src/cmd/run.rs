@@ -7,9 +7,9 @@ use crate::control::monitor::Monitor;
 use crate::control::{self, VmCommand};
 use crate::{rates, vms};
 use clap::Args;
-use ferry_backend::memstress::read_progress;
 use ferry_engine::PostcopyResume;
 use ferry_engine::{Status, Tunables};
+use ferry_memstress::read_progress;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -160,7 +160,7 @@ pub struct Serve {
 /// was stopped, or `duration` ran out; the exit code says whether the
 /// guest's own checks found a mismatch.
 pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, CmdError> {
-    let vcpus = vm.config().workload.vcpus;
+    let vcpus = vm.vcpus();
     let started = Instant::now();
     let mut before = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
     let mut at = Instant::now();

@@ -6,7 +6,7 @@ use crate::cmd::migrate::LinkSettings;
 use crate::rates;
 use ferry::protocol::ParamUpdate;
 use ferry::protocol::{MigrateRequest, Request};
-use ferry_backend::memstress::read_progress;
+use ferry_memstress::read_progress;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 

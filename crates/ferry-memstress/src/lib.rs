@@ -1,4 +1,9 @@
-//! The memstress workload contract, shared by both backends.
+//! memstress: the guest program of ferry's own VMs, and its contract with
+//! the host side (parameters, memory layout, stamps, progress records).
+//!
+//! The migration engine does not know this crate: ferry's kvm and soft VMs
+//! run memstress, and hand the engine a [`MemstressProbe`] so that the
+//! guest's own self-check shows in the summaries.
 //!
 //! This is the workload of the Linux KVM selftests (`dirty_log_perf_test`,
 //! `demand_paging_test`): each vCPU loops over its own region and, for each
@@ -34,9 +39,15 @@
 //! then publish `pass` and `mismatches` in the vCPU's progress record,
 //! and wait while `pass_limit != 0 && pass >= pass_limit` (a benchmark barrier).
 
-use crate::fill::Fill;
-use crate::ram::{GuestRam, RamError};
-use crate::types::{Gpa, PAGE_SIZE};
+mod config;
+pub mod fill;
+mod probe;
+
+pub use config::{BackendKind, VmConfig};
+use ferry_backend::{Gpa, PAGE_SIZE};
+use ferry_backend::{GuestRam, RamError};
+pub use fill::Fill;
+pub use probe::MemstressProbe;
 use serde::{Deserialize, Serialize};
 
 /// Guest-physical address of the GDT.
@@ -537,7 +548,7 @@ fn write_fill(ram: &GuestRam, layout: &MemoryLayout, fill: Fill) -> Result<(), R
         for (i, page) in bytes.chunks_exact_mut(PAGE_SIZE).enumerate() {
             fill.fill_page(first + done + i as u64, page);
         }
-        ram.write_pages(crate::types::Gfn(first + done), bytes)?;
+        ram.write_pages(ferry_backend::Gfn(first + done), bytes)?;
         done += n;
     }
     Ok(())
