@@ -1,6 +1,7 @@
 //! The ferry migration engine: the wire format, the connection set, and the
-//! precopy source and destination, driving any backend through
-//! [`ferry_backend::Vm`].
+//! precopy source and destination, driving any VM through
+//! [`ferry_backend::Vm`]. A VMM author starts at [`vmm`], which says what to
+//! implement, with an example that migrates a VM of its own.
 //!
 //! ```text
 //!   migrate(vm, dialer) ──► precopy::source ─┬─ control connection (transport::control)
@@ -10,6 +11,7 @@
 //!              progress (observer), summary (JSON), transport::health (failures, stalls)
 //! ```
 //!
+//! * [`vmm`]: the contract a VMM implements to be migrated (start here).
 //! * [`wire`]: preamble, frame codec, header, page batches, control messages.
 //! * [`transport`]: TCP, opening a migration's connections, the control
 //!   connection's threads, failure and stall handling.
@@ -25,8 +27,8 @@
 //!   priority connection beside the data connections (also after precopy
 //!   rounds: hybrid).
 //!
-//! The engine never asks which backend it drives; both ends must run the
-//! same one (the header says which, and the destination checks).
+//! The engine never asks which VMM or guest it drives; both ends must run
+//! the same VMM (the header names it, and the destination checks).
 
 pub mod converge;
 pub mod digest;
@@ -37,6 +39,7 @@ pub mod progress;
 pub mod summary;
 pub mod transport;
 pub mod tunables;
+pub mod vmm;
 pub mod wire;
 
 pub use error::MigrationError;

@@ -41,7 +41,7 @@ impl From<KvmError> for BackendError {
     /// the cause (the errno) without repeating any level.
     fn from(e: KvmError) -> Self {
         BackendError::Operation {
-            backend: BackendKind::Kvm.vmm_id().into(),
+            backend: BackendKind::Kvm.to_string(),
             what: ferry_backend::error_chain(&e),
             source: None,
         }

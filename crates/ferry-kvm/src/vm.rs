@@ -193,7 +193,7 @@ impl KvmVm {
             return Ok(());
         }
         Err(BackendError::Operation {
-            backend: ferry_memstress::BackendKind::Kvm.vmm_id().into(),
+            backend: ferry_memstress::BackendKind::Kvm.to_string(),
             what: format!(
                 "set {what}: it is metered by each vCPU's dirty ring; use --dirty-tracking ring"
             ),

@@ -49,7 +49,7 @@ pub struct SoftVm {
 
 fn op(what: &str, e: SoftError) -> BackendError {
     BackendError::Operation {
-        backend: BackendKind::Soft.vmm_id().into(),
+        backend: BackendKind::Soft.to_string(),
         what: what.to_string(),
         source: Some(Box::new(e)),
     }
@@ -131,7 +131,7 @@ impl SoftVm {
                 .name(format!("soft-vcpu{v}"))
                 .spawn(move || vcpu::run(mem, v, &ctl, &throttle))
                 .map_err(|e| BackendError::Operation {
-                    backend: BackendKind::Soft.vmm_id().into(),
+                    backend: BackendKind::Soft.to_string(),
                     what: format!("spawn vCPU thread {v}"),
                     source: Some(Box::new(e)),
                 })?;
@@ -197,7 +197,7 @@ impl Vm for SoftVm {
                 Ok(())
             }
             _ => Err(BackendError::Operation {
-                backend: ferry_memstress::BackendKind::Soft.vmm_id().into(),
+                backend: ferry_memstress::BackendKind::Soft.to_string(),
                 what: "another throttle (a dirty quota) is installed; it cannot be \
                        replaced while the vCPUs run"
                     .into(),
@@ -213,7 +213,7 @@ impl Vm for SoftVm {
                 Ok(())
             }
             _ => Err(BackendError::Operation {
-                backend: BackendKind::Soft.vmm_id().into(),
+                backend: BackendKind::Soft.to_string(),
                 what: "set a dirty quota: an experiment's own throttle is installed".into(),
                 source: None,
             }),
@@ -227,7 +227,7 @@ impl Vm for SoftVm {
                 Ok(())
             }
             _ => Err(BackendError::Operation {
-                backend: BackendKind::Soft.vmm_id().into(),
+                backend: BackendKind::Soft.to_string(),
                 what: "set a dirty limit: an experiment's own throttle is installed".into(),
                 source: None,
             }),

@@ -20,7 +20,7 @@ pub fn create(
     match config.backend {
         BackendKind::Kvm => {
             let tracking = backend.tracking().map_err(|what| BackendError::Operation {
-                backend: BackendKind::Kvm.vmm_id().into(),
+                backend: BackendKind::Kvm.to_string(),
                 what,
                 source: None,
             })?;

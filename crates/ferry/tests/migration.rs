@@ -126,7 +126,7 @@ fn migrates_on_the_soft_backend() {
     assert_no_panic(&out);
     let j = last_json(&out);
     assert_verified(&j, "soft");
-    assert_eq!(j["backend"], "soft");
+    assert_eq!(j["backend"], "ferry-soft");
 }
 
 #[test]

@@ -53,6 +53,11 @@ pub fn resume_postcopy(
         summary.error = Some(e.chain());
         return (summary, Err(e));
     }
+    // Paused since the switchover: its counters are those of the pause.
+    if let Err(e) = crate::precopy::probe_paused(vm, opts, &mut summary) {
+        let r = failed(&mut summary, e);
+        return (summary, r);
+    }
     opts.tunables.set_migrating(true);
     let _migrating = Migrating(&opts.tunables);
     progress.phase(Phase::Recovering);

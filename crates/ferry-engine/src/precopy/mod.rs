@@ -218,6 +218,22 @@ impl Default for ReceiveOptions {
     }
 }
 
+/// Reads the guest's own checks on a paused source, where the VMM gave a
+/// probe, into the summary.
+pub(crate) fn probe_paused(
+    vm: &dyn ferry_backend::Vm,
+    opts: &PrecopyOptions,
+    summary: &mut crate::summary::MigrationSummary,
+) -> Result<(), MigrationError> {
+    if let Some(probe) = &opts.probe {
+        let check = probe.read(vm).map_err(MigrationError::Probe)?;
+        summary.guest_at_pause = Some(check);
+        summary.mismatches_before = Some(check.errors);
+        summary.guest_mismatches = Some(check.errors);
+    }
+    Ok(())
+}
+
 /// A message that does not belong where it arrived.
 pub(crate) fn unexpected(expected: &'static str, msg: &Message, offset: u64) -> MigrationError {
     MigrationError::Protocol {

@@ -127,12 +127,7 @@ impl Source<'_> {
             self.paused_by_us = true;
         }
         self.summary.pause_ms = ms(paused_at.elapsed());
-        if let Some(probe) = &self.opts.probe {
-            let check = probe.read(&*self.vm).map_err(MigrationError::Probe)?;
-            self.summary.guest_at_pause = Some(check);
-            self.summary.mismatches_before = Some(check.errors);
-            self.summary.guest_mismatches = Some(check.errors);
-        }
+        super::probe_paused(&*self.vm, self.opts, &mut self.summary)?;
         Ok(paused_at)
     }
 

@@ -170,7 +170,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         let carried = cfg.workload.bytes_per_vcpu * u64::from(cfg.workload.vcpus);
         if let Some(have) = memory.filter(|&m| m != carried) {
             return Err(BackendError::Operation {
-                backend: cfg.backend.vmm_id().into(),
+                backend: cfg.backend.to_string(),
                 what: format!(
                     "destination has {} of guest memory, stream carries {}",
                     human_bytes(have),
