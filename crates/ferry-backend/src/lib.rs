@@ -15,6 +15,7 @@
 //! * [`dirty`]: dirty-page sets and the shared atomic bitmap harvested by exchange.
 //! * [`vm`]: the `Vm` trait: what the engine asks of any VM it migrates.
 //! * [`probe`]: a guest's own checks, which a VMM may hand the engine.
+//! * [`section`]: device state as named, versioned sections.
 //!
 //! Nothing here knows the guest program: ferry's own VMs run memstress
 //! (`ferry-memstress`), and other VMMs run whatever they run.
@@ -26,6 +27,7 @@ pub mod dirty_limit;
 pub mod errors;
 pub mod probe;
 pub mod ram;
+pub mod section;
 pub mod types;
 pub mod uffd;
 pub mod vm;
@@ -34,6 +36,7 @@ pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use errors::error_chain;
 pub use probe::{GuestCheck, GuestProbe};
 pub use ram::{Backing, GuestRam, RamError, RamSlot};
+pub use section::{Section, SectionId, SectionSpec, Subsection};
 pub use types::{Gfn, Gpa, PAGE_SHIFT, PAGE_SIZE};
 pub use vm::Quota;
 pub use vm::{

@@ -284,6 +284,33 @@ pub trait Vm: Send {
             source: None,
         })
     }
+    /// The device state this VM migrates, as sections (see
+    /// [`crate::section`]): the source announces them in the stream
+    /// header, and a destination refuses a name or version it cannot load
+    /// before any memory moves. None by default.
+    fn state_sections(&self) -> Vec<crate::SectionSpec> {
+        Vec::new()
+    }
+    /// Saves every section [`Vm::state_sections`] names, once the VM is
+    /// paused (vCPUs and devices). Saving may write guest memory (a device
+    /// flushing what it holds): the engine collects the dirty log after
+    /// this, so those pages go too.
+    fn save_sections(&mut self) -> Result<Vec<crate::Section>, BackendError> {
+        Ok(Vec::new())
+    }
+    /// Loads sections the engine has checked against
+    /// [`Vm::state_sections`] (known names, versions in range, known
+    /// subsections), before the vCPUs first run. A section this VM has but
+    /// the stream lacks is not passed: the device keeps its fresh state.
+    fn restore_sections(&mut self, sections: &[crate::Section]) -> Result<(), BackendError> {
+        match sections.first() {
+            None => Ok(()),
+            Some(s) => Err(BackendError::BadVcpuState(format!(
+                "this VM has no section {}",
+                s.id
+            ))),
+        }
+    }
     /// Serializes the state of every vCPU. The VM must be paused.
     fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError>;
     /// Loads vCPU state saved by the same backend. The VM must not be running.

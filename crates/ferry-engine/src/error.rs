@@ -2,7 +2,7 @@
 //! as they are: their messages are already what the user needs to read.
 
 use crate::transport::TransportError;
-use crate::wire::{FrameKind, HeaderError, StreamError};
+use crate::wire::{FrameKind, HeaderError, SectionError, StreamError};
 use ferry_backend::{BackendError, RamError};
 use thiserror::Error;
 
@@ -15,6 +15,9 @@ pub enum MigrationError {
     /// The header does not fit this destination.
     #[error(transparent)]
     Header(#[from] HeaderError),
+    /// Device state the destination cannot load.
+    #[error(transparent)]
+    Section(#[from] SectionError),
     /// A connection could not be set up.
     #[error(transparent)]
     Transport(#[from] TransportError),

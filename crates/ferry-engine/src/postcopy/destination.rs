@@ -55,14 +55,7 @@ impl Dest {
                 }
             }
         };
-        let state = self.vcpu_state.take().ok_or(MigrationError::Protocol {
-            expected: "VcpuState before Switchover",
-            got: crate::wire::FrameKind::Switchover,
-            offset: 0,
-        })?;
-        self.vm
-            .restore_vcpus(&state)
-            .map_err(MigrationError::backend("restore vCPU state"))?;
+        self.restore_state()?;
         // What the probe reads may be on a missing page: the pager fetches it.
         self.read_probe(opts)?;
         self.resume(switched)?;

@@ -127,6 +127,7 @@ pub fn receive(
         loaded,
         receivers: None,
         vcpu_state: None,
+        sections: None,
         priority: None,
         missing: None,
     };
@@ -234,6 +235,8 @@ pub(crate) struct Dest {
     pub(crate) loaded: Arc<Loaded>,
     pub(crate) receivers: Option<Receivers>,
     pub(crate) vcpu_state: Option<Vec<u8>>,
+    /// The Sections frame's payload, until the switchover loads it.
+    pub(crate) sections: Option<Vec<u8>>,
     /// The priority connection, when the source may switch to postcopy.
     pub(crate) priority: Option<Channel>,
     /// Pages the source said are missing here (postcopy switchover).
@@ -269,14 +272,7 @@ impl Dest {
                 total,
             });
         }
-        let state = self.vcpu_state.take().ok_or(MigrationError::Protocol {
-            expected: "VcpuState before Switchover",
-            got: FrameKind::Switchover,
-            offset: 0,
-        })?;
-        self.vm
-            .restore_vcpus(&state)
-            .map_err(MigrationError::backend("restore vCPU state"))?;
+        self.restore_state()?;
         self.read_probe(opts)?;
         if !strict {
             self.resume(switched)?;
@@ -286,6 +282,35 @@ impl Dest {
             (m, offset) => return Err(unexpected("Digest", &m, offset)),
         };
         self.verify_and_commit(strict, switched, digest)
+    }
+
+    /// Loads the vCPU state and the devices' sections that came before the
+    /// Switchover, after checking the sections against the header and
+    /// against what this VM loads.
+    pub(crate) fn restore_state(&mut self) -> Result<(), MigrationError> {
+        let state = self.vcpu_state.take().ok_or(MigrationError::Protocol {
+            expected: "VcpuState before Switchover",
+            got: FrameKind::Switchover,
+            offset: 0,
+        })?;
+        let sections = self.sections.take().ok_or(MigrationError::Protocol {
+            expected: "Sections before Switchover",
+            got: FrameKind::Switchover,
+            offset: 0,
+        })?;
+        let sections = crate::wire::sections::decode(&sections)?;
+        crate::wire::sections::check_sections(
+            &sections,
+            &self.header.sections,
+            &self.vm.state_sections(),
+        )?;
+        self.vm
+            .restore_vcpus(&state)
+            .map_err(MigrationError::backend("restore vCPU state"))?;
+        self.vm
+            .restore_sections(&sections)
+            .map_err(MigrationError::backend("restore the devices' state sections"))?;
+        Ok(())
     }
 
     /// Reads the guest's own checks before it resumes here, where the VMM
@@ -446,6 +471,7 @@ impl Dest {
             let i = self.ctl.recv()?;
             match i.kind {
                 FrameKind::VcpuState => self.vcpu_state = Some(i.payload),
+                FrameKind::Sections => self.sections = Some(i.payload),
                 FrameKind::Missing if self.priority.is_some() => {
                     let runs = match Message::decode(i.kind, &i.payload, i.offset)? {
                         Message::Missing(runs) => runs,
@@ -481,7 +507,7 @@ impl Dest {
                 },
                 got => {
                     return Err(MigrationError::Protocol {
-                        expected: "VcpuState or Switchover",
+                        expected: "VcpuState, Sections or Switchover",
                         got,
                         offset: i.offset,
                     })

@@ -199,6 +199,7 @@ impl<'a> Source<'a> {
             postcopy_round: 0,
             measured_link: None,
             expansion: 1.0,
+            sections: None,
             awaiting_verdict: false,
             start,
             summary,
@@ -339,6 +340,9 @@ pub(crate) struct Source<'a> {
     /// Guest bytes per wire byte in the last whole round measured
     /// (compression raises it above 1).
     pub(crate) expansion: f64,
+    /// The devices' state sections, saved at the pause (the Sections
+    /// frame's payload).
+    pub(crate) sections: Option<Vec<u8>>,
 }
 
 /// What part of a round moved, for measuring the link.

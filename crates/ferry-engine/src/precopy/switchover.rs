@@ -115,8 +115,10 @@ impl Source<'_> {
         Ok(())
     }
 
-    /// Pauses the guest for a switchover (precopy or postcopy) and reads
-    /// its probe, if the VMM gave one. Returns when the pause began.
+    /// Pauses the guest for a switchover (precopy or postcopy), reads its
+    /// probe, if the VMM gave one, and saves the devices' sections (before
+    /// the final harvest: saving may write guest memory). Returns when the
+    /// pause began.
     pub(crate) fn pause_for_switchover(&mut self) -> Result<Instant, MigrationError> {
         self.progress.phase(Phase::Switchover);
         let paused_at = Instant::now();
@@ -128,10 +130,16 @@ impl Source<'_> {
         }
         self.summary.pause_ms = ms(paused_at.elapsed());
         super::probe_paused(&*self.vm, self.opts, &mut self.summary)?;
+        let sections = self
+            .vm
+            .save_sections()
+            .map_err(MigrationError::backend("save the devices' state sections"))?;
+        self.sections = Some(crate::wire::sections::encode(&sections));
         Ok(paused_at)
     }
 
-    /// Saves the paused vCPUs' state and sends it to the destination.
+    /// Saves the paused vCPUs' state and sends it to the destination, with
+    /// the sections saved at the pause.
     pub(crate) fn send_vcpu_state(&mut self) -> Result<(), MigrationError> {
         let saving = Instant::now();
         let state = self
@@ -140,6 +148,8 @@ impl Source<'_> {
             .map_err(MigrationError::backend("save vCPU state"))?;
         self.summary.save_vcpus_ms = ms(saving.elapsed());
         self.ctl.send_frame(FrameKind::VcpuState, &state)?;
+        let sections = self.sections.take().unwrap_or_else(|| 0u32.to_le_bytes().to_vec());
+        self.ctl.send_frame(FrameKind::Sections, &sections)?;
         Ok(())
     }
 

@@ -130,7 +130,11 @@ impl Control {
         let i = self.recv()?;
         if matches!(
             i.kind,
-            FrameKind::Header | FrameKind::Pages | FrameKind::VcpuState | FrameKind::Hello
+            FrameKind::Header
+                | FrameKind::Pages
+                | FrameKind::VcpuState
+                | FrameKind::Sections
+                | FrameKind::Hello
         ) {
             return Err(MigrationError::Protocol {
                 expected,

@@ -366,7 +366,11 @@ impl Message {
                     pages: u64_at(payload, 8),
                 }
             }
-            FrameKind::Header | FrameKind::Pages | FrameKind::Delta | FrameKind::VcpuState => {
+            FrameKind::Header
+            | FrameKind::Pages
+            | FrameKind::Delta
+            | FrameKind::VcpuState
+            | FrameKind::Sections => {
                 return Err(bad("not a control message here".into()))
             }
         })

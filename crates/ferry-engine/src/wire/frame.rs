@@ -63,6 +63,9 @@ pub enum FrameKind {
     /// destination's. Without it the destination pauses its copy, so a
     /// lost verdict never leaves two copies running.
     Commit = 19,
+    /// Source → destination at the switchover, after VcpuState: the
+    /// devices' state sections (see [`crate::wire::sections`]).
+    Sections = 20,
 }
 
 impl FrameKind {
@@ -89,6 +92,7 @@ impl FrameKind {
             17 => PageRequest,
             18 => Recover,
             19 => Commit,
+            20 => Sections,
             _ => return None,
         })
     }
@@ -116,6 +120,7 @@ impl FrameKind {
             PageRequest => "PageRequest",
             Recover => "Recover",
             Commit => "Commit",
+            Sections => "Sections",
         }
     }
 }

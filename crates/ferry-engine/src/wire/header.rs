@@ -41,6 +41,10 @@ pub struct StreamHeader {
     /// The VMM's own configuration ([`Vm::vmm_config`]), handed to the
     /// destination's VM factory as it came.
     pub vmm_config: serde_json::Value,
+    /// The device-state sections the switchover will carry, so that a
+    /// destination that cannot load one refuses before any memory moves.
+    #[serde(default)]
+    pub sections: Vec<ferry_backend::SectionId>,
 }
 
 /// What the destination expects of a stream, checked before any VM is built.
@@ -91,6 +95,9 @@ pub enum HeaderError {
         /// The stream's VMM id.
         stream: String,
     },
+    /// A section the destination VM cannot load.
+    #[error(transparent)]
+    Section(#[from] crate::wire::SectionError),
     /// Same size, different slots.
     #[error("destination memory slots {dest:?} differ from the stream's {stream:?}")]
     Layout {
@@ -112,6 +119,7 @@ impl StreamHeader {
             page_size: PAGE_SIZE as u32,
             dirty_tracking: vm.dirty_tracking(),
             vmm_config: vm.vmm_config(),
+            sections: crate::wire::sections::manifest(&vm.state_sections()),
         }
     }
 
@@ -142,6 +150,9 @@ impl StreamHeader {
         }
         if !(1..=MAX_VCPUS).contains(&self.vcpus) {
             return bad(format!("{} vCPUs, expected 1 to {MAX_VCPUS}", self.vcpus));
+        }
+        if self.sections.len() > crate::wire::sections::MAX_SECTIONS {
+            return bad(format!("{} sections", self.sections.len()));
         }
         if self.slots.is_empty() || self.slots.len() > MAX_SLOTS {
             return bad(format!(
@@ -210,6 +221,7 @@ impl StreamHeader {
                 stream: self.slots.clone(),
             });
         }
+        crate::wire::sections::check_manifest(&self.sections, &vm.state_sections())?;
         Ok(())
     }
 }
@@ -227,6 +239,7 @@ mod tests {
             page_size: PAGE_SIZE as u32,
             dirty_tracking: "bitmap".into(),
             vmm_config: serde_json::json!({"vcpus": 2}),
+            sections: Vec::new(),
         }
     }
 

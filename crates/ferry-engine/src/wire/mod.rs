@@ -35,7 +35,8 @@
 //!   Header(json) ─────────────►                 Pages(round r) × any ──────►
 //!               ◄───────────── Accept | Error   RoundEnd(r, pages here) ───►
 //!   Heartbeat ◄──────────────► Heartbeat          … every round, on every data connection
-//!   [pause] VcpuState, Switchover(final round) ►  destination waits until every data
+//!   [pause] VcpuState, Sections,                  destination waits until every data
+//!           Switchover(final round) ──────────►
 //!               ◄───────────── Resumed            connection has ended the final round
 //!   Digest ───────────────────►
 //!               ◄───────────── Verified(match)
@@ -58,11 +59,13 @@ pub mod delta;
 pub mod frame;
 pub mod header;
 pub mod pages;
+pub mod sections;
 
 pub use channel::{FrameStream, Replay};
 pub use control::{FinalReport, MemoryDigest, Message};
 pub use frame::{FrameHead, FrameKind};
 pub use header::{ExpectedVm, HeaderError, StreamHeader};
+pub use sections::SectionError;
 pub use pages::{decode_batch, is_zero_page, BatchView, PageBatch, MAX_BATCH_PAGES};
 
 use thiserror::Error;

@@ -16,9 +16,10 @@
 pub mod relay;
 
 use ferry_backend::{
-    BackendError, Backing, DirtyPages, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats, Vm,
-    PAGE_SIZE,
+    BackendError, Backing, DirtyPages, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats,
+    Section, SectionSpec, Subsection, Vm, PAGE_SIZE,
 };
+use std::sync::Mutex;
 use ferry_engine::wire::StreamHeader;
 use ferry_engine::{
     await_migration, listen, receive, MigrationError, PrecopyOptions, ReceiveOptions,
@@ -126,12 +127,24 @@ pub fn spawn_receiver_on(
     opts: ReceiveOptions,
     backing: Backing,
 ) -> (TcpDialer, JoinHandle<Received>) {
+    spawn_receiver_with(opts, backing, |_| {})
+}
+
+/// [`spawn_receiver_on`], with `build` changing the destination VM after
+/// its factory made it (its devices, say).
+pub fn spawn_receiver_with(
+    opts: ReceiveOptions,
+    backing: Backing,
+    build: impl Fn(&mut TestVm) + Send + 'static,
+) -> (TcpDialer, JoinHandle<Received>) {
     let listener = listen("127.0.0.1:0").unwrap();
     let to = TcpDialer(listener.local_addr().unwrap().to_string());
     let dest = std::thread::spawn(move || {
         let incoming = await_migration(&listener)?;
         let mut create = |h: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
-            TestVm::boxed(&TestVm::config_from(h, backing)?)
+            let mut vm = TestVm::new(&TestVm::config_from(h, backing)?)?;
+            build(&mut vm);
+            Ok(Box::new(vm) as Box<dyn Vm>)
         };
         let (vm, mut summary) = receive(incoming, &listener, &mut create, &opts)?;
         if let (Some(at_resume), true) = (summary.guest_at_resume, vm.is_running()) {
@@ -188,6 +201,58 @@ pub struct TestVm {
     pub logging: bool,
     /// Write a page after the final harvest, so the digest must catch it.
     pub untracked_write_on_save: bool,
+    /// The devices: what they save and load.
+    pub devices: Devices,
+}
+
+/// The test VM's devices: state sections and nothing else.
+#[derive(Clone, Default)]
+pub struct Devices {
+    /// The sections this VM saves and loads.
+    pub specs: Vec<SectionSpec>,
+    /// Send each spec's subsections (they are "needed").
+    pub subsections_needed: bool,
+    /// A subsection no spec names, sent with the first section.
+    pub extra_subsection: Option<String>,
+    /// Saving writes this value at this address (a device flushing what it
+    /// holds into guest memory), through the VMM's tracked writes.
+    pub save_writes: Option<(Gpa, u64)>,
+    /// What the destination loaded.
+    pub restored: Arc<Mutex<Vec<Section>>>,
+}
+
+impl Devices {
+    /// What a source with these devices saves.
+    pub fn save(&self) -> Vec<Section> {
+        let mut all: Vec<Section> = self
+            .specs
+            .iter()
+            .flat_map(|spec| {
+                spec.ids().map(|id| Section {
+                    data: format!("{} #{} v{}", id.name, id.instance, id.version).into_bytes(),
+                    subsections: if self.subsections_needed {
+                        spec.subsections
+                            .iter()
+                            .map(|name| Subsection {
+                                name: name.clone(),
+                                data: name.as_bytes().to_vec(),
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                    id,
+                })
+            })
+            .collect();
+        if let (Some(extra), Some(first)) = (&self.extra_subsection, all.first_mut()) {
+            first.subsections.push(Subsection {
+                name: extra.clone(),
+                data: vec![1],
+            });
+        }
+        all
+    }
 }
 
 impl TestVm {
@@ -206,6 +271,7 @@ impl TestVm {
             last_pass: Arc::new(AtomicU64::new(u64::MAX)),
             logging: false,
             untracked_write_on_save: false,
+            devices: Devices::default(),
         })
     }
 
@@ -359,6 +425,19 @@ impl Vm for TestVm {
             self.ram.store_u64(gpa, 0xbad)?;
         }
         Ok(self.position.load(Ordering::Acquire).to_le_bytes().to_vec())
+    }
+    fn state_sections(&self) -> Vec<SectionSpec> {
+        self.devices.specs.clone()
+    }
+    fn save_sections(&mut self) -> Result<Vec<Section>, BackendError> {
+        if let Some((gpa, value)) = self.devices.save_writes {
+            self.ram.store_u64(gpa, value)?;
+        }
+        Ok(self.devices.save())
+    }
+    fn restore_sections(&mut self, sections: &[Section]) -> Result<(), BackendError> {
+        *self.devices.restored.lock().unwrap() = sections.to_vec();
+        Ok(())
     }
     fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
         let bytes: [u8; 8] = state

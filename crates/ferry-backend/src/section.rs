@@ -1,0 +1,126 @@
+//! Device state as named, versioned sections: QEMU's vmstate model, in the
+//! shape of Firecracker's `Persist`.
+//!
+//! A VMM describes each kind of state it migrates with a [`SectionSpec`]: a
+//! name (`serial`, `virtio-blk`), the version it saves, the oldest version
+//! it can still load, the subsections it knows, and the instances it has.
+//! At the switchover, once the VM is paused, the source's VMM saves one
+//! [`Section`] per instance; a subsection goes along only when it is needed
+//! (state that is usually at its default, or that only a newer VMM has), so
+//! an older destination can still load the section when it is absent.
+//!
+//! ```text
+//!   stream header:  sections [ {serial, 0, v2}, {virtio-blk, 0, v1} ]   ← refused here, before any memory,
+//!                                                                          if a name or version cannot load
+//!   switchover:     Sections [ serial#0 v2 data [+ "fifo" subsection],  ← refused here if a subsection
+//!                              virtio-blk#0 v1 data ]                      is unknown
+//! ```
+//!
+//! The destination's VMM restores from the bytes and from what it holds
+//! itself (its own fds, paths, the disk image it opened): the arguments
+//! Firecracker passes to `Persist::restore` are the destination VM's own
+//! fields here, since its factory built it from the stream header.
+
+use serde::{Deserialize, Serialize};
+
+/// A section of one instance, as a stream names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SectionId {
+    /// What kind of state (`serial`, `virtio-blk`, ...).
+    pub name: String,
+    /// Which device of that kind (0 for the first).
+    pub instance: u32,
+    /// The format version of its data.
+    pub version: u32,
+}
+
+impl std::fmt::Display for SectionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "'{}' instance {}", self.name, self.instance)
+    }
+}
+
+/// What a VMM saves and loads of one kind of state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SectionSpec {
+    /// The section's name.
+    pub name: String,
+    /// The version this VMM saves, and the newest it loads.
+    pub version: u32,
+    /// The oldest version this VMM loads.
+    pub min_version: u32,
+    /// The subsections this VMM knows; a stream carrying another is refused.
+    pub subsections: Vec<String>,
+    /// The instances this VM has (saved in this order).
+    pub instances: Vec<u32>,
+}
+
+impl SectionSpec {
+    /// One instance (0) of `name` at `version`, loading `min_version`
+    /// onwards, with no subsections.
+    pub fn new(name: &str, version: u32, min_version: u32) -> Self {
+        SectionSpec {
+            name: name.into(),
+            version,
+            min_version,
+            subsections: Vec::new(),
+            instances: vec![0],
+        }
+    }
+
+    /// The same, knowing `subsection` too.
+    pub fn with_subsection(mut self, subsection: &str) -> Self {
+        self.subsections.push(subsection.into());
+        self
+    }
+
+    /// The same, with these instances.
+    pub fn with_instances(mut self, instances: Vec<u32>) -> Self {
+        self.instances = instances;
+        self
+    }
+
+    /// Whether this VMM loads data of `version`.
+    pub fn loads(&self, version: u32) -> bool {
+        (self.min_version..=self.version).contains(&version)
+    }
+
+    /// The ids of the sections a source with this spec saves.
+    pub fn ids(&self) -> impl Iterator<Item = SectionId> + '_ {
+        self.instances.iter().map(|&instance| SectionId {
+            name: self.name.clone(),
+            instance,
+            version: self.version,
+        })
+    }
+}
+
+/// Optional state inside a section, sent only when needed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subsection {
+    /// Its name, unique within the section.
+    pub name: String,
+    /// Its bytes, in the VMM's own format.
+    pub data: Vec<u8>,
+}
+
+/// One instance's saved state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Section {
+    /// Which section, and the version of `data`.
+    pub id: SectionId,
+    /// Its bytes, in the VMM's own format.
+    pub data: Vec<u8>,
+    /// Subsections that were needed this time.
+    pub subsections: Vec<Subsection>,
+}
+
+impl Section {
+    /// The subsection `name`, if it was sent.
+    pub fn subsection(&self, name: &str) -> Option<&[u8]> {
+        self.subsections
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.data.as_slice())
+    }
+}

@@ -1,0 +1,367 @@
+//! The device-state sections at the switchover, and the destination's
+//! checks of them (see [`ferry_backend::section`] for the model).
+//!
+//! ```text
+//!   Sections frame:  u32 count, then per section
+//!     u16 name length, name (UTF-8), u32 instance, u32 version,
+//!     u32 data length, data,
+//!     u16 subsection count, per subsection: u16 name length, name, u32 length, data
+//! ```
+//!
+//! Little-endian; every length is checked against what is left of the
+//! payload before it sizes anything. The destination checks the header's
+//! list of sections against what its VM loads before any memory moves
+//! ([`check_manifest`]), and the sections that arrive against that list and
+//! its subsections ([`check_sections`]); each refusal names the section and
+//! both versions.
+
+use ferry_backend::{Section, SectionId, SectionSpec, Subsection};
+use thiserror::Error;
+
+/// Most sections one stream carries.
+pub const MAX_SECTIONS: usize = 4096;
+/// Longest section or subsection name, in bytes.
+pub const MAX_NAME: usize = 255;
+
+/// A section the destination cannot take.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SectionError {
+    /// The destination's VMM has no section of that name.
+    #[error(
+        "section {id} (version {}) is unknown to this VMM, which loads {}",
+        id.version,
+        name_list(.known)
+    )]
+    Unknown {
+        /// The stream's section.
+        id: SectionId,
+        /// The names this VMM loads.
+        known: Vec<String>,
+    },
+    /// A version outside the range the destination loads.
+    #[error(
+        "section {id} is version {}, this VMM loads versions {min} to {max}",
+        id.version
+    )]
+    Version {
+        /// The stream's section.
+        id: SectionId,
+        /// Oldest version the destination loads.
+        min: u32,
+        /// Newest version the destination loads.
+        max: u32,
+    },
+    /// A subsection the destination does not know.
+    #[error(
+        "subsection '{subsection}' of section {id} (version {}) is unknown to this VMM, \
+         which loads versions {min} to {max} of it{}",
+        id.version,
+        if .known.is_empty() { " with no subsections".to_string() } else { format!(" with subsections {}", .known.join(", ")) }
+    )]
+    UnknownSubsection {
+        /// The section it came in.
+        id: SectionId,
+        /// Its name.
+        subsection: String,
+        /// Oldest version of the section the destination loads.
+        min: u32,
+        /// Newest version of the section the destination loads.
+        max: u32,
+        /// The subsections the destination knows.
+        known: Vec<String>,
+    },
+    /// The sections that came differ from those the header announced.
+    #[error("the switchover carried {got}, the stream header announced {announced}")]
+    NotAnnounced {
+        /// What came.
+        got: String,
+        /// What the header said.
+        announced: String,
+    },
+    /// Bytes that are not a list of sections.
+    #[error("malformed sections: {0}")]
+    Malformed(String),
+}
+
+fn name_list(names: &[String]) -> String {
+    if names.is_empty() {
+        "no sections".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// The ids a source with `specs` announces.
+pub fn manifest(specs: &[SectionSpec]) -> Vec<SectionId> {
+    specs.iter().flat_map(SectionSpec::ids).collect()
+}
+
+/// Checks a stream's announced sections against what the destination VM
+/// loads (`specs`).
+pub fn check_manifest(announced: &[SectionId], specs: &[SectionSpec]) -> Result<(), SectionError> {
+    for id in announced {
+        spec_for(id, specs)?;
+    }
+    Ok(())
+}
+
+fn spec_for<'a>(id: &SectionId, specs: &'a [SectionSpec]) -> Result<&'a SectionSpec, SectionError> {
+    let spec = specs
+        .iter()
+        .find(|s| s.name == id.name)
+        .ok_or_else(|| SectionError::Unknown {
+            id: id.clone(),
+            known: specs.iter().map(|s| s.name.clone()).collect(),
+        })?;
+    if !spec.loads(id.version) {
+        return Err(SectionError::Version {
+            id: id.clone(),
+            min: spec.min_version,
+            max: spec.version,
+        });
+    }
+    Ok(spec)
+}
+
+/// Checks the sections that arrived against the header's list and the
+/// destination's `specs`.
+pub fn check_sections(
+    sections: &[Section],
+    announced: &[SectionId],
+    specs: &[SectionSpec],
+) -> Result<(), SectionError> {
+    let got: Vec<&SectionId> = sections.iter().map(|s| &s.id).collect();
+    if got.len() != announced.len() || got.iter().zip(announced).any(|(g, a)| *g != a) {
+        let list = |ids: &mut dyn Iterator<Item = &SectionId>| {
+            ids.map(|i| format!("{i} v{}", i.version))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Err(SectionError::NotAnnounced {
+            got: format!("[{}]", list(&mut got.iter().copied())),
+            announced: format!("[{}]", list(&mut announced.iter())),
+        });
+    }
+    for s in sections {
+        let spec = spec_for(&s.id, specs)?;
+        if let Some(sub) = s
+            .subsections
+            .iter()
+            .find(|sub| !spec.subsections.contains(&sub.name))
+        {
+            return Err(SectionError::UnknownSubsection {
+                id: s.id.clone(),
+                subsection: sub.name.clone(),
+                min: spec.min_version,
+                max: spec.version,
+                known: spec.subsections.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The Sections frame's payload.
+pub fn encode(sections: &[Section]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(sections.len() as u32).to_le_bytes());
+    for s in sections {
+        put_name(&mut out, &s.id.name);
+        out.extend_from_slice(&s.id.instance.to_le_bytes());
+        out.extend_from_slice(&s.id.version.to_le_bytes());
+        put_bytes(&mut out, &s.data);
+        out.extend_from_slice(&(s.subsections.len() as u16).to_le_bytes());
+        for sub in &s.subsections {
+            put_name(&mut out, &sub.name);
+            put_bytes(&mut out, &sub.data);
+        }
+    }
+    out
+}
+
+fn put_name(out: &mut Vec<u8>, name: &str) {
+    let bytes = &name.as_bytes()[..name.len().min(MAX_NAME)];
+    out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn put_bytes(out: &mut Vec<u8>, data: &[u8]) {
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out.extend_from_slice(data);
+}
+
+/// Parses a Sections frame's payload.
+pub fn decode(payload: &[u8]) -> Result<Vec<Section>, SectionError> {
+    let mut r = Reader(payload);
+    let count = r.u32()? as usize;
+    if count > MAX_SECTIONS {
+        return Err(SectionError::Malformed(format!(
+            "{count} sections, at most {MAX_SECTIONS}"
+        )));
+    }
+    let mut sections = Vec::with_capacity(count);
+    for _ in 0..count {
+        let name = r.name()?;
+        let instance = r.u32()?;
+        let version = r.u32()?;
+        let data = r.bytes()?;
+        let subs = r.u16()?;
+        let mut subsections = Vec::with_capacity(usize::from(subs).min(r.0.len()));
+        for _ in 0..subs {
+            subsections.push(Subsection {
+                name: r.name()?,
+                data: r.bytes()?,
+            });
+        }
+        sections.push(Section {
+            id: SectionId {
+                name,
+                instance,
+                version,
+            },
+            data,
+            subsections,
+        });
+    }
+    if !r.0.is_empty() {
+        return Err(SectionError::Malformed(format!(
+            "{} bytes after the last section",
+            r.0.len()
+        )));
+    }
+    Ok(sections)
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], SectionError> {
+        if n > self.0.len() {
+            return Err(SectionError::Malformed(format!(
+                "{n} bytes wanted, {} left",
+                self.0.len()
+            )));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u16(&mut self) -> Result<u16, SectionError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap_or([0; 2])))
+    }
+    fn u32(&mut self) -> Result<u32, SectionError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or([0; 4])))
+    }
+    fn name(&mut self) -> Result<String, SectionError> {
+        let n = usize::from(self.u16()?);
+        if n > MAX_NAME {
+            return Err(SectionError::Malformed(format!(
+                "a {n}-byte name, at most {MAX_NAME}"
+            )));
+        }
+        String::from_utf8(self.take(n)?.to_vec())
+            .map_err(|_| SectionError::Malformed("a name that is not UTF-8".into()))
+    }
+    fn bytes(&mut self) -> Result<Vec<u8>, SectionError> {
+        let n = self.u32()? as usize;
+        Ok(self.take(n)?.to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn specs() -> Vec<SectionSpec> {
+        vec![
+            SectionSpec::new("serial", 2, 1).with_subsection("fifo"),
+            SectionSpec::new("virtio-blk", 1, 1).with_instances(vec![0, 1]),
+        ]
+    }
+
+    fn section(name: &str, instance: u32, version: u32, subs: &[&str]) -> Section {
+        Section {
+            id: SectionId {
+                name: name.into(),
+                instance,
+                version,
+            },
+            data: vec![instance as u8; 3],
+            subsections: subs
+                .iter()
+                .map(|s| Subsection {
+                    name: (*s).into(),
+                    data: vec![7; 2],
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn sections_round_trip_and_truncations_are_refused() {
+        let all = vec![
+            section("serial", 0, 2, &["fifo"]),
+            section("virtio-blk", 1, 1, &[]),
+        ];
+        let bytes = encode(&all);
+        assert_eq!(decode(&bytes).unwrap(), all);
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(decode(&long).is_err());
+        // A count that claims more than the limit is refused before anything.
+        assert!(decode(&u32::MAX.to_le_bytes()).is_err());
+    }
+
+    #[test]
+    fn refusals_name_the_section_and_both_versions() {
+        let specs = specs();
+        let too_new = SectionId {
+            name: "serial".into(),
+            instance: 0,
+            version: 3,
+        };
+        assert_eq!(
+            check_manifest(&[too_new], &specs).unwrap_err().to_string(),
+            "section 'serial' instance 0 is version 3, this VMM loads versions 1 to 2"
+        );
+        let unknown = SectionId {
+            name: "rtc".into(),
+            instance: 0,
+            version: 1,
+        };
+        assert_eq!(
+            check_manifest(&[unknown], &specs).unwrap_err().to_string(),
+            "section 'rtc' instance 0 (version 1) is unknown to this VMM, which loads serial, virtio-blk"
+        );
+        let with_extra = section("serial", 0, 2, &["fifo", "dma"]);
+        let announced = vec![with_extra.id.clone()];
+        assert_eq!(
+            check_sections(&[with_extra], &announced, &specs)
+                .unwrap_err()
+                .to_string(),
+            "subsection 'dma' of section 'serial' instance 0 (version 2) is unknown to this VMM, \
+             which loads versions 1 to 2 of it with subsections fifo"
+        );
+    }
+
+    #[test]
+    fn a_missing_optional_subsection_and_an_older_version_load() {
+        let specs = specs();
+        let old = section("serial", 0, 1, &[]);
+        let announced = vec![old.id.clone()];
+        check_manifest(&announced, &specs).unwrap();
+        check_sections(&[old], &announced, &specs).unwrap();
+    }
+
+    #[test]
+    fn sections_must_be_those_announced() {
+        let specs = specs();
+        let s = section("virtio-blk", 1, 1, &[]);
+        let announced = manifest(&specs);
+        let err = check_sections(&[s], &announced, &specs).unwrap_err();
+        assert!(matches!(err, SectionError::NotAnnounced { .. }), "{err}");
+    }
+}
