@@ -31,6 +31,12 @@ pub enum KvmError {
     /// A vCPU thread could not be pinned to a host CPU.
     #[error("cannot pin vCPU thread {0} to its host CPU")]
     Pin(u32, #[source] std::io::Error),
+    /// Probing which MSRs this host can save failed.
+    #[error("probing the MSRs a vCPU state carries")]
+    MsrProbe(#[source] crate::cpu_state::MsrError),
+    /// Saving or loading vCPU state failed in KVM.
+    #[error(transparent)]
+    State(#[from] crate::cpu_state::StateError),
     /// The throttle thread could not be started.
     #[error("cannot start the vCPU throttle thread")]
     ThrottleThread(#[source] std::io::Error),

@@ -5,7 +5,9 @@
 //!     ├── vCPU threads (vcpu.rs): KVM_RUN loop, paused by signal
 //!     ├── guest/: memstress x86-64 code + CPL3 boot state
 //!     ├── dirty/: bitmap | clear (MANUAL_PROTECT2, paced chunks) | ring
-//!     └── cpu_state.rs: regs, sregs, XSAVE, XCRs, MSRs, events, CPUID
+//!     └── cpu_state/: every vCPU's state (regs, XSAVE, all MSRs, LAPIC, MP
+//!         state, events...) and the VM's (kvmclock, irqchip, PIT) in one
+//!         checksummed blob
 //! ```
 //!
 //! It uses what the host kernel offers; mechanisms the kernel lacks live in the

@@ -1,7 +1,7 @@
 //! `KvmVm`: a VM on `/dev/kvm` running the memstress guest, implementing the
 //! engine's `Vm` trait.
 
-use crate::cpu_state::{self, VcpuSnapshot};
+use crate::cpu_state::{self, MsrProbe, Snapshot, StateError, VcpuContext, VmDevices, XsaveKind};
 use crate::dirty::ring::{DirtyRing, RingPages};
 use crate::dirty::DirtyLog;
 use crate::error::{ioctl, KvmError};
@@ -11,13 +11,15 @@ use crate::throttle::Throttler;
 use crate::vcpu::{Sleeper, VcpuState, VcpuThread};
 use ferry_backend::{BackendError, DirtyPages, DirtyTracking, GuestRam, HarvestStats, Quota, Vm};
 use ferry_memstress::VmConfig;
-use kvm_bindings::{kvm_enable_cap, KVM_MAX_CPUID_ENTRIES};
+use kvm_bindings::{
+    kvm_enable_cap, kvm_mp_state, kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE,
+    KVM_PIT_SPEAKER_DUMMY,
+};
 use kvm_ioctls::{Kvm, VmFd};
 use std::sync::Arc;
 
 const CAP_MANUAL_DIRTY_LOG_PROTECT2: u32 = kvm_bindings::KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2;
 const CAP_DIRTY_LOG_RING_ACQ_REL: u32 = kvm_bindings::KVM_CAP_DIRTY_LOG_RING_ACQ_REL;
-const CAP_XSAVE2: u64 = 208;
 /// MANUAL_PROTECT_ENABLE | INITIALLY_SET.
 const MANUAL_PROTECT_FLAGS: u64 = 3;
 /// Address of the (unused) real-mode TSS Intel VMX wants; outside guest RAM.
@@ -41,8 +43,9 @@ pub struct KvmVm {
     vcpus: Vec<VcpuThread>,
     dirty: DirtyLog,
     ram: Arc<GuestRam>,
-    msr_indices: Vec<u32>,
-    xsave_fits: bool,
+    vm: Arc<VmFd>,
+    devices: VmDevices,
+    msrs: MsrProbe,
     running: bool,
     _kvm: Kvm,
 }
@@ -81,6 +84,7 @@ impl KvmVm {
         vm.set_tss_address(TSS_ADDRESS)
             .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
         enable_dirty_caps(&vm, mode)?;
+        let devices = create_interrupt_devices(&vm);
 
         let layout = config.layout();
         let ram = Arc::new(GuestRam::new(&layout.slot_sizes(), config.backing)?);
@@ -110,6 +114,12 @@ impl KvmVm {
                     .map_err(ioctl("KVM_SET_SREGS"))?;
                 fd.set_regs(&boot::initial_regs(i))
                     .map_err(ioctl("KVM_SET_REGS"))?;
+                // With an in-kernel LAPIC, every vCPU but 0 starts waiting
+                // for a SIPI; the guest has no BSP to send one.
+                fd.set_mp_state(kvm_mp_state {
+                    mp_state: KVM_MP_STATE_RUNNABLE,
+                })
+                .map_err(ioctl("KVM_SET_MP_STATE"))?;
             }
             let ring = match mode {
                 DirtyTracking::Ring { entries } => {
@@ -137,6 +147,18 @@ impl KvmVm {
             }
             _ => 1_000_000,
         };
+        // Before any vCPU runs: the probe writes vCPU 0's MSRs back.
+        let msrs = match fds.first() {
+            Some((fd, _)) => cpu_state::msrs::probe(&kvm, fd).map_err(KvmError::MsrProbe)?,
+            None => MsrProbe::default(),
+        };
+        tracing::debug!(
+            listed = msrs.listed,
+            saveable = msrs.saveable.len(),
+            unreadable = ?msrs.unreadable,
+            unwritable = ?msrs.unwritable,
+            "MSR probe"
+        );
         if role == Role::Source {
             boot::load_guest(&ram, &config.workload, tsc_khz, program)?;
         }
@@ -151,15 +173,15 @@ impl KvmVm {
                     .map_err(|e| KvmError::Thread(i as u32, e))?,
             );
         }
-        let xsave_size = vm.check_extension_raw(CAP_XSAVE2);
         Ok(KvmVm {
             config,
             throttler: None,
             vcpus,
             dirty,
             ram,
-            msr_indices: cpu_state::migratable_msrs(&kvm)?,
-            xsave_fits: xsave_size <= 4096,
+            vm,
+            devices,
+            msrs,
             running: false,
             _kvm: kvm,
         })
@@ -173,6 +195,25 @@ impl KvmVm {
             .get(index as usize)
             .ok_or_else(|| KvmError::Config(format!("no vCPU {index}")))?;
         vcpu.pin(cpu).map_err(|e| KvmError::Pin(index, e))
+    }
+
+    /// What the MSR probe found when the VM was built.
+    pub fn msr_probe(&self) -> &MsrProbe {
+        &self.msrs
+    }
+
+    /// The in-kernel devices (irqchip, PIT, kvmclock) the VM has.
+    pub fn devices(&self) -> VmDevices {
+        self.devices
+    }
+
+    /// How this VM's vCPUs save and load their state.
+    fn vcpu_context(&self) -> Result<VcpuContext<'_>, StateError> {
+        Ok(VcpuContext {
+            msrs: &self.msrs.saveable,
+            xsave: XsaveKind::of(&self.vm)?,
+            lapic: self.devices.irqchip,
+        })
     }
 
     /// Throttle sleeps each vCPU has taken (for tests and reports).
@@ -219,6 +260,35 @@ impl KvmVm {
             _ => None,
         })
     }
+}
+
+/// Creates the in-kernel irqchip (PIC, IOAPIC, LAPICs) and PIT, so their
+/// state travels with the vCPUs as a real VMM's would. The memstress guest
+/// runs unchanged with them at CPL3 (checked on this project's PVM host with
+/// every kvm test): it enables no interrupt source (its LAPIC stays
+/// software-disabled, it programs neither PIC nor PIT), so no interrupt ever
+/// reaches its missing IDT. A host that cannot create them runs without, and
+/// the state records "no irqchip".
+fn create_interrupt_devices(vm: &VmFd) -> VmDevices {
+    let irqchip = match vm.create_irq_chip() {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!("KVM_CREATE_IRQCHIP failed ({e}): no in-kernel irqchip, LAPIC or PIT");
+            false
+        }
+    };
+    let pit = irqchip
+        && match vm.create_pit2(kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        }) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("KVM_CREATE_PIT2 failed ({e}): no in-kernel PIT");
+                false
+            }
+        };
+    VmDevices::new(vm, irqchip, pit)
 }
 
 fn enable_dirty_caps(vm: &VmFd, mode: DirtyTracking) -> Result<(), KvmError> {
@@ -391,34 +461,34 @@ impl Vm for KvmVm {
         if self.running {
             return Err(BackendError::NotPaused("save vCPU state"));
         }
-        let mut snaps = Vec::with_capacity(self.vcpus.len());
-        for v in &self.vcpus {
+        let cx = self.vcpu_context()?;
+        let vm = cpu_state::vm_level::save(&self.vm, self.devices).map_err(StateError::from)?;
+        let mut vcpus = Vec::with_capacity(self.vcpus.len());
+        for (index, v) in self.vcpus.iter().enumerate() {
             let fd = v.shared.fd.lock().expect("vcpu fd lock");
-            snaps.push(cpu_state::save(
-                &fd,
-                &self.msr_indices,
-                KVM_MAX_CPUID_ENTRIES,
-            )?);
+            vcpus.push(cpu_state::save_vcpu(index, &fd, &cx)?);
         }
-        serde_json::to_vec(&snaps).map_err(|e| BackendError::BadVcpuState(e.to_string()))
+        Ok(Snapshot { vm, vcpus }.encode()?)
     }
 
     fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
         if self.running {
             return Err(BackendError::NotPaused("restore vCPU state"));
         }
-        let snaps: Vec<VcpuSnapshot> = serde_json::from_slice(state)
-            .map_err(|e| BackendError::BadVcpuState(format!("not kvm vCPU state: {e}")))?;
-        if snaps.len() != self.vcpus.len() {
-            return Err(BackendError::BadVcpuState(format!(
-                "state for {} vCPUs, this VM has {}",
-                snaps.len(),
-                self.vcpus.len()
-            )));
+        let snap = Snapshot::decode(state)?;
+        if snap.vcpus.len() != self.vcpus.len() {
+            return Err(StateError::VcpuCount {
+                saved: snap.vcpus.len(),
+                here: self.vcpus.len(),
+            }
+            .into());
         }
-        for (v, snap) in self.vcpus.iter().zip(&snaps) {
+        let cx = self.vcpu_context()?;
+        snap.check_fits(self.devices, &cx)?;
+        cpu_state::vm_level::restore(&self.vm, &snap.vm).map_err(StateError::from)?;
+        for (index, (v, vcpu)) in self.vcpus.iter().zip(&snap.vcpus).enumerate() {
             let fd = v.shared.fd.lock().expect("vcpu fd lock");
-            cpu_state::restore(&fd, snap, self.xsave_fits)?;
+            cpu_state::restore_vcpu(index, &fd, &cx, vcpu)?;
         }
         Ok(())
     }

@@ -1,6 +1,6 @@
 //! vCPU threads running the memstress loop through the soft MMU.
 //!
-//! The loop is exactly the one documented in `ferry_backend::memstress` and
+//! The loop is exactly the one documented in `ferry_memstress` and
 //! assembled for the kvm guest: same parameters read from the parameter
 //! records, same shadow arrays, stamps and progress records, every access
 //! (parameters, shadow, region, progress) going through the vCPU's TLB and

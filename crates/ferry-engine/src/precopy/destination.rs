@@ -309,7 +309,9 @@ impl Dest {
             .map_err(MigrationError::backend("restore vCPU state"))?;
         self.vm
             .restore_sections(&sections)
-            .map_err(MigrationError::backend("restore the devices' state sections"))?;
+            .map_err(MigrationError::backend(
+                "restore the devices' state sections",
+            ))?;
         Ok(())
     }
 

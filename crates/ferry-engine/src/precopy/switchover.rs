@@ -148,7 +148,10 @@ impl Source<'_> {
             .map_err(MigrationError::backend("save vCPU state"))?;
         self.summary.save_vcpus_ms = ms(saving.elapsed());
         self.ctl.send_frame(FrameKind::VcpuState, &state)?;
-        let sections = self.sections.take().unwrap_or_else(|| 0u32.to_le_bytes().to_vec());
+        let sections = self
+            .sections
+            .take()
+            .unwrap_or_else(|| 0u32.to_le_bytes().to_vec());
         self.ctl.send_frame(FrameKind::Sections, &sections)?;
         Ok(())
     }

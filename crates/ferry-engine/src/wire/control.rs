@@ -370,9 +370,7 @@ impl Message {
             | FrameKind::Pages
             | FrameKind::Delta
             | FrameKind::VcpuState
-            | FrameKind::Sections => {
-                return Err(bad("not a control message here".into()))
-            }
+            | FrameKind::Sections => return Err(bad("not a control message here".into())),
         })
     }
 }

@@ -247,10 +247,14 @@ impl Reader<'_> {
         Ok(head)
     }
     fn u16(&mut self) -> Result<u16, SectionError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap_or([0; 2])))
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().unwrap_or([0; 2]),
+        ))
     }
     fn u32(&mut self) -> Result<u32, SectionError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or([0; 4])))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().unwrap_or([0; 4]),
+        ))
     }
     fn name(&mut self) -> Result<String, SectionError> {
         let n = usize::from(self.u16()?);

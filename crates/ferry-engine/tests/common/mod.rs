@@ -19,7 +19,6 @@ use ferry_backend::{
     BackendError, Backing, DirtyPages, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats,
     Section, SectionSpec, Subsection, Vm, PAGE_SIZE,
 };
-use std::sync::Mutex;
 use ferry_engine::wire::StreamHeader;
 use ferry_engine::{
     await_migration, listen, receive, MigrationError, PrecopyOptions, ReceiveOptions,
@@ -28,6 +27,7 @@ use ferry_engine::{
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 

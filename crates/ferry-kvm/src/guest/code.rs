@@ -1,6 +1,6 @@
 //! The memstress loop as x86-64 machine code.
 //!
-//! The loop is the one documented in `ferry_backend::memstress`, register for
+//! The loop is the one documented in `ferry_memstress`, register for
 //! register. All loop state lives in registers or guest memory, so saving the
 //! vCPU registers and RAM captures it exactly, mid-pass included:
 //!

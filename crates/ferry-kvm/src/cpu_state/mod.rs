@@ -1,0 +1,142 @@
+//! Saving and restoring everything needed to resume a VM's vCPUs exactly on
+//! another host: each vCPU's registers, XSAVE area, MSRs, LAPIC, MP state,
+//! events and debug registers, plus the VM-level kvmclock, interrupt
+//! controllers and PIT, in one checksummed blob.
+//!
+//! ```text
+//!   blob.rs      header: magic, version, CRC-32, length   (refuses foreign blobs)
+//!   mod.rs       { vm: VmSnapshot, vcpus: [VcpuSnapshot] } as JSON
+//!   vm_level.rs  kvmclock, PIC master/slave, IOAPIC, PIT  (once per VM)
+//!   vcpu.rs      one vCPU, restored in the order KVM needs
+//!   msrs.rs      which MSRs this host can save (probed once per VM)
+//!   xsave.rs     the XSAVE area of any size (KVM_GET_XSAVE2)
+//! ```
+//!
+//! A destination checks the header, then that the state fits this VM (vCPU
+//! count, irqchip, XSAVE size), before it writes anything.
+
+pub mod blob;
+pub mod msrs;
+mod vcpu;
+pub mod vm_level;
+pub mod xsave;
+
+pub use blob::BlobError;
+pub use msrs::{MsrError, MsrProbe};
+pub use vcpu::{VcpuContext, VcpuError, VcpuSnapshot};
+pub use vm_level::{Chips, Irqchip, VmDevices, VmSnapshot, VmStateError};
+pub use xsave::{XsaveError, XsaveKind};
+
+use ferry_backend::BackendError;
+use kvm_ioctls::VcpuFd;
+use serde::{Deserialize, Serialize};
+
+/// What went wrong saving or restoring the vCPU state.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The blob's header refused it.
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    /// The header was good but the body is not this backend's state.
+    #[error("the vCPU state body is not ferry kvm state")]
+    Body(#[source] serde_json::Error),
+    /// The state could not be serialized.
+    #[error("cannot encode the vCPU state")]
+    Encode(#[source] serde_json::Error),
+    /// The state is for another number of vCPUs.
+    #[error("state for {saved} vCPUs, this VM has {here}")]
+    VcpuCount {
+        /// vCPUs in the state.
+        saved: usize,
+        /// vCPUs in this VM.
+        here: usize,
+    },
+    /// This host cannot save or load the XSAVE area.
+    #[error(transparent)]
+    Xsave(#[from] XsaveError),
+    /// VM-level state failed.
+    #[error("VM-level state")]
+    Vm(#[from] VmStateError),
+    /// One vCPU's state failed.
+    #[error("vCPU {index}")]
+    Vcpu {
+        /// The vCPU.
+        index: usize,
+        /// Why.
+        #[source]
+        source: VcpuError,
+    },
+}
+
+impl StateError {
+    /// Whether the state was refused as not fitting this VM (rather than KVM
+    /// failing to save or load it).
+    pub fn is_unfit(&self) -> bool {
+        match self {
+            StateError::Blob(_) | StateError::Body(_) | StateError::VcpuCount { .. } => true,
+            StateError::Vm(e) => matches!(e, VmStateError::Devices { .. }),
+            StateError::Vcpu { source, .. } => source.is_unfit(),
+            StateError::Encode(_) | StateError::Xsave(_) => false,
+        }
+    }
+}
+
+impl From<StateError> for BackendError {
+    /// State that does not fit is `BadVcpuState`; a KVM failure is an
+    /// operation error of the kvm backend.
+    fn from(e: StateError) -> Self {
+        if e.is_unfit() {
+            BackendError::BadVcpuState(ferry_backend::error_chain(&e))
+        } else {
+            crate::KvmError::State(e).into()
+        }
+    }
+}
+
+/// The whole saved state of a VM's vCPUs.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Once per VM.
+    pub vm: VmSnapshot,
+    /// One per vCPU, in vCPU order.
+    pub vcpus: Vec<VcpuSnapshot>,
+}
+
+impl Snapshot {
+    /// The blob: header and JSON body.
+    pub fn encode(&self) -> Result<Vec<u8>, StateError> {
+        let body = serde_json::to_vec(self).map_err(StateError::Encode)?;
+        Ok(blob::encode(&body))
+    }
+
+    /// Checks the blob's header and parses its body.
+    pub fn decode(data: &[u8]) -> Result<Self, StateError> {
+        let body = blob::decode(data)?;
+        serde_json::from_slice(body).map_err(StateError::Body)
+    }
+
+    /// Checks that the state can load into this VM, before anything is
+    /// written.
+    pub fn check_fits(&self, devices: VmDevices, cx: &VcpuContext) -> Result<(), StateError> {
+        vm_level::check_fits(&self.vm, devices)?;
+        for (index, snap) in self.vcpus.iter().enumerate() {
+            vcpu::check_fits(snap, cx).map_err(|source| StateError::Vcpu { index, source })?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads vCPU `index`'s state (stopped).
+pub fn save_vcpu(index: usize, fd: &VcpuFd, cx: &VcpuContext) -> Result<VcpuSnapshot, StateError> {
+    vcpu::save(fd, cx).map_err(|source| StateError::Vcpu { index, source })
+}
+
+/// Loads vCPU `index`'s state (stopped, never run).
+pub fn restore_vcpu(
+    index: usize,
+    fd: &VcpuFd,
+    cx: &VcpuContext,
+    snap: &VcpuSnapshot,
+) -> Result<(), StateError> {
+    vcpu::restore(fd, cx, snap).map_err(|source| StateError::Vcpu { index, source })
+}
