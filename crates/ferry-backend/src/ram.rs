@@ -1,5 +1,9 @@
-//! Guest RAM: one or more slots, contiguous from guest-physical address 0, so a
-//! frame number is also the page's index into RAM.
+//! Guest RAM: one or more slots at their guest-physical addresses, with holes
+//! allowed between them (an x86 PCI hole, say). A frame number is the
+//! guest-physical address over 4 KiB, and sets of frames span
+//! `0..pages()`, holes included; a hole frame is never RAM
+//! ([`GuestRam::is_ram`]), and every frame a migration sends comes from
+//! [`GuestRam::frames`] or a dirty log, so none is ever a hole.
 //!
 //! RAM is a vm-memory `GuestMemoryMmap` with an `AtomicBitmap` per region. Every
 //! write the VMM itself makes goes through vm-memory's `Bytes` API, which marks
@@ -59,13 +63,16 @@ pub enum RamError {
     /// Slot sizes must be whole 2 MiB multiples so every backing can map them.
     #[error("slot {slot} size {size:#x} is not a multiple of 2 MiB")]
     UnalignedSlot { slot: usize, size: u64 },
-    /// Slots must tile guest-physical memory from 0 without gaps.
-    #[error("slot {slot} starts at {start} but the previous slot ends at {expected}")]
-    NotContiguous {
+    /// Slots must be in ascending guest-physical order, apart.
+    #[error("slot {slot} starts at {start}, below the end of the slot before it at {expected}")]
+    Overlap {
         slot: usize,
         start: Gpa,
         expected: Gpa,
     },
+    /// A region of a caller's memory that does not start or end on a page.
+    #[error("region at {gpa} of {size:#x} bytes is not whole 4 KiB pages")]
+    UnalignedRegion { gpa: Gpa, size: u64 },
     /// The host refused the mapping.
     #[error("cannot map {size} bytes of {backing:?} guest RAM{hint}")]
     Map {
@@ -139,26 +146,100 @@ impl GuestRam {
     /// Maps guest RAM with one slot per entry of `slot_sizes`, laid out
     /// contiguously from guest-physical 0.
     pub fn new(slot_sizes: &[u64], backing: Backing) -> Result<Self, RamError> {
-        let mut regions = Vec::with_capacity(slot_sizes.len());
-        let mut slots = Vec::with_capacity(slot_sizes.len());
         let mut next = Gpa(0);
-        for (i, &size) in slot_sizes.iter().enumerate() {
-            if size == 0 || !size.is_multiple_of(HUGE_2M) {
+        let regions: Vec<(Gpa, u64)> = slot_sizes
+            .iter()
+            .map(|&size| {
+                let at = next;
+                next = next.add(size);
+                (at, size)
+            })
+            .collect();
+        Self::with_regions(&regions, backing)
+    }
+
+    /// Maps guest RAM with one slot per `(start, size)` region, in
+    /// ascending guest-physical order; the space between two regions is a
+    /// hole. Starts and sizes are whole 2 MiB, so every backing can map them.
+    pub fn with_regions(layout: &[(Gpa, u64)], backing: Backing) -> Result<Self, RamError> {
+        let mut regions = Vec::with_capacity(layout.len());
+        let mut slots = Vec::with_capacity(layout.len());
+        let mut end = Gpa(0);
+        for (i, &(gpa, size)) in layout.iter().enumerate() {
+            if size == 0 || !size.is_multiple_of(HUGE_2M) || !gpa.0.is_multiple_of(HUGE_2M) {
                 return Err(RamError::UnalignedSlot { slot: i, size });
             }
+            if gpa.0 < end.0 {
+                return Err(RamError::Overlap {
+                    slot: i,
+                    start: gpa,
+                    expected: end,
+                });
+            }
             let region = map_region(size, backing)?;
-            let region = GuestRegionMmap::new(region, GuestAddress(next.0))
+            let region = GuestRegionMmap::new(region, GuestAddress(gpa.0))
                 .ok_or_else(|| RamError::Regions("address overflow".into()))?;
             regions.push(region);
             slots.push(RamSlot {
                 slot: i as u32,
-                gpa: next,
+                gpa,
                 size,
             });
-            next = next.add(size);
+            end = gpa.add(size);
         }
         let mem =
             GuestMemoryMmap::from_regions(regions).map_err(|e| RamError::Regions(e.to_string()))?;
+        Ok(GuestRam {
+            mem,
+            slots,
+            backing,
+        })
+    }
+
+    /// Adopts a VMM's own guest memory, holes allowed: each region becomes
+    /// a slot. Its dirty bitmap must track 4 KiB pages, since the engine
+    /// merges it with the other dirty logs frame by frame; `backing` says
+    /// how the regions are mapped (what dropping a page's contents takes).
+    pub fn from_memory(
+        mem: GuestMemoryMmap<AtomicBitmap>,
+        backing: Backing,
+    ) -> Result<Self, RamError> {
+        use vm_memory::GuestMemoryRegion;
+        let mut slots = Vec::new();
+        let mut end = Gpa(0);
+        for (i, region) in mem.iter().enumerate() {
+            let (gpa, size) = (Gpa(region.start_addr().0), region.len());
+            if size == 0
+                || !size.is_multiple_of(PAGE_SIZE as u64)
+                || !gpa.0.is_multiple_of(PAGE_SIZE as u64)
+            {
+                return Err(RamError::UnalignedRegion { gpa, size });
+            }
+            if gpa.0 < end.0 {
+                return Err(RamError::Overlap {
+                    slot: i,
+                    start: gpa,
+                    expected: end,
+                });
+            }
+            let mapping: &vm_memory::MmapRegion<AtomicBitmap> = region;
+            let bits = mapping.bitmap().len() as u64;
+            if bits != size / PAGE_SIZE as u64 {
+                return Err(RamError::Regions(format!(
+                    "the region at {gpa} tracks dirty memory in {bits} units, not in its {} 4 KiB pages",
+                    size / PAGE_SIZE as u64
+                )));
+            }
+            slots.push(RamSlot {
+                slot: i as u32,
+                gpa,
+                size,
+            });
+            end = gpa.add(size);
+        }
+        if slots.is_empty() {
+            return Err(RamError::Regions("no memory regions".into()));
+        }
         Ok(GuestRam {
             mem,
             slots,
@@ -181,9 +262,53 @@ impl GuestRam {
         self.slots.iter().map(|s| s.size).sum()
     }
 
-    /// Total 4 KiB frames; frames are numbered `0..pages()`.
+    /// The frames guest RAM spans: frames are numbered `0..pages()`, the
+    /// holes between slots included (see [`GuestRam::is_ram`]). Without
+    /// holes, every one of them is RAM.
     pub fn pages(&self) -> u64 {
-        self.size() / PAGE_SIZE as u64
+        self.slots.last().map_or(0, |s| s.first_gfn().0 + s.pages())
+    }
+
+    /// Whether frame `gfn` is RAM (not in a hole, nor past the end).
+    pub fn is_ram(&self, gfn: Gfn) -> bool {
+        self.slots
+            .iter()
+            .any(|s| (s.first_gfn().0..s.first_gfn().0 + s.pages()).contains(&gfn.0))
+    }
+
+    /// Every frame of RAM: what a full pass sends.
+    pub fn frames(&self) -> DirtyPages {
+        let mut all = DirtyPages::new(self.pages());
+        for s in &self.slots {
+            (s.first_gfn().0..s.first_gfn().0 + s.pages()).for_each(|g| all.set(Gfn(g)));
+        }
+        all
+    }
+
+    /// The parts of the `count` frames from `first` that are RAM, as runs.
+    pub fn ram_runs(&self, first: Gfn, count: u64) -> Vec<(Gfn, u64)> {
+        let end = first.0.saturating_add(count);
+        self.slots
+            .iter()
+            .filter_map(|s| {
+                let lo = first.0.max(s.first_gfn().0);
+                let hi = end.min(s.first_gfn().0 + s.pages());
+                (lo < hi).then(|| (Gfn(lo), hi - lo))
+            })
+            .collect()
+    }
+
+    /// The holes between slots, as runs of frames.
+    pub fn holes(&self) -> Vec<(Gfn, u64)> {
+        let mut next = 0;
+        let mut holes = Vec::new();
+        for s in &self.slots {
+            if s.first_gfn().0 > next {
+                holes.push((Gfn(next), s.first_gfn().0 - next));
+            }
+            next = s.first_gfn().0 + s.pages();
+        }
+        holes
     }
 
     /// Host virtual address of the first byte of `slot`, for registering it with
@@ -386,6 +511,31 @@ mod tests {
         let ram = GuestRam::new(&[2 * MIB, 4 * MIB], Backing::Anonymous).unwrap();
         assert_eq!(ram.slots()[1].gpa, Gpa(2 * MIB));
         assert_eq!(ram.pages(), 6 * MIB / 4096);
+    }
+
+    #[test]
+    fn regions_may_leave_holes_that_are_not_ram() {
+        let ram = GuestRam::with_regions(
+            &[(Gpa(0), 2 * MIB), (Gpa(8 * MIB), 4 * MIB)],
+            Backing::Anonymous,
+        )
+        .unwrap();
+        assert_eq!(ram.size(), 6 * MIB);
+        assert_eq!(ram.pages(), 12 * MIB / 4096);
+        assert_eq!(ram.holes(), vec![(Gfn(512), 1536)]);
+        assert!(ram.is_ram(Gfn(511)) && !ram.is_ram(Gfn(512)) && ram.is_ram(Gfn(2048)));
+        assert_eq!(ram.frames().count(), 6 * MIB / 4096);
+        ram.store_u64(Gpa(8 * MIB), 9).unwrap();
+        assert!(ram.store_u64(Gpa(4 * MIB), 9).is_err(), "a hole is not RAM");
+        let mut dirty = DirtyPages::new(ram.pages());
+        ram.take_vmm_dirty(&mut dirty);
+        assert_eq!(dirty.iter().collect::<Vec<_>>(), vec![Gfn(2048)]);
+        let err = GuestRam::with_regions(
+            &[(Gpa(4 * MIB), 4 * MIB), (Gpa(6 * MIB), 2 * MIB)],
+            Backing::Anonymous,
+        )
+        .unwrap_err();
+        assert!(matches!(err, RamError::Overlap { slot: 1, .. }), "{err}");
     }
 
     #[test]

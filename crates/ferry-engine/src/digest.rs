@@ -104,8 +104,9 @@ fn dump_if_asked(side: &str, hashes: &[u64]) {
 }
 
 /// Hashes every page of `ram` on `threads` threads and returns the digest.
-/// The caller keeps the guest paused, or the result describes no single
-/// moment of memory.
+/// A hole between regions counts as a zero page, as on a destination that
+/// never receives it. The caller keeps the guest paused, or the result
+/// describes no single moment of memory.
 pub fn memory_digest(ram: &GuestRam, threads: usize) -> Result<MemoryDigest, RamError> {
     let pages = ram.pages() as usize;
     let mut hashes = vec![0u64; pages];
@@ -129,12 +130,17 @@ pub fn memory_digest(ram: &GuestRam, threads: usize) -> Result<MemoryDigest, Ram
 
 fn hash_range(ram: &GuestRam, first: usize, out: &mut [u64]) -> Result<(), RamError> {
     let mut buf = vec![0u8; CHUNK_PAGES * PAGE_SIZE];
+    let zero = zero_page_hash();
     for (c, hashes) in out.chunks_mut(CHUNK_PAGES).enumerate() {
-        let gfn = Gfn((first + c * CHUNK_PAGES) as u64);
-        let bytes = &mut buf[..hashes.len() * PAGE_SIZE];
-        ram.read_pages(gfn, bytes)?;
-        for (h, page) in hashes.iter_mut().zip(bytes.chunks_exact(PAGE_SIZE)) {
-            *h = page_hash(page);
+        let chunk = (first + c * CHUNK_PAGES) as u64;
+        hashes.fill(zero);
+        for (gfn, n) in ram.ram_runs(Gfn(chunk), hashes.len() as u64) {
+            let bytes = &mut buf[..n as usize * PAGE_SIZE];
+            ram.read_pages(gfn, bytes)?;
+            let at = (gfn.0 - chunk) as usize;
+            for (h, page) in hashes[at..].iter_mut().zip(bytes.chunks_exact(PAGE_SIZE)) {
+                *h = page_hash(page);
+            }
         }
     }
     Ok(())
@@ -143,7 +149,7 @@ fn hash_range(ram: &GuestRam, first: usize, out: &mut [u64]) -> Result<(), RamEr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_backend::Backing;
+    use ferry_backend::{Backing, Gpa};
 
     #[test]
     fn zero_hash_is_hash_of_zero_page() {
@@ -166,6 +172,19 @@ mod tests {
         // One byte changed anywhere changes the digest.
         ram.write_bytes(Gfn(512).gpa().add(100), &[1]).unwrap();
         assert_ne!(memory_digest(&ram, 2).unwrap(), tracked.digest());
+    }
+
+    #[test]
+    fn a_hole_hashes_as_the_zero_pages_a_destination_never_receives() {
+        let layout = [(Gpa(0), 2 << 20), (Gpa(6 << 20), 2 << 20)];
+        let ram = GuestRam::with_regions(&layout, Backing::Anonymous).unwrap();
+        let tracked = PageHashes::zeroed(ram.pages());
+        let page = [5u8; PAGE_SIZE];
+        ram.write_pages(Gfn(1536), &page).unwrap();
+        tracked.set(Gfn(1536), page_hash(&page));
+        for threads in [1, 3] {
+            assert_eq!(memory_digest(&ram, threads).unwrap(), tracked.digest());
+        }
     }
 
     #[test]

@@ -533,3 +533,47 @@ fn busy_polling_handlers_serve_a_postcopy() {
     assert!(report.page_requests > 0, "{report:?}");
     assert!(dvm.is_running());
 }
+
+/// A source whose memory has a hole between its regions.
+fn source_with_a_hole() -> common::TestVm {
+    let config = common::TestConfig {
+        hole_bytes: 6 << 20,
+        ..common::config()
+    };
+    let mut vm = common::TestVm::new(&config).unwrap();
+    vm.start().unwrap();
+    common::wait_for_passes(&vm, 1);
+    vm
+}
+
+#[test]
+fn memory_with_a_hole_moves_in_every_mode_and_the_hole_never_travels() {
+    let uffd = uffd_available("postcopy with a hole");
+    for mode in [Mode::Precopy, Mode::Postcopy, "hybrid".parse().unwrap()] {
+        if mode != Mode::Precopy && !uffd {
+            continue;
+        }
+        let (to, dest) = spawn_receiver(ReceiveOptions {
+            prefetch: 8,
+            ..quick_receive()
+        });
+        let mut src = source_with_a_hole();
+        let ram_pages = src.ram().frames().count();
+        assert!(ram_pages < src.ram().pages(), "the layout has a hole");
+        let opts = PrecopyOptions {
+            max_downtime: None,
+            ..postcopy_opts(mode)
+        };
+        let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+        let (dvm, dsum) = dest.join().unwrap().unwrap();
+        assert_eq!(summary.status, Status::Completed, "{mode}: {summary:?}");
+        assert!(summary.digest_match && dsum.digest_match, "{mode}");
+        assert_eq!(dvm.ram().slots(), src.ram().slots(), "{mode}");
+        assert_eq!(dvm.ram().holes(), vec![(ferry_backend::Gfn(512), 1536)]);
+        // Every page sent lies in a region: the full pass sends each RAM
+        // page once, and no round sends more than there is RAM.
+        let first = &summary.rounds[0];
+        assert!(first.pages <= ram_pages, "{mode}: {first:?}");
+        assert!(dsum.passes_after > Some(0), "{mode}");
+    }
+}

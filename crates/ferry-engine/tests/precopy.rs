@@ -4,7 +4,7 @@
 mod common;
 
 use common::{probed, quick_receive, running_source, spawn_receiver};
-use ferry_backend::Vm;
+use ferry_backend::{Backing, Vm};
 use ferry_engine::converge::ConvergeMode;
 use ferry_engine::transport::{accept_channel, Channel};
 use ferry_engine::wire::{FrameKind, Message};
@@ -180,7 +180,7 @@ fn losing_the_destination_before_its_verdict_resumes_the_source() {
         loop {
             match ctl.read_frame().unwrap().0 {
                 FrameKind::Switchover => break,
-                FrameKind::Heartbeat | FrameKind::VcpuState => {}
+                FrameKind::Heartbeat | FrameKind::VcpuState | FrameKind::Sections => {}
                 k => panic!("unexpected {k}"),
             }
         }
@@ -265,4 +265,26 @@ fn harvests_within_rounds_send_pages_dirtied_ahead_once() {
     assert!(summary.spared_pages > 0, "{summary:?}");
     let sent: u64 = summary.rounds.iter().map(|r| r.pages).sum();
     assert_eq!(sent, dsum.pages_received);
+}
+
+#[test]
+fn a_destination_with_other_regions_is_refused_naming_both() {
+    let layout = common::TestConfig {
+        hole_bytes: 2 << 20,
+        ..common::config()
+    };
+    let (to, dest) = common::spawn_receiver_with(quick_receive(), Backing::Anonymous, move |vm| {
+        // Same sizes, but its data region starts elsewhere.
+        *vm = common::TestVm::new(&layout).unwrap();
+    });
+    let mut src = running_source();
+    let err = migrate(&mut src, &to, &probed(), &NoProgress)
+        .unwrap_err()
+        .chain();
+    assert!(
+        err.contains("destination memory regions [0x0+2.0 MiB, 0x400000+4.0 MiB] differ from the stream's [0x0+2.0 MiB, 0x200000+4.0 MiB]"),
+        "{err}"
+    );
+    assert!(dest.join().unwrap().is_err());
+    assert!(src.is_running());
 }

@@ -105,12 +105,20 @@ impl Loaded {
                 .ok(),
             Placement::Write => None,
         };
+        // A hole between memory regions never comes: it counts as received,
+        // so that nothing waits for it or asks for it.
+        let received = PageBits::new(pages);
+        for (first, n) in ram.holes() {
+            (first.0..first.0 + n).for_each(|g| {
+                received.insert(Gfn(g));
+            });
+        }
         Ok(Loaded {
             ram,
             pages,
             hashes: PageHashes::zeroed(pages),
             known_zero,
-            received: PageBits::new(pages),
+            received,
             present,
             placer: RwLock::new(placer),
             postcopy: AtomicBool::new(false),

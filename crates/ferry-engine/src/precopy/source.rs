@@ -375,7 +375,7 @@ impl Source<'_> {
         self.open_links(dialer, hello, None)?;
 
         if self.opts.mode == Mode::Postcopy {
-            return self.postcopy_switchover(0, DirtyPages::all(self.pages), dialer, hello);
+            return self.postcopy_switchover(0, self.ram.frames(), dialer, hello);
         }
         self.vm
             .start_dirty_log()
@@ -389,7 +389,7 @@ impl Source<'_> {
 
         self.progress.phase(Phase::FullPass);
         let mut last_harvest = Instant::now();
-        self.send_round(0, RoundKind::Full, &DirtyPages::all(self.pages))?;
+        self.send_round(0, RoundKind::Full, &self.ram.frames())?;
         let mut round = 1;
         loop {
             self.vm
@@ -582,7 +582,7 @@ impl Source<'_> {
             elapsed,
             vcpu_dirty_bytes,
             remaining_bytes,
-            guest_bytes: self.pages * PAGE_SIZE as u64,
+            guest_bytes: self.ram.size(),
             link_bytes_per_sec,
             downtime_target: self.opts.tunables.downtime_target(),
             quota_interval: self.opts.tunables.quota_interval(),

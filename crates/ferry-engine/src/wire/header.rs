@@ -2,7 +2,7 @@
 //! before the first page arrives, and to refuse a stream it cannot take.
 //!
 //! It describes the VM as the engine sees it: which VMM built it (a
-//! free-form id), vCPU count, memory slots and page size. What the VMM needs
+//! free-form id), vCPU count, memory regions (holes allowed) and page size. What the VMM needs
 //! to build the destination VM (its own configuration) travels as JSON the
 //! engine carries to the destination's VM factory without reading it; a new
 //! VMM or guest is then new JSON, not a new stream format. Every size from the wire is
@@ -15,7 +15,7 @@ use ferry_backend::{Vm, PAGE_SIZE};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// Most memory slots a header may describe.
+/// Most memory regions a header may describe.
 pub const MAX_SLOTS: usize = 64;
 /// Most vCPUs a header may describe.
 pub const MAX_VCPUS: u32 = 4096;
@@ -30,9 +30,10 @@ pub struct StreamHeader {
     pub vmm: String,
     /// vCPU count.
     pub vcpus: u32,
-    /// Bytes of each guest memory slot, in guest-physical order.
-    pub slots: Vec<u64>,
-    /// Bytes of guest RAM (the slots' sum).
+    /// Guest memory regions, in ascending guest-physical order; the space
+    /// between two is a hole, never sent.
+    pub regions: Vec<Region>,
+    /// Bytes of guest RAM (the regions' sum).
     pub memory_bytes: u64,
     /// Page size of the page batches.
     pub page_size: u32,
@@ -45,6 +46,37 @@ pub struct StreamHeader {
     /// destination that cannot load one refuses before any memory moves.
     #[serde(default)]
     pub sections: Vec<ferry_backend::SectionId>,
+}
+
+/// One region of guest memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Region {
+    /// First guest-physical address.
+    pub gpa: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+impl std::fmt::Display for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#x}+{}", self.gpa, human_bytes(self.bytes))
+    }
+}
+
+/// The regions of `ram`.
+pub fn regions_of(ram: &ferry_backend::GuestRam) -> Vec<Region> {
+    ram.slots()
+        .iter()
+        .map(|s| Region {
+            gpa: s.gpa.0,
+            bytes: s.size,
+        })
+        .collect()
+}
+
+fn list(regions: &[Region]) -> String {
+    let all: Vec<String> = regions.iter().map(Region::to_string).collect();
+    format!("[{}]", all.join(", "))
 }
 
 /// What the destination expects of a stream, checked before any VM is built.
@@ -98,13 +130,13 @@ pub enum HeaderError {
     /// A section the destination VM cannot load.
     #[error(transparent)]
     Section(#[from] crate::wire::SectionError),
-    /// Same size, different slots.
-    #[error("destination memory slots {dest:?} differ from the stream's {stream:?}")]
+    /// Same size, different regions.
+    #[error("destination memory regions {} differ from the stream's {}", list(.dest), list(.stream))]
     Layout {
-        /// Destination slot sizes.
-        dest: Vec<u64>,
-        /// Stream slot sizes.
-        stream: Vec<u64>,
+        /// Destination regions.
+        dest: Vec<Region>,
+        /// Stream regions.
+        stream: Vec<Region>,
     },
 }
 
@@ -114,7 +146,7 @@ impl StreamHeader {
         StreamHeader {
             vmm: vm.vmm_id().to_string(),
             vcpus: vm.vcpus(),
-            slots: vm.ram().slots().iter().map(|s| s.size).collect(),
+            regions: regions_of(vm.ram()),
             memory_bytes: vm.ram().size(),
             page_size: PAGE_SIZE as u32,
             dirty_tracking: vm.dirty_tracking(),
@@ -135,9 +167,12 @@ impl StreamHeader {
         Ok(h)
     }
 
-    /// Guest pages.
+    /// The frames guest memory spans, holes included: frames are numbered
+    /// `0..pages()`, as in [`ferry_backend::GuestRam::pages`].
     pub fn pages(&self) -> u64 {
-        self.memory_bytes / PAGE_SIZE as u64
+        self.regions
+            .last()
+            .map_or(0, |r| (r.gpa + r.bytes) / PAGE_SIZE as u64)
     }
 
     fn validate(&self) -> Result<(), HeaderError> {
@@ -154,30 +189,37 @@ impl StreamHeader {
         if self.sections.len() > crate::wire::sections::MAX_SECTIONS {
             return bad(format!("{} sections", self.sections.len()));
         }
-        if self.slots.is_empty() || self.slots.len() > MAX_SLOTS {
+        if self.regions.is_empty() || self.regions.len() > MAX_SLOTS {
             return bad(format!(
-                "{} memory slots, expected 1 to {MAX_SLOTS}",
-                self.slots.len()
+                "{} memory regions, expected 1 to {MAX_SLOTS}",
+                self.regions.len()
             ));
         }
-        let mut total = 0u64;
-        for (i, &size) in self.slots.iter().enumerate() {
-            if size == 0 || size % PAGE_SIZE as u64 != 0 {
-                return bad(format!("slot {i} of {size} bytes is not whole pages"));
+        let page = PAGE_SIZE as u64;
+        let (mut total, mut end) = (0u64, 0u64);
+        for (i, r) in self.regions.iter().enumerate() {
+            if r.bytes == 0 || r.bytes % page != 0 || r.gpa % page != 0 {
+                return bad(format!("region {i} ({r}) is not whole pages"));
             }
-            total = match total.checked_add(size) {
-                Some(t) if t <= MAX_MEMORY_BYTES => t,
+            if r.gpa < end {
+                return bad(format!(
+                    "region {i} ({r}) starts below the end of the one before"
+                ));
+            }
+            end = match r.gpa.checked_add(r.bytes) {
+                Some(e) if e <= MAX_MEMORY_BYTES => e,
                 _ => {
                     return bad(format!(
-                        "the slots add up to more than {}",
+                        "the regions reach past {}",
                         human_bytes(MAX_MEMORY_BYTES)
                     ))
                 }
             };
+            total += r.bytes;
         }
         if total != self.memory_bytes {
             return bad(format!(
-                "{} bytes of memory but slots of {total}",
+                "{} bytes of memory but regions of {total}",
                 self.memory_bytes
             ));
         }
@@ -214,11 +256,11 @@ impl StreamHeader {
             vcpus: Some(vm.vcpus()),
             vmm: Some(vm.vmm_id().to_string()),
         })?;
-        let dest: Vec<u64> = vm.ram().slots().iter().map(|s| s.size).collect();
-        if dest != self.slots {
+        let dest = regions_of(vm.ram());
+        if dest != self.regions {
             return Err(HeaderError::Layout {
                 dest,
-                stream: self.slots.clone(),
+                stream: self.regions.clone(),
             });
         }
         crate::wire::sections::check_manifest(&self.sections, &vm.state_sections())?;
@@ -234,7 +276,16 @@ mod tests {
         StreamHeader {
             vmm: "test-vmm".into(),
             vcpus: 2,
-            slots: vec![2 << 20, 8 << 20],
+            regions: vec![
+                Region {
+                    gpa: 0,
+                    bytes: 2 << 20,
+                },
+                Region {
+                    gpa: 4 << 20,
+                    bytes: 8 << 20,
+                },
+            ],
             memory_bytes: 10 << 20,
             page_size: PAGE_SIZE as u32,
             dirty_tracking: "bitmap".into(),
@@ -292,17 +343,18 @@ mod tests {
 
     #[test]
     fn crafted_huge_sizes_are_refused_not_overflowed() {
-        for slots in [
-            vec![u64::MAX - 4095, 8192],
-            vec![1 << 63, 1 << 63],
-            vec![MAX_MEMORY_BYTES, 4096],
+        for (gpa, bytes) in [
+            (0, u64::MAX - 4095),
+            (1 << 63, 1 << 63),
+            (MAX_MEMORY_BYTES, 4096),
+            (u64::MAX - 4095, 8192),
         ] {
             let mut h = header();
-            h.memory_bytes = slots[0].wrapping_add(slots[1]);
-            h.slots = slots;
+            h.memory_bytes = bytes;
+            h.regions = vec![Region { gpa, bytes }];
             let err = StreamHeader::decode(&h.encode()).unwrap_err();
             assert!(
-                matches!(&err, HeaderError::Inconsistent(m) if m.contains("add up to more than")),
+                matches!(&err, HeaderError::Inconsistent(m) if m.contains("reach past")),
                 "{err}"
             );
         }
@@ -310,7 +362,12 @@ mod tests {
         h.vcpus = u32::MAX;
         assert!(StreamHeader::decode(&h.encode()).is_err());
         let mut h = header();
-        h.slots = vec![4096; MAX_SLOTS + 1];
+        h.regions = (0..=MAX_SLOTS as u64)
+            .map(|i| Region {
+                gpa: i * 4096,
+                bytes: 4096,
+            })
+            .collect();
         h.memory_bytes = 4096 * (MAX_SLOTS as u64 + 1);
         assert!(StreamHeader::decode(&h.encode()).is_err());
     }
@@ -327,8 +384,11 @@ mod tests {
         h.vcpus = 0;
         assert!(StreamHeader::decode(&h.encode()).is_err());
         let mut h = header();
-        h.slots[0] += 1;
+        h.regions[0].bytes += 1;
         h.memory_bytes += 1;
+        assert!(StreamHeader::decode(&h.encode()).is_err());
+        let mut h = header();
+        h.regions[1].gpa = 1 << 20;
         assert!(StreamHeader::decode(&h.encode()).is_err());
         assert!(matches!(
             StreamHeader::decode(b"\xff\x00{"),

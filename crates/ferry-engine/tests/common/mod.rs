@@ -8,6 +8,7 @@
 //!
 //! ```text
 //!   slot 0 (2 MiB, mostly zero): 0x00 passes completed   0x08 mismatches   0x10 built-by-VMM marker
+//!   (a hole of `hole_bytes`, none by default)
 //!   slot 1: data pages, one stamp at the start of each
 //! ```
 
@@ -46,6 +47,9 @@ const SYSTEM_BYTES: u64 = 2 << 20;
 pub struct TestConfig {
     /// Bytes of the data slot.
     pub data_bytes: u64,
+    /// Bytes of the hole between the system slot and the data slot.
+    #[serde(default)]
+    pub hole_bytes: u64,
     /// Host backing of its memory (each end picks its own; not sent).
     #[serde(skip)]
     pub backing: Backing,
@@ -58,13 +62,18 @@ impl TestConfig {
     }
 
     /// Guest-physical address of data page `page`.
-    pub fn data_gpa(page: u64) -> Gpa {
-        Gpa(SYSTEM_BYTES + page * PAGE_SIZE as u64)
+    pub fn data_gpa(&self, page: u64) -> Gpa {
+        Gpa(SYSTEM_BYTES + self.hole_bytes + page * PAGE_SIZE as u64)
     }
 
     /// Guest pages in all.
     pub fn total_pages(&self) -> u64 {
         self.pages() + SYSTEM_BYTES / PAGE_SIZE as u64
+    }
+
+    /// The memory regions: the system slot, a hole, the data slot.
+    pub fn regions(&self) -> [(Gpa, u64); 2] {
+        [(Gpa(0), SYSTEM_BYTES), (self.data_gpa(0), self.data_bytes)]
     }
 }
 
@@ -183,6 +192,7 @@ pub fn probed() -> PrecopyOptions {
 pub fn config() -> TestConfig {
     TestConfig {
         data_bytes: 4 << 20,
+        hole_bytes: 0,
         backing: Backing::Anonymous,
     }
 }
@@ -257,8 +267,7 @@ impl Devices {
 
 impl TestVm {
     pub fn new(config: &TestConfig) -> Result<Self, BackendError> {
-        let slots = [SYSTEM_BYTES, config.data_bytes];
-        let ram = Arc::new(GuestRam::new(&slots, config.backing)?);
+        let ram = Arc::new(GuestRam::with_regions(&config.regions(), config.backing)?);
         // Something for the VMM to have written at build time, as VMMs do.
         ram.store_u64(MARKER, 0xc0de)?;
         Ok(TestVm {
@@ -305,12 +314,13 @@ impl TestVm {
 
 fn guest(
     ram: Arc<GuestRam>,
-    pages: u64,
+    config: TestConfig,
     position: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     throttle: Arc<AtomicU64>,
     last_pass: Arc<AtomicU64>,
 ) {
+    let pages = config.pages();
     let pos = position.load(Ordering::Acquire);
     let (mut pass, mut page) = (pos >> 32, pos & 0xffff_ffff);
     while !stop.load(Ordering::Acquire) {
@@ -318,7 +328,7 @@ fn guest(
             std::thread::sleep(Duration::from_millis(1));
             continue;
         }
-        let gpa = TestConfig::data_gpa(page);
+        let gpa = config.data_gpa(page);
         let expect = if pass <= 1 {
             0
         } else {
@@ -371,9 +381,9 @@ impl Vm for TestVm {
                 Arc::clone(&self.throttle),
                 Arc::clone(&self.last_pass),
             );
-            let pages = self.config.pages();
+            let config = self.config.clone();
             self.worker = Some(std::thread::spawn(move || {
-                guest(ram, pages, pos, stop, throttle, last)
+                guest(ram, config, pos, stop, throttle, last)
             }));
         }
         Ok(())
@@ -421,7 +431,7 @@ impl Vm for TestVm {
             return Err(BackendError::NotPaused("save vCPUs"));
         }
         if self.untracked_write_on_save {
-            let gpa = TestConfig::data_gpa(12).add(512);
+            let gpa = self.config.data_gpa(12).add(512);
             self.ram.store_u64(gpa, 0xbad)?;
         }
         Ok(self.position.load(Ordering::Acquire).to_le_bytes().to_vec())
