@@ -1,8 +1,8 @@
 #![doc = include_str!("../../../docs/embedding.md")]
 
 pub use crate::precopy::CreateVm;
-pub use crate::wire::StreamHeader;
+pub use crate::wire::{Region, StreamHeader};
 pub use ferry_backend::{
     BackendError, Backing, DirtyPages, FaultExits, Gfn, Gpa, GuestCheck, GuestProbe, GuestRam,
-    HarvestStats, Quota, Vm, PAGE_SIZE,
+    HarvestStats, Quota, Section, SectionId, SectionSpec, Subsection, Vm, PAGE_SIZE,
 };

@@ -1,0 +1,364 @@
+//! A VM that is not ferry's own, migrated in one process over loopback: what
+//! a VMM writes to embed the engine (see `docs/embedding.md`).
+//!
+//! ```text
+//!   guest memory (the VMM's own GuestMemoryMmap<AtomicBitmap>)
+//!   0x0000_0000  region 0, 2 MiB: page 0 = the guest's counters, the rest data
+//!   0x0020_0000  hole, 6 MiB (an x86 PCI hole, say): never RAM, never sent
+//!   0x0080_0000  region 1, 6 MiB: data
+//!   devices: "uart" v2 (loads v1..v2; subsection "fifo" when it holds bytes),
+//!            "timer" v1 (saving it writes its tick count into guest memory)
+//! ```
+//!
+//! The guest is a thread that walks every data page, checks the word it left
+//! there on its last pass and writes a new one: its own pattern, and its own
+//! check, read by the engine through a probe. `--json` prints one JSON object
+//! as the last line of stdout.
+//!
+//! `cargo run --release -p ferry-engine --example foreign_guest -- --json`
+
+use ferry_engine::vmm::{
+    BackendError, Backing, DirtyPages, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats,
+    Section, SectionId, SectionSpec, StreamHeader, Subsection, Vm, PAGE_SIZE,
+};
+use ferry_engine::{
+    await_migration, listen, migrate, receive, NoProgress, PrecopyOptions, ReceiveOptions,
+    TcpDialer,
+};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+const MIB: u64 = 1 << 20;
+/// The regions: (start, bytes).
+const REGIONS: [(u64, u64); 2] = [(0, 2 * MIB), (8 * MIB, 6 * MIB)];
+/// The guest's counters, in page 0.
+const PROGRESS: Gpa = Gpa(0);
+const ERRORS: Gpa = Gpa(8);
+/// Where saving the timer writes its ticks.
+const TIMER_TICKS: Gpa = Gpa(16);
+const VMM_ID: &str = "foreign-guest-example";
+
+/// The word the guest writes into `page` on `pass` (splitmix64).
+fn pattern(page: u64, pass: u64) -> u64 {
+    let mut z = (page << 32 | pass).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The data pages: every RAM page but page 0, as guest-physical addresses.
+fn data_pages() -> Vec<Gpa> {
+    REGIONS
+        .iter()
+        .flat_map(|&(start, bytes)| (0..bytes / PAGE_SIZE as u64).map(move |p| start + p * 4096))
+        .filter(|&a| a != 0)
+        .map(|a| Gpa(a + 8 * ((a / 4096) % 500)))
+        .collect()
+}
+
+/// The devices' VMM-side state.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Devices {
+    uart_tx: u64,
+    uart_fifo: Vec<u8>,
+    timer_ticks: u64,
+}
+
+struct ForeignVm {
+    ram: Arc<GuestRam>,
+    /// pass << 32 | index into the data pages: the "vCPU state".
+    position: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    worker: Option<JoinHandle<()>>,
+    devices: Devices,
+    started: Instant,
+    /// When the guest last started running (the destination's resume).
+    resumed_at: Arc<Mutex<Option<Instant>>>,
+    /// What `restore_sections` loaded, for the example to compare.
+    restored: Arc<Mutex<Option<Devices>>>,
+}
+
+impl ForeignVm {
+    fn new() -> Self {
+        let ranges: Vec<(GuestAddress, usize)> = REGIONS
+            .iter()
+            .map(|&(start, bytes)| (GuestAddress(start), bytes as usize))
+            .collect();
+        let mem = GuestMemoryMmap::<AtomicBitmap>::from_ranges(&ranges).expect("map guest memory");
+        let ram = GuestRam::from_memory(mem, Backing::Anonymous).expect("adopt guest memory");
+        ForeignVm {
+            ram: Arc::new(ram),
+            position: Arc::new(AtomicU64::new(1 << 32)),
+            stop: Arc::new(AtomicBool::new(false)),
+            worker: None,
+            devices: Devices::default(),
+            started: Instant::now(),
+            resumed_at: Arc::new(Mutex::new(None)),
+            restored: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    fn specs() -> Vec<SectionSpec> {
+        vec![
+            SectionSpec::new("uart", 2, 1).with_subsection("fifo"),
+            SectionSpec::new("timer", 1, 1),
+        ]
+    }
+}
+
+fn guest(ram: Arc<GuestRam>, position: Arc<AtomicU64>, stop: Arc<AtomicBool>) {
+    let pages = data_pages();
+    let pos = position.load(Ordering::Acquire);
+    let (mut pass, mut i) = (pos >> 32, (pos & 0xffff_ffff) as usize);
+    while !stop.load(Ordering::Acquire) {
+        let at = pages[i];
+        let expect = if pass <= 1 {
+            0
+        } else {
+            pattern(at.0, pass - 1)
+        };
+        if ram.load_u64(at).unwrap_or(0) != expect {
+            let e = ram.load_u64(ERRORS).unwrap_or(0);
+            let _ = ram.store_u64(ERRORS, e + 1);
+        }
+        let _ = ram.store_u64(at, pattern(at.0, pass));
+        i += 1;
+        if i == pages.len() {
+            let _ = ram.store_u64(PROGRESS, pass);
+            i = 0;
+            pass += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        position.store(pass << 32 | i as u64, Ordering::Release);
+    }
+}
+
+impl Vm for ForeignVm {
+    fn vmm_id(&self) -> &str {
+        VMM_ID
+    }
+    fn vcpus(&self) -> u32 {
+        1
+    }
+    fn ram(&self) -> &Arc<GuestRam> {
+        &self.ram
+    }
+    fn start(&mut self) -> Result<(), BackendError> {
+        if self.worker.is_none() {
+            self.stop.store(false, Ordering::Release);
+            let (ram, pos, stop) = (
+                Arc::clone(&self.ram),
+                Arc::clone(&self.position),
+                Arc::clone(&self.stop),
+            );
+            self.worker = Some(std::thread::spawn(move || guest(ram, pos, stop)));
+            *self.resumed_at.lock().unwrap() = Some(Instant::now());
+        }
+        Ok(())
+    }
+    fn pause(&mut self) -> Result<(), BackendError> {
+        self.stop.store(true, Ordering::Release);
+        if let Some(w) = self.worker.take() {
+            w.join().map_err(|_| BackendError::VcpuFailed {
+                vcpu: 0,
+                reason: "the guest thread panicked".into(),
+            })?;
+        }
+        Ok(())
+    }
+    fn is_running(&self) -> bool {
+        self.worker.is_some()
+    }
+    fn check_health(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn dirty_tracking(&self) -> String {
+        "vmm-bitmap".into()
+    }
+    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn harvest_dirty(&mut self, _into: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
+        // The guest writes through GuestRam: the engine reads those itself.
+        Ok(HarvestStats::default())
+    }
+    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn set_time_throttle(&mut self, _percent: u8) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn state_sections(&self) -> Vec<SectionSpec> {
+        Self::specs()
+    }
+    fn save_sections(&mut self) -> Result<Vec<Section>, BackendError> {
+        // The timer flushes its ticks into guest memory as it is saved:
+        // the engine's harvest after this sends that page too.
+        self.devices.timer_ticks = self.started.elapsed().as_millis() as u64;
+        self.ram.store_u64(TIMER_TICKS, self.devices.timer_ticks)?;
+        let fifo = (!self.devices.uart_fifo.is_empty()).then(|| Subsection {
+            name: "fifo".into(),
+            data: self.devices.uart_fifo.clone(),
+        });
+        let id = |name: &str, version| SectionId {
+            name: name.into(),
+            instance: 0,
+            version,
+        };
+        Ok(vec![
+            Section {
+                id: id("uart", 2),
+                data: self.devices.uart_tx.to_le_bytes().to_vec(),
+                subsections: fifo.into_iter().collect(),
+            },
+            Section {
+                id: id("timer", 1),
+                data: self.devices.timer_ticks.to_le_bytes().to_vec(),
+                subsections: Vec::new(),
+            },
+        ])
+    }
+    fn restore_sections(&mut self, sections: &[Section]) -> Result<(), BackendError> {
+        let word = |s: &Section| -> Result<u64, BackendError> {
+            let bytes = s.data.as_slice().try_into().map_err(|_| {
+                BackendError::BadVcpuState(format!("section {} is not 8 bytes", s.id))
+            })?;
+            Ok(u64::from_le_bytes(bytes))
+        };
+        for s in sections {
+            match s.id.name.as_str() {
+                "uart" => {
+                    self.devices.uart_tx = word(s)?;
+                    self.devices.uart_fifo = s.subsection("fifo").unwrap_or_default().to_vec();
+                }
+                "timer" => self.devices.timer_ticks = word(s)?,
+                _ => {}
+            }
+        }
+        *self.restored.lock().unwrap() = Some(self.devices.clone());
+        Ok(())
+    }
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
+        Ok(self.position.load(Ordering::Acquire).to_le_bytes().to_vec())
+    }
+    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
+        let bytes = state
+            .try_into()
+            .map_err(|_| BackendError::BadVcpuState(format!("{} bytes, not 8", state.len())))?;
+        self.position
+            .store(u64::from_le_bytes(bytes), Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Drop for ForeignVm {
+    fn drop(&mut self) {
+        let _ = self.pause();
+    }
+}
+
+/// The guest's own checks, read from page 0.
+#[derive(Debug)]
+struct Probe;
+
+impl GuestProbe for Probe {
+    fn read(&self, vm: &dyn Vm) -> Result<GuestCheck, String> {
+        let read = |gpa| vm.ram().load_u64(gpa).map_err(|e| e.to_string());
+        Ok(GuestCheck {
+            progress: read(PROGRESS)?,
+            errors: read(ERRORS)?,
+        })
+    }
+}
+
+fn main() {
+    let json = std::env::args().any(|a| a == "--json");
+    let listener = listen("127.0.0.1:0").expect("listen on loopback");
+    let to = TcpDialer(listener.local_addr().expect("address").to_string());
+    let resumed_at = Arc::new(Mutex::new(None));
+    let restored = Arc::new(Mutex::new(None));
+    let (dest_resumed, dest_restored) = (Arc::clone(&resumed_at), Arc::clone(&restored));
+    let destination = std::thread::spawn(move || {
+        let incoming = await_migration(&listener).expect("a migration arrives");
+        let mut factory = |h: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
+            if h.vmm != VMM_ID {
+                return Err(BackendError::Guest(format!("cannot build a {} VM", h.vmm)));
+            }
+            let mut vm = ForeignVm::new();
+            vm.resumed_at = Arc::clone(&dest_resumed);
+            vm.restored = Arc::clone(&dest_restored);
+            Ok(Box::new(vm))
+        };
+        let opts = ReceiveOptions {
+            probe: Some(Arc::new(Probe)),
+            ..ReceiveOptions::default()
+        };
+        let received = receive(incoming, &listener, &mut factory, &opts);
+        let returned = Instant::now();
+        received.map(|(vm, summary)| (vm, summary, returned))
+    });
+
+    let mut vm = ForeignVm::new();
+    vm.devices.uart_tx = 42;
+    vm.devices.uart_fifo = b"login: ".to_vec();
+    vm.start().expect("start the guest");
+    while Probe.read(&vm).map(|c| c.progress).unwrap_or(0) < 2 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let opts = PrecopyOptions {
+        probe: Some(Arc::new(Probe)),
+        ..PrecopyOptions::default()
+    };
+    let summary = migrate(&mut vm, &to, &opts, &NoProgress).expect("the migration completes");
+    let (dvm, dsum, returned) = destination
+        .join()
+        .expect("the destination thread")
+        .expect("the destination receives");
+    let resumed = resumed_at.lock().unwrap().expect("the destination resumed");
+    let receive_returned_ms = returned.duration_since(resumed).as_secs_f64() * 1e3;
+
+    // The guest runs on at the destination: another pass, no new error.
+    let at_resume = dsum.guest_at_resume.unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let now = Probe.read(&*dvm).expect("read the guest");
+        if now.progress > at_resume.progress || Instant::now() > deadline {
+            break now.since(&at_resume);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let ticks = dvm.ram().load_u64(TIMER_TICKS).unwrap_or(0);
+    let devices_restored = restored.lock().unwrap().as_ref() == Some(&vm.devices);
+    let report = serde_json::json!({
+        "digest_match": summary.digest_match && dsum.digest_match,
+        "regions": dvm.ram().slots().len(),
+        "hole_bytes": dvm.ram().holes().iter().map(|(_, n)| n * PAGE_SIZE as u64).sum::<u64>(),
+        "sections": ForeignVm::specs().iter().map(|s| serde_json::json!({
+            "name": s.name, "version": s.version,
+        })).collect::<Vec<_>>(),
+        "devices_restored": devices_restored,
+        "timer_ticks_in_guest_memory": ticks,
+        "receive_returned_ms": receive_returned_ms,
+        "downtime_ms": summary.downtime_ms,
+        "total_ms": summary.total_ms,
+        "guest_errors_before": summary.guest_at_pause.map(|c| c.errors),
+        "guest_passes_after": after.progress,
+        "guest_errors_after": after.errors,
+    });
+    if !json {
+        println!(
+            "migrated a {VMM_ID} VM: digest {}, downtime {:.1} ms, receive() returned {:.1} ms after the resume, \
+             {} passes and {} errors after",
+            if report["digest_match"] == true { "match" } else { "MISMATCH" },
+            summary.downtime_ms,
+            receive_returned_ms,
+            after.progress,
+            after.errors
+        );
+    }
+    println!("{report}");
+}
