@@ -16,6 +16,7 @@
 //! * [`vm`]: the `Vm` trait: what the engine asks of any VM it migrates.
 //! * [`probe`]: a guest's own checks, which a VMM may hand the engine.
 //! * [`section`]: device state as named, versioned sections.
+//! * [`dirty_source`]: writers of guest memory that keep their own dirty log.
 //!
 //! Nothing here knows the guest program: ferry's own VMs run memstress
 //! (`ferry-memstress`), and other VMMs run whatever they run.
@@ -24,6 +25,7 @@ pub mod admission;
 pub mod affinity;
 pub mod bitmap;
 pub mod dirty_limit;
+pub mod dirty_source;
 pub mod errors;
 pub mod probe;
 pub mod ram;
@@ -33,6 +35,7 @@ pub mod uffd;
 pub mod vm;
 
 pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
+pub use dirty_source::DirtySource;
 pub use errors::error_chain;
 pub use probe::{GuestCheck, GuestProbe};
 pub use ram::{Backing, GuestRam, RamError, RamSlot};

@@ -223,6 +223,13 @@ pub trait Vm: Send {
     fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, BackendError>;
     /// Stops logging.
     fn stop_dirty_log(&mut self) -> Result<(), BackendError>;
+    /// Writers of guest memory that keep their own dirty log (devices doing
+    /// DMA through their own mappings; see [`crate::dirty_source`]). The
+    /// engine starts, collects and stops them with the VM's own log. None
+    /// by default: every write goes through the vCPUs or [`GuestRam`].
+    fn dirty_sources(&mut self) -> &mut [Box<dyn crate::DirtySource>] {
+        &mut []
+    }
     /// Slows every vCPU live to `percent` (0 = none, at most 99) as QEMU's
     /// auto-converge does: after each [`THROTTLE_SLICE`] it runs, a vCPU
     /// sleeps [`throttle_sleep`]`(percent)`. The hook a convergence policy

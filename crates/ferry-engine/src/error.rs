@@ -57,6 +57,16 @@ pub enum MigrationError {
         #[source]
         source: RamError,
     },
+    /// A writer of guest memory that cannot report what it writes.
+    #[error(
+        "the dirty source '{name}' cannot report what it writes ({why}); nothing was migrated"
+    )]
+    DirtySource {
+        /// The source's name.
+        name: String,
+        /// Why it cannot.
+        why: String,
+    },
     /// The VMM's guest probe could not read the guest's checks.
     #[error("the guest probe failed: {0}")]
     Probe(String),

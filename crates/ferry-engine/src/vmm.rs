@@ -3,6 +3,6 @@
 pub use crate::precopy::CreateVm;
 pub use crate::wire::{Region, StreamHeader};
 pub use ferry_backend::{
-    BackendError, Backing, DirtyPages, FaultExits, Gfn, Gpa, GuestCheck, GuestProbe, GuestRam,
-    HarvestStats, Quota, Section, SectionId, SectionSpec, Subsection, Vm, PAGE_SIZE,
+    BackendError, Backing, DirtyPages, DirtySource, FaultExits, Gfn, Gpa, GuestCheck, GuestProbe,
+    GuestRam, HarvestStats, Quota, Section, SectionId, SectionSpec, Subsection, Vm, PAGE_SIZE,
 };

@@ -60,11 +60,7 @@ impl Source<'_> {
         self.postcopy_round = round;
         self.paused_by_us = false;
         self.converge.release(&mut *self.vm);
-        if std::mem::take(&mut self.logging) {
-            if let Err(e) = self.vm.stop_dirty_log() {
-                tracing::warn!("stopping dirty logging at the postcopy switchover: {e}");
-            }
-        }
+        self.stop_logging("at the postcopy switchover");
         match self.ctl.recv_message("Resumed")? {
             (Message::Resumed { resume_ns }, _) => {
                 self.record_resumed(paused_at, resume_ns);

@@ -377,10 +377,7 @@ impl Source<'_> {
         if self.opts.mode == Mode::Postcopy {
             return self.postcopy_switchover(0, self.ram.frames(), dialer, hello);
         }
-        self.vm
-            .start_dirty_log()
-            .map_err(MigrationError::backend("start dirty logging"))?;
-        self.logging = true;
+        self.start_logging()?;
         self.converge.start_meter(&*self.vm);
         // The full pass sends every page, so VMM writes made so far are covered.
         let mut dirty = DirtyPages::new(self.pages);
@@ -525,15 +522,62 @@ impl Source<'_> {
         last: &mut Instant,
     ) -> Result<(u64, Duration), MigrationError> {
         let before = into.count();
-        self.vm
-            .harvest_dirty(into)
-            .map_err(MigrationError::backend("harvest the dirty log"))?;
-        self.ram.take_vmm_dirty(into);
+        self.collect_logs(into)?;
         self.within.take_into(into);
         self.summary.spared_pages = self.within.spared();
         let since = last.elapsed();
         *last = Instant::now();
         Ok((into.count() - before, since))
+    }
+
+    /// Starts every dirty log: the VM's dirty sources first, so that one
+    /// that cannot report refuses the migration (naming it) before the VM
+    /// starts logging; then the VM's own.
+    fn start_logging(&mut self) -> Result<(), MigrationError> {
+        let sources = self.vm.dirty_sources();
+        for i in 0..sources.len() {
+            if let Err(why) = sources[i].start() {
+                sources[..i].iter_mut().for_each(|s| s.stop());
+                return Err(MigrationError::DirtySource {
+                    name: sources[i].name().to_string(),
+                    why,
+                });
+            }
+        }
+        if let Err(e) = self.vm.start_dirty_log() {
+            self.vm.dirty_sources().iter_mut().for_each(|s| s.stop());
+            return Err(MigrationError::backend("start dirty logging")(e));
+        }
+        self.logging = true;
+        Ok(())
+    }
+
+    /// The VM's log, its dirty sources' and the VMM's own writes, into
+    /// `into`.
+    fn collect_logs(&mut self, into: &mut DirtyPages) -> Result<(), MigrationError> {
+        self.vm
+            .harvest_dirty(into)
+            .map_err(MigrationError::backend("harvest the dirty log"))?;
+        for source in self.vm.dirty_sources() {
+            source
+                .collect(into)
+                .map_err(|why| MigrationError::DirtySource {
+                    name: source.name().to_string(),
+                    why,
+                })?;
+        }
+        self.ram.take_vmm_dirty(into);
+        Ok(())
+    }
+
+    /// Stops every dirty log, if they run (`when` says when, for the log).
+    pub(crate) fn stop_logging(&mut self, when: &str) {
+        if std::mem::take(&mut self.logging) {
+            if let Err(e) = self.vm.stop_dirty_log() {
+                tracing::warn!("stopping dirty logging {when}: {e}");
+            }
+            self.vm.dirty_sources().iter_mut().for_each(|s| s.stop());
+        }
     }
 
     /// Records the harvest that followed the last round in its stats.
@@ -636,10 +680,7 @@ impl Source<'_> {
         cursor: Gfn,
     ) -> Result<(), MigrationError> {
         let mut found = DirtyPages::new(self.pages);
-        self.vm
-            .harvest_dirty(&mut found)
-            .map_err(MigrationError::backend("harvest the dirty log"))?;
-        self.ram.take_vmm_dirty(&mut found);
+        self.collect_logs(&mut found)?;
         self.within.file(&found, set, cursor);
         Ok(())
     }

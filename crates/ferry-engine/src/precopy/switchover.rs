@@ -180,12 +180,7 @@ impl Source<'_> {
         // the destination, not the move.
         self.summary.total_ms = ms(self.start.elapsed());
         self.paused_by_us = false;
-        if self.logging {
-            self.logging = false;
-            if let Err(e) = self.vm.stop_dirty_log() {
-                tracing::warn!("stopping dirty logging after migration: {e}");
-            }
-        }
+        self.stop_logging("after the migration");
     }
 
     pub(crate) fn collect_report(&mut self) {
@@ -218,11 +213,7 @@ impl Source<'_> {
     /// Leaves the source as it was before the migration.
     pub(crate) fn rollback(&mut self) {
         self.converge.release(&mut *self.vm);
-        if std::mem::take(&mut self.logging) {
-            if let Err(e) = self.vm.stop_dirty_log() {
-                tracing::warn!("stopping dirty logging on rollback: {e}");
-            }
-        }
+        self.stop_logging("on rollback");
         if std::mem::take(&mut self.paused_by_us) {
             if let Err(e) = self.vm.start() {
                 tracing::error!("cannot resume the source VM after a failed migration: {e}");

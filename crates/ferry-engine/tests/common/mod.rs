@@ -17,8 +17,8 @@
 pub mod relay;
 
 use ferry_backend::{
-    BackendError, Backing, DirtyPages, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats,
-    Section, SectionSpec, Subsection, Vm, PAGE_SIZE,
+    BackendError, Backing, DirtyPages, DirtySource, Gfn, Gpa, GuestCheck, GuestProbe, GuestRam,
+    HarvestStats, Section, SectionSpec, SharedDirtyBitmap, Subsection, Vm, PAGE_SIZE,
 };
 use ferry_engine::wire::StreamHeader;
 use ferry_engine::{
@@ -213,6 +213,66 @@ pub struct TestVm {
     pub untracked_write_on_save: bool,
     /// The devices: what they save and load.
     pub devices: Devices,
+    /// A device that writes guest memory behind the VMM's back, from the
+    /// guest's own thread (so it stops when the VM pauses).
+    pub dma: Option<Arc<Dma>>,
+    /// The dirty sources the engine collects.
+    pub sources: Vec<Box<dyn DirtySource>>,
+}
+
+/// A device that writes one page of the system slot by DMA: through the raw
+/// host mapping, which no dirty bitmap sees, and then marks its own log.
+pub struct Dma {
+    /// The frame it writes.
+    pub gfn: Gfn,
+    log: SharedDirtyBitmap,
+}
+
+impl Dma {
+    /// A device writing frame 5 of a VM with `pages` frames.
+    pub fn new(pages: u64) -> Arc<Self> {
+        Arc::new(Dma {
+            gfn: Gfn(5),
+            log: SharedDirtyBitmap::new(pages),
+        })
+    }
+
+    /// Writes `value` at the start of its page, untracked, then logs it.
+    fn write(&self, ram: &GuestRam, value: u64) {
+        let slot = &ram.slots()[0];
+        let host = ram.host_address(slot) as usize
+            + (self.gfn.0 - slot.first_gfn().0) as usize * PAGE_SIZE;
+        // SAFETY: the frame lies inside slot 0's mapping, which `ram` keeps
+        // alive; an aligned u64 store races with nothing but the engine's
+        // copies, which read bytes, as a device's DMA would.
+        unsafe { std::ptr::write_volatile(host as *mut u64, value) };
+        self.log.mark(self.gfn);
+    }
+}
+
+/// The [`Dma`] device's dirty log as the engine sees it; `broken` makes it
+/// one that cannot report.
+pub struct DmaSource {
+    pub dma: Arc<Dma>,
+    pub broken: bool,
+}
+
+impl DirtySource for DmaSource {
+    fn name(&self) -> &str {
+        "test-dma"
+    }
+    fn start(&mut self) -> Result<(), String> {
+        if self.broken {
+            return Err("the device has no dirty log".into());
+        }
+        self.dma.log.clear();
+        Ok(())
+    }
+    fn collect(&mut self, into: &mut DirtyPages) -> Result<(), String> {
+        self.dma.log.harvest_into(into);
+        Ok(())
+    }
+    fn stop(&mut self) {}
 }
 
 /// The test VM's devices: state sections and nothing else.
@@ -281,6 +341,8 @@ impl TestVm {
             logging: false,
             untracked_write_on_save: false,
             devices: Devices::default(),
+            dma: None,
+            sources: Vec::new(),
         })
     }
 
@@ -315,6 +377,7 @@ impl TestVm {
 fn guest(
     ram: Arc<GuestRam>,
     config: TestConfig,
+    dma: Option<Arc<Dma>>,
     position: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     throttle: Arc<AtomicU64>,
@@ -339,6 +402,9 @@ fn guest(
             ram.store_u64(MISMATCHES, m + 1).unwrap();
         }
         ram.store_u64(gpa, test_stamp(page, pass)).unwrap();
+        if let Some(d) = dma.as_ref().filter(|_| page % 64 == 0) {
+            d.write(&ram, pass << 32 | page);
+        }
         page += 1;
         if page == pages {
             ram.store_u64(PASSES, pass).unwrap();
@@ -382,8 +448,9 @@ impl Vm for TestVm {
                 Arc::clone(&self.last_pass),
             );
             let config = self.config.clone();
+            let dma = self.dma.clone();
             self.worker = Some(std::thread::spawn(move || {
-                guest(ram, config, pos, stop, throttle, last)
+                guest(ram, config, dma, pos, stop, throttle, last)
             }));
         }
         Ok(())
@@ -426,6 +493,9 @@ impl Vm for TestVm {
         self.logging = false;
         Ok(())
     }
+    fn dirty_sources(&mut self) -> &mut [Box<dyn DirtySource>] {
+        &mut self.sources
+    }
     fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
         if self.is_running() {
             return Err(BackendError::NotPaused("save vCPUs"));
@@ -442,6 +512,10 @@ impl Vm for TestVm {
     fn save_sections(&mut self) -> Result<Vec<Section>, BackendError> {
         if let Some((gpa, value)) = self.devices.save_writes {
             self.ram.store_u64(gpa, value)?;
+        }
+        if let Some(dma) = &self.dma {
+            // The device flushes as it is saved: after every round.
+            dma.write(&self.ram, u64::MAX);
         }
         Ok(self.devices.save())
     }
