@@ -105,6 +105,14 @@ pub enum MigrationError {
          which resumed its guest unless it got the verdict"
     )]
     Uncommitted(#[source] Box<MigrationError>),
+    /// The give-up deadline passed before the switchover.
+    #[error("gave up after {after_s} s: {cause}")]
+    GaveUp {
+        /// The deadline, in seconds.
+        after_s: f64,
+        /// What the cancel ended in.
+        cause: Box<MigrationError>,
+    },
     /// Cancelled through [`crate::Tunables::cancel`].
     #[error("migration cancelled")]
     Cancelled,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 fn busy(converge: ConvergeMode, max_rounds: u32) -> PrecopyOptions {
     let opts = PrecopyOptions {
-        converge,
+        converge: Some(converge),
         ..probed()
     };
     opts.tunables.set_downtime_target(Duration::from_millis(1));
@@ -82,4 +82,55 @@ fn a_cancelled_migration_lifts_the_throttle_it_set() {
     assert!(src.is_running(), "the source must keep running");
     let after = src.throttle_handle().load(Ordering::Relaxed);
     assert_eq!(after, 0, "the source must be left unthrottled");
+}
+
+#[test]
+fn a_migration_that_cannot_switch_over_in_time_gives_up_and_the_source_runs_on() {
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = running_source();
+    // Never converges: no policy, a 1 ms target, a round cap it never hits.
+    let opts = PrecopyOptions {
+        give_up_after: Some(Duration::from_millis(300)),
+        ..busy(ConvergeMode::None, 1_000_000)
+    };
+    let err = migrate(&mut src, &to, &opts, &NoProgress).unwrap_err();
+    assert!(
+        matches!(err, MigrationError::GaveUp { .. }),
+        "{}",
+        err.chain()
+    );
+    assert!(
+        err.chain()
+            .starts_with("gave up after 0.3 s: migration cancelled"),
+        "{}",
+        err.chain()
+    );
+    assert!(dest.join().unwrap().is_err());
+    assert!(src.is_running(), "the source VM keeps running");
+    let before = check(&src);
+    wait_for_passes(&src, before.progress + 1);
+    assert_eq!(check(&src).errors, 0);
+}
+
+#[test]
+fn no_policy_named_is_the_best_the_vm_serves() {
+    // The test VM has no per-vCPU dirty meter: the default is auto.
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = running_source();
+    let s = migrate(&mut src, &to, &probed(), &NoProgress).unwrap();
+    dest.join().unwrap().unwrap();
+    assert_eq!(s.converge, "auto");
+    // A policy it cannot serve is refused before anything starts: no
+    // destination is even dialled.
+    let mut src = running_source();
+    let nowhere = ferry_engine::TcpDialer("127.0.0.1:1".into());
+    let opts = PrecopyOptions {
+        converge: Some(ConvergeMode::Quota),
+        ..probed()
+    };
+    let err = migrate(&mut src, &nowhere, &opts, &NoProgress)
+        .unwrap_err()
+        .chain();
+    assert!(err.contains("run --converge quota"), "{err}");
+    assert!(src.is_running());
 }

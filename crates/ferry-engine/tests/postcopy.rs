@@ -115,7 +115,7 @@ fn a_hybrid_on_stall_switches_when_precopy_stops_shrinking() {
         let (to, dest) = spawn_receiver(quick_receive());
         let mut src = running_source();
         let opts = PrecopyOptions {
-            converge: ferry_engine::converge::ConvergeMode::None,
+            converge: Some(ferry_engine::converge::ConvergeMode::None),
             ..postcopy_opts(Mode::Hybrid {
                 after_rounds: u32::MAX,
                 on_stall: true,

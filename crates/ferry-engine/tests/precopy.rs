@@ -249,7 +249,7 @@ fn harvests_within_rounds_send_pages_dirtied_ahead_once() {
     src.stop_writing_after(3);
     let opts = PrecopyOptions {
         harvest_within_rounds: true,
-        converge: ConvergeMode::None,
+        converge: Some(ConvergeMode::None),
         batch_pages: 16,
         ..probed()
     };

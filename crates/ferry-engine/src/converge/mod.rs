@@ -131,6 +131,31 @@ pub trait Policy: Send {
     fn engage(&mut self, sample: &Sample) -> Option<Action>;
 }
 
+/// The policy a migration of `vm` runs: `requested`, if the VM serves it
+/// (the per-vCPU policies need a per-vCPU dirty meter), or by default the
+/// best it serves: the seed's quota where the VM meters each vCPU's
+/// writes, else auto-converge.
+pub fn choose(
+    requested: Option<ConvergeMode>,
+    vm: &mut dyn Vm,
+) -> Result<ConvergeMode, MigrationError> {
+    match requested {
+        Some(ConvergeMode::Quota) => vm
+            .set_dirty_quota(None)
+            .map(|()| ConvergeMode::Quota)
+            .map_err(MigrationError::backend("run --converge quota")),
+        Some(ConvergeMode::DirtyLimit) => vm
+            .set_dirty_limit(None)
+            .map(|()| ConvergeMode::DirtyLimit)
+            .map_err(MigrationError::backend("run --converge dirty-limit")),
+        Some(other) => Ok(other),
+        None => Ok(match vm.set_dirty_quota(None) {
+            Ok(()) => ConvergeMode::Quota,
+            Err(_) => ConvergeMode::Auto,
+        }),
+    }
+}
+
 /// The policy of `mode`.
 pub fn policy(mode: ConvergeMode) -> Option<Box<dyn Policy>> {
     match mode {

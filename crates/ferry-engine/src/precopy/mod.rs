@@ -59,6 +59,7 @@ mod ahead;
 mod compression;
 mod delta;
 mod destination;
+mod give_up;
 mod receivers;
 mod senders;
 mod source;
@@ -111,8 +112,9 @@ pub struct PrecopyOptions {
     /// but each harvest write-protects what it finds, so a guest that
     /// rewrites its pages faults (and is metered by the quota) more often.
     pub harvest_within_rounds: bool,
-    /// What slows the guest when precopy does not converge.
-    pub converge: ConvergeMode,
+    /// What slows the guest when precopy does not converge; `None`: the
+    /// best the VM serves ([`crate::converge::choose`]).
+    pub converge: Option<ConvergeMode>,
     /// Highest downtime target a stall may raise the target to (`None`:
     /// the target is never raised).
     pub max_downtime: Option<Duration>,
@@ -125,6 +127,9 @@ pub struct PrecopyOptions {
     /// The guest's own checks, read once the vCPUs are paused for the
     /// switchover (`None`: the guest has none, or the VMM does not say).
     pub probe: Option<Arc<dyn GuestProbe>>,
+    /// Cancel the migration if it has not switched over by then (the
+    /// source runs on); the error says it gave up.
+    pub give_up_after: Option<Duration>,
 }
 
 impl Default for PrecopyOptions {
@@ -138,11 +143,12 @@ impl Default for PrecopyOptions {
             compression: Compression::None,
             delta_cache_bytes: 0,
             harvest_within_rounds: false,
-            converge: ConvergeMode::default(),
+            converge: None,
             max_downtime: None,
             mode: crate::postcopy::Mode::Precopy,
             recover_timeout: crate::postcopy::DEFAULT_RECOVER_TIMEOUT,
             probe: None,
+            give_up_after: None,
         }
     }
 }

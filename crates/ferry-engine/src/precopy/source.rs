@@ -5,7 +5,7 @@ use super::ahead::WithinRound;
 use super::delta::DeltaCache;
 use super::senders::Senders;
 use super::{unexpected, PrecopyOptions, MAX_CONNECTIONS};
-use crate::converge::{ConvergeMode, Converger, RoundEnd, Sample};
+use crate::converge::{Converger, RoundEnd, Sample};
 use crate::error::MigrationError;
 use crate::postcopy::server::PageServer;
 use crate::postcopy::{Mode, PostcopyResume};
@@ -59,27 +59,32 @@ pub fn migrate_accounted(
     let connections = opts.connections.clamp(1, MAX_CONNECTIONS);
     let summary = fresh_summary(vm, opts, connections, dialer.tls());
     let start = Instant::now();
-    // A policy the backend cannot serve is refused before anything starts.
-    let refused = match opts.converge {
-        ConvergeMode::Quota => vm
-            .set_dirty_quota(None)
-            .map_err(MigrationError::backend("run --converge quota")),
-        ConvergeMode::DirtyLimit => vm
-            .set_dirty_limit(None)
-            .map_err(MigrationError::backend("run --converge dirty-limit")),
-        _ => Ok(()),
+    // A policy the VM cannot serve is refused before anything starts; no
+    // policy named is the best it serves.
+    let opts = &match crate::converge::choose(opts.converge, vm) {
+        Ok(policy) => PrecopyOptions {
+            converge: Some(policy),
+            ..opts.clone()
+        },
+        Err(e) => {
+            let mut summary = summary;
+            summary.error = Some(e.chain());
+            return (summary, Err(e));
+        }
     };
-    if let Err(e) = refused {
-        let mut summary = summary;
-        summary.error = Some(e.chain());
-        return (summary, Err(e));
-    }
     // While this runs, a VM command (a throttle) reaches the VM through the
     // tunables. A caller that owns the VM may have marked it migrating
     // already, so that a throttle asked in between waits here and is not
     // queued behind the whole migration.
     opts.tunables.set_migrating(true);
     let _migrating = Migrating(&opts.tunables);
+    let give_up = opts
+        .give_up_after
+        .map(|after| super::give_up::GiveUp::arm(&opts.tunables, after));
+    let disarm = |result| match give_up {
+        Some(g) => g.disarm(result),
+        None => result,
+    };
     progress.phase(Phase::Handshake);
     let health = Arc::new(Health::new(Side::Source, opts.stall_timeout));
     let session = new_session_id();
@@ -98,13 +103,14 @@ pub fn migrate_accounted(
             progress.phase(Phase::Done);
             let mut summary = summary;
             summary.total_ms = ms(start.elapsed());
+            let e = disarm(Err(e)).unwrap_err();
             summary.error = Some(e.chain());
             return (summary, Err(e));
         }
     };
     let mut src = Source::new(vm, control, health, opts, progress, session, summary, start);
     let result = src.run(dialer, &hello);
-    src.conclude(result)
+    src.conclude(disarm(result))
 }
 
 /// The summary of a migration about to start: status `failed` until it
@@ -141,7 +147,9 @@ pub fn fresh_summary(
         compression: opts.compression.to_string(),
         batches_by_codec: [0; 3],
         delta: None,
-        converge: opts.converge.to_string(),
+        converge: opts
+            .converge
+            .map_or_else(|| "default".into(), |c| c.to_string()),
         throttle_timeline: Vec::new(),
         escalations: Vec::new(),
         operator_changes: Vec::new(),
@@ -179,7 +187,7 @@ impl<'a> Source<'a> {
             .unwrap_or_else(|| opts.tunables.downtime_target());
         let ram = Arc::clone(vm.ram());
         Source {
-            converge: Converger::new(opts.converge, max_downtime)
+            converge: Converger::new(opts.converge.unwrap_or_default(), max_downtime)
                 .switching_on_stall(opts.mode.switch_on_stall()),
             pages: ram.pages(),
             within: WithinRound::new(ram.pages()),

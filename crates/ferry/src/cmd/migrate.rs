@@ -388,26 +388,18 @@ fn check_address(to: &str) -> Result<(), CmdError> {
 }
 
 /// Refuses a convergence policy the VM's backend cannot serve, before the
-/// guest boots.
+/// guest boots (the engine's own check, asked early).
 pub fn check_policy(vm: &mut dyn Vm, link: &LinkSettings) -> Result<(), CmdError> {
-    let refused = match link.converge {
-        Some(ConvergeMode::Quota) => vm.set_dirty_quota(None).err(),
-        Some(ConvergeMode::DirtyLimit) => vm.set_dirty_limit(None).err(),
-        _ => None,
-    };
-    if let (Some(e), Some(mode)) = (refused, link.converge) {
-        return Err(CmdError::Usage(format!("--converge {mode}: {}", chain(&e))));
+    match (
+        ferry_engine::converge::choose(link.converge, vm),
+        link.converge,
+    ) {
+        (Err(ferry_engine::MigrationError::Backend { source, .. }), Some(mode)) => Err(
+            CmdError::Usage(format!("--converge {mode}: {}", chain(&source))),
+        ),
+        (Err(e), _) => Err(CmdError::Usage(chain(&e))),
+        (Ok(_), _) => Ok(()),
     }
-    Ok(())
-}
-
-/// The policy asked for, or by default the best `vm`'s backend serves:
-/// the per-vCPU quota where it meters each vCPU's writes, else auto.
-pub fn converge_for(choice: Option<ConvergeMode>, vm: &mut dyn Vm) -> ConvergeMode {
-    choice.unwrap_or_else(|| match vm.set_dirty_quota(None) {
-        Ok(()) => ConvergeMode::Quota,
-        Err(_) => ConvergeMode::Auto,
-    })
 }
 
 /// Starts the guest, warms it up, and migrates it to `to`.
@@ -480,9 +472,6 @@ pub fn migrate_running(
     resume: Option<PostcopyResume>,
     observer: &dyn Progress,
 ) -> (MigrationSummary, Option<PostcopyResume>) {
-    let mut link = link;
-    let converge = converge_for(link.converge, vm);
-    link.converge = Some(converge);
     let opts = PrecopyOptions {
         tunables,
         verify_before_resume: link.verify_before_resume,
@@ -491,11 +480,12 @@ pub fn migrate_running(
         compression: link.compression,
         delta_cache_bytes: link.delta_cache_bytes.min(vm.ram().pages() * 4096),
         harvest_within_rounds: link.harvest_within_rounds,
-        converge,
+        converge: link.converge,
         max_downtime: link.max_downtime,
         mode: link.mode,
         recover_timeout: link.recover_timeout,
         probe: Some(Arc::new(MemstressProbe)),
+        give_up_after: link.give_up_after,
         ..PrecopyOptions::default()
     };
     let started = Instant::now();
@@ -521,9 +511,6 @@ pub fn migrate_running(
     if crate::signals::received().is_some() {
         opts.tunables.cancel();
     }
-    let give_up = link
-        .give_up_after
-        .map(|after| GiveUp::arm(&opts.tunables, after));
     let bar = MigrationBar::new(std::io::stderr().is_terminal());
     let progress = Both(&bar, observer);
     let (mut summary, result) = match &resume {
@@ -535,12 +522,10 @@ pub fn migrate_running(
         Err(ferry_engine::MigrationError::Postcopy { resume, .. }) => Some(*resume),
         _ => None,
     };
-    let gave_up = give_up.is_some_and(GiveUp::disarm);
     if let Err(e) = result {
         let mut error = chain(&e);
-        if gave_up {
-            let after = link.give_up_after.unwrap_or_default().as_secs();
-            error = format!("gave up after {after} s (--give-up-after): {error}");
+        if matches!(e, ferry_engine::MigrationError::GaveUp { .. }) {
+            error = format!("{error} (--give-up-after)");
         } else if let Some(sig) = crate::signals::received() {
             error = format!("stopped by {sig}: {error}");
         }
@@ -557,37 +542,6 @@ pub fn migrate_running(
         summary.vcpu_shares = w.finish(vm, Duration::from_secs_f64(ran / 1e3));
     }
     (summary, token)
-}
-
-/// `--give-up-after`: a thread that cancels the migration at the deadline
-/// unless it is disarmed first.
-struct GiveUp {
-    done: std::sync::mpsc::Sender<()>,
-    fired: std::thread::JoinHandle<bool>,
-}
-
-impl GiveUp {
-    fn arm(tunables: &Arc<Tunables>, after: Duration) -> GiveUp {
-        let (done, wait) = std::sync::mpsc::channel::<()>();
-        let tunables = Arc::clone(tunables);
-        let fired = std::thread::spawn(move || {
-            let timed_out = matches!(
-                wait.recv_timeout(after),
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
-            );
-            if timed_out {
-                tunables.cancel();
-            }
-            timed_out
-        });
-        GiveUp { done, fired }
-    }
-
-    /// Stops the thread; whether it had cancelled the migration.
-    fn disarm(self) -> bool {
-        let _ = self.done.send(());
-        self.fired.join().unwrap_or(false)
-    }
 }
 
 /// The summary of a migration that ended in an error before it produced one.
