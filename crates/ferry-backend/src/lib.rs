@@ -45,4 +45,4 @@ pub use vm::Quota;
 pub use vm::{
     throttle_sleep, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, THROTTLE_SLICE,
 };
-pub use vm::{BackendError, DirtyTracking, FaultExits, HarvestStats, Vm};
+pub use vm::{BackendError, DirtyTracking, FaultExits, HarvestStats, Lifecycle, Vm};

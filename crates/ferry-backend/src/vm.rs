@@ -189,7 +189,27 @@ pub enum BackendError {
     Admission(#[from] crate::admission::AdmissionError),
 }
 
+/// Where a migration of a VM stands, as the engine tells the VM's VMM
+/// ([`Vm::migration_event`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lifecycle<'a> {
+    /// A migration starts: on the source before anything is sent, on the
+    /// destination once its factory built the VM and it matched the stream
+    /// header, before memory arrives.
+    Started,
+    /// It committed: the source's VM stays paused for good (the guest is
+    /// the destination's), the destination's runs.
+    Completed,
+    /// It failed or was cancelled, for this reason. A precopy source runs
+    /// its guest again; a failed postcopy's source stays paused with every
+    /// page; a destination's VM is dropped.
+    Aborted(&'a str),
+}
+
 /// A running (or ready-to-run) VM as the engine sees it.
+///
+/// Pausing a VM stops its vCPUs, then its devices: once
+/// [`Vm::pause`] returns, nothing of the VM writes guest memory.
 pub trait Vm: Send {
     /// The VMM's name for its kind of VM (`ferry-kvm`, `minivmm`, ...):
     /// the stream header carries it, and a destination VM of another kind
@@ -317,6 +337,12 @@ pub trait Vm: Send {
                 s.id
             ))),
         }
+    }
+    /// Where a migration of this VM stands: the VMM's hook for start,
+    /// complete and abort (quiesce a backend, release a lock on shared
+    /// storage, log). Nothing by default.
+    fn migration_event(&mut self, event: Lifecycle<'_>) {
+        let _ = event;
     }
     /// Serializes the state of every vCPU. The VM must be paused.
     fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError>;

@@ -4,5 +4,6 @@ pub use crate::precopy::CreateVm;
 pub use crate::wire::{Region, StreamHeader};
 pub use ferry_backend::{
     BackendError, Backing, DirtyPages, DirtySource, FaultExits, Gfn, Gpa, GuestCheck, GuestProbe,
-    GuestRam, HarvestStats, Quota, Section, SectionId, SectionSpec, Subsection, Vm, PAGE_SIZE,
+    GuestRam, HarvestStats, Lifecycle, Quota, Section, SectionId, SectionSpec, Subsection, Vm,
+    PAGE_SIZE,
 };

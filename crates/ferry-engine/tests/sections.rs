@@ -164,3 +164,49 @@ fn a_device_that_writes_guest_memory_while_saved_moves_that_page() {
     assert_eq!(dvm.ram().load_u64(at).unwrap(), 0x5eed_f00d);
     assert_eq!(restored.lock().unwrap().len(), 1);
 }
+
+#[test]
+fn each_side_hears_start_then_complete_or_abort() {
+    let events = |ok: bool| {
+        let dest_events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let theirs = dest_events.clone();
+        let specs = vec![serial(2, 1)];
+        let dest_devices = Devices {
+            specs: specs.clone(),
+            ..Devices::default()
+        };
+        let (to, handle) = spawn_receiver_with(quick_receive(), Backing::Anonymous, move |vm| {
+            vm.devices = dest_devices.clone();
+            vm.events = theirs.clone();
+        });
+        let mut src = running_source();
+        // An unknown subsection fails the migration at the switchover.
+        src.devices = Devices {
+            specs,
+            subsections_needed: true,
+            extra_subsection: (!ok).then(|| "dma".to_string()),
+            ..Devices::default()
+        };
+        let result = migrate(&mut src, &to, &probed(), &NoProgress);
+        assert_eq!(result.is_ok(), ok);
+        assert_eq!(handle.join().unwrap().is_ok(), ok);
+        let mine = src.events.lock().unwrap().clone();
+        let theirs = dest_events.lock().unwrap().clone();
+        (mine, theirs)
+    };
+    let (src, dest) = events(true);
+    assert_eq!(src, ["started", "completed"]);
+    assert_eq!(dest, ["started", "completed"]);
+    let (src, dest) = events(false);
+    assert_eq!(src.len(), 2, "{src:?}");
+    assert_eq!(src[0], "started");
+    assert!(
+        src[1].starts_with("aborted: ") && src[1].contains("'dma'"),
+        "{src:?}"
+    );
+    assert_eq!(dest.len(), 2, "{dest:?}");
+    assert!(
+        dest[1].starts_with("aborted: ") && dest[1].contains("'dma'"),
+        "{dest:?}"
+    );
+}

@@ -9,7 +9,7 @@ use crate::summary::{ms, ReceiveSummary, Status};
 use crate::transport::{accept_channel, Channel, Control, Health, Listen, Side};
 use crate::wire::control::{Hello, PRIORITY_CHANNEL};
 use crate::wire::{FinalReport, FrameKind, Message, StreamError, StreamHeader};
-use ferry_backend::{BackendError, DirtyPages, Vm};
+use ferry_backend::{BackendError, DirtyPages, Lifecycle, Vm};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -85,10 +85,11 @@ pub fn receive(
     let hello = incoming.hello;
     let mut ctl = Control::start(incoming.io, Arc::clone(&health))?;
     let prepared = prepare(&ctl, create_vm, opts);
-    let (header, vm) = match prepared {
+    let (header, mut vm) = match prepared {
         Ok(p) => p,
         Err(e) => return Err(ctl.give_up(e)),
     };
+    vm.migration_event(Lifecycle::Started);
     let ram = Arc::clone(vm.ram());
     // Fresh RAM is zero, except what the backend wrote while building the VM.
     let mut written = DirtyPages::new(header.pages());
@@ -158,6 +159,10 @@ pub fn receive(
             if let Some(r) = receivers {
                 r.join();
             }
+            // A copy held after a lost Commit waits for its operator.
+            if summary.status == Status::Completed {
+                vm.migration_event(Lifecycle::Completed);
+            }
             Ok((vm, summary))
         }
         Err(e) => {
@@ -186,6 +191,7 @@ pub fn receive(
             if let Some(r) = receivers {
                 r.join();
             }
+            vm.migration_event(Lifecycle::Aborted(&e.chain()));
             Err(e)
         }
     }

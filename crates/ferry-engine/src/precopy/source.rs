@@ -17,7 +17,7 @@ use crate::wire::control::Hello;
 use crate::wire::control::PRIORITY_CHANNEL;
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::{FrameKind, Message, PageBatch, StreamHeader, VERSION};
-use ferry_backend::{DirtyPages, Gfn, GuestRam, Vm, PAGE_SIZE};
+use ferry_backend::{DirtyPages, Gfn, GuestRam, Lifecycle, Vm, PAGE_SIZE};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,6 +85,7 @@ pub fn migrate_accounted(
         Some(g) => g.disarm(result),
         None => result,
     };
+    vm.migration_event(Lifecycle::Started);
     progress.phase(Phase::Handshake);
     let health = Arc::new(Health::new(Side::Source, opts.stall_timeout));
     let session = new_session_id();
@@ -105,6 +106,7 @@ pub fn migrate_accounted(
             summary.total_ms = ms(start.elapsed());
             let e = disarm(Err(e)).unwrap_err();
             summary.error = Some(e.chain());
+            vm.migration_event(Lifecycle::Aborted(summary.error.as_deref().unwrap_or("")));
             return (summary, Err(e));
         }
     };
@@ -241,6 +243,14 @@ impl<'a> Source<'a> {
                     s.finish();
                 }
                 self.ctl.close();
+                // A copy held after a lost Commit waits for its operator.
+                match self.summary.status {
+                    Status::Completed => self.vm.migration_event(Lifecycle::Completed),
+                    Status::Held => {}
+                    _ => self.vm.migration_event(Lifecycle::Aborted(
+                        self.summary.error.as_deref().unwrap_or("not completed"),
+                    )),
+                }
                 (self.summary, Ok(()))
             }
             Err(e) => {
@@ -275,6 +285,7 @@ impl<'a> Source<'a> {
                 self.rollback();
                 self.summary.status = Status::Failed;
                 self.summary.error = Some(e.chain());
+                self.vm.migration_event(Lifecycle::Aborted(&e.chain()));
                 (self.summary, Err(e))
             }
         }

@@ -218,6 +218,8 @@ pub struct TestVm {
     pub dma: Option<Arc<Dma>>,
     /// The dirty sources the engine collects.
     pub sources: Vec<Box<dyn DirtySource>>,
+    /// The lifecycle events the engine told it, in order.
+    pub events: Arc<Mutex<Vec<String>>>,
 }
 
 /// A device that writes one page of the system slot by DMA: through the raw
@@ -343,6 +345,7 @@ impl TestVm {
             devices: Devices::default(),
             dma: None,
             sources: Vec::new(),
+            events: Arc::default(),
         })
     }
 
@@ -495,6 +498,14 @@ impl Vm for TestVm {
     }
     fn dirty_sources(&mut self) -> &mut [Box<dyn DirtySource>] {
         &mut self.sources
+    }
+    fn migration_event(&mut self, event: ferry_backend::Lifecycle<'_>) {
+        let name = match event {
+            ferry_backend::Lifecycle::Started => "started".to_string(),
+            ferry_backend::Lifecycle::Completed => "completed".to_string(),
+            ferry_backend::Lifecycle::Aborted(why) => format!("aborted: {why}"),
+        };
+        self.events.lock().unwrap().push(name);
     }
     fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
         if self.is_running() {
