@@ -145,7 +145,7 @@ pub enum MigrationError {
         /// Of those, pages the source had not sent (handed to a connection).
         unsent: u64,
         /// What [`crate::resume_postcopy`] needs to try again later.
-        resume: crate::postcopy::PostcopyResume,
+        resume: PostcopyResume,
         /// What failed.
         #[source]
         source: Box<MigrationError>,
@@ -211,4 +211,17 @@ impl MigrationError {
     pub fn chain(&self) -> String {
         ferry_backend::error_chain(self)
     }
+}
+
+/// What a source keeps to resume a postcopy whose automatic recovery ran
+/// out of time (see [`crate::resume_postcopy`]): the destination still waits, or
+/// will be asked again, for the same session.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct PostcopyResume {
+    /// The migration's session id.
+    pub session: u64,
+    /// The round the push sends.
+    pub round: u32,
+    /// Data connections per set.
+    pub connections: usize,
 }

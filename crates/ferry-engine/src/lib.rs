@@ -31,6 +31,7 @@
 //! the same VMM (the header names it, and the destination checks).
 
 pub mod converge;
+mod converge_mode;
 pub mod digest;
 pub mod error;
 pub mod postcopy;

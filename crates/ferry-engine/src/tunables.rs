@@ -3,7 +3,7 @@
 //! atomics at each batch or round, plus the token bucket that enforces the
 //! bandwidth cap.
 
-use crate::converge::ConvergeMode;
+use crate::converge_mode::ConvergeMode;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -23,7 +23,7 @@ pub enum SoftError {
     /// A vCPU touched a page that is not present yet (postcopy): an
     /// annotated memory-fault exit.
     #[error("memory fault at {} ({} bytes, write: {})", .0.gpa, .0.size, .0.flags.write)]
-    MemoryFault(crate::fault_exit::MemoryFault),
+    MemoryFault(crate::fault::MemoryFault),
     /// A worker thread panicked.
     #[error("thread {0} panicked")]
     Thread(String),

@@ -18,62 +18,12 @@
 //! idempotent, because two vCPUs may fault on the same page at once.
 
 use crate::error::SoftError;
-use crate::guest_mem::VcpuMem;
-use ferry_backend::{Gfn, Gpa, PageBits};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-/// A guest access that needs a page first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemoryFault {
-    /// Guest-physical address of the page.
-    pub gpa: Gpa,
-    /// Bytes that must be made present.
-    pub size: u64,
-    /// What the access was.
-    pub flags: FaultFlags,
-}
-
-/// Flags of a [`MemoryFault`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FaultFlags {
-    /// The access was a write.
-    pub write: bool,
-}
-
-/// Which guest pages are present on this host (postcopy destination): a
-/// view of a [`PageBits`] set, which the engine shares when it places pages
-/// itself.
-pub struct Residency {
-    bits: Arc<PageBits>,
-}
-
-impl Residency {
-    /// No page present among `frames`.
-    pub fn new(frames: u64) -> Self {
-        Residency {
-            bits: Arc::new(PageBits::new(frames)),
-        }
-    }
-
-    /// Pages present exactly when they are in `bits`.
-    pub fn shared(bits: Arc<PageBits>) -> Self {
-        Residency { bits }
-    }
-
-    /// Marks `gfn` present (after its contents are in RAM).
-    pub fn mark_present(&self, gfn: Gfn) {
-        self.bits.insert(gfn);
-    }
-
-    /// Whether `gfn` is present.
-    #[inline]
-    pub fn is_present(&self, gfn: Gfn) -> bool {
-        self.bits.contains(gfn)
-    }
-}
+pub use crate::fault::{FaultFlags, MemoryFault, Residency};
 
 /// Brings a faulting page into guest RAM.
 pub trait PageResolver: Send + Sync {
@@ -228,32 +178,6 @@ impl FaultDelivery {
                 Ok(())
             }
             FaultDelivery::SharedQueue(q) => q.wait_resolved(fault),
-        }
-    }
-
-    /// Loads the u64 at `gpa` through `mem`, resolving memory faults first.
-    pub fn load_u64(
-        &self,
-        mem: &mut VcpuMem,
-        gpa: u64,
-        counts: &FaultCounts,
-    ) -> Result<u64, SoftError> {
-        loop {
-            match mem.load_u64(gpa) {
-                Err(SoftError::MemoryFault(f)) => {
-                    counts.exits.fetch_add(1, Ordering::Relaxed);
-                    // Exited to the VMM: out of guest mode, so remote flushes
-                    // do not wait for this vCPU while the page is fetched.
-                    mem.offline();
-                    let resolved = self.resolve(f);
-                    mem.online();
-                    if let Err(e) = resolved {
-                        counts.failed.store(true, Ordering::Relaxed);
-                        return Err(e);
-                    }
-                }
-                other => return other,
-            }
         }
     }
 }

@@ -100,6 +100,35 @@ impl VcpuMem {
         self.delivery = Some(delivery);
     }
 
+    /// Loads the u64 at `gpa`, resolving memory faults through `delivery`
+    /// first and counting each exit in `counts` (without a delivery set on
+    /// this vCPU: the fault path a test drives itself).
+    pub fn load_u64_resolving(
+        &mut self,
+        gpa: u64,
+        delivery: &crate::fault_exit::FaultDelivery,
+        counts: &crate::fault_exit::FaultCounts,
+    ) -> Result<u64, SoftError> {
+        use std::sync::atomic::Ordering;
+        loop {
+            match self.load_u64(gpa) {
+                Err(SoftError::MemoryFault(f)) => {
+                    counts.exits.fetch_add(1, Ordering::Relaxed);
+                    // Exited to the VMM: out of guest mode, so remote flushes
+                    // do not wait for this vCPU while the page is fetched.
+                    self.offline();
+                    let resolved = delivery.resolve(f);
+                    self.online();
+                    if let Err(e) = resolved {
+                        counts.failed.store(true, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Models the VM exit and re-entry a fault costs on hardware: each fault
     /// this vCPU takes busy-waits `ns` on its own thread (0, the default,
     /// models nothing beyond the software MMU's own work).

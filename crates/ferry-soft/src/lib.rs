@@ -23,6 +23,7 @@
 pub mod config;
 pub mod counter;
 pub mod error;
+pub mod fault;
 pub mod fault_exit;
 pub mod guest_mem;
 pub mod hw_cost;

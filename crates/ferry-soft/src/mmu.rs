@@ -28,7 +28,7 @@
 use crate::config::{Mechanisms, WriteProtect};
 use crate::counter::Counter;
 use crate::error::SoftError;
-use crate::fault_exit::{FaultFlags, MemoryFault, Residency};
+use crate::fault::{FaultFlags, MemoryFault, Residency};
 use crate::mmu_lock::{MmuLock, ReadGuard, WriteGuard};
 use crate::pte::{self, ROOT_LEVEL};
 use crate::table::{Arena, Table};

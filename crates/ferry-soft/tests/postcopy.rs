@@ -88,8 +88,8 @@ fn postcopy(shared_queue: bool) {
                 for k in 0..FRAMES {
                     mem.boundary();
                     let g = (k + v * FRAMES / 4) % FRAMES;
-                    let value = delivery
-                        .load_u64(&mut mem, g * PAGE_SIZE as u64, &counts)
+                    let value = mem
+                        .load_u64_resolving(g * PAGE_SIZE as u64, &delivery, &counts)
                         .unwrap();
                     assert_eq!(value, g * 3 + 1, "page {g} arrived with the wrong contents");
                 }

@@ -117,7 +117,7 @@ pub fn run(
                 let first = v as u64 * pages_per_vcpu;
                 for g in first..first + pages_per_vcpu {
                     mem.boundary();
-                    let got = delivery.load_u64(&mut mem, g * PAGE_SIZE as u64, &counts)?;
+                    let got = mem.load_u64_resolving(g * PAGE_SIZE as u64, &delivery, &counts)?;
                     if got != stamp(g) {
                         bad.fetch_add(1, Ordering::Relaxed);
                     }

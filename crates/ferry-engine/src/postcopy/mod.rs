@@ -185,18 +185,7 @@ impl PostcopyReport {
     }
 }
 
-/// What a source keeps to resume a postcopy whose automatic recovery ran
-/// out of time (see [`resume_postcopy`]): the destination still waits, or
-/// will be asked again, for the same session.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct PostcopyResume {
-    /// The migration's session id.
-    pub session: u64,
-    /// The round the push sends.
-    pub round: u32,
-    /// Data connections per set.
-    pub connections: usize,
-}
+pub use crate::error::PostcopyResume;
 
 /// Whether a postcopy that failed with `e` may be recovered: the
 /// connections broke or stood still, and the peer said nothing.
