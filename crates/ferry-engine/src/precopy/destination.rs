@@ -2,7 +2,8 @@
 //! keeping per-page hashes, resume, verify, commit, report. `receive`
 //! returns as soon as the guest runs here and the source's Commit is in.
 
-use super::receivers::{Loaded, Receivers};
+use super::loaded::Loaded;
+use super::receivers::Receivers;
 use super::{unexpected, ReceiveOptions};
 use crate::error::MigrationError;
 use crate::summary::{ms, ReceiveSummary, Status};

@@ -60,13 +60,15 @@ mod compression;
 mod delta;
 mod destination;
 mod give_up;
+mod loaded;
 mod receivers;
+mod round_gate;
 mod senders;
 mod source;
 mod switchover;
 
 pub(crate) use destination::Dest;
-pub(crate) use receivers::Loaded;
+pub(crate) use loaded::Loaded;
 pub(crate) use source::{ship, Migrating, Source};
 
 pub use compression::Compression;
