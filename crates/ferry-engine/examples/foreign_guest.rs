@@ -16,6 +16,12 @@
 //! as the last line of stdout.
 //!
 //! `cargo run --release -p ferry-engine --example foreign_guest -- --json`
+//!
+//! `--predict` first samples the guest's dirtying through the VM's own dirty
+//! logs and predicts the migration (`ferry_engine::converge::predict_vm`),
+//! then reports the prediction beside what happened. `--data-mib N` sizes
+//! the second region (default 6), `--write-mib-s N` caps the guest's
+//! dirtying and `--bandwidth-mib-s N` the link (0: no cap).
 
 use ferry_engine::vmm::{
     BackendError, Backing, DirtyPages, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats,
@@ -33,8 +39,46 @@ use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 const MIB: u64 = 1 << 20;
+/// Where the second region starts: after region 0 (2 MiB) and a 6 MiB hole.
+const DATA_GPA: u64 = 8 * MIB;
+
 /// The regions: (start, bytes).
-const REGIONS: [(u64, u64); 2] = [(0, 2 * MIB), (8 * MIB, 6 * MIB)];
+fn regions(data_mib: u64) -> [(u64, u64); 2] {
+    [(0, 2 * MIB), (DATA_GPA, data_mib * MIB)]
+}
+
+/// What the command line asks.
+#[derive(Clone, Copy)]
+struct Args {
+    json: bool,
+    predict: bool,
+    data_mib: u64,
+    write_mib_s: u64,
+    bandwidth_mib_s: u64,
+}
+
+impl Args {
+    fn parse() -> Self {
+        let args: Vec<String> = std::env::args().collect();
+        let value = |flag: &str, default: u64| {
+            args.iter()
+                .position(|a| a == flag)
+                .and_then(|i| args.get(i + 1))
+                .map(|v| {
+                    v.parse()
+                        .unwrap_or_else(|_| panic!("{flag} takes a number, not {v}"))
+                })
+                .unwrap_or(default)
+        };
+        Args {
+            json: args.iter().any(|a| a == "--json"),
+            predict: args.iter().any(|a| a == "--predict"),
+            data_mib: value("--data-mib", 6).max(2) & !1,
+            write_mib_s: value("--write-mib-s", 0),
+            bandwidth_mib_s: value("--bandwidth-mib-s", 0),
+        }
+    }
+}
 /// The guest's counters, in page 0.
 const PROGRESS: Gpa = Gpa(0);
 const ERRORS: Gpa = Gpa(8);
@@ -51,8 +95,8 @@ fn pattern(page: u64, pass: u64) -> u64 {
 }
 
 /// The data pages: every RAM page but page 0, as guest-physical addresses.
-fn data_pages() -> Vec<Gpa> {
-    REGIONS
+fn data_pages(data_mib: u64) -> Vec<Gpa> {
+    regions(data_mib)
         .iter()
         .flat_map(|&(start, bytes)| (0..bytes / PAGE_SIZE as u64).map(move |p| start + p * 4096))
         .filter(|&a| a != 0)
@@ -69,6 +113,7 @@ struct Devices {
 }
 
 struct ForeignVm {
+    args: Args,
     ram: Arc<GuestRam>,
     /// pass << 32 | index into the data pages: the "vCPU state".
     position: Arc<AtomicU64>,
@@ -83,14 +128,15 @@ struct ForeignVm {
 }
 
 impl ForeignVm {
-    fn new() -> Self {
-        let ranges: Vec<(GuestAddress, usize)> = REGIONS
+    fn new(args: Args) -> Self {
+        let ranges: Vec<(GuestAddress, usize)> = regions(args.data_mib)
             .iter()
             .map(|&(start, bytes)| (GuestAddress(start), bytes as usize))
             .collect();
         let mem = GuestMemoryMmap::<AtomicBitmap>::from_ranges(&ranges).expect("map guest memory");
         let ram = GuestRam::from_memory(mem, Backing::Anonymous).expect("adopt guest memory");
         ForeignVm {
+            args,
             ram: Arc::new(ram),
             position: Arc::new(AtomicU64::new(1 << 32)),
             stop: Arc::new(AtomicBool::new(false)),
@@ -110,11 +156,21 @@ impl ForeignVm {
     }
 }
 
-fn guest(ram: Arc<GuestRam>, position: Arc<AtomicU64>, stop: Arc<AtomicBool>) {
-    let pages = data_pages();
+fn guest(ram: Arc<GuestRam>, args: Args, position: Arc<AtomicU64>, stop: Arc<AtomicBool>) {
+    let pages = data_pages(args.data_mib);
     let pos = position.load(Ordering::Acquire);
     let (mut pass, mut i) = (pos >> 32, (pos & 0xffff_ffff) as usize);
+    // Paced to --write-mib-s: one page dirtied per 4 KiB of the rate.
+    let per_page = (args.write_mib_s > 0)
+        .then(|| Duration::from_secs_f64(PAGE_SIZE as f64 / (args.write_mib_s * MIB) as f64));
+    let (started, mut written) = (Instant::now(), 0u32);
     while !stop.load(Ordering::Acquire) {
+        if let Some(per) = per_page {
+            written += 1;
+            if let Some(wait) = (per * written).checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
         let at = pages[i];
         let expect = if pass <= 1 {
             0
@@ -131,7 +187,9 @@ fn guest(ram: Arc<GuestRam>, position: Arc<AtomicU64>, stop: Arc<AtomicBool>) {
             let _ = ram.store_u64(PROGRESS, pass);
             i = 0;
             pass += 1;
-            std::thread::sleep(Duration::from_millis(1));
+            if per_page.is_none() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
         position.store(pass << 32 | i as u64, Ordering::Release);
     }
@@ -150,12 +208,13 @@ impl Vm for ForeignVm {
     fn start(&mut self) -> Result<(), BackendError> {
         if self.worker.is_none() {
             self.stop.store(false, Ordering::Release);
-            let (ram, pos, stop) = (
+            let (ram, pos, stop, args) = (
                 Arc::clone(&self.ram),
                 Arc::clone(&self.position),
                 Arc::clone(&self.stop),
+                self.args,
             );
-            self.worker = Some(std::thread::spawn(move || guest(ram, pos, stop)));
+            self.worker = Some(std::thread::spawn(move || guest(ram, args, pos, stop)));
             *self.resumed_at.lock().unwrap() = Some(Instant::now());
         }
         Ok(())
@@ -276,7 +335,8 @@ impl GuestProbe for Probe {
 }
 
 fn main() {
-    let json = std::env::args().any(|a| a == "--json");
+    let args = Args::parse();
+    let json = args.json;
     let listener = listen("127.0.0.1:0").expect("listen on loopback");
     let to = TcpDialer(listener.local_addr().expect("address").to_string());
     let resumed_at = Arc::new(Mutex::new(None));
@@ -288,7 +348,7 @@ fn main() {
             if h.vmm != VMM_ID {
                 return Err(BackendError::Guest(format!("cannot build a {} VM", h.vmm)));
             }
-            let mut vm = ForeignVm::new();
+            let mut vm = ForeignVm::new(args);
             vm.resumed_at = Arc::clone(&dest_resumed);
             vm.restored = Arc::clone(&dest_restored);
             Ok(Box::new(vm))
@@ -302,7 +362,7 @@ fn main() {
         received.map(|(vm, summary)| (vm, summary, returned))
     });
 
-    let mut vm = ForeignVm::new();
+    let mut vm = ForeignVm::new(args);
     vm.devices.uart_tx = 42;
     vm.devices.uart_fifo = b"login: ".to_vec();
     vm.start().expect("start the guest");
@@ -313,6 +373,20 @@ fn main() {
         probe: Some(Arc::new(Probe)),
         ..PrecopyOptions::default()
     };
+    opts.tunables
+        .set_bandwidth_bytes_per_sec(args.bandwidth_mib_s * MIB);
+    let predicted = args.predict.then(|| {
+        let sample = ferry_engine::converge::sample_dirtying(&mut vm, Duration::from_secs(1))
+            .expect("sample the guest's dirtying");
+        let settings = ferry_engine::converge::PredictSettings {
+            link_bytes_per_sec: (args.bandwidth_mib_s > 0)
+                .then(|| (args.bandwidth_mib_s * MIB) as f64),
+            downtime_target: opts.tunables.downtime_target(),
+            max_rounds: opts.tunables.max_rounds(),
+            harvest_within_rounds: opts.harvest_within_rounds,
+        };
+        ferry_engine::converge::predict_vm(&mut vm, &sample, &settings).expect("predict")
+    });
     let summary = migrate(&mut vm, &to, &opts, &NoProgress).expect("the migration completes");
     let (dvm, dsum, returned) = destination
         .join()
@@ -333,6 +407,21 @@ fn main() {
     };
     let ticks = dvm.ram().load_u64(TIMER_TICKS).unwrap_or(0);
     let devices_restored = restored.lock().unwrap().as_ref() == Some(&vm.devices);
+    // The prediction for the policy the migration ran.
+    let forecast = predicted.as_ref().and_then(|p| {
+        p.policies
+            .iter()
+            .find(|f| f.policy == summary.converge)
+            .map(|f| {
+                serde_json::json!({
+                    "policy": f.policy,
+                    "total_ms": f.total_ms,
+                    "rounds": f.rounds,
+                    "over_measured": f.total_ms / summary.total_ms.max(1e-3),
+                    "recommended": p.recommended,
+                })
+            })
+    });
     let report = serde_json::json!({
         "digest_match": summary.digest_match && dsum.digest_match,
         "regions": dvm.ram().slots().len(),
@@ -348,6 +437,8 @@ fn main() {
         "guest_errors_before": summary.guest_at_pause.map(|c| c.errors),
         "guest_passes_after": after.progress,
         "guest_errors_after": after.errors,
+        "rounds": summary.rounds.len(),
+        "predicted": forecast,
     });
     if !json {
         println!(

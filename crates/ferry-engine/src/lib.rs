@@ -33,6 +33,7 @@
 pub mod converge;
 mod converge_mode;
 pub mod digest;
+mod dirty_logs;
 pub mod error;
 pub mod postcopy;
 pub mod precopy;

@@ -134,3 +134,34 @@ fn no_policy_named_is_the_best_the_vm_serves() {
     assert!(err.contains("run --converge quota"), "{err}");
     assert!(src.is_running());
 }
+
+#[test]
+fn a_vm_is_predicted_from_its_own_dirty_logs() {
+    use ferry_engine::converge::{predict_vm, sample_dirtying, PredictSettings};
+    let mut src = running_source();
+    let ram = src.ram().size();
+    let busy = sample_dirtying(&mut src, Duration::from_millis(300)).unwrap();
+    assert_eq!(busy.dirty_bytes_per_sec.len(), 1);
+    assert!(busy.dirty_bytes_per_sec[0] > 0.0, "{busy:?}");
+    assert!(
+        busy.working_set_bytes[0] > 0 && busy.working_set_bytes[0] <= ram,
+        "{busy:?}"
+    );
+    assert!(!src.logging, "the sample stops the logs it started");
+    let settings = PredictSettings {
+        link_bytes_per_sec: Some(64.0 * 1024.0 * 1024.0),
+        downtime_target: Duration::from_millis(300),
+        max_rounds: 30,
+        harvest_within_rounds: false,
+    };
+    let p = predict_vm(&mut src, &busy, &settings).unwrap();
+    let names: Vec<&str> = p.policies.iter().map(|f| f.policy.as_str()).collect();
+    assert_eq!(names, ["none", "auto"], "the policies this VM serves");
+    assert!(!p.recommended.is_empty() && p.link_known);
+    // A guest that stops writing dirties nothing in its sample.
+    src.stop_writing_after(0);
+    std::thread::sleep(Duration::from_millis(20));
+    let idle = sample_dirtying(&mut src, Duration::from_millis(200)).unwrap();
+    assert_eq!(idle.dirty_bytes_per_sec, [0.0], "{idle:?}");
+    assert!(src.is_running());
+}

@@ -8,23 +8,21 @@
 //!   rate per vCPU = writes × 4 KiB / SECS   (tracking's own cost included: on
 //!                                            a shadow-paging host it is most of it)
 //!   working set   = the vCPU's region if it writes, else 0
-//!   data bytes    = the pages that are not all zero, read after the sample
-//!                   (the full pass sends a zero page as a bit)
-//!   link          = the --bandwidth cap or the shaped --netns link's rate,
-//!                   or an assumed 1 GiB/s (said so)
+//!   link          = the --bandwidth cap or the shaped --netns link's rate
 //! ```
+//!
+//! memstress counts every write, rewrites of a page included, which the
+//! dirty logs cannot see; the rest (data bytes, the policies the VM serves,
+//! the model) is the engine's [`ferry_engine::converge::predict_vm`], as for
+//! any VM.
 
 use crate::cmd::CmdError;
-use ferry_backend::{DirtyPages, Gfn, GuestRam, RamError, Vm, PAGE_SIZE};
-use ferry_engine::converge::{predict, ConvergeMode, PredictInput, Prediction};
-use ferry_engine::wire::is_zero_page;
+use ferry_backend::{DirtyPages, Vm, PAGE_SIZE};
+use ferry_engine::converge::{predict_vm, DirtySample, PredictSettings, Prediction};
 use ferry_engine::Tunables;
 use ferry_memstress::{read_progress, Workload};
 use ferry_report::Table;
 use std::time::{Duration, Instant};
-
-/// The link rate assumed when no bandwidth cap says it.
-const ASSUMED_LINK: f64 = (1u64 << 30) as f64;
 
 /// Samples the guest for `secs` and predicts every policy the backend serves.
 pub fn sample_and_predict(
@@ -56,7 +54,7 @@ pub fn sample_and_predict(
         .zip(&after)
         .map(|(a, b)| b.writes.saturating_sub(a.writes) as f64 * PAGE_SIZE as f64 / took)
         .collect();
-    let working_sets = (0..w.vcpus)
+    let working_set_bytes = (0..w.vcpus)
         .map(|v| match w.vcpu_write_percent(v) {
             0 => 0,
             _ => w.bytes_per_vcpu,
@@ -66,43 +64,18 @@ pub fn sample_and_predict(
     let cap = [tunables.bandwidth_bytes_per_sec(), link_rate.unwrap_or(0)]
         .into_iter()
         .filter(|&r| r > 0)
-        .min()
-        .unwrap_or(0);
-    let data_bytes = data_bytes(vm.ram()).map_err(|e| failed("read the guest", &e))?;
-    let input = PredictInput {
-        memory_bytes: vm.ram().pages() * PAGE_SIZE as u64,
-        data_bytes,
+        .min();
+    let sample = DirtySample {
         dirty_bytes_per_sec: rates,
-        working_set_bytes: working_sets,
-        link_bytes_per_sec: if cap > 0 { cap as f64 } else { ASSUMED_LINK },
-        link_known: cap > 0,
-        downtime_target_ms: tunables.downtime_target().as_secs_f64() * 1e3,
+        working_set_bytes,
+    };
+    let settings = PredictSettings {
+        link_bytes_per_sec: cap.map(|c| c as f64),
+        downtime_target: tunables.downtime_target(),
         max_rounds: tunables.max_rounds(),
         harvest_within_rounds,
     };
-    let mut modes = vec![ConvergeMode::None, ConvergeMode::Auto];
-    if vm.set_dirty_limit(None).is_ok() {
-        modes.push(ConvergeMode::DirtyLimit);
-    }
-    if vm.set_dirty_quota(None).is_ok() {
-        modes.push(ConvergeMode::Quota);
-    }
-    Ok(predict(&input, &modes))
-}
-
-/// Bytes of the guest's pages that are not all zero.
-fn data_bytes(ram: &GuestRam) -> Result<u64, RamError> {
-    const CHUNK: u64 = 256;
-    let mut buf = vec![0u8; CHUNK as usize * PAGE_SIZE];
-    let (mut gfn, mut data) = (0, 0);
-    while gfn < ram.pages() {
-        let n = CHUNK.min(ram.pages() - gfn);
-        let chunk = &mut buf[..n as usize * PAGE_SIZE];
-        ram.read_pages(Gfn(gfn), chunk)?;
-        data += chunk.chunks(PAGE_SIZE).filter(|p| !is_zero_page(p)).count() as u64;
-        gfn += n;
-    }
-    Ok(data * PAGE_SIZE as u64)
+    predict_vm(vm, &sample, &settings).map_err(|e| failed("predict", &e.chain()))
 }
 
 /// The prediction as a table.

@@ -33,6 +33,7 @@ mod limit;
 mod predict;
 mod quota;
 mod sample;
+mod sample_vm;
 mod share;
 mod stall;
 mod steps;
@@ -42,6 +43,7 @@ pub use limit::DirtyLimitPolicy;
 pub use predict::{predict, PolicyForecast, PredictInput, Prediction};
 pub use quota::QuotaPolicy;
 pub use sample::{RoundEnd, Sample};
+pub use sample_vm::{data_bytes, predict_vm, sample_dirtying, DirtySample, PredictSettings};
 pub use stall::Stall;
 pub use steps::{Escalation, ThrottleStep};
 

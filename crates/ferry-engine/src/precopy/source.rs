@@ -553,20 +553,7 @@ impl Source<'_> {
     /// that cannot report refuses the migration (naming it) before the VM
     /// starts logging; then the VM's own.
     fn start_logging(&mut self) -> Result<(), MigrationError> {
-        let sources = self.vm.dirty_sources();
-        for i in 0..sources.len() {
-            if let Err(why) = sources[i].start() {
-                sources[..i].iter_mut().for_each(|s| s.stop());
-                return Err(MigrationError::DirtySource {
-                    name: sources[i].name().to_string(),
-                    why,
-                });
-            }
-        }
-        if let Err(e) = self.vm.start_dirty_log() {
-            self.vm.dirty_sources().iter_mut().for_each(|s| s.stop());
-            return Err(MigrationError::backend("start dirty logging")(e));
-        }
+        crate::dirty_logs::start(&mut *self.vm)?;
         self.logging = true;
         Ok(())
     }
@@ -574,28 +561,13 @@ impl Source<'_> {
     /// The VM's log, its dirty sources' and the VMM's own writes, into
     /// `into`.
     fn collect_logs(&mut self, into: &mut DirtyPages) -> Result<(), MigrationError> {
-        self.vm
-            .harvest_dirty(into)
-            .map_err(MigrationError::backend("harvest the dirty log"))?;
-        for source in self.vm.dirty_sources() {
-            source
-                .collect(into)
-                .map_err(|why| MigrationError::DirtySource {
-                    name: source.name().to_string(),
-                    why,
-                })?;
-        }
-        self.ram.take_vmm_dirty(into);
-        Ok(())
+        crate::dirty_logs::collect(&mut *self.vm, into)
     }
 
     /// Stops every dirty log, if they run (`when` says when, for the log).
     pub(crate) fn stop_logging(&mut self, when: &str) {
         if std::mem::take(&mut self.logging) {
-            if let Err(e) = self.vm.stop_dirty_log() {
-                tracing::warn!("stopping dirty logging {when}: {e}");
-            }
-            self.vm.dirty_sources().iter_mut().for_each(|s| s.stop());
+            crate::dirty_logs::stop(&mut *self.vm, when);
         }
     }
 

@@ -1,0 +1,151 @@
+//! Predicting a migration of any VM: sample its dirtying through its own
+//! dirty logs, then ask the model ([`super::predict`]) what each policy the
+//! VM serves would do.
+//!
+//! ```text
+//!   start every dirty log ─ harvest every 50 ms for SECS ─ stop
+//!   rate per vCPU  = pages newly dirtied × 4 KiB / SECS: the VM's per-vCPU
+//!                    counts (Vm::dirtied) where it has them, else what the
+//!                    harvests found, shared evenly
+//!   working set    = the distinct pages dirtied in the sample, shared the
+//!                    same way
+//!   data bytes     = the pages that are not all zero (the full pass sends a
+//!                    zero page as a bit)
+//! ```
+//!
+//! A guest that counts its own writes can do better (memstress counts every
+//! write, rewrites included): its VMM builds the [`DirtySample`] itself and
+//! calls [`predict_vm`] with it.
+
+use super::{predict, ConvergeMode, PredictInput, Prediction};
+use crate::error::MigrationError;
+use crate::wire::is_zero_page;
+use ferry_backend::{DirtyPages, Gfn, GuestRam, RamError, Vm, PAGE_SIZE};
+use std::time::{Duration, Instant};
+
+/// How often the sample harvests.
+const SAMPLE_HARVEST: Duration = Duration::from_millis(50);
+
+/// What a sample of a running guest's dirtying found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DirtySample {
+    /// Per vCPU: bytes dirtied per second with dirty tracking on.
+    pub dirty_bytes_per_sec: Vec<f64>,
+    /// Per vCPU: the most bytes it can have dirtied at once.
+    pub working_set_bytes: Vec<u64>,
+}
+
+/// What the prediction assumes of the link and the migration's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PredictSettings {
+    /// Guest bytes per second the link moves, if known (a bandwidth cap, a
+    /// shaped link); else 1 GiB/s is assumed, and the prediction says so.
+    pub link_bytes_per_sec: Option<f64>,
+    /// The downtime target.
+    pub downtime_target: Duration,
+    /// The round cap.
+    pub max_rounds: u32,
+    /// Whether the engine will harvest within rounds.
+    pub harvest_within_rounds: bool,
+}
+
+/// The link rate assumed when none is known.
+const ASSUMED_LINK: f64 = (1u64 << 30) as f64;
+
+/// Samples the dirtying of the running `vm` for `secs` through every dirty
+/// log it has, and stops the logs again.
+pub fn sample_dirtying(vm: &mut dyn Vm, secs: Duration) -> Result<DirtySample, MigrationError> {
+    let vcpus = vm.vcpus().max(1) as usize;
+    let pages = vm.ram().pages();
+    crate::dirty_logs::start(vm)?;
+    let sampled = (|| {
+        // What was written before the sample (the VMM's tracked writes
+        // since the VM was built, say) is not the guest's rate.
+        crate::dirty_logs::collect(vm, &mut DirtyPages::new(pages))?;
+        let before = vm.dirtied();
+        let (mut all, mut found) = (DirtyPages::new(pages), 0u64);
+        let start = Instant::now();
+        while start.elapsed() < secs {
+            std::thread::sleep(SAMPLE_HARVEST.min(secs.saturating_sub(start.elapsed())));
+            let mut now = DirtyPages::new(pages);
+            crate::dirty_logs::collect(vm, &mut now)?;
+            found += now.count();
+            all.merge(&now);
+        }
+        let took = start.elapsed().as_secs_f64().max(1e-3);
+        let after = vm.dirtied();
+        // Each vCPU's share of what was found: its own count where the VM
+        // keeps one, else an equal part.
+        let shares: Vec<f64> = if after.len() == vcpus && before.len() == vcpus {
+            let per: Vec<u64> = after
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect();
+            let sum = per.iter().sum::<u64>().max(1) as f64;
+            per.iter().map(|&p| p as f64 / sum).collect()
+        } else {
+            vec![1.0 / vcpus as f64; vcpus]
+        };
+        let page = PAGE_SIZE as f64;
+        Ok(DirtySample {
+            dirty_bytes_per_sec: shares
+                .iter()
+                .map(|s| s * found as f64 * page / took)
+                .collect(),
+            working_set_bytes: shares
+                .iter()
+                .map(|s| (s * all.count() as f64 * page) as u64)
+                .collect(),
+        })
+    })();
+    crate::dirty_logs::stop(vm, "after the prediction's sample");
+    sampled
+}
+
+/// Predicts a migration of `vm` from `sample`, for every policy the VM
+/// serves.
+pub fn predict_vm(
+    vm: &mut dyn Vm,
+    sample: &DirtySample,
+    settings: &PredictSettings,
+) -> Result<Prediction, MigrationError> {
+    let data_bytes = data_bytes(vm.ram()).map_err(MigrationError::ram("read guest memory"))?;
+    let input = PredictInput {
+        memory_bytes: vm.ram().size(),
+        data_bytes,
+        dirty_bytes_per_sec: sample.dirty_bytes_per_sec.clone(),
+        working_set_bytes: sample.working_set_bytes.clone(),
+        link_bytes_per_sec: settings.link_bytes_per_sec.unwrap_or(ASSUMED_LINK),
+        link_known: settings.link_bytes_per_sec.is_some(),
+        downtime_target_ms: settings.downtime_target.as_secs_f64() * 1e3,
+        max_rounds: settings.max_rounds,
+        harvest_within_rounds: settings.harvest_within_rounds,
+    };
+    let mut modes = vec![ConvergeMode::None, ConvergeMode::Auto];
+    if vm.set_dirty_limit(None).is_ok() {
+        modes.push(ConvergeMode::DirtyLimit);
+    }
+    if vm.set_dirty_quota(None).is_ok() {
+        modes.push(ConvergeMode::Quota);
+    }
+    Ok(predict(&input, &modes))
+}
+
+/// Bytes of the guest's RAM pages that are not all zero.
+pub fn data_bytes(ram: &GuestRam) -> Result<u64, RamError> {
+    const CHUNK: u64 = 256;
+    let mut buf = vec![0u8; CHUNK as usize * PAGE_SIZE];
+    let mut data = 0;
+    for slot in ram.slots() {
+        let (mut gfn, end) = (slot.first_gfn().0, slot.first_gfn().0 + slot.pages());
+        while gfn < end {
+            let n = CHUNK.min(end - gfn);
+            let chunk = &mut buf[..n as usize * PAGE_SIZE];
+            ram.read_pages(Gfn(gfn), chunk)?;
+            data += chunk.chunks(PAGE_SIZE).filter(|p| !is_zero_page(p)).count() as u64;
+            gfn += n;
+        }
+    }
+    Ok(data * PAGE_SIZE as u64)
+}

@@ -1,0 +1,52 @@
+//! Every dirty log of a VM as one: its own ([`Vm::start_dirty_log`] and
+//! [`Vm::harvest_dirty`]: KVM's log, the soft MMU's), its dirty sources
+//! (devices that keep their own), and the VMM's tracked writes
+//! ([`ferry_backend::GuestRam::take_vmm_dirty`]). Migrations and the
+//! prediction's sample read them the same way.
+
+use crate::error::MigrationError;
+use ferry_backend::{DirtyPages, Vm};
+
+/// Starts every dirty log: the dirty sources first, so that one that cannot
+/// report refuses (naming it) before the VM starts logging; then the VM's.
+pub(crate) fn start(vm: &mut dyn Vm) -> Result<(), MigrationError> {
+    let sources = vm.dirty_sources();
+    for i in 0..sources.len() {
+        if let Err(why) = sources[i].start() {
+            sources[..i].iter_mut().for_each(|s| s.stop());
+            return Err(MigrationError::DirtySource {
+                name: sources[i].name().to_string(),
+                why,
+            });
+        }
+    }
+    if let Err(e) = vm.start_dirty_log() {
+        vm.dirty_sources().iter_mut().for_each(|s| s.stop());
+        return Err(MigrationError::backend("start dirty logging")(e));
+    }
+    Ok(())
+}
+
+/// Adds what every log holds to `into`, and re-arms them.
+pub(crate) fn collect(vm: &mut dyn Vm, into: &mut DirtyPages) -> Result<(), MigrationError> {
+    vm.harvest_dirty(into)
+        .map_err(MigrationError::backend("harvest the dirty log"))?;
+    for source in vm.dirty_sources() {
+        source
+            .collect(into)
+            .map_err(|why| MigrationError::DirtySource {
+                name: source.name().to_string(),
+                why,
+            })?;
+    }
+    vm.ram().take_vmm_dirty(into);
+    Ok(())
+}
+
+/// Stops every dirty log (`when` says when, for the log line of a failure).
+pub(crate) fn stop(vm: &mut dyn Vm, when: &str) {
+    if let Err(e) = vm.stop_dirty_log() {
+        tracing::warn!("stopping dirty logging {when}: {e}");
+    }
+    vm.dirty_sources().iter_mut().for_each(|s| s.stop());
+}
