@@ -16,6 +16,9 @@
 //! write that races with a harvest is either in the copy or in the next harvest.
 
 pub mod ring;
+mod source;
+
+pub use source::KvmDirtySource;
 
 use crate::error::{ioctl, KvmError};
 use crate::ioctls;

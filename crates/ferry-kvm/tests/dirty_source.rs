@@ -1,0 +1,99 @@
+//! KVM's dirty log as a ready-made dirty source over a VMM's own `VmFd`:
+//! a VM that is not ferry's (its own memory slot and vCPU, a real-mode loop
+//! that writes fourteen pages) and the log reports exactly what it wrote.
+
+use ferry_backend::{Backing, DirtyPages, DirtySource, DirtyTracking, Gfn, Gpa, GuestRam};
+use ferry_kvm::dirty::KvmDirtySource;
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::{Kvm, VcpuExit};
+use std::sync::Arc;
+
+/// `mov ax,0x200; l: mov es,ax; mov byte [es:0],1; add ax,0x100;
+/// cmp ax,0x1000; jb l; hlt`: writes the first byte of pages 2 to 15.
+const LOOP: [u8; 20] = [
+    0xb8, 0x00, 0x02, 0x8e, 0xc0, 0x26, 0xc6, 0x06, 0x00, 0x00, 0x01, 0x05, 0x00, 0x01, 0x3d, 0x00,
+    0x10, 0x72, 0xf0, 0xf4,
+];
+
+fn run(mode: DirtyTracking) -> Option<Vec<Gfn>> {
+    let Ok(kvm) = Kvm::new() else {
+        println!("SKIP kvm dirty source: /dev/kvm is not available here");
+        return None;
+    };
+    let vm = Arc::new(kvm.create_vm().unwrap());
+    let ram = Arc::new(GuestRam::with_regions(&[(Gpa(0), 2 << 20)], Backing::Anonymous).unwrap());
+    let slot = &ram.slots()[0];
+    let region = kvm_userspace_memory_region {
+        slot: slot.slot,
+        flags: 0,
+        guest_phys_addr: slot.gpa.0,
+        memory_size: slot.size,
+        userspace_addr: ram.host_address(slot) as u64,
+    };
+    // SAFETY: the mapping belongs to `ram`, which outlives the VM here.
+    unsafe { vm.set_user_memory_region(region) }.unwrap();
+    ram.write_bytes(Gpa(0x1000), &LOOP).unwrap();
+    let mut vcpu = vm.create_vcpu(0).unwrap();
+    let mut sregs = vcpu.get_sregs().unwrap();
+    sregs.cs.base = 0;
+    sregs.cs.selector = 0;
+    vcpu.set_sregs(&sregs).unwrap();
+    let mut regs = vcpu.get_regs().unwrap();
+    regs.rip = 0x1000;
+    regs.rflags = 2;
+    vcpu.set_regs(&regs).unwrap();
+
+    let mut source = KvmDirtySource::new(mode, Arc::clone(&vm), Arc::clone(&ram)).unwrap();
+    source.start().unwrap();
+    // What logging found before the guest ran is not the guest's.
+    source.collect(&mut DirtyPages::new(ram.pages())).unwrap();
+    loop {
+        match vcpu.run() {
+            Ok(VcpuExit::Hlt) => break,
+            // A signal interrupted KVM_RUN: run on.
+            Err(e) if e.errno() == libc::EINTR => continue,
+            Ok(other) => panic!("the guest stopped with {other:?}"),
+            Err(e) => panic!("KVM_RUN failed: {e}"),
+        }
+    }
+    let mut dirty = DirtyPages::new(ram.pages());
+    source.collect(&mut dirty).unwrap();
+    source.stop();
+    for page in 2..16u64 {
+        assert_eq!(
+            ram.load_u64(Gpa(page * 4096)).unwrap() & 0xff,
+            1,
+            "page {page}"
+        );
+    }
+    Some(dirty.iter().collect())
+}
+
+#[test]
+fn the_kvm_log_over_a_vmms_own_vm_reports_what_its_guest_wrote() {
+    let expected: Vec<Gfn> = (2..16).map(Gfn).collect();
+    for mode in [
+        DirtyTracking::Bitmap,
+        DirtyTracking::Clear {
+            chunk_pages: 64,
+            pace_us: 0,
+        },
+    ] {
+        let Some(dirty) = run(mode) else { return };
+        assert_eq!(dirty, expected, "{}", mode.name());
+    }
+}
+
+#[test]
+fn the_ring_is_refused_with_the_reason() {
+    let Ok(kvm) = Kvm::new() else {
+        println!("SKIP kvm dirty source: /dev/kvm is not available here");
+        return;
+    };
+    let vm = Arc::new(kvm.create_vm().unwrap());
+    let ram = Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap());
+    let Err(err) = KvmDirtySource::new(DirtyTracking::Ring { entries: 4096 }, vm, ram) else {
+        panic!("the ring was accepted");
+    };
+    assert!(err.to_string().contains("use bitmap or clear"), "{err}");
+}
