@@ -288,3 +288,44 @@ fn a_destination_with_other_regions_is_refused_naming_both() {
     assert!(dest.join().unwrap().is_err());
     assert!(src.is_running());
 }
+
+#[test]
+fn a_vmm_gets_qmp_status_and_events_from_the_engines_monitor() {
+    use ferry_engine::monitor::{EventSink, MigStatus, Monitor};
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = running_source();
+    let monitor = Monitor::start(src.ram().size());
+    let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    monitor.subscribe(events.clone() as std::sync::Arc<dyn EventSink>);
+    assert!(monitor.begin());
+    let (summary, result) = ferry_engine::migrate_accounted(&mut src, &to, &probed(), &*monitor);
+    result.unwrap();
+    dest.join().unwrap().unwrap();
+    let json = serde_json::to_value(&summary).unwrap();
+    monitor.finish(&summary, json, false, false);
+    monitor.drain();
+    assert_eq!(monitor.status(), MigStatus::Completed);
+    let q = monitor.query();
+    assert_eq!(q["status"], "completed", "{q}");
+    assert_eq!(q["x-ferry-summary"]["digest_match"], true, "{q}");
+    let text = String::from_utf8(events.lock().unwrap().clone()).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let statuses: Vec<&str> = lines
+        .iter()
+        .filter(|e| e["event"] == "MIGRATION")
+        .map(|e| e["data"]["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses.first(), Some(&"setup"), "{statuses:?}");
+    assert_eq!(statuses.last(), Some(&"completed"), "{statuses:?}");
+    assert!(
+        statuses.contains(&"active") && statuses.contains(&"device"),
+        "{statuses:?}"
+    );
+    assert!(lines.iter().any(|e| e["event"] == "MIGRATION_PASS"));
+    assert!(lines
+        .iter()
+        .any(|e| e["event"] == "FERRY_MIGRATION_SUMMARY"));
+}

@@ -3,10 +3,10 @@
 use super::migrate::{migrate_running, LinkSettings};
 use super::CmdError;
 use crate::args::{BackendArgs, WorkloadArgs};
-use crate::control::monitor::Monitor;
 use crate::control::{self, VmCommand};
 use crate::{rates, vms};
 use clap::Args;
+use ferry_engine::monitor::Monitor;
 use ferry_engine::PostcopyResume;
 use ferry_engine::{Status, Tunables};
 use ferry_memstress::read_progress;
@@ -91,7 +91,9 @@ impl Job {
         tunables.set_migrating(false);
         tunables.take_throttle_request();
         let cancelled = tunables.is_cancelled();
-        ctl.monitor.finish(&summary, cancelled, token.is_some());
+        let summary_json = crate::summary::json(&summary);
+        ctl.monitor
+            .finish(&summary, summary_json, cancelled, token.is_some());
         *unfinished = token.map(|t| (self.to.clone(), self.link, t));
         let moved = summary.status == Status::Completed;
         if summary.status == Status::Held {

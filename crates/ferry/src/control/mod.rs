@@ -33,7 +33,6 @@
 //! default.
 
 mod lines;
-pub mod monitor;
 mod params;
 mod qmp;
 
@@ -41,8 +40,8 @@ use crate::cmd::migrate::LinkSettings;
 use ferry::protocol::Parsed;
 use ferry_backend::GuestRam;
 use ferry_engine::converge::ConvergeMode;
+use ferry_engine::monitor::{EventSink, Monitor};
 use ferry_engine::Tunables;
-use monitor::{Monitor, Writer};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -51,6 +50,27 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// A connection's write half, shared by its replies and its events so that
+/// lines never interleave.
+pub type Writer = Arc<Mutex<UnixStream>>;
+
+/// How long a subscriber may take to accept one event before it is dropped.
+const EVENT_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Writes one line (ending in a newline) whole.
+pub fn write_line(w: &Writer, line: &str) -> std::io::Result<()> {
+    w.send(line)
+}
+
+/// Has `monitor` send its events to `conn` too, which gives up on an event
+/// it cannot write within [`EVENT_WRITE_TIMEOUT`].
+pub fn subscribe(monitor: &Monitor, conn: &Writer) {
+    if let Ok(c) = conn.lock() {
+        let _ = c.set_write_timeout(Some(EVENT_WRITE_TIMEOUT));
+    }
+    monitor.subscribe(Arc::clone(conn) as Arc<dyn EventSink>);
+}
 
 /// What the VM's thread must do, with where to send the reply.
 pub enum VmCommand {
@@ -198,7 +218,7 @@ fn serve_connection(conn: UnixStream, shared: &Shared, dialect: Dialect) {
     };
     // QMP's negotiation: only qmp_capabilities until it was sent.
     let mut negotiating = dialect == Dialect::Qmp;
-    if negotiating && monitor::write_line(&out, &format!("{}\n", qmp::greeting())).is_err() {
+    if negotiating && write_line(&out, &format!("{}\n", qmp::greeting())).is_err() {
         return;
     }
     for line in BufReader::new(conn).lines() {
@@ -211,7 +231,7 @@ fn serve_connection(conn: UnixStream, shared: &Shared, dialect: Dialect) {
             Dialect::Both => answer(&line, shared, &out),
             Dialect::Qmp => qmp::answer_strict(&line, &mut negotiating, shared, &out),
         };
-        let written = monitor::write_line(&out, &format!("{reply}\n"));
+        let written = write_line(&out, &format!("{reply}\n"));
         shared.answering.fetch_sub(1, Ordering::AcqRel);
         if written.is_err() {
             return;

@@ -6,7 +6,7 @@
 //! | command | what ferry does |
 //! |---|---|
 //! | `qmp_capabilities` | `{}`; this connection then also receives events |
-//! | `query-migrate` | status and `ram` figures, named as QEMU names them (see [`Monitor::query`](super::monitor::Monitor::query)) |
+//! | `query-migrate` | status and `ram` figures, named as QEMU names them (see [`Monitor::query`](ferry_engine::monitor::Monitor::query)) |
 //! | `query-migrate-parameters` | the parameters below, as they are now |
 //! | `migrate-set-parameters` | `downtime-limit` (ms), `max-bandwidth` (bytes/s, 0 = no cap), and ferry's `x-converge` (none, auto, quota, dirty-limit), `x-quota-interval` (ms), `x-max-rounds` |
 //! | `query-migrate-capabilities` / `migrate-set-capabilities` | `auto-converge` and `dirty-limit`: choose that policy (false: back to the default, quota where the backend meters each vCPU) |
@@ -24,9 +24,10 @@
 //! then capabilities negotiation (nothing but `qmp_capabilities` is
 //! answered until it was sent), and QMP requests only.
 
-use super::monitor::{MigStatus, Writer};
+use super::Writer;
 use super::{Shared, VmCommand};
 use ferry::protocol::{Capability, ParamUpdate, QmpCommand, QmpError};
+use ferry_engine::monitor::MigStatus;
 use serde_json::{json, Value};
 
 /// The greeting a `--qmp` connection opens with, as QEMU's.
@@ -97,7 +98,7 @@ pub fn handle(
 fn answer(command: QmpCommand, shared: &Shared, conn: &Writer) -> Result<Value, QmpError> {
     match command {
         QmpCommand::Capabilities => {
-            shared.monitor.subscribe(conn);
+            super::subscribe(&shared.monitor, conn);
             Ok(json!({}))
         }
         QmpCommand::QueryMigrate => Ok(shared.monitor.query()),

@@ -1,24 +1,25 @@
-//! The live state of the migration a `ferry run` VM is in, and the events it
-//! raises, in QEMU's terms: what `query-migrate` answers, and the `MIGRATION`
-//! and `MIGRATION_PASS` events a QMP client that sent `qmp_capabilities`
-//! receives.
+//! The live state of a VM's migration and the events it raises, in QEMU's
+//! terms: what `query-migrate` answers, and the `MIGRATION`,
+//! `MIGRATION_PASS` and `FERRY_MIGRATION_SUMMARY` events a QMP client
+//! receives. A VMM passes the [`Monitor`] as the migration's [`Progress`]
+//! and gets QMP-shaped status and events without writing a monitor of its
+//! own; ferry's control socket serves exactly this.
 //!
 //! The engine reports through [`Progress`] on its migrating thread, which
 //! must never wait on a slow client. So the monitor only updates counters and
-//! queues events; an `qmp-events` thread writes them to the subscribers, each
-//! with a write timeout, and drops a subscriber that cannot keep up.
+//! queues events; a `migration-events` thread hands them to the
+//! subscribers ([`EventSink`]) and drops one that fails (give a socket a
+//! write timeout before subscribing it).
 
-use ferry_engine::{MigrationSummary, Phase, Progress, RoundStats, Status, ThrottleStep};
+use crate::progress::{Phase, Progress};
+use crate::summary::{MigrationSummary, RoundStats, Status, ThrottleStep};
 use serde_json::{json, Value};
 use std::io::Write;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// How long a subscriber may take to accept one event before it is dropped.
-const EVENT_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long [`Monitor::drain`] waits for queued events to go out.
 const DRAIN_WAIT: Duration = Duration::from_secs(3);
 
@@ -72,15 +73,20 @@ impl MigStatus {
     }
 }
 
-/// A connection's write half, shared by its replies and its events so that
-/// lines never interleave.
-pub type Writer = Arc<Mutex<UnixStream>>;
+/// Where events go: one JSON line at a time (with its newline), whole.
+pub trait EventSink: Send + Sync {
+    /// Writes `line`; an error drops the subscriber.
+    fn send(&self, line: &str) -> std::io::Result<()>;
+}
 
-/// Writes one line (ending in a newline) whole.
-pub fn write_line(w: &Writer, line: &str) -> std::io::Result<()> {
-    let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
-    w.write_all(line.as_bytes())?;
-    w.flush()
+/// A writer behind a lock (a socket shared by its replies and its events,
+/// so that lines never interleave) is a sink.
+impl<W: Write + Send> EventSink for Mutex<W> {
+    fn send(&self, line: &str) -> std::io::Result<()> {
+        let mut w = self.lock().unwrap_or_else(|p| p.into_inner());
+        w.write_all(line.as_bytes())?;
+        w.flush()
+    }
 }
 
 /// What the last finished migration left.
@@ -138,7 +144,7 @@ pub struct Monitor {
     /// Pages sent in this migration, zero pages included.
     pages: AtomicU64,
     events: Sender<Value>,
-    subscribers: Arc<Mutex<Vec<Writer>>>,
+    subscribers: Arc<Mutex<Vec<Arc<dyn EventSink>>>>,
     queued: Arc<AtomicUsize>,
 }
 
@@ -146,16 +152,16 @@ impl Monitor {
     /// A monitor for a guest of `total_bytes`, with its event thread.
     pub fn start(total_bytes: u64) -> Arc<Monitor> {
         let (events, queue) = channel::<Value>();
-        let subscribers: Arc<Mutex<Vec<Writer>>> = Arc::default();
+        let subscribers: Arc<Mutex<Vec<Arc<dyn EventSink>>>> = Arc::default();
         let queued = Arc::new(AtomicUsize::new(0));
         let (subs, pending) = (Arc::clone(&subscribers), Arc::clone(&queued));
         let _ = std::thread::Builder::new()
-            .name("qmp-events".into())
+            .name("migration-events".into())
             .spawn(move || {
                 for event in queue {
                     let line = format!("{event}\n");
                     let mut subs = subs.lock().unwrap_or_else(|p| p.into_inner());
-                    subs.retain(|w| write_line(w, &line).is_ok());
+                    subs.retain(|w| w.send(&line).is_ok());
                     drop(subs);
                     pending.fetch_sub(1, Relaxed);
                 }
@@ -175,15 +181,12 @@ impl Monitor {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sends every later event to `conn` too.
-    pub fn subscribe(&self, conn: &Writer) {
-        if let Ok(c) = conn.lock() {
-            let _ = c.set_write_timeout(Some(EVENT_WRITE_TIMEOUT));
-        }
+    /// Sends every later event to `sink` too.
+    pub fn subscribe(&self, sink: Arc<dyn EventSink>) {
         self.subscribers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(Arc::clone(conn));
+            .push(sink);
     }
 
     /// Marks a migration the VM's thread refused before it started.
@@ -258,9 +261,17 @@ impl Monitor {
         true
     }
 
-    /// Records how the migration ended. `paused`: a postcopy that failed and
-    /// can be resumed.
-    pub fn finish(&self, summary: &MigrationSummary, cancelled: bool, paused: bool) {
+    /// Records how the migration ended, with `summary_json` as the
+    /// summary's form in `query-migrate` and the summary event (the VMM's
+    /// own rendering, or `serde_json::to_value(summary)`). `paused`: a
+    /// postcopy that failed and can be resumed.
+    pub fn finish(
+        &self,
+        summary: &MigrationSummary,
+        summary_json: Value,
+        cancelled: bool,
+        paused: bool,
+    ) {
         let mut s = self.state();
         let status = match summary.status {
             Status::Completed => MigStatus::Completed,
@@ -271,7 +282,6 @@ impl Monitor {
             // error-desc, and query-status says "paused".
             Status::Held => MigStatus::Failed,
         };
-        let summary_json = crate::summary::json(summary);
         s.finished = Some(Finished {
             total_ms: summary.total_ms,
             downtime_ms: summary.downtime_ms,
