@@ -577,3 +577,21 @@ fn memory_with_a_hole_moves_in_every_mode_and_the_hole_never_travels() {
         assert!(dsum.passes_after > Some(0), "{mode}");
     }
 }
+
+#[test]
+fn delta_resends_with_a_mode_that_may_switch_are_refused_before_anything_starts() {
+    let mut src = running_source();
+    let nowhere = ferry_engine::TcpDialer("127.0.0.1:1".into());
+    let opts = PrecopyOptions {
+        delta_cache_bytes: 1 << 20,
+        ..postcopy_opts("hybrid".parse().unwrap())
+    };
+    let err = migrate(&mut src, &nowhere, &opts, &NoProgress)
+        .unwrap_err()
+        .chain();
+    assert!(
+        err.contains("delta re-sends cannot be used with a hybrid migration"),
+        "{err}"
+    );
+    assert!(src.is_running());
+}

@@ -105,7 +105,9 @@ fn postcopy_refuses_delta_and_unknown_modes() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("--delta cannot be used with --mode postcopy"),
+        stderr.contains(
+            "--delta with --mode postcopy: delta re-sends cannot be used with a postcopy migration"
+        ),
         "{stderr}"
     );
     let out = run(&["demo", "--mode", "sideways"]);

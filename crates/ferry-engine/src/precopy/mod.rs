@@ -155,6 +155,22 @@ impl Default for PrecopyOptions {
     }
 }
 
+impl PrecopyOptions {
+    /// Refuses settings that cannot go together, before anything starts:
+    /// delta re-sends with a mode that may switch to postcopy (a delta
+    /// re-sends a page against a copy that postcopy drops).
+    pub fn validate(&self) -> Result<(), MigrationError> {
+        if self.mode.may_postcopy() && self.delta_cache_bytes > 0 {
+            return Err(MigrationError::Refused(format!(
+                "delta re-sends cannot be used with a {} migration: a delta re-sends a page \
+                 against a copy that postcopy drops",
+                self.mode
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Options of the destination side.
 #[derive(Clone, Debug)]
 pub struct ReceiveOptions {

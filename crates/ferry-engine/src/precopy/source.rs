@@ -59,9 +59,13 @@ pub fn migrate_accounted(
     let connections = opts.connections.clamp(1, MAX_CONNECTIONS);
     let summary = fresh_summary(vm, opts, connections, dialer.tls());
     let start = Instant::now();
-    // A policy the VM cannot serve is refused before anything starts; no
-    // policy named is the best it serves.
-    let opts = &match crate::converge::choose(opts.converge, vm) {
+    // Settings that cannot go together, and a policy the VM cannot serve,
+    // are refused before anything starts; no policy named is the best it
+    // serves.
+    let chosen = opts
+        .validate()
+        .and_then(|()| crate::converge::choose(opts.converge, vm));
+    let opts = &match chosen {
         Ok(policy) => PrecopyOptions {
             converge: Some(policy),
             ..opts.clone()

@@ -229,12 +229,15 @@ impl MigrationArgs {
     pub fn link(&self) -> Result<LinkSettings, CmdError> {
         self.check_mode()?;
         let mode = self.mode();
-        if mode.may_postcopy() && self.delta {
-            return Err(CmdError::Usage(format!(
-                "--delta cannot be used with --mode {mode}: a delta re-sends a page \
-                 against a copy that postcopy drops"
-            )));
-        }
+        // The engine's own check, asked before any VM boots.
+        let asked = PrecopyOptions {
+            mode,
+            delta_cache_bytes: if self.delta { self.delta_cache } else { 0 },
+            ..PrecopyOptions::default()
+        };
+        asked
+            .validate()
+            .map_err(|e| CmdError::Usage(format!("--delta with --mode {mode}: {}", chain(&e))))?;
         Ok(LinkSettings {
             connections: self.connections,
             compression: self.compress,
