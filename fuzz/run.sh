@@ -10,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 secs="${1:-60}"
-targets=(frame header page_batch control)
+targets=(frame header page_batch control sections)
 
 export PATH="$HOME/.cargo/bin:$PATH"
 if ! cargo +nightly --version >/dev/null 2>&1 || ! cargo +nightly fuzz --version >/dev/null 2>&1; then

@@ -1,0 +1,22 @@
+//! The Sections frame: the devices' state at the switchover. Whatever
+//! decodes re-encodes to itself, and the destination's checks refuse with
+//! words, never a panic.
+#![no_main]
+
+use ferry_backend::SectionSpec;
+use ferry_engine::wire::sections::{check_manifest, check_sections, decode, encode};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(sections) = decode(data) else {
+        return;
+    };
+    assert_eq!(decode(&encode(&sections)).ok().as_ref(), Some(&sections));
+    let specs = [
+        SectionSpec::new("serial", 2, 1).with_subsection("fifo"),
+        SectionSpec::new("virtio-blk", 1, 1).with_instances(vec![0, 1]),
+    ];
+    let announced: Vec<_> = sections.iter().map(|s| s.id.clone()).collect();
+    let _ = check_manifest(&announced, &specs);
+    let _ = check_sections(&sections, &announced, &specs);
+});
