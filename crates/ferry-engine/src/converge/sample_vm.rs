@@ -13,9 +13,9 @@
 //!                    zero page as a bit)
 //! ```
 //!
-//! A guest that counts its own writes can do better (memstress counts every
-//! write, rewrites included): its VMM builds the [`DirtySample`] itself and
-//! calls [`predict_vm`] with it.
+//! A guest that counts its own writes can do better (every write, rewrites
+//! of a page within a harvest included): its VMM builds the [`DirtySample`]
+//! itself and calls [`predict_vm`] with it, as ferry's own VMs do.
 
 use super::{predict, ConvergeMode, PredictInput, Prediction};
 use crate::error::MigrationError;
