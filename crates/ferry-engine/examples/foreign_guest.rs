@@ -73,6 +73,7 @@ impl Args {
         Args {
             json: args.iter().any(|a| a == "--json"),
             predict: args.iter().any(|a| a == "--predict"),
+            // Whole 2 MiB, as every region is.
             data_mib: value("--data-mib", 6).max(2) & !1,
             write_mib_s: value("--write-mib-s", 0),
             bandwidth_mib_s: value("--bandwidth-mib-s", 0),

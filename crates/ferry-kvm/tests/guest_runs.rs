@@ -4,6 +4,9 @@
 //!
 //! Needs /dev/kvm; prints a skip line where it is absent.
 
+mod common;
+use common::wait_for_passes;
+
 use ferry_backend::{Backing, DirtyPages, DirtyTracking, Gfn, Vm, PAGE_SIZE};
 use ferry_kvm::{kvm_available, KvmVm, Role};
 use ferry_memstress::read_progress;
@@ -49,19 +52,6 @@ fn wait_for_a_whole_pass_each(vm: &KvmVm) {
         }
         assert!(Instant::now() < deadline, "guest made no progress: {p:?}");
         std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-fn wait_for_passes(vm: &KvmVm, passes: u64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        vm.check_health().expect("vCPUs healthy");
-        let p = read_progress(vm.ram(), vm.config().workload.vcpus).unwrap();
-        if p.iter().all(|v| v.passes >= passes) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "guest made no progress: {p:?}");
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

@@ -4,6 +4,9 @@
 //!
 //! Needs /dev/kvm; prints a skip line where it is absent.
 
+mod common;
+use common::wait_for_passes;
+
 use ferry_backend::{BackendError, Backing, DirtyTracking, Gfn, Vm, PAGE_SIZE};
 use ferry_kvm::cpu_state::msrs::{self, IA32_TSC};
 use ferry_kvm::cpu_state::{blob, Irqchip, Snapshot, VcpuSnapshot};
@@ -11,7 +14,6 @@ use ferry_kvm::{kvm_available, KvmVm, Role};
 use ferry_memstress::read_progress;
 use ferry_memstress::{BackendKind, VmConfig, Workload};
 use serde::Serialize;
-use std::time::{Duration, Instant};
 
 fn require_kvm() -> bool {
     if kvm_available() {
@@ -32,19 +34,6 @@ fn config(vcpus: u32) -> VmConfig {
             ..Workload::default()
         },
         backing: Backing::Anonymous,
-    }
-}
-
-fn wait_for_passes(vm: &KvmVm, passes: u64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        vm.check_health().expect("vCPUs healthy");
-        let p = read_progress(vm.ram(), vm.config().workload.vcpus).unwrap();
-        if p.iter().all(|v| v.passes >= passes) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "guest made no progress: {p:?}");
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

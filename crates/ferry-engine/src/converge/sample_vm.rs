@@ -55,52 +55,56 @@ const ASSUMED_LINK: f64 = (1u64 << 30) as f64;
 /// Samples the dirtying of the running `vm` for `secs` through every dirty
 /// log it has, and stops the logs again.
 pub fn sample_dirtying(vm: &mut dyn Vm, secs: Duration) -> Result<DirtySample, MigrationError> {
-    let vcpus = vm.vcpus().max(1) as usize;
-    let pages = vm.ram().pages();
     crate::dirty_logs::start(vm)?;
-    let sampled = (|| {
-        // What was written before the sample (the VMM's tracked writes
-        // since the VM was built, say) is not the guest's rate.
-        crate::dirty_logs::collect(vm, &mut DirtyPages::new(pages))?;
-        let before = vm.dirtied();
-        let (mut all, mut found) = (DirtyPages::new(pages), 0u64);
-        let start = Instant::now();
-        while start.elapsed() < secs {
-            std::thread::sleep(SAMPLE_HARVEST.min(secs.saturating_sub(start.elapsed())));
-            let mut now = DirtyPages::new(pages);
-            crate::dirty_logs::collect(vm, &mut now)?;
-            found += now.count();
-            all.merge(&now);
-        }
-        let took = start.elapsed().as_secs_f64().max(1e-3);
-        let after = vm.dirtied();
-        // Each vCPU's share of what was found: its own count where the VM
-        // keeps one, else an equal part.
-        let shares: Vec<f64> = if after.len() == vcpus && before.len() == vcpus {
-            let per: Vec<u64> = after
-                .iter()
-                .zip(&before)
-                .map(|(a, b)| a.saturating_sub(*b))
-                .collect();
-            let sum = per.iter().sum::<u64>().max(1) as f64;
-            per.iter().map(|&p| p as f64 / sum).collect()
-        } else {
-            vec![1.0 / vcpus as f64; vcpus]
-        };
-        let page = PAGE_SIZE as f64;
-        Ok(DirtySample {
-            dirty_bytes_per_sec: shares
-                .iter()
-                .map(|s| s * found as f64 * page / took)
-                .collect(),
-            working_set_bytes: shares
-                .iter()
-                .map(|s| (s * all.count() as f64 * page) as u64)
-                .collect(),
-        })
-    })();
+    let sampled = sample_logs(vm, secs);
     crate::dirty_logs::stop(vm, "after the prediction's sample");
     sampled
+}
+
+/// [`sample_dirtying`] once the logs run.
+fn sample_logs(vm: &mut dyn Vm, secs: Duration) -> Result<DirtySample, MigrationError> {
+    let vcpus = vm.vcpus().max(1) as usize;
+    let pages = vm.ram().pages();
+    // What was written before the sample (the VMM's tracked writes since
+    // the VM was built, say) is not the guest's rate.
+    let mut now = DirtyPages::new(pages);
+    crate::dirty_logs::collect(vm, &mut now)?;
+    let before = vm.dirtied();
+    let (mut all, mut found) = (DirtyPages::new(pages), 0u64);
+    let start = Instant::now();
+    while start.elapsed() < secs {
+        std::thread::sleep(SAMPLE_HARVEST.min(secs.saturating_sub(start.elapsed())));
+        now.clear();
+        crate::dirty_logs::collect(vm, &mut now)?;
+        found += now.count();
+        all.merge(&now);
+    }
+    let took = start.elapsed().as_secs_f64().max(1e-3);
+    let after = vm.dirtied();
+    // Each vCPU's share of what was found: its own count where the VM
+    // keeps one, else an equal part.
+    let shares: Vec<f64> = if after.len() == vcpus && before.len() == vcpus {
+        let per: Vec<u64> = after
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| a.saturating_sub(*b))
+            .collect();
+        let sum = per.iter().sum::<u64>().max(1) as f64;
+        per.iter().map(|&p| p as f64 / sum).collect()
+    } else {
+        vec![1.0 / vcpus as f64; vcpus]
+    };
+    let page = PAGE_SIZE as f64;
+    Ok(DirtySample {
+        dirty_bytes_per_sec: shares
+            .iter()
+            .map(|s| s * found as f64 * page / took)
+            .collect(),
+        working_set_bytes: shares
+            .iter()
+            .map(|s| (s * all.count() as f64 * page) as u64)
+            .collect(),
+    })
 }
 
 /// Predicts a migration of `vm` from `sample`, for every policy the VM

@@ -105,9 +105,15 @@ pub fn settings(m: MigrateRequest, shared: &Shared) -> Result<(String, LinkSetti
     if on_stall && !mode.switch_on_stall() {
         return Err("on_stall postcopy needs mode hybrid".into());
     }
-    if mode.may_postcopy() && m.delta_cache_mib.unwrap_or(0) > 0 {
-        return Err("delta_cache_mib cannot be used with postcopy or hybrid".into());
+    let delta_cache_bytes = m.delta_cache_mib.unwrap_or(0).saturating_mul(1 << 20);
+    // The engine's own check of settings that cannot go together.
+    ferry_engine::PrecopyOptions {
+        mode,
+        delta_cache_bytes,
+        ..ferry_engine::PrecopyOptions::default()
     }
+    .validate()
+    .map_err(|e| format!("delta_cache_mib: {}", e.chain()))?;
     let converge = match m.converge.as_deref() {
         Some(c) => Some(c.parse()?),
         None => shared.next_converge(),
@@ -129,7 +135,7 @@ pub fn settings(m: MigrateRequest, shared: &Shared) -> Result<(String, LinkSetti
         stall_timeout: Duration::from_secs(stall),
         verify_before_resume: m.verify_before_resume,
         tls,
-        delta_cache_bytes: m.delta_cache_mib.unwrap_or(0).saturating_mul(1 << 20),
+        delta_cache_bytes,
         harvest_within_rounds: false,
         converge,
         max_downtime: m.max_downtime_ms.map(Duration::from_millis),
