@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{probed, quick_receive, running_source, spawn_receiver};
+use common::{churning_source, probed, quick_receive, running_source, spawn_receiver};
 use ferry_backend::Vm;
 use ferry_engine::{
     migrate, migrate_accounted, MigrationError, Mode, NoProgress, PrecopyOptions, ReceiveOptions,
@@ -71,37 +71,29 @@ fn hybrid_switches_after_its_rounds() {
     if !uffd_available("hybrid") {
         return;
     }
-    // With a zero downtime target precopy converges only if a round finds
-    // nothing dirty, which a guest starved of CPU by parallel tests can
-    // cause; such a run must then finish as precopy, and is tried again.
-    for _ in 0..5 {
-        let (to, dest) = spawn_receiver(quick_receive());
-        let mut src = running_source();
-        let opts = postcopy_opts(Mode::Hybrid {
-            after_rounds: 2,
-            on_stall: false,
-        });
-        opts.tunables.set_downtime_target(Duration::ZERO);
-        let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
-        let (_dvm, dsum) = dest.join().unwrap().unwrap();
-        assert_eq!(summary.status, Status::Completed, "{summary:?}");
-        assert!(summary.digest_match);
-        assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
-        let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
-        if summary.converged {
-            assert_eq!(kinds.last(), Some(&RoundKind::Final), "{kinds:?}");
-            continue;
-        }
-        assert_eq!(
-            kinds,
-            [RoundKind::Full, RoundKind::Dirty, RoundKind::Postcopy]
-        );
-        let missing = summary.missing_pages;
-        assert!(missing > 0 && missing < src.ram().pages(), "{missing}");
-        assert_eq!(dsum.postcopy.unwrap().missing_pages, missing);
-        return;
-    }
-    panic!("precopy converged in every try: the guest never ran");
+    // A zero downtime target and a device that dirties pages every round:
+    // precopy cannot converge, however the guest thread is scheduled.
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = churning_source();
+    let opts = postcopy_opts(Mode::Hybrid {
+        after_rounds: 2,
+        on_stall: false,
+    });
+    opts.tunables.set_downtime_target(Duration::ZERO);
+    let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+    let (_dvm, dsum) = dest.join().unwrap().unwrap();
+    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert!(summary.digest_match);
+    assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
+    assert!(!summary.converged, "{summary:?}");
+    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+    assert_eq!(
+        kinds,
+        [RoundKind::Full, RoundKind::Dirty, RoundKind::Postcopy]
+    );
+    let missing = summary.missing_pages;
+    assert!(missing > 0 && missing < src.ram().pages(), "{missing}");
+    assert_eq!(dsum.postcopy.unwrap().missing_pages, missing);
 }
 
 #[test]
@@ -109,43 +101,36 @@ fn a_hybrid_on_stall_switches_when_precopy_stops_shrinking() {
     if !uffd_available("hybrid on stall") {
         return;
     }
-    // As above: a run whose guest was starved of CPU may converge, and is
-    // tried again.
-    for _ in 0..5 {
-        let (to, dest) = spawn_receiver(quick_receive());
-        let mut src = running_source();
-        let opts = PrecopyOptions {
-            converge: Some(ferry_engine::converge::ConvergeMode::None),
-            ..postcopy_opts(Mode::Hybrid {
-                after_rounds: u32::MAX,
-                on_stall: true,
-            })
-        };
-        opts.tunables.set_downtime_target(Duration::ZERO);
-        let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
-        let (_dvm, dsum) = dest.join().unwrap().unwrap();
-        assert_eq!(summary.status, Status::Completed, "{summary:?}");
-        assert!(summary.digest_match);
-        assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
-        if summary.converged {
-            continue;
-        }
-        let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
-        assert_eq!(kinds.last(), Some(&RoundKind::Postcopy), "{kinds:?}");
-        let switched = summary
-            .escalations
-            .iter()
-            .find(|e| e.what.contains("switching to postcopy"))
-            .expect("the stall is recorded");
-        // The stall, not the round cap, switched.
-        assert!(
-            switched.round + 2 < opts.tunables.max_rounds(),
-            "{switched:?}"
-        );
-        assert!(dsum.postcopy.is_some());
-        return;
-    }
-    panic!("precopy converged in every try: the guest never ran");
+    // As above, precopy cannot converge.
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut src = churning_source();
+    let opts = PrecopyOptions {
+        converge: Some(ferry_engine::converge::ConvergeMode::None),
+        ..postcopy_opts(Mode::Hybrid {
+            after_rounds: u32::MAX,
+            on_stall: true,
+        })
+    };
+    opts.tunables.set_downtime_target(Duration::ZERO);
+    let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+    let (_dvm, dsum) = dest.join().unwrap().unwrap();
+    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert!(summary.digest_match);
+    assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
+    assert!(!summary.converged, "{summary:?}");
+    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+    assert_eq!(kinds.last(), Some(&RoundKind::Postcopy), "{kinds:?}");
+    let switched = summary
+        .escalations
+        .iter()
+        .find(|e| e.what.contains("switching to postcopy"))
+        .expect("the stall is recorded");
+    // The stall, not the round cap, switched.
+    assert!(
+        switched.round + 2 < opts.tunables.max_rounds(),
+        "{switched:?}"
+    );
+    assert!(dsum.postcopy.is_some());
 }
 
 #[test]
@@ -453,7 +438,7 @@ fn into_hugetlb(mode: Mode, handlers: usize) -> ferry_engine::MigrationSummary {
         },
         ferry_backend::Backing::Hugetlb,
     );
-    let mut src = running_source();
+    let mut src = common::churning_source();
     let opts = postcopy_opts(mode);
     opts.tunables.set_downtime_target(Duration::ZERO);
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
@@ -491,21 +476,16 @@ fn a_hybrid_onto_hugetlb_drops_and_refills_whole_huge_pages() {
     if !huge_destination("hybrid onto hugetlb") {
         return;
     }
-    for _ in 0..5 {
-        let summary = into_hugetlb(
-            Mode::Hybrid {
-                after_rounds: 2,
-                on_stall: false,
-            },
-            1,
-        );
-        if !summary.converged {
-            let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
-            assert_eq!(kinds.last(), Some(&RoundKind::Postcopy), "{kinds:?}");
-            return;
-        }
-    }
-    panic!("precopy converged in every try: the guest never ran");
+    let summary = into_hugetlb(
+        Mode::Hybrid {
+            after_rounds: 2,
+            on_stall: false,
+        },
+        1,
+    );
+    assert!(!summary.converged, "{summary:?}");
+    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+    assert_eq!(kinds.last(), Some(&RoundKind::Postcopy), "{kinds:?}");
 }
 
 /// Two handler threads spinning on the userfaultfd serve the faults as
