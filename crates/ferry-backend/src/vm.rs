@@ -210,7 +210,10 @@ pub enum Lifecycle<'a> {
 ///
 /// Pausing a VM stops its vCPUs, then its devices: once
 /// [`Vm::pause`] returns, nothing of the VM writes guest memory.
-pub trait Vm: Send {
+///
+/// `Any` lets a destination get back its own type from the engine's
+/// `receive_as`.
+pub trait Vm: Send + std::any::Any {
     /// The VMM's name for its kind of VM (`ferry-kvm`, `minivmm`, ...):
     /// the stream header carries it, and a destination VM of another kind
     /// refuses the stream before any memory arrives. Free-form; it names the

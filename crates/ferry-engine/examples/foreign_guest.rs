@@ -28,7 +28,7 @@ use ferry_engine::vmm::{
     Section, SectionId, SectionSpec, StreamHeader, Subsection, Vm, PAGE_SIZE,
 };
 use ferry_engine::{
-    await_migration, listen, migrate, receive, NoProgress, PrecopyOptions, ReceiveOptions,
+    await_migration, listen, migrate, receive_as, NoProgress, PrecopyOptions, ReceiveOptions,
     TcpDialer,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -345,20 +345,20 @@ fn main() {
     let (dest_resumed, dest_restored) = (Arc::clone(&resumed_at), Arc::clone(&restored));
     let destination = std::thread::spawn(move || {
         let incoming = await_migration(&listener).expect("a migration arrives");
-        let mut factory = |h: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
+        let mut factory = |h: &StreamHeader| -> Result<ForeignVm, BackendError> {
             if h.vmm != VMM_ID {
                 return Err(BackendError::Guest(format!("cannot build a {} VM", h.vmm)));
             }
             let mut vm = ForeignVm::new(args);
             vm.resumed_at = Arc::clone(&dest_resumed);
             vm.restored = Arc::clone(&dest_restored);
-            Ok(Box::new(vm))
+            Ok(vm)
         };
         let opts = ReceiveOptions {
             probe: Some(Arc::new(Probe)),
             ..ReceiveOptions::default()
         };
-        let received = receive(incoming, &listener, &mut factory, &opts);
+        let received = receive_as(incoming, &listener, &mut factory, &opts);
         let returned = Instant::now();
         received.map(|(vm, summary)| (vm, summary, returned))
     });
@@ -400,7 +400,7 @@ fn main() {
     let at_resume = dsum.guest_at_resume.unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(30);
     let after = loop {
-        let now = Probe.read(&*dvm).expect("read the guest");
+        let now = Probe.read(&dvm).expect("read the guest");
         if now.progress > at_resume.progress || Instant::now() > deadline {
             break now.since(&at_resume);
         }

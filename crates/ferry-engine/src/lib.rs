@@ -48,8 +48,8 @@ pub mod wire;
 pub use error::MigrationError;
 pub use postcopy::{resume_postcopy, Mode, PostcopyReport, PostcopyResume};
 pub use precopy::{
-    await_migration, migrate, migrate_accounted, receive, IncomingMigration, PrecopyOptions,
-    ReceiveOptions,
+    await_migration, migrate, migrate_accounted, receive, receive_as, IncomingMigration,
+    PrecopyOptions, ReceiveOptions,
 };
 pub use progress::{Both, NoProgress, Phase, Progress};
 pub use summary::{

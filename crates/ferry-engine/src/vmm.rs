@@ -1,6 +1,6 @@
 #![doc = include_str!("../../../docs/embedding.md")]
 
-pub use crate::precopy::CreateVm;
+pub use crate::precopy::{receive_as, CreateVm};
 pub use crate::wire::{Region, StreamHeader};
 pub use ferry_backend::{
     BackendError, Backing, DirtyPages, DirtySource, FaultExits, Gfn, Gpa, GuestCheck, GuestProbe,

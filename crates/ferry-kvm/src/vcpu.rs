@@ -10,6 +10,7 @@
 //! save or restore its state.
 
 use crate::dirty::ring::DirtyRing;
+use crate::dirty::EXIT_DIRTY_RING_FULL;
 use ferry_backend::GuestRam;
 use ferry_memstress::{progress, MemoryLayout, SLEEP_PORT};
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -22,8 +23,6 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 const WANT_RUN: u8 = 0;
 const WANT_PAUSE: u8 = 1;
 const WANT_EXIT: u8 = 2;
-/// KVM_EXIT_DIRTY_RING_FULL, which kvm-ioctls reports as unsupported.
-const EXIT_DIRTY_RING_FULL: u32 = kvm_bindings::KVM_EXIT_DIRTY_RING_FULL;
 
 /// Where a vCPU thread is.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -12,16 +12,12 @@ use crate::vcpu::{Sleeper, VcpuState, VcpuThread};
 use ferry_backend::{BackendError, DirtyPages, DirtyTracking, GuestRam, HarvestStats, Quota, Vm};
 use ferry_memstress::VmConfig;
 use kvm_bindings::{
-    kvm_enable_cap, kvm_mp_state, kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE,
+    kvm_mp_state, kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE,
     KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Kvm, VmFd};
 use std::sync::Arc;
 
-const CAP_MANUAL_DIRTY_LOG_PROTECT2: u32 = kvm_bindings::KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2;
-const CAP_DIRTY_LOG_RING_ACQ_REL: u32 = kvm_bindings::KVM_CAP_DIRTY_LOG_RING_ACQ_REL;
-/// MANUAL_PROTECT_ENABLE | INITIALLY_SET.
-const MANUAL_PROTECT_FLAGS: u64 = 3;
 /// Address of the (unused) real-mode TSS Intel VMX wants; outside guest RAM.
 const TSS_ADDRESS: usize = 0xfffb_d000;
 
@@ -83,7 +79,7 @@ impl KvmVm {
         let vm = Arc::new(kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?);
         vm.set_tss_address(TSS_ADDRESS)
             .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
-        enable_dirty_caps(&vm, mode)?;
+        crate::dirty::enable_caps(&vm, mode)?;
         let devices = create_interrupt_devices(&vm);
 
         let layout = config.layout();
@@ -289,52 +285,6 @@ fn create_interrupt_devices(vm: &VmFd) -> VmDevices {
             }
         };
     VmDevices::new(vm, irqchip, pit)
-}
-
-fn enable_dirty_caps(vm: &VmFd, mode: DirtyTracking) -> Result<(), KvmError> {
-    match mode {
-        DirtyTracking::Bitmap => Ok(()),
-        DirtyTracking::Clear { chunk_pages, .. } => {
-            if chunk_pages == 0 || !chunk_pages.is_multiple_of(64) {
-                return Err(KvmError::Config(format!(
-                    "clear chunk of {chunk_pages} pages: use a positive multiple of 64"
-                )));
-            }
-            let caps = vm.check_extension_raw(u64::from(CAP_MANUAL_DIRTY_LOG_PROTECT2));
-            if (caps as u64) & MANUAL_PROTECT_FLAGS != MANUAL_PROTECT_FLAGS {
-                return Err(KvmError::MissingCap(
-                    "KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 with INITIALLY_SET",
-                ));
-            }
-            let mut cap = kvm_enable_cap {
-                cap: CAP_MANUAL_DIRTY_LOG_PROTECT2,
-                ..Default::default()
-            };
-            cap.args[0] = MANUAL_PROTECT_FLAGS;
-            vm.enable_cap(&cap)
-                .map_err(ioctl("KVM_ENABLE_CAP(MANUAL_DIRTY_LOG_PROTECT2)"))
-        }
-        DirtyTracking::Ring { entries } => {
-            let max = vm.check_extension_raw(u64::from(CAP_DIRTY_LOG_RING_ACQ_REL));
-            if max <= 0 {
-                return Err(KvmError::MissingCap("KVM_CAP_DIRTY_LOG_RING_ACQ_REL"));
-            }
-            let bytes = u64::from(entries) * 16;
-            if !entries.is_power_of_two() || entries < 1024 || bytes > max as u64 {
-                return Err(KvmError::Config(format!(
-                    "dirty ring of {entries} entries: use a power of two from 1024 to {}",
-                    max / 16
-                )));
-            }
-            let mut cap = kvm_enable_cap {
-                cap: CAP_DIRTY_LOG_RING_ACQ_REL,
-                ..Default::default()
-            };
-            cap.args[0] = bytes;
-            vm.enable_cap(&cap)
-                .map_err(ioctl("KVM_ENABLE_CAP(DIRTY_LOG_RING_ACQ_REL)"))
-        }
-    }
 }
 
 impl Vm for KvmVm {

@@ -1,9 +1,10 @@
 //! KVM's dirty log as a ready-made dirty source over a VMM's own `VmFd`:
 //! a VM that is not ferry's (its own memory slot and vCPU, a real-mode loop
-//! that writes fourteen pages) and the log reports exactly what it wrote.
+//! that writes fourteen pages) and the log reports exactly what it wrote,
+//! in each of the three modes.
 
 use ferry_backend::{Backing, DirtyPages, DirtySource, DirtyTracking, Gfn, Gpa, GuestRam};
-use ferry_kvm::dirty::KvmDirtySource;
+use ferry_kvm::dirty::{enable_ring, KvmDirtySource, EXIT_DIRTY_RING_FULL};
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit};
 use std::sync::Arc;
@@ -33,6 +34,11 @@ fn run(mode: DirtyTracking) -> Option<Vec<Gfn>> {
     // SAFETY: the mapping belongs to `ram`, which outlives the VM here.
     unsafe { vm.set_user_memory_region(region) }.unwrap();
     ram.write_bytes(Gpa(0x1000), &LOOP).unwrap();
+    // The ring only before the first vCPU.
+    let ring = match mode {
+        DirtyTracking::Ring { entries } => Some(enable_ring(&vm, entries).unwrap()),
+        _ => None,
+    };
     let mut vcpu = vm.create_vcpu(0).unwrap();
     let mut sregs = vcpu.get_sregs().unwrap();
     sregs.cs.base = 0;
@@ -43,13 +49,23 @@ fn run(mode: DirtyTracking) -> Option<Vec<Gfn>> {
     regs.rflags = 2;
     vcpu.set_regs(&regs).unwrap();
 
-    let mut source = KvmDirtySource::new(mode, Arc::clone(&vm), Arc::clone(&ram)).unwrap();
+    let (vm2, ram2) = (Arc::clone(&vm), Arc::clone(&ram));
+    let (mut source, full) = match ring {
+        Some(ring) => {
+            let (source, full) = KvmDirtySource::ring(vm2, ram2, &[&vcpu], ring).unwrap();
+            (source, full.into_iter().next())
+        }
+        None => (KvmDirtySource::new(mode, vm2, ram2).unwrap(), None),
+    };
     source.start().unwrap();
     // What logging found before the guest ran is not the guest's.
     source.collect(&mut DirtyPages::new(ram.pages())).unwrap();
     loop {
         match vcpu.run() {
             Ok(VcpuExit::Hlt) => break,
+            Ok(VcpuExit::Unsupported(EXIT_DIRTY_RING_FULL)) => {
+                full.as_ref().expect("a ring").drain().unwrap()
+            }
             // A signal interrupted KVM_RUN: run on.
             Err(e) if e.errno() == libc::EINTR => continue,
             Ok(other) => panic!("the guest stopped with {other:?}"),
@@ -78,6 +94,7 @@ fn the_kvm_log_over_a_vmms_own_vm_reports_what_its_guest_wrote() {
             chunk_pages: 64,
             pace_us: 0,
         },
+        DirtyTracking::Ring { entries: 1024 },
     ] {
         let Some(dirty) = run(mode) else { return };
         assert_eq!(dirty, expected, "{}", mode.name());
@@ -85,15 +102,27 @@ fn the_kvm_log_over_a_vmms_own_vm_reports_what_its_guest_wrote() {
 }
 
 #[test]
-fn the_ring_is_refused_with_the_reason() {
+fn a_misused_ring_is_refused_with_the_reason() {
     let Ok(kvm) = Kvm::new() else {
         println!("SKIP kvm dirty source: /dev/kvm is not available here");
         return;
     };
     let vm = Arc::new(kvm.create_vm().unwrap());
     let ram = Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap());
-    let Err(err) = KvmDirtySource::new(DirtyTracking::Ring { entries: 4096 }, vm, ram) else {
-        panic!("the ring was accepted");
+    let ring = DirtyTracking::Ring { entries: 4096 };
+    let Err(err) = KvmDirtySource::new(ring, Arc::clone(&vm), Arc::clone(&ram)) else {
+        panic!("a ring without vCPUs was accepted");
     };
-    assert!(err.to_string().contains("use bitmap or clear"), "{err}");
+    assert!(err.to_string().contains("KvmDirtySource::ring"), "{err}");
+    // KVM takes the ring only before the first vCPU.
+    let vcpu = vm.create_vcpu(0).unwrap();
+    let err = enable_ring(&vm, 4096).unwrap_err();
+    assert!(err.to_string().contains("before its first vCPU"), "{err}");
+    // A ring enabled on another VM is not this one's.
+    let other = kvm.create_vm().unwrap();
+    let enabled = enable_ring(&other, 4096).unwrap();
+    let Err(err) = KvmDirtySource::ring(vm, ram, &[&vcpu], enabled) else {
+        panic!("another VM's ring was accepted");
+    };
+    assert!(err.to_string().contains("another VM"), "{err}");
 }

@@ -18,7 +18,8 @@ use std::time::Instant;
 /// Builds the destination VM from the stream header: the VMM it names
 /// ([`StreamHeader::vmm`]) and the VMM's own configuration
 /// ([`StreamHeader::vmm_config`]). The engine then checks the VM against
-/// the header's vCPUs and memory slots.
+/// the header's vCPUs and memory slots. For a VMM with one VM type,
+/// [`receive_as`] takes a factory of that type instead.
 pub type CreateVm<'a> = dyn FnMut(&StreamHeader) -> Result<Box<dyn Vm>, BackendError> + 'a;
 
 /// A migration whose control connection has arrived and introduced itself.
@@ -535,5 +536,23 @@ impl Dest {
             resume_ns: took.as_nanos().min(u128::from(u64::MAX)) as u64,
         })?;
         Ok(())
+    }
+}
+
+/// [`receive`] for a VMM with one VM type `V`: `create_vm` builds a `V`,
+/// and the running VM comes back as that `V`, not as a `Box<dyn Vm>`.
+pub fn receive_as<V: Vm>(
+    incoming: IncomingMigration,
+    listener: &dyn Listen,
+    create_vm: &mut dyn FnMut(&StreamHeader) -> Result<V, BackendError>,
+    opts: &ReceiveOptions,
+) -> Result<(V, ReceiveSummary), MigrationError> {
+    let mut boxed = |h: &StreamHeader| create_vm(h).map(|vm| Box::new(vm) as Box<dyn Vm>);
+    let (vm, summary) = receive(incoming, listener, &mut boxed, opts)?;
+    let vm: Box<dyn std::any::Any> = vm;
+    match vm.downcast::<V>() {
+        Ok(vm) => Ok((*vm, summary)),
+        // receive returns the VM its factory built, and nothing else.
+        Err(_) => unreachable!("receive returned a VM its factory did not build"),
     }
 }

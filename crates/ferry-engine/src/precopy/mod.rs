@@ -72,7 +72,7 @@ pub(crate) use loaded::Loaded;
 pub(crate) use source::{ship, Migrating, Source};
 
 pub use compression::Compression;
-pub use destination::{await_migration, receive, CreateVm, IncomingMigration};
+pub use destination::{await_migration, receive, receive_as, CreateVm, IncomingMigration};
 pub use source::{fresh_summary, migrate, migrate_accounted};
 
 use crate::converge::ConvergeMode;

@@ -18,16 +18,93 @@
 pub mod ring;
 mod source;
 
-pub use source::KvmDirtySource;
+pub use source::{KvmDirtySource, RingFull, EXIT_DIRTY_RING_FULL};
 
 use crate::error::{ioctl, KvmError};
 use crate::ioctls;
 use crate::memory::set_slot_logging;
 use ferry_backend::{DirtyPages, DirtyTracking, GuestRam, HarvestStats};
+use kvm_bindings::kvm_enable_cap;
 use kvm_ioctls::VmFd;
 use ring::{DirtyRing, RingPages};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+const CAP_MANUAL_DIRTY_LOG_PROTECT2: u32 = kvm_bindings::KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2;
+const CAP_DIRTY_LOG_RING_ACQ_REL: u32 = kvm_bindings::KVM_CAP_DIRTY_LOG_RING_ACQ_REL;
+/// MANUAL_PROTECT_ENABLE | INITIALLY_SET.
+const MANUAL_PROTECT_FLAGS: u64 = 3;
+
+/// Turns on what `mode` needs on `vm`: nothing for the bitmap,
+/// `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2` (with INITIALLY_SET) for clear, and
+/// the ring ([`enable_ring`]) for the ring. Checks `mode`'s numbers and
+/// names a capability the host lacks.
+pub fn enable_caps(vm: &VmFd, mode: DirtyTracking) -> Result<(), KvmError> {
+    match mode {
+        DirtyTracking::Bitmap => Ok(()),
+        DirtyTracking::Clear { chunk_pages, .. } => {
+            if chunk_pages == 0 || !chunk_pages.is_multiple_of(64) {
+                return Err(KvmError::Config(format!(
+                    "clear chunk of {chunk_pages} pages: use a positive multiple of 64"
+                )));
+            }
+            let caps = vm.check_extension_raw(u64::from(CAP_MANUAL_DIRTY_LOG_PROTECT2));
+            if (caps as u64) & MANUAL_PROTECT_FLAGS != MANUAL_PROTECT_FLAGS {
+                return Err(KvmError::MissingCap(
+                    "KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 with INITIALLY_SET",
+                ));
+            }
+            let mut cap = kvm_enable_cap {
+                cap: CAP_MANUAL_DIRTY_LOG_PROTECT2,
+                ..Default::default()
+            };
+            cap.args[0] = MANUAL_PROTECT_FLAGS;
+            vm.enable_cap(&cap)
+                .map_err(ioctl("KVM_ENABLE_CAP(MANUAL_DIRTY_LOG_PROTECT2)"))
+        }
+        DirtyTracking::Ring { entries } => enable_ring(vm, entries).map(|_| ()),
+    }
+}
+
+/// The dirty ring KVM has enabled on one VM, of its size: what
+/// [`KvmDirtySource::ring`] maps, so it cannot map a ring of another size.
+#[derive(Clone, Copy, Debug)]
+pub struct EnabledRing {
+    entries: u32,
+    vm_fd: RawFd,
+}
+
+/// Enables the per-vCPU dirty ring of `entries` entries on `vm`. KVM
+/// takes it only once, and only before the VM's first vCPU is created.
+pub fn enable_ring(vm: &VmFd, entries: u32) -> Result<EnabledRing, KvmError> {
+    let max = vm.check_extension_raw(u64::from(CAP_DIRTY_LOG_RING_ACQ_REL));
+    if max <= 0 {
+        return Err(KvmError::MissingCap("KVM_CAP_DIRTY_LOG_RING_ACQ_REL"));
+    }
+    let bytes = u64::from(entries) * 16;
+    if !entries.is_power_of_two() || entries < 1024 || bytes > max as u64 {
+        return Err(KvmError::Config(format!(
+            "dirty ring of {entries} entries: use a power of two from 1024 to {}",
+            max / 16
+        )));
+    }
+    let mut cap = kvm_enable_cap {
+        cap: CAP_DIRTY_LOG_RING_ACQ_REL,
+        ..Default::default()
+    };
+    cap.args[0] = bytes;
+    vm.enable_cap(&cap).map_err(|e| {
+        KvmError::Config(format!(
+            "KVM_ENABLE_CAP(DIRTY_LOG_RING_ACQ_REL) failed ({e}): KVM takes the dirty ring \
+             only once per VM, before its first vCPU is created"
+        ))
+    })?;
+    Ok(EnabledRing {
+        entries,
+        vm_fd: vm.as_raw_fd(),
+    })
+}
 
 /// The dirty log of one VM.
 pub(crate) struct DirtyLog {

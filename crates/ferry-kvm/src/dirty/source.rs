@@ -7,59 +7,100 @@
 //! of the same number ([`ferry_backend::RamSlot::slot`]: region order for
 //! [`GuestRam::from_memory`]), at its address. Starting the source
 //! re-registers the slots with `KVM_MEM_LOG_DIRTY_PAGES`; stopping it turns
-//! logging off again. The dirty ring needs each vCPU's ring mapping and is
-//! not offered here yet: ferry's own kvm VM runs it.
+//! logging off again.
+//!
+//! The dirty ring is per vCPU, so it asks more of the VMM:
+//! 1. [`enable_ring`] before the first vCPU exists (KVM refuses it later);
+//! 2. [`KvmDirtySource::ring`] with what that returned and every vCPU fd:
+//!    it maps each vCPU's ring;
+//! 3. each vCPU thread handles [`EXIT_DIRTY_RING_FULL`] (kvm-ioctls reports
+//!    it as `VcpuExit::Unsupported`) by calling its [`RingFull::drain`] and
+//!    running on.
 
-use super::ring::RingPages;
-use super::DirtyLog;
-use crate::error::{ioctl, KvmError};
+use super::ring::{DirtyRing, RingPages};
+use super::{enable_caps, DirtyLog, EnabledRing};
+use crate::error::KvmError;
 use ferry_backend::{DirtyPages, DirtySource, DirtyTracking, GuestRam};
-use kvm_bindings::kvm_enable_cap;
-use kvm_ioctls::VmFd;
+use kvm_ioctls::{VcpuFd, VmFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-/// MANUAL_PROTECT_ENABLE | INITIALLY_SET.
-const MANUAL_PROTECT_FLAGS: u64 = 3;
+/// `KVM_EXIT_DIRTY_RING_FULL`: a vCPU's ring has no free entry; see
+/// [`RingFull`].
+pub const EXIT_DIRTY_RING_FULL: u32 = kvm_bindings::KVM_EXIT_DIRTY_RING_FULL;
 
 /// KVM's dirty log of a VMM's own VM; see the module docs.
 pub struct KvmDirtySource {
     log: DirtyLog,
 }
 
+/// What a vCPU thread does when its dirty ring is full: the vCPU exits
+/// with [`EXIT_DIRTY_RING_FULL`], and its thread calls [`RingFull::drain`]
+/// before it runs the vCPU again. The pages stay pending for the engine's
+/// next collection.
+#[derive(Clone)]
+pub struct RingFull(Arc<DirtyRing>);
+
+impl RingFull {
+    /// Collects the ring's entries and has KVM recycle them.
+    pub fn drain(&self) -> Result<(), KvmError> {
+        self.0.drain_full()
+    }
+}
+
 impl KvmDirtySource {
-    /// The log of `vm`, whose memory slots are `ram`'s, in `mode` (bitmap
-    /// or clear; clear turns on `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2`).
+    /// The log of `vm`, whose memory slots are `ram`'s, in `mode`: bitmap,
+    /// or clear (which turns on `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2`). The
+    /// ring needs the vCPUs: [`KvmDirtySource::ring`].
     pub fn new(mode: DirtyTracking, vm: Arc<VmFd>, ram: Arc<GuestRam>) -> Result<Self, KvmError> {
-        match mode {
-            DirtyTracking::Ring { .. } => {
-                return Err(KvmError::Config(
-                    "the dirty ring needs each vCPU's ring mapping; use bitmap or clear \
-                     with a VM of your own"
-                        .into(),
-                ))
-            }
-            DirtyTracking::Clear { .. } => {
-                let cap = kvm_bindings::KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2;
-                let has = vm.check_extension_raw(u64::from(cap)) as u64;
-                if has & MANUAL_PROTECT_FLAGS != MANUAL_PROTECT_FLAGS {
-                    return Err(KvmError::MissingCap(
-                        "KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 with INITIALLY_SET",
-                    ));
-                }
-                let mut enable = kvm_enable_cap {
-                    cap,
-                    ..Default::default()
-                };
-                enable.args[0] = MANUAL_PROTECT_FLAGS;
-                vm.enable_cap(&enable)
-                    .map_err(ioctl("KVM_ENABLE_CAP(MANUAL_DIRTY_LOG_PROTECT2)"))?;
-            }
-            DirtyTracking::Bitmap => {}
+        if let DirtyTracking::Ring { .. } = mode {
+            return Err(KvmError::Config(
+                "the dirty ring is per vCPU: build it with KvmDirtySource::ring and the \
+                 vCPU fds"
+                    .into(),
+            ));
         }
+        enable_caps(&vm, mode)?;
         let pending = Arc::new(RingPages::new(ram.pages()));
         Ok(KvmDirtySource {
             log: DirtyLog::new(mode, vm, ram, pending),
         })
+    }
+
+    /// The dirty ring `enabled` on `vm` ([`super::enable_ring`], before
+    /// its first vCPU), over every one of `vcpus`. Returns, in `vcpus`
+    /// order, what each vCPU thread calls when its ring is full.
+    pub fn ring(
+        vm: Arc<VmFd>,
+        ram: Arc<GuestRam>,
+        vcpus: &[&VcpuFd],
+        enabled: EnabledRing,
+    ) -> Result<(Self, Vec<RingFull>), KvmError> {
+        if enabled.vm_fd != vm.as_raw_fd() {
+            return Err(KvmError::Config(
+                "the dirty ring was enabled on another VM".into(),
+            ));
+        }
+        let entries = enabled.entries;
+        let mode = DirtyTracking::Ring { entries };
+        let pending = Arc::new(RingPages::new(ram.pages()));
+        let bases: Vec<_> = ram.slots().iter().map(|s| s.first_gfn()).collect();
+        let mut log = DirtyLog::new(mode, Arc::clone(&vm), ram, Arc::clone(&pending));
+        let mut full = Vec::with_capacity(vcpus.len());
+        for (i, vcpu) in vcpus.iter().enumerate() {
+            let mapped = DirtyRing::map(
+                vcpu,
+                entries,
+                Arc::clone(&vm),
+                bases.clone(),
+                Arc::clone(&pending),
+            )
+            .map_err(|e| KvmError::Config(format!("vCPU {i}'s dirty ring: {e}")))?;
+            let ring = Arc::new(mapped);
+            log.add_ring(Arc::clone(&ring));
+            full.push(RingFull(ring));
+        }
+        Ok((KvmDirtySource { log }, full))
     }
 }
 
