@@ -1,0 +1,198 @@
+//! `minivmm demo`: a destination and a source as two processes of this
+//! binary, over loopback, then every check on what both printed.
+
+use super::expand;
+use minivmm::checks;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// precopy, postcopy, or hybrid.
+    #[arg(long, default_value = "precopy")]
+    mode: String,
+    /// Data connections.
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
+    /// Mutual TLS, with throwaway certificates made for the demo.
+    #[arg(long)]
+    tls: bool,
+    /// MiB of the data region the guest sweeps.
+    #[arg(long, default_value_t = 64)]
+    data_mib: u64,
+    /// What slows the guest if precopy does not converge (none, auto).
+    #[arg(long)]
+    converge: Option<String>,
+    /// Cap the link at this many MiB/s (0: no cap).
+    #[arg(long, default_value_t = 0)]
+    bandwidth_mib_s: u64,
+    /// Keep the demo's files (disk, consoles) here instead of a fresh
+    /// temporary directory that is removed afterwards.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// End with the summary as one JSON line on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn demo(a: DemoArgs) -> Result<(), String> {
+    let (dir, temporary) = match &a.dir {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("minivmm-demo-{}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let result = run_demo(&a, &dir);
+    if temporary {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let (src_console, dst_console) = (dir.join("source.console"), dir.join("destination.console"));
+    let disk = dir.join("disk.img");
+    let _ = std::fs::remove_file(&disk);
+    let mut tls = Vec::new();
+    if a.tls {
+        let certs = dir.join("tls");
+        let _ = std::fs::remove_dir_all(&certs);
+        ferry_engine::transport::tls::pki::write_throwaway(&certs, &[])
+            .map_err(|e| e.to_string())?;
+        tls = vec!["--tls".into(), certs.display().to_string()];
+    }
+
+    let mut dest = Command::new(&exe)
+        .args(["receive", "--listen", "127.0.0.1:0", "--json", "--console"])
+        .arg(&dst_console)
+        .args(&tls)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the destination: {e}"))?;
+    let mut dest_out = BufReader::new(dest.stdout.take().expect("piped"));
+    let mut first = String::new();
+    dest_out
+        .read_line(&mut first)
+        .map_err(|e| format!("the destination said nothing: {e}"))?;
+    let addr = serde_json::from_str::<serde_json::Value>(&first)
+        .ok()
+        .and_then(|v| v["listening"].as_str().map(String::from))
+        .ok_or_else(|| format!("the destination did not say where it listens: {first:?}"))?;
+
+    let mut src_args: Vec<String> = vec![
+        "migrate".into(),
+        "--to".into(),
+        addr,
+        "--json".into(),
+        "--mode".into(),
+        a.mode.clone(),
+        "--connections".into(),
+        a.connections.to_string(),
+        "--data-mib".into(),
+        a.data_mib.to_string(),
+        "--bandwidth-mib-s".into(),
+        a.bandwidth_mib_s.to_string(),
+        "--disk".into(),
+        disk.display().to_string(),
+        "--console".into(),
+        src_console.display().to_string(),
+    ];
+    if let Some(c) = &a.converge {
+        src_args.extend(["--converge".into(), c.clone()]);
+    }
+    src_args.extend(tls);
+    let src = Command::new(&exe)
+        .args(&src_args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the source: {e}"))?;
+    let src_json = last_json(src, "source")?;
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut dest_out, &mut rest).map_err(|e| e.to_string())?;
+    let dest_ok = dest.wait().map_err(|e| e.to_string())?.success();
+    let dest_json = rest
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .ok_or("the destination printed no summary")?;
+
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    let console = checks::console(&(read(&src_console) + &read(&dst_console)));
+    let journal: Vec<u64> = [&src_json, &dest_json]
+        .iter()
+        .flat_map(|j| {
+            let runs: Vec<[u64; 2]> =
+                serde_json::from_value(j["disk_runs"].clone()).unwrap_or_default();
+            expand(&runs)
+        })
+        .collect();
+    let disk = checks::disk(&journal);
+    let bad_reads = dest_json["guest"]["bad_reads"].as_u64().unwrap_or(0)
+        + src_json["guest"]["bad_reads"].as_u64().unwrap_or(0);
+    let digest_match = src_json["digest_match"] == true && dest_json["digest_match"] == true;
+    let completed = src_json["status"] == "completed" && dest_ok;
+    let summary = serde_json::json!({
+        "mode": a.mode,
+        "connections": a.connections,
+        "tls": a.tls,
+        "status": src_json["status"],
+        "digest_match": digest_match,
+        "downtime_ms": src_json["downtime_ms"],
+        "total_ms": src_json["total_ms"],
+        "sections": dest_json["sections"],
+        "console_lines": console.lines,
+        "console_lines_lost": console.lost,
+        "console_lines_doubled": console.doubled,
+        "console_lines_bad": console.bad,
+        "blk_requests": disk.requests,
+        "blk_requests_lost": disk.lost,
+        "blk_requests_doubled": disk.doubled,
+        "blk_bad_reads": bad_reads,
+        "source_console_lines": src_json["guest"]["console_lines"],
+        "destination_console_lines": dest_json["guest"]["console_lines"],
+    });
+    eprintln!(
+        "minivmm demo ({} {}{}): {}, digest {}, downtime {:.1} ms; console {} lines, {} lost, {} doubled; disk {} writes, {} lost, {} doubled, {} bad reads",
+        a.mode,
+        a.connections,
+        if a.tls { ", tls" } else { "" },
+        summary["status"].as_str().unwrap_or("?"),
+        if digest_match { "match" } else { "MISMATCH" },
+        summary["downtime_ms"].as_f64().unwrap_or(f64::NAN),
+        console.lines,
+        console.lost,
+        console.doubled,
+        disk.requests,
+        disk.lost,
+        disk.doubled,
+        bad_reads
+    );
+    if a.json {
+        println!("{summary}");
+    }
+    let clean = completed
+        && digest_match
+        && console.lost + console.doubled + console.bad == 0
+        && disk.lost + disk.doubled + bad_reads == 0;
+    if clean {
+        Ok(())
+    } else {
+        Err("the demo's checks failed (see the summary)".into())
+    }
+}
+
+/// Waits for `child` and returns the last JSON line it printed.
+fn last_json(child: Child, what: &str) -> Result<serde_json::Value, String> {
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("the {what}: {e}"))?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| format!("the {what} printed no summary (exit {})", out.status))
+}

@@ -1,0 +1,168 @@
+//! `minivmm migrate`: boot the VM, let it run, migrate it live.
+
+use super::{console, parse_backing, runs, sections, VmArgs};
+use ferry_engine::converge::ConvergeMode;
+use ferry_engine::precopy::Compression;
+use ferry_engine::transport::{Dial, TcpDialer, TlsConfig};
+use ferry_engine::vmm::{Backing, Vm};
+use ferry_engine::{migrate as engine_migrate, Mode, PrecopyOptions, Progress, RoundStats, Status};
+use minivmm::probe::{self, MiniProbe};
+use minivmm::MiniVm;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    vm: VmArgs,
+    /// The destination's address (`minivmm receive --listen`).
+    #[arg(long)]
+    to: String,
+    /// precopy, postcopy, or hybrid (precopy rounds, then postcopy).
+    #[arg(long, default_value = "precopy")]
+    mode: Mode,
+    /// Data connections.
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
+    /// Mutual TLS with the ca.pem, cert.pem and key.pem in this directory.
+    #[arg(long)]
+    tls: Option<PathBuf>,
+    /// What slows the guest if precopy does not converge: none, auto,
+    /// dirty-limit or quota (minivmm serves none and auto). Default: the
+    /// best this VM serves.
+    #[arg(long)]
+    converge: Option<ConvergeMode>,
+    /// Page compression: none, lz4, zstd or auto.
+    #[arg(long, default_value = "none")]
+    compression: Compression,
+    /// Cap the link at this many MiB/s (0: no cap).
+    #[arg(long, default_value_t = 0)]
+    bandwidth_mib_s: u64,
+    /// The downtime target, in milliseconds.
+    #[arg(long, default_value_t = 300)]
+    downtime_ms: u64,
+    /// How long the guest runs before the migration starts.
+    #[arg(long, default_value_t = 1000)]
+    run_before_ms: u64,
+    /// If the migration fails, how long the guest then runs on here
+    /// (its console and disk streams must go on without a gap).
+    #[arg(long, default_value_t = 1000)]
+    run_after_failure_ms: u64,
+    /// Guest memory: anon or memfd.
+    #[arg(long, default_value = "anon", value_parser = parse_backing)]
+    backing: Backing,
+    /// Write the console here instead of stdout.
+    #[arg(long)]
+    console: Option<PathBuf>,
+    /// End with the summary as one JSON line on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Rounds as they finish, on stderr.
+struct RoundLog;
+
+impl Progress for RoundLog {
+    fn round_finished(&self, r: &RoundStats) {
+        eprintln!(
+            "minivmm: round {} ({:?}): {} pages in {:.0} ms",
+            r.round, r.kind, r.pages, r.ms
+        );
+    }
+}
+
+pub fn migrate(a: MigrateArgs) -> Result<(), String> {
+    let dialer: Box<dyn Dial> = match &a.tls {
+        Some(dir) => Box::new(
+            TlsConfig::load(dir)
+                .and_then(|t| t.dialer(&a.to))
+                .map_err(|e| e.to_string())?,
+        ),
+        None => Box::new(TcpDialer(a.to.clone())),
+    };
+    let opts = PrecopyOptions {
+        mode: a.mode,
+        connections: a.connections,
+        converge: a.converge,
+        compression: a.compression,
+        // The destination's guest must not touch the shared disk before
+        // the digest proves its memory: a source that resumes after a
+        // failed check would find blocks written by a guest that no
+        // longer exists. Postcopy never resumes the source.
+        verify_before_resume: a.mode == Mode::Precopy,
+        probe: Some(Arc::new(MiniProbe)),
+        ..PrecopyOptions::default()
+    };
+    opts.tunables
+        .set_downtime_target(Duration::from_millis(a.downtime_ms));
+    if a.bandwidth_mib_s > 0 {
+        opts.tunables
+            .set_bandwidth_bytes_per_sec(a.bandwidth_mib_s << 20);
+    }
+    opts.validate().map_err(|e| e.to_string())?;
+
+    let out = console(a.console.as_deref())?;
+    let mut vm = MiniVm::boot(a.vm.config()?, a.backing, out.clone()).map_err(|e| e.to_string())?;
+    vm.start().map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_millis(a.run_before_ms));
+    vm.check_health().map_err(|e| e.to_string())?;
+
+    let result = engine_migrate(&mut vm, &*dialer, &opts, &RoundLog);
+    let (summary, error) = match result {
+        Ok(s) => {
+            let e = s.error.clone();
+            (Some(s), e)
+        }
+        Err(e) => (None, Some(ferry_engine::vmm::error_chain(&e))),
+    };
+    let moved = summary
+        .as_ref()
+        .is_some_and(|s| s.status == Status::Completed);
+    if !moved {
+        // The guest is ours again: show it goes on.
+        if !vm.is_running() {
+            vm.start().map_err(|e| e.to_string())?;
+        }
+        std::thread::sleep(Duration::from_millis(a.run_after_failure_ms));
+    }
+    vm.pause().map_err(|e| e.to_string())?;
+    out.flush();
+    let guest = probe::counters(&vm)?;
+    let journal = vm.disk_journal();
+    if let Some(e) = &error {
+        eprintln!("minivmm: the migration failed: {e}; the guest ran on here");
+    }
+    if let Some(s) = &summary {
+        eprintln!(
+            "minivmm: {} in {:.0} ms, downtime {:.1} ms, digest {}",
+            super::status_name(s.status),
+            s.total_ms,
+            s.downtime_ms,
+            if s.digest_match { "match" } else { "MISMATCH" }
+        );
+    }
+    if a.json {
+        let j = serde_json::json!({
+            "role": "source",
+            "status": summary.as_ref().map_or("failed".into(), |s| super::status_name(s.status)),
+            "digest_match": summary.as_ref().is_some_and(|s| s.digest_match),
+            "downtime_ms": summary.as_ref().map(|s| s.downtime_ms),
+            "total_ms": summary.as_ref().map(|s| s.total_ms),
+            "mode": a.mode.to_string(),
+            "connections": a.connections,
+            "tls": a.tls.is_some(),
+            "sections": sections(&vm),
+            "guest": guest,
+            "disk_runs": runs(&journal),
+            "error": error,
+            "summary": summary,
+        });
+        println!("{j}");
+    }
+    if moved {
+        Ok(())
+    } else {
+        Err("the migration did not complete; the guest ran on here".into())
+    }
+}

@@ -1,0 +1,119 @@
+//! Where everything lives in the guest's physical memory.
+//!
+//! ```text
+//!   region 0  [0, 16 MiB)            system: page tables, GDT/TSS, the
+//!                                    guest's variables, code, stack, the
+//!                                    virtqueue and its request buffers
+//!   hole      [16 MiB, 32 MiB)       no memory (ferry never sends it)
+//!   region 1  [32 MiB, 32 MiB + N)   data: the guest sweeps it, page by page
+//!   MMIO      0xd000_0000, 4 KiB     the virtio-blk device (virtio-mmio)
+//!   port I/O  0x3f8..0x3ff           the 16550 serial port
+//! ```
+
+/// Bytes of region 0.
+pub const SYSTEM_BYTES: u64 = 16 << 20;
+/// Where region 1 (the data) starts: a 16 MiB hole above region 0.
+pub const DATA_GPA: u64 = 32 << 20;
+
+/// The guest's level-4 page table.
+pub const PML4: u64 = 0x1000;
+/// Its page-directory-pointer table.
+pub const PDPT: u64 = 0x2000;
+/// The page directories: one per GiB mapped, up to four.
+pub const PD: u64 = 0x3000;
+/// The GDT.
+pub const GDT: u64 = 0x7000;
+/// The TSS, with the I/O permission bitmap after it.
+pub const TSS: u64 = 0x7400;
+/// The guest's own variables (see [`var`]).
+pub const VARS: u64 = 0x8000;
+/// Per-slot request state, [`SLOT_BYTES`] each (see [`slot`]).
+pub const SLOTS_STATE: u64 = 0x8100;
+/// The guest code.
+pub const CODE: u64 = 0x1_0000;
+/// Room for the code.
+pub const CODE_MAX: usize = 0x1_0000;
+/// The top of the guest's stack.
+pub const STACK_TOP: u64 = 0x2_0000;
+/// The virtqueue's descriptor table.
+pub const DESC: u64 = 0x2_0000;
+/// Its available (driver) ring.
+pub const AVAIL: u64 = 0x2_1000;
+/// Its used (device) ring.
+pub const USED: u64 = 0x2_2000;
+/// Request headers, 16 bytes per slot.
+pub const HEADERS: u64 = 0x2_3000;
+/// Request status bytes, one per slot.
+pub const STATUS: u64 = 0x2_4000;
+/// The guest's table of the sequence number last written to each block.
+pub const LAST_WRITTEN: u64 = 0x2_5000;
+/// Data buffers, one block per slot.
+pub const BUFFERS: u64 = 0x3_0000;
+
+/// The virtio-mmio device's registers.
+pub const MMIO_BASE: u64 = 0xd000_0000;
+/// Their size.
+pub const MMIO_SIZE: u64 = 0x1000;
+/// The serial port's first I/O port.
+pub const SERIAL_PORT: u16 = 0x3f8;
+
+/// Entries in the virtqueue.
+pub const QUEUE_SIZE: u16 = 16;
+/// Requests the guest keeps in flight, each in its own three descriptors.
+pub const SLOTS: u64 = 4;
+/// Bytes of one disk block the guest writes and reads back.
+pub const BLOCK_BYTES: u64 = 4096;
+/// Blocks each slot cycles through (so slots never share a block).
+pub const BLOCKS_PER_SLOT: u64 = 16;
+/// Blocks on the disk the guest uses.
+pub const DISK_BLOCKS: u64 = SLOTS * BLOCKS_PER_SLOT;
+/// Bytes of one slot's state.
+pub const SLOT_BYTES: u64 = 0x20;
+
+/// Offsets of the guest's variables from [`VARS`]: what it has done, which
+/// the VMM reads as its probe.
+pub mod var {
+    /// The next console line's number.
+    pub const CONSOLE_SEQ: u64 = 0x00;
+    /// The next disk write's sequence number.
+    pub const DISK_SEQ: u64 = 0x08;
+    /// Writes completed.
+    pub const WRITES_DONE: u64 = 0x10;
+    /// Reads back that found the block last written.
+    pub const READS_VERIFIED: u64 = 0x18;
+    /// Reads back that did not.
+    pub const BAD_READS: u64 = 0x20;
+    /// Requests the device completed with an error status.
+    pub const STATUS_ERRORS: u64 = 0x28;
+    /// The driver's copy of the available ring's index.
+    pub const AVAIL_IDX: u64 = 0x30;
+    /// Used-ring entries the driver has handled.
+    pub const USED_SEEN: u64 = 0x38;
+    /// The sweep's next data page.
+    pub const SWEEP_PAGE: u64 = 0x40;
+    /// The sweep's pass.
+    pub const SWEEP_PASS: u64 = 0x48;
+    /// Main-loop iterations.
+    pub const LOOPS: u64 = 0x50;
+}
+
+/// Offsets of a slot's state from its base in [`SLOTS_STATE`].
+pub mod slot {
+    /// 1: a write is in flight; 2: its read back is.
+    pub const PHASE: u64 = 0x00;
+    /// The sequence number it writes.
+    pub const SEQ: u64 = 0x08;
+    /// The block it writes and reads.
+    pub const BLOCK: u64 = 0x10;
+    /// Writes it has started (picks the next block).
+    pub const ROUND: u64 = 0x18;
+}
+
+/// What a block's first 16 bytes carry: its sequence number and this
+/// check, so a read back can tell a stale or torn block.
+pub fn block_check(seq: u64, block: u64) -> u64 {
+    seq.wrapping_mul(CHECK_MUL) ^ block
+}
+
+/// What a console line carries after its number: the number times this.
+pub const CHECK_MUL: u64 = 0x9e37_79b9_7f4a_7c15;

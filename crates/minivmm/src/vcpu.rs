@@ -1,0 +1,244 @@
+//! The vCPU thread: runs the vCPU, serves its port I/O (the serial port)
+//! and MMIO (the virtio-blk device) exits, and parks when asked.
+//!
+//! Pausing: the VMM sets the wish, then signals the thread until it has
+//! parked (a signal that lands just before `KVM_RUN` is lost, so it is
+//! sent again). Before parking, the thread enters `KVM_RUN` once more with
+//! `immediate_exit` set: KVM completes the I/O instruction it last exited
+//! for and returns at once. Without it the saved RIP would still point at
+//! that `out`, and the destination would print the byte again.
+
+use crate::layout::{MMIO_BASE, MMIO_SIZE, SERIAL_PORT};
+use crate::Devices;
+use ferry_engine::vmm::throttle_sleep;
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Once};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
+
+const RUN: u8 = 0;
+const PAUSE: u8 = 1;
+const EXIT: u8 = 2;
+/// How often a throttled vCPU is kicked out to take its sleep.
+const SLICE: Duration = Duration::from_millis(10);
+
+/// Where the thread is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum State {
+    Parked,
+    Running,
+    Failed(String),
+}
+
+struct Shared {
+    fd: Mutex<VcpuFd>,
+    want: AtomicU8,
+    state: Mutex<State>,
+    changed: Condvar,
+    pthread: AtomicU64,
+    throttle: AtomicU8,
+    devices: Arc<Mutex<Devices>>,
+}
+
+/// One vCPU and its thread.
+pub struct Vcpu {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+fn kick_signal() -> libc::c_int {
+    SIGRTMIN() + 1
+}
+
+impl Vcpu {
+    /// Spawns the thread for `fd`, parked.
+    pub fn spawn(fd: VcpuFd, devices: Arc<Mutex<Devices>>) -> std::io::Result<Self> {
+        static HANDLER: Once = Once::new();
+        HANDLER.call_once(|| {
+            register_signal_handler(kick_signal(), on_kick).expect("a real-time signal");
+        });
+        let shared = Arc::new(Shared {
+            fd: Mutex::new(fd),
+            want: AtomicU8::new(PAUSE),
+            state: Mutex::new(State::Parked),
+            changed: Condvar::new(),
+            pthread: AtomicU64::new(0),
+            throttle: AtomicU8::new(0),
+            devices,
+        });
+        let s = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("minivmm-vcpu0".into())
+            .spawn(move || run(&s))?;
+        Ok(Vcpu {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The vCPU fd, for saving or loading its state while parked.
+    pub fn fd(&self) -> std::sync::MutexGuard<'_, VcpuFd> {
+        self.shared.fd.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lets the vCPU run.
+    pub fn resume(&self) {
+        self.shared.want.store(RUN, Ordering::Release);
+        let _state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.shared.changed.notify_all();
+    }
+
+    /// Stops the vCPU and returns once it is parked (or has failed).
+    pub fn pause(&self) {
+        self.shared.want.store(PAUSE, Ordering::Release);
+        self.wait_parked();
+    }
+
+    fn wait_parked(&self) {
+        let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        while *state == State::Running {
+            self.kick();
+            state = self
+                .shared
+                .changed
+                .wait_timeout(state, Duration::from_millis(1))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn kick(&self) {
+        let thread = self.shared.pthread.load(Ordering::Acquire);
+        if thread != 0 {
+            // SAFETY: the thread set its own id and lives until this Vcpu is
+            // dropped, which joins it after the last kick.
+            unsafe { libc::pthread_kill(thread as libc::pthread_t, kick_signal()) };
+        }
+    }
+
+    /// Why the vCPU stopped on its own, if it did.
+    pub fn failure(&self) -> Option<String> {
+        match &*self.shared.state.lock().unwrap_or_else(|e| e.into_inner()) {
+            State::Failed(why) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
+    /// Runs the vCPU only `100 − percent`% of the time.
+    pub fn set_throttle(&self, percent: u8) {
+        self.shared
+            .throttle
+            .store(percent.min(99), Ordering::Relaxed);
+    }
+}
+
+impl Drop for Vcpu {
+    fn drop(&mut self) {
+        self.shared.want.store(EXIT, Ordering::Release);
+        {
+            let _state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.changed.notify_all();
+        }
+        self.wait_parked();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn set_state(s: &Shared, state: State) {
+    *s.state.lock().unwrap_or_else(|e| e.into_inner()) = state;
+    s.changed.notify_all();
+}
+
+fn run(s: &Shared) {
+    // SAFETY: pthread_self has no preconditions.
+    s.pthread
+        .store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
+    loop {
+        {
+            let mut state = s.state.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                match s.want.load(Ordering::Acquire) {
+                    EXIT => return,
+                    RUN if !matches!(*state, State::Failed(_)) => break,
+                    _ => {}
+                }
+                state = s.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+            }
+            *state = State::Running;
+        }
+        let outcome = run_until_asked(s);
+        let mut fd = s.fd.lock().unwrap_or_else(|e| e.into_inner());
+        // Complete the I/O of the last exit before the state can be saved.
+        fd.set_kvm_immediate_exit(1);
+        let _ = fd.run();
+        fd.set_kvm_immediate_exit(0);
+        drop(fd);
+        set_state(
+            s,
+            match outcome {
+                Ok(()) => State::Parked,
+                Err(why) => State::Failed(why),
+            },
+        );
+    }
+}
+
+fn run_until_asked(s: &Shared) -> Result<(), String> {
+    let mut fd = s.fd.lock().unwrap_or_else(|e| e.into_inner());
+    let mut slice_start = Instant::now();
+    while s.want.load(Ordering::Acquire) == RUN {
+        let pct = s.throttle.load(Ordering::Relaxed);
+        if pct > 0 && slice_start.elapsed() >= SLICE {
+            std::thread::sleep(throttle_sleep(pct));
+            slice_start = Instant::now();
+        }
+        match fd.run() {
+            Ok(VcpuExit::IoOut(port, data)) => {
+                if let Some(offset) = serial_offset(port) {
+                    let mut dev = s.devices.lock().unwrap_or_else(|e| e.into_inner());
+                    dev.console.write(offset, data[0]);
+                }
+            }
+            Ok(VcpuExit::IoIn(port, data)) => {
+                data.fill(0xff);
+                if let Some(offset) = serial_offset(port) {
+                    let mut dev = s.devices.lock().unwrap_or_else(|e| e.into_inner());
+                    data[0] = dev.console.read(offset);
+                }
+            }
+            Ok(VcpuExit::MmioWrite(addr, data)) => {
+                if let Some(offset) = mmio_offset(addr) {
+                    let mut dev = s.devices.lock().unwrap_or_else(|e| e.into_inner());
+                    dev.blk.write(offset, data);
+                }
+            }
+            Ok(VcpuExit::MmioRead(addr, data)) => {
+                data.fill(0);
+                if let Some(offset) = mmio_offset(addr) {
+                    let dev = s.devices.lock().unwrap_or_else(|e| e.into_inner());
+                    dev.blk.read(offset, data);
+                }
+            }
+            Ok(exit) => return Err(format!("the guest stopped: {exit:?}")),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+            Err(e) => return Err(format!("KVM_RUN failed: {e}")),
+        }
+    }
+    Ok(())
+}
+
+fn serial_offset(port: u16) -> Option<u8> {
+    port.checked_sub(SERIAL_PORT)
+        .filter(|&o| o < 8)
+        .map(|o| o as u8)
+}
+
+fn mmio_offset(addr: u64) -> Option<u64> {
+    addr.checked_sub(MMIO_BASE).filter(|&o| o < MMIO_SIZE)
+}

@@ -1,0 +1,370 @@
+//! The VM, and what it tells ferry's engine ([`ferry_engine::vmm::Vm`]).
+
+use crate::blk::{self, Blk};
+use crate::guest::GuestParams;
+use crate::layout::QUEUE_SIZE;
+use crate::serial::{self, Console, ConsoleOut};
+use crate::vcpu::Vcpu;
+use crate::{boot, memory, Devices};
+use ferry_engine::vmm::{
+    BackendError, Backing, DirtyPages, DirtySource, DirtyTracking, GuestRam, HarvestStats, Section,
+    SectionId, SectionSpec, Vm, PAGE_SIZE,
+};
+use ferry_kvm::cpu_state::{self, Snapshot, VcpuContext, VmDevices, XsaveKind};
+use ferry_kvm::dirty::KvmDirtySource;
+use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
+use kvm_ioctls::{Kvm, VmFd};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// What the stream header names this VMM.
+pub const VMM_ID: &str = "minivmm";
+/// Where KVM on Intel wants its (unused) real-mode TSS: outside memory.
+const TSS_ADDRESS: usize = 0xfffb_d000;
+
+/// The VM's configuration; the engine carries it to the destination.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MiniConfig {
+    /// MiB of the data region (the hole and the system region are fixed).
+    pub data_mib: u64,
+    /// The disk image both ends open.
+    pub disk: PathBuf,
+    /// Data pages the guest writes per loop.
+    pub sweep_per_loop: u32,
+    /// A console line every this many loops (a power of two).
+    pub line_every: u32,
+    /// The `virtio-blk` section version this VMM saves (tests change it to
+    /// see a destination refuse one it cannot load).
+    #[serde(default = "blk_version")]
+    pub blk_version: u32,
+}
+
+fn blk_version() -> u32 {
+    blk::VERSION
+}
+
+impl MiniConfig {
+    /// A VM with `data_mib` MiB of data and the disk at `disk`.
+    pub fn new(data_mib: u64, disk: PathBuf) -> Self {
+        MiniConfig {
+            data_mib,
+            disk,
+            sweep_per_loop: 4,
+            line_every: 8,
+            blk_version: blk::VERSION,
+        }
+    }
+}
+
+/// Errors building a VM.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// Memory.
+    #[error(transparent)]
+    Memory(#[from] memory::MemoryError),
+    /// A KVM call.
+    #[error("{0} failed: {1}")]
+    Kvm(&'static str, kvm_ioctls::Error),
+    /// The boot image.
+    #[error(transparent)]
+    Boot(#[from] boot::BootError),
+    /// A device.
+    #[error(transparent)]
+    Device(#[from] crate::DeviceError),
+    /// ferry's KVM pieces (dirty log, vCPU state).
+    #[error(transparent)]
+    Ferry(#[from] ferry_kvm::KvmError),
+    /// The configuration.
+    #[error("{0}")]
+    Config(String),
+}
+
+impl From<VmError> for BackendError {
+    fn from(e: VmError) -> Self {
+        BackendError::Operation {
+            backend: VMM_ID.into(),
+            what: "build the VM".into(),
+            source: Some(Box::new(e)),
+        }
+    }
+}
+
+fn kvm(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+    move |e| VmError::Kvm(op, e)
+}
+
+/// A minivmm VM: one vCPU, a serial port, a virtio-blk disk.
+pub struct MiniVm {
+    config: MiniConfig,
+    vm: Arc<VmFd>,
+    ram: Arc<GuestRam>,
+    vcpu: Vcpu,
+    devices: Arc<Mutex<Devices>>,
+    sources: Vec<Box<dyn DirtySource>>,
+    cpu: CpuContext,
+    running: bool,
+}
+
+/// What saving the vCPU needs, probed once.
+struct CpuContext {
+    msrs: Vec<u32>,
+    xsave: XsaveKind,
+}
+
+impl MiniVm {
+    /// A VM whose guest starts from the beginning, console into `console`.
+    pub fn boot(
+        config: MiniConfig,
+        backing: Backing,
+        console: ConsoleOut,
+    ) -> Result<Self, VmError> {
+        let vm = Self::build(config, backing, console, true)?;
+        let params = GuestParams {
+            data_pages: vm.config.data_mib * (1 << 20) / PAGE_SIZE as u64,
+            sweep_per_loop: vm.config.sweep_per_loop.max(1),
+            line_every: vm.config.line_every,
+        };
+        boot::load(&vm.ram, params)?;
+        Ok(vm)
+    }
+
+    /// A VM for an incoming migration: memory, vCPU and devices as the
+    /// source's will be, all to be loaded.
+    pub fn incoming(
+        config: MiniConfig,
+        backing: Backing,
+        console: ConsoleOut,
+    ) -> Result<Self, VmError> {
+        Self::build(config, backing, console, false)
+    }
+
+    fn build(
+        config: MiniConfig,
+        backing: Backing,
+        console: ConsoleOut,
+        fresh: bool,
+    ) -> Result<Self, VmError> {
+        if !config.line_every.is_power_of_two() {
+            return Err(VmError::Config(format!(
+                "a console line every {} loops: use a power of two",
+                config.line_every
+            )));
+        }
+        let kvm_fd = Kvm::new().map_err(kvm("open /dev/kvm"))?;
+        let vm = Arc::new(kvm_fd.create_vm().map_err(kvm("KVM_CREATE_VM"))?);
+        vm.set_tss_address(TSS_ADDRESS)
+            .map_err(kvm("KVM_SET_TSS_ADDR"))?;
+        let ram = Arc::new(
+            GuestRam::from_memory(memory::build(config.data_mib, backing)?, backing)
+                .map_err(|e| VmError::Config(e.to_string()))?,
+        );
+        for slot in ram.slots() {
+            let region = kvm_userspace_memory_region {
+                slot: slot.slot,
+                flags: 0,
+                guest_phys_addr: slot.gpa.0,
+                memory_size: slot.size,
+                userspace_addr: ram.host_address(slot) as u64,
+            };
+            // SAFETY: the mapping belongs to `ram`, which the VM holds for
+            // as long as the VM fd lives.
+            unsafe { vm.set_user_memory_region(region) }
+                .map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
+        }
+        let fd = vm.create_vcpu(0).map_err(kvm("KVM_CREATE_VCPU"))?;
+        let cpuid = kvm_fd
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
+        fd.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
+        let msrs = cpu_state::msrs::probe(&kvm_fd, &fd)
+            .map_err(|e| VmError::Config(format!("probing the MSRs: {e}")))?
+            .saveable;
+        let xsave = XsaveKind::of(&vm).map_err(|e| VmError::Config(e.to_string()))?;
+        if fresh {
+            let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+            fd.set_sregs(&boot::sregs(sregs))
+                .map_err(kvm("KVM_SET_SREGS"))?;
+            fd.set_regs(&boot::regs()).map_err(kvm("KVM_SET_REGS"))?;
+        }
+        let disk = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&config.disk)
+            .map_err(crate::DeviceError::Disk)?;
+        let devices = Arc::new(Mutex::new(Devices {
+            console: Console::new(console),
+            blk: Blk::new(Arc::clone(&ram), disk, QUEUE_SIZE)?,
+        }));
+        let vcpu = Vcpu::spawn(fd, Arc::clone(&devices))
+            .map_err(|e| VmError::Config(format!("cannot start the vCPU thread: {e}")))?;
+        let log = KvmDirtySource::new(DirtyTracking::Bitmap, Arc::clone(&vm), Arc::clone(&ram))?;
+        Ok(MiniVm {
+            config,
+            vm,
+            ram,
+            vcpu,
+            devices,
+            sources: vec![Box::new(log)],
+            cpu: CpuContext { msrs, xsave },
+            running: false,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MiniConfig {
+        &self.config
+    }
+
+    /// Sequence numbers of the disk writes this VM's device served.
+    pub fn disk_journal(&self) -> Vec<u64> {
+        self.lock_devices().blk.journal.clone()
+    }
+
+    fn lock_devices(&self) -> std::sync::MutexGuard<'_, Devices> {
+        self.devices.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn context(&self) -> VcpuContext<'_> {
+        VcpuContext {
+            msrs: &self.cpu.msrs,
+            xsave: self.cpu.xsave,
+            lapic: false,
+        }
+    }
+
+    fn state_error(e: cpu_state::StateError) -> BackendError {
+        e.into()
+    }
+}
+
+/// The ferry-kvm VM devices this VM has: none (no irqchip, no PIT; the
+/// guest takes no interrupt).
+fn no_chips(vm: &VmFd) -> VmDevices {
+    VmDevices::new(vm, false, false)
+}
+
+impl Vm for MiniVm {
+    fn vmm_id(&self) -> &str {
+        VMM_ID
+    }
+    fn vcpus(&self) -> u32 {
+        1
+    }
+    fn vmm_config(&self) -> serde_json::Value {
+        serde_json::to_value(&self.config).expect("plain data serializes")
+    }
+    fn ram(&self) -> &Arc<GuestRam> {
+        &self.ram
+    }
+    fn start(&mut self) -> Result<(), BackendError> {
+        self.vcpu.resume();
+        self.running = true;
+        Ok(())
+    }
+    fn pause(&mut self) -> Result<(), BackendError> {
+        // The vCPU, then the devices: they serve requests only on the
+        // vCPU's exits, so a parked vCPU leaves them idle.
+        self.vcpu.pause();
+        self.running = false;
+        Ok(())
+    }
+    fn is_running(&self) -> bool {
+        self.running
+    }
+    fn check_health(&self) -> Result<(), BackendError> {
+        match self.vcpu.failure() {
+            Some(reason) => Err(BackendError::VcpuFailed { vcpu: 0, reason }),
+            None => Ok(()),
+        }
+    }
+    fn dirty_tracking(&self) -> String {
+        "kvm bitmap + vm-memory bitmap".into()
+    }
+    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn harvest_dirty(&mut self, _: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
+        // The KVM log is a dirty source, and the devices' writes go through
+        // vm-memory's bitmap, which the engine reads itself.
+        Ok(HarvestStats::default())
+    }
+    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn dirty_sources(&mut self) -> &mut [Box<dyn DirtySource>] {
+        &mut self.sources
+    }
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
+        self.vcpu.set_throttle(percent);
+        Ok(())
+    }
+    fn state_sections(&self) -> Vec<SectionSpec> {
+        vec![
+            SectionSpec::new(serial::SECTION, serial::VERSION, 1),
+            SectionSpec::new(blk::SECTION, self.config.blk_version, 1),
+        ]
+    }
+    fn save_sections(&mut self) -> Result<Vec<Section>, BackendError> {
+        let dev = self.lock_devices();
+        let section = |name: &str, version, data| Section {
+            id: SectionId {
+                name: name.into(),
+                instance: 0,
+                version,
+            },
+            data,
+            subsections: Vec::new(),
+        };
+        Ok(vec![
+            section(serial::SECTION, serial::VERSION, dev.console.save()),
+            section(blk::SECTION, self.config.blk_version, dev.blk.save()),
+        ])
+    }
+    fn restore_sections(&mut self, sections: &[Section]) -> Result<(), BackendError> {
+        let mut dev = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        for s in sections {
+            let loaded = match s.id.name.as_str() {
+                serial::SECTION => dev.console.restore(&s.data),
+                blk::SECTION => dev.blk.restore(&s.data),
+                _ => Ok(()),
+            };
+            loaded.map_err(|e| BackendError::BadVcpuState(e.to_string()))?;
+        }
+        Ok(())
+    }
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
+        if self.running {
+            return Err(BackendError::NotPaused("save vCPU state"));
+        }
+        let chips = cpu_state::vm_level::save(&self.vm, no_chips(&self.vm))
+            .map_err(|e| Self::state_error(e.into()))?;
+        let vcpu =
+            cpu_state::save_vcpu(0, &self.vcpu.fd(), &self.context()).map_err(Self::state_error)?;
+        Snapshot {
+            vm: chips,
+            vcpus: vec![vcpu],
+        }
+        .encode()
+        .map_err(Self::state_error)
+    }
+    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
+        if self.running {
+            return Err(BackendError::NotPaused("restore vCPU state"));
+        }
+        let snap = Snapshot::decode(state).map_err(Self::state_error)?;
+        let [vcpu] = snap.vcpus.as_slice() else {
+            return Err(BackendError::BadVcpuState(format!(
+                "state for {} vCPUs, minivmm has 1",
+                snap.vcpus.len()
+            )));
+        };
+        let cx = self.context();
+        snap.check_fits(no_chips(&self.vm), &cx)
+            .map_err(Self::state_error)?;
+        cpu_state::vm_level::restore(&self.vm, &snap.vm)
+            .map_err(|e| Self::state_error(e.into()))?;
+        cpu_state::restore_vcpu(0, &self.vcpu.fd(), &cx, vcpu).map_err(Self::state_error)?;
+        Ok(())
+    }
+}
