@@ -130,12 +130,17 @@ impl MiniVm {
     }
 
     /// A VM for an incoming migration: memory, vCPU and devices as the
-    /// source's will be, all to be loaded.
+    /// source's will be, all to be loaded. It loads the section versions
+    /// this build of minivmm knows, whatever the source saves.
     pub fn incoming(
         config: MiniConfig,
         backing: Backing,
         console: ConsoleOut,
     ) -> Result<Self, VmError> {
+        let config = MiniConfig {
+            blk_version: blk::VERSION,
+            ..config
+        };
         Self::build(config, backing, console, false)
     }
 

@@ -1,0 +1,112 @@
+//! minivmm's device sections through the engine, both ends in this process
+//! over loopback: a destination that cannot load the source's virtio-blk
+//! section refuses it by name before any memory moves, and the source's
+//! guest runs on with its console and disk streams unbroken.
+
+use ferry_engine::vmm::{receive_as, BackendError, Backing, StreamHeader, Vm};
+use ferry_engine::{
+    await_migration, listen, migrate, NoProgress, PrecopyOptions, ReceiveOptions, TcpDialer,
+};
+use minivmm::serial::ConsoleOut;
+use minivmm::{checks, probe, MiniConfig, MiniVm};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A console that keeps what the guest printed.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+fn disk(name: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("minivmm-{name}-{}.img", std::process::id()));
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(minivmm::layout::DISK_BLOCKS * minivmm::layout::BLOCK_BYTES)
+        .unwrap();
+    path
+}
+
+#[test]
+fn a_virtio_blk_section_the_destination_cannot_load_is_refused_by_name() {
+    if kvm_ioctls::Kvm::new().is_err() {
+        println!("SKIP minivmm sections: /dev/kvm is not available here");
+        return;
+    }
+    let path = disk("sections");
+    let listener = listen("127.0.0.1:0").unwrap();
+    let to = TcpDialer(listener.local_addr().unwrap().to_string());
+    let destination = std::thread::spawn(move || {
+        let incoming = await_migration(&listener).unwrap();
+        let mut factory = |h: &StreamHeader| -> Result<MiniVm, BackendError> {
+            let config: MiniConfig = serde_json::from_value(h.vmm_config.clone()).unwrap();
+            let out = ConsoleOut::new(Box::new(std::io::sink()));
+            Ok(MiniVm::incoming(config, Backing::Anonymous, out)?)
+        };
+        receive_as(
+            incoming,
+            &listener,
+            &mut factory,
+            &ReceiveOptions::default(),
+        )
+        .err()
+    });
+
+    // A source whose virtio-blk state is a version this minivmm does not load.
+    let console = Captured::default();
+    let config = MiniConfig {
+        blk_version: minivmm::blk::VERSION + 1,
+        ..MiniConfig::new(8, path.clone())
+    };
+    let out = ConsoleOut::new(Box::new(console.clone()));
+    let mut vm = MiniVm::boot(config, Backing::Anonymous, out).unwrap();
+    vm.start().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let err = migrate(&mut vm, &to, &PrecopyOptions::default(), &NoProgress)
+        .expect_err("the destination cannot load it");
+    let why = ferry_engine::vmm::error_chain(&err);
+    println!("refused: {why}");
+    assert!(why.contains("virtio-blk"), "{why}");
+    let versions = format!("{}", minivmm::blk::VERSION + 1);
+    assert!(why.contains(&versions), "{why}");
+    assert!(
+        destination.join().unwrap().is_some(),
+        "the destination failed too"
+    );
+
+    // The source runs on: more lines and disk requests, none lost.
+    assert!(vm.is_running());
+    let before = probe::counters(&vm).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    vm.pause().unwrap();
+    let after = probe::counters(&vm).unwrap();
+    assert!(
+        after.console_lines > before.console_lines,
+        "{before:?} {after:?}"
+    );
+    assert!(after.reads_verified > before.reads_verified);
+    assert_eq!(after.bad_reads + after.status_errors, 0);
+    let lines = checks::console(&console.text());
+    assert_eq!(
+        (lines.lost, lines.doubled, lines.bad),
+        (0, 0, 0),
+        "{lines:?}"
+    );
+    let disk = checks::disk(&vm.disk_journal());
+    assert_eq!((disk.lost, disk.doubled), (0, 0), "{disk:?}");
+    let _ = std::fs::remove_file(path);
+}
