@@ -185,6 +185,9 @@ pub enum MigrationError {
     /// side's [`crate::transport::Health`] and reported instead of this.
     #[error("the migration was aborted")]
     Aborted,
+    /// A same-host migration failed.
+    #[error(transparent)]
+    Local(#[from] crate::local::LocalError),
 }
 
 /// "destination refused the stream: …" or "source gave up the migration: …".

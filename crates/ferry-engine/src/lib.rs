@@ -35,6 +35,7 @@ mod converge_mode;
 pub mod digest;
 mod dirty_logs;
 pub mod error;
+pub mod local;
 pub mod monitor;
 pub mod postcopy;
 pub mod precopy;

@@ -256,6 +256,8 @@ pub struct TestVm {
     pub sources: Vec<Box<dyn DirtySource>>,
     /// The lifecycle events the engine told it, in order.
     pub events: Arc<Mutex<Vec<String>>>,
+    /// Refuse any vCPU state (a destination that fails to load).
+    pub fail_restore: bool,
 }
 
 /// A device that writes one page of the system slot by DMA: through the raw
@@ -365,10 +367,16 @@ impl Devices {
 
 impl TestVm {
     pub fn new(config: &TestConfig) -> Result<Self, BackendError> {
-        let ram = Arc::new(GuestRam::with_regions(&config.regions(), config.backing)?);
+        let ram = GuestRam::with_regions(&config.regions(), config.backing)?;
         // Something for the VMM to have written at build time, as VMMs do.
         ram.store_u64(MARKER, 0xc0de)?;
-        Ok(TestVm {
+        Ok(Self::on_ram(config, ram))
+    }
+
+    /// A VM on RAM made elsewhere (mapped from another process's files).
+    pub fn on_ram(config: &TestConfig, ram: GuestRam) -> Self {
+        let ram = Arc::new(ram);
+        TestVm {
             config: config.clone(),
             ram,
             position: Arc::new(AtomicU64::new(1 << 32)),
@@ -382,7 +390,8 @@ impl TestVm {
             dma: None,
             sources: Vec::new(),
             events: Arc::default(),
-        })
+            fail_restore: false,
+        }
     }
 
     pub fn boxed(config: &TestConfig) -> Result<Box<dyn Vm>, BackendError> {
@@ -571,6 +580,9 @@ impl Vm for TestVm {
         Ok(())
     }
     fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
+        if self.fail_restore {
+            return Err(BackendError::BadVcpuState("this test VM loads none".into()));
+        }
         let bytes: [u8; 8] = state
             .try_into()
             .map_err(|_| BackendError::BadVcpuState(format!("{} bytes", state.len())))?;

@@ -1,0 +1,312 @@
+//! The destination of a same-host migration.
+
+use super::digest::LocalDigest;
+use super::message::{self, Head};
+use super::{LocalError, LocalOptions, LocalSummary};
+use crate::error::MigrationError;
+use crate::summary::{ms, Status};
+use crate::wire::{self, StreamHeader};
+use ferry_backend::{
+    BackendError, Backing, DirtyPages, Gfn, GuestRam, Lifecycle, SharedRegion, Vm,
+};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::time::Instant;
+
+/// hugetlbfs's magic number in `statfs`.
+const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+
+/// Listens on the UNIX socket `path`, replacing a stale socket there (but
+/// never another kind of file).
+pub fn listen_local(path: &Path) -> Result<UnixListener, MigrationError> {
+    let bind = |source| LocalError::Path {
+        what: "listen on",
+        path: path.into(),
+        source,
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(bind(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is there",
+            ))
+            .into());
+        }
+        std::fs::remove_file(path).map_err(bind)?;
+    }
+    Ok(UnixListener::bind(path).map_err(bind)?)
+}
+
+/// A same-host migration that has arrived: the VM it offers and its
+/// memory's files.
+pub struct LocalIncoming {
+    stream: UnixStream,
+    header: StreamHeader,
+    regions: Vec<SharedRegion>,
+    backing: Backing,
+    start: Instant,
+}
+
+impl LocalIncoming {
+    /// The VM on offer: its VMM, configuration, regions and sections.
+    pub fn header(&self) -> &StreamHeader {
+        &self.header
+    }
+}
+
+/// Waits on `listener` for a source, and reads its offer and files.
+pub fn await_local(
+    listener: &UnixListener,
+    opts: &LocalOptions,
+) -> Result<LocalIncoming, MigrationError> {
+    let (stream, _) = listener.accept().map_err(|source| LocalError::Socket {
+        what: "accept",
+        message: "a source",
+        source,
+    })?;
+    let start = Instant::now();
+    stream
+        .set_read_timeout(Some(opts.timeout))
+        .map_err(|source| LocalError::Socket {
+            what: "set a timeout on",
+            message: "the socket",
+            source,
+        })?;
+    let offer = message::recv(&stream)?;
+    let refuse = |stream: &UnixStream, why: String| {
+        let _ = message::send(
+            stream,
+            &Head::Refused {
+                reason: why.clone(),
+            },
+            &[],
+            &[],
+        );
+        MigrationError::from(LocalError::Protocol(why))
+    };
+    let Head::Offer {
+        version,
+        header,
+        offsets,
+    } = offer.head
+    else {
+        return Err(refuse(
+            &stream,
+            format!("expected an offer, got {}", offer.head.name()),
+        ));
+    };
+    if version != message::VERSION {
+        return Err(refuse(
+            &stream,
+            format!(
+                "the source speaks version {version} of the same-host protocol, this ferry {}",
+                message::VERSION
+            ),
+        ));
+    }
+    let n = header.regions.len();
+    if offer.fds.len() != n || offsets.len() != n {
+        return Err(refuse(
+            &stream,
+            format!(
+                "{n} regions, but {} files and {} offsets",
+                offer.fds.len(),
+                offsets.len()
+            ),
+        ));
+    }
+    let mut regions = Vec::with_capacity(n);
+    for ((region, fd), offset) in header.regions.iter().zip(offer.fds).zip(offsets) {
+        regions.push(SharedRegion {
+            gpa: ferry_backend::Gpa(region.gpa),
+            size: region.bytes,
+            file: File::from(fd),
+            offset,
+        });
+    }
+    let backing = match regions.first() {
+        Some(r) if on_hugetlbfs(&r.file) => Backing::Hugetlb,
+        _ => Backing::Memfd,
+    };
+    Ok(LocalIncoming {
+        stream,
+        header,
+        regions,
+        backing,
+        start,
+    })
+}
+
+fn on_hugetlbfs(file: &File) -> bool {
+    // SAFETY: statfs is plain data; fstatfs fills it for a valid fd.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) };
+    rc == 0 && st.f_type as i64 == HUGETLBFS_MAGIC
+}
+
+/// Takes the VM `incoming` offers: maps its memory, has `create_vm` build
+/// a `V` on that memory (`GuestRam` made from the source's files; build
+/// the VM's memory slots and devices on it), loads the state, checks the
+/// digest, resumes the guest, and returns the running VM.
+pub fn receive_local_as<V: Vm>(
+    incoming: LocalIncoming,
+    create_vm: &mut dyn FnMut(&StreamHeader, GuestRam) -> Result<V, BackendError>,
+    opts: &LocalOptions,
+) -> Result<(V, LocalSummary), MigrationError> {
+    let LocalIncoming {
+        stream,
+        header,
+        regions,
+        backing,
+        start,
+    } = incoming;
+    let fail = |stream: &UnixStream, head: Head, e: MigrationError| {
+        let _ = message::send(stream, &head, &[], &[]);
+        e
+    };
+    let built = GuestRam::from_files(regions, backing)
+        .map_err(MigrationError::ram("map the source's memory"))
+        .and_then(|ram| {
+            create_vm(&header, ram).map_err(MigrationError::backend("create the destination VM"))
+        })
+        .and_then(|vm| {
+            header.check_destination(&vm)?;
+            wire::sections::check_manifest(&header.sections, &vm.state_sections())?;
+            Ok(vm)
+        });
+    let mut vm = match built {
+        Ok(vm) => vm,
+        Err(e) => {
+            let reason = e.chain();
+            return Err(fail(&stream, Head::Refused { reason }, e));
+        }
+    };
+    vm.migration_event(Lifecycle::Started);
+    let mut summary = LocalSummary {
+        status: Status::Failed,
+        vmm: header.vmm.clone(),
+        memory_bytes: vm.ram().size(),
+        regions: header.regions.len(),
+        hash_ms: 0.0,
+        dirty_pages: 0,
+        downtime_ms: 0.0,
+        total_ms: 0.0,
+        state_bytes: 0,
+        digest_match: false,
+        guest: None,
+        error: None,
+    };
+    match take_over(&mut vm, &stream, &header, opts, &mut summary) {
+        Ok(()) => {
+            summary.status = Status::Completed;
+            summary.total_ms = ms(start.elapsed());
+            vm.migration_event(Lifecycle::Completed);
+            Ok((vm, summary))
+        }
+        Err(e) => {
+            if vm.is_running() {
+                let _ = vm.pause();
+            }
+            vm.migration_event(Lifecycle::Aborted(&e.chain()));
+            Err(e)
+        }
+    }
+}
+
+fn take_over(
+    vm: &mut dyn Vm,
+    stream: &UnixStream,
+    header: &StreamHeader,
+    opts: &LocalOptions,
+    summary: &mut LocalSummary,
+) -> Result<(), MigrationError> {
+    let ram = std::sync::Arc::clone(vm.ram());
+    let hashing = Instant::now();
+    let mut digest = LocalDigest::scan(&ram)?;
+    summary.hash_ms = ms(hashing.elapsed());
+    message::send(stream, &Head::Accepted, &[], &[])?;
+
+    let state = message::recv(stream)?;
+    let arrived = Instant::now();
+    let Head::State {
+        dirty,
+        digest: source_digest,
+    } = state.head
+    else {
+        return Err(
+            LocalError::Protocol(format!("expected the state, got {}", state.head.name())).into(),
+        );
+    };
+    let loaded = load(vm, &ram, &state.blobs, header, &dirty, &mut digest, summary);
+    let loaded = loaded.and_then(|()| {
+        summary.digest_match = digest.value() == source_digest;
+        if summary.digest_match {
+            Ok(())
+        } else {
+            Err(LocalError::DigestMismatch {
+                source_digest,
+                destination_digest: digest.value(),
+            }
+            .into())
+        }
+    });
+    if let Err(e) = loaded {
+        let reason = e.chain();
+        let _ = message::send(stream, &Head::Failed { reason }, &[], &[]);
+        return Err(e);
+    }
+    if let Some(probe) = &opts.probe {
+        summary.guest = Some(probe.read(vm).map_err(MigrationError::Probe)?);
+    }
+    message::send(stream, &Head::Ready, &[], &[])?;
+    match message::recv(stream)?.head {
+        Head::Go => {}
+        other => {
+            return Err(LocalError::Protocol(format!("expected go, got {}", other.name())).into())
+        }
+    }
+    vm.start()
+        .map_err(MigrationError::backend("resume the guest"))?;
+    summary.downtime_ms = ms(arrived.elapsed());
+    message::send(stream, &Head::Resumed, &[], &[])?;
+    Ok(())
+}
+
+/// Loads the vCPU state and sections, and rehashes what was dirty.
+fn load(
+    vm: &mut dyn Vm,
+    ram: &GuestRam,
+    blobs: &[Vec<u8>],
+    header: &StreamHeader,
+    dirty: &[(u64, u64)],
+    digest: &mut LocalDigest,
+    summary: &mut LocalSummary,
+) -> Result<(), MigrationError> {
+    let [vcpus, sections] = blobs else {
+        return Err(LocalError::Protocol(format!("{} state blobs, not 2", blobs.len())).into());
+    };
+    summary.state_bytes = (vcpus.len() + sections.len()) as u64;
+    let mut pages = DirtyPages::new(ram.pages());
+    for &(first, count) in dirty {
+        if first.checked_add(count).is_none_or(|end| end > ram.pages()) {
+            return Err(LocalError::Protocol(format!(
+                "dirty pages {first}+{count} beyond the {} of guest memory",
+                ram.pages()
+            ))
+            .into());
+        }
+        (first..first + count).for_each(|g| pages.set(Gfn(g)));
+    }
+    summary.dirty_pages = digest.refresh(ram, &pages)?;
+    vm.restore_vcpus(vcpus)
+        .map_err(MigrationError::backend("load the vCPU state"))?;
+    let sections = wire::sections::decode(sections)?;
+    wire::sections::check_sections(&sections, &header.sections, &vm.state_sections())?;
+    vm.restore_sections(&sections)
+        .map_err(MigrationError::backend("load the device sections"))?;
+    Ok(())
+}

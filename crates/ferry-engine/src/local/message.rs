@@ -1,0 +1,166 @@
+//! The messages of a same-host migration, over one UNIX stream socket:
+//! a JSON head, then binary blobs (vCPU state, sections), the memory's fds
+//! riding on the first byte of the Offer.
+//!
+//! ```text
+//!   frame = u32 head_len | head (JSON) | u32 blobs | (u64 len | bytes)*
+//!
+//!   source                                destination
+//!   Offer {header, offsets} + fds  ──►    maps the files, builds its VM,
+//!   (hashes its memory meanwhile)         hashes its view of them
+//!                                  ◄──    Accepted | Refused {reason}
+//!   pause, save, harvest
+//!   State {dirty, digest} + blobs  ──►    restores, rehashes what was dirty
+//!                                  ◄──    Ready | Failed {reason}
+//!   Go (the source never resumes)  ──►    resumes the guest
+//!                                  ◄──    Resumed
+//! ```
+
+use super::fds;
+use super::LocalError;
+use crate::wire::StreamHeader;
+use serde::{Deserialize, Serialize};
+use std::os::fd::{OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+/// The protocol's version; both ends must speak the same.
+pub const VERSION: u32 = 1;
+const MAX_HEAD: u32 = 16 << 20;
+const MAX_BLOBS: u32 = 16;
+const MAX_BLOB: u64 = 1 << 30;
+
+/// What a message says.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Head {
+    /// The VM to move, and where each region starts in its file (the fds
+    /// come with this message, one per region).
+    Offer {
+        /// [`VERSION`].
+        version: u32,
+        /// The VM, as a stream header describes it.
+        header: StreamHeader,
+        /// Per region: where it starts in its file.
+        offsets: Vec<u64>,
+    },
+    /// The destination mapped the memory and built its VM.
+    Accepted,
+    /// It cannot take the VM.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+    /// The paused VM's state (blobs: vCPU state, sections), the pages
+    /// dirtied since the source began hashing, and its digest at the pause.
+    State {
+        /// Runs of dirty frames, `(first, count)`.
+        dirty: Vec<(u64, u64)>,
+        /// The source's digest of memory at the pause.
+        digest: u64,
+    },
+    /// The destination loaded the state and its digest matches.
+    Ready,
+    /// It could not.
+    Failed {
+        /// Why.
+        reason: String,
+    },
+    /// Resume: the source will not run the guest again.
+    Go,
+    /// The guest runs at the destination.
+    Resumed,
+}
+
+impl Head {
+    /// Its name, for errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Head::Offer { .. } => "offer",
+            Head::Accepted => "accepted",
+            Head::Refused { .. } => "refused",
+            Head::State { .. } => "state",
+            Head::Ready => "ready",
+            Head::Failed { .. } => "failed",
+            Head::Go => "go",
+            Head::Resumed => "resumed",
+        }
+    }
+}
+
+/// Sends `head` with `blobs`, and `fds` on its first byte.
+pub fn send(
+    stream: &UnixStream,
+    head: &Head,
+    blobs: &[&[u8]],
+    fd_list: &[RawFd],
+) -> Result<(), LocalError> {
+    let json = serde_json::to_vec(head).expect("messages serialize");
+    let mut frame = Vec::with_capacity(json.len() + 8);
+    frame.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&json);
+    frame.extend_from_slice(&(blobs.len() as u32).to_le_bytes());
+    for b in blobs {
+        frame.extend_from_slice(&(b.len() as u64).to_le_bytes());
+        frame.extend_from_slice(b);
+    }
+    fds::send(stream, &frame, fd_list).map_err(|e| LocalError::Socket {
+        what: "send",
+        message: head.name(),
+        source: e,
+    })
+}
+
+/// What one message brought.
+pub struct Received {
+    /// What it says.
+    pub head: Head,
+    /// Its blobs.
+    pub blobs: Vec<Vec<u8>>,
+    /// The fds that came with it.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// Reads one message.
+pub fn recv(stream: &UnixStream) -> Result<Received, LocalError> {
+    let io = |e| LocalError::Socket {
+        what: "receive",
+        message: "a message",
+        source: e,
+    };
+    let mut len = [0u8; 4];
+    let fds = fds::recv(stream, &mut len).map_err(io)?;
+    let head_len = u32::from_le_bytes(len);
+    if head_len > MAX_HEAD {
+        return Err(LocalError::Protocol(format!(
+            "a message head of {head_len} bytes"
+        )));
+    }
+    let mut json = vec![0u8; head_len as usize];
+    read(stream, &mut json).map_err(io)?;
+    let head: Head = serde_json::from_slice(&json)
+        .map_err(|e| LocalError::Protocol(format!("a message that does not parse: {e}")))?;
+    read(stream, &mut len).map_err(io)?;
+    let count = u32::from_le_bytes(len);
+    if count > MAX_BLOBS {
+        return Err(LocalError::Protocol(format!(
+            "{count} blobs in one message"
+        )));
+    }
+    let mut blobs = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let mut n = [0u8; 8];
+        read(stream, &mut n).map_err(io)?;
+        let n = u64::from_le_bytes(n);
+        if n > MAX_BLOB {
+            return Err(LocalError::Protocol(format!("a blob of {n} bytes")));
+        }
+        let mut blob = vec![0u8; n as usize];
+        read(stream, &mut blob).map_err(io)?;
+        blobs.push(blob);
+    }
+    Ok(Received { head, blobs, fds })
+}
+
+fn read(stream: &UnixStream, buf: &mut [u8]) -> std::io::Result<()> {
+    std::io::Read::read_exact(&mut &*stream, buf)
+}

@@ -1,0 +1,143 @@
+//! Same-host live upgrade: the VM moves to a new VMM process on this host
+//! without its memory being copied. The source hands the guest memory's
+//! files (memfd, hugetlbfs) to the destination over a UNIX socket
+//! (`SCM_RIGHTS`); the destination maps the same pages, and only the
+//! vCPU and device state travel at the switchover. Downtime is the state
+//! transfer and its load, and does not grow with memory: the mapping is
+//! made, and memory hashed, while the guest still runs (see [`digest`]).
+//!
+//! Cloud Hypervisor's local migration and QEMU's `cpr-transfer` pass
+//! memory the same way.
+//!
+//! - **Fd-backed memory only.** Anonymous memory belongs to one process;
+//!   it is refused before anything starts, naming `--backing memfd`.
+//! - **Failure.** Until the destination says it is ready, the source can
+//!   resume: the destination never ran the guest. Once the source says Go
+//!   it never resumes, since both would run on the same memory; if the
+//!   destination then vanishes before saying it resumed, the source holds
+//!   its paused copy ([`Status::Held`]) for an operator.
+//! - **Proof.** Both ends hash the memory they map; the digests at the
+//!   pause must match before the destination resumes.
+//!
+//! The messages are in [`message`].
+
+mod destination;
+pub mod digest;
+pub mod fds;
+pub mod message;
+mod source;
+
+pub use destination::{await_local, listen_local, receive_local_as, LocalIncoming};
+pub use source::migrate_local;
+
+use crate::summary::Status;
+use ferry_backend::{GuestCheck, GuestProbe};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What went wrong in a same-host migration.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// The VM's memory has no files to hand over.
+    #[error(
+        "a same-host migration hands guest memory over as files, and this VM's memory is \
+         anonymous: start it with --backing memfd (or on hugetlbfs files)"
+    )]
+    NotFileBacked,
+    /// The socket could not be reached or made.
+    #[error("cannot {what} the socket {path}")]
+    Path {
+        /// connect, listen on, accept on.
+        what: &'static str,
+        /// Which.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Sending or receiving a message failed.
+    #[error("cannot {what} {message}")]
+    Socket {
+        /// send or receive.
+        what: &'static str,
+        /// Which message.
+        message: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The peer broke the protocol.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// The destination refused the VM; the source runs on.
+    #[error("the destination refused the VM: {0}")]
+    Refused(String),
+    /// The destination could not load the state; the source runs on.
+    #[error("the destination failed before it resumed: {0}")]
+    Failed(String),
+    /// The memory the destination maps is not the source's.
+    #[error("digest mismatch: the source's memory hashes to {source_digest:#018x}, the destination's to {destination_digest:#018x}")]
+    DigestMismatch {
+        /// The source's digest at the pause.
+        source_digest: u64,
+        /// The destination's.
+        destination_digest: u64,
+    },
+    /// The destination went away after Go and before saying it resumed.
+    #[error(
+        "the destination went away after it was told to resume and before it said it had: the \
+         source holds its paused copy, since the guest may run there"
+    )]
+    Unconfirmed,
+}
+
+/// Options of either end.
+#[derive(Clone, Debug)]
+pub struct LocalOptions {
+    /// The guest's own checks, read at the pause and before the resume.
+    pub probe: Option<Arc<dyn GuestProbe>>,
+    /// How long to wait for the other end's next message.
+    pub timeout: Duration,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        LocalOptions {
+            probe: None,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How a same-host migration went, as one end saw it.
+#[derive(Clone, Debug, Serialize)]
+pub struct LocalSummary {
+    /// completed, failed, or held (see [`LocalError::Unconfirmed`]).
+    pub status: Status,
+    /// The VMM.
+    pub vmm: String,
+    /// Bytes of guest memory (mapped, not copied).
+    pub memory_bytes: u64,
+    /// Memory regions handed over.
+    pub regions: usize,
+    /// Hashing memory while the guest ran, in ms.
+    pub hash_ms: f64,
+    /// Pages rehashed at the pause (dirtied since hashing began).
+    pub dirty_pages: u64,
+    /// The guest's pause: source, from the pause to the destination's
+    /// word that it runs; destination, from the state's arrival to its
+    /// resume.
+    pub downtime_ms: f64,
+    /// From the start to the end, in ms.
+    pub total_ms: f64,
+    /// Bytes of vCPU and device state sent.
+    pub state_bytes: u64,
+    /// Whether the digests matched.
+    pub digest_match: bool,
+    /// The guest's own checks at the pause (source) or resume (destination).
+    pub guest: Option<GuestCheck>,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+}

@@ -1,0 +1,169 @@
+//! The source of a same-host migration.
+
+use super::digest::LocalDigest;
+use super::message::{self, Head};
+use super::{LocalError, LocalOptions, LocalSummary};
+use crate::dirty_logs;
+use crate::error::MigrationError;
+use crate::summary::{ms, Status};
+use crate::wire::{self, StreamHeader};
+use ferry_backend::{DirtyPages, Lifecycle, Vm};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Instant;
+
+/// Where the source stands, for what a failure must undo.
+#[derive(PartialEq)]
+enum Stage {
+    /// The guest runs here.
+    Running,
+    /// Paused here; the destination has not been told to resume.
+    Paused,
+    /// Told to resume: the guest is the destination's.
+    Committed,
+}
+
+/// Moves the running `vm` to the destination listening on `socket`
+/// ([`super::listen_local`]) on this host, handing it the memory's files.
+///
+/// On `Err` before the commit the guest runs here again, as it did; after
+/// it ([`LocalError::Unconfirmed`]) the VM stays paused.
+pub fn migrate_local(
+    vm: &mut dyn Vm,
+    socket: &Path,
+    opts: &LocalOptions,
+) -> Result<LocalSummary, MigrationError> {
+    let start = Instant::now();
+    let ram = std::sync::Arc::clone(vm.ram());
+    let files = ram.region_files().ok_or(LocalError::NotFileBacked)?;
+    let stream = UnixStream::connect(socket).map_err(|source| LocalError::Path {
+        what: "connect to",
+        path: socket.into(),
+        source,
+    })?;
+    stream
+        .set_read_timeout(Some(opts.timeout))
+        .map_err(|source| LocalError::Socket {
+            what: "set a timeout on",
+            message: "the socket",
+            source,
+        })?;
+    dirty_logs::start(vm)?;
+    vm.migration_event(Lifecycle::Started);
+    let mut summary = LocalSummary {
+        status: Status::Failed,
+        vmm: vm.vmm_id().to_string(),
+        memory_bytes: ram.size(),
+        regions: files.len(),
+        hash_ms: 0.0,
+        dirty_pages: 0,
+        downtime_ms: 0.0,
+        total_ms: 0.0,
+        state_bytes: 0,
+        digest_match: false,
+        guest: None,
+        error: None,
+    };
+    let mut stage = Stage::Running;
+    let fds: Vec<_> = files.iter().map(|(_, f, _)| f.as_raw_fd()).collect();
+    let offsets = files.iter().map(|(_, _, o)| *o).collect();
+    let result = switch_over(vm, &stream, &fds, offsets, opts, &mut summary, &mut stage);
+    dirty_logs::stop(vm, "after a same-host migration");
+    summary.total_ms = ms(start.elapsed());
+    match result {
+        Ok(()) => {
+            summary.status = Status::Completed;
+            vm.migration_event(Lifecycle::Completed);
+            Ok(summary)
+        }
+        Err(e) => {
+            if stage == Stage::Paused {
+                vm.start()
+                    .map_err(MigrationError::backend("resume the guest after a failure"))?;
+            }
+            vm.migration_event(Lifecycle::Aborted(&e.chain()));
+            Err(e)
+        }
+    }
+}
+
+fn switch_over(
+    vm: &mut dyn Vm,
+    stream: &UnixStream,
+    fds: &[i32],
+    offsets: Vec<u64>,
+    opts: &LocalOptions,
+    summary: &mut LocalSummary,
+    stage: &mut Stage,
+) -> Result<(), MigrationError> {
+    let header = StreamHeader::for_vm(vm);
+    let ram = std::sync::Arc::clone(vm.ram());
+    // What the logs held before now is covered by the hash that follows.
+    let mut dirty = DirtyPages::new(ram.pages());
+    dirty_logs::collect(vm, &mut dirty)?;
+    dirty.clear();
+    let offer = Head::Offer {
+        version: message::VERSION,
+        header,
+        offsets,
+    };
+    message::send(stream, &offer, &[], fds)?;
+    let hashing = Instant::now();
+    let mut digest = LocalDigest::scan(&ram)?;
+    summary.hash_ms = ms(hashing.elapsed());
+    match message::recv(stream)?.head {
+        Head::Accepted => {}
+        Head::Refused { reason } => return Err(LocalError::Refused(reason).into()),
+        other => return Err(unexpected("accepted", &other)),
+    }
+
+    let paused = Instant::now();
+    vm.pause()
+        .map_err(MigrationError::backend("pause the guest"))?;
+    *stage = Stage::Paused;
+    if let Some(probe) = &opts.probe {
+        summary.guest = Some(probe.read(vm).map_err(MigrationError::Probe)?);
+    }
+    // Saving a device may write guest memory: harvest after it.
+    let sections = vm
+        .save_sections()
+        .map_err(MigrationError::backend("save the device sections"))?;
+    dirty_logs::collect(vm, &mut dirty)?;
+    let vcpus = vm
+        .save_vcpus()
+        .map_err(MigrationError::backend("save the vCPU state"))?;
+    summary.dirty_pages = digest.refresh(&ram, &dirty)?;
+    let sections = wire::sections::encode(&sections);
+    summary.state_bytes = (vcpus.len() + sections.len()) as u64;
+    let state = Head::State {
+        dirty: dirty.runs().into_iter().map(|(g, n)| (g.0, n)).collect(),
+        digest: digest.value(),
+    };
+    message::send(stream, &state, &[&vcpus, &sections], &[])?;
+    match message::recv(stream)?.head {
+        Head::Ready => {}
+        Head::Failed { reason } => {
+            summary.digest_match = !reason.contains("digest mismatch");
+            return Err(LocalError::Failed(reason).into());
+        }
+        other => return Err(unexpected("ready", &other)),
+    }
+    summary.digest_match = true;
+    // From here the guest is the destination's, whatever happens.
+    *stage = Stage::Committed;
+    message::send(stream, &Head::Go, &[], &[])?;
+    match message::recv(stream) {
+        Ok(m) if matches!(m.head, Head::Resumed) => {}
+        _ => {
+            summary.status = Status::Held;
+            return Err(LocalError::Unconfirmed.into());
+        }
+    }
+    summary.downtime_ms = ms(paused.elapsed());
+    Ok(())
+}
+
+fn unexpected(expected: &str, got: &Head) -> MigrationError {
+    LocalError::Protocol(format!("expected {expected}, got {}", got.name())).into()
+}
