@@ -104,6 +104,9 @@ pub struct MiniVm {
     sources: Vec<Box<dyn DirtySource>>,
     cpu: CpuContext,
     running: bool,
+    /// Exit the process when vCPU state arrives (tests: a destination that
+    /// dies before it resumes).
+    pub crash_on_restore: bool,
 }
 
 /// What saving the vCPU needs, probed once.
@@ -119,7 +122,8 @@ impl MiniVm {
         backing: Backing,
         console: ConsoleOut,
     ) -> Result<Self, VmError> {
-        let vm = Self::build(config, backing, console, true)?;
+        let ram = Self::memory(&config, backing)?;
+        let vm = Self::build(config, ram, console, true)?;
         let params = GuestParams {
             data_pages: vm.config.data_mib * (1 << 20) / PAGE_SIZE as u64,
             sweep_per_loop: vm.config.sweep_per_loop.max(1),
@@ -137,16 +141,28 @@ impl MiniVm {
         backing: Backing,
         console: ConsoleOut,
     ) -> Result<Self, VmError> {
+        let ram = Self::memory(&config, backing)?;
+        Self::on_ram(config, ram, console)
+    }
+
+    /// [`MiniVm::incoming`] on memory another process made (a same-host
+    /// upgrade maps the source's memfd).
+    pub fn on_ram(config: MiniConfig, ram: GuestRam, console: ConsoleOut) -> Result<Self, VmError> {
         let config = MiniConfig {
             blk_version: blk::VERSION,
             ..config
         };
-        Self::build(config, backing, console, false)
+        Self::build(config, ram, console, false)
+    }
+
+    fn memory(config: &MiniConfig, backing: Backing) -> Result<GuestRam, VmError> {
+        GuestRam::from_memory(memory::build(config.data_mib, backing)?, backing)
+            .map_err(|e| VmError::Config(e.to_string()))
     }
 
     fn build(
         config: MiniConfig,
-        backing: Backing,
+        ram: GuestRam,
         console: ConsoleOut,
         fresh: bool,
     ) -> Result<Self, VmError> {
@@ -160,10 +176,7 @@ impl MiniVm {
         let vm = Arc::new(kvm_fd.create_vm().map_err(kvm("KVM_CREATE_VM"))?);
         vm.set_tss_address(TSS_ADDRESS)
             .map_err(kvm("KVM_SET_TSS_ADDR"))?;
-        let ram = Arc::new(
-            GuestRam::from_memory(memory::build(config.data_mib, backing)?, backing)
-                .map_err(|e| VmError::Config(e.to_string()))?,
-        );
+        let ram = Arc::new(ram);
         for slot in ram.slots() {
             let region = kvm_userspace_memory_region {
                 slot: slot.slot,
@@ -213,6 +226,7 @@ impl MiniVm {
             sources: vec![Box::new(log)],
             cpu: CpuContext { msrs, xsave },
             running: false,
+            crash_on_restore: false,
         })
     }
 
@@ -354,6 +368,10 @@ impl Vm for MiniVm {
         .map_err(Self::state_error)
     }
     fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
+        if self.crash_on_restore {
+            eprintln!("minivmm: crashing on purpose as the vCPU state arrives");
+            std::process::exit(3);
+        }
         if self.running {
             return Err(BackendError::NotPaused("restore vCPU state"));
         }

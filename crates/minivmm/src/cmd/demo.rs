@@ -18,6 +18,10 @@ pub struct DemoArgs {
     /// Mutual TLS, with throwaway certificates made for the demo.
     #[arg(long)]
     tls: bool,
+    /// Same-host live upgrade: the destination maps the source's memfd
+    /// memory over a UNIX socket instead of receiving a copy.
+    #[arg(long, conflicts_with_all = ["tls", "connections", "mode"])]
+    local: bool,
     /// MiB of the data region the guest sweeps.
     #[arg(long, default_value_t = 64)]
     data_mib: u64,
@@ -66,9 +70,16 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         tls = vec!["--tls".into(), certs.display().to_string()];
     }
 
+    let socket = dir.join("local.sock");
+    let at: Vec<String> = if a.local {
+        vec!["--local".into(), socket.display().to_string()]
+    } else {
+        vec!["--listen".into(), "127.0.0.1:0".into()]
+    };
     let mut dest = Command::new(&exe)
-        .args(["receive", "--listen", "127.0.0.1:0", "--json", "--console"])
+        .args(["receive", "--json", "--console"])
         .arg(&dst_console)
+        .args(&at)
         .args(&tls)
         .stdout(Stdio::piped())
         .spawn()
@@ -83,15 +94,25 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         .and_then(|v| v["listening"].as_str().map(String::from))
         .ok_or_else(|| format!("the destination did not say where it listens: {first:?}"))?;
 
-    let mut src_args: Vec<String> = vec![
-        "migrate".into(),
-        "--to".into(),
-        addr,
+    let mut src_args: Vec<String> = if a.local {
+        let memfd = ["--backing", "memfd"].map(String::from);
+        [
+            vec!["migrate".into(), "--local".into(), addr],
+            memfd.to_vec(),
+        ]
+        .concat()
+    } else {
+        let mode = [
+            "--mode",
+            &a.mode,
+            "--connections",
+            &a.connections.to_string(),
+        ]
+        .map(String::from);
+        [vec!["migrate".into(), "--to".into(), addr], mode.to_vec()].concat()
+    };
+    src_args.extend([
         "--json".into(),
-        "--mode".into(),
-        a.mode.clone(),
-        "--connections".into(),
-        a.connections.to_string(),
         "--data-mib".into(),
         a.data_mib.to_string(),
         "--bandwidth-mib-s".into(),
@@ -100,7 +121,7 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         disk.display().to_string(),
         "--console".into(),
         src_console.display().to_string(),
-    ];
+    ]);
     if let Some(c) = &a.converge {
         src_args.extend(["--converge".into(), c.clone()]);
     }
@@ -135,8 +156,9 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         + src_json["guest"]["bad_reads"].as_u64().unwrap_or(0);
     let digest_match = src_json["digest_match"] == true && dest_json["digest_match"] == true;
     let completed = src_json["status"] == "completed" && dest_ok;
+    let mode = if a.local { "local" } else { a.mode.as_str() };
     let summary = serde_json::json!({
-        "mode": a.mode,
+        "mode": mode,
         "connections": a.connections,
         "tls": a.tls,
         "status": src_json["status"],
@@ -157,7 +179,7 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
     });
     eprintln!(
         "minivmm demo ({} {}{}): {}, digest {}, downtime {:.1} ms; console {} lines, {} lost, {} doubled; disk {} writes, {} lost, {} doubled, {} bad reads",
-        a.mode,
+        mode,
         a.connections,
         if a.tls { ", tls" } else { "" },
         summary["status"].as_str().unwrap_or("?"),

@@ -2,10 +2,11 @@
 
 use super::{console, parse_backing, runs, sections, VmArgs};
 use ferry_engine::converge::ConvergeMode;
+use ferry_engine::local::{migrate_local, LocalOptions};
 use ferry_engine::precopy::Compression;
 use ferry_engine::transport::{Dial, TcpDialer, TlsConfig};
 use ferry_engine::vmm::{Backing, Vm};
-use ferry_engine::{migrate as engine_migrate, Mode, PrecopyOptions, Progress, RoundStats, Status};
+use ferry_engine::{migrate as engine_migrate, Mode, PrecopyOptions, Progress, RoundStats};
 use minivmm::probe::{self, MiniProbe};
 use minivmm::MiniVm;
 use std::path::PathBuf;
@@ -17,8 +18,13 @@ pub struct MigrateArgs {
     #[command(flatten)]
     vm: VmArgs,
     /// The destination's address (`minivmm receive --listen`).
-    #[arg(long)]
-    to: String,
+    #[arg(long, required_unless_present = "local")]
+    to: Option<String>,
+    /// Same-host live upgrade: hand the guest memory to the `minivmm
+    /// receive --local` listening on this UNIX socket instead of copying it
+    /// (needs `--backing memfd`).
+    #[arg(long, conflicts_with = "to")]
+    local: Option<PathBuf>,
     /// precopy, postcopy, or hybrid (precopy rounds, then postcopy).
     #[arg(long, default_value = "precopy")]
     mode: Mode,
@@ -73,13 +79,18 @@ impl Progress for RoundLog {
 }
 
 pub fn migrate(a: MigrateArgs) -> Result<(), String> {
+    if a.local.is_some() && a.backing != Backing::Memfd {
+        // Refuse before the VM boots, as the engine would once it had.
+        return Err(ferry_engine::local::LocalError::NotFileBacked.to_string());
+    }
+    let to = a.to.clone().unwrap_or_default();
     let dialer: Box<dyn Dial> = match &a.tls {
         Some(dir) => Box::new(
             TlsConfig::load(dir)
-                .and_then(|t| t.dialer(&a.to))
+                .and_then(|t| t.dialer(&to))
                 .map_err(|e| e.to_string())?,
         ),
-        None => Box::new(TcpDialer(a.to.clone())),
+        None => Box::new(TcpDialer(to)),
     };
     let opts = PrecopyOptions {
         mode: a.mode,
@@ -108,17 +119,11 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
     std::thread::sleep(Duration::from_millis(a.run_before_ms));
     vm.check_health().map_err(|e| e.to_string())?;
 
-    let result = engine_migrate(&mut vm, &*dialer, &opts, &RoundLog);
-    let (summary, error) = match result {
-        Ok(s) => {
-            let e = s.error.clone();
-            (Some(s), e)
-        }
-        Err(e) => (None, Some(ferry_engine::vmm::error_chain(&e))),
+    let outcome = match &a.local {
+        Some(path) => local(&mut vm, path),
+        None => over_the_network(&mut vm, &*dialer, &opts),
     };
-    let moved = summary
-        .as_ref()
-        .is_some_and(|s| s.status == Status::Completed);
+    let moved = outcome.status == "completed";
     if !moved {
         // The guest is ours again: show it goes on.
         if !vm.is_running() {
@@ -130,33 +135,39 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
     out.flush();
     let guest = probe::counters(&vm)?;
     let journal = vm.disk_journal();
-    if let Some(e) = &error {
-        eprintln!("minivmm: the migration failed: {e}; the guest ran on here");
-    }
-    if let Some(s) = &summary {
-        eprintln!(
+    match &outcome.error {
+        Some(e) => eprintln!("minivmm: the migration failed: {e}; the guest ran on here"),
+        None => eprintln!(
             "minivmm: {} in {:.0} ms, downtime {:.1} ms, digest {}",
-            super::status_name(s.status),
-            s.total_ms,
-            s.downtime_ms,
-            if s.digest_match { "match" } else { "MISMATCH" }
-        );
+            outcome.status,
+            outcome.total_ms.unwrap_or(0.0),
+            outcome.downtime_ms.unwrap_or(0.0),
+            if outcome.digest_match {
+                "match"
+            } else {
+                "MISMATCH"
+            }
+        ),
     }
     if a.json {
+        let mode = match a.local {
+            Some(_) => "local".to_string(),
+            None => a.mode.to_string(),
+        };
         let j = serde_json::json!({
             "role": "source",
-            "status": summary.as_ref().map_or("failed".into(), |s| super::status_name(s.status)),
-            "digest_match": summary.as_ref().is_some_and(|s| s.digest_match),
-            "downtime_ms": summary.as_ref().map(|s| s.downtime_ms),
-            "total_ms": summary.as_ref().map(|s| s.total_ms),
-            "mode": a.mode.to_string(),
+            "status": outcome.status,
+            "digest_match": outcome.digest_match,
+            "downtime_ms": outcome.downtime_ms,
+            "total_ms": outcome.total_ms,
+            "mode": mode,
             "connections": a.connections,
             "tls": a.tls.is_some(),
             "sections": sections(&vm),
             "guest": guest,
             "disk_runs": runs(&journal),
-            "error": error,
-            "summary": summary,
+            "error": outcome.error,
+            "summary": outcome.summary,
         });
         println!("{j}");
     }
@@ -164,5 +175,58 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
         Ok(())
     } else {
         Err("the migration did not complete; the guest ran on here".into())
+    }
+}
+
+/// How a migration ended, whichever way it went.
+struct Outcome {
+    status: String,
+    digest_match: bool,
+    downtime_ms: Option<f64>,
+    total_ms: Option<f64>,
+    error: Option<String>,
+    summary: serde_json::Value,
+}
+
+fn over_the_network(vm: &mut MiniVm, dialer: &dyn Dial, opts: &PrecopyOptions) -> Outcome {
+    match engine_migrate(vm, dialer, opts, &RoundLog) {
+        Ok(s) => Outcome {
+            status: super::status_name(s.status),
+            digest_match: s.digest_match,
+            downtime_ms: Some(s.downtime_ms),
+            total_ms: Some(s.total_ms),
+            error: s.error.clone(),
+            summary: serde_json::to_value(&s).unwrap_or_default(),
+        },
+        Err(e) => failed(&e),
+    }
+}
+
+fn local(vm: &mut MiniVm, path: &std::path::Path) -> Outcome {
+    let opts = LocalOptions {
+        probe: Some(Arc::new(MiniProbe)),
+        ..LocalOptions::default()
+    };
+    match migrate_local(vm, path, &opts) {
+        Ok(s) => Outcome {
+            status: super::status_name(s.status),
+            digest_match: s.digest_match,
+            downtime_ms: Some(s.downtime_ms),
+            total_ms: Some(s.total_ms),
+            error: None,
+            summary: serde_json::to_value(&s).unwrap_or_default(),
+        },
+        Err(e) => failed(&e),
+    }
+}
+
+fn failed(e: &ferry_engine::MigrationError) -> Outcome {
+    Outcome {
+        status: "failed".into(),
+        digest_match: false,
+        downtime_ms: None,
+        total_ms: None,
+        error: Some(ferry_engine::vmm::error_chain(e)),
+        summary: serde_json::Value::Null,
     }
 }

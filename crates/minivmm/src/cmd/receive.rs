@@ -1,12 +1,14 @@
 //! `minivmm receive`: wait for a migrated VM, run it on, report.
 
 use super::{console, parse_backing, runs, sections, status_name};
+use ferry_engine::local::{await_local, listen_local, receive_local_as, LocalOptions};
 use ferry_engine::transport::{Listen, TlsConfig};
-use ferry_engine::vmm::{receive_as, BackendError, Backing, StreamHeader, Vm};
-use ferry_engine::{await_migration, listen, ReceiveOptions, Status};
+use ferry_engine::vmm::{receive_as, BackendError, Backing, GuestRam, StreamHeader, Vm};
+use ferry_engine::{await_migration, listen, ReceiveOptions};
 use minivmm::probe::{self, MiniProbe};
+use minivmm::serial::ConsoleOut;
 use minivmm::{MiniConfig, MiniVm, VMM_ID};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,8 +16,12 @@ use std::time::Duration;
 pub struct ReceiveArgs {
     /// Where to listen (`127.0.0.1:0` picks a port; the first stdout line
     /// says which, as `{"listening": ADDR}`).
-    #[arg(long)]
-    listen: String,
+    #[arg(long, required_unless_present = "local")]
+    listen: Option<String>,
+    /// Same-host live upgrade: take the VM from a `minivmm migrate --local`
+    /// on this UNIX socket, mapping its memory instead of copying it.
+    #[arg(long, conflicts_with_all = ["listen", "tls"])]
+    local: Option<PathBuf>,
     /// Mutual TLS with the ca.pem, cert.pem and key.pem in this directory.
     #[arg(long)]
     tls: Option<PathBuf>,
@@ -31,42 +37,25 @@ pub struct ReceiveArgs {
     /// End with the summary as one JSON line on stdout.
     #[arg(long)]
     json: bool,
+    /// Testing: exit as the vCPU state arrives, as a destination that
+    /// crashes before it resumes.
+    #[arg(long, hide = true)]
+    crash_on_restore: bool,
 }
 
 pub fn receive(a: ReceiveArgs) -> Result<(), String> {
-    let tcp = listen(a.listen.as_str()).map_err(|e| e.to_string())?;
-    let addr = tcp.local_addr().map_err(|e| e.to_string())?;
-    let listener: Box<dyn Listen> = match &a.tls {
-        Some(dir) => Box::new(
-            TlsConfig::load(dir)
-                .map_err(|e| e.to_string())?
-                .listener(tcp),
-        ),
-        None => Box::new(tcp),
-    };
-    println!("{}", serde_json::json!({ "listening": addr.to_string() }));
-    eprintln!("minivmm: waiting for a migration on {addr}");
-    let incoming = await_migration(&*listener).map_err(|e| e.to_string())?;
     let out = console(a.console.as_deref())?;
-    let backing = a.backing;
-    let mut factory = |h: &StreamHeader| -> Result<MiniVm, BackendError> {
-        if h.vmm != VMM_ID {
-            return Err(BackendError::Guest(format!(
-                "minivmm cannot run a {} VM",
-                h.vmm
-            )));
-        }
-        let config: MiniConfig = serde_json::from_value(h.vmm_config.clone())
-            .map_err(|e| BackendError::Guest(format!("not a minivmm configuration: {e}")))?;
-        Ok(MiniVm::incoming(config, backing, out.clone())?)
+    let arrived = match &a.local {
+        Some(path) => local(path, &out, a.crash_on_restore)?,
+        None => over_the_network(&a, &out)?,
     };
-    let opts = ReceiveOptions {
-        probe: Some(Arc::new(MiniProbe)),
-        ..ReceiveOptions::default()
-    };
-    let (mut vm, summary) = receive_as(incoming, &*listener, &mut factory, &opts)
-        .map_err(|e| ferry_engine::vmm::error_chain(&e))?;
-    if summary.status == Status::Completed {
+    let Arrived {
+        mut vm,
+        status,
+        digest_match,
+        summary,
+    } = arrived;
+    if status == "completed" {
         std::thread::sleep(Duration::from_millis(a.run_after_ms));
     }
     let health = vm.check_health().err().map(|e| e.to_string());
@@ -74,21 +63,16 @@ pub fn receive(a: ReceiveArgs) -> Result<(), String> {
     out.flush();
     let guest = probe::counters(&vm)?;
     eprintln!(
-        "minivmm: received ({}), digest {}; then {} console lines and {} verified reads in all",
-        status_name(summary.status),
-        if summary.digest_match {
-            "match"
-        } else {
-            "MISMATCH"
-        },
+        "minivmm: received ({status}), digest {}; then {} console lines and {} verified reads in all",
+        if digest_match { "match" } else { "MISMATCH" },
         guest.console_lines,
         guest.reads_verified
     );
     if a.json {
         let j = serde_json::json!({
             "role": "destination",
-            "status": status_name(summary.status),
-            "digest_match": summary.digest_match,
+            "status": status,
+            "digest_match": digest_match,
             "sections": sections(&vm),
             "guest": guest,
             "health": health,
@@ -101,4 +85,87 @@ pub fn receive(a: ReceiveArgs) -> Result<(), String> {
         Some(h) => Err(format!("the guest failed here: {h}")),
         None => Ok(()),
     }
+}
+
+/// The VM that arrived, and how.
+struct Arrived {
+    vm: MiniVm,
+    status: String,
+    digest_match: bool,
+    summary: serde_json::Value,
+}
+
+/// The VM's configuration from the header, if it is a minivmm VM.
+fn config_of(h: &StreamHeader) -> Result<MiniConfig, BackendError> {
+    if h.vmm != VMM_ID {
+        return Err(BackendError::Guest(format!(
+            "minivmm cannot run a {} VM",
+            h.vmm
+        )));
+    }
+    serde_json::from_value(h.vmm_config.clone())
+        .map_err(|e| BackendError::Guest(format!("not a minivmm configuration: {e}")))
+}
+
+fn announce(at: &str) {
+    println!("{}", serde_json::json!({ "listening": at }));
+    eprintln!("minivmm: waiting for a migration on {at}");
+}
+
+fn over_the_network(a: &ReceiveArgs, out: &ConsoleOut) -> Result<Arrived, String> {
+    let addr = a.listen.as_deref().unwrap_or_default();
+    let tcp = listen(addr).map_err(|e| e.to_string())?;
+    let addr = tcp.local_addr().map_err(|e| e.to_string())?;
+    let listener: Box<dyn Listen> = match &a.tls {
+        Some(dir) => Box::new(
+            TlsConfig::load(dir)
+                .map_err(|e| e.to_string())?
+                .listener(tcp),
+        ),
+        None => Box::new(tcp),
+    };
+    announce(&addr.to_string());
+    let incoming = await_migration(&*listener).map_err(|e| e.to_string())?;
+    let backing = a.backing;
+    let mut factory = |h: &StreamHeader| -> Result<MiniVm, BackendError> {
+        let mut vm = MiniVm::incoming(config_of(h)?, backing, out.clone())?;
+        vm.crash_on_restore = a.crash_on_restore;
+        Ok(vm)
+    };
+    let opts = ReceiveOptions {
+        probe: Some(Arc::new(MiniProbe)),
+        ..ReceiveOptions::default()
+    };
+    let (vm, summary) = receive_as(incoming, &*listener, &mut factory, &opts)
+        .map_err(|e| ferry_engine::vmm::error_chain(&e))?;
+    Ok(Arrived {
+        vm,
+        status: status_name(summary.status),
+        digest_match: summary.digest_match,
+        summary: serde_json::to_value(&summary).unwrap_or_default(),
+    })
+}
+
+fn local(path: &Path, out: &ConsoleOut, crash_on_restore: bool) -> Result<Arrived, String> {
+    let listener = listen_local(path).map_err(|e| e.to_string())?;
+    announce(&path.display().to_string());
+    let opts = LocalOptions {
+        probe: Some(Arc::new(MiniProbe)),
+        ..LocalOptions::default()
+    };
+    let incoming = await_local(&listener, &opts).map_err(|e| e.to_string())?;
+    let mut factory = |h: &StreamHeader, ram: GuestRam| -> Result<MiniVm, BackendError> {
+        let mut vm = MiniVm::on_ram(config_of(h)?, ram, out.clone())?;
+        vm.crash_on_restore = crash_on_restore;
+        Ok(vm)
+    };
+    let received = receive_local_as(incoming, &mut factory, &opts);
+    let _ = std::fs::remove_file(path);
+    let (vm, summary) = received.map_err(|e| ferry_engine::vmm::error_chain(&e))?;
+    Ok(Arrived {
+        vm,
+        status: status_name(summary.status),
+        digest_match: summary.digest_match,
+        summary: serde_json::to_value(&summary).unwrap_or_default(),
+    })
 }
