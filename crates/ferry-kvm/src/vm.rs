@@ -71,6 +71,36 @@ impl KvmVm {
         role: Role,
         program: Program,
     ) -> Result<Self, KvmError> {
+        Self::build(config, mode, role, program, None)
+    }
+
+    /// A destination VM on RAM made elsewhere: a same-host upgrade maps the
+    /// source process's memory files (`ferry_engine::local`). The RAM's
+    /// slots must be the ones `config` lays out.
+    pub fn on_ram(config: VmConfig, mode: DirtyTracking, ram: GuestRam) -> Result<Self, KvmError> {
+        let want = config.layout().slot_sizes();
+        let have: Vec<u64> = ram.slots().iter().map(|s| s.size).collect();
+        if have != want {
+            return Err(KvmError::Config(format!(
+                "memory of slots {have:?} bytes, where this VM lays out {want:?}"
+            )));
+        }
+        Self::build(
+            config,
+            mode,
+            Role::Destination,
+            Program::Memstress,
+            Some(ram),
+        )
+    }
+
+    fn build(
+        config: VmConfig,
+        mode: DirtyTracking,
+        role: Role,
+        program: Program,
+        ram: Option<GuestRam>,
+    ) -> Result<Self, KvmError> {
         config
             .workload
             .validate()
@@ -83,7 +113,10 @@ impl KvmVm {
         let devices = create_interrupt_devices(&vm);
 
         let layout = config.layout();
-        let ram = Arc::new(GuestRam::new(&layout.slot_sizes(), config.backing)?);
+        let ram = Arc::new(match ram {
+            Some(ram) => ram,
+            None => GuestRam::new(&layout.slot_sizes(), config.backing)?,
+        });
         for slot in ram.slots() {
             set_slot_logging(&vm, &ram, slot, false)?;
         }

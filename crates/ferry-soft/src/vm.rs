@@ -61,13 +61,20 @@ impl SoftVm {
         &self.config
     }
 
-    fn build(config: VmConfig, mech: Mechanisms) -> Result<Self, BackendError> {
+    fn build(
+        config: VmConfig,
+        mech: Mechanisms,
+        ram: Option<GuestRam>,
+    ) -> Result<Self, BackendError> {
         config
             .workload
             .validate()
             .map_err(|e| op("validate the workload", e.into()))?;
         let layout = config.layout();
-        let ram = Arc::new(GuestRam::new(&layout.slot_sizes(), config.backing)?);
+        let ram = Arc::new(match ram {
+            Some(ram) => ram,
+            None => GuestRam::new(&layout.slot_sizes(), config.backing)?,
+        });
         let vcpus = config.workload.vcpus as usize;
         let mmu = Mmu::new(ram.pages(), vcpus, mech).map_err(|e| op("build the MMU", e))?;
         Ok(SoftVm {
@@ -86,7 +93,7 @@ impl SoftVm {
 
     /// A source VM: guest RAM initialised with the memstress parameters.
     pub fn new_source(config: VmConfig, mech: Mechanisms) -> Result<Self, BackendError> {
-        let vm = Self::build(config, mech)?;
+        let vm = Self::build(config, mech, None)?;
         memstress::write_params(&vm.ram, &vm.config.workload, CLOCK_KHZ)?;
         Ok(vm)
     }
@@ -94,7 +101,21 @@ impl SoftVm {
     /// A destination VM: RAM left empty for the stream, then `restore_vcpus`
     /// and `start`.
     pub fn new_destination(config: VmConfig, mech: Mechanisms) -> Result<Self, BackendError> {
-        Self::build(config, mech)
+        Self::build(config, mech, None)
+    }
+
+    /// A destination VM on RAM made elsewhere: a same-host upgrade maps the
+    /// source process's memory files. Its slots must be the ones `config`
+    /// lays out.
+    pub fn on_ram(config: VmConfig, mech: Mechanisms, ram: GuestRam) -> Result<Self, BackendError> {
+        let want = config.layout().slot_sizes();
+        let have: Vec<u64> = ram.slots().iter().map(|s| s.size).collect();
+        if have != want {
+            return Err(BackendError::BadVcpuState(format!(
+                "memory of slots {have:?} bytes, where this VM lays out {want:?}"
+            )));
+        }
+        Self::build(config, mech, Some(ram))
     }
 
     /// Throttles the vCPUs (dirty quota or time-based). Takes effect for

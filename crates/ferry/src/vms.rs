@@ -35,3 +35,27 @@ pub fn create(
         }
     }
 }
+
+/// A destination VM for `config` on memory another process made (a
+/// same-host upgrade maps the source's memfd files).
+pub fn create_on_ram(
+    config: &VmConfig,
+    backend: &BackendArgs,
+    ram: ferry_backend::GuestRam,
+) -> Result<Box<dyn Vm>, BackendError> {
+    match config.backend {
+        BackendKind::Kvm => {
+            let tracking = backend.tracking().map_err(|what| BackendError::Operation {
+                backend: BackendKind::Kvm.to_string(),
+                what,
+                source: None,
+            })?;
+            Ok(Box::new(KvmVm::on_ram(config.clone(), tracking, ram)?))
+        }
+        BackendKind::Soft => Ok(Box::new(SoftVm::on_ram(
+            config.clone(),
+            backend.mechanisms(),
+            ram,
+        )?)),
+    }
+}

@@ -148,15 +148,37 @@ fn on_hugetlbfs(file: &File) -> bool {
     rc == 0 && st.f_type as i64 == HUGETLBFS_MAGIC
 }
 
-/// Takes the VM `incoming` offers: maps its memory, has `create_vm` build
-/// a `V` on that memory (`GuestRam` made from the source's files; build
-/// the VM's memory slots and devices on it), loads the state, checks the
-/// digest, resumes the guest, and returns the running VM.
+/// Builds the destination VM on the source's memory: the header says what
+/// VM, the `GuestRam` is made from the source's files (build the VM's
+/// memory slots and devices on it).
+pub type CreateLocalVm<'a> =
+    dyn FnMut(&StreamHeader, GuestRam) -> Result<Box<dyn Vm>, BackendError> + 'a;
+
+/// [`receive_local`] for a VMM with one VM type `V`, which it gets back.
 pub fn receive_local_as<V: Vm>(
     incoming: LocalIncoming,
     create_vm: &mut dyn FnMut(&StreamHeader, GuestRam) -> Result<V, BackendError>,
     opts: &LocalOptions,
 ) -> Result<(V, LocalSummary), MigrationError> {
+    let mut boxed =
+        |h: &StreamHeader, ram: GuestRam| create_vm(h, ram).map(|vm| Box::new(vm) as Box<dyn Vm>);
+    let (vm, summary) = receive_local(incoming, &mut boxed, opts)?;
+    let vm: Box<dyn std::any::Any> = vm;
+    match vm.downcast::<V>() {
+        Ok(vm) => Ok((*vm, summary)),
+        // receive_local returns the VM its factory built, and nothing else.
+        Err(_) => unreachable!("receive_local returned a VM its factory did not build"),
+    }
+}
+
+/// Takes the VM `incoming` offers: maps its memory, has `create_vm` build
+/// the VM on it, loads the state, checks the digest, resumes the guest,
+/// and returns the running VM.
+pub fn receive_local(
+    incoming: LocalIncoming,
+    create_vm: &mut CreateLocalVm<'_>,
+    opts: &LocalOptions,
+) -> Result<(Box<dyn Vm>, LocalSummary), MigrationError> {
     let LocalIncoming {
         stream,
         header,
@@ -174,7 +196,7 @@ pub fn receive_local_as<V: Vm>(
             create_vm(&header, ram).map_err(MigrationError::backend("create the destination VM"))
         })
         .and_then(|vm| {
-            header.check_destination(&vm)?;
+            header.check_destination(&*vm)?;
             wire::sections::check_manifest(&header.sections, &vm.state_sections())?;
             Ok(vm)
         });
@@ -200,7 +222,7 @@ pub fn receive_local_as<V: Vm>(
         guest: None,
         error: None,
     };
-    match take_over(&mut vm, &stream, &header, opts, &mut summary) {
+    match take_over(&mut *vm, &stream, &header, opts, &mut summary) {
         Ok(()) => {
             summary.status = Status::Completed;
             summary.total_ms = ms(start.elapsed());

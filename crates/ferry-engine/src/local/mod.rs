@@ -27,7 +27,9 @@ pub mod fds;
 pub mod message;
 mod source;
 
-pub use destination::{await_local, listen_local, receive_local_as, LocalIncoming};
+pub use destination::{
+    await_local, listen_local, receive_local, receive_local_as, CreateLocalVm, LocalIncoming,
+};
 pub use source::migrate_local;
 
 use crate::summary::Status;

@@ -7,4 +7,5 @@
 
 pub mod converge;
 pub mod link;
+pub mod local;
 pub mod soak;

@@ -40,6 +40,11 @@ pub enum BenchCommand {
     /// (4K/2M, MISSING/MINOR, poll/busy, prefetch) and for the shared fault
     /// queue vs vCPU-direct exits on soft.
     DemandPaging(DemandPagingArgs),
+    /// Same-host live upgrade (the memory's memfd files handed to the new
+    /// process) at 1, 4 and 16 GiB: downtime and total time, with TCP
+    /// precopy of the same VM in the same run for contrast. `--json` ends
+    /// with `cells` (mem_gib, downtime_ms, total_ms).
+    Local(crate::bench::local::LocalArgs),
     /// A write-heavy guest ping-pongs between two ends, A→B→A..., every
     /// hop verified (digest and guest stamps); `--json` ends with `hops`
     /// and `failed`.
@@ -197,6 +202,19 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
                 println!("{}", crate::bench::converge::summary_json(&report.results));
             }
             Ok(code)
+        }
+        BenchCommand::Local(a) => {
+            let report = crate::bench::local::run(&a)?;
+            let code = emit(&report, &a.out)?;
+            if a.json {
+                println!("{}", crate::bench::local::summary_json(&report.results));
+            }
+            let all_verified = report.results.cells.iter().all(|c| c.verified);
+            Ok(if all_verified {
+                code
+            } else {
+                ExitCode::FAILURE
+            })
         }
         BenchCommand::DemandPaging(a) => demand_paging(a),
         BenchCommand::Soak(a) => {

@@ -267,8 +267,18 @@ pub fn load_tls(dir: Option<&std::path::Path>) -> Result<Option<TlsConfig>, CmdE
 #[derive(Args, Debug)]
 pub struct MigrateArgs {
     /// Address of the destination (`ferry receive --listen ...`).
-    #[arg(long)]
+    #[arg(
+        long,
+        required_unless_present = "local",
+        default_value = "",
+        hide_default_value = true
+    )]
     pub to: String,
+    /// Same-host live upgrade: hand the guest memory's files to the `ferry
+    /// receive --local` on this UNIX socket instead of copying the memory
+    /// (needs `--backing memfd`).
+    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["to", "control"])]
+    pub local: Option<std::path::PathBuf>,
     /// Migrate the VM of a `ferry run --control PATH` instead of booting one.
     #[arg(long)]
     pub control: Option<std::path::PathBuf>,
@@ -286,6 +296,9 @@ pub struct MigrateArgs {
 }
 
 pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
+    if let Some(socket) = &a.local {
+        return super::local::migrate(&a, socket);
+    }
     check_address(&a.to)?;
     if let Some(path) = &a.control {
         if a.migration.predict {

@@ -4,8 +4,9 @@ mod bench;
 mod certs;
 mod ctl;
 mod demo;
+mod local;
 pub(crate) mod migrate;
-mod receive;
+pub(crate) mod receive;
 pub(crate) mod run;
 
 use clap::Subcommand;

@@ -20,8 +20,18 @@ use std::time::Duration;
 #[derive(Args, Debug)]
 pub struct ReceiveArgs {
     /// Address to listen on, e.g. 0.0.0.0:7070 or 127.0.0.1:0 (any free port).
-    #[arg(long)]
+    #[arg(
+        long,
+        required_unless_present = "local",
+        default_value = "",
+        hide_default_value = true
+    )]
     pub listen: String,
+    /// Same-host live upgrade: take the VM from a `ferry migrate --local`
+    /// on this UNIX socket, mapping its memory files instead of receiving
+    /// a copy.
+    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["listen", "tls_dir"])]
+    pub local: Option<std::path::PathBuf>,
     /// Guest memory this destination has room for (all vCPUs' regions, e.g. 1G).
     /// A stream carrying another size is refused.
     #[arg(long, value_parser = parse_size)]
@@ -105,6 +115,9 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         return Err(CmdError::Usage(
             "--run-after must be 0 to 3600 seconds".into(),
         ));
+    }
+    if let Some(socket) = &a.local {
+        return super::local::receive(&a, socket);
     }
     let tls = crate::cmd::migrate::load_tls(a.tls_dir.as_deref())?;
     let tcp = ferry_engine::listen(a.listen.as_str()).map_err(|e| CmdError::Failed(chain(&e)))?;
