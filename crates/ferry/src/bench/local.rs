@@ -235,7 +235,7 @@ fn available() -> u64 {
 
 /// Runs the moves.
 pub fn run(a: &LocalArgs) -> Result<Report<LocalResults>, CmdError> {
-    if a.sizes_gib.is_empty() || a.sizes_gib.iter().any(|&g| g == 0) {
+    if a.sizes_gib.is_empty() || a.sizes_gib.contains(&0) {
         return Err(CmdError::Usage("--sizes-gib: positive sizes in GiB".into()));
     }
     let mut cells = Vec::new();
