@@ -215,6 +215,7 @@ pub fn receive_local(
         regions: header.regions.len(),
         hash_ms: 0.0,
         dirty_pages: 0,
+        rehash_rounds: 0,
         downtime_ms: 0.0,
         total_ms: 0.0,
         state_bytes: 0,
@@ -252,7 +253,15 @@ fn take_over(
     summary.hash_ms = ms(hashing.elapsed());
     message::send(stream, &Head::Accepted, &[], &[])?;
 
-    let state = message::recv(stream)?;
+    let state = loop {
+        let m = message::recv(stream)?;
+        let Head::Rehash { dirty } = &m.head else {
+            break m;
+        };
+        digest.refresh(&ram, &pages_of(&ram, dirty)?)?;
+        summary.rehash_rounds += 1;
+        message::send(stream, &Head::Rehashed, &[], &[])?;
+    };
     let arrived = Instant::now();
     let Head::State {
         dirty,
@@ -312,18 +321,7 @@ fn load(
         return Err(LocalError::Protocol(format!("{} state blobs, not 2", blobs.len())).into());
     };
     summary.state_bytes = (vcpus.len() + sections.len()) as u64;
-    let mut pages = DirtyPages::new(ram.pages());
-    for &(first, count) in dirty {
-        if first.checked_add(count).is_none_or(|end| end > ram.pages()) {
-            return Err(LocalError::Protocol(format!(
-                "dirty pages {first}+{count} beyond the {} of guest memory",
-                ram.pages()
-            ))
-            .into());
-        }
-        (first..first + count).for_each(|g| pages.set(Gfn(g)));
-    }
-    summary.dirty_pages = digest.refresh(ram, &pages)?;
+    summary.dirty_pages = digest.refresh(ram, &pages_of(ram, dirty)?)?;
     vm.restore_vcpus(vcpus)
         .map_err(MigrationError::backend("load the vCPU state"))?;
     let sections = wire::sections::decode(sections)?;
@@ -331,4 +329,19 @@ fn load(
     vm.restore_sections(&sections)
         .map_err(MigrationError::backend("load the device sections"))?;
     Ok(())
+}
+
+/// The frames of `runs`, each checked against guest memory.
+fn pages_of(ram: &GuestRam, runs: &[(u64, u64)]) -> Result<DirtyPages, LocalError> {
+    let mut pages = DirtyPages::new(ram.pages());
+    for &(first, count) in runs {
+        if first.checked_add(count).is_none_or(|end| end > ram.pages()) {
+            return Err(LocalError::Protocol(format!(
+                "dirty pages {first}+{count} beyond the {} of guest memory",
+                ram.pages()
+            )));
+        }
+        (first..first + count).for_each(|g| pages.set(Gfn(g)));
+    }
+    Ok(pages)
 }

@@ -1,9 +1,10 @@
 //! The digest of memory two processes share, kept off the downtime path.
 //!
 //! Both ends hash every page while the guest still runs on the source,
-//! with the source's dirty logs on; at the pause each rehashes only the
-//! pages the source's logs found dirty since (the source sends the list),
-//! so the digest at the pause costs the dirty pages, not the memory. A page
+//! with the source's dirty logs on. While a busy guest leaves many pages
+//! dirty, both rehash those (the source sends the list) and go again; at
+//! the pause each rehashes only what was dirtied since, so the digest at
+//! the pause costs the last few dirty pages, not the memory. A page
 //! that lies in a hole of its file (never written) hashes as zeros without
 //! being read, so an idle guest's memory is not faulted in.
 //!

@@ -9,6 +9,8 @@
 //!   Offer {header, offsets} + fds  ──►    maps the files, builds its VM,
 //!   (hashes its memory meanwhile)         hashes its view of them
 //!                                  ◄──    Accepted | Refused {reason}
+//!   Rehash {dirty} (while busy)    ──►    rehashes the same pages
+//!                                  ◄──    Rehashed
 //!   pause, save, harvest
 //!   State {dirty, digest} + blobs  ──►    restores, rehashes what was dirty
 //!                                  ◄──    Ready | Failed {reason}
@@ -50,6 +52,14 @@ pub enum Head {
         /// Why.
         reason: String,
     },
+    /// Pages the running guest dirtied since the last hash: both ends
+    /// rehash them, so the pause has fewer left to hash.
+    Rehash {
+        /// Runs of dirty frames, `(first, count)`.
+        dirty: Vec<(u64, u64)>,
+    },
+    /// The destination rehashed them.
+    Rehashed,
     /// The paused VM's state (blobs: vCPU state, sections), the pages
     /// dirtied since the source began hashing, and its digest at the pause.
     State {
@@ -78,6 +88,8 @@ impl Head {
             Head::Offer { .. } => "offer",
             Head::Accepted => "accepted",
             Head::Refused { .. } => "refused",
+            Head::Rehash { .. } => "rehash",
+            Head::Rehashed => "rehashed",
             Head::State { .. } => "state",
             Head::Ready => "ready",
             Head::Failed { .. } => "failed",

@@ -126,8 +126,10 @@ pub struct LocalSummary {
     pub regions: usize,
     /// Hashing memory while the guest ran, in ms.
     pub hash_ms: f64,
-    /// Pages rehashed at the pause (dirtied since hashing began).
+    /// Pages rehashed at the pause (dirtied since the last rehash).
     pub dirty_pages: u64,
+    /// Rounds of rehashing a busy guest's dirty pages before the pause.
+    pub rehash_rounds: u32,
     /// The guest's pause: source, from the pause to the destination's
     /// word that it runs; destination, from the state's arrival to its
     /// resume.

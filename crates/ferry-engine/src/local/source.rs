@@ -13,6 +13,11 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Instant;
 
+/// Rounds of rehashing a busy guest's pages before the pause, at most.
+const MAX_REHASH_ROUNDS: u32 = 8;
+/// Few enough dirty pages to rehash during the pause (16 MiB).
+const PAUSE_REHASH_PAGES: u64 = 4096;
+
 /// Where the source stands, for what a failure must undo.
 #[derive(PartialEq)]
 enum Stage {
@@ -58,6 +63,7 @@ pub fn migrate_local(
         regions: files.len(),
         hash_ms: 0.0,
         dirty_pages: 0,
+        rehash_rounds: 0,
         downtime_ms: 0.0,
         total_ms: 0.0,
         state_bytes: 0,
@@ -116,6 +122,26 @@ fn switch_over(
         Head::Accepted => {}
         Head::Refused { reason } => return Err(LocalError::Refused(reason).into()),
         other => return Err(unexpected("accepted", &other)),
+    }
+    // A busy guest dirtied pages while memory was hashed: rehash them on
+    // both ends while it runs, until few are left for the pause.
+    let mut last = u64::MAX;
+    for _ in 0..MAX_REHASH_ROUNDS {
+        dirty_logs::collect(vm, &mut dirty)?;
+        let n = dirty.count();
+        if n <= PAUSE_REHASH_PAGES || n * 2 > last {
+            break;
+        }
+        let runs = dirty.runs().into_iter().map(|(g, n)| (g.0, n)).collect();
+        message::send(stream, &Head::Rehash { dirty: runs }, &[], &[])?;
+        digest.refresh(&ram, &dirty)?;
+        match message::recv(stream)?.head {
+            Head::Rehashed => {}
+            other => return Err(unexpected("rehashed", &other)),
+        }
+        summary.rehash_rounds += 1;
+        dirty.clear();
+        last = n;
     }
 
     let paused = Instant::now();
