@@ -19,11 +19,7 @@ pub fn create(
     config.admit()?;
     match config.backend {
         BackendKind::Kvm => {
-            let tracking = backend.tracking().map_err(|what| BackendError::Operation {
-                backend: BackendKind::Kvm.to_string(),
-                what,
-                source: None,
-            })?;
+            let tracking = kvm_tracking(backend)?;
             Ok(Box::new(KvmVm::new(config.clone(), tracking, role)?))
         }
         BackendKind::Soft => {
@@ -45,11 +41,7 @@ pub fn create_on_ram(
 ) -> Result<Box<dyn Vm>, BackendError> {
     match config.backend {
         BackendKind::Kvm => {
-            let tracking = backend.tracking().map_err(|what| BackendError::Operation {
-                backend: BackendKind::Kvm.to_string(),
-                what,
-                source: None,
-            })?;
+            let tracking = kvm_tracking(backend)?;
             Ok(Box::new(KvmVm::on_ram(config.clone(), tracking, ram)?))
         }
         BackendKind::Soft => Ok(Box::new(SoftVm::on_ram(
@@ -58,4 +50,13 @@ pub fn create_on_ram(
             ram,
         )?)),
     }
+}
+
+/// The kvm dirty tracking `backend` asks for.
+fn kvm_tracking(backend: &BackendArgs) -> Result<ferry_backend::DirtyTracking, BackendError> {
+    backend.tracking().map_err(|what| BackendError::Operation {
+        backend: BackendKind::Kvm.to_string(),
+        what,
+        source: None,
+    })
 }

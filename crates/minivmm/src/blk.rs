@@ -70,11 +70,13 @@ struct Registers {
 #[derive(Serialize, Deserialize)]
 struct Saved {
     regs: Registers,
-    queue: SavedQueue,
+    #[serde(with = "SavedQueue")]
+    queue: QueueState,
 }
 
-/// `virtio_queue::QueueState`, field for field.
+/// `virtio_queue::QueueState`, field for field, as serde sees it.
 #[derive(Serialize, Deserialize)]
+#[serde(remote = "QueueState")]
 struct SavedQueue {
     max_size: u16,
     next_avail: u16,
@@ -269,20 +271,9 @@ impl Blk {
 
     /// The registers and the queue's state, as the section carries them.
     pub fn save(&self) -> Vec<u8> {
-        let q: QueueState = self.queue.state();
         let saved = Saved {
             regs: self.regs,
-            queue: SavedQueue {
-                max_size: q.max_size,
-                next_avail: q.next_avail,
-                next_used: q.next_used,
-                event_idx_enabled: q.event_idx_enabled,
-                size: q.size,
-                ready: q.ready,
-                desc_table: q.desc_table,
-                avail_ring: q.avail_ring,
-                used_ring: q.used_ring,
-            },
+            queue: self.queue.state(),
         };
         serde_json::to_vec(&saved).expect("plain data serializes")
     }
@@ -294,18 +285,7 @@ impl Blk {
             why,
         };
         let saved: Saved = serde_json::from_slice(data).map_err(|e| bad(e.to_string()))?;
-        let q = saved.queue;
-        let state = QueueState {
-            max_size: q.max_size,
-            next_avail: q.next_avail,
-            next_used: q.next_used,
-            event_idx_enabled: q.event_idx_enabled,
-            size: q.size,
-            ready: q.ready,
-            desc_table: q.desc_table,
-            avail_ring: q.avail_ring,
-            used_ring: q.used_ring,
-        };
+        let state = saved.queue;
         self.queue = Queue::try_from(state).map_err(|e| bad(format!("its queue: {e}")))?;
         self.regs = saved.regs;
         Ok(())

@@ -208,21 +208,7 @@ pub fn receive_local(
         }
     };
     vm.migration_event(Lifecycle::Started);
-    let mut summary = LocalSummary {
-        status: Status::Failed,
-        vmm: header.vmm.clone(),
-        memory_bytes: vm.ram().size(),
-        regions: header.regions.len(),
-        hash_ms: 0.0,
-        dirty_pages: 0,
-        rehash_rounds: 0,
-        downtime_ms: 0.0,
-        total_ms: 0.0,
-        state_bytes: 0,
-        digest_match: false,
-        guest: None,
-        error: None,
-    };
+    let mut summary = LocalSummary::new(&header.vmm, vm.ram().size(), header.regions.len());
     match take_over(&mut *vm, &stream, &header, opts, &mut summary) {
         Ok(()) => {
             summary.status = Status::Completed;

@@ -145,3 +145,25 @@ pub struct LocalSummary {
     /// Why it failed, if it did.
     pub error: Option<String>,
 }
+
+impl LocalSummary {
+    /// A failed move of a `vmm` VM with `memory_bytes` in `regions`, to be
+    /// filled in as it goes.
+    fn new(vmm: &str, memory_bytes: u64, regions: usize) -> Self {
+        LocalSummary {
+            status: Status::Failed,
+            vmm: vmm.into(),
+            memory_bytes,
+            regions,
+            hash_ms: 0.0,
+            dirty_pages: 0,
+            rehash_rounds: 0,
+            downtime_ms: 0.0,
+            total_ms: 0.0,
+            state_bytes: 0,
+            digest_match: false,
+            guest: None,
+            error: None,
+        }
+    }
+}

@@ -56,21 +56,7 @@ pub fn migrate_local(
         })?;
     dirty_logs::start(vm)?;
     vm.migration_event(Lifecycle::Started);
-    let mut summary = LocalSummary {
-        status: Status::Failed,
-        vmm: vm.vmm_id().to_string(),
-        memory_bytes: ram.size(),
-        regions: files.len(),
-        hash_ms: 0.0,
-        dirty_pages: 0,
-        rehash_rounds: 0,
-        downtime_ms: 0.0,
-        total_ms: 0.0,
-        state_bytes: 0,
-        digest_match: false,
-        guest: None,
-        error: None,
-    };
+    let mut summary = LocalSummary::new(vm.vmm_id(), ram.size(), files.len());
     let mut stage = Stage::Running;
     let fds: Vec<_> = files.iter().map(|(_, f, _)| f.as_raw_fd()).collect();
     let offsets = files.iter().map(|(_, _, o)| *o).collect();
