@@ -1,10 +1,11 @@
-//! `ferry bench demand-paging --quick` on small guests: every page of every
-//! cell arrives through the fault path with the source's contents, on kvm
-//! (userfaultfd variants) and soft (shared queue and vCPU-direct).
+//! `ferry bench demand-paging --quick --json` on small guests: every page of
+//! every cell arrives through the fault path with the source's contents, on
+//! kvm (userfaultfd variants) and soft (shared queue and vCPU-direct), and
+//! the last stdout line is the results as JSON.
 
 mod common;
 
-use common::{assert_success, run};
+use common::{assert_success, last_json, run};
 
 const KVM_PAGES: u64 = (4 << 20) / 4096;
 const SOFT_PAGES_PER_VCPU: u64 = (2 << 20) / 4096;
@@ -24,6 +25,7 @@ fn every_cell_pages_in_every_page_with_its_contents() {
         "1,2",
         "--soft-mem-per-vcpu",
         "2M",
+        "--json",
         "--out",
         out_dir.to_str().expect("utf-8 temp dir"),
     ]);
@@ -36,6 +38,10 @@ fn every_cell_pages_in_every_page_with_its_contents() {
     )
     .expect("JSON");
     let r = &written["results"];
+    // --json: the last stdout line is the same results, with the outputs.
+    let line = last_json(&out);
+    assert_eq!(line["bench"], "demand-paging", "{line}");
+    assert_eq!(&line["results"], r);
 
     let soft = r["soft"].as_array().expect("soft cells");
     assert_eq!(soft.len(), 4, "2 thread counts x 2 deliveries: {r}");

@@ -82,6 +82,10 @@ pub struct DemandPagingArgs {
     /// Runs per cell, the median reported (default 3, or 1 with --quick).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeats: Option<u32>,
+    /// End with one JSON object on the last stdout line: the bench's
+    /// name, where its outputs went, and its results.
+    #[arg(long)]
+    pub json: bool,
     /// Directory for the JSON and SVG outputs.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
@@ -99,6 +103,10 @@ pub struct ZapArgs {
     /// Timed zaps of the dense case per mode.
     #[arg(long = "dense-repeats", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     pub dense_repeats: u64,
+    /// End with one JSON object on the last stdout line: the bench's
+    /// name, where its outputs went, and its results.
+    #[arg(long)]
+    pub json: bool,
     /// Directory for the JSON and SVG outputs.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
@@ -116,6 +124,10 @@ pub struct WriteProtectArgs {
     /// Timed generation bumps per size (median reported).
     #[arg(long, default_value_t = 101, value_parser = clap::value_parser!(u64).range(1..))]
     pub repeats: u64,
+    /// End with one JSON object on the last stdout line: the bench's
+    /// name, where its outputs went, and its results.
+    #[arg(long)]
+    pub json: bool,
     /// Directory for the JSON and SVG outputs.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
@@ -169,6 +181,10 @@ pub struct DirtyLogArgs {
     pub repeats: u32,
     #[command(flatten)]
     pub backend: BackendArgs,
+    /// End with one JSON object on the last stdout line: the bench's
+    /// name, where its outputs went, and its results.
+    #[arg(long)]
+    pub json: bool,
     /// Directory for the JSON and SVG outputs.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
@@ -185,7 +201,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
                 dense_repeats: a.dense_repeats as usize,
             };
             let report = zap_experiment(&opts).map_err(|e| CmdError::Usage(e.to_string()))?;
-            emit(&report, &a.out)
+            emit_json(&report, &a.out, a.json)
         }
         BenchCommand::Link(a) => {
             let report = crate::bench::link::run(&a)?;
@@ -238,13 +254,24 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
             };
             let report =
                 write_protect_experiment(&opts).map_err(|e| CmdError::Usage(e.to_string()))?;
-            emit(&report, &a.out)
+            emit_json(&report, &a.out, a.json)
         }
     }
 }
 
 /// Prints a report and writes its JSON and SVG.
 fn emit<T: serde::Serialize>(report: &Report<T>, out: &Path) -> Result<ExitCode, CmdError> {
+    emit_json(report, out, false)
+}
+
+/// [`emit`], then with `json` one JSON object as the last stdout line: the
+/// bench's name, where its outputs went, and its results (for the benches
+/// whose `--json` has no summary of its own).
+fn emit_json<T: serde::Serialize>(
+    report: &Report<T>,
+    out: &Path,
+    json: bool,
+) -> Result<ExitCode, CmdError> {
     print!("{}", report.render());
     let written = report.write(out)?;
     println!(
@@ -252,6 +279,15 @@ fn emit<T: serde::Serialize>(report: &Report<T>, out: &Path) -> Result<ExitCode,
         written.json.display(),
         written.svg.display()
     );
+    if json {
+        let line = serde_json::json!({
+            "bench": report.name,
+            "json": written.json,
+            "svg": written.svg,
+            "results": report.results,
+        });
+        println!("{line}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -267,7 +303,7 @@ fn dirty_log_soft(a: DirtyLogArgs) -> Result<ExitCode, CmdError> {
     };
     eprintln!("ferry bench dirty-log --backend soft: eager split vs split on fault ...");
     let report = dirty_log_experiment(&opts).map_err(|e| CmdError::Usage(e.to_string()))?;
-    emit(&report, &a.out)
+    emit_json(&report, &a.out, a.json)
 }
 
 fn dirty_log(a: DirtyLogArgs) -> Result<ExitCode, CmdError> {
@@ -326,14 +362,7 @@ fn dirty_log(a: DirtyLogArgs) -> Result<ExitCode, CmdError> {
         );
     }
     let report = dirty_log_kvm::report(results);
-    print!("{}", report.render());
-    let written = report.write(&a.out)?;
-    println!(
-        "wrote {} and {}",
-        written.json.display(),
-        written.svg.display()
-    );
-    Ok(ExitCode::SUCCESS)
+    emit_json(&report, &a.out, a.json)
 }
 
 fn demand_paging(a: DemandPagingArgs) -> Result<ExitCode, CmdError> {
@@ -373,5 +402,5 @@ fn demand_paging(a: DemandPagingArgs) -> Result<ExitCode, CmdError> {
         eprintln!("ferry bench demand-paging: {step} ...")
     })
     .map_err(CmdError::Failed)?;
-    emit(&report, &a.out)
+    emit_json(&report, &a.out, a.json)
 }
