@@ -159,7 +159,8 @@ impl Monitor {
             .name("migration-events".into())
             .spawn(move || {
                 for event in queue {
-                    let line = format!("{event}\n");
+                    // QMP ends every message with CRLF, as QEMU does.
+                    let line = format!("{event}\r\n");
                     let mut subs = subs.lock().unwrap_or_else(|p| p.into_inner());
                     subs.retain(|w| w.send(&line).is_ok());
                     drop(subs);

@@ -470,3 +470,61 @@ fn the_qmp_socket_greets_and_negotiates_as_qemus_does() {
     assert!(!qsock.exists(), "the QMP socket is removed on exit");
     let _ = std::fs::remove_file(&sock);
 }
+
+#[test]
+fn the_qmp_socket_reads_a_json_stream_and_ends_messages_with_crlf() {
+    let qsock =
+        std::env::temp_dir().join(format!("ferry-test-qmp-stream-{}.sock", std::process::id()));
+    let qarg = qsock.to_str().unwrap().to_string();
+    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "8M", "--qmp", &qarg]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let conn = loop {
+        match std::os::unix::net::UnixStream::connect(&qsock) {
+            Ok(c) => break c,
+            Err(e) => assert!(Instant::now() < deadline, "no QMP socket: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = conn.try_clone().unwrap();
+    let mut reader = std::io::BufReader::new(conn);
+    let mut next = || -> Value {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
+        assert!(
+            line.ends_with("\r\n"),
+            "QMP ends a message with CRLF: {line:?}"
+        );
+        serde_json::from_str(&line).unwrap()
+    };
+    let mut send = |bytes: &str| {
+        std::io::Write::write_all(&mut out, bytes.as_bytes()).unwrap();
+        std::io::Write::flush(&mut out).unwrap();
+    };
+    assert!(next()["QMP"].is_object(), "the greeting");
+    // As qemu.qmp sends it: no newline after the command.
+    send(r#"{"execute": "qmp_capabilities"}"#);
+    assert_eq!(next(), json!({"return": {}}));
+    // A command split across two writes.
+    send(r#"{"execute": "query-st"#);
+    std::thread::sleep(Duration::from_millis(50));
+    send(r#"atus", "id": 1}"#);
+    let status = next();
+    assert_eq!(status["return"]["status"], "running", "{status}");
+    assert_eq!(status["id"], 1);
+    // Two commands in one write, no whitespace between them.
+    send(r#"{"execute":"query-name","id":2}{"execute":"query-migrate","id":3}"#);
+    let (a, b) = (next(), next());
+    assert_eq!((&a["id"], &b["id"]), (&json!(2), &json!(3)), "{a} {b}");
+    // A syntax error gets QEMU's reply, and the next command is read.
+    send("nonsense {\"execute\":\"query-status\",\"id\":4}\n");
+    let err = next();
+    assert_eq!(err["error"]["class"], "GenericError", "{err}");
+    assert!(err["error"]["desc"]
+        .as_str()
+        .unwrap()
+        .contains("JSON parse error"));
+    assert_eq!(next()["id"], 4);
+    let stop = ask(&sock, r#"{"cmd":"stop"}"#);
+    assert_eq!(stop["ok"], true, "{stop}");
+    assert!(vm.wait().unwrap().success());
+}

@@ -32,6 +32,7 @@
 //! one at once; without a running migration it becomes the next one's
 //! default.
 
+mod json_stream;
 mod lines;
 mod params;
 mod qmp;
@@ -216,10 +217,8 @@ fn serve_connection(conn: UnixStream, shared: &Shared, dialect: Dialect) {
         Ok(c) => Arc::new(Mutex::new(c)),
         Err(_) => return,
     };
-    // QMP's negotiation: only qmp_capabilities until it was sent.
-    let mut negotiating = dialect == Dialect::Qmp;
-    if negotiating && write_line(&out, &format!("{}\n", qmp::greeting())).is_err() {
-        return;
+    if dialect == Dialect::Qmp {
+        return serve_qmp(conn, shared, &out);
     }
     for line in BufReader::new(conn).lines() {
         let Ok(line) = line else { return };
@@ -227,14 +226,48 @@ fn serve_connection(conn: UnixStream, shared: &Shared, dialect: Dialect) {
             continue;
         }
         shared.answering.fetch_add(1, Ordering::AcqRel);
-        let reply = match dialect {
-            Dialect::Both => answer(&line, shared, &out),
-            Dialect::Qmp => qmp::answer_strict(&line, &mut negotiating, shared, &out),
-        };
+        let reply = answer(&line, shared, &out);
         let written = write_line(&out, &format!("{reply}\n"));
         shared.answering.fetch_sub(1, Ordering::AcqRel);
         if written.is_err() {
             return;
+        }
+    }
+}
+
+/// Serves a `--qmp` connection as QEMU's monitor does: a greeting, then
+/// commands read as a JSON stream (see [`json_stream`]), each answered with
+/// a reply ending in `\r\n`; only `qmp_capabilities` until it was sent.
+fn serve_qmp(mut conn: UnixStream, shared: &Shared, out: &Writer) {
+    let mut negotiating = true;
+    if write_line(out, &format!("{}\r\n", qmp::greeting())).is_err() {
+        return;
+    }
+    let mut splitter = json_stream::JsonSplitter::default();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = match std::io::Read::read(&mut conn, &mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let mut pieces = Vec::new();
+        splitter.push(&buf[..n], &mut pieces);
+        for piece in pieces {
+            shared.answering.fetch_add(1, Ordering::AcqRel);
+            let reply = match piece {
+                json_stream::Piece::Object(text) => {
+                    qmp::answer_strict(&text, &mut negotiating, shared, out)
+                }
+                json_stream::Piece::Junk(text) => json!({"error": {
+                    "class": "GenericError",
+                    "desc": format!("JSON parse error, invalid keyword '{text}'"),
+                }}),
+            };
+            let written = write_line(out, &format!("{reply}\r\n"));
+            shared.answering.fetch_sub(1, Ordering::AcqRel);
+            if written.is_err() {
+                return;
+            }
         }
     }
 }
