@@ -219,6 +219,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                 control: a.control.clone(),
                 qmp: a.qmp.clone(),
                 held,
+                stay_after_migration: a.qmp.is_some(),
             },
         )
     };

@@ -39,6 +39,13 @@ pub struct RunArgs {
     /// speaks it too).
     #[arg(long, value_name = "PATH")]
     pub qmp: Option<PathBuf>,
+    /// Exit once a migration has moved the VM away, even with `--qmp`.
+    /// Without this, a `--qmp` monitor stays up after a completed migration,
+    /// as QEMU's does (run state `postmigrate`, answering `query-migrate`
+    /// and `query-status`) until `quit` or a signal; with `--control` alone
+    /// the process exits as it always has.
+    #[arg(long)]
+    pub exit_after_migration: bool,
 }
 
 /// What the VM's thread shares with the control socket's connections.
@@ -136,6 +143,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
         &Serve {
             interval: Duration::from_secs_f64(a.interval),
             duration: a.duration,
+            stay_after_migration: a.qmp.is_some() && !a.exit_after_migration,
             control: a.control,
             qmp: a.qmp,
             held: None,
@@ -155,6 +163,9 @@ pub struct Serve {
     pub qmp: Option<PathBuf>,
     /// Why the (paused) VM is held for an operator's `cont`, if it is.
     pub held: Option<String>,
+    /// Keep the monitor up after the VM moved away, until `quit` (QEMU's
+    /// `postmigrate`).
+    pub stay_after_migration: bool,
 }
 
 /// Runs a started VM on: prints its progress, serves its control socket,
@@ -211,8 +222,23 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
     let _keep_channel_open = tx;
     // A failed postcopy: where it went, how, and the token to resume it.
     let mut unfinished: Option<(String, LinkSettings, PostcopyResume)> = None;
+    // Where the VM went, once it moved and the monitor stays up.
+    let mut moved_to: Option<String> = None;
     loop {
-        match commands.recv_timeout(a.interval) {
+        let next = commands.recv_timeout(a.interval);
+        if let Some(to) = &moved_to {
+            match next {
+                Ok(VmCommand::Stop { reply }) => {
+                    let _ = reply.send(serde_json::json!({"ok": true}));
+                    control::wait_answered(&ctl.answering);
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Ok(other) => refuse_moved(other, to, &ctl),
+                Err(_) => {}
+            }
+            continue;
+        }
+        match next {
             Ok(VmCommand::Throttle { percent, reply }) => {
                 let answer = match vm.set_time_throttle(percent.min(99)) {
                     Ok(()) => serde_json::json!({"ok": true, "throttle_percent": percent.min(99)}),
@@ -243,7 +269,13 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
                     resume: Some(token),
                 };
                 if job.run(vm, &tunables, &mut unfinished, reply, &ctl) {
-                    return Ok(ExitCode::SUCCESS);
+                    if !a.stay_after_migration {
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    say(format_args!(
+                        "the monitor stays up (postmigrate) until quit or a signal"
+                    ));
+                    moved_to = Some(String::from("the destination"));
                 }
             }
             Ok(VmCommand::Cont { reply }) => {
@@ -284,6 +316,7 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
                 let _ = reply.send(serde_json::json!({ "ok": false, "error": error }));
             }
             Ok(VmCommand::Migrate { to, link, reply }) => {
+                let dest = to.clone();
                 let job = Job {
                     to,
                     link,
@@ -291,7 +324,13 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
                     resume: None,
                 };
                 if job.run(vm, &tunables, &mut unfinished, reply, &ctl) {
-                    return Ok(ExitCode::SUCCESS);
+                    if !a.stay_after_migration {
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    say(format_args!(
+                        "the monitor stays up (postmigrate) until quit or a signal"
+                    ));
+                    moved_to = Some(dest);
                 }
             }
             Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
@@ -355,4 +394,20 @@ fn hold(held: &AtomicBool, why: &str) {
 fn say(line: std::fmt::Arguments) {
     use std::io::Write;
     let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
+/// Answers a command that needs the VM, which has moved away.
+fn refuse_moved(command: VmCommand, to: &str, ctl: &Ctl) {
+    let error = format!("the VM has moved to {to}: this monitor only answers queries and quit");
+    let reply = match command {
+        VmCommand::Migrate { reply, .. } => {
+            ctl.monitor.refuse(&error);
+            reply
+        }
+        VmCommand::Throttle { reply, .. }
+        | VmCommand::Resume { reply, .. }
+        | VmCommand::Cont { reply }
+        | VmCommand::Stop { reply } => reply,
+    };
+    let _ = reply.send(serde_json::json!({ "ok": false, "error": error }));
 }

@@ -33,12 +33,18 @@ use serde_json::{json, Value};
 /// The greeting a `--qmp` connection opens with, as QEMU's.
 pub fn greeting() -> Value {
     json!({"QMP": {
-        "version": {
-            "qemu": {"major": 0, "minor": 0, "micro": 0},
-            "package": format!("ferry {}", env!("CARGO_PKG_VERSION")),
-        },
+        "version": version(),
         "capabilities": [],
     }})
+}
+
+/// `query-version`'s reply, as QEMU shapes it: ferry is the package; it
+/// is no QEMU release, so the QEMU numbers are zero.
+fn version() -> Value {
+    json!({
+        "qemu": {"major": 0, "minor": 0, "micro": 0},
+        "package": format!("ferry {}", env!("CARGO_PKG_VERSION")),
+    })
 }
 
 /// Answers one line on a `--qmp` socket: QMP only, and while
@@ -113,6 +119,24 @@ fn answer(command: QmpCommand, shared: &Shared, conn: &Writer) -> Result<Value, 
         QmpCommand::StartPostcopy => start_postcopy(shared),
         QmpCommand::Cont => cont(shared),
         QmpCommand::QueryStatus => Ok(run_state(shared)),
+        QmpCommand::QueryVersion => Ok(version()),
+        QmpCommand::QueryCommands => Ok(ferry::protocol::COMMANDS
+            .iter()
+            .map(|name| json!({ "name": name }))
+            .collect()),
+        QmpCommand::QueryName => Ok(json!({})),
+        QmpCommand::Quit => {
+            // QEMU answers, then exits; a precopy under way is cancelled so
+            // the VM is not left half moved.
+            shared.tunables.cancel();
+            let stop = super::forward(shared, |reply| VmCommand::Stop { reply });
+            match stop["ok"].as_bool() {
+                Some(true) => Ok(json!({})),
+                _ => Err(QmpError::generic(
+                    stop["error"].as_str().unwrap_or("the VM did not stop"),
+                )),
+            }
+        }
         QmpCommand::Cancel => match shared.monitor.status() {
             MigStatus::PostcopyActive | MigStatus::PostcopyRecover => Err(QmpError::generic(
                 "a postcopy cannot be cancelled: the destination already runs the guest",
@@ -165,9 +189,10 @@ fn run_state(shared: &Shared) -> Value {
     } else {
         match shared.monitor.status() {
             MigStatus::Device => ("finish-migrate", false),
-            MigStatus::PostcopyActive | MigStatus::PostcopyRecover | MigStatus::PostcopyPaused => {
-                ("postmigrate", false)
-            }
+            MigStatus::PostcopyActive
+            | MigStatus::PostcopyRecover
+            | MigStatus::PostcopyPaused
+            | MigStatus::Completed => ("postmigrate", false),
             _ => ("running", true),
         }
     };

@@ -11,7 +11,7 @@ mod lines;
 mod qmp;
 
 pub use lines::{MigrateRequest, Request};
-pub use qmp::{Capability, ParamUpdate, QmpCommand, QmpError};
+pub use qmp::{Capability, ParamUpdate, QmpCommand, QmpError, COMMANDS};
 
 use serde_json::Value;
 

@@ -82,7 +82,35 @@ pub enum QmpCommand {
     Cont,
     /// `query-status`: whether the VM runs, in QEMU's run-state names.
     QueryStatus,
+    /// `query-version`: QEMU's shape, ferry named in `package`.
+    QueryVersion,
+    /// `query-commands`: the commands this monitor implements.
+    QueryCommands,
+    /// `query-name`: the VM's name (ferry's VMs have none).
+    QueryName,
+    /// `quit`: the VMM stops (a precopy under way is cancelled first).
+    Quit,
 }
+
+/// Every command a QMP client may send to ferry, as `query-commands` lists
+/// them.
+pub const COMMANDS: [&str; 15] = [
+    "qmp_capabilities",
+    "query-commands",
+    "query-version",
+    "query-name",
+    "query-status",
+    "query-migrate",
+    "query-migrate-parameters",
+    "query-migrate-capabilities",
+    "migrate-set-parameters",
+    "migrate-set-capabilities",
+    "migrate",
+    "migrate_cancel",
+    "migrate-start-postcopy",
+    "cont",
+    "quit",
+];
 
 /// The parameter names `migrate-set-parameters` knows.
 pub const PARAMETERS: [&str; 5] = [
@@ -137,6 +165,10 @@ pub fn parse(request: &Map<String, Value>) -> Result<QmpCommand, QmpError> {
         "migrate-start-postcopy" => no_args(QmpCommand::StartPostcopy),
         "cont" => no_args(QmpCommand::Cont),
         "query-status" => no_args(QmpCommand::QueryStatus),
+        "query-version" => no_args(QmpCommand::QueryVersion),
+        "query-commands" => no_args(QmpCommand::QueryCommands),
+        "query-name" => no_args(QmpCommand::QueryName),
+        "quit" => no_args(QmpCommand::Quit),
         "migrate-set-parameters" => set_parameters(args),
         "migrate-set-capabilities" => set_capabilities(args),
         "migrate" => migrate(args),
@@ -255,6 +287,22 @@ mod tests {
     fn parse_str(s: &str) -> Result<QmpCommand, QmpError> {
         let v: Value = serde_json::from_str(s).unwrap();
         parse(v.as_object().unwrap())
+    }
+
+    #[test]
+    fn every_listed_command_parses_and_an_unknown_one_is_not_found() {
+        for name in COMMANDS {
+            let got = parse_str(&format!(r#"{{"execute":"{name}"}}"#));
+            // A command that wants arguments refuses their absence in
+            // words (GenericError), never as unknown.
+            assert!(
+                got.as_ref()
+                    .map_or_else(|e| e.class != "CommandNotFound", |_| true),
+                "{name}"
+            );
+        }
+        let unknown = parse_str(r#"{"execute":"query-cpus-fast"}"#).unwrap_err();
+        assert_eq!(unknown.class, "CommandNotFound");
     }
 
     #[test]
