@@ -324,6 +324,13 @@ impl Monitor {
         if s.throttle_pct > 0 {
             out["cpu-throttle-percentage"] = json!(s.throttle_pct);
         }
+        // What ferry's switchover rule expects the pause to cost if it came
+        // now: the round's dirty set at the link's measured rate (QEMU
+        // reports the same estimate).
+        if s.status == MigStatus::Active && s.mbps > 0.0 {
+            let bytes = (s.round_pages * page) as f64;
+            out["expected-downtime"] = json!((bytes * 8.0 / (s.mbps * 1e6) * 1e3) as u64);
+        }
         match (&s.finished, s.started) {
             (Some(f), _) => {
                 out["total-time"] = json!(f.total_ms as u64);
@@ -402,5 +409,36 @@ impl Progress for Monitor {
 
     fn throttle_changed(&self, step: &ThrottleStep) {
         self.state().throttle_pct = step.percent;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::summary::RoundKind;
+
+    #[test]
+    fn expected_downtime_is_the_dirty_set_at_the_measured_rate() {
+        let m = Monitor::start(64 << 20);
+        assert!(m.begin());
+        m.phase(Phase::FullPass);
+        m.round_started(0, 16384);
+        m.round_finished(&RoundStats {
+            round: 0,
+            kind: RoundKind::Full,
+            pages: 16384,
+            zero_pages: 0,
+            bytes: 64 << 20,
+            raw_bytes: 64 << 20,
+            ms: 640.0,
+            dirty_rate_pages_s: 0.0,
+            bandwidth_mb_s: 100.0,
+            harvest_ms: 0.0,
+        });
+        // 1024 dirty pages (4 MiB) at 100 MB/s: about 42 ms.
+        m.round_started(1, 1024);
+        let q = m.query();
+        assert_eq!(q["expected-downtime"], 41, "{q}");
+        assert!(q.get("blocked-reasons").is_none());
     }
 }
