@@ -190,27 +190,65 @@ impl TokenBucket {
         }
     }
 
-    /// Accounts `bytes` just sent, sleeping while the bucket is in debt.
-    pub fn consume(&mut self, bytes: u64) {
-        loop {
-            let rate = self.tunables.bandwidth_bytes_per_sec() as f64;
-            let now = Instant::now();
-            let elapsed = now.duration_since(self.last).as_secs_f64();
-            self.last = now;
-            if rate <= 0.0 {
-                self.tokens = 0.0;
-                return;
-            }
-            // Burst of 50 ms of traffic, but at least one batch.
-            let burst = (rate * BURST_SECS).max(bytes as f64);
-            self.tokens = (self.tokens + rate * elapsed).min(burst);
-            if self.tokens >= bytes as f64 || self.tunables.is_cancelled() {
-                self.tokens -= bytes as f64;
-                return;
-            }
-            let wait = (bytes as f64 - self.tokens) / rate;
-            std::thread::sleep(Duration::from_secs_f64(wait).min(MAX_SLEEP));
+    /// Adds the tokens earned since the last look; `None` where there is
+    /// no cap (and then no credit is kept either).
+    fn refill(&mut self) -> Option<f64> {
+        let rate = self.tunables.bandwidth_bytes_per_sec() as f64;
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.last).as_secs_f64();
+        self.last = now;
+        if rate <= 0.0 {
+            self.tokens = 0.0;
+            return None;
         }
+        // A burst of 50 ms of traffic at most; a debt may be any size.
+        self.tokens = (self.tokens + rate * elapsed).min(rate * BURST_SECS);
+        Some(rate)
+    }
+
+    /// Charges `bytes` that must go out at once, ahead of everything else
+    /// (a postcopy answer a vCPU waits for): never waits. The debt it may
+    /// leave slows whoever paces next, so the cap still holds for the sum.
+    pub fn charge(&mut self, bytes: u64) {
+        if self.refill().is_some() {
+            self.tokens -= bytes as f64;
+        }
+    }
+
+    /// Charges `bytes` and returns how long to wait before they may go:
+    /// until the bucket is out of debt.
+    fn reserve(&mut self, bytes: u64) -> Duration {
+        match self.refill() {
+            Some(rate) => {
+                self.tokens -= bytes as f64;
+                Duration::from_secs_f64((-self.tokens).max(0.0) / rate)
+            }
+            None => Duration::ZERO,
+        }
+    }
+
+    /// How long the bucket stays in debt at the rate now.
+    fn debt(&mut self) -> Duration {
+        match self.refill() {
+            Some(rate) => Duration::from_secs_f64((-self.tokens).max(0.0) / rate),
+            None => Duration::ZERO,
+        }
+    }
+}
+
+/// Charges `bytes` to the cap `bucket` holds and waits until they may go
+/// out, without holding the lock meanwhile: an answer charged by
+/// [`TokenBucket::charge`] never queues behind a sender paying its debt.
+/// A cancel or a lifted cap ends the wait.
+pub fn pace(bucket: &std::sync::Mutex<TokenBucket>, bytes: u64) {
+    let lock = || bucket.lock().unwrap_or_else(|p| p.into_inner());
+    let (mut wait, tunables) = {
+        let mut b = lock();
+        (b.reserve(bytes), Arc::clone(&b.tunables))
+    };
+    while !wait.is_zero() && !tunables.is_cancelled() {
+        std::thread::sleep(wait.min(MAX_SLEEP));
+        wait = lock().debt();
     }
 }
 
@@ -250,18 +288,35 @@ mod tests {
 
     #[test]
     fn unlimited_bucket_never_blocks_and_keeps_no_credit() {
-        let mut b = TokenBucket::new(Tunables::shared());
-        b.consume(u64::MAX / 2);
-        assert_eq!(b.tokens, 0.0);
+        let b = std::sync::Mutex::new(TokenBucket::new(Tunables::shared()));
+        pace(&b, u64::MAX / 2);
+        b.lock().unwrap().charge(1 << 30);
+        assert_eq!(b.lock().unwrap().tokens, 0.0);
     }
 
     #[test]
     fn capped_bucket_goes_into_debt_then_recovers() {
         let t = Tunables::shared();
         t.set_bandwidth_bytes_per_sec(1 << 40);
-        let mut b = TokenBucket::new(Arc::clone(&t));
-        b.consume(1 << 20);
+        let b = std::sync::Mutex::new(TokenBucket::new(Arc::clone(&t)));
+        pace(&b, 1 << 20);
         // At 1 TiB/s the burst is 55 GB, so nothing can be outstanding.
-        assert!(b.tokens <= (1u64 << 40) as f64 * BURST_SECS);
+        assert!(b.lock().unwrap().tokens <= (1u64 << 40) as f64 * BURST_SECS);
+    }
+
+    #[test]
+    fn an_answer_is_charged_at_once_and_its_debt_is_paid_by_the_next_pace() {
+        let t = Tunables::shared();
+        t.set_bandwidth_bytes_per_sec(1 << 20); // 1 MiB/s
+        let mut b = TokenBucket::new(Arc::clone(&t));
+        // Deep in debt (a push reserved 1 MiB: a second's wait)...
+        assert!(b.reserve(1 << 20) > Duration::from_millis(900));
+        // ... an answer still goes at once, and adds to the debt.
+        b.charge(64 << 10);
+        assert!(b.tokens < -((1u64 << 20) as f64), "{}", b.tokens);
+        assert!(b.debt() > Duration::from_millis(900));
+        // A cancel ends any wait.
+        t.cancel();
+        pace(&std::sync::Mutex::new(b), 1 << 30);
     }
 }

@@ -8,7 +8,9 @@
 //! moment; the destination places it once and drops the other copy.
 //!
 //! Answers and the push share one bandwidth cap (`--bandwidth`): a capped
-//! link is capped for both.
+//! link is capped for both. An answer never waits for tokens: it is charged
+//! and sent at once, and the push, which waits outside the bucket's lock,
+//! pays the debt (QEMU's postcopy requests likewise jump the queue).
 //!
 //! The push starts where the destination last asked: a guest that touches
 //! page g soon touches g + 1, so those pages go next (QEMU's postcopy does
@@ -193,10 +195,9 @@ fn serve(
             .map_err(MigrationError::ram("read guest memory for a page request"))?;
         batch.seal(s.round.load(Ordering::SeqCst));
         let wire = (FRAME_HEADER_LEN + batch.payload_len()) as u64;
-        bucket
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .consume(wire);
+        // A vCPU waits for this: it goes at once, and the push pays the
+        // debt it leaves (the cap holds for the sum).
+        bucket.lock().unwrap_or_else(|p| p.into_inner()).charge(wire);
         io.write_frame(FrameKind::Pages, &batch.parts())?;
         io.flush()?;
         health.add_data_bytes(wire);

@@ -85,10 +85,7 @@ struct Shared {
 impl Shared {
     /// Waits until the bandwidth cap lets `wire` more bytes out.
     fn pace(&self, wire: usize) {
-        self.bucket
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .consume(wire as u64);
+        crate::tunables::pace(&self.bucket, wire as u64);
     }
 }
 
