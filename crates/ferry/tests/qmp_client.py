@@ -59,6 +59,16 @@ async def main(sock: str, dest: str) -> dict:
     seen["run_state_after"] = post["status"]
     assert post["status"] == "postmigrate", post
 
+    # A moved VM cannot migrate again, and the record stays as it was.
+    try:
+        await qmp.execute("migrate", {"uri": f"tcp:{dest}"})
+        raise AssertionError("a moved VM was migrated again")
+    except ExecuteError as e:
+        assert e.error_class == "GenericError", e
+    again = await qmp.execute("query-migrate")
+    assert again["status"] == "completed", again
+    assert (await qmp.execute("query-status"))["status"] == "postmigrate"
+
     await qmp.execute("quit")
     await qmp.disconnect()
     return seen

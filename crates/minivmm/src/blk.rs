@@ -38,6 +38,9 @@ pub const SECTION: &str = "virtio-blk";
 /// The layout [`Blk::save`] writes.
 pub const VERSION: u32 = 1;
 const SECTOR: u64 = 512;
+/// The most data one request may move: the guest sets descriptor lengths,
+/// and a larger one is refused with an I/O error rather than allocated.
+const MAX_REQUEST_BYTES: u64 = 1 << 20;
 /// virtio-mmio magic, "virt".
 const MAGIC: u32 = 0x7472_6976;
 const DEVICE_ID_BLOCK: u32 = 2;
@@ -204,7 +207,7 @@ impl Blk {
                 match self.transfer(sector, data, write) {
                     Ok(n) => {
                         if !write {
-                            written += n;
+                            written = written.saturating_add(n);
                         }
                         VIRTIO_BLK_S_OK
                     }
@@ -217,7 +220,7 @@ impl Blk {
                     Some(d) if d.is_write_only() => {
                         let n = id.len().min(d.len() as usize);
                         let _ = mem.write_slice(&id[..n], d.addr());
-                        written += n as u32;
+                        written = written.saturating_add(n as u32);
                         VIRTIO_BLK_S_OK
                     }
                     _ => VIRTIO_BLK_S_IOERR,
@@ -239,6 +242,9 @@ impl Blk {
         let ram = Arc::clone(&self.ram);
         let mem = ram.memory();
         let total: u64 = data.iter().map(|d| u64::from(d.len())).sum();
+        if total > MAX_REQUEST_BYTES {
+            return Err(());
+        }
         let end = sector
             .checked_mul(SECTOR)
             .and_then(|b| b.checked_add(total));

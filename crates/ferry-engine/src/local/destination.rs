@@ -70,6 +70,7 @@ pub fn await_local(
     let start = Instant::now();
     stream
         .set_read_timeout(Some(opts.timeout))
+        .and_then(|()| stream.set_write_timeout(Some(opts.timeout)))
         .map_err(|source| LocalError::Socket {
             what: "set a timeout on",
             message: "the socket",
@@ -289,7 +290,11 @@ fn take_over(
     vm.start()
         .map_err(MigrationError::backend("resume the guest"))?;
     summary.downtime_ms = ms(arrived.elapsed());
-    message::send(stream, &Head::Resumed, &[], &[])?;
+    // The source committed at Go: the guest is this side's now, even if
+    // the source is gone before it hears so.
+    if let Err(e) = message::send(stream, &Head::Resumed, &[], &[]) {
+        tracing::warn!("the guest runs here, but the source did not hear so: {e}");
+    }
     Ok(())
 }
 

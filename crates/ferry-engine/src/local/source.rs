@@ -49,6 +49,7 @@ pub fn migrate_local(
     })?;
     stream
         .set_read_timeout(Some(opts.timeout))
+        .and_then(|()| stream.set_write_timeout(Some(opts.timeout)))
         .map_err(|source| LocalError::Socket {
             what: "set a timeout on",
             message: "the socket",
@@ -164,7 +165,12 @@ fn switch_over(
     summary.digest_match = true;
     // From here the guest is the destination's, whatever happens.
     *stage = Stage::Committed;
-    message::send(stream, &Head::Go, &[], &[])?;
+    // Whether the destination got Go cannot be known if this fails: it may
+    // run the guest.
+    if message::send(stream, &Head::Go, &[], &[]).is_err() {
+        summary.status = Status::Held;
+        return Err(LocalError::Unconfirmed.into());
+    }
     match message::recv(stream) {
         Ok(m) if matches!(m.head, Head::Resumed) => {}
         _ => {

@@ -197,7 +197,10 @@ fn serve(
         let wire = (FRAME_HEADER_LEN + batch.payload_len()) as u64;
         // A vCPU waits for this: it goes at once, and the push pays the
         // debt it leaves (the cap holds for the sum).
-        bucket.lock().unwrap_or_else(|p| p.into_inner()).charge(wire);
+        bucket
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .charge(wire);
         io.write_frame(FrameKind::Pages, &batch.parts())?;
         io.flush()?;
         health.add_data_bytes(wire);

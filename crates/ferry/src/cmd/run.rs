@@ -54,6 +54,8 @@ struct Ctl {
     monitor: Arc<Monitor>,
     /// The VM is held paused after a lost Commit, until `cont`.
     held: Arc<AtomicBool>,
+    /// The VM moved away; the monitor stays up until `quit`.
+    moved: Arc<AtomicBool>,
 }
 
 /// A migration the control socket asked for: a new one, or the resume of
@@ -99,6 +101,11 @@ impl Job {
         tunables.take_throttle_request();
         let cancelled = tunables.is_cancelled();
         let summary_json = crate::summary::json(&summary);
+        // Before the `completed` event goes out: a client that reads it
+        // and asks again must find the VM moved.
+        if summary.status == Status::Completed {
+            ctl.moved.store(true, Ordering::Release);
+        }
         ctl.monitor
             .finish(&summary, summary_json, cancelled, token.is_some());
         *unfinished = token.map(|t| (self.to.clone(), self.link, t));
@@ -183,6 +190,7 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
         answering: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         monitor: Monitor::start(vm.ram().size()),
         held: Arc::new(AtomicBool::new(false)),
+        moved: Arc::new(AtomicBool::new(false)),
     };
     // SIGINT or SIGTERM: cancel a migration under way, then stop as `stop`
     // does. Set before the socket is announced: a signal may follow at once.
@@ -204,6 +212,7 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
         next_converge: Arc::default(),
         held: Arc::clone(&ctl.held),
         postcopy_ram: Arc::default(),
+        moved: Arc::clone(&ctl.moved),
     };
     let sockets = [
         (&a.control, control::Dialect::Both, "control socket"),
@@ -233,7 +242,7 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
                     control::wait_answered(&ctl.answering);
                     return Ok(ExitCode::SUCCESS);
                 }
-                Ok(other) => refuse_moved(other, to, &ctl),
+                Ok(other) => refuse_moved(other, to),
                 Err(_) => {}
             }
             continue;
@@ -397,14 +406,12 @@ fn say(line: std::fmt::Arguments) {
 }
 
 /// Answers a command that needs the VM, which has moved away.
-fn refuse_moved(command: VmCommand, to: &str, ctl: &Ctl) {
+fn refuse_moved(command: VmCommand, to: &str) {
+    // The monitor keeps describing the migration that moved the VM.
     let error = format!("the VM has moved to {to}: this monitor only answers queries and quit");
     let reply = match command {
-        VmCommand::Migrate { reply, .. } => {
-            ctl.monitor.refuse(&error);
-            reply
-        }
-        VmCommand::Throttle { reply, .. }
+        VmCommand::Migrate { reply, .. }
+        | VmCommand::Throttle { reply, .. }
         | VmCommand::Resume { reply, .. }
         | VmCommand::Cont { reply }
         | VmCommand::Stop { reply } => reply,

@@ -22,6 +22,10 @@ pub struct JsonSplitter {
     depth: u32,
     in_string: bool,
     escaped: bool,
+    /// The object under way outgrew [`MAX_OBJECT`]: its bytes are dropped
+    /// until it ends, so nothing inside it (a string, say) is taken for a
+    /// command.
+    discarding: bool,
 }
 
 /// The longest object taken (QEMU's own limit is 64 MiB of tokens; a
@@ -40,11 +44,14 @@ impl JsonSplitter {
                         self.depth = 1;
                     }
                     b' ' | b'\t' | b'\r' | b'\n' => self.flush_junk(out),
-                    _ => self.junk.push(b),
+                    _ if self.junk.len() < MAX_JUNK => self.junk.push(b),
+                    _ => {}
                 }
                 continue;
             }
-            self.current.push(b);
+            if !self.discarding {
+                self.current.push(b);
+            }
             if self.in_string {
                 match (self.escaped, b) {
                     (true, _) => self.escaped = false,
@@ -61,14 +68,19 @@ impl JsonSplitter {
                 }
             }
             if self.depth == 0 {
-                let text = String::from_utf8_lossy(&self.current).into_owned();
-                out.push(Piece::Object(text));
+                if self.discarding {
+                    self.discarding = false;
+                    out.push(Piece::Junk(format!(
+                        "an object of more than {MAX_OBJECT} bytes"
+                    )));
+                } else {
+                    let text = String::from_utf8_lossy(&self.current).into_owned();
+                    out.push(Piece::Object(text));
+                }
                 self.current.clear();
             } else if self.current.len() > MAX_OBJECT {
-                out.push(Piece::Junk(format!(
-                    "an object of more than {MAX_OBJECT} bytes"
-                )));
-                self.reset();
+                self.discarding = true;
+                self.current.clear();
             }
         }
     }
@@ -81,11 +93,10 @@ impl JsonSplitter {
             self.junk.clear();
         }
     }
-
-    fn reset(&mut self) {
-        *self = JsonSplitter::default();
-    }
 }
+
+/// The most junk kept for the error message (the rest is dropped).
+const MAX_JUNK: usize = 256;
 
 #[cfg(test)]
 mod tests {
@@ -129,6 +140,26 @@ mod tests {
             split(&[r#"{"id": "}{\"}", "execute": "a"}"#, "\r\n"]),
             [obj(r#"{"id": "}{\"}", "execute": "a"}"#)]
         );
+    }
+
+    #[test]
+    fn an_oversized_object_is_dropped_whole_and_nothing_inside_it_runs() {
+        let inner = r#"{\"execute\":\"quit\"}"#;
+        let big = format!(
+            r#"{{"x": "{}{inner}"}}{{"execute":"a"}}"#,
+            "y".repeat(MAX_OBJECT)
+        );
+        let got = split(&[&big]);
+        assert_eq!(
+            got.len(),
+            2,
+            "{:?}",
+            got.iter()
+                .map(|p| format!("{p:?}").len())
+                .collect::<Vec<_>>()
+        );
+        assert!(matches!(&got[0], Piece::Junk(j) if j.contains("more than")));
+        assert_eq!(got[1], obj(r#"{"execute":"a"}"#));
     }
 
     #[test]

@@ -142,6 +142,9 @@ pub struct Shared {
     /// QMP's `postcopy-ram` capability: a migration that names no mode
     /// runs as a hybrid that switches only when asked.
     pub postcopy_ram: Arc<AtomicBool>,
+    /// The VM has moved away and the monitor stays up (`postmigrate`):
+    /// only queries and `quit` are answered.
+    pub moved: Arc<AtomicBool>,
 }
 
 impl Shared {

@@ -186,6 +186,8 @@ fn cont(shared: &Shared) -> Result<Value, QmpError> {
 fn run_state(shared: &Shared) -> Value {
     let (status, running) = if shared.held.load(std::sync::atomic::Ordering::Acquire) {
         ("paused", false)
+    } else if shared.moved.load(std::sync::atomic::Ordering::Acquire) {
+        ("postmigrate", false)
     } else {
         match shared.monitor.status() {
             MigStatus::Device => ("finish-migrate", false),
@@ -268,6 +270,11 @@ fn migrate(
         return Err(QmpError::generic(
             "a failed postcopy holds this VM paused (the destination has run it): resume it \
              with migrate and resume: true",
+        ));
+    }
+    if shared.moved.load(std::sync::atomic::Ordering::Acquire) {
+        return Err(QmpError::generic(
+            "the VM has moved away: this monitor only answers queries and quit",
         ));
     }
     let (to, link) = super::lines::settings(settings, shared).map_err(QmpError::generic)?;

@@ -124,12 +124,17 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
         None => over_the_network(&mut vm, &*dialer, &opts),
     };
     let moved = outcome.status == "completed";
-    if !moved {
-        // The guest is ours again: show it goes on.
-        if !vm.is_running() {
-            vm.start().map_err(|e| e.to_string())?;
-        }
+    if !moved && vm.is_running() {
+        // The engine gave the guest back: show it goes on.
         std::thread::sleep(Duration::from_millis(a.run_after_failure_ms));
+    } else if !moved {
+        // The engine left this copy paused (a postcopy that failed after
+        // the switchover, a lost Commit, a same-host move that vanished
+        // after Go): the guest may run elsewhere, so it must not run here.
+        eprintln!(
+            "minivmm: this copy stays paused: the guest may run at the destination; it is \
+             discarded when this process ends"
+        );
     }
     vm.pause().map_err(|e| e.to_string())?;
     out.flush();
