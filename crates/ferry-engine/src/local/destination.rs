@@ -6,9 +6,7 @@ use super::{LocalError, LocalOptions, LocalSummary};
 use crate::error::MigrationError;
 use crate::summary::{ms, Status};
 use crate::wire::{self, StreamHeader};
-use ferry_backend::{
-    BackendError, Backing, DirtyPages, Gfn, GuestRam, Lifecycle, SharedRegion, Vm,
-};
+use ferry_backend::{BackendError, Backing, GuestRam, Lifecycle, SharedRegion, Vm};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
@@ -242,16 +240,18 @@ fn take_over(
 
     let state = loop {
         let m = message::recv(stream)?;
-        let Head::Rehash { dirty } = &m.head else {
+        let Head::Rehash = &m.head else {
             break m;
         };
-        digest.refresh(&ram, &pages_of(&ram, dirty)?)?;
+        let [bitmap] = m.blobs.as_slice() else {
+            return Err(LocalError::Protocol("a rehash without its dirty bitmap".into()).into());
+        };
+        digest.refresh(&ram, &message::dirty_from(bitmap, ram.pages())?)?;
         summary.rehash_rounds += 1;
         message::send(stream, &Head::Rehashed, &[], &[])?;
     };
     let arrived = Instant::now();
     let Head::State {
-        dirty,
         digest: source_digest,
     } = state.head
     else {
@@ -259,7 +259,7 @@ fn take_over(
             LocalError::Protocol(format!("expected the state, got {}", state.head.name())).into(),
         );
     };
-    let loaded = load(vm, &ram, &state.blobs, header, &dirty, &mut digest, summary);
+    let loaded = load(vm, &ram, &state.blobs, header, &mut digest, summary);
     let loaded = loaded.and_then(|()| {
         summary.digest_match = digest.value() == source_digest;
         if summary.digest_match {
@@ -304,15 +304,14 @@ fn load(
     ram: &GuestRam,
     blobs: &[Vec<u8>],
     header: &StreamHeader,
-    dirty: &[(u64, u64)],
     digest: &mut LocalDigest,
     summary: &mut LocalSummary,
 ) -> Result<(), MigrationError> {
-    let [vcpus, sections] = blobs else {
-        return Err(LocalError::Protocol(format!("{} state blobs, not 2", blobs.len())).into());
+    let [vcpus, sections, dirty] = blobs else {
+        return Err(LocalError::Protocol(format!("{} state blobs, not 3", blobs.len())).into());
     };
     summary.state_bytes = (vcpus.len() + sections.len()) as u64;
-    summary.dirty_pages = digest.refresh(ram, &pages_of(ram, dirty)?)?;
+    summary.dirty_pages = digest.refresh(ram, &message::dirty_from(dirty, ram.pages())?)?;
     vm.restore_vcpus(vcpus)
         .map_err(MigrationError::backend("load the vCPU state"))?;
     let sections = wire::sections::decode(sections)?;
@@ -320,19 +319,4 @@ fn load(
     vm.restore_sections(&sections)
         .map_err(MigrationError::backend("load the device sections"))?;
     Ok(())
-}
-
-/// The frames of `runs`, each checked against guest memory.
-fn pages_of(ram: &GuestRam, runs: &[(u64, u64)]) -> Result<DirtyPages, LocalError> {
-    let mut pages = DirtyPages::new(ram.pages());
-    for &(first, count) in runs {
-        if first.checked_add(count).is_none_or(|end| end > ram.pages()) {
-            return Err(LocalError::Protocol(format!(
-                "dirty pages {first}+{count} beyond the {} of guest memory",
-                ram.pages()
-            )));
-        }
-        (first..first + count).for_each(|g| pages.set(Gfn(g)));
-    }
-    Ok(pages)
 }

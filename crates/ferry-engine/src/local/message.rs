@@ -9,10 +9,10 @@
 //!   Offer {header, offsets} + fds  ──►    maps the files, builds its VM,
 //!   (hashes its memory meanwhile)         hashes its view of them
 //!                                  ◄──    Accepted | Refused {reason}
-//!   Rehash {dirty} (while busy)    ──►    rehashes the same pages
+//!   Rehash + dirty (while busy)    ──►    rehashes the same pages
 //!                                  ◄──    Rehashed
 //!   pause, save, harvest
-//!   State {dirty, digest} + blobs  ──►    restores, rehashes what was dirty
+//!   State {digest} + blobs         ──►    restores, rehashes what was dirty
 //!                                  ◄──    Ready | Failed {reason}
 //!   Go (the source never resumes)  ──►    resumes the guest
 //!                                  ◄──    Resumed
@@ -52,19 +52,16 @@ pub enum Head {
         /// Why.
         reason: String,
     },
-    /// Pages the running guest dirtied since the last hash: both ends
-    /// rehash them, so the pause has fewer left to hash.
-    Rehash {
-        /// Runs of dirty frames, `(first, count)`.
-        dirty: Vec<(u64, u64)>,
-    },
+    /// Pages the running guest dirtied since the last hash (blob: the
+    /// dirty bitmap, see [`dirty_blob`]): both ends rehash them, so the
+    /// pause has fewer left to hash.
+    Rehash,
     /// The destination rehashed them.
     Rehashed,
-    /// The paused VM's state (blobs: vCPU state, sections), the pages
-    /// dirtied since the source began hashing, and its digest at the pause.
+    /// The paused VM's state (blobs: vCPU state, sections, and the bitmap
+    /// of the pages dirtied since the last rehash) and the source's digest
+    /// at the pause.
     State {
-        /// Runs of dirty frames, `(first, count)`.
-        dirty: Vec<(u64, u64)>,
         /// The source's digest of memory at the pause.
         digest: u64,
     },
@@ -88,7 +85,7 @@ impl Head {
             Head::Offer { .. } => "offer",
             Head::Accepted => "accepted",
             Head::Refused { .. } => "refused",
-            Head::Rehash { .. } => "rehash",
+            Head::Rehash => "rehash",
             Head::Rehashed => "rehashed",
             Head::State { .. } => "state",
             Head::Ready => "ready",
@@ -97,6 +94,30 @@ impl Head {
             Head::Resumed => "resumed",
         }
     }
+}
+
+/// A dirty set as a blob: its bitmap words, little-endian. Its size is
+/// fixed by guest memory (512 KiB for 16 GiB), however scattered the pages.
+pub fn dirty_blob(dirty: &ferry_backend::DirtyPages) -> Vec<u8> {
+    dirty.words().iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// The dirty set of a guest with `pages` frames that [`dirty_blob`] wrote.
+pub fn dirty_from(blob: &[u8], pages: u64) -> Result<ferry_backend::DirtyPages, LocalError> {
+    let mut dirty = ferry_backend::DirtyPages::new(pages);
+    let words = pages.div_ceil(64) as usize;
+    if blob.len() != words * 8 {
+        return Err(LocalError::Protocol(format!(
+            "a dirty bitmap of {} bytes for {pages} pages",
+            blob.len()
+        )));
+    }
+    let words: Vec<u64> = blob
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    dirty.merge_words(ferry_backend::Gfn(0), &words);
+    Ok(dirty)
 }
 
 /// Sends `head` with `blobs`, and `fds` on its first byte.
@@ -175,4 +196,26 @@ pub fn recv(stream: &UnixStream) -> Result<Received, LocalError> {
 
 fn read(stream: &UnixStream, buf: &mut [u8]) -> std::io::Result<()> {
     std::io::Read::read_exact(&mut &*stream, buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_backend::{DirtyPages, Gfn};
+
+    #[test]
+    fn a_dirty_bitmap_round_trips_and_a_wrong_size_is_refused() {
+        let mut d = DirtyPages::new(1000);
+        for g in [0, 63, 64, 500, 999] {
+            d.set(Gfn(g));
+        }
+        let blob = dirty_blob(&d);
+        assert_eq!(blob.len(), 16 * 8);
+        let back = dirty_from(&blob, 1000).unwrap();
+        assert_eq!(
+            back.iter().collect::<Vec<_>>(),
+            d.iter().collect::<Vec<_>>()
+        );
+        assert!(dirty_from(&blob[..8], 1000).is_err());
+    }
 }

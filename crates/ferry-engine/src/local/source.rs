@@ -119,8 +119,7 @@ fn switch_over(
         if n <= PAUSE_REHASH_PAGES || n * 2 > last {
             break;
         }
-        let runs = dirty.runs().into_iter().map(|(g, n)| (g.0, n)).collect();
-        message::send(stream, &Head::Rehash { dirty: runs }, &[], &[])?;
+        message::send(stream, &Head::Rehash, &[&message::dirty_blob(&dirty)], &[])?;
         digest.refresh(&ram, &dirty)?;
         match message::recv(stream)?.head {
             Head::Rehashed => {}
@@ -150,10 +149,14 @@ fn switch_over(
     let sections = wire::sections::encode(&sections);
     summary.state_bytes = (vcpus.len() + sections.len()) as u64;
     let state = Head::State {
-        dirty: dirty.runs().into_iter().map(|(g, n)| (g.0, n)).collect(),
         digest: digest.value(),
     };
-    message::send(stream, &state, &[&vcpus, &sections], &[])?;
+    message::send(
+        stream,
+        &state,
+        &[&vcpus, &sections, &message::dirty_blob(&dirty)],
+        &[],
+    )?;
     match message::recv(stream)?.head {
         Head::Ready => {}
         Head::Failed { reason } => {
