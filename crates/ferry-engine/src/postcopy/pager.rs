@@ -496,12 +496,13 @@ fn read_answers(mut io: Channel, s: &Shared) -> Result<(), MigrationError> {
                 offset,
             });
         }
-        let batch =
-            decode_batch(io.payload(), loaded.pages).map_err(|reason| StreamError::Malformed {
+        let batch = decode_batch(io.payload(), loaded.pages)
+            .map_err(|reason| StreamError::Malformed {
                 kind,
                 offset,
                 reason,
-            })?;
+            })?
+            .with_page_hashes(io.page_hashes());
         let pages = loaded.apply(&batch)?;
         s.pages_requested.fetch_add(pages, Ordering::Relaxed);
     }

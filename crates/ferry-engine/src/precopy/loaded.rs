@@ -392,6 +392,7 @@ impl Loaded {
     /// Places a batch's pages; returns how many it had.
     pub fn apply(&self, batch: &BatchView<'_>) -> Result<u64, MigrationError> {
         let once = self.postcopy.load(Ordering::SeqCst);
+        let mut data_pages = 0;
         batch.visit(|segment| -> Result<(), MigrationError> {
             match segment {
                 Segment::Zero(gfn) if once => {
@@ -413,7 +414,9 @@ impl Loaded {
                     self.put(first, bytes)?;
                     for (i, page) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
                         let g = Gfn(first.0 + i as u64);
-                        self.hashes.set(g, page_hash(page));
+                        let hash = batch.data_page_hash(data_pages);
+                        self.hashes.set(g, hash.unwrap_or_else(|| page_hash(page)));
+                        data_pages += 1;
                         self.known_zero.remove(g);
                         self.received.insert(g);
                     }

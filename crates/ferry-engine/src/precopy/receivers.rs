@@ -92,6 +92,7 @@ fn receive_loop(
                 };
                 let (batch_round, pages) = if kind == FrameKind::Pages {
                     let batch = decode_batch(payload, loaded.pages).map_err(malformed)?;
+                    let batch = batch.with_page_hashes(io.page_hashes());
                     (batch.round, Pages::Whole(batch))
                 } else {
                     let view = decode_delta(payload, loaded.pages).map_err(malformed)?;

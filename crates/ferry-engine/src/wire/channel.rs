@@ -56,6 +56,8 @@ pub struct FrameStream<S> {
     payload: Vec<u8>,
     payload_len: usize,
     flags: u8,
+    /// The last frame's chunk hashes, when it carried the page check.
+    page_hashes: Vec<u64>,
 }
 
 impl<S: Read + Write> FrameStream<S> {
@@ -72,6 +74,7 @@ impl<S: Read + Write> FrameStream<S> {
             payload: Vec::new(),
             payload_len: 0,
             flags: 0,
+            page_hashes: Vec::new(),
         }
     }
 
@@ -230,9 +233,16 @@ impl<S: Read + Write> FrameStream<S> {
         self.payload = payload;
         self.payload_len = len;
         read?;
-        let kind = frame::verify(&head, &raw, &self.payload[..len])?;
+        let kind = frame::verify(&head, &raw, &self.payload[..len], &mut self.page_hashes)?;
         self.flags = raw[1];
         Ok((kind, offset))
+    }
+
+    /// The xxh3 of each page of the last frame read, when its check was
+    /// built from them (an uncompressed Pages frame; see [`frame`]): the
+    /// last ones are its pages', in payload order. `None` otherwise.
+    pub fn page_hashes(&self) -> Option<&[u64]> {
+        (!self.page_hashes.is_empty()).then_some(&self.page_hashes[..])
     }
 
     /// Flags of the last frame read (0, or a compression flag on Pages).

@@ -1,10 +1,26 @@
-//! The frame codec: a 12-byte header (type, flags, length, CRC) in front of
-//! every payload. Kept apart from buffering ([`super::channel`]) so the codec
-//! can be tested on plain byte slices.
+//! The frame codec: a 12-byte header (type, flags, length, check) in front
+//! of every payload. Kept apart from buffering ([`super::channel`]) so the
+//! codec can be tested on plain byte slices.
+//!
+//! **The check.** Most frames carry a CRC-32 of their first 8 header bytes
+//! and payload. An uncompressed Pages frame carries the *page check*
+//! instead, so that its page data is hashed once, not twice: the
+//! destination needs each page's xxh3 for the memory digest anyway
+//! ([`crate::digest`]), so the check is built from those hashes. The
+//! payload is cut into 4 KiB chunks counted from its end (a Pages payload
+//! ends with its page data, so each chunk there is one page), with any
+//! shorter lead chunk first; the check is the low 32 bits of
+//! `xxh3_64(header[0..8] ‖ h[0] ‖ h[1] ‖ …)` over the chunks' xxh3 hashes
+//! (little-endian u64s). A flipped bit anywhere changes a chunk's hash and
+//! so the check, as with the CRC; the receiver keeps the hashes
+//! ([`verify`] fills them in) and the digest reuses them.
 
 use super::compress::{FLAG_LZ4, FLAG_ZSTD};
 use super::{StreamError, MAX_FRAME_LEN};
+use crate::digest::page_hash;
+use ferry_backend::PAGE_SIZE;
 use std::fmt;
+use xxhash_rust::xxh3::Xxh3;
 
 /// Bytes of a frame header.
 pub const FRAME_HEADER_LEN: usize = 12;
@@ -168,6 +184,54 @@ fn crc_start(head8: &[u8; 8]) -> crc32fast::Hasher {
     h
 }
 
+/// Whether a frame of this type and flags carries the page check (see the
+/// module's doc) instead of a CRC.
+fn uses_page_check(kind_byte: u8, flags: u8) -> bool {
+    kind_byte == FrameKind::Pages as u8 && flags == 0
+}
+
+/// Appends the xxh3 of each chunk of `bytes`: a lead of `len % 4096` bytes
+/// (if any), then 4 KiB chunks to the end.
+fn chunk_hashes(bytes: &[u8], out: &mut Vec<u64>) {
+    let lead = bytes.len() % PAGE_SIZE;
+    if lead > 0 {
+        out.push(page_hash(&bytes[..lead]));
+    }
+    out.extend(bytes[lead..].chunks_exact(PAGE_SIZE).map(page_hash));
+}
+
+/// Chunk hashes of `parts` concatenated. A last part of whole pages (the
+/// page data after a Pages frame's head) is hashed in place; only the parts
+/// before it are joined, and only when there are several.
+fn parts_chunk_hashes(parts: &[&[u8]], out: &mut Vec<u64>) {
+    match parts.split_last() {
+        Some((last, front)) if last.len() % PAGE_SIZE == 0 => {
+            match front {
+                [] => {}
+                [one] => chunk_hashes(one, out),
+                more => chunk_hashes(&more.concat(), out),
+            }
+            chunk_hashes(last, out);
+        }
+        _ => chunk_hashes(&parts.concat(), out),
+    }
+}
+
+/// The page check of a frame whose header starts `head8` and whose
+/// payload's chunks hash to `hashes`.
+fn page_check(head8: &[u8; 8], hashes: &[u64]) -> u32 {
+    let mut h = Xxh3::new();
+    h.update(head8);
+    let mut buf = [0u8; 8 * 512];
+    for chunk in hashes.chunks(512) {
+        for (dst, v) in buf.chunks_exact_mut(8).zip(chunk) {
+            dst.copy_from_slice(&v.to_le_bytes());
+        }
+        h.update(&buf[..chunk.len() * 8]);
+    }
+    h.digest() as u32
+}
+
 fn head8(kind: u8, flags: u8, len: u32) -> [u8; 8] {
     let l = len.to_le_bytes();
     [kind, flags, 0, 0, l[0], l[1], l[2], l[3]]
@@ -197,13 +261,20 @@ pub fn encode_header_with_flags(
             offset: 0,
         })?;
     let h8 = head8(kind as u8, flags, len);
-    let mut crc = crc_start(&h8);
-    for p in parts {
-        crc.update(p);
-    }
+    let check = if uses_page_check(kind as u8, flags) {
+        let mut hashes = Vec::new();
+        parts_chunk_hashes(parts, &mut hashes);
+        page_check(&h8, &hashes)
+    } else {
+        let mut crc = crc_start(&h8);
+        for p in parts {
+            crc.update(p);
+        }
+        crc.finalize()
+    };
     let mut out = [0u8; FRAME_HEADER_LEN];
     out[..8].copy_from_slice(&h8);
-    out[8..].copy_from_slice(&crc.finalize().to_le_bytes());
+    out[8..].copy_from_slice(&check.to_le_bytes());
     Ok(out)
 }
 
@@ -229,17 +300,26 @@ pub fn decode_header(
     })
 }
 
-/// Checks `payload` against the header's CRC, then its type and flags.
+/// Checks `payload` against the header's check, then its type and flags.
+/// For a frame with the page check, `hashes` ends up holding its chunks'
+/// hashes (the last ones are its pages'); otherwise it is left empty.
 pub fn verify(
     head: &FrameHead,
     raw_head: &[u8; FRAME_HEADER_LEN],
     payload: &[u8],
+    hashes: &mut Vec<u64>,
 ) -> Result<FrameKind, StreamError> {
     let mut h8 = [0u8; 8];
     h8.copy_from_slice(&raw_head[..8]);
-    let mut crc = crc_start(&h8);
-    crc.update(payload);
-    let computed = crc.finalize();
+    hashes.clear();
+    let computed = if uses_page_check(raw_head[0], raw_head[1]) {
+        chunk_hashes(payload, hashes);
+        page_check(&h8, hashes)
+    } else {
+        let mut crc = crc_start(&h8);
+        crc.update(payload);
+        crc.finalize()
+    };
     if computed != head.crc {
         return Err(StreamError::Checksum {
             kind: head.kind_name(),
@@ -272,7 +352,7 @@ mod tests {
         let raw = encode_header(kind, &[payload])?;
         let head = decode_header(&raw, 0)?;
         assert_eq!(head.len as usize, payload.len());
-        verify(&head, &raw, payload)
+        verify(&head, &raw, payload, &mut Vec::new())
     }
 
     #[test]
@@ -286,17 +366,61 @@ mod tests {
     }
 
     #[test]
-    fn split_parts_crc_equals_whole() {
-        let a = encode_header(FrameKind::Pages, &[b"abc", b"def"]).unwrap();
-        let b = encode_header(FrameKind::Pages, &[b"abcdef"]).unwrap();
-        assert_eq!(a, b);
+    fn split_parts_check_equals_whole() {
+        for kind in [FrameKind::Pages, FrameKind::Delta] {
+            let a = encode_header(kind, &[b"abc", b"def"]).unwrap();
+            let b = encode_header(kind, &[b"abcdef"]).unwrap();
+            assert_eq!(a, b);
+        }
+        // A head of any length, then whole pages: hashed in place.
+        let head: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+        let pages = vec![7u8; 3 * PAGE_SIZE];
+        let whole = [head.as_slice(), &pages].concat();
+        let split = encode_header(FrameKind::Pages, &[&head[..100], &head[100..], &pages]);
+        assert_eq!(
+            split.unwrap(),
+            encode_header(FrameKind::Pages, &[&whole]).unwrap()
+        );
+    }
+
+    /// An uncompressed Pages frame's check is built from its pages' own
+    /// hashes, which the receiver keeps for the digest; a flipped bit in
+    /// any page is refused at the frame, with its offset.
+    #[test]
+    fn a_pages_frame_is_checked_by_its_page_hashes() {
+        let head = vec![1u8; 20];
+        let mut pages = vec![0u8; 2 * PAGE_SIZE];
+        pages[5] = 9;
+        pages[PAGE_SIZE + 7] = 3;
+        let raw = encode_header(FrameKind::Pages, &[&head, &pages]).unwrap();
+        let mut payload = [head.as_slice(), &pages].concat();
+        let head_at = decode_header(&raw, 96).unwrap();
+        let mut hashes = Vec::new();
+        verify(&head_at, &raw, &payload, &mut hashes).unwrap();
+        assert_eq!(hashes.len(), 3, "a 20-byte lead and two pages");
+        assert_eq!(hashes[1], page_hash(&pages[..PAGE_SIZE]));
+        assert_eq!(hashes[2], page_hash(&pages[PAGE_SIZE..]));
+        for at in [3, 20 + 5, 20 + PAGE_SIZE + 4095] {
+            payload[at] ^= 0x10;
+            let err = verify(&head_at, &raw, &payload, &mut hashes).unwrap_err();
+            assert!(
+                err.to_string().contains("Pages frame at stream offset 96"),
+                "{err}"
+            );
+            payload[at] ^= 0x10;
+        }
+        // A compressed Pages frame keeps the CRC: no page hashes.
+        let lz4 = encode_header_with_flags(FrameKind::Pages, FLAG_LZ4, &[b"xyz"]).unwrap();
+        let h = decode_header(&lz4, 0).unwrap();
+        verify(&h, &lz4, b"xyz", &mut hashes).unwrap();
+        assert!(hashes.is_empty());
     }
 
     #[test]
     fn flipped_payload_bit_is_a_checksum_error() {
         let raw = encode_header(FrameKind::Digest, &[b"0123456789abcdef"]).unwrap();
         let head = decode_header(&raw, 40).unwrap();
-        let err = verify(&head, &raw, b"0123456789abcdeg").unwrap_err();
+        let err = verify(&head, &raw, b"0123456789abcdeg", &mut Vec::new()).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("Digest frame at stream offset 40"), "{msg}");
     }
@@ -311,7 +435,8 @@ mod tests {
         ] {
             let raw = encode_header_with_flags(kind, flags, &[b"x"]).unwrap();
             let head = decode_header(&raw, 0).unwrap();
-            assert_eq!(verify(&head, &raw, b"x").is_ok(), ok, "{kind} {flags:#x}");
+            let verified = verify(&head, &raw, b"x", &mut Vec::new());
+            assert_eq!(verified.is_ok(), ok, "{kind} {flags:#x}");
         }
     }
 
@@ -334,7 +459,7 @@ mod tests {
         raw[8..].copy_from_slice(&crc.to_le_bytes());
         let head = decode_header(&raw, 3).unwrap();
         assert!(matches!(
-            verify(&head, &raw, b""),
+            verify(&head, &raw, b"", &mut Vec::new()),
             Err(StreamError::UnknownFrame {
                 kind: 200,
                 offset: 3

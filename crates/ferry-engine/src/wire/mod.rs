@@ -21,8 +21,10 @@
 //!  ┌─────────┬──────────┬──────────────┬─────────────┬───────────┬───────────────────┐
 //!  │ type u8 │ flags u8 │ reserved u16 │ length u32  │ crc32 u32 │ payload (length)  │
 //!  └─────────┴──────────┴──────────────┴─────────────┴───────────┴───────────────────┘
-//!    crc32 (crc32fast) covers the first 8 header bytes and the payload; a frame
-//!    longer than MAX_FRAME_LEN is refused before anything is allocated.
+//!    crc32 (crc32fast) covers the first 8 header bytes and the payload, except
+//!    on an uncompressed Pages frame, whose check is built from its pages'
+//!    xxh3 hashes (the digest's), so page data is hashed once (see frame);
+//!    a frame longer than MAX_FRAME_LEN is refused before anything is allocated.
 //!
 //!  Pages payload (one batch, up to MAX_BATCH_PAGES pages, possibly many runs)
 //!  ┌──────────┬───────────────┬──────────────────────────────────┬──────────────┬──────────────────┐
@@ -86,11 +88,12 @@ pub const MAGIC: [u8; 8] = *b"FERRYMIG";
 /// batches; 3 added Commit, without which a v2 destination would keep its
 /// guest running when the source never heard its verdict; 4 names the VMM
 /// in the header instead of a backend kind, and the Report no longer
-/// carries the guest's counters. An older peer is refused with a message
-/// naming both versions.
-pub const VERSION: u32 = 4;
+/// carries the guest's counters; 5 checks an uncompressed Pages frame by
+/// its pages' hashes instead of a CRC. An older peer is refused with a
+/// message naming both versions.
+pub const VERSION: u32 = 5;
 /// Oldest version this ferry speaks.
-pub const MIN_VERSION: u32 = 4;
+pub const MIN_VERSION: u32 = 5;
 /// Bytes of the preamble.
 pub const PREAMBLE_LEN: usize = 16;
 /// Largest frame payload accepted: a full page batch plus its run table fits
@@ -127,9 +130,9 @@ pub enum StreamError {
         kind: String,
         /// Stream offset of the frame header.
         offset: u64,
-        /// CRC in the header.
+        /// Check in the header (CRC, or a Pages frame's page check).
         stored: u32,
-        /// CRC of what arrived.
+        /// Check of what arrived.
         computed: u32,
     },
     /// The stream ended in the middle of something.

@@ -227,9 +227,29 @@ pub struct BatchView<'a> {
     bitmap: &'a [u8],
     data: &'a [u8],
     pages: usize,
+    /// The xxh3 of each non-zero page, in payload order, where the frame's
+    /// check already computed them.
+    data_hashes: Option<&'a [u64]>,
 }
 
 impl<'a> BatchView<'a> {
+    /// Takes the page hashes the frame check computed
+    /// ([`super::FrameStream::page_hashes`]: the last of them are the
+    /// pages'), so that the pages need not be hashed again.
+    pub fn with_page_hashes(mut self, chunk_hashes: Option<&'a [u64]>) -> Self {
+        let data_pages = self.data.len() / PAGE_SIZE;
+        self.data_hashes = chunk_hashes
+            .filter(|h| h.len() >= data_pages)
+            .map(|h| &h[h.len() - data_pages..]);
+        self
+    }
+
+    /// The hash of the `k`th non-zero page in payload order, if the frame
+    /// check computed it.
+    pub fn data_page_hash(&self, k: usize) -> Option<u64> {
+        self.data_hashes.and_then(|h| h.get(k).copied())
+    }
+
     /// Pages in the batch.
     pub fn pages(&self) -> usize {
         self.pages
@@ -331,6 +351,7 @@ pub fn decode_batch(payload: &[u8], total_pages: u64) -> Result<BatchView<'_>, S
         bitmap,
         data,
         pages,
+        data_hashes: None,
     })
 }
 
