@@ -109,6 +109,8 @@ struct State {
     round_sent: u64,
     dirty_pages_rate: f64,
     mbps: f64,
+    /// The switchover rule's prediction after the last round, in ms.
+    predicted_ms: Option<f64>,
     throttle_pct: u8,
     zero_pages: u64,
     finished: Option<Finished>,
@@ -127,6 +129,7 @@ impl State {
             round_sent: 0,
             dirty_pages_rate: 0.0,
             mbps: 0.0,
+            predicted_ms: None,
             throttle_pct: 0,
             zero_pages: 0,
             finished: None,
@@ -325,11 +328,16 @@ impl Monitor {
             out["cpu-throttle-percentage"] = json!(s.throttle_pct);
         }
         // What ferry's switchover rule expects the pause to cost if it came
-        // now: the round's dirty set at the link's measured rate (QEMU
-        // reports the same estimate).
-        if s.status == MigStatus::Active && s.mbps > 0.0 {
-            let bytes = (s.round_pages * page) as f64;
-            out["expected-downtime"] = json!((bytes * 8.0 / (s.mbps * 1e6) * 1e3) as u64);
+        // now: its prediction after the last round (queue, dirty set,
+        // harvest and the fixed costs), or before there is one, the
+        // round's dirty set at the link's measured rate (QEMU's estimate).
+        if s.status == MigStatus::Active {
+            if let Some(ms) = s.predicted_ms {
+                out["expected-downtime"] = json!(ms as u64);
+            } else if s.mbps > 0.0 {
+                let bytes = (s.round_pages * page) as f64;
+                out["expected-downtime"] = json!((bytes * 8.0 / (s.mbps * 1e6) * 1e3) as u64);
+            }
         }
         match (&s.finished, s.started) {
             (Some(f), _) => {
@@ -410,6 +418,10 @@ impl Progress for Monitor {
     fn throttle_changed(&self, step: &ThrottleStep) {
         self.state().throttle_pct = step.percent;
     }
+
+    fn downtime_predicted(&self, downtime: Duration) {
+        self.state().predicted_ms = Some(downtime.as_secs_f64() * 1e3);
+    }
 }
 
 #[cfg(test)]
@@ -440,5 +452,8 @@ mod tests {
         let q = m.query();
         assert_eq!(q["expected-downtime"], 41, "{q}");
         assert!(q.get("blocked-reasons").is_none());
+        // Once the switchover rule predicts, its figure is the one shown.
+        m.downtime_predicted(Duration::from_millis(57));
+        assert_eq!(m.query()["expected-downtime"], 57);
     }
 }

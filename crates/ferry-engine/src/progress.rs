@@ -40,6 +40,9 @@ pub trait Progress {
     fn round_finished(&self, _stats: &RoundStats) {}
     /// The convergence policy changed the vCPUs' throttle or quota.
     fn throttle_changed(&self, _step: &ThrottleStep) {}
+    /// After each round: the downtime the final round would cost if the
+    /// guest paused now (`precopy::downtime`).
+    fn downtime_predicted(&self, _downtime: std::time::Duration) {}
 }
 
 /// Reports nothing.
@@ -72,5 +75,9 @@ impl Progress for Both<'_> {
     fn throttle_changed(&self, step: &ThrottleStep) {
         self.0.throttle_changed(step);
         self.1.throttle_changed(step);
+    }
+    fn downtime_predicted(&self, downtime: std::time::Duration) {
+        self.0.downtime_predicted(downtime);
+        self.1.downtime_predicted(downtime);
     }
 }

@@ -126,6 +126,9 @@ pub struct MigrationSummary {
     pub total_ms: f64,
     /// Source pause to the receipt of the destination's Resumed frame.
     pub downtime_ms: f64,
+    /// The downtime precopy predicted when it decided to switch over (see
+    /// `precopy::downtime`); 0 where it did not decide (postcopy).
+    pub predicted_downtime_ms: f64,
     /// Destination time from Switchover received to guest running.
     pub dest_resume_ms: f64,
     /// Part of the downtime spent stopping the source's vCPUs. The rest:

@@ -6,7 +6,8 @@
 //!  start_dirty_log, drop VMM-dirty backlog
 //!  round 0: every page ───────────────────────────► write, hash each page
 //!  round k: harvest (backend log ∪ VMM writes) ───► write, hash
-//!    … until  dirty_bytes / bandwidth ≤ downtime target, or the round cap
+//!    … until the predicted final round fits well under the downtime
+//!      target (`downtime`), or the round cap
 //!  pause ── harvest ── final pages, vCPU state,
 //!  Switchover ────────────────────────────────────► restore vCPUs, START guest
 //!            ◄──────────────────────────────────── Resumed          (downtime ends)
@@ -59,6 +60,7 @@ mod ahead;
 mod compression;
 mod delta;
 mod destination;
+pub mod downtime;
 mod give_up;
 mod loaded;
 mod receivers;

@@ -3,6 +3,7 @@
 
 use super::ahead::WithinRound;
 use super::delta::DeltaCache;
+use super::downtime::{FinalRound, SwitchRule};
 use super::senders::Senders;
 use super::{unexpected, PrecopyOptions, MAX_CONNECTIONS};
 use crate::converge::{Converger, RoundEnd, Sample};
@@ -29,6 +30,10 @@ const EST_BYTES_PER_PAGE: u64 = PAGE_SIZE as u64 + 16;
 const MIN_MEASURED_BYTES: u64 = 4 << 20;
 /// Bandwidth assumed until a round could be measured: 1 Gbit/s.
 const NOMINAL_BYTES_PER_SEC: f64 = 125e6;
+/// How often a round's end checks whether its queues have drained.
+const DRAIN_POLL: Duration = Duration::from_millis(1);
+/// The longest a round waits for its queues to drain.
+const MAX_DRAIN: Duration = Duration::from_secs(1);
 
 /// Migrates `vm` to the destination that `dialer` reaches (precopy), over
 /// one control connection and `opts.connections` data connections.
@@ -146,6 +151,7 @@ pub fn fresh_summary(
         downtime_ms: 0.0,
         dest_resume_ms: 0.0,
         pause_ms: 0.0,
+        predicted_downtime_ms: 0.0,
         save_vcpus_ms: 0.0,
         digest_ms: 0.0,
         verify_before_resume: opts.verify_before_resume,
@@ -213,6 +219,7 @@ impl<'a> Source<'a> {
             postcopy_round: 0,
             measured_link: None,
             expansion: 1.0,
+            switch_rule: SwitchRule::default(),
             sections: None,
             awaiting_verdict: false,
             start,
@@ -363,6 +370,8 @@ pub(crate) struct Source<'a> {
     /// Guest bytes per wire byte in the last whole round measured
     /// (compression raises it above 1).
     pub(crate) expansion: f64,
+    /// When precopy switches over (see [`super::downtime`]).
+    pub(crate) switch_rule: SwitchRule,
     /// The devices' state sections, saved at the pause (the Sections
     /// frame's payload).
     pub(crate) sections: Option<Vec<u8>>,
@@ -417,7 +426,8 @@ impl Source<'_> {
                 .map_err(MigrationError::backend("keep the guest running"))?;
             let t = Instant::now();
             let (found, since) = self.harvest(&mut dirty, &mut last_harvest)?;
-            self.finish_round(found, since, t.elapsed());
+            let harvest = t.elapsed();
+            self.finish_round(found, since, harvest);
             let last = self.summary.rounds.last();
             let sent = last.map(|r| Transfer {
                 raw: r.raw_bytes,
@@ -438,7 +448,16 @@ impl Source<'_> {
                 self.progress.throttle_changed(step);
             }
             let tun = &self.opts.tunables;
-            let fits = (remaining as f64) <= bandwidth * tun.downtime_target().as_secs_f64();
+            let predicted = FinalRound {
+                queued_bytes: (self.health.queued_bytes() as f64 * self.expansion) as u64,
+                dirty_bytes: remaining,
+                link_bytes_per_sec: bandwidth,
+                harvest,
+            }
+            .downtime();
+            self.summary.predicted_downtime_ms = ms(predicted);
+            self.progress.downtime_predicted(predicted);
+            let fits = self.switch_rule.decide(predicted, tun.downtime_target());
             self.summary.converged = dirty.is_empty() || fits;
             if self.summary.converged {
                 break;
@@ -728,7 +747,35 @@ impl Source<'_> {
             raw += r;
         }
         senders.end_round(round)?;
+        if cancellable {
+            self.drain_queues()?;
+        }
         self.record_round(round, kind, t, bytes_at, (pages, zero, raw));
+        Ok(())
+    }
+
+    /// Waits while the data connections deliver what they hold queued (the
+    /// kernel's send queues and a shaped link's qdisc can hold a second of
+    /// a slow link), for at most twice what the link needs for it. The
+    /// round's time then measures the link, not how fast the socket took
+    /// the bytes, and the switchover decision that follows sees a final
+    /// round that would not wait behind them.
+    fn drain_queues(&self) -> Result<(), MigrationError> {
+        let queued = self.health.queued_bytes();
+        if queued == 0 {
+            return Ok(());
+        }
+        let wire_rate = self.measured_link.unwrap_or(NOMINAL_BYTES_PER_SEC) / self.expansion;
+        let need = (queued as f64 / wire_rate.max(1.0)).min(MAX_DRAIN.as_secs_f64());
+        let deadline = Instant::now() + Duration::from_secs_f64(2.0 * need) + DRAIN_POLL * 10;
+        let small = (wire_rate * DRAIN_POLL.as_secs_f64() * 2.0) as u64;
+        while self.health.queued_bytes() > small && Instant::now() < deadline {
+            self.health.check()?;
+            if self.opts.tunables.is_cancelled() {
+                return Err(MigrationError::Cancelled);
+            }
+            std::thread::sleep(DRAIN_POLL);
+        }
         Ok(())
     }
 

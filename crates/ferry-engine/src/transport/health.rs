@@ -264,6 +264,13 @@ impl Health {
         self.data_bytes.load(Ordering::Relaxed)
     }
 
+    /// Bytes written on the data connections that the peer has not
+    /// acknowledged yet (0 where the links cannot tell).
+    pub fn queued_bytes(&self) -> u64 {
+        let links = self.data_links.lock().unwrap_or_else(|p| p.into_inner());
+        links.iter().filter_map(|l| l.queued_bytes()).sum()
+    }
+
     /// Something arrived on the control connection.
     pub fn heard(&self) {
         self.last_heard_ns.store(self.now_ns(), Ordering::Relaxed);

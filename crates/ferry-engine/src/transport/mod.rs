@@ -50,4 +50,10 @@ pub trait Link: Read + Write + Send {
     fn set_write_timeout_link(&self, t: Option<Duration>) -> io::Result<()>;
     /// The peer's address, for messages.
     fn peer_name(&self) -> String;
+    /// Bytes written but not yet acknowledged by the peer (the kernel's
+    /// send queue), where the link can tell. A final round's pages wait
+    /// behind them, so the switchover counts them in its downtime.
+    fn queued_bytes(&self) -> Option<u64> {
+        None
+    }
 }

@@ -211,6 +211,19 @@ impl Link for TcpStream {
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "the peer".into())
     }
+    fn queued_bytes(&self) -> Option<u64> {
+        send_queue(self)
+    }
+}
+
+/// The bytes in `s`'s send queue not yet acknowledged (`SIOCOUTQ`).
+pub(crate) fn send_queue(s: &TcpStream) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let mut queued: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) on a socket fd we hold writes one c_int
+    // through the pointer, which points at a live local.
+    let rc = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+    (rc == 0).then_some(queued.max(0) as u64)
 }
 
 fn prepare(s: &TcpStream, name: &str) -> Result<(), TransportError> {
@@ -223,6 +236,29 @@ fn prepare(s: &TcpStream, name: &str) -> Result<(), TransportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_send_queue_holds_what_the_peer_has_not_acknowledged() {
+        use std::io::Write;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (peer, _) = l.accept().unwrap();
+        assert_eq!(s.queued_bytes(), Some(0));
+        // Loopback acknowledges at once; what the peer's full receive
+        // buffer refuses stays queued here.
+        peer.set_nonblocking(true).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let chunk = vec![7u8; 1 << 20];
+        let mut sent = 0u64;
+        for _ in 0..64 {
+            match s.write(&chunk) {
+                Ok(n) => sent += n as u64,
+                Err(_) => break,
+            }
+        }
+        let queued = s.queued_bytes().unwrap();
+        assert!(queued > 0 && queued <= sent, "{queued} of {sent}");
+    }
 
     #[test]
     fn errors_name_the_address() {

@@ -24,7 +24,10 @@ use std::time::{Duration, Instant};
 /// Knobs of a precopy migration.
 #[derive(Args, Debug, Clone)]
 pub struct MigrationArgs {
-    /// Downtime target in ms: precopy stops when what is left fits in it.
+    /// Downtime target in ms: precopy switches over once its predicted
+    /// final round (queued bytes, dirty set, harvest and resume) fits well
+    /// under it: at once under a quarter of it, after at most 3 more
+    /// shrinking rounds under it, never over it.
     #[arg(long = "downtime-ms", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub downtime_ms: u64,
     /// Most dirty rounds before stop-and-copy regardless.

@@ -318,6 +318,10 @@ impl Link for TlsLink {
         self.tcp.set_read_timeout(t)
     }
 
+    fn queued_bytes(&self) -> Option<u64> {
+        crate::transport::tcp::send_queue(&self.tcp)
+    }
+
     fn set_write_timeout_link(&self, t: Option<Duration>) -> io::Result<()> {
         self.tcp.set_write_timeout(t)
     }
