@@ -227,7 +227,7 @@ pub fn render(s: &MigrationSummary) -> String {
         ("guest runtime / progress", vcpu_shares(s)),
         ("predicted", predicted(s)),
         ("total time", format!("{:.1} ms", s.total_ms)),
-        ("downtime", format!("{:.1} ms", s.downtime_ms)),
+        ("downtime", downtime(s)),
         (
             "bytes sent",
             ferry_backend::types::human_bytes(s.bytes_sent),
@@ -275,4 +275,16 @@ pub fn render(s: &MigrationSummary) -> String {
 /// A count where it is known, `-` where nobody measured it.
 fn or_dash(n: Option<u64>) -> String {
     n.map_or_else(|| "-".into(), |n| n.to_string())
+}
+
+/// The measured downtime, with what the switchover rule predicted for it.
+fn downtime(s: &MigrationSummary) -> String {
+    if s.predicted_downtime_ms > 0.0 && s.converged {
+        format!(
+            "{:.1} ms (predicted at the switchover: {:.1} ms)",
+            s.downtime_ms, s.predicted_downtime_ms
+        )
+    } else {
+        format!("{:.1} ms", s.downtime_ms)
+    }
 }
