@@ -33,16 +33,22 @@ pub fn zero_page_hash() -> u64 {
     *ZERO.get_or_init(|| xxh3_64(&[0u8; PAGE_SIZE]))
 }
 
-/// The digest of a per-page hash array.
-pub fn digest_of(hashes: &[u64]) -> MemoryDigest {
-    let mut h = Xxh3::new();
+/// Feeds `values` to `h` as little-endian u64s (the layout both the digest
+/// and the frame's page check hash).
+pub(crate) fn hash_u64s(h: &mut Xxh3, values: &[u64]) {
     let mut buf = [0u8; 8 * 512];
-    for chunk in hashes.chunks(512) {
+    for chunk in values.chunks(512) {
         for (dst, v) in buf.chunks_exact_mut(8).zip(chunk) {
             dst.copy_from_slice(&v.to_le_bytes());
         }
         h.update(&buf[..chunk.len() * 8]);
     }
+}
+
+/// The digest of a per-page hash array.
+pub fn digest_of(hashes: &[u64]) -> MemoryDigest {
+    let mut h = Xxh3::new();
+    hash_u64s(&mut h, hashes);
     MemoryDigest {
         pages: hashes.len() as u64,
         value: h.digest(),

@@ -126,8 +126,9 @@ pub struct MigrationSummary {
     pub total_ms: f64,
     /// Source pause to the receipt of the destination's Resumed frame.
     pub downtime_ms: f64,
-    /// The downtime precopy predicted when it decided to switch over (see
-    /// `precopy::downtime`); 0 where it did not decide (postcopy).
+    /// The downtime precopy predicted at its last switchover decision (see
+    /// `precopy::downtime`): the final round's, when it `converged`; 0
+    /// where precopy never decided (a plain postcopy).
     pub predicted_downtime_ms: f64,
     /// Destination time from Switchover received to guest running.
     pub dest_resume_ms: f64,

@@ -17,7 +17,7 @@
 
 use super::compress::{FLAG_LZ4, FLAG_ZSTD};
 use super::{StreamError, MAX_FRAME_LEN};
-use crate::digest::page_hash;
+use crate::digest::{hash_u64s, page_hash};
 use ferry_backend::PAGE_SIZE;
 use std::fmt;
 use xxhash_rust::xxh3::Xxh3;
@@ -222,13 +222,7 @@ fn parts_chunk_hashes(parts: &[&[u8]], out: &mut Vec<u64>) {
 fn page_check(head8: &[u8; 8], hashes: &[u64]) -> u32 {
     let mut h = Xxh3::new();
     h.update(head8);
-    let mut buf = [0u8; 8 * 512];
-    for chunk in hashes.chunks(512) {
-        for (dst, v) in buf.chunks_exact_mut(8).zip(chunk) {
-            dst.copy_from_slice(&v.to_le_bytes());
-        }
-        h.update(&buf[..chunk.len() * 8]);
-    }
+    hash_u64s(&mut h, hashes);
     h.digest() as u32
 }
 
