@@ -1,7 +1,8 @@
 //! The budget both per-vCPU policies (quota and dirty-limit) give the
 //! guest: a share of the link, split equally between the vCPUs.
 //!
-//! It engages once dirtying outruns the link, at half the link. "Outruns"
+//! It engages once dirtying outruns the link, at a share each policy picks
+//! (dirty-limit: half the link; the quota: an eighth, see `quota`). "Outruns"
 //! is read two ways: within a policy interval, the per-vCPU dirty count says
 //! the guest dirtied faster than half the link's rate (so the budget
 //! engages within about 100 ms, even in the full pass); at a harvest, the
@@ -16,17 +17,34 @@ use super::Sample;
 
 /// Dirtying above this share of the transfer engages the budget.
 pub const THRESHOLD_PCT: u64 = 50;
-/// The share of the link the guest may dirty at first, in percent.
-pub const INITIAL_SHARE_PCT: u64 = 50;
+/// The share of the link the guest may dirty at first unless a policy picks
+/// another, in 1/1024ths: half.
+pub const INITIAL_SHARE: u64 = 512;
 
 /// The share in force.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct LinkShare {
     /// In 1/1024ths of the link (0: not engaged).
     share: u64,
+    /// The share it engages at, in 1/1024ths.
+    initial: u64,
+}
+
+impl Default for LinkShare {
+    fn default() -> Self {
+        Self::starting_at(INITIAL_SHARE)
+    }
 }
 
 impl LinkShare {
+    /// Not engaged; it will engage at `initial` 1/1024ths of the link.
+    pub fn starting_at(initial: u64) -> Self {
+        LinkShare {
+            share: 0,
+            initial: initial.clamp(1, 1024),
+        }
+    }
+
     fn outrun(s: &Sample) -> bool {
         let threshold = THRESHOLD_PCT as f64 / 100.0;
         match s.round_end {
@@ -47,7 +65,7 @@ impl LinkShare {
             if !Self::outrun(s) {
                 return None;
             }
-            self.share = INITIAL_SHARE_PCT * 1024 / 100;
+            self.share = self.initial;
         } else if s.round_end.is_some() && Self::outrun(s) {
             self.share = (self.share / 2).max(1);
         }
@@ -59,7 +77,7 @@ impl LinkShare {
         if self.share != 0 {
             return None;
         }
-        self.share = INITIAL_SHARE_PCT * 1024 / 100;
+        self.share = self.initial;
         Some(self.per_vcpu(s))
     }
 
@@ -86,6 +104,14 @@ mod tests {
         assert_eq!(again, first, "intervals only follow the link");
         let halved = share.decide(&sample(1, 60, 100));
         assert_eq!(halved.map(|b| b.round()), Some(125e6), "a harvest halves");
+    }
+
+    #[test]
+    fn a_policy_picks_the_share_it_engages_at() {
+        let mut eighth = LinkShare::starting_at(128);
+        let first = eighth.decide(&interval(0, &[30_000_000, 30_000_000]));
+        assert_eq!(first, Some(62.5e6), "an eighth of 1 GB/s, split between 2");
+        assert_eq!(eighth.engage(&sample(1, 0, 100)), None, "already on");
     }
 
     #[test]
