@@ -28,7 +28,11 @@ fn busy(converge: ConvergeMode, max_rounds: u32) -> PrecopyOptions {
 fn auto_throttles_every_vcpu_in_steps_and_the_migration_verifies() {
     let (to, dest) = spawn_receiver(quick_receive());
     let mut src = running_source();
-    let s = migrate(&mut src, &to, &busy(ConvergeMode::Auto, 8), &NoProgress).unwrap();
+    // QEMU's period is at least a second: rounds of half a second (4 MiB
+    // at 8 MiB/s), 12 of them, make at least four periods, two steps.
+    let opts = busy(ConvergeMode::Auto, 12);
+    opts.tunables.set_bandwidth_bytes_per_sec(8 << 20);
+    let s = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     dest.join().unwrap().unwrap();
     assert_eq!(s.status, Status::Completed, "{s:?}");
     assert!(s.digest_match && s.guest_mismatches == Some(0), "{s:?}");

@@ -1,14 +1,23 @@
 //! QEMU's auto-converge, the baseline policy.
 //!
-//! At every dirty-bitmap sync, QEMU compares the bytes the guest dirtied in
-//! the period with the bytes it transferred. When dirtying exceeds half the
+//! At a dirty-bitmap sync that ends a period of at least a second, QEMU
+//! compares the bytes the guest dirtied in the period with the bytes it
+//! transferred (`migration_bitmap_sync` and `migration_trigger_throttle`
+//! in QEMU 7.2's `migration/ram.c`). When dirtying exceeds half the
 //! transfer twice, it throttles every vCPU: 20% at first, then 10 points
 //! more at each further trigger, up to 99%. A vCPU at p% sleeps
 //! p/(1 − p) × 10 ms after each 10 ms it runs (the backends'
 //! `set_time_throttle`). Readers are slowed as much as writers, which is
 //! what the seed's per-vCPU quota improves on.
+//!
+//! Here a sync is a harvest. As in QEMU, syncs less than [`PERIOD`] apart
+//! add up into one period (a fast link's short rounds would otherwise step
+//! the throttle several times a second), and the first pass is a period
+//! like any other: a guest that dirtied more than half of memory while it
+//! was sent counts once.
 
 use super::{Action, Policy, Sample};
+use std::time::Duration;
 
 /// First throttle, in percent.
 pub const INITIAL_PCT: u8 = 20;
@@ -20,12 +29,19 @@ pub const MAX_PCT: u8 = 99;
 pub const THRESHOLD_PCT: u64 = 50;
 /// Triggers before the throttle moves.
 pub const TRIGGERS: u32 = 2;
+/// The shortest period: QEMU checks at a sync more than 1 s after the last
+/// period's end.
+pub const PERIOD: Duration = Duration::from_secs(1);
 
 /// QEMU's auto-converge state.
 #[derive(Debug, Default)]
 pub struct AutoConverge {
     high: u32,
     pct: u8,
+    /// The period so far: time since its start, bytes dirtied and sent.
+    period: Duration,
+    dirty: u64,
+    sent: u64,
 }
 
 impl AutoConverge {
@@ -45,13 +61,17 @@ impl Policy for AutoConverge {
     }
 
     fn decide(&mut self, s: &Sample) -> Option<Action> {
-        // QEMU's period is a dirty-bitmap sync: here, a harvest.
+        self.period += s.elapsed;
+        // QEMU's period ends at a dirty-bitmap sync: here, a harvest.
         let end = s.round_end?;
-        // The full pass sends memory nobody dirtied since: not a period.
-        if s.round == 0 || end.sent_bytes == 0 {
+        self.dirty += end.dirty_bytes;
+        self.sent += end.sent_bytes;
+        if self.period < PERIOD {
             return None;
         }
-        if end.dirty_bytes * 100 <= end.sent_bytes * THRESHOLD_PCT {
+        let (dirty, sent) = (self.dirty, self.sent);
+        (self.period, self.dirty, self.sent) = (Duration::ZERO, 0, 0);
+        if sent == 0 || dirty * 100 <= sent * THRESHOLD_PCT {
             return None;
         }
         self.high += 1;
@@ -102,10 +122,41 @@ mod tests {
     }
 
     #[test]
-    fn the_full_pass_is_not_a_period_and_engage_starts_at_20() {
+    fn the_full_pass_is_a_period_and_engage_starts_at_20() {
         let mut a = AutoConverge::default();
-        assert_eq!(a.decide(&sample(0, 1000, 100)), None);
-        assert_eq!(a.decide(&sample(0, 1000, 100)), None);
-        assert_eq!(a.engage(&sample(1, 0, 0)), Some(Action::Time(INITIAL_PCT)));
+        assert_eq!(a.decide(&sample(0, 1000, 1000)), None, "the first trigger");
+        assert_eq!(a.decide(&sample(1, 600, 1000)), Some(Action::Time(20)));
+        let mut b = AutoConverge::default();
+        assert_eq!(b.engage(&sample(1, 0, 0)), Some(Action::Time(INITIAL_PCT)));
+        assert_eq!(b.engage(&sample(2, 0, 0)), None, "already on");
+    }
+
+    /// Harvests less than a second apart add up into one period, as QEMU's
+    /// bitmap syncs do: four high quarter-second rounds are one trigger.
+    #[test]
+    fn syncs_within_a_second_are_one_period() {
+        let mut a = AutoConverge::default();
+        let quarter = |dirty, sent| Sample {
+            elapsed: Duration::from_millis(250),
+            ..sample(1, dirty, sent)
+        };
+        for _ in 0..3 {
+            assert_eq!(a.decide(&quarter(60, 100)), None, "the period runs on");
+        }
+        assert_eq!(a.decide(&quarter(60, 100)), None, "the first trigger");
+        for _ in 0..3 {
+            assert_eq!(a.decide(&quarter(60, 100)), None);
+        }
+        assert_eq!(a.decide(&quarter(60, 100)), Some(Action::Time(20)));
+        // A period's sums decide, not its last round: 3 × 90 + 0 of 400.
+        for _ in 0..3 {
+            a.decide(&quarter(90, 100));
+        }
+        assert_eq!(a.decide(&quarter(0, 100)), None, "270 of 400 is high");
+        for _ in 0..3 {
+            a.decide(&quarter(40, 100));
+        }
+        let second = a.decide(&quarter(100, 100));
+        assert_eq!(second, Some(Action::Time(30)), "220 of 400: the second");
     }
 }

@@ -210,7 +210,8 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
             &mut action,
             &Sample {
                 round,
-                elapsed: Duration::from_secs_f64(if round == 0 { pass } else { sent / link }),
+                // In the pass, the harvest follows the last interval's sample.
+                elapsed: Duration::from_secs_f64(if round == 0 { dt } else { sent / link }),
                 remaining_bytes: dirty as u64,
                 round_end: Some(RoundEnd {
                     dirty_bytes: dirty as u64,
