@@ -542,6 +542,21 @@ fn baselines(policies: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// The longest migration of a cell, ms.
+fn longest_run_ms(results: &[RunResult]) -> f64 {
+    results.iter().map(|r| r.total_ms).fold(0.0, f64::max)
+}
+
+/// `r`'s guest runtime % over `span` ms: its runtime while it migrated,
+/// and all of the time after (the guest runs free once its migration ends).
+fn runtime_over(r: &RunResult, span: f64) -> f64 {
+    if span <= 0.0 {
+        return r.runtime_pct;
+    }
+    let after = (span - r.total_ms).max(0.0);
+    (r.runtime_pct * r.total_ms + 100.0 * after) / span
+}
+
 /// How much shorter the last policy's migration was than `base`'s.
 fn diff_cell(results: &[RunResult], base: &str) -> String {
     let (Some(b), Some(new)) = (results.iter().find(|r| r.policy == base), results.last()) else {
@@ -581,6 +596,11 @@ fn report(
     b_cols.extend(policies.iter().map(|p| format!("runtime % ({p})")));
     b_cols.extend(policies.iter().map(|p| format!("progress % ({p})")));
     b_cols.push(last_two.replace("diff %", "runtime diff %"));
+    b_cols.extend(
+        policies
+            .iter()
+            .map(|p| format!("runtime % over the longest ({p})")),
+    );
     let b_refs: Vec<&str> = b_cols.iter().map(String::as_str).collect();
     let mut table_b = Table::new(
         format!("B. Guest performance ({} backend)", a.backend),
@@ -630,6 +650,13 @@ fn report(
                 }
                 _ => "N/A".into(),
             });
+            let span = longest_run_ms(&c.results);
+            row.extend(policies.iter().map(|p| {
+                c.results.iter().find(|r| &r.policy == p).map_or_else(
+                    || "-".to_string(),
+                    |r| format!("{:.1}", runtime_over(r, span)),
+                )
+            }));
             table_b.row(row);
         }
     }
@@ -675,7 +702,7 @@ fn report(
     table_a.note(format!(
         "diff % ({last} vs X): how much shorter the migration was under {last} than under X; N/A where either did not converge."
     ));
-    table_b.note("4 vCPUs x 64 MiB as fast as they can, the writers first, over a 128 MiB/s link. runtime: share of the migration a vCPU was not asleep on a throttle; progress: its page-access rate during the migration over its rate just before; both averaged over vCPUs.");
+    table_b.note("4 vCPUs x 64 MiB as fast as they can, the writers first, over a 128 MiB/s link. runtime: share of the migration a vCPU was not asleep on a throttle; progress: its page-access rate during the migration over its rate just before; both averaged over vCPUs. runtime over the longest: the same share over the span of the cell's longest migration, a vCPU counted as running once its own migration has ended (a policy that finishes sooner sets the guest free sooner).");
     table_b.note(format!(
         "{} vCPU threads on a host with {} core(s), plus the migration's threads: where threads exceed cores, they also wait for a core.",
         4,
@@ -727,7 +754,9 @@ pub fn summary_json(r: &ConvergeResults) -> serde_json::Value {
                 .results
                 .iter()
                 .map(|x| {
+                    let span = longest_run_ms(&c.results);
                     let v = serde_json::json!({
+                        "runtime_over_longest_pct": runtime_over(x, span),
                         "converged": x.converged,
                         "total_ms": x.total_ms,
                         "downtime_ms": x.downtime_ms,
@@ -799,5 +828,25 @@ mod tests {
         assert!(r.tables[1].render().contains("50.0"));
         assert_eq!(r.plot.series[0].points.len(), 0, "none has no point");
         assert_eq!(r.plot.series[1].points.len(), 1);
+    }
+
+    /// A guest whose migration ends sooner runs free for the rest of the
+    /// longest migration's span.
+    #[test]
+    fn runtime_over_the_longest_counts_the_time_after_as_running() {
+        let (short, long) = (run("quota", 2000.0), run("dirty-limit", 4000.0));
+        let span = longest_run_ms(&[short.clone(), long.clone()]);
+        assert_eq!(span, 4000.0);
+        assert_eq!(
+            runtime_over(&short, span),
+            75.0,
+            "50% of 2 s, then 2 s free"
+        );
+        assert_eq!(
+            runtime_over(&long, span),
+            50.0,
+            "the longest is its own span"
+        );
+        assert_eq!(runtime_over(&short, 0.0), 50.0, "no span: as measured");
     }
 }
