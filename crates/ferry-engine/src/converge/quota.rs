@@ -14,10 +14,10 @@
 //! little during a migration that ends sooner, and then runs free. A reader
 //! loses nothing at any share, which is what the quota gives over a time
 //! throttle. Measured on this project's kvm host (`bench converge`, the
-//! three cells of issue #26): a half took 5.4, 5.5 and 21.5 s; an eighth
-//! 2.8, 2.7 and 9.7 s. The seed's own table A ends in 1.2–1.7 copies.
-//! dirty-limit keeps QEMU's half; its time throttle holds writers to
-//! 30–60% of that on kvm.
+//! three cells of issue #26): a half took 5.4–6.0, 5.4–5.6 and 21.5–22.8
+//! s; an eighth 2.7–2.9, 2.6–2.7 and 9.6–9.7 s. The seed's own table A
+//! ends in 1.2–1.7 copies. dirty-limit keeps QEMU's half; in the third
+//! cell its time throttle held the writers to 30–38% of that.
 //!
 //! The budget is split between the vCPUs by what each needs, not equally
 //! (max-min fairness, by water-filling): at each interval, a vCPU that
