@@ -116,11 +116,14 @@ fn delta_resends_over_four_connections_on_both_backends() {
         if backend == "kvm" && !require_kvm("delta re-sends on kvm") {
             continue;
         }
-        // A 1 ms downtime target keeps precopy in dirty rounds until the
-        // round cap, so pages go again and again.
+        // A 1 ms downtime target, and no policy to hold the guest back,
+        // keep precopy in dirty rounds until the round cap, so pages go
+        // again and again.
         let out = run(&[
             "demo",
             "--json",
+            "--converge",
+            "none",
             "--backend",
             backend,
             "--connections",
