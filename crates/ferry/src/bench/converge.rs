@@ -633,14 +633,14 @@ fn report(
                 s.readers
             )];
             // A policy --quick skipped shows as "-".
-            let of = |p: &String, f: fn(&RunResult) -> f64| {
+            let of = |p: &String, f: &dyn Fn(&RunResult) -> f64| {
                 c.results
                     .iter()
                     .find(|r| &r.policy == p)
                     .map_or_else(|| "-".to_string(), |r| format!("{:.1}", f(r)))
             };
-            row.extend(policies.iter().map(|p| of(p, |r| r.runtime_pct)));
-            row.extend(policies.iter().map(|p| of(p, |r| r.progress_pct)));
+            row.extend(policies.iter().map(|p| of(p, &|r| r.runtime_pct)));
+            row.extend(policies.iter().map(|p| of(p, &|r| r.progress_pct)));
             row.push(match c.results.as_slice() {
                 [.., x, y] if x.runtime_pct > 0.0 => {
                     format!(
@@ -651,12 +651,7 @@ fn report(
                 _ => "N/A".into(),
             });
             let span = longest_run_ms(&c.results);
-            row.extend(policies.iter().map(|p| {
-                c.results.iter().find(|r| &r.policy == p).map_or_else(
-                    || "-".to_string(),
-                    |r| format!("{:.1}", runtime_over(r, span)),
-                )
-            }));
+            row.extend(policies.iter().map(|p| of(p, &|r| runtime_over(r, span))));
             table_b.row(row);
         }
     }
@@ -750,11 +745,11 @@ pub fn summary_json(r: &ConvergeResults) -> serde_json::Value {
         .cells
         .iter()
         .map(|c| {
+            let span = longest_run_ms(&c.results);
             let results: serde_json::Map<String, serde_json::Value> = c
                 .results
                 .iter()
                 .map(|x| {
-                    let span = longest_run_ms(&c.results);
                     let v = serde_json::json!({
                         "runtime_over_longest_pct": runtime_over(x, span),
                         "converged": x.converged,
