@@ -21,10 +21,14 @@ pub const SOURCE_DIGEST_THREADS: usize = 2;
 /// Pages read per `read_pages` call while hashing (1 MiB).
 const CHUNK_PAGES: usize = 256;
 
-/// Hash of one page.
+/// Hash of one page (xxh3-64; of any bytes, though a whole page takes the
+/// CPU's widest vectors, see `page_xxh3`).
 #[inline]
 pub fn page_hash(page: &[u8]) -> u64 {
-    xxh3_64(page)
+    match page.try_into() {
+        Ok(page) => crate::page_xxh3::hash(page),
+        Err(_) => xxh3_64(page),
+    }
 }
 
 /// Hash of a page of zeros.

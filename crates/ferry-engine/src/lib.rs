@@ -37,6 +37,7 @@ mod dirty_logs;
 pub mod error;
 pub mod local;
 pub mod monitor;
+mod page_xxh3;
 pub mod postcopy;
 pub mod precopy;
 pub mod progress;

@@ -51,13 +51,46 @@ pub struct FrameStream<S> {
     rbuf: Vec<u8>,
     rpos: usize,
     rend: usize,
+    /// The last frame's payload was read straight into its buffer (it was
+    /// at least [`READ_BUF`]): the read buffer then takes only the next
+    /// header, so that the next large payload is not copied through it.
+    large_frames: bool,
     read_offset: u64,
     bytes_written: u64,
+    /// The last frame read, and the buffers the next one is read into.
+    last: ReadFrame,
+}
+
+/// A frame's payload, flags and page hashes, as read and checked by
+/// [`FrameStream::read_frame`]. [`FrameStream::take_frame`] hands it out
+/// whole, so that one thread reads and checks the next frame while another
+/// uses this one; its buffers then go back in for a later read.
+#[derive(Debug, Default)]
+pub struct ReadFrame {
     payload: Vec<u8>,
-    payload_len: usize,
+    len: usize,
     flags: u8,
-    /// The last frame's chunk hashes, when it carried the page check.
+    /// The frame's chunk hashes, when it carried the page check.
     page_hashes: Vec<u64>,
+}
+
+impl ReadFrame {
+    /// The frame's payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload[..self.len]
+    }
+
+    /// The frame's flags (0, or a compression flag on Pages).
+    pub fn flags(&self) -> u8 {
+        self.flags
+    }
+
+    /// The xxh3 of each page of the frame, when its check was built from
+    /// them (an uncompressed Pages frame; see [`frame`]): the last ones are
+    /// its pages', in payload order. `None` otherwise.
+    pub fn page_hashes(&self) -> Option<&[u64]> {
+        (!self.page_hashes.is_empty()).then_some(&self.page_hashes[..])
+    }
 }
 
 impl<S: Read + Write> FrameStream<S> {
@@ -69,12 +102,10 @@ impl<S: Read + Write> FrameStream<S> {
             rbuf: vec![0; READ_BUF],
             rpos: 0,
             rend: 0,
+            large_frames: false,
             read_offset: 0,
             bytes_written: 0,
-            payload: Vec::new(),
-            payload_len: 0,
-            flags: 0,
-            page_hashes: Vec::new(),
+            last: ReadFrame::default(),
         }
     }
 
@@ -157,9 +188,7 @@ impl<S: Read + Write> FrameStream<S> {
     /// at a frame boundary.
     pub fn read_frame_or_end(&mut self) -> Result<Option<(FrameKind, u64)>, StreamError> {
         if self.rpos == self.rend {
-            let n = retry_read(&mut self.inner, &mut self.rbuf)?;
-            self.rpos = 0;
-            self.rend = n;
+            let n = self.refill()?;
             if n == 0 {
                 return Ok(None);
             }
@@ -225,34 +254,46 @@ impl<S: Read + Write> FrameStream<S> {
         self.read_exact_or(&mut raw, "a frame header")?;
         let head: FrameHead = frame::decode_header(&raw, offset)?;
         let len = head.len as usize;
-        if self.payload.len() < len {
-            self.payload.resize(len, 0);
+        self.large_frames = len >= READ_BUF;
+        let mut last = std::mem::take(&mut self.last);
+        if last.payload.len() < len {
+            last.payload.resize(len, 0);
         }
-        let mut payload = std::mem::take(&mut self.payload);
-        let read = self.read_exact_or(&mut payload[..len], "a frame payload");
-        self.payload = payload;
-        self.payload_len = len;
-        read?;
-        let kind = frame::verify(&head, &raw, &self.payload[..len], &mut self.page_hashes)?;
-        self.flags = raw[1];
-        Ok((kind, offset))
+        last.len = 0;
+        last.flags = raw[1];
+        let read = self.read_exact_or(&mut last.payload[..len], "a frame payload");
+        let kind = read.and_then(|()| {
+            last.len = len;
+            frame::verify(&head, &raw, &last.payload[..len], &mut last.page_hashes)
+        });
+        self.last = last;
+        Ok((kind?, offset))
     }
 
-    /// The xxh3 of each page of the last frame read, when its check was
-    /// built from them (an uncompressed Pages frame; see [`frame`]): the
-    /// last ones are its pages', in payload order. `None` otherwise.
+    /// The last frame read, taken out of the stream; the next frame is read
+    /// into `spare`'s buffers (a frame taken before and done with, or
+    /// [`ReadFrame::default`]), so frames circulate without copies.
+    pub fn take_frame(&mut self, spare: ReadFrame) -> ReadFrame {
+        let mut spare = spare;
+        spare.len = 0;
+        spare.page_hashes.clear();
+        std::mem::replace(&mut self.last, spare)
+    }
+
+    /// The xxh3 of each page of the last frame read: see
+    /// [`ReadFrame::page_hashes`].
     pub fn page_hashes(&self) -> Option<&[u64]> {
-        (!self.page_hashes.is_empty()).then_some(&self.page_hashes[..])
+        self.last.page_hashes()
     }
 
     /// Flags of the last frame read (0, or a compression flag on Pages).
     pub fn flags(&self) -> u8 {
-        self.flags
+        self.last.flags
     }
 
     /// Payload of the last frame read.
     pub fn payload(&self) -> &[u8] {
-        &self.payload[..self.payload_len]
+        self.last.payload()
     }
 
     fn read_exact_or(&mut self, dst: &mut [u8], what: &'static str) -> Result<(), StreamError> {
@@ -282,9 +323,7 @@ impl<S: Read + Write> FrameStream<S> {
             let n = if want >= READ_BUF {
                 retry_read(&mut self.inner, &mut dst[done..])?
             } else {
-                let n = retry_read(&mut self.inner, &mut self.rbuf)?;
-                self.rpos = 0;
-                self.rend = n;
+                let n = self.refill()?;
                 if n > 0 {
                     continue;
                 }
@@ -297,6 +336,22 @@ impl<S: Read + Write> FrameStream<S> {
         }
         self.read_offset += done as u64;
         Ok(done)
+    }
+}
+
+impl<S: Read> FrameStream<S> {
+    /// Refills the empty read buffer: a header's worth after a large frame,
+    /// else as much as the stream has, up to [`READ_BUF`].
+    fn refill(&mut self) -> Result<usize, StreamError> {
+        let want = if self.large_frames {
+            FRAME_HEADER_LEN
+        } else {
+            READ_BUF
+        };
+        let n = retry_read(&mut self.inner, &mut self.rbuf[..want])?;
+        self.rpos = 0;
+        self.rend = n;
+        Ok(n)
     }
 }
 

@@ -63,7 +63,7 @@ pub mod header;
 pub mod pages;
 pub mod sections;
 
-pub use channel::{FrameStream, Replay};
+pub use channel::{FrameStream, ReadFrame, Replay};
 pub use control::{FinalReport, MemoryDigest, Message};
 pub use frame::{FrameHead, FrameKind};
 pub use header::{ExpectedVm, HeaderError, Region, StreamHeader};
