@@ -50,19 +50,27 @@ enum Width {
     Portable,
 }
 
+/// Whether this CPU (and its OS) runs `width`.
+fn runs(width: Width) -> bool {
+    match width {
+        #[cfg(target_arch = "x86_64")]
+        Width::Avx512 => std::is_x86_feature_detected!("avx512f"),
+        #[cfg(target_arch = "x86_64")]
+        Width::Avx2 => std::is_x86_feature_detected!("avx2"),
+        Width::Portable => true,
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => false,
+    }
+}
+
+/// The widest this CPU runs, found once.
 fn width() -> Width {
     static WIDTH: OnceLock<Width> = OnceLock::new();
     *WIDTH.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") {
-                return Width::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") {
-                return Width::Avx2;
-            }
-        }
-        Width::Portable
+        [Width::Avx512, Width::Avx2]
+            .into_iter()
+            .find(|w| runs(*w))
+            .unwrap_or(Width::Portable)
     })
 }
 
@@ -72,14 +80,16 @@ pub fn hash(page: &[u8; PAGE_SIZE]) -> u64 {
     hash_with(width(), page)
 }
 
+/// [`hash`] with `width`, or portably where this CPU does not run it (the
+/// check is a cached load).
 fn hash_with(width: Width, page: &[u8; PAGE_SIZE]) -> u64 {
     match width {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `width()` chose AVX-512 only where the CPU has avx512f.
-        Width::Avx512 => finish(unsafe { x86::accumulate_avx512(page) }),
+        // SAFETY: `runs` found avx512f on this CPU.
+        Width::Avx512 if runs(width) => finish(unsafe { x86::accumulate_avx512(page) }),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `width()` chose AVX2 only where the CPU has avx2.
-        Width::Avx2 => finish(unsafe { x86::accumulate_avx2(page) }),
+        // SAFETY: `runs` found avx2 on this CPU.
+        Width::Avx2 if runs(width) => finish(unsafe { x86::accumulate_avx2(page) }),
         _ => xxhash_rust::xxh3::xxh3_64(page),
     }
 }
@@ -135,8 +145,9 @@ mod x86 {
             let swapped = _mm512_shuffle_epi32::<SWAP_U64S>(data);
             _mm512_add_epi64(product, _mm512_add_epi64(acc, swapped))
         };
-        // SAFETY: INIT is 64 bytes.
-        let mut acc = unsafe { _mm512_loadu_si512(INIT.as_ptr().cast()) };
+        let init = INIT;
+        // SAFETY: `init` is 64 bytes on this stack frame.
+        let mut acc = unsafe { _mm512_loadu_si512(init.as_ptr().cast()) };
         // SAFETY: as for the stripes.
         let scramble_key = unsafe { _mm512_loadu_si512(s.add(SCRAMBLE_KEY).cast()) };
         let prime = _mm512_set1_epi32(PRIME32_1 as i32);
@@ -186,9 +197,11 @@ mod x86 {
             acc[0] = half(acc[0], at, key);
             acc[1] = half(acc[1], at + 32, key + 32);
         };
-        // SAFETY: INIT is 64 bytes; the scramble key as for the stripes.
+        let init = INIT;
+        // SAFETY: `init` is 64 bytes on this stack frame; the scramble key
+        // as for the stripes.
         let (mut acc, scramble_key) = unsafe {
-            let init = INIT.as_ptr().cast::<u8>();
+            let init = init.as_ptr().cast::<u8>();
             let key = s.add(SCRAMBLE_KEY);
             (
                 [
@@ -257,16 +270,10 @@ mod tests {
 
     #[test]
     fn every_width_this_cpu_runs_is_xxh3_bit_for_bit() {
-        let mut widths = vec![Width::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx2") {
-                widths.push(Width::Avx2);
-            }
-            if std::is_x86_feature_detected!("avx512f") {
-                widths.push(Width::Avx512);
-            }
-        }
+        let widths: Vec<Width> = [Width::Portable, Width::Avx2, Width::Avx512]
+            .into_iter()
+            .filter(|w| runs(*w))
+            .collect();
         for w in &widths {
             for page in pages() {
                 assert_eq!(

@@ -22,7 +22,10 @@ use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// Checked frames a connection's reader may hold ready for its placer.
+/// Checked frames a connection's reader may hold ready for its placer: one
+/// to place next while another is read, and one more so that a short stall
+/// on either side does not stop the other. More would only hold memory (a
+/// frame is a batch, 1 MiB by default).
 const READ_AHEAD: usize = 2;
 
 /// A frame read and checked, on its way from a reader to its placer.
@@ -53,30 +56,28 @@ impl Receivers {
         for (i, io) in links.into_iter().enumerate() {
             let (checked_tx, checked) = mpsc::sync_channel(READ_AHEAD);
             let (spares, spares_rx) = mpsc::channel();
-            let reader_health = Arc::clone(health);
+            // The placer first: if the reader cannot start, the placer sees
+            // its lane end and closes it.
+            let mut placer = Placer {
+                lane: i,
+                loaded: Arc::clone(loaded),
+                health: Arc::clone(health),
+                round: first_round,
+                pages_this_round: 0,
+                unpacked: Vec::new(),
+                scratch: Vec::new(),
+            };
+            let placing = std::thread::Builder::new()
+                .name(format!("place-{}", i + 1))
+                .spawn(move || placer.run(&checked, &spares))
+                .map_err(StreamError::Io)?;
+            handles.push(placing);
+            let health = Arc::clone(health);
             let reader = std::thread::Builder::new()
                 .name(format!("recv-{}", i + 1))
-                .spawn(move || read_loop(io, &reader_health, &checked_tx, &spares_rx))
+                .spawn(move || read_loop(io, &health, &checked_tx, &spares_rx))
                 .map_err(StreamError::Io)?;
             handles.push(reader);
-            let (loaded, health) = (Arc::clone(loaded), Arc::clone(health));
-            let placer = std::thread::Builder::new()
-                .name(format!("place-{}", i + 1))
-                .spawn(move || {
-                    // The reason first: a lane seen closed must not look
-                    // like the cause of a failure it only follows.
-                    let lane = Lane {
-                        index: i,
-                        loaded: &loaded,
-                        health: &health,
-                    };
-                    if let Err(e) = lane.place_loop(&checked, &spares, first_round) {
-                        health.fail(e);
-                    }
-                    loaded.gate.update(i, |l| l.closed = true);
-                })
-                .map_err(StreamError::Io)?;
-            handles.push(placer);
         }
         Ok(Receivers { handles })
     }
@@ -126,103 +127,145 @@ fn read_loop(
     }
 }
 
-/// A connection's placing side.
-struct Lane<'a> {
-    index: usize,
-    loaded: &'a Loaded,
-    health: &'a Health,
+/// A connection's placing side: the round it is in, and what it has placed
+/// in that round.
+struct Placer {
+    lane: usize,
+    loaded: Arc<Loaded>,
+    health: Arc<Health>,
+    round: u32,
+    pages_this_round: u64,
+    /// A decompressed payload.
+    unpacked: Vec<u8>,
+    /// A page being patched by a delta.
+    scratch: Vec<u8>,
 }
 
-impl Lane<'_> {
-    /// Places the frames its reader checked, in order, until the reader
-    /// ends; each frame's buffers go back to the reader.
-    fn place_loop(
-        &self,
+impl Placer {
+    /// Places what the reader checked, then closes the lane. The reason
+    /// first: a lane seen closed must not look like the cause of a failure
+    /// it only follows.
+    fn run(&mut self, checked: &Receiver<Checked>, spares: &Sender<ReadFrame>) {
+        if let Err(e) = self.place_all(checked, spares) {
+            self.health.fail(e);
+        }
+        self.loaded.gate.update(self.lane, |l| l.closed = true);
+    }
+
+    /// Places the frames the reader checked, in order, until the reader
+    /// ends or the migration fails (frames read before a failure are not
+    /// placed after it); each frame's buffers go back to the reader.
+    fn place_all(
+        &mut self,
         checked: &Receiver<Checked>,
         spares: &Sender<ReadFrame>,
-        first_round: u32,
     ) -> Result<(), MigrationError> {
-        let (loaded, health) = (self.loaded, self.health);
-        let (lane, name) = (self.index, self.index + 1);
-        let mut round = first_round;
-        let mut pages_this_round = 0u64;
-        let mut unpacked = Vec::new();
-        let mut scratch = Vec::new();
-        for Checked {
-            kind,
-            offset,
-            frame: io,
-        } in checked.iter()
-        {
-            match kind {
-                FrameKind::Pages | FrameKind::Delta => {
-                    let malformed = |reason| StreamError::Malformed {
-                        kind,
-                        offset,
-                        reason,
-                    };
-                    let payload = match io.flags() {
-                        0 => io.payload(),
-                        flags => {
-                            decompress(flags, io.payload(), &mut unpacked).map_err(malformed)?;
-                            &unpacked
+        for c in checked.iter() {
+            if self.health.is_failed() {
+                break;
+            }
+            match c.kind {
+                FrameKind::Pages | FrameKind::Delta => self.place(&c)?,
+                FrameKind::RoundEnd => {
+                    match Message::decode(c.kind, c.frame.payload(), c.offset)? {
+                        Message::RoundEnd { round, pages } => self.end_round(round, pages)?,
+                        m => {
+                            return Err(
+                                self.refused(format!("the end of round {}, got {m:?}", self.round))
+                            )
                         }
-                    };
-                    let (batch_round, pages) = if kind == FrameKind::Pages {
-                        let batch = decode_batch(payload, loaded.pages).map_err(malformed)?;
-                        let batch = batch.with_page_hashes(io.page_hashes());
-                        (batch.round, Pages::Whole(batch))
-                    } else {
-                        let view = decode_delta(payload, loaded.pages).map_err(malformed)?;
-                        (view.round, Pages::Delta(view))
-                    };
-                    // A delta refers to an earlier round's copy, so never in round 0.
-                    let delta_in_0 = matches!(pages, Pages::Delta(_)) && round == 0;
-                    if batch_round != round || delta_in_0 {
-                        return Err(MigrationError::Refused(format!(
-                        "data connection {name} carried a round-{batch_round} {kind} frame in round {round}"
-                    )));
                     }
-                    // A later round waits until every lane has ended the one before.
-                    if round > 0 {
-                        loaded.wait_round(round - 1, health)?;
-                    }
-                    pages_this_round += match &pages {
-                        Pages::Whole(batch) => loaded.apply(batch)?,
-                        Pages::Delta(view) => {
-                            loaded.apply_delta(view, &mut scratch).map_err(malformed)?
-                        }
-                    };
                 }
-                FrameKind::RoundEnd => match Message::decode(kind, io.payload(), offset)? {
-                    Message::RoundEnd { round: r, pages } if r == round => {
-                        if pages != pages_this_round {
-                            return Err(MigrationError::Refused(format!(
-                                "data connection {name} ended round {r} with {pages_this_round} \
-                             pages, the source sent {pages}"
-                            )));
-                        }
-                        loaded.gate.update(lane, |l| l.ended = r + 1);
-                        round = r + 1;
-                        pages_this_round = 0;
-                    }
-                    m => {
-                        return Err(MigrationError::Refused(format!(
-                            "data connection {name} expected the end of round {round}, got {m:?}"
-                        )))
-                    }
-                },
                 got => {
                     return Err(MigrationError::Protocol {
                         expected: "Pages, Delta or RoundEnd on a data connection",
                         got,
-                        offset,
+                        offset: c.offset,
                     })
                 }
             }
-            let _ = spares.send(io);
+            let _ = spares.send(c.frame);
         }
         Ok(())
+    }
+
+    /// Places a Pages or Delta frame of the current round, once every lane
+    /// has ended the round before.
+    fn place(&mut self, c: &Checked) -> Result<(), MigrationError> {
+        let (kind, offset, io) = (c.kind, c.offset, &c.frame);
+        let malformed = |reason| StreamError::Malformed {
+            kind,
+            offset,
+            reason,
+        };
+        let payload = match io.flags() {
+            0 => io.payload(),
+            flags => {
+                decompress(flags, io.payload(), &mut self.unpacked).map_err(malformed)?;
+                &self.unpacked
+            }
+        };
+        let pages = self.loaded.pages;
+        let (batch_round, pages) = if kind == FrameKind::Pages {
+            let batch = decode_batch(payload, pages).map_err(malformed)?;
+            let batch = batch.with_page_hashes(io.page_hashes());
+            (batch.round, Pages::Whole(batch))
+        } else {
+            let view = decode_delta(payload, pages).map_err(malformed)?;
+            (view.round, Pages::Delta(view))
+        };
+        // A delta refers to an earlier round's copy, so never in round 0.
+        let delta_in_0 = matches!(pages, Pages::Delta(_)) && self.round == 0;
+        if batch_round != self.round || delta_in_0 {
+            let round = self.round;
+            return Err(MigrationError::Refused(format!(
+                "data connection {} carried a round-{batch_round} {kind} frame in round {round}",
+                self.lane + 1
+            )));
+        }
+        // A later round waits until every lane has ended the one before.
+        if self.round > 0 {
+            self.loaded.wait_round(self.round - 1, &self.health)?;
+        }
+        self.pages_this_round += match &pages {
+            Pages::Whole(batch) => self.loaded.apply(batch)?,
+            Pages::Delta(view) => self
+                .loaded
+                .apply_delta(view, &mut self.scratch)
+                .map_err(malformed)?,
+        };
+        Ok(())
+    }
+
+    /// The source ended `round` with `pages` on this lane: it must be the
+    /// current round, with as many pages as were placed.
+    fn end_round(&mut self, round: u32, pages: u64) -> Result<(), MigrationError> {
+        if round != self.round {
+            let expected = format!(
+                "the end of round {}, got the end of round {round}",
+                self.round
+            );
+            return Err(self.refused(expected));
+        }
+        if pages != self.pages_this_round {
+            return Err(MigrationError::Refused(format!(
+                "data connection {} ended round {round} with {} pages, the source sent {pages}",
+                self.lane + 1,
+                self.pages_this_round
+            )));
+        }
+        self.loaded.gate.update(self.lane, |l| l.ended = round + 1);
+        self.round = round + 1;
+        self.pages_this_round = 0;
+        Ok(())
+    }
+
+    /// The lane got something else than `expected`.
+    fn refused(&self, expected: String) -> MigrationError {
+        MigrationError::Refused(format!(
+            "data connection {} expected {expected}",
+            self.lane + 1
+        ))
     }
 }
 

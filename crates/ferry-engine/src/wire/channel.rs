@@ -51,9 +51,10 @@ pub struct FrameStream<S> {
     rbuf: Vec<u8>,
     rpos: usize,
     rend: usize,
-    /// The last frame's payload was read straight into its buffer (it was
-    /// at least [`READ_BUF`]): the read buffer then takes only the next
-    /// header, so that the next large payload is not copied through it.
+    /// Large frames are arriving (the last payload was at least
+    /// [`READ_BUF`]): every read then goes straight into its destination
+    /// and the read buffer takes no bytes ahead, so that no payload is
+    /// copied through it. A small frame turns this off.
     large_frames: bool,
     read_offset: u64,
     bytes_written: u64,
@@ -320,7 +321,7 @@ impl<S: Read + Write> FrameStream<S> {
                 continue;
             }
             let want = dst.len() - done;
-            let n = if want >= READ_BUF {
+            let n = if want >= READ_BUF || self.large_frames {
                 retry_read(&mut self.inner, &mut dst[done..])?
             } else {
                 let n = self.refill()?;
@@ -340,8 +341,8 @@ impl<S: Read + Write> FrameStream<S> {
 }
 
 impl<S: Read> FrameStream<S> {
-    /// Refills the empty read buffer: a header's worth after a large frame,
-    /// else as much as the stream has, up to [`READ_BUF`].
+    /// Refills the empty read buffer: a header's worth while large frames
+    /// arrive, else as much as the stream has, up to [`READ_BUF`].
     fn refill(&mut self) -> Result<usize, StreamError> {
         let want = if self.large_frames {
             FRAME_HEADER_LEN
@@ -471,6 +472,59 @@ mod tests {
                 "cut {cut}: {err:?}"
             );
         }
+    }
+
+    /// Reads at most 100,000 bytes per call, as a socket may, and counts
+    /// the calls.
+    struct Short {
+        input: Cursor<Vec<u8>>,
+        calls: usize,
+    }
+    impl Read for Short {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.calls += 1;
+            let n = buf.len().min(100_000);
+            self.input.read(&mut buf[..n])
+        }
+    }
+    impl Write for Short {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn large_frames_over_short_reads_take_few_calls_and_taken_frames_stay_whole() {
+        let page = |i: usize| (0..1 << 20).map(|b| (b * 7 + i) as u8).collect::<Vec<u8>>();
+        let frames = [
+            (FrameKind::Pages, page(1)),
+            (FrameKind::Pages, page(2)),
+            (FrameKind::Header, b"{}".to_vec()),
+            (FrameKind::Pages, page(3)),
+        ];
+        let mut r = FrameStream::new(Short {
+            input: Cursor::new(written(&frames)),
+            calls: 0,
+        });
+        r.read_preamble().unwrap();
+        let mut taken = Vec::new();
+        for (kind, payload) in &frames {
+            let (got, _) = r.read_frame_or_end().unwrap().expect("a frame");
+            assert_eq!(got, *kind);
+            taken.push(r.take_frame(ReadFrame::default()));
+            assert_eq!(r.payload(), &[] as &[u8], "taken out of the stream");
+            assert_eq!(taken.last().unwrap().payload(), &payload[..]);
+        }
+        assert!(r.read_frame_or_end().unwrap().is_none());
+        for (frame, (_, payload)) in taken.iter().zip(&frames) {
+            assert_eq!(frame.payload(), &payload[..], "a taken frame is its own");
+        }
+        // 11 calls per MiB at most 100,000 bytes each, a few for headers
+        // and the small frame: never a call per few bytes.
+        assert!(r.get_ref().calls < 60, "{} calls", r.get_ref().calls);
     }
 
     #[test]

@@ -542,13 +542,16 @@ fn report(a: &LinkArgs, cells: Vec<Cell>) -> Report<LinkResults> {
     }
 }
 
-/// The `--json` line: the raw loopback figure and the best first pass
-/// (uncapped, verified) with the same connection count.
+/// The `--json` line: the raw loopback figure and the best plain first pass
+/// (text pages, no compression, uncapped, verified: the repeated cells) with
+/// the same connection count. Zero-filled or compressed pages would make
+/// the headline depend on what the guest holds.
 pub fn summary_json(r: &LinkResults) -> serde_json::Value {
     let best = r
         .cells
         .iter()
         .filter(|c| c.what == "first pass" && c.verified)
+        .filter(|c| c.fill == "text" && c.compress == "none")
         .max_by(|a, b| a.vs_raw.total_cmp(&b.vs_raw));
     let same_conns = |what: &str| {
         best.and_then(|b| {
