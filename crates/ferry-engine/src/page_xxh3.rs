@@ -115,6 +115,28 @@ fn finish(acc: [u64; 8]) -> u64 {
     h ^ (h >> 32)
 }
 
+/// xxh3's walk over a page, on accumulators of any width: each full
+/// block's stripes, then `scramble`; the last block's stripes; the page's
+/// last 64 bytes. `stripe(acc, at, key)` adds the stripe at byte `at` of
+/// the page, keyed by the secret from byte `key`.
+#[inline(always)]
+fn walk<A>(
+    mut acc: A,
+    mut stripe: impl FnMut(A, usize, usize) -> A,
+    mut scramble: impl FnMut(A) -> A,
+) -> A {
+    for block in 0..FULL_BLOCKS {
+        for n in 0..STRIPES_PER_BLOCK {
+            acc = stripe(acc, block * BLOCK + n * STRIPE, n * 8);
+        }
+        acc = scramble(acc);
+    }
+    for n in 0..LAST_STRIPES {
+        acc = stripe(acc, FULL_BLOCKS * BLOCK + n * STRIPE, n * 8);
+    }
+    stripe(acc, PAGE_SIZE - STRIPE, LAST_KEY)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
@@ -147,24 +169,18 @@ mod x86 {
         };
         let init = INIT;
         // SAFETY: `init` is 64 bytes on this stack frame.
-        let mut acc = unsafe { _mm512_loadu_si512(init.as_ptr().cast()) };
+        let acc = unsafe { _mm512_loadu_si512(init.as_ptr().cast()) };
         // SAFETY: as for the stripes.
         let scramble_key = unsafe { _mm512_loadu_si512(s.add(SCRAMBLE_KEY).cast()) };
         let prime = _mm512_set1_epi32(PRIME32_1 as i32);
-        for block in 0..FULL_BLOCKS {
-            for n in 0..STRIPES_PER_BLOCK {
-                acc = stripe(acc, block * BLOCK + n * STRIPE, n * 8);
-            }
+        let scramble = |acc: __m512i| {
             let mixed = _mm512_xor_si512(acc, _mm512_srli_epi64::<47>(acc));
             let keyed = _mm512_xor_si512(mixed, scramble_key);
             let low = _mm512_mul_epu32(keyed, prime);
             let high = _mm512_mul_epu32(_mm512_srli_epi64::<32>(keyed), prime);
-            acc = _mm512_add_epi64(low, _mm512_slli_epi64::<32>(high));
-        }
-        for n in 0..LAST_STRIPES {
-            acc = stripe(acc, FULL_BLOCKS * BLOCK + n * STRIPE, n * 8);
-        }
-        acc = stripe(acc, PAGE_SIZE - STRIPE, LAST_KEY);
+            _mm512_add_epi64(low, _mm512_slli_epi64::<32>(high))
+        };
+        let acc = walk(acc, stripe, scramble);
         let mut out = [0u64; 8];
         // SAFETY: `out` is 64 bytes.
         unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), acc) };
@@ -193,14 +209,13 @@ mod x86 {
             let swapped = _mm256_shuffle_epi32::<SWAP_U64S>(data);
             _mm256_add_epi64(product, _mm256_add_epi64(acc, swapped))
         };
-        let stripe = |acc: &mut [__m256i; 2], at: usize, key: usize| {
-            acc[0] = half(acc[0], at, key);
-            acc[1] = half(acc[1], at + 32, key + 32);
+        let stripe = |[low, high]: [__m256i; 2], at: usize, key: usize| {
+            [half(low, at, key), half(high, at + 32, key + 32)]
         };
         let init = INIT;
         // SAFETY: `init` is 64 bytes on this stack frame; the scramble key
         // as for the stripes.
-        let (mut acc, scramble_key) = unsafe {
+        let (acc, scramble_key) = unsafe {
             let init = init.as_ptr().cast::<u8>();
             let key = s.add(SCRAMBLE_KEY);
             (
@@ -215,22 +230,20 @@ mod x86 {
             )
         };
         let prime = _mm256_set1_epi32(PRIME32_1 as i32);
-        for block in 0..FULL_BLOCKS {
-            for n in 0..STRIPES_PER_BLOCK {
-                stripe(&mut acc, block * BLOCK + n * STRIPE, n * 8);
-            }
-            for (a, key) in acc.iter_mut().zip(scramble_key) {
-                let mixed = _mm256_xor_si256(*a, _mm256_srli_epi64::<47>(*a));
-                let keyed = _mm256_xor_si256(mixed, key);
-                let low = _mm256_mul_epu32(keyed, prime);
-                let high = _mm256_mul_epu32(_mm256_srli_epi64::<32>(keyed), prime);
-                *a = _mm256_add_epi64(low, _mm256_slli_epi64::<32>(high));
-            }
-        }
-        for n in 0..LAST_STRIPES {
-            stripe(&mut acc, FULL_BLOCKS * BLOCK + n * STRIPE, n * 8);
-        }
-        stripe(&mut acc, PAGE_SIZE - STRIPE, LAST_KEY);
+        let scramble_half = |acc: __m256i, key: __m256i| {
+            let mixed = _mm256_xor_si256(acc, _mm256_srli_epi64::<47>(acc));
+            let keyed = _mm256_xor_si256(mixed, key);
+            let low = _mm256_mul_epu32(keyed, prime);
+            let high = _mm256_mul_epu32(_mm256_srli_epi64::<32>(keyed), prime);
+            _mm256_add_epi64(low, _mm256_slli_epi64::<32>(high))
+        };
+        let scramble = |[low, high]: [__m256i; 2]| {
+            [
+                scramble_half(low, scramble_key[0]),
+                scramble_half(high, scramble_key[1]),
+            ]
+        };
+        let acc = walk(acc, stripe, scramble);
         let mut out = [0u64; 8];
         // SAFETY: `out` is 64 bytes, two halves of 32.
         unsafe {
