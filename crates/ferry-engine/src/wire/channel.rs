@@ -274,8 +274,7 @@ impl<S: Read + Write> FrameStream<S> {
     /// The last frame read, taken out of the stream; the next frame is read
     /// into `spare`'s buffers (a frame taken before and done with, or
     /// [`ReadFrame::default`]), so frames circulate without copies.
-    pub fn take_frame(&mut self, spare: ReadFrame) -> ReadFrame {
-        let mut spare = spare;
+    pub fn take_frame(&mut self, mut spare: ReadFrame) -> ReadFrame {
         spare.len = 0;
         spare.page_hashes.clear();
         std::mem::replace(&mut self.last, spare)

@@ -90,6 +90,26 @@ pub struct Cell {
     pub runs_gib_s: Vec<f64>,
 }
 
+impl Cell {
+    /// A raw TCP cell (`what`): `gib_s` over `n` connections, against `raw`
+    /// GiB/s of raw TCP from the same run; `runs` when it ran more than once.
+    fn raw_tcp(what: &str, n: usize, gib_s: f64, raw: f64, runs: Vec<f64>) -> Self {
+        Cell {
+            what: what.into(),
+            connections: n,
+            fill: "-".into(),
+            compress: "-".into(),
+            cap_mib_s: 0,
+            tls: false,
+            gib_s,
+            wire_ratio: 1.0,
+            vs_raw: gib_s / raw,
+            verified: true,
+            runs_gib_s: runs,
+        }
+    }
+}
+
 /// The median of `runs` (not empty).
 fn median(runs: &[f64]) -> f64 {
     let mut v = runs.to_vec();
@@ -338,19 +358,7 @@ pub fn run(a: &LinkArgs) -> Result<Report<LinkResults>, CmdError> {
     for &n in &a.connections {
         eprintln!("ferry bench link: raw loopback TCP, {n} connection(s) ...");
         let raw = raw_tcp(n, a.raw_secs)?;
-        cells.push(Cell {
-            what: "raw TCP".into(),
-            connections: n,
-            fill: "-".into(),
-            compress: "-".into(),
-            cap_mib_s: 0,
-            tls: false,
-            gib_s: raw,
-            wire_ratio: 1.0,
-            vs_raw: 1.0,
-            verified: true,
-            runs_gib_s: Vec::new(),
-        });
+        cells.push(Cell::raw_tcp("raw TCP", n, raw, raw, Vec::new()));
         let cell = |what, fill, compress, placement| FirstPass {
             what,
             connections: n,
@@ -360,11 +368,11 @@ pub fn run(a: &LinkArgs) -> Result<Report<LinkResults>, CmdError> {
             placement,
             tls: false,
         };
-        // The destination's placement, compared in the same run: a plain
-        // write after the kernel zeroed the page.
         let (floor, plain) =
             floor_and_plain(a, n, raw, &cell("first pass", "text", "none", "uffd"))?;
         cells.push(floor);
+        // The destination's placement, compared in the same run: a plain
+        // write after the kernel zeroed the page.
         cells.push(cell("first pass, write", "text", "none", "write").measure(a, raw)?);
         cells.push(cell("first pass", "zero", "none", "uffd").measure(a, raw)?);
         cells.push(plain);
@@ -424,25 +432,12 @@ fn floor_and_plain(
             last = Some(cell);
         }
     }
-    let floor = median(&floors);
     let many = |runs: Vec<f64>| if runs.len() > 1 { runs } else { Vec::new() };
     let mut pass = last.expect("at least one run");
     pass.gib_s = median(&passes);
     pass.vs_raw = pass.gib_s / raw;
     pass.runs_gib_s = many(passes);
-    let floor = Cell {
-        what: "raw TCP, placed".into(),
-        connections: n,
-        fill: "-".into(),
-        compress: "-".into(),
-        cap_mib_s: 0,
-        tls: false,
-        gib_s: floor,
-        wire_ratio: 1.0,
-        vs_raw: floor / raw,
-        verified: true,
-        runs_gib_s: many(floors),
-    };
+    let floor = Cell::raw_tcp("raw TCP, placed", n, median(&floors), raw, many(floors));
     Ok((floor, pass))
 }
 
