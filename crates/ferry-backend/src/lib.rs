@@ -37,7 +37,7 @@ pub mod vm;
 
 pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use dirty_source::DirtySource;
-pub use errors::error_chain;
+pub use errors::{catch_panic, error_chain};
 pub use probe::{GuestCheck, GuestProbe};
 pub use ram::{Backing, GuestRam, RamError, RamSlot};
 pub use ram_share::SharedRegion;

@@ -15,7 +15,7 @@ use ferry_backend::GuestRam;
 use ferry_memstress::{progress, MemoryLayout, SLEEP_PORT};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Once};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
@@ -130,7 +130,15 @@ impl VcpuThread {
         let thread_shared = Arc::clone(&shared);
         let handle = std::thread::Builder::new()
             .name(format!("vcpu{index}"))
-            .spawn(move || run_loop(&thread_shared))?;
+            .spawn(move || {
+                // A panic must not leave the state "running": a pause would
+                // wait for this thread for ever. It fails the vCPU instead.
+                if let Some(why) = ferry_backend::catch_panic(|| run_loop(&thread_shared)) {
+                    let reason = format!("the vCPU thread panicked: {why}");
+                    set_state(&thread_shared, VcpuState::Failed(reason));
+                    park_failed(&thread_shared);
+                }
+            })?;
         Ok(VcpuThread {
             shared,
             handle: Some(handle),
@@ -139,7 +147,7 @@ impl VcpuThread {
 
     /// Lets the vCPU run.
     pub fn resume(&self) {
-        let state = self.shared.state.lock().expect("vcpu state lock");
+        let state = self.shared.lock_state();
         self.shared.want.store(WANT_RUN, Ordering::Release);
         drop(state);
         self.shared.changed.notify_all();
@@ -152,7 +160,7 @@ impl VcpuThread {
 
     /// Waits until the vCPU is out of KVM_RUN, kicking it as needed.
     pub fn wait_paused(&self) -> VcpuState {
-        let mut state = self.shared.state.lock().expect("vcpu state lock");
+        let mut state = self.shared.lock_state();
         while *state == VcpuState::Running {
             if let Some(h) = &self.handle {
                 // A failed kick means the thread is gone; the loop then sees
@@ -163,7 +171,7 @@ impl VcpuThread {
                 .shared
                 .changed
                 .wait_timeout(state, Duration::from_millis(1))
-                .expect("vcpu state lock")
+                .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
         state.clone()
@@ -180,14 +188,24 @@ impl VcpuThread {
 
     /// The vCPU's current state.
     pub fn state(&self) -> VcpuState {
-        self.shared.state.lock().expect("vcpu state lock").clone()
+        self.shared.lock_state().clone()
     }
 }
 
 impl VcpuShared {
+    /// The state, even after a panic on the vCPU thread poisoned its lock
+    /// (the thread then records its failure under it).
+    fn lock_state(&self) -> MutexGuard<'_, VcpuState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The vCPU fd, even after a panic on the vCPU thread poisoned its lock.
+    pub fn lock_fd(&self) -> MutexGuard<'_, VcpuFd> {
+        self.fd.lock().unwrap_or_else(PoisonError::into_inner)
+    }
     /// Whether the vCPU is in (or entering) KVM_RUN.
     pub fn is_running(&self) -> bool {
-        *self.state.lock().expect("vcpu state lock") == VcpuState::Running
+        *self.lock_state() == VcpuState::Running
     }
 
     /// Interrupts KVM_RUN on the vCPU's thread, if it has started.
@@ -209,7 +227,7 @@ impl Drop for VcpuThread {
         {
             // Store under the state lock so a thread between its check of
             // `want` and its wait cannot miss the notification.
-            let _state = self.shared.state.lock().expect("vcpu state lock");
+            let _state = self.shared.lock_state();
             self.shared.want.store(WANT_EXIT, Ordering::Release);
         }
         self.shared.changed.notify_all();
@@ -233,7 +251,7 @@ fn throttle_sleep(shared: &VcpuShared) {
 }
 
 fn set_state(shared: &VcpuShared, new: VcpuState) {
-    *shared.state.lock().expect("vcpu state lock") = new;
+    *shared.lock_state() = new;
     shared.changed.notify_all();
 }
 
@@ -244,7 +262,7 @@ fn run_loop(shared: &VcpuShared) {
     loop {
         // Wait until asked to run (or to exit).
         {
-            let mut state = shared.state.lock().expect("vcpu state lock");
+            let mut state = shared.lock_state();
             loop {
                 match shared.want.load(Ordering::Acquire) {
                     WANT_EXIT => return,
@@ -254,14 +272,17 @@ fn run_loop(shared: &VcpuShared) {
                             *state = VcpuState::Paused;
                             shared.changed.notify_all();
                         }
-                        state = shared.changed.wait(state).expect("vcpu state lock");
+                        state = shared
+                            .changed
+                            .wait(state)
+                            .unwrap_or_else(PoisonError::into_inner);
                     }
                 }
             }
             *state = VcpuState::Running;
             shared.changed.notify_all();
         }
-        let mut fd = shared.fd.lock().expect("vcpu fd lock");
+        let mut fd = shared.lock_fd();
         while shared.want.load(Ordering::Acquire) == WANT_RUN {
             // A kick that arrived outside KVM_RUN (during an exit's handling)
             // left its throttle sleep here: take it now, not a period late.
@@ -302,8 +323,11 @@ fn run_loop(shared: &VcpuShared) {
 
 /// A failed vCPU waits for the VM to be torn down.
 fn park_failed(shared: &VcpuShared) {
-    let mut state = shared.state.lock().expect("vcpu state lock");
+    let mut state = shared.lock_state();
     while shared.want.load(Ordering::Acquire) != WANT_EXIT {
-        state = shared.changed.wait(state).expect("vcpu state lock");
+        state = shared
+            .changed
+            .wait(state)
+            .unwrap_or_else(PoisonError::into_inner);
     }
 }

@@ -448,7 +448,7 @@ impl Vm for KvmVm {
         let vm = cpu_state::vm_level::save(&self.vm, self.devices).map_err(StateError::from)?;
         let mut vcpus = Vec::with_capacity(self.vcpus.len());
         for (index, v) in self.vcpus.iter().enumerate() {
-            let fd = v.shared.fd.lock().expect("vcpu fd lock");
+            let fd = v.shared.lock_fd();
             vcpus.push(cpu_state::save_vcpu(index, &fd, &cx)?);
         }
         Ok(Snapshot { vm, vcpus }.encode()?)
@@ -470,7 +470,7 @@ impl Vm for KvmVm {
         snap.check_fits(self.devices, &cx)?;
         cpu_state::vm_level::restore(&self.vm, &snap.vm).map_err(StateError::from)?;
         for (index, (v, vcpu)) in self.vcpus.iter().zip(&snap.vcpus).enumerate() {
-            let fd = v.shared.fd.lock().expect("vcpu fd lock");
+            let fd = v.shared.lock_fd();
             cpu_state::restore_vcpu(index, &fd, &cx, vcpu)?;
         }
         Ok(())

@@ -10,7 +10,7 @@
 
 use crate::layout::{MMIO_BASE, MMIO_SIZE, SERIAL_PORT};
 use crate::Devices;
-use ferry_engine::vmm::throttle_sleep;
+use ferry_engine::vmm::{catch_panic, throttle_sleep};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once};
@@ -73,7 +73,18 @@ impl Vcpu {
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("minivmm-vcpu0".into())
-            .spawn(move || run(&s))?;
+            .spawn(move || {
+                // A panic (in a device's code, say) must not leave the state
+                // "running": a pause would wait for this thread for ever. It
+                // fails the vCPU instead, and the thread waits to be dropped.
+                if let Some(why) = catch_panic(|| run(&s)) {
+                    set_state(
+                        &s,
+                        State::Failed(format!("the vCPU thread panicked: {why}")),
+                    );
+                    wait_for_exit(&s);
+                }
+            })?;
         Ok(Vcpu {
             shared,
             thread: Some(thread),
@@ -147,6 +158,14 @@ impl Drop for Vcpu {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Waits, parked, until the VM drops this vCPU.
+fn wait_for_exit(s: &Shared) {
+    let mut state = s.state.lock().unwrap_or_else(|e| e.into_inner());
+    while s.want.load(Ordering::Acquire) != EXIT {
+        state = s.changed.wait(state).unwrap_or_else(|e| e.into_inner());
     }
 }
 
