@@ -161,6 +161,14 @@ pub enum MigrationError {
         #[source]
         cause: Box<MigrationError>,
     },
+    /// One of the engine's own threads panicked: a bug in ferry.
+    #[error("ferry's {thread} thread panicked (a bug; please report it): {message}")]
+    Panicked {
+        /// The thread's name.
+        thread: String,
+        /// What it panicked with.
+        message: String,
+    },
     /// Nothing moved on the link for the stall timeout.
     #[error("no progress from {peer} for {secs} s")]
     Stalled {

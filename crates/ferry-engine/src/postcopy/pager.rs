@@ -17,6 +17,7 @@
 use super::PostcopyReport;
 use crate::error::MigrationError;
 use crate::precopy::Loaded;
+use crate::transport::health::spawn;
 use crate::transport::{Channel, Health};
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::{decode_batch, FrameKind, FrameStream, Message, StreamError};
@@ -338,28 +339,24 @@ impl Pager {
         for i in 0..handlers.clamp(1, MAX_HANDLERS) {
             let s = Arc::clone(&shared);
             threads.push(
-                std::thread::Builder::new()
-                    .name(format!("uffd-handler-{i}"))
-                    .spawn(move || {
-                        if let Err(e) = handle_faults(&s) {
-                            s.health.fail(e);
-                        }
-                    })
-                    .map_err(StreamError::Io)?,
+                spawn(&shared.health, format!("uffd-handler-{i}"), move || {
+                    if let Err(e) = handle_faults(&s) {
+                        s.health.fail(e);
+                    }
+                })
+                .map_err(StreamError::Io)?,
             );
         }
         let s = Arc::clone(&shared);
         threads.push(
-            std::thread::Builder::new()
-                .name("prio-reader".into())
-                .spawn(move || {
-                    if let Err(e) = read_answers(io, &s) {
-                        if !s.stop.load(Ordering::SeqCst) {
-                            s.health.fail(e);
-                        }
+            spawn(&shared.health, "prio-reader".into(), move || {
+                if let Err(e) = read_answers(io, &s) {
+                    if !s.stop.load(Ordering::SeqCst) {
+                        s.health.fail(e);
                     }
-                })
-                .map_err(StreamError::Io)?,
+                }
+            })
+            .map_err(StreamError::Io)?,
         );
         Ok(Pager {
             shared,

@@ -17,6 +17,7 @@
 //! the same after each request).
 
 use crate::error::MigrationError;
+use crate::transport::health::spawn;
 use crate::transport::{Channel, Health};
 use crate::tunables::TokenBucket;
 use crate::wire::frame::FRAME_HEADER_LEN;
@@ -119,23 +120,22 @@ impl PageServer {
             served.arm(round, missing);
         }
         let s = Arc::clone(&served);
-        let handle = std::thread::Builder::new()
-            .name("page-server".into())
-            .spawn(move || {
-                match serve(io, &s, &health, &bucket) {
-                    // The destination closes the priority connection when it
-                    // has every page, perhaps while an answer is on its way.
-                    // A link that breaks earlier costs only the answers: the
-                    // push still carries every page, and a dead network is
-                    // noticed on the other connections.
-                    Err(e) if crate::transport::health::is_link_failure(&e) => {
-                        tracing::debug!("priority connection ended: {}", e.chain());
-                    }
-                    Err(e) => health.fail(e),
-                    Ok(()) => {}
+        let guard = Arc::clone(&health);
+        let handle = spawn(&guard, "page-server".into(), move || {
+            match serve(io, &s, &health, &bucket) {
+                // The destination closes the priority connection when it
+                // has every page, perhaps while an answer is on its way.
+                // A link that breaks earlier costs only the answers: the
+                // push still carries every page, and a dead network is
+                // noticed on the other connections.
+                Err(e) if crate::transport::health::is_link_failure(&e) => {
+                    tracing::debug!("priority connection ended: {}", e.chain());
                 }
-            })
-            .map_err(StreamError::Io)?;
+                Err(e) => health.fail(e),
+                Ok(()) => {}
+            }
+        })
+        .map_err(StreamError::Io)?;
         Ok(PageServer {
             served,
             handle: Some(handle),

@@ -13,6 +13,7 @@
 
 use super::loaded::Loaded;
 use crate::error::MigrationError;
+use crate::transport::health::spawn;
 use crate::transport::{Channel, Health};
 use crate::wire::compress::decompress;
 use crate::wire::delta::{decode_delta, DeltaView};
@@ -67,16 +68,16 @@ impl Receivers {
                 unpacked: Vec::new(),
                 scratch: Vec::new(),
             };
-            let placing = std::thread::Builder::new()
-                .name(format!("place-{}", i + 1))
-                .spawn(move || placer.run(&checked, &spares))
-                .map_err(StreamError::Io)?;
+            let placing = spawn(health, format!("place-{}", i + 1), move || {
+                placer.run(&checked, &spares)
+            })
+            .map_err(StreamError::Io)?;
             handles.push(placing);
-            let health = Arc::clone(health);
-            let reader = std::thread::Builder::new()
-                .name(format!("recv-{}", i + 1))
-                .spawn(move || read_loop(io, &health, &checked_tx, &spares_rx))
-                .map_err(StreamError::Io)?;
+            let h = Arc::clone(health);
+            let reader = spawn(health, format!("recv-{}", i + 1), move || {
+                read_loop(io, &h, &checked_tx, &spares_rx)
+            })
+            .map_err(StreamError::Io)?;
             handles.push(reader);
         }
         Ok(Receivers { handles })

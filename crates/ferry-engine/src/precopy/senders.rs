@@ -20,6 +20,7 @@ use super::compression::{Chooser, Compression};
 use super::delta::DeltaCache;
 use crate::error::MigrationError;
 use crate::summary::DeltaSummary;
+use crate::transport::health::spawn;
 use crate::transport::{Channel, Health};
 use crate::tunables::TokenBucket;
 use crate::wire::compress::{Codec, Compressor};
@@ -130,10 +131,11 @@ impl Senders {
         for (i, io) in links.into_iter().enumerate() {
             let (tx, rx) = mpsc::sync_channel(LANE_DEPTH);
             let (free, shared) = (free_tx.clone(), Arc::clone(&shared));
-            let handle = std::thread::Builder::new()
-                .name(format!("send-{}", i + 1))
-                .spawn(move || send_loop(i, io, &rx, &free, &shared))
-                .map_err(crate::wire::StreamError::Io)?;
+            let health = Arc::clone(&shared.health);
+            let handle = spawn(&health, format!("send-{}", i + 1), move || {
+                send_loop(i, io, &rx, &free, &shared)
+            })
+            .map_err(crate::wire::StreamError::Io)?;
             lanes.push(Lane { tx, pages: 0 });
             handles.push(handle);
         }

@@ -11,7 +11,7 @@
 //! itself, so it can wait for a message with a timeout and notice any other
 //! thread's failure while it waits.
 
-use super::health::{is_link_failure, Health};
+use super::health::{is_link_failure, spawn, Health};
 use super::Channel;
 use crate::error::MigrationError;
 use crate::wire::{FrameKind, FrameStream, Message, StreamError};
@@ -63,16 +63,14 @@ impl Control {
         let (tx, rx) = mpsc::channel();
         health.start_clocks();
         let h = Arc::clone(&health);
-        let reader = std::thread::Builder::new()
-            .name("ctl-reader".into())
-            .spawn(move || read_loop(io, &h, &tx))
+        let reader = spawn(&health, "ctl-reader".into(), move || read_loop(io, &h, &tx))
             .map_err(StreamError::Io)?;
         let stop = Arc::new(AtomicBool::new(false));
         let (h, w, s) = (Arc::clone(&health), Arc::clone(&writer), Arc::clone(&stop));
-        let beat = std::thread::Builder::new()
-            .name("ctl-heartbeat".into())
-            .spawn(move || heartbeat_loop(&h, &w, &s))
-            .map_err(StreamError::Io)?;
+        let beat = spawn(&health, "ctl-heartbeat".into(), move || {
+            heartbeat_loop(&h, &w, &s)
+        })
+        .map_err(StreamError::Io)?;
         Ok(Control {
             health,
             writer,

@@ -26,7 +26,8 @@ use crate::error::MigrationError;
 use crate::wire::StreamError;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Which end of the migration this is.
@@ -67,6 +68,24 @@ pub struct Health {
     last_heard_ns: AtomicU64,
     /// When the receiving end's data count last moved (ns since epoch).
     last_moved_ns: AtomicU64,
+}
+
+/// Spawns one of a migration's threads, named `name`. Should it panic (a
+/// bug), the panic becomes the migration's failure, naming the thread:
+/// the other threads then stop at once, where they would otherwise wait
+/// on a thread that is gone until the stall timeout, and report a stall.
+pub(crate) fn spawn(
+    health: &Arc<Health>,
+    name: String,
+    body: impl FnOnce() + Send + 'static,
+) -> std::io::Result<JoinHandle<()>> {
+    let health = Arc::clone(health);
+    let thread = name.clone();
+    std::thread::Builder::new().name(name).spawn(move || {
+        if let Some(message) = ferry_backend::catch_panic(body) {
+            health.fail(MigrationError::Panicked { thread, message });
+        }
+    })
 }
 
 /// A broken or closed connection: often the peer's doing.
@@ -318,6 +337,21 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_that_panics_fails_the_migration_naming_itself() {
+        let h = Arc::new(Health::new(Side::Destination, Duration::from_secs(10)));
+        let fine = spawn(&h, "place-1".into(), || {}).unwrap();
+        fine.join().unwrap();
+        assert!(h.check().is_ok());
+        let n = 3;
+        let broken = spawn(&h, "recv-2".into(), move || panic!("frame {n} is odd")).unwrap();
+        assert!(broken.join().is_ok(), "the panic is caught on the thread");
+        assert!(h.is_failed());
+        let why = h.settle(MigrationError::Aborted).to_string();
+        assert!(why.contains("recv-2 thread panicked"), "{why}");
+        assert!(why.contains("frame 3 is odd"), "{why}");
+    }
 
     #[test]
     fn the_peers_reason_outranks_what_this_side_saw() {
