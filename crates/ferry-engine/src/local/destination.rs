@@ -66,14 +66,7 @@ pub fn await_local(
         source,
     })?;
     let start = Instant::now();
-    stream
-        .set_read_timeout(Some(opts.timeout))
-        .and_then(|()| stream.set_write_timeout(Some(opts.timeout)))
-        .map_err(|source| LocalError::Socket {
-            what: "set a timeout on",
-            message: "the socket",
-            source,
-        })?;
+    message::set_timeouts(&stream, opts.timeout)?;
     let offer = message::recv(&stream)?;
     let refuse = |stream: &UnixStream, why: String| {
         let _ = message::send(

@@ -120,6 +120,19 @@ pub fn dirty_from(blob: &[u8], pages: u64) -> Result<ferry_backend::DirtyPages, 
     Ok(dirty)
 }
 
+/// Bounds every read and write on `stream` by `timeout`, so that a peer
+/// that stops answering is an error, not a hang.
+pub fn set_timeouts(stream: &UnixStream, timeout: std::time::Duration) -> Result<(), LocalError> {
+    stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(|source| LocalError::Socket {
+            what: "set a timeout on",
+            message: "the socket",
+            source,
+        })
+}
+
 /// Sends `head` with `blobs`, and `fds` on its first byte.
 pub fn send(
     stream: &UnixStream,

@@ -47,14 +47,7 @@ pub fn migrate_local(
         path: socket.into(),
         source,
     })?;
-    stream
-        .set_read_timeout(Some(opts.timeout))
-        .and_then(|()| stream.set_write_timeout(Some(opts.timeout)))
-        .map_err(|source| LocalError::Socket {
-            what: "set a timeout on",
-            message: "the socket",
-            source,
-        })?;
+    message::set_timeouts(&stream, opts.timeout)?;
     dirty_logs::start(vm)?;
     vm.migration_event(Lifecycle::Started);
     let mut summary = LocalSummary::new(vm.vmm_id(), ram.size(), files.len());
