@@ -3,6 +3,7 @@
 
 use clap::{Args, ValueEnum};
 use ferry_backend::{Backing, DirtyTracking};
+use ferry_engine::precopy::Placement;
 use ferry_memstress::Fill;
 use ferry_memstress::{AccessOrder, BackendKind, VmConfig, Workload};
 use ferry_soft::{Iteration, LeafSize, Mechanisms, SplitMode, WriteProtect};
@@ -126,6 +127,62 @@ pub enum TrackingMode {
     Ring,
 }
 
+/// How a destination places received pages and serves postcopy faults:
+/// `ferry receive`'s flags, which `ferry demo` passes on to the destination
+/// it starts.
+#[derive(Args, Debug, Clone)]
+pub struct PagingArgs {
+    /// How received pages land in untouched guest memory: uffd (UFFDIO_COPY,
+    /// no zeroing first; falls back to write where unavailable and on
+    /// hugetlb) or write (a plain copy, after the kernel zeroes the page).
+    #[arg(long, default_value = "uffd", value_parser = clap::value_parser!(Placement))]
+    pub placement: Placement,
+    /// Postcopy: pages asked for per fault, the faulting page and the
+    /// missing ones right after it (1 = no prefetch).
+    #[arg(long, default_value_t = ferry_engine::postcopy::DEFAULT_PREFETCH,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub prefetch: u32,
+    /// Postcopy: how a vCPU's touch of a missing page reaches the pager.
+    /// auto: the vCPU asks for the page itself where the backend has
+    /// annotated memory-fault exits (soft), else userfaultfd (kvm here).
+    /// userfaultfd: always through the kernel and one handler thread (the
+    /// seed's baseline, to compare).
+    #[arg(long = "fault-path", default_value = "auto", value_parser = ["auto", "userfaultfd"])]
+    pub fault_path: String,
+    /// Postcopy over userfaultfd: handler threads reading its fault events.
+    /// More serve a burst of faults from several vCPUs in parallel; on a
+    /// host with few cores they compete with the vCPUs for CPU.
+    #[arg(long = "fault-handlers", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub fault_handlers: u16,
+    /// Postcopy over userfaultfd: the handler threads spin on it instead
+    /// of sleeping in poll. Waking an idle CPU dominates a fault's latency
+    /// on nested hosts; spinning removes it but takes a core per handler,
+    /// which on a 2-core host the vCPUs miss.
+    #[arg(long = "busy-poll")]
+    pub busy_poll: bool,
+}
+
+impl PagingArgs {
+    /// The same flags, for a `ferry receive` this process starts.
+    pub fn receive_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--placement".to_string(),
+            self.placement.name().to_string(),
+            "--prefetch".to_string(),
+            self.prefetch.to_string(),
+            "--fault-path".to_string(),
+            self.fault_path.clone(),
+            "--fault-handlers".to_string(),
+            self.fault_handlers.to_string(),
+        ];
+        if self.busy_poll {
+            args.push("--busy-poll".to_string());
+        }
+        args
+    }
+}
+
 /// Which backend runs the VM and how.
 #[derive(Args, Debug, Clone)]
 pub struct BackendArgs {
@@ -239,6 +296,36 @@ impl BackendArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `ferry demo` hands its destination parses back to the same
+    /// settings.
+    #[test]
+    fn paging_flags_pass_on_unchanged() {
+        #[derive(clap::Parser, Debug)]
+        struct Cli {
+            #[command(flatten)]
+            paging: PagingArgs,
+        }
+        use clap::Parser;
+        for given in [
+            &["x"][..],
+            &[
+                "x",
+                "--placement",
+                "write",
+                "--prefetch",
+                "16",
+                "--fault-path",
+                "userfaultfd",
+            ],
+            &["x", "--fault-handlers", "3", "--busy-poll"],
+        ] {
+            let first = Cli::try_parse_from(given).unwrap().paging;
+            let passed = std::iter::once("x".to_string()).chain(first.receive_args());
+            let again = Cli::try_parse_from(passed).unwrap().paging;
+            assert_eq!(format!("{first:?}"), format!("{again:?}"), "{given:?}");
+        }
+    }
 
     #[test]
     fn sizes_parse() {

@@ -216,14 +216,23 @@ pub enum Placement {
     Write,
 }
 
+impl Placement {
+    /// Its name on a command line (`uffd`, `write`), which `parse` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Uffd => "uffd",
+            Placement::Write => "write",
+        }
+    }
+}
+
 impl std::str::FromStr for Placement {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "uffd" => Ok(Placement::Uffd),
-            "write" => Ok(Placement::Write),
-            _ => Err(format!("unknown placement {s:?} (uffd, write)")),
-        }
+        [Placement::Uffd, Placement::Write]
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown placement {s:?} (uffd, write)"))
     }
 }
 

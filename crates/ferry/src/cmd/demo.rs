@@ -4,7 +4,7 @@
 
 use super::migrate::{boot_and_migrate, finish, MigrationArgs};
 use super::CmdError;
-use crate::args::{BackendArgs, WorkloadArgs};
+use crate::args::{BackendArgs, PagingArgs, WorkloadArgs};
 use crate::netns::{LinkShape, NetnsPair, DEST_ADDR};
 use crate::vms;
 use clap::Args;
@@ -32,27 +32,10 @@ pub struct DemoArgs {
     /// Give --rate-limit to cap the guest instead.
     #[arg(long, conflicts_with = "rate_limit_mib_s")]
     pub unthrottled: bool,
-    /// How the destination places received pages (see `ferry receive --help`).
-    #[arg(long, default_value = "uffd", value_parser = ["uffd", "write"])]
-    pub placement: String,
-    /// Postcopy: pages the destination asks for per fault (see `ferry
-    /// receive --help`).
-    #[arg(long, default_value_t = ferry_engine::postcopy::DEFAULT_PREFETCH,
-          value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub prefetch: u32,
-    /// Postcopy: how the destination's vCPUs reach missing pages (see
-    /// `ferry receive --help`).
-    #[arg(long = "fault-path", default_value = "auto", value_parser = ["auto", "userfaultfd"])]
-    pub fault_path: String,
-    /// Postcopy: the destination's userfaultfd handler threads (see `ferry
-    /// receive --help`).
-    #[arg(long = "fault-handlers", default_value_t = 1,
-          value_parser = clap::value_parser!(u16).range(1..=16))]
-    pub fault_handlers: u16,
-    /// Postcopy: the destination's handlers spin instead of sleeping (see
-    /// `ferry receive --help`).
-    #[arg(long = "busy-poll")]
-    pub busy_poll: bool,
+    /// The destination's placement and postcopy paging, as `ferry receive`
+    /// takes them.
+    #[command(flatten)]
+    pub paging: PagingArgs,
     /// Run every connection over mutual TLS, with a throwaway CA and
     /// certificate written for this run (or the ones in --tls-dir).
     #[arg(long)]
@@ -249,11 +232,7 @@ fn spawn_destination(a: &DemoArgs, netns: Option<&NetnsPair>) -> Result<Destinat
     .args(["--backing", &a.backend.backing])
     .args(["--run-after", &a.run_after.to_string()])
     .args(["--stall-timeout", &a.migration.stall_timeout_s.to_string()])
-    .args(["--placement", &a.placement])
-    .args(["--prefetch", &a.prefetch.to_string()])
-    .args(["--fault-path", &a.fault_path])
-    .args(["--fault-handlers", &a.fault_handlers.to_string()])
-    .args(a.busy_poll.then_some("--busy-poll"))
+    .args(a.paging.receive_args())
     .args([
         "--recover-timeout",
         &a.migration.recover_timeout_s.to_string(),

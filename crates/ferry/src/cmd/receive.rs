@@ -2,12 +2,11 @@
 //! keeps running the guest.
 
 use super::CmdError;
-use crate::args::{parse_size, BackendArgs};
+use crate::args::{parse_size, BackendArgs, PagingArgs};
 use crate::vms;
 use clap::Args;
 use ferry_backend::types::human_bytes;
 use ferry_backend::{error_chain as chain, BackendError, Vm};
-use ferry_engine::precopy::Placement;
 use ferry_engine::wire::StreamHeader;
 use ferry_engine::{ExpectedVm, Listen, MigrationError, ReceiveOptions, Status, TransportError};
 use ferry_memstress::{MemstressProbe, VmConfig};
@@ -52,35 +51,8 @@ pub struct ReceiveArgs {
     /// guest is started here then).
     #[arg(long = "stall-timeout", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub stall_timeout_s: u64,
-    /// How received pages land in untouched guest memory: uffd (UFFDIO_COPY,
-    /// no zeroing first; falls back to write where unavailable and on
-    /// hugetlb) or write (a plain copy, after the kernel zeroes the page).
-    #[arg(long, default_value = "uffd", value_parser = clap::value_parser!(Placement))]
-    pub placement: Placement,
-    /// Postcopy: pages asked for per fault, the faulting page and the
-    /// missing ones right after it (1 = no prefetch).
-    #[arg(long, default_value_t = ferry_engine::postcopy::DEFAULT_PREFETCH,
-          value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub prefetch: u32,
-    /// Postcopy: how a vCPU's touch of a missing page reaches the pager.
-    /// auto: the vCPU asks for the page itself where the backend has
-    /// annotated memory-fault exits (soft), else userfaultfd (kvm here).
-    /// userfaultfd: always through the kernel and one handler thread (the
-    /// seed's baseline, to compare).
-    #[arg(long = "fault-path", default_value = "auto", value_parser = ["auto", "userfaultfd"])]
-    pub fault_path: String,
-    /// Postcopy over userfaultfd: handler threads reading its fault events.
-    /// More serve a burst of faults from several vCPUs in parallel; on a
-    /// host with few cores they compete with the vCPUs for CPU.
-    #[arg(long = "fault-handlers", default_value_t = 1,
-          value_parser = clap::value_parser!(u16).range(1..=16))]
-    pub fault_handlers: u16,
-    /// Postcopy over userfaultfd: the handler threads spin on it instead
-    /// of sleeping in poll. Waking an idle CPU dominates a fault's latency
-    /// on nested hosts; spinning removes it but takes a core per handler,
-    /// which on a 2-core host the vCPUs miss.
-    #[arg(long = "busy-poll")]
-    pub busy_poll: bool,
+    #[command(flatten)]
+    pub paging: PagingArgs,
     /// Postcopy: when the connections break after the switchover, run the
     /// guest on and wait this many seconds for the source to reconnect
     /// (`ferry migrate` retries for its own --recover-timeout). 0: give up
@@ -168,12 +140,12 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         }),
         verify_before_resume: a.verify_before_resume,
         stall_timeout: Duration::from_secs(a.stall_timeout_s),
-        placement: a.placement,
-        prefetch: a.prefetch,
+        placement: a.paging.placement,
+        prefetch: a.paging.prefetch,
         recover_timeout: Duration::from_secs(a.recover_timeout_s),
-        vcpu_fault_exits: a.fault_path == "auto",
-        fault_handlers: usize::from(a.fault_handlers),
-        fault_busy_poll: a.busy_poll,
+        vcpu_fault_exits: a.paging.fault_path == "auto",
+        fault_handlers: usize::from(a.paging.fault_handlers),
+        fault_busy_poll: a.paging.busy_poll,
         probe: Some(Arc::new(MemstressProbe)),
     };
     let memory = a.memory;

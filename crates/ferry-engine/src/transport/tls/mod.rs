@@ -477,7 +477,9 @@ mod tests {
         let ring = rustls::crypto::ring::default_provider().cipher_suites;
         assert_eq!(ours[0].suite(), TLS13_AES_128_GCM_SHA256.suite());
         assert_eq!(ours.len(), ring.len());
-        assert!(ring.iter().all(|s| ours.iter().any(|o| o.suite() == s.suite())));
+        assert!(ring
+            .iter()
+            .all(|s| ours.iter().any(|o| o.suite() == s.suite())));
     }
 
     #[test]
