@@ -286,7 +286,9 @@ impl Vm for MiniVm {
         // vCPU's exits, so a parked vCPU leaves them idle.
         self.vcpu.pause();
         self.running = false;
-        Ok(())
+        // A vCPU that failed is out of KVM_RUN too, but its state is not a
+        // guest's to save or move.
+        self.check_health()
     }
     fn is_running(&self) -> bool {
         self.running

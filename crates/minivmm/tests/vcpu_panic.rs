@@ -1,6 +1,6 @@
 //! A panic on minivmm's vCPU thread (here in the console sink the VMM
 //! handed it) fails the vCPU with the panic's message, and a pause still
-//! returns. Before, the thread died "running" and the pause waited for it
+//! returns, with that failure. Before, the thread died "running" and the pause waited for it
 //! for ever.
 
 use ferry_engine::vmm::{error_chain, Backing, Vm};
@@ -58,20 +58,20 @@ fn a_vcpu_thread_that_panics_fails_the_vcpu_and_a_pause_still_returns() {
         "{why}"
     );
 
-    // The pause returns. It runs on a thread so that a regression fails
-    // here instead of hanging the test binary.
+    // The pause returns, with the failure: a failed vCPU is no guest to
+    // save. It runs on a thread so that a regression fails here instead of
+    // hanging the test binary.
     let (done, paused) = mpsc::channel();
     let pauser = std::thread::spawn(move || {
         let result = vm.pause().map_err(|e| error_chain(&e));
         let _ = done.send(result);
         vm
     });
-    let result = paused.recv_timeout(Duration::from_secs(60));
-    assert_eq!(
-        result,
-        Ok(Ok(())),
-        "a pause of the failed vCPU did not return"
-    );
+    let result = paused
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a pause of the failed vCPU did not return");
+    let why = result.expect_err("a pause of a failed vCPU reports the failure");
+    assert!(why.contains("the console sink broke"), "{why}");
     // Dropping the VM joins its vCPU thread.
     drop(pauser.join().unwrap());
     let _ = std::fs::remove_file(path);

@@ -128,6 +128,12 @@ impl Source<'_> {
                 .map_err(MigrationError::backend("pause the guest for switchover"))?;
             self.paused_by_us = true;
         }
+        // A vCPU that failed since the last round's check (a VMM's pause
+        // may return once it is out of KVM_RUN, failed or not) is no guest
+        // to move.
+        self.vm
+            .check_health()
+            .map_err(MigrationError::backend("pause the guest for switchover"))?;
         self.summary.pause_ms = ms(paused_at.elapsed());
         super::probe_paused(&*self.vm, self.opts, &mut self.summary)?;
         let sections = self

@@ -10,7 +10,9 @@
 //!
 //! ```text
 //!   rank 3  the peer's Error frame (it says why)
-//!   rank 2  a stall: no progress from the peer for the stall timeout
+//!   rank 2  a stall: no progress from the peer for the stall timeout;
+//!           or a panic on one of this side's threads (the other threads'
+//!           errors, a closed channel or link, follow from it)
 //!   rank 1  anything this side saw itself (I/O, protocol, backend, cancel)
 //! ```
 //!
@@ -100,7 +102,7 @@ pub fn is_link_failure(e: &MigrationError) -> bool {
 fn rank(e: &MigrationError) -> u8 {
     match e {
         MigrationError::Peer { .. } => 3,
-        MigrationError::Stalled { .. } => 2,
+        MigrationError::Stalled { .. } | MigrationError::Panicked { .. } => 2,
         MigrationError::Aborted => 0,
         _ => 1,
     }
@@ -172,7 +174,12 @@ impl Health {
             return;
         }
         let r = rank(&e);
-        let local = r <= 1;
+        // This side's own failure, which it still reports to the peer on
+        // the control connection.
+        let local = !matches!(
+            e,
+            MigrationError::Peer { .. } | MigrationError::Stalled { .. }
+        );
         {
             let mut slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
             match &*slot {
@@ -348,7 +355,9 @@ mod tests {
         let broken = spawn(&h, "recv-2".into(), move || panic!("frame {n} is odd")).unwrap();
         assert!(broken.join().is_ok(), "the panic is caught on the thread");
         assert!(h.is_failed());
-        let why = h.settle(MigrationError::Aborted).to_string();
+        // What another thread saw of it (its channel closed) does not hide it.
+        let sibling = MigrationError::Closed { peer: "source" };
+        let why = h.settle(sibling).to_string();
         assert!(why.contains("recv-2 thread panicked"), "{why}");
         assert!(why.contains("frame 3 is odd"), "{why}");
     }

@@ -162,7 +162,10 @@ impl DirtyRing {
 
     /// [`Self::collect`], for a caller that holds the gate shared.
     fn collect_in_gate(&self) -> u32 {
-        let mut fetch = self.fetch.lock().expect("dirty ring lock");
+        let mut fetch = self
+            .fetch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut n = 0;
         loop {
             let idx = (*fetch % self.count) as usize;
