@@ -33,6 +33,9 @@ fn bench_link_measures_the_placed_ceiling_and_verifies_every_cell() {
     for key in ["loopback_gib_s", "placed_floor_gib_s", "first_pass_gib_s"] {
         assert!(j[key].as_f64().unwrap_or(0.0) > 0.0, "{key}: {j}");
     }
+    let f = |key: &str| j[key].as_f64().unwrap_or(0.0);
+    let vs_floor = f("first_pass_gib_s") / f("placed_floor_gib_s");
+    assert!((f("vs_placed_floor") - vs_floor).abs() < 1e-9, "{j}");
     let written: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(out_dir.join("link.json")).expect("link.json written"),
     )

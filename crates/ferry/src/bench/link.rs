@@ -9,6 +9,7 @@
 //!   raw loopback TCP, placed: the same, each receiver placing what it reads
 //!     with UFFDIO_COPY: the ceiling of any destination that does not zero first
 //!   ratio = first-pass GiB/s of guest memory ÷ raw loopback GiB/s with the same N
+//!   vs_placed_floor = first-pass GiB/s ÷ raw loopback placed, with the same N
 //!   with and without mutual TLS (`demo --tls`: a throwaway CA per cell)
 //! ```
 //!
@@ -561,6 +562,9 @@ pub fn summary_json(r: &LinkResults) -> serde_json::Value {
         "placed_floor_gib_s": floor.map(|c| c.gib_s),
         "first_pass_gib_s": best.map(|c| c.gib_s),
         "ratio": best.map(|c| c.vs_raw),
+        // How close the first pass comes to the ceiling of any destination
+        // that places with UFFDIO_COPY: what ferry's own work costs.
+        "vs_placed_floor": best.zip(floor).map(|(b, f)| b.gib_s / f.gib_s),
         "best": best,
     })
 }
