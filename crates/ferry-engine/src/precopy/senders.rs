@@ -252,7 +252,9 @@ impl Senders {
     }
 
     fn broken(&self) -> MigrationError {
-        // A sender only drops its lane after recording why in Health.
+        // A sender only drops its lane after recording why in Health; one
+        // that panics records it as its thread ends, and the source joins
+        // the senders before it settles the error.
         MigrationError::Aborted
     }
 }
