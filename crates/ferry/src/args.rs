@@ -135,7 +135,7 @@ pub struct PagingArgs {
     /// How received pages land in untouched guest memory: uffd (UFFDIO_COPY,
     /// no zeroing first; falls back to write where unavailable and on
     /// hugetlb) or write (a plain copy, after the kernel zeroes the page).
-    #[arg(long, default_value = "uffd", value_parser = clap::value_parser!(Placement))]
+    #[arg(long, default_value = "uffd", value_parser = placement_parser())]
     pub placement: Placement,
     /// Postcopy: pages asked for per fault, the faulting page and the
     /// missing ones right after it (1 = no prefetch).
@@ -161,6 +161,14 @@ pub struct PagingArgs {
     /// which on a 2-core host the vCPUs miss.
     #[arg(long = "busy-poll")]
     pub busy_poll: bool,
+}
+
+/// `--placement`'s values, listed in `--help` and in the error for a bad one.
+fn placement_parser() -> impl clap::builder::TypedValueParser<Value = Placement> {
+    use clap::builder::TypedValueParser;
+    let names = [Placement::Uffd, Placement::Write].map(Placement::name);
+    clap::builder::PossibleValuesParser::new(names)
+        .map(|s| s.parse::<Placement>().expect("a listed placement parses"))
 }
 
 impl PagingArgs {
