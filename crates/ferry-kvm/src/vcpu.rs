@@ -203,6 +203,7 @@ impl VcpuShared {
     pub fn lock_fd(&self) -> MutexGuard<'_, VcpuFd> {
         self.fd.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
     /// Whether the vCPU is in (or entering) KVM_RUN.
     pub fn is_running(&self) -> bool {
         *self.lock_state() == VcpuState::Running

@@ -166,8 +166,7 @@ pub struct PagingArgs {
 /// `--placement`'s values, listed in `--help` and in the error for a bad one.
 fn placement_parser() -> impl clap::builder::TypedValueParser<Value = Placement> {
     use clap::builder::TypedValueParser;
-    let names = [Placement::Uffd, Placement::Write].map(Placement::name);
-    clap::builder::PossibleValuesParser::new(names)
+    clap::builder::PossibleValuesParser::new(Placement::ALL.map(Placement::name))
         .map(|s| s.parse::<Placement>().expect("a listed placement parses"))
 }
 

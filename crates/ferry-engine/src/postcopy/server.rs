@@ -120,8 +120,7 @@ impl PageServer {
             served.arm(round, missing);
         }
         let s = Arc::clone(&served);
-        let guard = Arc::clone(&health);
-        let handle = spawn(&guard, "page-server".into(), move || {
+        let handle = spawn(&Arc::clone(&health), "page-server".into(), move || {
             match serve(io, &s, &health, &bucket) {
                 // The destination closes the priority connection when it
                 // has every page, perhaps while an answer is on its way.

@@ -217,6 +217,9 @@ pub enum Placement {
 }
 
 impl Placement {
+    /// Every placement, for parsers and their help.
+    pub const ALL: [Placement; 2] = [Placement::Uffd, Placement::Write];
+
     /// Its name on a command line (`uffd`, `write`), which `parse` takes.
     pub fn name(self) -> &'static str {
         match self {
@@ -229,10 +232,13 @@ impl Placement {
 impl std::str::FromStr for Placement {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        [Placement::Uffd, Placement::Write]
+        Placement::ALL
             .into_iter()
             .find(|p| p.name() == s)
-            .ok_or_else(|| format!("unknown placement {s:?} (uffd, write)"))
+            .ok_or_else(|| {
+                let names = Placement::ALL.map(Placement::name).join(", ");
+                format!("unknown placement {s:?} ({names})")
+            })
     }
 }
 

@@ -131,10 +131,11 @@ impl Senders {
         for (i, io) in links.into_iter().enumerate() {
             let (tx, rx) = mpsc::sync_channel(LANE_DEPTH);
             let (free, shared) = (free_tx.clone(), Arc::clone(&shared));
-            let health = Arc::clone(&shared.health);
-            let handle = spawn(&health, format!("send-{}", i + 1), move || {
-                send_loop(i, io, &rx, &free, &shared)
-            })
+            let handle = spawn(
+                &Arc::clone(&shared.health),
+                format!("send-{}", i + 1),
+                move || send_loop(i, io, &rx, &free, &shared),
+            )
             .map_err(crate::wire::StreamError::Io)?;
             lanes.push(Lane { tx, pages: 0 });
             handles.push(handle);
