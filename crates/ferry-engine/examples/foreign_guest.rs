@@ -57,27 +57,70 @@ struct Args {
     bandwidth_mib_s: u64,
 }
 
+/// `--help`'s text.
+const USAGE: &str = "\
+Migrates a VM that is not ferry's own (a memory hole, two devices) over loopback.
+
+Usage: foreign_guest [--json] [--predict] [--data-mib N] [--write-mib-s N] [--bandwidth-mib-s N]
+
+Options:
+  --json               print one JSON object as the last line of stdout
+  --predict            sample the guest's dirtying first and print the prediction beside the run
+  --data-mib N         size of the second region in MiB, rounded down to 2 MiB (default 6)
+  --write-mib-s N      cap the guest's dirtying at N MiB/s (default 0: no cap)
+  --bandwidth-mib-s N  cap the link at N MiB/s (default 0: no cap)
+  -h, --help           print this help";
+
 impl Args {
+    /// Parses the command line; `--help` prints the usage and exits 0, and
+    /// a flag this example does not know, or a bad number, exits 2 with
+    /// the reason.
     fn parse() -> Self {
-        let args: Vec<String> = std::env::args().collect();
-        let value = |flag: &str, default: u64| {
-            args.iter()
-                .position(|a| a == flag)
-                .and_then(|i| args.get(i + 1))
-                .map(|v| {
-                    v.parse()
-                        .unwrap_or_else(|_| panic!("{flag} takes a number, not {v}"))
-                })
-                .unwrap_or(default)
-        };
-        Args {
-            json: args.iter().any(|a| a == "--json"),
-            predict: args.iter().any(|a| a == "--predict"),
-            // Whole 2 MiB, as every region is.
-            data_mib: value("--data-mib", 6).max(2) & !1,
-            write_mib_s: value("--write-mib-s", 0),
-            bandwidth_mib_s: value("--bandwidth-mib-s", 0),
+        match Self::parse_from(std::env::args().skip(1)) {
+            Ok(Some(args)) => args,
+            Ok(None) => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            Err(e) => {
+                eprintln!("foreign_guest: {e}\n\n{USAGE}");
+                std::process::exit(2);
+            }
         }
+    }
+
+    /// The arguments, or `None` for `--help`.
+    fn parse_from(mut argv: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
+        let mut args = Args {
+            json: false,
+            predict: false,
+            data_mib: 6,
+            write_mib_s: 0,
+            bandwidth_mib_s: 0,
+        };
+        while let Some(flag) = argv.next() {
+            let mut number = || -> Result<u64, String> {
+                let v = argv.next().ok_or(format!("{flag} needs a number"))?;
+                // Sizes and rates in MiB up to a TiB, so none overflows in bytes.
+                match v.parse::<u64>() {
+                    Ok(n) if n <= 1 << 20 => Ok(n),
+                    _ => Err(format!(
+                        "{flag} takes a whole number up to 1048576, not {v:?}"
+                    )),
+                }
+            };
+            match flag.as_str() {
+                "-h" | "--help" => return Ok(None),
+                "--json" => args.json = true,
+                "--predict" => args.predict = true,
+                // Whole 2 MiB, as every region is.
+                "--data-mib" => args.data_mib = number()?.max(2) & !1,
+                "--write-mib-s" => args.write_mib_s = number()?,
+                "--bandwidth-mib-s" => args.bandwidth_mib_s = number()?,
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        Ok(Some(args))
     }
 }
 /// The guest's counters, in page 0.
