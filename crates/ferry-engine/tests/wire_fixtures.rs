@@ -1,0 +1,215 @@
+//! Streams recorded from earlier releases, which this destination must keep
+//! loading: the safety net under any change that moves code and claims to
+//! leave the wire alone, and the start of old-to-new interoperation.
+//!
+//! `tests/fixtures/wire-N/<case>/` holds what a source of a release speaking
+//! wire version N sent on each connection of one real migration of the test
+//! VM, in the order the connections opened (`conn-0.zst` is the control
+//! connection), zstd-compressed. The test plays each connection's bytes
+//! into a fresh destination, reading and dropping its answers, and checks
+//! that the destination loads the guest, matches the digest and runs the
+//! guest on with its own checks clean. Each `README.md` says which commit
+//! recorded it. Record a new release's streams with
+//!
+//! ```text
+//! cargo test -p ferry-engine --test wire_fixtures -- --ignored
+//! ```
+//!
+//! and keep the old ones for as long as a release must load them
+//! (`docs/design.md`).
+
+mod common;
+
+use common::{probed, quick_receive, running_source, spawn_receiver};
+use ferry_engine::precopy::Compression;
+use ferry_engine::wire::{compress::Codec, FrameKind, FrameStream, Replay, VERSION};
+use ferry_engine::{migrate_accounted, NoProgress, PrecopyOptions, TcpDialer};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The recorded cases: (directory name, source options).
+fn cases() -> Vec<(&'static str, PrecopyOptions)> {
+    vec![
+        ("precopy-1-connection", probed()),
+        ("precopy-2-connections-lz4-delta", dirty_rounds()),
+    ]
+}
+
+/// Two data connections, lz4, deltas, and a zero downtime target capped at
+/// four rounds, so that dirty rounds re-send pages as deltas and the
+/// destination verifies before it resumes.
+fn dirty_rounds() -> PrecopyOptions {
+    let opts = PrecopyOptions {
+        connections: 2,
+        compression: Compression::Fixed(Codec::Lz4),
+        delta_cache_bytes: 8 << 20,
+        verify_before_resume: true,
+        ..probed()
+    };
+    opts.tunables.set_downtime_target(Duration::ZERO);
+    opts.tunables.set_max_rounds(4);
+    opts
+}
+
+/// The kinds of the frames in one recorded source stream.
+fn frame_kinds(bytes: &[u8]) -> Vec<FrameKind> {
+    let mut stream = FrameStream::new(Replay::new(bytes.to_vec()));
+    let mut kinds = Vec::new();
+    if stream.read_preamble().is_ok() {
+        while let Ok(Some((kind, _))) = stream.read_frame_or_end() {
+            kinds.push(kind);
+        }
+    }
+    kinds
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// Every connection's bytes, source to destination, in the order the
+/// connections were accepted.
+type Recorded = Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>;
+
+/// Relays connections to `target`, recording what the source sends.
+fn recording_relay(target: String) -> (String, Recorded) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let recorded: Recorded = Arc::default();
+    let rec = Arc::clone(&recorded);
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(&target) else {
+                continue;
+            };
+            let log: Arc<Mutex<Vec<u8>>> = Arc::default();
+            rec.lock().unwrap().push(Arc::clone(&log));
+            let pipe =
+                |mut from: TcpStream, mut to: TcpStream, log: Option<Arc<Mutex<Vec<u8>>>>| {
+                    std::thread::spawn(move || {
+                        let mut buf = vec![0u8; 64 << 10];
+                        while let Ok(n) = from.read(&mut buf) {
+                            if n == 0 || to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                            if let Some(log) = &log {
+                                log.lock().unwrap().extend_from_slice(&buf[..n]);
+                            }
+                        }
+                        let _ = to.shutdown(Shutdown::Write);
+                    })
+                };
+            pipe(
+                client.try_clone().unwrap(),
+                server.try_clone().unwrap(),
+                Some(log),
+            );
+            pipe(server, client, None);
+        }
+    });
+    (addr, recorded)
+}
+
+#[test]
+#[ignore = "writes tests/fixtures/wire-VERSION: run with --ignored to record a release's streams"]
+fn record_this_releases_streams() {
+    for (name, opts) in cases() {
+        let (to, dest) = spawn_receiver(quick_receive());
+        let (addr, recorded) = recording_relay(to.0.clone());
+        let mut src = running_source();
+        let (summary, result) = migrate_accounted(&mut src, &TcpDialer(addr), &opts, &NoProgress);
+        result.unwrap();
+        assert!(summary.digest_match);
+        dest.join().unwrap().unwrap();
+        // The relay's last bytes reach its log after the destination returns.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let dir = fixtures().join(format!("wire-{VERSION}")).join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut kinds = std::collections::BTreeSet::new();
+        for (i, stream) in recorded.lock().unwrap().iter().enumerate() {
+            let bytes = stream.lock().unwrap();
+            kinds.extend(frame_kinds(&bytes).iter().map(|k| k.name()));
+            let packed = zstd::bulk::compress(&bytes, 19).unwrap();
+            std::fs::write(dir.join(format!("conn-{i}.zst")), packed).unwrap();
+        }
+        println!(
+            "recorded {name}: {} rounds, frames {kinds:?}",
+            summary.rounds.len()
+        );
+        if opts.delta_cache_bytes > 0 {
+            assert!(kinds.contains("Delta"), "no delta frame was recorded");
+        }
+    }
+}
+
+/// The recorded connections of one case, unpacked, in order.
+fn load_case(dir: &Path) -> Vec<Vec<u8>> {
+    let mut streams = Vec::new();
+    while let Ok(packed) = std::fs::read(dir.join(format!("conn-{}.zst", streams.len()))) {
+        streams.push(zstd::stream::decode_all(&packed[..]).expect("a zstd fixture"));
+    }
+    streams
+}
+
+/// Plays `streams` into a fresh destination, one connection each, opened in
+/// order; answers are read and dropped so the destination never blocks.
+/// Each connection stays open until the destination returns, as a source's
+/// does: an early end of stream is a source that went away.
+fn replay(streams: Vec<Vec<u8>>) -> common::Received {
+    let (to, dest) = spawn_receiver(quick_receive());
+    let mut readers = Vec::new();
+    let mut writers = Vec::new();
+    for bytes in streams {
+        let mut conn = TcpStream::connect(&to.0).expect("the destination listens");
+        let mut answers = conn.try_clone().unwrap();
+        readers.push(std::thread::spawn(move || {
+            let mut sink = vec![0u8; 64 << 10];
+            while matches!(answers.read(&mut sink), Ok(n) if n > 0) {}
+        }));
+        writers.push(std::thread::spawn(move || {
+            // The destination may close before the source's last heartbeat.
+            let _ = conn.write_all(&bytes);
+            conn
+        }));
+    }
+    let received = dest.join().expect("the destination thread");
+    for w in writers {
+        drop(w.join().unwrap());
+    }
+    for r in readers {
+        r.join().unwrap();
+    }
+    received
+}
+
+#[test]
+fn streams_of_earlier_releases_still_load() {
+    let mut loaded = 0;
+    let mut versions: Vec<PathBuf> = std::fs::read_dir(fixtures())
+        .expect("tests/fixtures")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    versions.sort();
+    for version in versions {
+        for (name, _) in cases() {
+            let dir = version.join(name);
+            let streams = load_case(&dir);
+            assert!(streams.len() >= 2, "{dir:?}: no recorded connections");
+            let (vm, summary) =
+                replay(streams).unwrap_or_else(|e| panic!("{dir:?} no longer loads: {e}"));
+            assert!(summary.digest_match, "{dir:?}: digest mismatch");
+            assert!(vm.is_running(), "{dir:?}: the guest did not resume");
+            assert_eq!(
+                summary.mismatches_after,
+                Some(0),
+                "{dir:?}: the guest's checks failed after the switchover"
+            );
+            loaded += 1;
+        }
+    }
+    assert!(loaded >= 2, "found only {loaded} recorded streams");
+}
