@@ -10,11 +10,21 @@
 //! tracking missed shows up as a mismatch; it does so after the destination
 //! has resumed, on [`SOURCE_DIGEST_THREADS`] threads.
 
-use crate::wire::MemoryDigest;
 use ferry_backend::{Gfn, GuestRam, RamError, PAGE_SIZE};
+use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+/// A digest of all guest memory: the page count and one xxh3-64 over the
+/// per-page hash array (see the module's docs).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MemoryDigest {
+    /// Pages covered.
+    pub pages: u64,
+    /// xxh3-64 over the per-page hash array.
+    pub value: u64,
+}
 
 /// Threads the source uses to hash its memory.
 pub const SOURCE_DIGEST_THREADS: usize = 2;

@@ -36,8 +36,8 @@ mod sample;
 mod sample_vm;
 mod share;
 mod stall;
-mod steps;
 
+pub use crate::summary::{Escalation, ThrottleStep};
 pub use auto::AutoConverge;
 pub use limit::DirtyLimitPolicy;
 pub use predict::{predict, PolicyForecast, PredictInput, Prediction};
@@ -45,7 +45,6 @@ pub use quota::QuotaPolicy;
 pub use sample::{RoundEnd, Sample};
 pub use sample_vm::{data_bytes, predict_vm, sample_dirtying, DirtySample, PredictSettings};
 pub use stall::Stall;
-pub use steps::{Escalation, ThrottleStep};
 
 pub use crate::converge_mode::ConvergeMode;
 

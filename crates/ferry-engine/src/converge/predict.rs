@@ -24,6 +24,7 @@
 //! would already say "does not converge".
 
 use super::{policy, Action, ConvergeMode, RoundEnd, Sample};
+pub use crate::summary::{PolicyForecast, Prediction};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -52,40 +53,6 @@ pub struct PredictInput {
     /// Whether the engine harvests within rounds (a page dirtied ahead of
     /// the send cursor is then not sent again).
     pub harvest_within_rounds: bool,
-}
-
-/// The outcome predicted for one policy.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct PolicyForecast {
-    /// none, auto or quota.
-    pub policy: String,
-    /// What was left fitted the downtime target before the round cap.
-    pub converges: bool,
-    /// Rounds, the stop-and-copy included.
-    pub rounds: u32,
-    /// Total migration time, ms.
-    pub total_ms: f64,
-    /// Downtime, ms.
-    pub downtime_ms: f64,
-    /// Average share of the migration a vCPU runs (not throttled), percent.
-    pub runtime_pct: f64,
-    /// Average time a vCPU spends throttled during the migration, ms: the
-    /// guest's cost of the policy, which a short migration that throttles
-    /// hard can keep below a long one that throttles less.
-    pub throttled_ms: f64,
-}
-
-/// The prediction: every policy asked for, and the one to pick.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct Prediction {
-    /// One forecast per policy.
-    pub policies: Vec<PolicyForecast>,
-    /// The policy to pick: among those that converge, the one that keeps
-    /// the guest throttled least (then the quickest); if none converges,
-    /// the one with the least downtime.
-    pub recommended: String,
-    /// Whether the link rate was known (else assumed; see the input).
-    pub link_known: bool,
 }
 
 /// Predicts each of `modes` on `input`.

@@ -3,6 +3,7 @@
 //! the report, which is read once at the very end and will grow fields.
 
 use super::{FrameKind, StreamError};
+pub use crate::digest::MemoryDigest;
 use serde::{Deserialize, Serialize};
 
 /// Flag bit: the destination verifies the digest before it resumes the guest.
@@ -19,15 +20,6 @@ pub const MAX_MISSING_RUNS: usize = 1 << 20;
 /// Most pages one page request asks for (one batch).
 pub const MAX_REQUEST_PAGES: u32 = super::MAX_BATCH_PAGES as u32;
 
-/// A digest of all guest memory: see [`crate::digest`].
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct MemoryDigest {
-    /// Pages covered.
-    pub pages: u64,
-    /// xxh3-64 over the per-page hash array.
-    pub value: u64,
-}
-
 /// What the destination reports once the migration committed.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FinalReport {
@@ -35,7 +27,7 @@ pub struct FinalReport {
     pub health: Option<String>,
     /// What postcopy did, if the migration switched to it.
     #[serde(default)]
-    pub postcopy: Option<crate::postcopy::PostcopyReport>,
+    pub postcopy: Option<crate::summary::PostcopyReport>,
 }
 
 /// A control message.

@@ -1,8 +1,12 @@
 //! What a migration reports: serialisable for `--json`, and for the converge
 //! experiment's tables.
 
-pub use crate::converge::{Escalation, ThrottleStep};
+mod converge;
+mod postcopy;
+
+pub use converge::{Escalation, PolicyForecast, Prediction, ThrottleStep};
 use ferry_backend::GuestCheck;
+pub use postcopy::PostcopyReport;
 use serde::Serialize;
 
 /// How a migration ended.
@@ -160,7 +164,7 @@ pub struct MigrationSummary {
     /// socket `set`): policy switches, throttles, quota intervals.
     pub operator_changes: Vec<Escalation>,
     /// What the prediction before the migration said, if one was made.
-    pub predicted: Option<crate::converge::Prediction>,
+    pub predicted: Option<Prediction>,
     /// Precopy converged: what was left at the end fitted the downtime
     /// target. False when the round cap forced the stop-and-copy (or the
     /// migration failed before).
@@ -245,7 +249,7 @@ pub struct ReceiveSummary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mismatches_after: Option<u64>,
     /// What postcopy did, if the migration switched to it.
-    pub postcopy: Option<crate::postcopy::PostcopyReport>,
+    pub postcopy: Option<PostcopyReport>,
 }
 
 /// Milliseconds of a duration, as f64.

@@ -1,7 +1,12 @@
 //! Errors of a migration, on either side. Stream and header errors are shown
 //! as they are: their messages are already what the user needs to read.
 
-use crate::transport::TransportError;
+mod local;
+mod transport;
+
+pub use local::LocalError;
+pub use transport::TransportError;
+
 use crate::wire::{FrameKind, HeaderError, SectionError, StreamError};
 use ferry_backend::{BackendError, RamError};
 use thiserror::Error;
@@ -195,7 +200,7 @@ pub enum MigrationError {
     Aborted,
     /// A same-host migration failed.
     #[error(transparent)]
-    Local(#[from] crate::local::LocalError),
+    Local(#[from] LocalError),
 }
 
 /// "destination refused the stream: …" or "source gave up the migration: …".

@@ -1,0 +1,73 @@
+//! What the convergence machinery predicted and did, as plain data for the
+//! summaries: each policy's forecast, each change of the throttle, and each
+//! escalation when precopy stopped converging. [`crate::converge`] makes
+//! them.
+
+use serde::Serialize;
+
+/// A change of the source's vCPU throttle.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ThrottleStep {
+    /// Milliseconds since the migration started.
+    pub at_ms: f64,
+    /// The round whose harvest led to it.
+    pub round: u32,
+    /// Time throttle of every vCPU, in percent (0 under a quota).
+    pub percent: u8,
+    /// The largest of the vCPUs' quotas, in bytes per quota interval,
+    /// under the quota policy (`None`: no quota).
+    pub quota_bytes: Option<u64>,
+    /// Each vCPU's quota in bytes per quota interval (empty: no quota).
+    pub vcpu_quota_bytes: Vec<u64>,
+    /// The quota's refill interval in milliseconds (`None`: no quota).
+    pub quota_interval_ms: Option<f64>,
+    /// Each vCPU's dirty-rate limit in bytes per second, under the
+    /// dirty-limit policy (`None`: no limit).
+    pub limit_bytes_per_sec: Option<u64>,
+}
+
+/// A step the engine took because precopy stopped converging, or one an
+/// operator asked for.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Escalation {
+    /// Milliseconds since the migration started.
+    pub at_ms: f64,
+    /// The round after which it happened.
+    pub round: u32,
+    /// What was done, in words.
+    pub what: String,
+}
+
+/// The outcome predicted for one policy.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PolicyForecast {
+    /// none, auto or quota.
+    pub policy: String,
+    /// What was left fitted the downtime target before the round cap.
+    pub converges: bool,
+    /// Rounds, the stop-and-copy included.
+    pub rounds: u32,
+    /// Total migration time, ms.
+    pub total_ms: f64,
+    /// Downtime, ms.
+    pub downtime_ms: f64,
+    /// Average share of the migration a vCPU runs (not throttled), percent.
+    pub runtime_pct: f64,
+    /// Average time a vCPU spends throttled during the migration, ms: the
+    /// guest's cost of the policy, which a short migration that throttles
+    /// hard can keep below a long one that throttles less.
+    pub throttled_ms: f64,
+}
+
+/// The prediction: every policy asked for, and the one to pick.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Prediction {
+    /// One forecast per policy.
+    pub policies: Vec<PolicyForecast>,
+    /// The policy to pick: among those that converge, the one that keeps
+    /// the guest throttled least (then the quickest); if none converges,
+    /// the one with the least downtime.
+    pub recommended: String,
+    /// Whether the link rate was known (else assumed; see the input).
+    pub link_known: bool,
+}
