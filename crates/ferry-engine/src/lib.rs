@@ -41,6 +41,7 @@ mod page_xxh3;
 pub mod postcopy;
 pub mod precopy;
 pub mod progress;
+mod session;
 pub mod summary;
 pub mod transport;
 pub mod tunables;

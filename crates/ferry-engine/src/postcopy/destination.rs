@@ -6,7 +6,7 @@
 use super::pager::Pager;
 use super::{recoverable, PostcopyReport};
 use crate::error::MigrationError;
-use crate::precopy::{unexpected, Dest, ReceiveOptions};
+use crate::session::{unexpected, Dest, ReceiveOptions};
 use crate::summary::ms;
 use crate::transport::Listen;
 use crate::wire::{MemoryDigest, Message};

@@ -19,9 +19,12 @@
 //!            ◄────────────────────────────────────── Verified           per-page hashes
 //! ```
 //!
-//! * [`server`]: the source's page server, and the order of the push.
-//! * [`pager`]: the destination's fault handler and priority reader.
-//! * `source`, `destination`: the switchover of each side.
+//! * `pager`: the destination's fault handlers and priority reader.
+//! * `source`, `destination`: the switchover of each side, and the push.
+//! * `recovery`, `resume`: reconnecting after a cut.
+//! * The source's page server, the destination's page requests and the
+//!   hugetlb staging sit in `crate::session`, since the connection set and
+//!   the memory image that both modes use hold them.
 //!
 //! **Placed exactly once.** Every missing page lands with `UFFDIO_COPY`,
 //! which fails with EEXIST if the page is there already: a request's answer
@@ -38,112 +41,14 @@
 //! meanwhile, so the destination's memory itself has moved on.
 
 mod destination;
-pub(crate) mod huge;
 pub(crate) mod pager;
 mod recovery;
 mod resume;
 
 pub use resume::resume_postcopy;
-pub(crate) mod server;
 mod source;
 
-pub use pager::DEFAULT_PREFETCH;
-
-/// How long either side tries to recover a postcopy whose connections
-/// broke before it gives up.
-pub const DEFAULT_RECOVER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// How a migration moves memory.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub enum Mode {
-    /// Rounds while the guest runs, then stop-and-copy.
-    #[default]
-    Precopy,
-    /// Switch over at once; every page is fetched on demand or pushed.
-    Postcopy,
-    /// Precopy for `after_rounds` rounds (the full pass is the first),
-    /// or until precopy stalls if `on_stall`, then postcopy, unless
-    /// precopy converged first.
-    Hybrid {
-        /// Precopy rounds before the switch, at least 1.
-        after_rounds: u32,
-        /// Switch as soon as the stall detector says precopy will not
-        /// finish (the remaining bytes stopped shrinking), instead of
-        /// escalating.
-        on_stall: bool,
-    },
-}
-
-impl Mode {
-    /// The name used in summaries and on the command line.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Mode::Precopy => "precopy",
-            Mode::Postcopy => "postcopy",
-            Mode::Hybrid { .. } => "hybrid",
-        }
-    }
-
-    /// Whether the migration may switch to postcopy (and so opens the
-    /// priority connection).
-    pub fn may_postcopy(&self) -> bool {
-        *self != Mode::Precopy
-    }
-
-    /// Whether precopy hands over to postcopy after `rounds` rounds.
-    pub fn switch_after(&self, rounds: u32) -> bool {
-        match self {
-            Mode::Precopy => false,
-            Mode::Postcopy => true,
-            Mode::Hybrid { after_rounds, .. } => rounds >= (*after_rounds).max(1),
-        }
-    }
-
-    /// Whether a precopy stall switches to postcopy.
-    pub fn switch_on_stall(&self) -> bool {
-        matches!(self, Mode::Hybrid { on_stall: true, .. })
-    }
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-    /// `precopy`, `postcopy`, or `hybrid` (switching after the full pass;
-    /// set `after_rounds` for more).
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "precopy" => Ok(Mode::Precopy),
-            "postcopy" => Ok(Mode::Postcopy),
-            "hybrid" => Ok(Mode::Hybrid {
-                after_rounds: 1,
-                on_stall: false,
-            }),
-            _ => Err(format!(
-                "unknown mode '{s}': expected precopy, postcopy or hybrid"
-            )),
-        }
-    }
-}
-
-impl Mode {
-    /// This mode, if hybrid switching after `rounds` precopy rounds, and on
-    /// a stall if `on_stall`. Without `rounds`: after the full pass, or
-    /// only on a stall (or at the round cap) if `on_stall`.
-    pub fn with_switch(self, rounds: Option<u32>, on_stall: bool) -> Self {
-        match self {
-            Mode::Hybrid { .. } => Mode::Hybrid {
-                after_rounds: rounds.unwrap_or(if on_stall { u32::MAX } else { 1 }).max(1),
-                on_stall,
-            },
-            m => m,
-        }
-    }
-}
-
-impl std::fmt::Display for Mode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use crate::session::{Mode, DEFAULT_PREFETCH, DEFAULT_RECOVER_TIMEOUT};
 
 pub use crate::summary::PostcopyReport;
 

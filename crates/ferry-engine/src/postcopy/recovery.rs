@@ -22,7 +22,7 @@
 //! reports how many pages, and which ranges, only the source held.
 
 use crate::error::MigrationError;
-use crate::precopy::{unexpected, Dest, Source};
+use crate::session::{unexpected, Dest, Source};
 use crate::transport::{accept_channel, open_channel, Control, Dial, Health, Listen, Side};
 use crate::wire::control::{Hello, MAX_MISSING_RUNS};
 use crate::wire::{FrameKind, Message, StreamError};

@@ -11,8 +11,8 @@
 use super::recovery::RETRY_PAUSE;
 use super::PostcopyResume;
 use crate::error::MigrationError;
-use crate::precopy::{fresh_summary, Migrating, PrecopyOptions, Source};
 use crate::progress::{Phase, Progress};
+use crate::session::{fresh_summary, Migrating, PrecopyOptions, Source};
 use crate::summary::{ms, MigrationSummary};
 use crate::transport::{open_channel, Control, Dial, Health, Side};
 use crate::wire::control::Hello;
@@ -54,7 +54,7 @@ pub fn resume_postcopy(
         return (summary, Err(e));
     }
     // Paused since the switchover: its counters are those of the pause.
-    if let Err(e) = crate::precopy::probe_paused(vm, opts, &mut summary) {
+    if let Err(e) = crate::session::probe_paused(vm, opts, &mut summary) {
         let r = failed(&mut summary, e);
         return (summary, r);
     }

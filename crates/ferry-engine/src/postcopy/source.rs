@@ -3,8 +3,8 @@
 
 use super::recoverable;
 use crate::error::MigrationError;
-use crate::precopy::{ship, unexpected, Source};
 use crate::progress::Phase;
+use crate::session::{ship, unexpected, Source};
 use crate::summary::RoundKind;
 use crate::transport::Dial;
 use crate::wire::control::Hello;

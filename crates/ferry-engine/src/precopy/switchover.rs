@@ -1,14 +1,14 @@
-//! The source's switchover: pause, send what is left, hand over, verify the
-//! digest, then commit (stay paused) or roll back (run again). See the
-//! module docs of [`super`] for why the digest is checked after resume.
+//! Precopy's switchover: pause, send the final round and the vCPU state,
+//! hand over, verify the digest, then commit (stay paused) or roll back (run
+//! again). See the module docs of [`super`] for why the digest is checked
+//! after resume; the steps it shares with postcopy are in
+//! `crate::session`'s `switchover.rs`.
 
-use super::source::Source;
-use super::unexpected;
-use crate::digest::{memory_digest, SOURCE_DIGEST_THREADS};
 use crate::error::MigrationError;
 use crate::progress::Phase;
-use crate::summary::{ms, RoundKind, Status};
-use crate::wire::{FrameKind, MemoryDigest, Message};
+use crate::session::{unexpected, Source};
+use crate::summary::{RoundKind, Status};
+use crate::wire::Message;
 use ferry_backend::DirtyPages;
 use std::time::{Duration, Instant};
 
@@ -113,117 +113,5 @@ impl Source<'_> {
         }
         self.collect_report();
         Ok(())
-    }
-
-    /// Pauses the guest for a switchover (precopy or postcopy), reads its
-    /// probe, if the VMM gave one, and saves the devices' sections (before
-    /// the final harvest: saving may write guest memory). Returns when the
-    /// pause began.
-    pub(crate) fn pause_for_switchover(&mut self) -> Result<Instant, MigrationError> {
-        self.progress.phase(Phase::Switchover);
-        let paused_at = Instant::now();
-        if self.vm.is_running() {
-            self.vm
-                .pause()
-                .map_err(MigrationError::backend("pause the guest for switchover"))?;
-            self.paused_by_us = true;
-        }
-        // A vCPU that failed since the last round's check (a VMM's pause
-        // may return once it is out of KVM_RUN, failed or not) is no guest
-        // to move.
-        self.vm
-            .check_health()
-            .map_err(MigrationError::backend("pause the guest for switchover"))?;
-        self.summary.pause_ms = ms(paused_at.elapsed());
-        super::probe_paused(&*self.vm, self.opts, &mut self.summary)?;
-        let sections = self
-            .vm
-            .save_sections()
-            .map_err(MigrationError::backend("save the devices' state sections"))?;
-        self.sections = Some(crate::wire::sections::encode(&sections));
-        Ok(paused_at)
-    }
-
-    /// Saves the paused vCPUs' state and sends it to the destination, with
-    /// the sections saved at the pause.
-    pub(crate) fn send_vcpu_state(&mut self) -> Result<(), MigrationError> {
-        let saving = Instant::now();
-        let state = self
-            .vm
-            .save_vcpus()
-            .map_err(MigrationError::backend("save vCPU state"))?;
-        self.summary.save_vcpus_ms = ms(saving.elapsed());
-        self.ctl.send_frame(FrameKind::VcpuState, &state)?;
-        let sections = self
-            .sections
-            .take()
-            .unwrap_or_else(|| 0u32.to_le_bytes().to_vec());
-        self.ctl.send_frame(FrameKind::Sections, &sections)?;
-        Ok(())
-    }
-
-    pub(crate) fn send_digest(&mut self) -> Result<MemoryDigest, MigrationError> {
-        let t = Instant::now();
-        let d = memory_digest(&self.ram, SOURCE_DIGEST_THREADS)
-            .map_err(MigrationError::ram("hash guest memory"))?;
-        self.summary.digest_ms = ms(t.elapsed());
-        self.awaiting_verdict = true;
-        self.ctl.send(&Message::Digest(d))?;
-        Ok(d)
-    }
-
-    /// The destination said Resumed: the downtime ends, counted from the
-    /// source's pause.
-    pub(crate) fn record_resumed(&mut self, paused_at: Instant, resume_ns: u64) {
-        self.summary.downtime_ms = ms(paused_at.elapsed());
-        self.summary.dest_resume_ms = resume_ns as f64 / 1e6;
-    }
-
-    /// The guest now belongs to the destination: the source stays paused.
-    pub(crate) fn commit(&mut self) {
-        self.summary.status = Status::Completed;
-        // The migration is done here; the guest report that follows measures
-        // the destination, not the move.
-        self.summary.total_ms = ms(self.start.elapsed());
-        self.paused_by_us = false;
-        self.stop_logging("after the migration");
-    }
-
-    pub(crate) fn collect_report(&mut self) {
-        self.progress.phase(Phase::Reporting);
-        match self.ctl.recv_message("Report") {
-            Ok((Message::Report(r), _)) => {
-                if let Some(p) = &r.postcopy {
-                    self.summary.block_ms = p.block_ms;
-                    self.summary.page_requests = p.page_requests;
-                    self.summary.postcopy_ms = p.postcopy_ms;
-                    self.summary.fault_path = p.fault_path.clone();
-                    self.summary.vcpu_exits = p.vcpu_exits;
-                }
-                if let Some(h) = r.health {
-                    self.summary.error = Some(format!("destination guest: {h}"));
-                }
-            }
-            Ok((m, offset)) => {
-                self.summary.error = Some(unexpected("Report", &m, offset).to_string());
-            }
-            Err(e) => {
-                self.summary.error = Some(format!(
-                    "migration completed, but no final report from the destination: {}",
-                    e.chain()
-                ));
-            }
-        }
-    }
-
-    /// Leaves the source as it was before the migration.
-    pub(crate) fn rollback(&mut self) {
-        self.converge.release(&mut *self.vm);
-        self.stop_logging("on rollback");
-        if std::mem::take(&mut self.paused_by_us) {
-            if let Err(e) = self.vm.start() {
-                tracing::error!("cannot resume the source VM after a failed migration: {e}");
-            }
-        }
     }
 }

@@ -273,7 +273,7 @@ impl Placer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::precopy::Placement;
+    use crate::session::Placement;
     use crate::wire::PageBatch;
     use ferry_backend::{Backing, DirtyPages, Gfn, GuestRam};
 

@@ -9,11 +9,11 @@
 //! over it. Pages already present (resent in a dirty round) are copied in
 //! as before. The registration ends before the guest runs.
 
+use super::huge::{self, HugeStaging};
 use super::round_gate::RoundGate;
 use super::Placement;
 use crate::digest::{page_hash, zero_page_hash, PageHashes};
 use crate::error::MigrationError;
-use crate::postcopy::huge::{self, HugeStaging};
 use crate::transport::Health;
 use crate::wire::delta::{self, DeltaView};
 use crate::wire::pages::Segment;
@@ -44,9 +44,9 @@ pub(crate) struct Loaded {
     /// Postcopy has begun: every page is placed once, never overwritten.
     postcopy: AtomicBool,
     /// Postcopy: the pages vCPUs wait for, and for how long.
-    pub clock: crate::postcopy::pager::BlockClock,
+    pub clock: super::BlockClock,
     /// Postcopy: where page requests go (the current priority connection).
-    pub requests: crate::postcopy::pager::Requests,
+    pub requests: super::Requests,
     /// Postcopy: bumped at every placement, for threads waiting on a page.
     placements: Mutex<u64>,
     placed: Condvar,

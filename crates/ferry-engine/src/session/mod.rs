@@ -1,0 +1,78 @@
+//! What precopy and postcopy share: each side's migration state and the
+//! steps both modes take with it.
+//!
+//! ```text
+//!   options      each side's options and defaults, and the mode
+//!   source       the source's VM, connections, dirty logging, rounds sent
+//!   switchover   the source's pause, vCPU state, digest, commit, rollback
+//!   dest         the destination's VM, connections, loading and commit
+//!   loaded       the destination's memory image: hashes, what arrived,
+//!                placement (UFFDIO_COPY, huge pages, deltas), round gate
+//!   senders / receivers   a thread per data connection on each side
+//!   compression, delta, within_round   how a batch is encoded, and pages
+//!                harvested ahead of the send cursor
+//!   page_server, page_requests, huge   postcopy's priority connection on
+//!                each side, which the connection set opens with the
+//!                others, and hugetlb staging in the memory image
+//! ```
+//!
+//! The modes sit above this floor (`docs/design.md`, "The engine's
+//! layers"): precopy's round loop and postcopy's switchover, push and
+//! pager each drive a [`Source`] or a [`Dest`], and precopy hands over to
+//! postcopy in a hybrid migration.
+
+mod compression;
+mod delta;
+mod dest;
+mod huge;
+mod loaded;
+mod options;
+mod page_requests;
+mod page_server;
+mod receivers;
+mod round_gate;
+mod senders;
+mod source;
+mod switchover;
+mod within_round;
+
+pub use compression::Compression;
+pub(crate) use dest::Dest;
+pub(crate) use huge::HUGE_PAGES;
+pub(crate) use loaded::Loaded;
+pub use options::{
+    Mode, Placement, PrecopyOptions, ReceiveOptions, DEFAULT_BATCH_PAGES, DEFAULT_PREFETCH,
+    DEFAULT_RECOVER_TIMEOUT, DEFAULT_STALL_TIMEOUT, MAX_CONNECTIONS,
+};
+pub(crate) use page_requests::{BlockClock, Requests};
+pub use source::fresh_summary;
+pub(crate) use source::{new_session_id, ship, Migrating, Source, Transfer, EST_BYTES_PER_PAGE};
+
+use crate::error::MigrationError;
+pub use crate::error::PostcopyResume;
+use crate::wire::Message;
+
+/// Reads the guest's own checks on a paused source, where the VMM gave a
+/// probe, into the summary.
+pub(crate) fn probe_paused(
+    vm: &dyn ferry_backend::Vm,
+    opts: &PrecopyOptions,
+    summary: &mut crate::summary::MigrationSummary,
+) -> Result<(), MigrationError> {
+    if let Some(probe) = &opts.probe {
+        let check = probe.read(vm).map_err(MigrationError::Probe)?;
+        summary.guest_at_pause = Some(check);
+        summary.mismatches_before = Some(check.errors);
+        summary.guest_mismatches = Some(check.errors);
+    }
+    Ok(())
+}
+
+/// A message that does not belong where it arrived.
+pub(crate) fn unexpected(expected: &'static str, msg: &Message, offset: u64) -> MigrationError {
+    MigrationError::Protocol {
+        expected,
+        got: msg.kind(),
+        offset,
+    }
+}

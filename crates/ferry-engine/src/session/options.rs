@@ -1,0 +1,286 @@
+//! What a migration is asked to do: each side's options, their defaults,
+//! and the mode. One home for both modes, so that precopy and postcopy read
+//! the same settings and neither owns the other's.
+
+use super::compression::Compression;
+use crate::converge::ConvergeMode;
+use crate::error::MigrationError;
+use crate::tunables::Tunables;
+use crate::wire::ExpectedVm;
+use ferry_backend::GuestProbe;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Pages asked for per fault by default: the faulting page and the missing
+/// pages right after it.
+pub const DEFAULT_PREFETCH: u32 = 8;
+
+/// How long either side tries to recover a postcopy whose connections
+/// broke before it gives up.
+pub const DEFAULT_RECOVER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How a migration moves memory.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Rounds while the guest runs, then stop-and-copy.
+    #[default]
+    Precopy,
+    /// Switch over at once; every page is fetched on demand or pushed.
+    Postcopy,
+    /// Precopy for `after_rounds` rounds (the full pass is the first),
+    /// or until precopy stalls if `on_stall`, then postcopy, unless
+    /// precopy converged first.
+    Hybrid {
+        /// Precopy rounds before the switch, at least 1.
+        after_rounds: u32,
+        /// Switch as soon as the stall detector says precopy will not
+        /// finish (the remaining bytes stopped shrinking), instead of
+        /// escalating.
+        on_stall: bool,
+    },
+}
+
+impl Mode {
+    /// The name used in summaries and on the command line.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::Precopy => "precopy",
+            Mode::Postcopy => "postcopy",
+            Mode::Hybrid { .. } => "hybrid",
+        }
+    }
+
+    /// Whether the migration may switch to postcopy (and so opens the
+    /// priority connection).
+    pub fn may_postcopy(&self) -> bool {
+        *self != Mode::Precopy
+    }
+
+    /// Whether precopy hands over to postcopy after `rounds` rounds.
+    pub fn switch_after(&self, rounds: u32) -> bool {
+        match self {
+            Mode::Precopy => false,
+            Mode::Postcopy => true,
+            Mode::Hybrid { after_rounds, .. } => rounds >= (*after_rounds).max(1),
+        }
+    }
+
+    /// Whether a precopy stall switches to postcopy.
+    pub fn switch_on_stall(&self) -> bool {
+        matches!(self, Mode::Hybrid { on_stall: true, .. })
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    /// `precopy`, `postcopy`, or `hybrid` (switching after the full pass;
+    /// set `after_rounds` for more).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "precopy" => Ok(Mode::Precopy),
+            "postcopy" => Ok(Mode::Postcopy),
+            "hybrid" => Ok(Mode::Hybrid {
+                after_rounds: 1,
+                on_stall: false,
+            }),
+            _ => Err(format!(
+                "unknown mode '{s}': expected precopy, postcopy or hybrid"
+            )),
+        }
+    }
+}
+
+impl Mode {
+    /// This mode, if hybrid switching after `rounds` precopy rounds, and on
+    /// a stall if `on_stall`. Without `rounds`: after the full pass, or
+    /// only on a stall (or at the round cap) if `on_stall`.
+    pub fn with_switch(self, rounds: Option<u32>, on_stall: bool) -> Self {
+        match self {
+            Mode::Hybrid { .. } => Mode::Hybrid {
+                after_rounds: rounds.unwrap_or(if on_stall { u32::MAX } else { 1 }).max(1),
+                on_stall,
+            },
+            m => m,
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How long a link may stand still before both sides give up.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most data connections one migration opens.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Pages per batch by default (1 MiB).
+pub const DEFAULT_BATCH_PAGES: usize = 256;
+
+/// Options of the source side.
+#[derive(Clone, Debug)]
+pub struct PrecopyOptions {
+    /// Live-tunable parameters (downtime target, round cap, bandwidth, cancel).
+    pub tunables: Arc<Tunables>,
+    /// Have the destination verify the digest before it resumes the guest.
+    pub verify_before_resume: bool,
+    /// Pages per batch (clamped to 1..=[`crate::wire::MAX_BATCH_PAGES`]).
+    pub batch_pages: usize,
+    /// Data connections (clamped to 1..=[`MAX_CONNECTIONS`]).
+    pub connections: usize,
+    /// How long the link may stand still before the migration fails.
+    pub stall_timeout: Duration,
+    /// Compression of page batches.
+    pub compression: Compression,
+    /// Bytes of last-sent pages kept to re-send pages as deltas (0: off).
+    pub delta_cache_bytes: u64,
+    /// Harvest the dirty log at each policy interval while a round runs, so
+    /// a page dirtied ahead of the send cursor is sent once, not again in
+    /// the next round (see `ahead`). Fewer bytes and shorter migrations;
+    /// but each harvest write-protects what it finds, so a guest that
+    /// rewrites its pages faults (and is metered by the quota) more often.
+    pub harvest_within_rounds: bool,
+    /// What slows the guest when precopy does not converge; `None`: the
+    /// best the VM serves ([`crate::converge::choose`]).
+    pub converge: Option<ConvergeMode>,
+    /// Highest downtime target a stall may raise the target to (`None`:
+    /// the target is never raised).
+    pub max_downtime: Option<Duration>,
+    /// Precopy, postcopy, or precopy then postcopy.
+    pub mode: Mode,
+    /// Postcopy: how long to keep trying to reconnect after the
+    /// connections break (zero: give up at once, the source staying paused
+    /// with its pages).
+    pub recover_timeout: Duration,
+    /// The guest's own checks, read once the vCPUs are paused for the
+    /// switchover (`None`: the guest has none, or the VMM does not say).
+    pub probe: Option<Arc<dyn GuestProbe>>,
+    /// Cancel the migration if it has not switched over by then (the
+    /// source runs on); the error says it gave up.
+    pub give_up_after: Option<Duration>,
+}
+
+impl Default for PrecopyOptions {
+    fn default() -> Self {
+        PrecopyOptions {
+            tunables: Tunables::shared(),
+            verify_before_resume: false,
+            batch_pages: DEFAULT_BATCH_PAGES,
+            connections: 1,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
+            compression: Compression::None,
+            delta_cache_bytes: 0,
+            harvest_within_rounds: false,
+            converge: None,
+            max_downtime: None,
+            mode: Mode::Precopy,
+            recover_timeout: DEFAULT_RECOVER_TIMEOUT,
+            probe: None,
+            give_up_after: None,
+        }
+    }
+}
+
+impl PrecopyOptions {
+    /// Refuses settings that cannot go together, before anything starts:
+    /// delta re-sends with a mode that may switch to postcopy (a delta
+    /// re-sends a page against a copy that postcopy drops).
+    pub fn validate(&self) -> Result<(), MigrationError> {
+        if self.mode.may_postcopy() && self.delta_cache_bytes > 0 {
+            return Err(MigrationError::Refused(format!(
+                "delta re-sends cannot be used with a {} migration: a delta re-sends a page \
+                 against a copy that postcopy drops",
+                self.mode
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Options of the destination side.
+#[derive(Clone, Debug)]
+pub struct ReceiveOptions {
+    /// What the stream must carry; checked before any VM is built.
+    pub expect: Option<ExpectedVm>,
+    /// Verify the digest before resuming the guest.
+    pub verify_before_resume: bool,
+    /// How long the link may stand still before the migration fails.
+    pub stall_timeout: Duration,
+    /// How received pages land in guest memory.
+    pub placement: Placement,
+    /// Postcopy: pages asked for per fault (the faulting page and the
+    /// missing ones after it).
+    pub prefetch: u32,
+    /// Postcopy: how long to wait for the source to reconnect after the
+    /// connections break, with the guest running on (zero: give up at
+    /// once, pausing the guest).
+    pub recover_timeout: Duration,
+    /// Postcopy: let vCPUs ask for their missing pages themselves where
+    /// the backend has annotated fault exits (else userfaultfd always).
+    pub vcpu_fault_exits: bool,
+    /// Postcopy: threads reading the userfaultfd's fault events.
+    pub fault_handlers: usize,
+    /// Postcopy: those threads spin instead of sleeping in `poll`.
+    pub fault_busy_poll: bool,
+    /// The guest's own checks, read just before the guest resumes here.
+    pub probe: Option<Arc<dyn GuestProbe>>,
+}
+
+/// How the destination puts a received page into guest memory that has
+/// never been touched.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// `UFFDIO_COPY`: the kernel allocates the page already filled (no
+    /// zeroing first); falls back to `Write` where userfaultfd is missing
+    /// and on hugetlb backing.
+    #[default]
+    Uffd,
+    /// A plain copy into the mapping: the first touch faults and the kernel
+    /// zeroes the page before the data overwrites it.
+    Write,
+}
+
+impl Placement {
+    /// Every placement, for parsers and their help.
+    pub const ALL: [Placement; 2] = [Placement::Uffd, Placement::Write];
+
+    /// Its name on a command line (`uffd`, `write`), which `parse` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Uffd => "uffd",
+            Placement::Write => "write",
+        }
+    }
+}
+
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Placement::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names = Placement::ALL.map(Placement::name).join(", ");
+                format!("unknown placement {s:?} ({names})")
+            })
+    }
+}
+
+impl Default for ReceiveOptions {
+    fn default() -> Self {
+        ReceiveOptions {
+            expect: None,
+            verify_before_resume: false,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
+            placement: Placement::Uffd,
+            prefetch: DEFAULT_PREFETCH,
+            recover_timeout: DEFAULT_RECOVER_TIMEOUT,
+            vcpu_fault_exits: true,
+            fault_handlers: 1,
+            fault_busy_poll: false,
+            probe: None,
+        }
+    }
+}

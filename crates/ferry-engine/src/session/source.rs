@@ -1,0 +1,643 @@
+//! The source's side of a migration, whichever mode drives it: the VM, its
+//! connections (control, data senders, and the page server when postcopy
+//! may follow), dirty logging and harvests, sending a round, and the
+//! summary. Precopy's round loop (`crate::precopy`) and postcopy's
+//! switchover and push (`crate::postcopy`) both drive it; the pause, the
+//! vCPU state, the digest and the commit are in `switchover.rs`.
+
+use super::delta::DeltaCache;
+use super::page_server::PageServer;
+use super::senders::Senders;
+use super::within_round::WithinRound;
+use super::{unexpected, PostcopyResume, PrecopyOptions};
+use crate::converge::{Converger, RoundEnd, Sample};
+use crate::error::MigrationError;
+use crate::progress::{Phase, Progress};
+use crate::summary::{ms, MigrationSummary, RoundKind, RoundStats, Status};
+use crate::transport::{open_channel, Control, Dial, Health};
+use crate::tunables::TokenBucket;
+use crate::wire::control::Hello;
+use crate::wire::control::PRIORITY_CHANNEL;
+use crate::wire::frame::FRAME_HEADER_LEN;
+use crate::wire::{FrameKind, Message, PageBatch, StreamHeader, VERSION};
+use ferry_backend::{DirtyPages, Gfn, GuestRam, Lifecycle, Vm, PAGE_SIZE};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Wire bytes a dirty page is assumed to cost when estimating downtime.
+pub(crate) const EST_BYTES_PER_PAGE: u64 = PAGE_SIZE as u64 + 16;
+/// Rounds that put less than this on the wire do not update the bandwidth
+/// estimate: a socket buffer swallows them at memory speed, and an idle
+/// guest's full pass is almost all zero-page bits.
+const MIN_MEASURED_BYTES: u64 = 4 << 20;
+/// Bandwidth assumed until a round could be measured: 1 Gbit/s.
+const NOMINAL_BYTES_PER_SEC: f64 = 125e6;
+/// How often a round's end checks whether its queues have drained.
+const DRAIN_POLL: Duration = Duration::from_millis(1);
+/// The longest a round waits for its queues to drain.
+const MAX_DRAIN: Duration = Duration::from_secs(1);
+
+/// The summary of a migration about to start: status `failed` until it
+/// completes (also what a caller reports for one that could not start).
+pub fn fresh_summary(
+    vm: &dyn Vm,
+    opts: &PrecopyOptions,
+    connections: usize,
+    tls: bool,
+) -> MigrationSummary {
+    MigrationSummary {
+        status: Status::Failed,
+        backend: vm.vmm_id().to_string(),
+        mode: opts.mode.to_string(),
+        block_ms: 0.0,
+        page_requests: 0,
+        postcopy_ms: 0.0,
+        missing_pages: 0,
+        recoveries: 0,
+        fault_path: String::new(),
+        vcpu_exits: 0,
+        dirty_tracking: vm.dirty_tracking(),
+        wire_version: VERSION,
+        connections,
+        tls,
+        total_ms: 0.0,
+        downtime_ms: 0.0,
+        dest_resume_ms: 0.0,
+        pause_ms: 0.0,
+        predicted_downtime_ms: 0.0,
+        save_vcpus_ms: 0.0,
+        digest_ms: 0.0,
+        verify_before_resume: opts.verify_before_resume,
+        bytes_sent: 0,
+        compression: opts.compression.to_string(),
+        batches_by_codec: [0; 3],
+        delta: None,
+        converge: opts
+            .converge
+            .map_or_else(|| "default".into(), |c| c.to_string()),
+        throttle_timeline: Vec::new(),
+        escalations: Vec::new(),
+        operator_changes: Vec::new(),
+        converged: false,
+        predicted: None,
+        vcpu_shares: Vec::new(),
+        spared_pages: 0,
+        rounds: Vec::new(),
+        digest_match: false,
+        digest_checked: false,
+        guest_mismatches: None,
+        mismatches_before: None,
+        mismatches_after: None,
+        dest_passes_after: None,
+        guest_at_pause: None,
+        error: None,
+    }
+}
+
+impl<'a> Source<'a> {
+    /// The source side of a migration over `ctl`, before anything is sent.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        vm: &'a mut dyn Vm,
+        ctl: Control,
+        health: Arc<Health>,
+        opts: &'a PrecopyOptions,
+        progress: &'a dyn Progress,
+        session: u64,
+        summary: MigrationSummary,
+        start: Instant,
+    ) -> Self {
+        let max_downtime = opts
+            .max_downtime
+            .unwrap_or_else(|| opts.tunables.downtime_target());
+        let ram = Arc::clone(vm.ram());
+        Source {
+            converge: Converger::new(opts.converge.unwrap_or_default(), max_downtime)
+                .switching_on_stall(opts.mode.switch_on_stall()),
+            pages: ram.pages(),
+            within: WithinRound::new(ram.pages()),
+            vm,
+            ram,
+            ctl,
+            senders: None,
+            health,
+            bytes_before: 0,
+            opts,
+            progress,
+            logging: false,
+            paused_by_us: false,
+            server: None,
+            in_postcopy: false,
+            session,
+            postcopy_round: 0,
+            measured_link: None,
+            expansion: 1.0,
+            sections: None,
+            awaiting_verdict: false,
+            start,
+            summary,
+        }
+    }
+
+    /// The summary and result of a migration that ended with `result`:
+    /// on success the connections close; on failure the destination is told
+    /// why, and the VM runs again unless postcopy began.
+    pub(crate) fn conclude(
+        mut self,
+        result: Result<(), MigrationError>,
+    ) -> (MigrationSummary, Result<(), MigrationError>) {
+        if self.summary.status != Status::Completed {
+            self.summary.total_ms = ms(self.start.elapsed());
+        }
+        self.summary.bytes_sent =
+            self.bytes_before + self.health.data_bytes() + self.ctl.bytes_sent();
+        if let Some(s) = &self.senders {
+            self.summary.batches_by_codec = s.stats.counts();
+            self.summary.delta = s.delta_summary();
+        }
+        self.summary.throttle_timeline = std::mem::take(&mut self.converge.timeline);
+        self.summary.escalations = std::mem::take(&mut self.converge.escalations);
+        self.summary.operator_changes = std::mem::take(&mut self.converge.operator_changes);
+        self.summary.converge = self.converge.mode().to_string();
+        self.progress.phase(Phase::Done);
+        match result {
+            Ok(()) => {
+                if let Some(s) = self.senders.take() {
+                    s.finish();
+                }
+                self.ctl.close();
+                // A copy held after a lost Commit waits for its operator.
+                match self.summary.status {
+                    Status::Completed => self.vm.migration_event(Lifecycle::Completed),
+                    Status::Held => {}
+                    _ => self.vm.migration_event(Lifecycle::Aborted(
+                        self.summary.error.as_deref().unwrap_or("not completed"),
+                    )),
+                }
+                (self.summary, Ok(()))
+            }
+            Err(e) => {
+                drop(self.senders.take());
+                // A postcopy's destination runs the guest and waits to be
+                // reconnected: it is not told to give up.
+                let e = if self.in_postcopy {
+                    self.ctl.abandon(e)
+                } else {
+                    self.ctl.give_up(e)
+                };
+                let e = match e {
+                    e if self.in_postcopy => MigrationError::Postcopy {
+                        missing: self.summary.missing_pages,
+                        unsent: self.unsent(),
+                        resume: PostcopyResume {
+                            session: self.session,
+                            round: self.postcopy_round,
+                            connections: self.summary.connections,
+                        },
+                        source: Box::new(e),
+                    },
+                    e @ (MigrationError::Peer { .. } | MigrationError::Protocol { .. }) => e,
+                    e if self.awaiting_verdict => MigrationError::Unconfirmed(Box::new(e)),
+                    e => e,
+                };
+                if self.in_postcopy {
+                    tracing::warn!("postcopy failed: {}", e.chain());
+                } else {
+                    tracing::warn!("migration failed, source resumes: {}", e.chain());
+                }
+                self.rollback();
+                self.summary.status = Status::Failed;
+                self.summary.error = Some(e.chain());
+                self.vm.migration_event(Lifecycle::Aborted(&e.chain()));
+                (self.summary, Err(e))
+            }
+        }
+    }
+}
+
+/// Clears [`Tunables::set_migrating`] however `migrate` returns, and drops a
+/// throttle or policy request it did not take: it does not apply to the
+/// next one.
+pub(crate) struct Migrating<'a>(pub(crate) &'a crate::tunables::Tunables);
+
+impl Drop for Migrating<'_> {
+    fn drop(&mut self) {
+        self.0.set_migrating(false);
+        self.0.take_throttle_request();
+        self.0.take_policy_request();
+        self.0.take_postcopy_request();
+    }
+}
+
+/// A random id for one migration's connections.
+pub(crate) fn new_session_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(start_nanos());
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+fn start_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default()
+}
+
+pub(crate) struct Source<'a> {
+    pub(crate) vm: &'a mut dyn Vm,
+    pub(crate) ram: Arc<GuestRam>,
+    pub(crate) ctl: Control,
+    pub(crate) senders: Option<Senders>,
+    /// Health of the current set of connections (a postcopy recovery
+    /// starts a new one).
+    pub(crate) health: Arc<Health>,
+    /// Bytes sent over earlier sets of connections.
+    pub(crate) bytes_before: u64,
+    pub(crate) opts: &'a PrecopyOptions,
+    pub(crate) progress: &'a dyn Progress,
+    pub(crate) pages: u64,
+    pub(crate) logging: bool,
+    /// Pages harvested within the current round (see [`WithinRound`]).
+    pub(crate) within: WithinRound,
+    pub(crate) paused_by_us: bool,
+    /// The digest is sent; a failure now may leave the destination running.
+    pub(crate) awaiting_verdict: bool,
+    pub(crate) start: Instant,
+    pub(crate) summary: MigrationSummary,
+    pub(crate) converge: Converger,
+    /// Postcopy's page server, when the migration may switch to postcopy.
+    pub(crate) server: Option<PageServer>,
+    /// Set at a postcopy switchover, cleared at the commit: from that
+    /// moment the source never resumes.
+    pub(crate) in_postcopy: bool,
+    /// The migration's session id (the same on every set of connections).
+    pub(crate) session: u64,
+    /// The round the postcopy push sends, once switched.
+    pub(crate) postcopy_round: u32,
+    /// Guest bytes per second the link moved in the last transfer large
+    /// enough to measure.
+    pub(crate) measured_link: Option<f64>,
+    /// Guest bytes per wire byte in the last whole round measured
+    /// (compression raises it above 1).
+    pub(crate) expansion: f64,
+    /// The devices' state sections, saved at the pause (the Sections
+    /// frame's payload).
+    pub(crate) sections: Option<Vec<u8>>,
+}
+
+/// What part of a round moved, for measuring the link.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Transfer {
+    /// Guest bytes handed to the senders.
+    pub(crate) raw: u64,
+    /// Bytes the data connections carried.
+    pub(crate) wire: u64,
+    pub(crate) secs: f64,
+    /// A whole round (else the part sent so far).
+    pub(crate) whole_round: bool,
+}
+
+impl Source<'_> {
+    /// Opens the data connections (and the priority connection, when the
+    /// migration may switch to postcopy) and starts their senders and the
+    /// page server.
+    /// A recovery's page server starts `armed` with the postcopy round and
+    /// the pages to send, so that it answers the destination's first
+    /// requests.
+    pub(crate) fn open_links(
+        &mut self,
+        dialer: &dyn Dial,
+        hello: &dyn Fn(u16) -> Hello,
+        armed: Option<(u32, &DirtyPages)>,
+    ) -> Result<(), MigrationError> {
+        let mut links = Vec::new();
+        for channel in 1..=self.summary.connections as u16 {
+            let io = open_channel(dialer, hello(channel), self.opts.stall_timeout)?;
+            self.health.add_data_link(
+                io.get_ref()
+                    .try_clone_link()
+                    .map_err(crate::wire::StreamError::Io)?,
+            );
+            links.push(io);
+        }
+        self.senders = Some(Senders::start(
+            links,
+            self.opts.batch_pages,
+            self.opts.compression,
+            (self.opts.delta_cache_bytes > 0).then(|| DeltaCache::new(self.opts.delta_cache_bytes)),
+            TokenBucket::new(Arc::clone(&self.opts.tunables)),
+            Arc::clone(&self.health),
+        )?);
+        if self.opts.mode.may_postcopy() {
+            let io = open_channel(dialer, hello(PRIORITY_CHANNEL), self.opts.stall_timeout)?;
+            self.health.add_data_link(
+                io.get_ref()
+                    .try_clone_link()
+                    .map_err(crate::wire::StreamError::Io)?,
+            );
+            let bucket = self.senders.as_ref().map(Senders::bucket);
+            let bucket = bucket.ok_or(MigrationError::Aborted)?;
+            self.server = Some(PageServer::start(
+                io,
+                Arc::clone(&self.ram),
+                Arc::clone(&self.health),
+                bucket,
+                armed,
+            )?);
+        }
+        Ok(())
+    }
+
+    /// Header, and the destination's Accept. Returns whether the
+    /// destination verifies before resuming.
+    pub(crate) fn handshake(&mut self) -> Result<bool, MigrationError> {
+        let header = StreamHeader::for_vm(&*self.vm);
+        self.ctl.send_frame(FrameKind::Header, &header.encode())?;
+        match self.ctl.recv_message("Accept")? {
+            (
+                Message::Accept {
+                    verify_before_resume,
+                },
+                _,
+            ) => Ok(self.opts.verify_before_resume || verify_before_resume),
+            (m, offset) => Err(unexpected("Accept", &m, offset)),
+        }
+    }
+
+    /// Backend log ∪ VMM writes into `into`. Returns the pages found and the
+    /// time since the previous harvest (`last`, which is reset).
+    pub(crate) fn harvest(
+        &mut self,
+        into: &mut DirtyPages,
+        last: &mut Instant,
+    ) -> Result<(u64, Duration), MigrationError> {
+        let before = into.count();
+        self.collect_logs(into)?;
+        self.within.take_into(into);
+        self.summary.spared_pages = self.within.spared();
+        let since = last.elapsed();
+        *last = Instant::now();
+        Ok((into.count() - before, since))
+    }
+
+    /// Starts every dirty log: the VM's dirty sources first, so that one
+    /// that cannot report refuses the migration (naming it) before the VM
+    /// starts logging; then the VM's own.
+    pub(crate) fn start_logging(&mut self) -> Result<(), MigrationError> {
+        crate::dirty_logs::start(&mut *self.vm)?;
+        self.logging = true;
+        Ok(())
+    }
+
+    /// The VM's log, its dirty sources' and the VMM's own writes, into
+    /// `into`.
+    fn collect_logs(&mut self, into: &mut DirtyPages) -> Result<(), MigrationError> {
+        crate::dirty_logs::collect(&mut *self.vm, into)
+    }
+
+    /// Stops every dirty log, if they run (`when` says when, for the log).
+    pub(crate) fn stop_logging(&mut self, when: &str) {
+        if std::mem::take(&mut self.logging) {
+            crate::dirty_logs::stop(&mut *self.vm, when);
+        }
+    }
+
+    /// Records the harvest that followed the last round in its stats.
+    pub(crate) fn finish_round(&mut self, found: u64, since: Duration, harvest: Duration) {
+        if let Some(r) = self.summary.rounds.last_mut() {
+            r.harvest_ms = ms(harvest);
+            let secs = since.as_secs_f64();
+            r.dirty_rate_pages_s = if secs > 0.0 { found as f64 / secs } else { 0.0 };
+            self.progress.round_finished(r);
+        }
+    }
+
+    /// Bytes/s of guest memory to plan with: the rate of `transfer` when it
+    /// carried enough data to be measured, else the last rate measured so,
+    /// else [`NOMINAL_BYTES_PER_SEC`]; never above the bandwidth cap (which
+    /// counts wire bytes, so compression raises it by the ratio the last
+    /// whole round achieved).
+    pub(crate) fn plan_bandwidth(&mut self, transfer: Option<Transfer>) -> f64 {
+        if let Some(t) = transfer.filter(|t| t.wire >= MIN_MEASURED_BYTES) {
+            if t.whole_round {
+                self.expansion = (t.raw as f64 / t.wire as f64).max(1.0);
+            }
+            // Wire bytes, not the bytes handed to the senders: early in a
+            // round those run ahead of the link by the senders' queues.
+            self.measured_link = Some(t.wire as f64 * self.expansion / t.secs.max(1e-9));
+        }
+        let bw = self.measured_link.unwrap_or(NOMINAL_BYTES_PER_SEC);
+        match self.opts.tunables.bandwidth_bytes_per_sec() {
+            0 => bw,
+            cap => bw.min(cap as f64 * self.expansion),
+        }
+    }
+
+    /// What the policy is told now: the per-vCPU dirty count since its
+    /// last sample, and the figures given.
+    pub(crate) fn sample(
+        &mut self,
+        round: u32,
+        remaining_bytes: u64,
+        link_bytes_per_sec: f64,
+        round_end: Option<RoundEnd>,
+    ) -> Sample {
+        let (elapsed, vcpu_dirty_bytes) = self.converge.read_meter(&*self.vm);
+        Sample {
+            round,
+            elapsed,
+            vcpu_dirty_bytes,
+            remaining_bytes,
+            guest_bytes: self.ram.size(),
+            link_bytes_per_sec,
+            downtime_target: self.opts.tunables.downtime_target(),
+            quota_interval: self.opts.tunables.quota_interval(),
+            vcpus: self.vm.vcpus(),
+            round_end,
+            harvests_within_rounds: self.opts.harvest_within_rounds,
+        }
+    }
+
+    /// Between two batches of a round that started at `t` with the data
+    /// connections at `bytes_at`, having sent `raw` guest bytes and with
+    /// `left` pages of it to go: operator requests, and the policy once per
+    /// interval.
+    /// Also harvests once per interval, filing what it finds by `cursor`,
+    /// the first page of `set` not read yet.
+    fn between_batches(
+        &mut self,
+        round: u32,
+        (t, bytes_at, raw): (Instant, u64, u64),
+        (set, cursor): (&DirtyPages, Gfn),
+        left: u64,
+    ) -> Result<(), MigrationError> {
+        let tun = &self.opts.tunables;
+        if self.converge.interval_due(tun) {
+            if self.logging && self.opts.harvest_within_rounds {
+                self.harvest_within_round(set, cursor)?;
+            }
+            let link = self.plan_bandwidth(Some(Transfer {
+                raw,
+                wire: self.health.data_bytes() - bytes_at,
+                secs: t.elapsed().as_secs_f64(),
+                whole_round: false,
+            }));
+            let sample = self.sample(round, left * EST_BYTES_PER_PAGE, link, None);
+            self.converge
+                .on_interval(sample, &mut *self.vm, &self.opts.tunables)?;
+        } else {
+            // An operator's change lands within a batch.
+            self.converge.live_requests(&mut *self.vm, tun, round)?;
+        }
+        for step in self.converge.unreported() {
+            self.progress.throttle_changed(step);
+        }
+        Ok(())
+    }
+
+    /// A harvest while a round runs (see [`WithinRound`]).
+    fn harvest_within_round(
+        &mut self,
+        set: &DirtyPages,
+        cursor: Gfn,
+    ) -> Result<(), MigrationError> {
+        let mut found = DirtyPages::new(self.pages);
+        self.collect_logs(&mut found)?;
+        self.within.file(&found, set, cursor);
+        Ok(())
+    }
+
+    pub(crate) fn send_round(
+        &mut self,
+        round: u32,
+        kind: RoundKind,
+        set: &DirtyPages,
+    ) -> Result<(), MigrationError> {
+        let t = Instant::now();
+        self.progress.round_started(round, set.count());
+        let bytes_at = self.health.data_bytes();
+        let cancellable = kind != RoundKind::Final;
+        let (opts, progress) = (self.opts, self.progress);
+        let (mut pages, mut zero, mut raw) = (0u64, 0u64, 0u64);
+        let mut batch = self.senders()?.batch()?;
+        for (first, count) in set.runs() {
+            let (mut gfn, mut left) = (first.0, count as usize);
+            while left > 0 {
+                let n = left.min(batch.room());
+                let buf = batch.push_run(Gfn(gfn), n);
+                self.ram
+                    .read_pages(Gfn(gfn), buf)
+                    .map_err(MigrationError::ram("read guest memory"))?;
+                gfn += n as u64;
+                left -= n;
+                if batch.room() == 0 {
+                    let senders = self.senders()?;
+                    let full = std::mem::replace(&mut batch, senders.batch()?);
+                    let (p, z, r) = ship(senders, full, round, cancellable, opts, progress)?;
+                    pages += p;
+                    zero += z;
+                    raw += r;
+                    if cancellable {
+                        let left = set.count().saturating_sub(pages);
+                        let at = (t, bytes_at, raw);
+                        self.between_batches(round, at, (set, Gfn(gfn)), left)?;
+                    }
+                }
+            }
+        }
+        let senders = self.senders()?;
+        if batch.is_empty() {
+            senders.recycle(batch);
+        } else {
+            let (p, z, r) = ship(senders, batch, round, cancellable, opts, progress)?;
+            pages += p;
+            zero += z;
+            raw += r;
+        }
+        senders.end_round(round)?;
+        if cancellable {
+            self.drain_queues()?;
+        }
+        self.record_round(round, kind, t, bytes_at, (pages, zero, raw));
+        Ok(())
+    }
+
+    /// Waits while the data connections deliver what they hold queued (the
+    /// kernel's send queues and a shaped link's qdisc can hold a second of
+    /// a slow link), for at most twice what the link needs for it. The
+    /// round's time then measures the link, not how fast the socket took
+    /// the bytes, and the switchover decision that follows sees a final
+    /// round that would not wait behind them.
+    fn drain_queues(&self) -> Result<(), MigrationError> {
+        let queued = self.health.queued_bytes();
+        if queued == 0 {
+            return Ok(());
+        }
+        let wire_rate = self.measured_link.unwrap_or(NOMINAL_BYTES_PER_SEC) / self.expansion;
+        let need = (queued as f64 / wire_rate.max(1.0)).min(MAX_DRAIN.as_secs_f64());
+        let deadline = Instant::now() + Duration::from_secs_f64(2.0 * need) + DRAIN_POLL * 10;
+        let small = (wire_rate * DRAIN_POLL.as_secs_f64() * 2.0) as u64;
+        while self.health.queued_bytes() > small && Instant::now() < deadline {
+            self.health.check()?;
+            if self.opts.tunables.is_cancelled() {
+                return Err(MigrationError::Cancelled);
+            }
+            std::thread::sleep(DRAIN_POLL);
+        }
+        Ok(())
+    }
+
+    /// The data connections' senders (gone once the migration aborted).
+    fn senders(&mut self) -> Result<&mut Senders, MigrationError> {
+        self.senders.as_mut().ok_or(MigrationError::Aborted)
+    }
+
+    /// Adds a round that started at `t`, when the data connections had
+    /// carried `bytes_at`, and sent `(pages, zero pages, raw bytes)`.
+    pub(crate) fn record_round(
+        &mut self,
+        round: u32,
+        kind: RoundKind,
+        t: Instant,
+        bytes_at: u64,
+        (pages, zero, raw): (u64, u64, u64),
+    ) {
+        let elapsed = t.elapsed().max(Duration::from_nanos(1));
+        let bytes = self.health.data_bytes() - bytes_at;
+        self.summary.rounds.push(RoundStats {
+            round,
+            kind,
+            pages,
+            zero_pages: zero,
+            bytes,
+            raw_bytes: raw,
+            ms: ms(elapsed),
+            dirty_rate_pages_s: 0.0,
+            bandwidth_mb_s: bytes as f64 / elapsed.as_secs_f64() / 1e6,
+            harvest_ms: 0.0,
+        });
+    }
+}
+
+/// Seals `batch` as part of `round` and hands it to a sender; returns its
+/// pages, zero pages and uncompressed frame bytes.
+pub(crate) fn ship(
+    senders: &mut Senders,
+    mut batch: PageBatch,
+    round: u32,
+    cancellable: bool,
+    opts: &PrecopyOptions,
+    progress: &dyn Progress,
+) -> Result<(u64, u64, u64), MigrationError> {
+    if cancellable && opts.tunables.is_cancelled() {
+        return Err(MigrationError::Cancelled);
+    }
+    batch.seal(round);
+    let bytes = (FRAME_HEADER_LEN + batch.payload_len()) as u64;
+    let (pages, zero) = (batch.len() as u64, batch.zero_pages() as u64);
+    senders.send(batch)?;
+    progress.pages_sent(pages, bytes);
+    Ok((pages, zero, bytes))
+}
