@@ -152,21 +152,36 @@ mod tests {
     }
 
     #[test]
-    fn a_waiting_reader_runs_its_callback() {
+    fn a_waiting_reader_runs_its_callback_and_enters_once_the_writer_leaves() {
         let lock = Arc::new(MmuLock::new(1));
         let g = lock.write();
         let l2 = Arc::clone(&lock);
         let calls = Arc::new(AtomicU32::new(0));
-        let c2 = Arc::clone(&calls);
+        let entered = Arc::new(AtomicU32::new(0));
+        let (c2, e2) = (Arc::clone(&calls), Arc::clone(&entered));
         let reader = std::thread::spawn(move || {
             let _r = l2.read(Some(0), || {
                 c2.fetch_add(1, Ordering::SeqCst);
             });
+            e2.fetch_add(1, Ordering::SeqCst);
         });
-        while calls.load(Ordering::SeqCst) == 0 {
+        // Bounded, so that a reader that never calls back fails here
+        // instead of hanging the suite.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while calls.load(Ordering::SeqCst) < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiting reader did not run its callback"
+            );
             std::hint::spin_loop();
         }
+        assert_eq!(
+            entered.load(Ordering::SeqCst),
+            0,
+            "the reader entered while the writer held the lock"
+        );
         drop(g);
         reader.join().unwrap();
+        assert_eq!(entered.load(Ordering::SeqCst), 1);
     }
 }

@@ -136,6 +136,13 @@ impl TimeThrottle {
         self.sleeps.load(Ordering::Relaxed)
     }
 
+    /// Whether `vcpu`'s last throttle sleep has time left to run: a vCPU
+    /// stopped while this holds was woken before its sleep ended.
+    pub fn sleep_unfinished(&self, vcpu: usize) -> bool {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        now < self.slice_start[vcpu].load(Ordering::Relaxed)
+    }
+
     /// If `vcpu` has run its share of the current slice, the sleep that ends it.
     pub fn check(&self, vcpu: usize) -> Option<Duration> {
         let pct = u64::from(self.percent());
