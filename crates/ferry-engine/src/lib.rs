@@ -32,6 +32,7 @@
 
 pub mod converge;
 mod converge_mode;
+pub mod custody;
 pub mod digest;
 mod dirty_logs;
 pub mod error;
@@ -48,7 +49,7 @@ pub mod tunables;
 pub mod vmm;
 pub mod wire;
 
-pub use error::MigrationError;
+pub use error::{MigrationError, OptionsError};
 pub use postcopy::{resume_postcopy, Mode, PostcopyReport, PostcopyResume};
 pub use precopy::{
     await_migration, migrate, migrate_accounted, receive, receive_as, IncomingMigration,
@@ -62,5 +63,5 @@ pub use summary::{
 pub use transport::{
     accept, connect, listen, Dial, Listen, TcpDialer, TlsConfig, TlsError, TransportError,
 };
-pub use tunables::Tunables;
+pub use tunables::{TunableChange, Tunables};
 pub use wire::{ExpectedVm, StreamError};

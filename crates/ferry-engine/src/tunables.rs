@@ -4,6 +4,8 @@
 //! bandwidth cap.
 
 use crate::converge_mode::ConvergeMode;
+use crate::error::OptionsError;
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +14,45 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_DOWNTIME: Duration = Duration::from_millis(300);
 /// Default cap on precopy rounds (the full pass counts as one).
 pub const DEFAULT_MAX_ROUNDS: u32 = 30;
+/// The downtime targets accepted, in ms.
+pub const DOWNTIME_MS: RangeInclusive<u64> = 1..=60_000;
+/// The round caps accepted.
+pub const MAX_ROUNDS: RangeInclusive<u64> = 1..=10_000;
+/// The quota intervals accepted, in ms ([`ferry_backend::QUOTA_INTERVALS`]).
+pub const QUOTA_INTERVAL_MS: RangeInclusive<u64> =
+    (ferry_backend::QUOTA_INTERVALS.start().as_millis() as u64)
+        ..=(ferry_backend::QUOTA_INTERVALS.end().as_millis() as u64);
+
+/// A change to the live tunables, from any face (the CLI's flags, the
+/// control socket's `set`, QMP's `migrate-set-parameters`); `None` leaves a
+/// value as it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TunableChange {
+    /// The downtime target, in ms.
+    pub downtime_ms: Option<u64>,
+    /// The round cap.
+    pub max_rounds: Option<u32>,
+    /// The bandwidth cap in bytes/s (0: none).
+    pub bandwidth_bytes_per_sec: Option<u64>,
+    /// The policy interval and quota refill, in ms.
+    pub quota_interval_ms: Option<u64>,
+}
+
+impl TunableChange {
+    /// Refuses a value out of its range, naming it.
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        if let Some(ms) = self.downtime_ms {
+            OptionsError::check("downtime target", ms, DOWNTIME_MS, " ms")?;
+        }
+        if let Some(r) = self.max_rounds {
+            OptionsError::check("max rounds", r.into(), MAX_ROUNDS, "")?;
+        }
+        if let Some(ms) = self.quota_interval_ms {
+            OptionsError::check("quota interval", ms, QUOTA_INTERVAL_MS, " ms")?;
+        }
+        Ok(())
+    }
+}
 
 /// Live-tunable migration parameters.
 #[derive(Debug)]
@@ -52,6 +93,24 @@ impl Tunables {
     /// Defaults, shareable.
     pub fn shared() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// Checks every value of `change`, then applies them all, or none.
+    pub fn apply(&self, change: &TunableChange) -> Result<(), OptionsError> {
+        change.validate()?;
+        if let Some(ms) = change.downtime_ms {
+            self.set_downtime_target(Duration::from_millis(ms));
+        }
+        if let Some(r) = change.max_rounds {
+            self.set_max_rounds(r);
+        }
+        if let Some(b) = change.bandwidth_bytes_per_sec {
+            self.set_bandwidth_bytes_per_sec(b);
+        }
+        if let Some(ms) = change.quota_interval_ms {
+            self.set_quota_interval(Duration::from_millis(ms));
+        }
+        Ok(())
     }
 
     /// Downtime the convergence check aims for.

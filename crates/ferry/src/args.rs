@@ -140,7 +140,7 @@ pub struct PagingArgs {
     /// Postcopy: pages asked for per fault, the faulting page and the
     /// missing ones right after it (1 = no prefetch).
     #[arg(long, default_value_t = ferry_engine::postcopy::DEFAULT_PREFETCH,
-          value_parser = clap::value_parser!(u32).range(1..=4096))]
+          value_parser = ranged_u32(ferry_engine::precopy::PREFETCH_PAGES))]
     pub prefetch: u32,
     /// Postcopy: how a vCPU's touch of a missing page reaches the pager.
     /// auto: the vCPU asks for the page itself where the backend has
@@ -153,7 +153,7 @@ pub struct PagingArgs {
     /// More serve a burst of faults from several vCPUs in parallel; on a
     /// host with few cores they compete with the vCPUs for CPU.
     #[arg(long = "fault-handlers", default_value_t = 1,
-          value_parser = clap::value_parser!(u16).range(1..=16))]
+          value_parser = clap::value_parser!(u16).range(ranged(ferry_engine::precopy::FAULT_HANDLERS)))]
     pub fault_handlers: u16,
     /// Postcopy over userfaultfd: the handler threads spin on it instead
     /// of sleeping in poll. Waking an idle CPU dominates a fault's latency
@@ -298,6 +298,18 @@ impl BackendArgs {
             backing: self.backing(),
         }
     }
+}
+
+/// An engine's range (`RangeInclusive<u64>`) as clap's signed bounds.
+pub fn ranged(range: std::ops::RangeInclusive<u64>) -> std::ops::RangeInclusive<i64> {
+    *range.start() as i64..=*range.end() as i64
+}
+
+/// A `u32` flag parsed within an engine's range.
+pub fn ranged_u32(
+    range: std::ops::RangeInclusive<u64>,
+) -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(ranged(range))
 }
 
 #[cfg(test)]

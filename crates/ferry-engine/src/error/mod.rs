@@ -2,9 +2,11 @@
 //! as they are: their messages are already what the user needs to read.
 
 mod local;
+mod options;
 mod transport;
 
 pub use local::LocalError;
+pub use options::OptionsError;
 pub use transport::TransportError;
 
 use crate::wire::{FrameKind, HeaderError, SectionError, StreamError};
@@ -201,6 +203,9 @@ pub enum MigrationError {
     /// A same-host migration failed.
     #[error(transparent)]
     Local(#[from] LocalError),
+    /// The options asked for cannot be.
+    #[error(transparent)]
+    Options(#[from] OptionsError),
 }
 
 /// "destination refused the stream: …" or "source gave up the migration: …".

@@ -84,9 +84,6 @@ pub(crate) struct Handling {
     pub busy_poll: bool,
 }
 
-/// Most handler threads.
-pub const MAX_HANDLERS: usize = 16;
-
 /// Longest a fetching vCPU sleeps before it looks again.
 const PLACED_WAIT: Duration = Duration::from_millis(5);
 
@@ -152,7 +149,7 @@ impl Pager {
             shared.loaded.requests.send(first, n)?;
         }
         let mut threads = Vec::new();
-        for i in 0..handlers.clamp(1, MAX_HANDLERS) {
+        for i in 0..handlers.clamp(1, *crate::session::FAULT_HANDLERS.end() as usize) {
             let s = Arc::clone(&shared);
             threads.push(
                 spawn(&shared.health, format!("uffd-handler-{i}"), move || {

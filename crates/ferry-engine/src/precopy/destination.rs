@@ -86,6 +86,9 @@ pub fn receive(
     let health = Arc::new(Health::new(Side::Destination, opts.stall_timeout));
     let hello = incoming.hello;
     let mut ctl = Control::start(incoming.io, Arc::clone(&health))?;
+    if let Err(e) = opts.validate() {
+        return Err(ctl.give_up(e.into()));
+    }
     let prepared = prepare(&ctl, create_vm, opts);
     let (header, mut vm) = match prepared {
         Ok(p) => p,

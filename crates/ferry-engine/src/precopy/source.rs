@@ -10,7 +10,7 @@ use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
 use crate::session::{
     fresh_summary, new_session_id, Migrating, Mode, PrecopyOptions, Source, Transfer,
-    EST_BYTES_PER_PAGE, MAX_CONNECTIONS,
+    EST_BYTES_PER_PAGE,
 };
 use crate::summary::{ms, MigrationSummary, RoundKind};
 use crate::transport::{open_channel, Control, Dial, Health, Side};
@@ -45,7 +45,7 @@ pub fn migrate_accounted(
     opts: &PrecopyOptions,
     progress: &dyn Progress,
 ) -> (MigrationSummary, Result<(), MigrationError>) {
-    let connections = opts.connections.clamp(1, MAX_CONNECTIONS);
+    let connections = opts.connections;
     let summary = fresh_summary(vm, opts, connections, dialer.tls());
     let start = Instant::now();
     // Settings that cannot go together, and a policy the VM cannot serve,
@@ -53,6 +53,7 @@ pub fn migrate_accounted(
     // serves.
     let chosen = opts
         .validate()
+        .map_err(MigrationError::from)
         .and_then(|()| crate::converge::choose(opts.converge, vm));
     let opts = &match chosen {
         Ok(policy) => PrecopyOptions {

@@ -42,7 +42,8 @@ pub(crate) use huge::HUGE_PAGES;
 pub(crate) use loaded::Loaded;
 pub use options::{
     Mode, Placement, PrecopyOptions, ReceiveOptions, DEFAULT_BATCH_PAGES, DEFAULT_PREFETCH,
-    DEFAULT_RECOVER_TIMEOUT, DEFAULT_STALL_TIMEOUT, MAX_CONNECTIONS,
+    DEFAULT_RECOVER_TIMEOUT, DEFAULT_STALL_TIMEOUT, FAULT_HANDLERS, MAX_CONNECTIONS,
+    PREFETCH_PAGES, RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS,
 };
 pub(crate) use page_requests::{BlockClock, Requests};
 pub use source::fresh_summary;

@@ -4,10 +4,11 @@
 
 use super::compression::Compression;
 use crate::converge::ConvergeMode;
-use crate::error::MigrationError;
-use crate::tunables::Tunables;
+use crate::error::OptionsError;
+use crate::tunables::{Tunables, DOWNTIME_MS, MAX_ROUNDS};
 use crate::wire::ExpectedVm;
 use ferry_backend::GuestProbe;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,16 +92,33 @@ impl std::str::FromStr for Mode {
 }
 
 impl Mode {
-    /// This mode, if hybrid switching after `rounds` precopy rounds, and on
-    /// a stall if `on_stall`. Without `rounds`: after the full pass, or
-    /// only on a stall (or at the round cap) if `on_stall`.
-    pub fn with_switch(self, rounds: Option<u32>, on_stall: bool) -> Self {
+    /// This mode with its switch to postcopy set: after `after_rounds`
+    /// precopy rounds, and on a stall if `on_stall`. Without `after_rounds`:
+    /// after the full pass, or only on a stall (or at the round cap) if
+    /// `on_stall`. Only the hybrid mode switches; asking another for a
+    /// switch is refused, naming the setting.
+    pub fn switching(
+        self,
+        after_rounds: Option<u32>,
+        on_stall: bool,
+    ) -> Result<Self, OptionsError> {
+        let needs_hybrid = |what| OptionsError::SwitchNeedsHybrid {
+            what,
+            mode: self.name(),
+        };
         match self {
-            Mode::Hybrid { .. } => Mode::Hybrid {
-                after_rounds: rounds.unwrap_or(if on_stall { u32::MAX } else { 1 }).max(1),
-                on_stall,
-            },
-            m => m,
+            Mode::Hybrid { .. } => {
+                if let Some(r) = after_rounds {
+                    OptionsError::check("postcopy-after-rounds", r.into(), MAX_ROUNDS, "")?;
+                }
+                Ok(Mode::Hybrid {
+                    after_rounds: after_rounds.unwrap_or(if on_stall { u32::MAX } else { 1 }),
+                    on_stall,
+                })
+            }
+            _ if on_stall => Err(needs_hybrid("on-stall postcopy")),
+            _ if after_rounds.is_some() => Err(needs_hybrid("postcopy-after-rounds")),
+            m => Ok(m),
         }
     }
 }
@@ -113,8 +131,17 @@ impl std::fmt::Display for Mode {
 
 /// How long a link may stand still before both sides give up.
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The stall timeouts accepted, in whole seconds.
+pub const STALL_TIMEOUT_SECS: RangeInclusive<u64> = 1..=3600;
+/// The postcopy recovery timeouts accepted, in seconds (0: give up at once).
+pub const RECOVER_TIMEOUT_SECS: RangeInclusive<u64> = 0..=86_400;
 /// Most data connections one migration opens.
 pub const MAX_CONNECTIONS: usize = 64;
+/// The fault handler threads a destination may run.
+pub const FAULT_HANDLERS: RangeInclusive<u64> = 1..=16;
+/// The pages a postcopy fault may ask for at once (the faulting page and
+/// the missing ones after it).
+pub const PREFETCH_PAGES: RangeInclusive<u64> = 1..=crate::wire::control::MAX_REQUEST_PAGES as u64;
 
 /// Pages per batch by default (1 MiB).
 pub const DEFAULT_BATCH_PAGES: usize = 256;
@@ -128,7 +155,7 @@ pub struct PrecopyOptions {
     pub verify_before_resume: bool,
     /// Pages per batch (clamped to 1..=[`crate::wire::MAX_BATCH_PAGES`]).
     pub batch_pages: usize,
-    /// Data connections (clamped to 1..=[`MAX_CONNECTIONS`]).
+    /// Data connections, 1 to [`MAX_CONNECTIONS`].
     pub connections: usize,
     /// How long the link may stand still before the migration fails.
     pub stall_timeout: Duration,
@@ -184,19 +211,43 @@ impl Default for PrecopyOptions {
 }
 
 impl PrecopyOptions {
-    /// Refuses settings that cannot go together, before anything starts:
-    /// delta re-sends with a mode that may switch to postcopy (a delta
-    /// re-sends a page against a copy that postcopy drops).
-    pub fn validate(&self) -> Result<(), MigrationError> {
+    /// Refuses settings out of range or that cannot go together, before
+    /// anything starts: the one check the CLI, the control socket and QMP
+    /// all map onto, so each refuses with the same words.
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        OptionsError::check(
+            "connections",
+            self.connections as u64,
+            1..=MAX_CONNECTIONS as u64,
+            "",
+        )?;
+        check_stall(self.stall_timeout)?;
+        check_recover(self.recover_timeout)?;
+        if let Some(max) = self.max_downtime {
+            OptionsError::check("max downtime", max.as_millis() as u64, DOWNTIME_MS, " ms")?;
+        }
         if self.mode.may_postcopy() && self.delta_cache_bytes > 0 {
-            return Err(MigrationError::Refused(format!(
-                "delta re-sends cannot be used with a {} migration: a delta re-sends a page \
-                 against a copy that postcopy drops",
-                self.mode
-            )));
+            return Err(OptionsError::DeltaWithPostcopy {
+                mode: self.mode.name(),
+            });
         }
         Ok(())
     }
+}
+
+/// The stall timeout's rule, for both sides.
+fn check_stall(stall: Duration) -> Result<(), OptionsError> {
+    OptionsError::check("stall timeout", stall.as_secs(), STALL_TIMEOUT_SECS, " s")
+}
+
+/// The recovery timeout's rule, for both sides.
+fn check_recover(recover: Duration) -> Result<(), OptionsError> {
+    OptionsError::check(
+        "recover timeout",
+        recover.as_secs(),
+        RECOVER_TIMEOUT_SECS,
+        " s",
+    )
 }
 
 /// Options of the destination side.
@@ -282,5 +333,21 @@ impl Default for ReceiveOptions {
             fault_busy_poll: false,
             probe: None,
         }
+    }
+}
+
+impl ReceiveOptions {
+    /// Refuses settings out of range, before anything is accepted (see
+    /// [`PrecopyOptions::validate`]).
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        check_stall(self.stall_timeout)?;
+        check_recover(self.recover_timeout)?;
+        OptionsError::check("prefetch", self.prefetch.into(), PREFETCH_PAGES, " pages")?;
+        OptionsError::check(
+            "fault handlers",
+            self.fault_handlers as u64,
+            FAULT_HANDLERS,
+            "",
+        )
     }
 }

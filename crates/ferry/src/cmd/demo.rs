@@ -107,11 +107,11 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     } else {
         None
     };
-    let link = a.migration.link()?;
+    let (opts, tls) = a.migration.options()?;
     // The source VM first: a policy its backend cannot serve is refused
     // before a destination process exists.
     let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
-    super::migrate::check_policy(&mut *vm, &link)?;
+    super::migrate::check_policy(&mut *vm, opts.converge)?;
     a.migration.link_bytes_per_sec = a.link_rate.map(|r| r << 20);
     let netns = if a.netns {
         let shape = LinkShape {
@@ -141,7 +141,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
             dest.0.id()
         );
     }
-    let mut summary = boot_and_migrate(&mut *vm, &config.workload, &addr, &a.migration, link)?;
+    let mut summary = boot_and_migrate(&mut *vm, &config.workload, &addr, &a.migration, opts, tls)?;
     // A destination that got no migration (the source failed before it
     // connected) would wait for ever: give it the stall timeout to finish
     // reporting, then stop it. One that got the guest runs it until every

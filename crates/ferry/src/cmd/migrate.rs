@@ -10,8 +10,15 @@ use clap::Args;
 use ferry_backend::error_chain as chain;
 use ferry_backend::Vm;
 use ferry_engine::converge::ConvergeMode;
+use ferry_engine::postcopy::DEFAULT_RECOVER_TIMEOUT;
 use ferry_engine::precopy::Compression;
-use ferry_engine::{Both, Mode, NoProgress, PostcopyResume, Progress};
+use ferry_engine::precopy::{
+    DEFAULT_STALL_TIMEOUT, MAX_CONNECTIONS, RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS,
+};
+use ferry_engine::tunables::{
+    DEFAULT_DOWNTIME, DEFAULT_MAX_ROUNDS, DOWNTIME_MS, MAX_ROUNDS, QUOTA_INTERVAL_MS,
+};
+use ferry_engine::{Both, Mode, NoProgress, PostcopyResume, Progress, TunableChange};
 use ferry_engine::{
     Dial, MigrationSummary, PrecopyOptions, Status, TcpDialer, TlsConfig, Tunables,
 };
@@ -28,10 +35,12 @@ pub struct MigrationArgs {
     /// final round (queued bytes, dirty set, harvest and resume) fits well
     /// under it: at once under a quarter of it, after at most 3 more
     /// shrinking rounds under it, never over it.
-    #[arg(long = "downtime-ms", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    #[arg(long = "downtime-ms", default_value_t = DEFAULT_DOWNTIME.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(DOWNTIME_MS))]
     pub downtime_ms: u64,
     /// Most dirty rounds before stop-and-copy regardless.
-    #[arg(long = "max-rounds", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long = "max-rounds", default_value_t = DEFAULT_MAX_ROUNDS,
+          value_parser = crate::args::ranged_u32(MAX_ROUNDS))]
     pub max_rounds: u32,
     /// Bandwidth cap in MiB/s (0 = unlimited).
     #[arg(long = "bandwidth", default_value_t = 0)]
@@ -46,7 +55,8 @@ pub struct MigrationArgs {
     pub connections: usize,
     /// Seconds the link may stand still before both ends give up (the source
     /// VM keeps running, the destination starts no guest).
-    #[arg(long = "stall-timeout", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    #[arg(long = "stall-timeout", default_value_t = DEFAULT_STALL_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(STALL_TIMEOUT_SECS))]
     pub stall_timeout_s: u64,
     /// Compress page batches: none, lz4, zstd, or auto (compress only while
     /// the link, not the CPU, is the bottleneck; the summary says what it
@@ -70,13 +80,14 @@ pub struct MigrationArgs {
     /// per interval; one that used it up sleeps until the next). Shorter:
     /// quicker reaction, smoother, more wake-ups. Changeable live with the
     /// control socket's `set`.
-    #[arg(long = "quota-interval-ms", default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=10_000))]
+    #[arg(long = "quota-interval-ms", default_value_t = ferry_backend::QUOTA_INTERVAL.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(QUOTA_INTERVAL_MS))]
     pub quota_interval_ms: u64,
     /// When precopy stops converging (the bytes left stop shrinking for 3
     /// rounds), the engine first engages --converge, then raises the
     /// downtime target by half at a time up to this many ms. Default: never
     /// above --downtime-ms.
-    #[arg(long = "max-downtime-ms", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    #[arg(long = "max-downtime-ms", value_parser = clap::value_parser!(u64).range(DOWNTIME_MS))]
     pub max_downtime_ms: Option<u64>,
     /// Give up if the migration has not switched over after this many
     /// seconds: it is cancelled and the source VM keeps running (as a
@@ -95,7 +106,7 @@ pub struct MigrationArgs {
     /// hybrid: precopy rounds before postcopy (the full pass counts as one).
     /// Default: 1, or with --on-stall postcopy only when precopy stalls (or
     /// reaches --max-rounds).
-    #[arg(long = "postcopy-after-rounds", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long = "postcopy-after-rounds", value_parser = crate::args::ranged_u32(MAX_ROUNDS))]
     pub postcopy_after_rounds: Option<u32>,
     /// What a stall does (the bytes left stopped shrinking for 3 rounds).
     /// escalate: engage --converge, then raise the downtime target up to
@@ -108,8 +119,8 @@ pub struct MigrationArgs {
     /// meanwhile and the paused source keeps every page. 0: give up at once
     /// (the source stays paused with its pages either way). Pass the same
     /// to `ferry receive`.
-    #[arg(long = "recover-timeout", value_name = "SECS", default_value_t = 60,
-          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    #[arg(long = "recover-timeout", value_name = "SECS", default_value_t = DEFAULT_RECOVER_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(RECOVER_TIMEOUT_SECS))]
     pub recover_timeout_s: u64,
     /// Re-send pages dirtied again as the bytes that changed since their
     /// last copy (like QEMU's XBZRLE), from a cache of last-sent pages.
@@ -160,33 +171,18 @@ pub struct MigrationArgs {
 }
 
 impl MigrationArgs {
-    /// The mode asked for.
-    pub fn mode(&self) -> Mode {
+    /// The mode asked for, with its switch to postcopy: the engine refuses
+    /// a switch asked of a mode that never switches.
+    pub fn mode(&self) -> Result<Mode, CmdError> {
         self.mode
-            .with_switch(self.postcopy_after_rounds, self.on_stall == "postcopy")
-    }
-
-    /// Refuses switch settings that the mode would ignore.
-    pub fn check_mode(&self) -> Result<(), CmdError> {
-        let hybrid = matches!(self.mode, Mode::Hybrid { .. });
-        if self.on_stall == "postcopy" && !hybrid {
-            return Err(CmdError::Usage(
-                "--on-stall postcopy needs --mode hybrid (precopy that may switch to postcopy)"
-                    .into(),
-            ));
-        }
-        if self.postcopy_after_rounds.is_some() && !hybrid {
-            return Err(CmdError::Usage(
-                "--postcopy-after-rounds needs --mode hybrid".into(),
-            ));
-        }
-        Ok(())
+            .switching(self.postcopy_after_rounds, self.on_stall == "postcopy")
+            .map_err(|e| CmdError::Usage(e.to_string()))
     }
 }
 
 /// `--connections`: a count, or `auto` for one per core (at most 8).
 pub fn parse_connections(s: &str) -> Result<usize, String> {
-    let max = ferry_engine::precopy::MAX_CONNECTIONS;
+    let max = MAX_CONNECTIONS;
     if s == "auto" {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         return Ok(cores.clamp(1, 8));
@@ -197,64 +193,40 @@ pub fn parse_connections(s: &str) -> Result<usize, String> {
     }
 }
 
-/// How a migration reaches its destination.
-#[derive(Clone, Debug)]
-pub struct LinkSettings {
-    /// Data connections.
-    pub connections: usize,
-    /// Compression of page batches.
-    pub compression: Compression,
-    /// How long the link may stand still.
-    pub stall_timeout: Duration,
-    /// Verify the digest before the destination resumes.
-    pub verify_before_resume: bool,
-    /// Mutual TLS, if asked for.
-    pub tls: Option<TlsConfig>,
-    /// Bytes of the delta cache (0: no delta re-sends).
-    pub delta_cache_bytes: u64,
-    /// Harvest within rounds (see `PrecopyOptions`).
-    pub harvest_within_rounds: bool,
-    /// The convergence policy (`None`: the best the backend serves).
-    pub converge: Option<ConvergeMode>,
-    /// Highest downtime target a stall may raise the target to.
-    pub max_downtime: Option<Duration>,
-    /// Cancel the migration if it has not switched over by then.
-    pub give_up_after: Option<Duration>,
-    /// Precopy, postcopy or hybrid.
-    pub mode: Mode,
-    /// Postcopy: how long to keep reconnecting after the connections break.
-    pub recover_timeout: Duration,
-}
-
 impl MigrationArgs {
-    /// The link settings these arguments ask for; loads the TLS material,
-    /// so a bad --tls-dir is refused before any VM boots.
-    pub fn link(&self) -> Result<LinkSettings, CmdError> {
-        self.check_mode()?;
-        let mode = self.mode();
-        // The engine's own check, asked before any VM boots.
-        let asked = PrecopyOptions {
-            mode,
-            delta_cache_bytes: if self.delta { self.delta_cache } else { 0 },
-            ..PrecopyOptions::default()
-        };
-        asked
-            .validate()
-            .map_err(|e| CmdError::Usage(format!("--delta with --mode {mode}: {}", chain(&e))))?;
-        Ok(LinkSettings {
-            connections: self.connections,
-            compression: self.compress,
-            stall_timeout: Duration::from_secs(self.stall_timeout_s),
+    /// The engine's options these flags ask for (with tunables of their
+    /// own), checked by the engine, and the TLS material, loaded so that a
+    /// bad --tls-dir is refused before any VM boots.
+    pub fn options(&self) -> Result<(PrecopyOptions, Option<TlsConfig>), CmdError> {
+        let mode = self.mode()?;
+        let tunables = Tunables::shared();
+        tunables
+            .apply(&TunableChange {
+                downtime_ms: Some(self.downtime_ms),
+                max_rounds: Some(self.max_rounds),
+                bandwidth_bytes_per_sec: Some(self.bandwidth_mib_s.saturating_mul(1 << 20)),
+                quota_interval_ms: Some(self.quota_interval_ms),
+            })
+            .map_err(|e| CmdError::Usage(e.to_string()))?;
+        let opts = PrecopyOptions {
+            tunables,
             verify_before_resume: self.verify_before_resume,
-            tls: load_tls(self.tls_dir.as_deref())?,
+            connections: self.connections,
+            stall_timeout: Duration::from_secs(self.stall_timeout_s),
+            compression: self.compress,
             delta_cache_bytes: if self.delta { self.delta_cache } else { 0 },
             harvest_within_rounds: self.harvest_within_rounds,
             converge: self.converge,
             max_downtime: self.max_downtime_ms.map(Duration::from_millis),
-            give_up_after: self.give_up_after_s.map(Duration::from_secs),
             mode,
             recover_timeout: Duration::from_secs(self.recover_timeout_s),
-        })
+            probe: Some(Arc::new(MemstressProbe)),
+            give_up_after: self.give_up_after_s.map(Duration::from_secs),
+            ..PrecopyOptions::default()
+        };
+        opts.validate()
+            .map_err(|e| CmdError::Usage(e.to_string()))?;
+        Ok((opts, load_tls(self.tls_dir.as_deref())?))
     }
 }
 
@@ -315,11 +287,11 @@ pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
         }
         return via_control(path, &a);
     }
-    let link = a.migration.link()?;
+    let (opts, tls) = a.migration.options()?;
     let workload = a.workload.workload().map_err(CmdError::Usage)?;
     let config = a.backend.config(workload);
     let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
-    let summary = boot_and_migrate(&mut *vm, &config.workload, &a.to, &a.migration, link)?;
+    let summary = boot_and_migrate(&mut *vm, &config.workload, &a.to, &a.migration, opts, tls)?;
     Ok(finish(&mut *vm, &summary, a.migration.json))
 }
 
@@ -333,7 +305,7 @@ fn resume_via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCod
 /// Asks a running `ferry run --control` to migrate its VM.
 fn via_control(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdError> {
     // The same refusals as a migration this command runs itself.
-    a.migration.check_mode()?;
+    a.migration.options()?;
     let set = serde_json::json!({
         "cmd": "set",
         "downtime_ms": a.migration.downtime_ms,
@@ -408,11 +380,8 @@ fn check_address(to: &str) -> Result<(), CmdError> {
 
 /// Refuses a convergence policy the VM's backend cannot serve, before the
 /// guest boots (the engine's own check, asked early).
-pub fn check_policy(vm: &mut dyn Vm, link: &LinkSettings) -> Result<(), CmdError> {
-    match (
-        ferry_engine::converge::choose(link.converge, vm),
-        link.converge,
-    ) {
+pub fn check_policy(vm: &mut dyn Vm, converge: Option<ConvergeMode>) -> Result<(), CmdError> {
+    match (ferry_engine::converge::choose(converge, vm), converge) {
         (Err(ferry_engine::MigrationError::Backend { source, .. }), Some(mode)) => Err(
             CmdError::Usage(format!("--converge {mode}: {}", chain(&source))),
         ),
@@ -427,12 +396,13 @@ pub fn boot_and_migrate(
     workload: &Workload,
     to: &str,
     m: &MigrationArgs,
-    link: LinkSettings,
+    opts: PrecopyOptions,
+    tls: Option<TlsConfig>,
 ) -> Result<MigrationSummary, CmdError> {
     if !(0.0..=3600.0).contains(&m.warmup) {
         return Err(CmdError::Usage("--warmup must be 0 to 3600 seconds".into()));
     }
-    check_policy(vm, &link)?;
+    check_policy(vm, opts.converge)?;
     // A signal before the migration starts stops the warm-up (the flag is
     // read there); once it runs, the signal cancels it (migrate_running).
     crate::signals::on_stop(|| {});
@@ -444,11 +414,6 @@ pub fn boot_and_migrate(
         let vcpus = vm.vcpus();
         set_write_percent(vm.ram(), vcpus, 0).map_err(|e| CmdError::Failed(e.to_string()))?;
     }
-    let tunables = Tunables::shared();
-    tunables.set_downtime_target(Duration::from_millis(m.downtime_ms));
-    tunables.set_max_rounds(m.max_rounds);
-    tunables.set_bandwidth_bytes_per_sec(m.bandwidth_mib_s << 20);
-    tunables.set_quota_interval(Duration::from_millis(m.quota_interval_ms));
     let predicted = if m.predict {
         if !(0.1..=60.0).contains(&m.predict_secs) {
             return Err(CmdError::Usage("--predict-secs must be 0.1 to 60".into()));
@@ -457,10 +422,10 @@ pub fn boot_and_migrate(
         let p = crate::predict::sample_and_predict(
             vm,
             workload,
-            &tunables,
+            &opts.tunables,
             m.link_bytes_per_sec,
             Duration::from_secs_f64(m.predict_secs),
-            link.harvest_within_rounds,
+            opts.harvest_within_rounds,
         )?;
         if !m.json {
             println!("{}", crate::predict::render(&p));
@@ -471,7 +436,7 @@ pub fn boot_and_migrate(
     } else {
         None
     };
-    let (mut summary, _) = migrate_running(vm, to, tunables, link, since, None, &NoProgress);
+    let (mut summary, _) = migrate_running(vm, to, opts, tls.as_ref(), since, None, &NoProgress);
     summary.predicted = predicted;
     Ok(summary)
 }
@@ -485,30 +450,19 @@ pub fn boot_and_migrate(
 pub fn migrate_running(
     vm: &mut dyn Vm,
     to: &str,
-    tunables: Arc<Tunables>,
-    link: LinkSettings,
+    opts: PrecopyOptions,
+    tls: Option<&TlsConfig>,
     since: Option<Sample>,
     resume: Option<PostcopyResume>,
     observer: &dyn Progress,
 ) -> (MigrationSummary, Option<PostcopyResume>) {
+    // The delta cache never needs more than the guest's memory.
     let opts = PrecopyOptions {
-        tunables,
-        verify_before_resume: link.verify_before_resume,
-        connections: link.connections,
-        stall_timeout: link.stall_timeout,
-        compression: link.compression,
-        delta_cache_bytes: link.delta_cache_bytes.min(vm.ram().pages() * 4096),
-        harvest_within_rounds: link.harvest_within_rounds,
-        converge: link.converge,
-        max_downtime: link.max_downtime,
-        mode: link.mode,
-        recover_timeout: link.recover_timeout,
-        probe: Some(Arc::new(MemstressProbe)),
-        give_up_after: link.give_up_after,
-        ..PrecopyOptions::default()
+        delta_cache_bytes: opts.delta_cache_bytes.min(vm.ram().size()),
+        ..opts
     };
     let started = Instant::now();
-    let dialer: Box<dyn Dial> = match &link.tls {
+    let dialer: Box<dyn Dial> = match tls {
         None => Box::new(TcpDialer(to.to_string())),
         Some(tls) => match tls.dialer(to) {
             Ok(d) => Box::new(d),
@@ -516,7 +470,7 @@ pub fn migrate_running(
                 let error = chain(&e);
                 eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
                 return (
-                    failed_summary(vm, &opts, &link, started.elapsed(), error),
+                    failed_summary(vm, &opts, true, started.elapsed(), error),
                     resume,
                 );
             }
@@ -567,14 +521,14 @@ pub fn migrate_running(
 fn failed_summary(
     vm: &dyn Vm,
     opts: &PrecopyOptions,
-    link: &LinkSettings,
+    tls: bool,
     took: Duration,
     error: String,
 ) -> MigrationSummary {
     MigrationSummary {
         total_ms: took.as_secs_f64() * 1e3,
         error: Some(error),
-        ..ferry_engine::precopy::fresh_summary(vm, opts, link.connections, link.tls.is_some())
+        ..ferry_engine::precopy::fresh_summary(vm, opts, opts.connections, tls)
     }
 }
 

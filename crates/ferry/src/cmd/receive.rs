@@ -7,6 +7,8 @@ use crate::vms;
 use clap::Args;
 use ferry_backend::types::human_bytes;
 use ferry_backend::{error_chain as chain, BackendError, Vm};
+use ferry_engine::postcopy::DEFAULT_RECOVER_TIMEOUT;
+use ferry_engine::precopy::{DEFAULT_STALL_TIMEOUT, RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS};
 use ferry_engine::wire::StreamHeader;
 use ferry_engine::{ExpectedVm, Listen, MigrationError, ReceiveOptions, Status, TransportError};
 use ferry_memstress::{MemstressProbe, VmConfig};
@@ -49,7 +51,8 @@ pub struct ReceiveArgs {
     pub verify_before_resume: bool,
     /// Seconds the link may stand still before the migration fails (no
     /// guest is started here then).
-    #[arg(long = "stall-timeout", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    #[arg(long = "stall-timeout", default_value_t = DEFAULT_STALL_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(STALL_TIMEOUT_SECS))]
     pub stall_timeout_s: u64,
     #[command(flatten)]
     pub paging: PagingArgs,
@@ -57,8 +60,8 @@ pub struct ReceiveArgs {
     /// guest on and wait this many seconds for the source to reconnect
     /// (`ferry migrate` retries for its own --recover-timeout). 0: give up
     /// at once and pause the guest.
-    #[arg(long = "recover-timeout", value_name = "SECS", default_value_t = 60,
-          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    #[arg(long = "recover-timeout", value_name = "SECS", default_value_t = DEFAULT_RECOVER_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(RECOVER_TIMEOUT_SECS))]
     pub recover_timeout_s: u64,
     /// Mutual TLS: accept only sources with a certificate from `ca.pem` in
     /// this directory, and serve `cert.pem` / `key.pem` (`ferry certs DIR`

@@ -1,18 +1,17 @@
 //! `ferry run`: boot a VM with the memstress guest and report its progress.
 
-use super::migrate::{migrate_running, LinkSettings};
+use super::migrate::migrate_running;
 use super::CmdError;
 use crate::args::{BackendArgs, WorkloadArgs};
 use crate::control::{self, VmCommand};
 use crate::{rates, vms};
 use clap::Args;
+use ferry_engine::custody::{ContError, CopyState, Custody};
 use ferry_engine::monitor::Monitor;
-use ferry_engine::PostcopyResume;
-use ferry_engine::{Status, Tunables};
+use ferry_engine::{PrecopyOptions, Status, TlsConfig, Tunables};
 use ferry_memstress::read_progress;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,38 +51,54 @@ pub struct RunArgs {
 struct Ctl {
     answering: Arc<std::sync::atomic::AtomicUsize>,
     monitor: Arc<Monitor>,
-    /// The VM is held paused after a lost Commit, until `cont`.
-    held: Arc<AtomicBool>,
-    /// The VM moved away; the monitor stays up until `quit`.
-    moved: Arc<AtomicBool>,
+    /// Who may run this copy, and what an operator may do with it next
+    /// (held after a lost Commit, left by a failed postcopy, moved away).
+    custody: Arc<Custody>,
 }
 
 /// A migration the control socket asked for: a new one, or the resume of
 /// a postcopy that failed.
 struct Job {
     to: String,
-    link: LinkSettings,
+    opts: PrecopyOptions,
+    tls: Option<TlsConfig>,
     since: Option<crate::vcpu_share::Sample>,
-    resume: Option<PostcopyResume>,
+    /// Resume the failed postcopy in custody instead of a new migration.
+    resume: bool,
 }
+
+/// Where the last migration went and how: what a resume of its failed
+/// postcopy sends again.
+type LastJob = (String, PrecopyOptions, Option<TlsConfig>);
 
 impl Job {
     /// Runs it and replies with the summary. Returns whether the VM moved
     /// (this process then stops). A failed postcopy leaves the VM paused
-    /// with every page, and is kept in `unfinished` for a resume.
+    /// with every page, in custody for a resume; `last` keeps where it went.
     fn run(
         self,
         vm: &mut dyn ferry_backend::Vm,
         tunables: &Arc<Tunables>,
-        unfinished: &mut Option<(String, LinkSettings, PostcopyResume)>,
+        last: &mut Option<LastJob>,
         reply: std::sync::mpsc::Sender<serde_json::Value>,
         ctl: &Ctl,
     ) -> bool {
+        let resume = if self.resume {
+            match ctl.custody.take_resume() {
+                Ok(token) => Some(token),
+                Err(e) => {
+                    let _ = reply.send(serde_json::json!({"ok": false, "error": e.to_string()}));
+                    return false;
+                }
+            }
+        } else {
+            None
+        };
         // A cancel aimed at an earlier migration must not stop this one.
         tunables.reset_cancel();
         // Claimed already when QMP's migrate asked for it.
         ctl.monitor.begin();
-        ctl.monitor.set_may_postcopy(self.link.mode.may_postcopy());
+        ctl.monitor.set_may_postcopy(self.opts.mode.may_postcopy());
         // From here this thread is busy: a throttle asked meanwhile goes
         // through the tunables to the migration, not into this thread's
         // queue behind it.
@@ -91,10 +106,10 @@ impl Job {
         let (summary, token) = migrate_running(
             vm,
             &self.to,
-            Arc::clone(tunables),
-            self.link.clone(),
+            self.opts.clone(),
+            self.tls.as_ref(),
             self.since,
-            self.resume,
+            resume,
             &*ctl.monitor,
         );
         tunables.set_migrating(false);
@@ -102,20 +117,16 @@ impl Job {
         let cancelled = tunables.is_cancelled();
         let summary_json = crate::summary::json(&summary);
         // Before the `completed` event goes out: a client that reads it
-        // and asks again must find the VM moved.
-        if summary.status == Status::Completed {
-            ctl.moved.store(true, Ordering::Release);
-        }
+        // and asks again must find the VM moved (or held).
+        ctl.custody
+            .migration_ended(summary.status, summary.error.as_deref(), token);
         ctl.monitor
             .finish(&summary, summary_json, cancelled, token.is_some());
-        *unfinished = token.map(|t| (self.to.clone(), self.link, t));
         let moved = summary.status == Status::Completed;
-        if summary.status == Status::Held {
-            hold(
-                &ctl.held,
-                summary.error.as_deref().unwrap_or("the Commit was lost"),
-            );
+        if let CopyState::Held { why } = ctl.custody.state() {
+            say_held(&why);
         }
+        *last = Some((self.to.clone(), self.opts, self.tls));
         let _ = reply.send(crate::summary::json(&summary));
         if moved {
             say(format_args!(
@@ -189,8 +200,10 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
     let ctl = Ctl {
         answering: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         monitor: Monitor::start(vm.ram().size()),
-        held: Arc::new(AtomicBool::new(false)),
-        moved: Arc::new(AtomicBool::new(false)),
+        custody: Arc::new(Custody::new(match &a.held {
+            Some(why) => CopyState::Held { why: why.clone() },
+            None => CopyState::Running,
+        })),
     };
     // SIGINT or SIGTERM: cancel a migration under way, then stop as `stop`
     // does. Set before the socket is announced: a signal may follow at once.
@@ -210,9 +223,8 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
         answering: Arc::clone(&ctl.answering),
         monitor: Arc::clone(&ctl.monitor),
         next_converge: Arc::default(),
-        held: Arc::clone(&ctl.held),
+        custody: Arc::clone(&ctl.custody),
         postcopy_ram: Arc::default(),
-        moved: Arc::clone(&ctl.moved),
     };
     let sockets = [
         (&a.control, control::Dialect::Both, "control socket"),
@@ -226,11 +238,11 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
         }
     }
     if let Some(why) = &a.held {
-        hold(&ctl.held, why);
+        say_held(why);
     }
     let _keep_channel_open = tx;
-    // A failed postcopy: where it went, how, and the token to resume it.
-    let mut unfinished: Option<(String, LinkSettings, PostcopyResume)> = None;
+    // The last migration: where a resume of its failed postcopy goes.
+    let mut last: Option<LastJob> = None;
     // Where the VM went, once it moved and the monitor stays up.
     let mut moved_to: Option<String> = None;
     loop {
@@ -264,20 +276,20 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
                 break;
             }
             Ok(VmCommand::Resume { to, reply }) => {
-                let Some((was_to, link, token)) = unfinished.take() else {
-                    let _ = reply.send(serde_json::json!({
-                        "ok": false,
-                        "error": "there is no failed postcopy to resume"
-                    }));
+                let Some((was_to, opts, tls)) = last.clone() else {
+                    let error = ferry_engine::custody::CustodyError::NothingToResume;
+                    let _ =
+                        reply.send(serde_json::json!({"ok": false, "error": error.to_string()}));
                     continue;
                 };
                 let job = Job {
                     to: to.unwrap_or(was_to),
-                    link,
+                    opts,
+                    tls,
                     since: None,
-                    resume: Some(token),
+                    resume: true,
                 };
-                if job.run(vm, &tunables, &mut unfinished, reply, &ctl) {
+                if job.run(vm, &tunables, &mut last, reply, &ctl) {
                     if !a.stay_after_migration {
                         return Ok(ExitCode::SUCCESS);
                     }
@@ -288,51 +300,49 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
                 }
             }
             Ok(VmCommand::Cont { reply }) => {
-                let answer = if ctl.held.load(Ordering::Acquire) {
-                    match vm.start() {
-                        Ok(()) => {
-                            ctl.held.store(false, Ordering::Release);
+                let answer = match ctl.custody.cont(|| vm.start()) {
+                    Ok(started) => {
+                        if started {
                             say(format_args!("resumed by cont: this copy of the guest runs"));
-                            serde_json::json!({"ok": true})
                         }
-                        Err(e) => serde_json::json!({
-                            "ok": false,
-                            "error": ferry_backend::error_chain(&e)
-                        }),
+                        serde_json::json!({"ok": true})
                     }
-                } else if unfinished.is_some() {
-                    serde_json::json!({
+                    Err(ContError::Refused(e)) => {
+                        serde_json::json!({"ok": false, "error": e.to_string()})
+                    }
+                    Err(ContError::Start(e)) => serde_json::json!({
                         "ok": false,
-                        "error": "a failed postcopy holds this VM paused: the destination has \
-                                  run it, so it must not run here; resume the postcopy instead"
-                    })
-                } else {
-                    serde_json::json!({"ok": true})
+                        "error": ferry_backend::error_chain(&e)
+                    }),
                 };
                 let _ = reply.send(answer);
                 continue;
             }
-            Ok(VmCommand::Migrate { reply, .. }) if ctl.held.load(Ordering::Acquire) => {
-                let error = "this copy is held paused after a lost Commit: `cont` it once \
-                             sure the other copy does not run, or `stop` it";
-                ctl.monitor.refuse(error);
+            Ok(VmCommand::Migrate { reply, .. }) if ctl.custody.may_migrate().is_err() => {
+                let error = ctl
+                    .custody
+                    .may_migrate()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                ctl.monitor.refuse(&error);
                 let _ = reply.send(serde_json::json!({ "ok": false, "error": error }));
             }
-            Ok(VmCommand::Migrate { reply, .. }) if unfinished.is_some() => {
-                let error = "a failed postcopy holds this VM paused (the destination has run \
-                             it): resume that one with {\"cmd\":\"resume\"}";
-                ctl.monitor.refuse(error);
-                let _ = reply.send(serde_json::json!({ "ok": false, "error": error }));
-            }
-            Ok(VmCommand::Migrate { to, link, reply }) => {
+            Ok(VmCommand::Migrate {
+                to,
+                opts,
+                tls,
+                reply,
+            }) => {
                 let dest = to.clone();
                 let job = Job {
                     to,
-                    link,
+                    opts,
+                    tls,
                     since: Some((before.clone(), at)),
-                    resume: None,
+                    resume: false,
                 };
-                if job.run(vm, &tunables, &mut unfinished, reply, &ctl) {
+                if job.run(vm, &tunables, &mut last, reply, &ctl) {
                     if !a.stay_after_migration {
                         return Ok(ExitCode::SUCCESS);
                     }
@@ -345,7 +355,7 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
             Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
         }
         vm.check_health()?;
-        if ctl.held.load(Ordering::Acquire) {
+        if ctl.custody.is_held() {
             // Paused: no progress to report until `cont`.
             before = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
             at = Instant::now();
@@ -387,10 +397,9 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
     })
 }
 
-/// Marks the VM held (paused, verified, its fate the operator's) and says
-/// what to do.
-fn hold(held: &AtomicBool, why: &str) {
-    held.store(true, Ordering::Release);
+/// Says that the VM is held (paused, verified, its fate the operator's)
+/// and what to do.
+fn say_held(why: &str) {
     eprintln!(
         "ferry: HELD: {why}. This copy of the guest stays paused with verified memory. \
          Once sure the other copy does not run, resume this one with \

@@ -2,12 +2,14 @@
 //! the module above for the list).
 
 use super::{forward, Shared, VmCommand};
-use crate::cmd::migrate::LinkSettings;
 use crate::rates;
 use ferry::protocol::ParamUpdate;
 use ferry::protocol::{MigrateRequest, Request};
+use ferry_engine::{Mode, PrecopyOptions, TlsConfig};
 use ferry_memstress::read_progress;
+use ferry_memstress::MemstressProbe;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Answers one request.
@@ -54,7 +56,12 @@ pub fn handle(req: Request, shared: &Shared) -> Value {
             json!({"ok": true})
         }
         Request::Migrate(m) => match settings(m, shared) {
-            Ok((to, link)) => forward(shared, |reply| VmCommand::Migrate { to, link, reply }),
+            Ok((to, opts, tls)) => forward(shared, |reply| VmCommand::Migrate {
+                to,
+                opts,
+                tls,
+                reply,
+            }),
             Err(e) => json!({"ok": false, "error": e}),
         },
         Request::Throttle { percent } => {
@@ -76,8 +83,13 @@ pub fn handle(req: Request, shared: &Shared) -> Value {
     }
 }
 
-/// Checks a migrate request; the destination and the link settings.
-pub fn settings(m: MigrateRequest, shared: &Shared) -> Result<(String, LinkSettings), String> {
+/// The destination, the engine's options (on the VM's own tunables, so
+/// that `set` reaches the migration) and the TLS material a migrate request
+/// asks for, checked by the engine.
+pub fn settings(
+    m: MigrateRequest,
+    shared: &Shared,
+) -> Result<(String, PrecopyOptions, Option<TlsConfig>), String> {
     let on_stall = match m.on_stall.as_deref() {
         None | Some("escalate") => false,
         Some("postcopy") => true,
@@ -93,60 +105,43 @@ pub fn settings(m: MigrateRequest, shared: &Shared) -> Result<(String, LinkSetti
     let mode = match m.mode.as_deref() {
         // QMP's postcopy-ram: precopy until migrate-start-postcopy (or
         // postcopy_after_rounds, or a stall with on_stall).
-        None if postcopy_ram => ferry_engine::Mode::Hybrid {
+        None if postcopy_ram => Mode::Hybrid {
             after_rounds: m.postcopy_after_rounds.unwrap_or(u32::MAX).max(1),
             on_stall,
         },
         name => name
             .unwrap_or("precopy")
-            .parse::<ferry_engine::Mode>()?
-            .with_switch(m.postcopy_after_rounds, on_stall),
+            .parse::<Mode>()?
+            .switching(m.postcopy_after_rounds, on_stall)
+            .map_err(|e| e.to_string())?,
     };
-    if on_stall && !mode.switch_on_stall() {
-        return Err("on_stall postcopy needs mode hybrid".into());
-    }
-    let delta_cache_bytes = m.delta_cache_mib.unwrap_or(0).saturating_mul(1 << 20);
-    // The engine's own check of settings that cannot go together.
-    ferry_engine::PrecopyOptions {
-        mode,
-        delta_cache_bytes,
-        ..ferry_engine::PrecopyOptions::default()
-    }
-    .validate()
-    .map_err(|e| format!("delta_cache_mib: {}", e.chain()))?;
     let converge = match m.converge.as_deref() {
         Some(c) => Some(c.parse()?),
         None => shared.next_converge(),
     };
-    let compression = m.compress.as_deref().unwrap_or("none").parse()?;
-    let max = ferry_engine::precopy::MAX_CONNECTIONS;
-    let connections = m.connections.unwrap_or(1);
-    let stall = m.stall_timeout_s.unwrap_or(10);
-    if !(1..=max).contains(&connections) {
-        return Err(format!("connections must be 1 to {max}"));
-    }
-    if !(1..=3600).contains(&stall) {
-        return Err("stall_timeout_s must be 1 to 3600".into());
-    }
-    let tls = crate::cmd::migrate::load_tls(m.tls_dir.as_deref()).map_err(|e| e.to_string())?;
-    let link = LinkSettings {
-        connections,
-        compression,
-        stall_timeout: Duration::from_secs(stall),
+    let defaults = PrecopyOptions::default();
+    let opts = PrecopyOptions {
+        tunables: Arc::clone(&shared.tunables),
         verify_before_resume: m.verify_before_resume,
-        tls,
-        delta_cache_bytes,
-        harvest_within_rounds: false,
+        connections: m.connections.unwrap_or(defaults.connections),
+        stall_timeout: m
+            .stall_timeout_s
+            .map_or(defaults.stall_timeout, Duration::from_secs),
+        compression: m.compress.as_deref().unwrap_or("none").parse()?,
+        delta_cache_bytes: m.delta_cache_mib.unwrap_or(0).saturating_mul(1 << 20),
         converge,
         max_downtime: m.max_downtime_ms.map(Duration::from_millis),
         give_up_after: m.give_up_after_s.map(Duration::from_secs),
         mode,
-        recover_timeout: m.recover_timeout_s.map_or(
-            ferry_engine::postcopy::DEFAULT_RECOVER_TIMEOUT,
-            Duration::from_secs,
-        ),
+        recover_timeout: m
+            .recover_timeout_s
+            .map_or(defaults.recover_timeout, Duration::from_secs),
+        probe: Some(Arc::new(MemstressProbe)),
+        ..defaults
     };
-    Ok((m.to, link))
+    opts.validate().map_err(|e| e.to_string())?;
+    let tls = crate::cmd::migrate::load_tls(m.tls_dir.as_deref()).map_err(|e| e.to_string())?;
+    Ok((m.to, opts, tls))
 }
 
 fn status(shared: &Shared) -> Value {

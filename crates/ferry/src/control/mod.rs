@@ -37,7 +37,6 @@ mod lines;
 mod params;
 mod qmp;
 
-use crate::cmd::migrate::LinkSettings;
 use ferry::protocol::Parsed;
 use ferry_backend::GuestRam;
 use ferry_engine::converge::ConvergeMode;
@@ -77,7 +76,9 @@ pub fn subscribe(monitor: &Monitor, conn: &Writer) {
 pub enum VmCommand {
     Migrate {
         to: String,
-        link: LinkSettings,
+        /// The engine's options, on the VM's own tunables.
+        opts: ferry_engine::PrecopyOptions,
+        tls: Option<ferry_engine::TlsConfig>,
         reply: Sender<Value>,
     },
     Throttle {
@@ -137,14 +138,12 @@ pub struct Shared {
     /// The convergence policy set without a migration running: the next
     /// migration's default. `None`: the backend's default.
     pub next_converge: Arc<Mutex<Option<ConvergeMode>>>,
-    /// Set while the VM is held paused after a lost Commit, until `cont`.
-    pub held: Arc<AtomicBool>,
+    /// Who may run this copy: held after a lost Commit, left by a failed
+    /// postcopy, or moved away (then only queries and `quit` are answered).
+    pub custody: Arc<ferry_engine::custody::Custody>,
     /// QMP's `postcopy-ram` capability: a migration that names no mode
     /// runs as a hybrid that switches only when asked.
     pub postcopy_ram: Arc<AtomicBool>,
-    /// The VM has moved away and the monitor stays up (`postmigrate`):
-    /// only queries and `quit` are answered.
-    pub moved: Arc<AtomicBool>,
 }
 
 impl Shared {

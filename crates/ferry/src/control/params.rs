@@ -3,41 +3,29 @@
 
 use super::Shared;
 use ferry::protocol::ParamUpdate;
-use std::time::Duration;
+use ferry_engine::TunableChange;
 
-/// Checks every change, then applies them all (or none).
+/// Checks every change, then applies them all (or none): the tunables'
+/// ranges are the engine's ([`ferry_engine::TunableChange`]).
 pub fn apply(update: ParamUpdate, shared: &Shared) -> Result<(), String> {
     let policy = update
         .converge
         .as_deref()
         .map(str::parse::<ferry_engine::converge::ConvergeMode>)
         .transpose()?;
-    if let Some(ms) = update.quota_interval_ms {
-        if !(10..=10_000).contains(&ms) {
-            return Err("the quota interval must be 10 to 10000 ms".into());
-        }
-    }
-    if update.max_rounds == Some(0) {
-        return Err("max rounds must be at least 1".into());
-    }
+    let change = TunableChange {
+        downtime_ms: update.downtime_ms,
+        max_rounds: update.max_rounds,
+        bandwidth_bytes_per_sec: update.bandwidth_bytes_s,
+        quota_interval_ms: update.quota_interval_ms,
+    };
+    change.validate().map_err(|e| e.to_string())?;
     let t = &shared.tunables;
-    if let Some(ms) = update.quota_interval_ms {
-        t.set_quota_interval(Duration::from_millis(ms));
-    }
     if let Some(p) = policy {
         if t.is_migrating() {
             t.request_policy(p);
         }
         shared.set_next_converge(p);
     }
-    if let Some(ms) = update.downtime_ms {
-        t.set_downtime_target(Duration::from_millis(ms));
-    }
-    if let Some(b) = update.bandwidth_bytes_s {
-        t.set_bandwidth_bytes_per_sec(b);
-    }
-    if let Some(r) = update.max_rounds {
-        t.set_max_rounds(r);
-    }
-    Ok(())
+    t.apply(&change).map_err(|e| e.to_string())
 }

@@ -27,6 +27,7 @@
 use super::Writer;
 use super::{Shared, VmCommand};
 use ferry::protocol::{Capability, ParamUpdate, QmpCommand, QmpError};
+use ferry_engine::custody::CopyState;
 use ferry_engine::monitor::MigStatus;
 use serde_json::{json, Value};
 
@@ -184,9 +185,9 @@ fn cont(shared: &Shared) -> Result<Value, QmpError> {
 }
 
 fn run_state(shared: &Shared) -> Value {
-    let (status, running) = if shared.held.load(std::sync::atomic::Ordering::Acquire) {
+    let (status, running) = if shared.custody.is_held() {
         ("paused", false)
-    } else if shared.moved.load(std::sync::atomic::Ordering::Acquire) {
+    } else if shared.custody.has_moved() {
         ("postmigrate", false)
     } else {
         match shared.monitor.status() {
@@ -249,9 +250,9 @@ fn migrate(
     shared: &Shared,
 ) -> Result<Value, QmpError> {
     let (tx, _) = std::sync::mpsc::channel();
-    let paused = shared.monitor.status() == MigStatus::PostcopyPaused;
+    let custody = shared.custody.state();
     if resume {
-        if !paused {
+        if !matches!(custody, CopyState::PostcopyFailed { .. }) {
             return Err(QmpError::generic("there is no paused postcopy to resume"));
         }
         let to = Some(settings.to);
@@ -260,30 +261,18 @@ fn migrate(
             Err(_) => Err(QmpError::generic("the VM has stopped")),
         };
     }
-    if shared.held.load(std::sync::atomic::Ordering::Acquire) {
-        return Err(QmpError::generic(
-            "this copy is held paused after a lost Commit: cont it once sure the other \
-             copy does not run, or stop it",
-        ));
-    }
-    if paused {
-        return Err(QmpError::generic(
-            "a failed postcopy holds this VM paused (the destination has run it): resume it \
-             with migrate and resume: true",
-        ));
-    }
-    if shared.moved.load(std::sync::atomic::Ordering::Acquire) {
-        return Err(QmpError::generic(
-            "the VM has moved away: this monitor only answers queries and quit",
-        ));
-    }
-    let (to, link) = super::lines::settings(settings, shared).map_err(QmpError::generic)?;
+    shared
+        .custody
+        .may_migrate()
+        .map_err(|e| QmpError::generic(e.to_string()))?;
+    let (to, opts, tls) = super::lines::settings(settings, shared).map_err(QmpError::generic)?;
     if !shared.monitor.begin() {
         return Err(QmpError::generic("there's a migration process in progress"));
     }
     match shared.commands.send(VmCommand::Migrate {
         to,
-        link,
+        opts,
+        tls,
         reply: tx,
     }) {
         Ok(()) => Ok(json!({})),
