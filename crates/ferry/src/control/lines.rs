@@ -3,8 +3,8 @@
 
 use super::{forward, Shared, VmCommand};
 use crate::rates;
-use ferry::protocol::ParamUpdate;
-use ferry::protocol::{MigrateRequest, Request};
+use ferry_control::ParamUpdate;
+use ferry_control::{MigrateRequest, Request};
 use ferry_engine::{Mode, PrecopyOptions, TlsConfig};
 use ferry_memstress::read_progress;
 use ferry_memstress::MemstressProbe;

@@ -37,8 +37,8 @@ mod lines;
 mod params;
 mod qmp;
 
-use ferry::protocol::Parsed;
 use ferry_backend::GuestRam;
+use ferry_control::Parsed;
 use ferry_engine::converge::ConvergeMode;
 use ferry_engine::monitor::{EventSink, Monitor};
 use ferry_engine::Tunables;
@@ -276,7 +276,7 @@ fn serve_qmp(mut conn: UnixStream, shared: &Shared, out: &Writer) {
 
 /// Answers one line in either dialect.
 fn answer(line: &str, shared: &Shared, out: &Writer) -> Value {
-    match ferry::protocol::parse(line) {
+    match ferry_control::parse(line) {
         Ok(Parsed::Lines(req)) => lines::handle(req, shared),
         Ok(Parsed::Qmp { id, command }) => qmp::handle(id, command, shared, out),
         Err(e) => json!({"ok": false, "error": e}),

@@ -2,7 +2,7 @@
 //! QMP's `migrate-set-parameters`.
 
 use super::Shared;
-use ferry::protocol::ParamUpdate;
+use ferry_control::ParamUpdate;
 use ferry_engine::TunableChange;
 
 /// Checks every change, then applies them all (or none): the tunables'

@@ -26,7 +26,7 @@
 
 use super::Writer;
 use super::{Shared, VmCommand};
-use ferry::protocol::{Capability, ParamUpdate, QmpCommand, QmpError};
+use ferry_control::{Capability, ParamUpdate, QmpCommand, QmpError};
 use ferry_engine::custody::CopyState;
 use ferry_engine::monitor::MigStatus;
 use serde_json::{json, Value};
@@ -52,9 +52,9 @@ fn version() -> Value {
 /// `negotiating`, `qmp_capabilities` only (QEMU's capabilities
 /// negotiation mode).
 pub fn answer_strict(line: &str, negotiating: &mut bool, shared: &Shared, conn: &Writer) -> Value {
-    let (id, command) = match ferry::protocol::parse(line) {
-        Ok(ferry::protocol::Parsed::Qmp { id, command }) => (id, command),
-        Ok(ferry::protocol::Parsed::Lines(_)) => {
+    let (id, command) = match ferry_control::parse(line) {
+        Ok(ferry_control::Parsed::Qmp { id, command }) => (id, command),
+        Ok(ferry_control::Parsed::Lines(_)) => {
             return handle(
                 None,
                 Err(QmpError::generic(
@@ -121,7 +121,7 @@ fn answer(command: QmpCommand, shared: &Shared, conn: &Writer) -> Result<Value, 
         QmpCommand::Cont => cont(shared),
         QmpCommand::QueryStatus => Ok(run_state(shared)),
         QmpCommand::QueryVersion => Ok(version()),
-        QmpCommand::QueryCommands => Ok(ferry::protocol::COMMANDS
+        QmpCommand::QueryCommands => Ok(ferry_control::COMMANDS
             .iter()
             .map(|name| json!({ "name": name }))
             .collect()),
@@ -246,7 +246,7 @@ fn set_capabilities(list: &[(Capability, bool)], shared: &Shared) -> Result<Valu
 
 fn migrate(
     resume: bool,
-    settings: ferry::protocol::MigrateRequest,
+    settings: ferry_control::MigrateRequest,
     shared: &Shared,
 ) -> Result<Value, QmpError> {
     let (tx, _) = std::sync::mpsc::channel();

@@ -1,9 +1,10 @@
-//! The control socket's protocol: one JSON object per line, in one of two
+//! The protocol of ferry's control socket (`ferry run --control`,
+//! `--qmp`): one JSON object per line, in one of two
 //! dialects told apart per line. ferry's own (`{"cmd": ...}`, [`Request`])
 //! and QMP's (`{"execute": ...}`, [`QmpCommand`]), so that tools written
 //! for QEMU's monitor can drive ferry too.
 //!
-//! This module only parses: what a request means for a VM is the
+//! This crate only parses: what a request means for a VM is the
 //! server's business. Parsing never panics, whatever the bytes (a fuzz
 //! target holds it to that).
 
