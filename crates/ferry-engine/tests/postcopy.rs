@@ -53,14 +53,18 @@ fn postcopy_moves_a_running_guest_at_once_and_fetches_its_pages() {
     assert_eq!(summary.mode, "postcopy");
     let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
     assert_eq!(kinds, [RoundKind::Postcopy], "no precopy round");
-    assert_eq!(summary.missing_pages, src.ram().pages());
+    let ours = summary
+        .postcopy
+        .as_ref()
+        .expect("the source's postcopy report");
+    assert_eq!(ours.missing_pages, src.ram().pages());
     let report = dsum.postcopy.as_ref().expect("postcopy report");
     assert!(
         report.page_requests > 0,
         "the guest touched pages first: {report:?}"
     );
-    assert_eq!(summary.page_requests, report.page_requests);
-    assert!(report.block_ms > 0.0 && summary.postcopy_ms > 0.0);
+    assert_eq!(ours.page_requests, report.page_requests);
+    assert!(report.block_ms > 0.0 && ours.postcopy_ms > 0.0);
     assert!(!src.is_running(), "the source never resumes after postcopy");
     assert!(dvm.is_running());
     assert!(dsum.passes_after > Some(0));
@@ -91,7 +95,7 @@ fn hybrid_switches_after_its_rounds() {
         kinds,
         [RoundKind::Full, RoundKind::Dirty, RoundKind::Postcopy]
     );
-    let missing = summary.missing_pages;
+    let missing = summary.postcopy.as_ref().expect("a switch").missing_pages;
     assert!(missing > 0 && missing < src.ram().pages(), "{missing}");
     assert_eq!(dsum.postcopy.unwrap().missing_pages, missing);
 }
@@ -215,7 +219,11 @@ fn postcopy_through_cuts(cuts: u32) {
     assert_eq!(summary.status, Status::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
     assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
-    assert_eq!(summary.recoveries, cuts, "{summary:?}");
+    let ours = summary
+        .postcopy
+        .as_ref()
+        .expect("the source's postcopy report");
+    assert_eq!(ours.recoveries, cuts, "{summary:?}");
     let report = dsum.postcopy.expect("postcopy report");
     assert_eq!(report.recoveries, cuts, "{report:?}");
     assert!(dvm.is_running());
@@ -450,8 +458,8 @@ fn into_hugetlb(mode: Mode, handlers: usize) -> ferry_engine::MigrationSummary {
     assert!(dsum.passes_after > Some(0));
     let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
     println!(
-        "{kinds:?}: {} missing, {} requests; {:?}",
-        summary.missing_pages, summary.page_requests, dsum.postcopy
+        "{kinds:?}: source {:?}; destination {:?}",
+        summary.postcopy, dsum.postcopy
     );
     if kinds.contains(&RoundKind::Postcopy) {
         let report = dsum.postcopy.as_ref().expect("postcopy report");
@@ -466,7 +474,8 @@ fn postcopy_places_whole_huge_pages_on_hugetlb() {
         return;
     }
     let summary = into_hugetlb(Mode::Postcopy, 2);
-    assert!(summary.page_requests > 0, "the guest touched pages first");
+    let requests = summary.postcopy.as_ref().map_or(0, |p| p.page_requests);
+    assert!(requests > 0, "the guest touched pages first");
 }
 
 /// A hybrid's precopy leaves huge pages partly stale: the switchover

@@ -52,27 +52,27 @@ fn delta(s: &MigrationSummary) -> String {
 
 /// The mode, and what postcopy did if the migration switched to it.
 fn mode(s: &MigrationSummary) -> String {
-    if s.missing_pages == 0 {
+    let Some(p) = s.postcopy.as_ref().filter(|p| p.missing_pages > 0) else {
         return format!("{}: no postcopy switch", s.mode);
-    }
+    };
     let precopy = s
         .rounds
         .iter()
         .filter(|r| r.kind != RoundKind::Postcopy)
         .count();
-    let path = match s.fault_path.as_str() {
-        "vcpu exit" => format!(" (vCPUs asked themselves: {} fault exits)", s.vcpu_exits),
+    let path = match p.fault_path.as_str() {
+        "vcpu exit" => format!(" (vCPUs asked themselves: {} fault exits)", p.vcpu_exits),
         "" => String::new(),
-        p => format!(" (faults through {p})"),
+        path => format!(" (faults through {path})"),
     };
-    let recovered = match s.recoveries {
+    let recovered = match p.recoveries {
         0 => String::new(),
         n => format!("; the connections broke and were recovered {n} time(s)"),
     };
     format!(
         "{}: postcopy after {precopy} precopy round(s), {} pages missing at switchover; \
          {} page requests{path}, vCPUs blocked {:.1} ms, all pages in {:.1} ms after resume{recovered}",
-        s.mode, s.missing_pages, s.page_requests, s.block_ms, s.postcopy_ms
+        s.mode, p.missing_pages, p.page_requests, p.block_ms, p.postcopy_ms
     )
 }
 

@@ -43,10 +43,11 @@ fn demo_with(backend: &str, mode: &str, fault_path: Option<&str>) {
     let context = format!("{backend} {mode}: {}", String::from_utf8_lossy(&out.stderr));
     assert_verified(&j, &context);
     assert_eq!(j["mode"], mode, "{j}");
-    assert!(j["missing_pages"].as_u64().unwrap() > 0, "{j}");
-    assert!(j["postcopy_ms"].as_f64().unwrap() > 0.0, "{j}");
-    assert!(j["page_requests"].as_u64().is_some(), "{j}");
-    assert!(j["block_ms"].as_f64().is_some(), "{j}");
+    let p = &j["postcopy"];
+    assert!(p["missing_pages"].as_u64().unwrap() > 0, "{j}");
+    assert!(p["postcopy_ms"].as_f64().unwrap() > 0.0, "{j}");
+    assert!(p["page_requests"].as_u64().is_some(), "{j}");
+    assert!(p["block_ms"].as_f64().is_some(), "{j}");
     // Soft vCPUs resolve their own faults (annotated exits); kvm's fault
     // through userfaultfd (this host has no KVM_EXIT_MEMORY_FAULT).
     let path = match (backend, fault_path) {
@@ -54,9 +55,9 @@ fn demo_with(backend: &str, mode: &str, fault_path: Option<&str>) {
         ("soft", None) => "vcpu exit",
         _ => "userfaultfd",
     };
-    assert_eq!(j["fault_path"], path, "{j}");
+    assert_eq!(p["fault_path"], path, "{j}");
     if path == "vcpu exit" {
-        assert!(j["vcpu_exits"].as_u64().unwrap() > 0, "{j}");
+        assert!(p["vcpu_exits"].as_u64().unwrap() > 0, "{j}");
     }
     let kinds: Vec<_> = j["round_stats"]
         .as_array()
@@ -189,8 +190,8 @@ fn demo_on_hugetlb(mode: &str) {
     );
     assert_verified(&j, &context);
     assert_eq!(j["mode"], mode, "{j}");
-    assert_eq!(j["fault_path"], "userfaultfd", "{j}");
-    assert!(j["missing_pages"].as_u64().unwrap() > 0, "{j}");
+    assert_eq!(j["postcopy"]["fault_path"], "userfaultfd", "{j}");
+    assert!(j["postcopy"]["missing_pages"].as_u64().unwrap() > 0, "{j}");
     assert!(out.status.success(), "{context}");
 }
 

@@ -104,7 +104,7 @@ pub fn resume_postcopy(
     src.postcopy_round = token.round;
     let result = (|| {
         let missing = src.recv_still_missing()?;
-        src.summary.missing_pages = missing.count();
+        src.summary.postcopy.get_or_insert_default().missing_pages = missing.count();
         src.open_links(dialer, &hello, Some((token.round, &missing)))?;
         src.finish_postcopy(token.round, dialer, &hello)
     })();

@@ -44,7 +44,7 @@ impl Source<'_> {
             self.ctl.send(&Message::Missing(runs))?;
         }
         let missing = dirty.count();
-        self.summary.missing_pages = missing;
+        self.summary.postcopy.get_or_insert_default().missing_pages = missing;
         let Some(server) = self.server.as_ref() else {
             return Err(MigrationError::Aborted);
         };
@@ -94,7 +94,7 @@ impl Source<'_> {
                     self.progress.phase(Phase::Recovering);
                     let deadline = Instant::now() + self.opts.recover_timeout;
                     self.recover(dialer, hello, round, deadline, e)?;
-                    self.summary.recoveries += 1;
+                    self.summary.postcopy.get_or_insert_default().recoveries += 1;
                 }
             }
         };

@@ -49,13 +49,7 @@ pub fn fresh_summary(
         status: Status::Failed,
         backend: vm.vmm_id().to_string(),
         mode: opts.mode.to_string(),
-        block_ms: 0.0,
-        page_requests: 0,
-        postcopy_ms: 0.0,
-        missing_pages: 0,
-        recoveries: 0,
-        fault_path: String::new(),
-        vcpu_exits: 0,
+        postcopy: None,
         dirty_tracking: vm.dirty_tracking(),
         wire_version: VERSION,
         connections,
@@ -187,7 +181,11 @@ impl<'a> Source<'a> {
                 };
                 let e = match e {
                     e if self.in_postcopy => MigrationError::Postcopy {
-                        missing: self.summary.missing_pages,
+                        missing: self
+                            .summary
+                            .postcopy
+                            .as_ref()
+                            .map_or(0, |p| p.missing_pages),
                         unsent: self.unsent(),
                         resume: PostcopyResume {
                             session: self.session,

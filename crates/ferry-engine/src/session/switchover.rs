@@ -7,7 +7,7 @@ use super::unexpected;
 use crate::digest::{memory_digest, SOURCE_DIGEST_THREADS};
 use crate::error::MigrationError;
 use crate::progress::Phase;
-use crate::summary::{ms, Status};
+use crate::summary::{ms, PostcopyReport, Status};
 use crate::wire::{FrameKind, MemoryDigest, Message};
 use std::time::Instant;
 
@@ -90,12 +90,15 @@ impl Source<'_> {
         self.progress.phase(Phase::Reporting);
         match self.ctl.recv_message("Report") {
             Ok((Message::Report(r), _)) => {
-                if let Some(p) = &r.postcopy {
-                    self.summary.block_ms = p.block_ms;
-                    self.summary.page_requests = p.page_requests;
-                    self.summary.postcopy_ms = p.postcopy_ms;
-                    self.summary.fault_path = p.fault_path.clone();
-                    self.summary.vcpu_exits = p.vcpu_exits;
+                if let Some(theirs) = r.postcopy {
+                    // The destination's account, with this side's counts of
+                    // the pages missing at the switchover and the recoveries.
+                    let ours = self.summary.postcopy.take().unwrap_or_default();
+                    self.summary.postcopy = Some(PostcopyReport {
+                        missing_pages: ours.missing_pages,
+                        recoveries: ours.recoveries,
+                        ..theirs
+                    });
                 }
                 if let Some(h) = r.health {
                     self.summary.error = Some(format!("destination guest: {h}"));

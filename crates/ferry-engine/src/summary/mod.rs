@@ -99,24 +99,13 @@ pub struct MigrationSummary {
     pub status: Status,
     /// Backend name.
     pub backend: String,
-    /// precopy, postcopy or hybrid (what was asked; see `postcopy_ms`
-    /// for whether a hybrid switched).
+    /// precopy, postcopy or hybrid (what was asked; `postcopy` says
+    /// whether a hybrid switched).
     pub mode: String,
-    /// Postcopy: time the destination's vCPUs waited for requested pages.
-    pub block_ms: f64,
-    /// Postcopy: pages requests the destination sent.
-    pub page_requests: u64,
-    /// Postcopy: destination resume to the last page in (0: no postcopy).
-    pub postcopy_ms: f64,
-    /// Postcopy: pages the destination lacked at switchover.
-    pub missing_pages: u64,
-    /// Postcopy: times the connections broke and were set up again.
-    pub recoveries: u32,
-    /// Postcopy: how the destination's vCPUs reached missing pages: "vcpu
-    /// exit" (annotated exits, soft) or "userfaultfd" (kvm).
-    pub fault_path: String,
-    /// Postcopy: memory-fault exits of vCPUs that asked for pages themselves.
-    pub vcpu_exits: u64,
+    /// What postcopy did, once the migration switched to it (`None`: it
+    /// did not): the destination's report, with the pages this source
+    /// counted missing at the switchover and the recoveries it made.
+    pub postcopy: Option<PostcopyReport>,
     /// Dirty-tracking method of the source.
     pub dirty_tracking: String,
     /// Wire format version spoken.
