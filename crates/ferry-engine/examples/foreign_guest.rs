@@ -455,7 +455,7 @@ fn main() {
     let forecast = predicted.as_ref().and_then(|p| {
         p.policies
             .iter()
-            .find(|f| f.policy == summary.converge)
+            .find(|f| summary.converge.is_some_and(|c| f.policy == c.to_string()))
             .map(|f| {
                 serde_json::json!({
                     "policy": f.policy,

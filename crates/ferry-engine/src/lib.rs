@@ -30,8 +30,8 @@
 //! The engine never asks which VMM or guest it drives; both ends must run
 //! the same VMM (the header names it, and the destination checks).
 
+pub mod choices;
 pub mod converge;
-mod converge_mode;
 pub mod custody;
 pub mod digest;
 mod dirty_logs;

@@ -3,7 +3,7 @@
 //! atomics at each batch or round, plus the token bucket that enforces the
 //! bandwidth cap.
 
-use crate::converge_mode::ConvergeMode;
+use crate::choices::ConvergeMode;
 use crate::error::OptionsError;
 use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};

@@ -36,7 +36,7 @@ fn auto_throttles_every_vcpu_in_steps_and_the_migration_verifies() {
     dest.join().unwrap().unwrap();
     assert_eq!(s.status, Status::Completed, "{s:?}");
     assert!(s.digest_match && s.guest_mismatches == Some(0), "{s:?}");
-    assert_eq!(s.converge, "auto");
+    assert_eq!(s.converge, Some(ferry_engine::converge::ConvergeMode::Auto));
     let steps: Vec<u8> = s.throttle_timeline.iter().map(|t| t.percent).collect();
     assert!(steps.len() >= 2, "{steps:?}");
     assert_eq!(steps[0], 20, "{steps:?}");
@@ -123,7 +123,7 @@ fn no_policy_named_is_the_best_the_vm_serves() {
     let mut src = running_source();
     let s = migrate(&mut src, &to, &probed(), &NoProgress).unwrap();
     dest.join().unwrap().unwrap();
-    assert_eq!(s.converge, "auto");
+    assert_eq!(s.converge, Some(ferry_engine::converge::ConvergeMode::Auto));
     // A policy it cannot serve is refused before anything starts: no
     // destination is even dialled.
     let mut src = running_source();

@@ -50,7 +50,7 @@ fn postcopy_moves_a_running_guest_at_once_and_fetches_its_pages() {
     assert_eq!(summary.status, Status::Completed, "{summary:?}");
     assert!(summary.digest_match && summary.digest_checked && dsum.digest_match);
     assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
-    assert_eq!(summary.mode, "postcopy");
+    assert_eq!(summary.mode, Mode::Postcopy);
     let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
     assert_eq!(kinds, [RoundKind::Postcopy], "no precopy round");
     let ours = summary
@@ -419,7 +419,7 @@ fn a_precopy_ignores_a_postcopy_request() {
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let _ = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Status::Completed, "{summary:?}");
-    assert_eq!(summary.mode, "precopy");
+    assert_eq!(summary.mode, Mode::Precopy);
     assert!(summary.rounds.iter().all(|r| r.kind != RoundKind::Postcopy));
 }
 

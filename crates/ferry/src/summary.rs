@@ -1,5 +1,6 @@
 //! Printing a migration summary: a table for people, one JSON line for machines.
 
+use ferry_engine::precopy::Compression;
 use ferry_engine::{MigrationSummary, RoundKind};
 use ferry_report::Table;
 
@@ -20,7 +21,7 @@ pub fn json(summary: &MigrationSummary) -> serde_json::Value {
 /// "auto: 12 raw, 0 lz4, 388 zstd batches; 3.1x".
 fn compression(s: &MigrationSummary) -> String {
     let [raw, lz4, zstd] = s.batches_by_codec;
-    if s.compression == "none" {
+    if s.compression == Compression::None {
         return "none".into();
     }
     let (page_bytes, wire): (u64, u64) = s
@@ -78,7 +79,7 @@ fn mode(s: &MigrationSummary) -> String {
 
 /// The policy, the throttle it reached, and any escalation.
 fn convergence(s: &MigrationSummary) -> String {
-    let mut out = s.converge.clone();
+    let mut out = policy_name(s);
     let quotas: Vec<(u64, f64)> = s
         .throttle_timeline
         .iter()
@@ -134,12 +135,19 @@ fn convergence(s: &MigrationSummary) -> String {
     out
 }
 
+/// The policy that ran, as the CLI spells it (`default` before one was
+/// chosen).
+fn policy_name(s: &MigrationSummary) -> String {
+    s.converge
+        .map_or_else(|| "default".into(), |c| c.to_string())
+}
+
 /// What the prediction said for the policy that ran.
 fn predicted(s: &MigrationSummary) -> String {
     let Some(p) = &s.predicted else {
         return "not asked (--predict)".into();
     };
-    let Some(f) = p.policies.iter().find(|f| f.policy == s.converge) else {
+    let Some(f) = p.policies.iter().find(|f| f.policy == policy_name(s)) else {
         return format!("recommended {}", p.recommended);
     };
     format!(

@@ -46,7 +46,7 @@ pub use sample::{RoundEnd, Sample};
 pub use sample_vm::{data_bytes, predict_vm, sample_dirtying, DirtySample, PredictSettings};
 pub use stall::Stall;
 
-pub use crate::converge_mode::ConvergeMode;
+pub use crate::choices::ConvergeMode;
 
 use crate::error::MigrationError;
 use crate::tunables::Tunables;

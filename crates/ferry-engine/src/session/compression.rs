@@ -13,44 +13,8 @@
 //! that is not the current choice, so the averages follow the data and the link as
 //! they change. Fixed settings (`none`, `lz4`, `zstd`) skip all of this.
 
+pub use crate::choices::Compression;
 use crate::wire::compress::Codec;
-use std::fmt;
-use std::str::FromStr;
-
-/// What the user asked for.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub enum Compression {
-    /// Never compress.
-    #[default]
-    None,
-    /// Always try this codec (a batch that does not shrink goes raw).
-    Fixed(Codec),
-    /// Compress while it pays (see the module docs).
-    Auto,
-}
-
-impl fmt::Display for Compression {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Compression::None => "none",
-            Compression::Fixed(c) => c.name(),
-            Compression::Auto => "auto",
-        })
-    }
-}
-
-impl FromStr for Compression {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "none" => Ok(Compression::None),
-            "lz4" => Ok(Compression::Fixed(Codec::Lz4)),
-            "zstd" => Ok(Compression::Fixed(Codec::Zstd)),
-            "auto" => Ok(Compression::Auto),
-            _ => Err(format!("unknown compression {s:?} (none, lz4, zstd, auto)")),
-        }
-    }
-}
 
 /// Weight of the newest sample in the moving averages.
 const ALPHA: f64 = 0.5;

@@ -3,6 +3,7 @@
 //! the same settings and neither owns the other's.
 
 use super::compression::Compression;
+pub use crate::choices::Mode;
 use crate::converge::ConvergeMode;
 use crate::error::OptionsError;
 use crate::tunables::{Tunables, DOWNTIME_MS, MAX_ROUNDS};
@@ -19,77 +20,6 @@ pub const DEFAULT_PREFETCH: u32 = 8;
 /// How long either side tries to recover a postcopy whose connections
 /// broke before it gives up.
 pub const DEFAULT_RECOVER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// How a migration moves memory.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub enum Mode {
-    /// Rounds while the guest runs, then stop-and-copy.
-    #[default]
-    Precopy,
-    /// Switch over at once; every page is fetched on demand or pushed.
-    Postcopy,
-    /// Precopy for `after_rounds` rounds (the full pass is the first),
-    /// or until precopy stalls if `on_stall`, then postcopy, unless
-    /// precopy converged first.
-    Hybrid {
-        /// Precopy rounds before the switch, at least 1.
-        after_rounds: u32,
-        /// Switch as soon as the stall detector says precopy will not
-        /// finish (the remaining bytes stopped shrinking), instead of
-        /// escalating.
-        on_stall: bool,
-    },
-}
-
-impl Mode {
-    /// The name used in summaries and on the command line.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Mode::Precopy => "precopy",
-            Mode::Postcopy => "postcopy",
-            Mode::Hybrid { .. } => "hybrid",
-        }
-    }
-
-    /// Whether the migration may switch to postcopy (and so opens the
-    /// priority connection).
-    pub fn may_postcopy(&self) -> bool {
-        *self != Mode::Precopy
-    }
-
-    /// Whether precopy hands over to postcopy after `rounds` rounds.
-    pub fn switch_after(&self, rounds: u32) -> bool {
-        match self {
-            Mode::Precopy => false,
-            Mode::Postcopy => true,
-            Mode::Hybrid { after_rounds, .. } => rounds >= (*after_rounds).max(1),
-        }
-    }
-
-    /// Whether a precopy stall switches to postcopy.
-    pub fn switch_on_stall(&self) -> bool {
-        matches!(self, Mode::Hybrid { on_stall: true, .. })
-    }
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-    /// `precopy`, `postcopy`, or `hybrid` (switching after the full pass;
-    /// set `after_rounds` for more).
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "precopy" => Ok(Mode::Precopy),
-            "postcopy" => Ok(Mode::Postcopy),
-            "hybrid" => Ok(Mode::Hybrid {
-                after_rounds: 1,
-                on_stall: false,
-            }),
-            _ => Err(format!(
-                "unknown mode '{s}': expected precopy, postcopy or hybrid"
-            )),
-        }
-    }
-}
 
 impl Mode {
     /// This mode with its switch to postcopy set: after `after_rounds`
@@ -120,12 +50,6 @@ impl Mode {
             _ if after_rounds.is_some() => Err(needs_hybrid("postcopy-after-rounds")),
             m => Ok(m),
         }
-    }
-}
-
-impl std::fmt::Display for Mode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
     }
 }
 

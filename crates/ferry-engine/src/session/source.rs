@@ -48,7 +48,7 @@ pub fn fresh_summary(
     MigrationSummary {
         status: Status::Failed,
         backend: vm.vmm_id().to_string(),
-        mode: opts.mode.to_string(),
+        mode: opts.mode,
         postcopy: None,
         dirty_tracking: vm.dirty_tracking(),
         wire_version: VERSION,
@@ -63,12 +63,10 @@ pub fn fresh_summary(
         digest_ms: 0.0,
         verify_before_resume: opts.verify_before_resume,
         bytes_sent: 0,
-        compression: opts.compression.to_string(),
+        compression: opts.compression,
         batches_by_codec: [0; 3],
         delta: None,
-        converge: opts
-            .converge
-            .map_or_else(|| "default".into(), |c| c.to_string()),
+        converge: opts.converge,
         throttle_timeline: Vec::new(),
         escalations: Vec::new(),
         operator_changes: Vec::new(),
@@ -152,7 +150,7 @@ impl<'a> Source<'a> {
         self.summary.throttle_timeline = std::mem::take(&mut self.converge.timeline);
         self.summary.escalations = std::mem::take(&mut self.converge.escalations);
         self.summary.operator_changes = std::mem::take(&mut self.converge.operator_changes);
-        self.summary.converge = self.converge.mode().to_string();
+        self.summary.converge = Some(self.converge.mode());
         self.progress.phase(Phase::Done);
         match result {
             Ok(()) => {

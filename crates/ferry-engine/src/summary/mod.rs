@@ -4,6 +4,7 @@
 mod converge;
 mod postcopy;
 
+use crate::choices::{Compression, ConvergeMode, Mode};
 pub use converge::{Escalation, PolicyForecast, Prediction, ThrottleStep};
 use ferry_backend::GuestCheck;
 pub use postcopy::PostcopyReport;
@@ -97,16 +98,17 @@ pub struct MigrationSummary {
     /// "completed", "failed", or "held" (the Commit was lost: see
     /// [`Status::Held`]; `error` says why).
     pub status: Status,
-    /// Backend name.
+    /// The VMM that ran the source (its [`ferry_backend::Vm::vmm_id`]): a
+    /// name each VMM gives itself, so a string, not an enum.
     pub backend: String,
     /// precopy, postcopy or hybrid (what was asked; `postcopy` says
     /// whether a hybrid switched).
-    pub mode: String,
+    pub mode: Mode,
     /// What postcopy did, once the migration switched to it (`None`: it
     /// did not): the destination's report, with the pages this source
     /// counted missing at the switchover and the recoveries it made.
     pub postcopy: Option<PostcopyReport>,
-    /// Dirty-tracking method of the source.
+    /// Dirty-tracking method of the source, as its VM names it.
     pub dirty_tracking: String,
     /// Wire format version spoken.
     pub wire_version: u32,
@@ -138,13 +140,15 @@ pub struct MigrationSummary {
     /// Bytes written to all connections (page data and control).
     pub bytes_sent: u64,
     /// The compression setting: none, lz4, zstd or auto.
-    pub compression: String,
+    pub compression: Compression,
     /// Page batches sent raw, with lz4, and with zstd (what `auto` chose).
     pub batches_by_codec: [u64; 3],
     /// Delta re-sends (`--delta`), if on.
     pub delta: Option<DeltaSummary>,
-    /// The convergence policy: none or auto.
-    pub converge: String,
+    /// The convergence policy the migration ran (`None`, serialised as
+    /// `default`: not chosen yet, the best the VM serves).
+    #[serde(serialize_with = "policy_or_default")]
+    pub converge: Option<ConvergeMode>,
     /// Every change of the source's vCPU throttle.
     pub throttle_timeline: Vec<ThrottleStep>,
     /// Steps taken because precopy stopped converging.
@@ -244,4 +248,15 @@ pub struct ReceiveSummary {
 /// Milliseconds of a duration, as f64.
 pub(crate) fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// A policy by its name, or `default` before one is chosen.
+fn policy_or_default<S: serde::Serializer>(
+    policy: &Option<ConvergeMode>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match policy {
+        Some(p) => s.collect_str(p),
+        None => s.serialize_str("default"),
+    }
 }

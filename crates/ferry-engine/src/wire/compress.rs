@@ -24,14 +24,7 @@ pub const FLAG_ZSTD: u8 = 0x02;
 /// little CPU.
 const ZSTD_LEVEL: i32 = 1;
 
-/// A compression method for page batches.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Codec {
-    /// lz4: fast, about half the ratio of zstd.
-    Lz4,
-    /// zstd at level 1.
-    Zstd,
-}
+pub use crate::choices::Codec;
 
 impl Codec {
     /// The frame flag marking this codec.
@@ -39,14 +32,6 @@ impl Codec {
         match self {
             Codec::Lz4 => FLAG_LZ4,
             Codec::Zstd => FLAG_ZSTD,
-        }
-    }
-
-    /// Its name, as the CLI spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Codec::Lz4 => "lz4",
-            Codec::Zstd => "zstd",
         }
     }
 }
