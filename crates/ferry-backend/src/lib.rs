@@ -21,6 +21,8 @@
 //! Nothing here knows the guest program: ferry's own VMs run memstress
 //! (`ferry-memstress`), and other VMMs run whatever they run.
 
+#![warn(missing_docs)]
+
 pub mod admission;
 pub mod affinity;
 pub mod bitmap;

@@ -62,23 +62,40 @@ impl std::str::FromStr for Backing {
 pub enum RamError {
     /// Slot sizes must be whole 2 MiB multiples so every backing can map them.
     #[error("slot {slot} size {size:#x} is not a multiple of 2 MiB")]
-    UnalignedSlot { slot: usize, size: u64 },
+    UnalignedSlot {
+        /// The slot's index.
+        slot: usize,
+        /// Its size in bytes.
+        size: u64,
+    },
     /// Slots must be in ascending guest-physical order, apart.
     #[error("slot {slot} starts at {start}, below the end of the slot before it at {expected}")]
     Overlap {
+        /// The slot's index.
         slot: usize,
+        /// Where it starts.
         start: Gpa,
+        /// The end of the slot before it: the lowest start allowed.
         expected: Gpa,
     },
     /// A region of a caller's memory that does not start or end on a page.
     #[error("region at {gpa} of {size:#x} bytes is not whole 4 KiB pages")]
-    UnalignedRegion { gpa: Gpa, size: u64 },
+    UnalignedRegion {
+        /// Where the region starts.
+        gpa: Gpa,
+        /// Its size in bytes.
+        size: u64,
+    },
     /// The host refused the mapping.
     #[error("cannot map {size} bytes of {backing:?} guest RAM{hint}")]
     Map {
+        /// Bytes asked for.
         size: u64,
+        /// The backing asked for.
         backing: Backing,
+        /// What to do about it, when the cause is a known one.
         hint: &'static str,
+        /// The mapping's error.
         #[source]
         source: vm_memory::mmap::MmapRegionError,
     },
@@ -90,12 +107,20 @@ pub enum RamError {
     Regions(String),
     /// An access fell outside guest RAM.
     #[error("guest RAM access at {gpa} of {len} bytes is out of range")]
-    OutOfRange { gpa: Gpa, len: usize },
+    OutOfRange {
+        /// Where the access starts.
+        gpa: Gpa,
+        /// Its length in bytes.
+        len: usize,
+    },
     /// The host would not drop pages (postcopy needs them missing again).
     #[error("cannot discard guest RAM at {gpa}{hint}")]
     Discard {
+        /// Where the range starts.
         gpa: Gpa,
+        /// What to do about it, when the cause is a known one.
         hint: &'static str,
+        /// The madvise error.
         #[source]
         source: std::io::Error,
     },

@@ -42,9 +42,17 @@ pub enum DirtyTracking {
     Bitmap,
     /// `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2` + `KVM_CLEAR_DIRTY_LOG` in chunks of
     /// `chunk_pages`, sleeping `pace_us` between chunks (eager-split seed).
-    Clear { chunk_pages: u32, pace_us: u32 },
+    Clear {
+        /// Pages cleared per `KVM_CLEAR_DIRTY_LOG` call.
+        chunk_pages: u32,
+        /// Microseconds slept between two chunks.
+        pace_us: u32,
+    },
     /// The per-vCPU dirty ring of `entries` entries, harvested then reset.
-    Ring { entries: u32 },
+    Ring {
+        /// Entries of each vCPU's ring.
+        entries: u32,
+    },
 }
 
 impl DirtyTracking {

@@ -43,11 +43,15 @@ pub struct DemandPagingOpts {
 /// Everything measured.
 #[derive(Debug, Serialize)]
 pub struct DemandPagingResults {
+    /// The kvm cases that ran.
     pub kvm: Vec<KvmCell>,
     /// kvm cases that could not run here, with the reason.
     pub kvm_skipped: Vec<String>,
+    /// The soft cells.
     pub soft: Vec<SoftCell>,
+    /// The modelled cost of one vCPU exit on the soft backend, in ns.
     pub exit_cost_ns: u64,
+    /// Cores of this host (more threads than this share them).
     pub host_cores: usize,
 }
 

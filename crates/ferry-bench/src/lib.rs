@@ -17,6 +17,8 @@
 //! demand-paging benches join here. `ferry bench link` stays in the CLI,
 //! because what it measures is `ferry demo` processes end to end.
 
+#![warn(missing_docs)]
+
 pub mod demand_paging;
 pub mod kvm;
 pub mod soft;

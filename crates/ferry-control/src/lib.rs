@@ -8,6 +8,8 @@
 //! server's business. Parsing never panics, whatever the bytes (a fuzz
 //! target holds it to that).
 
+#![warn(missing_docs)]
+
 mod lines;
 mod qmp;
 
@@ -24,7 +26,9 @@ pub enum Parsed {
     /// QMP's dialect: the `id` to echo, and the command or why it is
     /// refused.
     Qmp {
+        /// The request's `id`, echoed in the reply.
         id: Option<Value>,
+        /// The command, or why it is refused.
         command: Result<QmpCommand, QmpError>,
     },
 }

@@ -7,7 +7,9 @@ use serde::Deserialize;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MigrateRequest {
+    /// The destination, HOST:PORT.
     pub to: String,
+    /// Have the destination verify the digest before it resumes the guest.
     #[serde(default)]
     pub verify_before_resume: bool,
     /// Data connections (default 1).
@@ -43,28 +45,39 @@ pub struct MigrateRequest {
 #[derive(Debug, Deserialize)]
 #[serde(tag = "cmd", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Request {
+    /// The guest's progress and rates per vCPU.
     Status,
+    /// Changes the live tunables, also mid-migration.
     Set {
+        /// The downtime target, in ms.
         downtime_ms: Option<u64>,
+        /// The bandwidth cap, in MiB/s (0: none).
         bandwidth_mib_s: Option<u64>,
+        /// The round cap.
         max_rounds: Option<u32>,
         /// Switch the running migration's convergence policy.
         converge: Option<String>,
         /// The quota policy's refill interval, 10 to 10000 ms.
         quota_interval_ms: Option<u64>,
     },
+    /// Migrates the VM; the reply is the summary.
     Migrate(MigrateRequest),
+    /// Throttles every vCPU.
     Throttle {
+        /// Share of each 10 ms slice a vCPU sleeps, in percent.
         percent: u8,
     },
     /// Resumes a postcopy whose automatic recovery ran out of time (to the
     /// same destination, or `to`).
     Resume {
+        /// Another address of the same destination.
         to: Option<String>,
     },
+    /// Cancels a migration in precopy; the VM runs on.
     Cancel,
     /// Resumes a copy held paused after a lost Commit.
     Cont,
+    /// Stops the VM and `ferry run`.
     Stop,
 }
 

@@ -41,7 +41,9 @@ pub struct ParamUpdate {
 /// `postcopy-ram` lets a migration switch to postcopy when asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Capability {
+    /// `auto-converge`: QEMU's policy.
     AutoConverge,
+    /// `dirty-limit`: QEMU 8.1's policy.
     DirtyLimit,
     /// The next migration runs as a hybrid that stays in precopy until
     /// `migrate-start-postcopy` (or its round cap), as QEMU's does.
@@ -62,18 +64,27 @@ impl Capability {
 /// A QMP command ferry answers.
 #[derive(Debug)]
 pub enum QmpCommand {
+    /// `qmp_capabilities`: ends the negotiation.
     Capabilities,
+    /// `query-migrate`.
     QueryMigrate,
+    /// `query-migrate-parameters`.
     QueryParameters,
+    /// `query-migrate-capabilities`.
     QueryCapabilities,
+    /// `migrate-set-parameters`.
     SetParameters(ParamUpdate),
+    /// `migrate-set-capabilities`: each capability and its new state.
     SetCapabilities(Vec<(Capability, bool)>),
     /// `migrate`: a new migration (`settings`), or with `resume` the
     /// resume of a paused postcopy at `settings.to`.
     Migrate {
+        /// Resume a paused postcopy instead of starting a migration.
         resume: bool,
+        /// Where to, and how.
         settings: Box<MigrateRequest>,
     },
+    /// `migrate_cancel`.
     Cancel,
     /// `migrate-start-postcopy`: a running hybrid switches at the end of
     /// its round.

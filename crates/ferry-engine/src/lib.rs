@@ -30,6 +30,8 @@
 //! The engine never asks which VMM or guest it drives; both ends must run
 //! the same VMM (the header names it, and the destination checks).
 
+#![warn(missing_docs)]
+
 pub mod choices;
 pub mod converge;
 pub mod custody;

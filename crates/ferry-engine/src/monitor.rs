@@ -26,20 +26,27 @@ const DRAIN_WAIT: Duration = Duration::from_secs(3);
 /// QEMU's `MigrationStatus`, as far as ferry has the states.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum MigStatus {
+    /// No migration yet.
     None,
+    /// Connecting and handshaking.
     Setup,
+    /// Precopy rounds while the guest runs.
     Active,
     /// The source is paused: the last pages, the vCPU state and (precopy)
     /// the digest.
     Device,
+    /// The guest runs at the destination, which fetches missing pages.
     PostcopyActive,
     /// Postcopy connections broke; the source reconnects.
     PostcopyRecover,
     /// Postcopy recovery ran out of time: the source stays paused with
     /// every page until a resume.
     PostcopyPaused,
+    /// The guest moved, its memory verified.
     Completed,
+    /// It failed; `error-desc` says why.
     Failed,
+    /// An operator or the give-up deadline cancelled it.
     Cancelled,
 }
 

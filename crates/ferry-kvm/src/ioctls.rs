@@ -2,14 +2,20 @@
 //! `KVM_RESET_DIRTY_RINGS`. Kept here, small and documented, so no other module
 //! issues a raw ioctl.
 
-use kvm_bindings::{kvm_clear_dirty_log, KVMIO};
+use kvm_bindings::kvm_clear_dirty_log;
 use kvm_ioctls::VmFd;
 use vmm_sys_util::errno;
 use vmm_sys_util::ioctl::{ioctl, ioctl_with_ref};
-use vmm_sys_util::{ioctl_io_nr, ioctl_iowr_nr};
 
-ioctl_iowr_nr!(KVM_CLEAR_DIRTY_LOG, KVMIO, 0xc0, kvm_clear_dirty_log);
-ioctl_io_nr!(KVM_RESET_DIRTY_RINGS, KVMIO, 0xc7);
+/// The two requests' numbers, private to this module.
+mod request {
+    use kvm_bindings::{kvm_clear_dirty_log, KVMIO};
+    use vmm_sys_util::{ioctl_io_nr, ioctl_iowr_nr};
+
+    ioctl_iowr_nr!(KVM_CLEAR_DIRTY_LOG, KVMIO, 0xc0, kvm_clear_dirty_log);
+    ioctl_io_nr!(KVM_RESET_DIRTY_RINGS, KVMIO, 0xc7);
+}
+use request::{KVM_CLEAR_DIRTY_LOG, KVM_RESET_DIRTY_RINGS};
 
 /// Clears (re-protects) the pages whose bits are set in `bitmap`, for
 /// `num_pages` pages of `slot` starting at `first_page` (a multiple of 64).

@@ -13,6 +13,8 @@
 //! It uses what the host kernel offers; mechanisms the kernel lacks live in the
 //! soft backend.
 
+#![warn(missing_docs)]
+
 pub mod cpu_state;
 pub mod dirty;
 pub mod error;

@@ -39,6 +39,8 @@
 //! then publish `pass` and `mismatches` in the vCPU's progress record,
 //! and wait while `pass_limit != 0 && pass >= pass_limit` (a benchmark barrier).
 
+#![warn(missing_docs)]
+
 mod config;
 pub mod fill;
 mod probe;
@@ -229,7 +231,12 @@ pub enum WorkloadError {
     WritePercent(u8),
     /// Stride of zero or larger than the region.
     #[error("page stride {stride} must be between 1 and the region's {pages} pages")]
-    Stride { stride: u64, pages: u64 },
+    Stride {
+        /// The stride asked for, in pages.
+        stride: u64,
+        /// The region's pages.
+        pages: u64,
+    },
     /// Too much memory for one layout.
     #[error("{0} bytes of guest RAM is more than the {MAX_RAM_BYTES} a layout supports")]
     TooLarge(u64),
@@ -238,12 +245,20 @@ pub enum WorkloadError {
     RateLimit,
     /// More readers than vCPUs.
     #[error("{readers} reader vCPUs but only {vcpus} vCPUs")]
-    Readers { readers: u32, vcpus: u32 },
+    Readers {
+        /// Reader vCPUs asked for.
+        readers: u32,
+        /// vCPUs in all.
+        vcpus: u32,
+    },
     /// A per-vCPU list of the wrong length.
     #[error("{what} lists {given} values for {vcpus} vCPUs: give one per vCPU, or one for all")]
     PerVcpu {
+        /// The setting (`--rate-limit`, say).
         what: &'static str,
+        /// Values given.
         given: usize,
+        /// vCPUs in all.
         vcpus: u32,
     },
 }

@@ -2,6 +2,8 @@
 //! seed's table for people, the raw numbers as JSON for machines, and an SVG
 //! plot. Every experiment writes all three through [`Report::write`].
 
+#![warn(missing_docs)]
+
 use plotters::prelude::*;
 use serde::Serialize;
 use std::fmt::Write as _;

@@ -20,6 +20,8 @@
 //! fault exits are in [`quota`] and [`fault_exit`], and the hardware costs the
 //! experiments (crate `ferry-bench`) may model are in [`hw_cost`].
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod counter;
 pub mod error;

@@ -17,6 +17,8 @@
 //! read back, and the digest ferry takes anyway); [`checks`] reads the
 //! console and disk streams of both ends of a migration.
 
+#![warn(missing_docs)]
+
 pub mod blk;
 pub mod boot;
 pub mod checks;

@@ -94,10 +94,13 @@ impl KvmCase {
 /// The result of one case.
 #[derive(Clone, Debug, Serialize)]
 pub struct KvmCell {
+    /// The case: backing, placement and vCPUs.
     pub case: KvmCase,
+    /// Fault handler threads.
     pub handlers: usize,
     /// Region pages (4 KiB) every vCPU together touched.
     pub pages: u64,
+    /// From the first touch to the last page in, in ms.
     pub elapsed_ms: f64,
     /// 4 KiB pages per second, all vCPUs.
     pub pages_per_s: f64,

@@ -21,30 +21,46 @@ use std::time::{Duration, Instant};
 /// Results of one dirty-tracking mode.
 #[derive(Debug, Serialize)]
 pub struct ModeResult {
+    /// The dirty-tracking mode (bitmap, clear, ring).
     pub mode: String,
+    /// The guest's first pass over its memory, in ms.
     pub populate_ms: f64,
+    /// A pass with logging off, in ms: the baseline.
     pub steady_pass_ms: f64,
+    /// Turning dirty logging on, in ms.
     pub enable_ms: f64,
+    /// Each logged pass, in ms.
     pub iteration_ms: Vec<f64>,
+    /// Each harvest's get (the log, the ring walk), in ms.
     pub get_ms: Vec<f64>,
+    /// Each harvest's clear (re-protection), in ms.
     pub clear_ms: Vec<f64>,
+    /// Pages each harvest found.
     pub pages_harvested: Vec<u64>,
+    /// Turning dirty logging off, in ms.
     pub disable_ms: f64,
     /// Mean logged pass time per written page per vCPU, in µs.
     pub us_per_written_page: f64,
     /// Same for the steady pass with logging off.
     pub steady_us_per_written_page: f64,
+    /// Stamps the guest found wrong (0 unless a page was lost).
     pub guest_mismatches: u64,
 }
 
 /// Results of the whole experiment.
 #[derive(Debug, Serialize)]
 pub struct DirtyLogResults {
+    /// vCPUs of the guest.
     pub vcpus: u32,
+    /// Memory each vCPU writes.
     pub bytes_per_vcpu: u64,
+    /// Share of accesses that write, in percent.
     pub write_percent: u8,
+    /// Logged passes per mode.
     pub iterations: u32,
+    /// The guest RAM's backing.
     pub backing: String,
+    /// One result per dirty-tracking mode.
     pub modes: Vec<ModeResult>,
 }
 

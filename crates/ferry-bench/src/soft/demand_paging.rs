@@ -32,13 +32,19 @@ use std::time::Instant;
 /// One measured configuration.
 #[derive(Clone, Debug, Serialize)]
 pub struct SoftCell {
+    /// vCPUs touching missing pages.
     pub vcpus: usize,
     /// "shared queue" or "vCPU-direct".
     pub delivery: String,
+    /// Fault handler threads (shared queue only).
     pub handlers: usize,
+    /// Pages placed.
     pub pages: u64,
+    /// From the first touch to the last page in, in ms.
     pub elapsed_ms: f64,
+    /// Pages per second, all vCPUs.
     pub pages_per_s: f64,
+    /// Pages per second per vCPU.
     pub pages_per_s_per_vcpu: f64,
     /// Memory-fault exits the vCPUs took.
     pub exits: u64,
