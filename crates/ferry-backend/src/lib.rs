@@ -28,7 +28,8 @@ pub mod affinity;
 pub mod bitmap;
 pub mod dirty_limit;
 pub mod dirty_source;
-pub mod errors;
+pub mod error;
+pub mod panic;
 pub mod probe;
 pub mod ram;
 pub mod ram_share;
@@ -39,7 +40,8 @@ pub mod vm;
 
 pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use dirty_source::DirtySource;
-pub use errors::{catch_panic, error_chain};
+pub use error::{error_chain, BackendError};
+pub use panic::catch_panic;
 pub use probe::{GuestCheck, GuestProbe};
 pub use ram::{Backing, GuestRam, RamError, RamSlot};
 pub use ram_share::SharedRegion;
@@ -49,4 +51,4 @@ pub use vm::Quota;
 pub use vm::{
     throttle_sleep, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, THROTTLE_SLICE,
 };
-pub use vm::{BackendError, DirtyTracking, FaultExits, HarvestStats, Lifecycle, Vm};
+pub use vm::{DirtyTracking, FaultExits, HarvestStats, Lifecycle, Vm};

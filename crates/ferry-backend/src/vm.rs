@@ -10,7 +10,8 @@
 //! itself ([`crate::GuestRam::take_vmm_dirty`]).
 
 use crate::bitmap::DirtyPages;
-use crate::ram::{GuestRam, RamError};
+pub use crate::error::BackendError;
+use crate::ram::GuestRam;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,45 +157,6 @@ pub struct HarvestStats {
     pub get_ns: u64,
     /// Nanoseconds spent re-protecting (CLEAR_DIRTY_LOG, RESET_DIRTY_RINGS).
     pub clear_ns: u64,
-}
-
-/// Errors a backend reports to the engine.
-#[derive(Debug, thiserror::Error)]
-pub enum BackendError {
-    /// Guest RAM failed.
-    #[error("guest RAM")]
-    Ram(#[from] RamError),
-    /// A backend operation failed.
-    #[error("{backend} backend: {what}")]
-    Operation {
-        /// Which backend (the VM's [`Vm::vmm_id`]).
-        backend: String,
-        /// What it was doing.
-        what: String,
-        /// Why it failed.
-        #[source]
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    },
-    /// A vCPU stopped running the guest.
-    #[error("vCPU {vcpu} stopped: {reason}")]
-    VcpuFailed {
-        /// vCPU index.
-        vcpu: u32,
-        /// Why.
-        reason: String,
-    },
-    /// The call needs paused vCPUs.
-    #[error("the VM must be paused to {0}")]
-    NotPaused(&'static str),
-    /// Saved vCPU state that this VM cannot take.
-    #[error("vCPU state does not fit this VM: {0}")]
-    BadVcpuState(String),
-    /// A migration stream's guest section this ferry cannot run.
-    #[error("the stream's guest section cannot run here: {0}")]
-    Guest(String),
-    /// The guest does not fit on this host.
-    #[error(transparent)]
-    Admission(#[from] crate::admission::AdmissionError),
 }
 
 /// Where a migration of a VM stands, as the engine tells the VM's VMM
