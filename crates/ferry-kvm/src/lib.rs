@@ -19,6 +19,7 @@ pub mod cpu_state;
 pub mod dirty;
 pub mod error;
 pub mod guest;
+pub mod host;
 pub mod ioctls;
 pub mod memory;
 mod throttle;
@@ -27,4 +28,5 @@ pub mod vm;
 
 pub use error::KvmError;
 pub use guest::boot::Program;
-pub use vm::{kvm_available, KvmVm, Role};
+pub use host::{kvm_available, require_kvm};
+pub use vm::{KvmVm, Role};

@@ -46,11 +46,6 @@ pub struct KvmVm {
     _kvm: Kvm,
 }
 
-/// Whether /dev/kvm can be opened here.
-pub fn kvm_available() -> bool {
-    Kvm::new().is_ok()
-}
-
 impl KvmVm {
     /// The configuration the VM was built from.
     pub fn config(&self) -> &VmConfig {

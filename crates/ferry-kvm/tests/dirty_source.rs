@@ -5,6 +5,7 @@
 
 use ferry_backend::{Backing, DirtyPages, DirtySource, DirtyTracking, Gfn, Gpa, GuestRam};
 use ferry_kvm::dirty::{enable_ring, KvmDirtySource, EXIT_DIRTY_RING_FULL};
+use ferry_kvm::require_kvm;
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit};
 use std::sync::Arc;
@@ -17,10 +18,10 @@ const LOOP: [u8; 20] = [
 ];
 
 fn run(mode: DirtyTracking) -> Option<Vec<Gfn>> {
-    let Ok(kvm) = Kvm::new() else {
-        println!("SKIP kvm dirty source: /dev/kvm is not available here");
+    if !require_kvm("kvm dirty source") {
         return None;
-    };
+    }
+    let kvm = Kvm::new().unwrap();
     let vm = Arc::new(kvm.create_vm().unwrap());
     let ram = Arc::new(GuestRam::with_regions(&[(Gpa(0), 2 << 20)], Backing::Anonymous).unwrap());
     let slot = &ram.slots()[0];
@@ -103,10 +104,10 @@ fn the_kvm_log_over_a_vmms_own_vm_reports_what_its_guest_wrote() {
 
 #[test]
 fn a_misused_ring_is_refused_with_the_reason() {
-    let Ok(kvm) = Kvm::new() else {
-        println!("SKIP kvm dirty source: /dev/kvm is not available here");
+    if !require_kvm("kvm dirty source") {
         return;
-    };
+    }
+    let kvm = Kvm::new().unwrap();
     let vm = Arc::new(kvm.create_vm().unwrap());
     let ram = Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap());
     let ring = DirtyTracking::Ring { entries: 4096 };

@@ -8,18 +8,10 @@ mod common;
 use common::wait_for_passes;
 
 use ferry_backend::{Backing, DirtyPages, DirtyTracking, Gfn, Vm, PAGE_SIZE};
-use ferry_kvm::{kvm_available, KvmVm, Role};
+use ferry_kvm::{require_kvm, KvmVm, Role};
 use ferry_memstress::read_progress;
 use ferry_memstress::{BackendKind, VmConfig, Workload};
 use std::time::{Duration, Instant};
-
-fn require_kvm() -> bool {
-    if kvm_available() {
-        return true;
-    }
-    println!("SKIP: /dev/kvm is not available on this machine; kvm backend test not run");
-    false
-}
 
 fn config(write_percent: u8, mib_per_vcpu: u64) -> VmConfig {
     VmConfig {
@@ -57,7 +49,7 @@ fn wait_for_a_whole_pass_each(vm: &KvmVm) {
 
 #[test]
 fn guest_runs_and_checks_its_stamps() {
-    if !require_kvm() {
+    if !require_kvm("kvm guest") {
         return;
     }
     let mut vm = KvmVm::new(config(100, 8), DirtyTracking::Bitmap, Role::Source).unwrap();
@@ -79,7 +71,7 @@ fn guest_runs_and_checks_its_stamps() {
 
 #[test]
 fn a_corrupted_page_is_caught_by_the_guest() {
-    if !require_kvm() {
+    if !require_kvm("kvm guest") {
         return;
     }
     let mut vm = KvmVm::new(config(100, 4), DirtyTracking::Bitmap, Role::Source).unwrap();
@@ -131,14 +123,14 @@ fn dirty_tracking_reports_writes(mode: DirtyTracking) {
 
 #[test]
 fn bitmap_mode_reports_every_write() {
-    if require_kvm() {
+    if require_kvm("kvm guest") {
         dirty_tracking_reports_writes(DirtyTracking::Bitmap);
     }
 }
 
 #[test]
 fn clear_mode_reports_every_write() {
-    if require_kvm() {
+    if require_kvm("kvm guest") {
         dirty_tracking_reports_writes(DirtyTracking::Clear {
             chunk_pages: 4096,
             pace_us: 0,
@@ -148,7 +140,7 @@ fn clear_mode_reports_every_write() {
 
 #[test]
 fn ring_mode_reports_every_write() {
-    if require_kvm() {
+    if require_kvm("kvm guest") {
         // A small ring, so ring-full exits happen and are drained by the vCPUs.
         dirty_tracking_reports_writes(DirtyTracking::Ring { entries: 1024 });
     }
@@ -156,7 +148,7 @@ fn ring_mode_reports_every_write() {
 
 #[test]
 fn vcpu_state_and_ram_resume_in_another_vm() {
-    if !require_kvm() {
+    if !require_kvm("kvm guest") {
         return;
     }
     let cfg = config(50, 4);
@@ -192,7 +184,7 @@ fn free_huge_pages() -> u64 {
 
 #[test]
 fn every_backing_runs_the_guest_and_logs_its_writes() {
-    if !require_kvm() {
+    if !require_kvm("kvm guest") {
         return;
     }
     for backing in [
@@ -231,7 +223,7 @@ fn every_backing_runs_the_guest_and_logs_its_writes() {
 
 #[test]
 fn rate_limit_caps_passes_and_write_percent_changes_live() {
-    if !require_kvm() {
+    if !require_kvm("kvm guest") {
         return;
     }
     // 4 MiB regions at 64 MiB/s: at most 16 passes a second per vCPU.
@@ -267,7 +259,7 @@ fn rate_limit_caps_passes_and_write_percent_changes_live() {
 
 #[test]
 fn time_throttle_puts_running_vcpus_to_sleep_live() {
-    if !require_kvm() {
+    if !require_kvm("kvm guest") {
         return;
     }
     let mut vm = KvmVm::new(config(100, 4), DirtyTracking::Bitmap, Role::Source).unwrap();

@@ -11,7 +11,7 @@
 //! Needs /dev/kvm; prints a skip line where it is absent.
 
 use ferry_backend::{Backing, DirtyPages, DirtyTracking, Gfn, Quota, Vm, PAGE_SIZE};
-use ferry_kvm::{kvm_available, KvmVm, Role};
+use ferry_kvm::{require_kvm, KvmVm, Role};
 use ferry_memstress::read_progress;
 use ferry_memstress::{BackendKind, VmConfig, Workload};
 use std::time::{Duration, Instant};
@@ -22,8 +22,7 @@ const RACE_FOR: Duration = Duration::from_secs(2);
 
 #[test]
 fn harvests_racing_the_quota_meter_lose_no_write() {
-    if !kvm_available() {
-        println!("SKIP: /dev/kvm is not available on this machine; kvm ring race test not run");
+    if !require_kvm("kvm ring race") {
         return;
     }
     let config = VmConfig {

@@ -10,18 +10,10 @@ use common::wait_for_passes;
 use ferry_backend::{BackendError, Backing, DirtyTracking, Gfn, Vm, PAGE_SIZE};
 use ferry_kvm::cpu_state::msrs::{self, IA32_TSC};
 use ferry_kvm::cpu_state::{blob, Irqchip, Snapshot, VcpuSnapshot};
-use ferry_kvm::{kvm_available, KvmVm, Role};
+use ferry_kvm::{require_kvm, KvmVm, Role};
 use ferry_memstress::read_progress;
 use ferry_memstress::{BackendKind, VmConfig, Workload};
 use serde::Serialize;
-
-fn require_kvm() -> bool {
-    if kvm_available() {
-        return true;
-    }
-    println!("SKIP: /dev/kvm is not available on this machine; kvm vCPU state test not run");
-    false
-}
 
 fn config(vcpus: u32) -> VmConfig {
     VmConfig {
@@ -118,7 +110,7 @@ fn assert_vcpu_same(i: usize, s: &VcpuSnapshot, d: &VcpuSnapshot) {
 
 #[test]
 fn every_piece_of_state_round_trips_and_the_guest_runs_on() {
-    if !require_kvm() {
+    if !require_kvm("kvm vCPU state") {
         return;
     }
     let cfg = config(2);
@@ -216,7 +208,7 @@ fn refused(vm: &mut KvmVm, blob: &[u8]) -> String {
 
 #[test]
 fn a_foreign_or_damaged_blob_is_refused_with_its_own_message() {
-    if !require_kvm() {
+    if !require_kvm("kvm vCPU state") {
         return;
     }
     let mut src = KvmVm::new(config(2), DirtyTracking::Bitmap, Role::Source).unwrap();
@@ -263,7 +255,7 @@ fn a_foreign_or_damaged_blob_is_refused_with_its_own_message() {
 
 #[test]
 fn every_msr_the_probe_keeps_reads_and_takes_its_value_back() {
-    if !require_kvm() {
+    if !require_kvm("kvm vCPU state") {
         return;
     }
     // A bare VM without an in-kernel irqchip, where this host's KVM refuses

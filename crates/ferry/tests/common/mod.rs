@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
 /// The ferry binary under test. The process dies (SIGKILL) when the
@@ -26,17 +25,8 @@ pub fn ferry() -> Command {
 }
 
 /// True if /dev/kvm is usable; otherwise prints the skip line.
-pub fn require_kvm(test: &str) -> bool {
-    let ok = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(Path::new("/dev/kvm"))
-        .is_ok();
-    if !ok {
-        println!("SKIP {test}: /dev/kvm is not available on this machine");
-    }
-    ok
-}
+#[allow(unused_imports)]
+pub use ferry_kvm::require_kvm;
 
 /// Runs ferry with `args` and returns its output.
 pub fn run(args: &[&str]) -> Output {

@@ -11,11 +11,7 @@ pub const EXE: &str = env!("CARGO_BIN_EXE_minivmm");
 
 /// True if /dev/kvm is usable; otherwise prints the skip line.
 pub fn kvm(test: &str) -> bool {
-    let ok = kvm_ioctls::Kvm::new().is_ok();
-    if !ok {
-        println!("SKIP {test}: /dev/kvm is not available here");
-    }
-    ok
+    ferry_kvm::require_kvm(test)
 }
 
 /// The JSON object on the last line of `stdout`.
