@@ -157,7 +157,7 @@ pub fn send(
 }
 
 /// What one message brought.
-pub struct Received {
+pub(crate) struct Received {
     /// What it says.
     pub head: Head,
     /// Its blobs.
@@ -167,7 +167,7 @@ pub struct Received {
 }
 
 /// Reads one message.
-pub fn recv(stream: &UnixStream) -> Result<Received, LocalError> {
+pub(crate) fn recv(stream: &UnixStream) -> Result<Received, LocalError> {
     let io = |e| LocalError::Socket {
         what: "receive",
         message: "a message",

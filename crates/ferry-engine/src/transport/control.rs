@@ -30,7 +30,7 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// A frame that arrived on the control connection.
 #[derive(Debug)]
-pub struct Incoming {
+pub(crate) struct Incoming {
     /// Its type.
     pub kind: FrameKind,
     /// Its payload.
@@ -101,7 +101,7 @@ impl Control {
 
     /// The next frame, waiting for as long as the migration is healthy. An
     /// Error frame becomes [`MigrationError::Peer`].
-    pub fn recv(&self) -> Result<Incoming, MigrationError> {
+    pub(crate) fn recv(&self) -> Result<Incoming, MigrationError> {
         loop {
             match self.rx.recv_timeout(POLL) {
                 Ok(i) if i.kind == FrameKind::Error => {

@@ -22,7 +22,7 @@ pub mod set;
 pub mod tcp;
 pub mod tls;
 
-pub use control::{Control, Incoming};
+pub use control::Control;
 pub use health::{Health, Side};
 pub use set::{accept_channel, open_channel, Dial, Listen};
 pub use tcp::{accept, connect, listen, TcpDialer, TransportError};

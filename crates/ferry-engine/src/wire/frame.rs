@@ -149,7 +149,7 @@ impl fmt::Display for FrameKind {
 
 /// A decoded frame header, before the payload is read.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct FrameHead {
+pub(crate) struct FrameHead {
     /// The type byte as sent (checked against [`FrameKind`] after the CRC).
     pub kind_byte: u8,
     /// Payload length.
@@ -274,7 +274,7 @@ pub fn encode_header_with_flags(
 
 /// Decodes a frame header read at stream `offset`. Checks the length limit
 /// and the reserved bytes, but not the CRC (that needs the payload).
-pub fn decode_header(
+pub(crate) fn decode_header(
     bytes: &[u8; FRAME_HEADER_LEN],
     offset: u64,
 ) -> Result<FrameHead, StreamError> {
@@ -297,7 +297,7 @@ pub fn decode_header(
 /// Checks `payload` against the header's check, then its type and flags.
 /// For a frame with the page check, `hashes` ends up holding its chunks'
 /// hashes (the last ones are its pages'); otherwise it is left empty.
-pub fn verify(
+pub(crate) fn verify(
     head: &FrameHead,
     raw_head: &[u8; FRAME_HEADER_LEN],
     payload: &[u8],

@@ -65,7 +65,7 @@ pub mod sections;
 
 pub use channel::{FrameStream, ReadFrame, Replay};
 pub use control::{FinalReport, MemoryDigest, Message};
-pub use frame::{FrameHead, FrameKind};
+pub use frame::FrameKind;
 pub use header::{ExpectedVm, HeaderError, Region, StreamHeader};
 pub use pages::{decode_batch, is_zero_page, BatchView, PageBatch, MAX_BATCH_PAGES};
 pub use sections::SectionError;
