@@ -1,6 +1,7 @@
 //! QMP's requests: `{"execute": NAME, "arguments": {...}, "id": ...}`.
 
 use super::MigrateRequest;
+use ferry_engine::TunableChange;
 use serde_json::{Map, Value};
 
 /// A refusal in QMP's shape: `{"error": {"class": ..., "desc": ...}}`.
@@ -25,16 +26,12 @@ impl QmpError {
 /// The parameters `migrate-set-parameters` takes; `None` leaves one as it is.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ParamUpdate {
-    /// `downtime-limit`, ms.
-    pub downtime_ms: Option<u64>,
-    /// `max-bandwidth`, bytes/s (0: no cap).
-    pub bandwidth_bytes_s: Option<u64>,
-    /// `x-max-rounds`.
-    pub max_rounds: Option<u32>,
+    /// `downtime-limit` (ms), `max-bandwidth` (bytes/s, 0: no cap),
+    /// `x-max-rounds` and `x-quota-interval` (ms): the engine's own live
+    /// tunables, which it checks.
+    pub tunables: TunableChange,
     /// `x-converge`: a policy name.
     pub converge: Option<String>,
-    /// `x-quota-interval`, ms.
-    pub quota_interval_ms: Option<u64>,
 }
 
 /// The capabilities ferry has: two choose a convergence policy, and
@@ -206,11 +203,13 @@ fn set_parameters(args: &Map<String, Value>) -> Result<QmpCommand, QmpError> {
         Some(_) => return Err(QmpError::generic("parameter 'x-converge' expects a string")),
     };
     Ok(QmpCommand::SetParameters(ParamUpdate {
-        downtime_ms: number(args, "downtime-limit")?,
-        bandwidth_bytes_s: number(args, "max-bandwidth")?,
-        max_rounds,
+        tunables: TunableChange {
+            downtime_ms: number(args, "downtime-limit")?,
+            bandwidth_bytes_per_sec: number(args, "max-bandwidth")?,
+            max_rounds,
+            quota_interval_ms: number(args, "x-quota-interval")?,
+        },
         converge,
-        quota_interval_ms: number(args, "x-quota-interval")?,
     }))
 }
 
@@ -342,7 +341,7 @@ mod tests {
         ) else {
             panic!("set-parameters did not parse");
         };
-        assert_eq!(p.downtime_ms, Some(9));
+        assert_eq!(p.tunables.downtime_ms, Some(9));
         assert_eq!(p.converge.as_deref(), Some("auto"));
         let Ok(QmpCommand::Migrate { resume, settings }) =
             parse_str(r#"{"execute":"migrate","arguments":{"uri":"tcp:h:1","stall-timeout-s":3}}"#)

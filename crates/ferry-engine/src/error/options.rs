@@ -40,16 +40,6 @@ pub enum OptionsError {
         /// The mode asked for.
         mode: &'static str,
     },
-    /// A name the engine does not know (a mode, a policy, a codec).
-    #[error("unknown {what} '{given}': expected {expected}")]
-    Unknown {
-        /// What kind of name.
-        what: &'static str,
-        /// The name given.
-        given: String,
-        /// The names known.
-        expected: &'static str,
-    },
 }
 
 impl OptionsError {

@@ -318,38 +318,34 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
                 let _ = reply.send(answer);
                 continue;
             }
-            Ok(VmCommand::Migrate { reply, .. }) if ctl.custody.may_migrate().is_err() => {
-                let error = ctl
-                    .custody
-                    .may_migrate()
-                    .err()
-                    .map(|e| e.to_string())
-                    .unwrap_or_default();
-                ctl.monitor.refuse(&error);
-                let _ = reply.send(serde_json::json!({ "ok": false, "error": error }));
-            }
             Ok(VmCommand::Migrate {
                 to,
                 opts,
                 tls,
                 reply,
             }) => {
-                let dest = to.clone();
-                let job = Job {
-                    to,
-                    opts,
-                    tls,
-                    since: Some((before.clone(), at)),
-                    resume: false,
-                };
-                if job.run(vm, &tunables, &mut last, reply, &ctl) {
-                    if !a.stay_after_migration {
-                        return Ok(ExitCode::SUCCESS);
+                if let Err(e) = ctl.custody.may_migrate() {
+                    let error = e.to_string();
+                    ctl.monitor.refuse(&error);
+                    let _ = reply.send(serde_json::json!({ "ok": false, "error": error }));
+                } else {
+                    let dest = to.clone();
+                    let job = Job {
+                        to,
+                        opts,
+                        tls,
+                        since: Some((before.clone(), at)),
+                        resume: false,
+                    };
+                    if job.run(vm, &tunables, &mut last, reply, &ctl) {
+                        if !a.stay_after_migration {
+                            return Ok(ExitCode::SUCCESS);
+                        }
+                        say(format_args!(
+                            "the monitor stays up (postmigrate) until quit or a signal"
+                        ));
+                        moved_to = Some(dest);
                     }
-                    say(format_args!(
-                        "the monitor stays up (postmigrate) until quit or a signal"
-                    ));
-                    moved_to = Some(dest);
                 }
             }
             Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}

@@ -5,7 +5,7 @@ use super::{forward, Shared, VmCommand};
 use crate::rates;
 use ferry_control::ParamUpdate;
 use ferry_control::{MigrateRequest, Request};
-use ferry_engine::{Mode, PrecopyOptions, TlsConfig};
+use ferry_engine::{Mode, PrecopyOptions, TlsConfig, TunableChange};
 use ferry_memstress::read_progress;
 use ferry_memstress::MemstressProbe;
 use serde_json::{json, Value};
@@ -30,11 +30,13 @@ pub fn handle(req: Request, shared: &Shared) -> Value {
                     converge to migrate instead"});
             }
             let update = ParamUpdate {
-                downtime_ms,
-                bandwidth_bytes_s: bandwidth_mib_s.map(|b| b.saturating_mul(1 << 20)),
-                max_rounds,
+                tunables: TunableChange {
+                    downtime_ms,
+                    bandwidth_bytes_per_sec: bandwidth_mib_s.map(|b| b.saturating_mul(1 << 20)),
+                    max_rounds,
+                    quota_interval_ms,
+                },
                 converge,
-                quota_interval_ms,
             };
             match super::params::apply(update, shared) {
                 Ok(()) => {

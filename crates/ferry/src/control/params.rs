@@ -3,7 +3,6 @@
 
 use super::Shared;
 use ferry_control::ParamUpdate;
-use ferry_engine::TunableChange;
 
 /// Checks every change, then applies them all (or none): the tunables'
 /// ranges are the engine's ([`ferry_engine::TunableChange`]).
@@ -13,19 +12,15 @@ pub fn apply(update: ParamUpdate, shared: &Shared) -> Result<(), String> {
         .as_deref()
         .map(str::parse::<ferry_engine::converge::ConvergeMode>)
         .transpose()?;
-    let change = TunableChange {
-        downtime_ms: update.downtime_ms,
-        max_rounds: update.max_rounds,
-        bandwidth_bytes_per_sec: update.bandwidth_bytes_s,
-        quota_interval_ms: update.quota_interval_ms,
-    };
-    change.validate().map_err(|e| e.to_string())?;
     let t = &shared.tunables;
+    // Checks every tunable before it sets any; the policy, parsed above,
+    // cannot fail after it.
+    t.apply(&update.tunables).map_err(|e| e.to_string())?;
     if let Some(p) = policy {
         if t.is_migrating() {
             t.request_policy(p);
         }
         shared.set_next_converge(p);
     }
-    t.apply(&change).map_err(|e| e.to_string())
+    Ok(())
 }
