@@ -9,72 +9,11 @@
 
 mod common;
 
+use common::record::{frames, recording_relay};
 use common::{probed, quick_receive, running_source, spawn_receiver};
-use ferry_engine::wire::{FrameKind, FrameStream, Replay};
+use ferry_engine::wire::FrameKind;
 use ferry_engine::{migrate_accounted, Mode, NoProgress, PrecopyOptions, TcpDialer};
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-
-/// Every byte stream seen, one per connection and direction.
-type Recorded = Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>;
-
-/// Relays connections to `target`, recording each direction.
-fn recording_relay(target: String) -> (String, Recorded) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let recorded: Recorded = Arc::default();
-    let rec = Arc::clone(&recorded);
-    std::thread::spawn(move || {
-        for client in listener.incoming().flatten() {
-            let Ok(server) = TcpStream::connect(&target) else {
-                continue;
-            };
-            let pairs = [
-                (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                (server, client),
-            ];
-            for (mut from, mut to) in pairs {
-                let log: Arc<Mutex<Vec<u8>>> = Arc::default();
-                rec.lock().unwrap().push(Arc::clone(&log));
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 64 << 10];
-                    while let Ok(n) = from.read(&mut buf) {
-                        if n == 0 || to.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                        log.lock().unwrap().extend_from_slice(&buf[..n]);
-                    }
-                    let _ = to.shutdown(std::net::Shutdown::Write);
-                });
-            }
-        }
-    });
-    (addr, recorded)
-}
-
-/// The frames of one recorded stream: (kind, payload). A source's streams
-/// open with the preamble; the destination's answers may not.
-fn frames(bytes: &[u8]) -> Vec<(FrameKind, Vec<u8>)> {
-    let read = |preamble: bool| {
-        let mut stream = FrameStream::new(Replay::new(bytes.to_vec()));
-        let mut out = Vec::new();
-        if preamble && stream.read_preamble().is_err() {
-            return out;
-        }
-        while let Ok(Some((kind, _))) = stream.read_frame_or_end() {
-            out.push((kind, stream.payload().to_vec()));
-        }
-        out
-    };
-    let with = read(true);
-    if with.is_empty() {
-        read(false)
-    } else {
-        with
-    }
-}
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) {
     std::fs::create_dir_all(dir).unwrap();

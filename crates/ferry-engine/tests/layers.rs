@@ -74,17 +74,11 @@ fn uses(code: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
         for (at, _) in line.match_indices("crate::") {
-            let rest = &line[at + "crate::".len()..];
-            if let Some(group) = rest.strip_prefix('{') {
-                // `use crate::{a, b::c}`, on one line.
-                let group = group.split('}').next().unwrap_or_default();
-                found.extend(group.split(',').map(|item| ident(item.trim())));
-            } else {
-                found.insert(ident(rest));
-            }
+            // A `use crate::{...}` group is read whole below.
+            found.insert(ident(&line[at + "crate::".len()..]));
         }
     }
-    // `use crate::{` spread over lines.
+    // `use crate::{a, b::c}`, on one line or several.
     for (at, _) in code.match_indices("use crate::{") {
         let group = code[at + "use crate::{".len()..]
             .split('}')

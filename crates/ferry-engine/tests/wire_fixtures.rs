@@ -20,14 +20,14 @@
 
 mod common;
 
+use common::record::{frames, recording_relay};
 use common::{probed, quick_receive, running_source, spawn_receiver};
 use ferry_engine::precopy::Compression;
-use ferry_engine::wire::{compress::Codec, FrameKind, FrameStream, Replay, VERSION};
+use ferry_engine::wire::{compress::Codec, VERSION};
 use ferry_engine::{migrate_accounted, NoProgress, PrecopyOptions, TcpDialer};
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The recorded cases: (directory name, source options).
@@ -54,63 +54,8 @@ fn dirty_rounds() -> PrecopyOptions {
     opts
 }
 
-/// The kinds of the frames in one recorded source stream.
-fn frame_kinds(bytes: &[u8]) -> Vec<FrameKind> {
-    let mut stream = FrameStream::new(Replay::new(bytes.to_vec()));
-    let mut kinds = Vec::new();
-    if stream.read_preamble().is_ok() {
-        while let Ok(Some((kind, _))) = stream.read_frame_or_end() {
-            kinds.push(kind);
-        }
-    }
-    kinds
-}
-
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-/// Every connection's bytes, source to destination, in the order the
-/// connections were accepted.
-type Recorded = Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>;
-
-/// Relays connections to `target`, recording what the source sends.
-fn recording_relay(target: String) -> (String, Recorded) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let recorded: Recorded = Arc::default();
-    let rec = Arc::clone(&recorded);
-    std::thread::spawn(move || {
-        for client in listener.incoming().flatten() {
-            let Ok(server) = TcpStream::connect(&target) else {
-                continue;
-            };
-            let log: Arc<Mutex<Vec<u8>>> = Arc::default();
-            rec.lock().unwrap().push(Arc::clone(&log));
-            let pipe =
-                |mut from: TcpStream, mut to: TcpStream, log: Option<Arc<Mutex<Vec<u8>>>>| {
-                    std::thread::spawn(move || {
-                        let mut buf = vec![0u8; 64 << 10];
-                        while let Ok(n) = from.read(&mut buf) {
-                            if n == 0 || to.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                            if let Some(log) = &log {
-                                log.lock().unwrap().extend_from_slice(&buf[..n]);
-                            }
-                        }
-                        let _ = to.shutdown(Shutdown::Write);
-                    })
-                };
-            pipe(
-                client.try_clone().unwrap(),
-                server.try_clone().unwrap(),
-                Some(log),
-            );
-            pipe(server, client, None);
-        }
-    });
-    (addr, recorded)
 }
 
 #[test]
@@ -129,9 +74,10 @@ fn record_this_releases_streams() {
         let dir = fixtures().join(format!("wire-{VERSION}")).join(name);
         std::fs::create_dir_all(&dir).unwrap();
         let mut kinds = std::collections::BTreeSet::new();
-        for (i, stream) in recorded.lock().unwrap().iter().enumerate() {
+        // What the source sent: the first of each connection's two streams.
+        for (i, stream) in recorded.lock().unwrap().iter().step_by(2).enumerate() {
             let bytes = stream.lock().unwrap();
-            kinds.extend(frame_kinds(&bytes).iter().map(|k| k.name()));
+            kinds.extend(frames(&bytes).iter().map(|(k, _)| k.name()));
             let packed = zstd::bulk::compress(&bytes, 19).unwrap();
             std::fs::write(dir.join(format!("conn-{i}.zst")), packed).unwrap();
         }

@@ -243,23 +243,24 @@ fn resolve(run: &CargoRun) -> Result<String, String> {
                 .collect()
         })
     };
-    let members: Vec<Package> = dirs("members")
-        .expect("workspace.members")
+    let member_dirs = dirs("members").expect("workspace.members");
+    let members: Vec<(&String, Package)> = member_dirs
         .iter()
-        .map(|d| read_package(&root.join(d)))
+        .map(|d| (d, read_package(&root.join(d))))
         .collect();
     let selected: Vec<&Package> = match &run.package {
         Some(name) => vec![members
             .iter()
+            .map(|(_, p)| p)
             .find(|p| &p.name == name)
             .ok_or(format!("package `{name}` is not a workspace member"))?],
         None => {
-            let default = dirs("default-members").unwrap_or_else(|| dirs("members").unwrap());
-            let names: Vec<String> = default
+            let default = dirs("default-members").unwrap_or_else(|| member_dirs.clone());
+            members
                 .iter()
-                .map(|d| read_package(&root.join(d)).name)
-                .collect();
-            members.iter().filter(|p| names.contains(&p.name)).collect()
+                .filter(|(d, _)| default.contains(d))
+                .map(|(_, p)| p)
+                .collect()
         }
     };
     if let Some(example) = &run.example {

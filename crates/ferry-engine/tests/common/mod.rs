@@ -14,6 +14,7 @@
 
 #![allow(dead_code)]
 
+pub mod record;
 pub mod relay;
 
 use ferry_backend::{

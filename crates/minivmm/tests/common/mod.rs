@@ -10,9 +10,8 @@ use std::path::Path;
 pub const EXE: &str = env!("CARGO_BIN_EXE_minivmm");
 
 /// True if /dev/kvm is usable; otherwise prints the skip line.
-pub fn kvm(test: &str) -> bool {
-    ferry_kvm::require_kvm(test)
-}
+#[allow(unused_imports)]
+pub use ferry_kvm::require_kvm as kvm;
 
 /// The JSON object on the last line of `stdout`.
 pub fn last_json(stdout: &[u8]) -> serde_json::Value {
