@@ -5,7 +5,7 @@
 //!
 //! ```text
 //!   Running ── migrate: completed ───────────────────► Moved      (runs elsewhere)
-//!      │    ── migrate: Status::Held (Commit lost) ──► Held ── cont ──► Running
+//!      │    ── migrate: Outcome::Held (Commit lost) ──► Held ── cont ──► Running
 //!      │    ── migrate: postcopy failed ─────────────► PostcopyFailed ── resume ──► …
 //!      └─── migrate: failed or cancelled in precopy ─► Running    (it ran on)
 //! ```
@@ -16,7 +16,7 @@
 //! never run here again, only be sent on with `resume`.
 
 use crate::error::PostcopyResume;
-use crate::summary::Status;
+use crate::summary::Outcome;
 use std::sync::Mutex;
 use thiserror::Error;
 
@@ -26,7 +26,7 @@ pub enum CopyState {
     /// It runs here (or never migrated); it may migrate.
     Running,
     /// Paused with verified memory after the Commit was lost
-    /// ([`Status::Held`]); it runs again only on `cont`.
+    /// ([`Outcome::Held`]); it runs again only on `cont`.
     Held {
         /// Why, in words.
         why: String,
@@ -99,14 +99,14 @@ impl Custody {
     /// and `error`, and the resume token when a postcopy failed.
     pub fn migration_ended(
         &self,
-        status: Status,
+        status: Outcome,
         error: Option<&str>,
         resume: Option<PostcopyResume>,
     ) {
         *self.lock() = match (status, resume) {
             (_, Some(resume)) => CopyState::PostcopyFailed { resume },
-            (Status::Completed, None) => CopyState::Moved,
-            (Status::Held, None) => CopyState::Held {
+            (Outcome::Completed, None) => CopyState::Moved,
+            (Outcome::Held, None) => CopyState::Held {
                 why: error.unwrap_or("the Commit was lost").to_string(),
             },
             (_, None) => CopyState::Running,
@@ -192,7 +192,7 @@ mod tests {
     #[test]
     fn a_held_copy_runs_only_on_cont_and_refuses_a_migration_until_then() {
         let c = Custody::default();
-        c.migration_ended(Status::Held, Some("lost"), None);
+        c.migration_ended(Outcome::Held, Some("lost"), None);
         assert_eq!(c.may_migrate(), Err(CustodyError::Held));
         // A start that fails leaves it held.
         assert_eq!(c.cont(|| Err::<(), _>("no")), Err(ContError::Start("no")));
@@ -206,7 +206,7 @@ mod tests {
     #[test]
     fn a_failed_postcopy_never_runs_here_and_resumes_once() {
         let c = Custody::default();
-        c.migration_ended(Status::Failed, Some("cut"), Some(TOKEN));
+        c.migration_ended(Outcome::Failed, Some("cut"), Some(TOKEN));
         assert_eq!(
             c.cont(|| -> Result<(), ()> { panic!("a failed postcopy's copy was started") }),
             Err(ContError::Refused(CustodyError::PostcopyFailed))
@@ -219,9 +219,9 @@ mod tests {
     #[test]
     fn a_moved_vm_refuses_everything_and_a_failed_precopy_runs_on() {
         let c = Custody::default();
-        c.migration_ended(Status::Failed, Some("refused"), None);
+        c.migration_ended(Outcome::Failed, Some("refused"), None);
         assert_eq!(c.may_migrate(), Ok(()));
-        c.migration_ended(Status::Completed, None, None);
+        c.migration_ended(Outcome::Completed, None, None);
         assert!(c.has_moved());
         assert_eq!(c.may_migrate(), Err(CustodyError::Moved));
         assert_eq!(c.take_resume(), Err(CustodyError::Moved));

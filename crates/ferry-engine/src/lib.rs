@@ -59,7 +59,7 @@ pub use precopy::{
 };
 pub use progress::{Both, NoProgress, Phase, Progress};
 pub use summary::{
-    DeltaSummary, Escalation, MigrationSummary, ReceiveSummary, RoundKind, RoundStats, Status,
+    DeltaSummary, Escalation, MigrationSummary, Outcome, ReceiveSummary, RoundKind, RoundStats,
     ThrottleStep, VcpuShare,
 };
 pub use transport::{

@@ -12,7 +12,7 @@
 //! write timeout before subscribing it).
 
 use crate::progress::{Phase, Progress};
-use crate::summary::{MigrationSummary, RoundStats, Status, ThrottleStep};
+use crate::summary::{MigrationSummary, Outcome, RoundStats, ThrottleStep};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -23,7 +23,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// How long [`Monitor::drain`] waits for queued events to go out.
 const DRAIN_WAIT: Duration = Duration::from_secs(3);
 
-/// QEMU's `MigrationStatus`, as far as ferry has the states.
+/// QEMU's `MigrationStatus`, as far as ferry has the states: the one
+/// status of a migration under way. How a finished one ended is its
+/// summary's [`Outcome`], which [`Monitor::finish`] maps onto this.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum MigStatus {
     /// No migration yet.
@@ -285,13 +287,13 @@ impl Monitor {
     ) {
         let mut s = self.state();
         let status = match summary.status {
-            Status::Completed => MigStatus::Completed,
-            Status::Failed if paused => MigStatus::PostcopyPaused,
-            Status::Failed if cancelled => MigStatus::Cancelled,
-            Status::Failed => MigStatus::Failed,
+            Outcome::Completed => MigStatus::Completed,
+            Outcome::Failed if paused => MigStatus::PostcopyPaused,
+            Outcome::Failed if cancelled => MigStatus::Cancelled,
+            Outcome::Failed => MigStatus::Failed,
             // QEMU has no such state: failed, with the reason in
             // error-desc, and query-status says "paused".
-            Status::Held => MigStatus::Failed,
+            Outcome::Held => MigStatus::Failed,
         };
         s.finished = Some(Finished {
             total_ms: summary.total_ms,

@@ -11,7 +11,7 @@ use ferry_engine::precopy::{Compression, Placement};
 use ferry_engine::wire::compress::Codec;
 use ferry_engine::wire::{FrameKind, FrameStream, Message, MAGIC};
 use ferry_engine::{
-    migrate, ExpectedVm, NoProgress, PrecopyOptions, ReceiveOptions, Status, TcpDialer,
+    migrate, ExpectedVm, NoProgress, Outcome, PrecopyOptions, ReceiveOptions, TcpDialer,
 };
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -48,7 +48,7 @@ fn four_connections(compression: Compression, delta: bool) {
     opts.tunables.set_max_rounds(if delta { 6 } else { 5 });
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (dvm, dsum) = dest.join().unwrap().unwrap();
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match);
     assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
     assert_eq!((summary.connections, dsum.connections), (4, 4));

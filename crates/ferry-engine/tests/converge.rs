@@ -9,7 +9,7 @@ use common::*;
 
 use ferry_backend::Vm;
 use ferry_engine::converge::ConvergeMode;
-use ferry_engine::{migrate, MigrationError, NoProgress, PrecopyOptions, Status};
+use ferry_engine::{migrate, MigrationError, NoProgress, Outcome, PrecopyOptions};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -34,7 +34,7 @@ fn auto_throttles_every_vcpu_in_steps_and_the_migration_verifies() {
     opts.tunables.set_bandwidth_bytes_per_sec(8 << 20);
     let s = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     dest.join().unwrap().unwrap();
-    assert_eq!(s.status, Status::Completed, "{s:?}");
+    assert_eq!(s.status, Outcome::Completed, "{s:?}");
     assert!(s.digest_match && s.guest_mismatches == Some(0), "{s:?}");
     assert_eq!(s.converge, Some(ferry_engine::converge::ConvergeMode::Auto));
     let steps: Vec<u8> = s.throttle_timeline.iter().map(|t| t.percent).collect();

@@ -17,7 +17,7 @@ use common::{probed, quick_receive, running_source, spawn_receiver};
 use ferry_backend::Vm;
 use ferry_engine::wire::FrameKind;
 use ferry_engine::{
-    migrate_accounted, MigrationError, Mode, NoProgress, PrecopyOptions, ReceiveOptions, Status,
+    migrate_accounted, MigrationError, Mode, NoProgress, Outcome, PrecopyOptions, ReceiveOptions,
     TcpDialer,
 };
 use std::time::Duration;
@@ -65,7 +65,7 @@ fn fault_at(fault: Fault, mode: Mode) {
     }
     match result {
         Ok(()) => {
-            assert_eq!(summary.status, Status::Completed, "{context}");
+            assert_eq!(summary.status, Outcome::Completed, "{context}");
             assert!(summary.digest_match, "{context}");
             assert_eq!(summary.guest_mismatches, Some(0), "{context}");
             let (dvm, _) = received.unwrap_or_else(|e| panic!("{context}: destination: {e}"));
@@ -73,7 +73,7 @@ fn fault_at(fault: Fault, mode: Mode) {
             assert!(!src.is_running(), "{context}: both copies run");
         }
         Err(e) => {
-            assert_eq!(summary.status, Status::Failed, "{context}");
+            assert_eq!(summary.status, Outcome::Failed, "{context}");
             assert!(faulted, "{context}: failed without a fault: {e}");
             let dest_err = match received {
                 Ok(_) => panic!("{context}: the destination completed, the source failed: {e}"),
@@ -207,10 +207,10 @@ fn cut_at_frame(kind: FrameKind, to_source: bool, strict: bool) -> After {
     match after {
         After::SourceRuns => {
             assert!(result.is_err(), "{context}");
-            assert_eq!(summary.status, Status::Failed, "{context}");
+            assert_eq!(summary.status, Outcome::Failed, "{context}");
         }
         After::DestinationRuns => {
-            assert_eq!(summary.status, Status::Completed, "{context}");
+            assert_eq!(summary.status, Outcome::Completed, "{context}");
             assert!(summary.digest_match, "{context}");
         }
         After::BothPaused => {
@@ -221,7 +221,7 @@ fn cut_at_frame(kind: FrameKind, to_source: bool, strict: bool) -> After {
             let Ok((_, dsum)) = &received else {
                 panic!("{context}: the destination dropped its copy");
             };
-            assert_eq!(dsum.status, Status::Held, "{context}");
+            assert_eq!(dsum.status, Outcome::Held, "{context}");
             assert!(dsum.digest_match, "{context}");
             assert!(
                 dsum.held

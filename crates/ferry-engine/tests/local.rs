@@ -11,7 +11,7 @@ use ferry_engine::local::{
     await_local, listen_local, migrate_local, receive_local_as, LocalOptions,
 };
 use ferry_engine::wire::StreamHeader;
-use ferry_engine::{MigrationError, Status};
+use ferry_engine::{MigrationError, Outcome};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -65,7 +65,7 @@ fn a_memfd_vm_moves_to_another_process_without_copying_its_memory() {
     let mut src = memfd_source();
     let summary = migrate_local(&mut src, &path, &opts()).unwrap();
     let (dvm, dsum) = dest.join().unwrap().unwrap();
-    assert_eq!(summary.status, Status::Completed);
+    assert_eq!(summary.status, Outcome::Completed);
     assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
     assert_eq!(summary.regions, 2);
     assert!(!src.is_running() && dvm.is_running());

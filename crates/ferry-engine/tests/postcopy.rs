@@ -9,8 +9,8 @@ mod common;
 use common::{churning_source, probed, quick_receive, running_source, spawn_receiver};
 use ferry_backend::Vm;
 use ferry_engine::{
-    migrate, migrate_accounted, MigrationError, Mode, NoProgress, PrecopyOptions, ReceiveOptions,
-    RoundKind, Status,
+    migrate, migrate_accounted, MigrationError, Mode, NoProgress, Outcome, PrecopyOptions,
+    ReceiveOptions, RoundKind,
 };
 use std::time::Duration;
 
@@ -47,7 +47,7 @@ fn postcopy_moves_a_running_guest_at_once_and_fetches_its_pages() {
     let summary = migrate(&mut src, &to, &postcopy_opts(Mode::Postcopy), &NoProgress).unwrap();
     let (dvm, dsum) = dest.join().unwrap().unwrap();
 
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && summary.digest_checked && dsum.digest_match);
     assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
     assert_eq!(summary.mode, Mode::Postcopy);
@@ -86,7 +86,7 @@ fn hybrid_switches_after_its_rounds() {
     opts.tunables.set_downtime_target(Duration::ZERO);
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match);
     assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
     assert!(!summary.converged, "{summary:?}");
@@ -118,7 +118,7 @@ fn a_hybrid_on_stall_switches_when_precopy_stops_shrinking() {
     opts.tunables.set_downtime_target(Duration::ZERO);
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match);
     assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
     assert!(!summary.converged, "{summary:?}");
@@ -150,7 +150,7 @@ fn a_hybrid_that_converges_finishes_as_precopy() {
     });
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert_eq!(summary.rounds.last().unwrap().kind, RoundKind::Final);
     assert!(dsum.postcopy.is_none());
     assert_eq!(summary.guest_mismatches, Some(0));
@@ -216,7 +216,7 @@ fn postcopy_through_cuts(cuts: u32) {
     let summary = migrate(&mut src, &dialer, &opts, &NoProgress).unwrap();
     let (dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(relay.cuts(), cuts);
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
     assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
     let ours = summary
@@ -270,7 +270,7 @@ fn a_postcopy_whose_retries_ran_out_is_resumed_later() {
         ferry_engine::resume_postcopy(&mut src, &dialer, &opts, &token, &NoProgress);
     result.unwrap();
     let (dvm, dsum) = dest.join().unwrap().unwrap();
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match);
     // The resumed source never paused in this attempt: the destination's
     // guest says whether anything was lost.
@@ -352,7 +352,7 @@ fn a_cut_mid_postcopy_keeps_the_source_paused_with_its_pages() {
         e => panic!("expected a postcopy failure, got {e}"),
     }
     assert!(err.to_string().contains("stays paused"), "{err}");
-    assert_eq!(summary.status, Status::Failed);
+    assert_eq!(summary.status, Outcome::Failed);
     assert!(
         !src.is_running(),
         "the source must not resume after postcopy began"
@@ -387,7 +387,7 @@ fn a_hybrid_switches_when_an_operator_asks() {
     opts.tunables.request_postcopy();
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match);
     assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
     let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
@@ -418,7 +418,7 @@ fn a_precopy_ignores_a_postcopy_request() {
     opts.tunables.request_postcopy();
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let _ = dest.join().unwrap().unwrap();
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert_eq!(summary.mode, Mode::Precopy);
     assert!(summary.rounds.iter().all(|r| r.kind != RoundKind::Postcopy));
 }
@@ -451,7 +451,7 @@ fn into_hugetlb(mode: Mode, handlers: usize) -> ferry_engine::MigrationSummary {
     opts.tunables.set_downtime_target(Duration::ZERO);
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (dvm, dsum) = dest.join().unwrap().unwrap();
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
     assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
     assert!(dvm.is_running());
@@ -514,7 +514,7 @@ fn busy_polling_handlers_serve_a_postcopy() {
     let mut src = running_source();
     let summary = migrate(&mut src, &to, &postcopy_opts(Mode::Postcopy), &NoProgress).unwrap();
     let (dvm, dsum) = dest.join().unwrap().unwrap();
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match);
     assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
     let report = dsum.postcopy.as_ref().expect("postcopy report");
@@ -555,7 +555,7 @@ fn memory_with_a_hole_moves_in_every_mode_and_the_hole_never_travels() {
         };
         let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
         let (dvm, dsum) = dest.join().unwrap().unwrap();
-        assert_eq!(summary.status, Status::Completed, "{mode}: {summary:?}");
+        assert_eq!(summary.status, Outcome::Completed, "{mode}: {summary:?}");
         assert!(summary.digest_match && dsum.digest_match, "{mode}");
         assert_eq!(dvm.ram().slots(), src.ram().slots(), "{mode}");
         assert_eq!(dvm.ram().holes(), vec![(ferry_backend::Gfn(512), 1536)]);

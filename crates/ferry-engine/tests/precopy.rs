@@ -9,8 +9,8 @@ use ferry_engine::converge::ConvergeMode;
 use ferry_engine::transport::{accept_channel, Channel};
 use ferry_engine::wire::{FrameKind, Message};
 use ferry_engine::{
-    listen, migrate, ExpectedVm, MigrationError, NoProgress, PrecopyOptions, ReceiveOptions,
-    RoundKind, Status, TcpDialer,
+    listen, migrate, ExpectedVm, MigrationError, NoProgress, Outcome, PrecopyOptions,
+    ReceiveOptions, RoundKind, TcpDialer,
 };
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ fn precopy_over_tcp_moves_a_running_guest_with_matching_digest() {
     let summary = migrate(&mut src, &to, &probed(), &NoProgress).unwrap();
     let (dvm, dsum) = dest.join().unwrap().unwrap();
 
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match);
     assert!(summary.digest_checked);
     assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
@@ -52,7 +52,7 @@ fn tight_target_runs_dirty_rounds_and_strict_mode_verifies_first() {
     opts.tunables.set_max_rounds(4);
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.verify_before_resume);
     assert!(summary.digest_match);
     assert_eq!(summary.guest_mismatches, Some(0));
@@ -67,7 +67,7 @@ fn digest_mismatch_rolls_the_source_back() {
     let mut src = running_source();
     src.untracked_write_on_save = true;
     let summary = migrate(&mut src, &to, &probed(), &NoProgress).unwrap();
-    assert_eq!(summary.status, Status::Failed);
+    assert_eq!(summary.status, Outcome::Failed);
     assert!(!summary.digest_match && summary.digest_checked);
     assert!(summary
         .error
@@ -259,7 +259,7 @@ fn harvests_within_rounds_send_pages_dirtied_ahead_once() {
     opts.tunables.set_max_rounds(3);
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
-    assert_eq!(summary.status, Status::Completed, "{summary:?}");
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
     assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
     assert!(summary.spared_pages > 0, "{summary:?}");

@@ -1,7 +1,6 @@
-//! Errors of the kvm backend.
+//! Errors talking to KVM.
 
 use ferry_backend::BackendError;
-use ferry_memstress::BackendKind;
 use vmm_sys_util::errno;
 
 /// What went wrong talking to KVM.
@@ -19,27 +18,15 @@ pub enum KvmError {
     /// A configuration KVM cannot run.
     #[error("{0}")]
     Config(String),
-    /// Building the guest image failed.
-    #[error(transparent)]
-    Boot(#[from] crate::guest::boot::BootError),
     /// Guest RAM could not be created.
     #[error(transparent)]
     Ram(#[from] ferry_backend::RamError),
-    /// A vCPU thread could not be started.
-    #[error("cannot start vCPU thread {0}")]
-    Thread(u32, #[source] std::io::Error),
-    /// A vCPU thread could not be pinned to a host CPU.
-    #[error("cannot pin vCPU thread {0} to its host CPU")]
-    Pin(u32, #[source] std::io::Error),
     /// Probing which MSRs this host can save failed.
     #[error("probing the MSRs a vCPU state carries")]
     MsrProbe(#[source] crate::cpu_state::MsrError),
     /// Saving or loading vCPU state failed in KVM.
     #[error(transparent)]
     State(#[from] crate::cpu_state::StateError),
-    /// The throttle thread could not be started.
-    #[error("cannot start the vCPU throttle thread")]
-    ThrottleThread(#[source] std::io::Error),
 }
 
 impl From<KvmError> for BackendError {
@@ -47,7 +34,7 @@ impl From<KvmError> for BackendError {
     /// the cause (the errno) without repeating any level.
     fn from(e: KvmError) -> Self {
         BackendError::Operation {
-            backend: BackendKind::Kvm.to_string(),
+            backend: "kvm".into(),
             what: ferry_backend::error_chain(&e),
             source: None,
         }
@@ -55,6 +42,6 @@ impl From<KvmError> for BackendError {
 }
 
 /// Shorthand for mapping an ioctl error.
-pub(crate) fn ioctl(name: &'static str) -> impl FnOnce(errno::Error) -> KvmError {
+pub fn ioctl(name: &'static str) -> impl FnOnce(errno::Error) -> KvmError {
     move |e| KvmError::Ioctl(name, e)
 }

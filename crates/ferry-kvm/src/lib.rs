@@ -1,32 +1,30 @@
-//! The kvm backend of ferry: real vCPUs on `/dev/kvm`.
+//! KVM pieces any VMM reuses, on `/dev/kvm`:
 //!
 //! ```text
-//!   KvmVm ── GuestRam (2 slots: system, data) ── KVM memslots
-//!     ├── vCPU threads (vcpu.rs): KVM_RUN loop, paused by signal
-//!     ├── guest/: memstress x86-64 code + CPL3 boot state
-//!     ├── dirty/: bitmap | clear (MANUAL_PROTECT2, paced chunks) | ring
-//!     └── cpu_state/: every vCPU's state (regs, XSAVE, all MSRs, LAPIC, MP
-//!         state, events...) and the VM's (kvmclock, irqchip, PIT) in one
-//!         checksummed blob
+//!   cpu_state/: every vCPU's state (regs, XSAVE, all MSRs, LAPIC, MP state,
+//!               events...) and the VM's (kvmclock, irqchip, PIT) in one
+//!               checksummed blob
+//!   dirty/:     KVM's three dirty logs (bitmap | clear in paced chunks |
+//!               ring) as a DirtySource the engine harvests
+//!   memory:     registering guest RAM slots, with or without dirty logging
+//!   boot:       the CPL3 long-mode boot state this project's hosts run
+//!               guest code natively in
+//!   host:       whether /dev/kvm is here, for a VMM's tests
 //! ```
 //!
-//! It uses what the host kernel offers; mechanisms the kernel lacks live in the
-//! soft backend.
+//! Nothing here knows a guest program: ferry's own memstress VM
+//! (`ferry-kvm-memstress`) and `minivmm` are both built on it.
 
 #![warn(missing_docs)]
 
+pub mod boot;
 pub mod cpu_state;
 pub mod dirty;
 pub mod error;
-pub mod guest;
 pub mod host;
 pub mod ioctls;
 pub mod memory;
-mod throttle;
-mod vcpu;
-pub mod vm;
 
+pub use dirty::DirtyTracking;
 pub use error::KvmError;
-pub use guest::boot::Program;
 pub use host::{kvm_available, require_kvm};
-pub use vm::{KvmVm, Role};

@@ -3,9 +3,10 @@
 //! that writes fourteen pages) and the log reports exactly what it wrote,
 //! in each of the three modes.
 
-use ferry_backend::{Backing, DirtyPages, DirtySource, DirtyTracking, Gfn, Gpa, GuestRam};
+use ferry_backend::{Backing, DirtyPages, DirtySource, Gfn, Gpa, GuestRam};
 use ferry_kvm::dirty::{enable_ring, KvmDirtySource, EXIT_DIRTY_RING_FULL};
 use ferry_kvm::require_kvm;
+use ferry_kvm::DirtyTracking;
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit};
 use std::sync::Arc;

@@ -45,7 +45,7 @@ mod config;
 pub mod fill;
 mod probe;
 
-pub use config::{BackendKind, VmConfig};
+pub use config::VmConfig;
 use ferry_backend::{Gpa, PAGE_SIZE};
 use ferry_backend::{GuestRam, RamError};
 pub use fill::Fill;

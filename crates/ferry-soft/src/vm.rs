@@ -15,7 +15,7 @@ use crate::mmu::Mmu;
 use crate::quota::{LiveThrottle, Throttle, TimeThrottle};
 use crate::vcpu::{self, Control, VcpuState};
 use ferry_backend::{BackendError, DirtyPages, FaultExits, GuestRam, HarvestStats, Quota, Vm};
-use ferry_memstress::{self as memstress, BackendKind, VmConfig};
+use ferry_memstress::{self as memstress, VmConfig};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -34,6 +34,12 @@ struct SavedVcpus {
     vcpus: Vec<VcpuState>,
 }
 
+/// The VMM id this VM's migration streams carry; a destination builds a
+/// `SoftVm` for a stream that names it.
+pub const VMM_ID: &str = "ferry-soft";
+/// How this VM's errors name it.
+const BACKEND: &str = "soft";
+
 /// A VM whose vCPUs are host threads running memstress on the soft MMU.
 pub struct SoftVm {
     config: VmConfig,
@@ -49,7 +55,7 @@ pub struct SoftVm {
 
 fn op(what: &str, e: SoftError) -> BackendError {
     BackendError::Operation {
-        backend: BackendKind::Soft.to_string(),
+        backend: BACKEND.into(),
         what: what.to_string(),
         source: Some(Box::new(e)),
     }
@@ -152,7 +158,7 @@ impl SoftVm {
                 .name(format!("soft-vcpu{v}"))
                 .spawn(move || vcpu::run(mem, v, &ctl, &throttle))
                 .map_err(|e| BackendError::Operation {
-                    backend: BackendKind::Soft.to_string(),
+                    backend: BACKEND.into(),
                     what: format!("spawn vCPU thread {v}"),
                     source: Some(Box::new(e)),
                 })?;
@@ -164,7 +170,7 @@ impl SoftVm {
 
 impl Vm for SoftVm {
     fn vmm_id(&self) -> &str {
-        self.config.backend.vmm_id()
+        VMM_ID
     }
     fn vcpus(&self) -> u32 {
         self.config.workload.vcpus
@@ -218,7 +224,7 @@ impl Vm for SoftVm {
                 Ok(())
             }
             _ => Err(BackendError::Operation {
-                backend: ferry_memstress::BackendKind::Soft.to_string(),
+                backend: BACKEND.into(),
                 what: "another throttle (a dirty quota) is installed; it cannot be \
                        replaced while the vCPUs run"
                     .into(),
@@ -234,7 +240,7 @@ impl Vm for SoftVm {
                 Ok(())
             }
             _ => Err(BackendError::Operation {
-                backend: BackendKind::Soft.to_string(),
+                backend: BACKEND.into(),
                 what: "set a dirty quota: an experiment's own throttle is installed".into(),
                 source: None,
             }),
@@ -248,7 +254,7 @@ impl Vm for SoftVm {
                 Ok(())
             }
             _ => Err(BackendError::Operation {
-                backend: BackendKind::Soft.to_string(),
+                backend: BACKEND.into(),
                 what: "set a dirty limit: an experiment's own throttle is installed".into(),
                 source: None,
             }),

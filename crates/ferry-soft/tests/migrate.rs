@@ -4,14 +4,13 @@
 //! every baseline.
 
 use ferry_backend::{Backing, DirtyPages, GuestRam, Vm, PAGE_SIZE};
+use ferry_memstress::VmConfig;
 use ferry_memstress::{read_progress, AccessOrder, Workload};
-use ferry_memstress::{BackendKind, VmConfig};
 use ferry_soft::{Mechanisms, SoftVm, SplitMode};
 use std::time::{Duration, Instant};
 
 fn config(order: AccessOrder, write_percent: u8) -> VmConfig {
     VmConfig {
-        backend: BackendKind::Soft,
         workload: Workload {
             vcpus: 3,
             bytes_per_vcpu: 4 << 20,

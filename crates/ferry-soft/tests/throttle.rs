@@ -1,8 +1,8 @@
 //! Dirty quota vs time-based throttling on running soft vCPUs.
 
 use ferry_backend::{Backing, Vm};
+use ferry_memstress::VmConfig;
 use ferry_memstress::{read_progress, Workload};
-use ferry_memstress::{BackendKind, VmConfig};
 use ferry_soft::quota::{DirtyQuota, QuotaExit, QuotaRefill, Throttle, TimeThrottle};
 use ferry_soft::{Mechanisms, SoftVm};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 fn config(write_percent: u8) -> VmConfig {
     VmConfig {
-        backend: BackendKind::Soft,
         workload: Workload {
             vcpus: 2,
             bytes_per_vcpu: 4 << 20,

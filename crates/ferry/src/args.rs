@@ -1,11 +1,13 @@
 //! Command-line arguments shared by several subcommands: the guest workload and
 //! the backend that runs it.
 
+use crate::vms::BackendKind;
 use clap::{Args, ValueEnum};
-use ferry_backend::{Backing, DirtyTracking};
+use ferry_backend::Backing;
 use ferry_engine::precopy::Placement;
+use ferry_kvm::DirtyTracking;
 use ferry_memstress::Fill;
-use ferry_memstress::{AccessOrder, BackendKind, VmConfig, Workload};
+use ferry_memstress::{AccessOrder, VmConfig, Workload};
 use ferry_soft::{Iteration, LeafSize, Mechanisms, SplitMode, WriteProtect};
 
 /// Sizes like `512M`, `1G`, `2048K` or plain bytes.
@@ -293,7 +295,6 @@ impl BackendArgs {
     /// The VM configuration for `workload`.
     pub fn config(&self, workload: Workload) -> VmConfig {
         VmConfig {
-            backend: self.kind(),
             workload,
             backing: self.backing(),
         }

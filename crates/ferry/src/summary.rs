@@ -129,7 +129,7 @@ fn convergence(s: &MigrationSummary) -> String {
         out += &format!("; in round {}: {}", e.round, e.what);
     }
     let postcopy = s.rounds.iter().any(|r| r.kind == RoundKind::Postcopy);
-    if s.status == ferry_engine::Status::Completed && !s.converged && !postcopy {
+    if s.status == ferry_engine::Outcome::Completed && !s.converged && !postcopy {
         out += "; did NOT converge: the round cap forced the stop-and-copy";
     }
     out

@@ -2,22 +2,92 @@
 //! soft. The engine only ever sees `Box<dyn Vm>`.
 
 use crate::args::BackendArgs;
-use ferry_backend::{BackendError, Vm};
-use ferry_kvm::KvmVm;
+use ferry_backend::{BackendError, Backing, GuestRam, Vm};
+use ferry_kvm::DirtyTracking;
+use ferry_kvm_memstress::KvmVm;
 /// Which end of a migration the VM is.
-pub use ferry_kvm::Role;
-use ferry_memstress::{BackendKind, VmConfig};
+pub use ferry_kvm_memstress::Role;
+use ferry_memstress::VmConfig;
 use ferry_soft::SoftVm;
 
-/// Creates a VM for `config` on the backend it names, once the guest is
-/// known to fit on this host.
+/// Which of ferry's two memstress VMs runs the guest. Both ends of a
+/// migration must use the same one, because their vCPU state differs; the
+/// stream names it by its VMM id.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Real vCPUs on `/dev/kvm` (`ferry-kvm-memstress`).
+    #[default]
+    Kvm,
+    /// The software second-level MMU (`ferry-soft`).
+    Soft,
+}
+
+impl BackendKind {
+    /// The VMM id a migration stream carries for this backend's VMs.
+    pub fn vmm_id(self) -> &'static str {
+        match self {
+            BackendKind::Kvm => ferry_kvm_memstress::VMM_ID,
+            BackendKind::Soft => ferry_soft::VMM_ID,
+        }
+    }
+
+    /// The backend whose VMs carry `vmm_id`, if it is one of ferry's.
+    pub fn from_vmm_id(vmm_id: &str) -> Result<Self, BackendError> {
+        [BackendKind::Kvm, BackendKind::Soft]
+            .into_iter()
+            .find(|b| b.vmm_id() == vmm_id)
+            .ok_or_else(|| {
+                BackendError::Guest(format!(
+                    "the stream comes from a {vmm_id} VM; this ferry builds {} and {} VMs",
+                    BackendKind::Kvm.vmm_id(),
+                    BackendKind::Soft.vmm_id()
+                ))
+            })
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Kvm => "kvm",
+            BackendKind::Soft => "soft",
+        })
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "kvm" => Ok(BackendKind::Kvm),
+            "soft" => Ok(BackendKind::Soft),
+            other => Err(format!("unknown backend '{other}': expected kvm or soft")),
+        }
+    }
+}
+
+/// The backend and configuration a destination builds from a stream's VMM
+/// id and VMM configuration, with its own `backing`.
+pub fn from_stream(
+    vmm_id: &str,
+    vmm_config: &serde_json::Value,
+    backing: Backing,
+) -> Result<(BackendKind, VmConfig), BackendError> {
+    let kind = BackendKind::from_vmm_id(vmm_id)?;
+    Ok((kind, VmConfig::from_stream(vmm_config, backing)?))
+}
+
+/// Creates a `kind` VM for `config`, once the guest is known to fit on
+/// this host.
 pub fn create(
+    kind: BackendKind,
     config: &VmConfig,
     backend: &BackendArgs,
     role: Role,
 ) -> Result<Box<dyn Vm>, BackendError> {
     config.admit()?;
-    match config.backend {
+    match kind {
         BackendKind::Kvm => {
             let tracking = kvm_tracking(backend)?;
             Ok(Box::new(KvmVm::new(config.clone(), tracking, role)?))
@@ -32,14 +102,15 @@ pub fn create(
     }
 }
 
-/// A destination VM for `config` on memory another process made (a
+/// A destination `kind` VM for `config` on memory another process made (a
 /// same-host upgrade maps the source's memfd files).
 pub fn create_on_ram(
+    kind: BackendKind,
     config: &VmConfig,
     backend: &BackendArgs,
-    ram: ferry_backend::GuestRam,
+    ram: GuestRam,
 ) -> Result<Box<dyn Vm>, BackendError> {
-    match config.backend {
+    match kind {
         BackendKind::Kvm => {
             let tracking = kvm_tracking(backend)?;
             Ok(Box::new(KvmVm::on_ram(config.clone(), tracking, ram)?))
@@ -53,7 +124,7 @@ pub fn create_on_ram(
 }
 
 /// The kvm dirty tracking `backend` asks for.
-fn kvm_tracking(backend: &BackendArgs) -> Result<ferry_backend::DirtyTracking, BackendError> {
+fn kvm_tracking(backend: &BackendArgs) -> Result<DirtyTracking, BackendError> {
     backend.tracking().map_err(|what| BackendError::Operation {
         backend: BackendKind::Kvm.to_string(),
         what,

@@ -7,11 +7,11 @@ use crate::serial::{self, Console, ConsoleOut};
 use crate::vcpu::Vcpu;
 use crate::{boot, memory, Devices};
 use ferry_engine::vmm::{
-    BackendError, Backing, DirtyPages, DirtySource, DirtyTracking, GuestRam, HarvestStats, Section,
-    SectionId, SectionSpec, Vm, PAGE_SIZE,
+    BackendError, Backing, DirtyPages, DirtySource, GuestRam, HarvestStats, Section, SectionId,
+    SectionSpec, Vm, PAGE_SIZE,
 };
 use ferry_kvm::cpu_state::{self, Snapshot, VcpuContext, VmDevices, XsaveKind};
-use ferry_kvm::dirty::KvmDirtySource;
+use ferry_kvm::dirty::{DirtyTracking, KvmDirtySource};
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VmFd};
 use serde::{Deserialize, Serialize};

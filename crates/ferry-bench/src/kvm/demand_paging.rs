@@ -20,10 +20,11 @@
 //! prefetch (place the next pages of the region with the faulting one).
 
 use ferry_backend::uffd::{FaultMode, Placed, Placer};
-use ferry_backend::{Backing, DirtyTracking, Gfn, Vm, PAGE_SIZE};
-use ferry_kvm::{KvmVm, Program, Role};
+use ferry_backend::{Backing, Gfn, Vm, PAGE_SIZE};
+use ferry_kvm::DirtyTracking;
+use ferry_kvm_memstress::{KvmVm, Program, Role};
 use ferry_memstress::{read_progress, set_pass_limit};
-use ferry_memstress::{BackendKind, Fill, VmConfig, Workload};
+use ferry_memstress::{Fill, VmConfig, Workload};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -189,7 +190,6 @@ pub fn run_case(case: &KvmCase, bytes_per_vcpu: u64) -> Result<KvmCell, String> 
         ..Workload::default()
     };
     let config = VmConfig {
-        backend: BackendKind::Kvm,
         workload,
         backing: case.backing()?,
     };

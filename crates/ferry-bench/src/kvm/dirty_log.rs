@@ -10,8 +10,9 @@
 //!  ─ { pass under logging ─ get + clear (or harvest + reset) } × iterations ─ disable
 //! ```
 
-use ferry_backend::{DirtyPages, DirtyTracking, Vm};
-use ferry_kvm::{KvmVm, Program, Role};
+use ferry_backend::{DirtyPages, Vm};
+use ferry_kvm::DirtyTracking;
+use ferry_kvm_memstress::{KvmVm, Program, Role};
 use ferry_memstress::VmConfig;
 use ferry_memstress::{read_progress, set_pass_limit};
 use ferry_report::{Plot, Report, Series, Table};

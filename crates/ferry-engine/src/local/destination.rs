@@ -4,7 +4,7 @@ use super::digest::LocalDigest;
 use super::message::{self, Head};
 use super::{LocalError, LocalOptions, LocalSummary};
 use crate::error::MigrationError;
-use crate::summary::{ms, Status};
+use crate::summary::{ms, Outcome};
 use crate::wire::{self, StreamHeader};
 use ferry_backend::{BackendError, Backing, GuestRam, Lifecycle, SharedRegion, Vm};
 use std::fs::File;
@@ -203,7 +203,7 @@ pub fn receive_local(
     let mut summary = LocalSummary::new(&header.vmm, vm.ram().size(), header.regions.len());
     match take_over(&mut *vm, &stream, &header, opts, &mut summary) {
         Ok(()) => {
-            summary.status = Status::Completed;
+            summary.status = Outcome::Completed;
             summary.total_ms = ms(start.elapsed());
             vm.migration_event(Lifecycle::Completed);
             Ok((vm, summary))

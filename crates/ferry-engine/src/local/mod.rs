@@ -15,7 +15,7 @@
 //!   resume: the destination never ran the guest. Once the source says Go
 //!   it never resumes, since both would run on the same memory; if the
 //!   destination then vanishes before saying it resumed, the source holds
-//!   its paused copy ([`Status::Held`]) for an operator.
+//!   its paused copy ([`Outcome::Held`]) for an operator.
 //! - **Proof.** Both ends hash the memory they map; the digests at the
 //!   pause must match before the destination resumes.
 //!
@@ -32,7 +32,7 @@ pub use destination::{
 };
 pub use source::migrate_local;
 
-use crate::summary::Status;
+use crate::summary::Outcome;
 use ferry_backend::{GuestCheck, GuestProbe};
 use serde::Serialize;
 use std::sync::Arc;
@@ -62,7 +62,7 @@ impl Default for LocalOptions {
 #[derive(Clone, Debug, Serialize)]
 pub struct LocalSummary {
     /// completed, failed, or held (see [`LocalError::Unconfirmed`]).
-    pub status: Status,
+    pub status: Outcome,
     /// The VMM.
     pub vmm: String,
     /// Bytes of guest memory (mapped, not copied).
@@ -96,7 +96,7 @@ impl LocalSummary {
     /// filled in as it goes.
     fn new(vmm: &str, memory_bytes: u64, regions: usize) -> Self {
         LocalSummary {
-            status: Status::Failed,
+            status: Outcome::Failed,
             vmm: vmm.into(),
             memory_bytes,
             regions,

@@ -5,7 +5,7 @@ use super::message::{self, Head};
 use super::{LocalError, LocalOptions, LocalSummary};
 use crate::dirty_logs;
 use crate::error::MigrationError;
-use crate::summary::{ms, Status};
+use crate::summary::{ms, Outcome};
 use crate::wire::{self, StreamHeader};
 use ferry_backend::{DirtyPages, Lifecycle, Vm};
 use std::os::fd::AsRawFd;
@@ -59,7 +59,7 @@ pub fn migrate_local(
     summary.total_ms = ms(start.elapsed());
     match result {
         Ok(()) => {
-            summary.status = Status::Completed;
+            summary.status = Outcome::Completed;
             vm.migration_event(Lifecycle::Completed);
             Ok(summary)
         }
@@ -164,13 +164,13 @@ fn switch_over(
     // Whether the destination got Go cannot be known if this fails: it may
     // run the guest.
     if message::send(stream, &Head::Go, &[], &[]).is_err() {
-        summary.status = Status::Held;
+        summary.status = Outcome::Held;
         return Err(LocalError::Unconfirmed.into());
     }
     match message::recv(stream) {
         Ok(m) if matches!(m.head, Head::Resumed) => {}
         _ => {
-            summary.status = Status::Held;
+            summary.status = Outcome::Held;
             return Err(LocalError::Unconfirmed.into());
         }
     }

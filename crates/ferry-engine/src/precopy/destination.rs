@@ -6,7 +6,7 @@
 
 use crate::error::MigrationError;
 use crate::session::{unexpected, Dest, Loaded, ReceiveOptions};
-use crate::summary::{ms, ReceiveSummary, Status};
+use crate::summary::{ms, Outcome, ReceiveSummary};
 use crate::transport::{accept_channel, Channel, Control, Health, Listen, Side};
 use crate::wire::control::Hello;
 use crate::wire::{FrameKind, Message, StreamHeader};
@@ -73,7 +73,7 @@ pub fn await_migration(listener: &dyn Listen) -> Result<IncomingMigration, Migra
 ///
 /// Errors found here are also sent to the source as an Error frame. On `Err`
 /// no guest of this side is running. A precopy whose Commit never came
-/// returns `Ok` with [`Status::Held`]: the VM is paused, its memory
+/// returns `Ok` with [`Outcome::Held`]: the VM is paused, its memory
 /// verified, and it is the caller's to hold for an operator (the source may
 /// have resumed its own copy, or may be gone with it).
 pub fn receive(
@@ -106,7 +106,7 @@ pub fn receive(
     };
     let mut dest = Dest {
         summary: ReceiveSummary {
-            status: Status::Failed,
+            status: Outcome::Failed,
             held: None,
             backend: header.vmm.clone(),
             connections,
@@ -165,7 +165,7 @@ pub fn receive(
                 r.join();
             }
             // A copy held after a lost Commit waits for its operator.
-            if summary.status == Status::Completed {
+            if summary.status == Outcome::Completed {
                 vm.migration_event(Lifecycle::Completed);
             }
             Ok((vm, summary))

@@ -7,7 +7,7 @@
 use crate::error::MigrationError;
 use crate::progress::Phase;
 use crate::session::{unexpected, Source};
-use crate::summary::{RoundKind, Status};
+use crate::summary::{Outcome, RoundKind};
 use crate::wire::Message;
 use ferry_backend::DirtyPages;
 use std::time::{Duration, Instant};
@@ -83,7 +83,7 @@ impl Source<'_> {
         // stopped, never split in two.
         if let Err(e) = self.ctl.send(&Message::Commit) {
             self.commit();
-            self.summary.status = Status::Held;
+            self.summary.status = Outcome::Held;
             self.summary.error = Some(format!(
                 "the link failed as the source confirmed the commit ({}): unless the \
                  confirmation reached it, the destination holds its copy paused too; this \

@@ -8,7 +8,7 @@ use super::loaded::Loaded;
 use super::receivers::Receivers;
 use super::{unexpected, ReceiveOptions};
 use crate::error::MigrationError;
-use crate::summary::{ms, ReceiveSummary, Status};
+use crate::summary::{ms, Outcome, ReceiveSummary};
 use crate::transport::{accept_channel, Channel, Control, Health, Listen};
 use crate::wire::control::{Hello, PRIORITY_CHANNEL};
 use crate::wire::{FinalReport, FrameKind, Message, StreamError, StreamHeader};
@@ -126,7 +126,7 @@ impl Dest {
                 // Verified, paused, and possibly the only copy left: it is
                 // handed to the caller to hold for an operator, not dropped.
                 tracing::error!("{}", e.chain());
-                self.summary.status = Status::Held;
+                self.summary.status = Outcome::Held;
                 self.summary.held = Some(e.chain());
                 self.summary.digest_match = true;
                 return Ok(());
@@ -138,7 +138,7 @@ impl Dest {
         // Committed: from here on the guest stays up whatever happens.
         self.health.finish();
         self.summary.digest_match = true;
-        self.summary.status = Status::Completed;
+        self.summary.status = Outcome::Completed;
         ram.take_vmm_dirty(&mut DirtyPages::new(total));
         let report = FinalReport {
             health: self.vm.check_health().err().map(|e| e.to_string()),

@@ -13,7 +13,7 @@ use super::{unexpected, PostcopyResume, PrecopyOptions};
 use crate::converge::{Converger, RoundEnd, Sample};
 use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
-use crate::summary::{ms, MigrationSummary, RoundKind, RoundStats, Status};
+use crate::summary::{ms, MigrationSummary, Outcome, RoundKind, RoundStats};
 use crate::transport::{open_channel, Control, Dial, Health};
 use crate::tunables::TokenBucket;
 use crate::wire::control::Hello;
@@ -46,7 +46,7 @@ pub fn fresh_summary(
     tls: bool,
 ) -> MigrationSummary {
     MigrationSummary {
-        status: Status::Failed,
+        status: Outcome::Failed,
         backend: vm.vmm_id().to_string(),
         mode: opts.mode,
         postcopy: None,
@@ -138,7 +138,7 @@ impl<'a> Source<'a> {
         mut self,
         result: Result<(), MigrationError>,
     ) -> (MigrationSummary, Result<(), MigrationError>) {
-        if self.summary.status != Status::Completed {
+        if self.summary.status != Outcome::Completed {
             self.summary.total_ms = ms(self.start.elapsed());
         }
         self.summary.bytes_sent =
@@ -160,8 +160,8 @@ impl<'a> Source<'a> {
                 self.ctl.close();
                 // A copy held after a lost Commit waits for its operator.
                 match self.summary.status {
-                    Status::Completed => self.vm.migration_event(Lifecycle::Completed),
-                    Status::Held => {}
+                    Outcome::Completed => self.vm.migration_event(Lifecycle::Completed),
+                    Outcome::Held => {}
                     _ => self.vm.migration_event(Lifecycle::Aborted(
                         self.summary.error.as_deref().unwrap_or("not completed"),
                     )),
@@ -202,7 +202,7 @@ impl<'a> Source<'a> {
                     tracing::warn!("migration failed, source resumes: {}", e.chain());
                 }
                 self.rollback();
-                self.summary.status = Status::Failed;
+                self.summary.status = Outcome::Failed;
                 self.summary.error = Some(e.chain());
                 self.vm.migration_event(Lifecycle::Aborted(&e.chain()));
                 (self.summary, Err(e))

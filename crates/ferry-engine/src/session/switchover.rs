@@ -7,7 +7,7 @@ use super::unexpected;
 use crate::digest::{memory_digest, SOURCE_DIGEST_THREADS};
 use crate::error::MigrationError;
 use crate::progress::Phase;
-use crate::summary::{ms, PostcopyReport, Status};
+use crate::summary::{ms, Outcome, PostcopyReport};
 use crate::wire::{FrameKind, MemoryDigest, Message};
 use std::time::Instant;
 
@@ -78,7 +78,7 @@ impl Source<'_> {
 
     /// The guest now belongs to the destination: the source stays paused.
     pub(crate) fn commit(&mut self) {
-        self.summary.status = Status::Completed;
+        self.summary.status = Outcome::Completed;
         // The migration is done here; the guest report that follows measures
         // the destination, not the move.
         self.summary.total_ms = ms(self.start.elapsed());

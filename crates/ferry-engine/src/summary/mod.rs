@@ -13,7 +13,7 @@ use serde::Serialize;
 /// How a migration ended.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Status {
+pub enum Outcome {
     /// The guest runs on the destination, memory verified.
     Completed,
     /// The guest runs on the source.
@@ -96,8 +96,8 @@ pub struct VcpuShare {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MigrationSummary {
     /// "completed", "failed", or "held" (the Commit was lost: see
-    /// [`Status::Held`]; `error` says why).
-    pub status: Status,
+    /// [`Outcome::Held`]; `error` says why).
+    pub status: Outcome,
     /// The VMM that ran the source (its [`ferry_backend::Vm::vmm_id`]): a
     /// name each VMM gives itself, so a string, not an enum.
     pub backend: String,
@@ -203,8 +203,8 @@ pub struct MigrationSummary {
 /// The destination's account of a migration.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ReceiveSummary {
-    /// "completed", "failed", or "held" (returned paused: see [`Status::Held`]).
-    pub status: Status,
+    /// "completed", "failed", or "held" (returned paused: see [`Outcome::Held`]).
+    pub status: Outcome,
     /// Why this copy is held, when it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held: Option<String>,

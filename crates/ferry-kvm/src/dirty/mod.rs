@@ -17,13 +17,15 @@
 
 pub mod ring;
 mod source;
+mod tracking;
 
 pub use source::{KvmDirtySource, RingFull, EXIT_DIRTY_RING_FULL};
+pub use tracking::DirtyTracking;
 
 use crate::error::{ioctl, KvmError};
 use crate::ioctls;
 use crate::memory::set_slot_logging;
-use ferry_backend::{DirtyPages, DirtyTracking, GuestRam, HarvestStats};
+use ferry_backend::{DirtyPages, GuestRam, HarvestStats};
 use kvm_bindings::kvm_enable_cap;
 use kvm_ioctls::VmFd;
 use ring::{DirtyRing, RingPages};
@@ -106,8 +108,11 @@ pub fn enable_ring(vm: &VmFd, entries: u32) -> Result<EnabledRing, KvmError> {
     })
 }
 
-/// The dirty log of one VM.
-pub(crate) struct DirtyLog {
+/// The dirty log of one VM, in one [`DirtyTracking`] mode. A VM that runs
+/// its own vCPU threads (ferry's memstress VM) drives it directly: it adds
+/// each vCPU's ring and collects rings on their full exits. Other VMMs take
+/// it wrapped as a [`KvmDirtySource`].
+pub struct DirtyLog {
     mode: DirtyTracking,
     vm: Arc<VmFd>,
     ram: Arc<GuestRam>,
@@ -119,6 +124,8 @@ pub(crate) struct DirtyLog {
 }
 
 impl DirtyLog {
+    /// The log of `vm`, whose memory slots are `ram`'s; ring pages that
+    /// vCPU threads collect on full exits go to `pending`.
     pub fn new(
         mode: DirtyTracking,
         vm: Arc<VmFd>,
@@ -135,14 +142,18 @@ impl DirtyLog {
         }
     }
 
+    /// Adds a vCPU's mapped ring (ring mode).
     pub fn add_ring(&mut self, ring: Arc<DirtyRing>) {
         self.rings.push(ring);
     }
 
+    /// The mode the log runs in.
     pub fn mode(&self) -> DirtyTracking {
         self.mode
     }
 
+    /// Turns logging on in every slot; in clear mode, protects every slot
+    /// in paced chunks so that the first harvest is exact.
     pub fn start(&mut self) -> Result<(), KvmError> {
         // Before logging starts: once it has, a meter may already have
         // collected (and flagged) pages that only a harvest may drop.
@@ -166,6 +177,7 @@ impl DirtyLog {
         Ok(())
     }
 
+    /// Turns logging off, and drops what the rings still hold.
     pub fn stop(&mut self) -> Result<(), KvmError> {
         if !self.active {
             return Ok(());
@@ -183,6 +195,8 @@ impl DirtyLog {
         Ok(())
     }
 
+    /// Moves every page dirtied since the last harvest into `into`,
+    /// re-protecting them first.
     pub fn harvest(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, KvmError> {
         if !self.active {
             return Err(KvmError::Config("dirty logging is not started".into()));

@@ -18,9 +18,10 @@
 //!    running on.
 
 use super::ring::{DirtyRing, RingPages};
+use super::DirtyTracking;
 use super::{enable_caps, DirtyLog, EnabledRing};
 use crate::error::KvmError;
-use ferry_backend::{DirtyPages, DirtySource, DirtyTracking, GuestRam};
+use ferry_backend::{DirtyPages, DirtySource, GuestRam};
 use kvm_ioctls::{VcpuFd, VmFd};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;

@@ -13,13 +13,15 @@
 //! ```
 
 use crate::cmd::CmdError;
+use crate::vms::BackendKind;
 use clap::Args;
-use ferry_backend::{Backing, DirtyTracking, GuestRam, Vm};
+use ferry_backend::{Backing, GuestRam, Vm};
 use ferry_engine::local::{await_local, listen_local, migrate_local, receive_local, LocalOptions};
 use ferry_engine::{await_migration, listen, migrate, receive, NoProgress, PrecopyOptions};
-use ferry_engine::{ReceiveOptions, Status, TcpDialer};
-use ferry_kvm::{KvmVm, Role};
-use ferry_memstress::{BackendKind, MemstressProbe, VmConfig, Workload};
+use ferry_engine::{Outcome, ReceiveOptions, TcpDialer};
+use ferry_kvm::DirtyTracking;
+use ferry_kvm_memstress::{KvmVm, Role};
+use ferry_memstress::{MemstressProbe, VmConfig, Workload};
 use ferry_report::{Plot, Report, Series, Table};
 use ferry_soft::{Mechanisms, SoftVm};
 use serde::Serialize;
@@ -84,13 +86,8 @@ pub struct LocalResults {
     pub skipped: Vec<String>,
 }
 
-fn config(backend: &str, gib: u64, rate: u64) -> VmConfig {
+fn config(gib: u64, rate: u64) -> VmConfig {
     VmConfig {
-        backend: if backend == "soft" {
-            BackendKind::Soft
-        } else {
-            BackendKind::Kvm
-        },
         workload: Workload {
             vcpus: 1,
             bytes_per_vcpu: gib << 30,
@@ -101,8 +98,8 @@ fn config(backend: &str, gib: u64, rate: u64) -> VmConfig {
     }
 }
 
-fn boot(c: &VmConfig) -> Result<Box<dyn Vm>, CmdError> {
-    Ok(match c.backend {
+fn boot(kind: BackendKind, c: &VmConfig) -> Result<Box<dyn Vm>, CmdError> {
+    Ok(match kind {
         BackendKind::Kvm => Box::new(
             KvmVm::new(c.clone(), DirtyTracking::Bitmap, Role::Source)
                 .map_err(ferry_backend::BackendError::from)?,
@@ -111,19 +108,23 @@ fn boot(c: &VmConfig) -> Result<Box<dyn Vm>, CmdError> {
     })
 }
 
-fn on_ram(c: &VmConfig, ram: GuestRam) -> Result<Box<dyn Vm>, ferry_backend::BackendError> {
-    Ok(match c.backend {
+fn on_ram(
+    kind: BackendKind,
+    c: &VmConfig,
+    ram: GuestRam,
+) -> Result<Box<dyn Vm>, ferry_backend::BackendError> {
+    Ok(match kind {
         BackendKind::Kvm => Box::new(KvmVm::on_ram(c.clone(), DirtyTracking::Bitmap, ram)?),
         BackendKind::Soft => Box::new(SoftVm::on_ram(c.clone(), Mechanisms::default(), ram)?),
     })
 }
 
-fn incoming(c: &VmConfig) -> Result<Box<dyn Vm>, ferry_backend::BackendError> {
+fn incoming(kind: BackendKind, c: &VmConfig) -> Result<Box<dyn Vm>, ferry_backend::BackendError> {
     let c = VmConfig {
         backing: Backing::Anonymous,
         ..c.clone()
     };
-    Ok(match c.backend {
+    Ok(match kind {
         BackendKind::Kvm => Box::new(KvmVm::new(c, DirtyTracking::Bitmap, Role::Destination)?),
         BackendKind::Soft => Box::new(SoftVm::new_destination(c, Mechanisms::default())?),
     })
@@ -142,7 +143,7 @@ fn runs_clean(vm: &dyn Vm) -> bool {
         && vm.check_health().is_ok()
 }
 
-fn move_local(a: &LocalArgs, c: &VmConfig) -> Result<Cell, CmdError> {
+fn move_local(a: &LocalArgs, kind: BackendKind, c: &VmConfig) -> Result<Cell, CmdError> {
     let fail = |e: ferry_engine::MigrationError| CmdError::Failed(e.chain());
     let socket =
         std::env::temp_dir().join(format!("ferry-bench-local-{}.sock", std::process::id()));
@@ -155,12 +156,13 @@ fn move_local(a: &LocalArgs, c: &VmConfig) -> Result<Cell, CmdError> {
     let dest_opts = opts.clone();
     let dest = std::thread::spawn(move || {
         let inc = await_local(&listener, &dest_opts)?;
-        let mut factory = |_: &ferry_engine::wire::StreamHeader, ram| on_ram(&dest_config, ram);
+        let mut factory =
+            |_: &ferry_engine::wire::StreamHeader, ram| on_ram(kind, &dest_config, ram);
         let (vm, s) = receive_local(inc, &mut factory, &dest_opts)?;
         let clean = runs_clean(&*vm);
         Ok::<_, ferry_engine::MigrationError>((s, clean))
     });
-    let mut vm = boot(c)?;
+    let mut vm = boot(kind, c)?;
     vm.start()?;
     std::thread::sleep(Duration::from_secs_f64(a.warmup));
     let moved = migrate_local(&mut *vm, &socket, &opts);
@@ -180,7 +182,7 @@ fn move_local(a: &LocalArgs, c: &VmConfig) -> Result<Cell, CmdError> {
     })
 }
 
-fn move_tcp(a: &LocalArgs, c: &VmConfig) -> Result<Cell, CmdError> {
+fn move_tcp(a: &LocalArgs, kind: BackendKind, c: &VmConfig) -> Result<Cell, CmdError> {
     let fail = |e: ferry_engine::MigrationError| CmdError::Failed(e.chain());
     let listener = listen("127.0.0.1:0").map_err(|e| CmdError::Failed(e.to_string()))?;
     let to = TcpDialer(
@@ -192,7 +194,7 @@ fn move_tcp(a: &LocalArgs, c: &VmConfig) -> Result<Cell, CmdError> {
     let dest_config = c.clone();
     let dest = std::thread::spawn(move || {
         let inc = await_migration(&listener)?;
-        let mut factory = |_: &ferry_engine::wire::StreamHeader| incoming(&dest_config);
+        let mut factory = |_: &ferry_engine::wire::StreamHeader| incoming(kind, &dest_config);
         let (vm, s) = receive(inc, &listener, &mut factory, &ReceiveOptions::default())?;
         let clean = runs_clean(&*vm);
         Ok::<_, ferry_engine::MigrationError>((s, clean))
@@ -204,7 +206,7 @@ fn move_tcp(a: &LocalArgs, c: &VmConfig) -> Result<Cell, CmdError> {
         backing: Backing::Anonymous,
         ..c.clone()
     };
-    let mut vm = boot(&anon)?;
+    let mut vm = boot(kind, &anon)?;
     vm.start()?;
     std::thread::sleep(Duration::from_secs_f64(a.warmup));
     let opts = PrecopyOptions {
@@ -223,7 +225,7 @@ fn move_tcp(a: &LocalArgs, c: &VmConfig) -> Result<Cell, CmdError> {
         downtime_ms: s.downtime_ms,
         total_ms: s.total_ms,
         hash_ms: 0.0,
-        verified: s.status == Status::Completed && s.digest_match && clean,
+        verified: s.status == Outcome::Completed && s.digest_match && clean,
     })
 }
 
@@ -245,10 +247,11 @@ pub fn run(a: &LocalArgs) -> Result<Report<LocalResults>, CmdError> {
     if a.sizes_gib.is_empty() || a.sizes_gib.contains(&0) {
         return Err(CmdError::Usage("--sizes-gib: positive sizes in GiB".into()));
     }
+    let kind: BackendKind = a.backend.parse().map_err(CmdError::Usage)?;
     let mut cells = Vec::new();
     let mut skipped = Vec::new();
     for &gib in &a.sizes_gib {
-        let c = config(&a.backend, gib, a.rate_mib_s);
+        let c = config(gib, a.rate_mib_s);
         // The guest touches little, but a host that cannot hold the memory
         // once over with room to spare should not be asked to.
         if (gib << 30) + (2 << 30) > available() {
@@ -259,10 +262,10 @@ pub fn run(a: &LocalArgs) -> Result<Report<LocalResults>, CmdError> {
             continue;
         }
         eprintln!("ferry: {gib} GiB, local ...");
-        cells.push(move_local(a, &c)?);
+        cells.push(move_local(a, kind, &c)?);
         if gib <= a.tcp_max_gib {
             eprintln!("ferry: {gib} GiB, tcp precopy ...");
-            cells.push(move_tcp(a, &c)?);
+            cells.push(move_tcp(a, kind, &c)?);
         }
     }
     Ok(report(a, cells, skipped))

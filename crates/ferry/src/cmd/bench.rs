@@ -2,15 +2,17 @@
 
 use super::CmdError;
 use crate::args::{parse_size, BackendArgs, TrackingMode};
+use crate::vms::BackendKind;
 use clap::{Args, Subcommand};
-use ferry_backend::{DirtyTracking, PAGE_SIZE};
+use ferry_backend::PAGE_SIZE;
 use ferry_bench::demand_paging::{experiment as demand_paging_experiment, DemandPagingOpts};
 use ferry_bench::kvm::dirty_log as dirty_log_kvm;
 use ferry_bench::soft::dirty_log::{dirty_log_experiment, DirtyLogOpts};
 use ferry_bench::soft::write_protect::{write_protect_experiment, WriteProtectOpts};
 use ferry_bench::soft::zap::{zap_experiment, ZapOpts};
-use ferry_kvm::Program;
-use ferry_memstress::{AccessOrder, BackendKind, Workload};
+use ferry_kvm::DirtyTracking;
+use ferry_kvm_memstress::Program;
+use ferry_memstress::{AccessOrder, Workload};
 use ferry_report::Report;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

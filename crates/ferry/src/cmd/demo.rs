@@ -110,7 +110,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     let (opts, tls) = a.migration.options()?;
     // The source VM first: a policy its backend cannot serve is refused
     // before a destination process exists.
-    let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
+    let mut vm = vms::create(a.backend.kind(), &config, &a.backend, vms::Role::Source)?;
     super::migrate::check_policy(&mut *vm, opts.converge)?;
     a.migration.link_bytes_per_sec = a.link_rate.map(|r| r << 20);
     let netns = if a.netns {
@@ -136,7 +136,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
             config.workload.vcpus,
             config.workload.bytes_per_vcpu >> 20,
             mix(&config.workload),
-            config.backend,
+            a.backend.kind(),
             a.backend.tracking().map_err(CmdError::Usage)?.name(),
             dest.0.id()
         );
@@ -147,7 +147,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     // reporting, then stop it. One that got the guest runs it until every
     // vCPU has completed a pass there (see `guest_check`) before it reports.
     let mut grace = Duration::from_secs(a.migration.stall_timeout_s + 5);
-    if summary.status == ferry_engine::Status::Completed {
+    if summary.status == ferry_engine::Outcome::Completed {
         grace += crate::guest_check::MAX_RUN_AFTER
             + Duration::try_from_secs_f64(a.run_after).unwrap_or_default();
     }

@@ -11,7 +11,7 @@ use ferry_engine::local::{
     await_local, listen_local, migrate_local, receive_local, LocalOptions, LocalSummary,
 };
 use ferry_engine::wire::StreamHeader;
-use ferry_memstress::{MemstressProbe, VmConfig};
+use ferry_memstress::MemstressProbe;
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
@@ -49,7 +49,7 @@ pub fn migrate(a: &MigrateArgs, socket: &Path) -> Result<ExitCode, CmdError> {
             ferry_engine::local::LocalError::NotFileBacked.to_string(),
         ));
     }
-    let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
+    let mut vm = vms::create(a.backend.kind(), &config, &a.backend, vms::Role::Source)?;
     vm.start()?;
     std::thread::sleep(Duration::from_secs_f64(
         a.migration.warmup.clamp(0.0, 3600.0),
@@ -95,8 +95,8 @@ pub fn receive(a: &ReceiveArgs, socket: &Path) -> Result<ExitCode, CmdError> {
     let incoming = await_local(&listener, &opts).map_err(|e| CmdError::Failed(chain(&e)))?;
     let backend = a.backend.clone();
     let mut create = |h: &StreamHeader, ram: GuestRam| -> Result<Box<dyn Vm>, BackendError> {
-        let cfg = VmConfig::from_stream(&h.vmm, &h.vmm_config, ram.backing())?;
-        vms::create_on_ram(&cfg, &backend, ram)
+        let (kind, cfg) = vms::from_stream(&h.vmm, &h.vmm_config, ram.backing())?;
+        vms::create_on_ram(kind, &cfg, &backend, ram)
     };
     let received = receive_local(incoming, &mut create, &opts);
     let _ = std::fs::remove_file(socket);

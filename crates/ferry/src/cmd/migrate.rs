@@ -20,7 +20,7 @@ use ferry_engine::tunables::{
 };
 use ferry_engine::{Both, Mode, NoProgress, PostcopyResume, Progress, TunableChange};
 use ferry_engine::{
-    Dial, MigrationSummary, PrecopyOptions, Status, TcpDialer, TlsConfig, Tunables,
+    Dial, MigrationSummary, Outcome, PrecopyOptions, TcpDialer, TlsConfig, Tunables,
 };
 use ferry_memstress::{read_progress, set_write_percent, MemstressProbe, Workload};
 use std::io::IsTerminal;
@@ -290,7 +290,7 @@ pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
     let (opts, tls) = a.migration.options()?;
     let workload = a.workload.workload().map_err(CmdError::Usage)?;
     let config = a.backend.config(workload);
-    let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
+    let mut vm = vms::create(a.backend.kind(), &config, &a.backend, vms::Role::Source)?;
     let summary = boot_and_migrate(&mut *vm, &config.workload, &a.to, &a.migration, opts, tls)?;
     Ok(finish(&mut *vm, &summary, a.migration.json))
 }
@@ -568,8 +568,8 @@ fn warm_up(vm: &dyn Vm, at_least: Duration) -> Result<Sample, CmdError> {
 pub fn finish(vm: &mut dyn Vm, s: &MigrationSummary, json: bool) -> ExitCode {
     let mut s = s.clone();
     let ok =
-        s.status == Status::Completed && s.digest_match && s.guest_mismatches.unwrap_or(0) == 0;
-    if s.status == Status::Failed && vm.is_running() {
+        s.status == Outcome::Completed && s.digest_match && s.guest_mismatches.unwrap_or(0) == 0;
+    if s.status == Outcome::Failed && vm.is_running() {
         // Show that the guest survived: it still makes progress, and its own
         // stamp checks still pass.
         let vcpus = vm.vcpus();

@@ -10,8 +10,8 @@ use ferry_backend::{error_chain as chain, BackendError, Vm};
 use ferry_engine::postcopy::DEFAULT_RECOVER_TIMEOUT;
 use ferry_engine::precopy::{DEFAULT_STALL_TIMEOUT, RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS};
 use ferry_engine::wire::StreamHeader;
-use ferry_engine::{ExpectedVm, Listen, MigrationError, ReceiveOptions, Status, TransportError};
-use ferry_memstress::{MemstressProbe, VmConfig};
+use ferry_engine::{ExpectedVm, Listen, MigrationError, Outcome, ReceiveOptions, TransportError};
+use ferry_memstress::MemstressProbe;
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -154,11 +154,11 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     let memory = a.memory;
     let backend = a.backend.clone();
     let mut create = move |header: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
-        let cfg = VmConfig::from_stream(&header.vmm, &header.vmm_config, backend.backing())?;
+        let (kind, cfg) = vms::from_stream(&header.vmm, &header.vmm_config, backend.backing())?;
         let carried = cfg.workload.bytes_per_vcpu * u64::from(cfg.workload.vcpus);
         if let Some(have) = memory.filter(|&m| m != carried) {
             return Err(BackendError::Operation {
-                backend: cfg.backend.to_string(),
+                backend: kind.to_string(),
                 what: format!(
                     "destination has {} of guest memory, stream carries {}",
                     human_bytes(have),
@@ -167,12 +167,12 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                 source: None,
             });
         }
-        vms::create(&cfg, &backend, vms::Role::Destination)
+        vms::create(kind, &cfg, &backend, vms::Role::Destination)
     };
     let (mut vm, mut summary) = ferry_engine::receive(incoming, &*listener, &mut create, &opts)
         .map_err(|e| CmdError::Failed(chain(&e)))?;
     let mut problem = None;
-    if let (Status::Completed, Some(at_resume)) = (summary.status, summary.guest_at_resume) {
+    if let (Outcome::Completed, Some(at_resume)) = (summary.status, summary.guest_at_resume) {
         let run_after = Duration::from_secs_f64(a.run_after);
         let after = crate::guest_check::after_switchover(&*vm, at_resume, run_after);
         summary.passes_after = Some(after.since_resume.progress);
@@ -198,7 +198,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
             },
         )
     };
-    if summary.status == Status::Held {
+    if summary.status == Outcome::Held {
         let why = summary.held.clone().unwrap_or_default();
         if a.control.is_none() && a.qmp.is_none() {
             return Err(CmdError::Failed(format!(

@@ -8,7 +8,7 @@ use crate::{rates, vms};
 use clap::Args;
 use ferry_engine::custody::{ContError, CopyState, Custody};
 use ferry_engine::monitor::Monitor;
-use ferry_engine::{PrecopyOptions, Status, TlsConfig, Tunables};
+use ferry_engine::{Outcome, PrecopyOptions, TlsConfig, Tunables};
 use ferry_memstress::read_progress;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -122,7 +122,7 @@ impl Job {
             .migration_ended(summary.status, summary.error.as_deref(), token);
         ctl.monitor
             .finish(&summary, summary_json, cancelled, token.is_some());
-        let moved = summary.status == Status::Completed;
+        let moved = summary.status == Outcome::Completed;
         if let CopyState::Held { why } = ctl.custody.state() {
             say_held(&why);
         }
@@ -148,13 +148,13 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
         return Err(CmdError::Usage("--interval must be positive".into()));
     }
     let config = a.backend.config(workload);
-    let mut vm = vms::create(&config, &a.backend, vms::Role::Source)?;
+    let mut vm = vms::create(a.backend.kind(), &config, &a.backend, vms::Role::Source)?;
     vm.start()?;
     eprintln!(
         "ferry: running {} vCPUs x {} MiB on the {} backend; Ctrl-C to stop",
         config.workload.vcpus,
         config.workload.bytes_per_vcpu >> 20,
-        config.backend
+        a.backend.kind()
     );
     serve_vm(
         &mut *vm,

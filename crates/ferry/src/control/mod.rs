@@ -17,13 +17,13 @@
 //!      recovery ran out of time (the source stays paused until then);
 //!      optional: to (another address of the same destination)
 //!  {"cmd":"cont"}                                    -> resumes a copy held paused after
-//!      a lost Commit (see `Status::Held`): only once the other copy is known not to run
+//!      a lost Commit (see `Outcome::Held`): only once the other copy is known not to run
 //!  {"cmd":"cancel"}                                  -> cancels a migration in precopy
 //!  {"cmd":"stop"}                                    -> stops the VM and `ferry run`
 //!  {"execute":"query-migrate"} ...                   -> QMP: see the qmp module
 //! ```
 //!
-//! Status, set, cancel and the QMP queries are answered on the connection's
+//! Outcome, set, cancel and the QMP queries are answered on the connection's
 //! own thread, so they work while a migration is running. Migrate and stop go
 //! to the thread that owns the VM; so does throttle, except during a
 //! migration, when the engine applies it at its next batch (and records it in

@@ -14,7 +14,7 @@
 //! | `migrate_cancel` | cancels a migration in precopy (the source runs on) |
 //! | `migrate-start-postcopy` | a running migration that may switch (capability `postcopy-ram`, or mode hybrid) switches to postcopy at the end of the round under way |
 //! | `query-status` | `running`, and `status`: `running`, `paused` (held after a lost Commit), `finish-migrate` (switchover) or `postmigrate` (the destination runs the guest) |
-//! | `cont` | resumes a copy held paused after a lost Commit (see `ferry_engine::Status::Held`): only once the other copy is known not to run. A running VM: nothing to do |
+//! | `cont` | resumes a copy held paused after a lost Commit (see `ferry_engine::Outcome::Held`): only once the other copy is known not to run. A running VM: nothing to do |
 //!
 //! Events: `MIGRATION` (`status`), `MIGRATION_PASS` (`pass`), and
 //! `FERRY_MIGRATION_SUMMARY` (the whole summary, just before the final

@@ -140,7 +140,7 @@ fn sections(vm: &minivmm::MiniVm) -> serde_json::Value {
 }
 
 /// "completed", "failed" or "held".
-fn status_name(s: ferry_engine::Status) -> String {
+fn status_name(s: ferry_engine::Outcome) -> String {
     serde_json::to_value(s)
         .ok()
         .and_then(|v| v.as_str().map(String::from))

@@ -7,17 +7,18 @@
 mod common;
 use common::wait_for_passes;
 
-use ferry_backend::{BackendError, Backing, DirtyTracking, Gfn, Vm, PAGE_SIZE};
+use ferry_backend::{BackendError, Backing, Gfn, Vm, PAGE_SIZE};
 use ferry_kvm::cpu_state::msrs::{self, IA32_TSC};
 use ferry_kvm::cpu_state::{blob, Irqchip, Snapshot, VcpuSnapshot};
-use ferry_kvm::{require_kvm, KvmVm, Role};
+use ferry_kvm::require_kvm;
+use ferry_kvm::DirtyTracking;
+use ferry_kvm_memstress::{KvmVm, Role};
 use ferry_memstress::read_progress;
-use ferry_memstress::{BackendKind, VmConfig, Workload};
+use ferry_memstress::{VmConfig, Workload};
 use serde::Serialize;
 
 fn config(vcpus: u32) -> VmConfig {
     VmConfig {
-        backend: BackendKind::Kvm,
         workload: Workload {
             vcpus,
             bytes_per_vcpu: 4 << 20,

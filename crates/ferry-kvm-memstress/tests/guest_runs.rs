@@ -7,15 +7,16 @@
 mod common;
 use common::wait_for_passes;
 
-use ferry_backend::{Backing, DirtyPages, DirtyTracking, Gfn, Vm, PAGE_SIZE};
-use ferry_kvm::{require_kvm, KvmVm, Role};
+use ferry_backend::{Backing, DirtyPages, Gfn, Vm, PAGE_SIZE};
+use ferry_kvm::require_kvm;
+use ferry_kvm::DirtyTracking;
+use ferry_kvm_memstress::{KvmVm, Role};
 use ferry_memstress::read_progress;
-use ferry_memstress::{BackendKind, VmConfig, Workload};
+use ferry_memstress::{VmConfig, Workload};
 use std::time::{Duration, Instant};
 
 fn config(write_percent: u8, mib_per_vcpu: u64) -> VmConfig {
     VmConfig {
-        backend: BackendKind::Kvm,
         workload: Workload {
             vcpus: 2,
             bytes_per_vcpu: mib_per_vcpu << 20,

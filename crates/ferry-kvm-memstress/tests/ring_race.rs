@@ -10,10 +10,12 @@
 //!
 //! Needs /dev/kvm; prints a skip line where it is absent.
 
-use ferry_backend::{Backing, DirtyPages, DirtyTracking, Gfn, Quota, Vm, PAGE_SIZE};
-use ferry_kvm::{require_kvm, KvmVm, Role};
+use ferry_backend::{Backing, DirtyPages, Gfn, Quota, Vm, PAGE_SIZE};
+use ferry_kvm::require_kvm;
+use ferry_kvm::DirtyTracking;
+use ferry_kvm_memstress::{KvmVm, Role};
 use ferry_memstress::read_progress;
-use ferry_memstress::{BackendKind, VmConfig, Workload};
+use ferry_memstress::{VmConfig, Workload};
 use std::time::{Duration, Instant};
 
 /// How long to harvest while the guest writes; each harvest races the
@@ -26,7 +28,6 @@ fn harvests_racing_the_quota_meter_lose_no_write() {
         return;
     }
     let config = VmConfig {
-        backend: BackendKind::Kvm,
         workload: Workload {
             vcpus: 2,
             bytes_per_vcpu: 2 << 20,

@@ -1,7 +1,7 @@
 //! What the kvm tests share.
 
 use ferry_backend::Vm;
-use ferry_kvm::KvmVm;
+use ferry_kvm_memstress::KvmVm;
 use ferry_memstress::read_progress;
 use std::time::{Duration, Instant};
 

@@ -1,15 +1,18 @@
 //! `KvmVm`: a VM on `/dev/kvm` running the memstress guest, implementing the
 //! engine's `Vm` trait.
 
-use crate::cpu_state::{self, MsrProbe, Snapshot, StateError, VcpuContext, VmDevices, XsaveKind};
-use crate::dirty::ring::{DirtyRing, RingPages};
-use crate::dirty::DirtyLog;
-use crate::error::{ioctl, KvmError};
+use crate::error::KvmVmError;
 use crate::guest::boot::{self, Program};
-use crate::memory::set_slot_logging;
 use crate::throttle::Throttler;
 use crate::vcpu::{Sleeper, VcpuState, VcpuThread};
-use ferry_backend::{BackendError, DirtyPages, DirtyTracking, GuestRam, HarvestStats, Quota, Vm};
+use ferry_backend::{BackendError, DirtyPages, GuestRam, HarvestStats, Quota, Vm};
+use ferry_kvm::cpu_state::{
+    self, MsrProbe, Snapshot, StateError, VcpuContext, VmDevices, XsaveKind,
+};
+use ferry_kvm::dirty::ring::{DirtyRing, RingPages};
+use ferry_kvm::dirty::{DirtyLog, DirtyTracking};
+use ferry_kvm::error::{ioctl, KvmError};
+use ferry_kvm::memory::set_slot_logging;
 use ferry_memstress::VmConfig;
 use kvm_bindings::{
     kvm_mp_state, kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE,
@@ -20,6 +23,10 @@ use std::sync::Arc;
 
 /// Address of the (unused) real-mode TSS Intel VMX wants; outside guest RAM.
 const TSS_ADDRESS: usize = 0xfffb_d000;
+
+/// The VMM id this VM's migration streams carry; a destination builds a
+/// `KvmVm` for a stream that names it.
+pub const VMM_ID: &str = "ferry-kvm";
 
 /// Which end of a migration a VM is.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -54,7 +61,7 @@ impl KvmVm {
 
     /// Creates the VM, its RAM and its vCPUs (paused). A source also gets the
     /// guest image.
-    pub fn new(config: VmConfig, mode: DirtyTracking, role: Role) -> Result<Self, KvmError> {
+    pub fn new(config: VmConfig, mode: DirtyTracking, role: Role) -> Result<Self, KvmVmError> {
         Self::with_program(config, mode, role, Program::Memstress)
     }
 
@@ -65,18 +72,22 @@ impl KvmVm {
         mode: DirtyTracking,
         role: Role,
         program: Program,
-    ) -> Result<Self, KvmError> {
+    ) -> Result<Self, KvmVmError> {
         Self::build(config, mode, role, program, None)
     }
 
     /// A destination VM on RAM made elsewhere: a same-host upgrade maps the
     /// source process's memory files (`ferry_engine::local`). The RAM's
     /// slots must be the ones `config` lays out.
-    pub fn on_ram(config: VmConfig, mode: DirtyTracking, ram: GuestRam) -> Result<Self, KvmError> {
+    pub fn on_ram(
+        config: VmConfig,
+        mode: DirtyTracking,
+        ram: GuestRam,
+    ) -> Result<Self, KvmVmError> {
         let want = config.layout().slot_sizes();
         let have: Vec<u64> = ram.slots().iter().map(|s| s.size).collect();
         if have != want {
-            return Err(KvmError::Config(format!(
+            return Err(KvmVmError::Config(format!(
                 "memory of slots {have:?} bytes, where this VM lays out {want:?}"
             )));
         }
@@ -95,16 +106,16 @@ impl KvmVm {
         role: Role,
         program: Program,
         ram: Option<GuestRam>,
-    ) -> Result<Self, KvmError> {
+    ) -> Result<Self, KvmVmError> {
         config
             .workload
             .validate()
-            .map_err(|e| KvmError::Config(e.to_string()))?;
+            .map_err(|e| KvmVmError::Config(e.to_string()))?;
         let kvm = Kvm::new().map_err(KvmError::Open)?;
         let vm = Arc::new(kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?);
         vm.set_tss_address(TSS_ADDRESS)
             .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
-        crate::dirty::enable_caps(&vm, mode)?;
+        ferry_kvm::dirty::enable_caps(&vm, mode)?;
         let devices = create_interrupt_devices(&vm);
 
         let layout = config.layout();
@@ -164,7 +175,7 @@ impl KvmVm {
         let tsc_khz = match fds.first().map(|(fd, _)| fd.get_tsc_khz()) {
             Some(Ok(khz)) => u64::from(khz),
             _ if config.workload.has_rate_limit() => {
-                return Err(KvmError::Config(
+                return Err(KvmVmError::Config(
                     "a rate limit needs the TSC frequency, which KVM_GET_TSC_KHZ did not give"
                         .into(),
                 ))
@@ -194,7 +205,7 @@ impl KvmVm {
             };
             vcpus.push(
                 VcpuThread::spawn(i as u32, fd, ring, sleeper)
-                    .map_err(|e| KvmError::Thread(i as u32, e))?,
+                    .map_err(|e| KvmVmError::Thread(i as u32, e))?,
             );
         }
         Ok(KvmVm {
@@ -213,12 +224,12 @@ impl KvmVm {
 
     /// Runs vCPU `index`'s thread on host CPU `cpu` only (benchmarks pair a
     /// vCPU with the thread that serves its faults).
-    pub fn pin_vcpu(&self, index: u32, cpu: usize) -> Result<(), KvmError> {
+    pub fn pin_vcpu(&self, index: u32, cpu: usize) -> Result<(), KvmVmError> {
         let vcpu = self
             .vcpus
             .get(index as usize)
-            .ok_or_else(|| KvmError::Config(format!("no vCPU {index}")))?;
-        vcpu.pin(cpu).map_err(|e| KvmError::Pin(index, e))
+            .ok_or_else(|| KvmVmError::Config(format!("no vCPU {index}")))?;
+        vcpu.pin(cpu).map_err(|e| KvmVmError::Pin(index, e))
     }
 
     /// What the MSR probe found when the VM was built.
@@ -258,7 +269,7 @@ impl KvmVm {
             return Ok(());
         }
         Err(BackendError::Operation {
-            backend: ferry_memstress::BackendKind::Kvm.to_string(),
+            backend: "kvm".into(),
             what: format!(
                 "set {what}: it is metered by each vCPU's dirty ring; use --dirty-tracking ring"
             ),
@@ -270,7 +281,7 @@ impl KvmVm {
     fn throttler(&mut self) -> Result<&Throttler, BackendError> {
         if self.throttler.is_none() {
             let shared = self.vcpus.iter().map(|v| Arc::clone(&v.shared)).collect();
-            self.throttler = Some(Throttler::start(shared).map_err(KvmError::ThrottleThread)?);
+            self.throttler = Some(Throttler::start(shared).map_err(KvmVmError::ThrottleThread)?);
         }
         Ok(self.throttler.as_ref().expect("started above"))
     }
@@ -317,7 +328,7 @@ fn create_interrupt_devices(vm: &VmFd) -> VmDevices {
 
 impl Vm for KvmVm {
     fn vmm_id(&self) -> &str {
-        self.config.backend.vmm_id()
+        VMM_ID
     }
     fn vcpus(&self) -> u32 {
         self.config.workload.vcpus

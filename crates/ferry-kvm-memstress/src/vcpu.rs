@@ -9,9 +9,9 @@
 //! While paused, the thread holds no lock on its `VcpuFd`, so the controller can
 //! save or restore its state.
 
-use crate::dirty::ring::DirtyRing;
-use crate::dirty::EXIT_DIRTY_RING_FULL;
 use ferry_backend::GuestRam;
+use ferry_kvm::dirty::ring::DirtyRing;
+use ferry_kvm::dirty::EXIT_DIRTY_RING_FULL;
 use ferry_memstress::{progress, MemoryLayout, SLEEP_PORT};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
