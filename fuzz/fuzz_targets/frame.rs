@@ -1,5 +1,5 @@
 //! The frame decoder: a byte stream as a peer would send it (preamble,
-//! then frames with length and CRC), and every control message's payload
+//! then frames with length and CRC), and every main-channel message's payload
 //! decoder, reached directly (random bytes rarely carry a valid CRC).
 #![no_main]
 

@@ -4,7 +4,7 @@
 //! implement, with an example that migrates a VM of its own.
 //!
 //! ```text
-//!   migrate(vm, dialer) ──► precopy::source ─┬─ control connection (transport::control)
+//!   migrate(vm, dialer) ──► precopy::source ─┬─ main channel (transport::main_channel)
 //!                                            └─ N data connections (precopy::senders)
 //!   await_migration(listener), receive(…) ◄── precopy::destination, precopy::receivers
 //!        both: wire (frames), digest (per-page xxh3), tunables (live knobs, cancel),
@@ -12,9 +12,9 @@
 //! ```
 //!
 //! * [`vmm`]: the contract a VMM implements to be migrated (start here).
-//! * [`wire`]: preamble, frame codec, header, page batches, control messages.
-//! * [`transport`]: TCP, opening a migration's connections, the control
-//!   connection's threads, failure and stall handling.
+//! * [`wire`]: preamble, frame codec, header, page batches, main-channel messages.
+//! * [`transport`]: TCP, opening a migration's connections, the main
+//!   channel's threads, failure and stall handling.
 //! * [`precopy`]: rounds, switchover, commit-after-verify; senders and receivers.
 //! * [`digest`]: the memory digest that proves both ends hold the same memory.
 //! * [`tunables`]: parameters that change while a migration runs; bandwidth cap.

@@ -197,11 +197,11 @@ fn placement_by_plain_write_verifies_as_well() {
     assert_eq!(summary.guest_mismatches, Some(0));
 }
 
-/// A hand-driven source: the control connection's header is accepted, then
+/// A hand-driven source: the main channel's header is accepted, then
 /// one data connection introduces itself as `channel`.
 fn data_connection_as(channel: u16) -> (String, ferry_engine::MigrationError) {
     use ferry_engine::transport::open_channel;
-    use ferry_engine::wire::control::Hello;
+    use ferry_engine::wire::messages::Hello;
     use ferry_engine::wire::StreamHeader;
     let (to, dest) = spawn_receiver(quick_receive());
     let src = running_source();
@@ -243,7 +243,7 @@ fn a_data_channel_out_of_range_or_the_priority_one_is_refused_not_a_panic() {
         "{answer}"
     );
     assert!(dest.to_string().contains("channel 70"), "{dest}");
-    let (answer, _) = data_connection_as(ferry_engine::wire::control::PRIORITY_CHANNEL);
+    let (answer, _) = data_connection_as(ferry_engine::wire::messages::PRIORITY_CHANNEL);
     assert!(
         answer.contains("a priority connection for a migration that announced none"),
         "{answer}"

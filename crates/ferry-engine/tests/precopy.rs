@@ -117,7 +117,7 @@ fn cancel_keeps_the_source_running_and_tells_the_destination() {
     assert_eq!(derr, "source gave up the migration: migration cancelled");
 }
 
-/// A hand-made destination: takes the control connection and the header,
+/// A hand-made destination: takes the main channel and the header,
 /// accepts, and takes one data connection. Returns both, framed.
 fn fake_destination(listener: &std::net::TcpListener) -> (Channel, Channel) {
     let (mut ctl, _) = accept_channel(listener, None, &|_| Ok(())).unwrap();

@@ -43,7 +43,7 @@ fn nonsense_cli_values_are_refused() {
 #[test]
 fn a_guest_larger_than_the_host_is_refused_at_once_with_both_sizes() {
     // 160 GiB: within what a layout supports, beyond any of our hosts.
-    let out = run(&["demo", "--vcpus", "1", "--mem-per-vcpu", "160G"]);
+    let out = Ferry::new("demo").mem("160G").args(&["--vcpus", "1"]).run();
     assert_no_panic(&out);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -86,20 +86,13 @@ fn refuses_and_keeps_listening(bytes: &[u8], reason: &str) {
         dest.child.try_wait().unwrap().is_none(),
         "the destination exited"
     );
-    let out = run(&[
-        "migrate",
-        "--to",
-        &dest.addr,
-        "--backend",
-        "soft",
-        "--vcpus",
-        "1",
-        "--mem-per-vcpu",
-        "64M",
-        "--warmup",
-        "0",
-        "--json",
-    ]);
+    let out = Ferry::new("migrate")
+        .on("soft")
+        .mem("64M")
+        .args(&[
+            "--to", &dest.addr, "--vcpus", "1", "--warmup", "0", "--json",
+        ])
+        .run();
     assert_no_panic(&out);
     assert_verified(&last_json(&out), "a migration after a stray connection");
     assert!(dest.child.wait().unwrap().success());
@@ -118,16 +111,10 @@ fn destination_with_other_memory_size_is_refused() {
         return;
     }
     let dest = Receiver::start(&["--memory", "2G"]);
-    let out = run(&[
-        "migrate",
-        "--to",
-        &dest.addr,
-        "--json",
-        "--mem-per-vcpu",
-        "64M",
-        "--warmup",
-        "0",
-    ]);
+    let out = Ferry::new("migrate")
+        .mem("64M")
+        .args(&["--to", &dest.addr, "--json", "--warmup", "0"])
+        .run();
     assert_no_panic(&out);
     assert!(!out.status.success());
     let j = last_json(&out);

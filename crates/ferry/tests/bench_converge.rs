@@ -4,25 +4,24 @@
 
 mod common;
 
-use common::{assert_no_panic, assert_success, last_json, run};
+use common::{assert_no_panic, assert_success, last_json, Ferry};
 
 #[test]
 fn bench_converge_runs_a_cell_per_policy_and_writes_its_outputs() {
     let out_dir = std::env::temp_dir().join(format!("ferry-bench-converge-{}", std::process::id()));
-    let out = run(&[
-        "bench",
-        "converge",
-        "--backend",
-        "soft",
-        "--policies",
-        "auto,quota",
-        "--cell",
-        "16M,1,max,100,32",
-        "--skip-mixes",
-        "--json",
-        "--out",
-        out_dir.to_str().expect("utf-8 temp dir"),
-    ]);
+    let out = Ferry::new("bench converge")
+        .on("soft")
+        .args(&[
+            "--policies",
+            "auto,quota",
+            "--cell",
+            "16M,1,max,100,32",
+            "--skip-mixes",
+            "--json",
+            "--out",
+            out_dir.to_str().expect("utf-8 temp dir"),
+        ])
+        .run();
     assert_success(&out);
     let j = last_json(&out);
     let cells = j["cells"].as_array().cloned().unwrap_or_default();
@@ -41,7 +40,9 @@ fn bench_converge_runs_a_cell_per_policy_and_writes_its_outputs() {
 
 #[test]
 fn a_malformed_cell_is_refused_in_words() {
-    let out = run(&["bench", "converge", "--cell", "16M,1,fast,100,32"]);
+    let out = Ferry::new("bench converge")
+        .args(&["--cell", "16M,1,fast,100,32"])
+        .run();
     assert_no_panic(&out);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);

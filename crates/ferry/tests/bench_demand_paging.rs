@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_success, last_json, run};
+use common::{assert_success, last_json, Ferry};
 
 const KVM_PAGES: u64 = (4 << 20) / 4096;
 const SOFT_PAGES_PER_VCPU: u64 = (2 << 20) / 4096;
@@ -13,22 +13,21 @@ const SOFT_PAGES_PER_VCPU: u64 = (2 << 20) / 4096;
 #[test]
 fn every_cell_pages_in_every_page_with_its_contents() {
     let out_dir = std::env::temp_dir().join(format!("ferry-bench-dp-{}", std::process::id()));
-    let out = run(&[
-        "bench",
-        "demand-paging",
-        "--quick",
-        "--kvm-vcpus",
-        "1",
-        "--mem-per-vcpu",
-        "4M",
-        "--soft-vcpus",
-        "1,2",
-        "--soft-mem-per-vcpu",
-        "2M",
-        "--json",
-        "--out",
-        out_dir.to_str().expect("utf-8 temp dir"),
-    ]);
+    let out = Ferry::new("bench demand-paging")
+        .mem("4M")
+        .args(&[
+            "--quick",
+            "--kvm-vcpus",
+            "1",
+            "--soft-vcpus",
+            "1,2",
+            "--soft-mem-per-vcpu",
+            "2M",
+            "--json",
+            "--out",
+            out_dir.to_str().expect("utf-8 temp dir"),
+        ])
+        .run();
     assert_success(&out);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("shared queue"), "{stdout}");

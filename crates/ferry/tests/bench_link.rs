@@ -4,30 +4,29 @@
 
 mod common;
 
-use common::{assert_success, last_json, run};
+use common::{assert_success, last_json, Ferry};
 
 #[test]
 fn bench_link_measures_the_placed_ceiling_and_verifies_every_cell() {
     let out_dir = std::env::temp_dir().join(format!("ferry-bench-link-{}", std::process::id()));
-    let out = run(&[
-        "bench",
-        "link",
-        "--backend",
-        "soft",
-        "--mem",
-        "64M",
-        "--connections",
-        "1",
-        "--raw-secs",
-        "0.2",
-        "--cap-mib-s",
-        "0",
-        "--repeat",
-        "2",
-        "--json",
-        "--out",
-        out_dir.to_str().expect("utf-8 temp dir"),
-    ]);
+    let out = Ferry::new("bench link")
+        .on("soft")
+        .args(&[
+            "--mem",
+            "64M",
+            "--connections",
+            "1",
+            "--raw-secs",
+            "0.2",
+            "--cap-mib-s",
+            "0",
+            "--repeat",
+            "2",
+            "--json",
+            "--out",
+            out_dir.to_str().expect("utf-8 temp dir"),
+        ])
+        .run();
     assert_success(&out);
     let j = last_json(&out);
     for key in ["loopback_gib_s", "placed_floor_gib_s", "first_pass_gib_s"] {

@@ -6,24 +6,20 @@ mod common;
 use common::*;
 
 fn migrate_over(backend: &str, compress: &str, fill: &str) -> serde_json::Value {
-    let out = run(&[
-        "demo",
-        "--json",
-        "--backend",
-        backend,
-        "--connections",
-        "4",
-        "--compress",
-        compress,
-        "--fill",
-        fill,
-        "--mem-per-vcpu",
-        "32M",
-        "--rate-limit",
-        "32",
-        "--warmup",
-        "0.3",
-    ]);
+    let out = Ferry::demo()
+        .on(backend)
+        .guest("32M", 32)
+        .args(&[
+            "--connections",
+            "4",
+            "--compress",
+            compress,
+            "--fill",
+            fill,
+            "--warmup",
+            "0.3",
+        ])
+        .run();
     assert_no_panic(&out);
     let j = last_json(&out);
     let context = format!("{backend} {compress} {fill}");
@@ -36,10 +32,7 @@ fn migrate_over(backend: &str, compress: &str, fill: &str) -> serde_json::Value 
 
 #[test]
 fn four_connections_with_and_without_compression_on_both_backends() {
-    for backend in ["kvm", "soft"] {
-        if backend == "kvm" && !require_kvm("four connections on kvm") {
-            continue;
-        }
+    for backend in backends("four connections") {
         let plain = migrate_over(backend, "none", "zero");
         let counts = &plain["batches_by_codec"];
         assert_eq!((counts[1].as_u64(), counts[2].as_u64()), (Some(0), Some(0)));
@@ -62,25 +55,12 @@ fn four_connections_with_and_without_compression_on_both_backends() {
 
 #[test]
 fn mutual_tls_on_both_backends() {
-    for backend in ["kvm", "soft"] {
-        if backend == "kvm" && !require_kvm("TLS on kvm") {
-            continue;
-        }
-        let out = run(&[
-            "demo",
-            "--json",
-            "--tls",
-            "--backend",
-            backend,
-            "--connections",
-            "2",
-            "--mem-per-vcpu",
-            "32M",
-            "--rate-limit",
-            "32",
-            "--warmup",
-            "0.3",
-        ]);
+    for backend in backends("TLS") {
+        let out = Ferry::demo()
+            .on(backend)
+            .guest("32M", 32)
+            .args(&["--tls", "--connections", "2", "--warmup", "0.3"])
+            .run();
         assert_no_panic(&out);
         let j = last_json(&out);
         assert_verified(&j, &format!("{backend} tls"));
@@ -91,15 +71,15 @@ fn mutual_tls_on_both_backends() {
 
 #[test]
 fn a_missing_tls_dir_is_refused_before_any_vm_boots() {
-    let out = run(&[
-        "migrate",
-        "--to",
-        "127.0.0.1:9",
-        "--backend",
-        "soft",
-        "--tls-dir",
-        "/nonexistent-ferry-tls-dir",
-    ]);
+    let out = Ferry::new("migrate")
+        .on("soft")
+        .args(&[
+            "--to",
+            "127.0.0.1:9",
+            "--tls-dir",
+            "/nonexistent-ferry-tls-dir",
+        ])
+        .run();
     assert_no_panic(&out);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -112,38 +92,31 @@ fn a_missing_tls_dir_is_refused_before_any_vm_boots() {
 
 #[test]
 fn delta_resends_over_four_connections_on_both_backends() {
-    for backend in ["kvm", "soft"] {
-        if backend == "kvm" && !require_kvm("delta re-sends on kvm") {
-            continue;
-        }
+    for backend in backends("delta re-sends") {
         // A 1 ms downtime target, and no policy to hold the guest back,
         // keep precopy in dirty rounds until the round cap, so pages go
         // again and again.
-        let out = run(&[
-            "demo",
-            "--json",
-            "--converge",
-            "none",
-            "--backend",
-            backend,
-            "--connections",
-            "4",
-            "--compress",
-            "lz4",
-            "--delta",
-            "--fill",
-            "text",
-            "--mem-per-vcpu",
-            "16M",
-            "--rate-limit",
-            "64",
-            "--downtime-ms",
-            "1",
-            "--max-rounds",
-            "6",
-            "--warmup",
-            "0.3",
-        ]);
+        let out = Ferry::demo()
+            .on(backend)
+            .guest("16M", 64)
+            .args(&[
+                "--converge",
+                "none",
+                "--connections",
+                "4",
+                "--compress",
+                "lz4",
+                "--delta",
+                "--fill",
+                "text",
+                "--downtime-ms",
+                "1",
+                "--max-rounds",
+                "6",
+                "--warmup",
+                "0.3",
+            ])
+            .run();
         assert_no_panic(&out);
         let j = last_json(&out);
         assert_verified(&j, &format!("{backend} delta"));

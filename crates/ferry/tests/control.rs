@@ -10,7 +10,7 @@ fn control_socket_reports_tunes_and_migrates() {
     if !require_kvm("control socket") {
         return;
     }
-    let (mut vm, sock) = run_with_control("kvm", &["--mem-per-vcpu", "32M", "--rate-limit", "32"]);
+    let (mut vm, sock) = run_with_control(Ferry::new("run").on("kvm").guest("32M", 32));
     let status = ask(&sock, r#"{"cmd":"status"}"#);
     assert_eq!(status["ok"], true, "{status}");
     assert_eq!(status["progress"].as_array().unwrap().len(), 2);
@@ -24,16 +24,17 @@ fn control_socket_reports_tunes_and_migrates() {
     assert_eq!(bad["ok"], false, "{bad}");
 
     let dest = Receiver::start(&[]);
-    let out = run(&[
-        "migrate",
-        "--to",
-        &dest.addr,
-        "--control",
-        sock.to_str().unwrap(),
-        "--downtime-ms",
-        "300",
-        "--json",
-    ]);
+    let out = Ferry::new("migrate")
+        .args(&[
+            "--to",
+            &dest.addr,
+            "--control",
+            sock.to_str().unwrap(),
+            "--downtime-ms",
+            "300",
+            "--json",
+        ])
+        .run();
     assert_no_panic(&out);
     let j = last_json(&out);
     assert_verified(&j, "via control socket");
@@ -66,7 +67,7 @@ fn migrate_in_background(
 
 #[test]
 fn a_throttle_reaches_a_vm_that_is_migrating() {
-    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
+    let (mut vm, sock) = run_with_control(Ferry::new("run").on("soft").mem("32M"));
     // 16 MiB/s for a 64 MiB guest: the full pass alone takes 4 s.
     let (_dest, migration) = migrate_in_background(&sock, &[]);
     // Until the migration owns the VM, a throttle is answered by the VM's
@@ -98,7 +99,7 @@ fn a_throttle_reaches_a_vm_that_is_migrating() {
 
 #[test]
 fn the_policy_and_the_quota_interval_change_while_a_migration_runs() {
-    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
+    let (mut vm, sock) = run_with_control(Ferry::new("run").on("soft").mem("32M"));
     // The policy is chosen per migration: with none running, a switch is
     // refused, and so is a policy that does not exist.
     let idle = ask(&sock, r#"{"cmd":"set","converge":"quota"}"#);
@@ -153,7 +154,7 @@ fn the_policy_and_the_quota_interval_change_while_a_migration_runs() {
 /// destination (waiting for a reconnection, 60 s by default), or `None`
 /// when a loaded host put the freeze before the switchover or after the end.
 fn postcopy_cut_by_a_freeze() -> Option<(std::process::Child, std::path::PathBuf, Receiver)> {
-    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
+    let (mut vm, sock) = run_with_control(Ferry::new("run").on("soft").mem("32M"));
     // Nothing failed yet: nothing to resume.
     let none = ask(&sock, r#"{"cmd":"resume"}"#);
     assert!(
@@ -221,15 +222,16 @@ fn a_postcopy_whose_retries_ran_out_is_resumed_through_the_socket() {
             .contains("resume that one"),
         "{busy}"
     );
-    let out = run(&[
-        "migrate",
-        "--to",
-        &dest.addr,
-        "--control",
-        sock.to_str().unwrap(),
-        "--resume",
-        "--json",
-    ]);
+    let out = Ferry::new("migrate")
+        .args(&[
+            "--to",
+            &dest.addr,
+            "--control",
+            sock.to_str().unwrap(),
+            "--resume",
+            "--json",
+        ])
+        .run();
     assert_no_panic(&out);
     let j = last_json(&out);
     assert_verified(&j, "resumed postcopy");

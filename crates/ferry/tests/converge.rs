@@ -10,31 +10,26 @@ use common::*;
 /// `ferry demo` of an uncapped 2 x 8 MiB guest over a 64 MiB/s link with a
 /// 20 ms downtime target: it cannot converge without help.
 fn busy_demo(backend: &str, converge: &str) -> std::process::Output {
-    run(&[
-        "demo",
-        "--json",
-        "--backend",
-        backend,
-        "--unthrottled",
-        "--converge",
-        converge,
-        "--bandwidth",
-        "64",
-        "--downtime-ms",
-        "20",
-        "--mem-per-vcpu",
-        "8M",
-        "--warmup",
-        "0.3",
-    ])
+    Ferry::demo()
+        .on(backend)
+        .mem("8M")
+        .args(&[
+            "--unthrottled",
+            "--converge",
+            converge,
+            "--bandwidth",
+            "64",
+            "--downtime-ms",
+            "20",
+            "--warmup",
+            "0.3",
+        ])
+        .run()
 }
 
 #[test]
 fn auto_converge_throttles_a_guest_faster_than_the_link_on_both_backends() {
-    for backend in ["kvm", "soft"] {
-        if backend == "kvm" && !require_kvm("auto-converge on kvm") {
-            continue;
-        }
+    for backend in backends("auto-converge") {
         let out = busy_demo(backend, "auto");
         assert_no_panic(&out);
         let j = last_json(&out);
@@ -70,15 +65,10 @@ fn quota_on_kvm_without_the_dirty_ring_is_refused_before_anything_starts() {
     if !require_kvm("quota refusal on kvm") {
         return;
     }
-    let out = run(&[
-        "demo",
-        "--backend",
-        "kvm",
-        "--dirty-tracking",
-        "bitmap",
-        "--converge",
-        "quota",
-    ]);
+    let out = Ferry::new("demo")
+        .on("kvm")
+        .args(&["--dirty-tracking", "bitmap", "--converge", "quota"])
+        .run();
     assert_no_panic(&out);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -91,25 +81,23 @@ fn quota_on_kvm_without_the_dirty_ring_is_refused_before_anything_starts() {
 
 #[test]
 fn the_quota_spares_a_reader_vcpu_and_the_summary_shows_each_vcpus_share() {
-    let out = run(&[
-        "demo",
-        "--json",
-        "--backend",
-        "soft",
-        "--unthrottled",
-        "--readers",
-        "1",
-        "--converge",
-        "quota",
-        "--bandwidth",
-        "64",
-        "--downtime-ms",
-        "20",
-        "--mem-per-vcpu",
-        "8M",
-        "--warmup",
-        "0.3",
-    ]);
+    let out = Ferry::demo()
+        .on("soft")
+        .mem("8M")
+        .args(&[
+            "--unthrottled",
+            "--readers",
+            "1",
+            "--converge",
+            "quota",
+            "--bandwidth",
+            "64",
+            "--downtime-ms",
+            "20",
+            "--warmup",
+            "0.3",
+        ])
+        .run();
     assert_no_panic(&out);
     let j = last_json(&out);
     assert_verified(&j, "soft quota with a reader");
@@ -129,24 +117,22 @@ fn the_quota_spares_a_reader_vcpu_and_the_summary_shows_each_vcpus_share() {
 /// per-vCPU policies promise (verified, the policy ran, the reader never
 /// slept) and returns the summary.
 fn ring_demo_with_a_reader(policy: &str) -> serde_json::Value {
-    let out = run(&[
-        "demo",
-        "--json",
-        "--backend",
-        "kvm",
-        "--dirty-tracking",
-        "ring",
-        "--converge",
-        policy,
-        "--readers",
-        "1",
-        "--bandwidth",
-        "16",
-        "--mem-per-vcpu",
-        "16M",
-        "--warmup",
-        "0.3",
-    ]);
+    let out = Ferry::demo()
+        .on("kvm")
+        .mem("16M")
+        .args(&[
+            "--dirty-tracking",
+            "ring",
+            "--converge",
+            policy,
+            "--readers",
+            "1",
+            "--bandwidth",
+            "16",
+            "--warmup",
+            "0.3",
+        ])
+        .run();
     assert_no_panic(&out);
     let j = last_json(&out);
     assert_verified(&j, &format!("kvm {policy} with a reader"));
@@ -192,26 +178,22 @@ fn on_soft_dirty_limit_converges_a_writer_faster_than_the_link_and_spares_a_read
     // writer to 1% of its unthrottled speed, and the soft writer dirties
     // gigabytes a second. A 512 MiB/s writer over a 256 MiB/s link is within
     // its reach (an uncapped one over a slow link is not; the quota is).
-    let out = run(&[
-        "demo",
-        "--json",
-        "--backend",
-        "soft",
-        "--converge",
-        "dirty-limit",
-        "--readers",
-        "1",
-        "--rate-limit",
-        "512",
-        "--bandwidth",
-        "256",
-        "--downtime-ms",
-        "20",
-        "--mem-per-vcpu",
-        "64M",
-        "--warmup",
-        "0.3",
-    ]);
+    let out = Ferry::demo()
+        .on("soft")
+        .guest("64M", 512)
+        .args(&[
+            "--converge",
+            "dirty-limit",
+            "--readers",
+            "1",
+            "--bandwidth",
+            "256",
+            "--downtime-ms",
+            "20",
+            "--warmup",
+            "0.3",
+        ])
+        .run();
     assert_no_panic(&out);
     let j = last_json(&out);
     assert_verified(&j, "soft dirty-limit with a reader");
@@ -289,28 +271,23 @@ fn under_quota_a_reader_keeps_at_least_90_percent_of_its_unthrottled_progress_on
 
 #[test]
 fn under_auto_the_reader_slows_down_with_the_writer_on_both_backends() {
-    for backend in ["soft", "kvm"] {
-        if backend == "kvm" && !require_kvm("auto with a reader on kvm") {
-            continue;
-        }
-        let out = run(&[
-            "demo",
-            "--json",
-            "--backend",
-            backend,
-            "--converge",
-            "auto",
-            "--readers",
-            "1",
-            "--bandwidth",
-            "16",
-            "--mem-per-vcpu",
-            "16M",
-            "--warmup",
-            "0.3",
-            "--max-rounds",
-            "8",
-        ]);
+    for backend in backends("auto with a reader") {
+        let out = Ferry::demo()
+            .on(backend)
+            .mem("16M")
+            .args(&[
+                "--converge",
+                "auto",
+                "--readers",
+                "1",
+                "--bandwidth",
+                "16",
+                "--warmup",
+                "0.3",
+                "--max-rounds",
+                "8",
+            ])
+            .run();
         assert_no_panic(&out);
         let j = last_json(&out);
         assert_verified(&j, &format!("{backend} auto with a reader"));
@@ -323,10 +300,7 @@ fn under_auto_the_reader_slows_down_with_the_writer_on_both_backends() {
 
 #[test]
 fn the_quota_engages_within_the_full_pass_from_each_vcpus_dirty_count() {
-    for backend in ["soft", "kvm"] {
-        if backend == "kvm" && !require_kvm("the quota's first interval on kvm") {
-            continue;
-        }
+    for backend in backends("the quota's first interval") {
         // The full pass of 32 MiB over 16 MiB/s lasts about 2 s: many
         // 100 ms policy intervals. The guest's first pass over its memory
         // in it takes as long (16 MiB/s of writes, twice the quota's
@@ -334,26 +308,22 @@ fn the_quota_engages_within_the_full_pass_from_each_vcpus_dirty_count() {
         // writer on a loaded host can dirty all 32 MiB in one late first
         // interval, and then (the log not being reset within the pass)
         // nothing more for the meter to see until the round ends.
-        let out = run(&[
-            "demo",
-            "--json",
-            "--backend",
-            backend,
-            "--dirty-tracking",
-            "ring",
-            "--rate-limit",
-            "16",
-            "--converge",
-            "quota",
-            "--bandwidth",
-            "16",
-            "--vcpus",
-            "1",
-            "--mem-per-vcpu",
-            "32M",
-            "--warmup",
-            "0.3",
-        ]);
+        let out = Ferry::demo()
+            .on(backend)
+            .guest("32M", 16)
+            .args(&[
+                "--dirty-tracking",
+                "ring",
+                "--converge",
+                "quota",
+                "--bandwidth",
+                "16",
+                "--vcpus",
+                "1",
+                "--warmup",
+                "0.3",
+            ])
+            .run();
         assert_no_panic(&out);
         let j = last_json(&out);
         assert_verified(&j, &format!("{backend} quota"));
@@ -375,27 +345,25 @@ fn auto_converge_on_a_small_dirty_ring_loses_no_page() {
     if !require_kvm("auto-converge on the dirty ring") {
         return;
     }
-    let out = run(&[
-        "demo",
-        "--json",
-        "--backend",
-        "kvm",
-        "--dirty-tracking",
-        "ring",
-        "--ring-entries",
-        "1024",
-        "--unthrottled",
-        "--converge",
-        "auto",
-        "--bandwidth",
-        "64",
-        "--downtime-ms",
-        "20",
-        "--mem-per-vcpu",
-        "8M",
-        "--warmup",
-        "0.3",
-    ]);
+    let out = Ferry::demo()
+        .on("kvm")
+        .mem("8M")
+        .args(&[
+            "--dirty-tracking",
+            "ring",
+            "--ring-entries",
+            "1024",
+            "--unthrottled",
+            "--converge",
+            "auto",
+            "--bandwidth",
+            "64",
+            "--downtime-ms",
+            "20",
+            "--warmup",
+            "0.3",
+        ])
+        .run();
     assert_no_panic(&out);
     let j = last_json(&out);
     assert_verified(&j, "kvm auto on the ring");

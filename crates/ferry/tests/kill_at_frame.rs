@@ -1,6 +1,6 @@
 //! A peer process killed (SIGKILL), or the link stalled, at an exact point
 //! of a migration. A relay between the two `ferry` processes holds the
-//! control connection just before one frame; the test kills a peer while
+//! main channel just before one frame; the test kills a peer while
 //! the other waits for that frame (the frame is then dropped with the
 //! connection, as if never sent), or never lets it through (a stall).
 //!
@@ -59,7 +59,7 @@ struct Scene {
 }
 
 fn hold_at(kind: FrameKind, to_source: bool, dest_args: &[&str]) -> Scene {
-    let (source, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
+    let (source, sock) = run_with_control(Ferry::new("run").on("soft").mem("32M"));
     let mut args = vec!["--backend", "soft", "--stall-timeout", "2"];
     args.extend_from_slice(dest_args);
     let dest = Receiver::serving(&args);
@@ -332,7 +332,7 @@ fn postcopy_possible() -> bool {
 /// data connection and then kept from reconnecting: returns once the
 /// source is in postcopy-recover.
 fn in_recovery(source_recover_s: u32) -> Scene {
-    let (source, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
+    let (source, sock) = run_with_control(Ferry::new("run").on("soft").mem("32M"));
     let set = ask(
         &sock,
         r#"{"execute":"migrate-set-parameters","arguments":{"max-bandwidth":16777216}}"#,

@@ -31,7 +31,7 @@ fn until(sock: &std::path::Path, what: &str, done: impl Fn(&Value) -> bool) -> V
 /// A soft source at 16 MiB/s (a pass of its 64 MiB takes 4 s) migrating
 /// to a soft destination whose stall and recovery timeouts are short.
 fn start(mode: &str) -> (std::process::Child, std::path::PathBuf, Receiver) {
-    let (vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
+    let (vm, sock) = run_with_control(Ferry::new("run").on("soft").mem("32M"));
     let set = ask(
         &sock,
         r#"{"execute":"migrate-set-parameters","arguments":{"max-bandwidth":16777216}}"#,

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_no_panic, assert_success, ferry, last_json, require_kvm, run};
+use common::{assert_no_panic, assert_success, ferry, last_json, require_kvm, Ferry};
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
@@ -15,17 +15,17 @@ fn bench_local_moves_a_small_guest_both_ways_and_writes_its_outputs() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("ferry-bench-local-{}", std::process::id()));
-    let out = run(&[
-        "bench",
-        "local",
-        "--sizes-gib",
-        "1",
-        "--warmup",
-        "0.3",
-        "--json",
-        "--out",
-        dir.to_str().expect("utf-8 temp dir"),
-    ]);
+    let out = Ferry::new("bench local")
+        .args(&[
+            "--sizes-gib",
+            "1",
+            "--warmup",
+            "0.3",
+            "--json",
+            "--out",
+            dir.to_str().expect("utf-8 temp dir"),
+        ])
+        .run();
     assert_success(&out);
     let j = last_json(&out);
     let cells = j["cells"].as_array().cloned().unwrap_or_default();
@@ -40,13 +40,10 @@ fn bench_local_moves_a_small_guest_both_ways_and_writes_its_outputs() {
 
 #[test]
 fn migrate_local_refuses_anonymous_memory_naming_memfd() {
-    let out = run(&[
-        "migrate",
-        "--local",
-        "/nonexistent/ferry.sock",
-        "--mem-per-vcpu",
-        "64M",
-    ]);
+    let out = Ferry::new("migrate")
+        .mem("64M")
+        .args(&["--local", "/nonexistent/ferry.sock"])
+        .run();
     assert_no_panic(&out);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -70,20 +67,20 @@ fn migrate_local_hands_a_kvm_guest_to_a_receive_local_process() {
     let mut first = String::new();
     stdout.read_line(&mut first).expect("the listening line");
     assert!(first.starts_with("listening on"), "{first}");
-    let src = run(&[
-        "migrate",
-        "--backing",
-        "memfd",
-        "--vcpus",
-        "1",
-        "--mem-per-vcpu",
-        "256M",
-        "--warmup",
-        "0.3",
-        "--json",
-        "--local",
-        socket.to_str().expect("utf-8 path"),
-    ]);
+    let src = Ferry::new("migrate")
+        .mem("256M")
+        .args(&[
+            "--backing",
+            "memfd",
+            "--vcpus",
+            "1",
+            "--warmup",
+            "0.3",
+            "--json",
+            "--local",
+            socket.to_str().expect("utf-8 path"),
+        ])
+        .run();
     assert_success(&src);
     let j = last_json(&src);
     assert_eq!(j["status"], "completed", "{j}");

@@ -10,20 +10,17 @@ fn migrate_in_mode(mode: &str) {
     if !require_kvm(&format!("migration in {mode} mode")) {
         return;
     }
-    let out = run(&[
-        "demo",
-        "--json",
-        "--mem-per-vcpu",
-        "64M",
-        "--rate-limit",
-        "64",
-        "--dirty-tracking",
-        mode,
-        "--ring-entries",
-        "4096",
-        "--warmup",
-        "0.5",
-    ]);
+    let out = Ferry::demo()
+        .guest("64M", 64)
+        .args(&[
+            "--dirty-tracking",
+            mode,
+            "--ring-entries",
+            "4096",
+            "--warmup",
+            "0.5",
+        ])
+        .run();
     assert_no_panic(&out);
     let j = last_json(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -111,18 +108,11 @@ fn killed_destination_leaves_the_source_running() {
 #[test]
 fn migrates_on_the_soft_backend() {
     // The soft backend needs no /dev/kvm: this runs everywhere.
-    let out = run(&[
-        "demo",
-        "--json",
-        "--backend",
-        "soft",
-        "--mem-per-vcpu",
-        "32M",
-        "--rate-limit",
-        "32",
-        "--warmup",
-        "0.3",
-    ]);
+    let out = Ferry::demo()
+        .on("soft")
+        .guest("32M", 32)
+        .args(&["--warmup", "0.3"])
+        .run();
     assert_no_panic(&out);
     let j = last_json(&out);
     assert_verified(&j, "soft");
@@ -131,34 +121,27 @@ fn migrates_on_the_soft_backend() {
 
 #[test]
 fn random_order_partial_writes_and_stride_migrate_exactly() {
-    for backend in ["kvm", "soft"] {
-        if backend == "kvm" && !require_kvm("random-order migration on kvm") {
-            continue;
-        }
-        let out = run(&[
-            "demo",
-            "--json",
-            "--backend",
-            backend,
-            "--dirty-tracking",
-            "ring",
-            "--ring-entries",
-            "1024",
-            "--order",
-            "random",
-            "--write-percent",
-            "30",
-            "--stride",
-            "3",
-            "--vcpus",
-            "3",
-            "--mem-per-vcpu",
-            "32M",
-            "--rate-limit",
-            "32",
-            "--warmup",
-            "0.3",
-        ]);
+    for backend in backends("random-order migration") {
+        let out = Ferry::demo()
+            .on(backend)
+            .guest("32M", 32)
+            .args(&[
+                "--dirty-tracking",
+                "ring",
+                "--ring-entries",
+                "1024",
+                "--order",
+                "random",
+                "--write-percent",
+                "30",
+                "--stride",
+                "3",
+                "--vcpus",
+                "3",
+                "--warmup",
+                "0.3",
+            ])
+            .run();
         assert_no_panic(&out);
         let j = last_json(&out);
         assert_verified(&j, backend);
@@ -176,21 +159,18 @@ fn harvests_within_rounds_send_pages_dirtied_ahead_once_on_kvm() {
     }
     // A 2 s full pass over a 64 MiB/s cap: about twenty harvests in it,
     // racing the quota's meter on the dirty ring.
-    let out = run(&[
-        "demo",
-        "--json",
-        "--mem-per-vcpu",
-        "64M",
-        "--rate-limit",
-        "64",
-        "--bandwidth",
-        "64",
-        "--dirty-tracking",
-        "ring",
-        "--harvest-within-rounds",
-        "--warmup",
-        "0.5",
-    ]);
+    let out = Ferry::demo()
+        .guest("64M", 64)
+        .args(&[
+            "--bandwidth",
+            "64",
+            "--dirty-tracking",
+            "ring",
+            "--harvest-within-rounds",
+            "--warmup",
+            "0.5",
+        ])
+        .run();
     assert_no_panic(&out);
     let j = last_json(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -74,11 +74,13 @@ fn a_demo_between_two_namespaces_over_a_shaped_link_verifies_and_leaves_nothing(
 
 #[test]
 fn bad_link_settings_are_refused_in_words() {
-    let out = run(&["demo", "--link-rate", "64"]);
+    let out = Ferry::new("demo").args(&["--link-rate", "64"]).run();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--netns"), "{err}");
-    let out = run(&["demo", "--netns", "--link-rate", "0"]);
+    let out = Ferry::new("demo")
+        .args(&["--netns", "--link-rate", "0"])
+        .run();
     assert!(!out.status.success());
 }
 

@@ -101,7 +101,10 @@ fn soft_postcopy_through_userfaultfd_when_asked() {
 
 #[test]
 fn postcopy_refuses_delta_and_unknown_modes() {
-    let out = run(&["demo", "--mode", "postcopy", "--delta", "--backend", "soft"]);
+    let out = Ferry::new("demo")
+        .on("soft")
+        .args(&["--mode", "postcopy", "--delta"])
+        .run();
     assert_no_panic(&out);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -109,7 +112,7 @@ fn postcopy_refuses_delta_and_unknown_modes() {
         stderr.contains("delta re-sends cannot be used with a postcopy migration"),
         "{stderr}"
     );
-    let out = run(&["demo", "--mode", "sideways"]);
+    let out = Ferry::new("demo").args(&["--mode", "sideways"]).run();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -161,27 +164,25 @@ fn demo_on_hugetlb(mode: &str) {
         );
         return;
     }
-    let out = run(&[
-        "demo",
-        "--json",
-        "--backend",
-        "kvm",
-        "--backing",
-        "hugetlb",
-        "--mode",
-        mode,
-        "--unthrottled",
-        "--vcpus",
-        "1",
-        "--mem-per-vcpu",
-        "32M",
-        "--warmup",
-        "0.3",
-        "--downtime-ms",
-        "1",
-        "--fault-handlers",
-        "2",
-    ]);
+    let out = Ferry::demo()
+        .on("kvm")
+        .mem("32M")
+        .args(&[
+            "--backing",
+            "hugetlb",
+            "--mode",
+            mode,
+            "--unthrottled",
+            "--vcpus",
+            "1",
+            "--warmup",
+            "0.3",
+            "--downtime-ms",
+            "1",
+            "--fault-handlers",
+            "2",
+        ])
+        .run();
     assert_no_panic(&out);
     let j = last_json(&out);
     let context = format!(

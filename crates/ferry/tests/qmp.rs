@@ -51,7 +51,7 @@ fn query_until(sock: &std::path::Path, done: impl Fn(&Value) -> bool) -> Value {
 
 #[test]
 fn ctl_sets_parameters_and_follows_a_migration_to_completion() {
-    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
+    let (mut vm, sock) = run_with_control(Ferry::new("run").on("soft").mem("32M"));
     let idle = ask(&sock, r#"{"execute":"query-migrate","id":7}"#);
     assert_eq!(idle, json!({"return": {}, "id": 7}));
 
@@ -136,7 +136,7 @@ fn ctl_sets_parameters_and_follows_a_migration_to_completion() {
 
 #[test]
 fn migrate_cancel_leaves_the_source_running_and_events_say_cancelled() {
-    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
+    let (mut vm, sock) = run_with_control(Ferry::new("run").on("soft").mem("32M"));
     // 4 MiB/s: the full pass of 64 MiB alone would take 16 s.
     assert_success(&ctl(
         &sock,
@@ -205,7 +205,7 @@ fn migrate_start_postcopy_switches_a_migration_started_with_postcopy_ram() {
         println!("SKIP: userfaultfd is unavailable here ({e})");
         return;
     }
-    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "32M"]);
+    let (mut vm, sock) = run_with_control(Ferry::new("run").on("soft").mem("32M"));
     let status = ask(&sock, r#"{"execute":"query-status"}"#);
     assert_eq!(
         status["return"],
@@ -311,7 +311,7 @@ fn migrate_start_postcopy_switches_a_migration_started_with_postcopy_ram() {
 
 #[test]
 fn qmp_errors_are_in_qmps_shape_and_name_the_problem() {
-    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "8M"]);
+    let (mut vm, sock) = run_with_control(Ferry::new("run").on("soft").mem("8M"));
     let cases = [
         (
             r#"{"execute":"launch","id":"a"}"#,
@@ -388,7 +388,9 @@ fn qmp_errors_are_in_qmps_shape_and_name_the_problem() {
     let unknown = ctl(&sock, &["launch"]);
     assert!(!unknown.status.success());
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("has not been found"));
-    let nowhere = run(&["ctl", "/nonexistent/ferry.sock", "query-migrate"]);
+    let nowhere = Ferry::new("ctl")
+        .args(&["/nonexistent/ferry.sock", "query-migrate"])
+        .run();
     assert!(!nowhere.status.success());
     assert!(String::from_utf8_lossy(&nowhere.stderr).contains("cannot reach control socket"));
 
@@ -405,7 +407,12 @@ fn qmp_errors_are_in_qmps_shape_and_name_the_problem() {
 fn the_qmp_socket_greets_and_negotiates_as_qemus_does() {
     let qsock = std::env::temp_dir().join(format!("ferry-test-qmp-{}.sock", std::process::id()));
     let qarg = qsock.to_str().unwrap().to_string();
-    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "8M", "--qmp", &qarg]);
+    let (mut vm, sock) = run_with_control(
+        Ferry::new("run")
+            .on("soft")
+            .mem("8M")
+            .args(&["--qmp", &qarg]),
+    );
     // The sockets are served one after the other: wait for this one too.
     let deadline = Instant::now() + Duration::from_secs(30);
     let conn = loop {
@@ -476,7 +483,12 @@ fn the_qmp_socket_reads_a_json_stream_and_ends_messages_with_crlf() {
     let qsock =
         std::env::temp_dir().join(format!("ferry-test-qmp-stream-{}.sock", std::process::id()));
     let qarg = qsock.to_str().unwrap().to_string();
-    let (mut vm, sock) = run_with_control("soft", &["--mem-per-vcpu", "8M", "--qmp", &qarg]);
+    let (mut vm, sock) = run_with_control(
+        Ferry::new("run")
+            .on("soft")
+            .mem("8M")
+            .args(&["--qmp", &qarg]),
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     let conn = loop {
         match std::os::unix::net::UnixStream::connect(&qsock) {

@@ -7,21 +7,19 @@ use common::*;
 fn soak(backend: &str, count: &str, modes: &str) {
     let out_dir =
         std::env::temp_dir().join(format!("ferry-soak-test-{}-{backend}", std::process::id()));
-    let out = run(&[
-        "bench",
-        "soak",
-        "--backend",
-        backend,
-        "--count",
-        count,
-        "--mem-per-vcpu",
-        "16M",
-        "--modes",
-        modes,
-        "--json",
-        "--out",
-        out_dir.to_str().unwrap(),
-    ]);
+    let out = Ferry::new("bench soak")
+        .on(backend)
+        .mem("16M")
+        .args(&[
+            "--count",
+            count,
+            "--modes",
+            modes,
+            "--json",
+            "--out",
+            out_dir.to_str().unwrap(),
+        ])
+        .run();
     assert_no_panic(&out);
     assert_success(&out);
     let j = last_json(&out);

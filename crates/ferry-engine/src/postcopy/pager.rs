@@ -40,7 +40,7 @@ pub(crate) fn fetcher(
     loaded: Arc<Loaded>,
     prefetch: u32,
 ) -> Arc<dyn Fn(Gfn) -> Result<(), String> + Send + Sync> {
-    let prefetch = prefetch.clamp(1, crate::wire::control::MAX_REQUEST_PAGES);
+    let prefetch = prefetch.clamp(1, crate::wire::messages::MAX_REQUEST_PAGES);
     Arc::new(move |gfn: Gfn| {
         loaded.requests.exits.fetch_add(1, Ordering::Relaxed);
         loop {
@@ -135,7 +135,7 @@ impl Pager {
             health,
             stop: AtomicBool::new(false),
             busy_poll,
-            prefetch: prefetch.clamp(1, crate::wire::control::MAX_REQUEST_PAGES),
+            prefetch: prefetch.clamp(1, crate::wire::messages::MAX_REQUEST_PAGES),
             faults: AtomicU64::new(0),
             pages_requested: AtomicU64::new(0),
         });
@@ -211,7 +211,7 @@ impl Drop for Pager {
 /// missing.
 fn ask_again_for_pending(s: &Shared) -> Result<(), MigrationError> {
     let loaded = &s.loaded;
-    let max = u64::from(crate::wire::control::MAX_REQUEST_PAGES);
+    let max = u64::from(crate::wire::messages::MAX_REQUEST_PAGES);
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for g in loaded.clock.pending() {
         if loaded.is_present(Gfn(g)) || loaded.is_staged(Gfn(g)) {

@@ -23,8 +23,8 @@
 
 use crate::error::MigrationError;
 use crate::session::{unexpected, Dest, Source};
-use crate::transport::{accept_channel, open_channel, Control, Dial, Health, Listen, Side};
-use crate::wire::control::{Hello, MAX_MISSING_RUNS};
+use crate::transport::{accept_channel, open_channel, Dial, Health, Listen, MainChannel, Side};
+use crate::wire::messages::{Hello, MAX_MISSING_RUNS};
 use crate::wire::{FrameKind, Message, StreamError};
 use ferry_backend::{DirtyPages, Gfn};
 use std::sync::Arc;
@@ -109,7 +109,7 @@ impl Dest {
         let health = Arc::new(Health::new(Side::Destination, self.health.stall_timeout()));
         let old = std::mem::replace(&mut self.health, Arc::clone(&health));
         self.bytes_before += old.data_bytes();
-        self.ctl = Control::start(io, health)?;
+        self.ctl = MainChannel::start(io, health)?;
         let missing = self.still_missing();
         for runs in missing.runs().chunks(MAX_MISSING_RUNS) {
             let runs = runs.iter().map(|(g, n)| (g.0, *n)).collect();
@@ -212,7 +212,7 @@ impl Source<'_> {
         let health = Arc::new(Health::new(Side::Source, self.opts.stall_timeout));
         let old = std::mem::replace(&mut self.health, Arc::clone(&health));
         self.bytes_before += old.data_bytes() + self.ctl.bytes_sent();
-        self.ctl = Control::start(io, health)?;
+        self.ctl = MainChannel::start(io, health)?;
         let missing = self.recv_still_missing()?;
         self.open_links(dialer, hello, Some((round, &missing)))
     }

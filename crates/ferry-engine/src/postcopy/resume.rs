@@ -14,8 +14,8 @@ use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
 use crate::session::{fresh_summary, Migrating, PrecopyOptions, Source};
 use crate::summary::{ms, MigrationSummary};
-use crate::transport::{open_channel, Control, Dial, Health, Side};
-use crate::wire::control::Hello;
+use crate::transport::{open_channel, Dial, Health, MainChannel, Side};
+use crate::wire::messages::Hello;
 use ferry_backend::Vm;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,7 +73,7 @@ pub fn resume_postcopy(
     let health = Arc::new(Health::new(Side::Source, opts.stall_timeout));
     let ctl = loop {
         let opened = open_channel(dialer, hello(0), opts.stall_timeout)
-            .and_then(|io| Control::start(io, Arc::clone(&health)));
+            .and_then(|io| MainChannel::start(io, Arc::clone(&health)));
         match opened {
             Ok(c) => break c,
             Err(e @ MigrationError::Peer { .. }) => {

@@ -7,8 +7,8 @@
 use crate::error::MigrationError;
 use crate::session::{unexpected, Dest, Loaded, ReceiveOptions};
 use crate::summary::{ms, Outcome, ReceiveSummary};
-use crate::transport::{accept_channel, Channel, Control, Health, Listen, Side};
-use crate::wire::control::Hello;
+use crate::transport::{accept_channel, Channel, Health, Listen, MainChannel, Side};
+use crate::wire::messages::Hello;
 use crate::wire::{FrameKind, Message, StreamHeader};
 use ferry_backend::{BackendError, DirtyPages, Lifecycle, Vm};
 use std::sync::atomic::Ordering;
@@ -22,7 +22,7 @@ use std::time::Instant;
 /// [`receive_as`] takes a factory of that type instead.
 pub type CreateVm<'a> = dyn FnMut(&StreamHeader) -> Result<Box<dyn Vm>, BackendError> + 'a;
 
-/// A migration whose control connection has arrived and introduced itself.
+/// A migration whose main channel has arrived and introduced itself.
 pub struct IncomingMigration {
     io: Channel,
     hello: Hello,
@@ -41,7 +41,7 @@ impl IncomingMigration {
     }
 }
 
-/// Waits on `listener` for a migration's control connection. A connection
+/// Waits on `listener` for a migration's main channel. A connection
 /// that is not one (another program, a wrong version, a data connection of
 /// another migration) is refused with a reason, sent to it as well.
 pub fn await_migration(listener: &dyn Listen) -> Result<IncomingMigration, MigrationError> {
@@ -56,7 +56,7 @@ pub fn await_migration(listener: &dyn Listen) -> Result<IncomingMigration, Migra
             Ok(())
         } else {
             Err(format!(
-                "expected a migration's control connection, got its data connection {}",
+                "expected a migration's main channel, got its data connection {}",
                 h.channel
             ))
         }
@@ -85,7 +85,7 @@ pub fn receive(
     let start = Instant::now();
     let health = Arc::new(Health::new(Side::Destination, opts.stall_timeout));
     let hello = incoming.hello;
-    let mut ctl = Control::start(incoming.io, Arc::clone(&health))?;
+    let mut ctl = MainChannel::start(incoming.io, Arc::clone(&health))?;
     if let Err(e) = opts.validate() {
         return Err(ctl.give_up(e.into()));
     }
@@ -204,7 +204,7 @@ pub fn receive(
 
 /// Reads and checks the header, builds the VM, and checks it.
 fn prepare(
-    ctl: &Control,
+    ctl: &MainChannel,
     create_vm: &mut CreateVm<'_>,
     opts: &ReceiveOptions,
 ) -> Result<(StreamHeader, Box<dyn Vm>), MigrationError> {

@@ -37,8 +37,8 @@
 //! copy. The source logs this case loudly.
 //!
 //! **Threads and timeouts.** The engine thread of each side drives the
-//! migration; the control connection has a reader and a heartbeat thread on
-//! each side (see [`crate::transport::control`]); each data connection has a
+//! migration; the main channel has a reader and a heartbeat thread on
+//! each side (see [`crate::transport::main_channel`]); each data connection has a
 //! sender thread on the source and a receiver thread on the destination. The
 //! source's digest runs on two scoped threads while its guest is paused. A
 //! link on which nothing moves for the stall timeout fails both sides with
@@ -53,7 +53,7 @@
 //! Failure before switchover (I/O error, peer error, stall, cancel, backend
 //! error) leaves the source running: dirty logging is stopped and, if the
 //! engine paused the vCPUs, they are started again. The error goes to the
-//! peer as an Error frame on the control connection, and the side that
+//! peer as an Error frame on the main channel, and the side that
 //! reports it gives the peer's reason when the peer gave one.
 
 mod destination;

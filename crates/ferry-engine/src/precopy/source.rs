@@ -13,14 +13,14 @@ use crate::session::{
     EST_BYTES_PER_PAGE,
 };
 use crate::summary::{ms, MigrationSummary, RoundKind};
-use crate::transport::{open_channel, Control, Dial, Health, Side};
-use crate::wire::control::Hello;
+use crate::transport::{open_channel, Dial, Health, MainChannel, Side};
+use crate::wire::messages::Hello;
 use ferry_backend::{DirtyPages, Lifecycle, Vm, PAGE_SIZE};
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Migrates `vm` to the destination that `dialer` reaches (precopy), over
-/// one control connection and `opts.connections` data connections.
+/// one main channel and `opts.connections` data connections.
 ///
 /// Returns a summary on success, and also when the destination's memory
 /// digest did not match (status `failed`, VM rolled back and running). On
@@ -91,7 +91,7 @@ pub fn migrate_accounted(
         recover: false,
     };
     let control = open_channel(dialer, hello(0), opts.stall_timeout)
-        .and_then(|io| Control::start(io, Arc::clone(&health)));
+        .and_then(|io| MainChannel::start(io, Arc::clone(&health)));
     let control = match control {
         Ok(c) => c,
         Err(e) => {

@@ -9,8 +9,8 @@ use super::receivers::Receivers;
 use super::{unexpected, ReceiveOptions};
 use crate::error::MigrationError;
 use crate::summary::{ms, Outcome, ReceiveSummary};
-use crate::transport::{accept_channel, Channel, Control, Health, Listen};
-use crate::wire::control::{Hello, PRIORITY_CHANNEL};
+use crate::transport::{accept_channel, Channel, Health, Listen, MainChannel};
+use crate::wire::messages::{Hello, PRIORITY_CHANNEL};
 use crate::wire::{FinalReport, FrameKind, Message, StreamError, StreamHeader};
 use ferry_backend::{DirtyPages, Vm};
 use std::sync::Arc;
@@ -19,7 +19,7 @@ use std::time::Instant;
 pub(crate) struct Dest {
     pub(crate) summary: ReceiveSummary,
     pub(crate) vm: Box<dyn Vm>,
-    pub(crate) ctl: Control,
+    pub(crate) ctl: MainChannel,
     /// Health of the current set of connections (a postcopy recovery
     /// starts a new one).
     pub(crate) health: Arc<Health>,
@@ -220,7 +220,7 @@ impl Dest {
         Ok(())
     }
 
-    /// Reads control frames up to Switchover (pages arrive on the data
+    /// Reads main-channel frames up to Switchover (pages arrive on the data
     /// connections meanwhile). Returns Switchover's verify-before-resume flag,
     /// final round and postcopy flag.
     pub(crate) fn load(&mut self) -> Result<(bool, u32, bool), MigrationError> {

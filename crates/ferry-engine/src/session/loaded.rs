@@ -206,7 +206,7 @@ impl Loaded {
         &self,
         missing: &ferry_backend::DirtyPages,
     ) -> Result<(), MigrationError> {
-        let max = crate::wire::control::MAX_REQUEST_PAGES;
+        let max = crate::wire::messages::MAX_REQUEST_PAGES;
         let mut extras: Vec<(u64, u32)> = Vec::new();
         let mut zeros = Vec::new();
         for (first, count) in huge::rounded_runs(missing, self.pages) {

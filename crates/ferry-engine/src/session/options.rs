@@ -65,7 +65,7 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const FAULT_HANDLERS: RangeInclusive<u64> = 1..=16;
 /// The pages a postcopy fault may ask for at once (the faulting page and
 /// the missing ones after it).
-pub const PREFETCH_PAGES: RangeInclusive<u64> = 1..=crate::wire::control::MAX_REQUEST_PAGES as u64;
+pub const PREFETCH_PAGES: RangeInclusive<u64> = 1..=crate::wire::messages::MAX_REQUEST_PAGES as u64;
 
 /// Pages per batch by default (1 MiB).
 pub const DEFAULT_BATCH_PAGES: usize = 256;

@@ -14,11 +14,11 @@ use crate::converge::{Converger, RoundEnd, Sample};
 use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
 use crate::summary::{ms, MigrationSummary, Outcome, RoundKind, RoundStats};
-use crate::transport::{open_channel, Control, Dial, Health};
+use crate::transport::{open_channel, Dial, Health, MainChannel};
 use crate::tunables::TokenBucket;
-use crate::wire::control::Hello;
-use crate::wire::control::PRIORITY_CHANNEL;
 use crate::wire::frame::FRAME_HEADER_LEN;
+use crate::wire::messages::Hello;
+use crate::wire::messages::PRIORITY_CHANNEL;
 use crate::wire::{FrameKind, Message, PageBatch, StreamHeader, VERSION};
 use ferry_backend::{DirtyPages, Gfn, GuestRam, Lifecycle, Vm, PAGE_SIZE};
 use std::sync::Arc;
@@ -91,7 +91,7 @@ impl<'a> Source<'a> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         vm: &'a mut dyn Vm,
-        ctl: Control,
+        ctl: MainChannel,
         health: Arc<Health>,
         opts: &'a PrecopyOptions,
         progress: &'a dyn Progress,
@@ -244,7 +244,7 @@ fn start_nanos() -> u128 {
 pub(crate) struct Source<'a> {
     pub(crate) vm: &'a mut dyn Vm,
     pub(crate) ram: Arc<GuestRam>,
-    pub(crate) ctl: Control,
+    pub(crate) ctl: MainChannel,
     pub(crate) senders: Option<Senders>,
     /// Health of the current set of connections (a postcopy recovery
     /// starts a new one).

@@ -4,7 +4,7 @@
 //!
 //! Several threads can fail at once for one cause: a destination that
 //! refuses the stream closes its data connections, so the source's senders
-//! see a broken pipe at about the moment its control reader gets the
+//! see a broken pipe at about the moment its main-channel reader gets the
 //! destination's Error frame. The reason a user can act on is the peer's, so
 //! failures are ranked and the highest-ranked one is kept:
 //!
@@ -16,8 +16,8 @@
 //!   rank 1  anything this side saw itself (I/O, protocol, backend, cancel)
 //! ```
 //!
-//! **Stalls.** Each side hears the other's heartbeat on the control
-//! connection at least every [`Health::heartbeat_interval`]. Heartbeats carry
+//! **Stalls.** Each side hears the other's heartbeat on the main
+//! channel at least every [`Health::heartbeat_interval`]. Heartbeats carry
 //! the page-data bytes the peer has moved; a side calls the link stalled when
 //! it heard nothing for the stall timeout, or when page data is outstanding
 //! (sent but not received) and the receiving end's count has not moved for
@@ -61,12 +61,12 @@ pub struct Health {
     done: AtomicBool,
     failure: Mutex<Option<(u8, MigrationError)>>,
     data_links: Mutex<Vec<Box<dyn Link>>>,
-    control_link: Mutex<Option<Box<dyn Link>>>,
+    main_link: Mutex<Option<Box<dyn Link>>>,
     /// Page-data bytes this side has sent (source) or received (destination).
     data_bytes: AtomicU64,
     /// The peer's count, from its latest heartbeat.
     peer_data_bytes: AtomicU64,
-    /// When anything last arrived on the control connection (ns since epoch).
+    /// When anything last arrived on the main channel (ns since epoch).
     last_heard_ns: AtomicU64,
     /// When the receiving end's data count last moved (ns since epoch).
     last_moved_ns: AtomicU64,
@@ -119,7 +119,7 @@ impl Health {
             done: AtomicBool::new(false),
             failure: Mutex::new(None),
             data_links: Mutex::new(Vec::new()),
-            control_link: Mutex::new(None),
+            main_link: Mutex::new(None),
             data_bytes: AtomicU64::new(0),
             peer_data_bytes: AtomicU64::new(0),
             last_heard_ns: AtomicU64::new(0),
@@ -159,13 +159,13 @@ impl Health {
         }
     }
 
-    /// Keeps a handle on the control connection.
-    pub fn set_control_link(&self, link: Box<dyn Link>) {
-        *self.control_link.lock().unwrap_or_else(|p| p.into_inner()) = Some(link);
+    /// Keeps a handle on the main channel.
+    pub fn set_main_link(&self, link: Box<dyn Link>) {
+        *self.main_link.lock().unwrap_or_else(|p| p.into_inner()) = Some(link);
     }
 
     /// Records a failure and unblocks every thread: data connections are
-    /// shut down at once; the control connection too unless the failure is
+    /// shut down at once; the main channel too unless the failure is
     /// this side's own, which the owner still reports to the peer on it.
     /// The highest-ranked failure is kept (see the module docs).
     pub fn fail(&self, e: MigrationError) {
@@ -175,7 +175,7 @@ impl Health {
         }
         let r = rank(&e);
         // This side's own failure, which it still reports to the peer on
-        // the control connection.
+        // the main channel.
         let local = !matches!(
             e,
             MigrationError::Peer { .. } | MigrationError::Stalled { .. }
@@ -190,7 +190,7 @@ impl Health {
         self.failed.store(true, Ordering::Release);
         self.shutdown_data();
         if !local {
-            self.shutdown_control();
+            self.shutdown_main();
         }
     }
 
@@ -264,9 +264,9 @@ impl Health {
         }
     }
 
-    /// Shuts the control connection down.
-    pub fn shutdown_control(&self) {
-        if let Some(l) = &*self.control_link.lock().unwrap_or_else(|p| p.into_inner()) {
+    /// Shuts the main channel down.
+    pub fn shutdown_main(&self) {
+        if let Some(l) = &*self.main_link.lock().unwrap_or_else(|p| p.into_inner()) {
             l.shutdown_link(Shutdown::Both);
         }
     }
@@ -274,7 +274,7 @@ impl Health {
     /// Shuts everything down (end of the migration, either way).
     pub fn shutdown_all(&self) {
         self.shutdown_data();
-        self.shutdown_control();
+        self.shutdown_main();
     }
 
     /// Counts page-data bytes this side moved.
@@ -297,7 +297,7 @@ impl Health {
         links.iter().filter_map(|l| l.queued_bytes()).sum()
     }
 
-    /// Something arrived on the control connection.
+    /// Something arrived on the main channel.
     pub fn heard(&self) {
         self.last_heard_ns.store(self.now_ns(), Ordering::Relaxed);
     }

@@ -5,25 +5,25 @@
 //!   tcp       connect / listen / accept with clear errors; a Link is one socket
 //!   set       opening a migration's connections: preamble + Hello → Welcome | Error
 //!   health    the first failure of any thread, stall detection, shutting links down
-//!   control   the control connection: a reader thread, a shared writer, heartbeats
+//!   control   the main channel: a reader thread, a shared writer, heartbeats
 //!   tls       mutual TLS on every connection (--tls-dir), and throwaway certificates
 //! ```
 //!
-//! A migration has one control connection and N data connections (see
-//! [`crate::wire`]). The control connection is read on its own thread on both
+//! A migration has one main channel and N data connections (see
+//! [`crate::wire`]). The main channel is read on its own thread on both
 //! sides, so an Error or a heartbeat never waits behind page data: a refusal
 //! reaches the source while its senders are blocked writing pages, and a link
 //! that stops moving is noticed by whichever side is waiting. Every blocking
 //! call on a link returns once [`health::Health`] shuts the links down.
 
-pub mod control;
 pub mod health;
+pub mod main_channel;
 pub mod set;
 pub mod tcp;
 pub mod tls;
 
-pub use control::Control;
 pub use health::{Health, Side};
+pub use main_channel::MainChannel;
 pub use set::{accept_channel, open_channel, Dial, Listen};
 pub use tcp::{accept, connect, listen, TcpDialer, TransportError};
 pub use tls::{TlsConfig, TlsDialer, TlsError, TlsListener};

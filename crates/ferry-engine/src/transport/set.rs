@@ -1,7 +1,7 @@
 //! Opening the connections of one migration.
 //!
 //! Every connection starts the same way, so a destination can tell a
-//! migration's control connection from its data connections, and a stray or
+//! migration's main channel from its data connections, and a stray or
 //! foreign connection from both:
 //!
 //! ```text
@@ -16,7 +16,7 @@
 
 use super::{Channel, Link, TransportError};
 use crate::error::MigrationError;
-use crate::wire::control::Hello;
+use crate::wire::messages::Hello;
 use crate::wire::{FrameKind, FrameStream, Message, StreamError};
 use std::time::{Duration, Instant};
 

@@ -54,7 +54,7 @@ pub enum FrameKind {
     Hello = 11,
     /// Destination → source: the connection is taken; the version spoken.
     Welcome = 12,
-    /// Either way on the control connection: still alive, and how many
+    /// Either way on the main channel: still alive, and how many
     /// page-data bytes this side has moved so far.
     Heartbeat = 13,
     /// Source → destination on each data connection: a round is complete
@@ -63,18 +63,18 @@ pub enum FrameKind {
     /// Source → destination on a data connection: pages sent again as what
     /// changed since the copy the destination holds (see [`super::delta`]).
     Delta = 15,
-    /// Source → destination on the control connection, at a postcopy
+    /// Source → destination on the main channel, at a postcopy
     /// switchover: runs of pages the destination does not hold as they are
     /// now; it drops any copy it has, and fetches them on demand.
     Missing = 16,
     /// Destination → source on the priority connection: a vCPU waits for
     /// these pages. The answer is a Pages frame on the same connection.
     PageRequest = 17,
-    /// Destination → source on the control connection of a postcopy
+    /// Destination → source on the main channel of a postcopy
     /// recovery, after Missing frames listing every page it still lacks:
     /// the list is complete, with this many pages.
     Recover = 18,
-    /// Source → destination on the control connection of a precopy, after
+    /// Source → destination on the main channel of a precopy, after
     /// Verified(match): the source stays paused, the guest is the
     /// destination's. Without it the destination pauses its copy, so a
     /// lost verdict never leaves two copies running.

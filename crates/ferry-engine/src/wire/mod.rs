@@ -33,7 +33,7 @@
 //!  └──────────┴───────────────┴──────────────────────────────────┴──────────────┴──────────────────┘
 //!
 //!  connections of one migration: every one opens with preamble + Hello(session, channel)
-//!   control (channel 0)                         data (channels 1..=N)
+//!   main (channel 0)                            data (channels 1..=N)
 //!   Header(json) ─────────────►                 Pages(round r) × any ──────►
 //!               ◄───────────── Accept | Error   RoundEnd(r, pages here) ───►
 //!   Heartbeat ◄──────────────► Heartbeat          … every round, on every data connection
@@ -49,24 +49,24 @@
 //! Within a round, batches on different connections arrive in any order; a
 //! page appears at most once in a round. The destination applies a round-r
 //! batch only once every connection has ended round r − 1, so a later round
-//! always wins for a page. Either side may send `Error(text)` on the control
-//! connection instead of the frame it owes, and then closes. A peer that does
+//! always wins for a page. Either side may send `Error(text)` on the main
+//! channel instead of the frame it owes, and then closes. A peer that does
 //! not know a frame type reports it as an error rather than skipping it,
 //! because silently skipping memory is how pages get lost.
 
 pub mod channel;
 pub mod compress;
-pub mod control;
 pub mod delta;
 pub mod frame;
 pub mod header;
+pub mod messages;
 pub mod pages;
 pub mod sections;
 
 pub use channel::{FrameStream, ReadFrame, Replay};
-pub use control::{FinalReport, MemoryDigest, Message};
 pub use frame::FrameKind;
 pub use header::{ExpectedVm, HeaderError, Region, StreamHeader};
+pub use messages::{FinalReport, MemoryDigest, Message};
 pub use pages::{decode_batch, is_zero_page, BatchView, PageBatch, MAX_BATCH_PAGES};
 pub use sections::SectionError;
 

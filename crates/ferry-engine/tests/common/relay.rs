@@ -4,7 +4,7 @@
 //! a bit, stops forwarding everything while keeping every socket open (the
 //! way a hung middlebox does), or cuts every connection (a network that
 //! drops), then forwards the next set of connections. It can also hold
-//! the control connection just before a chosen frame, so that a test
+//! the main channel just before a chosen frame, so that a test
 //! kills a peer process at that exact point, then forward on.
 
 use std::io::{Read, Write};
@@ -34,7 +34,7 @@ pub enum Fault {
         /// Cuts before the relay forwards faithfully.
         times: u32,
     },
-    /// On the control connection, cut every connection just before the
+    /// On the main channel, cut every connection just before the
     /// first frame of type `kind` goes through (source → destination, or
     /// with `to_source` the other way): a cut inside the switchover or the
     /// digest exchange, at a chosen message rather than a byte.
@@ -48,7 +48,7 @@ pub enum Fault {
     /// at once (a peer that cannot be reached) until [`Relay::readmit`]:
     /// a postcopy stays in recovery as long as a test needs.
     CutThenRefuse(u64),
-    /// On the control connection, hold the first frame of type `kind` (in
+    /// On the main channel, hold the first frame of type `kind` (in
     /// that direction) until [`Relay::release`], everything else flowing,
     /// then forward it and go on faithfully: a peer can be killed while the
     /// other waits for that frame.

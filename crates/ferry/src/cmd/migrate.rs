@@ -50,7 +50,7 @@ pub struct MigrationArgs {
     pub verify_before_resume: bool,
     /// Data connections for guest pages, each with its own sender and
     /// receiver thread: 1 to 64, or `auto` (one per core, at most 8). A
-    /// control connection is always opened besides them.
+    /// main channel is always opened besides them.
     #[arg(long, default_value = "1", value_parser = parse_connections)]
     pub connections: usize,
     /// Seconds the link may stand still before both ends give up (the source

@@ -28,6 +28,72 @@ pub fn ferry() -> Command {
 #[allow(unused_imports)]
 pub use ferry_kvm::require_kvm;
 
+/// A ferry command line, built from what a test varies: the subcommand,
+/// the backend, the guest's size and write rate, then anything else.
+#[derive(Clone, Debug)]
+pub struct Ferry {
+    args: Vec<String>,
+}
+
+impl Ferry {
+    /// `ferry SUBCOMMAND`, whose words (`bench local`) are separate
+    /// arguments.
+    pub fn new(subcommand: &str) -> Ferry {
+        Ferry {
+            args: subcommand.split_whitespace().map(String::from).collect(),
+        }
+    }
+
+    /// `ferry demo --json`: a whole migration between two processes, whose
+    /// summary is the last stdout line.
+    pub fn demo() -> Ferry {
+        Ferry::new("demo").args(&["--json"])
+    }
+
+    /// `--backend BACKEND`.
+    pub fn on(self, backend: &str) -> Ferry {
+        self.args(&["--backend", backend])
+    }
+
+    /// A guest of `mem_per_vcpu` per vCPU (`64M`).
+    pub fn mem(self, mem_per_vcpu: &str) -> Ferry {
+        self.args(&["--mem-per-vcpu", mem_per_vcpu])
+    }
+
+    /// A guest of `mem_per_vcpu` per vCPU (`64M`) writing at most
+    /// `rate_mib_s` MiB/s.
+    pub fn guest(self, mem_per_vcpu: &str, rate_mib_s: u32) -> Ferry {
+        self.mem(mem_per_vcpu)
+            .args(&["--rate-limit", &rate_mib_s.to_string()])
+    }
+
+    /// More arguments, as written.
+    pub fn args(mut self, args: &[&str]) -> Ferry {
+        self.args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// The arguments, for a caller that spawns the command itself.
+    pub fn to_args(&self) -> Vec<&str> {
+        self.args.iter().map(String::as_str).collect()
+    }
+
+    /// Runs it to the end and returns its output.
+    pub fn run(&self) -> Output {
+        run(&self.to_args())
+    }
+}
+
+/// The backends a test body runs on: soft always, kvm where /dev/kvm is
+/// (printing the SKIP line for `test` where it is not).
+pub fn backends(test: &str) -> Vec<&'static str> {
+    if require_kvm(&format!("{test} on kvm")) {
+        vec!["kvm", "soft"]
+    } else {
+        vec!["soft"]
+    }
+}
+
 /// Runs ferry with `args` and returns its output.
 pub fn run(args: &[&str]) -> Output {
     ferry().args(args).output().expect("ferry runs")
@@ -162,19 +228,15 @@ pub fn ask(path: &std::path::Path, req: &str) -> serde_json::Value {
     serde_json::from_str(&line).unwrap()
 }
 
-/// `ferry run --backend BACKEND ARGS --control SOCK`, once its socket
-/// answers.
-pub fn run_with_control(backend: &str, args: &[&str]) -> (std::process::Child, std::path::PathBuf) {
+/// `vm` (a `ferry run` command line) with `--control SOCK`, once its
+/// socket answers.
+pub fn run_with_control(vm: Ferry) -> (std::process::Child, std::path::PathBuf) {
     // Tests run in parallel in one process: each gets its own socket.
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let sock = std::env::temp_dir().join(format!(
-        "ferry-test-{backend}-{}-{n}.sock",
-        std::process::id()
-    ));
+    let sock = std::env::temp_dir().join(format!("ferry-test-{}-{n}.sock", std::process::id()));
     let vm = ferry()
-        .args(["run", "--backend", backend])
-        .args(args)
+        .args(vm.to_args())
         .arg("--control")
         .arg(&sock)
         .stdout(Stdio::null())

@@ -16,7 +16,7 @@
 //! so records leave in sequence order even with several writers; the recv
 //! lock keeps raw bytes in arrival order. A writer blocked on a full socket
 //! therefore never stops the reader, and the heartbeat and Error frames of
-//! the control connection flow as they do over plain TCP. Timeouts and
+//! the main channel flow as they do over plain TCP. Timeouts and
 //! shutdown act on the socket, so [`Link`] behaves exactly as for TCP.
 
 use super::super::Link;

@@ -1,4 +1,4 @@
-//! The control connection while a migration runs.
+//! The main channel while a migration runs.
 //!
 //! ```text
 //!   reader thread ── frames ──► channel ──► owner's recv()      Heartbeat: Health only
@@ -28,19 +28,19 @@ const GIVE_UP_DRAIN: Duration = Duration::from_secs(2);
 /// How often a waiting owner looks at the health of the other threads.
 const POLL: Duration = Duration::from_millis(20);
 
-/// A frame that arrived on the control connection.
+/// A frame that arrived on the main channel.
 #[derive(Debug)]
 pub(crate) struct Incoming {
     /// Its type.
     pub kind: FrameKind,
     /// Its payload.
     pub payload: Vec<u8>,
-    /// Its offset on the control connection.
+    /// Its offset on the main channel.
     pub offset: u64,
 }
 
-/// The running control connection of one side.
-pub struct Control {
+/// The running main channel of one side.
+pub struct MainChannel {
     health: Arc<Health>,
     writer: Arc<Mutex<Channel>>,
     rx: Receiver<Incoming>,
@@ -49,16 +49,16 @@ pub struct Control {
     beat: Option<JoinHandle<()>>,
 }
 
-impl Control {
-    /// Starts the reader and heartbeat threads on `io`, a control connection
+impl MainChannel {
+    /// Starts the reader and heartbeat threads on `io`, a main channel
     /// that has been opened (Hello and Welcome exchanged).
-    pub fn start(io: Channel, health: Arc<Health>) -> Result<Control, MigrationError> {
+    pub fn start(io: Channel, health: Arc<Health>) -> Result<MainChannel, MigrationError> {
         let link = io.get_ref();
         let write_half = link.try_clone_link().map_err(StreamError::Io)?;
         write_half
             .set_write_timeout_link(Some(health.stall_timeout()))
             .map_err(StreamError::Io)?;
-        health.set_control_link(link.try_clone_link().map_err(StreamError::Io)?);
+        health.set_main_link(link.try_clone_link().map_err(StreamError::Io)?);
         let writer = Arc::new(Mutex::new(FrameStream::new(write_half)));
         let (tx, rx) = mpsc::channel();
         health.start_clocks();
@@ -71,7 +71,7 @@ impl Control {
             heartbeat_loop(&h, &w, &s)
         })
         .map_err(StreamError::Io)?;
-        Ok(Control {
+        Ok(MainChannel {
             health,
             writer,
             rx,
@@ -81,7 +81,7 @@ impl Control {
         })
     }
 
-    /// Bytes this side wrote on the control connection.
+    /// Bytes this side wrote on the main channel.
     pub fn bytes_sent(&self) -> u64 {
         self.writer
             .lock()
@@ -123,7 +123,7 @@ impl Control {
         }
     }
 
-    /// The next control message, refusing frames that are not one.
+    /// The next main-channel message, refusing frames that are not one.
     pub fn recv_message(&self, expected: &'static str) -> Result<(Message, u64), MigrationError> {
         let i = self.recv()?;
         if matches!(
@@ -228,7 +228,7 @@ impl Control {
     }
 }
 
-impl Drop for Control {
+impl Drop for MainChannel {
     fn drop(&mut self) {
         self.stop_heartbeats();
         self.health.shutdown_all();

@@ -1,4 +1,4 @@
-//! Payloads of the small control frames. Fixed little-endian layouts for the
+//! Payloads of the small main-channel frames. Fixed little-endian layouts for the
 //! ones on the switchover path (no parser between pause and resume), JSON for
 //! the report, which is read once at the very end and will grow fields.
 
@@ -30,7 +30,7 @@ pub struct FinalReport {
     pub postcopy: Option<crate::summary::PostcopyReport>,
 }
 
-/// A control message.
+/// A main-channel message.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Message {
     /// Header accepted, destination VM created.
@@ -120,7 +120,7 @@ pub enum Message {
 pub struct Hello {
     /// Random per migration, the same on all its connections.
     pub session: u64,
-    /// 0 for the control connection, 1..=`data_channels` for data.
+    /// 0 for the main channel, 1..=`data_channels` for data.
     pub channel: u16,
     /// How many data connections the migration uses.
     pub data_channels: u16,
@@ -223,7 +223,7 @@ impl Message {
     }
 
     /// Decodes the payload of a `kind` frame read at `offset`. Pages,
-    /// VcpuState and Header frames are not control messages.
+    /// VcpuState and Header frames are not main-channel messages.
     pub fn decode(kind: FrameKind, payload: &[u8], offset: u64) -> Result<Message, StreamError> {
         let bad = |reason: String| StreamError::Malformed {
             kind,
@@ -362,7 +362,7 @@ impl Message {
             | FrameKind::Pages
             | FrameKind::Delta
             | FrameKind::VcpuState
-            | FrameKind::Sections => return Err(bad("not a control message here".into())),
+            | FrameKind::Sections => return Err(bad("not a main-channel message here".into())),
         })
     }
 }
