@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Old and new ferry releases migrating to each other, both ways, on both
+# backends: the proof behind docs/compatibility.md.
+#
+#   scripts/interop.sh [OLD_COMMIT]      (default 76c7980, wire 5)
+#
+# Builds ferry at OLD_COMMIT (a git worktree under target/interop/, with
+# its own target directory, kept between runs) and this tree, in release.
+# Then, for kvm and soft, it migrates old -> new, new -> old and new -> new
+# over loopback (`ferry receive` in one process, `ferry migrate` in
+# another), and checks each move: the source and the destination both say
+# completed with the digest matched, the destination ran the guest on
+# without a mismatch, and each side's summary names the wire version
+# actually spoken (an old binary's receive summary has no such field).
+#
+# The first run builds both binaries: about 15 minutes on a 2-core host.
+# Exits non-zero if any move fails.
+set -euo pipefail
+
+old=${1:-76c7980}
+root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
+cd "$root"
+old_tree=target/interop/$old
+old_target=target/interop/target-$old
+
+if [ ! -d "$old_tree" ]; then
+    git worktree add --detach "$old_tree" "$old" >/dev/null
+fi
+echo "interop: building ferry at $old (release) ..." >&2
+CARGO_TARGET_DIR=$old_target cargo build --quiet --release \
+    --manifest-path "$old_tree/Cargo.toml" -p ferry
+echo "interop: building this tree's ferry (release) ..." >&2
+cargo build --quiet --release -p ferry
+old_bin=$old_target/release/ferry
+new_bin=target/release/ferry
+new_max=$("$new_bin" --version | sed -n 's/.*wire \([0-9]*\)-\([0-9]*\).*/\2/p')
+
+kvm_ok=yes
+[ -r /dev/kvm ] && [ -w /dev/kvm ] || kvm_ok=no
+
+failed=0
+printf '| backend | source | destination | status (src/dst) | digest | guest after | wire (src/dst) |\n'
+printf '|---|---|---|---|---|---|---|\n'
+for backend in kvm soft; do
+    if [ "$backend" = kvm ] && [ "$kvm_ok" = no ]; then
+        echo "SKIP interop on kvm: /dev/kvm is not available on this machine" >&2
+        continue
+    fi
+    for pair in "old new" "new old" "new new"; do
+        set -- $pair
+        src_bin=$([ "$1" = old ] && echo "$old_bin" || echo "$new_bin")
+        dst_bin=$([ "$2" = old ] && echo "$old_bin" || echo "$new_bin")
+        want=$([ "$pair" = "new new" ] && echo "$new_max" || echo 5)
+        out=$(mktemp -d)
+        "$dst_bin" receive --listen 127.0.0.1:0 --backend "$backend" --json \
+            --exit-after-report --run-after 0.5 >"$out/dst.json" 2>"$out/dst.err" &
+        dst_pid=$!
+        for _ in $(seq 100); do
+            grep -q '^listening on ' "$out/dst.json" && break
+            sleep 0.1
+        done
+        addr=$(sed -n 's/^listening on //p' "$out/dst.json")
+        "$src_bin" migrate --to "$addr" --backend "$backend" --json \
+            --mem-per-vcpu 64M --rate-limit 32 --warmup 0.5 \
+            >"$out/src.json" 2>"$out/src.err" || true
+        wait "$dst_pid" || true
+        src=$(tail -n 1 "$out/src.json")
+        dst=$(tail -n 1 "$out/dst.json")
+        row=$(python3 - "$src" "$dst" "$want" <<'EOF'
+import json, sys
+try:
+    s, d = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+except ValueError as e:
+    print(f"| no summary ({e}) | | | |"); sys.exit(1)
+want = int(sys.argv[3])
+ok = s.get("status") == d.get("status") == "completed"
+ok &= s.get("digest_match") is True and d.get("digest_match") is True
+after = d.get("mismatches_after")
+ok &= after in (0, None) and (d.get("passes_after") or 0) >= 1
+sw, dw = s.get("wire_version"), d.get("wire_version", "-")
+ok &= sw == want and dw in (want, "-")
+print(f"| {s.get('status')}/{d.get('status')} | {s.get('digest_match')}/{d.get('digest_match')} "
+      f"| {d.get('passes_after')} passes, {after} mismatches | {sw}/{dw} |")
+sys.exit(0 if ok else 1)
+EOF
+        ) && verdict=ok || { verdict=FAILED; failed=1; }
+        printf '| %s | %s | %s %s %s\n' "$backend" "$1" "$2" "$row" "$verdict"
+        if [ "$verdict" = FAILED ]; then
+            echo "--- source stderr" >&2; tail -n 5 "$out/src.err" >&2
+            echo "--- destination stderr" >&2; tail -n 5 "$out/dst.err" >&2
+        fi
+        rm -rf "$out"
+    done
+done
+exit $failed
