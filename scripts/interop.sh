@@ -6,8 +6,9 @@
 #
 # Builds ferry at OLD_COMMIT (a git worktree under target/interop/, with
 # its own target directory, kept between runs) and this tree, in release.
-# Then, for kvm and soft, it migrates old -> new, new -> old and new -> new
-# over loopback (`ferry receive` in one process, `ferry migrate` in
+# Then, for kvm and soft, and for two kinds of migration (plain precopy;
+# postcopy over 2 connections with lz4), it migrates old -> new,
+# new -> old and new -> new over loopback (`ferry receive` in one process, `ferry migrate` in
 # another), and checks each move: the source and the destination both say
 # completed with the digest matched, the destination ran the guest on
 # without a mismatch, and each side's summary names the wire version
@@ -39,9 +40,12 @@ kvm_ok=yes
 [ -r /dev/kvm ] && [ -w /dev/kvm ] || kvm_ok=no
 
 failed=0
-printf '| backend | source | destination | status (src/dst) | digest | guest after | wire (src/dst) |\n'
-printf '|---|---|---|---|---|---|---|\n'
+printf '| backend | migration | source | destination | status (src/dst) | digest | guest after | wire (src/dst) |\n'
+printf '|---|---|---|---|---|---|---|---|\n'
 for backend in kvm soft; do
+  for kind in precopy postcopy; do
+    extra=()
+    [ "$kind" = postcopy ] && extra=(--mode postcopy --connections 2 --compress lz4)
     if [ "$backend" = kvm ] && [ "$kvm_ok" = no ]; then
         echo "SKIP interop on kvm: /dev/kvm is not available on this machine" >&2
         continue
@@ -61,35 +65,38 @@ for backend in kvm soft; do
         done
         addr=$(sed -n 's/^listening on //p' "$out/dst.json")
         "$src_bin" migrate --to "$addr" --backend "$backend" --json \
-            --mem-per-vcpu 64M --rate-limit 32 --warmup 0.5 \
+            --mem-per-vcpu 64M --rate-limit 32 --warmup 0.5 "${extra[@]}" \
             >"$out/src.json" 2>"$out/src.err" || true
         wait "$dst_pid" || true
         src=$(tail -n 1 "$out/src.json")
         dst=$(tail -n 1 "$out/dst.json")
-        row=$(python3 - "$src" "$dst" "$want" <<'EOF'
+        row=$(python3 - "$src" "$dst" "$want" "$kind" <<'EOF'
 import json, sys
 try:
     s, d = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 except ValueError as e:
     print(f"| no summary ({e}) | | | |"); sys.exit(1)
-want = int(sys.argv[3])
+want, kind = int(sys.argv[3]), sys.argv[4]
 ok = s.get("status") == d.get("status") == "completed"
 ok &= s.get("digest_match") is True and d.get("digest_match") is True
 after = d.get("mismatches_after")
 ok &= after in (0, None) and (d.get("passes_after") or 0) >= 1
 sw, dw = s.get("wire_version"), d.get("wire_version", "-")
 ok &= sw == want and dw in (want, "-")
-print(f"| {s.get('status')}/{d.get('status')} | {s.get('digest_match')}/{d.get('digest_match')} "
+mode = s.get("mode")
+ok &= (mode == "postcopy") == (kind == "postcopy") and (d.get("postcopy") is not None) == (kind == "postcopy")
+print(f"| {s.get('status')}/{d.get('status')}, {mode} | {s.get('digest_match')}/{d.get('digest_match')} "
       f"| {d.get('passes_after')} passes, {after} mismatches | {sw}/{dw} |")
 sys.exit(0 if ok else 1)
 EOF
         ) && verdict=ok || { verdict=FAILED; failed=1; }
-        printf '| %s | %s | %s %s %s\n' "$backend" "$1" "$2" "$row" "$verdict"
+        printf '| %s | %s | %s | %s %s %s\n' "$backend" "$kind" "$1" "$2" "$row" "$verdict"
         if [ "$verdict" = FAILED ]; then
             echo "--- source stderr" >&2; tail -n 5 "$out/src.err" >&2
             echo "--- destination stderr" >&2; tail -n 5 "$out/dst.err" >&2
         fi
         rm -rf "$out"
     done
+  done
 done
 exit $failed

@@ -51,4 +51,4 @@ pub use vm::Quota;
 pub use vm::{
     throttle_sleep, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, THROTTLE_SLICE,
 };
-pub use vm::{FaultExits, HarvestStats, Lifecycle, Vm};
+pub use vm::{BlockScope, Blocker, FaultExits, HarvestStats, Lifecycle, Vm};

@@ -34,6 +34,43 @@ impl std::fmt::Debug for FaultExits {
     }
 }
 
+/// A reason a VM cannot migrate, or cannot use postcopy; see
+/// [`Vm::blockers`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocker {
+    /// What it blocks.
+    pub scope: BlockScope,
+    /// Why, in words an operator acts on.
+    pub reason: String,
+}
+
+/// What a [`Blocker`] blocks.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum BlockScope {
+    /// Any migration.
+    Migration,
+    /// Only the switch to postcopy; precopy may run.
+    Postcopy,
+}
+
+impl Blocker {
+    /// Blocks any migration, for `reason`.
+    pub fn migration(reason: impl Into<String>) -> Self {
+        Blocker {
+            scope: BlockScope::Migration,
+            reason: reason.into(),
+        }
+    }
+
+    /// Blocks postcopy only, for `reason`.
+    pub fn postcopy(reason: impl Into<String>) -> Self {
+        Blocker {
+            scope: BlockScope::Postcopy,
+            reason: reason.into(),
+        }
+    }
+}
+
 /// The default refill interval of the per-vCPU dirty quota.
 pub const QUOTA_INTERVAL: Duration = Duration::from_millis(100);
 /// The shortest and longest quota intervals a [`Quota`] takes: below 10 ms
@@ -176,6 +213,15 @@ pub trait Vm: Send + std::any::Any {
     fn check_health(&self) -> Result<(), BackendError>;
     /// Name of the dirty-tracking method in use, for reports.
     fn dirty_tracking(&self) -> String;
+    /// What stops this VM from migrating now, or from using postcopy (a
+    /// device without migration support, a backend that cannot fault
+    /// pages in): QEMU's migration blockers. The engine reads them before
+    /// anything moves, on the source before it connects and on the
+    /// destination once the VM is built, and refuses with the reason.
+    /// None by default.
+    fn blockers(&self) -> Vec<Blocker> {
+        Vec::new()
+    }
     /// Starts logging guest writes. Pages written before this call are not reported.
     fn start_dirty_log(&mut self) -> Result<(), BackendError>;
     /// Adds every page the guest wrote since the last harvest (or since

@@ -3,7 +3,8 @@
 pub use crate::precopy::{receive_as, CreateVm};
 pub use crate::wire::{Region, StreamHeader};
 pub use ferry_backend::{
-    catch_panic, error_chain, throttle_sleep, BackendError, Backing, DirtyPages, DirtySource,
-    FaultExits, Gfn, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats, Lifecycle, Quota,
-    RamError, Section, SectionId, SectionSpec, Subsection, Vm, PAGE_SIZE, THROTTLE_SLICE,
+    catch_panic, error_chain, throttle_sleep, BackendError, Backing, BlockScope, Blocker,
+    DirtyPages, DirtySource, FaultExits, Gfn, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats,
+    Lifecycle, Quota, RamError, Section, SectionId, SectionSpec, Subsection, Vm, PAGE_SIZE,
+    THROTTLE_SLICE,
 };

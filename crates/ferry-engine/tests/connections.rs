@@ -81,7 +81,8 @@ fn a_v1_peer_is_refused_naming_both_versions() {
     v1.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
     raw.write_all(&v1).unwrap();
     let want = format!(
-        "the peer speaks stream version 1, this ferry speaks {}",
+        "the peer speaks stream version 1, this ferry speaks {} to {}",
+        ferry_engine::wire::MIN_VERSION,
         ferry_engine::wire::VERSION
     );
     let err = dest.join().unwrap().err().unwrap();

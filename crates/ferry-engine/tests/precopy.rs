@@ -122,8 +122,11 @@ fn cancel_keeps_the_source_running_and_tells_the_destination() {
 fn fake_destination(listener: &std::net::TcpListener) -> (Channel, Channel) {
     let (mut ctl, _) = accept_channel(listener, None, &|_| Ok(())).unwrap();
     while ctl.read_frame().unwrap().0 != FrameKind::Header {}
+    // It speaks the newest wire version, so it answers the capabilities
+    // asked (none, for these sources).
     let accept = Message::Accept {
         verify_before_resume: false,
+        answer: Some(Default::default()),
     };
     ctl.write_frame(accept.kind(), &[&accept.encode()]).unwrap();
     ctl.flush().unwrap();

@@ -23,7 +23,7 @@ mod common;
 use common::record::{frames, recording_relay};
 use common::{probed, quick_receive, running_source, spawn_receiver};
 use ferry_engine::precopy::Compression;
-use ferry_engine::wire::{compress::Codec, VERSION};
+use ferry_engine::wire::{compress::Codec, MIN_VERSION, VERSION};
 use ferry_engine::{migrate_accounted, NoProgress, PrecopyOptions, TcpDialer};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -141,12 +141,23 @@ fn streams_of_earlier_releases_still_load() {
         .collect();
     versions.sort();
     for version in versions {
+        let spoken: u32 = version
+            .file_name()
+            .and_then(|n| n.to_str()?.strip_prefix("wire-")?.parse().ok())
+            .unwrap_or_else(|| panic!("{version:?}: fixture directories are wire-N"));
         for (name, _) in cases() {
             let dir = version.join(name);
             let streams = load_case(&dir);
             assert!(streams.len() >= 2, "{dir:?}: no recorded connections");
+            if spoken < MIN_VERSION {
+                // Past the compatibility window: refused, naming versions.
+                let err = replay(streams).err().expect("an old stream is refused");
+                assert!(err.to_string().contains("stream version"), "{dir:?}: {err}");
+                continue;
+            }
             let (vm, summary) =
                 replay(streams).unwrap_or_else(|e| panic!("{dir:?} no longer loads: {e}"));
+            assert_eq!(summary.wire_version, spoken, "{dir:?}: version spoken");
             assert!(summary.digest_match, "{dir:?}: digest mismatch");
             assert!(vm.is_running(), "{dir:?}: the guest did not resume");
             assert_eq!(
@@ -157,5 +168,5 @@ fn streams_of_earlier_releases_still_load() {
             loaded += 1;
         }
     }
-    assert!(loaded >= 2, "found only {loaded} recorded streams");
+    assert!(loaded >= 4, "found only {loaded} recorded streams");
 }

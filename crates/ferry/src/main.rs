@@ -26,8 +26,22 @@ use std::process::ExitCode;
 ///
 /// Start with `ferry demo`: it boots a busy 2-vCPU guest, starts a destination
 /// process on this machine, migrates over loopback and prints what happened.
+/// `ferry --version`: the release and the wire versions it speaks (a
+/// migration runs between any two releases whose ranges meet; see
+/// docs/compatibility.md).
+fn version() -> &'static str {
+    use ferry_engine::wire::{MIN_VERSION, VERSION};
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        format!(
+            "{} (wire {MIN_VERSION}-{VERSION})",
+            env!("CARGO_PKG_VERSION")
+        )
+    })
+}
+
 #[derive(Parser, Debug)]
-#[command(name = "ferry", version, about, long_about)]
+#[command(name = "ferry", version = version(), about, long_about)]
 struct Cli {
     #[command(subcommand)]
     command: cmd::Command,

@@ -25,7 +25,7 @@ fn migrate_over(backend: &str, compress: &str, fill: &str) -> serde_json::Value 
     let context = format!("{backend} {compress} {fill}");
     assert_verified(&j, &context);
     assert_eq!(j["connections"], 4, "{context}: {j}");
-    assert_eq!(j["wire_version"], 5, "{context}: {j}");
+    assert_eq!(j["wire_version"], 6, "{context}: {j}");
     assert_eq!(j["compression"], compress, "{context}: {j}");
     j
 }

@@ -203,3 +203,30 @@ fn postcopy_and_hybrid_onto_hugetlb_on_kvm() {
     demo_on_hugetlb("postcopy");
     demo_on_hugetlb("hybrid");
 }
+
+#[test]
+fn a_destination_started_with_no_postcopy_refuses_a_hybrid_source_before_memory_moves() {
+    let mut dest = Receiver::start(&["--backend", "soft", "--no-postcopy"]);
+    let out = Ferry::new("migrate")
+        .on("soft")
+        .mem("32M")
+        .args(&[
+            "--to", &dest.addr, "--mode", "hybrid", "--json", "--warmup", "0.2",
+        ])
+        .run();
+    assert_no_panic(&out);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "the destination does not take postcopy: \
+             this destination was started with --no-postcopy"
+        ),
+        "{err}"
+    );
+    let j = last_json(&out);
+    assert_eq!(j["status"], "failed", "{j}");
+    assert_eq!(j["round_stats"].as_array().map(Vec::len), Some(0), "{j}");
+    let (ok, derr) = dest.finish_within(30, "the refusal");
+    assert!(!ok && derr.contains("does not take postcopy"), "{derr}");
+}

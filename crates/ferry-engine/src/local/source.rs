@@ -7,7 +7,7 @@ use crate::dirty_logs;
 use crate::error::MigrationError;
 use crate::summary::{ms, Outcome};
 use crate::wire::{self, StreamHeader};
-use ferry_backend::{DirtyPages, Lifecycle, Vm};
+use ferry_backend::{BlockScope, DirtyPages, Lifecycle, Vm};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -40,6 +40,16 @@ pub fn migrate_local(
     opts: &LocalOptions,
 ) -> Result<LocalSummary, MigrationError> {
     let start = Instant::now();
+    let blocker = vm
+        .blockers()
+        .into_iter()
+        .find(|b| b.scope == BlockScope::Migration);
+    if let Some(b) = blocker {
+        return Err(MigrationError::Refused(format!(
+            "the VM cannot migrate: {}",
+            b.reason
+        )));
+    }
     let ram = std::sync::Arc::clone(vm.ram());
     let files = ram.region_files().ok_or(LocalError::NotFileBacked)?;
     let stream = UnixStream::connect(socket).map_err(|source| LocalError::Path {

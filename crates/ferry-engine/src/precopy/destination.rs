@@ -5,12 +5,14 @@
 //! or hands over to postcopy's pager when the source switches to it.
 
 use crate::error::MigrationError;
-use crate::session::{unexpected, Dest, Loaded, ReceiveOptions};
+use crate::session::{unexpected, Blocked, Dest, Loaded, ReceiveOptions};
 use crate::summary::{ms, Outcome, ReceiveSummary};
 use crate::transport::{accept_channel, Channel, Health, Listen, MainChannel, Side};
+use crate::wire::capabilities::{Answer, POSTCOPY};
 use crate::wire::messages::Hello;
 use crate::wire::{FrameKind, Message, StreamHeader};
 use ferry_backend::{BackendError, DirtyPages, Lifecycle, Vm};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -109,6 +111,7 @@ pub fn receive(
             status: Outcome::Failed,
             held: None,
             backend: header.vmm.clone(),
+            wire_version: ctl.version(),
             connections,
             tls: listener.tls(),
             total_ms: 0.0,
@@ -232,14 +235,49 @@ fn prepare(
 }
 
 impl Dest {
+    /// Refuses a migration the destination VM or the operator blocks, and
+    /// answers the capabilities the header asked for (wire 6 on). A wire-5
+    /// source asks nothing: it has postcopy in mind when it announced a
+    /// priority connection, and is refused outright if postcopy is blocked
+    /// here, since it cannot be told to do without.
+    fn admit(
+        &self,
+        hello: &Hello,
+        opts: &ReceiveOptions,
+    ) -> Result<Option<Answer>, MigrationError> {
+        let blocked = Blocked::of(&*self.vm, &opts.blockers);
+        if let Some(reason) = blocked.migration {
+            return Err(MigrationError::Refused(format!(
+                "the destination VM cannot take a migration: {reason}"
+            )));
+        }
+        let mut refused = BTreeMap::new();
+        if let Some(reason) = blocked.postcopy {
+            refused.insert(POSTCOPY.to_string(), reason);
+        }
+        match &self.header.capabilities {
+            Some(asked) => Ok(Some(Answer::to(asked, &refused))),
+            None => match refused.remove(POSTCOPY) {
+                Some(reason) if hello.priority => Err(MigrationError::Refused(format!(
+                    "this destination does not take postcopy ({reason}), and the source \
+                     (wire {}) may switch to it: migrate with --mode precopy",
+                    self.ctl.version()
+                ))),
+                _ => Ok(None),
+            },
+        }
+    }
+
     fn run(
         &mut self,
         listener: &dyn Listen,
         hello: Hello,
         opts: &ReceiveOptions,
     ) -> Result<(), MigrationError> {
+        let answer = self.admit(&hello, opts)?;
         self.ctl.send(&Message::Accept {
             verify_before_resume: opts.verify_before_resume,
+            answer,
         })?;
         self.accept_data(listener, hello, 0)?;
         let (strict, final_round, postcopy) = self.load()?;

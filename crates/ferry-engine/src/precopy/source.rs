@@ -9,7 +9,7 @@ use crate::converge::RoundEnd;
 use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
 use crate::session::{
-    fresh_summary, new_session_id, Migrating, Mode, PrecopyOptions, Source, Transfer,
+    fresh_summary, new_session_id, Blocked, Migrating, Mode, PrecopyOptions, Source, Transfer,
     EST_BYTES_PER_PAGE,
 };
 use crate::summary::{ms, MigrationSummary, RoundKind};
@@ -54,6 +54,7 @@ pub fn migrate_accounted(
     let chosen = opts
         .validate()
         .map_err(MigrationError::from)
+        .and_then(|()| refuse_if_blocked(vm, opts))
         .and_then(|()| crate::converge::choose(opts.converge, vm));
     let opts = &match chosen {
         Ok(policy) => PrecopyOptions {
@@ -107,6 +108,25 @@ pub fn migrate_accounted(
     let mut src = Source::new(vm, control, health, opts, progress, session, summary, start);
     let result = src.run(dialer, &hello);
     src.conclude(disarm(result))
+}
+
+/// Refuses, before anything connects, a migration the VM or the operator
+/// blocks, or a mode that may switch to postcopy when postcopy is blocked.
+fn refuse_if_blocked(vm: &dyn Vm, opts: &PrecopyOptions) -> Result<(), MigrationError> {
+    let blocked = Blocked::of(vm, &opts.blockers);
+    if let Some(reason) = blocked.migration {
+        return Err(MigrationError::Refused(format!(
+            "the VM cannot migrate: {reason}"
+        )));
+    }
+    match blocked.postcopy {
+        Some(reason) if opts.mode.may_postcopy() => Err(MigrationError::Refused(format!(
+            "the VM cannot use postcopy ({reason}), and {} mode may switch to it: \
+             use --mode precopy",
+            opts.mode
+        ))),
+        _ => Ok(()),
+    }
 }
 
 impl Source<'_> {

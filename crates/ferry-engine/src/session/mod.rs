@@ -40,6 +40,7 @@ pub use compression::Compression;
 pub(crate) use dest::Dest;
 pub(crate) use huge::HUGE_PAGES;
 pub(crate) use loaded::Loaded;
+pub(crate) use options::Blocked;
 pub use options::{
     Mode, Placement, PrecopyOptions, ReceiveOptions, DEFAULT_BATCH_PAGES, DEFAULT_PREFETCH,
     DEFAULT_RECOVER_TIMEOUT, DEFAULT_STALL_TIMEOUT, FAULT_HANDLERS, MAX_CONNECTIONS,

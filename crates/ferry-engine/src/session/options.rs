@@ -8,7 +8,7 @@ use crate::converge::ConvergeMode;
 use crate::error::OptionsError;
 use crate::tunables::{Tunables, DOWNTIME_MS, MAX_ROUNDS};
 use crate::wire::ExpectedVm;
-use ferry_backend::GuestProbe;
+use ferry_backend::{BlockScope, Blocker, GuestProbe, Vm};
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,6 +111,9 @@ pub struct PrecopyOptions {
     /// Cancel the migration if it has not switched over by then (the
     /// source runs on); the error says it gave up.
     pub give_up_after: Option<Duration>,
+    /// The operator's own blockers, besides the VM's ([`Vm::blockers`]):
+    /// checked before the source connects.
+    pub blockers: Vec<Blocker>,
 }
 
 impl Default for PrecopyOptions {
@@ -130,11 +133,33 @@ impl Default for PrecopyOptions {
             recover_timeout: DEFAULT_RECOVER_TIMEOUT,
             probe: None,
             give_up_after: None,
+            blockers: Vec::new(),
         }
     }
 }
 
 impl PrecopyOptions {
+    /// The capabilities ([`crate::wire::capabilities`]) this migration may
+    /// use, all of which its destination must take.
+    pub(crate) fn capabilities(&self) -> Vec<String> {
+        use crate::choices::Codec;
+        use crate::wire::capabilities::{DELTA, LZ4, POSTCOPY, ZSTD};
+        let mut caps = Vec::new();
+        if self.mode.may_postcopy() {
+            caps.push(POSTCOPY);
+        }
+        if self.delta_cache_bytes > 0 {
+            caps.push(DELTA);
+        }
+        match self.compression {
+            Compression::None => {}
+            Compression::Fixed(Codec::Lz4) => caps.push(LZ4),
+            Compression::Fixed(Codec::Zstd) => caps.push(ZSTD),
+            Compression::Auto => caps.extend([LZ4, ZSTD]),
+        }
+        caps.into_iter().map(String::from).collect()
+    }
+
     /// Refuses settings out of range or that cannot go together, before
     /// anything starts: the one check the CLI, the control socket and QMP
     /// all map onto, so each refuses with the same words.
@@ -201,6 +226,9 @@ pub struct ReceiveOptions {
     pub fault_busy_poll: bool,
     /// The guest's own checks, read just before the guest resumes here.
     pub probe: Option<Arc<dyn GuestProbe>>,
+    /// The operator's own blockers, besides the destination VM's
+    /// ([`Vm::blockers`]): `ferry receive --no-postcopy` is one.
+    pub blockers: Vec<Blocker>,
 }
 
 /// How the destination puts a received page into guest memory that has
@@ -256,6 +284,7 @@ impl Default for ReceiveOptions {
             fault_handlers: 1,
             fault_busy_poll: false,
             probe: None,
+            blockers: Vec::new(),
         }
     }
 }
@@ -273,5 +302,35 @@ impl ReceiveOptions {
             FAULT_HANDLERS,
             "",
         )
+    }
+}
+
+/// What blocks a migration on one side: the VM's blockers and the
+/// operator's, first reason of each scope.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Blocked {
+    /// Why no migration may run.
+    pub migration: Option<String>,
+    /// Why postcopy may not.
+    pub postcopy: Option<String>,
+}
+
+impl Blocked {
+    /// `vm`'s blockers with `operator`'s.
+    pub fn of(vm: &dyn Vm, operator: &[Blocker]) -> Blocked {
+        let all: Vec<Blocker> = vm
+            .blockers()
+            .into_iter()
+            .chain(operator.iter().cloned())
+            .collect();
+        let first = |scope| {
+            all.iter()
+                .find(|b| b.scope == scope)
+                .map(|b| b.reason.clone())
+        };
+        Blocked {
+            migration: first(BlockScope::Migration),
+            postcopy: first(BlockScope::Postcopy),
+        }
     }
 }

@@ -16,6 +16,7 @@ use crate::progress::{Phase, Progress};
 use crate::summary::{ms, MigrationSummary, Outcome, RoundKind, RoundStats};
 use crate::transport::{open_channel, Dial, Health, MainChannel};
 use crate::tunables::TokenBucket;
+use crate::wire::capabilities::CAPABILITIES_SINCE;
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::messages::Hello;
 use crate::wire::messages::PRIORITY_CHANNEL;
@@ -96,9 +97,10 @@ impl<'a> Source<'a> {
         opts: &'a PrecopyOptions,
         progress: &'a dyn Progress,
         session: u64,
-        summary: MigrationSummary,
+        mut summary: MigrationSummary,
         start: Instant,
     ) -> Self {
+        summary.wire_version = ctl.version();
         let max_downtime = opts
             .max_downtime
             .unwrap_or_else(|| opts.tunables.downtime_target());
@@ -348,18 +350,44 @@ impl Source<'_> {
 
     /// Header, and the destination's Accept. Returns whether the
     /// destination verifies before resuming.
+    /// From wire 6 on, the header asks for the capabilities this
+    /// migration may use, and a destination that refuses one stops it
+    /// here, before any memory moves.
     pub(crate) fn handshake(&mut self) -> Result<bool, MigrationError> {
-        let header = StreamHeader::for_vm(&*self.vm);
+        let mut header = StreamHeader::for_vm(&*self.vm);
+        let needed = self.opts.capabilities();
+        let asks = self.ctl.version() >= CAPABILITIES_SINCE;
+        if asks {
+            header.capabilities = Some(needed.clone());
+        }
         self.ctl.send_frame(FrameKind::Header, &header.encode())?;
-        match self.ctl.recv_message("Accept")? {
+        let (verify_before_resume, answer) = match self.ctl.recv_message("Accept")? {
             (
                 Message::Accept {
                     verify_before_resume,
+                    answer,
                 },
                 _,
-            ) => Ok(self.opts.verify_before_resume || verify_before_resume),
-            (m, offset) => Err(unexpected("Accept", &m, offset)),
+            ) => (verify_before_resume, answer),
+            (m, offset) => return Err(unexpected("Accept", &m, offset)),
+        };
+        match answer {
+            Some(a) => {
+                if let Some((cap, reason)) = a.first_refused(&needed) {
+                    return Err(MigrationError::Refused(format!(
+                        "the destination does not take {cap}: {reason}"
+                    )));
+                }
+            }
+            None if asks => {
+                return Err(MigrationError::Refused(format!(
+                    "the destination speaks wire {} and did not answer the capabilities asked",
+                    self.ctl.version()
+                )))
+            }
+            None => {}
         }
+        Ok(self.opts.verify_before_resume || verify_before_resume)
     }
 
     /// Backend log ∪ VMM writes into `into`. Returns the pages found and the

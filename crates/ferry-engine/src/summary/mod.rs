@@ -210,6 +210,8 @@ pub struct ReceiveSummary {
     pub held: Option<String>,
     /// Backend name.
     pub backend: String,
+    /// The wire version both ends spoke (the newest both have).
+    pub wire_version: u32,
     /// First byte to report sent.
     pub total_ms: f64,
     /// Switchover received to guest running.

@@ -41,6 +41,8 @@ pub(crate) struct Incoming {
 
 /// The running main channel of one side.
 pub struct MainChannel {
+    /// The wire version both ends settled on.
+    version: u32,
     health: Arc<Health>,
     writer: Arc<Mutex<Channel>>,
     rx: Receiver<Incoming>,
@@ -53,6 +55,7 @@ impl MainChannel {
     /// Starts the reader and heartbeat threads on `io`, a main channel
     /// that has been opened (Hello and Welcome exchanged).
     pub fn start(io: Channel, health: Arc<Health>) -> Result<MainChannel, MigrationError> {
+        let version = io.version();
         let link = io.get_ref();
         let write_half = link.try_clone_link().map_err(StreamError::Io)?;
         write_half
@@ -72,6 +75,7 @@ impl MainChannel {
         })
         .map_err(StreamError::Io)?;
         Ok(MainChannel {
+            version,
             health,
             writer,
             rx,
@@ -79,6 +83,11 @@ impl MainChannel {
             reader: Some(reader),
             beat: Some(beat),
         })
+    }
+
+    /// The wire version both ends speak.
+    pub fn version(&self) -> u32 {
+        self.version
     }
 
     /// Bytes this side wrote on the main channel.

@@ -64,7 +64,11 @@ pub fn open_channel(
         e => e.into(),
     })?;
     match Message::decode(kind, io.payload(), offset)? {
-        Message::Welcome { version } if version == crate::wire::VERSION => {}
+        Message::Welcome { version }
+            if (crate::wire::MIN_VERSION..=crate::wire::VERSION).contains(&version) =>
+        {
+            io.set_version(version);
+        }
         Message::Welcome { version } => {
             return Err(StreamError::Version {
                 peer_min: version,
@@ -117,7 +121,7 @@ pub fn accept_channel(
         }
     };
     let welcome = Message::Welcome {
-        version: crate::wire::VERSION,
+        version: io.version(),
     };
     io.write_frame(welcome.kind(), &[&welcome.encode()])?;
     io.flush()?;

@@ -58,6 +58,9 @@ pub struct FrameStream<S> {
     large_frames: bool,
     read_offset: u64,
     bytes_written: u64,
+    /// The wire version this stream speaks: [`VERSION`] until the preamble
+    /// or the peer's Welcome settles it.
+    version: u32,
     /// The last frame read, and the buffers the next one is read into.
     last: ReadFrame,
 }
@@ -106,8 +109,21 @@ impl<S: Read + Write> FrameStream<S> {
             large_frames: false,
             read_offset: 0,
             bytes_written: 0,
+            version: VERSION,
             last: ReadFrame::default(),
         }
+    }
+
+    /// The wire version both ends speak on this stream, once settled: by
+    /// [`FrameStream::read_preamble`] on the destination, and by the
+    /// destination's Welcome ([`FrameStream::set_version`]) on the source.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Records the version the peer chose (a source, on Welcome).
+    pub fn set_version(&mut self, version: u32) {
+        self.version = version;
     }
 
     /// Bytes handed to the stream so far (preamble and frames).
@@ -182,6 +198,7 @@ impl<S: Read + Write> FrameStream<S> {
         if common < peer_min.max(MIN_VERSION) {
             return Err(StreamError::Version { peer_min, peer_max });
         }
+        self.version = common;
         Ok(common)
     }
 
@@ -444,7 +461,9 @@ mod tests {
         let err = reader(bytes.clone()).read_preamble().unwrap_err();
         assert_eq!(
             err.to_string(),
-            format!("the peer speaks stream version 1, this ferry speaks {VERSION}")
+            format!(
+                "the peer speaks stream version 1, this ferry speaks {MIN_VERSION} to {VERSION}"
+            )
         );
         // A v2 peer (no Commit) is refused too.
         bytes[8..16].copy_from_slice(&[2, 0, 0, 0, 2, 0, 0, 0]);
@@ -452,11 +471,16 @@ mod tests {
         // A newer peer that still speaks ours: ours is picked.
         bytes[8..16].copy_from_slice(&[9, 0, 0, 0, 1, 0, 0, 0]);
         assert_eq!(reader(bytes.clone()).read_preamble().unwrap(), VERSION);
+        // The previous version's peer: its version is picked, and kept.
+        bytes[8..16].copy_from_slice(&MIN_VERSION.to_le_bytes().repeat(2));
+        let mut r = reader(bytes.clone());
+        assert_eq!(r.read_preamble().unwrap(), MIN_VERSION);
+        assert_eq!(r.version(), MIN_VERSION);
         bytes[8..16].copy_from_slice(&[9, 0, 0, 0, 7, 0, 0, 0]);
         let err = reader(bytes).read_preamble().unwrap_err();
         assert_eq!(
             err.to_string(),
-            format!("the peer speaks stream version 7 to 9, this ferry speaks {VERSION}")
+            format!("the peer speaks stream version 7 to 9, this ferry speaks {MIN_VERSION} to {VERSION}")
         );
     }
 

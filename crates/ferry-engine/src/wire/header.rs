@@ -46,6 +46,11 @@ pub struct StreamHeader {
     /// destination that cannot load one refuses before any memory moves.
     #[serde(default)]
     pub sections: Vec<ferry_backend::SectionId>,
+    /// Wire 6 on: the capabilities this migration may use
+    /// ([`super::capabilities`]); the destination answers in Accept. Absent
+    /// on wire 5, whose peers have them all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Vec<String>>,
 }
 
 /// One region of guest memory.
@@ -152,6 +157,7 @@ impl StreamHeader {
             dirty_tracking: vm.dirty_tracking(),
             vmm_config: vm.vmm_config(),
             sections: crate::wire::sections::manifest(&vm.state_sections()),
+            capabilities: None,
         }
     }
 
@@ -291,6 +297,7 @@ mod tests {
             dirty_tracking: "bitmap".into(),
             vmm_config: serde_json::json!({"vcpus": 2}),
             sections: Vec::new(),
+            capabilities: None,
         }
     }
 

@@ -37,6 +37,9 @@ pub enum Message {
     Accept {
         /// The destination insists on verify-before-resume.
         verify_before_resume: bool,
+        /// Wire 6 on: which of the capabilities the header asked for the
+        /// destination takes (JSON after the flags). `None` on wire 5.
+        answer: Option<super::capabilities::Answer>,
     },
     /// Source paused; all pages and the vCPU state are sent.
     Switchover {
@@ -165,7 +168,14 @@ impl Message {
         match self {
             Message::Accept {
                 verify_before_resume,
-            } => flags(*verify_before_resume),
+                answer,
+            } => {
+                let mut v = flags(*verify_before_resume);
+                if let Some(a) = answer {
+                    v.extend(serde_json::to_vec(a).unwrap_or_default());
+                }
+                v
+            }
             Message::Switchover {
                 verify_before_resume,
                 final_round,
@@ -241,6 +251,13 @@ impl Message {
             }
         };
         Ok(match kind {
+            FrameKind::Accept if payload.len() > 8 => Message::Accept {
+                verify_before_resume: u32_at(payload, 0) & FLAG_VERIFY_BEFORE_RESUME != 0,
+                answer: Some(
+                    serde_json::from_slice(&payload[8..])
+                        .map_err(|e| bad(format!("capability answer: {e}")))?,
+                ),
+            },
             FrameKind::Accept | FrameKind::Switchover => {
                 exact(8)?;
                 let flags = u32_at(payload, 0);
@@ -248,6 +265,7 @@ impl Message {
                 if kind == FrameKind::Accept {
                     Message::Accept {
                         verify_before_resume: strict,
+                        answer: None,
                     }
                 } else {
                     Message::Switchover {
@@ -408,6 +426,14 @@ mod tests {
         let all = [
             Message::Accept {
                 verify_before_resume: true,
+                answer: None,
+            },
+            Message::Accept {
+                verify_before_resume: false,
+                answer: Some(super::super::capabilities::Answer::to(
+                    &["postcopy".to_string(), "teleport".to_string()],
+                    &Default::default(),
+                )),
             },
             Message::Switchover {
                 verify_before_resume: false,

@@ -54,6 +54,7 @@
 //! not know a frame type reports it as an error rather than skipping it,
 //! because silently skipping memory is how pages get lost.
 
+pub mod capabilities;
 pub mod channel;
 pub mod compress;
 pub mod delta;
@@ -89,10 +90,15 @@ pub const MAGIC: [u8; 8] = *b"FERRYMIG";
 /// guest running when the source never heard its verdict; 4 names the VMM
 /// in the header instead of a backend kind, and the Report no longer
 /// carries the guest's counters; 5 checks an uncompressed Pages frame by
-/// its pages' hashes instead of a CRC. An older peer is refused with a
-/// message naming both versions.
-pub const VERSION: u32 = 5;
-/// Oldest version this ferry speaks.
+/// its pages' hashes instead of a CRC; 6 exchanges named capabilities (the
+/// header asks, Accept answers: see [`capabilities`]), so that an optional
+/// feature added later needs no new version. A peer outside
+/// `MIN_VERSION..=VERSION` is refused with a message naming both ranges.
+/// docs/compatibility.md says what may change within a version.
+pub const VERSION: u32 = 6;
+/// Oldest version this ferry speaks: the one before [`VERSION`], so that a
+/// fleet upgrades one host at a time, old source to new destination and
+/// back.
 pub const MIN_VERSION: u32 = 5;
 /// Bytes of the preamble.
 pub const PREAMBLE_LEN: usize = 16;

@@ -18,8 +18,8 @@ pub mod record;
 pub mod relay;
 
 use ferry_backend::{
-    BackendError, Backing, DirtyPages, DirtySource, Gfn, Gpa, GuestCheck, GuestProbe, GuestRam,
-    HarvestStats, Section, SectionSpec, SharedDirtyBitmap, Subsection, Vm, PAGE_SIZE,
+    BackendError, Backing, Blocker, DirtyPages, DirtySource, Gfn, Gpa, GuestCheck, GuestProbe,
+    GuestRam, HarvestStats, Section, SectionSpec, SharedDirtyBitmap, Subsection, Vm, PAGE_SIZE,
 };
 use ferry_engine::wire::StreamHeader;
 use ferry_engine::{
@@ -259,6 +259,8 @@ pub struct TestVm {
     pub events: Arc<Mutex<Vec<String>>>,
     /// Refuse any vCPU state (a destination that fails to load).
     pub fail_restore: bool,
+    /// What its devices say blocks a migration.
+    pub blockers: Vec<Blocker>,
 }
 
 /// A device that writes one page of the system slot by DMA: through the raw
@@ -392,6 +394,7 @@ impl TestVm {
             sources: Vec::new(),
             events: Arc::default(),
             fail_restore: false,
+            blockers: Vec::new(),
         }
     }
 
@@ -472,6 +475,9 @@ fn guest(
 impl Vm for TestVm {
     fn vmm_id(&self) -> &str {
         TEST_VMM
+    }
+    fn blockers(&self) -> Vec<Blocker> {
+        self.blockers.clone()
     }
     fn vcpus(&self) -> u32 {
         1

@@ -48,6 +48,10 @@ pub enum Fault {
     /// at once (a peer that cannot be reached) until [`Relay::readmit`]:
     /// a postcopy stays in recovery as long as a test needs.
     CutThenRefuse(u64),
+    /// Rewrite the preamble of every connection (source → destination) to
+    /// offer only this wire version: the destination then meets a peer of
+    /// that version, and the source a destination that chose it.
+    OfferVersion(u32),
     /// On the main channel, hold the first frame of type `kind` (in
     /// that direction) until [`Relay::release`], everything else flowing,
     /// then forward it and go on faithfully: a peer can be killed while the
@@ -194,6 +198,7 @@ impl Relay {
                         }
                     }
                     Fault::HoldAtFrame { .. } => (Fault::None, Fault::None),
+                    Fault::OfferVersion(_) => (fault, Fault::None),
                     f if index == 1 => (f, Fault::None),
                     _ => (Fault::None, Fault::None),
                 };
@@ -291,6 +296,17 @@ fn pump(mut from: TcpStream, mut to: TcpStream, mut fault: Fault, flags: &Flags)
         let at = moved.fetch_add(n as u64, Ordering::Relaxed);
         let mut n = n;
         match fault {
+            Fault::OfferVersion(v) if at < ferry_engine::wire::PREAMBLE_LEN as u64 => {
+                // Bytes 8..12 are the newest version offered, 12..16 the
+                // oldest: both become `v`.
+                let bytes = [v.to_le_bytes(), v.to_le_bytes()].concat();
+                for (i, b) in buf[..n].iter_mut().enumerate() {
+                    let off = at + i as u64;
+                    if (8..16).contains(&off) {
+                        *b = bytes[(off - 8) as usize];
+                    }
+                }
+            }
             Fault::FlipAt(off) if off >= at && off < at + n as u64 => {
                 buf[(off - at) as usize] ^= 1;
             }

@@ -6,7 +6,7 @@ use crate::args::{parse_size, BackendArgs, PagingArgs};
 use crate::vms;
 use clap::Args;
 use ferry_backend::types::human_bytes;
-use ferry_backend::{error_chain as chain, BackendError, Vm};
+use ferry_backend::{error_chain as chain, BackendError, Blocker, Vm};
 use ferry_engine::postcopy::DEFAULT_RECOVER_TIMEOUT;
 use ferry_engine::precopy::{DEFAULT_STALL_TIMEOUT, RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS};
 use ferry_engine::wire::StreamHeader;
@@ -68,6 +68,11 @@ pub struct ReceiveArgs {
     /// writes a throwaway set). Plaintext sources are refused.
     #[arg(long = "tls-dir", value_name = "DIR")]
     pub tls_dir: Option<std::path::PathBuf>,
+    /// Refuse postcopy: a source that may switch to it (`--mode postcopy`
+    /// or `hybrid`) is told so before any memory moves, and a precopy
+    /// migration runs as usual.
+    #[arg(long = "no-postcopy")]
+    pub no_postcopy: bool,
     /// Exit after reporting instead of running the guest on.
     #[arg(long = "exit-after-report")]
     pub exit_after_report: bool,
@@ -150,6 +155,13 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         fault_handlers: usize::from(a.paging.fault_handlers),
         fault_busy_poll: a.paging.busy_poll,
         probe: Some(Arc::new(MemstressProbe)),
+        blockers: if a.no_postcopy {
+            vec![Blocker::postcopy(
+                "this destination was started with --no-postcopy",
+            )]
+        } else {
+            Vec::new()
+        },
     };
     let memory = a.memory;
     let backend = a.backend.clone();
