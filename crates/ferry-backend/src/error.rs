@@ -38,6 +38,10 @@ pub enum BackendError {
     /// A migration stream's guest section this ferry cannot run.
     #[error("the stream's guest section cannot run here: {0}")]
     Guest(String),
+    /// This host cannot give the guest the CPU it was given on its source
+    /// (see [`crate::Vm::check_cpu`]); the text names what it lacks.
+    #[error("{0}")]
+    Cpu(String),
     /// The guest does not fit on this host.
     #[error(transparent)]
     Admission(#[from] crate::admission::AdmissionError),

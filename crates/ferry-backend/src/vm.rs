@@ -222,6 +222,22 @@ pub trait Vm: Send + std::any::Any {
     fn blockers(&self) -> Vec<Blocker> {
         Vec::new()
     }
+    /// What the guest was given of its host's CPU, in this VMM's own terms
+    /// (a KVM VMM: `ferry_kvm::cpu_check::CpuProfile` as JSON). The stream
+    /// header carries it to the destination's [`Vm::check_cpu`]. `None`:
+    /// nothing to check (the default).
+    fn cpu_profile(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Refuses a guest that was given `profile` on its source if this host
+    /// cannot give it the same, naming what it lacks
+    /// ([`BackendError::Cpu`]). The engine calls it on the destination VM
+    /// once built, before any memory moves; a VMM with CPU models of its
+    /// own decides as they say. Takes anything by default.
+    fn check_cpu(&self, profile: &serde_json::Value) -> Result<(), BackendError> {
+        let _ = profile;
+        Ok(())
+    }
     /// Starts logging guest writes. Pages written before this call are not reported.
     fn start_dirty_log(&mut self) -> Result<(), BackendError>;
     /// Adds every page the guest wrote since the last harvest (or since

@@ -387,7 +387,7 @@ fn main() {
     let restored = Arc::new(Mutex::new(None));
     let (dest_resumed, dest_restored) = (Arc::clone(&resumed_at), Arc::clone(&restored));
     let destination = std::thread::spawn(move || {
-        let incoming = await_migration(&listener).expect("a migration arrives");
+        let incoming = await_migration(&listener, None).expect("a migration arrives");
         let mut factory = |h: &StreamHeader| -> Result<ForeignVm, BackendError> {
             if h.vmm != VMM_ID {
                 return Err(BackendError::Guest(format!("cannot build a {} VM", h.vmm)));

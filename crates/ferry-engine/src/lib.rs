@@ -6,7 +6,7 @@
 //! ```text
 //!   migrate(vm, dialer) ──► precopy::source ─┬─ main channel (transport::main_channel)
 //!                                            └─ N data connections (precopy::senders)
-//!   await_migration(listener), receive(…) ◄── precopy::destination, precopy::receivers
+//!   await_migration(listener, deadline), receive(…) ◄── precopy::destination, precopy::receivers
 //!        both: wire (frames), digest (per-page xxh3), tunables (live knobs, cancel),
 //!              progress (observer), summary (JSON), transport::health (failures, stalls)
 //! ```

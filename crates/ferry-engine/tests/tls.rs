@@ -44,7 +44,7 @@ impl Drop for Certs {
 /// `receive`, or the summary's TLS flag.
 fn destination(listener: Box<dyn Listen + Send>) -> JoinHandle<Result<bool, MigrationError>> {
     std::thread::spawn(move || {
-        let incoming = await_migration(&*listener)?;
+        let incoming = await_migration(&*listener, None)?;
         let mut create = create_test_vm;
         let opts = ReceiveOptions::default();
         let (_vm, s) = receive(incoming, &*listener, &mut create, &opts)?;

@@ -6,6 +6,7 @@ use crate::guest::boot::{self, Program};
 use crate::throttle::Throttler;
 use crate::vcpu::{Sleeper, VcpuState, VcpuThread};
 use ferry_backend::{BackendError, DirtyPages, GuestRam, HarvestStats, Quota, Vm};
+use ferry_kvm::cpu_check::{CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{
     self, MsrProbe, Snapshot, StateError, VcpuContext, VmDevices, XsaveKind,
 };
@@ -49,8 +50,14 @@ pub struct KvmVm {
     vm: Arc<VmFd>,
     devices: VmDevices,
     msrs: MsrProbe,
+    /// What the guest was given: the CPUID set on its vCPUs (or restored
+    /// into them) and the MSRs its state carries.
+    cpu: CpuProfile,
+    /// Features this VM's host does not offer a migrating guest, though
+    /// KVM has them (a fleet's baseline CPU).
+    cpu_without: Vec<String>,
     running: bool,
-    _kvm: Kvm,
+    kvm: Kvm,
 }
 
 impl KvmVm {
@@ -187,6 +194,16 @@ impl KvmVm {
             Some((fd, _)) => cpu_state::msrs::probe(&kvm, fd).map_err(KvmError::MsrProbe)?,
             None => MsrProbe::default(),
         };
+        // What the guest is given, read back from a vCPU (see cpu_check).
+        let cpu = match fds.first() {
+            Some((fd, _)) => CpuProfile::new(
+                fd.get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+                    .map_err(ioctl("KVM_GET_CPUID2"))?
+                    .as_slice(),
+                &msrs.saveable,
+            ),
+            None => CpuProfile::default(),
+        };
         tracing::debug!(
             listed = msrs.listed,
             saveable = msrs.saveable.len(),
@@ -216,10 +233,24 @@ impl KvmVm {
             ram,
             vm,
             devices,
+            cpu,
             msrs,
+            cpu_without: Vec::new(),
             running: false,
-            _kvm: kvm,
+            kvm,
         })
+    }
+
+    /// Offers a guest migrating here a CPU without `features` (names as
+    /// /proc/cpuinfo spells them), as a fleet's baseline CPU model does:
+    /// a guest that was given one of them is refused before any memory
+    /// moves. An unknown name is refused at once.
+    pub fn without_cpu_features(mut self, features: &[String]) -> Result<Self, KvmVmError> {
+        HostCpu::from_parts(&[], Vec::new())
+            .without(features)
+            .map_err(|e| KvmVmError::Config(e.to_string()))?;
+        self.cpu_without = features.to_vec();
+        Ok(self)
     }
 
     /// Runs vCPU `index`'s thread on host CPU `cpu` only (benchmarks pair a
@@ -460,6 +491,23 @@ impl Vm for KvmVm {
         Ok(Snapshot { vm, vcpus }.encode()?)
     }
 
+    fn cpu_profile(&self) -> Option<serde_json::Value> {
+        Some(self.cpu.to_json())
+    }
+
+    fn check_cpu(&self, profile: &serde_json::Value) -> Result<(), BackendError> {
+        let refuse = |e: ferry_kvm::cpu_check::CpuCheckError| BackendError::Cpu(e.to_string());
+        let guest = CpuProfile::from_json(profile).map_err(refuse)?;
+        let Some(vcpu) = self.vcpus.first() else {
+            return Ok(());
+        };
+        let fd = vcpu.shared.lock_fd();
+        HostCpu::probe(&self.kvm, &fd)
+            .and_then(|h| h.without(&self.cpu_without))
+            .and_then(|h| h.check(&guest))
+            .map_err(refuse)
+    }
+
     fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
         if self.running {
             return Err(BackendError::NotPaused("restore vCPU state"));
@@ -478,6 +526,9 @@ impl Vm for KvmVm {
         for (index, (v, vcpu)) in self.vcpus.iter().zip(&snap.vcpus).enumerate() {
             let fd = v.shared.lock_fd();
             cpu_state::restore_vcpu(index, &fd, &cx, vcpu)?;
+        }
+        if let Some(first) = snap.vcpus.first() {
+            self.cpu = CpuProfile::new(&first.cpuid, &self.msrs.saveable);
         }
         Ok(())
     }

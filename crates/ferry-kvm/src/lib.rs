@@ -1,6 +1,8 @@
 //! KVM pieces any VMM reuses, on `/dev/kvm`:
 //!
 //! ```text
+//!   cpu_check:  whether this host can give a guest the CPU it was given
+//!               elsewhere (CPUID features, MSRs), named feature by feature
 //!   cpu_state/: every vCPU's state (regs, XSAVE, all MSRs, LAPIC, MP state,
 //!               events...) and the VM's (kvmclock, irqchip, PIT) in one
 //!               checksummed blob
@@ -18,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod boot;
+pub mod cpu_check;
 pub mod cpu_state;
 pub mod dirty;
 pub mod error;

@@ -102,6 +102,33 @@ pub fn create(
     }
 }
 
+/// A destination `kind` VM for `config` (`ferry receive`) whose host offers
+/// a migrating guest a CPU without `cpu_without`: a guest given one of
+/// those features is refused before any memory moves. Soft vCPUs have no
+/// CPUID, so the soft backend takes no such list.
+pub fn create_destination(
+    kind: BackendKind,
+    config: &VmConfig,
+    backend: &BackendArgs,
+    cpu_without: &[String],
+) -> Result<Box<dyn Vm>, BackendError> {
+    match kind {
+        BackendKind::Kvm if !cpu_without.is_empty() => {
+            config.admit()?;
+            let tracking = kvm_tracking(backend)?;
+            let vm = KvmVm::new(config.clone(), tracking, Role::Destination)?
+                .without_cpu_features(cpu_without)?;
+            Ok(Box::new(vm))
+        }
+        BackendKind::Soft if !cpu_without.is_empty() => Err(BackendError::Operation {
+            backend: kind.to_string(),
+            what: "--cpu-without applies to the kvm backend: soft vCPUs have no CPUID".into(),
+            source: None,
+        }),
+        _ => create(kind, config, backend, Role::Destination),
+    }
+}
+
 /// A destination `kind` VM for `config` on memory another process made (a
 /// same-host upgrade maps the source's memfd files).
 pub fn create_on_ram(

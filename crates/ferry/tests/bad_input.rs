@@ -133,3 +133,17 @@ fn stream_of_another_version_is_refused_and_the_destination_listens_on() {
     preamble.extend_from_slice(&[0; 4]);
     refuses_and_keeps_listening(&preamble, "version 99");
 }
+
+#[test]
+fn a_receiver_that_waits_in_vain_gives_up_at_its_deadline() {
+    let out = Ferry::new("receive")
+        .args(&["--listen", "127.0.0.1:0", "--wait", "1"])
+        .run();
+    assert_no_panic(&out);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no connection from the source on 127.0.0.1:") && err.contains("within 1 s"),
+        "{err}"
+    );
+}

@@ -10,6 +10,7 @@ use ferry_engine::vmm::{
     BackendError, Backing, DirtyPages, DirtySource, GuestRam, HarvestStats, Section, SectionId,
     SectionSpec, Vm, PAGE_SIZE,
 };
+use ferry_kvm::cpu_check::{CpuCheckError, CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{self, Snapshot, VcpuContext, VmDevices, XsaveKind};
 use ferry_kvm::dirty::{DirtyTracking, KvmDirtySource};
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
@@ -109,10 +110,13 @@ pub struct MiniVm {
     pub crash_on_restore: bool,
 }
 
-/// What saving the vCPU needs, probed once.
+/// What saving the vCPU needs, probed once, and what the guest was given.
 struct CpuContext {
     msrs: Vec<u32>,
     xsave: XsaveKind,
+    /// The CPUID set on (or restored into) the vCPU, and those MSRs: what
+    /// a destination's host must be able to give the guest.
+    profile: CpuProfile,
 }
 
 impl MiniVm {
@@ -195,6 +199,10 @@ impl MiniVm {
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
         fd.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
+        // What the guest is given, read back (ferry_kvm::cpu_check says why).
+        let given = fd
+            .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm("KVM_GET_CPUID2"))?;
         let msrs = cpu_state::msrs::probe(&kvm_fd, &fd)
             .map_err(|e| VmError::Config(format!("probing the MSRs: {e}")))?
             .saveable;
@@ -224,7 +232,11 @@ impl MiniVm {
             vcpu,
             devices,
             sources: vec![Box::new(log)],
-            cpu: CpuContext { msrs, xsave },
+            cpu: CpuContext {
+                profile: CpuProfile::new(given.as_slice(), &msrs),
+                msrs,
+                xsave,
+            },
             running: false,
             crash_on_restore: false,
         })
@@ -390,6 +402,23 @@ impl Vm for MiniVm {
         cpu_state::vm_level::restore(&self.vm, &snap.vm)
             .map_err(|e| Self::state_error(e.into()))?;
         cpu_state::restore_vcpu(0, &self.vcpu.fd(), &cx, vcpu).map_err(Self::state_error)?;
+        self.cpu.profile = CpuProfile::new(&vcpu.cpuid, &self.cpu.msrs);
         Ok(())
+    }
+
+    fn cpu_profile(&self) -> Option<serde_json::Value> {
+        Some(self.cpu.profile.to_json())
+    }
+
+    /// ferry-kvm's check: this host's `KVM_GET_SUPPORTED_CPUID` and MSR
+    /// lists against what the guest was given on its source.
+    fn check_cpu(&self, profile: &serde_json::Value) -> Result<(), BackendError> {
+        let refuse = |e: CpuCheckError| BackendError::Cpu(e.to_string());
+        let guest = CpuProfile::from_json(profile).map_err(refuse)?;
+        let kvm =
+            Kvm::new().map_err(|e| BackendError::Cpu(format!("cannot open /dev/kvm: {e}")))?;
+        HostCpu::probe(&kvm, &self.vcpu.fd())
+            .and_then(|host| host.check(&guest))
+            .map_err(refuse)
     }
 }

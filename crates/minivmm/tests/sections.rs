@@ -51,7 +51,7 @@ fn a_virtio_blk_section_the_destination_cannot_load_is_refused_by_name() {
     let listener = listen("127.0.0.1:0").unwrap();
     let to = TcpDialer(listener.local_addr().unwrap().to_string());
     let destination = std::thread::spawn(move || {
-        let incoming = await_migration(&listener).unwrap();
+        let incoming = await_migration(&listener, None).unwrap();
         let mut factory = |h: &StreamHeader| -> Result<MiniVm, BackendError> {
             let config: MiniConfig = serde_json::from_value(h.vmm_config.clone()).unwrap();
             let out = ConsoleOut::new(Box::new(std::io::sink()));

@@ -41,6 +41,38 @@ pub enum TransportError {
         #[source]
         source: io::Error,
     },
+    /// The caller handed over fewer connections than the migration opens.
+    #[error(
+        "the migration needs another connection, and only {given} connections were handed over \
+         (it opens 1 + --connections, and one more where it may switch to postcopy)"
+    )]
+    NoHeldConnection {
+        /// How many were handed over.
+        given: usize,
+    },
+    /// Fewer connections were handed over than the migration opens.
+    #[error(
+        "the migration opens {needed} connections (1 main, {data} data{priority}), \
+         and {given} were handed over"
+    )]
+    TooFewHeld {
+        /// Connections it opens.
+        needed: usize,
+        /// Of those, data connections.
+        data: usize,
+        /// ", 1 priority" where it may switch to postcopy.
+        priority: &'static str,
+        /// Connections handed over.
+        given: usize,
+    },
+    /// An fd handed over is not a connected stream socket.
+    #[error("fd {fd}: {why}")]
+    BadFd {
+        /// The fd.
+        fd: i32,
+        /// What it is instead.
+        why: String,
+    },
     /// No connection arrived in time.
     #[error("no connection from the source on {addr} within {secs} s")]
     AcceptTimeout {

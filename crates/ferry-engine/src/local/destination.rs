@@ -125,7 +125,7 @@ pub fn await_local(
     };
     Ok(LocalIncoming {
         stream,
-        header,
+        header: *header,
         regions,
         backing,
         start,

@@ -40,8 +40,9 @@ pub enum Head {
     Offer {
         /// [`VERSION`].
         version: u32,
-        /// The VM, as a stream header describes it.
-        header: StreamHeader,
+        /// The VM, as a stream header describes it (boxed: it dwarfs the
+        /// other messages).
+        header: Box<StreamHeader>,
         /// Per region: where it starts in its file.
         offsets: Vec<u64>,
     },

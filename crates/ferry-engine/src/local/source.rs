@@ -101,7 +101,7 @@ fn switch_over(
     dirty.clear();
     let offer = Head::Offer {
         version: message::VERSION,
-        header,
+        header: Box::new(header),
         offsets,
     };
     message::send(stream, &offer, &[], fds)?;

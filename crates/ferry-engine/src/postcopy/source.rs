@@ -53,6 +53,7 @@ impl Source<'_> {
             verify_before_resume: false,
             final_round: round,
             postcopy: true,
+            paused: false,
         })?;
         // From here the guest is the destination's: never resume this copy,
         // keep every page that has not gone out.

@@ -11,7 +11,7 @@ use crate::transport::{accept_channel, Channel, Health, Listen, MainChannel, Sid
 use crate::wire::capabilities::{Answer, POSTCOPY};
 use crate::wire::messages::Hello;
 use crate::wire::{FrameKind, Message, StreamHeader};
-use ferry_backend::{BackendError, DirtyPages, Lifecycle, Vm};
+use ferry_backend::{error_chain, BackendError, DirtyPages, Lifecycle, Vm};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -43,11 +43,16 @@ impl IncomingMigration {
     }
 }
 
-/// Waits on `listener` for a migration's main channel. A connection
-/// that is not one (another program, a wrong version, a data connection of
-/// another migration) is refused with a reason, sent to it as well.
-pub fn await_migration(listener: &dyn Listen) -> Result<IncomingMigration, MigrationError> {
-    let (io, hello) = accept_channel(listener, None, &|h: &Hello| {
+/// Waits on `listener` for a migration's main channel, until `deadline` if
+/// one is given (then [`crate::TransportError::AcceptTimeout`]). A
+/// connection that is not one (another program, a wrong version, a data
+/// connection of another migration) is refused with a reason, sent to it as
+/// well.
+pub fn await_migration(
+    listener: &dyn Listen,
+    deadline: Option<Instant>,
+) -> Result<IncomingMigration, MigrationError> {
+    let (io, hello) = accept_channel(listener, deadline, &|h: &Hello| {
         if h.recover {
             Err(
                 "there is no postcopy to recover here (this destination has no migration \
@@ -112,6 +117,7 @@ pub fn receive(
             held: None,
             backend: header.vmm.clone(),
             wire_version: ctl.version(),
+            paused: false,
             connections,
             tls: listener.tls(),
             total_ms: 0.0,
@@ -225,6 +231,10 @@ fn prepare(
     }
     let vm = create_vm(&header).map_err(MigrationError::backend("create the destination VM"))?;
     header.check_destination(&*vm)?;
+    if let Some(profile) = &header.cpu {
+        vm.check_cpu(profile)
+            .map_err(|e| MigrationError::Refused(error_chain(&e)))?;
+    }
     if vm.is_running() {
         return Err(MigrationError::Backend {
             what: "take memory into a VM whose vCPUs already run",

@@ -55,6 +55,7 @@ pub fn migrate_accounted(
         .validate()
         .map_err(MigrationError::from)
         .and_then(|()| refuse_if_blocked(vm, opts))
+        .and_then(|()| refuse_if_too_few(dialer, opts))
         .and_then(|()| crate::converge::choose(opts.converge, vm));
     let opts = &match chosen {
         Ok(policy) => PrecopyOptions {
@@ -110,6 +111,23 @@ pub fn migrate_accounted(
     src.conclude(disarm(result))
 }
 
+/// Refuses, before anything connects, a migration over connections handed
+/// over that cannot open all it needs.
+fn refuse_if_too_few(dialer: &dyn Dial, opts: &PrecopyOptions) -> Result<(), MigrationError> {
+    let postcopy = opts.mode.may_postcopy();
+    let needed = 1 + opts.connections + usize::from(postcopy);
+    match dialer.available() {
+        Some(given) if given < needed => Err(crate::transport::TransportError::TooFewHeld {
+            needed,
+            data: opts.connections,
+            priority: if postcopy { ", 1 priority" } else { "" },
+            given,
+        }
+        .into()),
+        _ => Ok(()),
+    }
+}
+
 /// Refuses, before anything connects, a migration the VM or the operator
 /// blocks, or a mode that may switch to postcopy when postcopy is blocked.
 fn refuse_if_blocked(vm: &dyn Vm, opts: &PrecopyOptions) -> Result<(), MigrationError> {
@@ -146,7 +164,13 @@ impl Source<'_> {
         }
         self.open_links(dialer, hello, None)?;
 
-        if self.opts.mode == Mode::Postcopy {
+        // A paused guest dirties nothing: precopy moves it whole, and it
+        // arrives paused (postcopy would have to run it on the destination).
+        let may_switch = self.vm.is_running();
+        if !may_switch && self.opts.mode.may_postcopy() {
+            self.summary.mode = Mode::Precopy;
+        }
+        if self.opts.mode == Mode::Postcopy && may_switch {
             return self.postcopy_switchover(0, self.ram.frames(), dialer, hello);
         }
         self.start_logging()?;
@@ -210,9 +234,9 @@ impl Source<'_> {
                 self.converge
                     .note(round, "operator: switch to postcopy".into());
             }
-            if self.opts.mode.switch_after(round)
-                || ((capped || stalled || asked) && self.opts.mode.may_postcopy())
-            {
+            let switch = self.opts.mode.switch_after(round)
+                || ((capped || stalled || asked) && self.opts.mode.may_postcopy());
+            if switch && self.vm.is_running() {
                 return self.postcopy_switchover(round, dirty, dialer, hello);
             }
             if capped {

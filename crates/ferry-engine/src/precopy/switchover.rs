@@ -38,6 +38,8 @@ impl Source<'_> {
             verify_before_resume: strict,
             final_round: round,
             postcopy: false,
+            // The guest was paused before the switchover paused it.
+            paused: !self.paused_by_us,
         })?;
 
         self.progress.phase(Phase::Verifying);

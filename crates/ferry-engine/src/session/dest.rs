@@ -260,7 +260,11 @@ impl Dest {
                         verify_before_resume,
                         final_round,
                         postcopy,
-                    } => return Ok((verify_before_resume, final_round, postcopy)),
+                        paused,
+                    } => {
+                        self.summary.paused = paused;
+                        return Ok((verify_before_resume, final_round, postcopy));
+                    }
                     m => return Err(unexpected("Switchover", &m, i.offset)),
                 },
                 got => {
@@ -274,10 +278,14 @@ impl Dest {
         }
     }
 
+    /// Starts the guest here, unless it was paused on the source (then it
+    /// stays paused, the VMM's to resume), and tells the source.
     pub(crate) fn resume(&mut self, switched: Instant) -> Result<(), MigrationError> {
-        self.vm.start().map_err(MigrationError::backend(
-            "start the guest on the destination",
-        ))?;
+        if !self.summary.paused {
+            self.vm.start().map_err(MigrationError::backend(
+                "start the guest on the destination",
+            ))?;
+        }
         let took = switched.elapsed();
         self.summary.resume_ms = ms(took);
         self.ctl.send(&Message::Resumed {

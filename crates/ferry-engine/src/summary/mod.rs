@@ -212,6 +212,10 @@ pub struct ReceiveSummary {
     pub backend: String,
     /// The wire version both ends spoke (the newest both have).
     pub wire_version: u32,
+    /// The guest was paused on the source before the switchover, so it
+    /// arrived paused and was not started here: the VMM resumes it when it
+    /// wants it to run.
+    pub paused: bool,
     /// First byte to report sent.
     pub total_ms: f64,
     /// Switchover received to guest running.

@@ -5,8 +5,9 @@
 //!   tcp       connect / listen / accept with clear errors; a Link is one socket
 //!   set       opening a migration's connections: preamble + Hello → Welcome | Error
 //!   health    the first failure of any thread, stall detection, shutting links down
-//!   control   the main channel: a reader thread, a shared writer, heartbeats
+//!   main_channel  the main channel: a reader thread, a shared writer, heartbeats
 //!   tls       mutual TLS on every connection (--tls-dir), and throwaway certificates
+//!   unix      UNIX sockets, and connections the caller already holds (fds)
 //! ```
 //!
 //! A migration has one main channel and N data connections (see
@@ -21,12 +22,14 @@ pub mod main_channel;
 pub mod set;
 pub mod tcp;
 pub mod tls;
+pub mod unix;
 
 pub use health::{Health, Side};
 pub use main_channel::MainChannel;
 pub use set::{accept_channel, open_channel, Dial, Listen};
 pub use tcp::{accept, connect, listen, TcpDialer, TransportError};
 pub use tls::{TlsConfig, TlsDialer, TlsError, TlsListener};
+pub use unix::{listen_unix, HeldConnections, UnixDialer};
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;

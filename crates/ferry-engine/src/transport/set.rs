@@ -28,6 +28,12 @@ pub trait Dial: Sync {
     fn tls(&self) -> bool {
         false
     }
+    /// How many connections it can still open, where that is bounded
+    /// (connections handed over): a migration that needs more is refused
+    /// before it starts. `None`: as many as asked.
+    fn available(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Where a destination waits for connections.

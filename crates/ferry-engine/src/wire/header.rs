@@ -51,6 +51,11 @@ pub struct StreamHeader {
     /// on wire 5, whose peers have them all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<Vec<String>>,
+    /// What the guest was given of its host's CPU ([`Vm::cpu_profile`]),
+    /// for the destination's [`Vm::check_cpu`] before any memory moves.
+    /// A destination older than this field ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<serde_json::Value>,
 }
 
 /// One region of guest memory.
@@ -158,6 +163,7 @@ impl StreamHeader {
             vmm_config: vm.vmm_config(),
             sections: crate::wire::sections::manifest(&vm.state_sections()),
             capabilities: None,
+            cpu: vm.cpu_profile(),
         }
     }
 
@@ -298,6 +304,7 @@ mod tests {
             vmm_config: serde_json::json!({"vcpus": 2}),
             sections: Vec::new(),
             capabilities: None,
+            cpu: None,
         }
     }
 

@@ -11,6 +11,9 @@ const FLAG_VERIFY_BEFORE_RESUME: u32 = 1;
 /// Switchover flag bit: postcopy; the pages of the Missing frames follow
 /// after the guest resumes.
 const FLAG_POSTCOPY: u32 = 2;
+/// Switchover flag bit: the source's guest was paused before the
+/// switchover, and the destination keeps it paused.
+const FLAG_PAUSED: u32 = 4;
 /// Hello flag bit: the migration opens a priority connection (postcopy).
 const HELLO_PRIORITY: u8 = 1;
 /// Hello flag bit: the connection rejoins a postcopy cut off mid-way.
@@ -52,6 +55,10 @@ pub enum Message {
         /// Postcopy: the destination resumes at once and fetches the pages
         /// of the Missing frames on demand.
         postcopy: bool,
+        /// The guest was paused on the source before the switchover: the
+        /// destination takes it over paused (a flag bit a wire-5 peer
+        /// ignores, resuming it as before).
+        paused: bool,
     },
     /// Runs (first frame, pages) the destination does not hold current.
     Missing(Vec<(u64, u64)>),
@@ -180,10 +187,14 @@ impl Message {
                 verify_before_resume,
                 final_round,
                 postcopy,
+                paused,
             } => {
                 let mut v = flags(*verify_before_resume);
                 if *postcopy {
                     v[0] |= FLAG_POSTCOPY as u8;
+                }
+                if *paused {
+                    v[0] |= FLAG_PAUSED as u8;
                 }
                 v[4..].copy_from_slice(&final_round.to_le_bytes());
                 v
@@ -272,6 +283,7 @@ impl Message {
                         verify_before_resume: strict,
                         final_round: u32_at(payload, 4),
                         postcopy: flags & FLAG_POSTCOPY != 0,
+                        paused: flags & FLAG_PAUSED != 0,
                     }
                 }
             }
@@ -439,11 +451,13 @@ mod tests {
                 verify_before_resume: false,
                 final_round: 7,
                 postcopy: false,
+                paused: true,
             },
             Message::Switchover {
                 verify_before_resume: true,
                 final_round: 2,
                 postcopy: true,
+                paused: false,
             },
             Message::Missing(vec![(0, 5), (1 << 40, 1)]),
             Message::Missing(Vec::new()),

@@ -186,7 +186,7 @@ pub fn spawn_receiver_with(
     let listener = listen("127.0.0.1:0").unwrap();
     let to = TcpDialer(listener.local_addr().unwrap().to_string());
     let dest = std::thread::spawn(move || {
-        let incoming = await_migration(&listener)?;
+        let incoming = await_migration(&listener, None)?;
         let mut create = |h: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
             let mut vm = TestVm::new(&TestVm::config_from(h, backing)?)?;
             build(&mut vm);

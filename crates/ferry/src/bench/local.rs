@@ -193,7 +193,7 @@ fn move_tcp(a: &LocalArgs, kind: BackendKind, c: &VmConfig) -> Result<Cell, CmdE
     );
     let dest_config = c.clone();
     let dest = std::thread::spawn(move || {
-        let inc = await_migration(&listener)?;
+        let inc = await_migration(&listener, None)?;
         let mut factory = |_: &ferry_engine::wire::StreamHeader| incoming(kind, &dest_config);
         let (vm, s) = receive(inc, &listener, &mut factory, &ReceiveOptions::default())?;
         let clean = runs_clean(&*vm);

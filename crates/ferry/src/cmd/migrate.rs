@@ -19,9 +19,7 @@ use ferry_engine::tunables::{
     DEFAULT_DOWNTIME, DEFAULT_MAX_ROUNDS, DOWNTIME_MS, MAX_ROUNDS, QUOTA_INTERVAL_MS,
 };
 use ferry_engine::{Both, Mode, NoProgress, PostcopyResume, Progress, TunableChange};
-use ferry_engine::{
-    Dial, MigrationSummary, Outcome, PrecopyOptions, TcpDialer, TlsConfig, Tunables,
-};
+use ferry_engine::{Dial, MigrationSummary, Outcome, PrecopyOptions, TlsConfig, Tunables};
 use ferry_memstress::{read_progress, set_write_percent, MemstressProbe, Workload};
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -241,7 +239,11 @@ pub fn load_tls(dir: Option<&std::path::Path>) -> Result<Option<TlsConfig>, CmdE
 /// Arguments of `ferry migrate`.
 #[derive(Args, Debug)]
 pub struct MigrateArgs {
-    /// Address of the destination (`ferry receive --listen ...`).
+    /// Where the destination listens (`ferry receive --listen ...`):
+    /// HOST:PORT (TCP; `tcp:` may precede it), `unix:PATH` (a UNIX
+    /// socket), or `fd:N,M,...` (connected sockets this process inherited:
+    /// the main channel, then one per --connections, then one more where
+    /// the mode may switch to postcopy).
     #[arg(
         long,
         required_unless_present = "local",
@@ -364,9 +366,16 @@ fn print_control_reply(reply: &serde_json::Value, json: bool) -> ExitCode {
     }
 }
 
-/// Refuses an address that cannot be resolved before any VM is booted.
+/// Refuses a destination that cannot be reached before any VM is booted:
+/// a TCP name that does not resolve, a malformed `unix:` or `fd:`.
 fn check_address(to: &str) -> Result<(), CmdError> {
+    use crate::endpoint::Endpoint;
     use std::net::ToSocketAddrs;
+    let to = match to.parse::<Endpoint>().map_err(CmdError::Usage)? {
+        Endpoint::Tcp(addr) => addr,
+        Endpoint::Unix(_) | Endpoint::Fds(_) => return Ok(()),
+    };
+    let to = to.as_str();
     match to.to_socket_addrs().map(|mut a| a.next()) {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err(CmdError::Usage(format!(
@@ -462,19 +471,18 @@ pub fn migrate_running(
         ..opts
     };
     let started = Instant::now();
-    let dialer: Box<dyn Dial> = match tls {
-        None => Box::new(TcpDialer(to.to_string())),
-        Some(tls) => match tls.dialer(to) {
-            Ok(d) => Box::new(d),
-            Err(e) => {
-                let error = chain(&e);
-                eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
-                return (
-                    failed_summary(vm, &opts, true, started.elapsed(), error),
-                    resume,
-                );
-            }
-        },
+    let dialer: Box<dyn Dial> = match to
+        .parse::<crate::endpoint::Endpoint>()
+        .and_then(|e| e.dialer(tls))
+    {
+        Ok(d) => d,
+        Err(error) => {
+            eprintln!("ferry: error: migration failed, the source VM keeps running: {error}");
+            return (
+                failed_summary(vm, &opts, true, started.elapsed(), error),
+                resume,
+            );
+        }
     };
     let watch = ShareWatch::start(vm, since);
     // SIGINT or SIGTERM cancels the migration: the engine rolls back, the

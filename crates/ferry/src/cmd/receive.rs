@@ -10,7 +10,7 @@ use ferry_backend::{error_chain as chain, BackendError, Blocker, Vm};
 use ferry_engine::postcopy::DEFAULT_RECOVER_TIMEOUT;
 use ferry_engine::precopy::{DEFAULT_STALL_TIMEOUT, RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS};
 use ferry_engine::wire::StreamHeader;
-use ferry_engine::{ExpectedVm, Listen, MigrationError, Outcome, ReceiveOptions, TransportError};
+use ferry_engine::{ExpectedVm, MigrationError, Outcome, ReceiveOptions, TransportError};
 use ferry_memstress::MemstressProbe;
 use std::io::Write;
 use std::process::ExitCode;
@@ -20,7 +20,10 @@ use std::time::Duration;
 /// Arguments of `ferry receive`.
 #[derive(Args, Debug)]
 pub struct ReceiveArgs {
-    /// Address to listen on, e.g. 0.0.0.0:7070 or 127.0.0.1:0 (any free port).
+    /// Where to wait for the migration: HOST:PORT (TCP, e.g. 0.0.0.0:7070,
+    /// or 127.0.0.1:0 for any free port), `unix:PATH` (a UNIX socket), or
+    /// `fd:N,M,...` (connected sockets this process inherited, in the order
+    /// the source opens them).
     #[arg(
         long,
         required_unless_present = "local",
@@ -73,6 +76,16 @@ pub struct ReceiveArgs {
     /// migration runs as usual.
     #[arg(long = "no-postcopy")]
     pub no_postcopy: bool,
+    /// Offer a migrating guest a CPU without these features (comma
+    /// separated, as /proc/cpuinfo names them: `avx2,avx512f`), as a fleet's
+    /// baseline CPU model does: a guest that was given one of them is
+    /// refused before any memory moves, naming it. kvm backend only.
+    #[arg(long = "cpu-without", value_delimiter = ',', value_name = "FEATURES")]
+    pub cpu_without: Vec<String>,
+    /// Give up if no migration has arrived after this many seconds (by
+    /// default, wait for one as long as it takes).
+    #[arg(long = "wait", value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub wait_s: Option<u64>,
     /// Exit after reporting instead of running the guest on.
     #[arg(long = "exit-after-report")]
     pub exit_after_report: bool,
@@ -91,6 +104,10 @@ pub struct ReceiveArgs {
 }
 
 pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
+    // A misspelt feature is refused now, not when a migration arrives.
+    ferry_kvm::cpu_check::HostCpu::from_parts(&[], Vec::new())
+        .without(&a.cpu_without)
+        .map_err(|e| CmdError::Usage(format!("--cpu-without: {e}")))?;
     if !(0.0..=3600.0).contains(&a.run_after) {
         return Err(CmdError::Usage(
             "--run-after must be 0 to 3600 seconds".into(),
@@ -99,15 +116,14 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     if let Some(socket) = &a.local {
         return super::local::receive(&a, socket);
     }
+    let endpoint: crate::endpoint::Endpoint = a.listen.parse().map_err(CmdError::Usage)?;
+    if a.tls_dir.is_some() && !matches!(endpoint, crate::endpoint::Endpoint::Tcp(_)) {
+        return Err(CmdError::Usage(format!(
+            "--tls-dir runs over TCP, not {endpoint}"
+        )));
+    }
     let tls = crate::cmd::migrate::load_tls(a.tls_dir.as_deref())?;
-    let tcp = ferry_engine::listen(a.listen.as_str()).map_err(|e| CmdError::Failed(chain(&e)))?;
-    let local = tcp
-        .local_addr()
-        .map_err(|e| CmdError::Failed(format!("cannot read the listening address: {e}")))?;
-    let listener: Box<dyn Listen> = match &tls {
-        Some(t) => Box::new(t.listener(tcp)),
-        None => Box::new(tcp),
-    };
+    let (listener, local) = endpoint.listener(tls.as_ref()).map_err(CmdError::Failed)?;
     // Nothing to roll back on this side: a stop ends it, and the source
     // sees the connection go (its guest runs on there).
     crate::signals::on_stop(|| {
@@ -118,16 +134,21 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     // The demo (and scripts) read this line to learn the port.
     println!("listening on {local}");
     std::io::stdout().flush().ok();
+    let deadline = a
+        .wait_s
+        .map(|s| std::time::Instant::now() + Duration::from_secs(s));
     // A connection that is not a migration (a port scanner, another
     // program, a wrong version) is refused with the reason, sent to it as
     // well, and the destination keeps listening; only the listening socket
     // failing ends it.
     let incoming = loop {
-        match ferry_engine::await_migration(&*listener) {
+        match ferry_engine::await_migration(&*listener, deadline) {
             Ok(incoming) => break incoming,
-            Err(e @ MigrationError::Transport(TransportError::Listen { .. })) => {
-                return Err(CmdError::Failed(chain(&e)))
-            }
+            Err(
+                e @ MigrationError::Transport(
+                    TransportError::Listen { .. } | TransportError::AcceptTimeout { .. },
+                ),
+            ) => return Err(CmdError::Failed(chain(&e))),
             Err(e) => eprintln!(
                 "ferry receive: refused a connection: {}; still listening on {local}",
                 chain(&e)
@@ -164,6 +185,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         },
     };
     let memory = a.memory;
+    let cpu_without = a.cpu_without.clone();
     let backend = a.backend.clone();
     let mut create = move |header: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
         let (kind, cfg) = vms::from_stream(&header.vmm, &header.vmm_config, backend.backing())?;
@@ -179,12 +201,15 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                 source: None,
             });
         }
-        vms::create(kind, &cfg, &backend, vms::Role::Destination)
+        vms::create_destination(kind, &cfg, &backend, &cpu_without)
     };
     let (mut vm, mut summary) = ferry_engine::receive(incoming, &*listener, &mut create, &opts)
         .map_err(|e| CmdError::Failed(chain(&e)))?;
     let mut problem = None;
-    if let (Outcome::Completed, Some(at_resume)) = (summary.status, summary.guest_at_resume) {
+    if summary.paused {
+        eprintln!("ferry receive: the guest arrived paused, as it was on the source");
+    } else if let (Outcome::Completed, Some(at_resume)) = (summary.status, summary.guest_at_resume)
+    {
         let run_after = Duration::from_secs_f64(a.run_after);
         let after = crate::guest_check::after_switchover(&*vm, at_resume, run_after);
         summary.passes_after = Some(after.since_resume.progress);
@@ -234,6 +259,14 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         eprintln!("ferry receive: the guest after switchover: {p}");
     }
     let ok = summary.digest_match && after == 0 && problem.is_none();
+    if !a.exit_after_report && ok && summary.paused {
+        // Held as a copy an operator resumes: `cont` starts it.
+        eprintln!("ferry receive: guest paused here; cont resumes it; Ctrl-C to stop");
+        return serve(
+            &mut *vm,
+            Some("the guest arrived paused, as it was on the source".into()),
+        );
+    }
     if !a.exit_after_report && ok {
         eprintln!("ferry receive: guest running here; Ctrl-C to stop");
         return serve(&mut *vm, None);

@@ -125,7 +125,7 @@ fn over_the_network(a: &ReceiveArgs, out: &ConsoleOut) -> Result<Arrived, String
         None => Box::new(tcp),
     };
     announce(&addr.to_string());
-    let incoming = await_migration(&*listener).map_err(|e| e.to_string())?;
+    let incoming = await_migration(&*listener, None).map_err(|e| e.to_string())?;
     let backing = a.backing;
     let mut factory = |h: &StreamHeader| -> Result<MiniVm, BackendError> {
         let mut vm = MiniVm::incoming(config_of(h)?, backing, out.clone())?;
