@@ -222,6 +222,14 @@ pub trait Vm: Send + std::any::Any {
     fn blockers(&self) -> Vec<Blocker> {
         Vec::new()
     }
+    /// The fds a same-host upgrade hands the new process besides memory,
+    /// each by name (a disk, a tap, eventfds, vhost-user sockets), so that
+    /// it adopts them instead of reopening them; the destination takes
+    /// them by name (`ferry_engine::local::LocalIncoming::take_handed_fds`).
+    /// Valid while the VM lives. None by default.
+    fn handover_fds(&self) -> Vec<(String, std::os::fd::RawFd)> {
+        Vec::new()
+    }
     /// What the guest was given of its host's CPU, in this VMM's own terms
     /// (a KVM VMM: `ferry_kvm::cpu_check::CpuProfile` as JSON). The stream
     /// header carries it to the destination's [`Vm::check_cpu`]. `None`:

@@ -16,6 +16,7 @@ use ferry_kvm::dirty::{DirtyTracking, KvmDirtySource};
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VmFd};
 use serde::{Deserialize, Serialize};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -103,6 +104,9 @@ pub struct MiniVm {
     vcpu: Vcpu,
     devices: Arc<Mutex<Devices>>,
     sources: Vec<Box<dyn DirtySource>>,
+    /// The disk's fd (the device owns the file): handed to the new process
+    /// on a same-host upgrade.
+    disk_fd: std::os::fd::RawFd,
     cpu: CpuContext,
     running: bool,
     /// Exit the process when vCPU state arrives (tests: a destination that
@@ -127,7 +131,7 @@ impl MiniVm {
         console: ConsoleOut,
     ) -> Result<Self, VmError> {
         let ram = Self::memory(&config, backing)?;
-        let vm = Self::build(config, ram, console, true)?;
+        let vm = Self::build(config, ram, console, true, None)?;
         let params = GuestParams {
             data_pages: vm.config.data_mib * (1 << 20) / PAGE_SIZE as u64,
             sweep_per_loop: vm.config.sweep_per_loop.max(1),
@@ -146,17 +150,24 @@ impl MiniVm {
         console: ConsoleOut,
     ) -> Result<Self, VmError> {
         let ram = Self::memory(&config, backing)?;
-        Self::on_ram(config, ram, console)
+        Self::on_ram(config, ram, console, None)
     }
 
     /// [`MiniVm::incoming`] on memory another process made (a same-host
-    /// upgrade maps the source's memfd).
-    pub fn on_ram(config: MiniConfig, ram: GuestRam, console: ConsoleOut) -> Result<Self, VmError> {
+    /// upgrade maps the source's memfd), serving the disk through `disk`
+    /// (the file the source handed over) where given, else opening the
+    /// configured path.
+    pub fn on_ram(
+        config: MiniConfig,
+        ram: GuestRam,
+        console: ConsoleOut,
+        disk: Option<std::fs::File>,
+    ) -> Result<Self, VmError> {
         let config = MiniConfig {
             blk_version: blk::VERSION,
             ..config
         };
-        Self::build(config, ram, console, false)
+        Self::build(config, ram, console, false, disk)
     }
 
     fn memory(config: &MiniConfig, backing: Backing) -> Result<GuestRam, VmError> {
@@ -169,6 +180,7 @@ impl MiniVm {
         ram: GuestRam,
         console: ConsoleOut,
         fresh: bool,
+        disk: Option<std::fs::File>,
     ) -> Result<Self, VmError> {
         if !config.line_every.is_power_of_two() {
             return Err(VmError::Config(format!(
@@ -213,11 +225,15 @@ impl MiniVm {
                 .map_err(kvm("KVM_SET_SREGS"))?;
             fd.set_regs(&boot::regs()).map_err(kvm("KVM_SET_REGS"))?;
         }
-        let disk = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&config.disk)
-            .map_err(crate::DeviceError::Disk)?;
+        let disk = match disk {
+            Some(file) => file,
+            None => std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&config.disk)
+                .map_err(crate::DeviceError::Disk)?,
+        };
+        let disk_fd = disk.as_raw_fd();
         let devices = Arc::new(Mutex::new(Devices {
             console: Console::new(console),
             blk: Blk::new(Arc::clone(&ram), disk, QUEUE_SIZE)?,
@@ -232,6 +248,7 @@ impl MiniVm {
             vcpu,
             devices,
             sources: vec![Box::new(log)],
+            disk_fd,
             cpu: CpuContext {
                 profile: CpuProfile::new(given.as_slice(), &msrs),
                 msrs,
@@ -404,6 +421,10 @@ impl Vm for MiniVm {
         cpu_state::restore_vcpu(0, &self.vcpu.fd(), &cx, vcpu).map_err(Self::state_error)?;
         self.cpu.profile = CpuProfile::new(&vcpu.cpuid, &self.cpu.msrs);
         Ok(())
+    }
+
+    fn handover_fds(&self) -> Vec<(String, std::os::fd::RawFd)> {
+        vec![("disk".into(), self.disk_fd)]
     }
 
     fn cpu_profile(&self) -> Option<serde_json::Value> {

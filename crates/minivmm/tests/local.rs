@@ -114,3 +114,36 @@ fn a_destination_that_dies_before_it_resumes_leaves_the_source_running() {
     assert!(common::source_kept_its_streams(&j, &console) > 0);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The disk image's path is removed once the source has it open, before
+/// the destination builds its VM: the destination serves the disk through
+/// the fd the source handed over by name, and every block check passes.
+#[test]
+fn a_local_upgrade_adopts_the_disk_fd_when_its_path_is_gone() {
+    if !kvm("minivmm --local --unlink-disk") {
+        return;
+    }
+    let out = Command::new(EXE)
+        .args([
+            "demo",
+            "--local",
+            "--unlink-disk",
+            "--json",
+            "--data-mib",
+            "16",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("opening the disk by its path"), "{stderr}");
+    let j: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(j["disk_unlinked"], true, "{j}");
+    assert_eq!(j["status"], "completed", "{j}");
+    assert_eq!(j["digest_match"], true, "{j}");
+    assert!(j["blk_requests"].as_u64() > Some(0), "{j}");
+    for key in ["blk_requests_lost", "blk_requests_doubled", "blk_bad_reads"] {
+        assert_eq!(j[key], 0, "{key}: {j}");
+    }
+}

@@ -35,6 +35,14 @@ pub enum LocalError {
         #[source]
         source: std::io::Error,
     },
+    /// The destination asked for an fd the source did not hand over.
+    #[error("the source handed over no fd named '{name}' (it handed: {handed})")]
+    NoHandedFd {
+        /// The name asked for.
+        name: String,
+        /// The names it did hand over.
+        handed: String,
+    },
     /// The peer broke the protocol.
     #[error("protocol: {0}")]
     Protocol(String),

@@ -8,7 +8,7 @@ use crate::summary::{ms, Outcome};
 use crate::wire::{self, StreamHeader};
 use ferry_backend::{BackendError, Backing, GuestRam, Lifecycle, SharedRegion, Vm};
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
@@ -46,12 +46,47 @@ pub struct LocalIncoming {
     regions: Vec<SharedRegion>,
     backing: Backing,
     start: Instant,
+    handed: HandedFds,
 }
 
 impl LocalIncoming {
     /// The VM on offer: its VMM, configuration, regions and sections.
     pub fn header(&self) -> &StreamHeader {
         &self.header
+    }
+
+    /// The fds the source's VMM handed over by name (its disk, tap,
+    /// eventfds...), for the factory to adopt: take them before
+    /// `receive_local`, and move them into the factory.
+    pub fn take_handed_fds(&mut self) -> HandedFds {
+        std::mem::take(&mut self.handed)
+    }
+}
+
+/// Fds a same-host source handed over by name
+/// ([`ferry_backend::Vm::handover_fds`]). Those not taken are closed.
+#[derive(Debug, Default)]
+pub struct HandedFds(Vec<(String, OwnedFd)>);
+
+impl HandedFds {
+    /// The names handed, in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.0.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    /// Takes the fd handed as `name`; one the source did not hand over is
+    /// refused, naming what it did hand.
+    pub fn take(&mut self, name: &str) -> Result<OwnedFd, LocalError> {
+        match self.0.iter().position(|(n, _)| n == name) {
+            Some(i) => Ok(self.0.remove(i).1),
+            None => Err(LocalError::NoHandedFd {
+                name: name.to_string(),
+                handed: match self.names() {
+                    names if names.is_empty() => "none".into(),
+                    names => names.join(", "),
+                },
+            }),
+        }
     }
 }
 
@@ -83,6 +118,7 @@ pub fn await_local(
         version,
         header,
         offsets,
+        handed,
     } = offer.head
     else {
         return Err(refuse(
@@ -100,18 +136,21 @@ pub fn await_local(
         ));
     }
     let n = header.regions.len();
-    if offer.fds.len() != n || offsets.len() != n {
+    if offer.fds.len() != n + handed.len() || offsets.len() != n {
         return Err(refuse(
             &stream,
             format!(
-                "{n} regions, but {} files and {} offsets",
+                "{n} regions and {} named fds, but {} files and {} offsets",
+                handed.len(),
                 offer.fds.len(),
                 offsets.len()
             ),
         ));
     }
+    let mut fds = offer.fds;
+    let named = handed.into_iter().zip(fds.split_off(n)).collect();
     let mut regions = Vec::with_capacity(n);
-    for ((region, fd), offset) in header.regions.iter().zip(offer.fds).zip(offsets) {
+    for ((region, fd), offset) in header.regions.iter().zip(fds).zip(offsets) {
         regions.push(SharedRegion {
             gpa: ferry_backend::Gpa(region.gpa),
             size: region.bytes,
@@ -129,6 +168,7 @@ pub fn await_local(
         regions,
         backing,
         start,
+        handed: HandedFds(named),
     })
 }
 
@@ -171,12 +211,14 @@ pub fn receive_local(
     create_vm: &mut CreateLocalVm<'_>,
     opts: &LocalOptions,
 ) -> Result<(Box<dyn Vm>, LocalSummary), MigrationError> {
+    // Fds the caller did not take are closed here.
     let LocalIncoming {
         stream,
         header,
         regions,
         backing,
         start,
+        handed: _,
     } = incoming;
     let fail = |stream: &UnixStream, head: Head, e: MigrationError| {
         let _ = message::send(stream, &head, &[], &[]);
@@ -312,4 +354,27 @@ fn load(
     vm.restore_sections(&sections)
         .map_err(MigrationError::backend("load the device sections"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod handed_tests {
+    use super::*;
+
+    #[test]
+    fn a_handed_fd_is_taken_once_by_name_and_a_missing_one_is_named() {
+        let file = File::open("/proc/self/stat").unwrap();
+        let mut handed = HandedFds(vec![("disk".into(), OwnedFd::from(file))]);
+        assert_eq!(handed.names(), ["disk"]);
+        let err = handed.take("tap0").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "the source handed over no fd named 'tap0' (it handed: disk)"
+        );
+        handed.take("disk").unwrap();
+        let err = handed.take("disk").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "the source handed over no fd named 'disk' (it handed: none)"
+        );
+    }
 }

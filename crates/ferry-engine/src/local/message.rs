@@ -45,6 +45,11 @@ pub enum Head {
         header: Box<StreamHeader>,
         /// Per region: where it starts in its file.
         offsets: Vec<u64>,
+        /// The names of the VMM's own fds that follow the regions' files
+        /// ([`ferry_backend::Vm::handover_fds`]). Absent when there are
+        /// none, so that an older destination reads the offer as before.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        handed: Vec<String>,
     },
     /// The destination mapped the memory and built its VM.
     Accepted,

@@ -28,7 +28,8 @@ pub mod message;
 mod source;
 
 pub use destination::{
-    await_local, listen_local, receive_local, receive_local_as, CreateLocalVm, LocalIncoming,
+    await_local, listen_local, receive_local, receive_local_as, CreateLocalVm, HandedFds,
+    LocalIncoming,
 };
 pub use source::migrate_local;
 

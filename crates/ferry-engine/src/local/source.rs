@@ -99,12 +99,16 @@ fn switch_over(
     let mut dirty = DirtyPages::new(ram.pages());
     dirty_logs::collect(vm, &mut dirty)?;
     dirty.clear();
+    let handed = vm.handover_fds();
+    let mut all_fds = fds.to_vec();
+    all_fds.extend(handed.iter().map(|(_, fd)| *fd));
     let offer = Head::Offer {
         version: message::VERSION,
         header: Box::new(header),
         offsets,
+        handed: handed.into_iter().map(|(name, _)| name).collect(),
     };
-    message::send(stream, &offer, &[], fds)?;
+    message::send(stream, &offer, &[], &all_fds)?;
     let hashing = Instant::now();
     let mut digest = LocalDigest::scan(&ram)?;
     summary.hash_ms = ms(hashing.elapsed());

@@ -22,6 +22,11 @@ pub struct DemoArgs {
     /// memory over a UNIX socket instead of receiving a copy.
     #[arg(long, conflicts_with_all = ["tls", "connections", "mode"])]
     local: bool,
+    /// With --local: remove the disk image's path once the source has it
+    /// open, before the destination builds its VM. The destination can then
+    /// only serve the disk through the fd the source hands over.
+    #[arg(long, requires = "local")]
+    unlink_disk: bool,
     /// MiB of the data region the guest sweeps.
     #[arg(long, default_value_t = 64)]
     data_mib: u64,
@@ -131,6 +136,9 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start the source: {e}"))?;
+    if a.unlink_disk {
+        unlink_once_open(src.id(), &disk)?;
+    }
     let src_json = last_json(src, "source")?;
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut dest_out, &mut rest).map_err(|e| e.to_string())?;
@@ -166,6 +174,7 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         "downtime_ms": src_json["downtime_ms"],
         "total_ms": src_json["total_ms"],
         "sections": dest_json["sections"],
+        "disk_unlinked": a.unlink_disk,
         "console_lines": console.lines,
         "console_lines_lost": console.lost,
         "console_lines_doubled": console.doubled,
@@ -217,4 +226,30 @@ fn last_json(child: Child, what: &str) -> Result<serde_json::Value, String> {
         .rev()
         .find_map(|l| serde_json::from_str(l).ok())
         .ok_or_else(|| format!("the {what} printed no summary (exit {})", out.status))
+}
+
+/// Waits until process `pid` has `path` open, then removes the path.
+fn unlink_once_open(pid: u32, path: &Path) -> Result<(), String> {
+    // The image may not exist yet (the source makes it): name it by its
+    // directory's real path.
+    let want = path
+        .parent()
+        .and_then(|d| std::fs::canonicalize(d).ok())
+        .zip(path.file_name())
+        .map(|(d, f)| d.join(f));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| std::fs::read_link(e.path()).ok() == want && want.is_some());
+        if open {
+            return std::fs::remove_file(path).map_err(|e| format!("{}: {e}", path.display()));
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("the source never opened {}", path.display()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }

@@ -153,9 +153,18 @@ fn local(path: &Path, out: &ConsoleOut, crash_on_restore: bool) -> Result<Arrive
         probe: Some(Arc::new(MiniProbe)),
         ..LocalOptions::default()
     };
-    let incoming = await_local(&listener, &opts).map_err(|e| e.to_string())?;
+    let mut incoming = await_local(&listener, &opts).map_err(|e| e.to_string())?;
+    // The source's disk, adopted rather than reopened: its path may be
+    // gone (an upgrade that replaced the image), the file is not.
+    let mut disk = match incoming.take_handed_fds().take("disk") {
+        Ok(fd) => Some(std::fs::File::from(fd)),
+        Err(e) => {
+            eprintln!("minivmm: {e}; opening the disk by its path");
+            None
+        }
+    };
     let mut factory = |h: &StreamHeader, ram: GuestRam| -> Result<MiniVm, BackendError> {
-        let mut vm = MiniVm::on_ram(config_of(h)?, ram, out.clone())?;
+        let mut vm = MiniVm::on_ram(config_of(h)?, ram, out.clone(), disk.take())?;
         vm.crash_on_restore = crash_on_restore;
         Ok(vm)
     };
