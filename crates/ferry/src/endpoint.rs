@@ -63,8 +63,18 @@ impl std::fmt::Display for Endpoint {
     }
 }
 
-/// The fds, owned from here on; one that is not open is refused by number.
+/// The fds, owned from here on; one that is not open, or that an earlier
+/// migration of this process took (and closed: the number may name another
+/// file by now), is refused by number.
 fn take(fds: &[RawFd]) -> Result<Vec<OwnedFd>, String> {
+    static TAKEN: std::sync::Mutex<Vec<RawFd>> = std::sync::Mutex::new(Vec::new());
+    let mut taken = TAKEN.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(fd) = fds.iter().find(|fd| taken.contains(fd)) {
+        return Err(format!(
+            "fd {fd} was handed to an earlier migration of this process, which closed it"
+        ));
+    }
+    taken.extend_from_slice(fds);
     fds.iter()
         .map(|&fd| {
             // SAFETY: F_GETFD only reads the fd's flags; an fd that is not
