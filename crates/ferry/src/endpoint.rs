@@ -82,10 +82,9 @@ fn take(fds: &[RawFd]) -> Result<Vec<OwnedFd>, String> {
             if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
                 return Err(format!("fd {fd} is not open in this process"));
             }
-            // SAFETY: the command line names fds this process inherited
-            // for this migration, open (checked above; sockets, checked when
-            // wrapped); nothing else in ferry owns or closes them, and each
-            // is taken once, by the one migration the command runs.
+            // The fd was inherited for this migration, is open (checked
+            // above) and is taken once (TAKEN); nothing else owns it.
+            // SAFETY: so this OwnedFd is its only owner.
             Ok(unsafe { OwnedFd::from_raw_fd(fd) })
         })
         .collect()

@@ -16,10 +16,10 @@ fn with_fds(args: &[&str], fds: &[RawFd]) -> std::process::Command {
     let mut cmd = ferry();
     cmd.args(args);
     let fds = fds.to_vec();
+    // Each fd is first copied above 100, so that one already at 3.. is
+    // neither overwritten nor left close-on-exec.
     // SAFETY: runs in the forked child before exec; fcntl and dup2 are
-    // async-signal-safe, and the closure allocates nothing (the Vec was
-    // built before the fork). Each fd is first copied above 100, so that
-    // one already at 3.. is neither overwritten nor left close-on-exec.
+    // async-signal-safe, and nothing is allocated (the Vec predates fork).
     unsafe {
         cmd.pre_exec(move || {
             let mut high = [0; 8];

@@ -101,14 +101,29 @@ pub fn accept_by(
         source,
     };
     listener.set_nonblocking(true).map_err(setup)?;
+    let got = accept_until(&name, deadline, || listener.accept());
+    listener.set_nonblocking(false).map_err(setup)?;
+    let (s, peer) = got?;
+    s.set_nonblocking(false).map_err(setup)?;
+    prepare(&s, &peer.to_string())?;
+    Ok(s)
+}
+
+/// Polls `accept` on a non-blocking listener named `name` until it gives a
+/// connection, fails, or `deadline` passes (TCP's and UNIX's listeners).
+pub(crate) fn accept_until<T>(
+    name: &str,
+    deadline: Instant,
+    mut accept: impl FnMut() -> io::Result<T>,
+) -> Result<T, TransportError> {
     let started = Instant::now();
-    let got = loop {
-        match listener.accept() {
-            Ok((s, peer)) => break Ok((s, peer)),
+    loop {
+        match accept() {
+            Ok(got) => return Ok(got),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
-                    break Err(TransportError::AcceptTimeout {
-                        addr: name.clone(),
+                    return Err(TransportError::AcceptTimeout {
+                        addr: name.to_string(),
                         secs: started.elapsed().as_secs(),
                     });
                 }
@@ -116,18 +131,13 @@ pub fn accept_by(
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(source) => {
-                break Err(TransportError::Listen {
-                    addr: name.clone(),
+                return Err(TransportError::Listen {
+                    addr: name.to_string(),
                     source,
                 })
             }
         }
-    };
-    listener.set_nonblocking(false).map_err(setup)?;
-    let (s, peer) = got?;
-    s.set_nonblocking(false).map_err(setup)?;
-    prepare(&s, &peer.to_string())?;
-    Ok(s)
+    }
 }
 
 impl Link for TcpStream {

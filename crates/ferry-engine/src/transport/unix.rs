@@ -14,7 +14,7 @@
 //! both sides; one short is refused by name, never waited for.
 
 use super::set::{Dial, Listen};
-use super::tcp::TransportError;
+use super::tcp::{accept_until, TransportError};
 use super::Link;
 use std::collections::VecDeque;
 use std::io;
@@ -94,23 +94,7 @@ impl Listen for UnixListener {
             return Ok(Box::new(self.accept().map_err(listen)?.0));
         };
         self.set_nonblocking(true).map_err(listen)?;
-        let started = Instant::now();
-        let got = loop {
-            match self.accept() {
-                Ok((s, _)) => break Ok(s),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        break Err(TransportError::AcceptTimeout {
-                            addr: name.clone(),
-                            secs: started.elapsed().as_secs(),
-                        });
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => break Err(listen(e)),
-            }
-        };
+        let got = accept_until(&name, deadline, || self.accept().map(|(s, _)| s));
         self.set_nonblocking(false).map_err(listen)?;
         let s = got?;
         s.set_nonblocking(false).map_err(listen)?;
