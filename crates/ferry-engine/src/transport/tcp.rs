@@ -124,7 +124,9 @@ pub(crate) fn accept_until<T>(
                 if Instant::now() >= deadline {
                     return Err(TransportError::AcceptTimeout {
                         addr: name.to_string(),
-                        secs: started.elapsed().as_secs(),
+                        // Rounded: a wait set from just before this call
+                        // ends a hair short of its whole seconds.
+                        secs: started.elapsed().as_secs_f64().round() as u64,
                     });
                 }
                 std::thread::sleep(Duration::from_millis(2));
