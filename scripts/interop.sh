@@ -13,6 +13,9 @@
 # completed with the digest matched, the destination ran the guest on
 # without a mismatch, and each side's summary names the wire version
 # actually spoken (an old binary's receive summary has no such field).
+# Then, on kvm, a same-host upgrade (`--local`, memory handed over) old ->
+# new, new -> old and new -> new, checked the same way against the
+# same-host protocol's version (an old binary's summary names none).
 #
 # The first run builds both binaries: about 15 minutes on a 2-core host.
 # Exits non-zero if any move fails.
@@ -99,4 +102,53 @@ EOF
     done
   done
 done
+# Same-host upgrade: the case it exists for is exactly two releases.
+local_max=$("$new_bin" --version | sed -n 's/.*local \([0-9]*\)-\([0-9]*\).*/\2/p')
+if [ "$kvm_ok" = yes ]; then
+    for pair in "old new" "new old" "new new"; do
+        set -- $pair
+        src_bin=$([ "$1" = old ] && echo "$old_bin" || echo "$new_bin")
+        dst_bin=$([ "$2" = old ] && echo "$old_bin" || echo "$new_bin")
+        want=$([ "$pair" = "new new" ] && echo "$local_max" || echo 1)
+        out=$(mktemp -d)
+        sock="$out/local.sock"
+        "$dst_bin" receive --local "$sock" --backend kvm --json --run-after 0.3 \
+            >"$out/dst.json" 2>"$out/dst.err" &
+        dst_pid=$!
+        for _ in $(seq 100); do
+            grep -q '^listening on ' "$out/dst.json" && break
+            sleep 0.1
+        done
+        "$src_bin" migrate --local "$sock" --backend kvm --backing memfd --vcpus 1 \
+            --mem-per-vcpu 256M --rate-limit 32 --warmup 0.5 --json \
+            >"$out/src.json" 2>"$out/src.err" || true
+        wait "$dst_pid" || true
+        src=$(tail -n 1 "$out/src.json")
+        dst=$(tail -n 1 "$out/dst.json")
+        row=$(python3 - "$src" "$dst" "$want" <<'EOF'
+import json, sys
+try:
+    s, d = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+except ValueError as e:
+    print(f"| no summary ({e}) | | | |"); sys.exit(1)
+want = int(sys.argv[3])
+ok = s.get("status") == d.get("status") == "completed"
+ok &= s.get("digest_match") is True and d.get("digest_match") is True
+ok &= all((x.get("guest") or {}).get("errors", 0) == 0 for x in (s, d))
+# An old binary's summary names no version: it speaks 1 only.
+sv, dv = s.get("version", "-"), d.get("version", "-")
+ok &= all(v == want or (v == "-" and want == 1) for v in (sv, dv))
+print(f"| {s.get('status')}/{d.get('status')}, local | {s.get('digest_match')}/{d.get('digest_match')} "
+      f"| downtime {s.get('downtime_ms', 0):.2f} ms | local {sv}/{dv} |")
+sys.exit(0 if ok else 1)
+EOF
+        ) && verdict=ok || { verdict=FAILED; failed=1; }
+        printf '| %s | %s | %s | %s %s %s\n' kvm local "$1" "$2" "$row" "$verdict"
+        if [ "$verdict" = FAILED ]; then
+            echo "--- source stderr" >&2; tail -n 5 "$out/src.err" >&2
+            echo "--- destination stderr" >&2; tail -n 5 "$out/dst.err" >&2
+        fi
+        rm -rf "$out"
+    done
+fi
 exit $failed

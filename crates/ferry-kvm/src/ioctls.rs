@@ -1,8 +1,11 @@
 //! The few KVM ioctls that kvm-ioctls does not wrap: `KVM_CLEAR_DIRTY_LOG` and
-//! `KVM_RESET_DIRTY_RINGS`. Kept here, small and documented, so no other module
-//! issues a raw ioctl.
+//! `KVM_RESET_DIRTY_RINGS`, and `KVM_GET_DIRTY_LOG` into a buffer the caller
+//! keeps (kvm-ioctls allocates a fresh one per call, and on this class of
+//! host first-touching it costs more than the ioctl: half a millisecond per
+//! 16 GiB slot, inside a same-host pause). Kept here, small and documented,
+//! so no other module issues a raw ioctl.
 
-use kvm_bindings::kvm_clear_dirty_log;
+use kvm_bindings::{kvm_clear_dirty_log, kvm_dirty_log};
 use kvm_ioctls::VmFd;
 use vmm_sys_util::errno;
 use vmm_sys_util::ioctl::{ioctl, ioctl_with_ref};
@@ -12,10 +15,43 @@ mod request {
     use kvm_bindings::{kvm_clear_dirty_log, KVMIO};
     use vmm_sys_util::{ioctl_io_nr, ioctl_iowr_nr};
 
+    use kvm_bindings::kvm_dirty_log;
+    use vmm_sys_util::ioctl_iow_nr;
+
+    ioctl_iow_nr!(KVM_GET_DIRTY_LOG, KVMIO, 0x42, kvm_dirty_log);
     ioctl_iowr_nr!(KVM_CLEAR_DIRTY_LOG, KVMIO, 0xc0, kvm_clear_dirty_log);
     ioctl_io_nr!(KVM_RESET_DIRTY_RINGS, KVMIO, 0xc7);
 }
-use request::{KVM_CLEAR_DIRTY_LOG, KVM_RESET_DIRTY_RINGS};
+use request::{KVM_CLEAR_DIRTY_LOG, KVM_GET_DIRTY_LOG, KVM_RESET_DIRTY_RINGS};
+
+/// Writes `slot`'s dirty bitmap into `bitmap` (bit 0: the slot's first
+/// page), which must hold a bit for each of the slot's `pages` pages.
+/// Without manual protect, KVM re-protects the pages it reports.
+pub fn get_dirty_log_into(
+    vm: &VmFd,
+    slot: u32,
+    pages: u64,
+    bitmap: &mut [u64],
+) -> errno::Result<()> {
+    assert!(
+        bitmap.len() as u64 * 64 >= pages,
+        "bitmap too short for the slot"
+    );
+    let mut arg = kvm_dirty_log {
+        slot,
+        ..Default::default()
+    };
+    arg.__bindgen_anon_1.dirty_bitmap = bitmap.as_mut_ptr() as *mut libc::c_void;
+    // SAFETY: `arg` is a valid kvm_dirty_log whose bitmap pointer covers the
+    // slot's pages (asserted above; KVM writes one bit per page, rounded up
+    // to a long) and is borrowed mutably for the call's length.
+    let ret = unsafe { ioctl_with_ref(vm, KVM_GET_DIRTY_LOG(), &arg) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(errno::Error::last())
+    }
+}
 
 /// Clears (re-protects) the pages whose bits are set in `bitmap`, for
 /// `num_pages` pages of `slot` starting at `first_page` (a multiple of 64).

@@ -27,16 +27,19 @@ use std::process::ExitCode;
 ///
 /// Start with `ferry demo`: it boots a busy 2-vCPU guest, starts a destination
 /// process on this machine, migrates over loopback and prints what happened.
-/// `ferry --version`: the release and the wire versions it speaks (a
-/// migration runs between any two releases whose ranges meet; see
-/// docs/compatibility.md).
+/// `ferry --version`: the release, the wire versions it speaks and the
+/// same-host protocol's (a migration runs between any two releases whose
+/// ranges meet; see docs/compatibility.md).
 fn version() -> &'static str {
+    use ferry_engine::local::message as local;
     use ferry_engine::wire::{MIN_VERSION, VERSION};
     static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     TEXT.get_or_init(|| {
         format!(
-            "{} (wire {MIN_VERSION}-{VERSION})",
-            env!("CARGO_PKG_VERSION")
+            "{} (wire {MIN_VERSION}-{VERSION}, local {}-{})",
+            env!("CARGO_PKG_VERSION"),
+            local::MIN_VERSION,
+            local::VERSION
         )
     })
 }

@@ -19,6 +19,8 @@ fn bench_local_moves_a_small_guest_both_ways_and_writes_its_outputs() {
         .args(&[
             "--sizes-gib",
             "1",
+            "--repeat",
+            "2",
             "--warmup",
             "0.3",
             "--json",
@@ -29,10 +31,25 @@ fn bench_local_moves_a_small_guest_both_ways_and_writes_its_outputs() {
     assert_success(&out);
     let j = last_json(&out);
     let cells = j["cells"].as_array().cloned().unwrap_or_default();
-    assert_eq!(cells.len(), 1, "{j}");
-    assert_eq!(cells[0]["mem_gib"], 1, "{j}");
-    assert_eq!(cells[0]["verified"], true, "{j}");
-    assert!(cells[0]["downtime_ms"].as_f64().unwrap() > 0.0, "{j}");
+    assert_eq!(cells.len(), 2, "{j}");
+    for c in &cells {
+        assert_eq!(c["mem_gib"], 1, "{j}");
+        assert_eq!(c["verified"], true, "{j}");
+        assert!(c["downtime_ms"].as_f64().unwrap() > 0.0, "{j}");
+        // Where the pause went: its phases fit inside it.
+        let phases: f64 = c["pause"]
+            .as_object()
+            .expect("the pause's phases")
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .sum();
+        assert!(phases <= c["downtime_ms"].as_f64().unwrap() + 1e-6, "{j}");
+    }
+    let size = &j["sizes"][0];
+    assert_eq!(size["moves"], 2, "{j}");
+    assert!(size["min_ms"].as_f64() <= size["median_ms"].as_f64(), "{j}");
+    assert!(size["median_ms"].as_f64() <= size["max_ms"].as_f64(), "{j}");
+    assert_eq!(j["downtime_ratio"], 1.0, "{j}");
     assert_eq!(j["tcp"][0]["verified"], true, "{j}");
     assert!(dir.join("local.json").exists() && dir.join("local.svg").exists());
     let _ = std::fs::remove_dir_all(dir);

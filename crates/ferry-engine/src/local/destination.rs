@@ -47,6 +47,11 @@ pub struct LocalIncoming {
     backing: Backing,
     start: Instant,
     handed: HandedFds,
+    /// The protocol version both ends speak.
+    version: u32,
+    /// Whether the source named its newest version (and so expects to
+    /// hear the chosen one).
+    ranged: bool,
 }
 
 impl LocalIncoming {
@@ -116,6 +121,7 @@ pub fn await_local(
     };
     let Head::Offer {
         version,
+        max_version,
         header,
         offsets,
         handed,
@@ -126,15 +132,10 @@ pub fn await_local(
             format!("expected an offer, got {}", offer.head.name()),
         ));
     };
-    if version != message::VERSION {
-        return Err(refuse(
-            &stream,
-            format!(
-                "the source speaks version {version} of the same-host protocol, this ferry {}",
-                message::VERSION
-            ),
-        ));
-    }
+    let version = match message::negotiate(version, max_version) {
+        Ok(v) => v,
+        Err(why) => return Err(refuse(&stream, why)),
+    };
     let n = header.regions.len();
     if offer.fds.len() != n + handed.len() || offsets.len() != n {
         return Err(refuse(
@@ -169,6 +170,8 @@ pub fn await_local(
         backing,
         start,
         handed: HandedFds(named),
+        version,
+        ranged: max_version.is_some(),
     })
 }
 
@@ -219,6 +222,8 @@ pub fn receive_local(
         backing,
         start,
         handed: _,
+        version,
+        ranged,
     } = incoming;
     let fail = |stream: &UnixStream, head: Head, e: MigrationError| {
         let _ = message::send(stream, &head, &[], &[]);
@@ -243,7 +248,11 @@ pub fn receive_local(
     };
     vm.migration_event(Lifecycle::Started);
     let mut summary = LocalSummary::new(&header.vmm, vm.ram().size(), header.regions.len());
-    match take_over(&mut *vm, &stream, &header, opts, &mut summary) {
+    summary.version = version;
+    let accepted = Head::Accepted {
+        version: ranged.then_some(version),
+    };
+    match take_over(&mut *vm, &stream, &header, accepted, opts, &mut summary) {
         Ok(()) => {
             summary.status = Outcome::Completed;
             summary.total_ms = ms(start.elapsed());
@@ -264,6 +273,7 @@ fn take_over(
     vm: &mut dyn Vm,
     stream: &UnixStream,
     header: &StreamHeader,
+    accepted: Head,
     opts: &LocalOptions,
     summary: &mut LocalSummary,
 ) -> Result<(), MigrationError> {
@@ -271,7 +281,7 @@ fn take_over(
     let hashing = Instant::now();
     let mut digest = LocalDigest::scan(&ram)?;
     summary.hash_ms = ms(hashing.elapsed());
-    message::send(stream, &Head::Accepted, &[], &[])?;
+    message::send(stream, &accepted, &[], &[])?;
 
     let state = loop {
         let m = message::recv(stream)?;
@@ -281,7 +291,10 @@ fn take_over(
         let [bitmap] = m.blobs.as_slice() else {
             return Err(LocalError::Protocol("a rehash without its dirty bitmap".into()).into());
         };
-        digest.refresh(&ram, &message::dirty_from(bitmap, ram.pages())?)?;
+        digest.refresh_runs(
+            &ram,
+            &message::dirty_from(bitmap, ram.pages(), summary.version)?,
+        )?;
         summary.rehash_rounds += 1;
         message::send(stream, &Head::Rehashed, &[], &[])?;
     };
@@ -346,7 +359,8 @@ fn load(
         return Err(LocalError::Protocol(format!("{} state blobs, not 3", blobs.len())).into());
     };
     summary.state_bytes = (vcpus.len() + sections.len()) as u64;
-    summary.dirty_pages = digest.refresh(ram, &message::dirty_from(dirty, ram.pages())?)?;
+    let runs = message::dirty_from(dirty, ram.pages(), summary.version)?;
+    summary.dirty_pages = digest.refresh_runs(ram, &runs)?;
     vm.restore_vcpus(vcpus)
         .map_err(MigrationError::backend("load the vCPU state"))?;
     let sections = wire::sections::decode(sections)?;

@@ -61,8 +61,13 @@ impl LocalDigest {
 
     /// Rehashes the pages in `dirty`; returns how many.
     pub fn refresh(&mut self, ram: &GuestRam, dirty: &DirtyPages) -> Result<u64, LocalError> {
+        self.refresh_runs(ram, &dirty.runs())
+    }
+
+    /// Rehashes the pages in `runs` (first page, count); returns how many.
+    pub fn refresh_runs(&mut self, ram: &GuestRam, runs: &[(Gfn, u64)]) -> Result<u64, LocalError> {
         let mut n = 0;
-        for (first, count) in dirty.runs() {
+        for &(first, count) in runs {
             self.hash_pages(ram, first.0, count)?;
             n += count;
         }

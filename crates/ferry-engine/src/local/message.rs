@@ -6,9 +6,9 @@
 //!   frame = u32 head_len | head (JSON) | u32 blobs | (u64 len | bytes)*
 //!
 //!   source                                destination
-//!   Offer {header, offsets} + fds  ──►    maps the files, builds its VM,
-//!   (hashes its memory meanwhile)         hashes its view of them
-//!                                  ◄──    Accepted | Refused {reason}
+//!   Offer {versions, header,       ──►    maps the files, builds its VM,
+//!          offsets} + fds                 hashes its view of them
+//!   (hashes its memory meanwhile)  ◄──    Accepted {version} | Refused {reason}
 //!   Rehash + dirty (while busy)    ──►    rehashes the same pages
 //!                                  ◄──    Rehashed
 //!   pause, save, harvest
@@ -17,6 +17,17 @@
 //!   Go (the source never resumes)  ──►    resumes the guest
 //!                                  ◄──    Resumed
 //! ```
+//!
+//! **Versions.** A same-host upgrade is exactly two releases meeting, so
+//! each end speaks its version and the one before. The Offer's `version`
+//! is the lowest the source speaks and `max_version` its highest; the
+//! destination picks the highest both speak and says which in Accepted.
+//! A version-1 destination reads only `version` (1), and answers a plain
+//! Accepted; a version-1 source sends no `max_version`, and gets one.
+//! - 1: the dirty set travels as a bitmap, its size fixed by memory
+//!   (512 KiB for 16 GiB), however few pages are dirty.
+//! - 2: as runs of pages, its size fixed by what is dirty
+//!   ([`dirty_blob`]).
 
 use super::fds;
 use super::LocalError;
@@ -25,8 +36,10 @@ use serde::{Deserialize, Serialize};
 use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
-/// The protocol's version; both ends must speak the same.
-pub const VERSION: u32 = 1;
+/// The protocol's newest version, which this ferry speaks.
+pub const VERSION: u32 = 2;
+/// The oldest version this ferry speaks, the one before [`VERSION`].
+pub const MIN_VERSION: u32 = 1;
 const MAX_HEAD: u32 = 16 << 20;
 const MAX_BLOBS: u32 = 16;
 const MAX_BLOB: u64 = 1 << 30;
@@ -38,8 +51,13 @@ pub enum Head {
     /// The VM to move, and where each region starts in its file (the fds
     /// come with this message, one per region).
     Offer {
-        /// [`VERSION`].
+        /// The oldest version the source speaks ([`MIN_VERSION`]): a
+        /// version-1 destination requires it to be 1.
         version: u32,
+        /// The newest version the source speaks; absent from a version-1
+        /// source, which speaks only `version`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_version: Option<u32>,
         /// The VM, as a stream header describes it (boxed: it dwarfs the
         /// other messages).
         header: Box<StreamHeader>,
@@ -52,7 +70,12 @@ pub enum Head {
         handed: Vec<String>,
     },
     /// The destination mapped the memory and built its VM.
-    Accepted,
+    Accepted {
+        /// The version both speak from here on; absent when the offer had
+        /// no `max_version` (the version is then the offer's `version`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        version: Option<u32>,
+    },
     /// It cannot take the VM.
     Refused {
         /// Why.
@@ -89,7 +112,7 @@ impl Head {
     pub fn name(&self) -> &'static str {
         match self {
             Head::Offer { .. } => "offer",
-            Head::Accepted => "accepted",
+            Head::Accepted { .. } => "accepted",
             Head::Refused { .. } => "refused",
             Head::Rehash => "rehash",
             Head::Rehashed => "rehashed",
@@ -102,28 +125,80 @@ impl Head {
     }
 }
 
-/// A dirty set as a blob: its bitmap words, little-endian. Its size is
-/// fixed by guest memory (512 KiB for 16 GiB), however scattered the pages.
-pub fn dirty_blob(dirty: &ferry_backend::DirtyPages) -> Vec<u8> {
-    dirty.words().iter().flat_map(|w| w.to_le_bytes()).collect()
+/// The version both ends speak, from an offer's `version` and
+/// `max_version`: the highest in both ranges, or why there is none.
+pub fn negotiate(version: u32, max_version: Option<u32>) -> Result<u32, String> {
+    let max = max_version.unwrap_or(version).max(version);
+    let chosen = max.min(VERSION);
+    if chosen < version.max(MIN_VERSION) {
+        return Err(format!(
+            "the source speaks versions {version} to {max} of the same-host protocol, \
+             this ferry {MIN_VERSION} to {VERSION}"
+        ));
+    }
+    Ok(chosen)
 }
 
-/// The dirty set of a guest with `pages` frames that [`dirty_blob`] wrote.
-pub fn dirty_from(blob: &[u8], pages: u64) -> Result<ferry_backend::DirtyPages, LocalError> {
-    let mut dirty = ferry_backend::DirtyPages::new(pages);
-    let words = pages.div_ceil(64) as usize;
-    if blob.len() != words * 8 {
+/// A dirty set as a blob in `version`'s encoding:
+/// - 1: the bitmap's words, little-endian; 512 KiB for 16 GiB of memory
+///   however few pages are dirty;
+/// - 2: runs of pages, each `u64 first | u64 count` little-endian, so
+///   that its size (and the pause's) follows what is dirty, not memory.
+pub fn dirty_blob(dirty: &ferry_backend::DirtyPages, version: u32) -> Vec<u8> {
+    if version < 2 {
+        return dirty.words().iter().flat_map(|w| w.to_le_bytes()).collect();
+    }
+    let runs = dirty.runs();
+    let mut blob = Vec::with_capacity(runs.len() * 16);
+    for (first, count) in runs {
+        blob.extend_from_slice(&first.0.to_le_bytes());
+        blob.extend_from_slice(&count.to_le_bytes());
+    }
+    blob
+}
+
+/// The runs of dirty pages, in ascending order, in a blob that
+/// [`dirty_blob`] wrote in `version`'s encoding for a guest of `pages`.
+pub fn dirty_from(
+    blob: &[u8],
+    pages: u64,
+    version: u32,
+) -> Result<Vec<(ferry_backend::Gfn, u64)>, LocalError> {
+    let u64_at = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8 bytes"));
+    if version < 2 {
+        let words = pages.div_ceil(64) as usize;
+        if blob.len() != words * 8 {
+            return Err(LocalError::Protocol(format!(
+                "a dirty bitmap of {} bytes for {pages} pages",
+                blob.len()
+            )));
+        }
+        let words: Vec<u64> = blob.chunks_exact(8).map(u64_at).collect();
+        let mut dirty = ferry_backend::DirtyPages::new(pages);
+        dirty.merge_words(ferry_backend::Gfn(0), &words);
+        return Ok(dirty.runs());
+    }
+    if !blob.len().is_multiple_of(16) {
         return Err(LocalError::Protocol(format!(
-            "a dirty bitmap of {} bytes for {pages} pages",
+            "dirty runs of {} bytes, not a multiple of 16",
             blob.len()
         )));
     }
-    let words: Vec<u64> = blob
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .collect();
-    dirty.merge_words(ferry_backend::Gfn(0), &words);
-    Ok(dirty)
+    let mut runs = Vec::with_capacity(blob.len() / 16);
+    let mut next = 0u64;
+    for run in blob.chunks_exact(16) {
+        let (first, count) = (u64_at(&run[..8]), u64_at(&run[8..]));
+        let end = first.checked_add(count).filter(|&e| e <= pages);
+        if count == 0 || first < next || end.is_none() {
+            return Err(LocalError::Protocol(format!(
+                "a dirty run of {count} pages at page {first}: runs must be non-empty, \
+                 ascending and within the guest's {pages} pages"
+            )));
+        }
+        next = first + count;
+        runs.push((ferry_backend::Gfn(first), count));
+    }
+    Ok(runs)
 }
 
 /// Bounds every read and write on `stream` by `timeout`, so that a peer
@@ -222,19 +297,68 @@ mod tests {
     use super::*;
     use ferry_backend::{DirtyPages, Gfn};
 
-    #[test]
-    fn a_dirty_bitmap_round_trips_and_a_wrong_size_is_refused() {
+    fn some_pages() -> DirtyPages {
         let mut d = DirtyPages::new(1000);
-        for g in [0, 63, 64, 500, 999] {
+        for g in [0, 1, 2, 63, 64, 500, 999] {
             d.set(Gfn(g));
         }
-        let blob = dirty_blob(&d);
-        assert_eq!(blob.len(), 16 * 8);
-        let back = dirty_from(&blob, 1000).unwrap();
-        assert_eq!(
-            back.iter().collect::<Vec<_>>(),
-            d.iter().collect::<Vec<_>>()
+        d
+    }
+
+    #[test]
+    fn a_dirty_set_round_trips_in_both_versions_and_a_wrong_size_is_refused() {
+        let d = some_pages();
+        let bitmap = dirty_blob(&d, 1);
+        assert_eq!(bitmap.len(), 16 * 8);
+        let runs = dirty_blob(&d, 2);
+        // 0-2, 63-64, 500, 999: sized by what is dirty.
+        assert_eq!(runs.len(), 4 * 16);
+        for (blob, version) in [(&bitmap, 1), (&runs, 2)] {
+            assert_eq!(dirty_from(blob, 1000, version).unwrap(), d.runs());
+            assert!(dirty_from(&blob[..8], 1000, version).is_err());
+        }
+    }
+
+    #[test]
+    fn dirty_runs_out_of_range_overlapping_or_empty_are_refused() {
+        let run = |first: u64, count: u64| {
+            let mut b = first.to_le_bytes().to_vec();
+            b.extend_from_slice(&count.to_le_bytes());
+            b
+        };
+        let refused = |blob: Vec<u8>| {
+            let e = dirty_from(&blob, 1000, 2).unwrap_err().to_string();
+            assert!(e.contains("within the guest's 1000 pages"), "{e}");
+        };
+        refused(run(999, 2));
+        refused(run(5, 0));
+        refused(run(u64::MAX, 2));
+        refused([run(10, 5), run(12, 1)].concat());
+        assert_eq!(dirty_from(&[], 1000, 2).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn versions_meet_at_the_highest_both_speak_or_are_refused_naming_both() {
+        // A version-1 source sends no max_version.
+        assert_eq!(negotiate(1, None), Ok(1));
+        assert_eq!(negotiate(MIN_VERSION, Some(VERSION)), Ok(VERSION));
+        // A newer source: its range reaches down to this one's.
+        assert_eq!(negotiate(VERSION, Some(VERSION + 5)), Ok(VERSION));
+        let e = negotiate(VERSION + 1, Some(VERSION + 2)).unwrap_err();
+        assert!(
+            e.contains(&format!("this ferry {MIN_VERSION} to {VERSION}")),
+            "{e}"
         );
-        assert!(dirty_from(&blob[..8], 1000).is_err());
+        assert!(negotiate(0, None).is_err());
+    }
+
+    #[test]
+    fn a_version_1_peer_reads_and_writes_the_messages_it_knows() {
+        // What a version-1 destination answers, and a version-1 source
+        // reads from a destination that saw no max_version.
+        let plain: Head = serde_json::from_str(r#"{"kind":"accepted"}"#).unwrap();
+        assert!(matches!(plain, Head::Accepted { version: None }));
+        let to_old = serde_json::to_string(&Head::Accepted { version: None }).unwrap();
+        assert_eq!(to_old, r#"{"kind":"accepted"}"#);
     }
 }

@@ -66,6 +66,8 @@ pub struct LocalSummary {
     pub status: Outcome,
     /// The VMM.
     pub vmm: String,
+    /// The same-host protocol version both ends spoke.
+    pub version: u32,
     /// Bytes of guest memory (mapped, not copied).
     pub memory_bytes: u64,
     /// Memory regions handed over.
@@ -80,6 +82,9 @@ pub struct LocalSummary {
     /// word that it runs; destination, from the state's arrival to its
     /// resume.
     pub downtime_ms: f64,
+    /// Where the pause went, on the source of a move that reached it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause: Option<PausePhases>,
     /// From the start to the end, in ms.
     pub total_ms: f64,
     /// Bytes of vCPU and device state sent.
@@ -92,6 +97,25 @@ pub struct LocalSummary {
     pub error: Option<String>,
 }
 
+/// Where a same-host pause's time went, as the source saw it, in ms. What
+/// grows with memory shows here (the goal: nothing does).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PausePhases {
+    /// Stopping the vCPUs, and reading the guest's own checks.
+    pub stop_ms: f64,
+    /// Saving the devices and the vCPUs.
+    pub save_ms: f64,
+    /// Reading the dirty logs one last time.
+    pub harvest_ms: f64,
+    /// Rehashing the pages dirtied since the last rehash.
+    pub rehash_ms: f64,
+    /// From sending the state to the destination's word that it is ready:
+    /// its rehash, load and digest check.
+    pub destination_ms: f64,
+    /// From Go to the destination's word that the guest runs there.
+    pub resume_ms: f64,
+}
+
 impl LocalSummary {
     /// A failed move of a `vmm` VM with `memory_bytes` in `regions`, to be
     /// filled in as it goes.
@@ -99,12 +123,14 @@ impl LocalSummary {
         LocalSummary {
             status: Outcome::Failed,
             vmm: vmm.into(),
+            version: message::MIN_VERSION,
             memory_bytes,
             regions,
             hash_ms: 0.0,
             dirty_pages: 0,
             rehash_rounds: 0,
             downtime_ms: 0.0,
+            pause: None,
             total_ms: 0.0,
             state_bytes: 0,
             digest_match: false,

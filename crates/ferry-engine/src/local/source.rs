@@ -2,7 +2,7 @@
 
 use super::digest::LocalDigest;
 use super::message::{self, Head};
-use super::{LocalError, LocalOptions, LocalSummary};
+use super::{LocalError, LocalOptions, LocalSummary, PausePhases};
 use crate::dirty_logs;
 use crate::error::MigrationError;
 use crate::summary::{ms, Outcome};
@@ -103,7 +103,8 @@ fn switch_over(
     let mut all_fds = fds.to_vec();
     all_fds.extend(handed.iter().map(|(_, fd)| *fd));
     let offer = Head::Offer {
-        version: message::VERSION,
+        version: message::MIN_VERSION,
+        max_version: Some(message::VERSION),
         header: Box::new(header),
         offsets,
         handed: handed.into_iter().map(|(name, _)| name).collect(),
@@ -112,11 +113,21 @@ fn switch_over(
     let hashing = Instant::now();
     let mut digest = LocalDigest::scan(&ram)?;
     summary.hash_ms = ms(hashing.elapsed());
-    match message::recv(stream)?.head {
-        Head::Accepted => {}
+    let version = match message::recv(stream)?.head {
+        Head::Accepted { version } => version.unwrap_or(message::MIN_VERSION),
         Head::Refused { reason } => return Err(LocalError::Refused(reason).into()),
         other => return Err(unexpected("accepted", &other)),
+    };
+    if !(message::MIN_VERSION..=message::VERSION).contains(&version) {
+        return Err(LocalError::Protocol(format!(
+            "the destination chose version {version} of the same-host protocol, \
+             which this ferry ({}-{}) did not offer",
+            message::MIN_VERSION,
+            message::VERSION
+        ))
+        .into());
     }
+    summary.version = version;
     // A busy guest dirtied pages while memory was hashed: rehash them on
     // both ends while it runs, until few are left for the pause.
     let mut last = u64::MAX;
@@ -126,7 +137,12 @@ fn switch_over(
         if n <= PAUSE_REHASH_PAGES || n * 2 > last {
             break;
         }
-        message::send(stream, &Head::Rehash, &[&message::dirty_blob(&dirty)], &[])?;
+        message::send(
+            stream,
+            &Head::Rehash,
+            &[&message::dirty_blob(&dirty, version)],
+            &[],
+        )?;
         digest.refresh(&ram, &dirty)?;
         match message::recv(stream)?.head {
             Head::Rehashed => {}
@@ -138,21 +154,27 @@ fn switch_over(
     }
 
     let paused = Instant::now();
+    let mut lap = Lap::new();
+    let mut phases = PausePhases::default();
     vm.pause()
         .map_err(MigrationError::backend("pause the guest"))?;
     *stage = Stage::Paused;
     if let Some(probe) = &opts.probe {
         summary.guest = Some(probe.read(vm).map_err(MigrationError::Probe)?);
     }
+    phases.stop_ms = lap.next();
     // Saving a device may write guest memory: harvest after it.
     let sections = vm
         .save_sections()
         .map_err(MigrationError::backend("save the device sections"))?;
-    dirty_logs::collect(vm, &mut dirty)?;
     let vcpus = vm
         .save_vcpus()
         .map_err(MigrationError::backend("save the vCPU state"))?;
+    phases.save_ms = lap.next();
+    dirty_logs::collect(vm, &mut dirty)?;
+    phases.harvest_ms = lap.next();
     summary.dirty_pages = digest.refresh(&ram, &dirty)?;
+    phases.rehash_ms = lap.next();
     let sections = wire::sections::encode(&sections);
     summary.state_bytes = (vcpus.len() + sections.len()) as u64;
     let state = Head::State {
@@ -161,7 +183,7 @@ fn switch_over(
     message::send(
         stream,
         &state,
-        &[&vcpus, &sections, &message::dirty_blob(&dirty)],
+        &[&vcpus, &sections, &message::dirty_blob(&dirty, version)],
         &[],
     )?;
     match message::recv(stream)?.head {
@@ -172,6 +194,7 @@ fn switch_over(
         }
         other => return Err(unexpected("ready", &other)),
     }
+    phases.destination_ms = lap.next();
     summary.digest_match = true;
     // From here the guest is the destination's, whatever happens.
     *stage = Stage::Committed;
@@ -188,8 +211,27 @@ fn switch_over(
             return Err(LocalError::Unconfirmed.into());
         }
     }
+    phases.resume_ms = lap.next();
+    summary.pause = Some(phases);
     summary.downtime_ms = ms(paused.elapsed());
     Ok(())
+}
+
+/// Times consecutive phases.
+struct Lap(Instant);
+
+impl Lap {
+    fn new() -> Self {
+        Lap(Instant::now())
+    }
+
+    /// The ms since the last call (or since `new`).
+    fn next(&mut self) -> f64 {
+        let now = Instant::now();
+        let d = now - self.0;
+        self.0 = now;
+        ms(d)
+    }
 }
 
 fn unexpected(expected: &str, got: &Head) -> MigrationError {

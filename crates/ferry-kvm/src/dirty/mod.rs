@@ -120,6 +120,10 @@ pub struct DirtyLog {
     /// Pages collected from rings (by vCPU threads on ring-full exits, or by a
     /// harvest) that the engine has not taken yet.
     pending: Arc<RingPages>,
+    /// Per slot, the buffer KVM_GET_DIRTY_LOG writes: allocated and
+    /// touched once at `start`, so that no harvest (the one in the pause
+    /// least of all) pays for fresh memory.
+    bitmaps: Vec<Vec<u64>>,
     active: bool,
 }
 
@@ -138,6 +142,7 @@ impl DirtyLog {
             ram,
             rings: Vec::new(),
             pending,
+            bitmaps: Vec::new(),
             active: false,
         }
     }
@@ -158,6 +163,19 @@ impl DirtyLog {
         // Before logging starts: once it has, a meter may already have
         // collected (and flagged) pages that only a harvest may drop.
         self.pending.clear();
+        if !matches!(self.mode, DirtyTracking::Ring { .. }) {
+            self.bitmaps = self
+                .ram
+                .slots()
+                .iter()
+                .map(|slot| {
+                    let mut words = Vec::with_capacity(slot.pages().div_ceil(64) as usize);
+                    // Written, not calloc'ed: every page of it is touched now.
+                    words.resize(words.capacity(), u64::MAX);
+                    words
+                })
+                .collect();
+        }
         for slot in self.ram.slots() {
             set_slot_logging(&self.vm, &self.ram, slot, true)?;
         }
@@ -170,7 +188,14 @@ impl DirtyLog {
             // Clearing everything protects the slot, chunk by chunk.
             for slot in self.ram.slots() {
                 let all = vec![u64::MAX; slot.pages().div_ceil(64) as usize];
-                self.clear_chunks(slot.slot, slot.pages(), &all, chunk_pages, pace_us)?;
+                clear_chunks(
+                    &self.vm,
+                    slot.slot,
+                    slot.pages(),
+                    &all,
+                    chunk_pages,
+                    pace_us,
+                )?;
             }
         }
         self.active = true;
@@ -206,12 +231,10 @@ impl DirtyLog {
         match self.mode {
             DirtyTracking::Bitmap => {
                 let t = Instant::now();
-                for slot in self.ram.slots() {
-                    let bits = self
-                        .vm
-                        .get_dirty_log(slot.slot, slot.size as usize)
+                for (slot, bits) in self.ram.slots().iter().zip(&mut self.bitmaps) {
+                    ioctls::get_dirty_log_into(&self.vm, slot.slot, slot.pages(), bits)
                         .map_err(ioctl("KVM_GET_DIRTY_LOG"))?;
-                    into.merge_words(slot.first_gfn(), &bits);
+                    into.merge_words(slot.first_gfn(), bits);
                 }
                 stats.get_ns = t.elapsed().as_nanos() as u64;
             }
@@ -219,16 +242,21 @@ impl DirtyLog {
                 chunk_pages,
                 pace_us,
             } => {
-                for slot in self.ram.slots() {
+                for (slot, bits) in self.ram.slots().iter().zip(&mut self.bitmaps) {
                     let t = Instant::now();
-                    let bits = self
-                        .vm
-                        .get_dirty_log(slot.slot, slot.size as usize)
+                    ioctls::get_dirty_log_into(&self.vm, slot.slot, slot.pages(), bits)
                         .map_err(ioctl("KVM_GET_DIRTY_LOG"))?;
                     stats.get_ns += t.elapsed().as_nanos() as u64;
-                    into.merge_words(slot.first_gfn(), &bits);
+                    into.merge_words(slot.first_gfn(), bits);
                     let t = Instant::now();
-                    self.clear_chunks(slot.slot, slot.pages(), &bits, chunk_pages, pace_us)?;
+                    clear_chunks(
+                        &self.vm,
+                        slot.slot,
+                        slot.pages(),
+                        bits,
+                        chunk_pages,
+                        pace_us,
+                    )?;
                     stats.clear_ns += t.elapsed().as_nanos() as u64;
                 }
             }
@@ -246,31 +274,31 @@ impl DirtyLog {
         stats.pages = into.count() - before;
         Ok(stats)
     }
+}
 
-    /// KVM_CLEAR_DIRTY_LOG over `pages` pages of `slot`, `chunk_pages` at a time,
-    /// skipping chunks with no bit set and sleeping `pace_us` after each call.
-    fn clear_chunks(
-        &self,
-        slot: u32,
-        pages: u64,
-        bits: &[u64],
-        chunk_pages: u32,
-        pace_us: u32,
-    ) -> Result<(), KvmError> {
-        let chunk = u64::from(chunk_pages.max(64));
-        let mut first = 0u64;
-        while first < pages {
-            let n = chunk.min(pages - first);
-            let words = &bits[(first / 64) as usize..(first + n).div_ceil(64) as usize];
-            if words.iter().any(|&w| w != 0) {
-                ioctls::clear_dirty_log(&self.vm, slot, first, n as u32, words)
-                    .map_err(ioctl("KVM_CLEAR_DIRTY_LOG"))?;
-                if pace_us > 0 {
-                    std::thread::sleep(Duration::from_micros(u64::from(pace_us)));
-                }
+/// KVM_CLEAR_DIRTY_LOG over `pages` pages of `slot`, `chunk_pages` at a time,
+/// skipping chunks with no bit set and sleeping `pace_us` after each call.
+fn clear_chunks(
+    vm: &VmFd,
+    slot: u32,
+    pages: u64,
+    bits: &[u64],
+    chunk_pages: u32,
+    pace_us: u32,
+) -> Result<(), KvmError> {
+    let chunk = u64::from(chunk_pages.max(64));
+    let mut first = 0u64;
+    while first < pages {
+        let n = chunk.min(pages - first);
+        let words = &bits[(first / 64) as usize..(first + n).div_ceil(64) as usize];
+        if words.iter().any(|&w| w != 0) {
+            ioctls::clear_dirty_log(vm, slot, first, n as u32, words)
+                .map_err(ioctl("KVM_CLEAR_DIRTY_LOG"))?;
+            if pace_us > 0 {
+                std::thread::sleep(Duration::from_micros(u64::from(pace_us)));
             }
-            first += n;
         }
-        Ok(())
+        first += n;
     }
+    Ok(())
 }

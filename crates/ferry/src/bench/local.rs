@@ -10,13 +10,17 @@
 //!     tcp    migrate → receive over loopback (sizes up to --tcp-max)
 //!   downtime: the source's pause to the destination's word that it runs
 //!   each move is checked: digest, and the guest's own stamps after it
+//!   each size moves --repeat times (a fresh VM each); the table gives the
+//!   median, and where the median move's pause went
 //! ```
 
 use crate::cmd::CmdError;
 use crate::vms::BackendKind;
 use clap::Args;
 use ferry_backend::{Backing, GuestRam, Vm};
-use ferry_engine::local::{await_local, listen_local, migrate_local, receive_local, LocalOptions};
+use ferry_engine::local::{
+    await_local, listen_local, migrate_local, receive_local, LocalOptions, PausePhases,
+};
 use ferry_engine::{await_migration, listen, migrate, receive, NoProgress, PrecopyOptions};
 use ferry_engine::{Outcome, ReceiveOptions, TcpDialer};
 use ferry_kvm::DirtyTracking;
@@ -46,11 +50,17 @@ pub struct LocalArgs {
     /// The guest's write rate in MiB/s.
     #[arg(long, default_value_t = 64)]
     pub rate_mib_s: u64,
+    /// Moves per size, each with a fresh VM: the table gives the median
+    /// (one move's downtime on this host varies by 2x and more).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeat: u32,
     /// Seconds the guest runs before each move.
     #[arg(long, default_value_t = 1.0)]
     pub warmup: f64,
-    /// Print one JSON object (`cells`: mem_gib, downtime_ms, total_ms per
-    /// local move) as the last line of stdout.
+    /// Print one JSON object as the last line of stdout: `sizes` (per
+    /// size, the local moves' median, min and max downtime), `cells`
+    /// (every local move) and `downtime_ratio` (the largest median over
+    /// the smallest).
     #[arg(long)]
     pub json: bool,
     /// Directory for the JSON and SVG outputs.
@@ -73,6 +83,8 @@ pub struct Cell {
     pub hash_ms: f64,
     /// Digest matched and the guest ran on without a stale page.
     pub verified: bool,
+    /// Where the pause went (local moves).
+    pub pause: Option<PausePhases>,
 }
 
 /// All moves of a run.
@@ -80,6 +92,8 @@ pub struct Cell {
 pub struct LocalResults {
     /// Backend of the guest.
     pub backend: String,
+    /// Per size, the local moves' median.
+    pub sizes: Vec<SizeStats>,
     /// Every move, in the order made.
     pub cells: Vec<Cell>,
     /// Sizes left out, and why.
@@ -179,6 +193,7 @@ fn move_local(a: &LocalArgs, kind: BackendKind, c: &VmConfig) -> Result<Cell, Cm
         total_ms: s.total_ms,
         hash_ms: s.hash_ms,
         verified: s.digest_match && clean,
+        pause: s.pause,
     })
 }
 
@@ -226,6 +241,7 @@ fn move_tcp(a: &LocalArgs, kind: BackendKind, c: &VmConfig) -> Result<Cell, CmdE
         total_ms: s.total_ms,
         hash_ms: 0.0,
         verified: s.status == Outcome::Completed && s.digest_match && clean,
+        pause: None,
     })
 }
 
@@ -261,8 +277,10 @@ pub fn run(a: &LocalArgs) -> Result<Report<LocalResults>, CmdError> {
             ));
             continue;
         }
-        eprintln!("ferry: {gib} GiB, local ...");
-        cells.push(move_local(a, kind, &c)?);
+        for i in 1..=a.repeat {
+            eprintln!("ferry: {gib} GiB, local, move {i} of {} ...", a.repeat);
+            cells.push(move_local(a, kind, &c)?);
+        }
         if gib <= a.tcp_max_gib {
             eprintln!("ferry: {gib} GiB, tcp precopy ...");
             cells.push(move_tcp(a, kind, &c)?);
@@ -271,31 +289,101 @@ pub fn run(a: &LocalArgs) -> Result<Report<LocalResults>, CmdError> {
     Ok(report(a, cells, skipped))
 }
 
+/// The local moves of one size.
+#[derive(Clone, Debug, Serialize)]
+pub struct SizeStats {
+    /// Guest memory in GiB.
+    pub mem_gib: u64,
+    /// Moves made.
+    pub moves: usize,
+    /// Their downtime: median, min and max, ms.
+    pub median_ms: f64,
+    /// The shortest.
+    pub min_ms: f64,
+    /// The longest.
+    pub max_ms: f64,
+    /// Every move verified.
+    pub verified: bool,
+    /// Where the median move's pause went.
+    pub pause: Option<PausePhases>,
+}
+
+/// The local moves grouped by size, in the order made.
+pub fn by_size(cells: &[Cell]) -> Vec<SizeStats> {
+    let mut sizes: Vec<u64> = Vec::new();
+    for c in cells.iter().filter(|c| c.how == "local") {
+        if !sizes.contains(&c.mem_gib) {
+            sizes.push(c.mem_gib);
+        }
+    }
+    sizes
+        .into_iter()
+        .map(|gib| {
+            let mut moves: Vec<&Cell> = cells
+                .iter()
+                .filter(|c| c.how == "local" && c.mem_gib == gib)
+                .collect();
+            moves.sort_by(|a, b| a.downtime_ms.total_cmp(&b.downtime_ms));
+            let median = moves[moves.len() / 2];
+            SizeStats {
+                mem_gib: gib,
+                moves: moves.len(),
+                median_ms: median.downtime_ms,
+                min_ms: moves[0].downtime_ms,
+                max_ms: moves[moves.len() - 1].downtime_ms,
+                verified: moves.iter().all(|c| c.verified),
+                pause: median.pause.clone(),
+            }
+        })
+        .collect()
+}
+
+/// The largest median downtime over the smallest (the goal: at most 2).
+pub fn downtime_ratio(sizes: &[SizeStats]) -> Option<f64> {
+    let medians = sizes.iter().map(|s| s.median_ms);
+    let max = medians
+        .clone()
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+    let min = medians.fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))));
+    Some(max? / min?.max(1e-3))
+}
+
 fn report(a: &LocalArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Report<LocalResults> {
+    let sizes = by_size(&cells);
     let mut table = Table::new(
         format!(
             "same-host upgrade (memfd handed over) vs TCP precopy on loopback, {} guest writing {} MiB/s, same run",
             a.backend, a.rate_mib_s
         ),
-        &["how", "GiB", "downtime ms", "total ms", "hash ms", "verified"],
+        &[
+            "how", "GiB", "moves", "downtime ms (median)", "min", "max", "verified",
+        ],
     );
-    for c in &cells {
+    for s in &sizes {
         table.row(vec![
-            c.how.clone(),
+            "local".into(),
+            s.mem_gib.to_string(),
+            s.moves.to_string(),
+            format!("{:.2}", s.median_ms),
+            format!("{:.2}", s.min_ms),
+            format!("{:.2}", s.max_ms),
+            if s.verified { "yes" } else { "NO" }.into(),
+        ]);
+    }
+    for c in cells.iter().filter(|c| c.how == "tcp") {
+        table.row(vec![
+            "tcp".into(),
             c.mem_gib.to_string(),
+            "1".into(),
             format!("{:.2}", c.downtime_ms),
-            format!("{:.1}", c.total_ms),
-            format!("{:.1}", c.hash_ms),
+            "-".into(),
+            "-".into(),
             if c.verified { "yes" } else { "NO" }.into(),
         ]);
     }
-    let local: Vec<&Cell> = cells.iter().filter(|c| c.how == "local").collect();
-    if let (Some(small), Some(large)) = (local.first(), local.last()) {
+    if let Some(r) = downtime_ratio(&sizes) {
         table.note(format!(
-            "local downtime, {} GiB over {} GiB: {:.2}x (the goal: flat, at most 2x)",
-            large.mem_gib,
-            small.mem_gib,
-            large.downtime_ms / small.downtime_ms.max(1e-3)
+            "local downtime, the largest median over the smallest: {r:.2}x (the goal: flat, at most 2x)"
         ));
     }
     table.note("local: the destination maps the source's memfd files (SCM_RIGHTS); only vCPU and device state travel. Both ends hash memory while the guest runs and rehash only pages dirtied since at the pause.");
@@ -304,22 +392,53 @@ fn report(a: &LocalArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Report<Local
     for s in &skipped {
         table.note(format!("skipped {s}"));
     }
-    let series = ["local", "tcp"]
-        .iter()
-        .map(|how| Series {
-            label: format!("{how} downtime"),
-            points: cells
-                .iter()
-                .filter(|c| c.how == *how)
-                .map(|c| (c.mem_gib as f64, c.downtime_ms))
-                .collect(),
-        })
-        .collect();
+    let mut phases = Table::new(
+        "where the median local move's pause went, ms (source's clock)",
+        &[
+            "GiB",
+            "stop",
+            "save",
+            "harvest",
+            "rehash",
+            "destination",
+            "resume",
+        ],
+    );
+    for s in &sizes {
+        if let Some(p) = &s.pause {
+            phases.row(vec![
+                s.mem_gib.to_string(),
+                format!("{:.2}", p.stop_ms),
+                format!("{:.2}", p.save_ms),
+                format!("{:.2}", p.harvest_ms),
+                format!("{:.2}", p.rehash_ms),
+                format!("{:.2}", p.destination_ms),
+                format!("{:.2}", p.resume_ms),
+            ]);
+        }
+    }
+    phases.note("stop: pausing the vCPUs and reading the guest's checks; save: devices and vCPUs; harvest: the dirty logs' last read; rehash: pages dirtied since the last rehash; destination: its rehash, load and digest check; resume: Go to the destination's word that the guest runs.");
+    let mut series = vec![Series {
+        label: "local downtime (median)".into(),
+        points: sizes
+            .iter()
+            .map(|s| (s.mem_gib as f64, s.median_ms))
+            .collect(),
+    }];
+    series.push(Series {
+        label: "tcp downtime".into(),
+        points: cells
+            .iter()
+            .filter(|c| c.how == "tcp")
+            .map(|c| (c.mem_gib as f64, c.downtime_ms))
+            .collect(),
+    });
     Report {
         name: "local".into(),
-        tables: vec![table],
+        tables: vec![table, phases],
         results: LocalResults {
             backend: a.backend.clone(),
+            sizes,
             cells,
             skipped,
         },
@@ -333,21 +452,13 @@ fn report(a: &LocalArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Report<Local
     }
 }
 
-/// The `--json` line: the local cells, and the largest over the smallest.
+/// The `--json` line: per size the local moves' median, every local move,
+/// and the largest median over the smallest.
 pub fn summary_json(r: &LocalResults) -> serde_json::Value {
-    let local: Vec<&Cell> = r.cells.iter().filter(|c| c.how == "local").collect();
-    let ratio = match (local.first(), local.last()) {
-        (Some(s), Some(l)) => Some(l.downtime_ms / s.downtime_ms.max(1e-3)),
-        _ => None,
-    };
     serde_json::json!({
-        "cells": local.iter().map(|c| serde_json::json!({
-            "mem_gib": c.mem_gib,
-            "downtime_ms": c.downtime_ms,
-            "total_ms": c.total_ms,
-            "verified": c.verified,
-        })).collect::<Vec<_>>(),
-        "downtime_ratio": ratio,
+        "sizes": r.sizes,
+        "cells": r.cells.iter().filter(|c| c.how == "local").collect::<Vec<_>>(),
+        "downtime_ratio": downtime_ratio(&r.sizes),
         "tcp": r.cells.iter().filter(|c| c.how == "tcp").collect::<Vec<_>>(),
         "skipped": r.skipped,
     })
