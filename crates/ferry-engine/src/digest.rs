@@ -132,12 +132,17 @@ pub fn memory_digest(ram: &GuestRam, threads: usize) -> Result<MemoryDigest, Ram
     let mut hashes = vec![0u64; pages];
     let per_thread = pages.div_ceil(threads.max(1)).max(1);
     std::thread::scope(|s| {
+        // Named for a VMM's seccomp list (`ferry_engine::seccomp::THREADS`).
         let workers: Vec<_> = hashes
             .chunks_mut(per_thread)
             .enumerate()
             .map(|(t, out)| {
                 let first = t * per_thread;
-                s.spawn(move || hash_range(ram, first, out))
+                std::thread::Builder::new()
+                    .name(format!("digest-{}", t + 1))
+                    .spawn_scoped(s, move || hash_range(ram, first, out))
+                    // As `Scope::spawn` does: no thread, no digest.
+                    .expect("a digest thread")
             })
             .collect();
         workers

@@ -44,6 +44,7 @@ mod page_xxh3;
 pub mod postcopy;
 pub mod precopy;
 pub mod progress;
+pub mod seccomp;
 mod session;
 pub mod summary;
 pub mod transport;

@@ -6,25 +6,15 @@
 
 mod common;
 
-use common::{churning_source, probed, quick_receive, running_source, spawn_receiver};
+use common::{
+    churning_source, probed, quick_receive, running_source, spawn_receiver, uffd_available,
+};
 use ferry_backend::Vm;
 use ferry_engine::{
     migrate, migrate_accounted, MigrationError, Mode, NoProgress, Outcome, PrecopyOptions,
     ReceiveOptions, RoundKind,
 };
 use std::time::Duration;
-
-/// Skips (with a line saying so) where userfaultfd is unavailable.
-fn uffd_available(test: &str) -> bool {
-    let ram = ferry_backend::GuestRam::new(&[2 << 20], ferry_backend::Backing::Anonymous).unwrap();
-    match ferry_backend::uffd::Placer::register_for_faults(&ram) {
-        Ok(_) => true,
-        Err(e) => {
-            println!("SKIP {test}: userfaultfd is unavailable here ({e})");
-            false
-        }
-    }
-}
 
 fn postcopy_opts(mode: Mode) -> PrecopyOptions {
     PrecopyOptions {

@@ -21,13 +21,18 @@ impl GiveUp {
     pub(crate) fn arm(tunables: &Arc<Tunables>, after: Duration) -> GiveUp {
         let (done, wait) = channel::<()>();
         let tunables = Arc::clone(tunables);
-        let fired = std::thread::spawn(move || {
+        let watch = move || {
             let timed_out = matches!(wait.recv_timeout(after), Err(RecvTimeoutError::Timeout));
             if timed_out {
                 tunables.cancel();
             }
             timed_out
-        });
+        };
+        // Named for a VMM's seccomp list (`ferry_engine::seccomp::THREADS`).
+        let fired = std::thread::Builder::new()
+            .name("give-up".into())
+            .spawn(watch)
+            .expect("a thread for the migration's deadline");
         GiveUp { after, done, fired }
     }
 

@@ -205,6 +205,18 @@ pub fn spawn_receiver_with(
     (to, dest)
 }
 
+/// Skips (with a line saying so) where userfaultfd is unavailable.
+pub fn uffd_available(test: &str) -> bool {
+    let ram = ferry_backend::GuestRam::new(&[2 << 20], ferry_backend::Backing::Anonymous).unwrap();
+    match ferry_backend::uffd::Placer::register_for_faults(&ram) {
+        Ok(_) => true,
+        Err(e) => {
+            println!("SKIP {test}: userfaultfd is unavailable here ({e})");
+            false
+        }
+    }
+}
+
 /// Builds a destination test VM from a stream header.
 pub fn create_test_vm(h: &StreamHeader) -> Result<Box<dyn Vm>, BackendError> {
     TestVm::boxed(&TestVm::config_from(h, Backing::Anonymous)?)
