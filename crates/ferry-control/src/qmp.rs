@@ -86,8 +86,10 @@ pub enum QmpCommand {
     /// `migrate-start-postcopy`: a running hybrid switches at the end of
     /// its round.
     StartPostcopy,
-    /// `cont`: resumes a VM held paused after a lost Commit.
+    /// `cont`: resumes a paused VM, or one held paused after a lost Commit.
     Cont,
+    /// `stop`: pauses the VM; the VMM runs on.
+    Stop,
     /// `query-status`: whether the VM runs, in QEMU's run-state names.
     QueryStatus,
     /// `query-version`: QEMU's shape, ferry named in `package`.
@@ -102,7 +104,7 @@ pub enum QmpCommand {
 
 /// Every command a QMP client may send to ferry, as `query-commands` lists
 /// them.
-pub const COMMANDS: [&str; 15] = [
+pub const COMMANDS: [&str; 16] = [
     "qmp_capabilities",
     "query-commands",
     "query-version",
@@ -117,6 +119,7 @@ pub const COMMANDS: [&str; 15] = [
     "migrate_cancel",
     "migrate-start-postcopy",
     "cont",
+    "stop",
     "quit",
 ];
 
@@ -172,6 +175,7 @@ pub fn parse(request: &Map<String, Value>) -> Result<QmpCommand, QmpError> {
         "migrate_cancel" => no_args(QmpCommand::Cancel),
         "migrate-start-postcopy" => no_args(QmpCommand::StartPostcopy),
         "cont" => no_args(QmpCommand::Cont),
+        "stop" => no_args(QmpCommand::Stop),
         "query-status" => no_args(QmpCommand::QueryStatus),
         "query-version" => no_args(QmpCommand::QueryVersion),
         "query-commands" => no_args(QmpCommand::QueryCommands),

@@ -4,6 +4,10 @@
 //! socket and QMP monitor use them too).
 //!
 //! ```text
+//!   Arriving ── the migration in completes ──► Running, or Paused (it was paused
+//!            │                                 at the source), or Held
+//!   Running ⇄ Paused          (an operator's stop and cont; a paused copy may
+//!                              migrate, and arrives paused)
 //!   Running ── migrate: completed ───────────────────► Moved      (runs elsewhere)
 //!      │    ── migrate: Outcome::Held (Commit lost) ──► Held ── cont ──► Running
 //!      │    ── migrate: postcopy failed ─────────────► PostcopyFailed ── resume ──► …
@@ -23,8 +27,14 @@ use thiserror::Error;
 /// Where a VM's copy stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CopyState {
+    /// A migration is bringing it here: nothing but queries until it has
+    /// (QEMU's `inmigrate`).
+    Arriving,
     /// It runs here (or never migrated); it may migrate.
     Running,
+    /// Paused by an operator (QMP `stop`), or arrived paused as it was at
+    /// the source; `cont` runs it, and it may migrate (and arrives paused).
+    Paused,
     /// Paused with verified memory after the Commit was lost
     /// ([`Outcome::Held`]); it runs again only on `cont`.
     Held {
@@ -62,6 +72,15 @@ pub enum CustodyError {
     /// Anything but a query once the VM moved.
     #[error("the VM has moved away: this monitor only answers queries and quit")]
     Moved,
+    /// Anything but a query while the VM arrives.
+    #[error(
+        "a migration is bringing the VM here (inmigrate): this monitor answers queries \
+         until it has"
+    )]
+    Arriving,
+    /// A stop of a copy that does not run here.
+    #[error("there is no running copy here to stop")]
+    NotRunning,
 }
 
 /// A copy's state, shared between the thread that owns the VM and those
@@ -103,7 +122,11 @@ impl Custody {
         error: Option<&str>,
         resume: Option<PostcopyResume>,
     ) {
-        *self.lock() = match (status, resume) {
+        let mut state = self.lock();
+        let was_paused = *state == CopyState::Paused;
+        *state = match (status, resume) {
+            // A failed precopy leaves the copy as it was.
+            (Outcome::Failed, None) if was_paused => CopyState::Paused,
             (_, Some(resume)) => CopyState::PostcopyFailed { resume },
             (Outcome::Completed, None) => CopyState::Moved,
             (Outcome::Held, None) => CopyState::Held {
@@ -116,7 +139,8 @@ impl Custody {
     /// Whether a new migration may start.
     pub fn may_migrate(&self) -> Result<(), CustodyError> {
         match *self.lock() {
-            CopyState::Running => Ok(()),
+            CopyState::Running | CopyState::Paused => Ok(()),
+            CopyState::Arriving => Err(CustodyError::Arriving),
             CopyState::Held { .. } => Err(CustodyError::Held),
             CopyState::PostcopyFailed { .. } => Err(CustodyError::PostcopyFailed),
             CopyState::Moved => Err(CustodyError::Moved),
@@ -131,16 +155,54 @@ impl Custody {
         let mut state = self.lock();
         match *state {
             CopyState::Running => Ok(false),
-            CopyState::Held { .. } => {
+            CopyState::Held { .. } | CopyState::Paused => {
                 start().map_err(ContError::Start)?;
                 *state = CopyState::Running;
                 Ok(true)
             }
+            CopyState::Arriving => Err(ContError::Refused(CustodyError::Arriving)),
             CopyState::PostcopyFailed { .. } => {
                 Err(ContError::Refused(CustodyError::PostcopyFailed))
             }
             CopyState::Moved => Err(ContError::Refused(CustodyError::Moved)),
         }
+    }
+
+    /// An operator's `stop`: runs `pause` for a running copy and marks it
+    /// paused; a paused copy needs nothing. Returns whether `pause` ran.
+    pub fn stop<E>(&self, pause: impl FnOnce() -> Result<(), E>) -> Result<bool, ContError<E>> {
+        let mut state = self.lock();
+        match *state {
+            CopyState::Paused => Ok(false),
+            CopyState::Running => {
+                pause().map_err(ContError::Start)?;
+                *state = CopyState::Paused;
+                Ok(true)
+            }
+            CopyState::Arriving => Err(ContError::Refused(CustodyError::Arriving)),
+            CopyState::Moved => Err(ContError::Refused(CustodyError::Moved)),
+            _ => Err(ContError::Refused(CustodyError::NotRunning)),
+        }
+    }
+
+    /// The migration that brought the copy here ended: it runs, is paused
+    /// as it was at the source, or is held (`held`: why) for an operator.
+    pub fn arrived(&self, paused: bool, held: Option<String>) {
+        *self.lock() = match (held, paused) {
+            (Some(why), _) => CopyState::Held { why },
+            (None, true) => CopyState::Paused,
+            (None, false) => CopyState::Running,
+        };
+    }
+
+    /// Whether a migration is bringing the copy here.
+    pub fn is_arriving(&self) -> bool {
+        matches!(*self.lock(), CopyState::Arriving)
+    }
+
+    /// Whether an operator paused the copy (or it arrived paused).
+    pub fn is_paused(&self) -> bool {
+        matches!(*self.lock(), CopyState::Paused)
     }
 
     /// The token of the failed postcopy to resume, taken: the copy is in
@@ -168,14 +230,14 @@ impl Custody {
     }
 }
 
-/// Why a `cont` did not run the copy.
+/// Why a `cont` did not run the copy, or a `stop` did not pause it.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ContError<E> {
     /// The copy's state forbids it.
     #[error(transparent)]
     Refused(CustodyError),
-    /// Starting the VM failed; the copy stays held.
-    #[error("cannot start the held copy")]
+    /// Starting (or pausing) the VM failed; the copy stays as it was.
+    #[error("cannot start or pause the copy")]
     Start(#[source] E),
 }
 
@@ -227,6 +289,45 @@ mod tests {
         assert_eq!(c.take_resume(), Err(CustodyError::Moved));
         assert_eq!(
             c.cont(|| Ok::<(), ()>(())),
+            Err(ContError::Refused(CustodyError::Moved))
+        );
+    }
+
+    #[test]
+    fn an_arriving_copy_answers_nothing_but_queries_and_then_runs_or_stays_paused() {
+        let c = Custody::new(CopyState::Arriving);
+        assert_eq!(c.may_migrate(), Err(CustodyError::Arriving));
+        assert_eq!(
+            c.cont(|| Ok::<(), ()>(())),
+            Err(ContError::Refused(CustodyError::Arriving))
+        );
+        assert_eq!(
+            c.stop(|| Ok::<(), ()>(())),
+            Err(ContError::Refused(CustodyError::Arriving))
+        );
+        c.arrived(true, None);
+        assert!(c.is_paused());
+        c.arrived(false, Some("lost".into()));
+        assert!(c.is_held());
+        c.arrived(false, None);
+        assert_eq!(c.state(), CopyState::Running);
+    }
+
+    #[test]
+    fn stop_pauses_a_running_copy_which_may_migrate_and_cont_runs_it() {
+        let c = Custody::default();
+        assert_eq!(c.stop(|| Ok::<(), ()>(())), Ok(true));
+        assert!(c.is_paused());
+        assert_eq!(c.stop(|| Err::<(), _>("not again")), Ok(false));
+        assert_eq!(c.may_migrate(), Ok(()));
+        // A failed precopy leaves it paused; a completed one moved it.
+        c.migration_ended(Outcome::Failed, Some("refused"), None);
+        assert!(c.is_paused());
+        assert_eq!(c.cont(|| Ok::<(), ()>(())), Ok(true));
+        assert_eq!(c.state(), CopyState::Running);
+        c.migration_ended(Outcome::Completed, None, None);
+        assert_eq!(
+            c.stop(|| Ok::<(), ()>(())),
             Err(ContError::Refused(CustodyError::Moved))
         );
     }

@@ -150,7 +150,8 @@ impl State {
 /// migrates) and the control socket's connections (which ask).
 pub struct Monitor {
     state: Mutex<State>,
-    total_bytes: u64,
+    /// Guest memory: known on a destination only once the VM arrived.
+    total_bytes: AtomicU64,
     /// Wire bytes sent in this migration.
     transferred: AtomicU64,
     /// Pages sent in this migration, zero pages included.
@@ -181,7 +182,7 @@ impl Monitor {
             });
         Arc::new(Monitor {
             state: Mutex::new(State::idle()),
-            total_bytes,
+            total_bytes: AtomicU64::new(total_bytes),
             transferred: AtomicU64::new(0),
             pages: AtomicU64::new(0),
             events,
@@ -285,7 +286,6 @@ impl Monitor {
         cancelled: bool,
         paused: bool,
     ) {
-        let mut s = self.state();
         let status = match summary.status {
             Outcome::Completed => MigStatus::Completed,
             Outcome::Failed if paused => MigStatus::PostcopyPaused,
@@ -295,13 +295,63 @@ impl Monitor {
             // error-desc, and query-status says "paused".
             Outcome::Held => MigStatus::Failed,
         };
-        s.finished = Some(Finished {
-            total_ms: summary.total_ms,
-            downtime_ms: summary.downtime_ms,
-            error: summary.error.clone(),
-            summary: summary_json.clone(),
-        });
-        self.emit("FERRY_MIGRATION_SUMMARY", summary_json);
+        self.end(
+            status,
+            Finished {
+                total_ms: summary.total_ms,
+                downtime_ms: summary.downtime_ms,
+                error: summary.error.clone(),
+                summary: summary_json,
+            },
+        );
+    }
+
+    /// A destination's monitor: the migration arriving here has begun
+    /// (`setup`, then `active`, as QEMU's destination reports them).
+    pub fn begin_incoming(&self) -> bool {
+        if !self.begin() {
+            return false;
+        }
+        let mut s = self.state();
+        self.set_status(&mut s, MigStatus::Active);
+        true
+    }
+
+    /// A destination's monitor: the migration arriving here ended with
+    /// `outcome` (`error`: why, if it failed) after `total_ms`, the guest
+    /// paused for `downtime_ms`; `memory_bytes` of guest memory arrived,
+    /// and `summary_json` is the destination's summary.
+    pub fn finish_incoming(
+        &self,
+        outcome: Outcome,
+        memory_bytes: u64,
+        (total_ms, downtime_ms): (f64, f64),
+        error: Option<String>,
+        summary_json: Value,
+    ) {
+        self.total_bytes.store(memory_bytes, Relaxed);
+        let status = match outcome {
+            Outcome::Completed => MigStatus::Completed,
+            Outcome::Failed | Outcome::Held => MigStatus::Failed,
+        };
+        self.end(
+            status,
+            Finished {
+                total_ms,
+                downtime_ms,
+                error,
+                summary: summary_json,
+            },
+        );
+    }
+
+    fn end(&self, status: MigStatus, finished: Finished) {
+        let mut s = self.state();
+        let summary = finished.summary.clone();
+        s.finished = Some(finished);
+        if !summary.is_null() {
+            self.emit("FERRY_MIGRATION_SUMMARY", summary);
+        }
         self.set_status(&mut s, status);
     }
 
@@ -320,7 +370,7 @@ impl Monitor {
             "ram": {
                 "transferred": transferred,
                 "remaining": remaining_pages * page,
-                "total": self.total_bytes,
+                "total": self.total_bytes.load(Relaxed),
                 "duplicate": s.zero_pages,
                 "normal": pages.saturating_sub(s.zero_pages),
                 "normal-bytes": pages.saturating_sub(s.zero_pages) * page,

@@ -1,7 +1,9 @@
 //! ferry's QMP socket driven by QEMU's own client library (`qemu.qmp` from
 //! PyPI, which `.ci/run` installs into `target/qmp-venv`): the Python
 //! script `qmp_client.py` migrates a `ferry run --qmp` VM to a `ferry
-//! receive --qmp`, following the events to `completed`; and the package's
+//! receive --qmp`, following the events to `completed` on both, the
+//! destination's monitor connected (run state `inmigrate`) before the
+//! migration starts; and the package's
 //! `qmp-shell` runs a short script. Prints a SKIP line where the package is
 //! missing.
 
@@ -110,6 +112,7 @@ fn qemus_own_client_migrates_a_vm_and_reads_the_result() {
         .arg(&script)
         .arg(&src_sock)
         .arg(&addr)
+        .arg(&dst_sock)
         .output()
         .expect("the client runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -118,6 +121,9 @@ fn qemus_own_client_migrates_a_vm_and_reads_the_result() {
     assert_eq!(seen["digest_match"], true, "{seen}");
     assert_eq!(seen["unknown_command"], "CommandNotFound", "{seen}");
     assert_eq!(seen["run_state_after"], "postmigrate", "{seen}");
+    // The destination's monitor was up before the migration, and followed it.
+    assert_eq!(seen["destination_before"], "inmigrate", "{seen}");
+    assert_eq!(seen["destination_after"], "running", "{seen}");
     // quit ended the source.
     let deadline = Instant::now() + Duration::from_secs(30);
     while src.try_wait().unwrap().is_none() {

@@ -1,19 +1,25 @@
 //! `ferry receive`: the destination. Listens, receives one migration, then
 //! keeps running the guest.
 
+use super::run::Serve;
 use super::CmdError;
 use crate::args::{parse_size, BackendArgs, PagingArgs};
+use crate::control::{self, VmCommand};
 use crate::vms;
 use clap::Args;
 use ferry_backend::types::human_bytes;
 use ferry_backend::{error_chain as chain, BackendError, Blocker, Vm};
+use ferry_engine::custody::CopyState;
 use ferry_engine::postcopy::DEFAULT_RECOVER_TIMEOUT;
 use ferry_engine::precopy::{DEFAULT_STALL_TIMEOUT, RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS};
 use ferry_engine::wire::StreamHeader;
-use ferry_engine::{ExpectedVm, MigrationError, Outcome, ReceiveOptions, TransportError};
+use ferry_engine::{
+    ExpectedVm, MigrationError, Outcome, ReceiveOptions, ReceiveSummary, TransportError,
+};
 use ferry_memstress::MemstressProbe;
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,6 +137,22 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         eprintln!("ferry receive: stopped by {sig}; the source keeps its VM");
         std::process::exit(130);
     });
+    // The monitor is up before the migration arrives, as QEMU's destination
+    // monitor is (run state `inmigrate`), and follows it.
+    let monitor = if a.control.is_some() || a.qmp.is_some() {
+        let (shared, commands) = control::Shared::new(CopyState::Arriving, 0);
+        shared
+            .serve_sockets(a.control.as_deref(), a.qmp.as_deref())
+            .map_err(|e| CmdError::Failed(chain(&e)))?;
+        Some((shared, commands))
+    } else {
+        None
+    };
+    let remove_sockets = || {
+        for path in [&a.control, &a.qmp].into_iter().flatten() {
+            let _ = std::fs::remove_file(path);
+        }
+    };
     // The demo (and scripts) read this line to learn the port.
     println!("listening on {local}");
     std::io::stdout().flush().ok();
@@ -148,7 +170,10 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                 e @ MigrationError::Transport(
                     TransportError::Listen { .. } | TransportError::AcceptTimeout { .. },
                 ),
-            ) => return Err(CmdError::Failed(chain(&e))),
+            ) => {
+                remove_sockets();
+                return Err(CmdError::Failed(chain(&e)));
+            }
             Err(e) => eprintln!(
                 "ferry receive: refused a connection: {}; still listening on {local}",
                 chain(&e)
@@ -160,6 +185,9 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         incoming.peer(),
         incoming.connections()
     );
+    if let Some((shared, _)) = &monitor {
+        shared.monitor.begin_incoming();
+    }
 
     let opts = ReceiveOptions {
         expect: Some(ExpectedVm {
@@ -203,8 +231,37 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         }
         vms::create_destination(kind, &cfg, &backend, &cpu_without)
     };
-    let (mut vm, mut summary) = ferry_engine::receive(incoming, &*listener, &mut create, &opts)
-        .map_err(|e| CmdError::Failed(chain(&e)))?;
+    let received = ferry_engine::receive(incoming, &*listener, &mut create, &opts);
+    let (mut vm, mut summary) = match received {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some((shared, _)) = &monitor {
+                let why = chain(&e);
+                shared.monitor.finish_incoming(
+                    Outcome::Failed,
+                    0,
+                    (0.0, 0.0),
+                    Some(why),
+                    serde_json::Value::Null,
+                );
+                shared.monitor.drain();
+            }
+            remove_sockets();
+            return Err(CmdError::Failed(chain(&e)));
+        }
+    };
+    if let Some((shared, _)) = &monitor {
+        // Before the `completed` event: a client that reads it and asks
+        // finds the VM here.
+        shared.custody.arrived(summary.paused, summary.held.clone());
+        shared.monitor.finish_incoming(
+            summary.status,
+            vm.ram().size(),
+            (summary.total_ms, summary.resume_ms),
+            summary.held.clone(),
+            serde_json::to_value(&summary).unwrap_or_default(),
+        );
+    }
     let mut problem = None;
     if summary.paused {
         eprintln!("ferry receive: the guest arrived paused, as it was on the source");
@@ -222,30 +279,47 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
             serde_json::to_string(&summary).expect("summary serializes")
         );
     }
-    let serve = |vm: &mut dyn Vm, held: Option<String>| {
-        super::run::serve_vm(
-            vm,
-            &super::run::Serve {
-                interval: Duration::from_secs(1),
-                duration: None,
-                control: a.control.clone(),
-                qmp: a.qmp.clone(),
-                held,
-                stay_after_migration: a.qmp.is_some(),
-            },
-        )
+    let serve = Serve {
+        interval: Duration::from_secs(1),
+        duration: None,
+        control: a.control.clone(),
+        qmp: a.qmp.clone(),
+        held: None,
+        stay_after_migration: a.qmp.is_some(),
     };
-    if summary.status == Outcome::Held {
-        let why = summary.held.clone().unwrap_or_default();
-        if a.control.is_none() && a.qmp.is_none() {
+    let Some((shared, commands)) = monitor else {
+        // Nothing serves this copy: a held or paused one cannot be resumed.
+        if summary.status == Outcome::Held {
+            let why = summary.held.clone().unwrap_or_default();
             return Err(CmdError::Failed(format!(
                 "{why}; without --control (or --qmp) this process cannot hold the paused copy \
                  for an operator's cont, so it is discarded (the source resumed its own copy \
                  unless it got this side's verdict: see its summary)"
             )));
         }
-        return serve(&mut *vm, Some(why));
+        let state = if summary.paused {
+            CopyState::Paused
+        } else {
+            CopyState::Running
+        };
+        let (shared, commands) = control::Shared::new(state, vm.ram().size());
+        return report(&a, &mut *vm, &summary, problem, (serve, shared, commands));
+    };
+    if summary.status == Outcome::Held {
+        return super::run::serve_vm_on(&mut *vm, &serve, shared, commands);
     }
+    report(&a, &mut *vm, &summary, problem, (serve, shared, commands))
+}
+
+/// Reports how the arrival went, then serves the guest (when `serving`)
+/// or exits with the verdict.
+fn report(
+    a: &ReceiveArgs,
+    vm: &mut dyn Vm,
+    summary: &ReceiveSummary,
+    problem: Option<String>,
+    (serve, shared, commands): (Serve, control::Shared, Receiver<VmCommand>),
+) -> Result<ExitCode, CmdError> {
     let before = summary.guest_at_resume.unwrap_or_default().errors;
     let after = summary.mismatches_after.unwrap_or(0);
     eprintln!(
@@ -259,17 +333,19 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         eprintln!("ferry receive: the guest after switchover: {p}");
     }
     let ok = summary.digest_match && after == 0 && problem.is_none();
-    if !a.exit_after_report && ok && summary.paused {
-        // Held as a copy an operator resumes: `cont` starts it.
-        eprintln!("ferry receive: guest paused here; cont resumes it; Ctrl-C to stop");
-        return serve(
-            &mut *vm,
-            Some("the guest arrived paused, as it was on the source".into()),
-        );
-    }
     if !a.exit_after_report && ok {
-        eprintln!("ferry receive: guest running here; Ctrl-C to stop");
-        return serve(&mut *vm, None);
+        if summary.paused {
+            eprintln!(
+                "ferry receive: guest paused here, as it was at the source; cont resumes it; \
+                 Ctrl-C to stop"
+            );
+        } else {
+            eprintln!("ferry receive: guest running here; Ctrl-C to stop");
+        }
+        return super::run::serve_vm_on(vm, &serve, shared, commands);
+    }
+    for path in [&a.control, &a.qmp].into_iter().flatten() {
+        let _ = std::fs::remove_file(path);
     }
     Ok(if ok {
         ExitCode::SUCCESS

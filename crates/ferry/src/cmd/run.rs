@@ -6,8 +6,7 @@ use crate::args::{BackendArgs, WorkloadArgs};
 use crate::control::{self, VmCommand};
 use crate::{rates, vms};
 use clap::Args;
-use ferry_engine::custody::{ContError, CopyState, Custody};
-use ferry_engine::monitor::Monitor;
+use ferry_engine::custody::{ContError, CopyState};
 use ferry_engine::{Outcome, PrecopyOptions, TlsConfig, Tunables};
 use ferry_memstress::read_progress;
 use std::path::PathBuf;
@@ -47,15 +46,6 @@ pub struct RunArgs {
     pub exit_after_migration: bool,
 }
 
-/// What the VM's thread shares with the control socket's connections.
-struct Ctl {
-    answering: Arc<std::sync::atomic::AtomicUsize>,
-    monitor: Arc<Monitor>,
-    /// Who may run this copy, and what an operator may do with it next
-    /// (held after a lost Commit, left by a failed postcopy, moved away).
-    custody: Arc<Custody>,
-}
-
 /// A migration the control socket asked for: a new one, or the resume of
 /// a postcopy that failed.
 struct Job {
@@ -81,7 +71,7 @@ impl Job {
         tunables: &Arc<Tunables>,
         last: &mut Option<LastJob>,
         reply: std::sync::mpsc::Sender<serde_json::Value>,
-        ctl: &Ctl,
+        ctl: &control::Shared,
     ) -> bool {
         let resume = if self.resume {
             match ctl.custody.take_resume() {
@@ -191,54 +181,44 @@ pub struct Serve {
 /// was stopped, or `duration` ran out; the exit code says whether the
 /// guest's own checks found a mismatch.
 pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, CmdError> {
+    let state = match &a.held {
+        Some(why) => CopyState::Held { why: why.clone() },
+        None => CopyState::Running,
+    };
+    let (ctl, commands) = control::Shared::new(state, vm.ram().size());
+    ctl.serve_sockets(a.control.as_deref(), a.qmp.as_deref())
+        .map_err(|e| CmdError::Failed(ferry_backend::error_chain(&e)))?;
+    serve_vm_on(vm, a, ctl, commands)
+}
+
+/// [`serve_vm`] with its monitor's sockets up already: a destination's,
+/// which served them while the VM arrived (its custody says how it did).
+pub fn serve_vm_on(
+    vm: &mut dyn ferry_backend::Vm,
+    a: &Serve,
+    ctl: control::Shared,
+    commands: std::sync::mpsc::Receiver<VmCommand>,
+) -> Result<ExitCode, CmdError> {
     let vcpus = vm.vcpus();
     let started = Instant::now();
     let mut before = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
     let mut at = Instant::now();
-    let tunables = Tunables::shared();
-    let (tx, commands) = std::sync::mpsc::channel();
-    let ctl = Ctl {
-        answering: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-        monitor: Monitor::start(vm.ram().size()),
-        custody: Arc::new(Custody::new(match &a.held {
-            Some(why) => CopyState::Held { why: why.clone() },
-            None => CopyState::Running,
-        })),
-    };
+    let tunables = Arc::clone(&ctl.tunables);
+    let _ = ctl.guest.set(control::Guest {
+        ram: vm.ram().clone(),
+        vcpus,
+    });
+    let tx = ctl.commands.clone();
     // SIGINT or SIGTERM: cancel a migration under way, then stop as `stop`
-    // does. Set before the socket is announced: a signal may follow at once.
+    // does.
     let (stop_tx, stop_tunables) = (tx.clone(), Arc::clone(&tunables));
     crate::signals::on_stop(move || {
         stop_tunables.cancel();
         let (reply, _) = std::sync::mpsc::channel();
         let _ = stop_tx.send(VmCommand::Stop { reply });
     });
-    // One state behind both sockets: a parameter set on one is seen on
-    // the other, and both see the same migration.
-    let shared = control::Shared {
-        ram: vm.ram().clone(),
-        vcpus,
-        tunables: tunables.clone(),
-        commands: tx.clone(),
-        answering: Arc::clone(&ctl.answering),
-        monitor: Arc::clone(&ctl.monitor),
-        next_converge: Arc::default(),
-        custody: Arc::clone(&ctl.custody),
-        postcopy_ram: Arc::default(),
-    };
-    let sockets = [
-        (&a.control, control::Dialect::Both, "control socket"),
-        (&a.qmp, control::Dialect::Qmp, "QMP socket"),
-    ];
-    for (path, dialect, what) in sockets {
-        if let Some(path) = path {
-            control::serve(path, shared.clone(), dialect)
-                .map_err(|e| CmdError::Failed(ferry_backend::error_chain(&e)))?;
-            eprintln!("ferry: {what} at {}", path.display());
-        }
-    }
-    if let Some(why) = &a.held {
-        say_held(why);
+    if let CopyState::Held { why } = ctl.custody.state() {
+        say_held(&why);
     }
     let _keep_channel_open = tx;
     // The last migration: where a resume of its failed postcopy goes.
@@ -299,6 +279,25 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
                     moved_to = Some(String::from("the destination"));
                 }
             }
+            Ok(VmCommand::Pause { reply }) => {
+                let answer = match ctl.custody.stop(|| vm.pause()) {
+                    Ok(paused) => {
+                        if paused {
+                            say(format_args!("paused by stop: cont resumes the guest"));
+                        }
+                        serde_json::json!({"ok": true})
+                    }
+                    Err(ContError::Refused(e)) => {
+                        serde_json::json!({"ok": false, "error": e.to_string()})
+                    }
+                    Err(ContError::Start(e)) => serde_json::json!({
+                        "ok": false,
+                        "error": ferry_backend::error_chain(&e)
+                    }),
+                };
+                let _ = reply.send(answer);
+                continue;
+            }
             Ok(VmCommand::Cont { reply }) => {
                 let answer = match ctl.custody.cont(|| vm.start()) {
                     Ok(started) => {
@@ -351,7 +350,7 @@ pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, C
             Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
         }
         vm.check_health()?;
-        if ctl.custody.is_held() {
+        if ctl.custody.is_held() || ctl.custody.is_paused() {
             // Paused: no progress to report until `cont`.
             before = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
             at = Instant::now();
@@ -419,6 +418,7 @@ fn refuse_moved(command: VmCommand, to: &str) {
         | VmCommand::Throttle { reply, .. }
         | VmCommand::Resume { reply, .. }
         | VmCommand::Cont { reply }
+        | VmCommand::Pause { reply }
         | VmCommand::Stop { reply } => reply,
     };
     let _ = reply.send(serde_json::json!({ "ok": false, "error": error }));

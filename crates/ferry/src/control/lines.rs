@@ -147,12 +147,15 @@ pub fn settings(
 }
 
 fn status(shared: &Shared) -> Value {
-    let Ok(before) = read_progress(&shared.ram, shared.vcpus) else {
+    let Some(guest) = shared.guest.get() else {
+        return json!({"ok": false, "error": "no guest here yet: a migration is bringing it (inmigrate)"});
+    };
+    let Ok(before) = read_progress(&guest.ram, guest.vcpus) else {
         return json!({"ok": false, "error": "cannot read guest progress"});
     };
     let t = Instant::now();
     std::thread::sleep(Duration::from_millis(200));
-    let after = read_progress(&shared.ram, shared.vcpus).unwrap_or(before.clone());
+    let after = read_progress(&guest.ram, guest.vcpus).unwrap_or(before.clone());
     json!({
         "ok": true,
         "progress": after,

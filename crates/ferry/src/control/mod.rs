@@ -40,6 +40,7 @@ mod qmp;
 use ferry_backend::GuestRam;
 use ferry_control::Parsed;
 use ferry_engine::converge::ConvergeMode;
+use ferry_engine::custody::{CopyState, Custody};
 use ferry_engine::monitor::{EventSink, Monitor};
 use ferry_engine::Tunables;
 use serde_json::{json, Value};
@@ -47,8 +48,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// A connection's write half, shared by its replies and its events so that
@@ -92,8 +93,13 @@ pub enum VmCommand {
     Stop {
         reply: Sender<Value>,
     },
-    /// Resumes a copy held paused after a lost Commit (QMP's `cont`).
+    /// Resumes a copy held paused after a lost Commit, or paused by
+    /// `stop` (QMP's `cont`).
     Cont {
+        reply: Sender<Value>,
+    },
+    /// Pauses the guest; the VMM runs on (QMP's `stop`).
+    Pause {
         reply: Sender<Value>,
     },
 }
@@ -126,8 +132,9 @@ pub enum ControlError {
 /// What connection threads share.
 #[derive(Clone)]
 pub struct Shared {
-    pub ram: Arc<GuestRam>,
-    pub vcpus: u32,
+    /// The guest whose progress `status` reads: set once it exists (a
+    /// destination's monitor is up while its VM is still arriving).
+    pub guest: Arc<OnceLock<Guest>>,
     pub tunables: Arc<Tunables>,
     pub commands: Sender<VmCommand>,
     /// Requests being answered: `ferry run` waits for these before it exits,
@@ -146,7 +153,50 @@ pub struct Shared {
     pub postcopy_ram: Arc<AtomicBool>,
 }
 
+/// The guest a monitor serves.
+pub struct Guest {
+    pub ram: Arc<GuestRam>,
+    pub vcpus: u32,
+}
+
 impl Shared {
+    /// What a monitor's connections share before the VM is served: the
+    /// copy in `state` (a destination's: [`CopyState::Arriving`]), with a
+    /// monitor for `total_bytes` of guest memory (0: not known yet).
+    pub fn new(state: CopyState, total_bytes: u64) -> (Shared, Receiver<VmCommand>) {
+        let (commands, rx) = std::sync::mpsc::channel();
+        let shared = Shared {
+            guest: Arc::default(),
+            tunables: Tunables::shared(),
+            commands,
+            answering: Arc::default(),
+            monitor: Monitor::start(total_bytes),
+            next_converge: Arc::default(),
+            custody: Arc::new(Custody::new(state)),
+            postcopy_ram: Arc::default(),
+        };
+        (shared, rx)
+    }
+
+    /// Serves the `control` and `qmp` sockets (either may be absent),
+    /// saying where.
+    pub fn serve_sockets(
+        &self,
+        control: Option<&Path>,
+        qmp: Option<&Path>,
+    ) -> Result<(), ControlError> {
+        for (path, dialect, what) in [
+            (control, Dialect::Both, "control socket"),
+            (qmp, Dialect::Qmp, "QMP socket"),
+        ] {
+            if let Some(path) = path {
+                serve(path, self.clone(), dialect)?;
+                eprintln!("ferry: {what} at {}", path.display());
+            }
+        }
+        Ok(())
+    }
+
     fn next(&self) -> std::sync::MutexGuard<'_, Option<ConvergeMode>> {
         self.next_converge.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -284,6 +334,13 @@ fn answer(line: &str, shared: &Shared, out: &Writer) -> Value {
 }
 
 pub(crate) fn forward(shared: &Shared, make: impl FnOnce(Sender<Value>) -> VmCommand) -> Value {
+    // Nothing owns a VM to act on yet: refused, not queued behind the arrival.
+    if shared.custody.is_arriving() {
+        let error = ferry_engine::custody::CustodyError::Arriving.to_string();
+        return json!({"ok": false, "error": format!(
+            "{error}; to give up on it, stop this process (the source keeps its VM)"
+        )});
+    }
     let (tx, rx) = std::sync::mpsc::channel();
     if shared.commands.send(make(tx)).is_err() {
         return json!({"ok": false, "error": "the VM has stopped"});

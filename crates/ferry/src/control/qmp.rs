@@ -13,8 +13,14 @@
 //! | `migrate` | `uri` (`tcp:HOST:PORT`); returns at once, progress is in `query-migrate` and the events. `resume: true` resumes a postcopy in `postcopy-paused`. ferry's own settings (`connections`, `mode`, `compress`, ... as in `{"cmd":"migrate"}`) may follow, with dashes or underscores |
 //! | `migrate_cancel` | cancels a migration in precopy (the source runs on) |
 //! | `migrate-start-postcopy` | a running migration that may switch (capability `postcopy-ram`, or mode hybrid) switches to postcopy at the end of the round under way |
-//! | `query-status` | `running`, and `status`: `running`, `paused` (held after a lost Commit), `finish-migrate` (switchover) or `postmigrate` (the destination runs the guest) |
-//! | `cont` | resumes a copy held paused after a lost Commit (see `ferry_engine::Outcome::Held`): only once the other copy is known not to run. A running VM: nothing to do |
+//! | `query-status` | `running`, and `status`: `inmigrate` (a destination's, while the VM arrives), `running`, `paused` (by `stop`, arrived paused, or held after a lost Commit), `finish-migrate` (switchover) or `postmigrate` (the destination runs the guest) |
+//! | `stop` | pauses the guest; the VMM runs on, and a migration moves it paused (it arrives paused) |
+//! | `cont` | resumes a guest paused by `stop` or arrived paused, or a copy held paused after a lost Commit (see `ferry_engine::Outcome::Held`): that one only once the other copy is known not to run. A running VM: nothing to do |
+//!
+//! While a destination's VM arrives, every command that needs the VM is
+//! refused (run state `inmigrate`); the queries answer, and the
+//! `MIGRATION` events follow the arrival (`setup`, `active`, then
+//! `completed` or `failed`), as QEMU's destination monitor does.
 //!
 //! Events: `MIGRATION` (`status`), `MIGRATION_PASS` (`pass`), and
 //! `FERRY_MIGRATION_SUMMARY` (the whole summary, just before the final
@@ -119,6 +125,15 @@ fn answer(command: QmpCommand, shared: &Shared, conn: &Writer) -> Result<Value, 
         QmpCommand::Migrate { resume, settings } => migrate(resume, *settings, shared),
         QmpCommand::StartPostcopy => start_postcopy(shared),
         QmpCommand::Cont => cont(shared),
+        QmpCommand::Stop => {
+            let reply = super::forward(shared, |reply| VmCommand::Pause { reply });
+            match reply["ok"].as_bool() {
+                Some(true) => Ok(json!({})),
+                _ => Err(QmpError::generic(
+                    reply["error"].as_str().unwrap_or("the VM did not pause"),
+                )),
+            }
+        }
         QmpCommand::QueryStatus => Ok(run_state(shared)),
         QmpCommand::QueryVersion => Ok(version()),
         QmpCommand::QueryCommands => Ok(ferry_control::COMMANDS
@@ -185,17 +200,20 @@ fn cont(shared: &Shared) -> Result<Value, QmpError> {
 }
 
 fn run_state(shared: &Shared) -> Value {
-    let (status, running) = if shared.custody.is_held() {
+    let (status, running) = if shared.custody.is_arriving() {
+        ("inmigrate", false)
+    } else if shared.custody.is_held() || shared.custody.is_paused() {
         ("paused", false)
     } else if shared.custody.has_moved() {
         ("postmigrate", false)
     } else {
         match shared.monitor.status() {
             MigStatus::Device => ("finish-migrate", false),
-            MigStatus::PostcopyActive
-            | MigStatus::PostcopyRecover
-            | MigStatus::PostcopyPaused
-            | MigStatus::Completed => ("postmigrate", false),
+            // A completed migration moved the VM (custody says so above),
+            // or brought it here (a destination's monitor).
+            MigStatus::PostcopyActive | MigStatus::PostcopyRecover | MigStatus::PostcopyPaused => {
+                ("postmigrate", false)
+            }
             _ => ("running", true),
         }
     };
