@@ -112,7 +112,7 @@ if [ "$kvm_ok" = yes ]; then
         want=$([ "$pair" = "new new" ] && echo "$local_max" || echo 1)
         out=$(mktemp -d)
         sock="$out/local.sock"
-        "$dst_bin" receive --local "$sock" --backend kvm --json --run-after 0.3 \
+        "$dst_bin" receive --local "$sock" --backend kvm --json --run-after 0.3 --exit-after-report \
             >"$out/dst.json" 2>"$out/dst.err" &
         dst_pid=$!
         for _ in $(seq 100); do

@@ -74,7 +74,14 @@ fn migrate_local_hands_a_kvm_guest_to_a_receive_local_process() {
     }
     let socket = std::env::temp_dir().join(format!("ferry-local-{}.sock", std::process::id()));
     let mut dest = ferry()
-        .args(["receive", "--json", "--run-after", "0.3", "--local"])
+        .args([
+            "receive",
+            "--json",
+            "--run-after",
+            "0.3",
+            "--exit-after-report",
+            "--local",
+        ])
         .arg(&socket)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

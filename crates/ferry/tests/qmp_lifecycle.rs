@@ -122,3 +122,55 @@ fn a_stopped_guest_arrives_paused_at_a_monitor_that_was_up_from_the_start() {
     assert!(stderr.contains("arrived paused"), "{stderr}");
     let _ = std::fs::remove_file(&dsock);
 }
+
+#[test]
+fn a_same_host_destination_serves_its_monitor_from_the_start_and_runs_the_guest_on() {
+    let pid = std::process::id();
+    let dir = std::env::temp_dir();
+    let (socket, csock) = (
+        dir.join(format!("ferry-local-mon-{pid}.sock")),
+        dir.join(format!("ferry-local-mon-ctl-{pid}.sock")),
+    );
+    let mut dest = ferry()
+        .args(["receive", "--backend", "soft", "--local"])
+        .arg(&socket)
+        .arg("--control")
+        .arg(&csock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ferry receive runs");
+    let mut first = String::new();
+    BufReader::new(dest.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("listening on"), "{first}");
+    assert_eq!(run_state(&csock)["status"], "inmigrate");
+
+    let src = Ferry::new("migrate").on("soft").mem("32M").args(&[
+        "--backing",
+        "memfd",
+        "--vcpus",
+        "1",
+        "--warmup",
+        "0.3",
+        "--local",
+    ]);
+    let moved = ferry().args(src.to_args()).arg(&socket).output().unwrap();
+    assert_no_panic(&moved);
+    assert!(
+        moved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&moved.stderr)
+    );
+
+    // It runs on here, answering its monitor, until told to stop.
+    let arrived = ask(&csock, r#"{"execute":"query-migrate"}"#)["return"].clone();
+    assert_eq!(arrived["status"], "completed", "{arrived}");
+    assert_eq!(run_state(&csock)["status"], "running");
+    let status = ask(&csock, r#"{"cmd":"status"}"#);
+    assert_eq!(status["ok"], true, "{status}");
+    assert_eq!(ask(&csock, r#"{"cmd":"stop"}"#)["ok"], true);
+    assert!(dest.wait().unwrap().success());
+    let _ = std::fs::remove_file(&csock);
+}

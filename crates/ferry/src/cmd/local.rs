@@ -4,9 +4,11 @@
 
 use super::migrate::MigrateArgs;
 use super::receive::ReceiveArgs;
+use super::run::Serve;
 use super::CmdError;
-use crate::vms;
+use crate::{control, vms};
 use ferry_backend::{error_chain as chain, BackendError, Backing, GuestProbe, GuestRam, Vm};
+use ferry_engine::custody::CopyState;
 use ferry_engine::local::{
     await_local, listen_local, migrate_local, receive_local, LocalOptions, LocalSummary,
 };
@@ -88,11 +90,28 @@ pub fn migrate(a: &MigrateArgs, socket: &Path) -> Result<ExitCode, CmdError> {
 /// `ferry receive --local SOCKET`.
 pub fn receive(a: &ReceiveArgs, socket: &Path) -> Result<ExitCode, CmdError> {
     let listener = listen_local(socket).map_err(|e| CmdError::Failed(chain(&e)))?;
+    // Up before the VM arrives (inmigrate), as on the network path.
+    let (shared, commands) = control::Shared::new(CopyState::Arriving, 0);
+    shared
+        .serve_sockets(a.control.as_deref(), a.qmp.as_deref())
+        .map_err(|e| CmdError::Failed(chain(&e)))?;
+    let remove_sockets = || {
+        for path in [&a.control, &a.qmp].into_iter().flatten() {
+            let _ = std::fs::remove_file(path);
+        }
+    };
     // The demo (and scripts) read this line.
     println!("listening on {}", socket.display());
     std::io::stdout().flush().ok();
     let opts = opts();
-    let incoming = await_local(&listener, &opts).map_err(|e| CmdError::Failed(chain(&e)))?;
+    let incoming = match await_local(&listener, &opts) {
+        Ok(incoming) => incoming,
+        Err(e) => {
+            remove_sockets();
+            return Err(CmdError::Failed(chain(&e)));
+        }
+    };
+    shared.monitor.begin_incoming();
     let backend = a.backend.clone();
     let mut create = |h: &StreamHeader, ram: GuestRam| -> Result<Box<dyn Vm>, BackendError> {
         let (kind, cfg) = vms::from_stream(&h.vmm, &h.vmm_config, ram.backing())?;
@@ -100,7 +119,31 @@ pub fn receive(a: &ReceiveArgs, socket: &Path) -> Result<ExitCode, CmdError> {
     };
     let received = receive_local(incoming, &mut create, &opts);
     let _ = std::fs::remove_file(socket);
-    let (vm, s) = received.map_err(|e| CmdError::Failed(chain(&e)))?;
+    let (mut vm, s) = match received {
+        Ok(r) => r,
+        Err(e) => {
+            let why = chain(&e);
+            shared.monitor.finish_incoming(
+                ferry_engine::Outcome::Failed,
+                0,
+                (0.0, 0.0),
+                Some(why.clone()),
+                serde_json::Value::Null,
+            );
+            shared.monitor.drain();
+            remove_sockets();
+            return Err(CmdError::Failed(why));
+        }
+    };
+    shared.set_guest(&*vm);
+    shared.custody.arrived(false, None);
+    shared.monitor.finish_incoming(
+        s.status,
+        s.memory_bytes,
+        (s.total_ms, s.downtime_ms),
+        s.error.clone(),
+        serde_json::to_value(&s).unwrap_or_default(),
+    );
     let at_resume = s.guest.unwrap_or_default();
     let after =
         crate::guest_check::after_switchover(&*vm, at_resume, Duration::from_secs_f64(a.run_after));
@@ -112,11 +155,23 @@ pub fn receive(a: &ReceiveArgs, socket: &Path) -> Result<ExitCode, CmdError> {
     if let Some(p) = &after.problem {
         eprintln!("ferry receive: the guest after switchover: {p}");
     }
-    Ok(
-        if s.digest_match && after.since_resume.errors == 0 && after.problem.is_none() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(2)
-        },
-    )
+    let ok = s.digest_match && after.since_resume.errors == 0 && after.problem.is_none();
+    if ok && !a.exit_after_report {
+        eprintln!("ferry receive: guest running here; Ctrl-C to stop");
+        let serve = Serve {
+            interval: Duration::from_secs(1),
+            duration: None,
+            control: a.control.clone(),
+            qmp: a.qmp.clone(),
+            held: None,
+            stay_after_migration: a.qmp.is_some(),
+        };
+        return super::run::serve_vm_on(&mut *vm, &serve, shared, commands);
+    }
+    remove_sockets();
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
 }

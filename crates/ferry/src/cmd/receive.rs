@@ -253,6 +253,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     if let Some((shared, _)) = &monitor {
         // Before the `completed` event: a client that reads it and asks
         // finds the VM here.
+        shared.set_guest(&*vm);
         shared.custody.arrived(summary.paused, summary.held.clone());
         shared.monitor.finish_incoming(
             summary.status,

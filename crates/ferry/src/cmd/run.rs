@@ -204,10 +204,7 @@ pub fn serve_vm_on(
     let mut before = read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
     let mut at = Instant::now();
     let tunables = Arc::clone(&ctl.tunables);
-    let _ = ctl.guest.set(control::Guest {
-        ram: vm.ram().clone(),
-        vcpus,
-    });
+    ctl.set_guest(vm);
     let tx = ctl.commands.clone();
     // SIGINT or SIGTERM: cancel a migration under way, then stop as `stop`
     // does.

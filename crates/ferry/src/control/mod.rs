@@ -178,6 +178,14 @@ impl Shared {
         (shared, rx)
     }
 
+    /// The guest has arrived (or booted): `status` reads it from now on.
+    pub fn set_guest(&self, vm: &dyn ferry_backend::Vm) {
+        let _ = self.guest.set(Guest {
+            ram: vm.ram().clone(),
+            vcpus: vm.vcpus(),
+        });
+    }
+
     /// Serves the `control` and `qmp` sockets (either may be absent),
     /// saying where.
     pub fn serve_sockets(
