@@ -53,6 +53,14 @@ pub struct SectionSpec {
     pub subsections: Vec<String>,
     /// The instances this VM has (saved in this order).
     pub instances: Vec<u32>,
+    /// The most one instance's saved state (its data and subsections)
+    /// takes, in bytes, if the VMM knows. A destination checks it against
+    /// what it takes before any memory moves, and a source whose state
+    /// outgrows it at the pause fails there, naming the section, and runs
+    /// on. Device state that may outgrow one frame (32 MiB) must declare
+    /// it: the source then sends it in parts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
 }
 
 impl SectionSpec {
@@ -65,7 +73,20 @@ impl SectionSpec {
             min_version,
             subsections: Vec::new(),
             instances: vec![0],
+            max_bytes: None,
         }
+    }
+
+    /// The same, its state declared to take at most `bytes` per instance.
+    pub fn with_max_bytes(mut self, bytes: u64) -> Self {
+        self.max_bytes = Some(bytes);
+        self
+    }
+
+    /// The most all its instances take, as declared (`None`: undeclared).
+    pub fn declared_bytes(&self) -> Option<u64> {
+        self.max_bytes
+            .map(|b| b.saturating_mul(self.instances.len() as u64))
     }
 
     /// The same, knowing `subsection` too.

@@ -225,7 +225,15 @@ fn a_held_copy_runs_again_on_cont() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let status = ask(&dsock, r#"{"execute":"query-status"}"#);
+    // The monitor is up from the start (inmigrate): wait for the verdict.
+    let status = loop {
+        let status = ask(&dsock, r#"{"execute":"query-status"}"#);
+        if status["return"]["status"] != "inmigrate" {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "still inmigrate: {status}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert_eq!(status["return"]["status"], "paused", "{status}");
     assert_eq!(status["return"]["running"], false, "{status}");
     let onward = ask(

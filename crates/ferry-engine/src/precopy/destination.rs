@@ -143,6 +143,8 @@ pub fn receive(
         receivers: None,
         vcpu_state: None,
         sections: None,
+        parts: Vec::new(),
+        max_device_bytes: opts.max_device_bytes,
         priority: None,
         missing: None,
     };
@@ -261,6 +263,12 @@ impl Dest {
                 "the destination VM cannot take a migration: {reason}"
             )));
         }
+        crate::wire::sections::check_limit(
+            &self.header.sections,
+            &self.header.section_bytes,
+            opts.max_device_bytes,
+        )
+        .map_err(|e| MigrationError::Refused(e.to_string()))?;
         let mut refused = BTreeMap::new();
         if let Some(reason) = blocked.postcopy {
             refused.insert(POSTCOPY.to_string(), reason);

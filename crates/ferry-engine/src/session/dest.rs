@@ -33,6 +33,11 @@ pub(crate) struct Dest {
     pub(crate) vcpu_state: Option<Vec<u8>>,
     /// The Sections frame's payload, until the switchover loads it.
     pub(crate) sections: Option<Vec<u8>>,
+    /// The sections' parts so far (capability `section-parts`).
+    pub(crate) parts: Vec<u8>,
+    /// The most device state this destination takes
+    /// ([`crate::ReceiveOptions::max_device_bytes`]).
+    pub(crate) max_device_bytes: u64,
     /// The priority connection, when the source may switch to postcopy.
     pub(crate) priority: Option<Channel>,
     /// Pages the source said are missing here (postcopy switchover).
@@ -229,7 +234,23 @@ impl Dest {
             let i = self.ctl.recv()?;
             match i.kind {
                 FrameKind::VcpuState => self.vcpu_state = Some(i.payload),
-                FrameKind::Sections => self.sections = Some(i.payload),
+                FrameKind::SectionsPart | FrameKind::Sections => {
+                    let got = self.parts.len() + i.payload.len();
+                    if got as u64 > self.max_device_bytes {
+                        return Err(crate::wire::SectionError::ArrivedOverLimit {
+                            limit: self.max_device_bytes,
+                        }
+                        .into());
+                    }
+                    if self.parts.is_empty() && i.kind == FrameKind::Sections {
+                        self.sections = Some(i.payload);
+                    } else {
+                        self.parts.extend_from_slice(&i.payload);
+                        if i.kind == FrameKind::Sections {
+                            self.sections = Some(std::mem::take(&mut self.parts));
+                        }
+                    }
+                }
                 FrameKind::Missing if self.priority.is_some() => {
                     let runs = match Message::decode(i.kind, &i.payload, i.offset)? {
                         Message::Missing(runs) => runs,

@@ -229,6 +229,12 @@ pub struct ReceiveOptions {
     /// The operator's own blockers, besides the destination VM's
     /// ([`Vm::blockers`]): `ferry receive --no-postcopy` is one.
     pub blockers: Vec<Blocker>,
+    /// The most device state (the sections at the switchover) this
+    /// destination takes, in bytes. A source whose sections declare more
+    /// ([`ferry_backend::SectionSpec::max_bytes`]) is refused before any
+    /// memory moves, naming the largest; more arriving fails the migration
+    /// before it is held in memory.
+    pub max_device_bytes: u64,
 }
 
 /// How the destination puts a received page into guest memory that has
@@ -285,9 +291,13 @@ impl Default for ReceiveOptions {
             fault_busy_poll: false,
             probe: None,
             blockers: Vec::new(),
+            max_device_bytes: DEFAULT_MAX_DEVICE_BYTES,
         }
     }
 }
+
+/// The device state a destination takes by default: 4 GiB.
+pub const DEFAULT_MAX_DEVICE_BYTES: u64 = 4 << 30;
 
 impl ReceiveOptions {
     /// Refuses settings out of range, before anything is accepted (see

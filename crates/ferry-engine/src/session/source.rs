@@ -61,6 +61,7 @@ pub fn fresh_summary(
         pause_ms: 0.0,
         predicted_downtime_ms: 0.0,
         save_vcpus_ms: 0.0,
+        device_bytes_at_pause: 0,
         digest_ms: 0.0,
         verify_before_resume: opts.verify_before_resume,
         bytes_sent: 0,
@@ -127,6 +128,7 @@ impl<'a> Source<'a> {
             measured_link: None,
             expansion: 1.0,
             sections: None,
+            section_parts: false,
             awaiting_verdict: false,
             start,
             summary,
@@ -283,6 +285,9 @@ pub(crate) struct Source<'a> {
     /// The devices' state sections, saved at the pause (the Sections
     /// frame's payload).
     pub(crate) sections: Option<Vec<u8>>,
+    /// The destination takes the sections in parts (capability
+    /// `section-parts`).
+    pub(crate) section_parts: bool,
 }
 
 /// What part of a round moved, for measuring the link.
@@ -355,8 +360,23 @@ impl Source<'_> {
     /// here, before any memory moves.
     pub(crate) fn handshake(&mut self) -> Result<bool, MigrationError> {
         let mut header = StreamHeader::for_vm(&*self.vm);
-        let needed = self.opts.capabilities();
+        let mut needed = self.opts.capabilities();
+        if crate::wire::sections::may_need_parts(&header.sections, &header.section_bytes) {
+            needed.push(crate::wire::capabilities::SECTION_PARTS.to_string());
+        }
+        let parts = needed
+            .iter()
+            .any(|c| c == crate::wire::capabilities::SECTION_PARTS);
         let asks = self.ctl.version() >= CAPABILITIES_SINCE;
+        if parts && !asks {
+            return Err(MigrationError::Refused(format!(
+                "the VM's sections declare more device state than one frame holds, and the \
+                 destination (wire {}) cannot take it in parts",
+                self.ctl.version()
+            )));
+        }
+        // Asked, so taken if the handshake gets past the answer below.
+        self.section_parts = parts;
         if asks {
             header.capabilities = Some(needed.clone());
         }

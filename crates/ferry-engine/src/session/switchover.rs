@@ -37,7 +37,18 @@ impl Source<'_> {
             .vm
             .save_sections()
             .map_err(MigrationError::backend("save the devices' state sections"))?;
-        self.sections = Some(crate::wire::sections::encode(&sections));
+        let declared = crate::wire::sections::declared(&self.vm.state_sections());
+        crate::wire::sections::check_saved(&sections, &declared)?;
+        let encoded = crate::wire::sections::encode(&sections);
+        if encoded.len() > crate::wire::MAX_FRAME_LEN as usize && !self.section_parts {
+            return Err(crate::wire::SectionError::TooLargeForOneFrame {
+                bytes: encoded.len() as u64,
+                declared: !declared.is_empty(),
+            }
+            .into());
+        }
+        self.summary.device_bytes_at_pause = encoded.len() as u64;
+        self.sections = Some(encoded);
         Ok(paused_at)
     }
 
@@ -55,7 +66,18 @@ impl Source<'_> {
             .sections
             .take()
             .unwrap_or_else(|| 0u32.to_le_bytes().to_vec());
-        self.ctl.send_frame(FrameKind::Sections, &sections)?;
+        // In parts where the destination takes them (checked at the pause).
+        let mut parts = sections
+            .chunks(crate::wire::sections::PART_BYTES)
+            .peekable();
+        while let Some(part) = parts.next() {
+            let kind = if parts.peek().is_some() {
+                FrameKind::SectionsPart
+            } else {
+                FrameKind::Sections
+            };
+            self.ctl.send_frame(kind, part)?;
+        }
         Ok(())
     }
 

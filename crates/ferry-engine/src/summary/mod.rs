@@ -133,6 +133,8 @@ pub struct MigrationSummary {
     pub pause_ms: f64,
     /// Part of the downtime spent in `Vm::save_vcpus`.
     pub save_vcpus_ms: f64,
+    /// Bytes of device state (the encoded sections) sent at the pause.
+    pub device_bytes_at_pause: u64,
     /// Time the source spent hashing its memory for the digest.
     pub digest_ms: f64,
     /// Whether the destination was asked to verify before resuming.

@@ -28,11 +28,16 @@ pub const LZ4: &str = "lz4";
 /// Page batches compressed with zstd.
 pub const ZSTD: &str = "zstd";
 
+/// Device state at the switchover in parts (SectionsPart frames before
+/// Sections), so that it may outgrow one frame: asked when the VM's
+/// sections declare more than one frame holds.
+pub const SECTION_PARTS: &str = "section-parts";
+
 /// The first wire version that exchanges capabilities.
 pub const CAPABILITIES_SINCE: u32 = 6;
 
 /// Every capability this ferry implements.
-pub const IMPLEMENTED: [&str; 4] = [POSTCOPY, DELTA, LZ4, ZSTD];
+pub const IMPLEMENTED: [&str; 5] = [POSTCOPY, DELTA, LZ4, ZSTD, SECTION_PARTS];
 /// What a wire-5 peer has without saying so: every feature wire 5 had.
 pub const WIRE_5: [&str; 4] = [POSTCOPY, DELTA, LZ4, ZSTD];
 

@@ -82,6 +82,10 @@ pub enum FrameKind {
     /// Source → destination at the switchover, after VcpuState: the
     /// devices' state sections (see [`crate::wire::sections`]).
     Sections = 20,
+    /// Source → destination at the switchover, before Sections: a part of
+    /// the sections' payload, which Sections ends (capability
+    /// `section-parts`).
+    SectionsPart = 21,
 }
 
 impl FrameKind {
@@ -109,6 +113,7 @@ impl FrameKind {
             18 => Recover,
             19 => Commit,
             20 => Sections,
+            21 => SectionsPart,
             _ => return None,
         })
     }
@@ -137,6 +142,7 @@ impl FrameKind {
             Recover => "Recover",
             Commit => "Commit",
             Sections => "Sections",
+            SectionsPart => "SectionsPart",
         }
     }
 }

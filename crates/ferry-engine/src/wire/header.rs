@@ -51,6 +51,12 @@ pub struct StreamHeader {
     /// on wire 5, whose peers have them all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<Vec<String>>,
+    /// What each instance of a section may take, by section name, where
+    /// its VMM declared it ([`ferry_backend::SectionSpec::max_bytes`]): the
+    /// destination refuses device state larger than it takes before any
+    /// memory moves. Absent when none is declared (and from older sources).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub section_bytes: std::collections::BTreeMap<String, u64>,
     /// What the guest was given of its host's CPU ([`Vm::cpu_profile`]),
     /// for the destination's [`Vm::check_cpu`] before any memory moves.
     /// A destination older than this field ignores it.
@@ -162,6 +168,7 @@ impl StreamHeader {
             dirty_tracking: vm.dirty_tracking(),
             vmm_config: vm.vmm_config(),
             sections: crate::wire::sections::manifest(&vm.state_sections()),
+            section_bytes: crate::wire::sections::declared(&vm.state_sections()),
             capabilities: None,
             cpu: vm.cpu_profile(),
         }
@@ -303,6 +310,7 @@ mod tests {
             dirty_tracking: "bitmap".into(),
             vmm_config: serde_json::json!({"vcpus": 2}),
             sections: Vec::new(),
+            section_bytes: Default::default(),
             capabilities: None,
             cpu: None,
         }

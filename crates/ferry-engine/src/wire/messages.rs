@@ -392,7 +392,8 @@ impl Message {
             | FrameKind::Pages
             | FrameKind::Delta
             | FrameKind::VcpuState
-            | FrameKind::Sections => return Err(bad("not a main-channel message here".into())),
+            | FrameKind::Sections
+            | FrameKind::SectionsPart => return Err(bad("not a main-channel message here".into())),
         })
     }
 }

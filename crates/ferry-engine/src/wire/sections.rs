@@ -16,10 +16,16 @@
 //! both versions.
 
 use ferry_backend::{Section, SectionId, SectionSpec, Subsection};
+use std::collections::BTreeMap;
 use thiserror::Error;
 
 /// Most sections one stream carries.
 pub const MAX_SECTIONS: usize = 4096;
+/// The largest part of the sections' payload in one frame, when it goes in
+/// parts (capability `section-parts`).
+pub const PART_BYTES: usize = 16 << 20;
+/// What the encoding adds to each section besides its bytes, at most.
+const SECTION_OVERHEAD: u64 = 2 + MAX_NAME as u64 + 4 + 4 + 4 + 2;
 /// Longest section or subsection name, in bytes.
 pub const MAX_NAME: usize = 255;
 
@@ -81,6 +87,63 @@ pub enum SectionError {
     /// Bytes that are not a list of sections.
     #[error("malformed sections: {0}")]
     Malformed(String),
+    /// A section may take more than the destination takes.
+    #[error(
+        "section '{name}' may take up to {} ({} in all its instances), and device state may \
+         take {} in all: more than this destination takes ({}, ReceiveOptions::max_device_bytes)",
+        human(*.per_instance), human(*.section), human(*.total), human(*.limit)
+    )]
+    OverLimit {
+        /// The section.
+        name: String,
+        /// What it declares per instance.
+        per_instance: u64,
+        /// ... and for all its instances.
+        section: u64,
+        /// What every section declares together.
+        total: u64,
+        /// What the destination takes.
+        limit: u64,
+    },
+    /// A section saved at the pause took more than its VMM declared.
+    #[error(
+        "section {id} took {} at the pause, more than the {} its VMM declared \
+         (SectionSpec::max_bytes)",
+        human(*.bytes), human(*.declared)
+    )]
+    Outgrew {
+        /// The section.
+        id: SectionId,
+        /// What it took.
+        bytes: u64,
+        /// What was declared.
+        declared: u64,
+    },
+    /// The device state came to more than one frame holds, and the
+    /// destination does not take it in parts.
+    #[error(
+        "the device state saved at the pause takes {}, more than one frame holds ({}), and \
+         this destination does not take it in parts{}",
+        human(*.bytes), human(u64::from(super::MAX_FRAME_LEN)),
+        if *.declared { "" } else { ": declare each large section's size (SectionSpec::max_bytes) so that the source asks for capability section-parts" }
+    )]
+    TooLargeForOneFrame {
+        /// What it takes.
+        bytes: u64,
+        /// Whether the sections declared their sizes (and so the source
+        /// asked for parts, and was refused).
+        declared: bool,
+    },
+    /// More device state arrived than this destination takes.
+    #[error("more than {} of device state arrived, more than this destination takes", human(*.limit))]
+    ArrivedOverLimit {
+        /// What it takes.
+        limit: u64,
+    },
+}
+
+fn human(bytes: u64) -> String {
+    ferry_backend::types::human_bytes(bytes)
 }
 
 fn name_list(names: &[String]) -> String {
@@ -89,6 +152,82 @@ fn name_list(names: &[String]) -> String {
     } else {
         names.join(", ")
     }
+}
+
+/// What `specs` declare each instance of a section takes
+/// ([`SectionSpec::max_bytes`]), by section name: the header carries it.
+pub fn declared(specs: &[SectionSpec]) -> BTreeMap<String, u64> {
+    specs
+        .iter()
+        .filter_map(|s| Some((s.name.clone(), s.max_bytes?)))
+        .collect()
+}
+
+/// The most the announced sections' payload may take, as declared (an
+/// undeclared section counts as its encoding's overhead alone).
+fn declared_payload(announced: &[SectionId], declared: &BTreeMap<String, u64>) -> u64 {
+    announced.iter().fold(4, |sum, id| {
+        let bytes = declared.get(&id.name).copied().unwrap_or(0);
+        sum.saturating_add(bytes.saturating_add(SECTION_OVERHEAD))
+    })
+}
+
+/// Whether the declared sections may outgrow one frame, so that the source
+/// needs its destination to take them in parts.
+pub fn may_need_parts(announced: &[SectionId], declared: &BTreeMap<String, u64>) -> bool {
+    declared_payload(announced, declared) > u64::from(super::MAX_FRAME_LEN)
+}
+
+/// A destination's check, before any memory moves, that the device state
+/// the source declares fits in what it takes (`limit` bytes), naming the
+/// largest section if it does not.
+pub fn check_limit(
+    announced: &[SectionId],
+    declared: &BTreeMap<String, u64>,
+    limit: u64,
+) -> Result<(), SectionError> {
+    let total = declared_payload(announced, declared);
+    if total <= limit {
+        return Ok(());
+    }
+    let instances = |name: &str| announced.iter().filter(|id| id.name == name).count() as u64;
+    let (name, per_instance) = declared
+        .iter()
+        .filter(|(name, _)| instances(name) > 0)
+        .max_by_key(|(name, bytes)| bytes.saturating_mul(instances(name)))
+        .map(|(n, b)| (n.clone(), *b))
+        .unwrap_or_default();
+    Err(SectionError::OverLimit {
+        section: per_instance.saturating_mul(instances(&name)),
+        name,
+        per_instance,
+        total,
+        limit,
+    })
+}
+
+/// A source's check at the pause: no section took more than declared.
+pub fn check_saved(
+    sections: &[Section],
+    declared: &BTreeMap<String, u64>,
+) -> Result<(), SectionError> {
+    for s in sections {
+        let bytes = s.data.len() as u64
+            + s.subsections
+                .iter()
+                .map(|sub| sub.data.len() as u64)
+                .sum::<u64>();
+        if let Some(&max) = declared.get(&s.id.name) {
+            if bytes > max {
+                return Err(SectionError::Outgrew {
+                    id: s.id.clone(),
+                    bytes,
+                    declared: max,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The ids a source with `specs` announces.

@@ -344,6 +344,24 @@ pub struct Devices {
     pub save_writes: Option<(Gpa, u64)>,
     /// What the destination loaded.
     pub restored: Arc<Mutex<Vec<Section>>>,
+    /// Pad each section's data to this many bytes, with bytes that do not
+    /// repeat (a device with large state: a GPU's, a VFIO device's).
+    pub payload_bytes: usize,
+}
+
+/// `len` bytes that depend on `seed` and do not repeat or compress.
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        // xorshift64
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
 }
 
 impl Devices {
@@ -354,7 +372,15 @@ impl Devices {
             .iter()
             .flat_map(|spec| {
                 spec.ids().map(|id| Section {
-                    data: format!("{} #{} v{}", id.name, id.instance, id.version).into_bytes(),
+                    data: {
+                        let mut data =
+                            format!("{} #{} v{}", id.name, id.instance, id.version).into_bytes();
+                        if self.payload_bytes > data.len() {
+                            let seed = u64::from(id.instance) << 32 | self.payload_bytes as u64;
+                            data.extend(noise(seed, self.payload_bytes - data.len()));
+                        }
+                        data
+                    },
                     subsections: if self.subsections_needed {
                         spec.subsections
                             .iter()

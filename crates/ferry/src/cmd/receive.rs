@@ -46,6 +46,11 @@ pub struct ReceiveArgs {
     /// A stream carrying another size is refused.
     #[arg(long, value_parser = parse_size)]
     pub memory: Option<u64>,
+    /// The most device state (the VMM's sections at the switchover) this
+    /// destination takes, e.g. 512M. A source whose sections declare more
+    /// is refused before any memory moves, naming the largest.
+    #[arg(long, value_parser = parse_size, default_value = "4G")]
+    pub max_device_state: u64,
     /// vCPUs this destination will run; a stream with another count is refused.
     #[arg(long)]
     pub vcpus: Option<u32>,
@@ -132,9 +137,17 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     let (listener, local) = endpoint.listener(tls.as_ref()).map_err(CmdError::Failed)?;
     // Nothing to roll back on this side: a stop ends it, and the source
     // sees the connection go (its guest runs on there).
-    crate::signals::on_stop(|| {
+    let sockets: Vec<std::path::PathBuf> = [&a.control, &a.qmp]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+    crate::signals::on_stop(move || {
         let sig = crate::signals::received().unwrap_or("a signal");
         eprintln!("ferry receive: stopped by {sig}; the source keeps its VM");
+        for path in &sockets {
+            let _ = std::fs::remove_file(path);
+        }
         std::process::exit(130);
     });
     // The monitor is up before the migration arrives, as QEMU's destination
@@ -204,6 +217,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         fault_handlers: usize::from(a.paging.fault_handlers),
         fault_busy_poll: a.paging.busy_poll,
         probe: Some(Arc::new(MemstressProbe)),
+        max_device_bytes: a.max_device_state,
         blockers: if a.no_postcopy {
             vec![Blocker::postcopy(
                 "this destination was started with --no-postcopy",

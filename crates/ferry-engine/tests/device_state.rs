@@ -1,0 +1,151 @@
+//! Device state larger than one frame: sections that declare their size
+//! (`SectionSpec::max_bytes`) travel at the pause in parts and load whole;
+//! a destination refuses a declared size over its limit before any memory
+//! moves; a section that outgrows its declaration, or large state that
+//! declared nothing, fails at the pause, naming it, and the source runs on.
+//!
+//! `FERRY_TEST_DEVICE_MIB` sets the large section's size (default 96 MiB,
+//! three frames' worth); `FERRY_TEST_DEVICE_MIB=1024` moves 1 GiB.
+
+mod common;
+use common::*;
+
+use ferry_backend::{Backing, Section, SectionSpec, Vm};
+use ferry_engine::{migrate, MigrationError, MigrationSummary, NoProgress, ReceiveOptions};
+
+const MIB: u64 = 1 << 20;
+
+fn gpu(max_bytes: Option<u64>) -> SectionSpec {
+    let spec = SectionSpec::new("gpu", 1, 1);
+    match max_bytes {
+        Some(b) => spec.with_max_bytes(b),
+        None => spec,
+    }
+}
+
+/// Migrates a running test VM whose devices are `source` to a destination
+/// with the same specs (`dest_specs`) under `opts`; returns the source's
+/// result, the source VM and what the destination loaded (or its error).
+fn migrate_with(
+    source: Devices,
+    dest_specs: Vec<SectionSpec>,
+    opts: ReceiveOptions,
+) -> (
+    Result<MigrationSummary, MigrationError>,
+    TestVm,
+    Result<Vec<Section>, String>,
+) {
+    let dest = Devices {
+        specs: dest_specs,
+        ..Devices::default()
+    };
+    let restored = dest.restored.clone();
+    let (to, handle) = spawn_receiver_with(opts, Backing::Anonymous, move |vm| {
+        vm.devices = dest.clone();
+    });
+    let mut src = running_source();
+    src.devices = source;
+    let result = migrate(&mut src, &to, &probed(), &NoProgress);
+    let loaded = match handle.join().unwrap() {
+        Ok(_) => Ok(std::mem::take(&mut *restored.lock().unwrap())),
+        Err(e) => Err(e.chain()),
+    };
+    (result, src, loaded)
+}
+
+/// The source failed with `words` in its error and runs on, its guest
+/// intact.
+fn runs_on_after(result: Result<MigrationSummary, MigrationError>, src: &TestVm, words: &str) {
+    let err = result.expect_err("the migration should fail").chain();
+    assert!(err.contains(words), "{err}");
+    assert!(src.is_running(), "the source must run on");
+    let at = check(src);
+    wait_for_passes(src, at.progress + 1);
+    assert_eq!(check(src).errors, 0);
+}
+
+fn large_mib() -> u64 {
+    std::env::var("FERRY_TEST_DEVICE_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(96)
+}
+
+#[test]
+fn device_state_larger_than_a_frame_moves_in_parts_and_loads_whole() {
+    let bytes = large_mib() * MIB;
+    let devices = Devices {
+        specs: vec![gpu(Some(bytes))],
+        payload_bytes: bytes as usize,
+        ..Devices::default()
+    };
+    let saved = devices.save();
+    let (result, _src, loaded) =
+        migrate_with(devices.clone(), devices.specs.clone(), quick_receive());
+    let summary = result.unwrap();
+    assert!(summary.digest_match, "{summary:?}");
+    println!(
+        "{} MiB of device state at the pause: downtime {:.1} ms",
+        summary.device_bytes_at_pause >> 20,
+        summary.downtime_ms
+    );
+    assert!(
+        summary.device_bytes_at_pause > bytes,
+        "{}",
+        summary.device_bytes_at_pause
+    );
+    let loaded = loaded.unwrap();
+    assert_eq!(loaded.len(), 1);
+    assert_eq!(loaded[0].data.len(), saved[0].data.len());
+    assert!(loaded[0].data == saved[0].data, "the state arrived changed");
+}
+
+#[test]
+fn a_declared_size_over_the_destinations_limit_is_refused_before_memory_moves() {
+    let devices = Devices {
+        specs: vec![gpu(Some(64 * MIB))],
+        ..Devices::default()
+    };
+    let opts = ReceiveOptions {
+        max_device_bytes: 16 * MIB,
+        ..quick_receive()
+    };
+    let (result, src, loaded) = migrate_with(devices.clone(), devices.specs.clone(), opts);
+    let summary_err = result.as_ref().map(|_| ()).unwrap_err().chain();
+    assert!(
+        summary_err.contains("section 'gpu' may take up to 64.0 MiB"),
+        "{summary_err}"
+    );
+    assert!(loaded.unwrap_err().contains("16.0 MiB"));
+    runs_on_after(result, &src, "more than this destination takes");
+}
+
+#[test]
+fn a_section_that_outgrows_its_declared_size_fails_at_the_pause_naming_it() {
+    let devices = Devices {
+        specs: vec![gpu(Some(MIB))],
+        payload_bytes: 2 * MIB as usize,
+        ..Devices::default()
+    };
+    let (result, src, _) = migrate_with(devices.clone(), devices.specs.clone(), quick_receive());
+    runs_on_after(
+        result,
+        &src,
+        "section 'gpu' instance 0 took 2.0 MiB at the pause, more than the 1.0 MiB its VMM declared",
+    );
+}
+
+#[test]
+fn undeclared_state_too_large_for_one_frame_fails_at_the_pause_saying_what_to_declare() {
+    let devices = Devices {
+        specs: vec![gpu(None)],
+        payload_bytes: 40 * MIB as usize,
+        ..Devices::default()
+    };
+    let (result, src, _) = migrate_with(devices.clone(), devices.specs.clone(), quick_receive());
+    runs_on_after(
+        result,
+        &src,
+        "declare each large section's size (SectionSpec::max_bytes)",
+    );
+}
