@@ -85,9 +85,14 @@ fn device_state_larger_than_a_frame_moves_in_parts_and_loads_whole() {
     let summary = result.unwrap();
     assert!(summary.digest_match, "{summary:?}");
     println!(
-        "{} MiB of device state at the pause: downtime {:.1} ms",
+        "{} MiB of device state at the pause: downtime {:.1} ms (pause {:.1}, vCPU state {:.1}, \
+         digest {:.1}, destination resume {:.1})",
         summary.device_bytes_at_pause >> 20,
-        summary.downtime_ms
+        summary.downtime_ms,
+        summary.pause_ms,
+        summary.save_vcpus_ms,
+        summary.digest_ms,
+        summary.dest_resume_ms
     );
     assert!(
         summary.device_bytes_at_pause > bytes,
