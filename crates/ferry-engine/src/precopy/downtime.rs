@@ -5,9 +5,11 @@
 //! the data connections still hold queued (the previous round's tail, not
 //! yet acknowledged), then the dirty set; it harvests the dirty logs once
 //! more, and pauses, saves, loads and resumes the guest. So the downtime is
-//! predicted as `(queued + dirty) / link + harvest + SWITCH_OVERHEAD`, with
-//! the link's rate from the last round measured, and the harvest's time
-//! from the last harvest.
+//! predicted as `(queued + dirty + device) / link + harvest +
+//! SWITCH_OVERHEAD`, with the link's rate from the last round measured, the
+//! harvest's time from the last harvest, and the device state as its
+//! sections declare it (`SectionSpec::max_bytes`: a VMM with large device
+//! state declares it, and small undeclared state is in the overhead).
 //!
 //! **The aim.** Switching at the target itself leaves no room for a link
 //! that slows in the last round, and a run whose prediction is a little
@@ -41,6 +43,8 @@ pub struct FinalRound {
     pub queued_bytes: u64,
     /// Guest bytes of the dirty set.
     pub dirty_bytes: u64,
+    /// Bytes of device state the sections declare, sent at the pause.
+    pub device_bytes: u64,
     /// Guest bytes per second the link moves.
     pub link_bytes_per_sec: f64,
     /// What the last harvest of the dirty logs took.
@@ -50,7 +54,7 @@ pub struct FinalRound {
 impl FinalRound {
     /// The downtime it would cost.
     pub fn downtime(&self) -> Duration {
-        let bytes = (self.queued_bytes + self.dirty_bytes) as f64;
+        let bytes = (self.queued_bytes + self.dirty_bytes + self.device_bytes) as f64;
         let send = bytes / self.link_bytes_per_sec.max(1.0);
         Duration::from_secs_f64(send.min(1e6)) + self.harvest + SWITCH_OVERHEAD
     }
@@ -90,14 +94,20 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
 
     #[test]
-    fn the_prediction_counts_the_queue_the_set_the_harvest_and_the_overhead() {
+    fn the_prediction_counts_the_queue_the_set_the_device_state_the_harvest_and_the_overhead() {
         let f = FinalRound {
             queued_bytes: 1_000_000,
             dirty_bytes: 3_000_000,
+            device_bytes: 0,
             link_bytes_per_sec: 100e6,
             harvest: 2 * MS,
         };
         assert_eq!(f.downtime(), 40 * MS + 2 * MS + SWITCH_OVERHEAD);
+        let with_device = FinalRound {
+            device_bytes: 10_000_000,
+            ..f
+        };
+        assert_eq!(with_device.downtime(), 140 * MS + 2 * MS + SWITCH_OVERHEAD);
         let dead = FinalRound {
             link_bytes_per_sec: 0.0,
             ..f

@@ -216,6 +216,7 @@ impl Source<'_> {
             let predicted = FinalRound {
                 queued_bytes: (self.health.queued_bytes() as f64 * self.expansion) as u64,
                 dirty_bytes: remaining,
+                device_bytes: self.declared_device_bytes,
                 link_bytes_per_sec: bandwidth,
                 harvest,
             }

@@ -127,6 +127,7 @@ impl<'a> Source<'a> {
             postcopy_round: 0,
             measured_link: None,
             expansion: 1.0,
+            declared_device_bytes: 0,
             sections: None,
             section_parts: false,
             awaiting_verdict: false,
@@ -282,6 +283,9 @@ pub(crate) struct Source<'a> {
     /// Guest bytes per wire byte in the last whole round measured
     /// (compression raises it above 1).
     pub(crate) expansion: f64,
+    /// The device state the VM's sections declare (sent at the pause), for
+    /// the downtime prediction.
+    pub(crate) declared_device_bytes: u64,
     /// The devices' state sections, saved at the pause (the Sections
     /// frame's payload).
     pub(crate) sections: Option<Vec<u8>>,
@@ -377,6 +381,8 @@ impl Source<'_> {
         }
         // Asked, so taken if the handshake gets past the answer below.
         self.section_parts = parts;
+        self.declared_device_bytes =
+            crate::wire::sections::declared_total(&header.sections, &header.section_bytes);
         if asks {
             header.capabilities = Some(needed.clone());
         }

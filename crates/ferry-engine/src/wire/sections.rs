@@ -172,6 +172,15 @@ fn declared_payload(announced: &[SectionId], declared: &BTreeMap<String, u64>) -
     })
 }
 
+/// The device state the announced sections declare, in all (undeclared
+/// sections count nothing).
+pub fn declared_total(announced: &[SectionId], declared: &BTreeMap<String, u64>) -> u64 {
+    announced
+        .iter()
+        .filter_map(|id| declared.get(&id.name))
+        .fold(0, |sum, b| sum.saturating_add(*b))
+}
+
 /// Whether the declared sections may outgrow one frame, so that the source
 /// needs its destination to take them in parts.
 pub fn may_need_parts(announced: &[SectionId], declared: &BTreeMap<String, u64>) -> bool {
@@ -506,5 +515,31 @@ mod tests {
         let announced = manifest(&specs);
         let err = check_sections(&[s], &announced, &specs).unwrap_err();
         assert!(matches!(err, SectionError::NotAnnounced { .. }), "{err}");
+    }
+
+    #[test]
+    fn declared_sizes_sum_per_instance_and_the_largest_over_a_limit_is_named() {
+        const MIB: u64 = 1 << 20;
+        let specs = vec![
+            SectionSpec::new("serial", 1, 1),
+            SectionSpec::new("gpu", 1, 1)
+                .with_instances(vec![0, 1])
+                .with_max_bytes(24 * MIB),
+            SectionSpec::new("nic", 1, 1).with_max_bytes(MIB),
+        ];
+        let announced = manifest(&specs);
+        let declared = declared(&specs);
+        assert_eq!(declared_total(&announced, &declared), 49 * MIB);
+        // 49 MiB and some headers: more than one 32 MiB frame.
+        assert!(may_need_parts(&announced, &declared));
+        assert!(!may_need_parts(&announced[..2], &declared));
+        check_limit(&announced, &declared, 64 * MIB).unwrap();
+        let err = check_limit(&announced, &declared, 32 * MIB).unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "section 'gpu' may take up to 24.0 MiB (48.0 MiB in all its instances)"
+            ),
+            "{err}"
+        );
     }
 }
