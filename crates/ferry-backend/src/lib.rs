@@ -45,7 +45,7 @@ pub use panic::catch_panic;
 pub use probe::{GuestCheck, GuestProbe};
 pub use ram::{Backing, GuestRam, RamError, RamSlot};
 pub use ram_share::SharedRegion;
-pub use section::{Section, SectionId, SectionSpec, Subsection};
+pub use section::{LiveState, Section, SectionId, SectionSpec, Subsection};
 pub use types::{Gfn, Gpa, PAGE_SHIFT, PAGE_SIZE};
 pub use vm::Quota;
 pub use vm::{

@@ -145,3 +145,30 @@ impl Section {
             .map(|s| s.data.as_slice())
     }
 }
+
+/// Device state sent while the guest runs (QEMU's iterative save, VFIO's
+/// pre-copy): a capability a VMM implements only for devices with large
+/// state that changes little at a time. [`crate::Vm::live_state`] hands it
+/// to the engine.
+///
+/// Each live section is a stream of chunks in the VMM's format: during the
+/// precopy rounds the source sends what [`LiveState::save`] has ready,
+/// and the destination passes each chunk, in order, to
+/// [`LiveState::load`]; at the pause, the section's [`Section`] from
+/// `save_sections` carries the rest (what is still pending), and
+/// `restore_sections` loads it last. The switchover rule counts
+/// [`LiveState::pending`] with the dirty memory, so the downtime promise
+/// holds with large device state.
+pub trait LiveState {
+    /// The sections that send live (each also among `state_sections`).
+    fn live_sections(&self) -> Vec<SectionId>;
+    /// The bytes `id` has pending: what its save at the pause would carry
+    /// if the pause came now.
+    fn pending(&self, id: &SectionId) -> u64;
+    /// A chunk of `id`'s state ready to send, at most `max` bytes (empty:
+    /// nothing more now). What it covers is no longer pending, until the
+    /// device changes it again.
+    fn save(&mut self, id: &SectionId, max: usize) -> Result<Vec<u8>, crate::BackendError>;
+    /// Destination: the next chunk of `id`'s stream, in the order sent.
+    fn load(&mut self, id: &SectionId, chunk: &[u8]) -> Result<(), crate::BackendError>;
+}

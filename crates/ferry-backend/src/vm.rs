@@ -321,6 +321,11 @@ pub trait Vm: Send + std::any::Any {
             source: None,
         })
     }
+    /// Device state this VM sends while the guest runs ([`crate::LiveState`]),
+    /// if it has any. None by default: every section goes at the pause.
+    fn live_state(&mut self) -> Option<&mut dyn crate::LiveState> {
+        None
+    }
     /// The device state this VM migrates, as sections (see
     /// [`crate::section`]): the source announces them in the stream
     /// header, and a destination refuses a name or version it cannot load

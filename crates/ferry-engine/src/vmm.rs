@@ -5,6 +5,6 @@ pub use crate::wire::{Region, StreamHeader};
 pub use ferry_backend::{
     catch_panic, error_chain, throttle_sleep, BackendError, Backing, BlockScope, Blocker,
     DirtyPages, DirtySource, FaultExits, Gfn, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats,
-    Lifecycle, Quota, RamError, Section, SectionId, SectionSpec, Subsection, Vm, PAGE_SIZE,
-    THROTTLE_SLICE,
+    Lifecycle, LiveState, Quota, RamError, Section, SectionId, SectionSpec, Subsection, Vm,
+    PAGE_SIZE, THROTTLE_SLICE,
 };

@@ -253,7 +253,7 @@ impl Dest {
     /// priority connection, and is refused outright if postcopy is blocked
     /// here, since it cannot be told to do without.
     fn admit(
-        &self,
+        &mut self,
         hello: &Hello,
         opts: &ReceiveOptions,
     ) -> Result<Option<Answer>, MigrationError> {
@@ -272,6 +272,12 @@ impl Dest {
         let mut refused = BTreeMap::new();
         if let Some(reason) = blocked.postcopy {
             refused.insert(POSTCOPY.to_string(), reason);
+        }
+        if self.vm.live_state().is_none() {
+            refused.insert(
+                crate::wire::capabilities::LIVE_SECTIONS.to_string(),
+                "this VMM loads no live device state: it all goes at the pause".to_string(),
+            );
         }
         match &self.header.capabilities {
             Some(asked) => Ok(Some(Answer::to(asked, &refused))),

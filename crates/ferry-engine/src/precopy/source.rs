@@ -184,6 +184,7 @@ impl Source<'_> {
         let mut switch_rule = SwitchRule::default();
         let mut last_harvest = Instant::now();
         self.send_round(0, RoundKind::Full, &self.ram.frames())?;
+        self.send_live()?;
         let mut round = 1;
         loop {
             self.vm
@@ -216,7 +217,7 @@ impl Source<'_> {
             let predicted = FinalRound {
                 queued_bytes: (self.health.queued_bytes() as f64 * self.expansion) as u64,
                 dirty_bytes: remaining,
-                device_bytes: self.declared_device_bytes,
+                device_bytes: self.declared_device_bytes + self.live_pending(),
                 link_bytes_per_sec: bandwidth,
                 harvest,
             }
@@ -248,6 +249,7 @@ impl Source<'_> {
             }
             let set = std::mem::replace(&mut dirty, DirtyPages::new(self.pages));
             self.send_round(round, RoundKind::Dirty, &set)?;
+            self.send_live()?;
             round += 1;
         }
         if self.opts.tunables.is_cancelled() {

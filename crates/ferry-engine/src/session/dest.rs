@@ -234,6 +234,17 @@ impl Dest {
             let i = self.ctl.recv()?;
             match i.kind {
                 FrameKind::VcpuState => self.vcpu_state = Some(i.payload),
+                FrameKind::LiveSection => {
+                    let (id, chunk) =
+                        crate::wire::sections::decode_live(&i.payload, &self.header.sections)?;
+                    let live = self.vm.live_state().ok_or_else(|| {
+                        MigrationError::Refused(format!(
+                            "live state for section {id} came, and this VM loads none"
+                        ))
+                    })?;
+                    live.load(&id, chunk)
+                        .map_err(MigrationError::backend("load live device state"))?;
+                }
                 FrameKind::SectionsPart | FrameKind::Sections => {
                     let got = self.parts.len() + i.payload.len();
                     if got as u64 > self.max_device_bytes {

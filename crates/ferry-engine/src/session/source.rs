@@ -62,6 +62,7 @@ pub fn fresh_summary(
         predicted_downtime_ms: 0.0,
         save_vcpus_ms: 0.0,
         device_bytes_at_pause: 0,
+        device_bytes_live: 0,
         digest_ms: 0.0,
         verify_before_resume: opts.verify_before_resume,
         bytes_sent: 0,
@@ -128,6 +129,7 @@ impl<'a> Source<'a> {
             measured_link: None,
             expansion: 1.0,
             declared_device_bytes: 0,
+            live: Vec::new(),
             sections: None,
             section_parts: false,
             awaiting_verdict: false,
@@ -286,6 +288,9 @@ pub(crate) struct Source<'a> {
     /// The device state the VM's sections declare (sent at the pause), for
     /// the downtime prediction.
     pub(crate) declared_device_bytes: u64,
+    /// The VM's live sections ([`ferry_backend::LiveState`]), sent during
+    /// the rounds; empty where the destination (wire 5) cannot take them.
+    pub(crate) live: Vec<ferry_backend::SectionId>,
     /// The devices' state sections, saved at the pause (the Sections
     /// frame's payload).
     pub(crate) sections: Option<Vec<u8>>,
@@ -368,10 +373,22 @@ impl Source<'_> {
         if crate::wire::sections::may_need_parts(&header.sections, &header.section_bytes) {
             needed.push(crate::wire::capabilities::SECTION_PARTS.to_string());
         }
+        self.live = self
+            .vm
+            .live_state()
+            .map(|l| l.live_sections())
+            .unwrap_or_default();
+        if !self.live.is_empty() {
+            needed.push(crate::wire::capabilities::LIVE_SECTIONS.to_string());
+        }
         let parts = needed
             .iter()
             .any(|c| c == crate::wire::capabilities::SECTION_PARTS);
         let asks = self.ctl.version() >= CAPABILITIES_SINCE;
+        if !self.live.is_empty() && !asks {
+            // A wire-5 peer cannot take them live: all go at the pause.
+            self.live.clear();
+        }
         if parts && !asks {
             return Err(MigrationError::Refused(format!(
                 "the VM's sections declare more device state than one frame holds, and the \
@@ -381,8 +398,6 @@ impl Source<'_> {
         }
         // Asked, so taken if the handshake gets past the answer below.
         self.section_parts = parts;
-        self.declared_device_bytes =
-            crate::wire::sections::declared_total(&header.sections, &header.section_bytes);
         if asks {
             header.capabilities = Some(needed.clone());
         }
@@ -399,6 +414,12 @@ impl Source<'_> {
         };
         match answer {
             Some(a) => {
+                // Live sections are a wish: refused, they go at the pause.
+                let live = crate::wire::capabilities::LIVE_SECTIONS;
+                if !a.takes.iter().any(|c| c == live) {
+                    self.live.clear();
+                }
+                needed.retain(|c| c != live);
                 if let Some((cap, reason)) = a.first_refused(&needed) {
                     return Err(MigrationError::Refused(format!(
                         "the destination does not take {cap}: {reason}"
@@ -413,6 +434,16 @@ impl Source<'_> {
             }
             None => {}
         }
+        // The device state the pause will carry, as declared: live sections
+        // count by what they have pending, each round.
+        let at_pause: Vec<_> = header
+            .sections
+            .iter()
+            .filter(|id| !self.live.contains(id))
+            .cloned()
+            .collect();
+        self.declared_device_bytes =
+            crate::wire::sections::declared_total(&at_pause, &header.section_bytes);
         Ok(self.opts.verify_before_resume || verify_before_resume)
     }
 
@@ -545,6 +576,41 @@ impl Source<'_> {
             self.progress.throttle_changed(step);
         }
         Ok(())
+    }
+
+    /// Sends what the live sections have ready, on the main channel, at
+    /// most what they had pending when called (a device that changes
+    /// faster than the link sends is not chased for ever: the rest goes
+    /// next round, or at the pause).
+    pub(crate) fn send_live(&mut self) -> Result<(), MigrationError> {
+        let ids = self.live.clone();
+        let Some(live) = self.vm.live_state() else {
+            return Ok(());
+        };
+        for id in &ids {
+            let mut budget = live.pending(id);
+            while budget > 0 {
+                let chunk = live
+                    .save(id, crate::wire::sections::PART_BYTES)
+                    .map_err(MigrationError::backend("save live device state"))?;
+                if chunk.is_empty() {
+                    break;
+                }
+                budget = budget.saturating_sub(chunk.len() as u64);
+                self.summary.device_bytes_live += chunk.len() as u64;
+                let payload = crate::wire::sections::encode_live(id, &chunk);
+                self.ctl.send_frame(FrameKind::LiveSection, &payload)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What the live sections have pending now.
+    pub(crate) fn live_pending(&mut self) -> u64 {
+        let ids = self.live.clone();
+        self.vm
+            .live_state()
+            .map_or(0, |l| ids.iter().map(|id| l.pending(id)).sum())
     }
 
     /// A harvest while a round runs (see [`WithinRound`]).

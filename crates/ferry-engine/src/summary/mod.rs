@@ -135,6 +135,9 @@ pub struct MigrationSummary {
     pub save_vcpus_ms: f64,
     /// Bytes of device state (the encoded sections) sent at the pause.
     pub device_bytes_at_pause: u64,
+    /// Bytes of live device state sent during the rounds, while the guest
+    /// ran ([`ferry_backend::LiveState`]).
+    pub device_bytes_live: u64,
     /// Time the source spent hashing its memory for the digest.
     pub digest_ms: f64,
     /// Whether the destination was asked to verify before resuming.

@@ -33,11 +33,16 @@ pub const ZSTD: &str = "zstd";
 /// sections declare more than one frame holds.
 pub const SECTION_PARTS: &str = "section-parts";
 
+/// Device state sent while the guest runs (LiveSection frames during the
+/// precopy rounds, see [`ferry_backend::LiveState`]): asked when the VM
+/// has live sections.
+pub const LIVE_SECTIONS: &str = "live-sections";
+
 /// The first wire version that exchanges capabilities.
 pub const CAPABILITIES_SINCE: u32 = 6;
 
 /// Every capability this ferry implements.
-pub const IMPLEMENTED: [&str; 5] = [POSTCOPY, DELTA, LZ4, ZSTD, SECTION_PARTS];
+pub const IMPLEMENTED: [&str; 6] = [POSTCOPY, DELTA, LZ4, ZSTD, SECTION_PARTS, LIVE_SECTIONS];
 /// What a wire-5 peer has without saying so: every feature wire 5 had.
 pub const WIRE_5: [&str; 4] = [POSTCOPY, DELTA, LZ4, ZSTD];
 

@@ -86,6 +86,10 @@ pub enum FrameKind {
     /// the sections' payload, which Sections ends (capability
     /// `section-parts`).
     SectionsPart = 21,
+    /// Source → destination on the main channel during the precopy
+    /// rounds: a chunk of a live section's state (capability
+    /// `live-sections`, see [`crate::wire::sections::encode_live`]).
+    LiveSection = 22,
 }
 
 impl FrameKind {
@@ -114,6 +118,7 @@ impl FrameKind {
             19 => Commit,
             20 => Sections,
             21 => SectionsPart,
+            22 => LiveSection,
             _ => return None,
         })
     }
@@ -143,6 +148,7 @@ impl FrameKind {
             Commit => "Commit",
             Sections => "Sections",
             SectionsPart => "SectionsPart",
+            LiveSection => "LiveSection",
         }
     }
 }

@@ -393,7 +393,8 @@ impl Message {
             | FrameKind::Delta
             | FrameKind::VcpuState
             | FrameKind::Sections
-            | FrameKind::SectionsPart => return Err(bad("not a main-channel message here".into())),
+            | FrameKind::SectionsPart
+            | FrameKind::LiveSection => return Err(bad("not a main-channel message here".into())),
         })
     }
 }

@@ -239,6 +239,58 @@ pub fn check_saved(
     Ok(())
 }
 
+/// A LiveSection frame's payload: which section, then a chunk of its
+/// stream.
+///
+/// ```text
+///   u16 name length, name (UTF-8), u32 instance, u32 version, chunk
+/// ```
+pub fn encode_live(id: &SectionId, chunk: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + id.name.len() + 8 + chunk.len());
+    out.extend_from_slice(&(id.name.len() as u16).to_le_bytes());
+    out.extend_from_slice(id.name.as_bytes());
+    out.extend_from_slice(&id.instance.to_le_bytes());
+    out.extend_from_slice(&id.version.to_le_bytes());
+    out.extend_from_slice(chunk);
+    out
+}
+
+/// The section and chunk of a LiveSection payload, checked against the
+/// sections the header `announced`.
+pub fn decode_live<'a>(
+    payload: &'a [u8],
+    announced: &[SectionId],
+) -> Result<(SectionId, &'a [u8]), SectionError> {
+    let bad = |why: &str| SectionError::Malformed(format!("live section: {why}"));
+    let len = payload
+        .get(..2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+        .ok_or_else(|| bad("no name length"))?;
+    let name = payload
+        .get(2..2 + len)
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .ok_or_else(|| bad("its name is cut short or not UTF-8"))?;
+    let at = 2 + len;
+    let word = |i: usize| {
+        payload
+            .get(at + i..at + i + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .ok_or_else(|| bad("cut short"))
+    };
+    let id = SectionId {
+        name: name.to_string(),
+        instance: word(0)?,
+        version: word(4)?,
+    };
+    if !announced.contains(&id) {
+        return Err(SectionError::NotAnnounced {
+            got: format!("live {id} v{}", id.version),
+            announced: format!("{} sections", announced.len()),
+        });
+    }
+    Ok((id, &payload[at + 8..]))
+}
+
 /// The ids a source with `specs` announces.
 pub fn manifest(specs: &[SectionSpec]) -> Vec<SectionId> {
     specs.iter().flat_map(SectionSpec::ids).collect()

@@ -14,6 +14,7 @@
 
 #![allow(dead_code)]
 
+pub mod big_device;
 pub mod record;
 pub mod relay;
 
@@ -273,6 +274,8 @@ pub struct TestVm {
     pub fail_restore: bool,
     /// What its devices say blocks a migration.
     pub blockers: Vec<Blocker>,
+    /// A device with large state sent live.
+    pub big: Option<big_device::BigDevice>,
 }
 
 /// A device that writes one page of the system slot by DMA: through the raw
@@ -433,6 +436,7 @@ impl TestVm {
             events: Arc::default(),
             fail_restore: false,
             blockers: Vec::new(),
+            big: None,
         }
     }
 
@@ -546,9 +550,15 @@ impl Vm for TestVm {
                 guest(ram, config, dma, pos, stop, throttle, last)
             }));
         }
+        if let Some(big) = &mut self.big {
+            big.run();
+        }
         Ok(())
     }
     fn pause(&mut self) -> Result<(), BackendError> {
+        if let Some(big) = &mut self.big {
+            big.halt();
+        }
         self.stop.store(true, Ordering::Release);
         if let Some(w) = self.worker.take() {
             w.join().map_err(|_| BackendError::VcpuFailed {
@@ -608,7 +618,15 @@ impl Vm for TestVm {
         Ok(self.position.load(Ordering::Acquire).to_le_bytes().to_vec())
     }
     fn state_sections(&self) -> Vec<SectionSpec> {
-        self.devices.specs.clone()
+        let mut specs = self.devices.specs.clone();
+        specs.extend(self.big.as_ref().map(|b| b.spec()));
+        specs
+    }
+    fn live_state(&mut self) -> Option<&mut dyn ferry_backend::LiveState> {
+        self.big
+            .as_mut()
+            .filter(|b| b.live)
+            .map(|b| b as &mut dyn ferry_backend::LiveState)
     }
     fn save_sections(&mut self) -> Result<Vec<Section>, BackendError> {
         if let Some((gpa, value)) = self.devices.save_writes {
@@ -618,10 +636,19 @@ impl Vm for TestVm {
             // The device flushes as it is saved: after every round.
             dma.write(&self.ram, u64::MAX);
         }
-        Ok(self.devices.save())
+        let mut all = self.devices.save();
+        all.extend(self.big.as_ref().map(|b| b.save_rest()));
+        Ok(all)
     }
     fn restore_sections(&mut self, sections: &[Section]) -> Result<(), BackendError> {
-        *self.devices.restored.lock().unwrap() = sections.to_vec();
+        let mut rest = Vec::new();
+        for s in sections {
+            match &self.big {
+                Some(big) if big.owns(s) => big.restore(s)?,
+                _ => rest.push(s.clone()),
+            }
+        }
+        *self.devices.restored.lock().unwrap() = rest;
         Ok(())
     }
     fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
