@@ -1,13 +1,25 @@
-//! The Sections frame: the devices' state at the switchover. Whatever
-//! decodes re-encodes to itself, and the destination's checks refuse with
-//! words, never a panic.
+//! The Sections frame: the devices' state at the switchover; and a
+//! LiveSection frame's payload, a chunk of live state. Whatever decodes
+//! re-encodes to itself, and the destination's checks refuse with words,
+//! never a panic.
 #![no_main]
 
-use ferry_backend::SectionSpec;
-use ferry_engine::wire::sections::{check_manifest, check_sections, decode, encode};
+use ferry_backend::{SectionId, SectionSpec};
+use ferry_engine::wire::sections::{
+    check_manifest, check_sections, decode, decode_live, encode, encode_live,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    let gpu = SectionId {
+        name: "gpu".into(),
+        instance: 0,
+        version: 1,
+    };
+    if let Ok((id, chunk)) = decode_live(data, std::slice::from_ref(&gpu)) {
+        assert_eq!(id, gpu);
+        assert_eq!(encode_live(&id, chunk), data);
+    }
     let Ok(sections) = decode(data) else {
         return;
     };
