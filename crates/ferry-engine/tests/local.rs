@@ -43,15 +43,21 @@ type Received = Result<(TestVm, ferry_engine::local::LocalSummary), MigrationErr
 /// A destination thread on `path`; `fail_restore` makes its VM refuse the
 /// vCPU state (a destination that fails before it resumes).
 fn destination(path: &Path, fail_restore: bool) -> JoinHandle<Received> {
+    destination_with(path, move |vm| vm.fail_restore = fail_restore)
+}
+
+/// A destination thread on `path` whose VM `build` changes once made.
+fn destination_with(
+    path: &Path,
+    build: impl Fn(&mut TestVm) + Send + 'static,
+) -> JoinHandle<Received> {
     let listener = listen_local(path).unwrap();
     std::thread::spawn(move || {
         let incoming = await_local(&listener, &opts())?;
         let mut factory = |h: &StreamHeader, ram: GuestRam| {
             let config = TestVm::config_from(h, Backing::Memfd)?;
             let mut vm = TestVm::on_ram(&config, ram);
-            if fail_restore {
-                vm.fail_restore = true;
-            }
+            build(&mut vm);
             Ok(vm)
         };
         receive_local_as(incoming, &mut factory, &opts())
@@ -103,5 +109,27 @@ fn a_destination_that_fails_before_it_resumes_leaves_the_source_running() {
     let at = check(&src);
     wait_for_passes(&src, at.progress + 2);
     assert_eq!(check(&src).errors, 0);
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn a_section_over_its_declared_size_fails_the_pause_and_the_source_runs_on() {
+    let path = socket("outgrew");
+    let devices = common::Devices {
+        specs: vec![ferry_backend::SectionSpec::new("gpu", 1, 1).with_max_bytes(1024)],
+        payload_bytes: 4096,
+        ..common::Devices::default()
+    };
+    let at_dest = devices.clone();
+    let dest = destination_with(&path, move |vm| vm.devices = at_dest.clone());
+    let mut src = memfd_source();
+    src.devices = devices;
+    let err = migrate_local(&mut src, &path, &opts()).unwrap_err().chain();
+    assert!(
+        err.contains("section 'gpu' instance 0 took 4.0 KiB at the pause, more than the 1.0 KiB"),
+        "{err}"
+    );
+    assert!(src.is_running(), "the source runs on");
+    let _ = dest.join();
     let _ = std::fs::remove_file(path);
 }

@@ -171,6 +171,8 @@ fn switch_over(
     let sections = vm
         .save_sections()
         .map_err(MigrationError::backend("save the device sections"))?;
+    // What a section declared holds here too (a VMM's bound on its state).
+    wire::sections::check_saved(&sections, &wire::sections::declared(&vm.state_sections()))?;
     let vcpus = vm
         .save_vcpus()
         .map_err(MigrationError::backend("save the vCPU state"))?;

@@ -28,7 +28,8 @@ none|auto|quota|dirty-limit, x-quota-interval ms, x-max-rounds),
 migrate-set-capabilities (auto-converge, dirty-limit: on|off), migrate (uri,
 resume, and ferry's migrate settings such as connections, mode, compress),
 migrate_cancel, migrate-start-postcopy (with capability postcopy-ram),
-query-status, cont (resumes a copy held after a lost Commit); and `events`,
+query-status (inmigrate while a destination's VM arrives), stop (pauses the
+guest), cont (resumes it, or a copy held after a lost Commit); and `events`,
 which prints events until the migration ends.")]
 pub struct CtlArgs {
     /// The control socket of a `ferry run --control SOCKET`, or its QMP
