@@ -35,6 +35,15 @@ pub enum BackendError {
     /// Saved vCPU state that this VM cannot take.
     #[error("vCPU state does not fit this VM: {0}")]
     BadVcpuState(String),
+    /// A device section this VM cannot load (its data, not its name or
+    /// version: the engine refuses those before any memory moves).
+    #[error("device section {section} cannot be loaded: {reason}")]
+    BadSection {
+        /// The section, as `SectionId` displays it.
+        section: String,
+        /// Why, in the device's words.
+        reason: String,
+    },
     /// A migration stream's guest section this ferry cannot run.
     #[error("the stream's guest section cannot run here: {0}")]
     Guest(String),

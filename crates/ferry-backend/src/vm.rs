@@ -347,10 +347,10 @@ pub trait Vm: Send + std::any::Any {
     fn restore_sections(&mut self, sections: &[crate::Section]) -> Result<(), BackendError> {
         match sections.first() {
             None => Ok(()),
-            Some(s) => Err(BackendError::BadVcpuState(format!(
-                "this VM has no section {}",
-                s.id
-            ))),
+            Some(s) => Err(BackendError::BadSection {
+                section: s.id.to_string(),
+                reason: "this VM has no such device".into(),
+            }),
         }
     }
     /// Where a migration of this VM stands: the VMM's hook for start,

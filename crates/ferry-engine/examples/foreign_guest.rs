@@ -327,9 +327,14 @@ impl Vm for ForeignVm {
     }
     fn restore_sections(&mut self, sections: &[Section]) -> Result<(), BackendError> {
         let word = |s: &Section| -> Result<u64, BackendError> {
-            let bytes = s.data.as_slice().try_into().map_err(|_| {
-                BackendError::BadVcpuState(format!("section {} is not 8 bytes", s.id))
-            })?;
+            let bytes = s
+                .data
+                .as_slice()
+                .try_into()
+                .map_err(|_| BackendError::BadSection {
+                    section: s.id.to_string(),
+                    reason: format!("{} bytes, not 8", s.data.len()),
+                })?;
             Ok(u64::from_le_bytes(bytes))
         };
         for s in sections {

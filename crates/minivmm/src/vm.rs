@@ -379,7 +379,10 @@ impl Vm for MiniVm {
                 blk::SECTION => dev.blk.restore(&s.data),
                 _ => Ok(()),
             };
-            loaded.map_err(|e| BackendError::BadVcpuState(e.to_string()))?;
+            loaded.map_err(|e| BackendError::BadSection {
+                section: s.id.to_string(),
+                reason: e.to_string(),
+            })?;
         }
         Ok(())
     }

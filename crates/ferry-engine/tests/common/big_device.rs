@@ -48,11 +48,12 @@ impl Blocks {
     }
 
     fn apply(&mut self, entries: &[u8]) -> Result<(), BackendError> {
+        let bad = |reason: String| BackendError::BadSection {
+            section: "'gpu' instance 0".into(),
+            reason,
+        };
         if !entries.len().is_multiple_of(ENTRY) {
-            return Err(BackendError::BadVcpuState(format!(
-                "{} bytes of device blocks",
-                entries.len()
-            )));
+            return Err(bad(format!("{} bytes of device blocks", entries.len())));
         }
         for e in entries.chunks(ENTRY) {
             let b = u32::from_le_bytes(e[..4].try_into().unwrap()) as usize;
@@ -60,7 +61,7 @@ impl Blocks {
             let dst = self
                 .state
                 .get_mut(at..at + BLOCK)
-                .ok_or_else(|| BackendError::BadVcpuState(format!("block {b}")))?;
+                .ok_or_else(|| bad(format!("no block {b}")))?;
             dst.copy_from_slice(&e[4..]);
         }
         Ok(())
