@@ -168,12 +168,10 @@ impl DirtyLog {
                 .ram
                 .slots()
                 .iter()
-                .map(|slot| {
-                    let mut words = Vec::with_capacity(slot.pages().div_ceil(64) as usize);
-                    // Written, not calloc'ed: every page of it is touched now.
-                    words.resize(words.capacity(), u64::MAX);
-                    words
-                })
+                // Filled with a non-zero word, so written (not calloc'ed
+                // zero pages): every page of it is touched now. KVM
+                // overwrites each word at every harvest.
+                .map(|slot| vec![u64::MAX; slot.pages().div_ceil(64) as usize])
                 .collect();
         }
         for slot in self.ram.slots() {
