@@ -4,11 +4,9 @@
 
 use super::migrate::MigrateArgs;
 use super::receive::ReceiveArgs;
-use super::run::Serve;
 use super::CmdError;
-use crate::{control, vms};
+use crate::vms;
 use ferry_backend::{error_chain as chain, BackendError, Backing, GuestProbe, GuestRam, Vm};
-use ferry_engine::custody::CopyState;
 use ferry_engine::local::{
     await_local, listen_local, migrate_local, receive_local, LocalOptions, LocalSummary,
 };
@@ -91,15 +89,7 @@ pub fn migrate(a: &MigrateArgs, socket: &Path) -> Result<ExitCode, CmdError> {
 pub fn receive(a: &ReceiveArgs, socket: &Path) -> Result<ExitCode, CmdError> {
     let listener = listen_local(socket).map_err(|e| CmdError::Failed(chain(&e)))?;
     // Up before the VM arrives (inmigrate), as on the network path.
-    let (shared, commands) = control::Shared::new(CopyState::Arriving, 0);
-    shared
-        .serve_sockets(a.control.as_deref(), a.qmp.as_deref())
-        .map_err(|e| CmdError::Failed(chain(&e)))?;
-    let remove_sockets = || {
-        for path in [&a.control, &a.qmp].into_iter().flatten() {
-            let _ = std::fs::remove_file(path);
-        }
-    };
+    let (shared, commands) = super::receive::arrival_monitor(a)?;
     // The demo (and scripts) read this line.
     println!("listening on {}", socket.display());
     std::io::stdout().flush().ok();
@@ -107,7 +97,7 @@ pub fn receive(a: &ReceiveArgs, socket: &Path) -> Result<ExitCode, CmdError> {
     let incoming = match await_local(&listener, &opts) {
         Ok(incoming) => incoming,
         Err(e) => {
-            remove_sockets();
+            super::receive::remove_sockets(a);
             return Err(CmdError::Failed(chain(&e)));
         }
     };
@@ -122,21 +112,12 @@ pub fn receive(a: &ReceiveArgs, socket: &Path) -> Result<ExitCode, CmdError> {
     let (mut vm, s) = match received {
         Ok(r) => r,
         Err(e) => {
-            let why = chain(&e);
-            shared.monitor.finish_incoming(
-                ferry_engine::Outcome::Failed,
-                0,
-                (0.0, 0.0),
-                Some(why.clone()),
-                serde_json::Value::Null,
-            );
-            shared.monitor.drain();
-            remove_sockets();
-            return Err(CmdError::Failed(why));
+            shared.arrival_failed(chain(&e));
+            super::receive::remove_sockets(a);
+            return Err(CmdError::Failed(chain(&e)));
         }
     };
-    shared.set_guest(&*vm);
-    shared.custody.arrived(false, None);
+    shared.arrived(&*vm, false, None);
     shared.monitor.finish_incoming(
         s.status,
         s.memory_bytes,
@@ -158,17 +139,10 @@ pub fn receive(a: &ReceiveArgs, socket: &Path) -> Result<ExitCode, CmdError> {
     let ok = s.digest_match && after.since_resume.errors == 0 && after.problem.is_none();
     if ok && !a.exit_after_report {
         eprintln!("ferry receive: guest running here; Ctrl-C to stop");
-        let serve = Serve {
-            interval: Duration::from_secs(1),
-            duration: None,
-            control: a.control.clone(),
-            qmp: a.qmp.clone(),
-            held: None,
-            stay_after_migration: a.qmp.is_some(),
-        };
+        let serve = super::receive::serving(a);
         return super::run::serve_vm_on(&mut *vm, &serve, shared, commands);
     }
-    remove_sockets();
+    super::receive::remove_sockets(a);
     Ok(if ok {
         ExitCode::SUCCESS
     } else {

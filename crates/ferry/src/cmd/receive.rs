@@ -137,11 +137,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     let (listener, local) = endpoint.listener(tls.as_ref()).map_err(CmdError::Failed)?;
     // Nothing to roll back on this side: a stop ends it, and the source
     // sees the connection go (its guest runs on there).
-    let sockets: Vec<std::path::PathBuf> = [&a.control, &a.qmp]
-        .into_iter()
-        .flatten()
-        .cloned()
-        .collect();
+    let sockets = monitor_sockets(&a);
     crate::signals::on_stop(move || {
         let sig = crate::signals::received().unwrap_or("a signal");
         eprintln!("ferry receive: stopped by {sig}; the source keeps its VM");
@@ -150,22 +146,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         }
         std::process::exit(130);
     });
-    // The monitor is up before the migration arrives, as QEMU's destination
-    // monitor is (run state `inmigrate`), and follows it.
-    let monitor = if a.control.is_some() || a.qmp.is_some() {
-        let (shared, commands) = control::Shared::new(CopyState::Arriving, 0);
-        shared
-            .serve_sockets(a.control.as_deref(), a.qmp.as_deref())
-            .map_err(|e| CmdError::Failed(chain(&e)))?;
-        Some((shared, commands))
-    } else {
-        None
-    };
-    let remove_sockets = || {
-        for path in [&a.control, &a.qmp].into_iter().flatten() {
-            let _ = std::fs::remove_file(path);
-        }
-    };
+    let (shared, commands) = arrival_monitor(&a)?;
     // The demo (and scripts) read this line to learn the port.
     println!("listening on {local}");
     std::io::stdout().flush().ok();
@@ -184,7 +165,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                     TransportError::Listen { .. } | TransportError::AcceptTimeout { .. },
                 ),
             ) => {
-                remove_sockets();
+                remove_sockets(&a);
                 return Err(CmdError::Failed(chain(&e)));
             }
             Err(e) => eprintln!(
@@ -198,9 +179,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         incoming.peer(),
         incoming.connections()
     );
-    if let Some((shared, _)) = &monitor {
-        shared.monitor.begin_incoming();
-    }
+    shared.monitor.begin_incoming();
 
     let opts = ReceiveOptions {
         expect: Some(ExpectedVm {
@@ -249,34 +228,21 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     let (mut vm, mut summary) = match received {
         Ok(r) => r,
         Err(e) => {
-            if let Some((shared, _)) = &monitor {
-                let why = chain(&e);
-                shared.monitor.finish_incoming(
-                    Outcome::Failed,
-                    0,
-                    (0.0, 0.0),
-                    Some(why),
-                    serde_json::Value::Null,
-                );
-                shared.monitor.drain();
-            }
-            remove_sockets();
+            shared.arrival_failed(chain(&e));
+            remove_sockets(&a);
             return Err(CmdError::Failed(chain(&e)));
         }
     };
-    if let Some((shared, _)) = &monitor {
-        // Before the `completed` event: a client that reads it and asks
-        // finds the VM here.
-        shared.set_guest(&*vm);
-        shared.custody.arrived(summary.paused, summary.held.clone());
-        shared.monitor.finish_incoming(
-            summary.status,
-            vm.ram().size(),
-            (summary.total_ms, summary.resume_ms),
-            summary.held.clone(),
-            serde_json::to_value(&summary).unwrap_or_default(),
-        );
-    }
+    // Before the `completed` event: a client that reads it and asks finds
+    // the VM here.
+    shared.arrived(&*vm, summary.paused, summary.held.clone());
+    shared.monitor.finish_incoming(
+        summary.status,
+        vm.ram().size(),
+        (summary.total_ms, summary.resume_ms),
+        summary.held.clone(),
+        serde_json::to_value(&summary).unwrap_or_default(),
+    );
     let mut problem = None;
     if summary.paused {
         eprintln!("ferry receive: the guest arrived paused, as it was on the source");
@@ -294,17 +260,8 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
             serde_json::to_string(&summary).expect("summary serializes")
         );
     }
-    let serve = Serve {
-        interval: Duration::from_secs(1),
-        duration: None,
-        control: a.control.clone(),
-        qmp: a.qmp.clone(),
-        held: None,
-        stay_after_migration: a.qmp.is_some(),
-    };
-    let Some((shared, commands)) = monitor else {
-        // Nothing serves this copy: a held or paused one cannot be resumed.
-        if summary.status == Outcome::Held {
+    if summary.status == Outcome::Held {
+        if monitor_sockets(&a).is_empty() {
             let why = summary.held.clone().unwrap_or_default();
             return Err(CmdError::Failed(format!(
                 "{why}; without --control (or --qmp) this process cannot hold the paused copy \
@@ -312,28 +269,60 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                  unless it got this side's verdict: see its summary)"
             )));
         }
-        let state = if summary.paused {
-            CopyState::Paused
-        } else {
-            CopyState::Running
-        };
-        let (shared, commands) = control::Shared::new(state, vm.ram().size());
-        return report(&a, &mut *vm, &summary, problem, (serve, shared, commands));
-    };
-    if summary.status == Outcome::Held {
-        return super::run::serve_vm_on(&mut *vm, &serve, shared, commands);
+        return super::run::serve_vm_on(&mut *vm, &serving(&a), shared, commands);
     }
-    report(&a, &mut *vm, &summary, problem, (serve, shared, commands))
+    report(&a, &mut *vm, &summary, problem, shared, commands)
 }
 
-/// Reports how the arrival went, then serves the guest (when `serving`)
-/// or exits with the verdict.
+/// The monitor sockets this destination serves (`--control`, `--qmp`).
+fn monitor_sockets(a: &ReceiveArgs) -> Vec<std::path::PathBuf> {
+    [&a.control, &a.qmp]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect()
+}
+
+/// Removes them, on an exit that does not serve the guest.
+pub(super) fn remove_sockets(a: &ReceiveArgs) {
+    for path in monitor_sockets(a) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// The destination's monitor, up before the migration arrives, as QEMU's
+/// destination monitor is (run state `inmigrate`), and following it.
+pub(super) fn arrival_monitor(
+    a: &ReceiveArgs,
+) -> Result<(control::Shared, Receiver<VmCommand>), CmdError> {
+    let (shared, commands) = control::Shared::new(CopyState::Arriving, 0);
+    shared
+        .serve_sockets(a.control.as_deref(), a.qmp.as_deref())
+        .map_err(|e| CmdError::Failed(chain(&e)))?;
+    Ok((shared, commands))
+}
+
+/// How the arrived guest is served: its monitor stays up after a
+/// migration onward only with `--qmp`, as QEMU's does.
+pub(super) fn serving(a: &ReceiveArgs) -> Serve {
+    Serve {
+        interval: Duration::from_secs(1),
+        duration: None,
+        control: a.control.clone(),
+        qmp: a.qmp.clone(),
+        stay_after_migration: a.qmp.is_some(),
+    }
+}
+
+/// Reports how the arrival went, then serves the guest, or exits with the
+/// verdict.
 fn report(
     a: &ReceiveArgs,
     vm: &mut dyn Vm,
     summary: &ReceiveSummary,
     problem: Option<String>,
-    (serve, shared, commands): (Serve, control::Shared, Receiver<VmCommand>),
+    shared: control::Shared,
+    commands: Receiver<VmCommand>,
 ) -> Result<ExitCode, CmdError> {
     let before = summary.guest_at_resume.unwrap_or_default().errors;
     let after = summary.mismatches_after.unwrap_or(0);
@@ -357,11 +346,9 @@ fn report(
         } else {
             eprintln!("ferry receive: guest running here; Ctrl-C to stop");
         }
-        return super::run::serve_vm_on(vm, &serve, shared, commands);
+        return super::run::serve_vm_on(vm, &serving(a), shared, commands);
     }
-    for path in [&a.control, &a.qmp].into_iter().flatten() {
-        let _ = std::fs::remove_file(path);
-    }
+    remove_sockets(a);
     Ok(if ok {
         ExitCode::SUCCESS
     } else {

@@ -154,7 +154,6 @@ pub fn run(a: RunArgs) -> Result<ExitCode, CmdError> {
             stay_after_migration: a.qmp.is_some() && !a.exit_after_migration,
             control: a.control,
             qmp: a.qmp,
-            held: None,
         },
     )
 }
@@ -169,8 +168,6 @@ pub struct Serve {
     pub control: Option<PathBuf>,
     /// The QMP socket to serve (greeting and negotiation, as QEMU's).
     pub qmp: Option<PathBuf>,
-    /// Why the (paused) VM is held for an operator's `cont`, if it is.
-    pub held: Option<String>,
     /// Keep the monitor up after the VM moved away, until `quit` (QEMU's
     /// `postmigrate`).
     pub stay_after_migration: bool,
@@ -181,11 +178,9 @@ pub struct Serve {
 /// was stopped, or `duration` ran out; the exit code says whether the
 /// guest's own checks found a mismatch.
 pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, CmdError> {
-    let state = match &a.held {
-        Some(why) => CopyState::Held { why: why.clone() },
-        None => CopyState::Running,
-    };
-    let (ctl, commands) = control::Shared::new(state, vm.ram().size());
+    let (ctl, commands) = control::Shared::new(CopyState::Running, vm.ram().size());
+    // Before the sockets are announced: a signal may follow at once.
+    stop_on_signal(&ctl);
     ctl.serve_sockets(a.control.as_deref(), a.qmp.as_deref())
         .map_err(|e| CmdError::Failed(ferry_backend::error_chain(&e)))?;
     serve_vm_on(vm, a, ctl, commands)
@@ -205,19 +200,10 @@ pub fn serve_vm_on(
     let mut at = Instant::now();
     let tunables = Arc::clone(&ctl.tunables);
     ctl.set_guest(vm);
-    let tx = ctl.commands.clone();
-    // SIGINT or SIGTERM: cancel a migration under way, then stop as `stop`
-    // does.
-    let (stop_tx, stop_tunables) = (tx.clone(), Arc::clone(&tunables));
-    crate::signals::on_stop(move || {
-        stop_tunables.cancel();
-        let (reply, _) = std::sync::mpsc::channel();
-        let _ = stop_tx.send(VmCommand::Stop { reply });
-    });
+    stop_on_signal(&ctl);
     if let CopyState::Held { why } = ctl.custody.state() {
         say_held(&why);
     }
-    let _keep_channel_open = tx;
     // The last migration: where a resume of its failed postcopy goes.
     let mut last: Option<LastJob> = None;
     // Where the VM went, once it moved and the monitor stays up.
@@ -277,41 +263,19 @@ pub fn serve_vm_on(
                 }
             }
             Ok(VmCommand::Pause { reply }) => {
-                let answer = match ctl.custody.stop(|| vm.pause()) {
-                    Ok(paused) => {
-                        if paused {
-                            say(format_args!("paused by stop: cont resumes the guest"));
-                        }
-                        serde_json::json!({"ok": true})
-                    }
-                    Err(ContError::Refused(e)) => {
-                        serde_json::json!({"ok": false, "error": e.to_string()})
-                    }
-                    Err(ContError::Start(e)) => serde_json::json!({
-                        "ok": false,
-                        "error": ferry_backend::error_chain(&e)
-                    }),
-                };
-                let _ = reply.send(answer);
+                let done = ctl.custody.stop(|| vm.pause());
+                let _ = reply.send(custody_reply(
+                    done,
+                    "paused by stop: cont resumes the guest",
+                ));
                 continue;
             }
             Ok(VmCommand::Cont { reply }) => {
-                let answer = match ctl.custody.cont(|| vm.start()) {
-                    Ok(started) => {
-                        if started {
-                            say(format_args!("resumed by cont: this copy of the guest runs"));
-                        }
-                        serde_json::json!({"ok": true})
-                    }
-                    Err(ContError::Refused(e)) => {
-                        serde_json::json!({"ok": false, "error": e.to_string()})
-                    }
-                    Err(ContError::Start(e)) => serde_json::json!({
-                        "ok": false,
-                        "error": ferry_backend::error_chain(&e)
-                    }),
-                };
-                let _ = reply.send(answer);
+                let done = ctl.custody.cont(|| vm.start());
+                let _ = reply.send(custody_reply(
+                    done,
+                    "resumed by cont: this copy of the guest runs",
+                ));
                 continue;
             }
             Ok(VmCommand::Migrate {
@@ -387,6 +351,37 @@ pub fn serve_vm_on(
     } else {
         ExitCode::from(2)
     })
+}
+
+/// SIGINT or SIGTERM from now on: cancel a migration under way, then stop
+/// as the `stop` command does.
+fn stop_on_signal(ctl: &control::Shared) {
+    let (stop_tx, stop_tunables) = (ctl.commands.clone(), Arc::clone(&ctl.tunables));
+    crate::signals::on_stop(move || {
+        stop_tunables.cancel();
+        let (reply, _) = std::sync::mpsc::channel();
+        let _ = stop_tx.send(VmCommand::Stop { reply });
+    });
+}
+
+/// The reply to a `stop` or `cont` the custody ran (or refused); `said`
+/// goes to the progress lines when it changed the VM.
+fn custody_reply(
+    done: Result<bool, ContError<ferry_backend::BackendError>>,
+    said: &str,
+) -> serde_json::Value {
+    match done {
+        Ok(changed) => {
+            if changed {
+                say(format_args!("{said}"));
+            }
+            serde_json::json!({"ok": true})
+        }
+        Err(ContError::Refused(e)) => serde_json::json!({"ok": false, "error": e.to_string()}),
+        Err(ContError::Start(e)) => {
+            serde_json::json!({"ok": false, "error": ferry_backend::error_chain(&e)})
+        }
+    }
 }
 
 /// Says that the VM is held (paused, verified, its fate the operator's)

@@ -186,6 +186,26 @@ impl Shared {
         });
     }
 
+    /// The migration bringing the VM here failed with `why`: the monitor's
+    /// clients hear it (`failed`) before this process exits.
+    pub fn arrival_failed(&self, why: String) {
+        self.monitor.finish_incoming(
+            ferry_engine::Outcome::Failed,
+            0,
+            (0.0, 0.0),
+            Some(why),
+            Value::Null,
+        );
+        self.monitor.drain();
+    }
+
+    /// The VM arrived in `vm`: `status` reads it from now on, and the copy
+    /// runs, is paused as it was at the source, or is held (`held`: why).
+    pub fn arrived(&self, vm: &dyn ferry_backend::Vm, paused: bool, held: Option<String>) {
+        self.set_guest(vm);
+        self.custody.arrived(paused, held);
+    }
+
     /// Serves the `control` and `qmp` sockets (either may be absent),
     /// saying where.
     pub fn serve_sockets(
