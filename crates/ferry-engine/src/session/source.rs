@@ -129,6 +129,7 @@ impl<'a> Source<'a> {
             measured_link: None,
             expansion: 1.0,
             declared_device_bytes: 0,
+            section_bytes: Default::default(),
             live: Vec::new(),
             sections: None,
             section_parts: false,
@@ -288,6 +289,9 @@ pub(crate) struct Source<'a> {
     /// The device state the VM's sections declare (sent at the pause), for
     /// the downtime prediction.
     pub(crate) declared_device_bytes: u64,
+    /// What each section declares it takes, as the header said: the pause
+    /// holds the saved sections to it.
+    pub(crate) section_bytes: std::collections::BTreeMap<String, u64>,
     /// The VM's live sections ([`ferry_backend::LiveState`]), sent during
     /// the rounds; empty where the destination (wire 5) cannot take them.
     pub(crate) live: Vec<ferry_backend::SectionId>,
@@ -444,6 +448,7 @@ impl Source<'_> {
             .collect();
         self.declared_device_bytes =
             crate::wire::sections::declared_total(&at_pause, &header.section_bytes);
+        self.section_bytes = header.section_bytes;
         Ok(self.opts.verify_before_resume || verify_before_resume)
     }
 
@@ -583,11 +588,10 @@ impl Source<'_> {
     /// faster than the link sends is not chased for ever: the rest goes
     /// next round, or at the pause).
     pub(crate) fn send_live(&mut self) -> Result<(), MigrationError> {
-        let ids = self.live.clone();
         let Some(live) = self.vm.live_state() else {
             return Ok(());
         };
-        for id in &ids {
+        for id in &self.live {
             let mut budget = live.pending(id);
             while budget > 0 {
                 let chunk = live
@@ -607,7 +611,7 @@ impl Source<'_> {
 
     /// What the live sections have pending now.
     pub(crate) fn live_pending(&mut self) -> u64 {
-        let ids = self.live.clone();
+        let ids = &self.live;
         self.vm
             .live_state()
             .map_or(0, |l| ids.iter().map(|id| l.pending(id)).sum())

@@ -37,13 +37,12 @@ impl Source<'_> {
             .vm
             .save_sections()
             .map_err(MigrationError::backend("save the devices' state sections"))?;
-        let declared = crate::wire::sections::declared(&self.vm.state_sections());
-        crate::wire::sections::check_saved(&sections, &declared)?;
+        crate::wire::sections::check_saved(&sections, &self.section_bytes)?;
         let encoded = crate::wire::sections::encode(&sections);
         if encoded.len() > crate::wire::MAX_FRAME_LEN as usize && !self.section_parts {
             return Err(crate::wire::SectionError::TooLargeForOneFrame {
                 bytes: encoded.len() as u64,
-                declared: !declared.is_empty(),
+                declared: !self.section_bytes.is_empty(),
             }
             .into());
         }
