@@ -43,6 +43,13 @@ kvm_ok=yes
 [ -r /dev/kvm ] && [ -w /dev/kvm ] || kvm_ok=no
 
 failed=0
+# Waits (10 s at most) until a `ferry receive` says where it listens.
+wait_listening() {
+    for _ in $(seq 100); do
+        grep -q '^listening on ' "$1" && return
+        sleep 0.1
+    done
+}
 printf '| backend | migration | source | destination | status (src/dst) | digest | guest after | wire (src/dst) |\n'
 printf '|---|---|---|---|---|---|---|---|\n'
 for backend in kvm soft; do
@@ -62,10 +69,7 @@ for backend in kvm soft; do
         "$dst_bin" receive --listen 127.0.0.1:0 --backend "$backend" --json \
             --exit-after-report --run-after 0.5 >"$out/dst.json" 2>"$out/dst.err" &
         dst_pid=$!
-        for _ in $(seq 100); do
-            grep -q '^listening on ' "$out/dst.json" && break
-            sleep 0.1
-        done
+        wait_listening "$out/dst.json"
         addr=$(sed -n 's/^listening on //p' "$out/dst.json")
         "$src_bin" migrate --to "$addr" --backend "$backend" --json \
             --mem-per-vcpu 64M --rate-limit 32 --warmup 0.5 "${extra[@]}" \
@@ -115,10 +119,7 @@ if [ "$kvm_ok" = yes ]; then
         "$dst_bin" receive --local "$sock" --backend kvm --json --run-after 0.3 --exit-after-report \
             >"$out/dst.json" 2>"$out/dst.err" &
         dst_pid=$!
-        for _ in $(seq 100); do
-            grep -q '^listening on ' "$out/dst.json" && break
-            sleep 0.1
-        done
+        wait_listening "$out/dst.json"
         "$src_bin" migrate --local "$sock" --backend kvm --backing memfd --vcpus 1 \
             --mem-per-vcpu 256M --rate-limit 32 --warmup 0.5 --json \
             >"$out/src.json" 2>"$out/src.err" || true

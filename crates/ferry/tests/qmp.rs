@@ -142,24 +142,7 @@ fn migrate_cancel_leaves_the_source_running_and_events_say_cancelled() {
         &sock,
         &["migrate-set-parameters", "max-bandwidth=4194304"],
     ));
-    let events = ferry()
-        .arg("ctl")
-        .arg(&sock)
-        .args(["events", "--json", "--timeout", "120"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Events flow only to connections that sent qmp_capabilities: wait
-    // until the follower says it has.
-    let mut events = events;
-    let mut said = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(events.stderr.as_mut().unwrap()),
-        &mut said,
-    )
-    .unwrap();
-    assert!(said.contains("following events"), "{said}");
+    let events = follow_events(&sock);
     let dest = Receiver::start(&["--backend", "soft"]);
     let started = ctl(&sock, &["migrate", &format!("uri=tcp:{}", dest.addr)]);
     assert_success(&started);
@@ -245,21 +228,7 @@ fn migrate_start_postcopy_switches_a_migration_started_with_postcopy_ram() {
             "downtime-limit=1",
         ],
     ));
-    let mut events = ferry()
-        .arg("ctl")
-        .arg(&sock)
-        .args(["events", "--json", "--timeout", "120"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut said = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(events.stderr.as_mut().unwrap()),
-        &mut said,
-    )
-    .unwrap();
-    assert!(said.contains("following events"), "{said}");
+    let events = follow_events(&sock);
     let dest = Receiver::start(&["--backend", "soft"]);
     let started = ctl(&sock, &["migrate", &format!("uri=tcp:{}", dest.addr)]);
     assert_success(&started);

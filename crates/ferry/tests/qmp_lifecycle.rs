@@ -23,6 +23,19 @@ fn run_state(sock: &std::path::Path) -> Value {
     ask(sock, r#"{"execute":"query-status"}"#)["return"].clone()
 }
 
+/// query-migrate once the arrival is over (30 s at most).
+fn settled(sock: &std::path::Path) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let q = ask(sock, r#"{"execute":"query-migrate"}"#)["return"].clone();
+        if !matches!(q["status"].as_str(), Some("setup" | "active")) {
+            return q;
+        }
+        assert!(std::time::Instant::now() < deadline, "still arriving: {q}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 fn statuses(out: &Output) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -49,19 +62,7 @@ fn a_stopped_guest_arrives_paused_at_a_monitor_that_was_up_from_the_start() {
     assert_eq!(status["ok"], false, "{status}");
 
     // Follow the destination's events from before the migration starts.
-    let mut follower = ferry()
-        .arg("ctl")
-        .arg(&dsock)
-        .args(["events", "--json", "--timeout", "120"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut said = String::new();
-    BufReader::new(follower.stderr.as_mut().unwrap())
-        .read_line(&mut said)
-        .unwrap();
-    assert!(said.contains("following events"), "{said}");
+    let follower = follow_events(&dsock);
 
     // The source, paused by stop.
     let (mut vm, ssock) = run_with_control(Ferry::new("run").on("soft").mem("16M"));
@@ -164,8 +165,9 @@ fn a_same_host_destination_serves_its_monitor_from_the_start_and_runs_the_guest_
         String::from_utf8_lossy(&moved.stderr)
     );
 
-    // It runs on here, answering its monitor, until told to stop.
-    let arrived = ask(&csock, r#"{"execute":"query-migrate"}"#)["return"].clone();
+    // It runs on here, answering its monitor, until told to stop. The
+    // source may hear "resumed" before this side's monitor records it.
+    let arrived = settled(&csock);
     assert_eq!(arrived["status"], "completed", "{arrived}");
     assert_eq!(run_state(&csock)["status"], "running");
     let status = ask(&csock, r#"{"cmd":"status"}"#);

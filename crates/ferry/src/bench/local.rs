@@ -341,11 +341,9 @@ pub fn by_size(cells: &[Cell]) -> Vec<SizeStats> {
 /// The largest median downtime over the smallest (the goal: at most 2).
 pub fn downtime_ratio(sizes: &[SizeStats]) -> Option<f64> {
     let medians = sizes.iter().map(|s| s.median_ms);
-    let max = medians
-        .clone()
-        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
-    let min = medians.fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))));
-    Some(max? / min?.max(1e-3))
+    let max = medians.clone().reduce(f64::max)?;
+    let min = medians.reduce(f64::min)?;
+    Some(max / min.max(1e-3))
 }
 
 fn report(a: &LocalArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Report<LocalResults> {

@@ -219,6 +219,26 @@ impl Drop for Receiver {
     }
 }
 
+/// `ferry ctl SOCK events --json`, once it has subscribed: events flow only
+/// to connections that sent qmp_capabilities, and it says on stderr that
+/// it has before it prints any.
+pub fn follow_events(sock: &std::path::Path) -> Child {
+    let mut events = ferry()
+        .arg("ctl")
+        .arg(sock)
+        .args(["events", "--json", "--timeout", "120"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ferry ctl events runs");
+    let mut said = String::new();
+    BufReader::new(events.stderr.as_mut().expect("piped"))
+        .read_line(&mut said)
+        .expect("ferry ctl's first line");
+    assert!(said.contains("following events"), "{said}");
+    events
+}
+
 /// Sends one request line to a control socket; returns the reply.
 pub fn ask(path: &std::path::Path, req: &str) -> serde_json::Value {
     let mut conn = std::os::unix::net::UnixStream::connect(path).unwrap();
