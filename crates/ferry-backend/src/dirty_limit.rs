@@ -15,7 +15,7 @@
 //! here the sleep follows the time throttle's slice and the period is the
 //! quota's 100 ms, so the two per-vCPU policies are compared on one clock.
 
-use crate::vm::{throttle_sleep, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, THROTTLE_SLICE};
+use crate::capability::{throttle_sleep, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, THROTTLE_SLICE};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

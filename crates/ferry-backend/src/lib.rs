@@ -14,6 +14,7 @@
 //! * [`ram`]: guest RAM in one or more slots, with selectable backing.
 //! * [`dirty`]: dirty-page sets and the shared atomic bitmap harvested by exchange.
 //! * [`vm`]: the `Vm` trait: what the engine asks of any VM it migrates.
+//! * [`capability`]: what a VM can do beyond that, a small trait each.
 //! * [`probe`]: a guest's own checks, which a VMM may hand the engine.
 //! * [`section`]: device state as named, versioned sections.
 //! * [`dirty_source`]: writers of guest memory that keep their own dirty log.
@@ -26,6 +27,7 @@
 pub mod admission;
 pub mod affinity;
 pub mod bitmap;
+pub mod capability;
 pub mod dirty_limit;
 pub mod dirty_source;
 pub mod error;
@@ -39,16 +41,19 @@ pub mod uffd;
 pub mod vm;
 
 pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
-pub use dirty_source::DirtySource;
+pub use capability::{
+    throttle_sleep, DirtyLog, DirtyMeter, MemoryFaults, Quota, TimeThrottle, VcpuState,
+    MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, THROTTLE_SLICE,
+};
+pub use dirty_source::{DirtySource, DirtySourceError};
 pub use error::{error_chain, BackendError};
 pub use panic::catch_panic;
-pub use probe::{GuestCheck, GuestProbe};
-pub use ram::{Backing, GuestRam, RamError, RamSlot};
+pub use probe::{GuestCheck, GuestProbe, ProbeError};
+pub use ram::{Backing, GuestRam, Memslot, RamError, RamSlot};
 pub use ram_share::SharedRegion;
 pub use section::{LiveState, Section, SectionId, SectionSpec, Subsection};
 pub use types::{Gfn, Gpa, PAGE_SHIFT, PAGE_SIZE};
-pub use vm::Quota;
 pub use vm::{
-    throttle_sleep, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, THROTTLE_SLICE,
+    dirty_tracking, restore_vcpu_state, save_vcpu_state, BlockScope, Blocker, FaultExits,
+    HarvestStats, Lifecycle, Vm,
 };
-pub use vm::{BlockScope, Blocker, FaultExits, HarvestStats, Lifecycle, Vm};

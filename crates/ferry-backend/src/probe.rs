@@ -39,7 +39,20 @@ impl GuestCheck {
 pub trait GuestProbe: Send + Sync + std::fmt::Debug {
     /// Reads the checks of the guest running in `vm` (its memory, or
     /// whatever the VMM keeps of it). The vCPUs may be paused or running.
-    fn read(&self, vm: &dyn Vm) -> Result<GuestCheck, String>;
+    fn read(&self, vm: &dyn Vm) -> Result<GuestCheck, ProbeError>;
+}
+
+/// Why a guest's checks could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProbeError {
+    /// Guest memory could not be read.
+    #[error("reading the guest's record")]
+    Ram(#[from] crate::RamError),
+    /// The guest's record is not what the probe reads (another guest, one
+    /// not yet started), in the probe's words.
+    #[error("{0}")]
+    Record(String),
 }
 
 #[cfg(test)]

@@ -113,6 +113,17 @@ pub enum RamError {
         /// Its length in bytes.
         len: usize,
     },
+    /// A range to discard that is not whole pages inside one region.
+    #[error(
+        "cannot discard {bytes:#x} bytes at {gpa}: a discarded range must be whole 4 KiB \
+         pages inside one region of guest RAM"
+    )]
+    NotInRam {
+        /// Where the range starts.
+        gpa: Gpa,
+        /// Its length in bytes.
+        bytes: u64,
+    },
     /// The host would not drop pages (postcopy needs them missing again).
     #[error("cannot discard guest RAM at {gpa}{hint}")]
     Discard {
@@ -129,12 +140,29 @@ pub enum RamError {
 /// One memory slot as registered with the backend.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RamSlot {
-    /// Slot number (the KVM memslot id on the kvm backend).
+    /// Slot number (the KVM memslot id on the kvm backend): the region's
+    /// index unless the VMM numbered it ([`GuestRam::with_memslots`]).
     pub slot: u32,
     /// First guest-physical address.
     pub gpa: Gpa,
     /// Size in bytes.
     pub size: u64,
+    /// The memslot flags the VMM registered the region with (on KVM,
+    /// `KVM_MEM_READONLY`): dirty logging adds its own flag to these and
+    /// never drops them.
+    #[serde(default)]
+    pub flags: u32,
+}
+
+/// How a VMM registered one region with its hypervisor: the slot number
+/// and flags it chose ([`GuestRam::with_memslots`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Memslot {
+    /// The slot number.
+    pub slot: u32,
+    /// The flags (KVM: `KVM_MEM_READONLY`; never the dirty-log flag, which
+    /// the dirty log sets itself).
+    pub flags: u32,
 }
 
 impl RamSlot {
@@ -156,6 +184,10 @@ pub struct GuestRam {
     mem: GuestMemoryMmap<AtomicBitmap>,
     slots: Vec<RamSlot>,
     backing: Backing,
+    /// Frames the VMM said the guest gave up ([`GuestRam::discard_range`]).
+    discarded: crate::PageBits,
+    /// Whether any frame may be marked: the writes' and reads' fast path.
+    any_discarded: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for GuestRam {
@@ -209,16 +241,13 @@ impl GuestRam {
                 slot: i as u32,
                 gpa,
                 size,
+                flags: 0,
             });
             end = gpa.add(size);
         }
         let mem =
             GuestMemoryMmap::from_regions(regions).map_err(|e| RamError::Regions(e.to_string()))?;
-        Ok(GuestRam {
-            mem,
-            slots,
-            backing,
-        })
+        Ok(GuestRam::assemble(mem, slots, backing))
     }
 
     /// Adopts a VMM's own guest memory, holes allowed: each region becomes
@@ -259,17 +288,68 @@ impl GuestRam {
                 slot: i as u32,
                 gpa,
                 size,
+                flags: 0,
             });
             end = gpa.add(size);
         }
         if slots.is_empty() {
             return Err(RamError::Regions("no memory regions".into()));
         }
-        Ok(GuestRam {
+        Ok(GuestRam::assemble(mem, slots, backing))
+    }
+
+    fn assemble(mem: GuestMemoryMmap<AtomicBitmap>, slots: Vec<RamSlot>, backing: Backing) -> Self {
+        let frames = slots.last().map_or(0, |s| s.first_gfn().0 + s.pages());
+        GuestRam {
             mem,
             slots,
             backing,
-        })
+            discarded: crate::PageBits::new(frames),
+            any_discarded: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The same memory, its regions registered as `memslots` says (one
+    /// per region, in guest-physical order): a VMM whose slot numbers are
+    /// not the region indices, or that maps a region read-only, says so
+    /// here, and the dirty log keeps both.
+    pub fn with_memslots(mut self, memslots: &[Memslot]) -> Result<Self, RamError> {
+        if memslots.len() != self.slots.len() {
+            return Err(RamError::Regions(format!(
+                "{} memslots for {} regions",
+                memslots.len(),
+                self.slots.len()
+            )));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (slot, m) in self.slots.iter_mut().zip(memslots) {
+            if !seen.insert(m.slot) {
+                return Err(RamError::Regions(format!(
+                    "memslot {} is given to two regions",
+                    m.slot
+                )));
+            }
+            slot.slot = m.slot;
+            slot.flags = m.flags;
+        }
+        Ok(self)
+    }
+
+    /// The first frame of each slot, indexed by slot number (`None` for
+    /// a number no region has): how a dirty ring's (slot, offset) entries
+    /// become frames.
+    pub fn slot_bases(&self) -> Vec<Option<Gfn>> {
+        let len = self
+            .slots
+            .iter()
+            .map(|s| s.slot as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut bases = vec![None; len];
+        for s in &self.slots {
+            bases[s.slot as usize] = Some(s.first_gfn());
+        }
+        bases
     }
 
     /// The slots, in guest-physical order.
@@ -360,13 +440,102 @@ impl GuestRam {
             })
     }
 
+    /// [`GuestRam::read_pages`] for sending: a discarded frame reads as
+    /// zero without touching its memory (which a read would fault back in,
+    /// on a shared backing).
+    pub fn read_pages_to_send(&self, first: Gfn, buf: &mut [u8]) -> Result<(), RamError> {
+        if !self.any_discarded.load(Ordering::Acquire) {
+            return self.read_pages(first, buf);
+        }
+        for (i, page) in buf.chunks_mut(PAGE_SIZE).enumerate() {
+            let gfn = Gfn(first.0 + i as u64);
+            if self.discarded.contains(gfn) {
+                page.fill(0);
+            } else {
+                self.read_pages(gfn, page)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks `bytes` from `gpa` as given up by the guest (a balloon's
+    /// inflated pages, unplugged virtio-mem blocks, free-page hints), and
+    /// drops their contents, so that they read as zero here as at a
+    /// destination. A migration does not read them, sends each as a zero
+    /// page (one bit) and the digest covers them as zero. A frame the guest
+    /// or the VMM writes during a migration is sent again as usual (the
+    /// engine forgets the mark of every dirty frame); outside a migration
+    /// nothing watches, so call [`GuestRam::populate_range`] before the
+    /// guest may use a range again (a balloon's deflate, a plug). A range
+    /// must be whole pages inside one region.
+    pub fn discard_range(&self, gpa: Gpa, bytes: u64) -> Result<(), RamError> {
+        let (first, count) = self.whole_pages_in_ram(gpa, bytes)?;
+        self.discard(first, count)?;
+        self.any_discarded.store(true, Ordering::Release);
+        (first.0..first.0 + count).for_each(|g| {
+            self.discarded.insert(Gfn(g));
+        });
+        Ok(())
+    }
+
+    /// Takes back a range [`GuestRam::discard_range`] marked: the guest may
+    /// use it again, and a migration sends it.
+    pub fn populate_range(&self, gpa: Gpa, bytes: u64) -> Result<(), RamError> {
+        let (first, count) = self.whole_pages_in_ram(gpa, bytes)?;
+        (first.0..first.0 + count).for_each(|g| self.discarded.remove(Gfn(g)));
+        Ok(())
+    }
+
+    /// The VMM writes `len` bytes at `gpa`: those frames hold data again.
+    fn written(&self, gpa: Gpa, len: usize) {
+        if len == 0 || !self.any_discarded.load(Ordering::Acquire) {
+            return;
+        }
+        let last = Gpa(gpa.0.saturating_add(len as u64 - 1)).gfn();
+        (gpa.gfn().0..=last.0).for_each(|g| self.discarded.remove(Gfn(g)));
+    }
+
+    /// Frames marked discarded now.
+    pub fn discarded_pages(&self) -> u64 {
+        self.discarded.count()
+    }
+
+    /// Forgets the discard mark of every frame in `written`: what was
+    /// written since is data again.
+    pub fn forget_discarded(&self, written: &DirtyPages) {
+        if !self.any_discarded.load(Ordering::Acquire) {
+            return;
+        }
+        for gfn in written.iter() {
+            self.discarded.remove(gfn);
+        }
+    }
+
+    /// `bytes` from `gpa` as frames, if they are whole pages inside one
+    /// region.
+    fn whole_pages_in_ram(&self, gpa: Gpa, bytes: u64) -> Result<(Gfn, u64), RamError> {
+        let page = PAGE_SIZE as u64;
+        let outside = || RamError::NotInRam { gpa, bytes };
+        if bytes == 0 || !gpa.0.is_multiple_of(page) || !bytes.is_multiple_of(page) {
+            return Err(outside());
+        }
+        let end = gpa.0.checked_add(bytes).ok_or_else(outside)?;
+        self.slots
+            .iter()
+            .find(|s| s.gpa.0 <= gpa.0 && end <= s.gpa.0 + s.size)
+            .map(|_| (gpa.gfn(), bytes / page))
+            .ok_or_else(outside)
+    }
+
     /// Copies `data` into guest RAM at frame `first`. Marks the pages VMM-dirty.
     pub fn write_pages(&self, first: Gfn, data: &[u8]) -> Result<(), RamError> {
         self.write_bytes(first.gpa(), data)
     }
 
-    /// Copies `data` into guest RAM at `gpa`. Marks the pages VMM-dirty.
+    /// Copies `data` into guest RAM at `gpa`. Marks the pages VMM-dirty
+    /// (and no longer discarded).
     pub fn write_bytes(&self, gpa: Gpa, data: &[u8]) -> Result<(), RamError> {
+        self.written(gpa, data.len());
         self.mem
             .write_slice(data, GuestAddress(gpa.0))
             .map_err(|_| RamError::OutOfRange {
@@ -385,6 +554,7 @@ impl GuestRam {
 
     /// Atomically stores the aligned u64 at `gpa` (release). Marks the page VMM-dirty.
     pub fn store_u64(&self, gpa: Gpa, value: u64) -> Result<(), RamError> {
+        self.written(gpa, 8);
         self.mem
             .store(value, GuestAddress(gpa.0), Ordering::Release)
             .map_err(|_| RamError::OutOfRange { gpa, len: 8 })

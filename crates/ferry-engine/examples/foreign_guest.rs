@@ -24,8 +24,8 @@
 //! dirtying and `--bandwidth-mib-s N` the link (0: no cap).
 
 use ferry_engine::vmm::{
-    BackendError, Backing, DirtyPages, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats,
-    Section, SectionId, SectionSpec, StreamHeader, Subsection, Vm, PAGE_SIZE,
+    BackendError, Backing, Gpa, GuestCheck, GuestProbe, GuestRam, ProbeError, Section, SectionSpec,
+    StreamHeader, VcpuState, Vm, PAGE_SIZE,
 };
 use ferry_engine::{
     await_migration, listen, migrate, receive_as, NoProgress, PrecopyOptions, ReceiveOptions,
@@ -279,21 +279,8 @@ impl Vm for ForeignVm {
     fn check_health(&self) -> Result<(), BackendError> {
         Ok(())
     }
-    fn dirty_tracking(&self) -> String {
-        "vmm-bitmap".into()
-    }
-    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
-        Ok(())
-    }
-    fn harvest_dirty(&mut self, _into: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
-        // The guest writes through GuestRam: the engine reads those itself.
-        Ok(HarvestStats::default())
-    }
-    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
-        Ok(())
-    }
-    fn set_time_throttle(&mut self, _percent: u8) -> Result<(), BackendError> {
-        Ok(())
+    fn vcpu_state(&mut self) -> Option<&mut dyn VcpuState> {
+        Some(self)
     }
     fn state_sections(&self) -> Vec<SectionSpec> {
         Self::specs()
@@ -303,27 +290,13 @@ impl Vm for ForeignVm {
         // the engine's harvest after this sends that page too.
         self.devices.timer_ticks = self.started.elapsed().as_millis() as u64;
         self.ram.store_u64(TIMER_TICKS, self.devices.timer_ticks)?;
-        let fifo = (!self.devices.uart_fifo.is_empty()).then(|| Subsection {
-            name: "fifo".into(),
-            data: self.devices.uart_fifo.clone(),
-        });
-        let id = |name: &str, version| SectionId {
-            name: name.into(),
-            instance: 0,
-            version,
-        };
-        Ok(vec![
-            Section {
-                id: id("uart", 2),
-                data: self.devices.uart_tx.to_le_bytes().to_vec(),
-                subsections: fifo.into_iter().collect(),
-            },
-            Section {
-                id: id("timer", 1),
-                data: self.devices.timer_ticks.to_le_bytes().to_vec(),
-                subsections: Vec::new(),
-            },
-        ])
+        // Versions are the specs' (Section::new leaves them to the engine).
+        let mut uart = Section::new("uart", self.devices.uart_tx.to_le_bytes().to_vec());
+        if !self.devices.uart_fifo.is_empty() {
+            uart = uart.with_subsection("fifo", self.devices.uart_fifo.clone());
+        }
+        let timer = Section::new("timer", self.devices.timer_ticks.to_le_bytes().to_vec());
+        Ok(vec![uart, timer])
     }
     fn restore_sections(&mut self, sections: &[Section]) -> Result<(), BackendError> {
         let word = |s: &Section| -> Result<u64, BackendError> {
@@ -350,6 +323,10 @@ impl Vm for ForeignVm {
         *self.restored.lock().unwrap() = Some(self.devices.clone());
         Ok(())
     }
+}
+
+/// The guest's position is its "vCPU state".
+impl VcpuState for ForeignVm {
     fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
         Ok(self.position.load(Ordering::Acquire).to_le_bytes().to_vec())
     }
@@ -374,8 +351,8 @@ impl Drop for ForeignVm {
 struct Probe;
 
 impl GuestProbe for Probe {
-    fn read(&self, vm: &dyn Vm) -> Result<GuestCheck, String> {
-        let read = |gpa| vm.ram().load_u64(gpa).map_err(|e| e.to_string());
+    fn read(&self, vm: &dyn Vm) -> Result<GuestCheck, ProbeError> {
+        let read = |gpa| vm.ram().load_u64(gpa);
         Ok(GuestCheck {
             progress: read(PROGRESS)?,
             errors: read(ERRORS)?,

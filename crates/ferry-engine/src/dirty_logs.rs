@@ -1,5 +1,5 @@
-//! Every dirty log of a VM as one: its own ([`Vm::start_dirty_log`] and
-//! [`Vm::harvest_dirty`]: KVM's log, the soft MMU's), its dirty sources
+//! Every dirty log of a VM as one: its own ([`Vm::dirty_log`]: KVM's log,
+//! the soft MMU's), if it has one; its dirty sources
 //! (devices that keep their own), and the VMM's tracked writes
 //! ([`ferry_backend::GuestRam::take_vmm_dirty`]). Migrations and the
 //! prediction's sample read them the same way.
@@ -16,11 +16,11 @@ pub(crate) fn start(vm: &mut dyn Vm) -> Result<(), MigrationError> {
             sources[..i].iter_mut().for_each(|s| s.stop());
             return Err(MigrationError::DirtySource {
                 name: sources[i].name().to_string(),
-                why,
+                source: why,
             });
         }
     }
-    if let Err(e) = vm.start_dirty_log() {
+    if let Some(Err(e)) = vm.dirty_log().map(|log| log.start_dirty_log()) {
         vm.dirty_sources().iter_mut().for_each(|s| s.stop());
         return Err(MigrationError::backend("start dirty logging")(e));
     }
@@ -29,23 +29,27 @@ pub(crate) fn start(vm: &mut dyn Vm) -> Result<(), MigrationError> {
 
 /// Adds what every log holds to `into`, and re-arms them.
 pub(crate) fn collect(vm: &mut dyn Vm, into: &mut DirtyPages) -> Result<(), MigrationError> {
-    vm.harvest_dirty(into)
-        .map_err(MigrationError::backend("harvest the dirty log"))?;
+    if let Some(log) = vm.dirty_log() {
+        log.harvest_dirty(into)
+            .map_err(MigrationError::backend("harvest the dirty log"))?;
+    }
     for source in vm.dirty_sources() {
         source
             .collect(into)
             .map_err(|why| MigrationError::DirtySource {
                 name: source.name().to_string(),
-                why,
+                source: why,
             })?;
     }
     vm.ram().take_vmm_dirty(into);
+    // A discarded frame written since is data again.
+    vm.ram().forget_discarded(into);
     Ok(())
 }
 
 /// Stops every dirty log (`when` says when, for the log line of a failure).
 pub(crate) fn stop(vm: &mut dyn Vm, when: &str) {
-    if let Err(e) = vm.stop_dirty_log() {
+    if let Some(Err(e)) = vm.dirty_log().map(|log| log.stop_dirty_log()) {
         tracing::warn!("stopping dirty logging {when}: {e}");
     }
     vm.dirty_sources().iter_mut().for_each(|s| s.stop());

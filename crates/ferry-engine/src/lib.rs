@@ -59,6 +59,7 @@ pub use precopy::{
     PrecopyOptions, ReceiveOptions,
 };
 pub use progress::{Both, NoProgress, Phase, Progress};
+pub use session::device_cost;
 pub use summary::{
     DeltaSummary, Escalation, MigrationSummary, Outcome, ReceiveSummary, RoundKind, RoundStats,
     ThrottleStep, VcpuShare,

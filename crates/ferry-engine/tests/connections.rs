@@ -205,7 +205,7 @@ fn data_connection_as(channel: u16) -> (String, ferry_engine::MigrationError) {
     use ferry_engine::wire::messages::Hello;
     use ferry_engine::wire::StreamHeader;
     let (to, dest) = spawn_receiver(quick_receive());
-    let src = running_source();
+    let mut src = running_source();
     let hello = |channel| Hello {
         session: 7,
         channel,
@@ -215,7 +215,7 @@ fn data_connection_as(channel: u16) -> (String, ferry_engine::MigrationError) {
     };
     let timeout = Duration::from_secs(10);
     let mut ctl = open_channel(&to, hello(0), timeout).unwrap();
-    let header = StreamHeader::for_vm(&src).encode();
+    let header = StreamHeader::for_vm(&mut src).encode();
     ctl.write_frame(FrameKind::Header, &[&header]).unwrap();
     ctl.flush().unwrap();
     // Heartbeats may come first.

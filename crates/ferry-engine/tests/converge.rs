@@ -135,7 +135,10 @@ fn no_policy_named_is_the_best_the_vm_serves() {
     let err = migrate(&mut src, &nowhere, &opts, &NoProgress)
         .unwrap_err()
         .chain();
-    assert!(err.contains("run --converge quota"), "{err}");
+    assert!(
+        err.contains("the quota policy needs a per-vCPU dirty meter"),
+        "{err}"
+    );
     assert!(src.is_running());
 }
 
@@ -168,4 +171,88 @@ fn a_vm_is_predicted_from_its_own_dirty_logs() {
     let idle = sample_dirtying(&mut src, Duration::from_millis(200)).unwrap();
     assert_eq!(idle.dirty_bytes_per_sec, [0.0], "{idle:?}");
     assert!(src.is_running());
+}
+
+/// The test VM with only what the contract requires: no throttle, no
+/// meter, no log of its own (every write goes through GuestRam).
+struct Bare(TestVm);
+
+impl Vm for Bare {
+    fn vmm_id(&self) -> &str {
+        self.0.vmm_id()
+    }
+    fn ram(&self) -> &std::sync::Arc<ferry_backend::GuestRam> {
+        self.0.ram()
+    }
+    fn start(&mut self) -> Result<(), ferry_backend::BackendError> {
+        self.0.start()
+    }
+    fn pause(&mut self) -> Result<(), ferry_backend::BackendError> {
+        self.0.pause()
+    }
+    fn is_running(&self) -> bool {
+        self.0.is_running()
+    }
+    /// What the destination's test factory builds from.
+    fn vmm_config(&self) -> serde_json::Value {
+        self.0.vmm_config()
+    }
+}
+
+#[test]
+fn a_policy_the_vm_does_not_declare_is_refused_and_the_default_is_none() {
+    let mut src = Bare(running_source());
+    for mode in [
+        ConvergeMode::Auto,
+        ConvergeMode::Quota,
+        ConvergeMode::DirtyLimit,
+    ] {
+        let opts = PrecopyOptions {
+            converge: Some(mode),
+            ..probed()
+        };
+        // Refused before it dials: no receiver is needed.
+        let to = ferry_engine::TcpDialer("127.0.0.1:9".into());
+        match migrate(&mut src, &to, &opts, &NoProgress) {
+            Err(MigrationError::Refused(why)) => {
+                assert!(why.contains("declares none"), "{mode}: {why}");
+                let needs = match mode {
+                    ConvergeMode::Auto => "a time throttle",
+                    _ => "a per-vCPU dirty meter",
+                };
+                assert!(why.contains(needs), "{mode}: {why}");
+            }
+            other => panic!("{mode}: {other:?}"),
+        }
+        assert!(src.is_running(), "the source runs on");
+    }
+    assert_eq!(
+        ferry_engine::converge::choose(None, &mut src).unwrap(),
+        ConvergeMode::None
+    );
+    // A destination that keeps vCPU state refuses a VM that keeps none,
+    // before any memory moves, and the source runs on.
+    let (to, dest) = spawn_receiver(quick_receive());
+    let e = migrate(&mut src, &to, &probed(), &NoProgress).unwrap_err();
+    assert!(e.to_string().contains("keeps no vCPU state"), "{e}");
+    assert!(dest.join().unwrap().is_err());
+    assert!(src.is_running(), "the source runs on");
+    // Between two bare VMs it migrates with no policy: every write went
+    // through GuestRam.
+    let listener = ferry_engine::listen("127.0.0.1:0").unwrap();
+    let to = ferry_engine::TcpDialer(listener.local_addr().unwrap().to_string());
+    let dest = std::thread::spawn(move || {
+        let incoming = ferry_engine::await_migration(&listener, None).unwrap();
+        let mut create = |h: &ferry_engine::wire::StreamHeader| {
+            let vm = TestVm::new(&TestVm::config_from(h, ferry_backend::Backing::Anonymous)?)?;
+            Ok(Box::new(Bare(vm)) as Box<dyn Vm>)
+        };
+        ferry_engine::receive(incoming, &listener, &mut create, &quick_receive()).unwrap()
+    });
+    let s = migrate(&mut src, &to, &probed(), &NoProgress).unwrap();
+    let (moved, received) = dest.join().unwrap();
+    assert!(s.digest_match && received.digest_match, "{s:?}");
+    assert_eq!(s.guest_mismatches, Some(0), "{s:?}");
+    assert_eq!(s.converge, Some(ConvergeMode::None));
+    assert!(moved.is_running() && !src.is_running());
 }

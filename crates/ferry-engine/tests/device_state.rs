@@ -155,52 +155,9 @@ fn undeclared_state_too_large_for_one_frame_fails_at_the_pause_saying_what_to_de
     );
 }
 
-/// A device with 256 MiB of state rewriting a 64 KiB block every
-/// millisecond, as a running GPU does; the destination loads it live or
-/// not. Returns the source's summary, after checking that the
-/// destination's device holds exactly the source's state.
-fn move_big_device(live_at_destination: bool) -> MigrationSummary {
-    use common::big_device::{BigDevice, BLOCK};
-    const STATE: usize = 256 << 20;
-    let (to, handle) = spawn_receiver_with(quick_receive(), Backing::Anonymous, move |vm| {
-        let mut big = BigDevice::destination(STATE);
-        big.live = live_at_destination;
-        vm.big = Some(big);
-    });
-    let mut src = TestVm::new(&config()).unwrap();
-    src.big = Some(BigDevice::source(
-        STATE,
-        std::time::Duration::from_millis(1),
-    ));
-    src.start().unwrap();
-    wait_for_passes(&src, 1);
-    let summary = migrate(&mut src, &to, &probed(), &NoProgress).unwrap();
-    let (dvm, _) = handle.join().unwrap().unwrap();
-    assert!(summary.digest_match, "{summary:?}");
-    println!(
-        "device state (live at the destination: {live_at_destination}): {} MiB during the \
-         rounds, {} KiB at the pause; downtime {:.1} ms (predicted {:.1})",
-        summary.device_bytes_live >> 20,
-        summary.device_bytes_at_pause >> 10,
-        summary.downtime_ms,
-        summary.predicted_downtime_ms
-    );
-    let dvm: Box<dyn std::any::Any> = dvm;
-    let dvm = dvm.downcast::<TestVm>().expect("the test VM");
-    let dest = dvm.big.as_ref().expect("the destination's device").state();
-    let source = src.big.as_ref().unwrap().state();
-    assert_eq!(dest.len(), source.len());
-    let first_diff = dest
-        .chunks(BLOCK)
-        .zip(source.chunks(BLOCK))
-        .position(|(d, s)| d != s);
-    assert_eq!(first_diff, None, "a block differs");
-    summary
-}
-
 #[test]
 fn large_changing_device_state_goes_live_and_the_pause_carries_only_the_rest() {
-    let summary = move_big_device(true);
+    let summary = common::big_device::move_big_device(true);
     // All of it went while the guest ran; the pause took what changed
     // since the last round, far less than the whole.
     assert!(summary.device_bytes_live >= 256 << 20, "{summary:?}");
@@ -213,7 +170,7 @@ fn large_changing_device_state_goes_live_and_the_pause_carries_only_the_rest() {
 
 #[test]
 fn a_destination_that_loads_no_live_state_gets_it_all_at_the_pause() {
-    let summary = move_big_device(false);
+    let summary = common::big_device::move_big_device(false);
     assert_eq!(summary.device_bytes_live, 0, "{summary:?}");
     assert!(summary.device_bytes_at_pause >= 256 << 20, "{summary:?}");
 }

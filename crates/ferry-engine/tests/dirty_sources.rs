@@ -70,7 +70,9 @@ fn a_dirty_source_that_cannot_report_refuses_the_migration_by_name() {
         .unwrap_err()
         .chain();
     assert!(
-        err.contains("the dirty source 'test-dma' cannot report what it writes (the device has no dirty log)"),
+        err.contains(
+            "the dirty source 'test-dma': cannot report what it writes: the device has no dirty log"
+        ),
         "{err}"
     );
     assert!(dest.join().unwrap().is_err());

@@ -5,7 +5,10 @@ use crate::error::KvmVmError;
 use crate::guest::boot::{self, Program};
 use crate::throttle::Throttler;
 use crate::vcpu::{Sleeper, VcpuState, VcpuThread};
-use ferry_backend::{BackendError, DirtyPages, GuestRam, HarvestStats, Quota, Vm};
+use ferry_backend::capability;
+use ferry_backend::{
+    BackendError, DirtyMeter, DirtyPages, GuestRam, HarvestStats, Quota, TimeThrottle, Vm,
+};
 use ferry_kvm::cpu_check::{CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{
     self, MsrProbe, Snapshot, StateError, VcpuContext, VmDevices, XsaveKind,
@@ -139,11 +142,7 @@ impl KvmVm {
         let cpuid = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
-        let slot_bases = ram
-            .slots()
-            .iter()
-            .map(|s| s.first_gfn())
-            .collect::<Vec<_>>();
+        let slot_bases = ram.slot_bases();
         let mut fds = Vec::new();
         for i in 0..config.workload.vcpus {
             let fd = vm
@@ -408,89 +407,6 @@ impl Vm for KvmVm {
         }
     }
 
-    fn dirty_tracking(&self) -> String {
-        self.dirty.mode().name().to_string()
-    }
-
-    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
-        Ok(self.dirty.start()?)
-    }
-
-    fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
-        Ok(self.dirty.harvest(into)?)
-    }
-
-    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
-        Ok(self.dirty.stop()?)
-    }
-
-    fn dirtied(&self) -> Vec<u64> {
-        self.vcpus
-            .iter()
-            .map(|v| v.shared.ring.as_ref())
-            .map(|ring| {
-                ring.map(|r| {
-                    r.collect();
-                    r.collected()
-                })
-            })
-            .collect::<Option<Vec<u64>>>()
-            .unwrap_or_default()
-    }
-
-    fn throttled(&self) -> Vec<std::time::Duration> {
-        self.vcpus
-            .iter()
-            .map(|v| {
-                let ns = v
-                    .shared
-                    .throttled_ns
-                    .load(std::sync::atomic::Ordering::Relaxed);
-                std::time::Duration::from_nanos(ns)
-            })
-            .collect()
-    }
-
-    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
-        if self.throttler.is_none() && percent == 0 {
-            return Ok(());
-        }
-        self.throttler()?.set_percent(percent);
-        Ok(())
-    }
-
-    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), BackendError> {
-        self.ring_metered("a per-vCPU dirty quota")?;
-        if self.throttler.is_none() && quota.is_none() {
-            return Ok(());
-        }
-        self.throttler()?.set_quota(quota);
-        Ok(())
-    }
-
-    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), BackendError> {
-        self.ring_metered("a per-vCPU dirty limit")?;
-        if self.throttler.is_none() && bytes_per_sec.is_none() {
-            return Ok(());
-        }
-        self.throttler()?.set_limit(bytes_per_sec);
-        Ok(())
-    }
-
-    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
-        if self.running {
-            return Err(BackendError::NotPaused("save vCPU state"));
-        }
-        let cx = self.vcpu_context()?;
-        let vm = cpu_state::vm_level::save(&self.vm, self.devices).map_err(StateError::from)?;
-        let mut vcpus = Vec::with_capacity(self.vcpus.len());
-        for (index, v) in self.vcpus.iter().enumerate() {
-            let fd = v.shared.lock_fd();
-            vcpus.push(cpu_state::save_vcpu(index, &fd, &cx)?);
-        }
-        Ok(Snapshot { vm, vcpus }.encode()?)
-    }
-
     fn cpu_profile(&self) -> Option<serde_json::Value> {
         Some(self.cpu.to_json())
     }
@@ -506,6 +422,61 @@ impl Vm for KvmVm {
             .and_then(|h| h.without(&self.cpu_without))
             .and_then(|h| h.check(&guest))
             .map_err(refuse)
+    }
+
+    fn dirty_log(&mut self) -> Option<&mut dyn capability::DirtyLog> {
+        Some(self)
+    }
+
+    fn time_throttle(&mut self) -> Option<&mut dyn TimeThrottle> {
+        Some(self)
+    }
+
+    /// Per-vCPU dirty counts come from each vCPU's dirty ring: the
+    /// bitmap modes have none.
+    fn dirty_meter(&mut self) -> Option<&mut dyn DirtyMeter> {
+        self.vcpus
+            .iter()
+            .all(|v| v.shared.ring.is_some())
+            .then_some(self as _)
+    }
+
+    fn vcpu_state(&mut self) -> Option<&mut dyn capability::VcpuState> {
+        Some(self)
+    }
+}
+
+impl capability::DirtyLog for KvmVm {
+    fn method(&self) -> String {
+        self.dirty.mode().name().to_string()
+    }
+
+    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
+        Ok(self.dirty.start()?)
+    }
+
+    fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
+        Ok(self.dirty.harvest(into)?)
+    }
+
+    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
+        Ok(self.dirty.stop()?)
+    }
+}
+
+impl capability::VcpuState for KvmVm {
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
+        if self.running {
+            return Err(BackendError::NotPaused("save vCPU state"));
+        }
+        let cx = self.vcpu_context()?;
+        let vm = cpu_state::vm_level::save(&self.vm, self.devices).map_err(StateError::from)?;
+        let mut vcpus = Vec::with_capacity(self.vcpus.len());
+        for (index, v) in self.vcpus.iter().enumerate() {
+            let fd = v.shared.lock_fd();
+            vcpus.push(cpu_state::save_vcpu(index, &fd, &cx)?);
+        }
+        Ok(Snapshot { vm, vcpus }.encode()?)
     }
 
     fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
@@ -530,6 +501,63 @@ impl Vm for KvmVm {
         if let Some(first) = snap.vcpus.first() {
             self.cpu = CpuProfile::new(&first.cpuid, &self.msrs.saveable);
         }
+        Ok(())
+    }
+}
+
+impl TimeThrottle for KvmVm {
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
+        if self.throttler.is_none() && percent == 0 {
+            return Ok(());
+        }
+        self.throttler()?.set_percent(percent);
+        Ok(())
+    }
+
+    fn throttled(&self) -> Vec<std::time::Duration> {
+        self.vcpus
+            .iter()
+            .map(|v| {
+                let ns = v
+                    .shared
+                    .throttled_ns
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                std::time::Duration::from_nanos(ns)
+            })
+            .collect()
+    }
+}
+
+impl DirtyMeter for KvmVm {
+    fn dirtied(&self) -> Vec<u64> {
+        self.vcpus
+            .iter()
+            .map(|v| v.shared.ring.as_ref())
+            .map(|ring| {
+                ring.map(|r| {
+                    r.collect();
+                    r.collected()
+                })
+            })
+            .collect::<Option<Vec<u64>>>()
+            .unwrap_or_default()
+    }
+
+    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), BackendError> {
+        self.ring_metered("a per-vCPU dirty quota")?;
+        if self.throttler.is_none() && quota.is_none() {
+            return Ok(());
+        }
+        self.throttler()?.set_quota(quota);
+        Ok(())
+    }
+
+    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), BackendError> {
+        self.ring_metered("a per-vCPU dirty limit")?;
+        if self.throttler.is_none() && bytes_per_sec.is_none() {
+            return Ok(());
+        }
+        self.throttler()?.set_limit(bytes_per_sec);
         Ok(())
     }
 }

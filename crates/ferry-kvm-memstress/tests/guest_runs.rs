@@ -6,6 +6,7 @@
 
 mod common;
 use common::wait_for_passes;
+use ferry_backend::capability::{DirtyLog as _, TimeThrottle as _, VcpuState as _};
 
 use ferry_backend::{Backing, DirtyPages, Gfn, Vm, PAGE_SIZE};
 use ferry_kvm::require_kvm;

@@ -10,6 +10,7 @@
 //!
 //! Needs /dev/kvm; prints a skip line where it is absent.
 
+use ferry_backend::capability::{DirtyLog as _, DirtyMeter as _};
 use ferry_backend::{Backing, DirtyPages, Gfn, Quota, Vm, PAGE_SIZE};
 use ferry_kvm::require_kvm;
 use ferry_kvm::DirtyTracking;

@@ -6,6 +6,7 @@
 
 mod common;
 use common::wait_for_passes;
+use ferry_backend::capability::VcpuState as _;
 
 use ferry_backend::{BackendError, Backing, Gfn, Vm, PAGE_SIZE};
 use ferry_kvm::cpu_state::msrs::{self, IA32_TSC};

@@ -5,7 +5,8 @@ use ferry_backend::{GuestRam, RamSlot};
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
 use kvm_ioctls::VmFd;
 
-/// (Re-)registers `slot` with dirty logging on or off.
+/// (Re-)registers `slot` with dirty logging on or off, keeping the flags
+/// the VMM gave it (`KVM_MEM_READONLY`).
 pub fn set_slot_logging(
     vm: &VmFd,
     ram: &GuestRam,
@@ -15,9 +16,9 @@ pub fn set_slot_logging(
     let region = kvm_userspace_memory_region {
         slot: slot.slot,
         flags: if log_dirty {
-            KVM_MEM_LOG_DIRTY_PAGES
+            slot.flags | KVM_MEM_LOG_DIRTY_PAGES
         } else {
-            0
+            slot.flags & !KVM_MEM_LOG_DIRTY_PAGES
         },
         guest_phys_addr: slot.gpa.0,
         memory_size: slot.size,

@@ -1,13 +1,14 @@
 //! KVM's dirty log as a ready-made dirty source over a VMM's own `VmFd`:
 //! a VM that is not ferry's (its own memory slot and vCPU, a real-mode loop
 //! that writes fourteen pages) and the log reports exactly what it wrote,
-//! in each of the three modes.
+//! in each of the three modes; and the same with the VMM's own slot numbers
+//! and a read-only region, which stays read-only while the log runs.
 
-use ferry_backend::{Backing, DirtyPages, DirtySource, Gfn, Gpa, GuestRam};
+use ferry_backend::{Backing, DirtyPages, DirtySource, Gfn, Gpa, GuestRam, Memslot};
 use ferry_kvm::dirty::{enable_ring, KvmDirtySource, EXIT_DIRTY_RING_FULL};
 use ferry_kvm::require_kvm;
 use ferry_kvm::DirtyTracking;
-use kvm_bindings::kvm_userspace_memory_region;
+use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_READONLY};
 use kvm_ioctls::{Kvm, VcpuExit};
 use std::sync::Arc;
 
@@ -18,24 +19,73 @@ const LOOP: [u8; 20] = [
     0x10, 0x72, 0xf0, 0xf4,
 ];
 
+/// Where the read-only region starts: reachable in real mode as ffff:0010.
+const READ_ONLY: u64 = 1 << 20;
+
+/// [`LOOP`], then `mov ax,0xffff; mov es,ax; mov byte [es:0x10],1; hlt`:
+/// a write into the read-only region.
+fn loop_then_read_only_write() -> Vec<u8> {
+    let mut code = LOOP[..LOOP.len() - 1].to_vec();
+    code.extend([
+        0xb8, 0xff, 0xff, 0x8e, 0xc0, 0x26, 0xc6, 0x06, 0x10, 0x00, 0x01, 0xf4,
+    ]);
+    code
+}
+
+/// Guest memory as a VMM lays it out: one region at 0 as memslot 7, and
+/// 64 KiB at 1 MiB as memslot 3, read-only.
+fn vmm_layout() -> GuestRam {
+    use vm_memory::{bitmap::AtomicBitmap, GuestAddress, GuestMemoryMmap};
+    let mem = GuestMemoryMmap::<AtomicBitmap>::from_ranges(&[
+        (GuestAddress(0), 1 << 20),
+        (GuestAddress(READ_ONLY), 64 << 10),
+    ])
+    .unwrap();
+    GuestRam::from_memory(mem, Backing::Anonymous)
+        .unwrap()
+        .with_memslots(&[
+            Memslot { slot: 7, flags: 0 },
+            Memslot {
+                slot: 3,
+                flags: KVM_MEM_READONLY,
+            },
+        ])
+        .unwrap()
+}
+
 fn run(mode: DirtyTracking) -> Option<Vec<Gfn>> {
+    run_on(mode, false)
+}
+
+/// Runs the loop on its own VM and returns what the log reported; with
+/// `vmm_slots`, on [`vmm_layout`], checking that the write into the
+/// read-only region exits to userspace (KVM's MMIO exit) with the log on.
+fn run_on(mode: DirtyTracking, vmm_slots: bool) -> Option<Vec<Gfn>> {
     if !require_kvm("kvm dirty source") {
         return None;
     }
     let kvm = Kvm::new().unwrap();
     let vm = Arc::new(kvm.create_vm().unwrap());
-    let ram = Arc::new(GuestRam::with_regions(&[(Gpa(0), 2 << 20)], Backing::Anonymous).unwrap());
-    let slot = &ram.slots()[0];
-    let region = kvm_userspace_memory_region {
-        slot: slot.slot,
-        flags: 0,
-        guest_phys_addr: slot.gpa.0,
-        memory_size: slot.size,
-        userspace_addr: ram.host_address(slot) as u64,
+    let ram = Arc::new(match vmm_slots {
+        true => vmm_layout(),
+        false => GuestRam::with_regions(&[(Gpa(0), 2 << 20)], Backing::Anonymous).unwrap(),
+    });
+    for slot in ram.slots() {
+        let region = kvm_userspace_memory_region {
+            slot: slot.slot,
+            flags: slot.flags,
+            guest_phys_addr: slot.gpa.0,
+            memory_size: slot.size,
+            userspace_addr: ram.host_address(slot) as u64,
+        };
+        // SAFETY: the mapping belongs to `ram`, which outlives the VM here.
+        unsafe { vm.set_user_memory_region(region) }.unwrap();
+    }
+    let code = match vmm_slots {
+        true => loop_then_read_only_write(),
+        false => LOOP.to_vec(),
     };
-    // SAFETY: the mapping belongs to `ram`, which outlives the VM here.
-    unsafe { vm.set_user_memory_region(region) }.unwrap();
-    ram.write_bytes(Gpa(0x1000), &LOOP).unwrap();
+    ram.write_bytes(Gpa(0x1000), &code).unwrap();
     // The ring only before the first vCPU.
     let ring = match mode {
         DirtyTracking::Ring { entries } => Some(enable_ring(&vm, entries).unwrap()),
@@ -62,9 +112,14 @@ fn run(mode: DirtyTracking) -> Option<Vec<Gfn>> {
     source.start().unwrap();
     // What logging found before the guest ran is not the guest's.
     source.collect(&mut DirtyPages::new(ram.pages())).unwrap();
+    let mut read_only_writes = 0;
     loop {
         match vcpu.run() {
             Ok(VcpuExit::Hlt) => break,
+            Ok(VcpuExit::MmioWrite(addr, data)) if vmm_slots => {
+                assert_eq!((addr, data), (READ_ONLY, &[1u8][..]));
+                read_only_writes += 1;
+            }
             Ok(VcpuExit::Unsupported(EXIT_DIRTY_RING_FULL)) => {
                 full.as_ref().expect("a ring").drain().unwrap()
             }
@@ -77,6 +132,10 @@ fn run(mode: DirtyTracking) -> Option<Vec<Gfn>> {
     let mut dirty = DirtyPages::new(ram.pages());
     source.collect(&mut dirty).unwrap();
     source.stop();
+    if vmm_slots {
+        assert_eq!(read_only_writes, 1, "the read-only region took a write");
+        assert_eq!(ram.load_u64(Gpa(READ_ONLY)).unwrap(), 0);
+    }
     for page in 2..16u64 {
         assert_eq!(
             ram.load_u64(Gpa(page * 4096)).unwrap() & 0xff,
@@ -101,6 +160,35 @@ fn the_kvm_log_over_a_vmms_own_vm_reports_what_its_guest_wrote() {
         let Some(dirty) = run(mode) else { return };
         assert_eq!(dirty, expected, "{}", mode.name());
     }
+}
+
+#[test]
+fn the_vmms_slot_numbers_and_read_only_flag_hold_while_the_log_runs() {
+    let expected: Vec<Gfn> = (2..16).map(Gfn).collect();
+    for mode in [
+        DirtyTracking::Bitmap,
+        DirtyTracking::Clear {
+            chunk_pages: 64,
+            pace_us: 0,
+        },
+        DirtyTracking::Ring { entries: 1024 },
+    ] {
+        let Some(dirty) = run_on(mode, true) else {
+            return;
+        };
+        assert_eq!(dirty, expected, "{}", mode.name());
+    }
+}
+
+#[test]
+fn memslots_that_do_not_fit_the_regions_are_refused() {
+    let ram = || GuestRam::new(&[2 << 20, 2 << 20], Backing::Anonymous).unwrap();
+    let one = [Memslot { slot: 1, flags: 0 }];
+    let e = ram().with_memslots(&one).unwrap_err().to_string();
+    assert!(e.contains("1 memslots for 2 regions"), "{e}");
+    let twice = [Memslot { slot: 4, flags: 0 }; 2];
+    let e = ram().with_memslots(&twice).unwrap_err().to_string();
+    assert!(e.contains("memslot 4 is given to two regions"), "{e}");
 }
 
 #[test]

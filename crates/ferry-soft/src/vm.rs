@@ -14,7 +14,11 @@ use crate::guest_mem::{HostView, VcpuMem};
 use crate::mmu::Mmu;
 use crate::quota::{LiveThrottle, Throttle, TimeThrottle};
 use crate::vcpu::{self, Control, VcpuState};
-use ferry_backend::{BackendError, DirtyPages, FaultExits, GuestRam, HarvestStats, Quota, Vm};
+use ferry_backend::capability;
+use ferry_backend::{
+    BackendError, DirtyLog, DirtyMeter, DirtyPages, FaultExits, GuestRam, HarvestStats,
+    MemoryFaults, Quota, Vm,
+};
 use ferry_memstress::{self as memstress, VmConfig};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
@@ -179,88 +183,6 @@ impl Vm for SoftVm {
         self.config.vmm_config()
     }
 
-    fn set_fault_exits(&mut self, exits: FaultExits) -> Result<(), BackendError> {
-        if !self.threads.is_empty() {
-            return Err(BackendError::NotPaused(
-                "deliver memory faults as vCPU exits (before the vCPUs first run)",
-            ));
-        }
-        let residency = Arc::new(Residency::shared(exits.present));
-        self.mmu
-            .set_residency(Arc::clone(&residency))
-            .map_err(|e| op("deliver memory faults as vCPU exits", e))?;
-        let fetch = exits.fetch;
-        let resolver: Arc<dyn PageResolver> =
-            Arc::new(move |f: &MemoryFault| fetch(f.gpa.gfn()).map_err(SoftError::Options));
-        self.faults = Some(FaultDelivery::VcpuExit {
-            resolver,
-            residency,
-        });
-        Ok(())
-    }
-
-    fn dirtied(&self) -> Vec<u64> {
-        self.live_throttle().map_or_else(Vec::new, |l| l.dirtied())
-    }
-
-    fn throttled(&self) -> Vec<std::time::Duration> {
-        self.ctl.throttled()
-    }
-
-    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
-        match &self.throttle {
-            Throttle::Time(t) => {
-                t.set_percent(u32::from(percent));
-                Ok(())
-            }
-            Throttle::Live(l) => {
-                l.time.set_percent(u32::from(percent));
-                Ok(())
-            }
-            Throttle::None if self.threads.is_empty() => {
-                let vcpus = self.config.workload.vcpus as usize;
-                self.throttle =
-                    Throttle::Time(Arc::new(TimeThrottle::new(vcpus, u32::from(percent))));
-                Ok(())
-            }
-            _ => Err(BackendError::Operation {
-                backend: BACKEND.into(),
-                what: "another throttle (a dirty quota) is installed; it cannot be \
-                       replaced while the vCPUs run"
-                    .into(),
-                source: None,
-            }),
-        }
-    }
-
-    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), BackendError> {
-        match &self.throttle {
-            Throttle::Live(l) => {
-                l.set_quota(quota);
-                Ok(())
-            }
-            _ => Err(BackendError::Operation {
-                backend: BACKEND.into(),
-                what: "set a dirty quota: an experiment's own throttle is installed".into(),
-                source: None,
-            }),
-        }
-    }
-
-    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), BackendError> {
-        match &self.throttle {
-            Throttle::Live(l) => {
-                l.limit.set_limit(bytes_per_sec);
-                Ok(())
-            }
-            _ => Err(BackendError::Operation {
-                backend: BACKEND.into(),
-                what: "set a dirty limit: an experiment's own throttle is installed".into(),
-                source: None,
-            }),
-        }
-    }
-
     fn ram(&self) -> &Arc<GuestRam> {
         &self.ram
     }
@@ -297,7 +219,31 @@ impl Vm for SoftVm {
         }
     }
 
-    fn dirty_tracking(&self) -> String {
+    fn dirty_log(&mut self) -> Option<&mut dyn DirtyLog> {
+        Some(self)
+    }
+
+    fn time_throttle(&mut self) -> Option<&mut dyn capability::TimeThrottle> {
+        Some(self)
+    }
+
+    /// The live throttle meters each vCPU; an experiment's own throttle
+    /// is not for a migration's policies to turn.
+    fn dirty_meter(&mut self) -> Option<&mut dyn DirtyMeter> {
+        self.live_throttle().is_some().then_some(self as _)
+    }
+
+    fn vcpu_state(&mut self) -> Option<&mut dyn capability::VcpuState> {
+        Some(self)
+    }
+
+    fn memory_faults(&mut self) -> Option<&mut dyn MemoryFaults> {
+        Some(self)
+    }
+}
+
+impl DirtyLog for SoftVm {
+    fn method(&self) -> String {
         let m = self.mmu.mechanisms();
         format!(
             "soft (split {:?}, write-protect {:?}, iteration {:?})",
@@ -327,7 +273,75 @@ impl Vm for SoftVm {
         self.mmu.stop_dirty_log();
         Ok(())
     }
+}
 
+impl capability::TimeThrottle for SoftVm {
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
+        match &self.throttle {
+            Throttle::Time(t) => {
+                t.set_percent(u32::from(percent));
+                Ok(())
+            }
+            Throttle::Live(l) => {
+                l.time.set_percent(u32::from(percent));
+                Ok(())
+            }
+            Throttle::None if self.threads.is_empty() => {
+                let vcpus = self.config.workload.vcpus as usize;
+                self.throttle =
+                    Throttle::Time(Arc::new(TimeThrottle::new(vcpus, u32::from(percent))));
+                Ok(())
+            }
+            _ => Err(BackendError::Operation {
+                backend: BACKEND.into(),
+                what: "another throttle (a dirty quota) is installed; it cannot be \
+                       replaced while the vCPUs run"
+                    .into(),
+                source: None,
+            }),
+        }
+    }
+
+    fn throttled(&self) -> Vec<std::time::Duration> {
+        self.ctl.throttled()
+    }
+}
+
+impl DirtyMeter for SoftVm {
+    fn dirtied(&self) -> Vec<u64> {
+        self.live_throttle().map_or_else(Vec::new, |l| l.dirtied())
+    }
+
+    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), BackendError> {
+        match &self.throttle {
+            Throttle::Live(l) => {
+                l.set_quota(quota);
+                Ok(())
+            }
+            _ => Err(BackendError::Operation {
+                backend: BACKEND.into(),
+                what: "set a dirty quota: an experiment's own throttle is installed".into(),
+                source: None,
+            }),
+        }
+    }
+
+    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), BackendError> {
+        match &self.throttle {
+            Throttle::Live(l) => {
+                l.limit.set_limit(bytes_per_sec);
+                Ok(())
+            }
+            _ => Err(BackendError::Operation {
+                backend: BACKEND.into(),
+                what: "set a dirty limit: an experiment's own throttle is installed".into(),
+                source: None,
+            }),
+        }
+    }
+}
+
+impl capability::VcpuState for SoftVm {
     fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
         if self.running {
             return Err(BackendError::NotPaused("save vCPU state"));
@@ -367,6 +381,28 @@ impl Vm for SoftVm {
         for (slot, s) in self.ctl.states.iter().zip(saved.vcpus) {
             *slot.lock().expect("state") = s;
         }
+        Ok(())
+    }
+}
+
+impl MemoryFaults for SoftVm {
+    fn set_fault_exits(&mut self, exits: FaultExits) -> Result<(), BackendError> {
+        if !self.threads.is_empty() {
+            return Err(BackendError::NotPaused(
+                "deliver memory faults as vCPU exits (before the vCPUs first run)",
+            ));
+        }
+        let residency = Arc::new(Residency::shared(exits.present));
+        self.mmu
+            .set_residency(Arc::clone(&residency))
+            .map_err(|e| op("deliver memory faults as vCPU exits", e))?;
+        let fetch = exits.fetch;
+        let resolver: Arc<dyn PageResolver> =
+            Arc::new(move |f: &MemoryFault| fetch(f.gpa.gfn()).map_err(SoftError::Options));
+        self.faults = Some(FaultDelivery::VcpuExit {
+            resolver,
+            residency,
+        });
         Ok(())
     }
 }

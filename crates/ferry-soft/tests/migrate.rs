@@ -3,6 +3,7 @@
 //! guest's own stamp checks on both sides. Run for the seed mechanisms and for
 //! every baseline.
 
+use ferry_backend::capability::{DirtyLog as _, VcpuState as _};
 use ferry_backend::{Backing, DirtyPages, GuestRam, Vm, PAGE_SIZE};
 use ferry_memstress::VmConfig;
 use ferry_memstress::{read_progress, AccessOrder, Workload};

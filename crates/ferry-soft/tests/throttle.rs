@@ -1,5 +1,6 @@
 //! Dirty quota vs time-based throttling on running soft vCPUs.
 
+use ferry_backend::capability::{DirtyLog as _, DirtyMeter as _, TimeThrottle as _};
 use ferry_backend::{Backing, Vm};
 use ferry_memstress::VmConfig;
 use ferry_memstress::{read_progress, Workload};

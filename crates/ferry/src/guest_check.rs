@@ -57,7 +57,7 @@ pub fn after_switchover(
     let since_resume = match MemstressProbe.read(vm) {
         Ok(now) => now.since(&at_resume),
         Err(e) => {
-            problem.get_or_insert(e);
+            problem.get_or_insert(ferry_backend::error_chain(&e));
             GuestCheck::default()
         }
     };

@@ -36,7 +36,10 @@ pub fn sample_and_predict(
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         CmdError::Failed(format!("prediction: cannot {what}: {e}"))
     };
-    vm.start_dirty_log()
+    let no_log = || CmdError::Failed("prediction: this VM keeps no dirty log".into());
+    vm.dirty_log()
+        .ok_or_else(no_log)?
+        .start_dirty_log()
         .map_err(|e| failed("start dirty logging", &e))?;
     let before = read_progress(vm.ram(), w.vcpus).map_err(|e| failed("read the guest", &e));
     let t0 = Instant::now();
@@ -44,8 +47,9 @@ pub fn sample_and_predict(
     let after = read_progress(vm.ram(), w.vcpus).map_err(|e| failed("read the guest", &e));
     let took = t0.elapsed().as_secs_f64();
     let mut scratch = DirtyPages::new(vm.ram().pages());
-    let harvested = vm.harvest_dirty(&mut scratch);
-    vm.stop_dirty_log()
+    let log = vm.dirty_log().ok_or_else(no_log)?;
+    let harvested = log.harvest_dirty(&mut scratch);
+    log.stop_dirty_log()
         .map_err(|e| failed("stop dirty logging", &e))?;
     harvested.map_err(|e| failed("harvest the dirty log", &e))?;
     let (before, after) = (before?, after?);

@@ -40,7 +40,7 @@ impl ShareWatch {
     /// (an earlier reading of the counters, such as `ferry run`'s last
     /// report), or over [`BASELINE`] now when there is none or it is too
     /// recent. `None` when the guest's counters cannot be read.
-    pub fn start(vm: &dyn Vm, since: Option<Sample>) -> Option<ShareWatch> {
+    pub fn start(vm: &mut dyn Vm, since: Option<Sample>) -> Option<ShareWatch> {
         let vcpus = vm.vcpus();
         let (first, t0) = match since {
             Some((p, at)) if at.elapsed() >= MIN_WINDOW && p.len() == vcpus as usize => (p, at),
@@ -63,18 +63,18 @@ impl ShareWatch {
             before,
             at,
             progress,
-            throttled: vm.throttled(),
+            throttled: throttled(vm),
         })
     }
 
     /// Each vCPU's share over `window` from the start (the time until the
     /// source paused the guest; the guest's counters stop there).
-    pub fn finish(&self, vm: &dyn Vm, window: Duration) -> Vec<VcpuShare> {
+    pub fn finish(&self, vm: &mut dyn Vm, window: Duration) -> Vec<VcpuShare> {
         let window = window.min(self.at.elapsed()).as_secs_f64().max(1e-3);
         let Ok(now) = read_progress(vm.ram(), self.vcpus) else {
             return Vec::new();
         };
-        let throttled = vm.throttled();
+        let throttled = throttled(vm);
         (0..self.vcpus as usize)
             .map(|v| {
                 let slept = match (throttled.get(v), self.throttled.get(v)) {
@@ -94,4 +94,9 @@ impl ShareWatch {
             })
             .collect()
     }
+}
+
+/// Time each vCPU has slept on a throttle, where `vm` counts it.
+fn throttled(vm: &mut dyn Vm) -> Vec<Duration> {
+    vm.time_throttle().map_or_else(Vec::new, |t| t.throttled())
 }

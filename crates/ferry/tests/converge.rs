@@ -73,7 +73,8 @@ fn quota_on_kvm_without_the_dirty_ring_is_refused_before_anything_starts() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("--converge quota: kvm backend") && err.contains("--dirty-tracking ring"),
+        err.contains("--converge quota: the quota policy needs a per-vCPU dirty meter")
+            && err.contains("--dirty-tracking ring"),
         "{err}"
     );
     assert!(!err.contains("warming up"), "a guest booted: {err}");

@@ -3,7 +3,7 @@
 //! requests. The guest keeps these counters in its memory.
 
 use crate::layout::{var, VARS};
-use ferry_engine::vmm::{Gpa, GuestCheck, GuestProbe, Vm};
+use ferry_engine::vmm::{Gpa, GuestCheck, GuestProbe, ProbeError, RamError, Vm};
 
 /// Reads minivmm's guest counters.
 #[derive(Debug)]
@@ -25,9 +25,9 @@ pub struct Counters {
 }
 
 /// Reads the counters out of `vm`'s memory.
-pub fn counters(vm: &dyn Vm) -> Result<Counters, String> {
+pub fn counters(vm: &dyn Vm) -> Result<Counters, RamError> {
     let ram = vm.ram();
-    let get = |off: u64| ram.load_u64(Gpa(VARS + off)).map_err(|e| e.to_string());
+    let get = |off: u64| ram.load_u64(Gpa(VARS + off));
     Ok(Counters {
         console_lines: get(var::CONSOLE_SEQ)?,
         writes: get(var::WRITES_DONE)?,
@@ -38,7 +38,7 @@ pub fn counters(vm: &dyn Vm) -> Result<Counters, String> {
 }
 
 impl GuestProbe for MiniProbe {
-    fn read(&self, vm: &dyn Vm) -> Result<GuestCheck, String> {
+    fn read(&self, vm: &dyn Vm) -> Result<GuestCheck, ProbeError> {
         let c = counters(vm)?;
         Ok(GuestCheck {
             progress: c.reads_verified,

@@ -7,8 +7,8 @@ use crate::serial::{self, Console, ConsoleOut};
 use crate::vcpu::Vcpu;
 use crate::{boot, memory, Devices};
 use ferry_engine::vmm::{
-    BackendError, Backing, DirtyPages, DirtySource, GuestRam, HarvestStats, Section, SectionId,
-    SectionSpec, Vm, PAGE_SIZE,
+    BackendError, Backing, DirtySource, GuestRam, Section, SectionSpec, TimeThrottle, VcpuState,
+    Vm, PAGE_SIZE,
 };
 use ferry_kvm::cpu_check::{CpuCheckError, CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{self, Snapshot, VcpuContext, VmDevices, XsaveKind};
@@ -328,26 +328,33 @@ impl Vm for MiniVm {
             None => Ok(()),
         }
     }
-    fn dirty_tracking(&self) -> String {
-        "kvm bitmap + vm-memory bitmap".into()
-    }
-    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
-        Ok(())
-    }
-    fn harvest_dirty(&mut self, _: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
-        // The KVM log is a dirty source, and the devices' writes go through
-        // vm-memory's bitmap, which the engine reads itself.
-        Ok(HarvestStats::default())
-    }
-    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
-        Ok(())
-    }
     fn dirty_sources(&mut self) -> &mut [Box<dyn DirtySource>] {
         &mut self.sources
     }
-    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
-        self.vcpu.set_throttle(percent);
-        Ok(())
+    fn handover_fds(&self) -> Vec<(String, std::os::fd::RawFd)> {
+        vec![("disk".into(), self.disk_fd)]
+    }
+
+    fn cpu_profile(&self) -> Option<serde_json::Value> {
+        Some(self.cpu.profile.to_json())
+    }
+
+    /// ferry-kvm's check: this host's `KVM_GET_SUPPORTED_CPUID` and MSR
+    /// lists against what the guest was given on its source.
+    fn check_cpu(&self, profile: &serde_json::Value) -> Result<(), BackendError> {
+        let refuse = |e: CpuCheckError| BackendError::Cpu(e.to_string());
+        let guest = CpuProfile::from_json(profile).map_err(refuse)?;
+        let kvm =
+            Kvm::new().map_err(|e| BackendError::Cpu(format!("cannot open /dev/kvm: {e}")))?;
+        HostCpu::probe(&kvm, &self.vcpu.fd())
+            .and_then(|host| host.check(&guest))
+            .map_err(refuse)
+    }
+    fn time_throttle(&mut self) -> Option<&mut dyn TimeThrottle> {
+        Some(self)
+    }
+    fn vcpu_state(&mut self) -> Option<&mut dyn VcpuState> {
+        Some(self)
     }
     fn state_sections(&self) -> Vec<SectionSpec> {
         vec![
@@ -357,18 +364,9 @@ impl Vm for MiniVm {
     }
     fn save_sections(&mut self) -> Result<Vec<Section>, BackendError> {
         let dev = self.lock_devices();
-        let section = |name: &str, version, data| Section {
-            id: SectionId {
-                name: name.into(),
-                instance: 0,
-                version,
-            },
-            data,
-            subsections: Vec::new(),
-        };
         Ok(vec![
-            section(serial::SECTION, serial::VERSION, dev.console.save()),
-            section(blk::SECTION, self.config.blk_version, dev.blk.save()),
+            Section::new(serial::SECTION, dev.console.save()),
+            Section::new(blk::SECTION, dev.blk.save()),
         ])
     }
     fn restore_sections(&mut self, sections: &[Section]) -> Result<(), BackendError> {
@@ -386,6 +384,10 @@ impl Vm for MiniVm {
         }
         Ok(())
     }
+}
+
+/// The vCPU's registers and the VM's clock, in ferry-kvm's snapshot format.
+impl VcpuState for MiniVm {
     fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
         if self.running {
             return Err(BackendError::NotPaused("save vCPU state"));
@@ -425,24 +427,11 @@ impl Vm for MiniVm {
         self.cpu.profile = CpuProfile::new(&vcpu.cpuid, &self.cpu.msrs);
         Ok(())
     }
+}
 
-    fn handover_fds(&self) -> Vec<(String, std::os::fd::RawFd)> {
-        vec![("disk".into(), self.disk_fd)]
-    }
-
-    fn cpu_profile(&self) -> Option<serde_json::Value> {
-        Some(self.cpu.profile.to_json())
-    }
-
-    /// ferry-kvm's check: this host's `KVM_GET_SUPPORTED_CPUID` and MSR
-    /// lists against what the guest was given on its source.
-    fn check_cpu(&self, profile: &serde_json::Value) -> Result<(), BackendError> {
-        let refuse = |e: CpuCheckError| BackendError::Cpu(e.to_string());
-        let guest = CpuProfile::from_json(profile).map_err(refuse)?;
-        let kvm =
-            Kvm::new().map_err(|e| BackendError::Cpu(format!("cannot open /dev/kvm: {e}")))?;
-        HostCpu::probe(&kvm, &self.vcpu.fd())
-            .and_then(|host| host.check(&guest))
-            .map_err(refuse)
+impl TimeThrottle for MiniVm {
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
+        self.vcpu.set_throttle(percent);
+        Ok(())
     }
 }

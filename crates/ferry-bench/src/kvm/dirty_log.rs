@@ -10,7 +10,7 @@
 //!  ─ { pass under logging ─ get + clear (or harvest + reset) } × iterations ─ disable
 //! ```
 
-use ferry_backend::{DirtyPages, Vm};
+use ferry_backend::{DirtyLog, DirtyPages, Vm};
 use ferry_kvm::DirtyTracking;
 use ferry_kvm_memstress::{KvmVm, Program, Role};
 use ferry_memstress::VmConfig;

@@ -21,7 +21,7 @@
 //! baseline: it slows every vCPU, readers too); `quota` (the seed's: each
 //! vCPU may dirty a quota derived from the link per interval, and only a
 //! vCPU that uses it up sleeps, so readers run on). The backend applies the
-//! quota between rounds on its own clock (`Vm::set_dirty_quota`); the soft
+//! quota between rounds on its own clock (`DirtyMeter::set_dirty_quota`); the soft
 //! backend meters it at write-fault time, the kvm backend with each vCPU's
 //! dirty ring. QEMU 8.1's dirty-limit comes next behind the same seam.
 //!
@@ -79,28 +79,70 @@ pub trait Policy: Send {
     fn engage(&mut self, sample: &Sample) -> Option<Action>;
 }
 
-/// The policy a migration of `vm` runs: `requested`, if the VM serves it
-/// (the per-vCPU policies need a per-vCPU dirty meter), or by default the
-/// best it serves: the seed's quota where the VM meters each vCPU's
-/// writes, else auto-converge.
+/// The policy a migration of `vm` runs: `requested`, if the VM declares
+/// the mechanism it turns ([`serves`]), or by default the best it serves:
+/// the seed's quota where the VM meters each vCPU's writes, else
+/// auto-converge where it has a time throttle, else none.
 pub fn choose(
     requested: Option<ConvergeMode>,
     vm: &mut dyn Vm,
 ) -> Result<ConvergeMode, MigrationError> {
     match requested {
-        Some(ConvergeMode::Quota) => vm
-            .set_dirty_quota(None)
-            .map(|()| ConvergeMode::Quota)
-            .map_err(MigrationError::backend("run --converge quota")),
-        Some(ConvergeMode::DirtyLimit) => vm
-            .set_dirty_limit(None)
-            .map(|()| ConvergeMode::DirtyLimit)
-            .map_err(MigrationError::backend("run --converge dirty-limit")),
-        Some(other) => Ok(other),
-        None => Ok(match vm.set_dirty_quota(None) {
-            Ok(()) => ConvergeMode::Quota,
-            Err(_) => ConvergeMode::Auto,
-        }),
+        Some(mode) => serves(vm, mode)
+            .map(|()| mode)
+            .map_err(MigrationError::Refused),
+        None if vm.dirty_meter().is_some() => Ok(ConvergeMode::Quota),
+        None if vm.time_throttle().is_some() => Ok(ConvergeMode::Auto),
+        None => Ok(ConvergeMode::None),
+    }
+}
+
+/// Whether `vm` declares the mechanism `mode` turns (a time throttle for
+/// auto-converge, a per-vCPU dirty meter for the quota and the dirty
+/// limit), or why not, in words for the operator.
+pub fn serves(vm: &mut dyn Vm, mode: ConvergeMode) -> Result<(), String> {
+    let (declared, what) = match mode {
+        ConvergeMode::None => return Ok(()),
+        ConvergeMode::Auto => (vm.time_throttle().is_some(), "a time throttle"),
+        ConvergeMode::Quota | ConvergeMode::DirtyLimit => {
+            (vm.dirty_meter().is_some(), "a per-vCPU dirty meter")
+        }
+    };
+    if declared {
+        return Ok(());
+    }
+    Err(format!(
+        "the {mode} policy needs {what}, and this {} VM declares none \
+         (choose another --converge, or none)",
+        vm.vmm_id()
+    ))
+}
+
+/// Each vCPU's pages dirtied so far, where `vm` meters them (else empty).
+pub(crate) fn dirtied(vm: &mut dyn Vm) -> Vec<u64> {
+    vm.dirty_meter().map_or_else(Vec::new, |m| m.dirtied())
+}
+
+/// Applies `action` through the mechanism `vm` declares for it.
+fn set(vm: &mut dyn Vm, action: &Action) -> Result<(), ferry_backend::BackendError> {
+    let undeclared = |vm: &dyn Vm, what: &str| ferry_backend::BackendError::Operation {
+        backend: vm.vmm_id().to_string(),
+        what: format!("this VM declares no {what}"),
+        source: None,
+    };
+    match action {
+        Action::Time(pct) => match vm.time_throttle() {
+            Some(t) => t.set_time_throttle(*pct),
+            None => Err(undeclared(vm, "time throttle")),
+        },
+        Action::Quota(quota) => match vm.dirty_meter() {
+            Some(m) => m.set_dirty_quota(quota.as_ref()),
+            None => Err(undeclared(vm, "per-vCPU dirty meter")),
+        },
+        Action::Limit(limit) => match vm.dirty_meter() {
+            Some(m) => m.set_dirty_limit(*limit),
+            None => Err(undeclared(vm, "per-vCPU dirty meter")),
+        },
     }
 }
 
@@ -197,12 +239,12 @@ impl Converger {
 
     /// Time since the last sample and each vCPU's bytes dirtied since,
     /// read off `vm`; starts the next interval.
-    pub fn read_meter(&mut self, vm: &dyn Vm) -> (Duration, Vec<u64>) {
+    pub fn read_meter(&mut self, vm: &mut dyn Vm) -> (Duration, Vec<u64>) {
         self.meter.read(vm)
     }
 
     /// Starts the per-vCPU meter (as dirty logging starts).
-    pub fn start_meter(&mut self, vm: &dyn Vm) {
+    pub fn start_meter(&mut self, vm: &mut dyn Vm) {
         self.meter.start(vm)
     }
 
@@ -315,14 +357,7 @@ impl Converger {
         if mode == self.mode {
             return Ok(());
         }
-        // Only the mechanism not in force is touched by the probe.
-        let probe = match mode {
-            ConvergeMode::Quota => vm.set_dirty_quota(None),
-            ConvergeMode::DirtyLimit => vm.set_dirty_limit(None),
-            _ => Ok(()),
-        };
-        if let Err(e) = probe {
-            let why = ferry_backend::error_chain(&e);
+        if let Err(why) = serves(vm, mode) {
             self.note(round, format!("operator asked for {mode}: refused: {why}"));
             return Ok(());
         }
@@ -417,18 +452,16 @@ impl Converger {
         tracing::info!("round {round}: {action:?}");
         match action {
             Action::Time(pct) => {
-                vm.set_time_throttle(pct)
-                    .map_err(MigrationError::backend("throttle the source's vCPUs"))?;
+                set(vm, &action).map_err(MigrationError::backend("throttle the source's vCPUs"))?;
                 self.throttle = pct;
             }
             Action::Quota(quota) => {
-                vm.set_dirty_quota(quota.as_ref())
+                set(vm, &Action::Quota(quota.clone()))
                     .map_err(MigrationError::backend("set the vCPUs' dirty quota"))?;
                 self.quota = quota;
             }
             Action::Limit(bytes_per_sec) => {
-                vm.set_dirty_limit(bytes_per_sec)
-                    .map_err(MigrationError::backend("set the vCPUs' dirty limit"))?;
+                set(vm, &action).map_err(MigrationError::backend("set the vCPUs' dirty limit"))?;
                 self.limit = bytes_per_sec;
             }
         }
@@ -458,16 +491,16 @@ impl Converger {
             return Ok(());
         }
         if self.throttle > 0 {
-            vm.set_time_throttle(0)
+            set(vm, &Action::Time(0))
                 .map_err(MigrationError::backend("lift the source's throttle"))?;
             self.throttle = 0;
         }
         if self.quota.take().is_some() {
-            vm.set_dirty_quota(None)
+            set(vm, &Action::Quota(None))
                 .map_err(MigrationError::backend("lift the vCPUs' dirty quota"))?;
         }
         if self.limit.take().is_some() {
-            vm.set_dirty_limit(None)
+            set(vm, &Action::Limit(None))
                 .map_err(MigrationError::backend("lift the vCPUs' dirty limit"))?;
         }
         self.push_step(round);
@@ -478,18 +511,18 @@ impl Converger {
     /// source as it was).
     pub fn release(&mut self, vm: &mut dyn Vm) {
         if self.throttle > 0 {
-            if let Err(e) = vm.set_time_throttle(0) {
+            if let Err(e) = set(vm, &Action::Time(0)) {
                 tracing::warn!("cannot lift the source's throttle: {e}");
             }
             self.throttle = 0;
         }
         if self.quota.take().is_some() {
-            if let Err(e) = vm.set_dirty_quota(None) {
+            if let Err(e) = set(vm, &Action::Quota(None)) {
                 tracing::warn!("cannot lift the source's dirty quota: {e}");
             }
         }
         if self.limit.take().is_some() {
-            if let Err(e) = vm.set_dirty_limit(None) {
+            if let Err(e) = set(vm, &Action::Limit(None)) {
                 tracing::warn!("cannot lift the source's dirty limit: {e}");
             }
         }

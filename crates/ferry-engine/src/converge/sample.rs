@@ -92,9 +92,9 @@ impl Meter {
     /// Starts metering now: what each vCPU dirtied before (a prediction's
     /// sample, an earlier migration) is not this migration's, and would
     /// make the first interval look like a burst.
-    pub fn start(&mut self, vm: &dyn Vm) {
+    pub fn start(&mut self, vm: &mut dyn Vm) {
         self.last = Instant::now();
-        self.seen = vm.dirtied();
+        self.seen = super::dirtied(vm);
     }
 
     /// Whether an interval has passed since the last sample.
@@ -104,11 +104,11 @@ impl Meter {
 
     /// Time since the last sample, and each vCPU's bytes dirtied since;
     /// starts the next interval.
-    pub fn read(&mut self, vm: &dyn Vm) -> (Duration, Vec<u64>) {
+    pub fn read(&mut self, vm: &mut dyn Vm) -> (Duration, Vec<u64>) {
         let now = Instant::now();
         let elapsed = now - self.last;
         self.last = now;
-        let total = vm.dirtied();
+        let total = super::dirtied(vm);
         if self.seen.len() != total.len() {
             self.seen = vec![0; total.len()];
         }

@@ -70,7 +70,7 @@ fn sample_logs(vm: &mut dyn Vm, secs: Duration) -> Result<DirtySample, Migration
     // the VM was built, say) is not the guest's rate.
     let mut now = DirtyPages::new(pages);
     crate::dirty_logs::collect(vm, &mut now)?;
-    let before = vm.dirtied();
+    let before = super::dirtied(vm);
     let (mut all, mut found) = (DirtyPages::new(pages), 0u64);
     let mut half = None;
     let start = Instant::now();
@@ -91,7 +91,7 @@ fn sample_logs(vm: &mut dyn Vm, secs: Duration) -> Result<DirtySample, Migration
     });
     let ram_pages = vm.ram().size() / PAGE_SIZE as u64;
     let working_set = working_set_pages(at_half, all.count(), ram_pages);
-    let after = vm.dirtied();
+    let after = super::dirtied(vm);
     // Each vCPU's share of what was found: its own count where the VM
     // keeps one, else an equal part.
     let shares: Vec<f64> = if after.len() == vcpus && before.len() == vcpus {
@@ -157,11 +157,11 @@ pub fn predict_vm(
         harvest_within_rounds: settings.harvest_within_rounds,
     };
     let mut modes = vec![ConvergeMode::None, ConvergeMode::Auto];
-    if vm.set_dirty_limit(None).is_ok() {
-        modes.push(ConvergeMode::DirtyLimit);
+    if vm.time_throttle().is_none() {
+        modes.retain(|&m| m != ConvergeMode::Auto);
     }
-    if vm.set_dirty_quota(None).is_ok() {
-        modes.push(ConvergeMode::Quota);
+    if vm.dirty_meter().is_some() {
+        modes.extend([ConvergeMode::DirtyLimit, ConvergeMode::Quota]);
     }
     Ok(predict(&input, &modes))
 }

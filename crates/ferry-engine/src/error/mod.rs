@@ -64,19 +64,19 @@ pub enum MigrationError {
         #[source]
         source: RamError,
     },
-    /// A writer of guest memory that cannot report what it writes.
-    #[error(
-        "the dirty source '{name}' cannot report what it writes ({why}); nothing was migrated"
-    )]
+    /// A writer of guest memory that cannot report what it writes, or
+    /// whose log failed.
+    #[error("the dirty source '{name}'")]
     DirtySource {
         /// The source's name.
         name: String,
-        /// Why it cannot.
-        why: String,
+        /// What failed.
+        #[source]
+        source: ferry_backend::DirtySourceError,
     },
     /// The VMM's guest probe could not read the guest's checks.
-    #[error("the guest probe failed: {0}")]
-    Probe(String),
+    #[error("the guest probe failed")]
+    Probe(#[source] ferry_backend::ProbeError),
     /// The stream reached switchover without all of memory.
     #[error("the stream reached switchover with {missing} of {total} pages never sent")]
     Incomplete {

@@ -234,8 +234,8 @@ pub fn receive_local(
         .and_then(|ram| {
             create_vm(&header, ram).map_err(MigrationError::backend("create the destination VM"))
         })
-        .and_then(|vm| {
-            header.check_destination(&*vm)?;
+        .and_then(|mut vm| {
+            header.check_destination(&mut *vm)?;
             wire::sections::check_manifest(&header.sections, &vm.state_sections())?;
             Ok(vm)
         });
@@ -361,7 +361,7 @@ fn load(
     summary.state_bytes = (vcpus.len() + sections.len()) as u64;
     let runs = message::dirty_from(dirty, ram.pages(), summary.version)?;
     summary.dirty_pages = digest.refresh_runs(ram, &runs)?;
-    vm.restore_vcpus(vcpus)
+    ferry_backend::restore_vcpu_state(vm, vcpus)
         .map_err(MigrationError::backend("load the vCPU state"))?;
     let sections = wire::sections::decode(sections)?;
     wire::sections::check_sections(&sections, &header.sections, &vm.state_sections())?;

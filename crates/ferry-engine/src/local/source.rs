@@ -168,13 +168,17 @@ fn switch_over(
     }
     phases.stop_ms = lap.next();
     // Saving a device may write guest memory: harvest after it.
-    let sections = vm
+    let mut sections = vm
         .save_sections()
         .map_err(MigrationError::backend("save the device sections"))?;
-    // What a section declared holds here too (a VMM's bound on its state).
-    wire::sections::check_saved(&sections, &wire::sections::declared(&vm.state_sections()))?;
-    let vcpus = vm
-        .save_vcpus()
+    // Versions and what a section declared hold here too.
+    let specs = vm.state_sections();
+    wire::sections::check_saved(
+        &mut sections,
+        &wire::sections::manifest(&specs),
+        &wire::sections::declared(&specs),
+    )?;
+    let vcpus = ferry_backend::save_vcpu_state(vm)
         .map_err(MigrationError::backend("save the vCPU state"))?;
     phases.save_ms = lap.next();
     dirty_logs::collect(vm, &mut dirty)?;

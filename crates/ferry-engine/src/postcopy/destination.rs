@@ -47,12 +47,13 @@ impl Dest {
         let fault_path = if !opts.vcpu_fault_exits || self.loaded.places_huge_pages() {
             "userfaultfd"
         } else {
-            match self.vm.set_fault_exits(exits) {
-                Ok(()) => "vcpu exit",
-                Err(e) => {
+            match self.vm.memory_faults().map(|m| m.set_fault_exits(exits)) {
+                Some(Ok(())) => "vcpu exit",
+                Some(Err(e)) => {
                     tracing::debug!("faults go through userfaultfd: {e}");
                     "userfaultfd"
                 }
+                None => "userfaultfd",
             }
         };
         self.restore_state()?;

@@ -153,7 +153,7 @@ impl Source<'_> {
         while let Some((first, n)) = served.next_run(&mut cursor, batch.room()) {
             let buf = batch.push_run(first, n);
             self.ram
-                .read_pages(first, buf)
+                .read_pages_to_send(first, buf)
                 .map_err(MigrationError::ram("read guest memory"))?;
             if batch.room() == 0 {
                 let full = std::mem::replace(&mut batch, senders.batch()?);

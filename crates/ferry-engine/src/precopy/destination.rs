@@ -231,8 +231,9 @@ fn prepare(
     if let Some(expect) = &opts.expect {
         header.check_expected(expect)?;
     }
-    let vm = create_vm(&header).map_err(MigrationError::backend("create the destination VM"))?;
-    header.check_destination(&*vm)?;
+    let mut vm =
+        create_vm(&header).map_err(MigrationError::backend("create the destination VM"))?;
+    header.check_destination(&mut *vm)?;
     if let Some(profile) = &header.cpu {
         vm.check_cpu(profile)
             .map_err(|e| MigrationError::Refused(error_chain(&e)))?;

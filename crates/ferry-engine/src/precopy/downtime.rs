@@ -5,11 +5,14 @@
 //! the data connections still hold queued (the previous round's tail, not
 //! yet acknowledged), then the dirty set; it harvests the dirty logs once
 //! more, and pauses, saves, loads and resumes the guest. So the downtime is
-//! predicted as `(queued + dirty + device) / link + harvest +
-//! SWITCH_OVERHEAD`, with the link's rate from the last round measured, the
-//! harvest's time from the last harvest, and the device state as its
-//! sections declare it (`SectionSpec::max_bytes`: a VMM with large device
-//! state declares it, and small undeclared state is in the overhead).
+//! predicted as `(queued + dirty + device) / link + device / device rate +
+//! harvest + SWITCH_OVERHEAD`, with the link's rate from the last round
+//! measured, the harvest's time from the last harvest, and the device state
+//! as its sections declare it (`SectionSpec::max_bytes`: a VMM with large
+//! device state declares it, and small undeclared state is in the
+//! overhead) plus what live sections still have pending. The device rate
+//! is saving and loading it, as this kind of VM showed at its previous
+//! large switchover, or a calibrated default (`ferry_engine::device_cost`).
 //!
 //! **The aim.** Switching at the target itself leaves no room for a link
 //! that slows in the last round, and a run whose prediction is a little
@@ -45,6 +48,9 @@ pub struct FinalRound {
     pub dirty_bytes: u64,
     /// Bytes of device state the sections declare, sent at the pause.
     pub device_bytes: u64,
+    /// The rate at which device state is saved and loaded, besides the
+    /// link (`ferry_engine::device_cost::rate`).
+    pub device_bytes_per_sec: f64,
     /// Guest bytes per second the link moves.
     pub link_bytes_per_sec: f64,
     /// What the last harvest of the dirty logs took.
@@ -56,7 +62,10 @@ impl FinalRound {
     pub fn downtime(&self) -> Duration {
         let bytes = (self.queued_bytes + self.dirty_bytes + self.device_bytes) as f64;
         let send = bytes / self.link_bytes_per_sec.max(1.0);
-        Duration::from_secs_f64(send.min(1e6)) + self.harvest + SWITCH_OVERHEAD
+        Duration::from_secs_f64(send.min(1e6))
+            + crate::session::device_cost::cost(self.device_bytes, self.device_bytes_per_sec)
+            + self.harvest
+            + SWITCH_OVERHEAD
     }
 }
 
@@ -99,6 +108,7 @@ mod tests {
             queued_bytes: 1_000_000,
             dirty_bytes: 3_000_000,
             device_bytes: 0,
+            device_bytes_per_sec: 50e6,
             link_bytes_per_sec: 100e6,
             harvest: 2 * MS,
         };
@@ -107,7 +117,8 @@ mod tests {
             device_bytes: 10_000_000,
             ..f
         };
-        assert_eq!(with_device.downtime(), 140 * MS + 2 * MS + SWITCH_OVERHEAD);
+        // 10 MB more on the link (100 ms) and saved and loaded (200 ms).
+        assert_eq!(with_device.downtime(), 340 * MS + 2 * MS + SWITCH_OVERHEAD);
         let dead = FinalRound {
             link_bytes_per_sec: 0.0,
             ..f

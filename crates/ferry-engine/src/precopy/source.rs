@@ -174,7 +174,7 @@ impl Source<'_> {
             return self.postcopy_switchover(0, self.ram.frames(), dialer, hello);
         }
         self.start_logging()?;
-        self.converge.start_meter(&*self.vm);
+        self.converge.start_meter(&mut *self.vm);
         // The full pass sends every page, so VMM writes made so far are covered.
         let mut dirty = DirtyPages::new(self.pages);
         self.ram.take_vmm_dirty(&mut dirty);
@@ -218,6 +218,7 @@ impl Source<'_> {
                 queued_bytes: (self.health.queued_bytes() as f64 * self.expansion) as u64,
                 dirty_bytes: remaining,
                 device_bytes: self.declared_device_bytes + self.live_pending(),
+                device_bytes_per_sec: self.summary.device_state_bytes_per_sec,
                 link_bytes_per_sec: bandwidth,
                 harvest,
             }

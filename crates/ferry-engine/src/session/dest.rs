@@ -65,8 +65,7 @@ impl Dest {
             &self.header.sections,
             &self.vm.state_sections(),
         )?;
-        self.vm
-            .restore_vcpus(&state)
+        ferry_backend::restore_vcpu_state(&mut *self.vm, &state)
             .map_err(MigrationError::backend("restore vCPU state"))?;
         self.vm
             .restore_sections(&sections)

@@ -24,6 +24,7 @@
 mod compression;
 mod delta;
 mod dest;
+pub mod device_cost;
 mod huge;
 mod loaded;
 mod options;

@@ -190,7 +190,7 @@ fn serve(
         batch.clear();
         let buf = batch.push_run(Gfn(first), count as usize);
         s.ram
-            .read_pages(Gfn(first), buf)
+            .read_pages_to_send(Gfn(first), buf)
             .map_err(MigrationError::ram("read guest memory for a page request"))?;
         batch.seal(s.round.load(Ordering::SeqCst));
         let wire = (FRAME_HEADER_LEN + batch.payload_len()) as u64;

@@ -41,7 +41,7 @@ const MAX_DRAIN: Duration = Duration::from_secs(1);
 /// The summary of a migration about to start: status `failed` until it
 /// completes (also what a caller reports for one that could not start).
 pub fn fresh_summary(
-    vm: &dyn Vm,
+    vm: &mut dyn Vm,
     opts: &PrecopyOptions,
     connections: usize,
     tls: bool,
@@ -51,7 +51,7 @@ pub fn fresh_summary(
         backend: vm.vmm_id().to_string(),
         mode: opts.mode,
         postcopy: None,
-        dirty_tracking: vm.dirty_tracking(),
+        dirty_tracking: ferry_backend::dirty_tracking(vm),
         wire_version: VERSION,
         connections,
         tls,
@@ -61,8 +61,11 @@ pub fn fresh_summary(
         pause_ms: 0.0,
         predicted_downtime_ms: 0.0,
         save_vcpus_ms: 0.0,
+        save_sections_ms: 0.0,
+        device_state_bytes_per_sec: super::device_cost::rate(vm.vmm_id()),
         device_bytes_at_pause: 0,
         device_bytes_live: 0,
+        discarded_bytes: vm.ram().discarded_pages() * ferry_backend::PAGE_SIZE as u64,
         digest_ms: 0.0,
         verify_before_resume: opts.verify_before_resume,
         bytes_sent: 0,
@@ -130,6 +133,7 @@ impl<'a> Source<'a> {
             expansion: 1.0,
             declared_device_bytes: 0,
             section_bytes: Default::default(),
+            section_ids: Vec::new(),
             live: Vec::new(),
             sections: None,
             section_parts: false,
@@ -292,6 +296,9 @@ pub(crate) struct Source<'a> {
     /// What each section declares it takes, as the header said: the pause
     /// holds the saved sections to it.
     pub(crate) section_bytes: std::collections::BTreeMap<String, u64>,
+    /// The sections the header announced, with the versions their specs
+    /// state: a section saved at the pause takes its version from here.
+    pub(crate) section_ids: Vec<ferry_backend::SectionId>,
     /// The VM's live sections ([`ferry_backend::LiveState`]), sent during
     /// the rounds; empty where the destination (wire 5) cannot take them.
     pub(crate) live: Vec<ferry_backend::SectionId>,
@@ -372,7 +379,7 @@ impl Source<'_> {
     /// migration may use, and a destination that refuses one stops it
     /// here, before any memory moves.
     pub(crate) fn handshake(&mut self) -> Result<bool, MigrationError> {
-        let mut header = StreamHeader::for_vm(&*self.vm);
+        let mut header = StreamHeader::for_vm(&mut *self.vm);
         let mut needed = self.opts.capabilities();
         if crate::wire::sections::may_need_parts(&header.sections, &header.section_bytes) {
             needed.push(crate::wire::capabilities::SECTION_PARTS.to_string());
@@ -449,6 +456,7 @@ impl Source<'_> {
         self.declared_device_bytes =
             crate::wire::sections::declared_total(&at_pause, &header.section_bytes);
         self.section_bytes = header.section_bytes;
+        self.section_ids = header.sections;
         Ok(self.opts.verify_before_resume || verify_before_resume)
     }
 
@@ -530,7 +538,7 @@ impl Source<'_> {
         link_bytes_per_sec: f64,
         round_end: Option<RoundEnd>,
     ) -> Sample {
-        let (elapsed, vcpu_dirty_bytes) = self.converge.read_meter(&*self.vm);
+        let (elapsed, vcpu_dirty_bytes) = self.converge.read_meter(&mut *self.vm);
         Sample {
             round,
             elapsed,
@@ -648,7 +656,7 @@ impl Source<'_> {
                 let n = left.min(batch.room());
                 let buf = batch.push_run(Gfn(gfn), n);
                 self.ram
-                    .read_pages(Gfn(gfn), buf)
+                    .read_pages_to_send(Gfn(gfn), buf)
                     .map_err(MigrationError::ram("read guest memory"))?;
                 gfn += n as u64;
                 left -= n;

@@ -9,7 +9,7 @@ use crate::error::MigrationError;
 use crate::progress::Phase;
 use crate::summary::{ms, Outcome, PostcopyReport};
 use crate::wire::{FrameKind, MemoryDigest, Message};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 impl Source<'_> {
     /// Pauses the guest for a switchover (precopy or postcopy), reads its
@@ -33,11 +33,12 @@ impl Source<'_> {
             .map_err(MigrationError::backend("pause the guest for switchover"))?;
         self.summary.pause_ms = ms(paused_at.elapsed());
         super::probe_paused(&*self.vm, self.opts, &mut self.summary)?;
-        let sections = self
+        let saving = Instant::now();
+        let mut sections = self
             .vm
             .save_sections()
             .map_err(MigrationError::backend("save the devices' state sections"))?;
-        crate::wire::sections::check_saved(&sections, &self.section_bytes)?;
+        crate::wire::sections::check_saved(&mut sections, &self.section_ids, &self.section_bytes)?;
         let encoded = crate::wire::sections::encode(&sections);
         if encoded.len() > crate::wire::MAX_FRAME_LEN as usize && !self.section_parts {
             return Err(crate::wire::SectionError::TooLargeForOneFrame {
@@ -47,6 +48,7 @@ impl Source<'_> {
             .into());
         }
         self.summary.device_bytes_at_pause = encoded.len() as u64;
+        self.summary.save_sections_ms = ms(saving.elapsed());
         self.sections = Some(encoded);
         Ok(paused_at)
     }
@@ -55,9 +57,7 @@ impl Source<'_> {
     /// the sections saved at the pause.
     pub(crate) fn send_vcpu_state(&mut self) -> Result<(), MigrationError> {
         let saving = Instant::now();
-        let state = self
-            .vm
-            .save_vcpus()
+        let state = ferry_backend::save_vcpu_state(&mut *self.vm)
             .map_err(MigrationError::backend("save vCPU state"))?;
         self.summary.save_vcpus_ms = ms(saving.elapsed());
         self.ctl.send_frame(FrameKind::VcpuState, &state)?;
@@ -95,6 +95,13 @@ impl Source<'_> {
     pub(crate) fn record_resumed(&mut self, paused_at: Instant, resume_ns: u64) {
         self.summary.downtime_ms = ms(paused_at.elapsed());
         self.summary.dest_resume_ms = resume_ns as f64 / 1e6;
+        // Saving, and the destination's loading (most of its resume).
+        let took = self.summary.save_sections_ms + self.summary.dest_resume_ms;
+        super::device_cost::record(
+            self.vm.vmm_id(),
+            self.summary.device_bytes_at_pause,
+            Duration::from_secs_f64(took / 1e3),
+        );
     }
 
     /// The guest now belongs to the destination: the source stays paused.

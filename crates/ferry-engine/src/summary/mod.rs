@@ -133,11 +133,25 @@ pub struct MigrationSummary {
     pub pause_ms: f64,
     /// Part of the downtime spent in `Vm::save_vcpus`.
     pub save_vcpus_ms: f64,
+    /// Part of the downtime spent saving and encoding the sections.
+    #[serde(default)]
+    pub save_sections_ms: f64,
+    /// The rate (bytes per second) at which the downtime prediction counted
+    /// saving and loading the device state: the one this kind of VM showed
+    /// at its previous large switchover, or the calibrated default
+    /// (`ferry_engine::device_cost`).
+    #[serde(default)]
+    pub device_state_bytes_per_sec: f64,
     /// Bytes of device state (the encoded sections) sent at the pause.
     pub device_bytes_at_pause: u64,
     /// Bytes of live device state sent during the rounds, while the guest
     /// ran ([`ferry_backend::LiveState`]).
     pub device_bytes_live: u64,
+    /// Guest memory the VMM had marked discarded as the migration started
+    /// ([`ferry_backend::GuestRam::discard_range`]): read as zero, not
+    /// sent as data.
+    #[serde(default)]
+    pub discarded_bytes: u64,
     /// Time the source spent hashing its memory for the digest.
     pub digest_ms: f64,
     /// Whether the destination was asked to verify before resuming.

@@ -62,6 +62,11 @@ pub struct StreamHeader {
     /// A destination older than this field ignores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<serde_json::Value>,
+    /// Whether the VM keeps vCPU state outside its sections
+    /// ([`ferry_backend::VcpuState`]): a destination that differs refuses
+    /// before any memory moves. Absent (an older source): it does.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub vcpu_state: bool,
 }
 
 /// One region of guest memory.
@@ -109,6 +114,9 @@ pub struct ExpectedVm {
 /// A header the destination cannot take.
 #[derive(Debug, Error)]
 pub enum HeaderError {
+    /// The two VMs differ in keeping vCPU state ([`ferry_backend::VcpuState`]).
+    #[error("{0}")]
+    VcpuState(String),
     /// Not JSON of the right shape.
     #[error("cannot parse the stream header")]
     Parse(#[source] serde_json::Error),
@@ -156,21 +164,30 @@ pub enum HeaderError {
     },
 }
 
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
 impl StreamHeader {
     /// The header describing `vm`.
-    pub fn for_vm(vm: &dyn Vm) -> Self {
+    pub fn for_vm(vm: &mut dyn Vm) -> Self {
         StreamHeader {
             vmm: vm.vmm_id().to_string(),
             vcpus: vm.vcpus(),
             regions: regions_of(vm.ram()),
             memory_bytes: vm.ram().size(),
             page_size: PAGE_SIZE as u32,
-            dirty_tracking: vm.dirty_tracking(),
+            dirty_tracking: ferry_backend::dirty_tracking(vm),
             vmm_config: vm.vmm_config(),
             sections: crate::wire::sections::manifest(&vm.state_sections()),
             section_bytes: crate::wire::sections::declared(&vm.state_sections()),
             capabilities: None,
             cpu: vm.cpu_profile(),
+            vcpu_state: vm.vcpu_state().is_some(),
         }
     }
 
@@ -269,7 +286,7 @@ impl StreamHeader {
     }
 
     /// Checks the VM the destination built against the header.
-    pub fn check_destination(&self, vm: &dyn Vm) -> Result<(), HeaderError> {
+    pub fn check_destination(&self, vm: &mut dyn Vm) -> Result<(), HeaderError> {
         self.check_expected(&ExpectedVm {
             memory_bytes: Some(vm.ram().size()),
             vcpus: Some(vm.vcpus()),
@@ -283,6 +300,15 @@ impl StreamHeader {
             });
         }
         crate::wire::sections::check_manifest(&self.sections, &vm.state_sections())?;
+        let here = vm.vcpu_state().is_some();
+        if here != self.vcpu_state {
+            let keeps = |yes: bool| if yes { "keeps" } else { "keeps no" };
+            return Err(HeaderError::VcpuState(format!(
+                "the source's VM {} vCPU state outside its sections, and this one {}",
+                keeps(self.vcpu_state),
+                keeps(here)
+            )));
+        }
         Ok(())
     }
 }
@@ -311,6 +337,7 @@ mod tests {
             vmm_config: serde_json::json!({"vcpus": 2}),
             sections: Vec::new(),
             section_bytes: Default::default(),
+            vcpu_state: true,
             capabilities: None,
             cpu: None,
         }

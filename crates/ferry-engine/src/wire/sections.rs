@@ -87,6 +87,18 @@ pub enum SectionError {
     /// Bytes that are not a list of sections.
     #[error("malformed sections: {0}")]
     Malformed(String),
+    /// The source's VMM saved a section at another version than its spec
+    /// states (a VMM leaves a section's version 0 to take its spec's).
+    #[error(
+        "section {id} was saved as version {}, but its spec states version {stated}",
+        id.version
+    )]
+    SavedVersion {
+        /// The section as saved.
+        id: SectionId,
+        /// The version its spec states.
+        stated: u32,
+    },
     /// A section may take more than the destination takes.
     #[error(
         "section '{name}' may take up to {} ({} in all its instances), and device state may \
@@ -215,12 +227,28 @@ pub fn check_limit(
     })
 }
 
-/// A source's check at the pause: no section took more than declared.
+/// A source's check at the pause: each saved section takes its spec's
+/// version (`announced`, where the VMM left it 0; another one is refused),
+/// and none took more than declared.
 pub fn check_saved(
-    sections: &[Section],
+    sections: &mut [Section],
+    announced: &[SectionId],
     declared: &BTreeMap<String, u64>,
 ) -> Result<(), SectionError> {
-    for s in sections {
+    for s in sections.iter_mut() {
+        let spec = announced
+            .iter()
+            .find(|a| a.name == s.id.name && a.instance == s.id.instance);
+        match spec {
+            Some(a) if s.id.version == 0 => s.id.version = a.version,
+            Some(a) if s.id.version != a.version => {
+                return Err(SectionError::SavedVersion {
+                    id: s.id.clone(),
+                    stated: a.version,
+                })
+            }
+            _ => {}
+        }
         let bytes = s.data.len() as u64
             + s.subsections
                 .iter()

@@ -4,12 +4,9 @@
 //! state ([`LiveState`]) sent as the blocks rewritten since they were last
 //! sent, each `u32 block | 64 KiB`.
 
-use super::noise;
-use ferry_backend::{BackendError, LiveState, Section, SectionId, SectionSpec};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use super::*;
+use ferry_backend::{LiveState, SectionId};
+use ferry_engine::{migrate, MigrationSummary, NoProgress};
 
 /// Bytes per block.
 pub const BLOCK: usize = 64 << 10;
@@ -204,4 +201,53 @@ impl Drop for BigDevice {
     fn drop(&mut self) {
         self.halt();
     }
+}
+
+/// A device with 256 MiB of state rewriting a 64 KiB block every
+/// millisecond, as a running GPU does; the destination loads it live or
+/// not. Returns the source's summary, after checking that the
+/// destination's device holds exactly the source's state.
+pub fn move_big_device(live_at_destination: bool) -> MigrationSummary {
+    const STATE: usize = 256 << 20;
+    let (to, handle) = spawn_receiver_with(quick_receive(), Backing::Anonymous, move |vm| {
+        let mut big = BigDevice::destination(STATE);
+        big.live = live_at_destination;
+        vm.big = Some(big);
+    });
+    let mut src = TestVm::new(&config()).unwrap();
+    src.big = Some(BigDevice::source(
+        STATE,
+        std::time::Duration::from_millis(1),
+    ));
+    src.start().unwrap();
+    wait_for_passes(&src, 1);
+    let summary = migrate(&mut src, &to, &probed(), &NoProgress).unwrap();
+    let (dvm, _) = handle.join().unwrap().unwrap();
+    assert!(summary.digest_match, "{summary:?}");
+    println!(
+        "device state (live at the destination: {live_at_destination}): {} MiB during the \
+         rounds, {} KiB at the pause; downtime {:.1} ms (predicted {:.1})",
+        summary.device_bytes_live >> 20,
+        summary.device_bytes_at_pause >> 10,
+        summary.downtime_ms,
+        summary.predicted_downtime_ms
+    );
+    println!(
+        "  saving the sections {:.1} ms, the destination's resume {:.1} ms; device state \
+         counted at {:.0} MB/s",
+        summary.save_sections_ms,
+        summary.dest_resume_ms,
+        summary.device_state_bytes_per_sec / 1e6
+    );
+    let dvm: Box<dyn std::any::Any> = dvm;
+    let dvm = dvm.downcast::<TestVm>().expect("the test VM");
+    let dest = dvm.big.as_ref().expect("the destination's device").state();
+    let source = src.big.as_ref().unwrap().state();
+    assert_eq!(dest.len(), source.len());
+    let first_diff = dest
+        .chunks(BLOCK)
+        .zip(source.chunks(BLOCK))
+        .position(|(d, s)| d != s);
+    assert_eq!(first_diff, None, "a block differs");
+    summary
 }

@@ -19,8 +19,9 @@ pub mod record;
 pub mod relay;
 
 use ferry_backend::{
-    BackendError, Backing, Blocker, DirtyPages, DirtySource, Gfn, Gpa, GuestCheck, GuestProbe,
-    GuestRam, HarvestStats, Section, SectionSpec, SharedDirtyBitmap, Subsection, Vm, PAGE_SIZE,
+    BackendError, Backing, Blocker, DirtyLog, DirtyPages, DirtySource, DirtySourceError, Gfn, Gpa,
+    GuestCheck, GuestProbe, GuestRam, HarvestStats, ProbeError, Section, SectionSpec,
+    SharedDirtyBitmap, Subsection, TimeThrottle, VcpuState, Vm, PAGE_SIZE,
 };
 use ferry_engine::wire::StreamHeader;
 use ferry_engine::{
@@ -89,11 +90,11 @@ pub fn test_stamp(page: u64, pass: u64) -> u64 {
 pub struct TestProbe;
 
 impl GuestProbe for TestProbe {
-    fn read(&self, vm: &dyn Vm) -> Result<GuestCheck, String> {
+    fn read(&self, vm: &dyn Vm) -> Result<GuestCheck, ProbeError> {
         let ram = vm.ram();
         Ok(GuestCheck {
-            progress: ram.load_u64(PASSES).map_err(|e| e.to_string())?,
-            errors: ram.load_u64(MISMATCHES).map_err(|e| e.to_string())?,
+            progress: ram.load_u64(PASSES)?,
+            errors: ram.load_u64(MISMATCHES)?,
         })
     }
 }
@@ -136,10 +137,10 @@ impl DirtySource for Churn {
     fn name(&self) -> &str {
         "test-churn"
     }
-    fn start(&mut self) -> Result<(), String> {
+    fn start(&mut self) -> Result<(), DirtySourceError> {
         Ok(())
     }
-    fn collect(&mut self, into: &mut DirtyPages) -> Result<(), String> {
+    fn collect(&mut self, into: &mut DirtyPages) -> Result<(), DirtySourceError> {
         for i in 0..self.pages {
             into.set(Gfn(self.first.0 + i));
         }
@@ -319,14 +320,16 @@ impl DirtySource for DmaSource {
     fn name(&self) -> &str {
         "test-dma"
     }
-    fn start(&mut self) -> Result<(), String> {
+    fn start(&mut self) -> Result<(), DirtySourceError> {
         if self.broken {
-            return Err("the device has no dirty log".into());
+            return Err(DirtySourceError::CannotReport(
+                "the device has no dirty log".into(),
+            ));
         }
         self.dma.log.clear();
         Ok(())
     }
-    fn collect(&mut self, into: &mut DirtyPages) -> Result<(), String> {
+    fn collect(&mut self, into: &mut DirtyPages) -> Result<(), DirtySourceError> {
         self.dma.log.harvest_into(into);
         Ok(())
     }
@@ -527,10 +530,6 @@ impl Vm for TestVm {
     fn vmm_config(&self) -> serde_json::Value {
         serde_json::to_value(&self.config).unwrap()
     }
-    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
-        self.throttle.store(u64::from(percent), Ordering::Relaxed);
-        Ok(())
-    }
     fn ram(&self) -> &Arc<GuestRam> {
         &self.ram
     }
@@ -580,22 +579,6 @@ impl Vm for TestVm {
             _ => Ok(()),
         }
     }
-    fn dirty_tracking(&self) -> String {
-        "vmm-bitmap".into()
-    }
-    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
-        self.logging = true;
-        Ok(())
-    }
-    fn harvest_dirty(&mut self, _into: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
-        // Every guest write goes through GuestRam, so the engine's
-        // take_vmm_dirty sees it; the "hardware" log is empty.
-        Ok(HarvestStats::default())
-    }
-    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
-        self.logging = false;
-        Ok(())
-    }
     fn dirty_sources(&mut self) -> &mut [Box<dyn DirtySource>] {
         &mut self.sources
     }
@@ -606,16 +589,6 @@ impl Vm for TestVm {
             ferry_backend::Lifecycle::Aborted(why) => format!("aborted: {why}"),
         };
         self.events.lock().unwrap().push(name);
-    }
-    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
-        if self.is_running() {
-            return Err(BackendError::NotPaused("save vCPUs"));
-        }
-        if self.untracked_write_on_save {
-            let gpa = self.config.data_gpa(12).add(512);
-            self.ram.store_u64(gpa, 0xbad)?;
-        }
-        Ok(self.position.load(Ordering::Acquire).to_le_bytes().to_vec())
     }
     fn state_sections(&self) -> Vec<SectionSpec> {
         let mut specs = self.devices.specs.clone();
@@ -650,6 +623,57 @@ impl Vm for TestVm {
         }
         *self.devices.restored.lock().unwrap() = rest;
         Ok(())
+    }
+    fn dirty_log(&mut self) -> Option<&mut dyn DirtyLog> {
+        Some(self)
+    }
+    fn time_throttle(&mut self) -> Option<&mut dyn TimeThrottle> {
+        Some(self)
+    }
+    fn vcpu_state(&mut self) -> Option<&mut dyn VcpuState> {
+        Some(self)
+    }
+}
+
+/// The "hardware" log records only whether it runs (the tests check that
+/// every migration stops it): every guest write goes through GuestRam,
+/// whose bitmap the engine reads itself.
+impl DirtyLog for TestVm {
+    fn method(&self) -> String {
+        "vmm-bitmap".into()
+    }
+    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
+        self.logging = true;
+        Ok(())
+    }
+    fn harvest_dirty(&mut self, _into: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
+        // Every guest write goes through GuestRam, so the engine's
+        // take_vmm_dirty sees it; the "hardware" log is empty.
+        Ok(HarvestStats::default())
+    }
+    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
+        self.logging = false;
+        Ok(())
+    }
+}
+
+impl TimeThrottle for TestVm {
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
+        self.throttle.store(u64::from(percent), Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl VcpuState for TestVm {
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
+        if self.is_running() {
+            return Err(BackendError::NotPaused("save vCPUs"));
+        }
+        if self.untracked_write_on_save {
+            let gpa = self.config.data_gpa(12).add(512);
+            self.ram.store_u64(gpa, 0xbad)?;
+        }
+        Ok(self.position.load(Ordering::Acquire).to_le_bytes().to_vec())
     }
     fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
         if self.fail_restore {

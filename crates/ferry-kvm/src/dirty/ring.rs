@@ -96,7 +96,7 @@ pub struct DirtyRing {
     bytes: usize,
     fetch: Mutex<u32>,
     vm: Arc<VmFd>,
-    slot_bases: Vec<Gfn>,
+    slot_bases: Vec<Option<Gfn>>,
     pending: Arc<RingPages>,
     /// Entries collected so far: the pages this vCPU dirtied (the per-vCPU
     /// meter of the dirty quota).
@@ -117,7 +117,7 @@ impl DirtyRing {
         vcpu: &VcpuFd,
         entries: u32,
         vm: Arc<VmFd>,
-        slot_bases: Vec<Gfn>,
+        slot_bases: Vec<Option<Gfn>>,
         pending: Arc<RingPages>,
     ) -> Result<Self, KvmError> {
         let bytes = entries as usize * std::mem::size_of::<kvm_dirty_gfn>();
@@ -185,7 +185,7 @@ impl DirtyRing {
                 )
             };
             // Low 16 bits: slot id; high 16 bits: address space (always 0 here).
-            if let Some(base) = self.slot_bases.get((slot & 0xffff) as usize) {
+            if let Some(Some(base)) = self.slot_bases.get((slot & 0xffff) as usize) {
                 self.pending.pages.mark(Gfn(base.0 + offset));
             }
             flags.store(GFN_RESET, Ordering::Release);

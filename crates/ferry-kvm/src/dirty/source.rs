@@ -21,7 +21,7 @@ use super::ring::{DirtyRing, RingPages};
 use super::DirtyTracking;
 use super::{enable_caps, DirtyLog, EnabledRing};
 use crate::error::KvmError;
-use ferry_backend::{DirtyPages, DirtySource, GuestRam};
+use ferry_backend::{DirtyPages, DirtySource, DirtySourceError, GuestRam};
 use kvm_ioctls::{VcpuFd, VmFd};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -85,7 +85,7 @@ impl KvmDirtySource {
         let entries = enabled.entries;
         let mode = DirtyTracking::Ring { entries };
         let pending = Arc::new(RingPages::new(ram.pages()));
-        let bases: Vec<_> = ram.slots().iter().map(|s| s.first_gfn()).collect();
+        let bases = ram.slot_bases();
         let mut log = DirtyLog::new(mode, Arc::clone(&vm), ram, Arc::clone(&pending));
         let mut full = Vec::with_capacity(vcpus.len());
         for (i, vcpu) in vcpus.iter().enumerate() {
@@ -113,14 +113,16 @@ impl DirtySource for KvmDirtySource {
             DirtyTracking::Ring { .. } => "kvm dirty ring",
         }
     }
-    fn start(&mut self) -> Result<(), String> {
-        self.log.start().map_err(|e| ferry_backend::error_chain(&e))
+    fn start(&mut self) -> Result<(), DirtySourceError> {
+        self.log
+            .start()
+            .map_err(|e| DirtySourceError::failed("start logging", e))
     }
-    fn collect(&mut self, into: &mut DirtyPages) -> Result<(), String> {
+    fn collect(&mut self, into: &mut DirtyPages) -> Result<(), DirtySourceError> {
         self.log
             .harvest(into)
             .map(|_| ())
-            .map_err(|e| ferry_backend::error_chain(&e))
+            .map_err(|e| DirtySourceError::failed("harvest", e))
     }
     fn stop(&mut self) {
         if let Err(e) = self.log.stop() {

@@ -390,10 +390,18 @@ fn check_address(to: &str) -> Result<(), CmdError> {
 /// Refuses a convergence policy the VM's backend cannot serve, before the
 /// guest boots (the engine's own check, asked early).
 pub fn check_policy(vm: &mut dyn Vm, converge: Option<ConvergeMode>) -> Result<(), CmdError> {
+    let kvm = vm.vmm_id() == ferry_kvm_memstress::VMM_ID;
     match (ferry_engine::converge::choose(converge, vm), converge) {
-        (Err(ferry_engine::MigrationError::Backend { source, .. }), Some(mode)) => Err(
-            CmdError::Usage(format!("--converge {mode}: {}", chain(&source))),
-        ),
+        (Err(ferry_engine::MigrationError::Refused(why)), Some(mode)) => {
+            // ferry's kvm VM meters each vCPU only through its dirty ring.
+            let hint = match mode {
+                ConvergeMode::Quota | ConvergeMode::DirtyLimit if kvm => {
+                    "; the kvm VM meters each vCPU with its dirty ring: use --dirty-tracking ring"
+                }
+                _ => "",
+            };
+            Err(CmdError::Usage(format!("--converge {mode}: {why}{hint}")))
+        }
         (Err(e), _) => Err(CmdError::Usage(chain(&e))),
         (Ok(_), _) => Ok(()),
     }
@@ -527,7 +535,7 @@ pub fn migrate_running(
 
 /// The summary of a migration that ended in an error before it produced one.
 fn failed_summary(
-    vm: &dyn Vm,
+    vm: &mut dyn Vm,
     opts: &PrecopyOptions,
     tls: bool,
     took: Duration,

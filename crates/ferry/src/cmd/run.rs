@@ -224,7 +224,15 @@ pub fn serve_vm_on(
         }
         match next {
             Ok(VmCommand::Throttle { percent, reply }) => {
-                let answer = match vm.set_time_throttle(percent.min(99)) {
+                let throttled = match vm.time_throttle() {
+                    Some(t) => t.set_time_throttle(percent.min(99)),
+                    None => Err(ferry_backend::BackendError::Operation {
+                        backend: vm.vmm_id().to_string(),
+                        what: "this VM declares no time throttle".into(),
+                        source: None,
+                    }),
+                };
+                let answer = match throttled {
                     Ok(()) => serde_json::json!({"ok": true, "throttle_percent": percent.min(99)}),
                     Err(e) => {
                         serde_json::json!({"ok": false, "error": ferry_backend::error_chain(&e)})

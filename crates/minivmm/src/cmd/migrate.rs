@@ -138,7 +138,7 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
     }
     vm.pause().map_err(|e| e.to_string())?;
     out.flush();
-    let guest = probe::counters(&vm)?;
+    let guest = probe::counters(&vm).map_err(|e| format!("reading the guest's counters: {e}"))?;
     let journal = vm.disk_journal();
     match &outcome.error {
         Some(e) => eprintln!("minivmm: the migration failed: {e}; the guest ran on here"),

@@ -61,7 +61,7 @@ pub fn receive(a: ReceiveArgs) -> Result<(), String> {
     let health = vm.check_health().err().map(|e| e.to_string());
     vm.pause().map_err(|e| e.to_string())?;
     out.flush();
-    let guest = probe::counters(&vm)?;
+    let guest = probe::counters(&vm).map_err(|e| format!("reading the guest's counters: {e}"))?;
     eprintln!(
         "minivmm: received ({status}), digest {}; then {} console lines and {} verified reads in all",
         if digest_match { "match" } else { "MISMATCH" },

@@ -29,7 +29,7 @@ pub fn run(a: RunArgs) -> Result<(), String> {
     vm.pause().map_err(|e| e.to_string())?;
     out.flush();
     vm.check_health().map_err(|e| e.to_string())?;
-    let c = probe::counters(&vm)?;
+    let c = probe::counters(&vm).map_err(|e| format!("reading the guest's counters: {e}"))?;
     eprintln!(
         "minivmm: ran {:.1} s: {} console lines, {} disk writes, {} reads verified, {} bad reads, {} failed requests",
         a.seconds, c.console_lines, c.writes, c.reads_verified, c.bad_reads, c.status_errors

@@ -1,0 +1,173 @@
+//! What a VM can do beyond the minimum, each a small trait a VMM implements
+//! only where it has the capability, and hands the engine through an
+//! accessor on [`crate::Vm`] (`Some(self)`). The engine reads the accessor,
+//! never a probe by side effect: a VM without a time throttle is never
+//! throttled, and a policy it cannot serve is refused before anything moves.
+//!
+//! | capability | accessor | what the engine does with it |
+//! |---|---|---|
+//! | [`DirtyLog`] | [`crate::Vm::dirty_log`] | harvests what the vCPUs wrote behind [`crate::GuestRam`]'s back |
+//! | [`TimeThrottle`] | [`crate::Vm::time_throttle`] | auto-converge: slows every vCPU |
+//! | [`DirtyMeter`] | [`crate::Vm::dirty_meter`] | the seed's per-vCPU quota, and QEMU's dirty limit |
+//! | [`VcpuState`] | [`crate::Vm::vcpu_state`] | saves the vCPUs at the pause, loads them before the start |
+//! | [`MemoryFaults`] | [`crate::Vm::memory_faults`] | postcopy with annotated memory-fault exits |
+//!
+//! A VM without [`DirtyLog`] is one whose every guest write goes through
+//! `GuestRam` (or a [`crate::DirtySource`]); the digest at the switchover
+//! catches one that is not, and the source runs on.
+
+use crate::bitmap::DirtyPages;
+use crate::error::BackendError;
+use crate::vm::{FaultExits, HarvestStats};
+use std::time::Duration;
+
+/// The VM's own log of guest writes: KVM's dirty log or ring, the soft
+/// MMU's. Pages written before [`DirtyLog::start_dirty_log`] are not
+/// reported.
+pub trait DirtyLog {
+    /// The method in use, for reports (`bitmap`, `ring`, ...).
+    fn method(&self) -> String;
+    /// Starts logging guest writes.
+    fn start_dirty_log(&mut self) -> Result<(), BackendError>;
+    /// Adds every page the guest wrote since the last harvest (or since
+    /// the start) to `into`, and re-arms tracking for those pages.
+    fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, BackendError>;
+    /// Stops logging.
+    fn stop_dirty_log(&mut self) -> Result<(), BackendError>;
+}
+
+/// Slows every vCPU to a share of its time, as QEMU's auto-converge does:
+/// after each [`THROTTLE_SLICE`] it runs, a vCPU sleeps
+/// [`throttle_sleep`]`(percent)`.
+pub trait TimeThrottle {
+    /// Throttles every vCPU to `percent` (0 = none, at most 99).
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError>;
+    /// Time each vCPU has spent asleep on a throttle so far (this one and
+    /// a dirty quota alike; not the guest's own idle sleeps): what its
+    /// runtime share during a migration is computed from. Empty where the
+    /// VM does not count it.
+    fn throttled(&self) -> Vec<Duration> {
+        Vec::new()
+    }
+}
+
+/// A per-vCPU dirty meter, and the throttles it makes possible: the seed's
+/// dirty quota and QEMU 8.1's dirty limit. Both slow only the vCPUs that
+/// write.
+pub trait DirtyMeter {
+    /// Pages each vCPU has newly dirtied since the VM was built: a write
+    /// that finds its page already dirty since the last harvest is not
+    /// counted again. A convergence policy reads it once per interval.
+    fn dirtied(&self) -> Vec<u64>;
+    /// Gives each vCPU its dirty quota of `quota.of(vcpu)` bytes per
+    /// `quota.interval` (`None`: no quota): a vCPU that dirties its quota
+    /// sleeps until the next interval.
+    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), BackendError>;
+    /// Limits every vCPU's dirty rate to `bytes_per_sec` (`None`: no
+    /// limit), with the feedback loop of
+    /// [`crate::dirty_limit::DirtyLimiter`].
+    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), BackendError>;
+}
+
+/// The vCPUs' state as one blob, in the format the VM's `vmm_id` names. A
+/// VMM that keeps vCPU state in a section instead has no need of it.
+pub trait VcpuState {
+    /// Serializes the state of every vCPU. The VM is paused.
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError>;
+    /// Loads vCPU state saved by the same kind of VM, before the vCPUs
+    /// first run; refuses what it cannot load
+    /// ([`BackendError::BadVcpuState`]).
+    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError>;
+}
+
+/// Postcopy with annotated memory-fault exits (the seed): a vCPU whose
+/// access needs a page not yet present leaves guest mode and fetches it on
+/// its own thread. Without it, a postcopy destination relies on
+/// userfaultfd.
+pub trait MemoryFaults {
+    /// From now on a vCPU whose access needs a page not in
+    /// `exits.present` calls `exits.fetch` and retries. Set before the
+    /// vCPUs first run.
+    fn set_fault_exits(&mut self, exits: FaultExits) -> Result<(), BackendError>;
+}
+
+/// The default refill interval of the per-vCPU dirty quota.
+pub const QUOTA_INTERVAL: Duration = Duration::from_millis(100);
+/// The shortest and longest quota intervals a [`Quota`] takes: below 10 ms
+/// the kvm meter (a 5 ms tick) cannot tell intervals apart; above 10 s a
+/// writer would stall visibly.
+pub const QUOTA_INTERVALS: std::ops::RangeInclusive<Duration> =
+    Duration::from_millis(10)..=Duration::from_secs(10);
+
+/// Per-vCPU dirty quotas: vCPU `i` may dirty `bytes[i]` per `interval`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quota {
+    /// Bytes each vCPU may dirty per interval (each at least one page). A
+    /// vCPU past the end of the list gets the last entry.
+    pub bytes: Vec<u64>,
+    /// How often the quotas are refilled, within [`QUOTA_INTERVALS`].
+    pub interval: Duration,
+}
+
+impl Quota {
+    /// `bytes[i]` for vCPU `i` per `interval`, all brought into range.
+    pub fn new(bytes: Vec<u64>, interval: Duration) -> Self {
+        Quota {
+            bytes: bytes
+                .into_iter()
+                .map(|b| b.max(crate::PAGE_SIZE as u64))
+                .collect(),
+            interval: interval.clamp(*QUOTA_INTERVALS.start(), *QUOTA_INTERVALS.end()),
+        }
+    }
+
+    /// The same `bytes` per `interval` for each of `vcpus` vCPUs.
+    pub fn uniform(bytes: u64, vcpus: usize, interval: Duration) -> Self {
+        Quota::new(vec![bytes; vcpus.max(1)], interval)
+    }
+
+    /// vCPU `vcpu`'s quota in bytes per interval.
+    pub fn of(&self, vcpu: usize) -> u64 {
+        let last = self
+            .bytes
+            .last()
+            .copied()
+            .unwrap_or(crate::PAGE_SIZE as u64);
+        self.bytes.get(vcpu).copied().unwrap_or(last)
+    }
+
+    /// The largest quota of any vCPU, in bytes per interval.
+    pub fn largest(&self) -> u64 {
+        self.bytes.iter().copied().max().unwrap_or(0)
+    }
+
+    /// The rate vCPU `vcpu`'s quota allows, in bytes per second.
+    pub fn bytes_per_sec(&self, vcpu: usize) -> f64 {
+        self.of(vcpu) as f64 / self.interval.as_secs_f64()
+    }
+
+    /// The same rates per `interval`.
+    pub fn per(&self, interval: Duration) -> Self {
+        let scale = interval.as_secs_f64() / self.interval.as_secs_f64();
+        Quota::new(
+            self.bytes
+                .iter()
+                .map(|&b| (b as f64 * scale) as u64)
+                .collect(),
+            interval,
+        )
+    }
+}
+
+/// The time a time-throttled vCPU runs between two sleeps.
+pub const THROTTLE_SLICE: Duration = Duration::from_millis(10);
+/// The highest time throttle: a vCPU always runs a little.
+pub const MAX_THROTTLE_PERCENT: u8 = 99;
+
+/// How long a vCPU throttled to `percent` sleeps after each
+/// [`THROTTLE_SLICE`] it runs: `percent / (100 − percent)` slices, so it
+/// runs `100 − percent`% of the time (1 s of sleep per 10 ms at 99%).
+pub fn throttle_sleep(percent: u8) -> Duration {
+    let p = u32::from(percent.min(MAX_THROTTLE_PERCENT));
+    THROTTLE_SLICE * p / (100 - p)
+}
