@@ -152,6 +152,9 @@ pub struct RamSlot {
     /// never drops them.
     #[serde(default)]
     pub flags: u32,
+    /// How the region is backed on the host.
+    #[serde(default)]
+    pub backing: Backing,
 }
 
 /// How a VMM registered one region with its hypervisor: the slot number
@@ -183,7 +186,6 @@ const HUGE_2M: u64 = 2 << 20;
 pub struct GuestRam {
     mem: GuestMemoryMmap<AtomicBitmap>,
     slots: Vec<RamSlot>,
-    backing: Backing,
     /// Frames the VMM said the guest gave up ([`GuestRam::discard_range`]).
     discarded: crate::PageBits,
     /// Whether any frame may be marked: the writes' and reads' fast path.
@@ -194,7 +196,6 @@ impl std::fmt::Debug for GuestRam {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GuestRam")
             .field("slots", &self.slots)
-            .field("backing", &self.backing)
             .finish()
     }
 }
@@ -219,10 +220,20 @@ impl GuestRam {
     /// ascending guest-physical order; the space between two regions is a
     /// hole. Starts and sizes are whole 2 MiB, so every backing can map them.
     pub fn with_regions(layout: &[(Gpa, u64)], backing: Backing) -> Result<Self, RamError> {
+        let backed: Vec<_> = layout.iter().map(|&(g, s)| (g, s, backing)).collect();
+        Self::with_backed_regions(&backed)
+    }
+
+    /// [`GuestRam::with_regions`], each region on its own backing (RAM on
+    /// memfd to hand to a new process, a small region anonymous, say).
+    /// Hugetlb regions cannot be mixed with others: postcopy places one
+    /// page size.
+    pub fn with_backed_regions(layout: &[(Gpa, u64, Backing)]) -> Result<Self, RamError> {
+        check_backings(layout.iter().map(|r| r.2))?;
         let mut regions = Vec::with_capacity(layout.len());
         let mut slots = Vec::with_capacity(layout.len());
         let mut end = Gpa(0);
-        for (i, &(gpa, size)) in layout.iter().enumerate() {
+        for (i, &(gpa, size, backing)) in layout.iter().enumerate() {
             if size == 0 || !size.is_multiple_of(HUGE_2M) || !gpa.0.is_multiple_of(HUGE_2M) {
                 return Err(RamError::UnalignedSlot { slot: i, size });
             }
@@ -242,12 +253,13 @@ impl GuestRam {
                 gpa,
                 size,
                 flags: 0,
+                backing,
             });
             end = gpa.add(size);
         }
         let mem =
             GuestMemoryMmap::from_regions(regions).map_err(|e| RamError::Regions(e.to_string()))?;
-        Ok(GuestRam::assemble(mem, slots, backing))
+        Ok(GuestRam::assemble(mem, slots))
     }
 
     /// Adopts a VMM's own guest memory, holes allowed: each region becomes
@@ -289,21 +301,21 @@ impl GuestRam {
                 gpa,
                 size,
                 flags: 0,
+                backing,
             });
             end = gpa.add(size);
         }
         if slots.is_empty() {
             return Err(RamError::Regions("no memory regions".into()));
         }
-        Ok(GuestRam::assemble(mem, slots, backing))
+        Ok(GuestRam::assemble(mem, slots))
     }
 
-    fn assemble(mem: GuestMemoryMmap<AtomicBitmap>, slots: Vec<RamSlot>, backing: Backing) -> Self {
+    fn assemble(mem: GuestMemoryMmap<AtomicBitmap>, slots: Vec<RamSlot>) -> Self {
         let frames = slots.last().map_or(0, |s| s.first_gfn().0 + s.pages());
         GuestRam {
             mem,
             slots,
-            backing,
             discarded: crate::PageBits::new(frames),
             any_discarded: std::sync::atomic::AtomicBool::new(false),
         }
@@ -357,9 +369,29 @@ impl GuestRam {
         &self.slots
     }
 
-    /// The backing the RAM was mapped with.
+    /// The backing the RAM was mapped with: its first region's
+    /// ([`RamSlot::backing`] has each one's). Hugetlb is never mixed with
+    /// another, so `Hugetlb` here means every region is.
     pub fn backing(&self) -> Backing {
-        self.backing
+        self.slots.first().map_or(Backing::Anonymous, |s| s.backing)
+    }
+
+    /// The same memory, its regions labelled with how the VMM backed each
+    /// (one per region, in guest-physical order): what dropping a page's
+    /// contents takes, and whether a same-host upgrade can hand it over.
+    pub fn with_backings(mut self, backings: &[Backing]) -> Result<Self, RamError> {
+        if backings.len() != self.slots.len() {
+            return Err(RamError::Regions(format!(
+                "{} backings for {} regions",
+                backings.len(),
+                self.slots.len()
+            )));
+        }
+        check_backings(backings.iter().copied())?;
+        for (slot, &b) in self.slots.iter_mut().zip(backings) {
+            slot.backing = b;
+        }
+        Ok(self)
     }
 
     /// Total bytes of guest RAM.
@@ -567,11 +599,10 @@ impl GuestRam {
     /// which frees their page cache too. Hugetlb drops whole 2 MiB pages
     /// only: the range must be 2 MiB aligned.
     pub fn discard(&self, first: Gfn, count: u64) -> Result<(), RamError> {
-        let advice = match self.backing {
+        self.advise(first, count, |slot| match slot.backing {
             Backing::Memfd | Backing::Hugetlb => libc::MADV_REMOVE,
             Backing::Anonymous | Backing::Thp => libc::MADV_DONTNEED,
-        };
-        self.advise(first, count, advice)
+        })
     }
 
     /// Unmaps `count` frames from `first` from this mapping but keeps a
@@ -579,10 +610,15 @@ impl GuestRam {
     /// MINOR fault (with userfaultfd MINOR registered) that finds the data
     /// already there. On anonymous memory this is [`GuestRam::discard`].
     pub fn unmap(&self, first: Gfn, count: u64) -> Result<(), RamError> {
-        self.advise(first, count, libc::MADV_DONTNEED)
+        self.advise(first, count, |_| libc::MADV_DONTNEED)
     }
 
-    fn advise(&self, first: Gfn, count: u64, advice: libc::c_int) -> Result<(), RamError> {
+    fn advise(
+        &self,
+        first: Gfn,
+        count: u64,
+        advice: impl Fn(&RamSlot) -> libc::c_int,
+    ) -> Result<(), RamError> {
         let end = first.0 + count;
         for slot in &self.slots {
             let (lo, hi) = (
@@ -594,7 +630,7 @@ impl GuestRam {
             }
             let gpa = Gfn(lo).gpa();
             let fail = |hint, source| RamError::Discard { gpa, hint, source };
-            if self.backing == Backing::Hugetlb
+            if slot.backing == Backing::Hugetlb
                 && (!(lo - slot.first_gfn().0).is_multiple_of(512)
                     || !(hi - lo).is_multiple_of(512))
             {
@@ -612,7 +648,7 @@ impl GuestRam {
                 libc::madvise(
                     host as *mut libc::c_void,
                     (hi - lo) as usize * PAGE_SIZE,
-                    advice,
+                    advice(slot),
                 )
             };
             if r != 0 {
@@ -630,6 +666,18 @@ impl GuestRam {
             into.merge_words(slot.first_gfn(), &words);
         }
     }
+}
+
+/// Refuses hugetlb regions mixed with others: userfaultfd placement and
+/// postcopy work in one page size.
+fn check_backings(backings: impl Iterator<Item = Backing> + Clone) -> Result<(), RamError> {
+    let huge = backings.clone().filter(|&b| b == Backing::Hugetlb).count();
+    if huge > 0 && huge != backings.count() {
+        return Err(RamError::Regions(
+            "hugetlb regions cannot be mixed with regions of another backing".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn map_region(
@@ -764,5 +812,34 @@ mod tests {
         let ram = GuestRam::new(&[2 * MIB], Backing::Anonymous).unwrap();
         let mut buf = [0u8; PAGE_SIZE];
         assert!(ram.read_pages(Gfn(512), &mut buf).is_err());
+    }
+
+    #[test]
+    fn each_region_keeps_its_own_backing() {
+        let ram = GuestRam::with_backed_regions(&[
+            (Gpa(0), 2 * MIB, Backing::Memfd),
+            (Gpa(4 * MIB), 2 * MIB, Backing::Anonymous),
+        ])
+        .unwrap();
+        let backings: Vec<_> = ram.slots().iter().map(|s| s.backing).collect();
+        assert_eq!(backings, [Backing::Memfd, Backing::Anonymous]);
+        // Dropping contents takes each region's own way, and both read zero.
+        for gpa in [Gpa(0x1000), Gpa(4 * MIB + 0x1000)] {
+            ram.store_u64(gpa, 7).unwrap();
+            ram.discard_range(gpa, PAGE_SIZE as u64).unwrap();
+            assert_eq!(ram.load_u64(gpa).unwrap(), 0, "{gpa}");
+        }
+        let mixed = GuestRam::with_backed_regions(&[
+            (Gpa(0), 2 * MIB, Backing::Hugetlb),
+            (Gpa(2 * MIB), 2 * MIB, Backing::Anonymous),
+        ]);
+        let e = mixed.unwrap_err().to_string();
+        assert!(e.contains("hugetlb regions cannot be mixed"), "{e}");
+        let e = GuestRam::new(&[2 * MIB], Backing::Anonymous)
+            .unwrap()
+            .with_backings(&[Backing::Memfd, Backing::Memfd])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("2 backings for 1 regions"), "{e}");
     }
 }

@@ -127,10 +127,16 @@ impl Placer {
         pages: u64,
         mode: FaultMode,
     ) -> io::Result<Placer> {
-        let hugetlb = ram.backing() == Backing::Hugetlb;
+        // The range lies in one slot: its backing decides.
+        let backing = ram
+            .slots()
+            .iter()
+            .find(|s| (s.first_gfn().0..s.first_gfn().0 + s.pages()).contains(&first.0))
+            .map_or(ram.backing(), |s| s.backing);
+        let hugetlb = backing == Backing::Hugetlb;
         let (features, reg_mode) = match mode {
             FaultMode::Missing => (0, UFFDIO_REGISTER_MODE_MISSING),
-            FaultMode::Minor => match ram.backing() {
+            FaultMode::Minor => match backing {
                 Backing::Memfd => (UFFD_FEATURE_MINOR_SHMEM, UFFDIO_REGISTER_MODE_MINOR),
                 Backing::Hugetlb => (UFFD_FEATURE_MINOR_HUGETLBFS, UFFDIO_REGISTER_MODE_MINOR),
                 other => {
