@@ -4,7 +4,7 @@
 //! never a panic.
 #![no_main]
 
-use ferry_backend::{SectionId, SectionSpec};
+use ferry_vm::{SectionId, SectionSpec};
 use ferry_engine::wire::sections::{
     check_manifest, check_sections, decode, decode_live, encode, encode_live,
 };

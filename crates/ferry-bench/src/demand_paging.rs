@@ -164,7 +164,7 @@ pub fn experiment(
                     |c: &SoftCell| c.pages_per_s,
                     || soft::run(v, shared, opts.soft_pages_per_vcpu, opts.exit_cost_ns),
                 )
-                .map_err(|e| ferry_backend::error_chain(&e))?;
+                .map_err(|e| ferry_vm::error_chain(&e))?;
                 results.soft.push(cell);
             }
         }

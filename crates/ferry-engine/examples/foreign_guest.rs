@@ -24,8 +24,8 @@
 //! dirtying and `--bandwidth-mib-s N` the link (0: no cap).
 
 use ferry_engine::vmm::{
-    BackendError, Backing, Gpa, GuestCheck, GuestProbe, GuestRam, ProbeError, Section, SectionSpec,
-    StreamHeader, VcpuState, Vm, PAGE_SIZE,
+    Backing, Gpa, GuestCheck, GuestProbe, GuestRam, ProbeError, Section, SectionSpec, StreamHeader,
+    VcpuState, Vm, VmError, PAGE_SIZE,
 };
 use ferry_engine::{
     await_migration, listen, migrate, receive_as, NoProgress, PrecopyOptions, ReceiveOptions,
@@ -249,7 +249,7 @@ impl Vm for ForeignVm {
     fn ram(&self) -> &Arc<GuestRam> {
         &self.ram
     }
-    fn start(&mut self) -> Result<(), BackendError> {
+    fn start(&mut self) -> Result<(), VmError> {
         if self.worker.is_none() {
             self.stop.store(false, Ordering::Release);
             let (ram, pos, stop, args) = (
@@ -263,10 +263,10 @@ impl Vm for ForeignVm {
         }
         Ok(())
     }
-    fn pause(&mut self) -> Result<(), BackendError> {
+    fn pause(&mut self) -> Result<(), VmError> {
         self.stop.store(true, Ordering::Release);
         if let Some(w) = self.worker.take() {
-            w.join().map_err(|_| BackendError::VcpuFailed {
+            w.join().map_err(|_| VmError::VcpuFailed {
                 vcpu: 0,
                 reason: "the guest thread panicked".into(),
             })?;
@@ -276,7 +276,7 @@ impl Vm for ForeignVm {
     fn is_running(&self) -> bool {
         self.worker.is_some()
     }
-    fn check_health(&self) -> Result<(), BackendError> {
+    fn check_health(&self) -> Result<(), VmError> {
         Ok(())
     }
     fn vcpu_state(&mut self) -> Option<&mut dyn VcpuState> {
@@ -285,7 +285,7 @@ impl Vm for ForeignVm {
     fn state_sections(&self) -> Vec<SectionSpec> {
         Self::specs()
     }
-    fn save_sections(&mut self) -> Result<Vec<Section>, BackendError> {
+    fn save_sections(&mut self) -> Result<Vec<Section>, VmError> {
         // The timer flushes its ticks into guest memory as it is saved:
         // the engine's harvest after this sends that page too.
         self.devices.timer_ticks = self.started.elapsed().as_millis() as u64;
@@ -298,13 +298,13 @@ impl Vm for ForeignVm {
         let timer = Section::new("timer", self.devices.timer_ticks.to_le_bytes().to_vec());
         Ok(vec![uart, timer])
     }
-    fn restore_sections(&mut self, sections: &[Section]) -> Result<(), BackendError> {
-        let word = |s: &Section| -> Result<u64, BackendError> {
+    fn restore_sections(&mut self, sections: &[Section]) -> Result<(), VmError> {
+        let word = |s: &Section| -> Result<u64, VmError> {
             let bytes = s
                 .data
                 .as_slice()
                 .try_into()
-                .map_err(|_| BackendError::BadSection {
+                .map_err(|_| VmError::BadSection {
                     section: s.id.to_string(),
                     reason: format!("{} bytes, not 8", s.data.len()),
                 })?;
@@ -327,13 +327,13 @@ impl Vm for ForeignVm {
 
 /// The guest's position is its "vCPU state".
 impl VcpuState for ForeignVm {
-    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, VmError> {
         Ok(self.position.load(Ordering::Acquire).to_le_bytes().to_vec())
     }
-    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
+    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), VmError> {
         let bytes = state
             .try_into()
-            .map_err(|_| BackendError::BadVcpuState(format!("{} bytes, not 8", state.len())))?;
+            .map_err(|_| VmError::BadVcpuState(format!("{} bytes, not 8", state.len())))?;
         self.position
             .store(u64::from_le_bytes(bytes), Ordering::Release);
         Ok(())
@@ -370,9 +370,9 @@ fn main() {
     let (dest_resumed, dest_restored) = (Arc::clone(&resumed_at), Arc::clone(&restored));
     let destination = std::thread::spawn(move || {
         let incoming = await_migration(&listener, None).expect("a migration arrives");
-        let mut factory = |h: &StreamHeader| -> Result<ForeignVm, BackendError> {
+        let mut factory = |h: &StreamHeader| -> Result<ForeignVm, VmError> {
             if h.vmm != VMM_ID {
-                return Err(BackendError::Guest(format!("cannot build a {} VM", h.vmm)));
+                return Err(VmError::Guest(format!("cannot build a {} VM", h.vmm)));
             }
             let mut vm = ForeignVm::new(args);
             vm.resumed_at = Arc::clone(&dest_resumed);

@@ -7,8 +7,8 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use ferry_backend::Vm;
 use ferry_engine::{migrate, NoProgress, PrecopyOptions};
+use ferry_vm::Vm;
 use std::time::Duration;
 
 fn main() {

@@ -52,6 +52,7 @@ pub enum CopyState {
 }
 
 /// Why an operator's request is refused in the copy's state.
+#[non_exhaustive]
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum CustodyError {
     /// A migration of a held copy.

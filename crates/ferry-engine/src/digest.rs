@@ -10,7 +10,7 @@
 //! tracking missed shows up as a mismatch; it does so after the destination
 //! has resumed, on [`SOURCE_DIGEST_THREADS`] threads.
 
-use ferry_backend::{Gfn, GuestRam, RamError, PAGE_SIZE};
+use ferry_vm::{Gfn, GuestRam, RamError, PAGE_SIZE};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -174,7 +174,7 @@ fn hash_range(ram: &GuestRam, first: usize, out: &mut [u64]) -> Result<(), RamEr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_backend::{Backing, Gpa};
+    use ferry_vm::{Backing, Gpa};
 
     #[test]
     fn zero_hash_is_hash_of_zero_page() {

@@ -1,11 +1,11 @@
 //! Every dirty log of a VM as one: its own ([`Vm::dirty_log`]: KVM's log,
 //! the soft MMU's), if it has one; its dirty sources
 //! (devices that keep their own), and the VMM's tracked writes
-//! ([`ferry_backend::GuestRam::take_vmm_dirty`]). Migrations and the
+//! ([`ferry_vm::GuestRam::take_vmm_dirty`]). Migrations and the
 //! prediction's sample read them the same way.
 
 use crate::error::MigrationError;
-use ferry_backend::{DirtyPages, Vm};
+use ferry_vm::{DirtyPages, Vm};
 
 /// Starts every dirty log: the dirty sources first, so that one that cannot
 /// report refuses (naming it) before the VM starts logging; then the VM's.

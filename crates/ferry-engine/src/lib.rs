@@ -1,6 +1,6 @@
 //! The ferry migration engine: the wire format, the connection set, and the
 //! precopy source and destination, driving any VM through
-//! [`ferry_backend::Vm`]. A VMM author starts at [`vmm`], which says what to
+//! [`ferry_vm::Vm`]. A VMM author starts at [`vmm`], which says what to
 //! implement, with an example that migrates a VM of its own.
 //!
 //! ```text

@@ -364,7 +364,7 @@ impl Monitor {
         let transferred = self.transferred.load(Relaxed);
         let pages = self.pages.load(Relaxed);
         let remaining_pages = s.round_pages.saturating_sub(s.round_sent);
-        let page = ferry_backend::PAGE_SIZE as u64;
+        let page = ferry_vm::PAGE_SIZE as u64;
         let mut out = json!({
             "status": s.status.name(),
             "ram": {

@@ -16,7 +16,7 @@
 //! 64 bytes (each block's accumulators scrambled after it), 15 stripes of
 //! the last block, the page's last 64 bytes, then the merge and avalanche.
 
-use ferry_backend::PAGE_SIZE;
+use ferry_vm::PAGE_SIZE;
 use std::sync::OnceLock;
 
 const SECRET: [u8; 192] = xxhash_rust::const_xxh3::const_custom_default_secret(0);

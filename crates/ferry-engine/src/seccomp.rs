@@ -7,7 +7,7 @@
 //!
 //! The list covers the engine's own code and the Rust standard library
 //! and glibc beneath it. What the VMM's hooks do when the engine calls them
-//! ([`ferry_backend::Vm::pause`], `save_vcpus`, the factory that builds the
+//! ([`ferry_vm::Vm::pause`], `save_vcpus`, the factory that builds the
 //! destination VM) is the VMM's to add: KVM ioctls, say.
 //!
 //! `crates/ferry-engine/tests/seccomp.rs` proves the list: each kind of

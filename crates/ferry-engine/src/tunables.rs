@@ -18,10 +18,10 @@ pub const DEFAULT_MAX_ROUNDS: u32 = 30;
 pub const DOWNTIME_MS: RangeInclusive<u64> = 1..=60_000;
 /// The round caps accepted.
 pub const MAX_ROUNDS: RangeInclusive<u64> = 1..=10_000;
-/// The quota intervals accepted, in ms ([`ferry_backend::QUOTA_INTERVALS`]).
-pub const QUOTA_INTERVAL_MS: RangeInclusive<u64> =
-    (ferry_backend::QUOTA_INTERVALS.start().as_millis() as u64)
-        ..=(ferry_backend::QUOTA_INTERVALS.end().as_millis() as u64);
+/// The quota intervals accepted, in ms ([`ferry_vm::QUOTA_INTERVALS`]).
+pub const QUOTA_INTERVAL_MS: RangeInclusive<u64> = (ferry_vm::QUOTA_INTERVALS.start().as_millis()
+    as u64)
+    ..=(ferry_vm::QUOTA_INTERVALS.end().as_millis() as u64);
 
 /// A change to the live tunables, from any face (the CLI's flags, the
 /// control socket's `set`, QMP's `migrate-set-parameters`); `None` leaves a
@@ -83,7 +83,7 @@ impl Default for Tunables {
             migrating: AtomicBool::new(false),
             throttle_request: AtomicU16::new(NO_REQUEST),
             policy_request: AtomicU8::new(NO_POLICY),
-            quota_interval_us: AtomicU64::new(ferry_backend::QUOTA_INTERVAL.as_micros() as u64),
+            quota_interval_us: AtomicU64::new(ferry_vm::QUOTA_INTERVAL.as_micros() as u64),
             postcopy_request: AtomicBool::new(false),
         }
     }
@@ -195,10 +195,10 @@ impl Tunables {
     }
 
     /// Sets the dirty quota's refill interval (brought into
-    /// [`ferry_backend::QUOTA_INTERVALS`]); a quota in force follows at the
+    /// [`ferry_vm::QUOTA_INTERVALS`]); a quota in force follows at the
     /// next batch, at the same rate.
     pub fn set_quota_interval(&self, interval: Duration) {
-        let range = ferry_backend::QUOTA_INTERVALS;
+        let range = ferry_vm::QUOTA_INTERVALS;
         let interval = interval.clamp(*range.start(), *range.end());
         self.quota_interval_us
             .store(interval.as_micros() as u64, Relaxed);
@@ -338,7 +338,7 @@ mod tests {
             assert_eq!(t.take_policy_request(), Some(mode));
             assert_eq!(t.take_policy_request(), None);
         }
-        assert_eq!(t.quota_interval(), ferry_backend::QUOTA_INTERVAL);
+        assert_eq!(t.quota_interval(), ferry_vm::QUOTA_INTERVAL);
         t.set_quota_interval(Duration::from_millis(1));
         assert_eq!(t.quota_interval(), Duration::from_millis(10));
         t.set_quota_interval(Duration::from_secs(3600));

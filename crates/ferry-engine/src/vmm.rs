@@ -2,10 +2,10 @@
 
 pub use crate::precopy::{receive_as, CreateVm};
 pub use crate::wire::{Region, StreamHeader};
-pub use ferry_backend::{
-    catch_panic, error_chain, throttle_sleep, BackendError, Backing, BlockScope, Blocker, DirtyLog,
-    DirtyMeter, DirtyPages, DirtySource, DirtySourceError, FaultExits, Gfn, Gpa, GuestCheck,
-    GuestProbe, GuestRam, HarvestStats, Lifecycle, LiveState, MemoryFaults, ProbeError, Quota,
-    RamError, Section, SectionId, SectionSpec, Subsection, TimeThrottle, VcpuState, Vm, PAGE_SIZE,
+pub use ferry_vm::{
+    catch_panic, error_chain, throttle_sleep, Backing, BlockScope, Blocker, DirtyLog, DirtyMeter,
+    DirtyPages, DirtySource, DirtySourceError, FaultExits, Gfn, Gpa, GuestCheck, GuestProbe,
+    GuestRam, HarvestStats, Lifecycle, LiveState, MemoryFaults, ProbeError, Quota, RamError,
+    Section, SectionId, SectionSpec, Subsection, TimeThrottle, VcpuState, Vm, VmError, PAGE_SIZE,
     THROTTLE_SLICE,
 };

@@ -6,13 +6,13 @@ mod common;
 
 use common::relay::{Fault, Relay};
 use common::{check, churning_source, probed, quick_receive, running_source, spawn_receiver};
-use ferry_backend::Vm;
 use ferry_engine::precopy::{Compression, Placement};
 use ferry_engine::wire::compress::Codec;
 use ferry_engine::wire::{FrameKind, FrameStream, Message, MAGIC};
 use ferry_engine::{
     migrate, ExpectedVm, NoProgress, Outcome, PrecopyOptions, ReceiveOptions, TcpDialer,
 };
+use ferry_vm::Vm;
 use std::io::Write;
 use std::time::{Duration, Instant};
 

@@ -7,9 +7,9 @@
 mod common;
 use common::*;
 
-use ferry_backend::Vm;
 use ferry_engine::converge::ConvergeMode;
 use ferry_engine::{migrate, MigrationError, NoProgress, Outcome, PrecopyOptions};
+use ferry_vm::Vm;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -181,13 +181,13 @@ impl Vm for Bare {
     fn vmm_id(&self) -> &str {
         self.0.vmm_id()
     }
-    fn ram(&self) -> &std::sync::Arc<ferry_backend::GuestRam> {
+    fn ram(&self) -> &std::sync::Arc<ferry_vm::GuestRam> {
         self.0.ram()
     }
-    fn start(&mut self) -> Result<(), ferry_backend::BackendError> {
+    fn start(&mut self) -> Result<(), ferry_vm::VmError> {
         self.0.start()
     }
-    fn pause(&mut self) -> Result<(), ferry_backend::BackendError> {
+    fn pause(&mut self) -> Result<(), ferry_vm::VmError> {
         self.0.pause()
     }
     fn is_running(&self) -> bool {
@@ -244,7 +244,7 @@ fn a_policy_the_vm_does_not_declare_is_refused_and_the_default_is_none() {
     let dest = std::thread::spawn(move || {
         let incoming = ferry_engine::await_migration(&listener, None).unwrap();
         let mut create = |h: &ferry_engine::wire::StreamHeader| {
-            let vm = TestVm::new(&TestVm::config_from(h, ferry_backend::Backing::Anonymous)?)?;
+            let vm = TestVm::new(&TestVm::config_from(h, ferry_vm::Backing::Anonymous)?)?;
             Ok(Box::new(Bare(vm)) as Box<dyn Vm>)
         };
         ferry_engine::receive(incoming, &listener, &mut create, &quick_receive()).unwrap()

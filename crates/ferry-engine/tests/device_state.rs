@@ -10,8 +10,8 @@
 mod common;
 use common::*;
 
-use ferry_backend::{Backing, Section, SectionSpec, Vm};
 use ferry_engine::{migrate, MigrationError, MigrationSummary, NoProgress, ReceiveOptions};
+use ferry_vm::{Backing, Section, SectionSpec, Vm};
 
 const MIB: u64 = 1 << 20;
 

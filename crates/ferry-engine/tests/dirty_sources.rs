@@ -5,8 +5,8 @@
 mod common;
 use common::*;
 
-use ferry_backend::Vm;
 use ferry_engine::{migrate, migrate_accounted, NoProgress};
+use ferry_vm::Vm;
 
 /// A running test VM whose DMA device writes frame 5 as the guest runs.
 fn source_with_dma(report: Option<bool>) -> TestVm {

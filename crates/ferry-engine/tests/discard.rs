@@ -6,8 +6,8 @@
 mod common;
 use common::*;
 
-use ferry_backend::{Backing, Gpa, RamError, Vm, PAGE_SIZE};
 use ferry_engine::{migrate, MigrationSummary, NoProgress, PrecopyOptions, ReceiveOptions};
+use ferry_vm::{Backing, Gpa, RamError, Vm, PAGE_SIZE};
 
 const DATA: u64 = 64 << 20;
 

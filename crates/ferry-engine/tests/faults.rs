@@ -14,12 +14,12 @@ mod common;
 
 use common::relay::{Fault, Relay};
 use common::{probed, quick_receive, running_source, spawn_receiver};
-use ferry_backend::Vm;
 use ferry_engine::wire::FrameKind;
 use ferry_engine::{
     migrate_accounted, MigrationError, Mode, NoProgress, Outcome, PrecopyOptions, ReceiveOptions,
     TcpDialer,
 };
+use ferry_vm::Vm;
 use std::time::Duration;
 
 /// Where the cut lands: bytes into the first data connection (the last is
@@ -107,9 +107,8 @@ fn a_cut_anywhere_in_a_precopy_leaves_both_ends_as_promised() {
 #[test]
 fn a_stall_anywhere_in_a_precopy_or_postcopy_ends_both_ends_within_the_timeout() {
     let postcopy = {
-        let ram =
-            ferry_backend::GuestRam::new(&[2 << 20], ferry_backend::Backing::Anonymous).unwrap();
-        ferry_backend::uffd::Placer::register_for_faults(&ram).is_ok()
+        let ram = ferry_vm::GuestRam::new(&[2 << 20], ferry_vm::Backing::Anonymous).unwrap();
+        ferry_vm::uffd::Placer::register_for_faults(&ram).is_ok()
     };
     for bytes in CUTS {
         let started = std::time::Instant::now();
@@ -130,8 +129,8 @@ fn a_stall_anywhere_in_a_precopy_or_postcopy_ends_both_ends_within_the_timeout()
 
 #[test]
 fn a_cut_anywhere_in_a_postcopy_leaves_both_ends_as_promised() {
-    let ram = ferry_backend::GuestRam::new(&[2 << 20], ferry_backend::Backing::Anonymous).unwrap();
-    if let Err(e) = ferry_backend::uffd::Placer::register_for_faults(&ram) {
+    let ram = ferry_vm::GuestRam::new(&[2 << 20], ferry_vm::Backing::Anonymous).unwrap();
+    if let Err(e) = ferry_vm::uffd::Placer::register_for_faults(&ram) {
         println!("SKIP: userfaultfd is unavailable here ({e}); postcopy cuts not run");
         return;
     }

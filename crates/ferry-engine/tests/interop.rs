@@ -12,10 +12,10 @@ mod common;
 
 use common::relay::{Fault, Relay};
 use common::{probed, quick_receive, running_source, spawn_receiver, spawn_receiver_with};
-use ferry_backend::{Backing, Blocker, Vm};
 use ferry_engine::wire::{MIN_VERSION, VERSION};
 use ferry_engine::{migrate, migrate_accounted, Mode, NoProgress, Outcome, TcpDialer};
 use ferry_engine::{PrecopyOptions, ReceiveOptions};
+use ferry_vm::{Backing, Blocker, Vm};
 
 #[test]
 fn two_new_ends_speak_the_newest_version_and_say_so() {

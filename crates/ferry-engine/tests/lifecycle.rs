@@ -5,8 +5,8 @@
 mod common;
 
 use common::{check, probed, quick_receive, running_source, spawn_receiver, wait_for_passes};
-use ferry_backend::Vm;
 use ferry_engine::{migrate, Mode, NoProgress, Outcome, PrecopyOptions};
+use ferry_vm::Vm;
 
 #[test]
 fn awaiting_a_migration_gives_up_at_its_deadline() {

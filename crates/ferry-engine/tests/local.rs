@@ -6,12 +6,12 @@
 mod common;
 
 use common::{check, config, wait_for_passes, TestConfig, TestProbe, TestVm};
-use ferry_backend::{Backing, GuestRam, Vm};
 use ferry_engine::local::{
     await_local, listen_local, migrate_local, receive_local_as, LocalOptions,
 };
 use ferry_engine::wire::StreamHeader;
 use ferry_engine::{MigrationError, Outcome};
+use ferry_vm::{Backing, GuestRam, Vm};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -116,7 +116,7 @@ fn a_destination_that_fails_before_it_resumes_leaves_the_source_running() {
 fn a_section_over_its_declared_size_fails_the_pause_and_the_source_runs_on() {
     let path = socket("outgrew");
     let devices = common::Devices {
-        specs: vec![ferry_backend::SectionSpec::new("gpu", 1, 1).with_max_bytes(1024)],
+        specs: vec![ferry_vm::SectionSpec::new("gpu", 1, 1).with_max_bytes(1024)],
         payload_bytes: 4096,
         ..common::Devices::default()
     };

@@ -9,11 +9,11 @@ mod common;
 use common::{
     churning_source, probed, quick_receive, running_source, spawn_receiver, uffd_available,
 };
-use ferry_backend::Vm;
 use ferry_engine::{
     migrate, migrate_accounted, MigrationError, Mode, NoProgress, Outcome, PrecopyOptions,
     ReceiveOptions, RoundKind,
 };
+use ferry_vm::Vm;
 use std::time::Duration;
 
 fn postcopy_opts(mode: Mode) -> PrecopyOptions {
@@ -419,7 +419,7 @@ fn huge_destination(test: &str) -> bool {
     if !uffd_available(test) {
         return false;
     }
-    match ferry_backend::GuestRam::new(&[8 << 20], ferry_backend::Backing::Hugetlb) {
+    match ferry_vm::GuestRam::new(&[8 << 20], ferry_vm::Backing::Hugetlb) {
         Ok(_) => true,
         Err(e) => {
             println!("SKIP {test}: no free 2 MiB huge pages here ({e})");
@@ -434,7 +434,7 @@ fn into_hugetlb(mode: Mode, handlers: usize) -> ferry_engine::MigrationSummary {
             fault_handlers: handlers,
             ..quick_receive()
         },
-        ferry_backend::Backing::Hugetlb,
+        ferry_vm::Backing::Hugetlb,
     );
     let mut src = common::churning_source();
     let opts = postcopy_opts(mode);
@@ -548,7 +548,7 @@ fn memory_with_a_hole_moves_in_every_mode_and_the_hole_never_travels() {
         assert_eq!(summary.status, Outcome::Completed, "{mode}: {summary:?}");
         assert!(summary.digest_match && dsum.digest_match, "{mode}");
         assert_eq!(dvm.ram().slots(), src.ram().slots(), "{mode}");
-        assert_eq!(dvm.ram().holes(), vec![(ferry_backend::Gfn(512), 1536)]);
+        assert_eq!(dvm.ram().holes(), vec![(ferry_vm::Gfn(512), 1536)]);
         // Every page sent lies in a region: the full pass sends each RAM
         // page once, and no round sends more than there is RAM.
         let first = &summary.rounds[0];

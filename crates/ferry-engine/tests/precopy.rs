@@ -4,7 +4,6 @@
 mod common;
 
 use common::{probed, quick_receive, running_source, spawn_receiver};
-use ferry_backend::{Backing, Vm};
 use ferry_engine::converge::ConvergeMode;
 use ferry_engine::transport::{accept_channel, Channel};
 use ferry_engine::wire::{FrameKind, Message};
@@ -12,6 +11,7 @@ use ferry_engine::{
     listen, migrate, ExpectedVm, MigrationError, NoProgress, Outcome, PrecopyOptions,
     ReceiveOptions, RoundKind, TcpDialer,
 };
+use ferry_vm::{Backing, Vm};
 use std::time::Duration;
 
 #[test]

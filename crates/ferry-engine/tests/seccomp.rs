@@ -15,7 +15,6 @@
 mod common;
 
 use common::{create_test_vm, probed, quick_receive, TestConfig, TestProbe, TestVm};
-use ferry_backend::{Backing, GuestRam, Vm};
 use ferry_engine::local::{await_local, listen_local, migrate_local, receive_local, LocalOptions};
 use ferry_engine::seccomp::{self, MigrationKind};
 use ferry_engine::transport::tls::{pki, TlsConfig};
@@ -24,6 +23,7 @@ use ferry_engine::{
     await_migration, listen, migrate, receive, Dial, Listen, Mode, NoProgress, PrecopyOptions,
     TcpDialer,
 };
+use ferry_vm::{Backing, GuestRam, Vm};
 use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule};
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;

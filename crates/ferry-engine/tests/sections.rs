@@ -5,8 +5,8 @@
 mod common;
 use common::*;
 
-use ferry_backend::{Backing, Gpa, SectionSpec, Vm};
 use ferry_engine::{migrate, MigrationError, NoProgress};
+use ferry_vm::{Backing, Gpa, SectionSpec, Vm};
 
 fn serial(version: u32, min: u32) -> SectionSpec {
     SectionSpec::new("serial", version, min).with_subsection("fifo")
@@ -25,7 +25,7 @@ fn migrate_devices(
 ) -> (
     Result<ferry_engine::MigrationSummary, MigrationError>,
     TestVm,
-    Result<Vec<ferry_backend::Section>, String>,
+    Result<Vec<ferry_vm::Section>, String>,
 ) {
     let restored = dest.restored.clone();
     let (to, handle) = spawn_receiver_with(quick_receive(), Backing::Anonymous, move |vm| {

@@ -1,10 +1,10 @@
 //! The stream decoder against hostile input: random bytes, bit flips and
 //! truncation give errors, never panics or huge allocations.
 
-use ferry_backend::Gfn;
 use ferry_engine::wire::{
     decode_batch, FrameKind, FrameStream, Message, PageBatch, Replay, StreamError, StreamHeader,
 };
+use ferry_vm::Gfn;
 use proptest::prelude::*;
 use std::io::Cursor;
 

@@ -5,12 +5,12 @@
 mod common;
 use common::*;
 
-use ferry_backend::Vm;
 use ferry_engine::transport::tls::{pki, CA_FILE, CERT_FILE};
 use ferry_engine::{
     await_migration, listen, migrate, receive, Dial, Listen, MigrationError, NoProgress,
     PrecopyOptions, ReceiveOptions, TcpDialer, TlsConfig,
 };
+use ferry_vm::Vm;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -72,8 +72,7 @@ fn migrate_with(dialer: &dyn Dial) -> Result<ferry_engine::MigrationSummary, Str
         connections: 2,
         ..probed()
     };
-    let r =
-        migrate(&mut vm, dialer, &opts, &NoProgress).map_err(|e| ferry_backend::error_chain(&e));
+    let r = migrate(&mut vm, dialer, &opts, &NoProgress).map_err(|e| ferry_vm::error_chain(&e));
     if r.is_err() {
         assert!(
             vm.is_running(),
@@ -87,7 +86,7 @@ fn migrate_with(dialer: &dyn Dial) -> Result<ferry_engine::MigrationSummary, Str
 fn dest_error(h: JoinHandle<Result<bool, MigrationError>>) -> String {
     match h.join().unwrap() {
         Ok(tls) => panic!("the destination accepted the migration (tls {tls})"),
-        Err(e) => ferry_backend::error_chain(&e),
+        Err(e) => ferry_vm::error_chain(&e),
     }
 }
 
@@ -219,11 +218,10 @@ fn mixed_dir(dst: &Path, src: &Path) -> Certs {
 fn unusable_material_is_refused_with_the_file_named() {
     let certs = Certs::new("bad");
     std::fs::write(certs.0.join(CERT_FILE), "not a certificate\n").unwrap();
-    let err = ferry_backend::error_chain(&TlsConfig::load(&certs.0).unwrap_err());
+    let err = ferry_vm::error_chain(&TlsConfig::load(&certs.0).unwrap_err());
     assert!(err.contains("cert.pem holds no certificate"), "{err}");
-    let missing = ferry_backend::error_chain(
-        &TlsConfig::load(Path::new("/nonexistent-ferry-tls")).unwrap_err(),
-    );
+    let missing =
+        ferry_vm::error_chain(&TlsConfig::load(Path::new("/nonexistent-ferry-tls")).unwrap_err());
     assert!(
         missing.contains("cannot read /nonexistent-ferry-tls/ca.pem"),
         "{missing}"

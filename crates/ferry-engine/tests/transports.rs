@@ -6,10 +6,10 @@
 mod common;
 
 use common::{check, create_test_vm, probed, quick_receive, running_source, wait_for_passes};
-use ferry_backend::Vm;
 use ferry_engine::transport::{listen_unix, HeldConnections, UnixDialer};
 use ferry_engine::{await_migration, migrate, receive, Listen, NoProgress, Outcome};
 use ferry_engine::{PrecopyOptions, ReceiveSummary};
+use ferry_vm::Vm;
 use std::os::unix::net::UnixStream;
 
 /// Receives one migration on `listener` in a thread; the guest must run on

@@ -1,7 +1,7 @@
 //! Errors of ferry's memstress VM on KVM.
 
-use ferry_backend::BackendError;
 use ferry_kvm::KvmError;
+use ferry_vm::VmError;
 
 /// What went wrong building or running the VM.
 #[derive(Debug, thiserror::Error)]
@@ -17,7 +17,7 @@ pub enum KvmVmError {
     Boot(#[from] crate::guest::boot::BootError),
     /// Guest RAM could not be created.
     #[error(transparent)]
-    Ram(#[from] ferry_backend::RamError),
+    Ram(#[from] ferry_vm::RamError),
     /// A vCPU thread could not be started.
     #[error("cannot start vCPU thread {0}")]
     Thread(u32, #[source] std::io::Error),
@@ -29,13 +29,13 @@ pub enum KvmVmError {
     ThrottleThread(#[source] std::io::Error),
 }
 
-impl From<KvmVmError> for BackendError {
+impl From<KvmVmError> for VmError {
     /// Flattens the error chain into one message, so the engine's report shows
     /// the cause (the errno) without repeating any level.
     fn from(e: KvmVmError) -> Self {
-        BackendError::Operation {
+        VmError::Operation {
             backend: "kvm".into(),
-            what: ferry_backend::error_chain(&e),
+            what: ferry_vm::error_chain(&e),
             source: None,
         }
     }

@@ -18,7 +18,7 @@
 //!
 //!   limit r      (QEMU 8.1's dirty-limit) every QUOTA_TICK each vCPU is charged
 //!                for its ring entries; its own time throttle follows its rate
-//!                (`ferry_backend::dirty_limit`), and it is kicked with its sleep
+//!                (`ferry_vm::dirty_limit`), and it is kicked with its sleep
 //!                after each slice it runs while throttled.
 //!
 //! The quota and the limit need ring-mode dirty tracking: the bitmap modes count pages
@@ -30,8 +30,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferry_backend::dirty_limit::DirtyLimiter;
-use ferry_backend::{
+use ferry_vm::dirty_limit::DirtyLimiter;
+use ferry_vm::{
     throttle_sleep, Quota, MAX_THROTTLE_PERCENT, PAGE_SIZE, QUOTA_INTERVAL,
     THROTTLE_SLICE as TIMESLICE,
 };

@@ -9,10 +9,10 @@
 //! While paused, the thread holds no lock on its `VcpuFd`, so the controller can
 //! save or restore its state.
 
-use ferry_backend::GuestRam;
 use ferry_kvm::dirty::ring::DirtyRing;
 use ferry_kvm::dirty::EXIT_DIRTY_RING_FULL;
 use ferry_memstress::{progress, MemoryLayout, SLEEP_PORT};
+use ferry_vm::GuestRam;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, PoisonError};
@@ -133,7 +133,7 @@ impl VcpuThread {
             .spawn(move || {
                 // A panic must not leave the state "running": a pause would
                 // wait for this thread for ever. It fails the vCPU instead.
-                if let Some(why) = ferry_backend::catch_panic(|| run_loop(&thread_shared)) {
+                if let Some(why) = ferry_vm::catch_panic(|| run_loop(&thread_shared)) {
                     let reason = format!("the vCPU thread panicked: {why}");
                     set_state(&thread_shared, VcpuState::Failed(reason));
                     park_failed(&thread_shared);
@@ -183,7 +183,7 @@ impl VcpuThread {
         let Some(h) = &self.handle else {
             return Err(std::io::Error::other("the vCPU thread has exited"));
         };
-        ferry_backend::affinity::pin_thread(h.as_pthread_t(), cpu)
+        ferry_vm::affinity::pin_thread(h.as_pthread_t(), cpu)
     }
 
     /// The vCPU's current state.

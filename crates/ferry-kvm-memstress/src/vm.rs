@@ -5,10 +5,6 @@ use crate::error::KvmVmError;
 use crate::guest::boot::{self, Program};
 use crate::throttle::Throttler;
 use crate::vcpu::{Sleeper, VcpuState, VcpuThread};
-use ferry_backend::capability;
-use ferry_backend::{
-    BackendError, DirtyMeter, DirtyPages, GuestRam, HarvestStats, Quota, TimeThrottle, Vm,
-};
 use ferry_kvm::cpu_check::{CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{
     self, MsrProbe, Snapshot, StateError, VcpuContext, VmDevices, XsaveKind,
@@ -18,6 +14,8 @@ use ferry_kvm::dirty::{DirtyLog, DirtyTracking};
 use ferry_kvm::error::{ioctl, KvmError};
 use ferry_kvm::memory::set_slot_logging;
 use ferry_memstress::VmConfig;
+use ferry_vm::capability;
+use ferry_vm::{DirtyMeter, DirtyPages, GuestRam, HarvestStats, Quota, TimeThrottle, Vm, VmError};
 use kvm_bindings::{
     kvm_mp_state, kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE,
     KVM_PIT_SPEAKER_DUMMY,
@@ -294,11 +292,11 @@ impl KvmVm {
     }
 
     /// Refuses `what` unless each vCPU's dirty ring can meter it.
-    fn ring_metered(&self, what: &str) -> Result<(), BackendError> {
+    fn ring_metered(&self, what: &str) -> Result<(), VmError> {
         if matches!(self.dirty.mode(), DirtyTracking::Ring { .. }) {
             return Ok(());
         }
-        Err(BackendError::Operation {
+        Err(VmError::Operation {
             backend: "kvm".into(),
             what: format!(
                 "set {what}: it is metered by each vCPU's dirty ring; use --dirty-tracking ring"
@@ -308,7 +306,7 @@ impl KvmVm {
     }
 
     /// The VM's throttle thread, started on first use.
-    fn throttler(&mut self) -> Result<&Throttler, BackendError> {
+    fn throttler(&mut self) -> Result<&Throttler, VmError> {
         if self.throttler.is_none() {
             let shared = self.vcpus.iter().map(|v| Arc::clone(&v.shared)).collect();
             self.throttler = Some(Throttler::start(shared).map_err(KvmVmError::ThrottleThread)?);
@@ -316,9 +314,9 @@ impl KvmVm {
         Ok(self.throttler.as_ref().expect("started above"))
     }
 
-    fn failed_vcpu(&self) -> Option<BackendError> {
+    fn failed_vcpu(&self) -> Option<VmError> {
         self.vcpus.iter().find_map(|v| match v.state() {
-            VcpuState::Failed(reason) => Some(BackendError::VcpuFailed {
+            VcpuState::Failed(reason) => Some(VmError::VcpuFailed {
                 vcpu: v.shared.index,
                 reason,
             }),
@@ -371,7 +369,7 @@ impl Vm for KvmVm {
         &self.ram
     }
 
-    fn start(&mut self) -> Result<(), BackendError> {
+    fn start(&mut self) -> Result<(), VmError> {
         if let Some(e) = self.failed_vcpu() {
             return Err(e);
         }
@@ -382,7 +380,7 @@ impl Vm for KvmVm {
         Ok(())
     }
 
-    fn pause(&mut self) -> Result<(), BackendError> {
+    fn pause(&mut self) -> Result<(), VmError> {
         for v in &self.vcpus {
             v.request_pause();
         }
@@ -400,7 +398,7 @@ impl Vm for KvmVm {
         self.running
     }
 
-    fn check_health(&self) -> Result<(), BackendError> {
+    fn check_health(&self) -> Result<(), VmError> {
         match self.failed_vcpu() {
             Some(e) => Err(e),
             None => Ok(()),
@@ -411,8 +409,8 @@ impl Vm for KvmVm {
         Some(self.cpu.to_json())
     }
 
-    fn check_cpu(&self, profile: &serde_json::Value) -> Result<(), BackendError> {
-        let refuse = |e: ferry_kvm::cpu_check::CpuCheckError| BackendError::Cpu(e.to_string());
+    fn check_cpu(&self, profile: &serde_json::Value) -> Result<(), VmError> {
+        let refuse = |e: ferry_kvm::cpu_check::CpuCheckError| VmError::Cpu(e.to_string());
         let guest = CpuProfile::from_json(profile).map_err(refuse)?;
         let Some(vcpu) = self.vcpus.first() else {
             return Ok(());
@@ -451,23 +449,23 @@ impl capability::DirtyLog for KvmVm {
         self.dirty.mode().name().to_string()
     }
 
-    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
+    fn start_dirty_log(&mut self) -> Result<(), VmError> {
         Ok(self.dirty.start()?)
     }
 
-    fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
+    fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, VmError> {
         Ok(self.dirty.harvest(into)?)
     }
 
-    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
+    fn stop_dirty_log(&mut self) -> Result<(), VmError> {
         Ok(self.dirty.stop()?)
     }
 }
 
 impl capability::VcpuState for KvmVm {
-    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, VmError> {
         if self.running {
-            return Err(BackendError::NotPaused("save vCPU state"));
+            return Err(VmError::NotPaused("save vCPU state"));
         }
         let cx = self.vcpu_context()?;
         let vm = cpu_state::vm_level::save(&self.vm, self.devices).map_err(StateError::from)?;
@@ -479,9 +477,9 @@ impl capability::VcpuState for KvmVm {
         Ok(Snapshot { vm, vcpus }.encode()?)
     }
 
-    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
+    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), VmError> {
         if self.running {
-            return Err(BackendError::NotPaused("restore vCPU state"));
+            return Err(VmError::NotPaused("restore vCPU state"));
         }
         let snap = Snapshot::decode(state)?;
         if snap.vcpus.len() != self.vcpus.len() {
@@ -506,7 +504,7 @@ impl capability::VcpuState for KvmVm {
 }
 
 impl TimeThrottle for KvmVm {
-    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), VmError> {
         if self.throttler.is_none() && percent == 0 {
             return Ok(());
         }
@@ -543,7 +541,7 @@ impl DirtyMeter for KvmVm {
             .unwrap_or_default()
     }
 
-    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), BackendError> {
+    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), VmError> {
         self.ring_metered("a per-vCPU dirty quota")?;
         if self.throttler.is_none() && quota.is_none() {
             return Ok(());
@@ -552,7 +550,7 @@ impl DirtyMeter for KvmVm {
         Ok(())
     }
 
-    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), BackendError> {
+    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), VmError> {
         self.ring_metered("a per-vCPU dirty limit")?;
         if self.throttler.is_none() && bytes_per_sec.is_none() {
             return Ok(());

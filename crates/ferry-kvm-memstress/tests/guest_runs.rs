@@ -6,14 +6,14 @@
 
 mod common;
 use common::wait_for_passes;
-use ferry_backend::capability::{DirtyLog as _, TimeThrottle as _, VcpuState as _};
+use ferry_vm::capability::{DirtyLog as _, TimeThrottle as _, VcpuState as _};
 
-use ferry_backend::{Backing, DirtyPages, Gfn, Vm, PAGE_SIZE};
 use ferry_kvm::require_kvm;
 use ferry_kvm::DirtyTracking;
 use ferry_kvm_memstress::{KvmVm, Role};
 use ferry_memstress::read_progress;
 use ferry_memstress::{VmConfig, Workload};
+use ferry_vm::{Backing, DirtyPages, Gfn, Vm, PAGE_SIZE};
 use std::time::{Duration, Instant};
 
 fn config(write_percent: u8, mib_per_vcpu: u64) -> VmConfig {

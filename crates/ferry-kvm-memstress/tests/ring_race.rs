@@ -10,13 +10,13 @@
 //!
 //! Needs /dev/kvm; prints a skip line where it is absent.
 
-use ferry_backend::capability::{DirtyLog as _, DirtyMeter as _};
-use ferry_backend::{Backing, DirtyPages, Gfn, Quota, Vm, PAGE_SIZE};
 use ferry_kvm::require_kvm;
 use ferry_kvm::DirtyTracking;
 use ferry_kvm_memstress::{KvmVm, Role};
 use ferry_memstress::read_progress;
 use ferry_memstress::{VmConfig, Workload};
+use ferry_vm::capability::{DirtyLog as _, DirtyMeter as _};
+use ferry_vm::{Backing, DirtyPages, Gfn, Quota, Vm, PAGE_SIZE};
 use std::time::{Duration, Instant};
 
 /// How long to harvest while the guest writes; each harvest races the

@@ -6,9 +6,8 @@
 
 mod common;
 use common::wait_for_passes;
-use ferry_backend::capability::VcpuState as _;
+use ferry_vm::capability::VcpuState as _;
 
-use ferry_backend::{BackendError, Backing, Gfn, Vm, PAGE_SIZE};
 use ferry_kvm::cpu_state::msrs::{self, IA32_TSC};
 use ferry_kvm::cpu_state::{blob, Irqchip, Snapshot, VcpuSnapshot};
 use ferry_kvm::require_kvm;
@@ -16,6 +15,7 @@ use ferry_kvm::DirtyTracking;
 use ferry_kvm_memstress::{KvmVm, Role};
 use ferry_memstress::read_progress;
 use ferry_memstress::{VmConfig, Workload};
+use ferry_vm::{Backing, Gfn, Vm, VmError, PAGE_SIZE};
 use serde::Serialize;
 
 fn config(vcpus: u32) -> VmConfig {
@@ -202,7 +202,7 @@ fn every_piece_of_state_round_trips_and_the_guest_runs_on() {
 
 fn refused(vm: &mut KvmVm, blob: &[u8]) -> String {
     match vm.restore_vcpus(blob) {
-        Err(BackendError::BadVcpuState(msg)) => msg,
+        Err(VmError::BadVcpuState(msg)) => msg,
         Err(e) => panic!("refused as something other than bad vCPU state: {e}"),
         Ok(()) => panic!("a bad blob was loaded"),
     }

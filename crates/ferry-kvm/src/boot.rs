@@ -14,7 +14,7 @@
 //! Both of ferry's guests boot this way: the memstress VM and `minivmm`.
 //! Each says where the tables go; [`Cpl3Image`] writes them.
 
-use ferry_backend::{Gpa, GuestRam, RamError};
+use ferry_vm::{Gpa, GuestRam, RamError};
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use std::ops::Range;
 
@@ -177,7 +177,7 @@ fn segment(selector: u16, type_: u8, long: bool) -> kvm_segment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_backend::Backing;
+    use ferry_vm::Backing;
 
     fn image(mapped_bytes: u64) -> Cpl3Image {
         Cpl3Image {

@@ -1,6 +1,6 @@
 //! Errors talking to KVM.
 
-use ferry_backend::BackendError;
+use ferry_vm::VmError;
 use vmm_sys_util::errno;
 
 /// What went wrong talking to KVM.
@@ -20,7 +20,7 @@ pub enum KvmError {
     Config(String),
     /// Guest RAM could not be created.
     #[error(transparent)]
-    Ram(#[from] ferry_backend::RamError),
+    Ram(#[from] ferry_vm::RamError),
     /// Probing which MSRs this host can save failed.
     #[error("probing the MSRs a vCPU state carries")]
     MsrProbe(#[source] crate::cpu_state::MsrError),
@@ -29,13 +29,13 @@ pub enum KvmError {
     State(#[from] crate::cpu_state::StateError),
 }
 
-impl From<KvmError> for BackendError {
+impl From<KvmError> for VmError {
     /// Flattens the error chain into one message, so the engine's report shows
     /// the cause (the errno) without repeating any level.
     fn from(e: KvmError) -> Self {
-        BackendError::Operation {
+        VmError::Operation {
             backend: "kvm".into(),
-            what: ferry_backend::error_chain(&e),
+            what: ferry_vm::error_chain(&e),
             source: None,
         }
     }

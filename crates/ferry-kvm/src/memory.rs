@@ -1,7 +1,7 @@
 //! Registering guest RAM slots with KVM.
 
 use crate::error::{ioctl, KvmError};
-use ferry_backend::{GuestRam, RamSlot};
+use ferry_vm::{GuestRam, RamSlot};
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
 use kvm_ioctls::VmFd;
 

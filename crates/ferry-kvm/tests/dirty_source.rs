@@ -4,10 +4,10 @@
 //! in each of the three modes; and the same with the VMM's own slot numbers
 //! and a read-only region, which stays read-only while the log runs.
 
-use ferry_backend::{Backing, DirtyPages, DirtySource, Gfn, Gpa, GuestRam, Memslot};
 use ferry_kvm::dirty::{enable_ring, KvmDirtySource, EXIT_DIRTY_RING_FULL};
 use ferry_kvm::require_kvm;
 use ferry_kvm::DirtyTracking;
+use ferry_vm::{Backing, DirtyPages, DirtySource, Gfn, Gpa, GuestRam, Memslot};
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_READONLY};
 use kvm_ioctls::{Kvm, VcpuExit};
 use std::sync::Arc;

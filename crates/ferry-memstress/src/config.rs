@@ -8,7 +8,7 @@
 //! caller's choice, not part of the configuration.
 
 use crate::{MemoryLayout, Workload};
-use ferry_backend::{admission, BackendError, Backing};
+use ferry_vm::{admission, Backing, VmError};
 use serde::{Deserialize, Serialize};
 
 /// What a memstress VM is built from; both ends of a migration agree on
@@ -35,15 +35,12 @@ impl VmConfig {
 
     /// The configuration a destination builds from a stream's VMM
     /// configuration, with its own `backing`.
-    pub fn from_stream(
-        vmm_config: &serde_json::Value,
-        backing: Backing,
-    ) -> Result<Self, BackendError> {
+    pub fn from_stream(vmm_config: &serde_json::Value, backing: Backing) -> Result<Self, VmError> {
         let workload: Workload = serde_json::from_value(vmm_config.clone())
-            .map_err(|e| BackendError::Guest(format!("not a memstress workload: {e}")))?;
+            .map_err(|e| VmError::Guest(format!("not a memstress workload: {e}")))?;
         workload
             .validate()
-            .map_err(|e| BackendError::Guest(e.to_string()))?;
+            .map_err(|e| VmError::Guest(e.to_string()))?;
         Ok(VmConfig { workload, backing })
     }
 

@@ -14,7 +14,7 @@
 //!           about 2.5× with zstd level 1 and 1.65× with lz4, like ordinary memory
 //! ```
 
-use ferry_backend::PAGE_SIZE;
+use ferry_vm::PAGE_SIZE;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;

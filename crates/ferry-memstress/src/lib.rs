@@ -46,8 +46,8 @@ pub mod fill;
 mod probe;
 
 pub use config::VmConfig;
-use ferry_backend::{Gpa, PAGE_SIZE};
-use ferry_backend::{GuestRam, RamError};
+use ferry_vm::{Gpa, PAGE_SIZE};
+use ferry_vm::{GuestRam, RamError};
 pub use fill::Fill;
 pub use probe::MemstressProbe;
 use serde::{Deserialize, Serialize};
@@ -563,7 +563,7 @@ fn write_fill(ram: &GuestRam, layout: &MemoryLayout, fill: Fill) -> Result<(), R
         for (i, page) in bytes.chunks_exact_mut(PAGE_SIZE).enumerate() {
             fill.fill_page(first + done + i as u64, page);
         }
-        ram.write_pages(ferry_backend::Gfn(first + done), bytes)?;
+        ram.write_pages(ferry_vm::Gfn(first + done), bytes)?;
         done += n;
     }
     Ok(())

@@ -2,7 +2,7 @@
 //! and stamp mismatches, summed over the vCPUs' progress records.
 
 use crate::read_progress;
-use ferry_backend::{GuestCheck, GuestProbe, ProbeError, Vm};
+use ferry_vm::{GuestCheck, GuestProbe, ProbeError, Vm};
 
 /// Reads memstress's progress records (no vCPU exit, no pause needed).
 #[derive(Clone, Copy, Debug, Default)]

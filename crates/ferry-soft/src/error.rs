@@ -13,7 +13,7 @@ pub enum SoftError {
     OutOfRange(u64),
     /// Guest RAM failed.
     #[error("guest RAM")]
-    Ram(#[from] ferry_backend::RamError),
+    Ram(#[from] ferry_vm::RamError),
     /// The workload cannot run.
     #[error("workload")]
     Workload(#[from] ferry_memstress::WorkloadError),

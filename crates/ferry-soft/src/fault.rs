@@ -2,7 +2,7 @@
 //! plain types the MMU, the errors and the fault paths share
 //! ([`crate::fault_exit`] resolves the faults).
 
-use ferry_backend::{Gfn, Gpa, PageBits};
+use ferry_vm::{Gfn, Gpa, PageBits};
 use std::sync::Arc;
 
 /// A guest access that needs a page first.

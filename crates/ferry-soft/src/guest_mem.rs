@@ -12,7 +12,7 @@
 use crate::error::SoftError;
 use crate::mmu::Mmu;
 use crate::tlb::Tlb;
-use ferry_backend::{Gfn, GuestRam, PAGE_SHIFT};
+use ferry_vm::{Gfn, GuestRam, PAGE_SHIFT};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 

@@ -14,7 +14,7 @@
 use crate::config::Iteration;
 use crate::pte::{self, ENTRIES};
 use crate::table::{Arena, Table};
-use ferry_backend::bitmap::ones;
+use ferry_vm::bitmap::ones;
 use std::sync::atomic::Ordering;
 
 /// What the visitor wants after seeing an entry.

@@ -13,7 +13,7 @@
 //!        │  lock with per-vCPU reader slots (mmu_lock.rs), sharded counters (counter.rs)
 //!        │  tables in an arena (table.rs), entries as AtomicU64 (pte.rs)
 //!        ▼
-//!  GuestRam (ferry-backend)      or sparse memory (sparse.rs): tables real, contents implied
+//!  GuestRam (ferry-vm)      or sparse memory (sparse.rs): tables real, contents implied
 //! ```
 //!
 //! Mechanism switches are in [`config`]; the dirty quota and the annotated

@@ -7,7 +7,7 @@
 //!   vCPU sleeps and how much quota it gets back. Readers are never charged,
 //!   so they are never throttled.
 //! * [`TimeThrottle`]: every vCPU, reader or writer, runs a 10 ms slice and
-//!   then sleeps [`ferry_backend::throttle_sleep`] (QEMU's auto-converge
+//!   then sleeps [`ferry_vm::throttle_sleep`] (QEMU's auto-converge
 //!   timing, the same as the kvm backend's).
 //!
 //! The vCPU loop calls [`Throttle::after_access`] at each access boundary with
@@ -100,7 +100,7 @@ impl DirtyQuota {
 }
 
 /// The timeslice of time-based throttling.
-pub const TIMESLICE: Duration = ferry_backend::THROTTLE_SLICE;
+pub const TIMESLICE: Duration = ferry_vm::THROTTLE_SLICE;
 
 /// Time-based throttling: each vCPU sleeps after every timeslice it runs.
 pub struct TimeThrottle {
@@ -155,7 +155,7 @@ impl TimeThrottle {
         if now < start + run {
             return None;
         }
-        let sleep = ferry_backend::throttle_sleep(pct as u8);
+        let sleep = ferry_vm::throttle_sleep(pct as u8);
         self.slice_start[vcpu].store(now + sleep.as_nanos() as u64, Ordering::Relaxed);
         self.sleeps.fetch_add(1, Ordering::Relaxed);
         Some(sleep)
@@ -180,7 +180,7 @@ impl IntervalRefill {
     pub fn new(vcpus: usize) -> Self {
         IntervalRefill {
             quota_bytes: (0..vcpus).map(|_| AtomicU64::new(u64::MAX)).collect(),
-            interval_ns: AtomicU64::new(ferry_backend::QUOTA_INTERVAL.as_nanos() as u64),
+            interval_ns: AtomicU64::new(ferry_vm::QUOTA_INTERVAL.as_nanos() as u64),
             epoch: Instant::now(),
             slept_ns: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
             filled_for: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
@@ -228,7 +228,7 @@ pub struct LiveThrottle {
     pub quota: DirtyQuota,
     refill: Arc<IntervalRefill>,
     /// QEMU's dirty-limit: each writer's own time throttle follows its rate.
-    pub limit: ferry_backend::dirty_limit::DirtyLimiter,
+    pub limit: ferry_vm::dirty_limit::DirtyLimiter,
     /// Pages each vCPU has newly dirtied (the per-vCPU dirty count).
     dirtied: Box<[AtomicU64]>,
 }
@@ -245,7 +245,7 @@ impl LiveThrottle {
                 Arc::clone(&refill) as Arc<dyn QuotaHandler>,
             ),
             refill,
-            limit: ferry_backend::dirty_limit::DirtyLimiter::new(vcpus),
+            limit: ferry_vm::dirty_limit::DirtyLimiter::new(vcpus),
             dirtied: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
         }
     }
@@ -259,7 +259,7 @@ impl LiveThrottle {
     }
 
     /// Sets each vCPU's quota and their interval (`None`: off), at once.
-    pub fn set_quota(&self, quota: Option<&ferry_backend::Quota>) {
+    pub fn set_quota(&self, quota: Option<&ferry_vm::Quota>) {
         if let Some(q) = quota {
             self.refill
                 .interval_ns
@@ -389,7 +389,7 @@ mod tests {
         assert_eq!(sleep, TIMESLICE, "50%: sleep as long as it ran");
         assert_eq!(t.check(0), None, "the next slice starts after the sleep");
         t.set_percent(75);
-        assert_eq!(ferry_backend::throttle_sleep(75), TIMESLICE * 3);
+        assert_eq!(ferry_vm::throttle_sleep(75), TIMESLICE * 3);
         t.set_percent(0);
         assert_eq!(t.check(0), None);
         assert_eq!(t.sleeps(), 1);

@@ -9,7 +9,7 @@
 use crate::config::Mechanisms;
 use crate::error::SoftError;
 use crate::mmu::Mmu;
-use ferry_backend::Gfn;
+use ferry_vm::Gfn;
 
 /// A sparse guest of `bytes`, every page mapped with leaves of `level` and
 /// (if `written`) writable and marked dirty, as after a round in which the
@@ -21,7 +21,7 @@ pub fn fully_mapped(
     mech: Mechanisms,
     vcpus: usize,
 ) -> Result<Mmu, SoftError> {
-    let frames = bytes / ferry_backend::PAGE_SIZE as u64;
+    let frames = bytes / ferry_vm::PAGE_SIZE as u64;
     let mmu = Mmu::new(frames, vcpus, mech)?;
     if written {
         mmu.start_dirty_log()?;

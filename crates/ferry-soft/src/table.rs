@@ -22,7 +22,7 @@
 //! ```
 
 use crate::pte::{self, ENTRIES};
-use ferry_backend::bitmap::ones;
+use ferry_vm::bitmap::ones;
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;

@@ -14,12 +14,12 @@ use crate::guest_mem::{HostView, VcpuMem};
 use crate::mmu::Mmu;
 use crate::quota::{LiveThrottle, Throttle, TimeThrottle};
 use crate::vcpu::{self, Control, VcpuState};
-use ferry_backend::capability;
-use ferry_backend::{
-    BackendError, DirtyLog, DirtyMeter, DirtyPages, FaultExits, GuestRam, HarvestStats,
-    MemoryFaults, Quota, Vm,
-};
 use ferry_memstress::{self as memstress, VmConfig};
+use ferry_vm::capability;
+use ferry_vm::{
+    DirtyLog, DirtyMeter, DirtyPages, FaultExits, GuestRam, HarvestStats, MemoryFaults, Quota, Vm,
+    VmError,
+};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -57,8 +57,8 @@ pub struct SoftVm {
     faults: Option<FaultDelivery>,
 }
 
-fn op(what: &str, e: SoftError) -> BackendError {
-    BackendError::Operation {
+fn op(what: &str, e: SoftError) -> VmError {
+    VmError::Operation {
         backend: BACKEND.into(),
         what: what.to_string(),
         source: Some(Box::new(e)),
@@ -71,11 +71,7 @@ impl SoftVm {
         &self.config
     }
 
-    fn build(
-        config: VmConfig,
-        mech: Mechanisms,
-        ram: Option<GuestRam>,
-    ) -> Result<Self, BackendError> {
+    fn build(config: VmConfig, mech: Mechanisms, ram: Option<GuestRam>) -> Result<Self, VmError> {
         config
             .workload
             .validate()
@@ -102,7 +98,7 @@ impl SoftVm {
     }
 
     /// A source VM: guest RAM initialised with the memstress parameters.
-    pub fn new_source(config: VmConfig, mech: Mechanisms) -> Result<Self, BackendError> {
+    pub fn new_source(config: VmConfig, mech: Mechanisms) -> Result<Self, VmError> {
         let vm = Self::build(config, mech, None)?;
         memstress::write_params(&vm.ram, &vm.config.workload, CLOCK_KHZ)?;
         Ok(vm)
@@ -110,18 +106,18 @@ impl SoftVm {
 
     /// A destination VM: RAM left empty for the stream, then `restore_vcpus`
     /// and `start`.
-    pub fn new_destination(config: VmConfig, mech: Mechanisms) -> Result<Self, BackendError> {
+    pub fn new_destination(config: VmConfig, mech: Mechanisms) -> Result<Self, VmError> {
         Self::build(config, mech, None)
     }
 
     /// A destination VM on RAM made elsewhere: a same-host upgrade maps the
     /// source process's memory files. Its slots must be the ones `config`
     /// lays out.
-    pub fn on_ram(config: VmConfig, mech: Mechanisms, ram: GuestRam) -> Result<Self, BackendError> {
+    pub fn on_ram(config: VmConfig, mech: Mechanisms, ram: GuestRam) -> Result<Self, VmError> {
         let want = config.layout().slot_sizes();
         let have: Vec<u64> = ram.slots().iter().map(|s| s.size).collect();
         if have != want {
-            return Err(BackendError::BadVcpuState(format!(
+            return Err(VmError::BadVcpuState(format!(
                 "memory of slots {have:?} bytes, where this VM lays out {want:?}"
             )));
         }
@@ -148,7 +144,7 @@ impl SoftVm {
         &self.mmu
     }
 
-    fn spawn(&mut self) -> Result<(), BackendError> {
+    fn spawn(&mut self) -> Result<(), VmError> {
         let n = self.config.workload.vcpus;
         self.ctl.spawned(n as usize);
         for v in 0..n {
@@ -161,7 +157,7 @@ impl SoftVm {
             let handle = std::thread::Builder::new()
                 .name(format!("soft-vcpu{v}"))
                 .spawn(move || vcpu::run(mem, v, &ctl, &throttle))
-                .map_err(|e| BackendError::Operation {
+                .map_err(|e| VmError::Operation {
                     backend: BACKEND.into(),
                     what: format!("spawn vCPU thread {v}"),
                     source: Some(Box::new(e)),
@@ -187,7 +183,7 @@ impl Vm for SoftVm {
         &self.ram
     }
 
-    fn start(&mut self) -> Result<(), BackendError> {
+    fn start(&mut self) -> Result<(), VmError> {
         self.ctl.pause.store(false, Ordering::SeqCst);
         if self.threads.is_empty() {
             self.spawn()?;
@@ -198,7 +194,7 @@ impl Vm for SoftVm {
         Ok(())
     }
 
-    fn pause(&mut self) -> Result<(), BackendError> {
+    fn pause(&mut self) -> Result<(), VmError> {
         self.ctl.pause.store(true, Ordering::SeqCst);
         self.ctl.wait_parked();
         self.running = false;
@@ -209,9 +205,9 @@ impl Vm for SoftVm {
         self.running
     }
 
-    fn check_health(&self) -> Result<(), BackendError> {
+    fn check_health(&self) -> Result<(), VmError> {
         match &*self.ctl.failure.lock().expect("failure") {
-            Some((vcpu, reason)) => Err(BackendError::VcpuFailed {
+            Some((vcpu, reason)) => Err(VmError::VcpuFailed {
                 vcpu: *vcpu,
                 reason: reason.clone(),
             }),
@@ -251,13 +247,13 @@ impl DirtyLog for SoftVm {
         )
     }
 
-    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
+    fn start_dirty_log(&mut self) -> Result<(), VmError> {
         self.mmu
             .start_dirty_log()
             .map_err(|e| op("start dirty logging", e))
     }
 
-    fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
+    fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, VmError> {
         let t = self
             .mmu
             .harvest(into)
@@ -269,14 +265,14 @@ impl DirtyLog for SoftVm {
         })
     }
 
-    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
+    fn stop_dirty_log(&mut self) -> Result<(), VmError> {
         self.mmu.stop_dirty_log();
         Ok(())
     }
 }
 
 impl capability::TimeThrottle for SoftVm {
-    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), VmError> {
         match &self.throttle {
             Throttle::Time(t) => {
                 t.set_percent(u32::from(percent));
@@ -292,7 +288,7 @@ impl capability::TimeThrottle for SoftVm {
                     Throttle::Time(Arc::new(TimeThrottle::new(vcpus, u32::from(percent))));
                 Ok(())
             }
-            _ => Err(BackendError::Operation {
+            _ => Err(VmError::Operation {
                 backend: BACKEND.into(),
                 what: "another throttle (a dirty quota) is installed; it cannot be \
                        replaced while the vCPUs run"
@@ -312,13 +308,13 @@ impl DirtyMeter for SoftVm {
         self.live_throttle().map_or_else(Vec::new, |l| l.dirtied())
     }
 
-    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), BackendError> {
+    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), VmError> {
         match &self.throttle {
             Throttle::Live(l) => {
                 l.set_quota(quota);
                 Ok(())
             }
-            _ => Err(BackendError::Operation {
+            _ => Err(VmError::Operation {
                 backend: BACKEND.into(),
                 what: "set a dirty quota: an experiment's own throttle is installed".into(),
                 source: None,
@@ -326,13 +322,13 @@ impl DirtyMeter for SoftVm {
         }
     }
 
-    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), BackendError> {
+    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), VmError> {
         match &self.throttle {
             Throttle::Live(l) => {
                 l.limit.set_limit(bytes_per_sec);
                 Ok(())
             }
-            _ => Err(BackendError::Operation {
+            _ => Err(VmError::Operation {
                 backend: BACKEND.into(),
                 what: "set a dirty limit: an experiment's own throttle is installed".into(),
                 source: None,
@@ -342,9 +338,9 @@ impl DirtyMeter for SoftVm {
 }
 
 impl capability::VcpuState for SoftVm {
-    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, VmError> {
         if self.running {
-            return Err(BackendError::NotPaused("save vCPU state"));
+            return Err(VmError::NotPaused("save vCPU state"));
         }
         let saved = SavedVcpus {
             magic: STATE_MAGIC.into(),
@@ -356,23 +352,23 @@ impl capability::VcpuState for SoftVm {
                 .map(|s| *s.lock().expect("state"))
                 .collect(),
         };
-        serde_json::to_vec(&saved).map_err(|e| BackendError::BadVcpuState(e.to_string()))
+        serde_json::to_vec(&saved).map_err(|e| VmError::BadVcpuState(e.to_string()))
     }
 
-    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
+    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), VmError> {
         if self.running {
-            return Err(BackendError::NotPaused("restore vCPU state"));
+            return Err(VmError::NotPaused("restore vCPU state"));
         }
         let saved: SavedVcpus = serde_json::from_slice(state)
-            .map_err(|e| BackendError::BadVcpuState(format!("not soft-backend vCPU state: {e}")))?;
+            .map_err(|e| VmError::BadVcpuState(format!("not soft-backend vCPU state: {e}")))?;
         if saved.magic != STATE_MAGIC || saved.version != STATE_VERSION {
-            return Err(BackendError::BadVcpuState(format!(
+            return Err(VmError::BadVcpuState(format!(
                 "expected {STATE_MAGIC} version {STATE_VERSION}, got {} version {}",
                 saved.magic, saved.version
             )));
         }
         if saved.vcpus.len() != self.ctl.states.len() {
-            return Err(BackendError::BadVcpuState(format!(
+            return Err(VmError::BadVcpuState(format!(
                 "state has {} vCPUs, this VM {}",
                 saved.vcpus.len(),
                 self.ctl.states.len()
@@ -386,9 +382,9 @@ impl capability::VcpuState for SoftVm {
 }
 
 impl MemoryFaults for SoftVm {
-    fn set_fault_exits(&mut self, exits: FaultExits) -> Result<(), BackendError> {
+    fn set_fault_exits(&mut self, exits: FaultExits) -> Result<(), VmError> {
         if !self.threads.is_empty() {
-            return Err(BackendError::NotPaused(
+            return Err(VmError::NotPaused(
                 "deliver memory faults as vCPU exits (before the vCPUs first run)",
             ));
         }

@@ -7,10 +7,10 @@
 //!   returns: its next write faults and marks the page;
 //! * every step of a present-only zap visits a present entry.
 
-use ferry_backend::{Backing, DirtyPages, Gfn, GuestRam, PAGE_SIZE};
 use ferry_memstress::next_rand32;
 use ferry_soft::guest_mem::{HostView, VcpuMem};
 use ferry_soft::{Iteration, LeafSize, Mechanisms, Mmu, SplitMode, WriteProtect};
+use ferry_vm::{Backing, DirtyPages, Gfn, GuestRam, PAGE_SIZE};
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

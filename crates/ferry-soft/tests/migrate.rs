@@ -3,11 +3,11 @@
 //! guest's own stamp checks on both sides. Run for the seed mechanisms and for
 //! every baseline.
 
-use ferry_backend::capability::{DirtyLog as _, VcpuState as _};
-use ferry_backend::{Backing, DirtyPages, GuestRam, Vm, PAGE_SIZE};
 use ferry_memstress::VmConfig;
 use ferry_memstress::{read_progress, AccessOrder, Workload};
 use ferry_soft::{Mechanisms, SoftVm, SplitMode};
+use ferry_vm::capability::{DirtyLog as _, VcpuState as _};
+use ferry_vm::{Backing, DirtyPages, GuestRam, Vm, PAGE_SIZE};
 use std::time::{Duration, Instant};
 
 fn config(order: AccessOrder, write_percent: u8) -> VmConfig {
@@ -38,7 +38,7 @@ fn copy(src: &GuestRam, dst: &GuestRam, pages: &DirtyPages) {
 
 fn digest(ram: &GuestRam) -> Vec<u8> {
     let mut all = vec![0u8; ram.size() as usize];
-    ram.read_pages(ferry_backend::Gfn(0), &mut all).unwrap();
+    ram.read_pages(ferry_vm::Gfn(0), &mut all).unwrap();
     all
 }
 
@@ -180,7 +180,7 @@ fn a_failing_vcpu_is_reported_and_pause_still_returns() {
         std::thread::sleep(Duration::from_millis(2));
     }
     match failed {
-        Some(ferry_backend::BackendError::VcpuFailed { vcpu, .. }) => assert_eq!(vcpu, 1),
+        Some(ferry_vm::VmError::VcpuFailed { vcpu, .. }) => assert_eq!(vcpu, 1),
         other => panic!("expected vCPU 1 to fail, got {other:?}"),
     }
     vm.pause().unwrap();

@@ -1,8 +1,8 @@
 //! Deterministic behaviour of each mechanism and its baseline.
 
-use ferry_backend::{DirtyPages, Gfn};
 use ferry_soft::pte;
 use ferry_soft::{Iteration, LeafSize, Mechanisms, Mmu, SplitMode, WriteProtect};
+use ferry_vm::{DirtyPages, Gfn};
 
 const FRAMES: u64 = 1 << 20; // 4 GiB
 

@@ -1,12 +1,12 @@
 //! Postcopy faults: annotated exits resolved on the vCPU's thread, and the
 //! shared-queue baseline, both delivering every page exactly as migrated.
 
-use ferry_backend::{Backing, Gfn, Gpa, GuestRam, PAGE_SIZE};
 use ferry_soft::fault_exit::{
     FaultCounts, FaultDelivery, FaultFlags, FaultQueue, MemoryFault, PageResolver, Residency,
 };
 use ferry_soft::guest_mem::{HostView, VcpuMem};
 use ferry_soft::{Mechanisms, Mmu, SoftError};
+use ferry_vm::{Backing, Gfn, Gpa, GuestRam, PAGE_SIZE};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

@@ -1,11 +1,11 @@
 //! Dirty quota vs time-based throttling on running soft vCPUs.
 
-use ferry_backend::capability::{DirtyLog as _, DirtyMeter as _, TimeThrottle as _};
-use ferry_backend::{Backing, Vm};
 use ferry_memstress::VmConfig;
 use ferry_memstress::{read_progress, Workload};
 use ferry_soft::quota::{DirtyQuota, QuotaExit, QuotaRefill, Throttle, TimeThrottle};
 use ferry_soft::{Mechanisms, SoftVm};
+use ferry_vm::capability::{DirtyLog as _, DirtyMeter as _, TimeThrottle as _};
+use ferry_vm::{Backing, Vm};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -106,21 +106,21 @@ fn the_live_quota_sleeps_the_writer_and_never_the_reader() {
     // 256 pages per vCPU per interval: the writer sweeps its 1024 pages
     // far faster. The reader writes only its progress record, at most once
     // per harvest (every 5 ms here): 20 pages an interval, under its quota.
-    vm.set_dirty_quota(Some(&ferry_backend::Quota::uniform(
+    vm.set_dirty_quota(Some(&ferry_vm::Quota::uniform(
         256 * 4096,
         2,
-        ferry_backend::QUOTA_INTERVAL,
+        ferry_vm::QUOTA_INTERVAL,
     )))
     .unwrap();
     let live = Arc::clone(vm.live_throttle().expect("a SoftVm runs the live throttle"));
-    let mut dirty = ferry_backend::DirtyPages::new(vm.ram().pages());
+    let mut dirty = ferry_vm::DirtyPages::new(vm.ram().pages());
     // Harvests re-protect the pages, so each new write is charged again;
     // run until the writer has slept on its quota twice over an interval.
     wait_until(|| {
         std::thread::sleep(Duration::from_millis(4));
         vm.harvest_dirty(&mut dirty).unwrap();
         dirty.clear();
-        live.quota_slept_ns(0) >= 2 * ferry_backend::QUOTA_INTERVAL.as_nanos() as u64
+        live.quota_slept_ns(0) >= 2 * ferry_vm::QUOTA_INTERVAL.as_nanos() as u64
     });
     assert_eq!(
         live.quota_slept_ns(1),
@@ -180,7 +180,7 @@ fn the_dirty_limit_slows_a_writer_and_never_a_reader() {
     vm.start().unwrap();
     vm.start_dirty_log().unwrap();
     vm.set_dirty_limit(Some(1 << 20)).unwrap();
-    let mut scratch = ferry_backend::DirtyPages::new(vm.ram().pages());
+    let mut scratch = ferry_vm::DirtyPages::new(vm.ram().pages());
     // Rounds of 100 ms (each harvest write-protects the pages again), until
     // the writer has slept on its limit, however slowly the host runs it;
     // then a few more rounds for the reader to show it never does.

@@ -3,12 +3,12 @@
 
 use crate::vms::BackendKind;
 use clap::{Args, ValueEnum};
-use ferry_backend::Backing;
 use ferry_engine::precopy::Placement;
 use ferry_kvm::DirtyTracking;
 use ferry_memstress::Fill;
 use ferry_memstress::{AccessOrder, VmConfig, Workload};
 use ferry_soft::{Iteration, LeafSize, Mechanisms, SplitMode, WriteProtect};
+use ferry_vm::Backing;
 
 /// Sizes like `512M`, `1G`, `2048K` or plain bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {

@@ -98,7 +98,7 @@ impl Endpoint {
             (Endpoint::Tcp(addr), Some(tls)) => tls
                 .dialer(addr)
                 .map(|d| Box::new(d) as Box<dyn Dial>)
-                .map_err(|e| ferry_backend::error_chain(&e)),
+                .map_err(|e| ferry_vm::error_chain(&e)),
             (_, Some(_)) => Err(format!("--tls-dir runs over TCP, not {self}")),
             (Endpoint::Unix(path), None) => Ok(Box::new(UnixDialer(path.clone()))),
             (Endpoint::Fds(fds), None) => HeldConnections::from_fds(take(fds)?)
@@ -115,8 +115,8 @@ impl Endpoint {
         }
         match self {
             Endpoint::Tcp(addr) => {
-                let tcp = ferry_engine::listen(addr.as_str())
-                    .map_err(|e| ferry_backend::error_chain(&e))?;
+                let tcp =
+                    ferry_engine::listen(addr.as_str()).map_err(|e| ferry_vm::error_chain(&e))?;
                 let local = tcp
                     .local_addr()
                     .map_err(|e| format!("cannot read the listening address: {e}"))?
@@ -127,7 +127,7 @@ impl Endpoint {
                 })
             }
             Endpoint::Unix(path) => {
-                let l = listen_unix(path).map_err(|e| ferry_backend::error_chain(&e))?;
+                let l = listen_unix(path).map_err(|e| ferry_vm::error_chain(&e))?;
                 Ok((Box::new(l), self.to_string()))
             }
             Endpoint::Fds(fds) => {

@@ -3,8 +3,8 @@
 //! and returns as soon as the destination commits; whether the guest then
 //! really works here is this module's question, not the engine's.
 
-use ferry_backend::{GuestCheck, GuestProbe, Vm};
 use ferry_memstress::{read_progress, MemstressProbe};
+use ferry_vm::{GuestCheck, GuestProbe, Vm};
 use std::time::{Duration, Instant};
 
 /// Longest the destination waits for every vCPU to complete a pass before
@@ -57,7 +57,7 @@ pub fn after_switchover(
     let since_resume = match MemstressProbe.read(vm) {
         Ok(now) => now.since(&at_resume),
         Err(e) => {
-            problem.get_or_insert(ferry_backend::error_chain(&e));
+            problem.get_or_insert(ferry_vm::error_chain(&e));
             GuestCheck::default()
         }
     };

@@ -65,7 +65,7 @@ fn main() -> ExitCode {
     match cmd::run(cli.command) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ferry: error: {}", ferry_backend::error_chain(&e));
+            eprintln!("ferry: error: {}", ferry_vm::error_chain(&e));
             ExitCode::from(1)
         }
     }

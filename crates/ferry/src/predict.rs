@@ -17,11 +17,11 @@
 //! any VM.
 
 use crate::cmd::CmdError;
-use ferry_backend::{DirtyPages, Vm, PAGE_SIZE};
 use ferry_engine::converge::{predict_vm, DirtySample, PredictSettings, Prediction};
 use ferry_engine::Tunables;
 use ferry_memstress::{read_progress, Workload};
 use ferry_report::Table;
+use ferry_vm::{DirtyPages, Vm, PAGE_SIZE};
 use std::time::{Duration, Instant};
 
 /// Samples the guest for `secs` and predicts every policy the backend serves.

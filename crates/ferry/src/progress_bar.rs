@@ -51,14 +51,14 @@ impl Progress for MigrationBar {
     }
 
     fn round_started(&self, round: u32, pages: u64) {
-        self.bar.set_length(pages * ferry_backend::PAGE_SIZE as u64);
+        self.bar.set_length(pages * ferry_vm::PAGE_SIZE as u64);
         self.bar.set_position(0);
         self.bar
             .set_message(format!("round {round}: {pages} pages"));
     }
 
     fn pages_sent(&self, pages: u64, _bytes: u64) {
-        self.bar.inc(pages * ferry_backend::PAGE_SIZE as u64);
+        self.bar.inc(pages * ferry_vm::PAGE_SIZE as u64);
     }
 
     fn throttle_changed(&self, step: &ThrottleStep) {
@@ -68,13 +68,13 @@ impl Progress for MigrationBar {
                 step.quota_interval_ms.unwrap_or(100.0),
                 step.vcpu_quota_bytes
                     .iter()
-                    .map(|&b| ferry_backend::types::human_bytes(b))
+                    .map(|&b| ferry_vm::types::human_bytes(b))
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
             (_, Some(l)) => format!(
                 "each vCPU's dirty rate is limited to {}/s (a vCPU that does not write runs on)",
-                ferry_backend::types::human_bytes(l)
+                ferry_vm::types::human_bytes(l)
             ),
             _ if step.percent == 0 => "throttle lifted".to_string(),
             _ => format!("every vCPU sleeps {}% of its time", step.percent),

@@ -1,8 +1,8 @@
 //! Guest progress rates: passes, pages and bytes per second per vCPU, computed
 //! from two snapshots of the progress records the guest publishes in memory.
 
-use ferry_backend::PAGE_SIZE;
 use ferry_memstress::VcpuProgress;
+use ferry_vm::PAGE_SIZE;
 use serde::Serialize;
 use std::time::Duration;
 

@@ -45,9 +45,9 @@ fn delta(s: &MigrationSummary) -> String {
         "{} of {} re-sent pages as deltas ({} instead of {}), {} cache",
         d.pages,
         d.pages + d.misses,
-        ferry_backend::types::human_bytes(d.bytes),
-        ferry_backend::types::human_bytes(whole),
-        ferry_backend::types::human_bytes(d.cache_bytes)
+        ferry_vm::types::human_bytes(d.bytes),
+        ferry_vm::types::human_bytes(whole),
+        ferry_vm::types::human_bytes(d.cache_bytes)
     )
 }
 
@@ -94,7 +94,7 @@ fn convergence(s: &MigrationSummary) -> String {
         out += &format!(
             ": dirty limit from round {}, down to {}/s per vCPU ({} steps)",
             first.round,
-            ferry_backend::types::human_bytes(*min),
+            ferry_vm::types::human_bytes(*min),
             s.throttle_timeline.len()
         );
     } else if let (Some(first), Some(&(min, per_ms))) = (
@@ -106,7 +106,7 @@ fn convergence(s: &MigrationSummary) -> String {
         out += &format!(
             ": dirty quota from round {}, the largest vCPU's down to {} per {per_ms:.0} ms ({} steps)",
             first.round,
-            ferry_backend::types::human_bytes(min),
+            ferry_vm::types::human_bytes(min),
             s.throttle_timeline.len()
         );
     } else if let (Some(first), Some(last)) =
@@ -236,10 +236,7 @@ pub fn render(s: &MigrationSummary) -> String {
         ("predicted", predicted(s)),
         ("total time", format!("{:.1} ms", s.total_ms)),
         ("downtime", downtime(s)),
-        (
-            "bytes sent",
-            ferry_backend::types::human_bytes(s.bytes_sent),
-        ),
+        ("bytes sent", ferry_vm::types::human_bytes(s.bytes_sent)),
         (
             "sent once, not twice",
             if s.spared_pages > 0 {

@@ -11,9 +11,9 @@
 //!   progress = 100 × (Δaccesses / window) / before
 //! ```
 
-use ferry_backend::Vm;
 use ferry_engine::VcpuShare;
 use ferry_memstress::{read_progress, VcpuProgress};
+use ferry_vm::Vm;
 use std::time::{Duration, Instant};
 
 /// How long the guest's rate is sampled before a migration starts, when no

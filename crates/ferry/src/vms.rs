@@ -2,13 +2,13 @@
 //! soft. The engine only ever sees `Box<dyn Vm>`.
 
 use crate::args::BackendArgs;
-use ferry_backend::{BackendError, Backing, GuestRam, Vm};
 use ferry_kvm::DirtyTracking;
 use ferry_kvm_memstress::KvmVm;
 /// Which end of a migration the VM is.
 pub use ferry_kvm_memstress::Role;
 use ferry_memstress::VmConfig;
 use ferry_soft::SoftVm;
+use ferry_vm::{Backing, GuestRam, Vm, VmError};
 
 /// Which of ferry's two memstress VMs runs the guest. Both ends of a
 /// migration must use the same one, because their vCPU state differs; the
@@ -33,12 +33,12 @@ impl BackendKind {
     }
 
     /// The backend whose VMs carry `vmm_id`, if it is one of ferry's.
-    pub fn from_vmm_id(vmm_id: &str) -> Result<Self, BackendError> {
+    pub fn from_vmm_id(vmm_id: &str) -> Result<Self, VmError> {
         [BackendKind::Kvm, BackendKind::Soft]
             .into_iter()
             .find(|b| b.vmm_id() == vmm_id)
             .ok_or_else(|| {
-                BackendError::Guest(format!(
+                VmError::Guest(format!(
                     "the stream comes from a {vmm_id} VM; this ferry builds {} and {} VMs",
                     BackendKind::Kvm.vmm_id(),
                     BackendKind::Soft.vmm_id()
@@ -73,7 +73,7 @@ pub fn from_stream(
     vmm_id: &str,
     vmm_config: &serde_json::Value,
     backing: Backing,
-) -> Result<(BackendKind, VmConfig), BackendError> {
+) -> Result<(BackendKind, VmConfig), VmError> {
     let kind = BackendKind::from_vmm_id(vmm_id)?;
     Ok((kind, VmConfig::from_stream(vmm_config, backing)?))
 }
@@ -85,7 +85,7 @@ pub fn create(
     config: &VmConfig,
     backend: &BackendArgs,
     role: Role,
-) -> Result<Box<dyn Vm>, BackendError> {
+) -> Result<Box<dyn Vm>, VmError> {
     config.admit()?;
     match kind {
         BackendKind::Kvm => {
@@ -111,7 +111,7 @@ pub fn create_destination(
     config: &VmConfig,
     backend: &BackendArgs,
     cpu_without: &[String],
-) -> Result<Box<dyn Vm>, BackendError> {
+) -> Result<Box<dyn Vm>, VmError> {
     match kind {
         BackendKind::Kvm if !cpu_without.is_empty() => {
             config.admit()?;
@@ -120,7 +120,7 @@ pub fn create_destination(
                 .without_cpu_features(cpu_without)?;
             Ok(Box::new(vm))
         }
-        BackendKind::Soft if !cpu_without.is_empty() => Err(BackendError::Operation {
+        BackendKind::Soft if !cpu_without.is_empty() => Err(VmError::Operation {
             backend: kind.to_string(),
             what: "--cpu-without applies to the kvm backend: soft vCPUs have no CPUID".into(),
             source: None,
@@ -136,7 +136,7 @@ pub fn create_on_ram(
     config: &VmConfig,
     backend: &BackendArgs,
     ram: GuestRam,
-) -> Result<Box<dyn Vm>, BackendError> {
+) -> Result<Box<dyn Vm>, VmError> {
     match kind {
         BackendKind::Kvm => {
             let tracking = kvm_tracking(backend)?;
@@ -151,8 +151,8 @@ pub fn create_on_ram(
 }
 
 /// The kvm dirty tracking `backend` asks for.
-fn kvm_tracking(backend: &BackendArgs) -> Result<DirtyTracking, BackendError> {
-    backend.tracking().map_err(|what| BackendError::Operation {
+fn kvm_tracking(backend: &BackendArgs) -> Result<DirtyTracking, VmError> {
+    backend.tracking().map_err(|what| VmError::Operation {
         backend: BackendKind::Kvm.to_string(),
         what,
         source: None,

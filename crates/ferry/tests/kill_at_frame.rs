@@ -328,8 +328,8 @@ fn a_stall_before_the_verdict_ends_both_sides_in_time() {
 
 /// Postcopy needs userfaultfd here; without it these tests print SKIP.
 fn postcopy_possible() -> bool {
-    let ram = ferry_backend::GuestRam::new(&[2 << 20], ferry_backend::Backing::Anonymous).unwrap();
-    if let Err(e) = ferry_backend::uffd::Placer::register_for_faults(&ram) {
+    let ram = ferry_vm::GuestRam::new(&[2 << 20], ferry_vm::Backing::Anonymous).unwrap();
+    if let Err(e) = ferry_vm::uffd::Placer::register_for_faults(&ram) {
         println!("SKIP: userfaultfd is unavailable here ({e})");
         return false;
     }

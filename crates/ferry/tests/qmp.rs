@@ -183,8 +183,8 @@ fn migrate_cancel_leaves_the_source_running_and_events_say_cancelled() {
 /// and completes, verified. query-status says the source runs until then.
 #[test]
 fn migrate_start_postcopy_switches_a_migration_started_with_postcopy_ram() {
-    let ram = ferry_backend::GuestRam::new(&[2 << 20], ferry_backend::Backing::Anonymous).unwrap();
-    if let Err(e) = ferry_backend::uffd::Placer::register_for_faults(&ram) {
+    let ram = ferry_vm::GuestRam::new(&[2 << 20], ferry_vm::Backing::Anonymous).unwrap();
+    if let Err(e) = ferry_vm::uffd::Placer::register_for_faults(&ram) {
         println!("SKIP: userfaultfd is unavailable here ({e})");
         return;
     }

@@ -7,8 +7,8 @@ use crate::serial::{self, Console, ConsoleOut};
 use crate::vcpu::Vcpu;
 use crate::{boot, memory, Devices};
 use ferry_engine::vmm::{
-    BackendError, Backing, DirtySource, GuestRam, Section, SectionSpec, TimeThrottle, VcpuState,
-    Vm, PAGE_SIZE,
+    Backing, DirtySource, GuestRam, Section, SectionSpec, TimeThrottle, VcpuState, Vm, VmError,
+    PAGE_SIZE,
 };
 use ferry_kvm::cpu_check::{CpuCheckError, CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{self, Snapshot, VcpuContext, VmDevices, XsaveKind};
@@ -61,7 +61,7 @@ impl MiniConfig {
 
 /// Errors building a VM.
 #[derive(Debug, thiserror::Error)]
-pub enum VmError {
+pub enum MiniVmError {
     /// Memory.
     #[error(transparent)]
     Memory(#[from] memory::MemoryError),
@@ -82,9 +82,9 @@ pub enum VmError {
     Config(String),
 }
 
-impl From<VmError> for BackendError {
-    fn from(e: VmError) -> Self {
-        BackendError::Operation {
+impl From<MiniVmError> for VmError {
+    fn from(e: MiniVmError) -> Self {
+        VmError::Operation {
             backend: VMM_ID.into(),
             what: "build the VM".into(),
             source: Some(Box::new(e)),
@@ -92,8 +92,8 @@ impl From<VmError> for BackendError {
     }
 }
 
-fn kvm(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
-    move |e| VmError::Kvm(op, e)
+fn kvm(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> MiniVmError {
+    move |e| MiniVmError::Kvm(op, e)
 }
 
 /// A minivmm VM: one vCPU, a serial port, a virtio-blk disk.
@@ -129,7 +129,7 @@ impl MiniVm {
         config: MiniConfig,
         backing: Backing,
         console: ConsoleOut,
-    ) -> Result<Self, VmError> {
+    ) -> Result<Self, MiniVmError> {
         let ram = Self::memory(&config, backing)?;
         let vm = Self::build(config, ram, console, true, None)?;
         let params = GuestParams {
@@ -148,7 +148,7 @@ impl MiniVm {
         config: MiniConfig,
         backing: Backing,
         console: ConsoleOut,
-    ) -> Result<Self, VmError> {
+    ) -> Result<Self, MiniVmError> {
         let ram = Self::memory(&config, backing)?;
         Self::on_ram(config, ram, console, None)
     }
@@ -162,7 +162,7 @@ impl MiniVm {
         ram: GuestRam,
         console: ConsoleOut,
         disk: Option<std::fs::File>,
-    ) -> Result<Self, VmError> {
+    ) -> Result<Self, MiniVmError> {
         let config = MiniConfig {
             blk_version: blk::VERSION,
             ..config
@@ -170,9 +170,9 @@ impl MiniVm {
         Self::build(config, ram, console, false, disk)
     }
 
-    fn memory(config: &MiniConfig, backing: Backing) -> Result<GuestRam, VmError> {
+    fn memory(config: &MiniConfig, backing: Backing) -> Result<GuestRam, MiniVmError> {
         GuestRam::from_memory(memory::build(config.data_mib, backing)?, backing)
-            .map_err(|e| VmError::Config(e.to_string()))
+            .map_err(|e| MiniVmError::Config(e.to_string()))
     }
 
     fn build(
@@ -181,9 +181,9 @@ impl MiniVm {
         console: ConsoleOut,
         fresh: bool,
         disk: Option<std::fs::File>,
-    ) -> Result<Self, VmError> {
+    ) -> Result<Self, MiniVmError> {
         if !config.line_every.is_power_of_two() {
-            return Err(VmError::Config(format!(
+            return Err(MiniVmError::Config(format!(
                 "a console line every {} loops: use a power of two",
                 config.line_every
             )));
@@ -216,9 +216,9 @@ impl MiniVm {
             .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm("KVM_GET_CPUID2"))?;
         let msrs = cpu_state::msrs::probe(&kvm_fd, &fd)
-            .map_err(|e| VmError::Config(format!("probing the MSRs: {e}")))?
+            .map_err(|e| MiniVmError::Config(format!("probing the MSRs: {e}")))?
             .saveable;
-        let xsave = XsaveKind::of(&vm).map_err(|e| VmError::Config(e.to_string()))?;
+        let xsave = XsaveKind::of(&vm).map_err(|e| MiniVmError::Config(e.to_string()))?;
         if fresh {
             let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
             fd.set_sregs(&boot::sregs(sregs))
@@ -239,7 +239,7 @@ impl MiniVm {
             blk: Blk::new(Arc::clone(&ram), disk, QUEUE_SIZE)?,
         }));
         let vcpu = Vcpu::spawn(fd, Arc::clone(&devices))
-            .map_err(|e| VmError::Config(format!("cannot start the vCPU thread: {e}")))?;
+            .map_err(|e| MiniVmError::Config(format!("cannot start the vCPU thread: {e}")))?;
         let log = KvmDirtySource::new(DirtyTracking::Bitmap, Arc::clone(&vm), Arc::clone(&ram))?;
         Ok(MiniVm {
             config,
@@ -281,7 +281,7 @@ impl MiniVm {
         }
     }
 
-    fn state_error(e: cpu_state::StateError) -> BackendError {
+    fn state_error(e: cpu_state::StateError) -> VmError {
         e.into()
     }
 }
@@ -305,12 +305,12 @@ impl Vm for MiniVm {
     fn ram(&self) -> &Arc<GuestRam> {
         &self.ram
     }
-    fn start(&mut self) -> Result<(), BackendError> {
+    fn start(&mut self) -> Result<(), VmError> {
         self.vcpu.resume();
         self.running = true;
         Ok(())
     }
-    fn pause(&mut self) -> Result<(), BackendError> {
+    fn pause(&mut self) -> Result<(), VmError> {
         // The vCPU, then the devices: they serve requests only on the
         // vCPU's exits, so a parked vCPU leaves them idle.
         self.vcpu.pause();
@@ -322,9 +322,9 @@ impl Vm for MiniVm {
     fn is_running(&self) -> bool {
         self.running
     }
-    fn check_health(&self) -> Result<(), BackendError> {
+    fn check_health(&self) -> Result<(), VmError> {
         match self.vcpu.failure() {
-            Some(reason) => Err(BackendError::VcpuFailed { vcpu: 0, reason }),
+            Some(reason) => Err(VmError::VcpuFailed { vcpu: 0, reason }),
             None => Ok(()),
         }
     }
@@ -341,11 +341,10 @@ impl Vm for MiniVm {
 
     /// ferry-kvm's check: this host's `KVM_GET_SUPPORTED_CPUID` and MSR
     /// lists against what the guest was given on its source.
-    fn check_cpu(&self, profile: &serde_json::Value) -> Result<(), BackendError> {
-        let refuse = |e: CpuCheckError| BackendError::Cpu(e.to_string());
+    fn check_cpu(&self, profile: &serde_json::Value) -> Result<(), VmError> {
+        let refuse = |e: CpuCheckError| VmError::Cpu(e.to_string());
         let guest = CpuProfile::from_json(profile).map_err(refuse)?;
-        let kvm =
-            Kvm::new().map_err(|e| BackendError::Cpu(format!("cannot open /dev/kvm: {e}")))?;
+        let kvm = Kvm::new().map_err(|e| VmError::Cpu(format!("cannot open /dev/kvm: {e}")))?;
         HostCpu::probe(&kvm, &self.vcpu.fd())
             .and_then(|host| host.check(&guest))
             .map_err(refuse)
@@ -362,14 +361,14 @@ impl Vm for MiniVm {
             SectionSpec::new(blk::SECTION, self.config.blk_version, 1),
         ]
     }
-    fn save_sections(&mut self) -> Result<Vec<Section>, BackendError> {
+    fn save_sections(&mut self) -> Result<Vec<Section>, VmError> {
         let dev = self.lock_devices();
         Ok(vec![
             Section::new(serial::SECTION, dev.console.save()),
             Section::new(blk::SECTION, dev.blk.save()),
         ])
     }
-    fn restore_sections(&mut self, sections: &[Section]) -> Result<(), BackendError> {
+    fn restore_sections(&mut self, sections: &[Section]) -> Result<(), VmError> {
         let mut dev = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         for s in sections {
             let loaded = match s.id.name.as_str() {
@@ -377,7 +376,7 @@ impl Vm for MiniVm {
                 blk::SECTION => dev.blk.restore(&s.data),
                 _ => Ok(()),
             };
-            loaded.map_err(|e| BackendError::BadSection {
+            loaded.map_err(|e| VmError::BadSection {
                 section: s.id.to_string(),
                 reason: e.to_string(),
             })?;
@@ -388,9 +387,9 @@ impl Vm for MiniVm {
 
 /// The vCPU's registers and the VM's clock, in ferry-kvm's snapshot format.
 impl VcpuState for MiniVm {
-    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, VmError> {
         if self.running {
-            return Err(BackendError::NotPaused("save vCPU state"));
+            return Err(VmError::NotPaused("save vCPU state"));
         }
         let chips = cpu_state::vm_level::save(&self.vm, no_chips(&self.vm))
             .map_err(|e| Self::state_error(e.into()))?;
@@ -403,17 +402,17 @@ impl VcpuState for MiniVm {
         .encode()
         .map_err(Self::state_error)
     }
-    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
+    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), VmError> {
         if self.crash_on_restore {
             eprintln!("minivmm: crashing on purpose as the vCPU state arrives");
             std::process::exit(3);
         }
         if self.running {
-            return Err(BackendError::NotPaused("restore vCPU state"));
+            return Err(VmError::NotPaused("restore vCPU state"));
         }
         let snap = Snapshot::decode(state).map_err(Self::state_error)?;
         let [vcpu] = snap.vcpus.as_slice() else {
-            return Err(BackendError::BadVcpuState(format!(
+            return Err(VmError::BadVcpuState(format!(
                 "state for {} vCPUs, minivmm has 1",
                 snap.vcpus.len()
             )));
@@ -430,7 +429,7 @@ impl VcpuState for MiniVm {
 }
 
 impl TimeThrottle for MiniVm {
-    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), VmError> {
         self.vcpu.set_throttle(percent);
         Ok(())
     }

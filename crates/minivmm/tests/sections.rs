@@ -3,7 +3,7 @@
 //! section refuses it by name before any memory moves, and the source's
 //! guest runs on with its console and disk streams unbroken.
 
-use ferry_engine::vmm::{receive_as, BackendError, Backing, StreamHeader, Vm};
+use ferry_engine::vmm::{receive_as, Backing, StreamHeader, Vm, VmError};
 use ferry_engine::{
     await_migration, listen, migrate, NoProgress, PrecopyOptions, ReceiveOptions, TcpDialer,
 };
@@ -52,7 +52,7 @@ fn a_virtio_blk_section_the_destination_cannot_load_is_refused_by_name() {
     let to = TcpDialer(listener.local_addr().unwrap().to_string());
     let destination = std::thread::spawn(move || {
         let incoming = await_migration(&listener, None).unwrap();
-        let mut factory = |h: &StreamHeader| -> Result<MiniVm, BackendError> {
+        let mut factory = |h: &StreamHeader| -> Result<MiniVm, VmError> {
             let config: MiniConfig = serde_json::from_value(h.vmm_config.clone()).unwrap();
             let out = ConsoleOut::new(Box::new(std::io::sink()));
             Ok(MiniVm::incoming(config, Backing::Anonymous, out)?)

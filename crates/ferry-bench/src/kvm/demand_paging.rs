@@ -19,12 +19,12 @@
 //! only mapped on fault), handlers that sleep in `poll` vs busy-poll, and
 //! prefetch (place the next pages of the region with the faulting one).
 
-use ferry_backend::uffd::{FaultMode, Placed, Placer};
-use ferry_backend::{Backing, Gfn, Vm, PAGE_SIZE};
 use ferry_kvm::DirtyTracking;
 use ferry_kvm_memstress::{KvmVm, Program, Role};
 use ferry_memstress::{read_progress, set_pass_limit};
 use ferry_memstress::{Fill, VmConfig, Workload};
+use ferry_vm::uffd::{FaultMode, Placed, Placer};
+use ferry_vm::{Backing, Gfn, Vm, PAGE_SIZE};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -200,16 +200,16 @@ pub fn run_case(case: &KvmCase, bytes_per_vcpu: u64) -> Result<KvmCell, String> 
         Role::Source,
         Program::RawWrites,
     )
-    .map_err(|e| ferry_backend::error_chain(&e))?;
+    .map_err(|e| ferry_vm::error_chain(&e))?;
     let ram = Arc::clone(vm.ram());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if case.pinned {
         for v in 0..case.vcpus {
             vm.pin_vcpu(v, v as usize % cores)
-                .map_err(|e| ferry_backend::error_chain(&e))?;
+                .map_err(|e| ferry_vm::error_chain(&e))?;
         }
     }
-    set_pass_limit(&ram, case.vcpus, 1).map_err(|e| ferry_backend::error_chain(&e))?;
+    set_pass_limit(&ram, case.vcpus, 1).map_err(|e| ferry_vm::error_chain(&e))?;
 
     // The source: honest, text-like contents with a stamp the guest's write
     // must replace. Written into the VM's memory too, which is where a
@@ -222,12 +222,12 @@ pub fn run_case(case: &KvmCase, bytes_per_vcpu: u64) -> Result<KvmCell, String> 
         Fill::Text.fill_page(first + i as u64, page);
     }
     ram.write_pages(Gfn(first), &source)
-        .map_err(|e| ferry_backend::error_chain(&e))?;
+        .map_err(|e| ferry_vm::error_chain(&e))?;
     let dropped = match case.fault_mode() {
         FaultMode::Missing => ram.discard(Gfn(first), pages),
         FaultMode::Minor => ram.unmap(Gfn(first), pages),
     };
-    dropped.map_err(|e| ferry_backend::error_chain(&e))?;
+    dropped.map_err(|e| ferry_vm::error_chain(&e))?;
 
     let region_pages = bytes_per_vcpu / PAGE_SIZE as u64;
     let placers: Vec<Arc<Placer>> = if case.per_vcpu_uffd {
@@ -269,14 +269,14 @@ pub fn run_case(case: &KvmCase, bytes_per_vcpu: u64) -> Result<KvmCell, String> 
                 .name(format!("uffd-handler-{i}"))
                 .spawn(move || {
                     if let Some(cpu) = pin {
-                        if let Err(e) = ferry_backend::affinity::pin_current_thread(cpu) {
+                        if let Err(e) = ferry_vm::affinity::pin_current_thread(cpu) {
                             *h.failure.lock().expect("failure") = Some(format!("pinning: {e}"));
                             return;
                         }
                     }
                     h.serve(&placer)
                 })
-                .map_err(|e| ferry_backend::error_chain(&e))
+                .map_err(|e| ferry_vm::error_chain(&e))
         })
         .collect::<Result<_, _>>()?;
 
@@ -285,7 +285,7 @@ pub fn run_case(case: &KvmCase, bytes_per_vcpu: u64) -> Result<KvmCell, String> 
     let t0 = Instant::now();
     let outcome = vm
         .start()
-        .map_err(|e| ferry_backend::error_chain(&e))
+        .map_err(|e| ferry_vm::error_chain(&e))
         .and_then(|()| wait_all_done(&vm, &handling, t0));
     let elapsed = t0.elapsed();
     handling.stop.store(true, Ordering::Release);
@@ -293,14 +293,14 @@ pub fn run_case(case: &KvmCase, bytes_per_vcpu: u64) -> Result<KvmCell, String> 
         let _ = h.join();
     }
     outcome?;
-    vm.pause().map_err(|e| ferry_backend::error_chain(&e))?;
+    vm.pause().map_err(|e| ferry_vm::error_chain(&e))?;
     drop(placers);
 
     let mut bad_pages = 0u64;
     let mut page = vec![0u8; PAGE_SIZE];
     for (i, want) in handling.source.chunks_exact(PAGE_SIZE).enumerate() {
         ram.read_pages(Gfn(first + i as u64), &mut page)
-            .map_err(|e| ferry_backend::error_chain(&e))?;
+            .map_err(|e| ferry_vm::error_chain(&e))?;
         let stamp_written = page[..8] == 1u64.to_le_bytes();
         if !stamp_written || page[8..] != want[8..] {
             bad_pages += 1;
@@ -328,9 +328,8 @@ fn wait_all_done(vm: &KvmVm, handling: &Handling, t0: Instant) -> Result<(), Str
         if let Some(e) = handling.failure.lock().expect("failure").clone() {
             return Err(format!("fault handler failed: {e}"));
         }
-        vm.check_health()
-            .map_err(|e| ferry_backend::error_chain(&e))?;
-        let p = read_progress(vm.ram(), vcpus).map_err(|e| ferry_backend::error_chain(&e))?;
+        vm.check_health().map_err(|e| ferry_vm::error_chain(&e))?;
+        let p = read_progress(vm.ram(), vcpus).map_err(|e| ferry_vm::error_chain(&e))?;
         if p.iter().all(|v| v.passes >= 1) {
             return Ok(());
         }

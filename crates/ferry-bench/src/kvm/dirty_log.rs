@@ -10,12 +10,12 @@
 //!  ─ { pass under logging ─ get + clear (or harvest + reset) } × iterations ─ disable
 //! ```
 
-use ferry_backend::{DirtyLog, DirtyPages, Vm};
 use ferry_kvm::DirtyTracking;
 use ferry_kvm_memstress::{KvmVm, Program, Role};
 use ferry_memstress::VmConfig;
 use ferry_memstress::{read_progress, set_pass_limit};
 use ferry_report::{Plot, Report, Series, Table};
+use ferry_vm::{DirtyLog, DirtyPages, Vm};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 

@@ -18,12 +18,12 @@
 //! (`exit_cost_ns`) for each memory-fault exit, which the queue's sleepers
 //! do not, so the comparison leans against the seed's mechanism.
 
-use ferry_backend::{Backing, Gfn, GuestRam, PAGE_SIZE};
 use ferry_soft::fault_exit::{
     FaultCounts, FaultDelivery, FaultQueue, MemoryFault, PageResolver, Residency,
 };
 use ferry_soft::guest_mem::{HostView, VcpuMem};
 use ferry_soft::{Mechanisms, Mmu, SoftError};
+use ferry_vm::{Backing, Gfn, GuestRam, PAGE_SIZE};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};

@@ -20,7 +20,6 @@
 //! the table says which.
 
 use crate::{machine_note, ns, time};
-use ferry_backend::DirtyPages;
 use ferry_memstress::next_rand32;
 use ferry_report::{ratio, Plot, Report, Series, Table};
 use ferry_soft::config::{LeafSize, Mechanisms, SplitMode};
@@ -28,6 +27,7 @@ use ferry_soft::error::SoftError;
 use ferry_soft::guest_mem::{HostView, VcpuMem};
 use ferry_soft::hw_cost::{SEED_BROADCAST_TLBI_NS, SEED_EXIT_COST_NS};
 use ferry_soft::mmu::{Mmu, MmuStats};
+use ferry_vm::DirtyPages;
 use serde::Serialize;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};

@@ -12,11 +12,11 @@
 //! ```
 
 use crate::{machine_note, median, ns, time};
-use ferry_backend::{DirtyPages, Gfn};
 use ferry_report::{ratio, Plot, Report, Series, Table};
 use ferry_soft::config::{LeafSize, Mechanisms, WriteProtect};
 use ferry_soft::error::SoftError;
 use ferry_soft::sparse;
+use ferry_vm::{DirtyPages, Gfn};
 use serde::Serialize;
 use std::time::Duration;
 

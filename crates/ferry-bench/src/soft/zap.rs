@@ -8,13 +8,13 @@
 //! cannot help and must not hurt much.
 
 use crate::{machine_note, median, ns, time};
-use ferry_backend::Gfn;
 use ferry_report::{ratio, Plot, Report, Series, Table};
 use ferry_soft::config::{Iteration, LeafSize, Mechanisms};
 use ferry_soft::error::SoftError;
 use ferry_soft::mmu::Mmu;
 use ferry_soft::ops::WalkStats;
 use ferry_soft::sparse;
+use ferry_vm::Gfn;
 use serde::Serialize;
 
 /// Options of the zap experiment.

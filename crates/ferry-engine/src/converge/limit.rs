@@ -4,7 +4,7 @@
 //! it gives every vCPU the same dirty-rate limit: an equal share of half the
 //! link, halved while dirtying still outruns the link, down to QEMU's default
 //! of 1 MB/s. The backend enforces
-//! it with a feedback loop per vCPU (`ferry_backend::dirty_limit`): each
+//! it with a feedback loop per vCPU (`ferry_vm::dirty_limit`): each
 //! writer's own time throttle follows its measured rate, so readers run on.
 //! The difference from the quota is the enforcement: a rate measured per
 //! period and a throttle that converges on it, against a budget that is

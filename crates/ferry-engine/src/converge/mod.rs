@@ -50,7 +50,7 @@ pub use crate::choices::ConvergeMode;
 
 use crate::error::MigrationError;
 use crate::tunables::Tunables;
-use ferry_backend::{Quota, Vm};
+use ferry_vm::{Quota, Vm};
 use sample::Meter;
 use std::time::{Duration, Instant};
 
@@ -124,8 +124,8 @@ pub(crate) fn dirtied(vm: &mut dyn Vm) -> Vec<u64> {
 }
 
 /// Applies `action` through the mechanism `vm` declares for it.
-fn set(vm: &mut dyn Vm, action: &Action) -> Result<(), ferry_backend::BackendError> {
-    let undeclared = |vm: &dyn Vm, what: &str| ferry_backend::BackendError::Operation {
+fn set(vm: &mut dyn Vm, action: &Action) -> Result<(), ferry_vm::VmError> {
+    let undeclared = |vm: &dyn Vm, what: &str| ferry_vm::VmError::Operation {
         backend: vm.vmm_id().to_string(),
         what: format!("this VM declares no {what}"),
         source: None,

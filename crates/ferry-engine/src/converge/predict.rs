@@ -87,7 +87,7 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
     let target = input.downtime_target_ms / 1e3;
     let vcpus = input.dirty_bytes_per_sec.len();
     let mut policy = policy(mode);
-    let interval = ferry_backend::QUOTA_INTERVAL;
+    let interval = ferry_vm::QUOTA_INTERVAL;
     let template = Sample {
         round: 0,
         elapsed: interval,

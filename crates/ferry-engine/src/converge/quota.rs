@@ -41,7 +41,7 @@
 
 use super::share::LinkShare;
 use super::{Action, Policy, Sample};
-use ferry_backend::Quota;
+use ferry_vm::Quota;
 
 /// A vCPU below its equal share gets what it dirtied times this.
 const HEADROOM: f64 = 1.25;

@@ -7,7 +7,7 @@
 //! middle of the full pass. The harvest samples add what the round dirtied
 //! and sent, which is what QEMU's auto-converge counts per period.
 
-use ferry_backend::{Vm, PAGE_SIZE};
+use ferry_vm::{Vm, PAGE_SIZE};
 use std::time::{Duration, Instant};
 
 /// What the engine measured since the policy's last call.
@@ -133,7 +133,7 @@ pub(crate) fn sample(round: u32, dirty: u64, sent: u64) -> Sample {
         guest_bytes: 0,
         link_bytes_per_sec: 1e9,
         downtime_target: Duration::from_millis(300),
-        quota_interval: ferry_backend::QUOTA_INTERVAL,
+        quota_interval: ferry_vm::QUOTA_INTERVAL,
         vcpus: 2,
         round_end: Some(RoundEnd {
             dirty_bytes: dirty,

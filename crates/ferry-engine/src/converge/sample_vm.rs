@@ -21,7 +21,7 @@
 use super::{predict, ConvergeMode, PredictInput, Prediction};
 use crate::error::MigrationError;
 use crate::wire::is_zero_page;
-use ferry_backend::{DirtyPages, Gfn, GuestRam, RamError, Vm, PAGE_SIZE};
+use ferry_vm::{DirtyPages, Gfn, GuestRam, RamError, Vm, PAGE_SIZE};
 use std::time::{Duration, Instant};
 
 /// How often the sample harvests.

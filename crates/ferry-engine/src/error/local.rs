@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 /// What went wrong in a same-host migration.
+#[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
 pub enum LocalError {
     /// The VM's memory has no files to hand over.

@@ -10,10 +10,11 @@ pub use options::OptionsError;
 pub use transport::TransportError;
 
 use crate::wire::{FrameKind, HeaderError, SectionError, StreamError};
-use ferry_backend::{BackendError, RamError};
+use ferry_vm::{RamError, VmError};
 use thiserror::Error;
 
 /// Why a migration failed.
+#[non_exhaustive]
 #[derive(Debug, Error)]
 pub enum MigrationError {
     /// The stream is broken, corrupt or not ours.
@@ -53,7 +54,7 @@ pub enum MigrationError {
         what: &'static str,
         /// The backend's error.
         #[source]
-        source: BackendError,
+        source: VmError,
     },
     /// Copying guest memory failed.
     #[error("cannot {what}")]
@@ -72,11 +73,11 @@ pub enum MigrationError {
         name: String,
         /// What failed.
         #[source]
-        source: ferry_backend::DirtySourceError,
+        source: ferry_vm::DirtySourceError,
     },
     /// The VMM's guest probe could not read the guest's checks.
     #[error("the guest probe failed")]
-    Probe(#[source] ferry_backend::ProbeError),
+    Probe(#[source] ferry_vm::ProbeError),
     /// The stream reached switchover without all of memory.
     #[error("the stream reached switchover with {missing} of {total} pages never sent")]
     Incomplete {
@@ -219,7 +220,7 @@ fn peer_gave_up(peer: &str, message: &str) -> String {
 
 impl MigrationError {
     /// Wraps a backend error with what the engine was doing.
-    pub(crate) fn backend(what: &'static str) -> impl FnOnce(BackendError) -> Self {
+    pub(crate) fn backend(what: &'static str) -> impl FnOnce(VmError) -> Self {
         move |source| MigrationError::Backend { what, source }
     }
 
@@ -230,7 +231,7 @@ impl MigrationError {
 
     /// The message with its causes, for an Error frame to the peer.
     pub fn chain(&self) -> String {
-        ferry_backend::error_chain(self)
+        ferry_vm::error_chain(self)
     }
 }
 

@@ -9,6 +9,7 @@ use std::ops::RangeInclusive;
 use thiserror::Error;
 
 /// A setting out of its range, or two that cannot go together.
+#[non_exhaustive]
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum OptionsError {
     /// A number outside what the engine accepts.

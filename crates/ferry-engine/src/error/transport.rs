@@ -6,6 +6,7 @@ use std::io;
 use thiserror::Error;
 
 /// Errors setting up a connection.
+#[non_exhaustive]
 #[derive(Debug, Error)]
 pub enum TransportError {
     /// The address did not resolve.

@@ -6,7 +6,7 @@ use super::{LocalError, LocalOptions, LocalSummary};
 use crate::error::MigrationError;
 use crate::summary::{ms, Outcome};
 use crate::wire::{self, StreamHeader};
-use ferry_backend::{BackendError, Backing, GuestRam, Lifecycle, SharedRegion, Vm};
+use ferry_vm::{Backing, GuestRam, Lifecycle, SharedRegion, Vm, VmError};
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
@@ -69,7 +69,7 @@ impl LocalIncoming {
 }
 
 /// Fds a same-host source handed over by name
-/// ([`ferry_backend::Vm::handover_fds`]). Those not taken are closed.
+/// ([`ferry_vm::Vm::handover_fds`]). Those not taken are closed.
 #[derive(Debug, Default)]
 pub struct HandedFds(Vec<(String, OwnedFd)>);
 
@@ -153,7 +153,7 @@ pub fn await_local(
     let mut regions = Vec::with_capacity(n);
     for ((region, fd), offset) in header.regions.iter().zip(fds).zip(offsets) {
         regions.push(SharedRegion {
-            gpa: ferry_backend::Gpa(region.gpa),
+            gpa: ferry_vm::Gpa(region.gpa),
             size: region.bytes,
             file: File::from(fd),
             offset,
@@ -187,12 +187,12 @@ fn on_hugetlbfs(file: &File) -> bool {
 /// VM, the `GuestRam` is made from the source's files (build the VM's
 /// memory slots and devices on it).
 pub type CreateLocalVm<'a> =
-    dyn FnMut(&StreamHeader, GuestRam) -> Result<Box<dyn Vm>, BackendError> + 'a;
+    dyn FnMut(&StreamHeader, GuestRam) -> Result<Box<dyn Vm>, VmError> + 'a;
 
 /// [`receive_local`] for a VMM with one VM type `V`, which it gets back.
 pub fn receive_local_as<V: Vm>(
     incoming: LocalIncoming,
-    create_vm: &mut dyn FnMut(&StreamHeader, GuestRam) -> Result<V, BackendError>,
+    create_vm: &mut dyn FnMut(&StreamHeader, GuestRam) -> Result<V, VmError>,
     opts: &LocalOptions,
 ) -> Result<(V, LocalSummary), MigrationError> {
     let mut boxed =
@@ -361,7 +361,7 @@ fn load(
     summary.state_bytes = (vcpus.len() + sections.len()) as u64;
     let runs = message::dirty_from(dirty, ram.pages(), summary.version)?;
     summary.dirty_pages = digest.refresh_runs(ram, &runs)?;
-    ferry_backend::restore_vcpu_state(vm, vcpus)
+    ferry_vm::restore_vcpu_state(vm, vcpus)
         .map_err(MigrationError::backend("load the vCPU state"))?;
     let sections = wire::sections::decode(sections)?;
     wire::sections::check_sections(&sections, &header.sections, &vm.state_sections())?;

@@ -14,7 +14,7 @@
 
 use super::LocalError;
 use crate::digest::{page_hash, zero_page_hash};
-use ferry_backend::{DirtyPages, Gfn, GuestRam, PAGE_SIZE};
+use ferry_vm::{DirtyPages, Gfn, GuestRam, PAGE_SIZE};
 use std::os::fd::AsRawFd;
 
 /// Pages read at a time.
@@ -146,7 +146,7 @@ fn data_runs(fd: i32, offset: u64, size: u64) -> Vec<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_backend::{Backing, Gpa};
+    use ferry_vm::{Backing, Gpa};
 
     #[test]
     fn an_idle_memfd_is_hashed_from_its_data_alone_and_refresh_tracks_writes() {

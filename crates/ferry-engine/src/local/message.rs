@@ -64,7 +64,7 @@ pub enum Head {
         /// Per region: where it starts in its file.
         offsets: Vec<u64>,
         /// The names of the VMM's own fds that follow the regions' files
-        /// ([`ferry_backend::Vm::handover_fds`]). Absent when there are
+        /// ([`ferry_vm::Vm::handover_fds`]). Absent when there are
         /// none, so that an older destination reads the offer as before.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         handed: Vec<String>,
@@ -144,7 +144,7 @@ pub fn negotiate(version: u32, max_version: Option<u32>) -> Result<u32, String> 
 ///   however few pages are dirty;
 /// - 2: runs of pages, each `u64 first | u64 count` little-endian, so
 ///   that its size (and the pause's) follows what is dirty, not memory.
-pub fn dirty_blob(dirty: &ferry_backend::DirtyPages, version: u32) -> Vec<u8> {
+pub fn dirty_blob(dirty: &ferry_vm::DirtyPages, version: u32) -> Vec<u8> {
     if version < 2 {
         return dirty.words().iter().flat_map(|w| w.to_le_bytes()).collect();
     }
@@ -163,7 +163,7 @@ pub fn dirty_from(
     blob: &[u8],
     pages: u64,
     version: u32,
-) -> Result<Vec<(ferry_backend::Gfn, u64)>, LocalError> {
+) -> Result<Vec<(ferry_vm::Gfn, u64)>, LocalError> {
     let u64_at = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8 bytes"));
     if version < 2 {
         let words = pages.div_ceil(64) as usize;
@@ -174,8 +174,8 @@ pub fn dirty_from(
             )));
         }
         let words: Vec<u64> = blob.chunks_exact(8).map(u64_at).collect();
-        let mut dirty = ferry_backend::DirtyPages::new(pages);
-        dirty.merge_words(ferry_backend::Gfn(0), &words);
+        let mut dirty = ferry_vm::DirtyPages::new(pages);
+        dirty.merge_words(ferry_vm::Gfn(0), &words);
         return Ok(dirty.runs());
     }
     if !blob.len().is_multiple_of(16) {
@@ -196,7 +196,7 @@ pub fn dirty_from(
             )));
         }
         next = first + count;
-        runs.push((ferry_backend::Gfn(first), count));
+        runs.push((ferry_vm::Gfn(first), count));
     }
     Ok(runs)
 }
@@ -295,7 +295,7 @@ fn read(stream: &UnixStream, buf: &mut [u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_backend::{DirtyPages, Gfn};
+    use ferry_vm::{DirtyPages, Gfn};
 
     fn some_pages() -> DirtyPages {
         let mut d = DirtyPages::new(1000);

@@ -34,7 +34,7 @@ pub use destination::{
 pub use source::migrate_local;
 
 use crate::summary::Outcome;
-use ferry_backend::{GuestCheck, GuestProbe};
+use ferry_vm::{GuestCheck, GuestProbe};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;

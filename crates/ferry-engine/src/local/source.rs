@@ -7,7 +7,7 @@ use crate::dirty_logs;
 use crate::error::MigrationError;
 use crate::summary::{ms, Outcome};
 use crate::wire::{self, StreamHeader};
-use ferry_backend::{BlockScope, DirtyPages, Lifecycle, Vm};
+use ferry_vm::{BlockScope, DirtyPages, Lifecycle, Vm};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -178,8 +178,8 @@ fn switch_over(
         &wire::sections::manifest(&specs),
         &wire::sections::declared(&specs),
     )?;
-    let vcpus = ferry_backend::save_vcpu_state(vm)
-        .map_err(MigrationError::backend("save the vCPU state"))?;
+    let vcpus =
+        ferry_vm::save_vcpu_state(vm).map_err(MigrationError::backend("save the vCPU state"))?;
     phases.save_ms = lap.next();
     dirty_logs::collect(vm, &mut dirty)?;
     phases.harvest_ms = lap.next();

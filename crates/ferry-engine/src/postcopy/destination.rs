@@ -32,13 +32,13 @@ impl Dest {
         let missing = self
             .missing
             .take()
-            .unwrap_or_else(|| ferry_backend::DirtyPages::new(self.header.pages()));
+            .unwrap_or_else(|| ferry_vm::DirtyPages::new(self.header.pages()));
         self.loaded.begin_postcopy(&missing)?;
         let mut pager = Some(self.start_pager(opts, false)?);
         // A backend whose vCPUs resolve their own faults asks for pages on
         // their threads (annotated exits); the others fault through
         // userfaultfd to the pager's handler thread.
-        let exits = ferry_backend::FaultExits {
+        let exits = ferry_vm::FaultExits {
             present: self.loaded.present_set(),
             fetch: super::pager::fetcher(std::sync::Arc::clone(&self.loaded), opts.prefetch),
         };

@@ -21,7 +21,7 @@ use crate::transport::health::spawn;
 use crate::transport::{Channel, Health};
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::{decode_batch, FrameKind, FrameStream, StreamError};
-use ferry_backend::Gfn;
+use ferry_vm::Gfn;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -26,7 +26,7 @@ use crate::session::{unexpected, Dest, Source};
 use crate::transport::{accept_channel, open_channel, Dial, Health, Listen, MainChannel, Side};
 use crate::wire::messages::{Hello, MAX_MISSING_RUNS};
 use crate::wire::{FrameKind, Message, StreamError};
-use ferry_backend::{DirtyPages, Gfn};
+use ferry_vm::{DirtyPages, Gfn};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

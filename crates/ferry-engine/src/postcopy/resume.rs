@@ -16,7 +16,7 @@ use crate::session::{fresh_summary, Migrating, PrecopyOptions, Source};
 use crate::summary::{ms, MigrationSummary};
 use crate::transport::{open_channel, Dial, Health, MainChannel, Side};
 use crate::wire::messages::Hello;
-use ferry_backend::Vm;
+use ferry_vm::Vm;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

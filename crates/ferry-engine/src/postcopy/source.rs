@@ -10,7 +10,7 @@ use crate::transport::Dial;
 use crate::wire::messages::Hello;
 use crate::wire::messages::MAX_MISSING_RUNS;
 use crate::wire::{MemoryDigest, Message};
-use ferry_backend::DirtyPages;
+use ferry_vm::DirtyPages;
 use std::time::{Duration, Instant};
 
 impl Source<'_> {

@@ -11,7 +11,7 @@ use crate::transport::{accept_channel, Channel, Health, Listen, MainChannel, Sid
 use crate::wire::capabilities::{Answer, POSTCOPY};
 use crate::wire::messages::Hello;
 use crate::wire::{FrameKind, Message, StreamHeader};
-use ferry_backend::{error_chain, BackendError, DirtyPages, Lifecycle, Vm};
+use ferry_vm::{error_chain, DirtyPages, Lifecycle, Vm, VmError};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use std::time::Instant;
 /// ([`StreamHeader::vmm_config`]). The engine then checks the VM against
 /// the header's vCPUs and memory slots. For a VMM with one VM type,
 /// [`receive_as`] takes a factory of that type instead.
-pub type CreateVm<'a> = dyn FnMut(&StreamHeader) -> Result<Box<dyn Vm>, BackendError> + 'a;
+pub type CreateVm<'a> = dyn FnMut(&StreamHeader) -> Result<Box<dyn Vm>, VmError> + 'a;
 
 /// A migration whose main channel has arrived and introduced itself.
 pub struct IncomingMigration {
@@ -241,7 +241,7 @@ fn prepare(
     if vm.is_running() {
         return Err(MigrationError::Backend {
             what: "take memory into a VM whose vCPUs already run",
-            source: BackendError::NotPaused("receive a migration"),
+            source: VmError::NotPaused("receive a migration"),
         });
     }
     Ok((header, vm))
@@ -341,7 +341,7 @@ impl Dest {
 pub fn receive_as<V: Vm>(
     incoming: IncomingMigration,
     listener: &dyn Listen,
-    create_vm: &mut dyn FnMut(&StreamHeader) -> Result<V, BackendError>,
+    create_vm: &mut dyn FnMut(&StreamHeader) -> Result<V, VmError>,
     opts: &ReceiveOptions,
 ) -> Result<(V, ReceiveSummary), MigrationError> {
     let mut boxed = |h: &StreamHeader| create_vm(h).map(|vm| Box::new(vm) as Box<dyn Vm>);

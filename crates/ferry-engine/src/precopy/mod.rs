@@ -45,7 +45,7 @@
 //! `no progress from <peer> for N s`; nothing else has a timeout.
 //!
 //! **The guest's own checks.** Where the VMM passes a
-//! [`ferry_backend::GuestProbe`], the source reads it once its vCPUs are
+//! [`ferry_vm::GuestProbe`], the source reads it once its vCPUs are
 //! paused and the destination just before it resumes the guest; the
 //! summaries carry both readings. Nothing else reads the guest: what it does
 //! after the switchover is the VMM's business.

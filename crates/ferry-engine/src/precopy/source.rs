@@ -15,7 +15,7 @@ use crate::session::{
 use crate::summary::{ms, MigrationSummary, RoundKind};
 use crate::transport::{open_channel, Dial, Health, MainChannel, Side};
 use crate::wire::messages::Hello;
-use ferry_backend::{DirtyPages, Lifecycle, Vm, PAGE_SIZE};
+use ferry_vm::{DirtyPages, Lifecycle, Vm, PAGE_SIZE};
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -9,7 +9,7 @@ use crate::progress::Phase;
 use crate::session::{unexpected, Source};
 use crate::summary::{Outcome, RoundKind};
 use crate::wire::Message;
-use ferry_backend::DirtyPages;
+use ferry_vm::DirtyPages;
 use std::time::{Duration, Instant};
 
 impl Source<'_> {

@@ -22,7 +22,7 @@
 
 use crate::wire::delta::DeltaBatch;
 use crate::wire::PageBatch;
-use ferry_backend::{Gfn, PAGE_SIZE};
+use ferry_vm::{Gfn, PAGE_SIZE};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 

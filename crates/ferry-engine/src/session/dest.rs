@@ -12,7 +12,7 @@ use crate::summary::{ms, Outcome, ReceiveSummary};
 use crate::transport::{accept_channel, Channel, Health, Listen, MainChannel};
 use crate::wire::messages::{Hello, PRIORITY_CHANNEL};
 use crate::wire::{FinalReport, FrameKind, Message, StreamError, StreamHeader};
-use ferry_backend::{DirtyPages, Vm};
+use ferry_vm::{DirtyPages, Vm};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -65,7 +65,7 @@ impl Dest {
             &self.header.sections,
             &self.vm.state_sections(),
         )?;
-        ferry_backend::restore_vcpu_state(&mut *self.vm, &state)
+        ferry_vm::restore_vcpu_state(&mut *self.vm, &state)
             .map_err(MigrationError::backend("restore vCPU state"))?;
         self.vm
             .restore_sections(&sections)
@@ -278,7 +278,7 @@ impl Dest {
                             }
                             .into());
                         }
-                        (first..first + n).for_each(|g| set.set(ferry_backend::Gfn(g)));
+                        (first..first + n).for_each(|g| set.set(ferry_vm::Gfn(g)));
                     }
                 }
                 FrameKind::Switchover => match Message::decode(i.kind, &i.payload, i.offset)? {

@@ -18,7 +18,7 @@
 //! the same for every backing. A huge page is placed once, so a page
 //! arriving after its huge page was placed is dropped, as on 4K.
 
-use ferry_backend::{DirtyPages, Gfn, PAGE_SIZE};
+use ferry_vm::{DirtyPages, Gfn, PAGE_SIZE};
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 

@@ -4,7 +4,7 @@
 //! pages on hugetlb; deltas against the copy already here).
 //!
 //! A page that is not in guest memory yet is placed with `UFFDIO_COPY`
-//! (see [`ferry_backend::uffd`]): the kernel then allocates it already
+//! (see [`ferry_vm::uffd`]): the kernel then allocates it already
 //! filled, instead of zeroing it on first touch and having the data copied
 //! over it. Pages already present (resent in a dirty round) are copied in
 //! as before. The registration ends before the guest runs.
@@ -18,8 +18,8 @@ use crate::transport::Health;
 use crate::wire::delta::{self, DeltaView};
 use crate::wire::pages::Segment;
 use crate::wire::BatchView;
-use ferry_backend::uffd::{Placed, Placer};
-use ferry_backend::{Backing, Gfn, GuestRam, PageBits, PAGE_SIZE};
+use ferry_vm::uffd::{Placed, Placer};
+use ferry_vm::{Backing, Gfn, GuestRam, PageBits, PAGE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
@@ -69,7 +69,7 @@ impl Loaded {
     /// needs userfaultfd, and fails without it.
     pub fn new(
         ram: Arc<GuestRam>,
-        written: &ferry_backend::DirtyPages,
+        written: &ferry_vm::DirtyPages,
         lanes: usize,
         placement: Placement,
         faults: bool,
@@ -176,10 +176,7 @@ impl Loaded {
     /// are stale, so they are dropped and the pages counted as not received;
     /// from now on every page is placed once and never overwritten. Call
     /// after the last precopy round is in, before the guest runs.
-    pub fn begin_postcopy(
-        &self,
-        missing: &ferry_backend::DirtyPages,
-    ) -> Result<(), MigrationError> {
+    pub fn begin_postcopy(&self, missing: &ferry_vm::DirtyPages) -> Result<(), MigrationError> {
         if self.huge.is_some() {
             return self.begin_huge_postcopy(missing);
         }
@@ -202,10 +199,7 @@ impl Loaded {
     /// (a huge page is present or missing as a whole), the current pages
     /// dropped with them are staged as zeros or asked for again, and the
     /// registration for faults begins.
-    fn begin_huge_postcopy(
-        &self,
-        missing: &ferry_backend::DirtyPages,
-    ) -> Result<(), MigrationError> {
+    fn begin_huge_postcopy(&self, missing: &ferry_vm::DirtyPages) -> Result<(), MigrationError> {
         let max = crate::wire::messages::MAX_REQUEST_PAGES;
         let mut extras: Vec<(u64, u32)> = Vec::new();
         let mut zeros = Vec::new();

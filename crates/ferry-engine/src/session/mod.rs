@@ -58,7 +58,7 @@ use crate::wire::Message;
 /// Reads the guest's own checks on a paused source, where the VMM gave a
 /// probe, into the summary.
 pub(crate) fn probe_paused(
-    vm: &dyn ferry_backend::Vm,
+    vm: &dyn ferry_vm::Vm,
     opts: &PrecopyOptions,
     summary: &mut crate::summary::MigrationSummary,
 ) -> Result<(), MigrationError> {

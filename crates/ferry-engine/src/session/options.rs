@@ -8,7 +8,7 @@ use crate::converge::ConvergeMode;
 use crate::error::OptionsError;
 use crate::tunables::{Tunables, DOWNTIME_MS, MAX_ROUNDS};
 use crate::wire::ExpectedVm;
-use ferry_backend::{BlockScope, Blocker, GuestProbe, Vm};
+use ferry_vm::{BlockScope, Blocker, GuestProbe, Vm};
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
@@ -231,7 +231,7 @@ pub struct ReceiveOptions {
     pub blockers: Vec<Blocker>,
     /// The most device state (the sections at the switchover) this
     /// destination takes, in bytes. A source whose sections declare more
-    /// ([`ferry_backend::SectionSpec::max_bytes`]) is refused before any
+    /// ([`ferry_vm::SectionSpec::max_bytes`]) is refused before any
     /// memory moves, naming the largest; more arriving fails the migration
     /// before it is held in memory.
     pub max_device_bytes: u64,

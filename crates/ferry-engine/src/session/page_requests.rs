@@ -7,7 +7,7 @@
 use crate::error::MigrationError;
 use crate::transport::Channel;
 use crate::wire::Message;
-use ferry_backend::Gfn;
+use ferry_vm::Gfn;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

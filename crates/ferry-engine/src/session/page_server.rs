@@ -22,7 +22,7 @@ use crate::transport::{Channel, Health};
 use crate::tunables::TokenBucket;
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::{FrameKind, Message, PageBatch, StreamError};
-use ferry_backend::{DirtyPages, Gfn, GuestRam, PageBits};
+use ferry_vm::{DirtyPages, Gfn, GuestRam, PageBits};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -210,7 +210,7 @@ fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_backend::Backing;
+    use ferry_vm::Backing;
 
     fn served(pages: &[u64]) -> Served {
         let ram = Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap());

@@ -275,7 +275,7 @@ mod tests {
     use super::*;
     use crate::session::Placement;
     use crate::wire::PageBatch;
-    use ferry_backend::{Backing, DirtyPages, Gfn, GuestRam};
+    use ferry_vm::{Backing, DirtyPages, Gfn, GuestRam};
 
     fn batch_of(first: u64, fill: u8) -> Vec<u8> {
         let mut b = PageBatch::new(2);

@@ -21,7 +21,7 @@ use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::messages::Hello;
 use crate::wire::messages::PRIORITY_CHANNEL;
 use crate::wire::{FrameKind, Message, PageBatch, StreamHeader, VERSION};
-use ferry_backend::{DirtyPages, Gfn, GuestRam, Lifecycle, Vm, PAGE_SIZE};
+use ferry_vm::{DirtyPages, Gfn, GuestRam, Lifecycle, Vm, PAGE_SIZE};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,7 +51,7 @@ pub fn fresh_summary(
         backend: vm.vmm_id().to_string(),
         mode: opts.mode,
         postcopy: None,
-        dirty_tracking: ferry_backend::dirty_tracking(vm),
+        dirty_tracking: ferry_vm::dirty_tracking(vm),
         wire_version: VERSION,
         connections,
         tls,
@@ -65,7 +65,7 @@ pub fn fresh_summary(
         device_state_bytes_per_sec: super::device_cost::rate(vm.vmm_id()),
         device_bytes_at_pause: 0,
         device_bytes_live: 0,
-        discarded_bytes: vm.ram().discarded_pages() * ferry_backend::PAGE_SIZE as u64,
+        discarded_bytes: vm.ram().discarded_pages() * ferry_vm::PAGE_SIZE as u64,
         digest_ms: 0.0,
         verify_before_resume: opts.verify_before_resume,
         bytes_sent: 0,
@@ -298,10 +298,10 @@ pub(crate) struct Source<'a> {
     pub(crate) section_bytes: std::collections::BTreeMap<String, u64>,
     /// The sections the header announced, with the versions their specs
     /// state: a section saved at the pause takes its version from here.
-    pub(crate) section_ids: Vec<ferry_backend::SectionId>,
-    /// The VM's live sections ([`ferry_backend::LiveState`]), sent during
+    pub(crate) section_ids: Vec<ferry_vm::SectionId>,
+    /// The VM's live sections ([`ferry_vm::LiveState`]), sent during
     /// the rounds; empty where the destination (wire 5) cannot take them.
-    pub(crate) live: Vec<ferry_backend::SectionId>,
+    pub(crate) live: Vec<ferry_vm::SectionId>,
     /// The devices' state sections, saved at the pause (the Sections
     /// frame's payload).
     pub(crate) sections: Option<Vec<u8>>,

@@ -57,7 +57,7 @@ impl Source<'_> {
     /// the sections saved at the pause.
     pub(crate) fn send_vcpu_state(&mut self) -> Result<(), MigrationError> {
         let saving = Instant::now();
-        let state = ferry_backend::save_vcpu_state(&mut *self.vm)
+        let state = ferry_vm::save_vcpu_state(&mut *self.vm)
             .map_err(MigrationError::backend("save vCPU state"))?;
         self.summary.save_vcpus_ms = ms(saving.elapsed());
         self.ctl.send_frame(FrameKind::VcpuState, &state)?;

@@ -26,7 +26,7 @@
 //! written after a harvest faults again, so hot pages are logged (and, under
 //! the quota, metered) once per interval instead of once per round.
 
-use ferry_backend::{DirtyPages, Gfn};
+use ferry_vm::{DirtyPages, Gfn};
 
 /// Pages harvested within the current round, filed by the send cursor.
 #[derive(Debug)]

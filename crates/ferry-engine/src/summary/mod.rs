@@ -6,7 +6,7 @@ mod postcopy;
 
 use crate::choices::{Compression, ConvergeMode, Mode};
 pub use converge::{Escalation, PolicyForecast, Prediction, ThrottleStep};
-use ferry_backend::GuestCheck;
+use ferry_vm::GuestCheck;
 pub use postcopy::PostcopyReport;
 use serde::Serialize;
 
@@ -98,7 +98,7 @@ pub struct MigrationSummary {
     /// "completed", "failed", or "held" (the Commit was lost: see
     /// [`Outcome::Held`]; `error` says why).
     pub status: Outcome,
-    /// The VMM that ran the source (its [`ferry_backend::Vm::vmm_id`]): a
+    /// The VMM that ran the source (its [`ferry_vm::Vm::vmm_id`]): a
     /// name each VMM gives itself, so a string, not an enum.
     pub backend: String,
     /// precopy, postcopy or hybrid (what was asked; `postcopy` says
@@ -145,10 +145,10 @@ pub struct MigrationSummary {
     /// Bytes of device state (the encoded sections) sent at the pause.
     pub device_bytes_at_pause: u64,
     /// Bytes of live device state sent during the rounds, while the guest
-    /// ran ([`ferry_backend::LiveState`]).
+    /// ran ([`ferry_vm::LiveState`]).
     pub device_bytes_live: u64,
     /// Guest memory the VMM had marked discarded as the migration started
-    /// ([`ferry_backend::GuestRam::discard_range`]): read as zero, not
+    /// ([`ferry_vm::GuestRam::discard_range`]): read as zero, not
     /// sent as data.
     #[serde(default)]
     pub discarded_bytes: u64,
@@ -197,7 +197,7 @@ pub struct MigrationSummary {
     pub digest_checked: bool,
     /// Errors the guest's own checks counted ([`GuestCheck::errors`]):
     /// before the switchover, plus after it where the caller heard from
-    /// the destination. Absent without a [`ferry_backend::GuestProbe`].
+    /// the destination. Absent without a [`ferry_vm::GuestProbe`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guest_mismatches: Option<u64>,
     /// Of those, counted on the source up to the pause (the probe's reading

@@ -84,7 +84,7 @@ pub(crate) fn spawn(
     let health = Arc::clone(health);
     let thread = name.clone();
     std::thread::Builder::new().name(name).spawn(move || {
-        if let Some(message) = ferry_backend::catch_panic(body) {
+        if let Some(message) = ferry_vm::catch_panic(body) {
             health.fail(MigrationError::Panicked { thread, message });
         }
     })

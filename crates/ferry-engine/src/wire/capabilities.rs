@@ -34,7 +34,7 @@ pub const ZSTD: &str = "zstd";
 pub const SECTION_PARTS: &str = "section-parts";
 
 /// Device state sent while the guest runs (LiveSection frames during the
-/// precopy rounds, see [`ferry_backend::LiveState`]): asked when the VM
+/// precopy rounds, see [`ferry_vm::LiveState`]): asked when the VM
 /// has live sections.
 pub const LIVE_SECTIONS: &str = "live-sections";
 

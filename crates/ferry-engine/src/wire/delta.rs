@@ -23,7 +23,7 @@
 //! sent copy when a later round's batch is applied, and a page that went
 //! out zero, or left the cache, is sent whole next time.
 
-use ferry_backend::{Gfn, PAGE_SIZE};
+use ferry_vm::{Gfn, PAGE_SIZE};
 
 /// Largest delta worth sending: past this, the page goes whole.
 pub const MAX_DELTA_LEN: usize = PAGE_SIZE / 2;

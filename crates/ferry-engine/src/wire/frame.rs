@@ -18,7 +18,7 @@
 use super::compress::{FLAG_LZ4, FLAG_ZSTD};
 use super::{StreamError, MAX_FRAME_LEN};
 use crate::digest::{hash_u64s, page_hash};
-use ferry_backend::PAGE_SIZE;
+use ferry_vm::PAGE_SIZE;
 use std::fmt;
 use xxhash_rust::xxh3::Xxh3;
 

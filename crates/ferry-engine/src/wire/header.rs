@@ -10,8 +10,8 @@
 //!
 //! JSON inside a checksummed frame: read once, and easy to extend.
 
-use ferry_backend::types::human_bytes;
-use ferry_backend::{Vm, PAGE_SIZE};
+use ferry_vm::types::human_bytes;
+use ferry_vm::{Vm, PAGE_SIZE};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -45,14 +45,14 @@ pub struct StreamHeader {
     /// The device-state sections the switchover will carry, so that a
     /// destination that cannot load one refuses before any memory moves.
     #[serde(default)]
-    pub sections: Vec<ferry_backend::SectionId>,
+    pub sections: Vec<ferry_vm::SectionId>,
     /// Wire 6 on: the capabilities this migration may use
     /// ([`super::capabilities`]); the destination answers in Accept. Absent
     /// on wire 5, whose peers have them all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<Vec<String>>,
     /// What each instance of a section may take, by section name, where
-    /// its VMM declared it ([`ferry_backend::SectionSpec::max_bytes`]): the
+    /// its VMM declared it ([`ferry_vm::SectionSpec::max_bytes`]): the
     /// destination refuses device state larger than it takes before any
     /// memory moves. Absent when none is declared (and from older sources).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -63,7 +63,7 @@ pub struct StreamHeader {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<serde_json::Value>,
     /// Whether the VM keeps vCPU state outside its sections
-    /// ([`ferry_backend::VcpuState`]): a destination that differs refuses
+    /// ([`ferry_vm::VcpuState`]): a destination that differs refuses
     /// before any memory moves. Absent (an older source): it does.
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub vcpu_state: bool,
@@ -85,7 +85,7 @@ impl std::fmt::Display for Region {
 }
 
 /// The regions of `ram`.
-pub fn regions_of(ram: &ferry_backend::GuestRam) -> Vec<Region> {
+pub fn regions_of(ram: &ferry_vm::GuestRam) -> Vec<Region> {
     ram.slots()
         .iter()
         .map(|s| Region {
@@ -112,9 +112,10 @@ pub struct ExpectedVm {
 }
 
 /// A header the destination cannot take.
+#[non_exhaustive]
 #[derive(Debug, Error)]
 pub enum HeaderError {
-    /// The two VMs differ in keeping vCPU state ([`ferry_backend::VcpuState`]).
+    /// The two VMs differ in keeping vCPU state ([`ferry_vm::VcpuState`]).
     #[error("{0}")]
     VcpuState(String),
     /// Not JSON of the right shape.
@@ -181,7 +182,7 @@ impl StreamHeader {
             regions: regions_of(vm.ram()),
             memory_bytes: vm.ram().size(),
             page_size: PAGE_SIZE as u32,
-            dirty_tracking: ferry_backend::dirty_tracking(vm),
+            dirty_tracking: ferry_vm::dirty_tracking(vm),
             vmm_config: vm.vmm_config(),
             sections: crate::wire::sections::manifest(&vm.state_sections()),
             section_bytes: crate::wire::sections::declared(&vm.state_sections()),
@@ -204,7 +205,7 @@ impl StreamHeader {
     }
 
     /// The frames guest memory spans, holes included: frames are numbered
-    /// `0..pages()`, as in [`ferry_backend::GuestRam::pages`].
+    /// `0..pages()`, as in [`ferry_vm::GuestRam::pages`].
     pub fn pages(&self) -> u64 {
         self.regions
             .last()

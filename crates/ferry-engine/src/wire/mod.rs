@@ -107,6 +107,7 @@ pub const PREAMBLE_LEN: usize = 16;
 pub const MAX_FRAME_LEN: u32 = 32 << 20;
 
 /// Errors reading or writing the stream.
+#[non_exhaustive]
 #[derive(Debug, Error)]
 pub enum StreamError {
     /// The first bytes are not ferry's magic.

@@ -7,7 +7,7 @@
 //! even touch those pages. Zero detection ORs 64-byte blocks as u64 words,
 //! which the compiler turns into wide vector loads.
 
-use ferry_backend::{Gfn, PAGE_SIZE};
+use ferry_vm::{Gfn, PAGE_SIZE};
 
 /// Most pages in one batch (16 MiB of data; the frame limit leaves room).
 pub const MAX_BATCH_PAGES: usize = 4096;

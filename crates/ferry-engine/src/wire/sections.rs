@@ -1,5 +1,5 @@
 //! The device-state sections at the switchover, and the destination's
-//! checks of them (see [`ferry_backend::section`] for the model).
+//! checks of them (see [`ferry_vm::section`] for the model).
 //!
 //! ```text
 //!   Sections frame:  u32 count, then per section
@@ -15,7 +15,7 @@
 //! its subsections ([`check_sections`]); each refusal names the section and
 //! both versions.
 
-use ferry_backend::{Section, SectionId, SectionSpec, Subsection};
+use ferry_vm::{Section, SectionId, SectionSpec, Subsection};
 use std::collections::BTreeMap;
 use thiserror::Error;
 
@@ -30,6 +30,7 @@ const SECTION_OVERHEAD: u64 = 2 + MAX_NAME as u64 + 4 + 4 + 4 + 2;
 pub const MAX_NAME: usize = 255;
 
 /// A section the destination cannot take.
+#[non_exhaustive]
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SectionError {
     /// The destination's VMM has no section of that name.
@@ -155,7 +156,7 @@ pub enum SectionError {
 }
 
 fn human(bytes: u64) -> String {
-    ferry_backend::types::human_bytes(bytes)
+    ferry_vm::types::human_bytes(bytes)
 }
 
 fn name_list(names: &[String]) -> String {

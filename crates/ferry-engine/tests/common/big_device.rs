@@ -5,8 +5,8 @@
 //! sent, each `u32 block | 64 KiB`.
 
 use super::*;
-use ferry_backend::{LiveState, SectionId};
 use ferry_engine::{migrate, MigrationSummary, NoProgress};
+use ferry_vm::{LiveState, SectionId};
 
 /// Bytes per block.
 pub const BLOCK: usize = 64 << 10;
@@ -44,8 +44,8 @@ impl Blocks {
         out
     }
 
-    fn apply(&mut self, entries: &[u8]) -> Result<(), BackendError> {
-        let bad = |reason: String| BackendError::BadSection {
+    fn apply(&mut self, entries: &[u8]) -> Result<(), VmError> {
+        let bad = |reason: String| VmError::BadSection {
             section: "'gpu' instance 0".into(),
             reason,
         };
@@ -177,7 +177,7 @@ impl BigDevice {
     }
 
     /// Loads what came at the pause.
-    pub fn restore(&self, s: &Section) -> Result<(), BackendError> {
+    pub fn restore(&self, s: &Section) -> Result<(), VmError> {
         self.lock().apply(&s.data)
     }
 }
@@ -189,10 +189,10 @@ impl LiveState for BigDevice {
     fn pending(&self, _id: &SectionId) -> u64 {
         (self.lock().dirty_count * ENTRY) as u64
     }
-    fn save(&mut self, _id: &SectionId, max: usize) -> Result<Vec<u8>, BackendError> {
+    fn save(&mut self, _id: &SectionId, max: usize) -> Result<Vec<u8>, VmError> {
         Ok(self.lock().take(max))
     }
-    fn load(&mut self, _id: &SectionId, chunk: &[u8]) -> Result<(), BackendError> {
+    fn load(&mut self, _id: &SectionId, chunk: &[u8]) -> Result<(), VmError> {
         self.lock().apply(chunk)
     }
 }

@@ -18,15 +18,15 @@ pub mod big_device;
 pub mod record;
 pub mod relay;
 
-use ferry_backend::{
-    BackendError, Backing, Blocker, DirtyLog, DirtyPages, DirtySource, DirtySourceError, Gfn, Gpa,
-    GuestCheck, GuestProbe, GuestRam, HarvestStats, ProbeError, Section, SectionSpec,
-    SharedDirtyBitmap, Subsection, TimeThrottle, VcpuState, Vm, PAGE_SIZE,
-};
 use ferry_engine::wire::StreamHeader;
 use ferry_engine::{
     await_migration, listen, receive, MigrationError, PrecopyOptions, ReceiveOptions,
     ReceiveSummary, TcpDialer,
+};
+use ferry_vm::{
+    Backing, Blocker, DirtyLog, DirtyPages, DirtySource, DirtySourceError, Gfn, Gpa, GuestCheck,
+    GuestProbe, GuestRam, HarvestStats, ProbeError, Section, SectionSpec, SharedDirtyBitmap,
+    Subsection, TimeThrottle, VcpuState, Vm, VmError, PAGE_SIZE,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -189,7 +189,7 @@ pub fn spawn_receiver_with(
     let to = TcpDialer(listener.local_addr().unwrap().to_string());
     let dest = std::thread::spawn(move || {
         let incoming = await_migration(&listener, None)?;
-        let mut create = |h: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
+        let mut create = |h: &StreamHeader| -> Result<Box<dyn Vm>, VmError> {
             let mut vm = TestVm::new(&TestVm::config_from(h, backing)?)?;
             build(&mut vm);
             Ok(Box::new(vm) as Box<dyn Vm>)
@@ -209,8 +209,8 @@ pub fn spawn_receiver_with(
 
 /// Skips (with a line saying so) where userfaultfd is unavailable.
 pub fn uffd_available(test: &str) -> bool {
-    let ram = ferry_backend::GuestRam::new(&[2 << 20], ferry_backend::Backing::Anonymous).unwrap();
-    match ferry_backend::uffd::Placer::register_for_faults(&ram) {
+    let ram = ferry_vm::GuestRam::new(&[2 << 20], ferry_vm::Backing::Anonymous).unwrap();
+    match ferry_vm::uffd::Placer::register_for_faults(&ram) {
         Ok(_) => true,
         Err(e) => {
             println!("SKIP {test}: userfaultfd is unavailable here ({e})");
@@ -220,7 +220,7 @@ pub fn uffd_available(test: &str) -> bool {
 }
 
 /// Builds a destination test VM from a stream header.
-pub fn create_test_vm(h: &StreamHeader) -> Result<Box<dyn Vm>, BackendError> {
+pub fn create_test_vm(h: &StreamHeader) -> Result<Box<dyn Vm>, VmError> {
     TestVm::boxed(&TestVm::config_from(h, Backing::Anonymous)?)
 }
 
@@ -413,7 +413,7 @@ impl Devices {
 }
 
 impl TestVm {
-    pub fn new(config: &TestConfig) -> Result<Self, BackendError> {
+    pub fn new(config: &TestConfig) -> Result<Self, VmError> {
         let ram = GuestRam::with_regions(&config.regions(), config.backing)?;
         // Something for the VMM to have written at build time, as VMMs do.
         ram.store_u64(MARKER, 0xc0de)?;
@@ -443,17 +443,17 @@ impl TestVm {
         }
     }
 
-    pub fn boxed(config: &TestConfig) -> Result<Box<dyn Vm>, BackendError> {
+    pub fn boxed(config: &TestConfig) -> Result<Box<dyn Vm>, VmError> {
         Ok(Box::new(Self::new(config)?))
     }
 
     /// The configuration a stream header describes, on `backing`.
-    pub fn config_from(h: &StreamHeader, backing: Backing) -> Result<TestConfig, BackendError> {
+    pub fn config_from(h: &StreamHeader, backing: Backing) -> Result<TestConfig, VmError> {
         if h.vmm != TEST_VMM {
-            return Err(BackendError::Guest(format!("not a test VM: {}", h.vmm)));
+            return Err(VmError::Guest(format!("not a test VM: {}", h.vmm)));
         }
         let config: TestConfig = serde_json::from_value(h.vmm_config.clone())
-            .map_err(|e| BackendError::Guest(e.to_string()))?;
+            .map_err(|e| VmError::Guest(e.to_string()))?;
         Ok(TestConfig { backing, ..config })
     }
 
@@ -533,7 +533,7 @@ impl Vm for TestVm {
     fn ram(&self) -> &Arc<GuestRam> {
         &self.ram
     }
-    fn start(&mut self) -> Result<(), BackendError> {
+    fn start(&mut self) -> Result<(), VmError> {
         if self.worker.is_none() {
             self.stop.store(false, Ordering::Release);
             let (ram, pos, stop, throttle, last) = (
@@ -554,13 +554,13 @@ impl Vm for TestVm {
         }
         Ok(())
     }
-    fn pause(&mut self) -> Result<(), BackendError> {
+    fn pause(&mut self) -> Result<(), VmError> {
         if let Some(big) = &mut self.big {
             big.halt();
         }
         self.stop.store(true, Ordering::Release);
         if let Some(w) = self.worker.take() {
-            w.join().map_err(|_| BackendError::VcpuFailed {
+            w.join().map_err(|_| VmError::VcpuFailed {
                 vcpu: 0,
                 reason: "panicked".into(),
             })?;
@@ -570,9 +570,9 @@ impl Vm for TestVm {
     fn is_running(&self) -> bool {
         self.worker.is_some()
     }
-    fn check_health(&self) -> Result<(), BackendError> {
+    fn check_health(&self) -> Result<(), VmError> {
         match &self.worker {
-            Some(w) if w.is_finished() => Err(BackendError::VcpuFailed {
+            Some(w) if w.is_finished() => Err(VmError::VcpuFailed {
                 vcpu: 0,
                 reason: "guest thread exited".into(),
             }),
@@ -582,11 +582,12 @@ impl Vm for TestVm {
     fn dirty_sources(&mut self) -> &mut [Box<dyn DirtySource>] {
         &mut self.sources
     }
-    fn migration_event(&mut self, event: ferry_backend::Lifecycle<'_>) {
+    fn migration_event(&mut self, event: ferry_vm::Lifecycle<'_>) {
         let name = match event {
-            ferry_backend::Lifecycle::Started => "started".to_string(),
-            ferry_backend::Lifecycle::Completed => "completed".to_string(),
-            ferry_backend::Lifecycle::Aborted(why) => format!("aborted: {why}"),
+            ferry_vm::Lifecycle::Started => "started".to_string(),
+            ferry_vm::Lifecycle::Completed => "completed".to_string(),
+            ferry_vm::Lifecycle::Aborted(why) => format!("aborted: {why}"),
+            other => format!("{other:?}"),
         };
         self.events.lock().unwrap().push(name);
     }
@@ -595,13 +596,13 @@ impl Vm for TestVm {
         specs.extend(self.big.as_ref().map(|b| b.spec()));
         specs
     }
-    fn live_state(&mut self) -> Option<&mut dyn ferry_backend::LiveState> {
+    fn live_state(&mut self) -> Option<&mut dyn ferry_vm::LiveState> {
         self.big
             .as_mut()
             .filter(|b| b.live)
-            .map(|b| b as &mut dyn ferry_backend::LiveState)
+            .map(|b| b as &mut dyn ferry_vm::LiveState)
     }
-    fn save_sections(&mut self) -> Result<Vec<Section>, BackendError> {
+    fn save_sections(&mut self) -> Result<Vec<Section>, VmError> {
         if let Some((gpa, value)) = self.devices.save_writes {
             self.ram.store_u64(gpa, value)?;
         }
@@ -613,7 +614,7 @@ impl Vm for TestVm {
         all.extend(self.big.as_ref().map(|b| b.save_rest()));
         Ok(all)
     }
-    fn restore_sections(&mut self, sections: &[Section]) -> Result<(), BackendError> {
+    fn restore_sections(&mut self, sections: &[Section]) -> Result<(), VmError> {
         let mut rest = Vec::new();
         for s in sections {
             match &self.big {
@@ -642,32 +643,32 @@ impl DirtyLog for TestVm {
     fn method(&self) -> String {
         "vmm-bitmap".into()
     }
-    fn start_dirty_log(&mut self) -> Result<(), BackendError> {
+    fn start_dirty_log(&mut self) -> Result<(), VmError> {
         self.logging = true;
         Ok(())
     }
-    fn harvest_dirty(&mut self, _into: &mut DirtyPages) -> Result<HarvestStats, BackendError> {
+    fn harvest_dirty(&mut self, _into: &mut DirtyPages) -> Result<HarvestStats, VmError> {
         // Every guest write goes through GuestRam, so the engine's
         // take_vmm_dirty sees it; the "hardware" log is empty.
         Ok(HarvestStats::default())
     }
-    fn stop_dirty_log(&mut self) -> Result<(), BackendError> {
+    fn stop_dirty_log(&mut self) -> Result<(), VmError> {
         self.logging = false;
         Ok(())
     }
 }
 
 impl TimeThrottle for TestVm {
-    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError> {
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), VmError> {
         self.throttle.store(u64::from(percent), Ordering::Relaxed);
         Ok(())
     }
 }
 
 impl VcpuState for TestVm {
-    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError> {
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, VmError> {
         if self.is_running() {
-            return Err(BackendError::NotPaused("save vCPUs"));
+            return Err(VmError::NotPaused("save vCPUs"));
         }
         if self.untracked_write_on_save {
             let gpa = self.config.data_gpa(12).add(512);
@@ -675,13 +676,13 @@ impl VcpuState for TestVm {
         }
         Ok(self.position.load(Ordering::Acquire).to_le_bytes().to_vec())
     }
-    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError> {
+    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), VmError> {
         if self.fail_restore {
-            return Err(BackendError::BadVcpuState("this test VM loads none".into()));
+            return Err(VmError::BadVcpuState("this test VM loads none".into()));
         }
         let bytes: [u8; 8] = state
             .try_into()
-            .map_err(|_| BackendError::BadVcpuState(format!("{} bytes", state.len())))?;
+            .map_err(|_| VmError::BadVcpuState(format!("{} bytes", state.len())))?;
         self.position
             .store(u64::from_le_bytes(bytes), Ordering::Release);
         Ok(())

@@ -2,9 +2,9 @@
 //! go, written by ferry-kvm's [`Cpl3Image`], and the code and parameters
 //! each vCPU starts with.
 
-use ferry_backend::{Gpa, GuestRam, RamError};
 use ferry_kvm::boot::Cpl3Image;
 use ferry_memstress::{self as memstress, MemoryLayout, Workload, SLEEP_PORT};
+use ferry_vm::{Gpa, GuestRam, RamError};
 use kvm_bindings::{kvm_regs, kvm_sregs};
 
 /// Guest-physical address of the TSS (the page between the PDPT and the params).
@@ -88,7 +88,7 @@ pub fn initial_regs(vcpu: u32) -> kvm_regs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_backend::Backing;
+    use ferry_vm::Backing;
 
     #[test]
     fn page_tables_identity_map_with_user_bit() {

@@ -1,8 +1,8 @@
 //! What the kvm tests share.
 
-use ferry_backend::Vm;
 use ferry_kvm_memstress::KvmVm;
 use ferry_memstress::read_progress;
+use ferry_vm::Vm;
 use std::time::{Duration, Instant};
 
 /// Waits (at most 60 s, the vCPUs healthy) until every vCPU of `vm` has

@@ -27,7 +27,7 @@ pub use vcpu::{VcpuContext, VcpuError, VcpuSnapshot};
 pub use vm_level::{Chips, Irqchip, VmDevices, VmSnapshot, VmStateError};
 pub use xsave::{XsaveError, XsaveKind};
 
-use ferry_backend::BackendError;
+use ferry_vm::VmError;
 use kvm_ioctls::VcpuFd;
 use serde::{Deserialize, Serialize};
 
@@ -81,12 +81,12 @@ impl StateError {
     }
 }
 
-impl From<StateError> for BackendError {
+impl From<StateError> for VmError {
     /// State that does not fit is `BadVcpuState`; a KVM failure is an
     /// operation error of the kvm backend.
     fn from(e: StateError) -> Self {
         if e.is_unfit() {
-            BackendError::BadVcpuState(ferry_backend::error_chain(&e))
+            VmError::BadVcpuState(ferry_vm::error_chain(&e))
         } else {
             crate::KvmError::State(e).into()
         }

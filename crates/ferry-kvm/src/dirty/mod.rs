@@ -25,7 +25,7 @@ pub use tracking::DirtyTracking;
 use crate::error::{ioctl, KvmError};
 use crate::ioctls;
 use crate::memory::set_slot_logging;
-use ferry_backend::{DirtyPages, GuestRam, HarvestStats};
+use ferry_vm::{DirtyPages, GuestRam, HarvestStats};
 use kvm_bindings::kvm_enable_cap;
 use kvm_ioctls::VmFd;
 use ring::{DirtyRing, RingPages};

@@ -13,7 +13,7 @@
 
 use crate::error::{ioctl, KvmError};
 use crate::ioctls;
-use ferry_backend::{DirtyPages, Gfn, SharedDirtyBitmap};
+use ferry_vm::{DirtyPages, Gfn, SharedDirtyBitmap};
 use kvm_bindings::{kvm_dirty_gfn, KVM_DIRTY_LOG_PAGE_OFFSET};
 use kvm_ioctls::{VcpuFd, VmFd};
 use std::os::fd::AsRawFd;

@@ -1,10 +1,10 @@
 //! KVM's dirty log over a VMM's own `VmFd`, as the engine's
 //! [`DirtySource`]: a VMM built from rust-vmm crates (its own VM, vCPUs and
-//! memory) hands it to the engine through [`ferry_backend::Vm::dirty_sources`]
+//! memory) hands it to the engine through [`ferry_vm::Vm::dirty_sources`]
 //! and gets the bitmap or the paced-clear log without writing either.
 //!
 //! The VMM registers each region of its [`GuestRam`] as the KVM memory slot
-//! of the same number ([`ferry_backend::RamSlot::slot`]: region order for
+//! of the same number ([`ferry_vm::RamSlot::slot`]: region order for
 //! [`GuestRam::from_memory`]), at its address. Starting the source
 //! re-registers the slots with `KVM_MEM_LOG_DIRTY_PAGES`; stopping it turns
 //! logging off again.
@@ -21,7 +21,7 @@ use super::ring::{DirtyRing, RingPages};
 use super::DirtyTracking;
 use super::{enable_caps, DirtyLog, EnabledRing};
 use crate::error::KvmError;
-use ferry_backend::{DirtyPages, DirtySource, DirtySourceError, GuestRam};
+use ferry_vm::{DirtyPages, DirtySource, DirtySourceError, GuestRam};
 use kvm_ioctls::{VcpuFd, VmFd};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -126,10 +126,7 @@ impl DirtySource for KvmDirtySource {
     }
     fn stop(&mut self) {
         if let Err(e) = self.log.stop() {
-            tracing::warn!(
-                "stopping the kvm dirty log: {}",
-                ferry_backend::error_chain(&e)
-            );
+            tracing::warn!("stopping the kvm dirty log: {}", ferry_vm::error_chain(&e));
         }
     }
 }

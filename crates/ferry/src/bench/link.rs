@@ -194,8 +194,8 @@ fn raw_tcp(n: usize, secs: f64) -> Result<f64, CmdError> {
 /// time (a batch's size). No framing, checksum or digest: what is left of a
 /// first pass once every check is taken away. GiB/s of bytes placed.
 fn raw_tcp_placed(n: usize, mem: u64) -> Result<f64, CmdError> {
-    use ferry_backend::uffd::Placer;
-    use ferry_backend::{Backing, Gfn, GuestRam, PAGE_SIZE};
+    use ferry_vm::uffd::Placer;
+    use ferry_vm::{Backing, Gfn, GuestRam, PAGE_SIZE};
     const CHUNK: u64 = 1 << 20;
     let fail = |e: String| CmdError::Failed(format!("raw loopback TCP, placed: {e}"));
     let per = (mem / n as u64) / CHUNK * CHUNK;

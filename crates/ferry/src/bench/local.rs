@@ -17,7 +17,6 @@
 use crate::cmd::CmdError;
 use crate::vms::BackendKind;
 use clap::Args;
-use ferry_backend::{Backing, GuestRam, Vm};
 use ferry_engine::local::{
     await_local, listen_local, migrate_local, receive_local, LocalOptions, PausePhases,
 };
@@ -28,6 +27,7 @@ use ferry_kvm_memstress::{KvmVm, Role};
 use ferry_memstress::{MemstressProbe, VmConfig, Workload};
 use ferry_report::{Plot, Report, Series, Table};
 use ferry_soft::{Mechanisms, SoftVm};
+use ferry_vm::{Backing, GuestRam, Vm};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -116,7 +116,7 @@ fn boot(kind: BackendKind, c: &VmConfig) -> Result<Box<dyn Vm>, CmdError> {
     Ok(match kind {
         BackendKind::Kvm => Box::new(
             KvmVm::new(c.clone(), DirtyTracking::Bitmap, Role::Source)
-                .map_err(ferry_backend::BackendError::from)?,
+                .map_err(ferry_vm::VmError::from)?,
         ),
         BackendKind::Soft => Box::new(SoftVm::new_source(c.clone(), Mechanisms::default())?),
     })
@@ -126,14 +126,14 @@ fn on_ram(
     kind: BackendKind,
     c: &VmConfig,
     ram: GuestRam,
-) -> Result<Box<dyn Vm>, ferry_backend::BackendError> {
+) -> Result<Box<dyn Vm>, ferry_vm::VmError> {
     Ok(match kind {
         BackendKind::Kvm => Box::new(KvmVm::on_ram(c.clone(), DirtyTracking::Bitmap, ram)?),
         BackendKind::Soft => Box::new(SoftVm::on_ram(c.clone(), Mechanisms::default(), ram)?),
     })
 }
 
-fn incoming(kind: BackendKind, c: &VmConfig) -> Result<Box<dyn Vm>, ferry_backend::BackendError> {
+fn incoming(kind: BackendKind, c: &VmConfig) -> Result<Box<dyn Vm>, ferry_vm::VmError> {
     let c = VmConfig {
         backing: Backing::Anonymous,
         ..c.clone()
@@ -146,7 +146,7 @@ fn incoming(kind: BackendKind, c: &VmConfig) -> Result<Box<dyn Vm>, ferry_backen
 
 /// The guest ran on at the destination without counting a stale page.
 fn runs_clean(vm: &dyn Vm) -> bool {
-    use ferry_backend::GuestProbe;
+    use ferry_vm::GuestProbe;
     let Ok(before) = MemstressProbe.read(vm) else {
         return false;
     };

@@ -4,7 +4,6 @@ use super::CmdError;
 use crate::args::{parse_size, BackendArgs, TrackingMode};
 use crate::vms::BackendKind;
 use clap::{Args, Subcommand};
-use ferry_backend::PAGE_SIZE;
 use ferry_bench::demand_paging::{experiment as demand_paging_experiment, DemandPagingOpts};
 use ferry_bench::kvm::dirty_log as dirty_log_kvm;
 use ferry_bench::soft::dirty_log::{dirty_log_experiment, DirtyLogOpts};
@@ -14,6 +13,7 @@ use ferry_kvm::DirtyTracking;
 use ferry_kvm_memstress::Program;
 use ferry_memstress::{AccessOrder, Workload};
 use ferry_report::Report;
+use ferry_vm::PAGE_SIZE;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 

@@ -3,8 +3,8 @@
 
 use super::CmdError;
 use clap::Args;
-use ferry_backend::error_chain as chain;
 use ferry_engine::transport::tls::{pki, CA_FILE, CERT_FILE, KEY_FILE};
+use ferry_vm::error_chain as chain;
 use std::process::ExitCode;
 
 /// Arguments of `ferry certs`.

@@ -77,7 +77,7 @@ fn describe(event: &Value) -> String {
                 data["downtime_ms"].as_f64().unwrap_or(0.0),
                 data["total_ms"].as_f64().unwrap_or(0.0) / 1e3,
                 data["rounds"],
-                ferry_backend::types::human_bytes(data["bytes_sent"].as_u64().unwrap_or(0)),
+                ferry_vm::types::human_bytes(data["bytes_sent"].as_u64().unwrap_or(0)),
             );
             if let Some(e) = data["error"].as_str() {
                 line.push_str(&format!("; error: {e}"));
@@ -148,7 +148,7 @@ struct Session {
 impl Session {
     fn open(a: &CtlArgs) -> Result<Session, CmdError> {
         let conn = UnixStream::connect(&a.socket).map_err(|source| {
-            CmdError::Failed(ferry_backend::error_chain(&ControlError::Connect {
+            CmdError::Failed(ferry_vm::error_chain(&ControlError::Connect {
                 path: a.socket.clone(),
                 source,
             }))

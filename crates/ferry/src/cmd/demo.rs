@@ -8,7 +8,7 @@ use crate::args::{BackendArgs, PagingArgs, WorkloadArgs};
 use crate::netns::{LinkShape, NetnsPair, DEST_ADDR};
 use crate::vms;
 use clap::Args;
-use ferry_backend::error_chain as chain;
+use ferry_vm::error_chain as chain;
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -91,7 +91,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     let workload = a.workload.workload().map_err(CmdError::Usage)?;
     let config = a.backend.config(workload);
     // Refuse a guest this host cannot hold before starting anything.
-    config.admit().map_err(ferry_backend::BackendError::from)?;
+    config.admit().map_err(ferry_vm::VmError::from)?;
     let mut a = a;
     // The demo shows what to expect before it starts.
     a.migration.predict = true;

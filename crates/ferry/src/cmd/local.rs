@@ -6,12 +6,12 @@ use super::migrate::MigrateArgs;
 use super::receive::ReceiveArgs;
 use super::CmdError;
 use crate::vms;
-use ferry_backend::{error_chain as chain, BackendError, Backing, GuestProbe, GuestRam, Vm};
 use ferry_engine::local::{
     await_local, listen_local, migrate_local, receive_local, LocalOptions, LocalSummary,
 };
 use ferry_engine::wire::StreamHeader;
 use ferry_memstress::MemstressProbe;
+use ferry_vm::{error_chain as chain, Backing, GuestProbe, GuestRam, Vm, VmError};
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
@@ -29,7 +29,7 @@ fn report(s: &LocalSummary, json: bool) {
     eprintln!(
         "ferry: same-host migration {:?}: {} of memory mapped, not copied; downtime {:.2} ms, total {:.1} ms, digest {}",
         s.status,
-        ferry_backend::types::human_bytes(s.memory_bytes),
+        ferry_vm::types::human_bytes(s.memory_bytes),
         s.downtime_ms,
         s.total_ms,
         if s.digest_match { "match" } else { "MISMATCH" }
@@ -103,7 +103,7 @@ pub fn receive(a: &ReceiveArgs, socket: &Path) -> Result<ExitCode, CmdError> {
     };
     shared.monitor.begin_incoming();
     let backend = a.backend.clone();
-    let mut create = |h: &StreamHeader, ram: GuestRam| -> Result<Box<dyn Vm>, BackendError> {
+    let mut create = |h: &StreamHeader, ram: GuestRam| -> Result<Box<dyn Vm>, VmError> {
         let (kind, cfg) = vms::from_stream(&h.vmm, &h.vmm_config, ram.backing())?;
         vms::create_on_ram(kind, &cfg, &backend, ram)
     };

@@ -7,8 +7,6 @@ use crate::progress_bar::MigrationBar;
 use crate::vcpu_share::{Sample, ShareWatch};
 use crate::{summary, vms};
 use clap::Args;
-use ferry_backend::error_chain as chain;
-use ferry_backend::Vm;
 use ferry_engine::converge::ConvergeMode;
 use ferry_engine::postcopy::DEFAULT_RECOVER_TIMEOUT;
 use ferry_engine::precopy::Compression;
@@ -21,6 +19,8 @@ use ferry_engine::tunables::{
 use ferry_engine::{Both, Mode, NoProgress, PostcopyResume, Progress, TunableChange};
 use ferry_engine::{Dial, MigrationSummary, Outcome, PrecopyOptions, TlsConfig, Tunables};
 use ferry_memstress::{read_progress, set_write_percent, MemstressProbe, Workload};
+use ferry_vm::error_chain as chain;
+use ferry_vm::Vm;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -78,7 +78,7 @@ pub struct MigrationArgs {
     /// per interval; one that used it up sleeps until the next). Shorter:
     /// quicker reaction, smoother, more wake-ups. Changeable live with the
     /// control socket's `set`.
-    #[arg(long = "quota-interval-ms", default_value_t = ferry_backend::QUOTA_INTERVAL.as_millis() as u64,
+    #[arg(long = "quota-interval-ms", default_value_t = ferry_vm::QUOTA_INTERVAL.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(QUOTA_INTERVAL_MS))]
     pub quota_interval_ms: u64,
     /// When precopy stops converging (the bytes left stop shrinking for 3

@@ -20,7 +20,7 @@ pub enum CmdError {
     Usage(String),
     /// The VM failed.
     #[error(transparent)]
-    Backend(#[from] ferry_backend::BackendError),
+    Backend(#[from] ferry_vm::VmError),
     /// Writing a report failed.
     #[error(transparent)]
     Report(#[from] ferry_report::ReportError),

@@ -7,8 +7,6 @@ use crate::args::{parse_size, BackendArgs, PagingArgs};
 use crate::control::{self, VmCommand};
 use crate::vms;
 use clap::Args;
-use ferry_backend::types::human_bytes;
-use ferry_backend::{error_chain as chain, BackendError, Blocker, Vm};
 use ferry_engine::custody::CopyState;
 use ferry_engine::postcopy::DEFAULT_RECOVER_TIMEOUT;
 use ferry_engine::precopy::{DEFAULT_STALL_TIMEOUT, RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS};
@@ -17,6 +15,8 @@ use ferry_engine::{
     ExpectedVm, MigrationError, Outcome, ReceiveOptions, ReceiveSummary, TransportError,
 };
 use ferry_memstress::MemstressProbe;
+use ferry_vm::types::human_bytes;
+use ferry_vm::{error_chain as chain, Blocker, Vm, VmError};
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::mpsc::Receiver;
@@ -208,11 +208,11 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     let memory = a.memory;
     let cpu_without = a.cpu_without.clone();
     let backend = a.backend.clone();
-    let mut create = move |header: &StreamHeader| -> Result<Box<dyn Vm>, BackendError> {
+    let mut create = move |header: &StreamHeader| -> Result<Box<dyn Vm>, VmError> {
         let (kind, cfg) = vms::from_stream(&header.vmm, &header.vmm_config, backend.backing())?;
         let carried = cfg.workload.bytes_per_vcpu * u64::from(cfg.workload.vcpus);
         if let Some(have) = memory.filter(|&m| m != carried) {
-            return Err(BackendError::Operation {
+            return Err(VmError::Operation {
                 backend: kind.to_string(),
                 what: format!(
                     "destination has {} of guest memory, stream carries {}",

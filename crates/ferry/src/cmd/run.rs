@@ -67,7 +67,7 @@ impl Job {
     /// with every page, in custody for a resume; `last` keeps where it went.
     fn run(
         self,
-        vm: &mut dyn ferry_backend::Vm,
+        vm: &mut dyn ferry_vm::Vm,
         tunables: &Arc<Tunables>,
         last: &mut Option<LastJob>,
         reply: std::sync::mpsc::Sender<serde_json::Value>,
@@ -177,19 +177,19 @@ pub struct Serve {
 /// and migrates it when asked. Returns when the VM moved away (success),
 /// was stopped, or `duration` ran out; the exit code says whether the
 /// guest's own checks found a mismatch.
-pub fn serve_vm(vm: &mut dyn ferry_backend::Vm, a: &Serve) -> Result<ExitCode, CmdError> {
+pub fn serve_vm(vm: &mut dyn ferry_vm::Vm, a: &Serve) -> Result<ExitCode, CmdError> {
     let (ctl, commands) = control::Shared::new(CopyState::Running, vm.ram().size());
     // Before the sockets are announced: a signal may follow at once.
     stop_on_signal(&ctl);
     ctl.serve_sockets(a.control.as_deref(), a.qmp.as_deref())
-        .map_err(|e| CmdError::Failed(ferry_backend::error_chain(&e)))?;
+        .map_err(|e| CmdError::Failed(ferry_vm::error_chain(&e)))?;
     serve_vm_on(vm, a, ctl, commands)
 }
 
 /// [`serve_vm`] with its monitor's sockets up already: a destination's,
 /// which served them while the VM arrived (its custody says how it did).
 pub fn serve_vm_on(
-    vm: &mut dyn ferry_backend::Vm,
+    vm: &mut dyn ferry_vm::Vm,
     a: &Serve,
     ctl: control::Shared,
     commands: std::sync::mpsc::Receiver<VmCommand>,
@@ -226,7 +226,7 @@ pub fn serve_vm_on(
             Ok(VmCommand::Throttle { percent, reply }) => {
                 let throttled = match vm.time_throttle() {
                     Some(t) => t.set_time_throttle(percent.min(99)),
-                    None => Err(ferry_backend::BackendError::Operation {
+                    None => Err(ferry_vm::VmError::Operation {
                         backend: vm.vmm_id().to_string(),
                         what: "this VM declares no time throttle".into(),
                         source: None,
@@ -235,7 +235,7 @@ pub fn serve_vm_on(
                 let answer = match throttled {
                     Ok(()) => serde_json::json!({"ok": true, "throttle_percent": percent.min(99)}),
                     Err(e) => {
-                        serde_json::json!({"ok": false, "error": ferry_backend::error_chain(&e)})
+                        serde_json::json!({"ok": false, "error": ferry_vm::error_chain(&e)})
                     }
                 };
                 let _ = reply.send(answer);
@@ -375,7 +375,7 @@ fn stop_on_signal(ctl: &control::Shared) {
 /// The reply to a `stop` or `cont` the custody ran (or refused); `said`
 /// goes to the progress lines when it changed the VM.
 fn custody_reply(
-    done: Result<bool, ContError<ferry_backend::BackendError>>,
+    done: Result<bool, ContError<ferry_vm::VmError>>,
     said: &str,
 ) -> serde_json::Value {
     match done {
@@ -387,7 +387,7 @@ fn custody_reply(
         }
         Err(ContError::Refused(e)) => serde_json::json!({"ok": false, "error": e.to_string()}),
         Err(ContError::Start(e)) => {
-            serde_json::json!({"ok": false, "error": ferry_backend::error_chain(&e)})
+            serde_json::json!({"ok": false, "error": ferry_vm::error_chain(&e)})
         }
     }
 }

@@ -37,12 +37,12 @@ mod lines;
 mod params;
 mod qmp;
 
-use ferry_backend::GuestRam;
 use ferry_control::Parsed;
 use ferry_engine::converge::ConvergeMode;
 use ferry_engine::custody::{CopyState, Custody};
 use ferry_engine::monitor::{EventSink, Monitor};
 use ferry_engine::Tunables;
+use ferry_vm::GuestRam;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -179,7 +179,7 @@ impl Shared {
     }
 
     /// The guest has arrived (or booted): `status` reads it from now on.
-    pub fn set_guest(&self, vm: &dyn ferry_backend::Vm) {
+    pub fn set_guest(&self, vm: &dyn ferry_vm::Vm) {
         let _ = self.guest.set(Guest {
             ram: vm.ram().clone(),
             vcpus: vm.vcpus(),
@@ -201,7 +201,7 @@ impl Shared {
 
     /// The VM arrived in `vm`: `status` reads it from now on, and the copy
     /// runs, is paused as it was at the source, or is held (`held`: why).
-    pub fn arrived(&self, vm: &dyn ferry_backend::Vm, paused: bool, held: Option<String>) {
+    pub fn arrived(&self, vm: &dyn ferry_vm::Vm, paused: bool, held: Option<String>) {
         self.set_guest(vm);
         self.custody.arrived(paused, held);
     }

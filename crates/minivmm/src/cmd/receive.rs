@@ -3,7 +3,7 @@
 use super::{console, parse_backing, runs, sections, status_name};
 use ferry_engine::local::{await_local, listen_local, receive_local_as, LocalOptions};
 use ferry_engine::transport::{Listen, TlsConfig};
-use ferry_engine::vmm::{receive_as, BackendError, Backing, GuestRam, StreamHeader, Vm};
+use ferry_engine::vmm::{receive_as, Backing, GuestRam, StreamHeader, Vm, VmError};
 use ferry_engine::{await_migration, listen, ReceiveOptions};
 use minivmm::probe::{self, MiniProbe};
 use minivmm::serial::ConsoleOut;
@@ -96,15 +96,12 @@ struct Arrived {
 }
 
 /// The VM's configuration from the header, if it is a minivmm VM.
-fn config_of(h: &StreamHeader) -> Result<MiniConfig, BackendError> {
+fn config_of(h: &StreamHeader) -> Result<MiniConfig, VmError> {
     if h.vmm != VMM_ID {
-        return Err(BackendError::Guest(format!(
-            "minivmm cannot run a {} VM",
-            h.vmm
-        )));
+        return Err(VmError::Guest(format!("minivmm cannot run a {} VM", h.vmm)));
     }
     serde_json::from_value(h.vmm_config.clone())
-        .map_err(|e| BackendError::Guest(format!("not a minivmm configuration: {e}")))
+        .map_err(|e| VmError::Guest(format!("not a minivmm configuration: {e}")))
 }
 
 fn announce(at: &str) {
@@ -127,7 +124,7 @@ fn over_the_network(a: &ReceiveArgs, out: &ConsoleOut) -> Result<Arrived, String
     announce(&addr.to_string());
     let incoming = await_migration(&*listener, None).map_err(|e| e.to_string())?;
     let backing = a.backing;
-    let mut factory = |h: &StreamHeader| -> Result<MiniVm, BackendError> {
+    let mut factory = |h: &StreamHeader| -> Result<MiniVm, VmError> {
         let mut vm = MiniVm::incoming(config_of(h)?, backing, out.clone())?;
         vm.crash_on_restore = a.crash_on_restore;
         Ok(vm)
@@ -163,7 +160,7 @@ fn local(path: &Path, out: &ConsoleOut, crash_on_restore: bool) -> Result<Arrive
             None
         }
     };
-    let mut factory = |h: &StreamHeader, ram: GuestRam| -> Result<MiniVm, BackendError> {
+    let mut factory = |h: &StreamHeader, ram: GuestRam| -> Result<MiniVm, VmError> {
         let mut vm = MiniVm::on_ram(config_of(h)?, ram, out.clone(), disk.take())?;
         vm.crash_on_restore = crash_on_restore;
         Ok(vm)

@@ -48,6 +48,7 @@ pub const CERT_FILE: &str = "cert.pem";
 pub const KEY_FILE: &str = "key.pem";
 
 /// Errors loading or writing TLS material.
+#[non_exhaustive]
 #[derive(Debug, Error)]
 pub enum TlsError {
     /// A file could not be read.

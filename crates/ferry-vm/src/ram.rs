@@ -28,6 +28,7 @@ use vm_memory::{
 };
 
 /// How guest RAM is backed on the host.
+#[non_exhaustive]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Backing {
@@ -58,6 +59,7 @@ impl std::str::FromStr for Backing {
 }
 
 /// Errors of guest RAM.
+#[non_exhaustive]
 #[derive(Debug, Error)]
 pub enum RamError {
     /// Slot sizes must be whole 2 MiB multiples so every backing can map them.

@@ -1,12 +1,14 @@
-//! The backend's errors, and turning an error with its causes into one
-//! line for people.
+//! What fails in a VM, as its VMM tells the engine, and turning an error
+//! with its causes into one line for people.
 
 use crate::ram::RamError;
 use std::error::Error;
 
-/// Errors a backend reports to the engine.
+/// What failed in a VM: its memory, one of its vCPUs, a device's section,
+/// a CPU check, or an operation of its VMM.
+#[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
-pub enum BackendError {
+pub enum VmError {
     /// Guest RAM failed.
     #[error("guest RAM")]
     Ram(#[from] RamError),

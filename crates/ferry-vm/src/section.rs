@@ -156,8 +156,8 @@ impl Section {
     /// Instance 0 of `name`, holding `state` serialized (JSON: made for
     /// register-sized state; a large blob is better raw bytes through
     /// [`Section::new`]). [`Section::decode`] reads it back.
-    pub fn encode<T: Serialize>(name: &str, state: &T) -> Result<Self, crate::BackendError> {
-        let data = serde_json::to_vec(state).map_err(|e| crate::BackendError::BadSection {
+    pub fn encode<T: Serialize>(name: &str, state: &T) -> Result<Self, crate::VmError> {
+        let data = serde_json::to_vec(state).map_err(|e| crate::VmError::BadSection {
             section: format!("'{name}'"),
             reason: format!("cannot be serialized: {e}"),
         })?;
@@ -165,9 +165,9 @@ impl Section {
     }
 
     /// The state [`Section::encode`] saved, or why it cannot be read
-    /// ([`crate::BackendError::BadSection`], naming the section).
-    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::BackendError> {
-        serde_json::from_slice(&self.data).map_err(|e| crate::BackendError::BadSection {
+    /// ([`crate::VmError::BadSection`], naming the section).
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::VmError> {
+        serde_json::from_slice(&self.data).map_err(|e| crate::VmError::BadSection {
             section: self.id.to_string(),
             reason: format!("not the state this VMM saves: {e}"),
         })
@@ -219,9 +219,9 @@ pub trait LiveState {
     /// A chunk of `id`'s state ready to send, at most `max` bytes (empty:
     /// nothing more now). What it covers is no longer pending, until the
     /// device changes it again.
-    fn save(&mut self, id: &SectionId, max: usize) -> Result<Vec<u8>, crate::BackendError>;
+    fn save(&mut self, id: &SectionId, max: usize) -> Result<Vec<u8>, crate::VmError>;
     /// Destination: the next chunk of `id`'s stream, in the order sent.
-    fn load(&mut self, id: &SectionId, chunk: &[u8]) -> Result<(), crate::BackendError>;
+    fn load(&mut self, id: &SectionId, chunk: &[u8]) -> Result<(), crate::VmError>;
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@
 //! catches one that is not, and the source runs on.
 
 use crate::bitmap::DirtyPages;
-use crate::error::BackendError;
+use crate::error::VmError;
 use crate::vm::{FaultExits, HarvestStats};
 use std::time::Duration;
 
@@ -28,12 +28,12 @@ pub trait DirtyLog {
     /// The method in use, for reports (`bitmap`, `ring`, ...).
     fn method(&self) -> String;
     /// Starts logging guest writes.
-    fn start_dirty_log(&mut self) -> Result<(), BackendError>;
+    fn start_dirty_log(&mut self) -> Result<(), VmError>;
     /// Adds every page the guest wrote since the last harvest (or since
     /// the start) to `into`, and re-arms tracking for those pages.
-    fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, BackendError>;
+    fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, VmError>;
     /// Stops logging.
-    fn stop_dirty_log(&mut self) -> Result<(), BackendError>;
+    fn stop_dirty_log(&mut self) -> Result<(), VmError>;
 }
 
 /// Slows every vCPU to a share of its time, as QEMU's auto-converge does:
@@ -41,7 +41,7 @@ pub trait DirtyLog {
 /// [`throttle_sleep`]`(percent)`.
 pub trait TimeThrottle {
     /// Throttles every vCPU to `percent` (0 = none, at most 99).
-    fn set_time_throttle(&mut self, percent: u8) -> Result<(), BackendError>;
+    fn set_time_throttle(&mut self, percent: u8) -> Result<(), VmError>;
     /// Time each vCPU has spent asleep on a throttle so far (this one and
     /// a dirty quota alike; not the guest's own idle sleeps): what its
     /// runtime share during a migration is computed from. Empty where the
@@ -62,22 +62,22 @@ pub trait DirtyMeter {
     /// Gives each vCPU its dirty quota of `quota.of(vcpu)` bytes per
     /// `quota.interval` (`None`: no quota): a vCPU that dirties its quota
     /// sleeps until the next interval.
-    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), BackendError>;
+    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), VmError>;
     /// Limits every vCPU's dirty rate to `bytes_per_sec` (`None`: no
     /// limit), with the feedback loop of
     /// [`crate::dirty_limit::DirtyLimiter`].
-    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), BackendError>;
+    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), VmError>;
 }
 
 /// The vCPUs' state as one blob, in the format the VM's `vmm_id` names. A
 /// VMM that keeps vCPU state in a section instead has no need of it.
 pub trait VcpuState {
     /// Serializes the state of every vCPU. The VM is paused.
-    fn save_vcpus(&mut self) -> Result<Vec<u8>, BackendError>;
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, VmError>;
     /// Loads vCPU state saved by the same kind of VM, before the vCPUs
     /// first run; refuses what it cannot load
-    /// ([`BackendError::BadVcpuState`]).
-    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), BackendError>;
+    /// ([`VmError::BadVcpuState`]).
+    fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), VmError>;
 }
 
 /// Postcopy with annotated memory-fault exits (the seed): a vCPU whose
@@ -88,7 +88,7 @@ pub trait MemoryFaults {
     /// From now on a vCPU whose access needs a page not in
     /// `exits.present` calls `exits.fetch` and retries. Set before the
     /// vCPUs first run.
-    fn set_fault_exits(&mut self, exits: FaultExits) -> Result<(), BackendError>;
+    fn set_fault_exits(&mut self, exits: FaultExits) -> Result<(), VmError>;
 }
 
 /// The default refill interval of the per-vCPU dirty quota.

@@ -10,7 +10,7 @@
 //! the pages the VMM wrote itself ([`crate::GuestRam::take_vmm_dirty`]).
 
 pub use crate::capability::{DirtyLog, DirtyMeter, MemoryFaults, TimeThrottle, VcpuState};
-pub use crate::error::BackendError;
+pub use crate::error::VmError;
 use crate::ram::GuestRam;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -44,6 +44,7 @@ pub struct Blocker {
 }
 
 /// What a [`Blocker`] blocks.
+#[non_exhaustive]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum BlockScope {
     /// Any migration.
@@ -83,6 +84,7 @@ pub struct HarvestStats {
 
 /// Where a migration of a VM stands, as the engine tells the VM's VMM
 /// ([`Vm::migration_event`]).
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lifecycle<'a> {
     /// A migration starts: on the source before anything is sent, on the
@@ -135,14 +137,14 @@ pub trait Vm: Send + std::any::Any {
     // ── Lifecycle ────────────────────────────────────────────────────────
 
     /// Starts the vCPUs, or resumes them after `pause`.
-    fn start(&mut self) -> Result<(), BackendError>;
+    fn start(&mut self) -> Result<(), VmError>;
     /// Stops every vCPU and device, and returns once none runs.
-    fn pause(&mut self) -> Result<(), BackendError>;
+    fn pause(&mut self) -> Result<(), VmError>;
     /// Whether the vCPUs are running.
     fn is_running(&self) -> bool;
     /// Fails if any vCPU has stopped on its own (guest crash, host error).
     /// Healthy by default.
-    fn check_health(&self) -> Result<(), BackendError> {
+    fn check_health(&self) -> Result<(), VmError> {
         Ok(())
     }
     /// Where a migration of this VM stands: the VMM's hook for start,
@@ -177,9 +179,9 @@ pub trait Vm: Send + std::any::Any {
     }
     /// Refuses a guest that was given `profile` on its source if this host
     /// cannot give it the same, naming what it lacks
-    /// ([`BackendError::Cpu`]). The engine calls it on the destination VM
+    /// ([`VmError::Cpu`]). The engine calls it on the destination VM
     /// once built, before any memory moves. Takes anything by default.
-    fn check_cpu(&self, profile: &serde_json::Value) -> Result<(), BackendError> {
+    fn check_cpu(&self, profile: &serde_json::Value) -> Result<(), VmError> {
         let _ = profile;
         Ok(())
     }
@@ -198,17 +200,17 @@ pub trait Vm: Send + std::any::Any {
     /// flushing what it holds): the engine collects the dirty log after
     /// this, so those pages go too. A section's version is its spec's
     /// (leave it 0 in [`crate::Section::new`]).
-    fn save_sections(&mut self) -> Result<Vec<crate::Section>, BackendError> {
+    fn save_sections(&mut self) -> Result<Vec<crate::Section>, VmError> {
         Ok(Vec::new())
     }
     /// Loads sections the engine has checked against
     /// [`Vm::state_sections`] (known names, versions in range, known
     /// subsections), before the vCPUs first run. A section this VM has but
     /// the stream lacks is not passed: the device keeps its fresh state.
-    fn restore_sections(&mut self, sections: &[crate::Section]) -> Result<(), BackendError> {
+    fn restore_sections(&mut self, sections: &[crate::Section]) -> Result<(), VmError> {
         match sections.first() {
             None => Ok(()),
-            Some(s) => Err(BackendError::BadSection {
+            Some(s) => Err(VmError::BadSection {
                 section: s.id.to_string(),
                 reason: "this VM has no such device".into(),
             }),
@@ -266,17 +268,17 @@ pub fn dirty_tracking(vm: &mut dyn Vm) -> String {
 
 /// Saves `vm`'s vCPU state ([`VcpuState`]), or nothing where it keeps none
 /// outside its sections.
-pub fn save_vcpu_state(vm: &mut dyn Vm) -> Result<Vec<u8>, BackendError> {
+pub fn save_vcpu_state(vm: &mut dyn Vm) -> Result<Vec<u8>, VmError> {
     vm.vcpu_state().map_or(Ok(Vec::new()), |v| v.save_vcpus())
 }
 
 /// Loads vCPU state into `vm`, refusing state it has no [`VcpuState`] to
 /// take.
-pub fn restore_vcpu_state(vm: &mut dyn Vm, state: &[u8]) -> Result<(), BackendError> {
+pub fn restore_vcpu_state(vm: &mut dyn Vm, state: &[u8]) -> Result<(), VmError> {
     match vm.vcpu_state() {
         Some(v) => v.restore_vcpus(state),
         None if state.is_empty() => Ok(()),
-        None => Err(BackendError::BadVcpuState(format!(
+        None => Err(VmError::BadVcpuState(format!(
             "the stream carries {} bytes of vCPU state, and this VM keeps none",
             state.len()
         ))),

@@ -1,8 +1,9 @@
-//! The backend interface of ferry.
+//! The contract between ferry's migration engine and a VMM: the `Vm` trait
+//! and its capabilities, guest RAM, dirty pages, device sections.
 //!
 //! The migration engine drives a VM only through what this crate defines, so it
-//! does not know (or care) whether the VM runs on `/dev/kvm` or on the software
-//! MMU of the soft backend:
+//! does not know (or care) whether the VM runs on `/dev/kvm`, on the software
+//! MMU of the soft backend, or in another VMM:
 //!
 //! ```text
 //!   engine ──► Vm trait ──► kvm backend  (real vCPUs, KVM dirty log / ring)
@@ -46,7 +47,7 @@ pub use capability::{
     MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, THROTTLE_SLICE,
 };
 pub use dirty_source::{DirtySource, DirtySourceError};
-pub use error::{error_chain, BackendError};
+pub use error::{error_chain, VmError};
 pub use panic::catch_panic;
 pub use probe::{GuestCheck, GuestProbe, ProbeError};
 pub use ram::{Backing, GuestRam, Memslot, RamError, RamSlot};
