@@ -243,9 +243,6 @@ impl Vm for ForeignVm {
     fn vmm_id(&self) -> &str {
         VMM_ID
     }
-    fn vcpus(&self) -> u32 {
-        1
-    }
     fn ram(&self) -> &Arc<GuestRam> {
         &self.ram
     }
@@ -275,9 +272,6 @@ impl Vm for ForeignVm {
     }
     fn is_running(&self) -> bool {
         self.worker.is_some()
-    }
-    fn check_health(&self) -> Result<(), VmError> {
-        Ok(())
     }
     fn vcpu_state(&mut self) -> Option<&mut dyn VcpuState> {
         Some(self)
@@ -379,9 +373,10 @@ fn main() {
             vm.restored = Arc::clone(&dest_restored);
             Ok(vm)
         };
-        let opts = ReceiveOptions {
-            probe: Some(Arc::new(Probe)),
-            ..ReceiveOptions::default()
+        let opts = {
+            let mut o = ReceiveOptions::default();
+            o.probe = Some(Arc::new(Probe));
+            o
         };
         let received = receive_as(incoming, &listener, &mut factory, &opts);
         let returned = Instant::now();
@@ -395,9 +390,10 @@ fn main() {
     while Probe.read(&vm).map(|c| c.progress).unwrap_or(0) < 2 {
         std::thread::sleep(Duration::from_millis(1));
     }
-    let opts = PrecopyOptions {
-        probe: Some(Arc::new(Probe)),
-        ..PrecopyOptions::default()
+    let opts = {
+        let mut o = PrecopyOptions::default();
+        o.probe = Some(Arc::new(Probe));
+        o
     };
     opts.tunables
         .set_bandwidth_bytes_per_sec(args.bandwidth_mib_s * MIB);

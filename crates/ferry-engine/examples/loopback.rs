@@ -7,7 +7,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use ferry_engine::{migrate, NoProgress, PrecopyOptions};
+use ferry_engine::{migrate, NoProgress};
 use ferry_vm::Vm;
 use std::time::Duration;
 
@@ -24,9 +24,10 @@ fn main() {
         src.start().expect("start");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let opts = PrecopyOptions {
-        connections,
-        ..common::probed()
+    let opts = {
+        let mut o = common::probed();
+        o.connections = connections;
+        o
     };
     let summary = migrate(&mut src, &to, &opts, &NoProgress);
     let dsum = dest.join().expect("destination thread").map(|(_, s)| s);

@@ -9,9 +9,7 @@ use common::{check, churning_source, probed, quick_receive, running_source, spaw
 use ferry_engine::precopy::{Compression, Placement};
 use ferry_engine::wire::compress::Codec;
 use ferry_engine::wire::{FrameKind, FrameStream, Message, MAGIC};
-use ferry_engine::{
-    migrate, ExpectedVm, NoProgress, Outcome, PrecopyOptions, ReceiveOptions, TcpDialer,
-};
+use ferry_engine::{migrate, ExpectedVm, NoProgress, Outcome, TcpDialer};
 use ferry_vm::Vm;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -35,13 +33,14 @@ fn four_connections(compression: Compression, delta: bool) {
     // Its device dirties pages every round, so there are dirty rounds to
     // spread even when the guest thread gets no CPU.
     let mut src = churning_source();
-    let opts = PrecopyOptions {
-        connections: 4,
-        batch_pages: 16,
-        compression,
+    let opts = {
+        let mut o = probed();
+        o.connections = 4;
+        o.batch_pages = 16;
+        o.compression = compression;
         // A cache the size of the guest: every page re-sent hits.
-        delta_cache_bytes: if delta { 8 << 20 } else { 0 },
-        ..probed()
+        o.delta_cache_bytes = if delta { 8 << 20 } else { 0 };
+        o
     };
     // Dirty rounds: every round's batches spread over the four connections.
     opts.tunables.set_downtime_target(Duration::ZERO);
@@ -97,12 +96,13 @@ fn a_v1_peer_is_refused_naming_both_versions() {
 
 #[test]
 fn a_vcpu_count_refusal_reaches_the_source_and_it_keeps_running() {
-    let (to, dest) = spawn_receiver(ReceiveOptions {
-        expect: Some(ExpectedVm {
+    let (to, dest) = spawn_receiver({
+        let mut o = quick_receive();
+        o.expect = Some(ExpectedVm {
             vcpus: Some(4),
             ..ExpectedVm::default()
-        }),
-        ..quick_receive()
+        });
+        o
     });
     let mut src = running_source();
     let err = migrate(&mut src, &to, &probed(), &NoProgress).unwrap_err();
@@ -121,9 +121,10 @@ fn a_corrupt_page_batch_is_refused_and_the_source_says_why() {
     // page data (the batch is 1 MiB).
     let relay = Relay::start(to.0.clone(), Fault::FlipAt(50_000));
     let mut src = running_source();
-    let opts = PrecopyOptions {
-        connections: 2,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.connections = 2;
+        o
     };
     let err = migrate(&mut src, &TcpDialer(relay.addr.clone()), &opts, &NoProgress)
         .unwrap_err()
@@ -143,15 +144,17 @@ fn a_corrupt_page_batch_is_refused_and_the_source_says_why() {
 #[test]
 fn a_stalled_link_fails_both_ends_and_the_source_runs_on() {
     let stall = Duration::from_secs(2);
-    let (to, dest) = spawn_receiver(ReceiveOptions {
-        stall_timeout: stall,
-        ..quick_receive()
+    let (to, dest) = spawn_receiver({
+        let mut o = quick_receive();
+        o.stall_timeout = stall;
+        o
     });
     let relay = Relay::start(to.0.clone(), Fault::StallAfter(300_000));
     let mut src = running_source();
-    let opts = PrecopyOptions {
-        stall_timeout: stall,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.stall_timeout = stall;
+        o
     };
     let started = Instant::now();
     let err = migrate(&mut src, &TcpDialer(relay.addr.clone()), &opts, &NoProgress).unwrap_err();
@@ -181,14 +184,16 @@ fn a_stalled_link_fails_both_ends_and_the_source_runs_on() {
 
 #[test]
 fn placement_by_plain_write_verifies_as_well() {
-    let (to, dest) = spawn_receiver(ReceiveOptions {
-        placement: Placement::Write,
-        ..quick_receive()
+    let (to, dest) = spawn_receiver({
+        let mut o = quick_receive();
+        o.placement = Placement::Write;
+        o
     });
     let mut src = running_source();
-    let opts = PrecopyOptions {
-        connections: 2,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.connections = 2;
+        o
     };
     opts.tunables.set_downtime_target(Duration::ZERO);
     opts.tunables.set_max_rounds(3);

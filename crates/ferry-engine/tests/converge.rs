@@ -14,9 +14,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 fn busy(converge: ConvergeMode, max_rounds: u32) -> PrecopyOptions {
-    let opts = PrecopyOptions {
-        converge: Some(converge),
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.converge = Some(converge);
+        o
     };
     opts.tunables.set_downtime_target(Duration::from_millis(1));
     opts.tunables.set_max_rounds(max_rounds);
@@ -93,9 +94,10 @@ fn a_migration_that_cannot_switch_over_in_time_gives_up_and_the_source_runs_on()
     let (to, dest) = spawn_receiver(quick_receive());
     let mut src = running_source();
     // Never converges: no policy, a 1 ms target, a round cap it never hits.
-    let opts = PrecopyOptions {
-        give_up_after: Some(Duration::from_millis(300)),
-        ..busy(ConvergeMode::None, 1_000_000)
+    let opts = {
+        let mut o = busy(ConvergeMode::None, 1_000_000);
+        o.give_up_after = Some(Duration::from_millis(300));
+        o
     };
     let err = migrate(&mut src, &to, &opts, &NoProgress).unwrap_err();
     assert!(
@@ -128,9 +130,10 @@ fn no_policy_named_is_the_best_the_vm_serves() {
     // destination is even dialled.
     let mut src = running_source();
     let nowhere = ferry_engine::TcpDialer("127.0.0.1:1".into());
-    let opts = PrecopyOptions {
-        converge: Some(ConvergeMode::Quota),
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.converge = Some(ConvergeMode::Quota);
+        o
     };
     let err = migrate(&mut src, &nowhere, &opts, &NoProgress)
         .unwrap_err()
@@ -207,9 +210,10 @@ fn a_policy_the_vm_does_not_declare_is_refused_and_the_default_is_none() {
         ConvergeMode::Quota,
         ConvergeMode::DirtyLimit,
     ] {
-        let opts = PrecopyOptions {
-            converge: Some(mode),
-            ..probed()
+        let opts = {
+            let mut o = probed();
+            o.converge = Some(mode);
+            o
         };
         // Refused before it dials: no receiver is needed.
         let to = ferry_engine::TcpDialer("127.0.0.1:9".into());

@@ -111,9 +111,10 @@ fn a_declared_size_over_the_destinations_limit_is_refused_before_memory_moves() 
         specs: vec![gpu(Some(64 * MIB))],
         ..Devices::default()
     };
-    let opts = ReceiveOptions {
-        max_device_bytes: 16 * MIB,
-        ..quick_receive()
+    let opts = {
+        let mut o = quick_receive();
+        o.max_device_bytes = 16 * MIB;
+        o
     };
     let (result, src, loaded) = migrate_with(devices.clone(), devices.specs.clone(), opts);
     let summary_err = result.as_ref().map(|_| ()).unwrap_err().chain();

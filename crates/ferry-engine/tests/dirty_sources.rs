@@ -26,9 +26,10 @@ fn a_devices_dma_moves_because_its_dirty_source_reports_it() {
     let (to, dest) = spawn_receiver(quick_receive());
     let mut src = source_with_dma(Some(true));
     // Rounds long enough for the device to write after its page went.
-    let opts = ferry_engine::PrecopyOptions {
-        batch_pages: 16,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.batch_pages = 16;
+        o
     };
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (dvm, _) = dest.join().unwrap().unwrap();
@@ -47,9 +48,10 @@ fn without_its_dirty_source_a_devices_dma_is_caught_by_the_digest() {
     // digest catches it, and the source runs on.
     let (to, dest) = spawn_receiver(quick_receive());
     let mut src = source_with_dma(None);
-    let opts = ferry_engine::PrecopyOptions {
-        batch_pages: 16,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.batch_pages = 16;
+        o
     };
     let (summary, _) = migrate_accounted(&mut src, &to, &opts, &NoProgress);
     assert!(

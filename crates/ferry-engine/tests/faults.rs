@@ -15,10 +15,7 @@ mod common;
 use common::relay::{Fault, Relay};
 use common::{probed, quick_receive, running_source, spawn_receiver};
 use ferry_engine::wire::FrameKind;
-use ferry_engine::{
-    migrate_accounted, MigrationError, Mode, NoProgress, Outcome, PrecopyOptions, ReceiveOptions,
-    TcpDialer,
-};
+use ferry_engine::{migrate_accounted, MigrationError, Mode, NoProgress, Outcome, TcpDialer};
 use ferry_vm::Vm;
 use std::time::Duration;
 
@@ -38,19 +35,21 @@ fn stall_at(bytes: u64, mode: Mode) {
 
 fn fault_at(fault: Fault, mode: Mode) {
     let stall = Duration::from_secs(2);
-    let (to, dest) = spawn_receiver(ReceiveOptions {
-        stall_timeout: stall,
-        recover_timeout: Duration::ZERO,
-        ..quick_receive()
+    let (to, dest) = spawn_receiver({
+        let mut o = quick_receive();
+        o.stall_timeout = stall;
+        o.recover_timeout = Duration::ZERO;
+        o
     });
     let relay = Relay::start(to.0.clone(), fault);
     let mut src = running_source();
-    let opts = PrecopyOptions {
-        mode,
-        batch_pages: 16,
-        stall_timeout: stall,
-        recover_timeout: Duration::ZERO,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.mode = mode;
+        o.batch_pages = 16;
+        o.stall_timeout = stall;
+        o.recover_timeout = Duration::ZERO;
+        o
     };
     let dialer = TcpDialer(relay.addr.clone());
     let (summary, result) = migrate_accounted(&mut src, &dialer, &opts, &NoProgress);
@@ -160,10 +159,11 @@ enum After {
 
 fn cut_at_frame(kind: FrameKind, to_source: bool, strict: bool) -> After {
     let stall = Duration::from_secs(2);
-    let (to, dest) = spawn_receiver(ReceiveOptions {
-        stall_timeout: stall,
-        verify_before_resume: strict,
-        ..quick_receive()
+    let (to, dest) = spawn_receiver({
+        let mut o = quick_receive();
+        o.stall_timeout = stall;
+        o.verify_before_resume = strict;
+        o
     });
     let fault = Fault::CutAtFrame {
         kind: kind as u8,
@@ -171,11 +171,12 @@ fn cut_at_frame(kind: FrameKind, to_source: bool, strict: bool) -> After {
     };
     let relay = Relay::start(to.0.clone(), fault);
     let mut src = running_source();
-    let opts = PrecopyOptions {
-        batch_pages: 16,
-        stall_timeout: stall,
-        verify_before_resume: strict,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.batch_pages = 16;
+        o.stall_timeout = stall;
+        o.verify_before_resume = strict;
+        o
     };
     let dialer = TcpDialer(relay.addr.clone());
     let (summary, result) = migrate_accounted(&mut src, &dialer, &opts, &NoProgress);

@@ -12,7 +12,7 @@ mod common;
 use common::record::{frames, recording_relay};
 use common::{probed, quick_receive, running_source, spawn_receiver};
 use ferry_engine::wire::FrameKind;
-use ferry_engine::{migrate_accounted, Mode, NoProgress, PrecopyOptions, TcpDialer};
+use ferry_engine::{migrate_accounted, Mode, NoProgress, TcpDialer};
 use std::path::{Path, PathBuf};
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) {
@@ -24,10 +24,11 @@ fn migrate_recorded(mode: Mode) -> Vec<Vec<u8>> {
     let (to, dest) = spawn_receiver(quick_receive());
     let (addr, recorded) = recording_relay(to.0.clone());
     let mut src = running_source();
-    let opts = PrecopyOptions {
-        mode,
-        batch_pages: 16,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.mode = mode;
+        o.batch_pages = 16;
+        o
     };
     let (summary, result) = migrate_accounted(&mut src, &TcpDialer(addr), &opts, &NoProgress);
     result.unwrap();

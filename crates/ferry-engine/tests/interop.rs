@@ -42,11 +42,12 @@ fn a_peer_of_the_previous_version_migrates_at_that_version_both_ways() {
     let relay = Relay::start(to.0.clone(), Fault::OfferVersion(MIN_VERSION));
     let mut src = running_source();
     // Compression and delta: capabilities a wire-5 peer has without saying.
-    let opts = PrecopyOptions {
-        connections: 2,
-        compression: ferry_engine::precopy::Compression::Auto,
-        delta_cache_bytes: 1 << 20,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.connections = 2;
+        o.compression = ferry_engine::precopy::Compression::Auto;
+        o.delta_cache_bytes = 1 << 20;
+        o
     };
     let summary = migrate(&mut src, &TcpDialer(relay.addr.clone()), &opts, &NoProgress).unwrap();
     let (dvm, dsum) = dest.join().unwrap().unwrap();
@@ -63,19 +64,21 @@ fn a_peer_of_the_previous_version_migrates_at_that_version_both_ways() {
 
 /// A destination whose operator refuses postcopy.
 fn no_postcopy() -> ReceiveOptions {
-    ReceiveOptions {
-        blockers: vec![Blocker::postcopy("the operator said no postcopy here")],
-        ..quick_receive()
+    {
+        let mut o = quick_receive();
+        o.blockers = vec![Blocker::postcopy("the operator said no postcopy here")];
+        o
     }
 }
 
 fn hybrid() -> PrecopyOptions {
-    PrecopyOptions {
-        mode: Mode::Hybrid {
+    {
+        let mut o = probed();
+        o.mode = Mode::Hybrid {
             after_rounds: 2,
             on_stall: false,
-        },
-        ..probed()
+        };
+        o
     }
 }
 

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{check, probed, quick_receive, running_source, spawn_receiver, wait_for_passes};
-use ferry_engine::{migrate, Mode, NoProgress, Outcome, PrecopyOptions};
+use ferry_engine::{migrate, Mode, NoProgress, Outcome};
 use ferry_vm::Vm;
 
 #[test]
@@ -34,7 +34,11 @@ fn a_paused_guest_arrives_paused_and_runs_on_once_resumed() {
         let mut src = running_source();
         src.pause().unwrap();
         let before = check(&src);
-        let opts = PrecopyOptions { mode, ..probed() };
+        let opts = {
+            let mut o = probed();
+            o.mode = mode;
+            o
+        };
         let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
         let (mut dvm, dsum) = dest.join().unwrap().unwrap();
         assert_eq!(summary.status, Outcome::Completed, "{mode}: {summary:?}");

@@ -21,9 +21,10 @@ fn socket(name: &str) -> PathBuf {
 }
 
 fn opts() -> LocalOptions {
-    LocalOptions {
-        probe: Some(Arc::new(TestProbe)),
-        ..LocalOptions::default()
+    {
+        let mut o = LocalOptions::default();
+        o.probe = Some(Arc::new(TestProbe));
+        o
     }
 }
 

@@ -11,16 +11,17 @@ use common::{
 };
 use ferry_engine::{
     migrate, migrate_accounted, MigrationError, Mode, NoProgress, Outcome, PrecopyOptions,
-    ReceiveOptions, RoundKind,
+    RoundKind,
 };
 use ferry_vm::Vm;
 use std::time::Duration;
 
 fn postcopy_opts(mode: Mode) -> PrecopyOptions {
-    PrecopyOptions {
-        mode,
-        batch_pages: 16,
-        ..probed()
+    {
+        let mut o = probed();
+        o.mode = mode;
+        o.batch_pages = 16;
+        o
     }
 }
 
@@ -29,9 +30,10 @@ fn postcopy_moves_a_running_guest_at_once_and_fetches_its_pages() {
     if !uffd_available("postcopy") {
         return;
     }
-    let (to, dest) = spawn_receiver(ReceiveOptions {
-        prefetch: 1,
-        ..quick_receive()
+    let (to, dest) = spawn_receiver({
+        let mut o = quick_receive();
+        o.prefetch = 1;
+        o
     });
     let mut src = running_source();
     let summary = migrate(&mut src, &to, &postcopy_opts(Mode::Postcopy), &NoProgress).unwrap();
@@ -98,12 +100,13 @@ fn a_hybrid_on_stall_switches_when_precopy_stops_shrinking() {
     // As above, precopy cannot converge.
     let (to, dest) = spawn_receiver(quick_receive());
     let mut src = churning_source();
-    let opts = PrecopyOptions {
-        converge: Some(ferry_engine::converge::ConvergeMode::None),
-        ..postcopy_opts(Mode::Hybrid {
+    let opts = {
+        let mut o = postcopy_opts(Mode::Hybrid {
             after_rounds: u32::MAX,
             on_stall: true,
-        })
+        });
+        o.converge = Some(ferry_engine::converge::ConvergeMode::None);
+        o
     };
     opts.tunables.set_downtime_target(Duration::ZERO);
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
@@ -153,9 +156,10 @@ fn postcopy_refuses_verify_before_resume_and_the_source_runs_on() {
     }
     let (to, dest) = spawn_receiver(quick_receive());
     let mut src = running_source();
-    let opts = PrecopyOptions {
-        verify_before_resume: true,
-        ..postcopy_opts(Mode::Postcopy)
+    let opts = {
+        let mut o = postcopy_opts(Mode::Postcopy);
+        o.verify_before_resume = true;
+        o
     };
     let err = migrate(&mut src, &to, &opts, &NoProgress).unwrap_err();
     assert!(
@@ -178,10 +182,11 @@ fn behind_cuts(
     ferry_engine::TcpDialer,
     common::TestVm,
 ) {
-    let (to, dest) = spawn_receiver(ReceiveOptions {
-        stall_timeout: Duration::from_secs(5),
-        recover_timeout: recover,
-        ..quick_receive()
+    let (to, dest) = spawn_receiver({
+        let mut o = quick_receive();
+        o.stall_timeout = Duration::from_secs(5);
+        o.recover_timeout = recover;
+        o
     });
     let relay = common::relay::Relay::start(
         to.0.clone(),
@@ -198,10 +203,11 @@ fn behind_cuts(
 /// each 64 KiB into the push: both sides must recover each time.
 fn postcopy_through_cuts(cuts: u32) {
     let (dest, relay, dialer, mut src) = behind_cuts(Duration::from_secs(30), cuts);
-    let opts = PrecopyOptions {
-        stall_timeout: Duration::from_secs(5),
-        recover_timeout: Duration::from_secs(30),
-        ..postcopy_opts(Mode::Postcopy)
+    let opts = {
+        let mut o = postcopy_opts(Mode::Postcopy);
+        o.stall_timeout = Duration::from_secs(5);
+        o.recover_timeout = Duration::from_secs(30);
+        o
     };
     let summary = migrate(&mut src, &dialer, &opts, &NoProgress).unwrap();
     let (dvm, dsum) = dest.join().unwrap().unwrap();
@@ -241,10 +247,11 @@ fn a_postcopy_whose_retries_ran_out_is_resumed_later() {
     }
     let (dest, _relay, dialer, mut src) = behind_cuts(Duration::from_secs(30), 1);
     // The source's own retries run out at once.
-    let opts = PrecopyOptions {
-        stall_timeout: Duration::from_secs(5),
-        recover_timeout: Duration::ZERO,
-        ..postcopy_opts(Mode::Postcopy)
+    let opts = {
+        let mut o = postcopy_opts(Mode::Postcopy);
+        o.stall_timeout = Duration::from_secs(5);
+        o.recover_timeout = Duration::ZERO;
+        o
     };
     let token = match migrate(&mut src, &dialer, &opts, &NoProgress).unwrap_err() {
         MigrationError::Postcopy { resume, .. } => resume,
@@ -252,9 +259,10 @@ fn a_postcopy_whose_retries_ran_out_is_resumed_later() {
     };
     assert!(!src.is_running(), "paused, with every page");
     // Later, an operator resumes it with the token.
-    let opts = PrecopyOptions {
-        recover_timeout: Duration::from_secs(10),
-        ..opts
+    let opts = {
+        let mut o = opts;
+        o.recover_timeout = Duration::from_secs(10);
+        o
     };
     let (summary, result) =
         ferry_engine::resume_postcopy(&mut src, &dialer, &opts, &token, &NoProgress);
@@ -287,9 +295,10 @@ fn a_source_that_never_returns_leaves_ranges_the_destination_names() {
     // back); the destination waits its recovery timeout, then says which
     // pages only the source had.
     let (dest, _relay, dialer, mut src) = behind_cuts(Duration::from_secs(1), 1);
-    let opts = PrecopyOptions {
-        recover_timeout: Duration::ZERO,
-        ..postcopy_opts(Mode::Postcopy)
+    let opts = {
+        let mut o = postcopy_opts(Mode::Postcopy);
+        o.recover_timeout = Duration::ZERO;
+        o
     };
     let err = migrate(&mut src, &dialer, &opts, &NoProgress).unwrap_err();
     assert!(matches!(err, MigrationError::Postcopy { .. }), "{err}");
@@ -316,18 +325,20 @@ fn a_cut_mid_postcopy_keeps_the_source_paused_with_its_pages() {
     // The destination dies (its stall timeout) once the relay stops
     // forwarding partway through the push.
     // Recovery off on both sides: the failure itself is what is tested.
-    let (to, dest) = spawn_receiver(ReceiveOptions {
-        stall_timeout: Duration::from_secs(2),
-        recover_timeout: Duration::ZERO,
-        ..quick_receive()
+    let (to, dest) = spawn_receiver({
+        let mut o = quick_receive();
+        o.stall_timeout = Duration::from_secs(2);
+        o.recover_timeout = Duration::ZERO;
+        o
     });
     let relay =
         common::relay::Relay::start(to.0.clone(), common::relay::Fault::StallAfter(64 << 10));
     let mut src = running_source();
-    let opts = PrecopyOptions {
-        stall_timeout: Duration::from_secs(2),
-        recover_timeout: Duration::ZERO,
-        ..postcopy_opts(Mode::Postcopy)
+    let opts = {
+        let mut o = postcopy_opts(Mode::Postcopy);
+        o.stall_timeout = Duration::from_secs(2);
+        o.recover_timeout = Duration::ZERO;
+        o
     };
     let dialer = ferry_engine::TcpDialer(relay.addr.clone());
     let (summary, result) = migrate_accounted(&mut src, &dialer, &opts, &NoProgress);
@@ -430,9 +441,10 @@ fn huge_destination(test: &str) -> bool {
 
 fn into_hugetlb(mode: Mode, handlers: usize) -> ferry_engine::MigrationSummary {
     let (to, dest) = common::spawn_receiver_on(
-        ReceiveOptions {
-            fault_handlers: handlers,
-            ..quick_receive()
+        {
+            let mut o = quick_receive();
+            o.fault_handlers = handlers;
+            o
         },
         ferry_vm::Backing::Hugetlb,
     );
@@ -494,12 +506,13 @@ fn busy_polling_handlers_serve_a_postcopy() {
     if !uffd_available("busy-polling handlers") {
         return;
     }
-    let (to, dest) = spawn_receiver(ReceiveOptions {
-        prefetch: 1,
-        fault_handlers: 2,
-        fault_busy_poll: true,
-        vcpu_fault_exits: false,
-        ..quick_receive()
+    let (to, dest) = spawn_receiver({
+        let mut o = quick_receive();
+        o.prefetch = 1;
+        o.fault_handlers = 2;
+        o.fault_busy_poll = true;
+        o.vcpu_fault_exits = false;
+        o
     });
     let mut src = running_source();
     let summary = migrate(&mut src, &to, &postcopy_opts(Mode::Postcopy), &NoProgress).unwrap();
@@ -532,16 +545,18 @@ fn memory_with_a_hole_moves_in_every_mode_and_the_hole_never_travels() {
         if mode != Mode::Precopy && !uffd {
             continue;
         }
-        let (to, dest) = spawn_receiver(ReceiveOptions {
-            prefetch: 8,
-            ..quick_receive()
+        let (to, dest) = spawn_receiver({
+            let mut o = quick_receive();
+            o.prefetch = 8;
+            o
         });
         let mut src = source_with_a_hole();
         let ram_pages = src.ram().frames().count();
         assert!(ram_pages < src.ram().pages(), "the layout has a hole");
-        let opts = PrecopyOptions {
-            max_downtime: None,
-            ..postcopy_opts(mode)
+        let opts = {
+            let mut o = postcopy_opts(mode);
+            o.max_downtime = None;
+            o
         };
         let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
         let (dvm, dsum) = dest.join().unwrap().unwrap();
@@ -561,9 +576,10 @@ fn memory_with_a_hole_moves_in_every_mode_and_the_hole_never_travels() {
 fn delta_resends_with_a_mode_that_may_switch_are_refused_before_anything_starts() {
     let mut src = running_source();
     let nowhere = ferry_engine::TcpDialer("127.0.0.1:1".into());
-    let opts = PrecopyOptions {
-        delta_cache_bytes: 1 << 20,
-        ..postcopy_opts("hybrid".parse().unwrap())
+    let opts = {
+        let mut o = postcopy_opts("hybrid".parse().unwrap());
+        o.delta_cache_bytes = 1 << 20;
+        o
     };
     let err = migrate(&mut src, &nowhere, &opts, &NoProgress)
         .unwrap_err()

@@ -8,8 +8,7 @@ use ferry_engine::converge::ConvergeMode;
 use ferry_engine::transport::{accept_channel, Channel};
 use ferry_engine::wire::{FrameKind, Message};
 use ferry_engine::{
-    listen, migrate, ExpectedVm, MigrationError, NoProgress, Outcome, PrecopyOptions,
-    ReceiveOptions, RoundKind, TcpDialer,
+    listen, migrate, ExpectedVm, MigrationError, NoProgress, Outcome, RoundKind, TcpDialer,
 };
 use ferry_vm::{Backing, Vm};
 use std::time::Duration;
@@ -43,10 +42,11 @@ fn precopy_over_tcp_moves_a_running_guest_with_matching_digest() {
 fn tight_target_runs_dirty_rounds_and_strict_mode_verifies_first() {
     let (to, dest) = spawn_receiver(quick_receive());
     let mut src = running_source();
-    let opts = PrecopyOptions {
-        verify_before_resume: true,
-        batch_pages: 7,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.verify_before_resume = true;
+        o.batch_pages = 7;
+        o
     };
     opts.tunables.set_downtime_target(Duration::ZERO);
     opts.tunables.set_max_rounds(4);
@@ -85,12 +85,13 @@ fn digest_mismatch_rolls_the_source_back() {
 
 #[test]
 fn header_mismatch_is_reported_on_both_sides_and_the_source_keeps_running() {
-    let (to, dest) = spawn_receiver(ReceiveOptions {
-        expect: Some(ExpectedVm {
+    let (to, dest) = spawn_receiver({
+        let mut o = quick_receive();
+        o.expect = Some(ExpectedVm {
             memory_bytes: Some(1 << 30),
             ..ExpectedVm::default()
-        }),
-        ..quick_receive()
+        });
+        o
     });
     let mut src = running_source();
     let err = migrate(&mut src, &to, &probed(), &NoProgress).unwrap_err();
@@ -144,9 +145,10 @@ fn destination_vanishing_mid_stream_keeps_the_source_running() {
         data.read_frame().unwrap();
     });
     let mut src = running_source();
-    let opts = PrecopyOptions {
-        batch_pages: 16,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.batch_pages = 16;
+        o
     };
     let err = migrate(&mut src, &to, &opts, &NoProgress).unwrap_err();
     assert!(
@@ -250,11 +252,12 @@ fn harvests_within_rounds_send_pages_dirtied_ahead_once() {
     src.throttle_handle()
         .store(99, std::sync::atomic::Ordering::Relaxed);
     src.stop_writing_after(3);
-    let opts = PrecopyOptions {
-        harvest_within_rounds: true,
-        converge: Some(ConvergeMode::None),
-        batch_pages: 16,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.harvest_within_rounds = true;
+        o.converge = Some(ConvergeMode::None);
+        o.batch_pages = 16;
+        o
     };
     // The 4 MiB full pass takes about a second: about ten policy
     // intervals, each with a harvest, while the guest writes.

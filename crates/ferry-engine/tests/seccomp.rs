@@ -20,8 +20,7 @@ use ferry_engine::seccomp::{self, MigrationKind};
 use ferry_engine::transport::tls::{pki, TlsConfig};
 use ferry_engine::wire::StreamHeader;
 use ferry_engine::{
-    await_migration, listen, migrate, receive, Dial, Listen, Mode, NoProgress, PrecopyOptions,
-    TcpDialer,
+    await_migration, listen, migrate, receive, Dial, Listen, Mode, NoProgress, TcpDialer,
 };
 use ferry_vm::{Backing, GuestRam, Vm};
 use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule};
@@ -227,14 +226,15 @@ fn network_child(kind: MigrationKind, filter_on: impl FnOnce()) {
         None => (Box::new(tcp), Box::new(TcpDialer(addr))),
     };
     let mut src = common::running_source();
-    let opts = PrecopyOptions {
-        mode: if kind == MigrationKind::Postcopy {
+    let opts = {
+        let mut o = probed();
+        o.mode = if kind == MigrationKind::Postcopy {
             Mode::Postcopy
         } else {
             Mode::Precopy
-        },
-        connections: 2,
-        ..probed()
+        };
+        o.connections = 2;
+        o
     };
     filter_on();
     let dest = std::thread::spawn(move || {
@@ -252,9 +252,10 @@ fn network_child(kind: MigrationKind, filter_on: impl FnOnce()) {
 fn local_child(filter_on: impl FnOnce()) {
     let path = std::env::temp_dir().join(format!("ferry-seccomp-{}.sock", std::process::id()));
     let listener = listen_local(&path).unwrap();
-    let opts = LocalOptions {
-        probe: Some(Arc::new(TestProbe)),
-        ..LocalOptions::default()
+    let opts = {
+        let mut o = LocalOptions::default();
+        o.probe = Some(Arc::new(TestProbe));
+        o
     };
     let mut src = TestVm::new(&TestConfig {
         backing: Backing::Memfd,

@@ -8,7 +8,7 @@ use common::*;
 use ferry_engine::transport::tls::{pki, CA_FILE, CERT_FILE};
 use ferry_engine::{
     await_migration, listen, migrate, receive, Dial, Listen, MigrationError, NoProgress,
-    PrecopyOptions, ReceiveOptions, TcpDialer, TlsConfig,
+    ReceiveOptions, TcpDialer, TlsConfig,
 };
 use ferry_vm::Vm;
 use std::path::{Path, PathBuf};
@@ -68,9 +68,10 @@ fn plain_destination() -> (String, JoinHandle<Result<bool, MigrationError>>) {
 /// running whatever happens.
 fn migrate_with(dialer: &dyn Dial) -> Result<ferry_engine::MigrationSummary, String> {
     let mut vm = running_source();
-    let opts = PrecopyOptions {
-        connections: 2,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.connections = 2;
+        o
     };
     let r = migrate(&mut vm, dialer, &opts, &NoProgress).map_err(|e| ferry_vm::error_chain(&e));
     if r.is_err() {

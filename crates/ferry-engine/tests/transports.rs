@@ -7,8 +7,8 @@ mod common;
 
 use common::{check, create_test_vm, probed, quick_receive, running_source, wait_for_passes};
 use ferry_engine::transport::{listen_unix, HeldConnections, UnixDialer};
+use ferry_engine::ReceiveSummary;
 use ferry_engine::{await_migration, migrate, receive, Listen, NoProgress, Outcome};
-use ferry_engine::{PrecopyOptions, ReceiveSummary};
 use ferry_vm::Vm;
 use std::os::unix::net::UnixStream;
 
@@ -36,9 +36,10 @@ fn a_migration_over_a_unix_socket_proves_itself() {
     let listener = listen_unix(&path).unwrap();
     let dest = receive_on(Box::new(listener));
     let mut src = running_source();
-    let opts = PrecopyOptions {
-        connections: 2,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.connections = 2;
+        o
     };
     let summary = migrate(&mut src, &UnixDialer(path.clone()), &opts, &NoProgress).unwrap();
     let dsum = dest.join().unwrap().unwrap();
@@ -58,9 +59,10 @@ fn a_migration_over_connections_handed_in_proves_itself() {
     };
     let dest = receive_on(Box::new(held(theirs)));
     let mut src = running_source();
-    let opts = PrecopyOptions {
-        connections: 2,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.connections = 2;
+        o
     };
     let summary = migrate(&mut src, &held(ours), &opts, &NoProgress).unwrap();
     let dsum = dest.join().unwrap().unwrap();
@@ -77,9 +79,10 @@ fn too_few_connections_handed_in_is_refused_in_words_and_the_source_runs_on() {
     };
     let dest = receive_on(Box::new(held(theirs)));
     let mut src = running_source();
-    let opts = PrecopyOptions {
-        connections: 2,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.connections = 2;
+        o
     };
     let err = migrate(&mut src, &held(ours), &opts, &NoProgress).unwrap_err();
     assert_eq!(

@@ -42,12 +42,13 @@ fn cases() -> Vec<(&'static str, PrecopyOptions)> {
 /// four rounds, so that dirty rounds re-send pages as deltas and the
 /// destination verifies before it resumes.
 fn dirty_rounds() -> PrecopyOptions {
-    let opts = PrecopyOptions {
-        connections: 2,
-        compression: Compression::Fixed(Codec::Lz4),
-        delta_cache_bytes: 8 << 20,
-        verify_before_resume: true,
-        ..probed()
+    let opts = {
+        let mut o = probed();
+        o.connections = 2;
+        o.compression = Compression::Fixed(Codec::Lz4);
+        o.delta_cache_bytes = 8 << 20;
+        o.verify_before_resume = true;
+        o
     };
     opts.tunables.set_downtime_target(Duration::ZERO);
     opts.tunables.set_max_rounds(4);

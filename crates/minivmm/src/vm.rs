@@ -296,9 +296,6 @@ impl Vm for MiniVm {
     fn vmm_id(&self) -> &str {
         VMM_ID
     }
-    fn vcpus(&self) -> u32 {
-        1
-    }
     fn vmm_config(&self) -> serde_json::Value {
         serde_json::to_value(&self.config).expect("plain data serializes")
     }

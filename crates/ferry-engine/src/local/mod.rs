@@ -42,6 +42,10 @@ use std::time::Duration;
 pub use crate::error::LocalError;
 
 /// Options of either end.
+///
+/// Non-exhaustive, so that a new option does not break an embedder: start
+/// from `Default::default()` and set the fields you want.
+#[non_exhaustive]
 #[derive(Clone, Debug)]
 pub struct LocalOptions {
     /// The guest's own checks, read at the pause and before the resume.

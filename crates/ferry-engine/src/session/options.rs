@@ -71,6 +71,10 @@ pub const PREFETCH_PAGES: RangeInclusive<u64> = 1..=crate::wire::messages::MAX_R
 pub const DEFAULT_BATCH_PAGES: usize = 256;
 
 /// Options of the source side.
+///
+/// Non-exhaustive, so that a new option does not break an embedder: start
+/// from `Default::default()` and set the fields you want.
+#[non_exhaustive]
 #[derive(Clone, Debug)]
 pub struct PrecopyOptions {
     /// Live-tunable parameters (downtime target, round cap, bandwidth, cancel).
@@ -200,6 +204,10 @@ fn check_recover(recover: Duration) -> Result<(), OptionsError> {
 }
 
 /// Options of the destination side.
+///
+/// Non-exhaustive, so that a new option does not break an embedder: start
+/// from `Default::default()` and set the fields you want.
+#[non_exhaustive]
 #[derive(Clone, Debug)]
 pub struct ReceiveOptions {
     /// What the stream must carry; checked before any VM is built.

@@ -226,17 +226,19 @@ pub fn create_test_vm(h: &StreamHeader) -> Result<Box<dyn Vm>, VmError> {
 
 /// Destination options with the test guest's probe.
 pub fn quick_receive() -> ReceiveOptions {
-    ReceiveOptions {
-        probe: Some(Arc::new(TestProbe)),
-        ..ReceiveOptions::default()
+    {
+        let mut o = ReceiveOptions::default();
+        o.probe = Some(Arc::new(TestProbe));
+        o
     }
 }
 
 /// Source options with the test guest's probe.
 pub fn probed() -> PrecopyOptions {
-    PrecopyOptions {
-        probe: Some(Arc::new(TestProbe)),
-        ..PrecopyOptions::default()
+    {
+        let mut o = PrecopyOptions::default();
+        o.probe = Some(Arc::new(TestProbe));
+        o
     }
 }
 
@@ -523,9 +525,6 @@ impl Vm for TestVm {
     }
     fn blockers(&self) -> Vec<Blocker> {
         self.blockers.clone()
-    }
-    fn vcpus(&self) -> u32 {
-        1
     }
     fn vmm_config(&self) -> serde_json::Value {
         serde_json::to_value(&self.config).unwrap()

@@ -162,9 +162,10 @@ fn move_local(a: &LocalArgs, kind: BackendKind, c: &VmConfig) -> Result<Cell, Cm
     let socket =
         std::env::temp_dir().join(format!("ferry-bench-local-{}.sock", std::process::id()));
     let listener = listen_local(&socket).map_err(fail)?;
-    let opts = LocalOptions {
-        probe: Some(Arc::new(MemstressProbe)),
-        ..LocalOptions::default()
+    let opts = {
+        let mut o = LocalOptions::default();
+        o.probe = Some(Arc::new(MemstressProbe));
+        o
     };
     let dest_config = c.clone();
     let dest_opts = opts.clone();
@@ -224,9 +225,10 @@ fn move_tcp(a: &LocalArgs, kind: BackendKind, c: &VmConfig) -> Result<Cell, CmdE
     let mut vm = boot(kind, &anon)?;
     vm.start()?;
     std::thread::sleep(Duration::from_secs_f64(a.warmup));
-    let opts = PrecopyOptions {
-        probe: Some(Arc::new(MemstressProbe)),
-        ..PrecopyOptions::default()
+    let opts = {
+        let mut o = PrecopyOptions::default();
+        o.probe = Some(Arc::new(MemstressProbe));
+        o
     };
     let moved = migrate(&mut *vm, &to, &opts, &NoProgress);
     let dest = dest

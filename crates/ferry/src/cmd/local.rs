@@ -19,9 +19,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn opts() -> LocalOptions {
-    LocalOptions {
-        probe: Some(Arc::new(MemstressProbe)),
-        ..LocalOptions::default()
+    {
+        let mut o = LocalOptions::default();
+        o.probe = Some(Arc::new(MemstressProbe));
+        o
     }
 }
 

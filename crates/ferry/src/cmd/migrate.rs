@@ -206,21 +206,22 @@ impl MigrationArgs {
                 quota_interval_ms: Some(self.quota_interval_ms),
             })
             .map_err(|e| CmdError::Usage(e.to_string()))?;
-        let opts = PrecopyOptions {
-            tunables,
-            verify_before_resume: self.verify_before_resume,
-            connections: self.connections,
-            stall_timeout: Duration::from_secs(self.stall_timeout_s),
-            compression: self.compress,
-            delta_cache_bytes: if self.delta { self.delta_cache } else { 0 },
-            harvest_within_rounds: self.harvest_within_rounds,
-            converge: self.converge,
-            max_downtime: self.max_downtime_ms.map(Duration::from_millis),
-            mode,
-            recover_timeout: Duration::from_secs(self.recover_timeout_s),
-            probe: Some(Arc::new(MemstressProbe)),
-            give_up_after: self.give_up_after_s.map(Duration::from_secs),
-            ..PrecopyOptions::default()
+        let opts = {
+            let mut o = PrecopyOptions::default();
+            o.tunables = tunables;
+            o.verify_before_resume = self.verify_before_resume;
+            o.connections = self.connections;
+            o.stall_timeout = Duration::from_secs(self.stall_timeout_s);
+            o.compression = self.compress;
+            o.delta_cache_bytes = if self.delta { self.delta_cache } else { 0 };
+            o.harvest_within_rounds = self.harvest_within_rounds;
+            o.converge = self.converge;
+            o.max_downtime = self.max_downtime_ms.map(Duration::from_millis);
+            o.mode = mode;
+            o.recover_timeout = Duration::from_secs(self.recover_timeout_s);
+            o.probe = Some(Arc::new(MemstressProbe));
+            o.give_up_after = self.give_up_after_s.map(Duration::from_secs);
+            o
         };
         opts.validate()
             .map_err(|e| CmdError::Usage(e.to_string()))?;
@@ -474,10 +475,8 @@ pub fn migrate_running(
     observer: &dyn Progress,
 ) -> (MigrationSummary, Option<PostcopyResume>) {
     // The delta cache never needs more than the guest's memory.
-    let opts = PrecopyOptions {
-        delta_cache_bytes: opts.delta_cache_bytes.min(vm.ram().size()),
-        ..opts
-    };
+    let mut opts = opts;
+    opts.delta_cache_bytes = opts.delta_cache_bytes.min(vm.ram().size());
     let started = Instant::now();
     let dialer: Box<dyn Dial> = match to
         .parse::<crate::endpoint::Endpoint>()

@@ -181,29 +181,31 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     );
     shared.monitor.begin_incoming();
 
-    let opts = ReceiveOptions {
-        expect: Some(ExpectedVm {
+    let opts = {
+        let mut o = ReceiveOptions::default();
+        o.expect = Some(ExpectedVm {
             memory_bytes: None,
             vcpus: a.vcpus,
             vmm: Some(a.backend.kind().vmm_id().to_string()),
-        }),
-        verify_before_resume: a.verify_before_resume,
-        stall_timeout: Duration::from_secs(a.stall_timeout_s),
-        placement: a.paging.placement,
-        prefetch: a.paging.prefetch,
-        recover_timeout: Duration::from_secs(a.recover_timeout_s),
-        vcpu_fault_exits: a.paging.fault_path == "auto",
-        fault_handlers: usize::from(a.paging.fault_handlers),
-        fault_busy_poll: a.paging.busy_poll,
-        probe: Some(Arc::new(MemstressProbe)),
-        max_device_bytes: a.max_device_state,
-        blockers: if a.no_postcopy {
+        });
+        o.verify_before_resume = a.verify_before_resume;
+        o.stall_timeout = Duration::from_secs(a.stall_timeout_s);
+        o.placement = a.paging.placement;
+        o.prefetch = a.paging.prefetch;
+        o.recover_timeout = Duration::from_secs(a.recover_timeout_s);
+        o.vcpu_fault_exits = a.paging.fault_path == "auto";
+        o.fault_handlers = usize::from(a.paging.fault_handlers);
+        o.fault_busy_poll = a.paging.busy_poll;
+        o.probe = Some(Arc::new(MemstressProbe));
+        o.max_device_bytes = a.max_device_state;
+        o.blockers = if a.no_postcopy {
             vec![Blocker::postcopy(
                 "this destination was started with --no-postcopy",
             )]
         } else {
             Vec::new()
-        },
+        };
+        o
     };
     let memory = a.memory;
     let cpu_without = a.cpu_without.clone();

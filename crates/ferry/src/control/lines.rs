@@ -121,25 +121,25 @@ pub fn settings(
         Some(c) => Some(c.parse()?),
         None => shared.next_converge(),
     };
-    let defaults = PrecopyOptions::default();
-    let opts = PrecopyOptions {
-        tunables: Arc::clone(&shared.tunables),
-        verify_before_resume: m.verify_before_resume,
-        connections: m.connections.unwrap_or(defaults.connections),
-        stall_timeout: m
+    let opts = {
+        let mut o = PrecopyOptions::default();
+        o.tunables = Arc::clone(&shared.tunables);
+        o.verify_before_resume = m.verify_before_resume;
+        o.connections = m.connections.unwrap_or(o.connections);
+        o.stall_timeout = m
             .stall_timeout_s
-            .map_or(defaults.stall_timeout, Duration::from_secs),
-        compression: m.compress.as_deref().unwrap_or("none").parse()?,
-        delta_cache_bytes: m.delta_cache_mib.unwrap_or(0).saturating_mul(1 << 20),
-        converge,
-        max_downtime: m.max_downtime_ms.map(Duration::from_millis),
-        give_up_after: m.give_up_after_s.map(Duration::from_secs),
-        mode,
-        recover_timeout: m
+            .map_or(o.stall_timeout, Duration::from_secs);
+        o.compression = m.compress.as_deref().unwrap_or("none").parse()?;
+        o.delta_cache_bytes = m.delta_cache_mib.unwrap_or(0).saturating_mul(1 << 20);
+        o.converge = converge;
+        o.max_downtime = m.max_downtime_ms.map(Duration::from_millis);
+        o.give_up_after = m.give_up_after_s.map(Duration::from_secs);
+        o.mode = mode;
+        o.recover_timeout = m
             .recover_timeout_s
-            .map_or(defaults.recover_timeout, Duration::from_secs),
-        probe: Some(Arc::new(MemstressProbe)),
-        ..defaults
+            .map_or(o.recover_timeout, Duration::from_secs);
+        o.probe = Some(Arc::new(MemstressProbe));
+        o
     };
     opts.validate().map_err(|e| e.to_string())?;
     let tls = crate::cmd::migrate::load_tls(m.tls_dir.as_deref()).map_err(|e| e.to_string())?;

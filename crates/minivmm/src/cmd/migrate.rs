@@ -92,18 +92,19 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
         ),
         None => Box::new(TcpDialer(to)),
     };
-    let opts = PrecopyOptions {
-        mode: a.mode,
-        connections: a.connections,
-        converge: a.converge,
-        compression: a.compression,
+    let opts = {
+        let mut o = PrecopyOptions::default();
+        o.mode = a.mode;
+        o.connections = a.connections;
+        o.converge = a.converge;
+        o.compression = a.compression;
         // The destination's guest must not touch the shared disk before
         // the digest proves its memory: a source that resumes after a
         // failed check would find blocks written by a guest that no
         // longer exists. Postcopy never resumes the source.
-        verify_before_resume: a.mode == Mode::Precopy,
-        probe: Some(Arc::new(MiniProbe)),
-        ..PrecopyOptions::default()
+        o.verify_before_resume = a.mode == Mode::Precopy;
+        o.probe = Some(Arc::new(MiniProbe));
+        o
     };
     opts.tunables
         .set_downtime_target(Duration::from_millis(a.downtime_ms));
@@ -208,9 +209,10 @@ fn over_the_network(vm: &mut MiniVm, dialer: &dyn Dial, opts: &PrecopyOptions) -
 }
 
 fn local(vm: &mut MiniVm, path: &std::path::Path) -> Outcome {
-    let opts = LocalOptions {
-        probe: Some(Arc::new(MiniProbe)),
-        ..LocalOptions::default()
+    let opts = {
+        let mut o = LocalOptions::default();
+        o.probe = Some(Arc::new(MiniProbe));
+        o
     };
     match migrate_local(vm, path, &opts) {
         Ok(s) => Outcome {

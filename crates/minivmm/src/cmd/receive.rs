@@ -129,9 +129,10 @@ fn over_the_network(a: &ReceiveArgs, out: &ConsoleOut) -> Result<Arrived, String
         vm.crash_on_restore = a.crash_on_restore;
         Ok(vm)
     };
-    let opts = ReceiveOptions {
-        probe: Some(Arc::new(MiniProbe)),
-        ..ReceiveOptions::default()
+    let opts = {
+        let mut o = ReceiveOptions::default();
+        o.probe = Some(Arc::new(MiniProbe));
+        o
     };
     let (vm, summary) = receive_as(incoming, &*listener, &mut factory, &opts)
         .map_err(|e| ferry_engine::vmm::error_chain(&e))?;
@@ -146,9 +147,10 @@ fn over_the_network(a: &ReceiveArgs, out: &ConsoleOut) -> Result<Arrived, String
 fn local(path: &Path, out: &ConsoleOut, crash_on_restore: bool) -> Result<Arrived, String> {
     let listener = listen_local(path).map_err(|e| e.to_string())?;
     announce(&path.display().to_string());
-    let opts = LocalOptions {
-        probe: Some(Arc::new(MiniProbe)),
-        ..LocalOptions::default()
+    let opts = {
+        let mut o = LocalOptions::default();
+        o.probe = Some(Arc::new(MiniProbe));
+        o
     };
     let mut incoming = await_local(&listener, &opts).map_err(|e| e.to_string())?;
     // The source's disk, adopted rather than reopened: its path may be
