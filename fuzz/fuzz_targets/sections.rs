@@ -4,10 +4,10 @@
 //! never a panic.
 #![no_main]
 
-use ferry_vm::{SectionId, SectionSpec};
 use ferry_engine::wire::sections::{
     check_manifest, check_sections, decode, decode_live, encode, encode_live,
 };
+use ferry_vm::{SectionId, SectionSpec};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
