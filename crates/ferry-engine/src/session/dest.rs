@@ -255,6 +255,19 @@ impl Dest {
                     if self.parts.is_empty() && i.kind == FrameKind::Sections {
                         self.sections = Some(i.payload);
                     } else {
+                        if self.parts.is_empty() {
+                            // Sized once for what the header declared (at
+                            // most the limit): growing would copy large
+                            // state again at every doubling.
+                            let declared = crate::wire::sections::declared_total(
+                                &self.header.sections,
+                                &self.header.section_bytes,
+                            );
+                            let framing = 4 + 1024 * self.header.sections.len() as u64;
+                            let want = declared.saturating_add(framing).min(self.max_device_bytes)
+                                as usize;
+                            self.parts.reserve(want.max(i.payload.len()));
+                        }
                         self.parts.extend_from_slice(&i.payload);
                         if i.kind == FrameKind::Sections {
                             self.sections = Some(std::mem::take(&mut self.parts));

@@ -302,9 +302,9 @@ pub(crate) struct Source<'a> {
     /// The VM's live sections ([`ferry_vm::LiveState`]), sent during
     /// the rounds; empty where the destination (wire 5) cannot take them.
     pub(crate) live: Vec<ferry_vm::SectionId>,
-    /// The devices' state sections, saved at the pause (the Sections
-    /// frame's payload).
-    pub(crate) sections: Option<Vec<u8>>,
+    /// The devices' state sections, saved at the pause, encoded as they
+    /// are sent.
+    pub(crate) sections: Option<Vec<ferry_vm::Section>>,
     /// The destination takes the sections in parts (capability
     /// `section-parts`).
     pub(crate) section_parts: bool,

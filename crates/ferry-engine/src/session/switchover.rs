@@ -39,17 +39,17 @@ impl Source<'_> {
             .save_sections()
             .map_err(MigrationError::backend("save the devices' state sections"))?;
         crate::wire::sections::check_saved(&mut sections, &self.section_ids, &self.section_bytes)?;
-        let encoded = crate::wire::sections::encode(&sections);
-        if encoded.len() > crate::wire::MAX_FRAME_LEN as usize && !self.section_parts {
+        let encoded = crate::wire::sections::encoded_len(&sections);
+        if encoded > crate::wire::MAX_FRAME_LEN as usize && !self.section_parts {
             return Err(crate::wire::SectionError::TooLargeForOneFrame {
-                bytes: encoded.len() as u64,
+                bytes: encoded as u64,
                 declared: !self.section_bytes.is_empty(),
             }
             .into());
         }
-        self.summary.device_bytes_at_pause = encoded.len() as u64;
+        self.summary.device_bytes_at_pause = encoded as u64;
         self.summary.save_sections_ms = ms(saving.elapsed());
-        self.sections = Some(encoded);
+        self.sections = Some(sections);
         Ok(paused_at)
     }
 
@@ -61,22 +61,21 @@ impl Source<'_> {
             .map_err(MigrationError::backend("save vCPU state"))?;
         self.summary.save_vcpus_ms = ms(saving.elapsed());
         self.ctl.send_frame(FrameKind::VcpuState, &state)?;
-        let sections = self
-            .sections
-            .take()
-            .unwrap_or_else(|| 0u32.to_le_bytes().to_vec());
-        // In parts where the destination takes them (checked at the pause).
-        let mut parts = sections
-            .chunks(crate::wire::sections::PART_BYTES)
-            .peekable();
-        while let Some(part) = parts.next() {
-            let kind = if parts.peek().is_some() {
-                FrameKind::SectionsPart
-            } else {
-                FrameKind::Sections
+        let sections = self.sections.take().unwrap_or_default();
+        // In parts where the destination takes them, else in one frame
+        // (its size was checked at the pause).
+        let part = match self.section_parts {
+            true => crate::wire::sections::PART_BYTES,
+            false => usize::MAX,
+        };
+        let ctl = &mut self.ctl;
+        crate::wire::sections::encode_in_parts(&sections, part, |bytes, last| {
+            let kind = match last {
+                true => FrameKind::Sections,
+                false => FrameKind::SectionsPart,
             };
-            self.ctl.send_frame(kind, part)?;
-        }
+            ctl.send_frame(kind, bytes)
+        })?;
         Ok(())
     }
 

@@ -392,7 +392,9 @@ pub fn check_sections(
 
 /// The Sections frame's payload.
 pub fn encode(sections: &[Section]) -> Vec<u8> {
-    let mut out = Vec::new();
+    // Sized once: a growing buffer would copy large device state again at
+    // every doubling, inside the downtime.
+    let mut out = Vec::with_capacity(encoded_len(sections));
     out.extend_from_slice(&(sections.len() as u32).to_le_bytes());
     for s in sections {
         put_name(&mut out, &s.id.name);
@@ -406,6 +408,70 @@ pub fn encode(sections: &[Section]) -> Vec<u8> {
         }
     }
     out
+}
+
+/// Writes what [`encode`] would, in pieces of at most `part` bytes, each
+/// passed to `emit` with whether it is the last (the last may be empty):
+/// one reused buffer of `part` bytes rather than all of the state copied
+/// once more, which matters inside the downtime.
+pub fn encode_in_parts<E>(
+    sections: &[Section],
+    part: usize,
+    mut emit: impl FnMut(&[u8], bool) -> Result<(), E>,
+) -> Result<(), E> {
+    let part = part.max(1);
+    let mut buf = Vec::with_capacity(part.min(encoded_len(sections)));
+    let mut put = |mut bytes: &[u8], buf: &mut Vec<u8>| -> Result<(), E> {
+        while !bytes.is_empty() {
+            let n = bytes.len().min(part - buf.len());
+            buf.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            if buf.len() == part {
+                emit(buf, false)?;
+                buf.clear();
+            }
+        }
+        Ok(())
+    };
+    put(&(sections.len() as u32).to_le_bytes(), &mut buf)?;
+    for s in sections {
+        let mut head = Vec::with_capacity(2 + MAX_NAME + 12);
+        put_name(&mut head, &s.id.name);
+        head.extend_from_slice(&s.id.instance.to_le_bytes());
+        head.extend_from_slice(&s.id.version.to_le_bytes());
+        head.extend_from_slice(&(s.data.len() as u32).to_le_bytes());
+        put(&head, &mut buf)?;
+        put(&s.data, &mut buf)?;
+        put(&(s.subsections.len() as u16).to_le_bytes(), &mut buf)?;
+        for sub in &s.subsections {
+            let mut head = Vec::with_capacity(2 + MAX_NAME + 4);
+            put_name(&mut head, &sub.name);
+            head.extend_from_slice(&(sub.data.len() as u32).to_le_bytes());
+            put(&head, &mut buf)?;
+            put(&sub.data, &mut buf)?;
+        }
+    }
+    drop(put);
+    emit(&buf, true)
+}
+
+/// The bytes [`encode`] writes for `sections`.
+pub fn encoded_len(sections: &[Section]) -> usize {
+    let name = |n: &str| 2 + n.len().min(MAX_NAME);
+    4 + sections
+        .iter()
+        .map(|s| {
+            name(&s.id.name)
+                + 8
+                + 4
+                + s.data.len()
+                + 2
+                + s.subsections
+                    .iter()
+                    .map(|sub| name(&sub.name) + 4 + sub.data.len())
+                    .sum::<usize>()
+        })
+        .sum::<usize>()
 }
 
 fn put_name(out: &mut Vec<u8>, name: &str) {
@@ -503,6 +569,35 @@ impl Reader<'_> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn encoding_in_parts_is_the_encoding_cut_up() {
+        let sections: Vec<Section> = (0..3u32)
+            .map(|i| {
+                let data = (0..(1000 * i + 7)).map(|b| b as u8).collect();
+                Section::new("dev", data)
+                    .instance(i)
+                    .with_subsection("sub", vec![i as u8; 5])
+            })
+            .collect();
+        let whole = encode(&sections);
+        assert_eq!(whole.len(), encoded_len(&sections));
+        for part in [1, 7, 100, 1024, whole.len(), whole.len() + 1] {
+            let mut pieces: Vec<(Vec<u8>, bool)> = Vec::new();
+            encode_in_parts(&sections, part, |b, last| {
+                pieces.push((b.to_vec(), last));
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+            assert!(pieces.iter().all(|(b, _)| b.len() <= part), "{part}");
+            let lasts: Vec<bool> = pieces.iter().map(|p| p.1).collect();
+            assert_eq!(lasts.iter().filter(|&&l| l).count(), 1, "{part}");
+            assert!(*lasts.last().unwrap(), "{part}");
+            let joined: Vec<u8> = pieces.into_iter().flat_map(|p| p.0).collect();
+            assert_eq!(joined, whole, "{part}");
+        }
+    }
+
     use super::*;
 
     fn specs() -> Vec<SectionSpec> {
