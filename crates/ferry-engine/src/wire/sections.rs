@@ -451,7 +451,6 @@ pub fn encode_in_parts<E>(
             put(&sub.data, &mut buf)?;
         }
     }
-    drop(put);
     emit(&buf, true)
 }
 
