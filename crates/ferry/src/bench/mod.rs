@@ -6,6 +6,7 @@
 //! one for the benches that drive `ferry` processes end to end.
 
 pub mod converge;
+pub mod device_state;
 pub mod link;
 pub mod local;
 pub mod soak;

@@ -51,6 +51,12 @@ pub enum BenchCommand {
     /// hop verified (digest and guest stamps); `--json` ends with `hops`
     /// and `failed`.
     Soak(crate::bench::soak::SoakArgs),
+    /// A guest whose device has large state that changes at a fixed rate
+    /// (256 MiB, a 64 KiB block rewritten every millisecond) migrates with
+    /// that state sent live and, interleaved in the same run, all at the
+    /// pause: downtime against `--downtime-ms`, the prediction beside it,
+    /// and the device's state compared on both ends.
+    DeviceState(crate::bench::device_state::DeviceStateArgs),
 }
 
 /// Arguments of `ferry bench demand-paging`.
@@ -212,6 +218,10 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
                 println!("{}", crate::bench::link::summary_json(&report.results));
             }
             Ok(code)
+        }
+        BenchCommand::DeviceState(a) => {
+            let report = crate::bench::device_state::run(&a)?;
+            emit_json(&report, &a.out, a.json)
         }
         BenchCommand::Converge(a) => {
             let report = crate::bench::converge::run(&a)?;
