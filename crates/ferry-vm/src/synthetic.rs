@@ -77,6 +77,9 @@ pub struct BigDevice {
     period: Duration,
     stop: Arc<AtomicBool>,
     writer: Option<JoinHandle<()>>,
+    /// Whether it rewrites its state while it runs: a source's does; a
+    /// destination's holds what arrived, to be compared with the source's.
+    rewrites: bool,
     /// Whether it sends (or loads) its state live.
     pub live: bool,
 }
@@ -93,6 +96,7 @@ impl BigDevice {
         }
         drop(b);
         d.period = period;
+        d.rewrites = true;
         d
     }
 
@@ -113,6 +117,7 @@ impl BigDevice {
             period: Duration::from_millis(1),
             stop: Arc::new(AtomicBool::new(false)),
             writer: None,
+            rewrites: false,
             live: true,
         }
     }
@@ -132,9 +137,9 @@ impl BigDevice {
         self.lock().state.clone()
     }
 
-    /// Starts rewriting blocks (the VM runs).
+    /// Starts rewriting blocks (the VM runs), if it is a source's.
     pub fn run(&mut self) {
-        if self.writer.is_some() {
+        if self.writer.is_some() || !self.rewrites {
             return;
         }
         self.stop.store(false, Ordering::Release);

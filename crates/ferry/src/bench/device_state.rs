@@ -106,9 +106,6 @@ pub struct DeviceStateResults {
 struct WithDevice {
     vm: Box<dyn Vm>,
     dev: BigDevice,
-    /// Whether the device rewrites its state while the VM runs: on the
-    /// source. The destination's holds what arrived, to be compared.
-    rewrites: bool,
 }
 
 impl Vm for WithDevice {
@@ -126,9 +123,8 @@ impl Vm for WithDevice {
     }
     fn start(&mut self) -> Result<(), VmError> {
         self.vm.start()?;
-        if self.rewrites {
-            self.dev.run();
-        }
+        // A source's device rewrites its state; a destination's does not.
+        self.dev.run();
         Ok(())
     }
     /// The vCPUs, then the device.
@@ -248,7 +244,6 @@ fn move_once(
     let mut vm = WithDevice {
         vm: vms::create(a.backend.kind(), config, &a.backend, vms::Role::Source)?,
         dev: BigDevice::source(state, Duration::from_micros(a.period_us)),
-        rewrites: true,
     };
     vm.dev.live = live;
     std::thread::scope(|s| {
@@ -262,7 +257,6 @@ fn move_once(
                 Ok(WithDevice {
                     vm,
                     dev: BigDevice::destination(state),
-                    rewrites: false,
                 })
             };
             let mut opts = ReceiveOptions::default();
