@@ -204,7 +204,13 @@ impl Vm for Bare {
 
 #[test]
 fn a_policy_the_vm_does_not_declare_is_refused_and_the_default_is_none() {
-    let mut src = Bare(running_source());
+    // Its guest writes everything through GuestRam: it has no log of its
+    // own to report a vCPU's writes.
+    let mut vm = TestVm::new(&config()).unwrap();
+    vm.hardware_log = false;
+    vm.start().unwrap();
+    wait_for_passes(&vm, 1);
+    let mut src = Bare(vm);
     for mode in [
         ConvergeMode::Auto,
         ConvergeMode::Quota,

@@ -262,6 +262,13 @@ pub struct TestVm {
     /// The guest stops writing once it reaches this pass.
     last_pass: Arc<AtomicU64>,
     pub logging: bool,
+    /// The guest stores its pass counter as a vCPU would, behind
+    /// GuestRam's back, so that only the VM's own dirty log reports that
+    /// page (the default); off, through GuestRam like every other write.
+    pub hardware_log: bool,
+    /// Set by the guest each time it stores its pass counter behind
+    /// GuestRam's back; the dirty log reports the page and clears it.
+    passes_written: Arc<AtomicBool>,
     /// Write a page after the final harvest, so the digest must catch it.
     pub untracked_write_on_save: bool,
     /// The devices: what they save and load.
@@ -434,6 +441,8 @@ impl TestVm {
             throttle: Arc::new(AtomicU64::new(0)),
             last_pass: Arc::new(AtomicU64::new(u64::MAX)),
             logging: false,
+            hardware_log: true,
+            passes_written: Arc::new(AtomicBool::new(false)),
             untracked_write_on_save: false,
             devices: Devices::default(),
             dma: None,
@@ -473,10 +482,25 @@ impl TestVm {
     }
 }
 
+/// Stores `value` at `gpa` (in the system slot) as a vCPU would: through
+/// the host mapping, with no VMM-dirty mark.
+fn store_behind_ram(ram: &GuestRam, gpa: Gpa, value: u64) {
+    let slot = &ram.slots()[0];
+    assert!(gpa.0 + 8 <= slot.gpa.0 + slot.size && gpa.0 % 8 == 0);
+    let host = ram.host_address(slot) as usize + (gpa.0 - slot.gpa.0) as usize;
+    // SAFETY: `host` is an 8-aligned address inside the first slot's
+    // mapping (checked above), which `ram` keeps mapped while the guest
+    // thread holds it; every other access to this word is atomic too.
+    let word = unsafe { AtomicU64::from_ptr(host as *mut u64) };
+    word.store(value, Ordering::Release);
+}
+
+#[allow(clippy::too_many_arguments)]
 fn guest(
     ram: Arc<GuestRam>,
     config: TestConfig,
     dma: Option<Arc<Dma>>,
+    passes_written: Option<Arc<AtomicBool>>,
     position: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     throttle: Arc<AtomicU64>,
@@ -506,7 +530,13 @@ fn guest(
         }
         page += 1;
         if page == pages {
-            ram.store_u64(PASSES, pass).unwrap();
+            match &passes_written {
+                Some(written) => {
+                    store_behind_ram(&ram, PASSES, pass);
+                    written.store(true, Ordering::Release);
+                }
+                None => ram.store_u64(PASSES, pass).unwrap(),
+            }
             page = 0;
             pass += 1;
         }
@@ -544,8 +574,9 @@ impl Vm for TestVm {
             );
             let config = self.config.clone();
             let dma = self.dma.clone();
+            let behind = self.hardware_log.then(|| Arc::clone(&self.passes_written));
             self.worker = Some(std::thread::spawn(move || {
-                guest(ram, config, dma, pos, stop, throttle, last)
+                guest(ram, config, dma, behind, pos, stop, throttle, last)
             }));
         }
         if let Some(big) = &mut self.big {
@@ -635,21 +666,28 @@ impl Vm for TestVm {
     }
 }
 
-/// The "hardware" log records only whether it runs (the tests check that
-/// every migration stops it): every guest write goes through GuestRam,
-/// whose bitmap the engine reads itself.
+/// The "hardware" log: the guest's pass counter, which it stores behind
+/// GuestRam's back as a vCPU would (every other write goes through
+/// GuestRam, whose bitmap the engine reads itself). It also records whether
+/// it runs: the tests check that every migration stops it.
 impl DirtyLog for TestVm {
     fn method(&self) -> String {
-        "vmm-bitmap".into()
+        "vmm-bitmap + counter log".into()
     }
     fn start_dirty_log(&mut self) -> Result<(), VmError> {
+        self.passes_written.store(false, Ordering::Release);
         self.logging = true;
         Ok(())
     }
-    fn harvest_dirty(&mut self, _into: &mut DirtyPages) -> Result<HarvestStats, VmError> {
-        // Every guest write goes through GuestRam, so the engine's
-        // take_vmm_dirty sees it; the "hardware" log is empty.
-        Ok(HarvestStats::default())
+    fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, VmError> {
+        let written = self.passes_written.swap(false, Ordering::AcqRel);
+        if written {
+            into.set(PASSES.gfn());
+        }
+        Ok(HarvestStats {
+            pages: u64::from(written),
+            ..HarvestStats::default()
+        })
     }
     fn stop_dirty_log(&mut self) -> Result<(), VmError> {
         self.logging = false;
