@@ -486,7 +486,7 @@ impl TestVm {
 /// the host mapping, with no VMM-dirty mark.
 fn store_behind_ram(ram: &GuestRam, gpa: Gpa, value: u64) {
     let slot = &ram.slots()[0];
-    assert!(gpa.0 + 8 <= slot.gpa.0 + slot.size && gpa.0 % 8 == 0);
+    assert!(gpa.0 + 8 <= slot.gpa.0 + slot.size && gpa.0.is_multiple_of(8));
     let host = ram.host_address(slot) as usize + (gpa.0 - slot.gpa.0) as usize;
     // SAFETY: `host` is an 8-aligned address inside the first slot's
     // mapping (checked above), which `ram` keeps mapped while the guest
