@@ -1,7 +1,8 @@
-//! The command line: `run`, `migrate`, `receive` and `demo`.
+//! The command line: `run`, `migrate`, `receive`, `demo` and `probe-host`.
 
 mod demo;
 mod migrate;
+mod probe;
 mod receive;
 mod run;
 
@@ -35,6 +36,9 @@ enum Command {
     /// Source and destination as two processes on this host, with every
     /// check: digest, console lines, disk requests.
     Demo(demo::DemoArgs),
+    /// Try what this host's KVM offers for serving devices off the vCPU
+    /// threads (in-kernel irqchip, ioeventfd, irqfd) on a fresh VM.
+    ProbeHost(probe::ProbeArgs),
 }
 
 /// Runs the command.
@@ -44,6 +48,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
         Command::Migrate(a) => migrate::migrate(a),
         Command::Receive(a) => receive::receive(a),
         Command::Demo(a) => demo::demo(a),
+        Command::ProbeHost(a) => probe::probe(a),
     }
 }
 
