@@ -58,6 +58,18 @@ pub enum VmError {
     Admission(#[from] crate::admission::AdmissionError),
 }
 
+impl VmError {
+    /// The VM of `vmm` was asked for a capability it does not declare
+    /// (`what`: "time throttle", ...).
+    pub fn undeclared(vmm: &str, what: &str) -> Self {
+        VmError::Operation {
+            backend: vmm.to_string(),
+            what: format!("this VM declares no {what}"),
+            source: None,
+        }
+    }
+}
+
 /// `e` and every cause under it, joined by `": "`. A cause whose text the
 /// message already contains is skipped, so wrapping errors that repeat their
 /// source (as `thiserror`'s `transparent` or `{0}` do) print it once.

@@ -213,8 +213,9 @@ impl Drop for BigDevice {
     }
 }
 
-/// `len` bytes that do not compress (xorshift64 from `seed`).
-fn noise(seed: u64, len: usize) -> Vec<u8> {
+/// `len` bytes that do not compress (xorshift64 from `seed`): honest input
+/// for anything that measures bytes on the wire.
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed | 1;
     let mut out = Vec::with_capacity(len + 8);
     while out.len() < len {

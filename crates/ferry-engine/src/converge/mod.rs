@@ -125,11 +125,7 @@ pub(crate) fn dirtied(vm: &mut dyn Vm) -> Vec<u64> {
 
 /// Applies `action` through the mechanism `vm` declares for it.
 fn set(vm: &mut dyn Vm, action: &Action) -> Result<(), ferry_vm::VmError> {
-    let undeclared = |vm: &dyn Vm, what: &str| ferry_vm::VmError::Operation {
-        backend: vm.vmm_id().to_string(),
-        what: format!("this VM declares no {what}"),
-        source: None,
-    };
+    let undeclared = |vm: &dyn Vm, what: &str| ferry_vm::VmError::undeclared(vm.vmm_id(), what);
     match action {
         Action::Time(pct) => match vm.time_throttle() {
             Some(t) => t.set_time_throttle(*pct),
@@ -450,20 +446,16 @@ impl Converger {
     /// Applies `action` to the VM and keeps it in the timeline.
     fn apply(&mut self, vm: &mut dyn Vm, round: u32, action: Action) -> Result<(), MigrationError> {
         tracing::info!("round {round}: {action:?}");
+        let what = match action {
+            Action::Time(_) => "throttle the source's vCPUs",
+            Action::Quota(_) => "set the vCPUs' dirty quota",
+            Action::Limit(_) => "set the vCPUs' dirty limit",
+        };
+        set(vm, &action).map_err(MigrationError::backend(what))?;
         match action {
-            Action::Time(pct) => {
-                set(vm, &action).map_err(MigrationError::backend("throttle the source's vCPUs"))?;
-                self.throttle = pct;
-            }
-            Action::Quota(quota) => {
-                set(vm, &Action::Quota(quota.clone()))
-                    .map_err(MigrationError::backend("set the vCPUs' dirty quota"))?;
-                self.quota = quota;
-            }
-            Action::Limit(bytes_per_sec) => {
-                set(vm, &action).map_err(MigrationError::backend("set the vCPUs' dirty limit"))?;
-                self.limit = bytes_per_sec;
-            }
+            Action::Time(pct) => self.throttle = pct,
+            Action::Quota(quota) => self.quota = quota,
+            Action::Limit(bytes_per_sec) => self.limit = bytes_per_sec,
         }
         self.push_step(round);
         Ok(())

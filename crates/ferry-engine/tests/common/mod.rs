@@ -364,20 +364,7 @@ pub struct Devices {
     pub payload_bytes: usize,
 }
 
-/// `len` bytes that depend on `seed` and do not repeat or compress.
-pub fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        // xorshift64
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
+pub use ferry_vm::synthetic::noise;
 
 impl Devices {
     /// What a source with these devices saves.

@@ -162,10 +162,17 @@ impl Vm for WithDevice {
         Ok(sections)
     }
     fn restore_sections(&mut self, sections: &[Section]) -> Result<(), VmError> {
-        let (mine, theirs): (Vec<Section>, Vec<Section>) =
-            sections.iter().cloned().partition(|s| self.dev.owns(s));
+        // The VM's own sections are small; the device's is not copied.
+        let theirs: Vec<Section> = sections
+            .iter()
+            .filter(|s| !self.dev.owns(s))
+            .cloned()
+            .collect();
         self.vm.restore_sections(&theirs)?;
-        mine.iter().try_for_each(|s| self.dev.restore(s))
+        sections
+            .iter()
+            .filter(|s| self.dev.owns(s))
+            .try_for_each(|s| self.dev.restore(s))
     }
     fn live_state(&mut self) -> Option<&mut dyn LiveState> {
         match self.dev.live {

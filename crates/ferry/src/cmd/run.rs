@@ -226,11 +226,7 @@ pub fn serve_vm_on(
             Ok(VmCommand::Throttle { percent, reply }) => {
                 let throttled = match vm.time_throttle() {
                     Some(t) => t.set_time_throttle(percent.min(99)),
-                    None => Err(ferry_vm::VmError::Operation {
-                        backend: vm.vmm_id().to_string(),
-                        what: "this VM declares no time throttle".into(),
-                        source: None,
-                    }),
+                    None => Err(ferry_vm::VmError::undeclared(vm.vmm_id(), "time throttle")),
                 };
                 let answer = match throttled {
                     Ok(()) => serde_json::json!({"ok": true, "throttle_percent": percent.min(99)}),
