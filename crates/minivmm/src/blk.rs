@@ -2,17 +2,23 @@
 //! backed by a disk image file that both ends of a migration open: the
 //! shared storage clouds use.
 //!
-//! Requests are served when the guest notifies, on the vCPU's own thread
-//! during that MMIO exit: every request the device has taken from the
-//! available ring is complete (data written or read, status and used-ring
-//! entry in guest memory) before the vCPU runs again. So when the VM
-//! pauses, no request is half done, and the device state is only the
-//! transport registers and the queue's `QueueState` (where it is in the
-//! rings): requests the guest has made available but not yet notified
-//! stay in guest memory, and the destination's device takes them at the
-//! next notify. This is QEMU's choice too (it drains block requests before
-//! it saves a device), and it keeps the disk free of writes from a guest
-//! that is about to stop.
+//! Requests are served when the guest notifies, in one of three ways
+//! ([`Notify`]): on the vCPU's own thread during that MMIO exit; or by the
+//! I/O thread ([`crate::iothread`]), woken through an eventfd that either
+//! the exit handler signals or KVM itself signals without any exit
+//! (`KVM_IOEVENTFD`). With an I/O thread, requests are in flight while the
+//! vCPUs run, and the pause quiesces it: a batch it took finishes (data
+//! written or read, status and used-ring entry in guest memory), and a
+//! notification it had not yet taken stays in its eventfd.
+//!
+//! So when the VM pauses, no request is half done, and the device state is
+//! the transport registers, the queue's `QueueState` (where it is in the
+//! rings), and, only when there is one, a notification not yet served
+//! (the `notify` subsection). The destination's device serves that one as
+//! the VM starts; requests the guest made available but had not yet
+//! notified stay in guest memory for its next notify. This is QEMU's
+//! choice too (it drains block requests before it saves a device), and it
+//! keeps the disk free of writes from a guest that is about to stop.
 //!
 //! The device writes guest memory (read data, status, used ring) through
 //! vm-memory, whose `AtomicBitmap` the engine collects: those pages are
@@ -21,22 +27,28 @@
 //! exactly-once check.
 
 use crate::DeviceError;
-use ferry_engine::vmm::GuestRam;
+use ferry_engine::vmm::{GuestRam, Section};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN,
     VIRTIO_BLK_T_OUT,
 };
 use virtio_queue::{Queue, QueueState, QueueT};
-use vm_memory::{Address, Bytes};
+use vm_memory::{Address, Bytes, GuestAddress};
+use vmm_sys_util::eventfd::EventFd;
 
 /// The section's name.
 pub const SECTION: &str = "virtio-blk";
 /// The layout [`Blk::save`] writes.
 pub const VERSION: u32 = 1;
+/// The subsection saved only when a notification waits unserved.
+pub const NOTIFY_SUBSECTION: &str = "notify";
+/// The queue-notify register.
+pub const QUEUE_NOTIFY: u64 = 0x50;
 const SECTOR: u64 = 512;
 /// The most data one request may move: the guest sets descriptor lengths,
 /// and a larger one is refused with an I/O error rather than allocated.
@@ -47,6 +59,78 @@ const DEVICE_ID_BLOCK: u32 = 2;
 /// VIRTIO_F_VERSION_1, the only feature offered (bit 32).
 const FEATURES: u64 = 1 << 32;
 
+/// How the guest's queue notification reaches the code that serves it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Notify {
+    /// The notify write exits to the vCPU thread, which serves the queue
+    /// before the vCPU runs on: nothing is ever in flight.
+    Inline,
+    /// The notify write exits to the vCPU thread, which only signals the
+    /// I/O thread's eventfd.
+    Exit,
+    /// KVM signals the I/O thread's eventfd itself (`KVM_IOEVENTFD`): the
+    /// notify write does not exit to userspace at all.
+    #[default]
+    Ioeventfd,
+}
+
+impl std::str::FromStr for Notify {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "inline" => Ok(Notify::Inline),
+            "exit" => Ok(Notify::Exit),
+            "ioeventfd" => Ok(Notify::Ioeventfd),
+            _ => Err(format!("{s:?}: use inline, exit or ioeventfd")),
+        }
+    }
+}
+
+impl std::fmt::Display for Notify {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Notify::Inline => "inline",
+            Notify::Exit => "exit",
+            Notify::Ioeventfd => "ioeventfd",
+        })
+    }
+}
+
+/// Where a ready queue's rings are, readable without the device's lock
+/// (which the I/O thread holds for a whole batch).
+#[derive(Debug, Default)]
+pub struct Rings {
+    /// The available ring's address; 0 while the queue is not ready.
+    avail: AtomicU64,
+    /// The used ring's address.
+    used: AtomicU64,
+}
+
+impl Rings {
+    fn set(&self, q: &Queue) {
+        let state = q.state();
+        let (avail, used) = match state.ready {
+            true => (state.avail_ring, state.used_ring),
+            false => (0, 0),
+        };
+        self.avail.store(avail, Ordering::Release);
+        self.used.store(used, Ordering::Release);
+    }
+
+    /// Requests the guest has made available that the device has not
+    /// completed, read from the rings' indexes in guest memory.
+    pub fn in_flight(&self, ram: &GuestRam) -> u16 {
+        let avail = self.avail.load(Ordering::Acquire);
+        if avail == 0 {
+            return 0;
+        }
+        let mem = ram.memory();
+        let idx = |ring: u64| -> u16 { mem.read_obj(GuestAddress(ring + 2)).unwrap_or(0) };
+        idx(avail).wrapping_sub(idx(self.used.load(Ordering::Acquire)))
+    }
+}
+
 /// A block device on the virtio-mmio transport.
 pub struct Blk {
     ram: Arc<GuestRam>,
@@ -54,6 +138,17 @@ pub struct Blk {
     sectors: u64,
     regs: Registers,
     queue: Queue,
+    rings: Arc<Rings>,
+    /// The I/O thread's eventfd for this device, if one serves it.
+    kick: Option<EventFd>,
+    /// A notification arrived with the source's section, to be served as
+    /// the VM starts.
+    notify_on_start: bool,
+    /// Each write reaches the disk's storage before it completes
+    /// (`fdatasync`), as QEMU's `cache=writethrough`.
+    writethrough: bool,
+    /// Notify writes that exited to a vCPU thread.
+    pub notify_exits: u64,
     /// Sequence numbers of the writes served (a block's first 8 bytes).
     pub journal: Vec<u64>,
 }
@@ -94,8 +189,14 @@ struct SavedQueue {
 
 impl Blk {
     /// A device over `disk` (its whole length, in sectors), whose queue has
-    /// at most `queue_size` entries.
-    pub fn new(ram: Arc<GuestRam>, disk: File, queue_size: u16) -> Result<Self, DeviceError> {
+    /// at most `queue_size` entries, served on the vCPU thread, or by the
+    /// I/O thread that waits on `kick`.
+    pub fn new(
+        ram: Arc<GuestRam>,
+        disk: File,
+        queue_size: u16,
+        kick: Option<EventFd>,
+    ) -> Result<Self, DeviceError> {
         let len = disk.metadata().map_err(DeviceError::Disk)?.len();
         let queue = Queue::new(queue_size).map_err(|e| DeviceError::State {
             section: SECTION,
@@ -107,6 +208,11 @@ impl Blk {
             sectors: len / SECTOR,
             regs: Registers::default(),
             queue,
+            rings: Arc::default(),
+            kick,
+            writethrough: false,
+            notify_on_start: false,
+            notify_exits: 0,
             journal: Vec::new(),
         })
     }
@@ -150,8 +256,11 @@ impl Blk {
             0x024 => self.regs.driver_features_sel = v,
             0x030 => self.regs.queue_sel = v,
             0x038 => q.set_size(v as u16),
-            0x044 => q.set_ready(v == 1),
-            0x050 => self.serve(),
+            0x044 => {
+                q.set_ready(v == 1);
+                self.rings.set(q);
+            }
+            QUEUE_NOTIFY => self.notified(),
             0x064 => self.regs.interrupt_status &= !v,
             0x070 if v == 0 => self.reset(),
             0x070 => self.regs.status = v,
@@ -168,10 +277,64 @@ impl Blk {
     fn reset(&mut self) {
         self.regs = Registers::default();
         self.queue.reset();
+        self.rings.set(&self.queue);
+    }
+
+    /// Where its queue's rings are, to count what is in flight without
+    /// the device's lock.
+    pub fn rings(&self) -> Arc<Rings> {
+        Arc::clone(&self.rings)
+    }
+
+    /// Each write completes only once on the disk's storage (`true`), or
+    /// once in the host's page cache.
+    pub fn set_writethrough(&mut self, on: bool) {
+        self.writethrough = on;
+    }
+
+    /// The guest notified through an exit.
+    fn notified(&mut self) {
+        self.notify_exits += 1;
+        match &self.kick {
+            // An eventfd write fails only once its counter is near
+            // u64::MAX, when the I/O thread is certain to wake anyway.
+            Some(kick) => {
+                let _ = kick.write(1);
+            }
+            None => self.serve(),
+        }
+    }
+
+    /// Serves a notification that came with the source's state, now that
+    /// the VM starts.
+    pub fn start(&mut self) {
+        if std::mem::take(&mut self.notify_on_start) {
+            match &self.kick {
+                Some(kick) => {
+                    let _ = kick.write(1);
+                }
+                None => self.serve(),
+            }
+        }
+    }
+
+    /// Whether a notification waits in the I/O thread's eventfd, not yet
+    /// taken (the thread is quiesced, so it stays there).
+    pub fn notify_pending(&self) -> bool {
+        let Some(kick) = &self.kick else {
+            return false;
+        };
+        let mut fd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(kick),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, a zero timeout.
+        unsafe { libc::poll(&mut fd, 1, 0) == 1 && fd.revents & libc::POLLIN != 0 }
     }
 
     /// Serves every request the guest has made available.
-    fn serve(&mut self) {
+    pub fn serve(&mut self) {
         let ram = Arc::clone(&self.ram);
         let mem = ram.memory();
         if self.regs.status & 4 == 0 || !self.queue.is_valid(mem) {
@@ -252,6 +415,7 @@ impl Blk {
             return Err(());
         }
         let mut at = sector * SECTOR;
+        let mut seqs = Vec::new();
         for d in data {
             // A read needs buffers the device may write, a write ones it
             // only reads.
@@ -263,8 +427,7 @@ impl Blk {
                 mem.read_slice(&mut buf, d.addr()).map_err(|_| ())?;
                 self.disk.write_all_at(&buf, at).map_err(|_| ())?;
                 if at.is_multiple_of(crate::layout::BLOCK_BYTES) && buf.len() >= 8 {
-                    let seq = u64::from_le_bytes(buf[..8].try_into().expect("8 bytes"));
-                    self.journal.push(seq);
+                    seqs.push(u64::from_le_bytes(buf[..8].try_into().expect("8 bytes")));
                 }
             } else {
                 self.disk.read_exact_at(&mut buf, at).map_err(|_| ())?;
@@ -272,28 +435,41 @@ impl Blk {
             }
             at += u64::from(d.len());
         }
+        if write && self.writethrough {
+            self.disk.sync_data().map_err(|_| ())?;
+        }
+        self.journal.extend(seqs);
         Ok(total as u32)
     }
 
-    /// The registers and the queue's state, as the section carries them.
-    pub fn save(&self) -> Vec<u8> {
+    /// The registers and the queue's state as instance `instance` of the
+    /// section, with the `notify` subsection if a notification waits.
+    pub fn save(&self, instance: u32) -> Section {
         let saved = Saved {
             regs: self.regs,
             queue: self.queue.state(),
         };
-        serde_json::to_vec(&saved).expect("plain data serializes")
+        let data = serde_json::to_vec(&saved).expect("plain data serializes");
+        let section = Section::new(SECTION, data).instance(instance);
+        if self.notify_pending() || self.notify_on_start {
+            section.with_subsection(NOTIFY_SUBSECTION, Vec::new())
+        } else {
+            section
+        }
     }
 
     /// Loads what [`Blk::save`] wrote.
-    pub fn restore(&mut self, data: &[u8]) -> Result<(), DeviceError> {
+    pub fn restore(&mut self, section: &Section) -> Result<(), DeviceError> {
         let bad = |why: String| DeviceError::State {
             section: SECTION,
             why,
         };
-        let saved: Saved = serde_json::from_slice(data).map_err(|e| bad(e.to_string()))?;
+        let saved: Saved = serde_json::from_slice(&section.data).map_err(|e| bad(e.to_string()))?;
         let state = saved.queue;
         self.queue = Queue::try_from(state).map_err(|e| bad(format!("its queue: {e}")))?;
+        self.rings.set(&self.queue);
         self.regs = saved.regs;
+        self.notify_on_start = section.subsection(NOTIFY_SUBSECTION).is_some();
         Ok(())
     }
 }

@@ -24,6 +24,16 @@ pub struct ConsoleCheck {
     pub bad: u64,
 }
 
+impl ConsoleCheck {
+    /// Adds another stream's counts (another vCPU's console).
+    pub fn add(&mut self, other: &ConsoleCheck) {
+        self.lines += other.lines;
+        self.lost += other.lost;
+        self.doubled += other.doubled;
+        self.bad += other.bad;
+    }
+}
+
 /// Reads the guest's console `text` (the source's output followed by the
 /// destination's); a last line without its newline is still being
 /// written and is not counted.
@@ -71,6 +81,15 @@ pub struct DiskCheck {
     pub lost: u64,
     /// Writes served twice.
     pub doubled: u64,
+}
+
+impl DiskCheck {
+    /// Adds another disk's counts.
+    pub fn add(&mut self, other: &DiskCheck) {
+        self.requests += other.requests;
+        self.lost += other.lost;
+        self.doubled += other.doubled;
+    }
 }
 
 /// Reads the write journals, the source's then the destination's.

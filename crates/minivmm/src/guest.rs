@@ -12,6 +12,10 @@
 //! - **memory**: it sweeps the data region, a few pages per loop, so
 //!   precopy has pages to chase.
 //!
+//! Every vCPU runs this one program in its own lane of memory (`rdi` at
+//! entry), on its own port and device, sweeping its own slice of the data
+//! region: N independent streams, each checked on its own.
+//!
 //! Everything the program knows lives in its registers and guest memory,
 //! so the vCPU state and RAM capture it exactly, mid-line and mid-request.
 
@@ -21,8 +25,6 @@ use iced_x86::code_asm::*;
 /// How the program is built.
 #[derive(Clone, Copy, Debug)]
 pub struct GuestParams {
-    /// Pages of the data region.
-    pub data_pages: u64,
     /// Data pages written per main-loop iteration.
     pub sweep_per_loop: u32,
     /// A console line every this many iterations (a power of two).
@@ -59,17 +61,18 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     let mut print_line = a.create_label();
     let mut hex16 = a.create_label();
 
-    // rbx: the variables; rbp: the device's registers; r15: notify due.
-    a.mov(rsp, STACK_TOP)?;
-    a.mov(rbx, VARS)?;
-    a.mov(rbp, MMIO_BASE)?;
+    // rbx: the lane (its variables first); rbp: the device's registers;
+    // r15: notify due.
+    a.mov(rbx, rdi)?;
+    a.lea(rsp, qword_ptr(rbx + d(STACK_TOP)))?;
+    a.mov(rbp, qword_ptr(rbx + d(var::MMIO)))?;
     init_device(&mut a)?;
     for s in 0..SLOTS {
         write_descriptors(&mut a, s)?;
     }
     for s in 0..SLOTS {
         a.mov(r12, s)?;
-        a.mov(r13, SLOTS_STATE + s * SLOT_BYTES)?;
+        a.lea(r13, qword_ptr(rbx + d(SLOTS_STATE + s * SLOT_BYTES)))?;
         a.call(start_write)?;
     }
     a.mov(dword_ptr(rbp + d(mmio::QUEUE_NOTIFY)), 0)?;
@@ -80,6 +83,7 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     a.set_label(&mut sweep)?;
     a.mov(rax, qword_ptr(rbx + d(var::SWEEP_PAGE)))?;
     a.mov(rdx, rax)?;
+    a.add(rdx, qword_ptr(rbx + d(var::SWEEP_BASE)))?;
     a.shl(rdx, 12)?;
     a.mov(r8, DATA_GPA)?;
     a.add(rdx, r8)?;
@@ -87,8 +91,7 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     a.mov(qword_ptr(rdx), r9)?;
     a.mov(qword_ptr(rdx + 8), rax)?;
     a.inc(rax)?;
-    a.mov(r8, p.data_pages)?;
-    a.cmp(rax, r8)?;
+    a.cmp(rax, qword_ptr(rbx + d(var::SWEEP_PAGES)))?;
     a.jb(no_wrap)?;
     a.xor(eax, eax)?;
     a.inc(qword_ptr(rbx + d(var::SWEEP_PASS)))?;
@@ -100,7 +103,7 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     // The disk: handle every new used-ring entry, then notify once.
     a.xor(r15d, r15d)?;
     a.set_label(&mut poll)?;
-    a.mov(rdi, USED)?;
+    a.lea(rdi, qword_ptr(rbx + d(USED)))?;
     a.movzx(eax, word_ptr(rdi + 2))?;
     a.mov(rdx, qword_ptr(rbx + d(var::USED_SEEN)))?;
     a.cmp(ax, dx)?;
@@ -118,7 +121,7 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     a.mov(r12, rax)?;
     a.mov(r13, r12)?;
     a.shl(r13, 5)?;
-    a.mov(rax, SLOTS_STATE)?;
+    a.lea(rax, qword_ptr(rbx + d(SLOTS_STATE)))?;
     a.add(r13, rax)?;
     a.call(complete)?;
     a.jmp(poll)?;
@@ -141,7 +144,7 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     let mut status_ok = a.create_label();
     let mut was_read = a.create_label();
     let mut bad = a.create_label();
-    a.mov(rdi, STATUS)?;
+    a.lea(rdi, qword_ptr(rbx + d(STATUS)))?;
     a.movzx(eax, byte_ptr(rdi + r12))?;
     a.test(eax, eax)?;
     a.jz(status_ok)?;
@@ -152,7 +155,7 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     // A write: note it, then read the block back.
     a.mov(rcx, qword_ptr(r13 + d(slot::BLOCK)))?;
     a.mov(rdx, qword_ptr(r13 + d(slot::SEQ)))?;
-    a.mov(rdi, LAST_WRITTEN)?;
+    a.lea(rdi, qword_ptr(rbx + d(LAST_WRITTEN)))?;
     a.mov(qword_ptr(rdi + rcx * 8), rdx)?;
     a.inc(qword_ptr(rbx + d(var::WRITES_DONE)))?;
     a.mov(qword_ptr(r13 + d(slot::PHASE)), 2)?;
@@ -162,7 +165,7 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     a.set_label(&mut was_read)?;
     buffer_of_slot(&mut a)?;
     a.mov(rcx, qword_ptr(r13 + d(slot::BLOCK)))?;
-    a.mov(rsi, LAST_WRITTEN)?;
+    a.lea(rsi, qword_ptr(rbx + d(LAST_WRITTEN)))?;
     a.mov(rdx, qword_ptr(rsi + rcx * 8))?;
     a.cmp(qword_ptr(rdi), rdx)?;
     a.jne(bad)?;
@@ -209,7 +212,7 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     let mut is_read = a.create_label();
     a.mov(rdi, r12)?;
     a.shl(rdi, 4)?;
-    a.mov(rax, HEADERS)?;
+    a.lea(rax, qword_ptr(rbx + d(HEADERS)))?;
     a.add(rdi, rax)?;
     a.mov(dword_ptr(rdi), esi)?;
     a.mov(dword_ptr(rdi + 4), 0)?;
@@ -217,7 +220,7 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     a.shl(rax, (BLOCK_BYTES / 512).trailing_zeros())?;
     a.mov(qword_ptr(rdi + 8), rax)?;
     a.imul_3(rdi, r12, 48)?;
-    a.mov(rax, DESC + 16)?;
+    a.lea(rax, qword_ptr(rbx + d(DESC + 16)))?;
     a.add(rdi, rax)?;
     a.mov(eax, u32::from(DESC_NEXT | DESC_WRITE))?;
     a.test(esi, esi)?;
@@ -225,9 +228,9 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     a.mov(eax, u32::from(DESC_NEXT))?;
     a.set_label(&mut is_read)?;
     a.mov(word_ptr(rdi + 12), ax)?;
-    a.mov(rdi, STATUS)?;
+    a.lea(rdi, qword_ptr(rbx + d(STATUS)))?;
     a.mov(byte_ptr(rdi + r12), 0xff)?;
-    a.mov(rdi, AVAIL)?;
+    a.lea(rdi, qword_ptr(rbx + d(AVAIL)))?;
     a.mov(rax, qword_ptr(rbx + d(var::AVAIL_IDX)))?;
     a.mov(ecx, eax)?;
     a.and(ecx, u32::from(QUEUE_SIZE - 1))?;
@@ -243,7 +246,7 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
 
     // print_line: "L<seq> <seq·K>\n", then the number moves on.
     a.set_label(&mut print_line)?;
-    a.mov(edx, u32::from(SERIAL_PORT))?;
+    a.mov(rdx, qword_ptr(rbx + d(var::PORT)))?;
     a.mov(al, b'L' as u32)?;
     a.out(dx, al)?;
     a.mov(rax, qword_ptr(rbx + d(var::CONSOLE_SEQ)))?;
@@ -290,7 +293,7 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
 fn buffer_of_slot(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.mov(rdi, r12)?;
     a.shl(rdi, BLOCK_BYTES.trailing_zeros())?;
-    a.mov(rax, BUFFERS)?;
+    a.lea(rax, qword_ptr(rbx + d(BUFFERS)))?;
     a.add(rdi, rax)
 }
 
@@ -323,7 +326,8 @@ const DESC_WRITE: u16 = 2;
 
 /// The driver's half of virtio initialization (virtio 1.2, 3.1.1): reset,
 /// ACKNOWLEDGE, DRIVER, accept VERSION_1 only, FEATURES_OK, set up queue
-/// 0, DRIVER_OK. Straight-line MMIO writes: each one exits to the VMM.
+/// 0 (in the lane, below 4 GiB), DRIVER_OK. Straight-line MMIO writes:
+/// each one exits to the VMM.
 fn init_device(a: &mut CodeAssembler) -> Result<(), IcedError> {
     use mmio::*;
     let w =
@@ -343,7 +347,8 @@ fn init_device(a: &mut CodeAssembler) -> Result<(), IcedError> {
         (QUEUE_DRIVER, AVAIL),
         (QUEUE_DEVICE, USED),
     ] {
-        w(a, reg, addr)?;
+        a.lea(rax, qword_ptr(rbx + d(addr)))?;
+        a.mov(dword_ptr(rbp + d(reg)), eax)?;
         w(a, reg + 4, 0)?;
     }
     w(a, QUEUE_READY, 1)?;
@@ -366,8 +371,8 @@ fn write_descriptors(a: &mut CodeAssembler, s: u64) -> Result<(), IcedError> {
     ];
     for (i, (addr, len, flags, next)) in parts.into_iter().enumerate() {
         let at = DESC + (first + i as u64) * 16;
-        a.mov(rdi, at)?;
-        a.mov(rax, addr)?;
+        a.lea(rdi, qword_ptr(rbx + d(at)))?;
+        a.lea(rax, qword_ptr(rbx + d(addr)))?;
         a.mov(qword_ptr(rdi), rax)?;
         a.mov(dword_ptr(rdi + 8), len)?;
         a.mov(word_ptr(rdi + 12), u32::from(flags))?;
@@ -383,7 +388,6 @@ mod tests {
     #[test]
     fn the_program_assembles_into_its_area() {
         let code = program(GuestParams {
-            data_pages: 1024,
             sweep_per_loop: 8,
             line_every: 16,
         })

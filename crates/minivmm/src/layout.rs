@@ -1,14 +1,18 @@
 //! Where everything lives in the guest's physical memory.
 //!
 //! ```text
-//!   region 0  [0, 16 MiB)            system: page tables, GDT/TSS, the
-//!                                    guest's variables, code, stack, the
-//!                                    virtqueue and its request buffers
+//!   region 0  [0, 16 MiB)            system: page tables, GDT/TSS and the
+//!                                    code, shared by every vCPU; then one
+//!                                    lane per vCPU (its variables, stack,
+//!                                    virtqueue and request buffers)
 //!   hole      [16 MiB, 32 MiB)       no memory (ferry never sends it)
-//!   region 1  [32 MiB, 32 MiB + N)   data: the guest sweeps it, page by page
-//!   MMIO      0xd000_0000, 4 KiB     the virtio-blk device (virtio-mmio)
-//!   port I/O  0x3f8..0x3ff           the 16550 serial port
+//!   region 1  [32 MiB, 32 MiB + N)   data: each vCPU sweeps its own slice
+//!   MMIO      0xd000_0000 + i·4 KiB  vCPU i's virtio-blk device
+//!   port I/O  COM1..COM4             vCPU i's 16550 serial port
 //! ```
+//!
+//! vCPU i runs the same program from the same code; it finds its lane in
+//! `rdi` as it starts, and in its lane the device and port it drives.
 
 /// Bytes of region 0.
 pub const SYSTEM_BYTES: u64 = 16 << 20;
@@ -23,39 +27,67 @@ pub const PDPT: u64 = 0x2000;
 pub const PD: u64 = 0x3000;
 /// The GDT.
 pub const GDT: u64 = 0x7000;
-/// The TSS, with the I/O permission bitmap after it.
+/// The TSS, with the I/O permission bitmap after it (shared: no vCPU
+/// takes an interrupt, so none needs its own stack in it).
 pub const TSS: u64 = 0x7400;
-/// The guest's own variables (see [`var`]).
-pub const VARS: u64 = 0x8000;
-/// Per-slot request state, [`SLOT_BYTES`] each (see [`slot`]).
-pub const SLOTS_STATE: u64 = 0x8100;
 /// The guest code.
 pub const CODE: u64 = 0x1_0000;
 /// Room for the code.
 pub const CODE_MAX: usize = 0x1_0000;
-/// The top of the guest's stack.
-pub const STACK_TOP: u64 = 0x2_0000;
-/// The virtqueue's descriptor table.
-pub const DESC: u64 = 0x2_0000;
-/// Its available (driver) ring.
-pub const AVAIL: u64 = 0x2_1000;
-/// Its used (device) ring.
-pub const USED: u64 = 0x2_2000;
-/// Request headers, 16 bytes per slot.
-pub const HEADERS: u64 = 0x2_3000;
-/// Request status bytes, one per slot.
-pub const STATUS: u64 = 0x2_4000;
-/// The guest's table of the sequence number last written to each block.
-pub const LAST_WRITTEN: u64 = 0x2_5000;
-/// Data buffers, one block per slot.
-pub const BUFFERS: u64 = 0x3_0000;
 
-/// The virtio-mmio device's registers.
+/// The most vCPUs minivmm runs: one per legacy COM port.
+pub const MAX_VCPUS: u32 = 4;
+/// Where vCPU 0's lane starts.
+pub const LANES: u64 = 0x10_0000;
+/// Bytes of one lane.
+pub const LANE_BYTES: u64 = 0x10_0000;
+
+/// Where vCPU `i`'s lane starts.
+pub fn lane(i: u32) -> u64 {
+    LANES + u64::from(i) * LANE_BYTES
+}
+
+/// The serial port of vCPU `i`: COM1, COM2, COM3, COM4.
+pub fn serial_port(i: u32) -> u16 {
+    [0x3f8, 0x2f8, 0x3e8, 0x2e8][i as usize]
+}
+
+/// The lowest and the highest serial port, so that the I/O bitmap opens
+/// them all (and the ports between, which exit to a VMM that ignores them).
+pub const SERIAL_PORTS: std::ops::Range<u16> = 0x2e8..0x400;
+
+/// The registers of vCPU `i`'s virtio-blk device.
+pub fn mmio_base(i: u32) -> u64 {
+    MMIO_BASE + u64::from(i) * MMIO_SIZE
+}
+
+// Offsets within a lane follow.
+
+/// The vCPU's own variables (see [`var`]).
+pub const VARS: u64 = 0x0;
+/// Per-slot request state, [`SLOT_BYTES`] each (see [`slot`]).
+pub const SLOTS_STATE: u64 = 0x100;
+/// The top of the vCPU's stack.
+pub const STACK_TOP: u64 = 0x1_0000;
+/// The virtqueue's descriptor table.
+pub const DESC: u64 = 0x1_0000;
+/// Its available (driver) ring.
+pub const AVAIL: u64 = 0x1_1000;
+/// Its used (device) ring.
+pub const USED: u64 = 0x1_2000;
+/// Request headers, 16 bytes per slot.
+pub const HEADERS: u64 = 0x1_3000;
+/// Request status bytes, one per slot.
+pub const STATUS: u64 = 0x1_4000;
+/// The guest's table of the sequence number last written to each block.
+pub const LAST_WRITTEN: u64 = 0x1_5000;
+/// Data buffers, one block per slot.
+pub const BUFFERS: u64 = 0x2_0000;
+
+/// The first virtio-mmio device's registers.
 pub const MMIO_BASE: u64 = 0xd000_0000;
-/// Their size.
+/// Their size; device i follows device i − 1.
 pub const MMIO_SIZE: u64 = 0x1000;
-/// The serial port's first I/O port.
-pub const SERIAL_PORT: u16 = 0x3f8;
 
 /// Entries in the virtqueue.
 pub const QUEUE_SIZE: u16 = 16;
@@ -70,8 +102,8 @@ pub const DISK_BLOCKS: u64 = SLOTS * BLOCKS_PER_SLOT;
 /// Bytes of one slot's state.
 pub const SLOT_BYTES: u64 = 0x20;
 
-/// Offsets of the guest's variables from [`VARS`]: what it has done, which
-/// the VMM reads as its probe.
+/// Offsets of a vCPU's variables from its lane: what it has done, which
+/// the VMM reads as its probe, and what the VMM told it.
 pub mod var {
     /// The next console line's number.
     pub const CONSOLE_SEQ: u64 = 0x00;
@@ -95,6 +127,14 @@ pub mod var {
     pub const SWEEP_PASS: u64 = 0x48;
     /// Main-loop iterations.
     pub const LOOPS: u64 = 0x50;
+    /// Set by the VMM: the serial port this vCPU prints on.
+    pub const PORT: u64 = 0x80;
+    /// Set by the VMM: the address of this vCPU's device registers.
+    pub const MMIO: u64 = 0x88;
+    /// Set by the VMM: the first page of this vCPU's data slice.
+    pub const SWEEP_BASE: u64 = 0x90;
+    /// Set by the VMM: pages in that slice.
+    pub const SWEEP_PAGES: u64 = 0x98;
 }
 
 /// Offsets of a slot's state from its base in [`SLOTS_STATE`].

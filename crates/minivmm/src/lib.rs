@@ -4,14 +4,19 @@
 //! log over its own `VmFd` and the x86 vCPU state library.
 //!
 //! ```text
-//!   kvm-ioctls      the VM and its vCPU                  vm.rs, vcpu.rs
+//!   kvm-ioctls      the VM, its vCPUs, ioeventfds        vm.rs, vcpu.rs
 //!   vm-memory       two regions around a hole, with      memory.rs
 //!                   the AtomicBitmap of device writes
-//!   vm-superio      16550 serial on 0x3f8                serial.rs  (section "serial")
-//!   virtio-queue    virtio-blk over virtio-mmio          blk.rs     (section "virtio-blk")
+//!   vm-superio      a 16550 per vCPU, COM1..COM4         serial.rs  (section "serial", one instance each)
+//!   virtio-queue    a virtio-blk per vCPU, virtio-mmio   blk.rs     (section "virtio-blk", one instance each)
+//!   vmm-sys-util    eventfds, signals                    iothread.rs, vcpu.rs
 //!   iced-x86        the guest program, CPL3              guest.rs, boot.rs
 //!   ferry-engine    migrate / receive_as                 vm.rs (impl Vm), probe.rs
 //! ```
+//!
+//! Threads: one per vCPU, and one I/O thread per disk that serves its
+//! queue when its eventfd fires (see [`blk::Notify`] for the three ways a
+//! notification can reach it).
 //!
 //! The guest checks itself three ways (console line numbers, disk blocks
 //! read back, and the digest ferry takes anyway); [`checks`] reads the
@@ -23,6 +28,7 @@ pub mod blk;
 pub mod boot;
 pub mod checks;
 pub mod guest;
+pub mod iothread;
 pub mod layout;
 pub mod memory;
 pub mod probe;
@@ -48,11 +54,32 @@ pub enum DeviceError {
     Disk(#[source] std::io::Error),
 }
 
-/// The VM's devices, shared by the vCPU thread (which serves their exits)
-/// and the VMM (which saves and loads them while the vCPU is parked).
+/// The VM's devices, one of each per vCPU, shared by the vCPU threads
+/// (which serve their register exits), the I/O thread (which serves the
+/// disks' queues) and the VMM (which saves and loads them while both are
+/// stopped).
 pub struct Devices {
-    /// The serial port.
-    pub console: serial::Console,
-    /// The block device.
-    pub blk: blk::Blk,
+    /// The serial ports, vCPU i's on [`layout::serial_port`]`(i)`.
+    pub consoles: Vec<std::sync::Mutex<serial::Console>>,
+    /// The block devices, vCPU i's at [`layout::mmio_base`]`(i)`.
+    pub blks: Vec<std::sync::Mutex<blk::Blk>>,
+    /// Where each block device's rings are (readable while it serves).
+    pub rings: Vec<std::sync::Arc<blk::Rings>>,
+}
+
+impl Devices {
+    /// The console on `port`, and the register it names.
+    pub fn console_at(&self, port: u16) -> Option<(&std::sync::Mutex<serial::Console>, u8)> {
+        self.consoles.iter().enumerate().find_map(|(i, c)| {
+            let offset = port.checked_sub(layout::serial_port(i as u32))?;
+            (offset < 8).then_some((c, offset as u8))
+        })
+    }
+
+    /// The disk whose registers hold `offset` from the first disk's, and
+    /// the offset within its own.
+    pub fn blk_at(&self, offset: u64) -> Option<(&std::sync::Mutex<blk::Blk>, u64)> {
+        let i = usize::try_from(offset / layout::MMIO_SIZE).ok()?;
+        Some((self.blks.get(i)?, offset % layout::MMIO_SIZE))
+    }
 }

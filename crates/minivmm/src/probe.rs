@@ -1,8 +1,9 @@
 //! The guest's own checks as the engine reads them: progress is the disk
 //! blocks read back and verified, errors are bad reads and failed
-//! requests. The guest keeps these counters in its memory.
+//! requests. Each vCPU keeps these counters in its lane; the probe sums
+//! them.
 
-use crate::layout::{var, VARS};
+use crate::layout::{lane, var, VARS};
 use ferry_engine::vmm::{Gpa, GuestCheck, GuestProbe, ProbeError, RamError, Vm};
 
 /// Reads minivmm's guest counters.
@@ -24,10 +25,10 @@ pub struct Counters {
     pub status_errors: u64,
 }
 
-/// Reads the counters out of `vm`'s memory.
-pub fn counters(vm: &dyn Vm) -> Result<Counters, RamError> {
+/// Reads vCPU `i`'s counters out of `vm`'s memory.
+pub fn vcpu_counters(vm: &dyn Vm, i: u32) -> Result<Counters, RamError> {
     let ram = vm.ram();
-    let get = |off: u64| ram.load_u64(Gpa(VARS + off));
+    let get = |off: u64| ram.load_u64(Gpa(lane(i) + VARS + off));
     Ok(Counters {
         console_lines: get(var::CONSOLE_SEQ)?,
         writes: get(var::WRITES_DONE)?,
@@ -35,6 +36,20 @@ pub fn counters(vm: &dyn Vm) -> Result<Counters, RamError> {
         bad_reads: get(var::BAD_READS)?,
         status_errors: get(var::STATUS_ERRORS)?,
     })
+}
+
+/// Every vCPU's counters, summed.
+pub fn counters(vm: &dyn Vm) -> Result<Counters, RamError> {
+    let mut sum = Counters::default();
+    for i in 0..vm.vcpus() {
+        let c = vcpu_counters(vm, i)?;
+        sum.console_lines += c.console_lines;
+        sum.writes += c.writes;
+        sum.reads_verified += c.reads_verified;
+        sum.bad_reads += c.bad_reads;
+        sum.status_errors += c.status_errors;
+    }
+    Ok(sum)
 }
 
 impl GuestProbe for MiniProbe {

@@ -1,6 +1,6 @@
-//! The console: vm-superio's 16550 on port 0x3f8, whose output goes to a
-//! [`ConsoleOut`], and whose `SerialState` travels as the `serial` state
-//! section. The guest polls nothing and takes no interrupt, so the
+//! The consoles: a vm-superio 16550 per vCPU (COM1 to COM4), whose output
+//! goes to a [`ConsoleOut`], and whose `SerialState` travels as an
+//! instance of the `serial` state section. The guest polls nothing and takes no interrupt, so the
 //! interrupt line is a no-op.
 
 use crate::DeviceError;
@@ -52,6 +52,15 @@ impl Write for ConsoleOut {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).flush()
+    }
+}
+
+/// Where vCPU `i`'s console goes when vCPU 0's goes to `path`: the path
+/// itself for vCPU 0, with `.i` appended for the others.
+pub fn console_path(path: &std::path::Path, i: u32) -> std::path::PathBuf {
+    match i {
+        0 => path.to_path_buf(),
+        _ => format!("{}.{i}", path.display()).into(),
     }
 }
 

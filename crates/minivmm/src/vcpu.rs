@@ -1,5 +1,8 @@
-//! The vCPU thread: runs the vCPU, serves its port I/O (the serial port)
-//! and MMIO (the virtio-blk device) exits, and parks when asked.
+//! A vCPU thread: runs the vCPU, serves its port I/O (the serial ports)
+//! and MMIO (the virtio-blk devices' registers) exits, and parks when
+//! asked. A queue notification that exits here either is served on this
+//! thread or wakes the I/O thread, as the device was built
+//! ([`crate::blk::Notify`]).
 //!
 //! Pausing: the VMM sets the wish, then signals the thread until it has
 //! parked (a signal that lands just before `KVM_RUN` is lost, so it is
@@ -8,7 +11,7 @@
 //! for and returns at once. Without it the saved RIP would still point at
 //! that `out`, and the destination would print the byte again.
 
-use crate::layout::{MMIO_BASE, MMIO_SIZE, SERIAL_PORT};
+use crate::layout::{MMIO_BASE, MMIO_SIZE};
 use crate::Devices;
 use ferry_engine::vmm::{catch_panic, throttle_sleep};
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -39,7 +42,7 @@ struct Shared {
     changed: Condvar,
     pthread: AtomicU64,
     throttle: AtomicU8,
-    devices: Arc<Mutex<Devices>>,
+    devices: Arc<Devices>,
 }
 
 /// One vCPU and its thread.
@@ -55,8 +58,8 @@ fn kick_signal() -> libc::c_int {
 }
 
 impl Vcpu {
-    /// Spawns the thread for `fd`, parked.
-    pub fn spawn(fd: VcpuFd, devices: Arc<Mutex<Devices>>) -> std::io::Result<Self> {
+    /// Spawns the thread for vCPU `index`, `fd`, parked.
+    pub fn spawn(index: u32, fd: VcpuFd, devices: Arc<Devices>) -> std::io::Result<Self> {
         static HANDLER: Once = Once::new();
         HANDLER.call_once(|| {
             register_signal_handler(kick_signal(), on_kick).expect("a real-time signal");
@@ -72,7 +75,7 @@ impl Vcpu {
         });
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
-            .name("minivmm-vcpu0".into())
+            .name(format!("minivmm-vcpu{index}"))
             .spawn(move || {
                 // A panic (in a device's code, say) must not leave the state
                 // "running": a pause would wait for this thread for ever. It
@@ -103,13 +106,15 @@ impl Vcpu {
         self.shared.changed.notify_all();
     }
 
-    /// Stops the vCPU and returns once it is parked (or has failed).
-    pub fn pause(&self) {
+    /// Asks the vCPU to stop; [`Vcpu::wait_parked`] waits for it. Asking
+    /// every vCPU first stops them together.
+    pub fn ask_pause(&self) {
         self.shared.want.store(PAUSE, Ordering::Release);
-        self.wait_parked();
+        self.kick();
     }
 
-    fn wait_parked(&self) {
+    /// Returns once the vCPU is parked (or has failed).
+    pub fn wait_parked(&self) {
         let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         while *state == State::Running {
             self.kick();
@@ -219,29 +224,25 @@ fn run_until_asked(s: &Shared) -> Result<(), String> {
         }
         match fd.run() {
             Ok(VcpuExit::IoOut(port, data)) => {
-                if let Some(offset) = serial_offset(port) {
-                    let mut dev = s.devices.lock().unwrap_or_else(|e| e.into_inner());
-                    dev.console.write(offset, data[0]);
+                if let Some((console, offset)) = s.devices.console_at(port) {
+                    lock(console).write(offset, data[0]);
                 }
             }
             Ok(VcpuExit::IoIn(port, data)) => {
                 data.fill(0xff);
-                if let Some(offset) = serial_offset(port) {
-                    let mut dev = s.devices.lock().unwrap_or_else(|e| e.into_inner());
-                    data[0] = dev.console.read(offset);
+                if let Some((console, offset)) = s.devices.console_at(port) {
+                    data[0] = lock(console).read(offset);
                 }
             }
             Ok(VcpuExit::MmioWrite(addr, data)) => {
-                if let Some(offset) = mmio_offset(addr) {
-                    let mut dev = s.devices.lock().unwrap_or_else(|e| e.into_inner());
-                    dev.blk.write(offset, data);
+                if let Some((blk, offset)) = mmio_offset(addr).and_then(|a| s.devices.blk_at(a)) {
+                    lock(blk).write(offset, data);
                 }
             }
             Ok(VcpuExit::MmioRead(addr, data)) => {
                 data.fill(0);
-                if let Some(offset) = mmio_offset(addr) {
-                    let dev = s.devices.lock().unwrap_or_else(|e| e.into_inner());
-                    dev.blk.read(offset, data);
+                if let Some((blk, offset)) = mmio_offset(addr).and_then(|a| s.devices.blk_at(a)) {
+                    lock(blk).read(offset, data);
                 }
             }
             Ok(exit) => return Err(format!("the guest stopped: {exit:?}")),
@@ -252,12 +253,13 @@ fn run_until_asked(s: &Shared) -> Result<(), String> {
     Ok(())
 }
 
-fn serial_offset(port: u16) -> Option<u8> {
-    port.checked_sub(SERIAL_PORT)
-        .filter(|&o| o < 8)
-        .map(|o| o as u8)
+/// The offset from the first device's registers, within the window of
+/// four devices.
+fn mmio_offset(addr: u64) -> Option<u64> {
+    addr.checked_sub(MMIO_BASE)
+        .filter(|&o| o < MMIO_SIZE * u64::from(crate::layout::MAX_VCPUS))
 }
 
-fn mmio_offset(addr: u64) -> Option<u64> {
-    addr.checked_sub(MMIO_BASE).filter(|&o| o < MMIO_SIZE)
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -1,8 +1,9 @@
 //! The VM, and what it tells ferry's engine ([`ferry_engine::vmm::Vm`]).
 
-use crate::blk::{self, Blk};
+use crate::blk::{self, Blk, Notify};
 use crate::guest::GuestParams;
-use crate::layout::QUEUE_SIZE;
+use crate::iothread::IoThread;
+use crate::layout::{mmio_base, MAX_VCPUS, QUEUE_SIZE};
 use crate::serial::{self, Console, ConsoleOut};
 use crate::vcpu::Vcpu;
 use crate::{boot, memory, Devices};
@@ -13,12 +14,14 @@ use ferry_engine::vmm::{
 use ferry_kvm::cpu_check::{CpuCheckError, CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{self, Snapshot, VcpuContext, VmDevices, XsaveKind};
 use ferry_kvm::dirty::{DirtyTracking, KvmDirtySource};
-use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
-use kvm_ioctls::{Kvm, VmFd};
+use kvm_bindings::{kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES};
+use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VmFd};
 use serde::{Deserialize, Serialize};
+use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use vmm_sys_util::eventfd::EventFd;
 
 /// What the stream header names this VMM.
 pub const VMM_ID: &str = "minivmm";
@@ -28,9 +31,19 @@ const TSS_ADDRESS: usize = 0xfffb_d000;
 /// The VM's configuration; the engine carries it to the destination.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct MiniConfig {
+    /// vCPUs, each with its own serial port, disk and data slice.
+    #[serde(default = "one")]
+    pub vcpus: u32,
+    /// How disk notifications reach the code that serves them.
+    #[serde(default)]
+    pub notify: Notify,
+    /// Disk writes complete only once on storage (`fdatasync`).
+    #[serde(default)]
+    pub writethrough: bool,
     /// MiB of the data region (the hole and the system region are fixed).
     pub data_mib: u64,
-    /// The disk image both ends open.
+    /// vCPU 0's disk image, which both ends open; vCPU i's is this path
+    /// with `.i` appended ([`MiniConfig::disk_path`]).
     pub disk: PathBuf,
     /// Data pages the guest writes per loop.
     pub sweep_per_loop: u32,
@@ -46,16 +59,41 @@ fn blk_version() -> u32 {
     blk::VERSION
 }
 
+fn one() -> u32 {
+    1
+}
+
 impl MiniConfig {
-    /// A VM with `data_mib` MiB of data and the disk at `disk`.
-    pub fn new(data_mib: u64, disk: PathBuf) -> Self {
+    /// A VM with `vcpus` vCPUs, `data_mib` MiB of data and vCPU 0's disk
+    /// at `disk`, notified through ioeventfds.
+    pub fn new(vcpus: u32, data_mib: u64, disk: PathBuf) -> Self {
         MiniConfig {
+            vcpus,
+            notify: Notify::default(),
+            writethrough: true,
             data_mib,
             disk,
             sweep_per_loop: 4,
             line_every: 8,
             blk_version: blk::VERSION,
         }
+    }
+
+    /// vCPU `i`'s disk image.
+    pub fn disk_path(&self, i: u32) -> PathBuf {
+        match i {
+            0 => self.disk.clone(),
+            _ => PathBuf::from(format!("{}.{i}", self.disk.display())),
+        }
+    }
+}
+
+/// The name under which disk `i`'s fd is handed over on a same-host
+/// upgrade.
+pub fn disk_fd_name(i: u32) -> String {
+    match i {
+        0 => "disk".into(),
+        _ => format!("disk{i}"),
     }
 }
 
@@ -96,19 +134,24 @@ fn kvm(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> MiniVmError {
     move |e| MiniVmError::Kvm(op, e)
 }
 
-/// A minivmm VM: one vCPU, a serial port, a virtio-blk disk.
+/// A minivmm VM: N vCPUs, and for each a serial port and a virtio-blk
+/// disk; one I/O thread serves the disks.
 pub struct MiniVm {
     config: MiniConfig,
     vm: Arc<VmFd>,
     ram: Arc<GuestRam>,
-    vcpu: Vcpu,
-    devices: Arc<Mutex<Devices>>,
+    vcpus: Vec<Vcpu>,
+    devices: Arc<Devices>,
+    /// One per disk, unless the disks are served inline.
+    io: Vec<IoThread>,
     sources: Vec<Box<dyn DirtySource>>,
-    /// The disk's fd (the device owns the file): handed to the new process
-    /// on a same-host upgrade.
-    disk_fd: std::os::fd::RawFd,
+    /// The disks' fds (the devices own the files): handed to the new
+    /// process on a same-host upgrade.
+    disk_fds: Vec<std::os::fd::RawFd>,
     cpu: CpuContext,
     running: bool,
+    /// Requests made available and not completed as the last pause began.
+    in_flight_at_pause: u64,
     /// Exit the process when vCPU state arrives (tests: a destination that
     /// dies before it resumes).
     pub crash_on_restore: bool,
@@ -124,20 +167,21 @@ struct CpuContext {
 }
 
 impl MiniVm {
-    /// A VM whose guest starts from the beginning, console into `console`.
+    /// A VM whose guest starts from the beginning, vCPU i's console into
+    /// `consoles[i]`.
     pub fn boot(
         config: MiniConfig,
         backing: Backing,
-        console: ConsoleOut,
+        consoles: Vec<ConsoleOut>,
     ) -> Result<Self, MiniVmError> {
         let ram = Self::memory(&config, backing)?;
-        let vm = Self::build(config, ram, console, true, None)?;
+        let vm = Self::build(config, ram, consoles, true, Vec::new())?;
         let params = GuestParams {
-            data_pages: vm.config.data_mib * (1 << 20) / PAGE_SIZE as u64,
             sweep_per_loop: vm.config.sweep_per_loop.max(1),
             line_every: vm.config.line_every,
         };
-        boot::load(&vm.ram, params)?;
+        let data_pages = vm.config.data_mib * (1 << 20) / PAGE_SIZE as u64;
+        boot::load(&vm.ram, params, vm.config.vcpus, data_pages)?;
         Ok(vm)
     }
 
@@ -147,27 +191,27 @@ impl MiniVm {
     pub fn incoming(
         config: MiniConfig,
         backing: Backing,
-        console: ConsoleOut,
+        consoles: Vec<ConsoleOut>,
     ) -> Result<Self, MiniVmError> {
         let ram = Self::memory(&config, backing)?;
-        Self::on_ram(config, ram, console, None)
+        Self::on_ram(config, ram, consoles, Vec::new())
     }
 
     /// [`MiniVm::incoming`] on memory another process made (a same-host
-    /// upgrade maps the source's memfd), serving the disk through `disk`
-    /// (the file the source handed over) where given, else opening the
+    /// upgrade maps the source's memfd), serving disk i through `disks[i]`
+    /// (the file the source handed over) where given, else opening its
     /// configured path.
     pub fn on_ram(
         config: MiniConfig,
         ram: GuestRam,
-        console: ConsoleOut,
-        disk: Option<std::fs::File>,
+        consoles: Vec<ConsoleOut>,
+        disks: Vec<Option<File>>,
     ) -> Result<Self, MiniVmError> {
         let config = MiniConfig {
             blk_version: blk::VERSION,
             ..config
         };
-        Self::build(config, ram, console, false, disk)
+        Self::build(config, ram, consoles, false, disks)
     }
 
     fn memory(config: &MiniConfig, backing: Backing) -> Result<GuestRam, MiniVmError> {
@@ -178,14 +222,26 @@ impl MiniVm {
     fn build(
         config: MiniConfig,
         ram: GuestRam,
-        console: ConsoleOut,
+        consoles: Vec<ConsoleOut>,
         fresh: bool,
-        disk: Option<std::fs::File>,
+        mut disks: Vec<Option<File>>,
     ) -> Result<Self, MiniVmError> {
         if !config.line_every.is_power_of_two() {
             return Err(MiniVmError::Config(format!(
                 "a console line every {} loops: use a power of two",
                 config.line_every
+            )));
+        }
+        let n = config.vcpus;
+        if !(1..=MAX_VCPUS).contains(&n) {
+            return Err(MiniVmError::Config(format!(
+                "{n} vCPUs: minivmm runs 1 to {MAX_VCPUS}, one per COM port"
+            )));
+        }
+        if consoles.len() != n as usize {
+            return Err(MiniVmError::Config(format!(
+                "{} consoles for {n} vCPUs",
+                consoles.len()
             )));
         }
         let kvm_fd = Kvm::new().map_err(kvm("open /dev/kvm"))?;
@@ -206,55 +262,111 @@ impl MiniVm {
             unsafe { vm.set_user_memory_region(region) }
                 .map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
         }
-        let fd = vm.create_vcpu(0).map_err(kvm("KVM_CREATE_VCPU"))?;
-        let cpuid = kvm_fd
+        let supported = kvm_fd
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
-        fd.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
+        let mut fds = Vec::new();
+        for i in 0..n {
+            let fd = vm
+                .create_vcpu(u64::from(i))
+                .map_err(kvm("KVM_CREATE_VCPU"))?;
+            fd.set_cpuid2(&with_apic_id(&supported, i))
+                .map_err(kvm("KVM_SET_CPUID2"))?;
+            if fresh {
+                let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+                fd.set_sregs(&boot::sregs(sregs))
+                    .map_err(kvm("KVM_SET_SREGS"))?;
+                fd.set_regs(&boot::regs(i)).map_err(kvm("KVM_SET_REGS"))?;
+            }
+            fds.push(fd);
+        }
         // What the guest is given, read back (ferry_kvm::cpu_check says why).
-        let given = fd
+        let given = fds[0]
             .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm("KVM_GET_CPUID2"))?;
-        let msrs = cpu_state::msrs::probe(&kvm_fd, &fd)
+        let msrs = cpu_state::msrs::probe(&kvm_fd, &fds[0])
             .map_err(|e| MiniVmError::Config(format!("probing the MSRs: {e}")))?
             .saveable;
         let xsave = XsaveKind::of(&vm).map_err(|e| MiniVmError::Config(e.to_string()))?;
-        if fresh {
-            let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
-            fd.set_sregs(&boot::sregs(sregs))
-                .map_err(kvm("KVM_SET_SREGS"))?;
-            fd.set_regs(&boot::regs()).map_err(kvm("KVM_SET_REGS"))?;
+
+        disks.resize_with(n as usize, || None);
+        let mut blks = Vec::new();
+        let mut rings = Vec::new();
+        let mut kicks = Vec::new();
+        let mut disk_fds = Vec::new();
+        for (i, handed) in (0..n).zip(disks) {
+            let disk = match handed {
+                Some(file) => file,
+                None => std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(config.disk_path(i))
+                    .map_err(crate::DeviceError::Disk)?,
+            };
+            disk_fds.push(disk.as_raw_fd());
+            let kick = match config.notify {
+                Notify::Inline => None,
+                Notify::Exit | Notify::Ioeventfd => {
+                    let kick = EventFd::new(libc::EFD_NONBLOCK)
+                        .map_err(|e| MiniVmError::Config(format!("an eventfd: {e}")))?;
+                    if config.notify == Notify::Ioeventfd {
+                        let at = IoEventAddress::Mmio(mmio_base(i) + blk::QUEUE_NOTIFY);
+                        vm.register_ioevent(&kick, &at, NoDatamatch)
+                            .map_err(kvm("KVM_IOEVENTFD"))?;
+                    }
+                    let theirs = kick
+                        .try_clone()
+                        .map_err(|e| MiniVmError::Config(format!("an eventfd: {e}")))?;
+                    kicks.push((i as usize, kick));
+                    Some(theirs)
+                }
+            };
+            let mut blk = Blk::new(Arc::clone(&ram), disk, QUEUE_SIZE, kick)?;
+            blk.set_writethrough(config.writethrough);
+            rings.push(blk.rings());
+            blks.push(Mutex::new(blk));
         }
-        let disk = match disk {
-            Some(file) => file,
-            None => std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&config.disk)
-                .map_err(crate::DeviceError::Disk)?,
-        };
-        let disk_fd = disk.as_raw_fd();
-        let devices = Arc::new(Mutex::new(Devices {
-            console: Console::new(console),
-            blk: Blk::new(Arc::clone(&ram), disk, QUEUE_SIZE)?,
-        }));
-        let vcpu = Vcpu::spawn(fd, Arc::clone(&devices))
-            .map_err(|e| MiniVmError::Config(format!("cannot start the vCPU thread: {e}")))?;
+        let devices = Arc::new(Devices {
+            consoles: consoles
+                .into_iter()
+                .map(|out| Mutex::new(Console::new(out)))
+                .collect(),
+            blks,
+            rings,
+        });
+        let io = kicks
+            .into_iter()
+            .map(|(i, kick)| {
+                IoThread::spawn(
+                    format!("minivmm-io{i}"),
+                    Arc::clone(&devices),
+                    vec![(i, kick)],
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| MiniVmError::Config(e.to_string()))?;
+        let vcpus = (0..n)
+            .zip(fds)
+            .map(|(i, fd)| Vcpu::spawn(i, fd, Arc::clone(&devices)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| MiniVmError::Config(format!("cannot start a vCPU thread: {e}")))?;
         let log = KvmDirtySource::new(DirtyTracking::Bitmap, Arc::clone(&vm), Arc::clone(&ram))?;
         Ok(MiniVm {
             config,
             vm,
             ram,
-            vcpu,
+            vcpus,
             devices,
+            io,
             sources: vec![Box::new(log)],
-            disk_fd,
+            disk_fds,
             cpu: CpuContext {
                 profile: CpuProfile::new(given.as_slice(), &msrs),
                 msrs,
                 xsave,
             },
             running: false,
+            in_flight_at_pause: 0,
             crash_on_restore: false,
         })
     }
@@ -264,13 +376,25 @@ impl MiniVm {
         &self.config
     }
 
-    /// Sequence numbers of the disk writes this VM's device served.
-    pub fn disk_journal(&self) -> Vec<u64> {
-        self.lock_devices().blk.journal.clone()
+    /// Sequence numbers of the disk writes each disk served.
+    pub fn disk_journals(&self) -> Vec<Vec<u64>> {
+        self.devices
+            .blks
+            .iter()
+            .map(|b| lock(b).journal.clone())
+            .collect()
     }
 
-    fn lock_devices(&self) -> std::sync::MutexGuard<'_, Devices> {
-        self.devices.lock().unwrap_or_else(|e| e.into_inner())
+    /// Requests the guest had made available and the disks had not
+    /// completed, counted as the last pause began (before the I/O thread
+    /// was quiesced).
+    pub fn requests_in_flight_at_pause(&self) -> u64 {
+        self.in_flight_at_pause
+    }
+
+    /// Disk notifications that exited to a vCPU thread.
+    pub fn notify_exits(&self) -> u64 {
+        self.devices.blks.iter().map(|b| lock(b).notify_exits).sum()
     }
 
     fn context(&self) -> VcpuContext<'_> {
@@ -284,6 +408,24 @@ impl MiniVm {
     fn state_error(e: cpu_state::StateError) -> VmError {
         e.into()
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `supported` as vCPU `i` sees it: its own APIC id in leaf 1 and in the
+/// x2APIC topology leaves.
+fn with_apic_id(supported: &CpuId, i: u32) -> CpuId {
+    let mut cpuid = supported.clone();
+    for e in cpuid.as_mut_slice() {
+        match e.function {
+            1 => e.ebx = (e.ebx & 0x00ff_ffff) | (i << 24),
+            0xb | 0x1f => e.edx = i,
+            _ => {}
+        }
+    }
+    cpuid
 }
 
 /// The ferry-kvm VM devices this VM has: none (no irqchip, no PIT; the
@@ -302,15 +444,42 @@ impl Vm for MiniVm {
     fn ram(&self) -> &Arc<GuestRam> {
         &self.ram
     }
+    fn vcpus(&self) -> u32 {
+        self.config.vcpus
+    }
     fn start(&mut self) -> Result<(), VmError> {
-        self.vcpu.resume();
+        // Devices first: a notification that came with the source's state
+        // is served (or handed to the I/O thread) before the guest runs.
+        for blk in &self.devices.blks {
+            lock(blk).start();
+        }
+        for io in &self.io {
+            io.resume();
+        }
+        for v in &self.vcpus {
+            v.resume();
+        }
         self.running = true;
         Ok(())
     }
     fn pause(&mut self) -> Result<(), VmError> {
-        // The vCPU, then the devices: they serve requests only on the
-        // vCPU's exits, so a parked vCPU leaves them idle.
-        self.vcpu.pause();
+        self.in_flight_at_pause = self
+            .devices
+            .rings
+            .iter()
+            .map(|r| u64::from(r.in_flight(&self.ram)))
+            .sum();
+        // The vCPUs (together), then the I/O thread: once no vCPU runs, no
+        // new notification comes, and the batch it is serving finishes.
+        for v in &self.vcpus {
+            v.ask_pause();
+        }
+        for v in &self.vcpus {
+            v.wait_parked();
+        }
+        for io in &self.io {
+            io.quiesce();
+        }
         self.running = false;
         // A vCPU that failed is out of KVM_RUN too, but its state is not a
         // guest's to save or move.
@@ -320,8 +489,16 @@ impl Vm for MiniVm {
         self.running
     }
     fn check_health(&self) -> Result<(), VmError> {
-        match self.vcpu.failure() {
-            Some(reason) => Err(VmError::VcpuFailed { vcpu: 0, reason }),
+        for (i, v) in self.vcpus.iter().enumerate() {
+            if let Some(reason) = v.failure() {
+                return Err(VmError::VcpuFailed {
+                    vcpu: i as u32,
+                    reason,
+                });
+            }
+        }
+        match self.io.iter().find_map(IoThread::failure) {
+            Some(why) => Err(VmError::Guest(why)),
             None => Ok(()),
         }
     }
@@ -329,7 +506,10 @@ impl Vm for MiniVm {
         &mut self.sources
     }
     fn handover_fds(&self) -> Vec<(String, std::os::fd::RawFd)> {
-        vec![("disk".into(), self.disk_fd)]
+        (0..)
+            .zip(&self.disk_fds)
+            .map(|(i, &fd)| (disk_fd_name(i), fd))
+            .collect()
     }
 
     fn cpu_profile(&self) -> Option<serde_json::Value> {
@@ -342,7 +522,7 @@ impl Vm for MiniVm {
         let refuse = |e: CpuCheckError| VmError::Cpu(e.to_string());
         let guest = CpuProfile::from_json(profile).map_err(refuse)?;
         let kvm = Kvm::new().map_err(|e| VmError::Cpu(format!("cannot open /dev/kvm: {e}")))?;
-        HostCpu::probe(&kvm, &self.vcpu.fd())
+        HostCpu::probe(&kvm, &self.vcpus[0].fd())
             .and_then(|host| host.check(&guest))
             .map_err(refuse)
     }
@@ -352,25 +532,45 @@ impl Vm for MiniVm {
     fn vcpu_state(&mut self) -> Option<&mut dyn VcpuState> {
         Some(self)
     }
+    /// One instance of each device per vCPU; the disk's `notify`
+    /// subsection goes only when a notification waits unserved.
     fn state_sections(&self) -> Vec<SectionSpec> {
+        let instances: Vec<u32> = (0..self.config.vcpus).collect();
         vec![
-            SectionSpec::new(serial::SECTION, serial::VERSION, 1),
-            SectionSpec::new(blk::SECTION, self.config.blk_version, 1),
+            SectionSpec::new(serial::SECTION, serial::VERSION, 1).with_instances(instances.clone()),
+            SectionSpec::new(blk::SECTION, self.config.blk_version, 1)
+                .with_subsection(blk::NOTIFY_SUBSECTION)
+                .with_instances(instances),
         ]
     }
     fn save_sections(&mut self) -> Result<Vec<Section>, VmError> {
-        let dev = self.lock_devices();
-        Ok(vec![
-            Section::new(serial::SECTION, dev.console.save()),
-            Section::new(blk::SECTION, dev.blk.save()),
-        ])
+        let consoles = (0..).zip(&self.devices.consoles);
+        let blks = (0..).zip(&self.devices.blks);
+        Ok(consoles
+            .map(|(i, c)| Section::new(serial::SECTION, lock(c).save()).instance(i))
+            .chain(blks.map(|(i, b)| lock(b).save(i)))
+            .collect())
     }
     fn restore_sections(&mut self, sections: &[Section]) -> Result<(), VmError> {
-        let mut dev = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         for s in sections {
+            let i = s.id.instance as usize;
+            let missing = || crate::DeviceError::State {
+                section: "instances",
+                why: format!("{} has no instance {i} here", s.id.name),
+            };
             let loaded = match s.id.name.as_str() {
-                serial::SECTION => dev.console.restore(&s.data),
-                blk::SECTION => dev.blk.restore(&s.data),
+                serial::SECTION => self
+                    .devices
+                    .consoles
+                    .get(i)
+                    .ok_or_else(missing)
+                    .and_then(|c| lock(c).restore(&s.data)),
+                blk::SECTION => self
+                    .devices
+                    .blks
+                    .get(i)
+                    .ok_or_else(missing)
+                    .and_then(|b| lock(b).restore(s)),
                 _ => Ok(()),
             };
             loaded.map_err(|e| VmError::BadSection {
@@ -390,14 +590,15 @@ impl VcpuState for MiniVm {
         }
         let chips = cpu_state::vm_level::save(&self.vm, no_chips(&self.vm))
             .map_err(|e| Self::state_error(e.into()))?;
-        let vcpu =
-            cpu_state::save_vcpu(0, &self.vcpu.fd(), &self.context()).map_err(Self::state_error)?;
-        Snapshot {
-            vm: chips,
-            vcpus: vec![vcpu],
-        }
-        .encode()
-        .map_err(Self::state_error)
+        let cx = self.context();
+        let vcpus = (0..)
+            .zip(&self.vcpus)
+            .map(|(i, v)| cpu_state::save_vcpu(i, &v.fd(), &cx))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(Self::state_error)?;
+        Snapshot { vm: chips, vcpus }
+            .encode()
+            .map_err(Self::state_error)
     }
     fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), VmError> {
         if self.crash_on_restore {
@@ -408,26 +609,31 @@ impl VcpuState for MiniVm {
             return Err(VmError::NotPaused("restore vCPU state"));
         }
         let snap = Snapshot::decode(state).map_err(Self::state_error)?;
-        let [vcpu] = snap.vcpus.as_slice() else {
+        if snap.vcpus.len() != self.vcpus.len() {
             return Err(VmError::BadVcpuState(format!(
-                "state for {} vCPUs, minivmm has 1",
-                snap.vcpus.len()
+                "state for {} vCPUs, this VM has {}",
+                snap.vcpus.len(),
+                self.vcpus.len()
             )));
-        };
+        }
         let cx = self.context();
         snap.check_fits(no_chips(&self.vm), &cx)
             .map_err(Self::state_error)?;
         cpu_state::vm_level::restore(&self.vm, &snap.vm)
             .map_err(|e| Self::state_error(e.into()))?;
-        cpu_state::restore_vcpu(0, &self.vcpu.fd(), &cx, vcpu).map_err(Self::state_error)?;
-        self.cpu.profile = CpuProfile::new(&vcpu.cpuid, &self.cpu.msrs);
+        for ((i, v), saved) in (0..).zip(&self.vcpus).zip(&snap.vcpus) {
+            cpu_state::restore_vcpu(i, &v.fd(), &cx, saved).map_err(Self::state_error)?;
+        }
+        self.cpu.profile = CpuProfile::new(&snap.vcpus[0].cpuid, &self.cpu.msrs);
         Ok(())
     }
 }
 
 impl TimeThrottle for MiniVm {
     fn set_time_throttle(&mut self, percent: u8) -> Result<(), VmError> {
-        self.vcpu.set_throttle(percent);
+        for v in &self.vcpus {
+            v.set_throttle(percent);
+        }
         Ok(())
     }
 }

@@ -50,12 +50,43 @@ fn assert_clean(j: &serde_json::Value) {
         .map(|s| s["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["serial", "virtio-blk"], "{j}");
+    // One instance of each device per vCPU, each vCPU's streams whole and
+    // moving.
+    let vcpus = j["vcpus"].as_u64().unwrap();
+    let instances: Vec<u64> = (0..vcpus).collect();
+    for s in j["sections"].as_array().unwrap() {
+        assert_eq!(s["instances"], serde_json::json!(instances), "{j}");
+    }
+    let per_vcpu = j["per_vcpu"].as_array().unwrap();
+    assert_eq!(per_vcpu.len() as u64, vcpus, "{j}");
+    for v in per_vcpu {
+        assert!(v["console"]["lines"].as_u64().unwrap() > 0, "{j}");
+        assert!(v["disk"]["requests"].as_u64().unwrap() > 0, "{j}");
+    }
 }
 
 #[test]
 fn the_demo_migrates_with_precopy_and_every_stream_is_whole() {
     if kvm("minivmm demo") {
-        assert_clean(&demo(&[]));
+        let j = demo(&["--vcpus", "4"]);
+        assert_clean(&j);
+        assert_eq!(j["vcpus"], 4);
+        // Notifications reach the I/O thread through ioeventfds: none
+        // exits to a vCPU thread.
+        assert_eq!(j["notify"], "ioeventfd");
+        assert_eq!(j["notify_exits"], 0, "{j}");
+    }
+}
+
+#[test]
+fn the_demo_migrates_with_notifications_served_by_exits_or_inline() {
+    if kvm("minivmm demo") {
+        for notify in ["exit", "inline"] {
+            let j = demo(&["--notify", notify, "--vcpus", "1"]);
+            assert_clean(&j);
+            assert_eq!(j["notify"], notify);
+            assert!(j["notify_exits"].as_u64().unwrap() > 0, "{j}");
+        }
     }
 }
 
@@ -111,7 +142,13 @@ fn a_destination_killed_mid_migration_leaves_the_source_running_without_a_gap() 
     std::thread::sleep(Duration::from_millis(1500));
     dest.kill().unwrap();
     dest.wait().unwrap();
-    let at_kill = checks::console(&std::fs::read_to_string(&console).unwrap()).lines;
+    // Both vCPUs' consoles (the default is two).
+    let at_kill: u64 = (0..2)
+        .map(|i| {
+            let path = minivmm::serial::console_path(&console, i);
+            checks::console(&std::fs::read_to_string(path).unwrap_or_default()).lines
+        })
+        .sum();
     let out = src.wait_with_output().unwrap();
     assert!(!out.status.success(), "the migration cannot have completed");
     // The guest ran on after the failure, its streams whole.

@@ -33,12 +33,19 @@ impl Captured {
     }
 }
 
-fn disk(name: &str) -> std::path::PathBuf {
+/// vCPUs of the VM under test: two, so that each section has two
+/// instances.
+const VCPUS: u32 = 2;
+
+fn disk(name: &str) -> MiniConfig {
     let path = std::env::temp_dir().join(format!("minivmm-{name}-{}.img", std::process::id()));
-    let f = std::fs::File::create(&path).unwrap();
-    f.set_len(minivmm::layout::DISK_BLOCKS * minivmm::layout::BLOCK_BYTES)
-        .unwrap();
-    path
+    let config = MiniConfig::new(VCPUS, 8, path);
+    for i in 0..VCPUS {
+        let f = std::fs::File::create(config.disk_path(i)).unwrap();
+        f.set_len(minivmm::layout::DISK_BLOCKS * minivmm::layout::BLOCK_BYTES)
+            .unwrap();
+    }
+    config
 }
 
 #[test]
@@ -47,15 +54,17 @@ fn a_virtio_blk_section_the_destination_cannot_load_is_refused_by_name() {
         println!("SKIP minivmm sections: /dev/kvm is not available here");
         return;
     }
-    let path = disk("sections");
+    let config = disk("sections");
     let listener = listen("127.0.0.1:0").unwrap();
     let to = TcpDialer(listener.local_addr().unwrap().to_string());
     let destination = std::thread::spawn(move || {
         let incoming = await_migration(&listener, None).unwrap();
         let mut factory = |h: &StreamHeader| -> Result<MiniVm, VmError> {
             let config: MiniConfig = serde_json::from_value(h.vmm_config.clone()).unwrap();
-            let out = ConsoleOut::new(Box::new(std::io::sink()));
-            Ok(MiniVm::incoming(config, Backing::Anonymous, out)?)
+            let outs = (0..config.vcpus)
+                .map(|_| ConsoleOut::new(Box::new(std::io::sink())))
+                .collect();
+            Ok(MiniVm::incoming(config, Backing::Anonymous, outs)?)
         };
         receive_as(
             incoming,
@@ -67,13 +76,16 @@ fn a_virtio_blk_section_the_destination_cannot_load_is_refused_by_name() {
     });
 
     // A source whose virtio-blk state is a version this minivmm does not load.
-    let console = Captured::default();
+    let consoles: Vec<Captured> = (0..VCPUS).map(|_| Captured::default()).collect();
     let config = MiniConfig {
         blk_version: minivmm::blk::VERSION + 1,
-        ..MiniConfig::new(8, path.clone())
+        ..config
     };
-    let out = ConsoleOut::new(Box::new(console.clone()));
-    let mut vm = MiniVm::boot(config, Backing::Anonymous, out).unwrap();
+    let outs = consoles
+        .iter()
+        .map(|c| ConsoleOut::new(Box::new(c.clone())))
+        .collect();
+    let mut vm = MiniVm::boot(config.clone(), Backing::Anonymous, outs).unwrap();
     vm.start().unwrap();
     std::thread::sleep(Duration::from_millis(200));
     let err = migrate(&mut vm, &to, &PrecopyOptions::default(), &NoProgress)
@@ -100,13 +112,19 @@ fn a_virtio_blk_section_the_destination_cannot_load_is_refused_by_name() {
     );
     assert!(after.reads_verified > before.reads_verified);
     assert_eq!(after.bad_reads + after.status_errors, 0);
-    let lines = checks::console(&console.text());
-    assert_eq!(
-        (lines.lost, lines.doubled, lines.bad),
-        (0, 0, 0),
-        "{lines:?}"
-    );
-    let disk = checks::disk(&vm.disk_journal());
-    assert_eq!((disk.lost, disk.doubled), (0, 0), "{disk:?}");
-    let _ = std::fs::remove_file(path);
+    for (console, journal) in consoles.iter().zip(vm.disk_journals()) {
+        let lines = checks::console(&console.text());
+        assert!(lines.lines > 0, "{lines:?}");
+        assert_eq!(
+            (lines.lost, lines.doubled, lines.bad),
+            (0, 0, 0),
+            "{lines:?}"
+        );
+        let disk = checks::disk(&journal);
+        assert!(disk.requests > 0, "{disk:?}");
+        assert_eq!((disk.lost, disk.doubled), (0, 0), "{disk:?}");
+    }
+    for i in 0..VCPUS {
+        let _ = std::fs::remove_file(config.disk_path(i));
+    }
 }

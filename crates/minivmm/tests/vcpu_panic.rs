@@ -33,7 +33,8 @@ fn a_vcpu_thread_that_panics_fails_the_vcpu_and_a_pause_still_returns() {
     f.set_len(minivmm::layout::DISK_BLOCKS * minivmm::layout::BLOCK_BYTES)
         .unwrap();
     let out = ConsoleOut::new(Box::new(Broken));
-    let mut vm = MiniVm::boot(MiniConfig::new(8, path.clone()), Backing::Anonymous, out).unwrap();
+    let config = MiniConfig::new(1, 8, path.clone());
+    let mut vm = MiniVm::boot(config, Backing::Anonymous, vec![out]).unwrap();
     vm.start().unwrap();
 
     // The guest prints within its first loops; its vCPU then fails.

@@ -2,7 +2,9 @@
 //! binary, over loopback, then every check on what both printed.
 
 use super::expand;
+use minivmm::blk::Notify;
 use minivmm::checks;
+use minivmm::serial::console_path;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -27,6 +29,14 @@ pub struct DemoArgs {
     /// only serve the disk through the fd the source hands over.
     #[arg(long, requires = "local")]
     unlink_disk: bool,
+    /// vCPUs (1 to 4), each with its own console and disk, checked on its
+    /// own. More vCPUs than host cores time-share them.
+    #[arg(long, default_value_t = 2)]
+    vcpus: u32,
+    /// How disk notifications reach the I/O thread: ioeventfd, exit or
+    /// inline (see `minivmm migrate --help`).
+    #[arg(long, default_value = "ioeventfd")]
+    notify: Notify,
     /// MiB of the data region the guest sweeps.
     #[arg(long, default_value_t = 64)]
     data_mib: u64,
@@ -118,6 +128,10 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
     };
     src_args.extend([
         "--json".into(),
+        "--vcpus".into(),
+        a.vcpus.to_string(),
+        "--notify".into(),
+        a.notify.to_string(),
         "--data-mib".into(),
         a.data_mib.to_string(),
         "--bandwidth-mib-s".into(),
@@ -150,22 +164,33 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         .ok_or("the destination printed no summary")?;
 
     let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
-    let console = checks::console(&(read(&src_console) + &read(&dst_console)));
-    let journal: Vec<u64> = [&src_json, &dest_json]
-        .iter()
-        .flat_map(|j| {
-            let runs: Vec<[u64; 2]> =
-                serde_json::from_value(j["disk_runs"].clone()).unwrap_or_default();
-            expand(&runs)
-        })
-        .collect();
-    let disk = checks::disk(&journal);
+    let mut console = checks::ConsoleCheck::default();
+    let mut disk = checks::DiskCheck::default();
+    let mut per_vcpu = Vec::new();
+    for i in 0..a.vcpus {
+        let text = read(&console_path(&src_console, i)) + &read(&console_path(&dst_console, i));
+        let c = checks::console(&text);
+        let journal: Vec<u64> = [&src_json, &dest_json]
+            .iter()
+            .flat_map(|j| {
+                let runs: Vec<[u64; 2]> =
+                    serde_json::from_value(j["disk_runs"][i as usize].clone()).unwrap_or_default();
+                expand(&runs)
+            })
+            .collect();
+        let d = checks::disk(&journal);
+        console.add(&c);
+        disk.add(&d);
+        per_vcpu.push(serde_json::json!({ "console": c, "disk": d }));
+    }
     let bad_reads = dest_json["guest"]["bad_reads"].as_u64().unwrap_or(0)
         + src_json["guest"]["bad_reads"].as_u64().unwrap_or(0);
     let digest_match = src_json["digest_match"] == true && dest_json["digest_match"] == true;
     let completed = src_json["status"] == "completed" && dest_ok;
     let mode = if a.local { "local" } else { a.mode.as_str() };
     let summary = serde_json::json!({
+        "vcpus": a.vcpus,
+        "notify": a.notify,
         "mode": mode,
         "connections": a.connections,
         "tls": a.tls,
@@ -185,9 +210,13 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         "blk_bad_reads": bad_reads,
         "source_console_lines": src_json["guest"]["console_lines"],
         "destination_console_lines": dest_json["guest"]["console_lines"],
+        "requests_in_flight_at_pause": src_json["requests_in_flight_at_pause"],
+        "notify_exits": src_json["notify_exits"],
+        "per_vcpu": per_vcpu,
     });
     eprintln!(
-        "minivmm demo ({} {}{}): {}, digest {}, downtime {:.1} ms; console {} lines, {} lost, {} doubled; disk {} writes, {} lost, {} doubled, {} bad reads",
+        "minivmm demo ({} vCPUs, {} {}{}): {}, digest {}, downtime {:.1} ms; console {} lines, {} lost, {} doubled; disk {} writes, {} lost, {} doubled, {} bad reads",
+        a.vcpus,
         mode,
         a.connections,
         if a.tls { ", tls" } else { "" },

@@ -1,13 +1,13 @@
 //! `minivmm migrate`: boot the VM, let it run, migrate it live.
 
-use super::{console, parse_backing, runs, sections, VmArgs};
+use super::{consoles, flush, merge, parse_backing, vm_report, VmArgs};
 use ferry_engine::converge::ConvergeMode;
 use ferry_engine::local::{migrate_local, LocalOptions};
 use ferry_engine::precopy::Compression;
 use ferry_engine::transport::{Dial, TcpDialer, TlsConfig};
 use ferry_engine::vmm::{Backing, Vm};
 use ferry_engine::{migrate as engine_migrate, Mode, PrecopyOptions, Progress, RoundStats};
-use minivmm::probe::{self, MiniProbe};
+use minivmm::probe::MiniProbe;
 use minivmm::MiniVm;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,7 +58,8 @@ pub struct MigrateArgs {
     /// Guest memory: anon or memfd.
     #[arg(long, default_value = "anon", value_parser = parse_backing)]
     backing: Backing,
-    /// Write the console here instead of stdout.
+    /// Write vCPU 0's console here (vCPU i's at this path with `.i`
+    /// appended) instead of stdout.
     #[arg(long)]
     console: Option<PathBuf>,
     /// End with the summary as one JSON line on stdout.
@@ -114,8 +115,9 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
     }
     opts.validate().map_err(|e| e.to_string())?;
 
-    let out = console(a.console.as_deref())?;
-    let mut vm = MiniVm::boot(a.vm.config()?, a.backing, out.clone()).map_err(|e| e.to_string())?;
+    let config = a.vm.config()?;
+    let outs = consoles(a.console.as_deref(), config.vcpus)?;
+    let mut vm = MiniVm::boot(config, a.backing, outs.clone()).map_err(|e| e.to_string())?;
     vm.start().map_err(|e| e.to_string())?;
     std::thread::sleep(Duration::from_millis(a.run_before_ms));
     vm.check_health().map_err(|e| e.to_string())?;
@@ -137,10 +139,11 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
              discarded when this process ends"
         );
     }
+    // The in-flight count of the migration's own pause, before this one.
+    let in_flight = vm.requests_in_flight_at_pause();
     vm.pause().map_err(|e| e.to_string())?;
-    out.flush();
-    let guest = probe::counters(&vm).map_err(|e| format!("reading the guest's counters: {e}"))?;
-    let journal = vm.disk_journal();
+    flush(&outs);
+    let report = vm_report(&vm)?;
     match &outcome.error {
         Some(e) => eprintln!("minivmm: the migration failed: {e}; the guest ran on here"),
         None => eprintln!(
@@ -169,12 +172,11 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
             "mode": mode,
             "connections": a.connections,
             "tls": a.tls.is_some(),
-            "sections": sections(&vm),
-            "guest": guest,
-            "disk_runs": runs(&journal),
             "error": outcome.error,
             "summary": outcome.summary,
         });
+        let mut j = merge(j, report);
+        j["requests_in_flight_at_pause"] = in_flight.into();
         println!("{j}");
     }
     if moved {

@@ -8,16 +8,19 @@ mod run;
 
 use clap::{Args, Parser, Subcommand};
 use ferry_engine::vmm::Backing;
+use minivmm::blk::Notify;
 use minivmm::layout::{BLOCK_BYTES, DISK_BLOCKS};
-use minivmm::serial::ConsoleOut;
+use minivmm::serial::{console_path, ConsoleOut};
 use minivmm::MiniConfig;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// A small VMM built from rust-vmm crates (KVM, a 16550 serial port and
-/// virtio-blk over virtio-mmio) that migrates live through ferry's engine.
-/// Its guest prints numbered console lines and writes and reads back
-/// numbered disk blocks; every migration checks both streams and ferry's
-/// memory digest.
+/// A small VMM built from rust-vmm crates (KVM, 16550 serial ports and
+/// virtio-blk over virtio-mmio, served by an I/O thread) that migrates
+/// live through ferry's engine. Each vCPU's guest prints numbered console
+/// lines on its own port and writes and reads back numbered blocks on its
+/// own disk; every migration checks both streams of every vCPU and
+/// ferry's memory digest.
 #[derive(Parser, Debug)]
 #[command(name = "minivmm", version)]
 pub struct Cli {
@@ -55,11 +58,27 @@ pub fn run(cli: Cli) -> Result<(), String> {
 /// The VM's shape, as the source gives it.
 #[derive(Args, Debug, Clone)]
 struct VmArgs {
+    /// vCPUs (1 to 4), each with its own serial port, disk and slice of
+    /// the data. More vCPUs than host cores time-share them.
+    #[arg(long, default_value_t = 2)]
+    vcpus: u32,
+    /// How the guest's disk notifications reach the I/O thread: ioeventfd
+    /// (KVM signals it, no exit to userspace), exit (the vCPU's exit
+    /// handler signals it), or inline (served on the vCPU's own exit, no
+    /// I/O thread).
+    #[arg(long, default_value = "ioeventfd")]
+    notify: Notify,
+    /// writethrough: a disk write completes once on storage (fdatasync),
+    /// so requests take a disk's time and are in flight while the vCPUs
+    /// run; writeback: once in the host's page cache.
+    #[arg(long, default_value = "writethrough", value_parser = parse_cache)]
+    cache: bool,
     /// MiB of the data region the guest sweeps (a multiple of 2).
     #[arg(long, default_value_t = 64)]
     data_mib: u64,
-    /// The disk image (created, 256 KiB, if missing). Both ends of a
-    /// migration open the same file: shared storage.
+    /// vCPU 0's disk image (created, 256 KiB, if missing); vCPU i's is
+    /// this path with `.i` appended. Both ends of a migration open the same
+    /// files: shared storage.
     #[arg(long, default_value = "minivmm-disk.img")]
     disk: PathBuf,
     /// Data pages the guest writes per loop (its dirty rate).
@@ -69,13 +88,24 @@ struct VmArgs {
 
 impl VmArgs {
     fn config(&self) -> Result<MiniConfig, String> {
+        let max = minivmm::layout::MAX_VCPUS;
+        if !(1..=max).contains(&self.vcpus) {
+            return Err(format!(
+                "--vcpus {}: minivmm runs 1 to {max} vCPUs, one per COM port",
+                self.vcpus
+            ));
+        }
         ensure_disk(&self.disk)?;
         let disk = std::fs::canonicalize(&self.disk)
             .map_err(|e| format!("the disk image {}: {e}", self.disk.display()))?;
-        Ok(MiniConfig {
-            sweep_per_loop: self.sweep_pages,
-            ..MiniConfig::new(self.data_mib, disk)
-        })
+        let mut config = MiniConfig::new(self.vcpus, self.data_mib, disk);
+        config.sweep_per_loop = self.sweep_pages;
+        config.notify = self.notify;
+        config.writethrough = self.cache;
+        for i in 1..self.vcpus {
+            ensure_disk(&config.disk_path(i))?;
+        }
+        Ok(config)
     }
 }
 
@@ -96,6 +126,15 @@ fn ensure_disk(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Parses `writethrough` (true) or `writeback`.
+fn parse_cache(s: &str) -> Result<bool, String> {
+    match s {
+        "writethrough" => Ok(true),
+        "writeback" => Ok(false),
+        _ => Err(format!("{s:?}: use writethrough or writeback")),
+    }
+}
+
 /// Parses `anon` or `memfd`.
 fn parse_backing(s: &str) -> Result<Backing, String> {
     match s.parse::<Backing>()? {
@@ -106,16 +145,57 @@ fn parse_backing(s: &str) -> Result<Backing, String> {
     }
 }
 
-/// The console: a file, or stdout.
-fn console(path: Option<&Path>) -> Result<ConsoleOut, String> {
-    Ok(match path {
-        Some(p) => {
-            ConsoleOut::new(Box::new(std::fs::File::create(p).map_err(|e| {
-                format!("cannot create the console file {}: {e}", p.display())
-            })?))
+/// The consoles of `vcpus` vCPUs: files (vCPU i's at
+/// [`console_path`]), or stdout, each line tagged with its vCPU when there
+/// are several.
+fn consoles(path: Option<&Path>, vcpus: u32) -> Result<Vec<ConsoleOut>, String> {
+    (0..vcpus)
+        .map(|i| {
+            Ok(match path {
+                Some(p) => {
+                    let p = console_path(p, i);
+                    ConsoleOut::new(Box::new(std::fs::File::create(&p).map_err(|e| {
+                        format!("cannot create the console file {}: {e}", p.display())
+                    })?))
+                }
+                None if vcpus == 1 => ConsoleOut::new(Box::new(std::io::stdout())),
+                None => ConsoleOut::new(Box::new(Tagged {
+                    tag: format!("cpu{i}| "),
+                    line: Vec::new(),
+                })),
+            })
+        })
+        .collect()
+}
+
+/// Stdout, a whole line at a time behind a tag, so that vCPUs' lines do
+/// not interleave byte by byte.
+struct Tagged {
+    tag: String,
+    line: Vec<u8>,
+}
+
+impl Write for Tagged {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        for &b in buf {
+            self.line.push(b);
+            if b == b'\n' {
+                let mut out = std::io::stdout().lock();
+                out.write_all(self.tag.as_bytes())?;
+                out.write_all(&self.line)?;
+                self.line.clear();
+            }
         }
-        None => ConsoleOut::new(Box::new(std::io::stdout())),
-    })
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stdout().flush()
+    }
+}
+
+/// Flushes every console.
+fn flush(consoles: &[ConsoleOut]) {
+    consoles.iter().for_each(ConsoleOut::flush);
 }
 
 /// Runs of consecutive numbers: `[[first, last], ...]`.
@@ -140,8 +220,45 @@ fn sections(vm: &minivmm::MiniVm) -> serde_json::Value {
     use ferry_engine::vmm::Vm;
     vm.state_sections()
         .iter()
-        .map(|s| serde_json::json!({ "name": s.name, "version": s.version }))
+        .map(|s| {
+            serde_json::json!({
+                "name": s.name,
+                "version": s.version,
+                "instances": s.instances,
+                "subsections": s.subsections,
+            })
+        })
         .collect()
+}
+
+/// What both ends report of the VM's devices and guest, in their JSON.
+fn vm_report(vm: &minivmm::MiniVm) -> Result<serde_json::Value, String> {
+    use ferry_engine::vmm::Vm;
+    let per_vcpu = (0..vm.vcpus())
+        .map(|i| minivmm::probe::vcpu_counters(vm, i))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("reading the guest's counters: {e}"))?;
+    let guest =
+        minivmm::probe::counters(vm).map_err(|e| format!("reading the guest's counters: {e}"))?;
+    let disk_runs: Vec<Vec<[u64; 2]>> = vm.disk_journals().iter().map(|j| runs(j)).collect();
+    Ok(serde_json::json!({
+        "vcpus": vm.vcpus(),
+        "notify": vm.config().notify,
+        "sections": sections(vm),
+        "guest": guest,
+        "guest_per_vcpu": per_vcpu,
+        "disk_runs": disk_runs,
+        "requests_in_flight_at_pause": vm.requests_in_flight_at_pause(),
+        "notify_exits": vm.notify_exits(),
+    }))
+}
+
+/// Adds the fields of `extra` to the object `j`.
+fn merge(mut j: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    if let (Some(j), serde_json::Value::Object(extra)) = (j.as_object_mut(), extra) {
+        j.extend(extra);
+    }
+    j
 }
 
 /// "completed", "failed" or "held".

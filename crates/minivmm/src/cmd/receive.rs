@@ -1,12 +1,14 @@
 //! `minivmm receive`: wait for a migrated VM, run it on, report.
 
-use super::{console, parse_backing, runs, sections, status_name};
+use super::{consoles, flush, merge, parse_backing, status_name, vm_report};
 use ferry_engine::local::{await_local, listen_local, receive_local_as, LocalOptions};
 use ferry_engine::transport::{Listen, TlsConfig};
 use ferry_engine::vmm::{receive_as, Backing, GuestRam, StreamHeader, Vm, VmError};
 use ferry_engine::{await_migration, listen, ReceiveOptions};
+use minivmm::layout::MAX_VCPUS;
 use minivmm::probe::{self, MiniProbe};
 use minivmm::serial::ConsoleOut;
+use minivmm::vm::disk_fd_name;
 use minivmm::{MiniConfig, MiniVm, VMM_ID};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,7 +33,8 @@ pub struct ReceiveArgs {
     /// Guest memory: anon or memfd.
     #[arg(long, default_value = "anon", value_parser = parse_backing)]
     backing: Backing,
-    /// Write the console here instead of stdout.
+    /// Write vCPU 0's console here (vCPU i's at this path with `.i`
+    /// appended) instead of stdout.
     #[arg(long)]
     console: Option<PathBuf>,
     /// End with the summary as one JSON line on stdout.
@@ -44,10 +47,17 @@ pub struct ReceiveArgs {
 }
 
 pub fn receive(a: ReceiveArgs) -> Result<(), String> {
-    let out = console(a.console.as_deref())?;
+    let console = a.console.clone();
+    let outs = std::sync::Mutex::new(Vec::new());
+    // The consoles are made once the header says how many vCPUs come.
+    let make_consoles = |config: &MiniConfig| -> Result<Vec<ConsoleOut>, VmError> {
+        let made = consoles(console.as_deref(), config.vcpus).map_err(VmError::Guest)?;
+        *outs.lock().unwrap_or_else(|e| e.into_inner()) = made.clone();
+        Ok(made)
+    };
     let arrived = match &a.local {
-        Some(path) => local(path, &out, a.crash_on_restore)?,
-        None => over_the_network(&a, &out)?,
+        Some(path) => local(path, &make_consoles, a.crash_on_restore)?,
+        None => over_the_network(&a, &make_consoles)?,
     };
     let Arrived {
         mut vm,
@@ -59,8 +69,9 @@ pub fn receive(a: ReceiveArgs) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(a.run_after_ms));
     }
     let health = vm.check_health().err().map(|e| e.to_string());
+    let in_flight = vm.requests_in_flight_at_pause();
     vm.pause().map_err(|e| e.to_string())?;
-    out.flush();
+    flush(&outs.lock().unwrap_or_else(|e| e.into_inner()));
     let guest = probe::counters(&vm).map_err(|e| format!("reading the guest's counters: {e}"))?;
     eprintln!(
         "minivmm: received ({status}), digest {}; then {} console lines and {} verified reads in all",
@@ -73,12 +84,11 @@ pub fn receive(a: ReceiveArgs) -> Result<(), String> {
             "role": "destination",
             "status": status,
             "digest_match": digest_match,
-            "sections": sections(&vm),
-            "guest": guest,
             "health": health,
-            "disk_runs": runs(&vm.disk_journal()),
             "summary": summary,
         });
+        let mut j = merge(j, vm_report(&vm)?);
+        j["requests_in_flight_at_pause"] = in_flight.into();
         println!("{j}");
     }
     match health {
@@ -109,7 +119,10 @@ fn announce(at: &str) {
     eprintln!("minivmm: waiting for a migration on {at}");
 }
 
-fn over_the_network(a: &ReceiveArgs, out: &ConsoleOut) -> Result<Arrived, String> {
+/// Builds the consoles for the VM a header describes.
+type MakeConsoles<'a> = dyn Fn(&MiniConfig) -> Result<Vec<ConsoleOut>, VmError> + 'a;
+
+fn over_the_network(a: &ReceiveArgs, make_consoles: &MakeConsoles) -> Result<Arrived, String> {
     let addr = a.listen.as_deref().unwrap_or_default();
     let tcp = listen(addr).map_err(|e| e.to_string())?;
     let addr = tcp.local_addr().map_err(|e| e.to_string())?;
@@ -125,7 +138,9 @@ fn over_the_network(a: &ReceiveArgs, out: &ConsoleOut) -> Result<Arrived, String
     let incoming = await_migration(&*listener, None).map_err(|e| e.to_string())?;
     let backing = a.backing;
     let mut factory = |h: &StreamHeader| -> Result<MiniVm, VmError> {
-        let mut vm = MiniVm::incoming(config_of(h)?, backing, out.clone())?;
+        let config = config_of(h)?;
+        let outs = make_consoles(&config)?;
+        let mut vm = MiniVm::incoming(config, backing, outs)?;
         vm.crash_on_restore = a.crash_on_restore;
         Ok(vm)
     };
@@ -144,7 +159,11 @@ fn over_the_network(a: &ReceiveArgs, out: &ConsoleOut) -> Result<Arrived, String
     })
 }
 
-fn local(path: &Path, out: &ConsoleOut, crash_on_restore: bool) -> Result<Arrived, String> {
+fn local(
+    path: &Path,
+    make_consoles: &MakeConsoles,
+    crash_on_restore: bool,
+) -> Result<Arrived, String> {
     let listener = listen_local(path).map_err(|e| e.to_string())?;
     announce(&path.display().to_string());
     let opts = {
@@ -153,17 +172,25 @@ fn local(path: &Path, out: &ConsoleOut, crash_on_restore: bool) -> Result<Arrive
         o
     };
     let mut incoming = await_local(&listener, &opts).map_err(|e| e.to_string())?;
-    // The source's disk, adopted rather than reopened: its path may be
-    // gone (an upgrade that replaced the image), the file is not.
-    let mut disk = match incoming.take_handed_fds().take("disk") {
-        Ok(fd) => Some(std::fs::File::from(fd)),
-        Err(e) => {
-            eprintln!("minivmm: {e}; opening the disk by its path");
-            None
-        }
-    };
+    // The source's disks, adopted rather than reopened: their paths may be
+    // gone (an upgrade that replaced the images), the files are not.
+    let mut handed = incoming.take_handed_fds();
+    let mut disks: Vec<Option<std::fs::File>> = (0..MAX_VCPUS)
+        .map(|i| match handed.take(&disk_fd_name(i)) {
+            Ok(fd) => Some(std::fs::File::from(fd)),
+            Err(e) => {
+                if i == 0 {
+                    eprintln!("minivmm: {e}; opening the disks by their paths");
+                }
+                None
+            }
+        })
+        .collect();
     let mut factory = |h: &StreamHeader, ram: GuestRam| -> Result<MiniVm, VmError> {
-        let mut vm = MiniVm::on_ram(config_of(h)?, ram, out.clone(), disk.take())?;
+        let config = config_of(h)?;
+        let outs = make_consoles(&config)?;
+        disks.truncate(config.vcpus as usize);
+        let mut vm = MiniVm::on_ram(config, ram, outs, std::mem::take(&mut disks))?;
         vm.crash_on_restore = crash_on_restore;
         Ok(vm)
     };

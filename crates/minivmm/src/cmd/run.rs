@@ -1,6 +1,6 @@
 //! `minivmm run`: boot and run, console on stdout (or a file).
 
-use super::{console, parse_backing, VmArgs};
+use super::{consoles, flush, parse_backing, VmArgs};
 use ferry_engine::vmm::{Backing, Vm};
 use minivmm::{probe, MiniVm};
 use std::path::PathBuf;
@@ -16,24 +16,47 @@ pub struct RunArgs {
     /// Guest memory: anon or memfd.
     #[arg(long, default_value = "anon", value_parser = parse_backing)]
     backing: Backing,
-    /// Write the console here instead of stdout.
+    /// Write vCPU 0's console here (vCPU i's at this path with `.i`
+    /// appended) instead of stdout.
     #[arg(long)]
     console: Option<PathBuf>,
+    /// End with what the guest and devices did as one JSON line on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(a: RunArgs) -> Result<(), String> {
-    let out = console(a.console.as_deref())?;
-    let mut vm = MiniVm::boot(a.vm.config()?, a.backing, out.clone()).map_err(|e| e.to_string())?;
+    let config = a.vm.config()?;
+    let outs = consoles(a.console.as_deref(), config.vcpus)?;
+    let mut vm = MiniVm::boot(config, a.backing, outs.clone()).map_err(|e| e.to_string())?;
     vm.start().map_err(|e| e.to_string())?;
     std::thread::sleep(Duration::from_secs_f64(a.seconds.max(0.0)));
     vm.pause().map_err(|e| e.to_string())?;
-    out.flush();
+    flush(&outs);
     vm.check_health().map_err(|e| e.to_string())?;
     let c = probe::counters(&vm).map_err(|e| format!("reading the guest's counters: {e}"))?;
     eprintln!(
-        "minivmm: ran {:.1} s: {} console lines, {} disk writes, {} reads verified, {} bad reads, {} failed requests",
-        a.seconds, c.console_lines, c.writes, c.reads_verified, c.bad_reads, c.status_errors
+        "minivmm: {} vCPUs, notify by {}, ran {:.1} s: {} console lines, {} disk writes ({:.0}/s), {} reads verified, {} bad reads, {} failed requests; {} notifications exited to a vCPU thread",
+        vm.vcpus(),
+        vm.config().notify,
+        a.seconds,
+        c.console_lines,
+        c.writes,
+        c.writes as f64 / a.seconds.max(1e-9),
+        c.reads_verified,
+        c.bad_reads,
+        c.status_errors,
+        vm.notify_exits()
     );
+    if a.json {
+        println!(
+            "{}",
+            super::merge(
+                serde_json::json!({ "seconds": a.seconds }),
+                super::vm_report(&vm)?
+            )
+        );
+    }
     if c.bad_reads + c.status_errors > 0 {
         return Err("the guest found bad disk reads or failed requests".into());
     }
