@@ -43,6 +43,14 @@ pub enum BootError {
     },
 }
 
+/// Writes the page tables, GDT and TSS into `ram`, for a program of one's
+/// own.
+pub fn write_image(ram: &GuestRam) -> Result<(), BootError> {
+    IMAGE
+        .write(ram)
+        .map_err(|e| BootError::Memory(e.to_string()))
+}
+
 /// Writes page tables, GDT, TSS and the program into `ram`, and each of
 /// `vcpus` lanes what its vCPU drives: its port, its device, and an equal
 /// slice of the `data_pages`.
@@ -56,7 +64,7 @@ pub fn load(
         return Err(BootError::Shape { vcpus, data_pages });
     }
     let mem = |e: ferry_engine::vmm::RamError| BootError::Memory(e.to_string());
-    IMAGE.write(ram).map_err(mem)?;
+    write_image(ram)?;
     let code = guest::program(params)?;
     ram.write_bytes(Gpa(CODE), &code).map_err(mem)?;
     let slice = data_pages / u64::from(vcpus);

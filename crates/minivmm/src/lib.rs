@@ -31,6 +31,7 @@ pub mod guest;
 pub mod iothread;
 pub mod layout;
 pub mod memory;
+pub mod notify_cost;
 pub mod probe;
 pub mod serial;
 mod vcpu;

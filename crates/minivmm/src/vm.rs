@@ -26,7 +26,7 @@ use vmm_sys_util::eventfd::EventFd;
 /// What the stream header names this VMM.
 pub const VMM_ID: &str = "minivmm";
 /// Where KVM on Intel wants its (unused) real-mode TSS: outside memory.
-const TSS_ADDRESS: usize = 0xfffb_d000;
+pub(crate) const TSS_ADDRESS: usize = 0xfffb_d000;
 
 /// The VM's configuration; the engine carries it to the destination.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]

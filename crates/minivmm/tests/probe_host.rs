@@ -1,6 +1,8 @@
 //! `minivmm probe-host --json`: each piece a device thread needs (in-kernel
 //! irqchip, PIT, ioeventfd on MMIO and on a port, irqfd) is tried on a
-//! fresh VM and reported, with the kernel's error where it is refused.
+//! fresh VM and reported, with the kernel's error where it is refused; and
+//! the cost of a queue notification either way is measured, with every
+//! notification delivered and only the exit way exiting.
 
 mod common;
 
@@ -13,7 +15,14 @@ fn every_piece_is_tried_and_a_refusal_says_why() {
         return;
     }
     let out = Command::new(EXE)
-        .args(["probe-host", "--json"])
+        .args([
+            "probe-host",
+            "--json",
+            "--notifications",
+            "2000",
+            "--runs",
+            "1",
+        ])
         .output()
         .unwrap();
     assert!(
@@ -37,5 +46,29 @@ fn every_piece_is_tried_and_a_refusal_says_why() {
             true => assert!(f["error"].is_null(), "{f}"),
             false => assert!(!f["error"].as_str().unwrap().is_empty(), "{f}"),
         }
+    }
+    let ioeventfd = found.iter().any(|f| {
+        f["what"]
+            .as_str()
+            .unwrap()
+            .starts_with("KVM_IOEVENTFD (MMIO")
+            && f["works"] == true
+    });
+    let costs = j["notify_cost"].as_array().expect("notify_cost");
+    let ways: Vec<&str> = costs
+        .iter()
+        .map(|c| c["notify"].as_str().unwrap())
+        .collect();
+    let want: &[&str] = if ioeventfd {
+        &["exit", "ioeventfd"]
+    } else {
+        &["exit"]
+    };
+    assert_eq!(ways, want, "{j}");
+    for c in costs {
+        assert_eq!(c["delivered"], 2000, "every notification arrives: {c}");
+        assert!(c["us_per_notification"].as_f64().unwrap() > 0.0, "{c}");
+        let want_exits = if c["notify"] == "exit" { 2000 } else { 0 };
+        assert_eq!(c["exits"], want_exits, "{c}");
     }
 }

@@ -71,7 +71,7 @@ struct VmArgs {
     /// writethrough: a disk write completes once on storage (fdatasync),
     /// so requests take a disk's time and are in flight while the vCPUs
     /// run; writeback: once in the host's page cache.
-    #[arg(long, default_value = "writethrough", value_parser = parse_cache)]
+    #[arg(long, default_value = "writethrough", value_parser = parse_cache, action = clap::ArgAction::Set)]
     cache: bool,
     /// MiB of the data region the guest sweeps (a multiple of 2).
     #[arg(long, default_value_t = 64)]
@@ -244,6 +244,7 @@ fn vm_report(vm: &minivmm::MiniVm) -> Result<serde_json::Value, String> {
     Ok(serde_json::json!({
         "vcpus": vm.vcpus(),
         "notify": vm.config().notify,
+        "writethrough": vm.config().writethrough,
         "sections": sections(vm),
         "guest": guest,
         "guest_per_vcpu": per_vcpu,
