@@ -37,6 +37,10 @@ pub struct DemoArgs {
     /// inline (see `minivmm migrate --help`).
     #[arg(long, default_value = "ioeventfd")]
     notify: Notify,
+    /// writethrough (each disk write on storage before it completes) or
+    /// writeback.
+    #[arg(long, default_value = "writethrough")]
+    cache: String,
     /// MiB of the data region the guest sweeps.
     #[arg(long, default_value_t = 64)]
     data_mib: u64,
@@ -132,6 +136,8 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         a.vcpus.to_string(),
         "--notify".into(),
         a.notify.to_string(),
+        "--cache".into(),
+        a.cache.clone(),
         "--data-mib".into(),
         a.data_mib.to_string(),
         "--bandwidth-mib-s".into(),
