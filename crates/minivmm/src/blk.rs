@@ -147,6 +147,11 @@ pub struct Blk {
     /// Each write reaches the disk's storage before it completes
     /// (`fdatasync`), as QEMU's `cache=writethrough`.
     writethrough: bool,
+    /// The irqfd that raises its completion interrupt, if the VM has an
+    /// in-kernel irqchip.
+    interrupt: Option<EventFd>,
+    /// Completion interrupts raised.
+    pub interrupts: u64,
     /// Notify writes that exited to a vCPU thread.
     pub notify_exits: u64,
     /// Sequence numbers of the writes served (a block's first 8 bytes).
@@ -211,6 +216,8 @@ impl Blk {
             rings: Arc::default(),
             kick,
             writethrough: false,
+            interrupt: None,
+            interrupts: 0,
             notify_on_start: false,
             notify_exits: 0,
             journal: Vec::new(),
@@ -292,6 +299,12 @@ impl Blk {
         self.writethrough = on;
     }
 
+    /// Raises completions through `irqfd` (virtio's used-buffer
+    /// notification), besides the interrupt-status register.
+    pub fn set_interrupt(&mut self, irqfd: EventFd) {
+        self.interrupt = Some(irqfd);
+    }
+
     /// The guest notified through an exit.
     fn notified(&mut self) {
         self.notify_exits += 1;
@@ -340,6 +353,7 @@ impl Blk {
         if self.regs.status & 4 == 0 || !self.queue.is_valid(mem) {
             return;
         }
+        let mut served = 0;
         while let Some(chain) = self.queue.pop_descriptor_chain(mem) {
             let head = chain.head_index();
             let descs: Vec<_> = chain.collect();
@@ -347,8 +361,18 @@ impl Blk {
             // A used entry the guest cannot find is its own undoing: the
             // rings are its memory.
             let _ = self.queue.add_used(mem, head, written);
+            served += 1;
+        }
+        if served == 0 {
+            return;
         }
         self.regs.interrupt_status |= 1;
+        if let Some(irq) = &self.interrupt {
+            // As with the notify eventfd: fails only with a full counter.
+            if irq.write(1).is_ok() {
+                self.interrupts += 1;
+            }
+        }
     }
 
     /// Runs one request: header, data descriptors, status. Returns the

@@ -14,7 +14,9 @@ use ferry_engine::vmm::{
 use ferry_kvm::cpu_check::{CpuCheckError, CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{self, Snapshot, VcpuContext, VmDevices, XsaveKind};
 use ferry_kvm::dirty::{DirtyTracking, KvmDirtySource};
-use kvm_bindings::{kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES};
+use kvm_bindings::{
+    kvm_mp_state, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE,
+};
 use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VmFd};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -25,6 +27,9 @@ use vmm_sys_util::eventfd::EventFd;
 
 /// What the stream header names this VMM.
 pub const VMM_ID: &str = "minivmm";
+/// The GSI of disk 0's completions; disk i's is this plus i (IOAPIC pins
+/// 16-19, the ones PCI devices use).
+pub const DISK_GSI: u32 = 16;
 /// Where KVM on Intel wants its (unused) real-mode TSS: outside memory.
 pub(crate) const TSS_ADDRESS: usize = 0xfffb_d000;
 
@@ -40,6 +45,11 @@ pub struct MiniConfig {
     /// Disk writes complete only once on storage (`fdatasync`).
     #[serde(default)]
     pub writethrough: bool,
+    /// An in-kernel irqchip (PIC, IOAPIC, a LAPIC per vCPU), whose state
+    /// travels with the vCPUs'; each disk raises its completions through
+    /// an irqfd on it.
+    #[serde(default)]
+    pub irqchip: bool,
     /// MiB of the data region (the hole and the system region are fixed).
     pub data_mib: u64,
     /// vCPU 0's disk image, which both ends open; vCPU i's is this path
@@ -71,6 +81,7 @@ impl MiniConfig {
             vcpus,
             notify: Notify::default(),
             writethrough: true,
+            irqchip: true,
             data_mib,
             disk,
             sweep_per_loop: 4,
@@ -248,6 +259,9 @@ impl MiniVm {
         let vm = Arc::new(kvm_fd.create_vm().map_err(kvm("KVM_CREATE_VM"))?);
         vm.set_tss_address(TSS_ADDRESS)
             .map_err(kvm("KVM_SET_TSS_ADDR"))?;
+        if config.irqchip {
+            vm.create_irq_chip().map_err(kvm("KVM_CREATE_IRQCHIP"))?;
+        }
         let ram = Arc::new(ram);
         for slot in ram.slots() {
             let region = kvm_userspace_memory_region {
@@ -277,6 +291,14 @@ impl MiniVm {
                 fd.set_sregs(&boot::sregs(sregs))
                     .map_err(kvm("KVM_SET_SREGS"))?;
                 fd.set_regs(&boot::regs(i)).map_err(kvm("KVM_SET_REGS"))?;
+                // With a LAPIC, KVM holds every vCPU but 0 until a
+                // startup IPI; minivmm's guest starts them all at once.
+                if config.irqchip && i > 0 {
+                    let runnable = kvm_mp_state {
+                        mp_state: KVM_MP_STATE_RUNNABLE,
+                    };
+                    fd.set_mp_state(runnable).map_err(kvm("KVM_SET_MP_STATE"))?;
+                }
             }
             fds.push(fd);
         }
@@ -323,6 +345,13 @@ impl MiniVm {
             };
             let mut blk = Blk::new(Arc::clone(&ram), disk, QUEUE_SIZE, kick)?;
             blk.set_writethrough(config.writethrough);
+            if config.irqchip {
+                let irq = EventFd::new(libc::EFD_NONBLOCK)
+                    .map_err(|e| MiniVmError::Config(format!("an eventfd: {e}")))?;
+                vm.register_irqfd(&irq, DISK_GSI + i)
+                    .map_err(kvm("KVM_IRQFD"))?;
+                blk.set_interrupt(irq);
+            }
             rings.push(blk.rings());
             blks.push(Mutex::new(blk));
         }
@@ -401,8 +430,17 @@ impl MiniVm {
         VcpuContext {
             msrs: &self.cpu.msrs,
             xsave: self.cpu.xsave,
-            lapic: false,
+            lapic: self.config.irqchip,
         }
+    }
+
+    fn chips(&self) -> VmDevices {
+        VmDevices::new(&self.vm, self.config.irqchip, false)
+    }
+
+    /// Completion interrupts the disks raised through their irqfds.
+    pub fn interrupts_raised(&self) -> u64 {
+        self.devices.blks.iter().map(|b| lock(b).interrupts).sum()
     }
 
     fn state_error(e: cpu_state::StateError) -> VmError {
@@ -426,12 +464,6 @@ fn with_apic_id(supported: &CpuId, i: u32) -> CpuId {
         }
     }
     cpuid
-}
-
-/// The ferry-kvm VM devices this VM has: none (no irqchip, no PIT; the
-/// guest takes no interrupt).
-fn no_chips(vm: &VmFd) -> VmDevices {
-    VmDevices::new(vm, false, false)
 }
 
 impl Vm for MiniVm {
@@ -588,7 +620,7 @@ impl VcpuState for MiniVm {
         if self.running {
             return Err(VmError::NotPaused("save vCPU state"));
         }
-        let chips = cpu_state::vm_level::save(&self.vm, no_chips(&self.vm))
+        let chips = cpu_state::vm_level::save(&self.vm, self.chips())
             .map_err(|e| Self::state_error(e.into()))?;
         let cx = self.context();
         let vcpus = (0..)
@@ -617,7 +649,7 @@ impl VcpuState for MiniVm {
             )));
         }
         let cx = self.context();
-        snap.check_fits(no_chips(&self.vm), &cx)
+        snap.check_fits(self.chips(), &cx)
             .map_err(Self::state_error)?;
         cpu_state::vm_level::restore(&self.vm, &snap.vm)
             .map_err(|e| Self::state_error(e.into()))?;

@@ -245,6 +245,8 @@ fn vm_report(vm: &minivmm::MiniVm) -> Result<serde_json::Value, String> {
         "vcpus": vm.vcpus(),
         "notify": vm.config().notify,
         "writethrough": vm.config().writethrough,
+        "irqchip": vm.config().irqchip,
+        "interrupts_raised": vm.interrupts_raised(),
         "sections": sections(vm),
         "guest": guest,
         "guest_per_vcpu": per_vcpu,
