@@ -31,7 +31,7 @@ const TSS_SELECTOR: u16 = 0x10;
 /// Ring-3 data selector (GDT entry 5, RPL 3).
 const DATA_SELECTOR: u16 = 0x2b;
 /// Ring-3 64-bit code selector (GDT entry 6, RPL 3).
-const CODE_SELECTOR: u16 = 0x33;
+pub const CODE_SELECTOR: u16 = 0x33;
 const GDT_ENTRIES: u64 = 8;
 /// RFLAGS at entry: IF, IOPL 3 and the reserved bit. IOPL 3 and the bitmap
 /// are both set, because IOPL alone is not enough on every host.

@@ -24,11 +24,13 @@
 
 #![warn(missing_docs)]
 
+pub mod bare;
 pub mod blk;
 pub mod boot;
 pub mod checks;
 pub mod guest;
 pub mod iothread;
+pub mod irq_delivery;
 pub mod layout;
 pub mod memory;
 pub mod notify_cost;

@@ -6,13 +6,12 @@
 //! notification's cost to the vCPU, and the eventfd's count says every
 //! notification arrived.
 
+use crate::bare::{bare_vm, kvm, BareVm};
 use crate::blk::{Notify, QUEUE_NOTIFY};
-use crate::layout::{CODE, MMIO_BASE, SYSTEM_BYTES};
+use crate::layout::{CODE, MMIO_BASE};
 use crate::vm::MiniVmError;
-use ferry_engine::vmm::{Backing, Gpa, GuestRam};
 use iced_x86::code_asm::*;
-use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
-use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VcpuExit};
+use kvm_ioctls::{IoEventAddress, NoDatamatch, VcpuExit};
 use std::time::Instant;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -32,10 +31,6 @@ pub struct NotifyCost {
     pub exits: u64,
     /// Microseconds of the guest's time per notification.
     pub us_per_notification: f64,
-}
-
-fn kvm(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> MiniVmError {
-    move |e| MiniVmError::Kvm(op, e)
 }
 
 /// The guest: `n` writes of the notify register, then one `out`.
@@ -58,46 +53,15 @@ fn program(n: u64) -> Result<Vec<u8>, IcedError> {
 /// VM. Inline is the exit path with the device's work added, so it is
 /// not measured here.
 pub fn measure(notify: Notify, n: u64) -> Result<NotifyCost, MiniVmError> {
-    let config = |why: String| MiniVmError::Config(why);
-    let ram = GuestRam::with_regions(&[(Gpa(0), SYSTEM_BYTES)], Backing::Anonymous)
-        .map_err(|e| config(e.to_string()))?;
-    crate::boot::write_image(&ram)?;
-    let code = program(n).map_err(|e| config(format!("cannot assemble: {e}")))?;
-    ram.write_bytes(Gpa(CODE), &code)
-        .map_err(|e| config(e.to_string()))?;
-
-    let kvm_fd = Kvm::new().map_err(kvm("open /dev/kvm"))?;
-    let vm = kvm_fd.create_vm().map_err(kvm("KVM_CREATE_VM"))?;
-    vm.set_tss_address(crate::vm::TSS_ADDRESS)
-        .map_err(kvm("KVM_SET_TSS_ADDR"))?;
-    let slot = &ram.slots()[0];
-    let region = kvm_userspace_memory_region {
-        slot: 0,
-        flags: 0,
-        guest_phys_addr: 0,
-        memory_size: slot.size,
-        userspace_addr: ram.host_address(slot) as u64,
-    };
-    // SAFETY: the mapping belongs to `ram`, which outlives the VM fd
-    // (dropped first, at the end of this function).
-    unsafe { vm.set_user_memory_region(region) }.map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
-    let eventfd = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| config(e.to_string()))?;
+    let code = program(n).map_err(|e| MiniVmError::Config(format!("cannot assemble: {e}")))?;
+    let BareVm { mut vcpu, vm, ram } = bare_vm(&code, false)?;
+    let eventfd =
+        EventFd::new(libc::EFD_NONBLOCK).map_err(|e| MiniVmError::Config(e.to_string()))?;
     if notify == Notify::Ioeventfd {
         let at = IoEventAddress::Mmio(MMIO_BASE + QUEUE_NOTIFY);
         vm.register_ioevent(&eventfd, &at, NoDatamatch)
             .map_err(kvm("KVM_IOEVENTFD"))?;
     }
-    let mut vcpu = vm.create_vcpu(0).map_err(kvm("KVM_CREATE_VCPU"))?;
-    let cpuid = kvm_fd
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
-    vcpu.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
-    let sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
-    vcpu.set_sregs(&crate::boot::sregs(sregs))
-        .map_err(kvm("KVM_SET_SREGS"))?;
-    vcpu.set_regs(&crate::boot::regs(0))
-        .map_err(kvm("KVM_SET_REGS"))?;
-
     let mut exits = 0;
     let started = Instant::now();
     loop {
@@ -107,10 +71,11 @@ pub fn measure(notify: Notify, n: u64) -> Result<NotifyCost, MiniVmError> {
                 let _ = eventfd.write(1);
             }
             VcpuExit::IoOut(DONE_PORT, _) => break,
-            other => return Err(config(format!("the guest stopped: {other:?}"))),
+            other => return Err(MiniVmError::Config(format!("the guest stopped: {other:?}"))),
         }
     }
     let elapsed = started.elapsed();
+    drop((vcpu, vm, ram));
     Ok(NotifyCost {
         notify,
         notifications: n,

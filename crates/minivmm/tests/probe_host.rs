@@ -71,4 +71,15 @@ fn every_piece_is_tried_and_a_refusal_says_why() {
         let want_exits = if c["notify"] == "exit" { 2000 } else { 0 };
         assert_eq!(c["exits"], want_exits, "{c}");
     }
+    // An interrupt through an irqfd either reaches the guest's handler
+    // (every one raised), or the report says how the vCPU stopped or what
+    // else the guest's IDT took.
+    let irqs = &j["interrupt_delivery"];
+    if !irqs.is_null() {
+        let raised = irqs["raised"].as_u64().unwrap();
+        assert!(raised >= 1, "{irqs}");
+        let delivered = irqs["delivered"].as_u64().unwrap();
+        let explained = !irqs["vcpu_stopped"].is_null() || !irqs["other_vector"].is_null();
+        assert!(delivered == raised || explained, "{irqs}");
+    }
 }

@@ -8,6 +8,7 @@
 use clap::Args;
 use kvm_ioctls::{Cap, IoEventAddress, Kvm, NoDatamatch};
 use minivmm::blk::Notify;
+use minivmm::irq_delivery::{self, IrqDelivery};
 use minivmm::layout::MMIO_BASE;
 use minivmm::notify_cost::{self, NotifyCost};
 use serde::Serialize;
@@ -26,6 +27,10 @@ pub struct ProbeArgs {
     /// Measurements of each way, interleaved.
     #[arg(long, default_value_t = 3)]
     runs: u32,
+    /// Interrupts to raise through an irqfd into a CPL3 guest, one at a
+    /// time, to see whether and how fast they arrive (0: do not try).
+    #[arg(long, default_value_t = 1000)]
+    interrupts: u64,
 }
 
 /// One thing tried.
@@ -107,11 +112,42 @@ pub fn probe(a: ProbeArgs) -> Result<(), String> {
         );
     }
     let costs = notify_costs(&a, found[2].works)?;
+    let irqs = match (a.interrupts, irqchip && found[4].works) {
+        (0, _) | (_, false) => None,
+        (n, true) => Some(interrupts(n)?),
+    };
     if a.json {
-        let j = serde_json::json!({ "findings": found, "notify_cost": costs });
+        let j = serde_json::json!({
+            "findings": found,
+            "notify_cost": costs,
+            "interrupt_delivery": irqs,
+        });
         println!("{j}");
     }
     Ok(())
+}
+
+/// Raises `n` interrupts into a CPL3 guest and prints what arrived.
+fn interrupts(n: u64) -> Result<IrqDelivery, String> {
+    let d = irq_delivery::probe(n).map_err(|e| e.to_string())?;
+    println!(
+        "\ninterrupts through KVM_IRQFD (IOAPIC pin {}) into a CPL3 guest: {} raised, {} taken by its handler",
+        irq_delivery::PIN,
+        d.raised,
+        d.delivered
+    );
+    if let (Some(median), Some(max)) = (d.median_us, d.max_us) {
+        println!(
+            "from the irqfd write to the handler's count: median {median:.1} us, max {max:.1} us"
+        );
+    }
+    if let Some(v) = d.other_vector {
+        println!("the guest's IDT took vector {v} instead (an exception below 32)");
+    }
+    if let Some(how) = &d.vcpu_stopped {
+        println!("the vCPU stopped: {how}");
+    }
+    Ok(d)
 }
 
 /// Each way measured `runs` times, interleaved, with the table printed;
