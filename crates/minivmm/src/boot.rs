@@ -53,12 +53,13 @@ pub fn write_image(ram: &GuestRam) -> Result<(), BootError> {
 
 /// Writes page tables, GDT, TSS and the program into `ram`, and each of
 /// `vcpus` lanes what its vCPU drives: its port, its device, and an equal
-/// slice of the `data_pages`.
+/// slice of the `data_pages`; vCPU 0 drives the fill device too, if `fill`.
 pub fn load(
     ram: &GuestRam,
     params: GuestParams,
     vcpus: u32,
     data_pages: u64,
+    fill: bool,
 ) -> Result<(), BootError> {
     if !(1..=MAX_VCPUS).contains(&vcpus) || data_pages < u64::from(vcpus) {
         return Err(BootError::Shape { vcpus, data_pages });
@@ -78,6 +79,11 @@ pub fn load(
         ] {
             ram.store_u64(Gpa(vars + off), value).map_err(mem)?;
         }
+    }
+    if fill {
+        let at = Gpa(lane(0) + VARS + var::FILL_MMIO);
+        ram.store_u64(at, mmio_base(crate::fill::MMIO_INDEX))
+            .map_err(mem)?;
     }
     Ok(())
 }

@@ -60,13 +60,14 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     let mut submit = a.create_label();
     let mut print_line = a.create_label();
     let mut hex16 = a.create_label();
+    let mut fill_poll = a.create_label();
 
     // rbx: the lane (its variables first); rbp: the device's registers;
     // r15: notify due.
     a.mov(rbx, rdi)?;
     a.lea(rsp, qword_ptr(rbx + d(STACK_TOP)))?;
     a.mov(rbp, qword_ptr(rbx + d(var::MMIO)))?;
-    init_device(&mut a)?;
+    init_device(&mut a, [DESC, AVAIL, USED])?;
     for s in 0..SLOTS {
         write_descriptors(&mut a, s)?;
     }
@@ -76,6 +77,7 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
         a.call(start_write)?;
     }
     a.mov(dword_ptr(rbp + d(mmio::QUEUE_NOTIFY)), 0)?;
+    fill_init(&mut a)?;
 
     a.set_label(&mut main_loop)?;
     // The sweep: stamp each page with its pass and number.
@@ -130,6 +132,11 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     a.jz(no_notify)?;
     a.mov(dword_ptr(rbp + d(mmio::QUEUE_NOTIFY)), 0)?;
     a.set_label(&mut no_notify)?;
+    let mut no_fill = a.create_label();
+    a.cmp(qword_ptr(rbx + d(var::FILL_MMIO)), 0)?;
+    a.je(no_fill)?;
+    a.call(fill_poll)?;
+    a.set_label(&mut no_fill)?;
 
     // The console: a line every `line_every` loops.
     a.inc(qword_ptr(rbx + d(var::LOOPS)))?;
@@ -262,6 +269,9 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     a.inc(qword_ptr(rbx + d(var::CONSOLE_SEQ)))?;
     a.ret()?;
 
+    a.set_label(&mut fill_poll)?;
+    fill_poll_body(&mut a)?;
+
     // hex16(rax, dx = port): 16 lowercase hex digits, one `out` each.
     a.set_label(&mut hex16)?;
     let mut digit = a.create_label();
@@ -287,6 +297,113 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
         return Err(GuestError::TooLarge(code.len()));
     }
     Ok(code)
+}
+
+/// If this vCPU drives the fill device: initialize it (rbp pointing at its
+/// registers for the while), describe its buffers, post them all, notify.
+fn fill_init(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    let mut none = a.create_label();
+    a.mov(rax, qword_ptr(rbx + d(var::FILL_MMIO)))?;
+    a.test(rax, rax)?;
+    a.jz(none)?;
+    a.push(rbp)?;
+    a.mov(rbp, rax)?;
+    init_device(a, [FILL_DESC, FILL_AVAIL, FILL_USED])?;
+    for s in 0..FILL_SLOTS {
+        a.lea(rdi, qword_ptr(rbx + d(FILL_DESC + s * 16)))?;
+        a.lea(
+            rax,
+            qword_ptr(rbx + d(FILL_BUFFERS + s * FILL_BUFFER_BYTES)),
+        )?;
+        a.mov(qword_ptr(rdi), rax)?;
+        a.mov(dword_ptr(rdi + 8), FILL_BUFFER_BYTES as u32)?;
+        a.mov(word_ptr(rdi + 12), u32::from(DESC_WRITE))?;
+        a.mov(word_ptr(rdi + 14), 0)?;
+        a.lea(rdi, qword_ptr(rbx + d(FILL_AVAIL + 4 + s * 2)))?;
+        a.mov(word_ptr(rdi), s as u32)?;
+    }
+    a.mov(qword_ptr(rbx + d(var::FILL_AVAIL_IDX)), FILL_SLOTS as i32)?;
+    a.lea(rdi, qword_ptr(rbx + d(FILL_AVAIL)))?;
+    a.mov(word_ptr(rdi + 2), FILL_SLOTS as u32)?;
+    a.mov(dword_ptr(rbp + d(mmio::QUEUE_NOTIFY)), 0)?;
+    a.pop(rbp)?;
+    a.set_label(&mut none)?;
+    // The main loop's label follows; an instruction takes only one.
+    a.nop()
+}
+
+/// fill_poll: every filled buffer is checked (its number once, in order,
+/// with its check) and posted again; one notify if any was.
+fn fill_poll_body(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    let mut next = a.create_label();
+    let mut done = a.create_label();
+    let mut check_ok = a.create_label();
+    let mut in_order = a.create_label();
+    let mut doubled = a.create_label();
+    let mut repost = a.create_label();
+    let mut quiet = a.create_label();
+    a.xor(r14d, r14d)?;
+    a.set_label(&mut next)?;
+    a.lea(rdi, qword_ptr(rbx + d(FILL_USED)))?;
+    a.movzx(eax, word_ptr(rdi + 2))?;
+    a.mov(rdx, qword_ptr(rbx + d(var::FILL_SEEN)))?;
+    a.cmp(ax, dx)?;
+    a.je(done)?;
+    a.mov(ecx, edx)?;
+    a.and(ecx, u32::from(QUEUE_SIZE - 1))?;
+    a.mov(esi, dword_ptr(rdi + rcx * 8 + 4))?;
+    a.inc(edx)?;
+    a.and(edx, 0xffff)?;
+    a.mov(qword_ptr(rbx + d(var::FILL_SEEN)), rdx)?;
+    // rdi = the buffer of descriptor esi; rdx = its number.
+    a.mov(eax, esi)?;
+    a.shl(rax, FILL_BUFFER_BYTES.trailing_zeros())?;
+    a.lea(rdi, qword_ptr(rbx + d(FILL_BUFFERS)))?;
+    a.add(rdi, rax)?;
+    a.mov(rdx, qword_ptr(rdi))?;
+    a.mov(rax, rdx)?;
+    a.mov(r8, CHECK_MUL)?;
+    a.imul_2(rax, r8)?;
+    a.xor(rax, 0xf111)?;
+    a.cmp(qword_ptr(rdi + 8), rax)?;
+    a.je(check_ok)?;
+    a.inc(qword_ptr(rbx + d(var::FILL_BAD)))?;
+    a.set_label(&mut check_ok)?;
+    a.inc(qword_ptr(rbx + d(var::FILL_DONE)))?;
+    a.mov(rcx, qword_ptr(rbx + d(var::FILL_NEXT)))?;
+    a.cmp(rdx, rcx)?;
+    a.je(in_order)?;
+    a.jb(doubled)?;
+    a.mov(rax, rdx)?;
+    a.sub(rax, rcx)?;
+    a.add(qword_ptr(rbx + d(var::FILL_LOST)), rax)?;
+    a.jmp(in_order)?;
+    a.set_label(&mut doubled)?;
+    a.inc(qword_ptr(rbx + d(var::FILL_DOUBLED)))?;
+    a.jmp(repost)?;
+    a.set_label(&mut in_order)?;
+    a.lea(rax, qword_ptr(rdx + 1))?;
+    a.mov(qword_ptr(rbx + d(var::FILL_NEXT)), rax)?;
+    a.set_label(&mut repost)?;
+    a.lea(rdi, qword_ptr(rbx + d(FILL_AVAIL)))?;
+    a.mov(rax, qword_ptr(rbx + d(var::FILL_AVAIL_IDX)))?;
+    a.mov(ecx, eax)?;
+    a.and(ecx, u32::from(QUEUE_SIZE - 1))?;
+    a.mov(word_ptr(rdi + rcx * 2 + 4), si)?;
+    a.inc(eax)?;
+    a.and(eax, 0xffff)?;
+    a.mov(qword_ptr(rbx + d(var::FILL_AVAIL_IDX)), rax)?;
+    // x86 stores are seen in order: the entry before the index.
+    a.mov(word_ptr(rdi + 2), ax)?;
+    a.inc(r14d)?;
+    a.jmp(next)?;
+    a.set_label(&mut done)?;
+    a.test(r14d, r14d)?;
+    a.jz(quiet)?;
+    a.mov(rax, qword_ptr(rbx + d(var::FILL_MMIO)))?;
+    a.mov(dword_ptr(rax + d(mmio::QUEUE_NOTIFY)), 0)?;
+    a.set_label(&mut quiet)?;
+    a.ret()
 }
 
 /// rdi = the data buffer of slot r12.
@@ -328,7 +445,7 @@ const DESC_WRITE: u16 = 2;
 /// ACKNOWLEDGE, DRIVER, accept VERSION_1 only, FEATURES_OK, set up queue
 /// 0 (in the lane, below 4 GiB), DRIVER_OK. Straight-line MMIO writes:
 /// each one exits to the VMM.
-fn init_device(a: &mut CodeAssembler) -> Result<(), IcedError> {
+fn init_device(a: &mut CodeAssembler, rings: [u64; 3]) -> Result<(), IcedError> {
     use mmio::*;
     let w =
         |a: &mut CodeAssembler, reg: u64, value: u64| a.mov(dword_ptr(rbp + d(reg)), value as u32);
@@ -342,11 +459,10 @@ fn init_device(a: &mut CodeAssembler) -> Result<(), IcedError> {
     w(a, STATUS, 0xb)?;
     w(a, QUEUE_SEL, 0)?;
     w(a, QUEUE_NUM, u64::from(QUEUE_SIZE))?;
-    for (reg, addr) in [
-        (QUEUE_DESC, DESC),
-        (QUEUE_DRIVER, AVAIL),
-        (QUEUE_DEVICE, USED),
-    ] {
+    for (reg, addr) in [QUEUE_DESC, QUEUE_DRIVER, QUEUE_DEVICE]
+        .into_iter()
+        .zip(rings)
+    {
         a.lea(rax, qword_ptr(rbx + d(addr)))?;
         a.mov(dword_ptr(rbp + d(reg)), eax)?;
         w(a, reg + 4, 0)?;

@@ -83,6 +83,19 @@ pub const STATUS: u64 = 0x1_4000;
 pub const LAST_WRITTEN: u64 = 0x1_5000;
 /// Data buffers, one block per slot.
 pub const BUFFERS: u64 = 0x2_0000;
+/// The fill device's descriptor table (vCPU 0's lane only).
+pub const FILL_DESC: u64 = 0x1_6000;
+/// Its available ring.
+pub const FILL_AVAIL: u64 = 0x1_7000;
+/// Its used ring.
+pub const FILL_USED: u64 = 0x1_8000;
+/// Its buffers, [`FILL_BUFFER_BYTES`] each: one page each, so the dirty
+/// log has distinct pages to report.
+pub const FILL_BUFFERS: u64 = 0x3_0000;
+/// Buffers the guest keeps posted to the fill device.
+pub const FILL_SLOTS: u64 = 4;
+/// Bytes of one fill buffer.
+pub const FILL_BUFFER_BYTES: u64 = 4096;
 
 /// The first virtio-mmio device's registers.
 pub const MMIO_BASE: u64 = 0xd000_0000;
@@ -135,6 +148,23 @@ pub mod var {
     pub const SWEEP_BASE: u64 = 0x90;
     /// Set by the VMM: pages in that slice.
     pub const SWEEP_PAGES: u64 = 0x98;
+    /// Set by the VMM: the fill device's registers, or 0 (no device, or
+    /// not this vCPU's).
+    pub const FILL_MMIO: u64 = 0xa0;
+    /// The driver's copy of the fill queue's available index.
+    pub const FILL_AVAIL_IDX: u64 = 0xa8;
+    /// Fill used-ring entries handled.
+    pub const FILL_SEEN: u64 = 0xb0;
+    /// The fill sequence number the guest expects next.
+    pub const FILL_NEXT: u64 = 0xb8;
+    /// Filled buffers checked.
+    pub const FILL_DONE: u64 = 0xc0;
+    /// Sequence numbers skipped (buffers the device lost).
+    pub const FILL_LOST: u64 = 0xc8;
+    /// Sequence numbers that came again.
+    pub const FILL_DOUBLED: u64 = 0xd0;
+    /// Buffers whose check did not match their number.
+    pub const FILL_BAD: u64 = 0xd8;
 }
 
 /// Offsets of a slot's state from its base in [`SLOTS_STATE`].

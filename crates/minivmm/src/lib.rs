@@ -28,6 +28,7 @@ pub mod bare;
 pub mod blk;
 pub mod boot;
 pub mod checks;
+pub mod fill;
 pub mod guest;
 pub mod iothread;
 pub mod irq_delivery;
@@ -68,6 +69,8 @@ pub struct Devices {
     pub blks: Vec<std::sync::Mutex<blk::Blk>>,
     /// Where each block device's rings are (readable while it serves).
     pub rings: Vec<std::sync::Arc<blk::Rings>>,
+    /// The vhost-user fill device, driven by vCPU 0, if the VM has one.
+    pub fill: Option<std::sync::Mutex<fill::device::FillDevice>>,
 }
 
 impl Devices {
@@ -79,10 +82,34 @@ impl Devices {
         })
     }
 
-    /// The disk whose registers hold `offset` from the first disk's, and
-    /// the offset within its own.
-    pub fn blk_at(&self, offset: u64) -> Option<(&std::sync::Mutex<blk::Blk>, u64)> {
-        let i = usize::try_from(offset / layout::MMIO_SIZE).ok()?;
-        Some((self.blks.get(i)?, offset % layout::MMIO_SIZE))
+    /// A guest write of the virtio-mmio registers `offset` from the first
+    /// device's: a disk's, or the fill device's.
+    pub fn mmio_write(&self, offset: u64, data: &[u8]) {
+        let (i, reg) = (offset / layout::MMIO_SIZE, offset % layout::MMIO_SIZE);
+        match (
+            usize::try_from(i).ok().and_then(|i| self.blks.get(i)),
+            &self.fill,
+        ) {
+            (Some(blk), _) => lock(blk).write(reg, data),
+            (None, Some(fill)) if i == u64::from(fill::MMIO_INDEX) => lock(fill).write(reg, data),
+            _ => {}
+        }
     }
+
+    /// A guest read of those registers.
+    pub fn mmio_read(&self, offset: u64, data: &mut [u8]) {
+        let (i, reg) = (offset / layout::MMIO_SIZE, offset % layout::MMIO_SIZE);
+        match (
+            usize::try_from(i).ok().and_then(|i| self.blks.get(i)),
+            &self.fill,
+        ) {
+            (Some(blk), _) => lock(blk).read(reg, data),
+            (None, Some(fill)) if i == u64::from(fill::MMIO_INDEX) => lock(fill).read(reg, data),
+            _ => {}
+        }
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

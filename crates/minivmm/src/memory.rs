@@ -63,7 +63,7 @@ fn region(
         }
         Backing::Memfd => builder
             .with_mmap_flags(libc::MAP_SHARED | libc::MAP_NORESERVE)
-            .with_file_offset(FileOffset::new(memfd(bytes)?, 0)),
+            .with_file_offset(FileOffset::new(memfd(c"minivmm-guest", bytes)?, 0)),
         other => return Err(MemoryError::Backing(other)),
     };
     let mapping = builder
@@ -73,11 +73,13 @@ fn region(
         .ok_or_else(|| MemoryError::Map(format!("a region at {gpa:#x} overflows")))
 }
 
-fn memfd(bytes: u64) -> Result<std::fs::File, MemoryError> {
+/// A memfd of `bytes` named `name` (close-on-exec: handed to another
+/// process only explicitly, over a UNIX socket).
+pub fn memfd(name: &std::ffi::CStr, bytes: u64) -> Result<std::fs::File, MemoryError> {
     use std::os::fd::FromRawFd;
     let err = |source| MemoryError::Memfd { bytes, source };
     // SAFETY: a NUL-terminated name and valid flags; the result is checked.
-    let fd = unsafe { libc::memfd_create(c"minivmm-guest".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         return Err(err(std::io::Error::last_os_error()));
     }

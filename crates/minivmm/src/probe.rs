@@ -23,6 +23,14 @@ pub struct Counters {
     pub bad_reads: u64,
     /// Requests completed with an error status.
     pub status_errors: u64,
+    /// Buffers the fill device filled that the guest checked.
+    pub fills: u64,
+    /// Fill numbers skipped: buffers lost.
+    pub fills_lost: u64,
+    /// Fill numbers that came twice.
+    pub fills_doubled: u64,
+    /// Filled buffers whose check was wrong.
+    pub fills_bad: u64,
 }
 
 /// Reads vCPU `i`'s counters out of `vm`'s memory.
@@ -35,6 +43,10 @@ pub fn vcpu_counters(vm: &dyn Vm, i: u32) -> Result<Counters, RamError> {
         reads_verified: get(var::READS_VERIFIED)?,
         bad_reads: get(var::BAD_READS)?,
         status_errors: get(var::STATUS_ERRORS)?,
+        fills: get(var::FILL_DONE)?,
+        fills_lost: get(var::FILL_LOST)?,
+        fills_doubled: get(var::FILL_DOUBLED)?,
+        fills_bad: get(var::FILL_BAD)?,
     })
 }
 
@@ -48,6 +60,10 @@ pub fn counters(vm: &dyn Vm) -> Result<Counters, RamError> {
         sum.reads_verified += c.reads_verified;
         sum.bad_reads += c.bad_reads;
         sum.status_errors += c.status_errors;
+        sum.fills += c.fills;
+        sum.fills_lost += c.fills_lost;
+        sum.fills_doubled += c.fills_doubled;
+        sum.fills_bad += c.fills_bad;
     }
     Ok(sum)
 }
@@ -57,7 +73,7 @@ impl GuestProbe for MiniProbe {
         let c = counters(vm)?;
         Ok(GuestCheck {
             progress: c.reads_verified,
-            errors: c.bad_reads + c.status_errors,
+            errors: c.bad_reads + c.status_errors + c.fills_lost + c.fills_doubled + c.fills_bad,
         })
     }
 }

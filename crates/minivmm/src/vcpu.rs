@@ -235,14 +235,14 @@ fn run_until_asked(s: &Shared) -> Result<(), String> {
                 }
             }
             Ok(VcpuExit::MmioWrite(addr, data)) => {
-                if let Some((blk, offset)) = mmio_offset(addr).and_then(|a| s.devices.blk_at(a)) {
-                    lock(blk).write(offset, data);
+                if let Some(offset) = mmio_offset(addr) {
+                    s.devices.mmio_write(offset, data);
                 }
             }
             Ok(VcpuExit::MmioRead(addr, data)) => {
                 data.fill(0);
-                if let Some((blk, offset)) = mmio_offset(addr).and_then(|a| s.devices.blk_at(a)) {
-                    lock(blk).read(offset, data);
+                if let Some(offset) = mmio_offset(addr) {
+                    s.devices.mmio_read(offset, data);
                 }
             }
             Ok(exit) => return Err(format!("the guest stopped: {exit:?}")),
@@ -254,10 +254,10 @@ fn run_until_asked(s: &Shared) -> Result<(), String> {
 }
 
 /// The offset from the first device's registers, within the window of
-/// four devices.
+/// the four disks and the fill device.
 fn mmio_offset(addr: u64) -> Option<u64> {
     addr.checked_sub(MMIO_BASE)
-        .filter(|&o| o < MMIO_SIZE * u64::from(crate::layout::MAX_VCPUS))
+        .filter(|&o| o < MMIO_SIZE * u64::from(crate::fill::MMIO_INDEX + 1))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -1,6 +1,7 @@
 //! The VM, and what it tells ferry's engine ([`ferry_engine::vmm::Vm`]).
 
 use crate::blk::{self, Blk, Notify};
+use crate::fill::{self, device::FillDevice, log::FillDirtySource};
 use crate::guest::GuestParams;
 use crate::iothread::IoThread;
 use crate::layout::{mmio_base, MAX_VCPUS, QUEUE_SIZE};
@@ -8,8 +9,8 @@ use crate::serial::{self, Console, ConsoleOut};
 use crate::vcpu::Vcpu;
 use crate::{boot, memory, Devices};
 use ferry_engine::vmm::{
-    Backing, DirtySource, GuestRam, Section, SectionSpec, TimeThrottle, VcpuState, Vm, VmError,
-    PAGE_SIZE,
+    Backing, Blocker, DirtySource, GuestRam, Section, SectionSpec, TimeThrottle, VcpuState, Vm,
+    VmError, PAGE_SIZE,
 };
 use ferry_kvm::cpu_check::{CpuCheckError, CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{self, Snapshot, VcpuContext, VmDevices, XsaveKind};
@@ -50,6 +51,18 @@ pub struct MiniConfig {
     /// an irqfd on it.
     #[serde(default)]
     pub irqchip: bool,
+    /// A vhost-user fill device, driven by vCPU 0, served by a backend
+    /// process (needs memfd memory).
+    #[serde(default)]
+    pub fill: bool,
+    /// Where the source's fill backend listens: a same-host upgrade's new
+    /// process reconnects there. Set by the VM.
+    #[serde(default)]
+    pub fill_socket: Option<PathBuf>,
+    /// Collect the fill backend's writes through the vhost-user dirty log.
+    /// Tests turn it off to see the digest catch what is then missed.
+    #[serde(default = "yes")]
+    pub fill_dirty_log: bool,
     /// MiB of the data region (the hole and the system region are fixed).
     pub data_mib: u64,
     /// vCPU 0's disk image, which both ends open; vCPU i's is this path
@@ -73,6 +86,19 @@ fn one() -> u32 {
     1
 }
 
+fn yes() -> bool {
+    true
+}
+
+/// Where a VM's fill backend comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FillBackend {
+    /// A new process of its own.
+    Spawn,
+    /// The one the source used, still running (a same-host upgrade).
+    Adopt,
+}
+
 impl MiniConfig {
     /// A VM with `vcpus` vCPUs, `data_mib` MiB of data and vCPU 0's disk
     /// at `disk`, notified through ioeventfds.
@@ -82,6 +108,9 @@ impl MiniConfig {
             notify: Notify::default(),
             writethrough: true,
             irqchip: true,
+            fill: false,
+            fill_socket: None,
+            fill_dirty_log: true,
             data_mib,
             disk,
             sweep_per_loop: 4,
@@ -186,13 +215,13 @@ impl MiniVm {
         consoles: Vec<ConsoleOut>,
     ) -> Result<Self, MiniVmError> {
         let ram = Self::memory(&config, backing)?;
-        let vm = Self::build(config, ram, consoles, true, Vec::new())?;
+        let vm = Self::build(config, ram, consoles, true, Vec::new(), FillBackend::Spawn)?;
         let params = GuestParams {
             sweep_per_loop: vm.config.sweep_per_loop.max(1),
             line_every: vm.config.line_every,
         };
         let data_pages = vm.config.data_mib * (1 << 20) / PAGE_SIZE as u64;
-        boot::load(&vm.ram, params, vm.config.vcpus, data_pages)?;
+        boot::load(&vm.ram, params, vm.config.vcpus, data_pages, vm.config.fill)?;
         Ok(vm)
     }
 
@@ -205,13 +234,18 @@ impl MiniVm {
         consoles: Vec<ConsoleOut>,
     ) -> Result<Self, MiniVmError> {
         let ram = Self::memory(&config, backing)?;
-        Self::on_ram(config, ram, consoles, Vec::new())
+        let config = MiniConfig {
+            blk_version: blk::VERSION,
+            ..config
+        };
+        Self::build(config, ram, consoles, false, Vec::new(), FillBackend::Spawn)
     }
 
     /// [`MiniVm::incoming`] on memory another process made (a same-host
     /// upgrade maps the source's memfd), serving disk i through `disks[i]`
     /// (the file the source handed over) where given, else opening its
-    /// configured path.
+    /// configured path. A fill device reconnects to the source's backend,
+    /// which kept running.
     pub fn on_ram(
         config: MiniConfig,
         ram: GuestRam,
@@ -222,7 +256,7 @@ impl MiniVm {
             blk_version: blk::VERSION,
             ..config
         };
-        Self::build(config, ram, consoles, false, disks)
+        Self::build(config, ram, consoles, false, disks, FillBackend::Adopt)
     }
 
     fn memory(config: &MiniConfig, backing: Backing) -> Result<GuestRam, MiniVmError> {
@@ -231,11 +265,12 @@ impl MiniVm {
     }
 
     fn build(
-        config: MiniConfig,
+        mut config: MiniConfig,
         ram: GuestRam,
         consoles: Vec<ConsoleOut>,
         fresh: bool,
         mut disks: Vec<Option<File>>,
+        fill_backend: FillBackend,
     ) -> Result<Self, MiniVmError> {
         if !config.line_every.is_power_of_two() {
             return Err(MiniVmError::Config(format!(
@@ -355,6 +390,15 @@ impl MiniVm {
             rings.push(blk.rings());
             blks.push(Mutex::new(blk));
         }
+        let fill = match config.fill {
+            true => Some(Mutex::new(Self::fill_device(
+                &mut config,
+                &vm,
+                &ram,
+                fill_backend,
+            )?)),
+            false => None,
+        };
         let devices = Arc::new(Devices {
             consoles: consoles
                 .into_iter()
@@ -362,6 +406,7 @@ impl MiniVm {
                 .collect(),
             blks,
             rings,
+            fill,
         });
         let io = kicks
             .into_iter()
@@ -380,6 +425,10 @@ impl MiniVm {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| MiniVmError::Config(format!("cannot start a vCPU thread: {e}")))?;
         let log = KvmDirtySource::new(DirtyTracking::Bitmap, Arc::clone(&vm), Arc::clone(&ram))?;
+        let mut sources: Vec<Box<dyn DirtySource>> = vec![Box::new(log)];
+        if config.fill && config.fill_dirty_log {
+            sources.push(Box::new(FillDirtySource::new(Arc::clone(&devices))));
+        }
         Ok(MiniVm {
             config,
             vm,
@@ -387,7 +436,7 @@ impl MiniVm {
             vcpus,
             devices,
             io,
-            sources: vec![Box::new(log)],
+            sources,
             disk_fds,
             cpu: CpuContext {
                 profile: CpuProfile::new(given.as_slice(), &msrs),
@@ -398,6 +447,60 @@ impl MiniVm {
             in_flight_at_pause: 0,
             crash_on_restore: false,
         })
+    }
+
+    /// The fill device: its backend started (or, on a same-host upgrade,
+    /// the source's found), its notify register an ioeventfd on the
+    /// backend's kick, its completions an irqfd where there is an irqchip.
+    fn fill_device(
+        config: &mut MiniConfig,
+        vm: &VmFd,
+        ram: &Arc<GuestRam>,
+        backend: FillBackend,
+    ) -> Result<FillDevice, MiniVmError> {
+        let fail = |e: crate::fill::FillError| MiniVmError::Config(e.to_string());
+        let (socket, child) = match (backend, &config.fill_socket) {
+            (FillBackend::Adopt, Some(socket)) => (socket.clone(), None),
+            (FillBackend::Adopt, None) => {
+                return Err(MiniVmError::Config(
+                    "the source names no fill backend to reconnect to".into(),
+                ))
+            }
+            (FillBackend::Spawn, _) => {
+                let (socket, child) = crate::fill::spawn_backend().map_err(fail)?;
+                (socket, Some(child))
+            }
+        };
+        config.fill_socket = Some(socket.clone());
+        let eventfd = || {
+            EventFd::new(libc::EFD_NONBLOCK)
+                .map_err(|e| MiniVmError::Config(format!("an eventfd: {e}")))
+        };
+        let (kick, call) = (eventfd()?, eventfd()?);
+        if config.notify == Notify::Ioeventfd {
+            let at = IoEventAddress::Mmio(mmio_base(crate::fill::MMIO_INDEX) + blk::QUEUE_NOTIFY);
+            vm.register_ioevent(&kick, &at, NoDatamatch)
+                .map_err(kvm("KVM_IOEVENTFD"))?;
+        }
+        if config.irqchip {
+            vm.register_irqfd(&call, DISK_GSI + crate::fill::MMIO_INDEX)
+                .map_err(kvm("KVM_IRQFD"))?;
+        }
+        Ok(FillDevice::new(Arc::clone(ram), socket, child, kick, call))
+    }
+
+    /// Why the fill device failed, if it did; the VM runs on without it.
+    pub fn fill_failure(&self) -> Option<String> {
+        let fill = self.devices.fill.as_ref()?;
+        lock(fill).failure().map(String::from)
+    }
+
+    /// Leaves the fill backend running when this VM goes: a same-host
+    /// upgrade moved the VM, and the new process is its client now.
+    pub fn release_fill_backend(&self) {
+        if let Some(fill) = &self.devices.fill {
+            lock(fill).release_backend();
+        }
     }
 
     /// The configuration.
@@ -485,6 +588,13 @@ impl Vm for MiniVm {
         for blk in &self.devices.blks {
             lock(blk).start();
         }
+        // A fill device whose backend is gone stays failed (reported by
+        // `fill_failure`); the VM runs on without it.
+        if let Some(fill) = &self.devices.fill {
+            if let Err(e) = lock(fill).start() {
+                eprintln!("minivmm: the fill device stays stopped: {e}");
+            }
+        }
         for io in &self.io {
             io.resume();
         }
@@ -513,6 +623,12 @@ impl Vm for MiniVm {
             io.quiesce();
         }
         self.running = false;
+        // The backend finishes the buffers it took and stops its ring.
+        if let Some(fill) = &self.devices.fill {
+            lock(fill)
+                .pause()
+                .map_err(|e| VmError::Guest(format!("pausing the fill device: {e}")))?;
+        }
         // A vCPU that failed is out of KVM_RUN too, but its state is not a
         // guest's to save or move.
         self.check_health()
@@ -568,20 +684,43 @@ impl Vm for MiniVm {
     /// subsection goes only when a notification waits unserved.
     fn state_sections(&self) -> Vec<SectionSpec> {
         let instances: Vec<u32> = (0..self.config.vcpus).collect();
-        vec![
+        let mut specs = vec![
             SectionSpec::new(serial::SECTION, serial::VERSION, 1).with_instances(instances.clone()),
             SectionSpec::new(blk::SECTION, self.config.blk_version, 1)
                 .with_subsection(blk::NOTIFY_SUBSECTION)
                 .with_instances(instances),
-        ]
+        ];
+        if self.config.fill {
+            specs.push(SectionSpec::new(fill::SECTION, fill::VERSION, 1));
+        }
+        specs
     }
     fn save_sections(&mut self) -> Result<Vec<Section>, VmError> {
         let consoles = (0..).zip(&self.devices.consoles);
         let blks = (0..).zip(&self.devices.blks);
-        Ok(consoles
+        let mut sections: Vec<Section> = consoles
             .map(|(i, c)| Section::new(serial::SECTION, lock(c).save()).instance(i))
             .chain(blks.map(|(i, b)| lock(b).save(i)))
-            .collect())
+            .collect();
+        if let Some(fill) = &self.devices.fill {
+            let saved = lock(fill).save().map_err(|e| VmError::BadSection {
+                section: fill::SECTION.into(),
+                reason: e.to_string(),
+            })?;
+            sections.push(saved);
+        }
+        Ok(sections)
+    }
+    /// A fill device cannot take part in postcopy yet: see the reason.
+    fn blockers(&self) -> Vec<Blocker> {
+        match self.config.fill {
+            true => vec![Blocker::postcopy(
+                "minivmm's vhost-user fill device does not take part in postcopy yet: its \
+                 backend would fault on pages not yet received through a userfaultfd of its \
+                 own (VHOST_USER_POSTCOPY_ADVISE), which this destination does not serve",
+            )],
+            false => Vec::new(),
+        }
     }
     fn restore_sections(&mut self, sections: &[Section]) -> Result<(), VmError> {
         for s in sections {
@@ -603,6 +742,10 @@ impl Vm for MiniVm {
                     .get(i)
                     .ok_or_else(missing)
                     .and_then(|b| lock(b).restore(s)),
+                fill::SECTION => match &self.devices.fill {
+                    Some(f) => lock(f).restore(s),
+                    None => Err(missing()),
+                },
                 _ => Ok(()),
             };
             loaded.map_err(|e| VmError::BadSection {

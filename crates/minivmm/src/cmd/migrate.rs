@@ -116,6 +116,11 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
     opts.validate().map_err(|e| e.to_string())?;
 
     let config = a.vm.config()?;
+    if config.fill && a.backing != Backing::Memfd {
+        return Err(
+            "--vhost needs --backing memfd: the backend maps guest memory by its memfd".into(),
+        );
+    }
     let outs = consoles(a.console.as_deref(), config.vcpus)?;
     let mut vm = MiniVm::boot(config, a.backing, outs.clone()).map_err(|e| e.to_string())?;
     vm.start().map_err(|e| e.to_string())?;
@@ -127,6 +132,10 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
         None => over_the_network(&mut vm, &*dialer, &opts),
     };
     let moved = outcome.status == "completed";
+    if moved && a.local.is_some() {
+        // The new process is the fill backend's client now.
+        vm.release_fill_backend();
+    }
     if !moved && vm.is_running() {
         // The engine gave the guest back: show it goes on.
         std::thread::sleep(Duration::from_millis(a.run_after_failure_ms));

@@ -42,6 +42,16 @@ enum Command {
     /// Try what this host's KVM offers for serving devices off the vCPU
     /// threads (in-kernel irqchip, ioeventfd, irqfd) on a fresh VM.
     ProbeHost(probe::ProbeArgs),
+    /// Serve the fill device's vhost-user backend on a socket (what
+    /// `minivmm-vhost` runs; minivmm starts it itself for --vhost).
+    VhostBackend(VhostBackendArgs),
+}
+
+#[derive(Args, Debug)]
+struct VhostBackendArgs {
+    /// The UNIX socket to listen on.
+    #[arg(long)]
+    socket: PathBuf,
 }
 
 /// Runs the command.
@@ -52,6 +62,9 @@ pub fn run(cli: Cli) -> Result<(), String> {
         Command::Receive(a) => receive::receive(a),
         Command::Demo(a) => demo::demo(a),
         Command::ProbeHost(a) => probe::probe(a),
+        Command::VhostBackend(a) => {
+            minivmm::fill::backend::run(&a.socket).map_err(|e| e.to_string())
+        }
     }
 }
 
@@ -73,6 +86,15 @@ struct VmArgs {
     /// run; writeback: once in the host's page cache.
     #[arg(long, default_value = "writethrough", value_parser = parse_cache, action = clap::ArgAction::Set)]
     cache: bool,
+    /// Add the fill device: a virtio device served by a vhost-user backend
+    /// process (minivmm-vhost) that writes guest memory through its own
+    /// mapping of it (needs --backing memfd).
+    #[arg(long)]
+    vhost: bool,
+    /// Testing: do not collect the fill backend's writes through the
+    /// vhost-user dirty log (the digest must then catch the pages missed).
+    #[arg(long, hide = true)]
+    no_vhost_dirty_log: bool,
     /// MiB of the data region the guest sweeps (a multiple of 2).
     #[arg(long, default_value_t = 64)]
     data_mib: u64,
@@ -102,6 +124,8 @@ impl VmArgs {
         config.sweep_per_loop = self.sweep_pages;
         config.notify = self.notify;
         config.writethrough = self.cache;
+        config.fill = self.vhost;
+        config.fill_dirty_log = !self.no_vhost_dirty_log;
         for i in 1..self.vcpus {
             ensure_disk(&config.disk_path(i))?;
         }
@@ -247,6 +271,8 @@ fn vm_report(vm: &minivmm::MiniVm) -> Result<serde_json::Value, String> {
         "writethrough": vm.config().writethrough,
         "irqchip": vm.config().irqchip,
         "interrupts_raised": vm.interrupts_raised(),
+        "vhost": vm.config().fill,
+        "vhost_failure": vm.fill_failure(),
         "sections": sections(vm),
         "guest": guest,
         "guest_per_vcpu": per_vcpu,

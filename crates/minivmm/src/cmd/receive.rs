@@ -140,6 +140,8 @@ fn over_the_network(a: &ReceiveArgs, make_consoles: &MakeConsoles) -> Result<Arr
     let mut factory = |h: &StreamHeader| -> Result<MiniVm, VmError> {
         let config = config_of(h)?;
         let outs = make_consoles(&config)?;
+        // The fill device's backend maps guest memory by its memfds.
+        let backing = if config.fill { Backing::Memfd } else { backing };
         let mut vm = MiniVm::incoming(config, backing, outs)?;
         vm.crash_on_restore = a.crash_on_restore;
         Ok(vm)

@@ -27,6 +27,11 @@ pub struct RunArgs {
 
 pub fn run(a: RunArgs) -> Result<(), String> {
     let config = a.vm.config()?;
+    if config.fill && a.backing != ferry_engine::vmm::Backing::Memfd {
+        return Err(
+            "--vhost needs --backing memfd: the backend maps guest memory by its memfd".into(),
+        );
+    }
     let outs = consoles(a.console.as_deref(), config.vcpus)?;
     let mut vm = MiniVm::boot(config, a.backing, outs.clone()).map_err(|e| e.to_string())?;
     vm.start().map_err(|e| e.to_string())?;
