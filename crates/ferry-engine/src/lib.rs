@@ -23,6 +23,9 @@
 //! * [`converge`]: what slows a guest that dirties faster than the link, and
 //!   what the engine does when precopy stalls.
 //!
+//! * `conformance` (feature `conformance`): checks a VMM runs against its
+//!   own `Vm` in its tests (dirty tracking, sections, pause, vCPU state, a
+//!   migration to itself).
 //! * [`postcopy`]: switch over at once and fetch pages on demand, over a
 //!   priority connection beside the data connections (also after precopy
 //!   rounds: hybrid).
@@ -33,6 +36,8 @@
 #![warn(missing_docs)]
 
 pub mod choices;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod converge;
 pub mod custody;
 pub mod digest;

@@ -44,6 +44,7 @@
 mod config;
 pub mod fill;
 mod probe;
+pub mod write_list;
 
 pub use config::VmConfig;
 use ferry_vm::{Gpa, PAGE_SIZE};

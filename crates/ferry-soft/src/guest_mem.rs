@@ -254,6 +254,18 @@ impl VcpuMem {
         Ok(())
     }
 
+    /// ORs `bits` into the aligned u64 at `gpa`, atomically: a write access
+    /// (it dirties the page) that, with `bits` 0, leaves it as it was.
+    #[inline]
+    pub fn or_u64(&mut self, gpa: u64, bits: u64) -> Result<(), SoftError> {
+        let host = self.translate(gpa, true)?;
+        if host >= 4096 {
+            // SAFETY: as in `load_u64`.
+            unsafe { &*(host as *const AtomicU64) }.fetch_or(bits, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     /// Loads the aligned u32 at `gpa`.
     #[inline]
     pub fn load_u32(&mut self, gpa: u64) -> Result<u32, SoftError> {

@@ -46,4 +46,5 @@ pub use config::{Iteration, LeafSize, Mechanisms, SplitMode, WriteProtect};
 pub use error::SoftError;
 pub use mmu::{Mmu, MmuStats, Translation};
 pub use ops::{Census, HarvestTiming, WalkStats};
+pub use vcpu::Program;
 pub use vm::{SoftVm, VMM_ID};

@@ -38,6 +38,19 @@ pub struct VcpuState {
     pub pass_elapsed_ns: u64,
 }
 
+/// Which guest program the vCPUs run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Program {
+    /// The memstress loop.
+    #[default]
+    Memstress,
+    /// The write-list program of [`ferry_memstress::write_list`]: writes
+    /// the pages the host lists. Its state here: `pass` is the generation
+    /// being written, `index` the next entry.
+    WriteList,
+}
+
 /// Parameters of one vCPU, read from its parameter record.
 #[derive(Clone, Copy, Debug)]
 struct Params {
@@ -194,8 +207,9 @@ fn clock_ns(epoch: Instant) -> u64 {
     epoch.elapsed().as_nanos() as u64
 }
 
-/// Runs vCPU `vcpu` until `ctl.exit`. Records a failure in `ctl` on error.
-pub fn run(mut mem: VcpuMem, vcpu: u32, ctl: &Control, throttle: &Throttle) {
+/// Runs vCPU `vcpu` on `program` until `ctl.exit`. Records a failure in
+/// `ctl` on error.
+pub fn run(mut mem: VcpuMem, vcpu: u32, ctl: &Control, throttle: &Throttle, program: Program) {
     // Even if the loop panics, the thread must leave the flush domain and
     // the park count, or a flush or a pause would wait for it forever.
     struct Leave<'a> {
@@ -219,8 +233,81 @@ pub fn run(mut mem: VcpuMem, vcpu: u32, ctl: &Control, throttle: &Throttle) {
     }
     let mmu = std::sync::Arc::clone(mem.mmu());
     let _offline = Offline(mmu.flush_domain(), vcpu as usize);
-    if let Err(e) = run_inner(&mut mem, vcpu, ctl, throttle) {
+    let ran = match program {
+        Program::Memstress => run_inner(&mut mem, vcpu, ctl, throttle),
+        Program::WriteList => write_list(&mut mem, vcpu, ctl),
+    };
+    if let Err(e) = ran {
         ctl.fail(vcpu, format!("{e}"));
+    }
+}
+
+/// Parks vCPU `v` at a boundary if a pause or an exit is asked for,
+/// having saved `st`; returns whether to exit, and otherwise `st` as it is
+/// after the pause (a restore may have replaced it).
+fn park_if_asked(mem: &mut VcpuMem, v: usize, ctl: &Control, st: &mut VcpuState) -> bool {
+    if !ctl.pause.load(Ordering::Relaxed) && !ctl.exit.load(Ordering::Relaxed) {
+        return false;
+    }
+    *ctl.states[v].lock().expect("state") = *st;
+    if ctl.exit.load(Ordering::SeqCst) {
+        return true;
+    }
+    mem.offline();
+    ctl.park();
+    if ctl.exit.load(Ordering::SeqCst) {
+        return true;
+    }
+    mem.online();
+    *st = *ctl.states[v].lock().expect("state");
+    false
+}
+
+/// The write-list program (see [`ferry_memstress::write_list`]), with its
+/// loop state in `VcpuState` (`pass`: the generation being written,
+/// `index`: the next entry), so a pause mid-list resumes at that entry.
+fn write_list(mem: &mut VcpuMem, vcpu: u32, ctl: &Control) -> Result<(), SoftError> {
+    use ferry_memstress::write_list::{COUNT, ENTRIES, GENERATION, LIST_GPA, VCPUS};
+    let v = vcpu as usize;
+    mem.online();
+    let progress_gpa = MemoryLayout::progress_gpa(vcpu).0;
+    let list = |offset: u64| LIST_GPA.0 + offset;
+    let mut st = *ctl.states[v].lock().expect("state");
+    loop {
+        mem.boundary();
+        if park_if_asked(mem, v, ctl, &mut st) {
+            return Ok(());
+        }
+        let beats = mem.load_u64(progress_gpa + progress::ACCESSES)?;
+        mem.store_u64(progress_gpa + progress::ACCESSES, beats + 1)?;
+        let generation = mem.load_u64(list(GENERATION))?;
+        if st.pass == 0 || st.pass != generation {
+            if mem.load_u64(progress_gpa + progress::PASS)? == generation {
+                // Idle: this generation is done. Rest a little, offline so
+                // that a flush does not wait for a resting vCPU.
+                mem.offline();
+                std::thread::sleep(Duration::from_micros(50));
+                mem.online();
+                continue;
+            }
+            st = VcpuState {
+                pass: generation,
+                index: u64::from(vcpu),
+                ..VcpuState::default()
+            };
+        }
+        let (count, step) = (
+            mem.load_u64(list(COUNT))?,
+            mem.load_u64(list(VCPUS))?.max(1),
+        );
+        if st.index < count {
+            let page = mem.load_u64(list(ENTRIES) + st.index * 8)?;
+            mem.or_u64(page, 0)?;
+            st.index += step;
+        } else {
+            mem.store_u64(progress_gpa + progress::PASS, generation)?;
+            st.pass = 0;
+        }
     }
 }
 

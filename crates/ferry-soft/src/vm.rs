@@ -13,7 +13,7 @@ use crate::fault_exit::{FaultDelivery, MemoryFault, PageResolver, Residency};
 use crate::guest_mem::{HostView, VcpuMem};
 use crate::mmu::Mmu;
 use crate::quota::{LiveThrottle, Throttle, TimeThrottle};
-use crate::vcpu::{self, Control, VcpuState};
+use crate::vcpu::{self, Control, Program, VcpuState};
 use ferry_memstress::{self as memstress, VmConfig};
 use ferry_vm::capability;
 use ferry_vm::{
@@ -36,6 +36,10 @@ struct SavedVcpus {
     magic: String,
     version: u32,
     vcpus: Vec<VcpuState>,
+    /// The program they run: part of their state, as a kvm guest's code
+    /// is part of its memory.
+    #[serde(default)]
+    program: Program,
 }
 
 /// The VMM id this VM's migration streams carry; a destination builds a
@@ -55,6 +59,8 @@ pub struct SoftVm {
     running: bool,
     /// Postcopy: the vCPUs resolve their own memory faults.
     faults: Option<FaultDelivery>,
+    /// The guest program its vCPUs run.
+    program: Program,
 }
 
 fn op(what: &str, e: SoftError) -> VmError {
@@ -94,6 +100,7 @@ impl SoftVm {
             threads: Vec::new(),
             running: false,
             faults: None,
+            program: Program::Memstress,
         })
     }
 
@@ -101,6 +108,17 @@ impl SoftVm {
     pub fn new_source(config: VmConfig, mech: Mechanisms) -> Result<Self, VmError> {
         let vm = Self::build(config, mech, None)?;
         memstress::write_params(&vm.ram, &vm.config.workload, CLOCK_KHZ)?;
+        Ok(vm)
+    }
+
+    /// A source VM whose vCPUs run `program` rather than memstress.
+    pub fn with_program(
+        config: VmConfig,
+        mech: Mechanisms,
+        program: Program,
+    ) -> Result<Self, VmError> {
+        let mut vm = Self::new_source(config, mech)?;
+        vm.program = program;
         Ok(vm)
     }
 
@@ -154,9 +172,10 @@ impl SoftVm {
             }
             let ctl = Arc::clone(&self.ctl);
             let throttle = self.throttle.clone();
+            let program = self.program;
             let handle = std::thread::Builder::new()
                 .name(format!("soft-vcpu{v}"))
-                .spawn(move || vcpu::run(mem, v, &ctl, &throttle))
+                .spawn(move || vcpu::run(mem, v, &ctl, &throttle, program))
                 .map_err(|e| VmError::Operation {
                     backend: BACKEND.into(),
                     what: format!("spawn vCPU thread {v}"),
@@ -351,6 +370,7 @@ impl capability::VcpuState for SoftVm {
                 .iter()
                 .map(|s| *s.lock().expect("state"))
                 .collect(),
+            program: self.program,
         };
         serde_json::to_vec(&saved).map_err(|e| VmError::BadVcpuState(e.to_string()))
     }
@@ -374,9 +394,16 @@ impl capability::VcpuState for SoftVm {
                 self.ctl.states.len()
             )));
         }
+        if !self.threads.is_empty() && saved.program != self.program {
+            return Err(VmError::BadVcpuState(format!(
+                "state of vCPUs running {:?}, and this VM's run {:?} already",
+                saved.program, self.program
+            )));
+        }
         for (slot, s) in self.ctl.states.iter().zip(saved.vcpus) {
             *slot.lock().expect("state") = s;
         }
+        self.program = saved.program;
         Ok(())
     }
 }

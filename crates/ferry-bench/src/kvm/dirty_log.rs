@@ -98,6 +98,9 @@ pub fn run_mode(
     iterations: u32,
     program: Program,
 ) -> Result<ModeResult, String> {
+    if program == Program::WriteList {
+        return Err("the write-list program makes no passes for the benchmark to time".into());
+    }
     let mut vm = KvmVm::with_program(config.clone(), mode, Role::Source, program)
         .map_err(|e| e.to_string())?;
     let w = &config.workload;
@@ -114,6 +117,7 @@ pub fn run_mode(
         mode: match program {
             Program::Memstress => mode.name().to_string(),
             Program::RawWrites => format!("probe loop, {}", mode.name()),
+            Program::WriteList => format!("write list, {}", mode.name()),
         },
         populate_ms: ms(populate),
         steady_pass_ms: ms(steady),
@@ -148,7 +152,8 @@ pub fn run_mode(
         Program::Memstress => {
             (w.accesses_per_pass() as f64 * f64::from(w.write_percent) / 100.0).max(1.0)
         }
-        Program::RawWrites => w.pages_per_vcpu() as f64,
+        // The write-list program is refused above.
+        Program::RawWrites | Program::WriteList => w.pages_per_vcpu() as f64,
     };
     let mean_iter =
         result.iteration_ms.iter().sum::<f64>() / result.iteration_ms.len().max(1) as f64;

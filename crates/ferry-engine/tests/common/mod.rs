@@ -286,7 +286,25 @@ pub struct TestVm {
     pub blockers: Vec<Blocker>,
     /// A device with large state sent live.
     pub big: Option<big_device::BigDevice>,
+    /// Pages the guest is asked to write besides its walk (the conformance
+    /// kit's).
+    requests: Arc<WriteRequests>,
 }
+
+/// Pages the guest is asked to write, served from its own thread, and how
+/// many it has written.
+#[derive(Default)]
+struct WriteRequests {
+    pending: Mutex<Vec<Gfn>>,
+    asked: AtomicU64,
+    done: AtomicU64,
+}
+
+/// Where in a page the guest writes what it is asked to: clear of the
+/// stamps it checks and of the system slot's counters.
+const ASKED_OFFSET: u64 = 2048;
+/// How long [`TestVm::write_pages`] waits for the guest.
+const ASKED_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A device that writes one page of the system slot by DMA: through the raw
 /// host mapping, which no dirty bitmap sees, and then marks its own log.
@@ -307,14 +325,30 @@ impl Dma {
 
     /// Writes `value` at the start of its page, untracked, then logs it.
     fn write(&self, ram: &GuestRam, value: u64) {
-        let slot = &ram.slots()[0];
-        let host = ram.host_address(slot) as usize
-            + (self.gfn.0 - slot.first_gfn().0) as usize * PAGE_SIZE;
-        // SAFETY: the frame lies inside slot 0's mapping, which `ram` keeps
-        // alive; an aligned u64 store races with nothing but the engine's
-        // copies, which read bytes, as a device's DMA would.
+        self.write_at(ram, self.gpa(), value);
+    }
+
+    /// The guest-physical address of its page.
+    fn gpa(&self) -> Gpa {
+        self.gfn.gpa()
+    }
+
+    /// Writes `value` at `gpa` (8-aligned, in RAM), untracked, then logs
+    /// its frame.
+    fn write_at(&self, ram: &GuestRam, gpa: Gpa, value: u64) {
+        let slot = ram
+            .slots()
+            .iter()
+            .find(|s| gpa.0 >= s.gpa.0 && gpa.0 + 8 <= s.gpa.0 + s.size)
+            .expect("the device writes only RAM");
+        assert!(gpa.0.is_multiple_of(8));
+        let host = ram.host_address(slot) as usize + (gpa.0 - slot.gpa.0) as usize;
+        // SAFETY: the 8-aligned word lies inside the slot's mapping (found
+        // above), which `ram` keeps alive; an aligned u64 store races with
+        // nothing but the engine's copies, which read bytes, as a device's
+        // DMA would.
         unsafe { std::ptr::write_volatile(host as *mut u64, value) };
-        self.log.mark(self.gfn);
+        self.log.mark(gpa.gfn());
     }
 }
 
@@ -367,8 +401,15 @@ pub struct Devices {
 pub use ferry_vm::synthetic::noise;
 
 impl Devices {
-    /// What a source with these devices saves.
+    /// What a VM with these devices saves: what they loaded, if they
+    /// loaded anything, as a device keeps the state it was given;
+    /// otherwise a source's state, made from the specs.
     pub fn save(&self) -> Vec<Section> {
+        let restored = self.restored.lock().unwrap();
+        if !restored.is_empty() {
+            return restored.clone();
+        }
+        drop(restored);
         let mut all: Vec<Section> = self
             .specs
             .iter()
@@ -438,7 +479,42 @@ impl TestVm {
             fail_restore: false,
             blockers: Vec::new(),
             big: None,
+            requests: Arc::default(),
         }
+    }
+
+    /// Has the running guest write each of `pages` (a counter at byte
+    /// [`ASKED_OFFSET`], clear of its stamps), through GuestRam as it
+    /// writes everything, except the last page of each region, which its
+    /// DMA device writes by its own path if it has one. Returns once all
+    /// are written, or fails after 10 s.
+    pub fn write_pages(&self, pages: &[Gfn]) -> Result<(), VmError> {
+        if let Some(gfn) = pages.iter().find(|g| !self.ram.is_ram(**g)) {
+            return Err(VmError::Guest(format!("frame {:#x} is not RAM", gfn.0)));
+        }
+        let asked = self
+            .requests
+            .asked
+            .fetch_add(pages.len() as u64, Ordering::AcqRel)
+            + pages.len() as u64;
+        self.requests.pending.lock().unwrap().extend(pages);
+        let deadline = Instant::now() + ASKED_DEADLINE;
+        while self.requests.done.load(Ordering::Acquire) < asked {
+            if Instant::now() >= deadline || self.worker.is_none() {
+                return Err(VmError::Guest(format!(
+                    "the guest wrote {} of the {} pages asked within {ASKED_DEADLINE:?}{}",
+                    self.requests.done.load(Ordering::Acquire),
+                    asked,
+                    if self.worker.is_none() {
+                        " (it is not running)"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
     }
 
     pub fn boxed(config: &TestConfig) -> Result<Box<dyn Vm>, VmError> {
@@ -482,10 +558,32 @@ fn store_behind_ram(ram: &GuestRam, gpa: Gpa, value: u64) {
     word.store(value, Ordering::Release);
 }
 
+/// Writes what the guest was asked to: through GuestRam, but the last page
+/// of each region through `dma` where there is one.
+fn serve(requests: &WriteRequests, ram: &GuestRam, dma: Option<&Dma>) {
+    let asked = std::mem::take(&mut *requests.pending.lock().unwrap());
+    for gfn in &asked {
+        let gpa = gfn.gpa().add(ASKED_OFFSET);
+        let value = ram.load_u64(gpa).unwrap().wrapping_add(1);
+        let region_end = ram
+            .slots()
+            .iter()
+            .any(|s| s.first_gfn().0 + s.pages() - 1 == gfn.0);
+        match dma {
+            Some(d) if region_end => d.write_at(ram, gpa, value),
+            _ => ram.store_u64(gpa, value).unwrap(),
+        }
+    }
+    requests
+        .done
+        .fetch_add(asked.len() as u64, Ordering::AcqRel);
+}
+
 #[allow(clippy::too_many_arguments)]
 fn guest(
     ram: Arc<GuestRam>,
     config: TestConfig,
+    requests: Arc<WriteRequests>,
     dma: Option<Arc<Dma>>,
     passes_written: Option<Arc<AtomicBool>>,
     position: Arc<AtomicU64>,
@@ -497,6 +595,7 @@ fn guest(
     let pos = position.load(Ordering::Acquire);
     let (mut pass, mut page) = (pos >> 32, pos & 0xffff_ffff);
     while !stop.load(Ordering::Acquire) {
+        serve(&requests, &ram, dma.as_deref());
         if pass >= last_pass.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(1));
             continue;
@@ -560,10 +659,13 @@ impl Vm for TestVm {
                 Arc::clone(&self.last_pass),
             );
             let config = self.config.clone();
+            let requests = Arc::clone(&self.requests);
             let dma = self.dma.clone();
             let behind = self.hardware_log.then(|| Arc::clone(&self.passes_written));
             self.worker = Some(std::thread::spawn(move || {
-                guest(ram, config, dma, behind, pos, stop, throttle, last)
+                guest(
+                    ram, config, requests, dma, behind, pos, stop, throttle, last,
+                )
             }));
         }
         if let Some(big) = &mut self.big {

@@ -35,6 +35,9 @@ pub enum Program {
     Memstress,
     /// The probe's bare write loop, for calibrating fault costs.
     RawWrites,
+    /// The write-list program (`ferry_memstress::write_list`): writes the
+    /// pages the host lists, for the engine's conformance kit.
+    WriteList,
 }
 
 /// Writes page tables, GDT, TSS, code and parameters for `workload` into `ram`.
@@ -49,6 +52,7 @@ pub fn load_guest(
     let code = match program {
         Program::Memstress => super::code::memstress(memstress::CODE_GPA.0)?,
         Program::RawWrites => super::code::raw_writes(memstress::CODE_GPA.0)?,
+        Program::WriteList => super::code::write_list(memstress::CODE_GPA.0)?,
     };
     if code.len() > memstress::CODE_MAX {
         return Err(BootError::CodeTooLarge(code.len()));

@@ -247,15 +247,64 @@ pub fn raw_writes(origin: u64) -> Result<Vec<u8>, CodeError> {
     Ok(a.assemble(origin)?)
 }
 
+/// The write-list program of `ferry_memstress::write_list`: heartbeat,
+/// and for each new generation the host asks, a locked `or` of zero into
+/// each of this vCPU's share of the listed pages (entries `vcpu`,
+/// `vcpu + vcpus`, ...), then the generation published as done. Never
+/// exits.
+///
+/// ```text
+///  rdi params record   rsi progress record   r8 list    r13 vCPU index
+///  rbp generation      r9 entries            r10 vCPUs  r15 entry index
+///  rcx page address
+/// ```
+pub fn write_list(origin: u64) -> Result<Vec<u8>, CodeError> {
+    use ferry_memstress::write_list::{COUNT, ENTRIES, GENERATION, LIST_GPA, VCPUS};
+    let mut a = CodeAssembler::new(64)?;
+    let mut idle = a.create_label();
+    let mut next = a.create_label();
+    let mut done = a.create_label();
+    a.mov(rsi, qword_ptr(rdi + disp(param::PROGRESS)))?;
+    a.mov(r13, qword_ptr(rdi + disp(param::VCPU)))?;
+    a.mov(r8, LIST_GPA.0)?;
+    a.set_label(&mut idle)?;
+    a.inc(qword_ptr(rsi + disp(progress::ACCESSES)))?;
+    a.pause()?;
+    a.mov(rbp, qword_ptr(r8 + disp(GENERATION)))?;
+    a.cmp(rbp, qword_ptr(rsi + disp(progress::PASS)))?;
+    a.je(idle)?;
+    a.mov(r9, qword_ptr(r8 + disp(COUNT)))?;
+    a.mov(r10, qword_ptr(r8 + disp(VCPUS)))?;
+    // No vCPUs to share among: write nothing rather than loop for ever.
+    a.test(r10, r10)?;
+    a.jz(done)?;
+    a.mov(r15, r13)?;
+    a.set_label(&mut next)?;
+    a.cmp(r15, r9)?;
+    a.jae(done)?;
+    a.mov(rcx, qword_ptr(r8 + r15 * 8 + disp(ENTRIES)))?;
+    a.lock().or(qword_ptr(rcx), 0)?;
+    a.add(r15, r10)?;
+    a.jmp(next)?;
+    a.set_label(&mut done)?;
+    a.mov(qword_ptr(rsi + disp(progress::PASS)), rbp)?;
+    a.jmp(idle)?;
+    Ok(a.assemble(origin)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn assembles_and_fits_the_code_area() {
-        let code = memstress(ferry_memstress::CODE_GPA.0).unwrap();
-        assert!(!code.is_empty());
-        assert!(code.len() <= ferry_memstress::CODE_MAX);
+        for code in [
+            memstress(ferry_memstress::CODE_GPA.0).unwrap(),
+            write_list(ferry_memstress::CODE_GPA.0).unwrap(),
+        ] {
+            assert!(!code.is_empty());
+            assert!(code.len() <= ferry_memstress::CODE_MAX);
+        }
     }
 
     #[test]
