@@ -5,8 +5,7 @@
 //! (with a SKIP line) where /dev/kvm is absent.
 
 use ferry_engine::conformance::{run_all, Saved, VmmUnderTest};
-use ferry_kvm::cpu_state::msrs::IA32_TSC;
-use ferry_kvm::cpu_state::Snapshot;
+use ferry_kvm::cpu_state::equal_but_clocks;
 use ferry_kvm::{require_kvm, DirtyTracking};
 use ferry_kvm_memstress::{KvmVm, Program, Role};
 use ferry_memstress::{write_list, AccessOrder, VmConfig, Workload};
@@ -68,32 +67,10 @@ impl VmmUnderTest for KvmVmm {
     /// checks on its own); every other byte must be the same.
     fn same_state(&self, saved: Saved<'_>, resaved: Saved<'_>) -> bool {
         match (saved, resaved) {
-            (Saved::Vcpus(a), Saved::Vcpus(b)) => {
-                a == b
-                    || matches!((without_clocks(a), without_clocks(b)), (Some(x), Some(y)) if x == y)
-            }
+            (Saved::Vcpus(a), Saved::Vcpus(b)) => equal_but_clocks(a, b),
             (a, b) => a == b,
         }
     }
-}
-
-/// A kvm VM's saved vCPU state with its clocks zeroed (IA32_TSC, the
-/// kvmclock's readings, each PIT channel's load time), or `None` if it is
-/// not such state.
-fn without_clocks(state: &[u8]) -> Option<serde_json::Value> {
-    let mut s = Snapshot::decode(state).ok()?;
-    for m in s.vcpus.iter_mut().flat_map(|v| v.msrs.iter_mut()) {
-        if m.index == IA32_TSC {
-            m.data = 0;
-        }
-    }
-    if let Some(clock) = &mut s.vm.clock {
-        (clock.clock, clock.realtime, clock.host_tsc) = (0, 0, 0);
-    }
-    if let Some(pit) = &mut s.vm.pit {
-        pit.channels.iter_mut().for_each(|c| c.count_load_time = 0);
-    }
-    serde_json::to_value(&s).ok()
 }
 
 fn conforms(mode: DirtyTracking) {

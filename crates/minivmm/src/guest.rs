@@ -61,6 +61,7 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     let mut print_line = a.create_label();
     let mut hex16 = a.create_label();
     let mut fill_poll = a.create_label();
+    let mut write_list = a.create_label();
 
     // rbx: the lane (its variables first); rbp: the device's registers;
     // r15: notify due.
@@ -137,6 +138,13 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
     a.je(no_fill)?;
     a.call(fill_poll)?;
     a.set_label(&mut no_fill)?;
+
+    // Pages the VMM asked this vCPU to write.
+    let mut no_list = a.create_label();
+    a.cmp(qword_ptr(rbx + d(var::WRITE_COUNT)), 0)?;
+    a.je(no_list)?;
+    a.call(write_list)?;
+    a.set_label(&mut no_list)?;
 
     // The console: a line every `line_every` loops.
     a.inc(qword_ptr(rbx + d(var::LOOPS)))?;
@@ -271,6 +279,21 @@ pub fn program(p: GuestParams) -> Result<Vec<u8>, GuestError> {
 
     a.set_label(&mut fill_poll)?;
     fill_poll_body(&mut a)?;
+
+    // write_list: one locked store (an OR of 0) to each listed address.
+    a.set_label(&mut write_list)?;
+    let mut each = a.create_label();
+    a.mov(rcx, qword_ptr(rbx + d(var::WRITE_COUNT)))?;
+    a.lea(rsi, qword_ptr(rbx + d(WRITE_LIST)))?;
+    a.set_label(&mut each)?;
+    a.mov(rdi, qword_ptr(rsi))?;
+    a.lock().or(byte_ptr(rdi), 0)?;
+    a.add(rsi, 8)?;
+    a.dec(rcx)?;
+    a.jnz(each)?;
+    a.mov(qword_ptr(rbx + d(var::WRITE_COUNT)), 0)?;
+    a.inc(qword_ptr(rbx + d(var::WRITE_DONE)))?;
+    a.ret()?;
 
     // hex16(rax, dx = port): 16 lowercase hex digits, one `out` each.
     a.set_label(&mut hex16)?;

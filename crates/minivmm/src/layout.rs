@@ -96,6 +96,11 @@ pub const FILL_BUFFERS: u64 = 0x3_0000;
 pub const FILL_SLOTS: u64 = 4;
 /// Bytes of one fill buffer.
 pub const FILL_BUFFER_BYTES: u64 = 4096;
+/// A list of guest addresses the VMM asks the vCPU to write (see
+/// [`var::WRITE_COUNT`]): how a test has the guest write pages it chose.
+pub const WRITE_LIST: u64 = 0x4_0000;
+/// Entries that list holds.
+pub const WRITE_LIST_MAX: u64 = 0x4_0000 / 8;
 
 /// The first virtio-mmio device's registers.
 pub const MMIO_BASE: u64 = 0xd000_0000;
@@ -165,6 +170,12 @@ pub mod var {
     pub const FILL_DOUBLED: u64 = 0xd0;
     /// Buffers whose check did not match their number.
     pub const FILL_BAD: u64 = 0xd8;
+    /// Set by the VMM: addresses waiting in the lane's [`super::WRITE_LIST`];
+    /// the vCPU writes a byte of each (a locked OR of 0: the value stays,
+    /// the store happens) and sets it back to 0.
+    pub const WRITE_COUNT: u64 = 0xe0;
+    /// Lists the vCPU has written.
+    pub const WRITE_DONE: u64 = 0xe8;
 }
 
 /// Offsets of a slot's state from its base in [`SLOTS_STATE`].

@@ -31,12 +31,16 @@ use vhost::vhost_user::Listener;
 use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VhostUserDaemon, VringRwLock, VringT};
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_queue::QueueOwnedT;
+use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 
 /// How long the backend waits for a VMM once the last one has gone.
 pub const IDLE_EXIT: Duration = Duration::from_secs(20);
+/// How long it takes over each buffer, as a device that does real work
+/// would: so buffers are in flight when the VM pauses, and the pause must
+/// stop the backend (`GET_VRING_BASE`) for guest memory to stay still.
+pub const FILL_TIME: Duration = Duration::from_millis(2);
 
 type Memory = GuestMemoryAtomic<GuestMemoryMmap<BitmapMmapRegion>>;
 
@@ -62,6 +66,9 @@ struct Fill {
     next: AtomicU64,
     /// A load of saved state in progress (its reader thread).
     loading: Mutex<Option<std::thread::JoinHandle<io::Result<u64>>>>,
+    /// Held while buffers taken from the ring are being filled: the stop
+    /// of the ring waits for it.
+    serving: Mutex<()>,
 }
 
 impl Fill {
@@ -73,7 +80,9 @@ impl Fill {
             .clone()
             .ok_or_else(|| io::Error::other("a kick before any memory table"))?;
         let mem = memory.memory();
-        loop {
+        let _serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
+        // A ring being stopped (GET_VRING_BASE) gives no more buffers.
+        while vring.get_ref().get_queue().ready() {
             let chains: Vec<_> = vring
                 .get_mut()
                 .get_queue_mut()
@@ -85,6 +94,7 @@ impl Fill {
             }
             for chain in chains {
                 let head = chain.head_index();
+                std::thread::sleep(FILL_TIME);
                 let seq = self.next.fetch_add(1, Ordering::SeqCst);
                 let mut written = 0u32;
                 for desc in chain.clone().filter(|d| d.is_write_only()) {
@@ -125,6 +135,13 @@ impl VhostUserBackend for Fill {
             | VhostUserProtocolFeatures::REPLY_ACK
     }
     fn set_event_idx(&self, _enabled: bool) {}
+    /// `GET_VRING_BASE`: the ring is already marked not ready, so no
+    /// further buffer is taken; this waits until those taken are filled
+    /// and used, so nothing is written once the VMM has the reply.
+    fn stop_vring(&self, _queue_index: u32) -> io::Result<()> {
+        drop(self.serving.lock().unwrap_or_else(|e| e.into_inner()));
+        Ok(())
+    }
     fn update_memory(&self, memory: Memory) -> io::Result<()> {
         *self.memory.lock().unwrap_or_else(|e| e.into_inner()) = Some(memory);
         Ok(())
@@ -193,6 +210,7 @@ pub fn run(socket: &Path) -> Result<(), BackendError> {
         memory: Mutex::new(None),
         next: AtomicU64::new(0),
         loading: Mutex::new(None),
+        serving: Mutex::new(()),
     });
     let mut daemon = VhostUserDaemon::new("minivmm-fill".into(), fill, memory)
         .map_err(|e| BackendError::Daemon(format!("{e:?}")))?;

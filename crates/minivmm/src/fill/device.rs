@@ -443,8 +443,11 @@ impl FillDevice {
     /// and on a same-host upgrade the next one connects to it now. If the
     /// VM runs here again, [`FillDevice::start`] connects anew.
     pub fn save(&mut self) -> Result<Section, FillError> {
-        let (next_avail, backend_state) = match self.ring {
-            Ring::Stopped(base) => (
+        let (next_avail, backend_state) = match (self.ring, &self.state_to_load) {
+            // Restored and not started since: the state is still the
+            // source's, not yet in a backend.
+            (Ring::Stopped(base), Some(state)) => (Some(base), state.clone()),
+            (Ring::Stopped(base), None) => (
                 Some(base),
                 self.transfer_state(VhostTransferStateDirection::SAVE, None)?,
             ),
