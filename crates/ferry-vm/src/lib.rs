@@ -30,6 +30,7 @@ pub mod admission;
 pub mod affinity;
 pub mod bitmap;
 pub mod capability;
+pub mod device_faults;
 pub mod dirty_limit;
 pub mod dirty_source;
 pub mod error;
@@ -48,6 +49,7 @@ pub use capability::{
     throttle_sleep, DirtyLog, DirtyMeter, MemoryFaults, Quota, TimeThrottle, VcpuState,
     MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, THROTTLE_SLICE,
 };
+pub use device_faults::{DeviceRegion, DeviceUserfaultfd};
 pub use dirty_source::{DirtySource, DirtySourceError};
 pub use error::{error_chain, VmError};
 pub use panic::catch_panic;

@@ -162,6 +162,16 @@ pub trait Vm: Send + std::any::Any {
     fn blockers(&self) -> Vec<Blocker> {
         Vec::new()
     }
+    /// On a postcopy destination, after the sections are restored and
+    /// before the VM starts: the userfaultfds of devices in other processes
+    /// that will touch guest memory (a vhost-user backend after
+    /// `VHOST_USER_POSTCOPY_ADVISE` and `_LISTEN`), each with where the
+    /// device maps guest memory. The engine serves their faults from the
+    /// pages it receives, and wakes the device as each arrives. None by
+    /// default.
+    fn device_userfaultfds(&mut self) -> Result<Vec<crate::DeviceUserfaultfd>, VmError> {
+        Ok(Vec::new())
+    }
     /// The fds a same-host upgrade hands the new process besides memory,
     /// each by name (a disk, a tap, eventfds, vhost-user sockets), so that
     /// it adopts them instead of reopening them; the destination takes

@@ -9,8 +9,8 @@ use crate::serial::{self, Console, ConsoleOut};
 use crate::vcpu::Vcpu;
 use crate::{boot, memory, Devices};
 use ferry_engine::vmm::{
-    Backing, Blocker, DirtySource, GuestRam, Section, SectionSpec, TimeThrottle, VcpuState, Vm,
-    VmError, PAGE_SIZE,
+    Backing, DeviceUserfaultfd, DirtySource, GuestRam, Lifecycle, Section, SectionSpec,
+    TimeThrottle, VcpuState, Vm, VmError, PAGE_SIZE,
 };
 use ferry_kvm::cpu_check::{CpuCheckError, CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{self, Snapshot, VcpuContext, VmDevices, XsaveKind};
@@ -711,15 +711,24 @@ impl Vm for MiniVm {
         }
         Ok(sections)
     }
-    /// A fill device cannot take part in postcopy yet: see the reason.
-    fn blockers(&self) -> Vec<Blocker> {
-        match self.config.fill {
-            true => vec![Blocker::postcopy(
-                "minivmm's vhost-user fill device does not take part in postcopy yet: its \
-                 backend would fault on pages not yet received through a userfaultfd of its \
-                 own (VHOST_USER_POSTCOPY_ADVISE), which this destination does not serve",
-            )],
-            false => Vec::new(),
+    /// The fill backend takes part in a postcopy: it maps guest memory
+    /// with a userfaultfd of its own, which the engine serves.
+    fn device_userfaultfds(&mut self) -> Result<Vec<DeviceUserfaultfd>, VmError> {
+        let Some(fill) = &self.devices.fill else {
+            return Ok(Vec::new());
+        };
+        let uffd = lock(fill)
+            .postcopy_userfaultfd()
+            .map_err(|e| VmError::Guest(format!("the fill device's postcopy: {e}")))?;
+        Ok(vec![uffd])
+    }
+    fn migration_event(&mut self, event: Lifecycle<'_>) {
+        // Every page is in (or the migration is over): the backend drops
+        // its userfaultfd.
+        if let (Some(fill), Lifecycle::Completed | Lifecycle::Aborted(_)) =
+            (&self.devices.fill, event)
+        {
+            lock(fill).end_postcopy();
         }
     }
     fn restore_sections(&mut self, sections: &[Section]) -> Result<(), VmError> {

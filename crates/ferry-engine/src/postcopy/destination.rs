@@ -3,6 +3,7 @@
 //! the connections break on the way, the guest runs on (a vCPU that touches
 //! a missing page waits in the kernel) while the source reconnects.
 
+use super::device_faults::DeviceFaults;
 use super::pager::Pager;
 use super::{recoverable, PostcopyReport};
 use crate::error::MigrationError;
@@ -57,6 +58,15 @@ impl Dest {
             }
         };
         self.restore_state()?;
+        // Devices in other processes fault through userfaultfds of their
+        // own: served from the same pages, before the VM (and they) start.
+        let devices = self
+            .vm
+            .device_userfaultfds()
+            .map_err(MigrationError::backend("set devices up for postcopy"))?;
+        let device_faults = (!devices.is_empty()).then(|| {
+            DeviceFaults::start(devices, std::sync::Arc::clone(&self.loaded), opts.prefetch)
+        });
         // What the probe reads may be on a missing page: the pager fetches it.
         self.read_probe(opts)?;
         self.resume(switched)?;
@@ -89,6 +99,7 @@ impl Dest {
         if let Some(p) = pager.take() {
             report.add(&p.stop());
         }
+        report.device_faults = device_faults.map_or(0, DeviceFaults::stop);
         report.block_ms = self.loaded.clock.block_ms();
         report.page_requests = self.loaded.requests.sent();
         report.vcpu_exits = self

@@ -41,6 +41,7 @@
 //! meanwhile, so the destination's memory itself has moved on.
 
 mod destination;
+mod device_faults;
 pub(crate) mod pager;
 mod recovery;
 mod resume;

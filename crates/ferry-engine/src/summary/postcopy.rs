@@ -32,6 +32,9 @@ pub struct PostcopyReport {
     /// Memory-fault exits of vCPUs that asked for pages themselves.
     #[serde(default)]
     pub vcpu_exits: u64,
+    /// Faults of devices in other processes (vhost-user backends) served.
+    #[serde(default)]
+    pub device_faults: u64,
 }
 
 impl PostcopyReport {

@@ -26,6 +26,7 @@ pub(super) const UFFDIO_REGISTER: u64 = uffd_ioc(IOC_RW, 0x00, 32);
 pub(super) const UFFDIO_UNREGISTER: u64 = uffd_ioc(IOC_READ, 0x01, 16);
 pub(super) const UFFDIO_COPY: u64 = uffd_ioc(IOC_RW, 0x03, 40);
 pub(super) const UFFDIO_CONTINUE: u64 = uffd_ioc(IOC_RW, 0x07, 32);
+pub(super) const UFFDIO_WAKE: u64 = uffd_ioc(IOC_READ, 0x02, 16);
 
 #[repr(C)]
 pub(super) struct UffdioApi {

@@ -20,7 +20,11 @@
 //!                             a present page, which is never overwritten
 //!   resume(gfn, pages)        UFFDIO_CONTINUE: map pages already in the page
 //!                             cache (MINOR)
-//!   drop                      UFFDIO_UNREGISTER
+//!   foreign(device fd, ..)    another process's registration (a vhost-user
+//!                             backend's): read its faults, and
+//!   wake(gfn, pages)          UFFDIO_WAKE its waiters once the pages are in
+//!                             the shared memory by another way
+//!   drop                      UFFDIO_UNREGISTER (not a foreign one's)
 //! ```
 //!
 //! With `UFFD_FEATURE_SIGBUS` a stray touch of a missing page while the
@@ -65,6 +69,9 @@ pub struct Placer {
     ranges: Vec<Range>,
     /// Frames per placement: 1, or 512 on hugetlb.
     granule: u64,
+    /// Another process registered the ranges (in its own address space):
+    /// they are not this one's to unregister.
+    foreign: bool,
 }
 
 /// What [`Placer::copy`] did.
@@ -102,6 +109,7 @@ impl Placer {
             fd: abi::open(features)?,
             ranges: Vec::new(),
             granule: if hugetlb { HUGE_PAGES } else { 1 },
+            foreign: false,
         };
         if !hugetlb || hugetlb_too {
             for slot in ram.slots() {
@@ -158,6 +166,7 @@ impl Placer {
             fd: abi::open(features)?,
             ranges: Vec::new(),
             granule,
+            foreign: false,
         };
         placer.add(ram, first, pages, reg_mode)?;
         Ok(placer)
@@ -192,6 +201,45 @@ impl Placer {
             host,
         });
         Ok(())
+    }
+
+    /// A device's userfaultfd (see [`crate::DeviceUserfaultfd`]): its
+    /// faults read as guest frames through its regions, and [`Placer::wake`]
+    /// wakes them; nothing is copied through it.
+    pub fn foreign(device: crate::DeviceUserfaultfd) -> Placer {
+        Placer {
+            fd: device.fd,
+            ranges: device
+                .regions
+                .iter()
+                .map(|r| Range {
+                    first: r.first.0,
+                    pages: r.pages,
+                    host: r.host,
+                })
+                .collect(),
+            granule: 1,
+            foreign: true,
+        }
+    }
+
+    /// Wakes whoever waits on `pages` frames from `first` (pages another
+    /// mapping of the same memory has since received).
+    pub fn wake(&self, first: Gfn, pages: u64) -> io::Result<()> {
+        let Some(r) = self.range_of(first.0) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "frame not registered here",
+            ));
+        };
+        let pages = pages.min(r.first + r.pages - first.0);
+        let mut range = UffdioRange {
+            start: r.host + (first.0 - r.first) * PAGE_SIZE as u64,
+            len: pages * PAGE_SIZE as u64,
+        };
+        // SAFETY: UFFDIO_WAKE takes a uffdio_range; it only wakes threads
+        // blocked on faults in that range, and reads the struct.
+        unsafe { uffd_ioctl(&self.fd, UFFDIO_WAKE, &mut range) }
     }
 
     /// Frames one placement covers: 1, or 512 for a hugetlb range (copies
@@ -276,6 +324,9 @@ impl Placer {
 
 impl Drop for Placer {
     fn drop(&mut self) {
+        if self.foreign {
+            return;
+        }
         for r in &self.ranges {
             let mut range = UffdioRange {
                 start: r.host,

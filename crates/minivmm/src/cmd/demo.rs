@@ -266,6 +266,7 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         "vhost_requests_doubled": fills["fills_doubled"],
         "vhost_bad_fills": fills["fills_bad"],
         "vhost_failure": src_json["vhost_failure"],
+        "vhost_postcopy_faults": dest_json["summary"]["postcopy"]["device_faults"],
         "postcopy_blocked": postcopy_blocked,
         "error": src_json["error"],
         "notify_exits": src_json["notify_exits"],

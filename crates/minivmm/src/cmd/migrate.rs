@@ -154,7 +154,10 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
     flush(&outs);
     let report = vm_report(&vm)?;
     match &outcome.error {
-        Some(e) => eprintln!("minivmm: the migration failed: {e}; the guest ran on here"),
+        Some(e) if vm.is_running() => {
+            eprintln!("minivmm: the migration failed: {e}; the guest ran on here")
+        }
+        Some(e) => eprintln!("minivmm: the migration failed: {e}"),
         None => eprintln!(
             "minivmm: {} in {:.0} ms, downtime {:.1} ms, digest {}",
             outcome.status,

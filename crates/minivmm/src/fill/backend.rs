@@ -11,6 +11,11 @@
 //! `LOG_SHMFD`), which vhost-user-backend keeps for it once its memory's
 //! bitmap is `BitmapMmapRegion`.
 //!
+//! On a postcopy destination it takes part (vhost-user-backend's
+//! `postcopy` feature): `POSTCOPY_ADVISE` makes it a userfaultfd, `LISTEN`
+//! has it register guest memory there as it maps it, and the VMM serves
+//! its faults until `POSTCOPY_END`.
+//!
 //! Its state is the next sequence number, saved and loaded through
 //! `VHOST_USER_SET_DEVICE_STATE_FD`. It serves one VMM at a time and takes
 //! the next connection when one ends, so a VMM upgraded on the same host
@@ -133,6 +138,7 @@ impl VhostUserBackend for Fill {
         VhostUserProtocolFeatures::LOG_SHMFD
             | VhostUserProtocolFeatures::DEVICE_STATE
             | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::PAGEFAULT
     }
     fn set_event_idx(&self, _enabled: bool) {}
     /// `GET_VRING_BASE`: the ring is already marked not ready, so no

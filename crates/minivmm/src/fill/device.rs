@@ -92,6 +92,9 @@ pub struct FillDevice {
     /// Backend state from the source, to load as the ring starts.
     state_to_load: Option<Vec<u8>>,
     log: Option<Log>,
+    /// The backend registered guest memory with a userfaultfd for a
+    /// postcopy (`POSTCOPY_LISTEN`) that has not ended yet.
+    postcopy: bool,
     failed: Option<String>,
     /// Notify writes that exited to a vCPU thread.
     pub notify_exits: u64,
@@ -119,6 +122,7 @@ impl FillDevice {
             ring: Ring::Inactive,
             state_to_load: None,
             log: None,
+            postcopy: false,
             failed: None,
             notify_exits: 0,
         }
@@ -240,8 +244,10 @@ impl FillDevice {
 
     /// Connects to the backend (waiting for a backend just started to
     /// listen), takes it over from any VMM before (`RESET_OWNER`), and
-    /// negotiates.
-    fn connect(&mut self) -> Result<(), FillError> {
+    /// negotiates. For a postcopy destination (`postcopy`), the backend
+    /// registers guest memory with a userfaultfd of its own as it maps it,
+    /// which this returns, with where the backend mapped each region.
+    fn connect(&mut self, postcopy: bool) -> Result<Option<(File, Vec<u64>)>, FillError> {
         let started = Instant::now();
         let mut frontend = loop {
             match Frontend::connect(&self.socket, 1) {
@@ -258,9 +264,12 @@ impl FillDevice {
         let offered = frontend
             .get_features()
             .map_err(self.vhost("GET_FEATURES"))?;
-        let need = VhostUserProtocolFeatures::REPLY_ACK
+        let mut need = VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::LOG_SHMFD
             | VhostUserProtocolFeatures::DEVICE_STATE;
+        if postcopy {
+            need |= VhostUserProtocolFeatures::PAGEFAULT;
+        }
         let protocol = frontend
             .get_protocol_features()
             .map_err(self.vhost("GET_PROTOCOL_FEATURES"))?;
@@ -282,8 +291,20 @@ impl FillDevice {
         }
         self.frontend = Some(frontend);
         self.set_features()?;
+        let uffd = match postcopy {
+            true => {
+                let advise = self.vhost("POSTCOPY_ADVISE");
+                let uffd = self.frontend()?.postcopy_advise().map_err(advise)?;
+                let listen = self.vhost("POSTCOPY_LISTEN");
+                self.frontend()?.postcopy_listen().map_err(listen)?;
+                self.postcopy = true;
+                Some(uffd)
+            }
+            false => None,
+        };
         let regions = self.memory_table()?;
-        self.frontend()?
+        let bases = self
+            .frontend()?
             .set_mem_table(&regions)
             .map_err(self.vhost("SET_MEM_TABLE"))?;
         // A new memory table drops the backend's log: set it again.
@@ -292,7 +313,57 @@ impl FillDevice {
                 .set_log_base(0, Some(region))
                 .map_err(self.vhost("SET_LOG_BASE"))?;
         }
-        Ok(())
+        let Some(uffd) = uffd else {
+            return Ok(None);
+        };
+        let bases = bases.filter(|b| b.len() == regions.len()).ok_or_else(|| {
+            self.backend_error("it did not say where it mapped guest memory".into())
+        })?;
+        let ack = self.vhost("POSTCOPY_ACK_MEM_REGIONS");
+        self.frontend()?
+            .postcopy_ack_mem_regions(vhost::vhost_user::message::FrontendReq::SET_MEM_TABLE)
+            .map_err(ack)?;
+        Ok(Some((uffd, bases)))
+    }
+
+    /// On a postcopy destination, before the VM starts: connects to the
+    /// backend so that it maps guest memory with a userfaultfd of its own,
+    /// and returns that fd with where the backend mapped each region, for
+    /// the engine to serve.
+    pub fn postcopy_userfaultfd(
+        &mut self,
+    ) -> Result<ferry_engine::vmm::DeviceUserfaultfd, FillError> {
+        let (uffd, bases) = self
+            .connect(true)?
+            .ok_or_else(|| self.backend_error("no userfaultfd came".into()))?;
+        let page = ferry_engine::vmm::PAGE_SIZE as u64;
+        let regions = self
+            .ram
+            .memory()
+            .iter()
+            .zip(bases)
+            .map(|(region, host)| ferry_engine::vmm::DeviceRegion {
+                first: ferry_engine::vmm::Gfn(region.start_addr().0 / page),
+                pages: region.len() / page,
+                host,
+            })
+            .collect();
+        Ok(ferry_engine::vmm::DeviceUserfaultfd {
+            name: "vhost-user fill device".into(),
+            fd: uffd.into(),
+            regions,
+        })
+    }
+
+    /// Every page is in: the backend drops its userfaultfd
+    /// (`POSTCOPY_END`).
+    pub fn end_postcopy(&mut self) {
+        if std::mem::take(&mut self.postcopy) {
+            let end = self.vhost("POSTCOPY_END");
+            if let Err(e) = self.frontend().and_then(|f| f.postcopy_end().map_err(end)) {
+                eprintln!("minivmm: ending the fill backend's postcopy: {e}");
+            }
+        }
     }
 
     fn frontend(&mut self) -> Result<&mut Frontend, FillError> {
@@ -343,7 +414,7 @@ impl FillDevice {
     /// the ring at `next_avail`.
     fn activate(&mut self, next_avail: u16) -> Result<(), FillError> {
         if self.frontend.is_none() {
-            self.connect()?;
+            self.connect(false)?;
         }
         if let Some(state) = self.state_to_load.take() {
             self.transfer_state(VhostTransferStateDirection::LOAD, Some(state))?;
