@@ -84,6 +84,9 @@ pub struct FillDevice {
     socket: PathBuf,
     /// The backend process, if this VMM started it (and still owns it).
     backend: Option<Child>,
+    /// The backend's pid, if this VMM took it over from another (a
+    /// same-host upgrade): the last VMM to use a backend ends it.
+    adopted: Option<libc::pid_t>,
     frontend: Option<Frontend>,
     kick: EventFd,
     call: EventFd,
@@ -115,6 +118,7 @@ impl FillDevice {
             ram,
             socket,
             backend,
+            adopted: None,
             frontend: None,
             kick,
             call,
@@ -138,6 +142,7 @@ impl FillDevice {
     /// same-host upgrade: the new VMM reconnects to it).
     pub fn release_backend(&mut self) {
         self.backend = None;
+        self.adopted = None;
     }
 
     fn vhost<E: std::error::Error + Send + Sync + 'static>(
@@ -258,6 +263,9 @@ impl FillDevice {
                 Err(e) => return Err(self.vhost("connect")(e)),
             }
         };
+        if self.backend.is_none() {
+            self.adopted = peer_pid(&frontend);
+        }
         frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
         frontend.reset_owner().map_err(self.vhost("RESET_OWNER"))?;
         frontend.set_owner().map_err(self.vhost("SET_OWNER"))?;
@@ -633,8 +641,34 @@ impl Drop for FillDevice {
         if let Some(mut child) = self.backend.take() {
             let _ = child.kill();
             let _ = child.wait();
+        } else if let Some(pid) = self.adopted.take() {
+            // SAFETY: kill(2) on the pid the kernel gave as the socket's
+            // peer; at worst the process is gone already (ESRCH).
+            unsafe { libc::kill(pid, libc::SIGTERM) };
         }
     }
+}
+
+/// The pid of the process at the other end of the vhost-user socket.
+fn peer_pid(frontend: &Frontend) -> Option<libc::pid_t> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of the length given, on the
+    // frontend's own socket fd.
+    let r = unsafe {
+        libc::getsockopt(
+            frontend.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && cred.pid > 0).then_some(cred.pid)
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
