@@ -102,11 +102,14 @@ impl Dest {
         report.device_faults = device_faults.map_or(0, DeviceFaults::stop);
         report.block_ms = self.loaded.clock.block_ms();
         report.page_requests = self.loaded.requests.sent();
+        // The device-fault threads ask through the vCPUs' fetcher, once a
+        // fault: those are not vCPU exits.
         report.vcpu_exits = self
             .loaded
             .requests
             .exits
-            .load(std::sync::atomic::Ordering::Relaxed);
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .saturating_sub(report.device_faults);
         report.fault_path = fault_path.into();
         report.postcopy_ms = postcopy_ms.unwrap_or_default();
         report.missing_pages = missing.count();
