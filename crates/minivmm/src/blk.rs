@@ -26,6 +26,7 @@
 //! sequence numbers of the writes it served, for the demo's
 //! exactly-once check.
 
+use crate::virtio_mmio::{self, Common as Registers};
 use crate::DeviceError;
 use ferry_engine::vmm::{GuestRam, Section};
 use serde::{Deserialize, Serialize};
@@ -47,14 +48,11 @@ pub const SECTION: &str = "virtio-blk";
 pub const VERSION: u32 = 1;
 /// The subsection saved only when a notification waits unserved.
 pub const NOTIFY_SUBSECTION: &str = "notify";
-/// The queue-notify register.
-pub const QUEUE_NOTIFY: u64 = 0x50;
+pub use crate::virtio_mmio::QUEUE_NOTIFY;
 const SECTOR: u64 = 512;
 /// The most data one request may move: the guest sets descriptor lengths,
 /// and a larger one is refused with an I/O error rather than allocated.
 const MAX_REQUEST_BYTES: u64 = 1 << 20;
-/// virtio-mmio magic, "virt".
-const MAGIC: u32 = 0x7472_6976;
 const DEVICE_ID_BLOCK: u32 = 2;
 /// VIRTIO_F_VERSION_1, the only feature offered (bit 32).
 const FEATURES: u64 = 1 << 32;
@@ -158,17 +156,6 @@ pub struct Blk {
     pub journal: Vec<u64>,
 }
 
-/// The transport's registers that are state.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
-struct Registers {
-    status: u32,
-    device_features_sel: u32,
-    driver_features_sel: u32,
-    driver_features: u64,
-    queue_sel: u32,
-    interrupt_status: u32,
-}
-
 /// The section: the registers and the queue's `QueueState`.
 #[derive(Serialize, Deserialize)]
 struct Saved {
@@ -226,51 +213,36 @@ impl Blk {
 
     /// A guest read of register `offset`.
     pub fn read(&self, offset: u64, data: &mut [u8]) {
-        let value: u32 = match offset {
-            0x000 => MAGIC,
-            0x004 => 2, // virtio-mmio version 2 (virtio 1.x)
-            0x008 => DEVICE_ID_BLOCK,
-            0x00c => 0x4d56_4d4d, // vendor: "MMVM"
-            0x010 => (FEATURES >> (32 * self.regs.device_features_sel.min(1))) as u32,
-            0x034 => u32::from(self.queue.max_size()),
-            0x044 => u32::from(self.queue.ready()),
-            0x060 => self.regs.interrupt_status,
-            0x070 => self.regs.status,
-            0x0fc => 0, // config generation: the config never changes
-            0x100 => self.sectors as u32,
-            0x104 => (self.sectors >> 32) as u32,
-            _ => 0,
-        };
-        let bytes = value.to_le_bytes();
-        let n = data.len().min(4);
-        data[..n].copy_from_slice(&bytes[..n]);
+        let value = self
+            .regs
+            .read(offset, DEVICE_ID_BLOCK, FEATURES)
+            .unwrap_or(match offset {
+                0x034 => u32::from(self.queue.max_size()),
+                0x044 => u32::from(self.queue.ready()),
+                0x0fc => 0, // config generation: the config never changes
+                0x100 => self.sectors as u32,
+                0x104 => (self.sectors >> 32) as u32,
+                _ => 0,
+            });
+        virtio_mmio::answer(value, data);
     }
 
     /// A guest write of register `offset`.
     pub fn write(&mut self, offset: u64, data: &[u8]) {
-        let mut word = [0u8; 4];
-        let n = data.len().min(4);
-        word[..n].copy_from_slice(&data[..n]);
-        let v = u32::from_le_bytes(word);
+        let v = virtio_mmio::word(data);
+        if self.regs.write(offset, v) {
+            return;
+        }
         let q = &mut self.queue;
         match offset {
-            0x014 => self.regs.device_features_sel = v,
-            0x020 => {
-                let shift = 32 * u64::from(self.regs.driver_features_sel.min(1));
-                let kept = self.regs.driver_features & !(0xffff_ffff << shift);
-                self.regs.driver_features = kept | (u64::from(v) << shift);
-            }
-            0x024 => self.regs.driver_features_sel = v,
-            0x030 => self.regs.queue_sel = v,
             0x038 => q.set_size(v as u16),
             0x044 => {
                 q.set_ready(v == 1);
                 self.rings.set(q);
             }
             QUEUE_NOTIFY => self.notified(),
-            0x064 => self.regs.interrupt_status &= !v,
-            0x070 if v == 0 => self.reset(),
-            0x070 => self.regs.status = v,
+            virtio_mmio::STATUS if v == 0 => self.reset(),
+            virtio_mmio::STATUS => self.regs.status = v,
             0x080 => q.set_desc_table_address(Some(v), None),
             0x084 => q.set_desc_table_address(None, Some(v)),
             0x090 => q.set_avail_ring_address(Some(v), None),
@@ -308,6 +280,11 @@ impl Blk {
     /// The guest notified through an exit.
     fn notified(&mut self) {
         self.notify_exits += 1;
+        self.kick_or_serve();
+    }
+
+    /// Hands a notification to the I/O thread, or serves it here if none.
+    fn kick_or_serve(&mut self) {
         match &self.kick {
             // An eventfd write fails only once its counter is near
             // u64::MAX, when the I/O thread is certain to wake anyway.
@@ -322,12 +299,7 @@ impl Blk {
     /// the VM starts.
     pub fn start(&mut self) {
         if std::mem::take(&mut self.notify_on_start) {
-            match &self.kick {
-                Some(kick) => {
-                    let _ = kick.write(1);
-                }
-                None => self.serve(),
-            }
+            self.kick_or_serve();
         }
     }
 

@@ -38,6 +38,7 @@ pub mod notify_cost;
 pub mod probe;
 pub mod serial;
 mod vcpu;
+pub mod virtio_mmio;
 pub mod vm;
 
 pub use vm::{MiniConfig, MiniVm, VMM_ID};
@@ -85,29 +86,40 @@ impl Devices {
     /// A guest write of the virtio-mmio registers `offset` from the first
     /// device's: a disk's, or the fill device's.
     pub fn mmio_write(&self, offset: u64, data: &[u8]) {
-        let (i, reg) = (offset / layout::MMIO_SIZE, offset % layout::MMIO_SIZE);
-        match (
-            usize::try_from(i).ok().and_then(|i| self.blks.get(i)),
-            &self.fill,
-        ) {
-            (Some(blk), _) => lock(blk).write(reg, data),
-            (None, Some(fill)) if i == u64::from(fill::MMIO_INDEX) => lock(fill).write(reg, data),
-            _ => {}
+        match self.mmio_device(offset) {
+            Some((MmioDevice::Blk(blk), reg)) => lock(blk).write(reg, data),
+            Some((MmioDevice::Fill(fill), reg)) => lock(fill).write(reg, data),
+            None => {}
         }
     }
 
     /// A guest read of those registers.
     pub fn mmio_read(&self, offset: u64, data: &mut [u8]) {
-        let (i, reg) = (offset / layout::MMIO_SIZE, offset % layout::MMIO_SIZE);
-        match (
-            usize::try_from(i).ok().and_then(|i| self.blks.get(i)),
-            &self.fill,
-        ) {
-            (Some(blk), _) => lock(blk).read(reg, data),
-            (None, Some(fill)) if i == u64::from(fill::MMIO_INDEX) => lock(fill).read(reg, data),
-            _ => {}
+        match self.mmio_device(offset) {
+            Some((MmioDevice::Blk(blk), reg)) => lock(blk).read(reg, data),
+            Some((MmioDevice::Fill(fill), reg)) => lock(fill).read(reg, data),
+            None => {}
         }
     }
+
+    /// The device whose registers hold `offset`, and the register.
+    fn mmio_device(&self, offset: u64) -> Option<(MmioDevice<'_>, u64)> {
+        let (i, reg) = (offset / layout::MMIO_SIZE, offset % layout::MMIO_SIZE);
+        if let Some(blk) = usize::try_from(i).ok().and_then(|i| self.blks.get(i)) {
+            return Some((MmioDevice::Blk(blk), reg));
+        }
+        let fill = self
+            .fill
+            .as_ref()
+            .filter(|_| i == u64::from(fill::MMIO_INDEX))?;
+        Some((MmioDevice::Fill(fill), reg))
+    }
+}
+
+/// A device on the virtio-mmio window.
+enum MmioDevice<'a> {
+    Blk(&'a std::sync::Mutex<blk::Blk>),
+    Fill(&'a std::sync::Mutex<fill::device::FillDevice>),
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

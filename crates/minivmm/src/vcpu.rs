@@ -181,8 +181,8 @@ fn set_state(s: &Shared, state: State) {
 
 fn run(s: &Shared) {
     // SAFETY: pthread_self has no preconditions.
-    s.pthread
-        .store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
+    let me = unsafe { libc::pthread_self() };
+    s.pthread.store(me as u64, Ordering::Release);
     loop {
         {
             let mut state = s.state.lock().unwrap_or_else(|e| e.into_inner());

@@ -5,11 +5,12 @@
 //! log must report. With the fill device, its backend process writes
 //! guest memory all along, and the pause must stop it too.
 
+mod common;
+
 use ferry_engine::conformance::{run_all, Saved, VmmUnderTest};
 use ferry_engine::vmm::{Backing, Gfn, Gpa, Vm, VmError};
 use ferry_kvm::cpu_state::equal_but_clocks;
 use minivmm::layout::{lane, var, VARS, WRITE_LIST, WRITE_LIST_MAX};
-use minivmm::serial::ConsoleOut;
 use minivmm::{MiniConfig, MiniVm};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -50,12 +51,6 @@ impl Drop for Minivmm {
     }
 }
 
-fn sinks(n: u32) -> Vec<ConsoleOut> {
-    (0..n)
-        .map(|_| ConsoleOut::new(Box::new(std::io::sink())))
-        .collect()
-}
-
 fn config_error(e: minivmm::vm::MiniVmError) -> VmError {
     VmError::Guest(ferry_engine::vmm::error_chain(&e))
 }
@@ -73,18 +68,14 @@ impl VmmUnderTest for Minivmm {
     fn source(&mut self) -> Result<MiniVm, VmError> {
         let mut config = MiniConfig::new(VCPUS, 8, self.dir.join("disk.img"));
         config.fill = self.fill;
-        for i in 0..VCPUS {
-            let f = std::fs::File::create(config.disk_path(i)).unwrap();
-            f.set_len(minivmm::layout::DISK_BLOCKS * minivmm::layout::BLOCK_BYTES)
-                .unwrap();
-        }
-        MiniVm::boot(config, self.backing(), sinks(VCPUS)).map_err(config_error)
+        common::make_disks(&config);
+        MiniVm::boot(config, self.backing(), common::sinks(VCPUS)).map_err(config_error)
     }
 
     fn destination(&mut self, source_config: &serde_json::Value) -> Result<MiniVm, VmError> {
         let config: MiniConfig = serde_json::from_value(source_config.clone())
             .map_err(|e| VmError::Guest(e.to_string()))?;
-        MiniVm::incoming(config, self.backing(), sinks(VCPUS)).map_err(config_error)
+        MiniVm::incoming(config, self.backing(), common::sinks(VCPUS)).map_err(config_error)
     }
 
     fn write_pages(&mut self, vm: &mut MiniVm, pages: &[Gfn]) -> Result<(), VmError> {

@@ -6,20 +6,13 @@ mod common;
 
 use common::{kvm, EXE};
 use minivmm::checks;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 fn demo(extra: &[&str]) -> serde_json::Value {
-    let out = Command::new(EXE)
-        .args(["demo", "--json", "--data-mib", "16"])
-        .args(extra)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    let (ok, j) = common::demo_json(extra);
+    assert!(ok, "{j}");
+    j
 }
 
 fn assert_clean(j: &serde_json::Value) {
@@ -107,18 +100,7 @@ fn a_destination_killed_mid_migration_leaves_the_source_running_without_a_gap() 
     let dir = std::env::temp_dir().join(format!("minivmm-kill-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let console = dir.join("source.console");
-    let mut dest = Command::new(EXE)
-        .args(["receive", "--listen", "127.0.0.1:0", "--console"])
-        .arg(dir.join("destination.console"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(dest.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let (mut dest, addr) = common::receiver(&dir.join("destination.console"));
     // A slow link: the full pass alone takes seconds.
     let src = Command::new(EXE)
         .args([
@@ -130,7 +112,7 @@ fn a_destination_killed_mid_migration_leaves_the_source_running_without_a_gap() 
             "4",
         ])
         .args(["--run-before-ms", "200", "--run-after-failure-ms", "1000"])
-        .args(["--to", addr["listening"].as_str().unwrap()])
+        .args(["--to", &addr])
         .arg("--disk")
         .arg(dir.join("disk.img"))
         .arg("--console")

@@ -3,20 +3,15 @@
 //! have raised completion interrupts through their irqfds. (The guest at
 //! CPL3 polls and takes none: `docs/kvm-host-devices.md` says why.)
 
+mod common;
+
 use ferry_engine::vmm::{Backing, Vm};
 use ferry_kvm::cpu_state::vm_level::Irqchip;
 use ferry_kvm::cpu_state::Snapshot;
-use minivmm::serial::ConsoleOut;
 use minivmm::{MiniConfig, MiniVm};
 use std::time::Duration;
 
 const VCPUS: u32 = 2;
-
-fn sinks() -> Vec<ConsoleOut> {
-    (0..VCPUS)
-        .map(|_| ConsoleOut::new(Box::new(std::io::sink())))
-        .collect()
-}
 
 /// The irqchip and the LAPICs of a snapshot, as comparable values (the
 /// clock, which moves while paused, left out).
@@ -43,12 +38,9 @@ fn the_irqchip_and_every_lapic_load_into_a_fresh_vm_equal() {
     std::fs::create_dir_all(&dir).unwrap();
     let config = MiniConfig::new(VCPUS, 8, dir.join("disk.img"));
     assert!(config.irqchip);
-    for i in 0..VCPUS {
-        let f = std::fs::File::create(config.disk_path(i)).unwrap();
-        f.set_len(minivmm::layout::DISK_BLOCKS * minivmm::layout::BLOCK_BYTES)
-            .unwrap();
-    }
-    let mut source = MiniVm::boot(config.clone(), Backing::Anonymous, sinks()).unwrap();
+    common::make_disks(&config);
+    let mut source =
+        MiniVm::boot(config.clone(), Backing::Anonymous, common::sinks(VCPUS)).unwrap();
     source.start().unwrap();
     std::thread::sleep(Duration::from_millis(300));
     source.pause().unwrap();
@@ -61,7 +53,8 @@ fn the_irqchip_and_every_lapic_load_into_a_fresh_vm_equal() {
     assert_eq!(lapics.len(), VCPUS as usize);
     assert_ne!(lapics[0], lapics[1], "each vCPU has its own LAPIC (its id)");
 
-    let mut destination = MiniVm::incoming(config.clone(), Backing::Anonymous, sinks()).unwrap();
+    let mut destination =
+        MiniVm::incoming(config.clone(), Backing::Anonymous, common::sinks(VCPUS)).unwrap();
     destination
         .vcpu_state()
         .unwrap()

@@ -5,30 +5,16 @@
 //! in memory, not from a flag), and after all of them every vCPU's console
 //! and disk streams are whole: no request lost or done twice.
 
+mod common;
+
 use ferry_engine::vmm::{Backing, Gfn, Vm};
 use minivmm::serial::ConsoleOut;
 use minivmm::{checks, probe, MiniConfig, MiniVm};
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const VCPUS: u32 = 2;
 /// Pauses with requests in flight to catch before the checks.
 const CATCHES: usize = 5;
-
-/// A console that keeps what the guest printed.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// All of guest memory, page by page.
 fn memory(vm: &MiniVm) -> Vec<u8> {
@@ -50,12 +36,8 @@ fn a_pause_with_requests_in_flight_finishes_them_and_loses_none() {
     let dir = std::env::temp_dir().join(format!("minivmm-quiesce-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let config = MiniConfig::new(VCPUS, 8, dir.join("disk.img"));
-    for i in 0..VCPUS {
-        let f = std::fs::File::create(config.disk_path(i)).unwrap();
-        f.set_len(minivmm::layout::DISK_BLOCKS * minivmm::layout::BLOCK_BYTES)
-            .unwrap();
-    }
-    let consoles: Vec<Captured> = (0..VCPUS).map(|_| Captured::default()).collect();
+    common::make_disks(&config);
+    let consoles: Vec<common::Captured> = (0..VCPUS).map(|_| common::Captured::default()).collect();
     let outs = consoles
         .iter()
         .map(|c| ConsoleOut::new(Box::new(c.clone())))
@@ -89,7 +71,7 @@ fn a_pause_with_requests_in_flight_finishes_them_and_loses_none() {
     let guest = probe::counters(&vm).unwrap();
     assert_eq!(guest.bad_reads + guest.status_errors, 0, "{guest:?}");
     for (i, (console, journal)) in consoles.iter().zip(vm.disk_journals()).enumerate() {
-        let text = String::from_utf8_lossy(&console.0.lock().unwrap()).into_owned();
+        let text = console.text();
         let lines = checks::console(&text);
         assert!(lines.lines > 0, "vCPU {i}: {lines:?}");
         assert_eq!(

@@ -3,35 +3,15 @@
 //! section refuses it by name before any memory moves, and the source's
 //! guest runs on with its console and disk streams unbroken.
 
+mod common;
+
 use ferry_engine::vmm::{receive_as, Backing, StreamHeader, Vm, VmError};
 use ferry_engine::{
     await_migration, listen, migrate, NoProgress, PrecopyOptions, ReceiveOptions, TcpDialer,
 };
 use minivmm::serial::ConsoleOut;
 use minivmm::{checks, probe, MiniConfig, MiniVm};
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// A console that keeps what the guest printed.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
 
 /// vCPUs of the VM under test: two, so that each section has two
 /// instances.
@@ -40,11 +20,7 @@ const VCPUS: u32 = 2;
 fn disk(name: &str) -> MiniConfig {
     let path = std::env::temp_dir().join(format!("minivmm-{name}-{}.img", std::process::id()));
     let config = MiniConfig::new(VCPUS, 8, path);
-    for i in 0..VCPUS {
-        let f = std::fs::File::create(config.disk_path(i)).unwrap();
-        f.set_len(minivmm::layout::DISK_BLOCKS * minivmm::layout::BLOCK_BYTES)
-            .unwrap();
-    }
+    common::make_disks(&config);
     config
 }
 
@@ -61,9 +37,7 @@ fn a_virtio_blk_section_the_destination_cannot_load_is_refused_by_name() {
         let incoming = await_migration(&listener, None).unwrap();
         let mut factory = |h: &StreamHeader| -> Result<MiniVm, VmError> {
             let config: MiniConfig = serde_json::from_value(h.vmm_config.clone()).unwrap();
-            let outs = (0..config.vcpus)
-                .map(|_| ConsoleOut::new(Box::new(std::io::sink())))
-                .collect();
+            let outs = common::sinks(config.vcpus);
             Ok(MiniVm::incoming(config, Backing::Anonymous, outs)?)
         };
         receive_as(
@@ -76,7 +50,7 @@ fn a_virtio_blk_section_the_destination_cannot_load_is_refused_by_name() {
     });
 
     // A source whose virtio-blk state is a version this minivmm does not load.
-    let consoles: Vec<Captured> = (0..VCPUS).map(|_| Captured::default()).collect();
+    let consoles: Vec<common::Captured> = (0..VCPUS).map(|_| common::Captured::default()).collect();
     let config = MiniConfig {
         blk_version: minivmm::blk::VERSION + 1,
         ..config

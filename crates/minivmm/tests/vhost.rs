@@ -10,21 +10,11 @@
 mod common;
 
 use common::{kvm, last_json, EXE};
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn demo(extra: &[&str]) -> (bool, serde_json::Value) {
-    let out = Command::new(EXE)
-        .args(["demo", "--json", "--data-mib", "16", "--vhost"])
-        .args(extra)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let j = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("no summary ({e}): {stdout}\n{stderr}"));
-    (out.status.success(), j)
+    common::demo_json(&[&["--vhost"], extra].concat())
 }
 
 fn assert_fills_whole(j: &serde_json::Value) {
@@ -111,25 +101,14 @@ fn a_backend_killed_mid_migration_fails_it_with_the_reason_and_the_guest_runs_on
     }
     let dir = std::env::temp_dir().join(format!("minivmm-vhost-kill-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut dest = Command::new(EXE)
-        .args(["receive", "--listen", "127.0.0.1:0", "--console"])
-        .arg(dir.join("destination.console"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(dest.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let (mut dest, addr) = common::receiver(&dir.join("destination.console"));
     // A slow link: the first pass alone takes seconds.
     let console = dir.join("source.console");
     let src = Command::new(EXE)
         .args(["migrate", "--json", "--vhost", "--backing", "memfd"])
         .args(["--data-mib", "32", "--bandwidth-mib-s", "4"])
         .args(["--run-before-ms", "300", "--run-after-failure-ms", "1000"])
-        .args(["--to", addr["listening"].as_str().unwrap()])
+        .args(["--to", &addr])
         .arg("--disk")
         .arg(dir.join("disk.img"))
         .arg("--console")

@@ -108,17 +108,30 @@ fn no_sections() -> Verdict {
     Verdict::skipped("the VM declares no device sections (state_sections is empty)")
 }
 
-fn round_trip<V: VmmUnderTest>(vmm: &mut V) -> Result<Verdict, SectionsError> {
+/// The sections a source saved, and a fresh destination for them.
+type SavedAndDestination<V> = (Vec<Section>, <V as VmmUnderTest>::Vm);
+
+/// [`SavedAndDestination`]; `None` for a VM that declares no sections.
+fn saved_and_destination<V: VmmUnderTest>(
+    vmm: &mut V,
+) -> Result<Option<SavedAndDestination<V>>, SectionsError> {
     let mut src = step("building the source VM", vmm.source())?;
     let specs = src.state_sections();
     if specs.is_empty() {
-        return Ok(no_sections());
+        return Ok(None);
     }
     let saved = saved_by_source(vmm, &mut src, &specs)?;
-    let mut dst = step(
+    let dst = step(
         "building the destination VM",
         vmm.destination(&src.vmm_config()),
     )?;
+    Ok(Some((saved, dst)))
+}
+
+fn round_trip<V: VmmUnderTest>(vmm: &mut V) -> Result<Verdict, SectionsError> {
+    let Some((saved, mut dst)) = saved_and_destination(vmm)? else {
+        return Ok(no_sections());
+    };
     let resaved = restored_and_saved(&mut dst, &saved)?;
     compare(vmm, &saved, &resaved)?;
     Ok(Verdict::passed(format!(
@@ -129,16 +142,9 @@ fn round_trip<V: VmmUnderTest>(vmm: &mut V) -> Result<Verdict, SectionsError> {
 }
 
 fn versions<V: VmmUnderTest>(vmm: &mut V) -> Result<Verdict, SectionsError> {
-    let mut src = step("building the source VM", vmm.source())?;
-    let specs = src.state_sections();
-    if specs.is_empty() {
+    let Some((saved, mut dst)) = saved_and_destination(vmm)? else {
         return Ok(no_sections());
-    }
-    let saved = saved_by_source(vmm, &mut src, &specs)?;
-    let mut dst = step(
-        "building the destination VM",
-        vmm.destination(&src.vmm_config()),
-    )?;
+    };
     let dst_specs = dst.state_sections();
     let mut refused = 0;
     for s in &saved {

@@ -13,6 +13,7 @@
 
 use super::log::Log;
 use super::{FillError, DEVICE_ID, SECTION};
+use crate::virtio_mmio;
 use ferry_engine::vmm::{DirtyPages, GuestRam, Section};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -32,8 +33,6 @@ use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
-/// virtio-mmio magic, "virt".
-const MAGIC: u32 = 0x7472_6976;
 /// What the device offers the guest: VERSION_1 only.
 const GUEST_FEATURES: u64 = 1 << VIRTIO_F_VERSION_1;
 /// The largest queue the guest may ask for.
@@ -41,15 +40,12 @@ const MAX_QUEUE: u16 = 256;
 /// How long a backend just spawned may take to open its socket.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
 
-/// The transport's registers that are state.
+/// The transport's registers that are state: the shared ones, and the
+/// one queue's (kept here, since the backend holds the queue itself).
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 struct Registers {
-    status: u32,
-    device_features_sel: u32,
-    driver_features_sel: u32,
-    driver_features: u64,
-    queue_sel: u32,
-    interrupt_status: u32,
+    #[serde(flatten)]
+    common: virtio_mmio::Common,
     queue_size: u16,
     queue_ready: bool,
     desc: u64,
@@ -174,52 +170,38 @@ impl FillDevice {
     /// A guest read of register `offset`.
     pub fn read(&self, offset: u64, data: &mut [u8]) {
         let r = &self.regs;
-        let value: u32 = match offset {
-            0x000 => MAGIC,
-            0x004 => 2,
-            0x008 => DEVICE_ID,
-            0x00c => 0x4d56_4d4d,
-            0x010 => (GUEST_FEATURES >> (32 * r.device_features_sel.min(1))) as u32,
-            0x034 => u32::from(MAX_QUEUE),
-            0x044 => u32::from(r.queue_ready),
-            0x060 => r.interrupt_status,
-            0x070 => r.status,
-            _ => 0,
-        };
-        let n = data.len().min(4);
-        data[..n].copy_from_slice(&value.to_le_bytes()[..n]);
+        let value = r
+            .common
+            .read(offset, DEVICE_ID, GUEST_FEATURES)
+            .unwrap_or(match offset {
+                0x034 => u32::from(MAX_QUEUE),
+                0x044 => u32::from(r.queue_ready),
+                _ => 0,
+            });
+        virtio_mmio::answer(value, data);
     }
 
     /// A guest write of register `offset`.
     pub fn write(&mut self, offset: u64, data: &[u8]) {
-        let mut word = [0u8; 4];
-        let n = data.len().min(4);
-        word[..n].copy_from_slice(&data[..n]);
-        let v = u32::from_le_bytes(word);
+        let v = virtio_mmio::word(data);
         let r = &mut self.regs;
+        if r.common.write(offset, v) {
+            return;
+        }
         let low = |old: u64| (old & !0xffff_ffff) | u64::from(v);
         let high = |old: u64| (old & 0xffff_ffff) | u64::from(v) << 32;
         match offset {
-            0x014 => r.device_features_sel = v,
-            0x020 => {
-                let shift = 32 * u64::from(r.driver_features_sel.min(1));
-                let kept = r.driver_features & !(0xffff_ffff << shift);
-                r.driver_features = kept | (u64::from(v) << shift);
-            }
-            0x024 => r.driver_features_sel = v,
-            0x030 => r.queue_sel = v,
             0x038 => r.queue_size = (v as u16).min(MAX_QUEUE),
             0x044 => r.queue_ready = v == 1,
-            0x050 => {
+            virtio_mmio::QUEUE_NOTIFY => {
                 // Only without the ioeventfd (which takes this write in
                 // KVM): hand it to the backend the same way.
                 self.notify_exits += 1;
                 let _ = self.kick.write(1);
             }
-            0x064 => r.interrupt_status &= !v,
-            0x070 if v == 0 => self.reset(),
-            0x070 => {
-                r.status = v;
+            virtio_mmio::STATUS if v == 0 => self.reset(),
+            virtio_mmio::STATUS => {
+                r.common.status = v;
                 if v & 4 != 0 && r.queue_ready && self.ring == Ring::Inactive {
                     if let Err(e) = self.activate(0) {
                         let e = self.fail(e);

@@ -1,10 +1,15 @@
-//! What the CLI tests share: the binary, the KVM check, and the check that
-//! a source which kept its guest lost nothing.
+//! What minivmm's tests share: the binary, the KVM check, a demo run, a
+//! destination listening, VMs' disks and consoles, and the check that a
+//! source which kept its guest lost nothing.
 
 #![allow(dead_code)]
 
-use minivmm::checks;
+use minivmm::serial::ConsoleOut;
+use minivmm::{checks, MiniConfig};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 /// The minivmm binary under test.
 pub const EXE: &str = env!("CARGO_BIN_EXE_minivmm");
@@ -47,4 +52,75 @@ pub fn source_kept_its_streams(j: &serde_json::Value, console: &Path) -> u64 {
     }
     assert_eq!(j["guest"]["bad_reads"], 0, "{j}");
     total
+}
+
+/// `minivmm demo --json --data-mib 16` with `extra`: whether it succeeded,
+/// and its summary.
+pub fn demo_json(extra: &[&str]) -> (bool, serde_json::Value) {
+    let out = Command::new(EXE)
+        .args(["demo", "--json", "--data-mib", "16"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let j = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("no summary ({e}): {stdout}\n{stderr}"));
+    (out.status.success(), j)
+}
+
+/// A `minivmm receive` on loopback, its console at `console`, and the
+/// address it listens on.
+pub fn receiver(console: &Path) -> (Child, String) {
+    let mut dest = Command::new(EXE)
+        .args(["receive", "--listen", "127.0.0.1:0", "--console"])
+        .arg(console)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(dest.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let said: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let addr = said["listening"].as_str().unwrap().to_string();
+    (dest, addr)
+}
+
+/// Creates the disk image of each of `config`'s vCPUs.
+pub fn make_disks(config: &MiniConfig) {
+    for i in 0..config.vcpus {
+        let f = std::fs::File::create(config.disk_path(i)).unwrap();
+        f.set_len(minivmm::layout::DISK_BLOCKS * minivmm::layout::BLOCK_BYTES)
+            .unwrap();
+    }
+}
+
+/// Consoles that throw away what `n` vCPUs print.
+pub fn sinks(n: u32) -> Vec<ConsoleOut> {
+    (0..n)
+        .map(|_| ConsoleOut::new(Box::new(std::io::sink())))
+        .collect()
+}
+
+/// A console that keeps what the guest printed.
+#[derive(Clone, Default)]
+pub struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// What was printed.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
 }
