@@ -3,10 +3,11 @@
 //! VM serves would do.
 //!
 //! ```text
-//!   start every dirty log ─ harvest every 50 ms for SECS ─ stop
-//!   rate per vCPU  = pages newly dirtied × 4 KiB / SECS: the VM's per-vCPU
-//!                    counts (Vm::dirtied) where it has them, else what the
-//!                    harvests found, shared evenly
+//!   start every dirty log ─ harvest after 10 ms, after 90 ms, ... for SECS ─ stop
+//!   rate per vCPU  = the pages the 10 ms windows found × 4 KiB / their time
+//!                    (see SAMPLE_SLICE), each vCPU's by its share of the
+//!                    VM's per-vCPU counts (Vm::dirtied) where it keeps
+//!                    them, else shared evenly
 //!   working set    = from the distinct pages dirtied by mid-sample and by
 //!                    its end (see working_set_pages): a guest still meeting
 //!                    new pages at the end may dirty all of memory
@@ -24,8 +25,16 @@ use crate::wire::is_zero_page;
 use ferry_vm::{DirtyPages, Gfn, GuestRam, RamError, Vm, PAGE_SIZE};
 use std::time::{Duration, Instant};
 
-/// How often the sample harvests.
-const SAMPLE_HARVEST: Duration = Duration::from_millis(50);
+/// The sample harvests alternately after a time throttle's slice and
+/// after a policy interval. The slice-long windows give each vCPU's rate:
+/// what it dirties in the first slice after its pages are protected, which
+/// is what a throttled vCPU dirties per slice it is let run. A writer that
+/// re-dirties its whole working set within that (the soft MMU's do, in
+/// about 2 ms) shows a rate of its set per slice, and the model knows no
+/// time throttle holds it; a writer held by its faults shows its own. The
+/// longer windows let slower writers spread over memory show their reach.
+const SAMPLE_SLICE: Duration = ferry_vm::THROTTLE_SLICE;
+const SAMPLE_HARVEST: Duration = Duration::from_millis(90);
 
 /// What a sample of a running guest's dirtying found.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,14 +79,33 @@ fn sample_logs(vm: &mut dyn Vm, secs: Duration) -> Result<DirtySample, Migration
     // the VM was built, say) is not the guest's rate.
     let mut now = DirtyPages::new(pages);
     crate::dirty_logs::collect(vm, &mut now)?;
-    let before = super::dirtied(vm);
+    let mut counts = super::dirtied(vm);
+    let metered = counts.len() == vcpus;
+    // Per vCPU: pages and seconds in the slice-long windows.
+    let (mut slice_pages, mut slice_secs) = (vec![0.0f64; vcpus], 0.0);
     let (mut all, mut found) = (DirtyPages::new(pages), 0u64);
     let mut half = None;
     let start = Instant::now();
+    let mut last = Instant::now();
+    let mut short = true;
     while start.elapsed() < secs {
-        std::thread::sleep(SAMPLE_HARVEST.min(secs.saturating_sub(start.elapsed())));
+        let window = if short { SAMPLE_SLICE } else { SAMPLE_HARVEST };
+        std::thread::sleep(window.min(secs.saturating_sub(start.elapsed())));
         now.clear();
         crate::dirty_logs::collect(vm, &mut now)?;
+        let took = std::mem::replace(&mut last, Instant::now()).elapsed();
+        let n = now.count() as f64;
+        let after = super::dirtied(vm);
+        if short {
+            // The window's pages, each vCPU's by its share of the count.
+            let shares = count_shares(&counts, &after, vcpus);
+            for (p, s) in slice_pages.iter_mut().zip(shares) {
+                *p += n * s;
+            }
+            slice_secs += took.as_secs_f64();
+        }
+        counts = after;
+        short = !short;
         found += now.count();
         all.merge(&now);
         if half.is_none() && start.elapsed() >= secs / 2 {
@@ -91,31 +119,52 @@ fn sample_logs(vm: &mut dyn Vm, secs: Duration) -> Result<DirtySample, Migration
     });
     let ram_pages = vm.ram().size() / PAGE_SIZE as u64;
     let working_set = working_set_pages(at_half, all.count(), ram_pages);
-    let after = super::dirtied(vm);
-    // Each vCPU's share of what was found: its own count where the VM
-    // keeps one, else an equal part.
-    let shares: Vec<f64> = if after.len() == vcpus && before.len() == vcpus {
-        let per: Vec<u64> = after
-            .iter()
-            .zip(&before)
-            .map(|(a, b)| a.saturating_sub(*b))
-            .collect();
-        let sum = per.iter().sum::<u64>().max(1) as f64;
-        per.iter().map(|&p| p as f64 / sum).collect()
+    let page = PAGE_SIZE as f64;
+    // Each vCPU's share of the working set: of what it dirtied, where the
+    // VM counts it, else an equal part.
+    let total: f64 = slice_pages.iter().sum();
+    let shares: Vec<f64> = if metered && total > 0.0 {
+        slice_pages.iter().map(|p| p / total).collect()
     } else {
         vec![1.0 / vcpus as f64; vcpus]
     };
-    let page = PAGE_SIZE as f64;
-    Ok(DirtySample {
-        dirty_bytes_per_sec: shares
+    let dirty_bytes_per_sec = match metered && slice_secs > 0.0 {
+        true => slice_pages.iter().map(|p| p * page / slice_secs).collect(),
+        // The slice windows' pages shared evenly, or failing those all.
+        false if slice_secs > 0.0 => shares
+            .iter()
+            .map(|s| s * total * page / slice_secs)
+            .collect(),
+        false => shares
             .iter()
             .map(|s| s * found as f64 * page / took)
             .collect(),
+    };
+    Ok(DirtySample {
+        dirty_bytes_per_sec,
         working_set_bytes: shares
             .iter()
             .map(|s| (s * working_set as f64 * page) as u64)
             .collect(),
     })
+}
+
+/// Each vCPU's share of the pages newly dirtied between two readings of
+/// the per-vCPU counts (equal parts where there are none, or no change).
+fn count_shares(before: &[u64], after: &[u64], vcpus: usize) -> Vec<f64> {
+    if before.len() != vcpus || after.len() != vcpus {
+        return vec![1.0 / vcpus as f64; vcpus];
+    }
+    let per: Vec<u64> = after
+        .iter()
+        .zip(before)
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect();
+    let sum = per.iter().sum::<u64>();
+    if sum == 0 {
+        return vec![1.0 / vcpus as f64; vcpus];
+    }
+    per.iter().map(|&p| p as f64 / sum as f64).collect()
 }
 
 /// The pages a guest keeps dirtying, from the distinct pages its sample

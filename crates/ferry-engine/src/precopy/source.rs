@@ -173,8 +173,11 @@ impl Source<'_> {
         if self.opts.mode == Mode::Postcopy && may_switch {
             return self.postcopy_switchover(0, self.ram.frames(), dialer, hello);
         }
-        self.start_logging()?;
+        // The meter starts first: a writer that re-dirties its working set
+        // as soon as logging write-protects it (a few milliseconds on the
+        // soft MMU) is then seen by the first interval, not missed.
         self.converge.start_meter(&mut *self.vm);
+        self.start_logging()?;
         // The full pass sends every page, so VMM writes made so far are covered.
         let mut dirty = DirtyPages::new(self.pages);
         self.ram.take_vmm_dirty(&mut dirty);

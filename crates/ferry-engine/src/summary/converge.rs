@@ -70,4 +70,33 @@ pub struct Prediction {
     pub recommended: String,
     /// Whether the link rate was known (else assumed; see the input).
     pub link_known: bool,
+    /// What the model was given: the sampled rates, the link, the target.
+    pub input: PredictInput,
+}
+
+/// What the guest and the link look like before the migration.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PredictInput {
+    /// Guest memory in bytes (all of it goes in the first pass).
+    pub memory_bytes: u64,
+    /// Of those, the bytes of pages that hold data: what the first pass puts
+    /// on the link (zero pages travel as a bit, no data). A guest that has
+    /// written a tenth of its memory sends its first pass ten times faster
+    /// than its size says.
+    pub data_bytes: u64,
+    /// Per vCPU: bytes dirtied per second with dirty tracking on.
+    pub dirty_bytes_per_sec: Vec<f64>,
+    /// Per vCPU: the most bytes it can have dirtied at once.
+    pub working_set_bytes: Vec<u64>,
+    /// Guest bytes per second the link moves.
+    pub link_bytes_per_sec: f64,
+    /// Whether the link rate was given (a bandwidth cap) rather than assumed.
+    pub link_known: bool,
+    /// The downtime target.
+    pub downtime_target_ms: f64,
+    /// The round cap.
+    pub max_rounds: u32,
+    /// Whether the engine harvests within rounds (a page dirtied ahead of
+    /// the send cursor is then not sent again).
+    pub harvest_within_rounds: bool,
 }

@@ -5,7 +5,7 @@ mod converge;
 mod postcopy;
 
 use crate::choices::{Compression, ConvergeMode, Mode};
-pub use converge::{Escalation, PolicyForecast, Prediction, ThrottleStep};
+pub use converge::{Escalation, PolicyForecast, PredictInput, Prediction, ThrottleStep};
 use ferry_vm::GuestCheck;
 pub use postcopy::PostcopyReport;
 use serde::Serialize;

@@ -141,7 +141,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
             dest.0.id()
         );
     }
-    let mut summary = boot_and_migrate(&mut *vm, &config.workload, &addr, &a.migration, opts, tls)?;
+    let mut summary = boot_and_migrate(&mut *vm, &addr, &a.migration, opts, tls)?;
     // A destination that got no migration (the source failed before it
     // connected) would wait for ever: give it the stall timeout to finish
     // reporting, then stop it. One that got the guest runs it until every

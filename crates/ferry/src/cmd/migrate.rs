@@ -18,7 +18,7 @@ use ferry_engine::tunables::{
 };
 use ferry_engine::{Both, Mode, NoProgress, PostcopyResume, Progress, TunableChange};
 use ferry_engine::{Dial, MigrationSummary, Outcome, PrecopyOptions, TlsConfig, Tunables};
-use ferry_memstress::{read_progress, set_write_percent, MemstressProbe, Workload};
+use ferry_memstress::{read_progress, set_write_percent, MemstressProbe};
 use ferry_vm::error_chain as chain;
 use ferry_vm::Vm;
 use std::io::IsTerminal;
@@ -294,7 +294,7 @@ pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
     let workload = a.workload.workload().map_err(CmdError::Usage)?;
     let config = a.backend.config(workload);
     let mut vm = vms::create(a.backend.kind(), &config, &a.backend, vms::Role::Source)?;
-    let summary = boot_and_migrate(&mut *vm, &config.workload, &a.to, &a.migration, opts, tls)?;
+    let summary = boot_and_migrate(&mut *vm, &a.to, &a.migration, opts, tls)?;
     Ok(finish(&mut *vm, &summary, a.migration.json))
 }
 
@@ -411,7 +411,6 @@ pub fn check_policy(vm: &mut dyn Vm, converge: Option<ConvergeMode>) -> Result<(
 /// Starts the guest, warms it up, and migrates it to `to`.
 pub fn boot_and_migrate(
     vm: &mut dyn Vm,
-    workload: &Workload,
     to: &str,
     m: &MigrationArgs,
     opts: PrecopyOptions,
@@ -439,7 +438,6 @@ pub fn boot_and_migrate(
         eprintln!("ferry: sampling the guest's dirty rate to predict the migration ...");
         let p = crate::predict::sample_and_predict(
             vm,
-            workload,
             &opts.tunables,
             m.link_bytes_per_sec,
             Duration::from_secs_f64(m.predict_secs),
