@@ -30,6 +30,7 @@
 
 mod auto;
 mod limit;
+pub mod model;
 mod predict;
 mod quota;
 mod sample;

@@ -27,9 +27,9 @@
 //! The stall escalation is not modelled: it only acts when the prediction
 //! would already say "does not converge".
 
-use super::{policy, Action, ConvergeMode, RoundEnd, Sample};
+use super::model::{MigrationModel, HORIZON_SECS, RUNS};
+use super::ConvergeMode;
 pub use crate::summary::{PolicyForecast, PredictInput, Prediction};
-use std::time::Duration;
 
 /// Predicts each of `modes` on `input`.
 pub fn predict(input: &PredictInput, modes: &[ConvergeMode]) -> Prediction {
@@ -54,262 +54,37 @@ pub fn predict(input: &PredictInput, modes: &[ConvergeMode]) -> Prediction {
     }
 }
 
-/// The most steps a round is modelled in (longer rounds take longer steps
-/// than the policy interval).
-const MAX_ROUND_STEPS: f64 = 400.0;
-/// A migration modelled past this is taken not to converge.
-const HORIZON_SECS: f64 = 3600.0;
-
-/// One vCPU as the model runs it.
-#[derive(Clone, Debug, Default)]
-struct VcpuModel {
-    /// Bytes/s it dirties clean pages at, unthrottled.
-    rate: f64,
-    /// The most bytes it can have dirtied at once.
-    ws: f64,
-    /// Bytes dirtied since its pages were last protected.
-    dirty: f64,
-    /// With harvests within rounds: bytes the next round sends again.
-    again: f64,
-    /// Bytes newly dirtied since the policy's last sample (its meter).
-    metered: f64,
-    /// dirty-limit: the throttle its feedback loop holds it at, percent,
-    /// and the loop's period so far (seconds, bytes).
-    limit_pct: u8,
-    period: (f64, f64),
-}
-
-impl VcpuModel {
-    /// Its dirty rate under a time throttle of `pct`, and the share of
-    /// the time it runs. A throttled vCPU runs slices of
-    /// [`ferry_vm::THROTTLE_SLICE`] and sleeps between them, so one that
-    /// dirties its whole working set within a slice (a writer on a host
-    /// whose faults are cheap) dirties all of it once per slice it gets,
-    /// whatever the throttle: its rate is capped at the working set per
-    /// slice, not at its own.
-    fn time_throttled(&self, pct: u8) -> (f64, f64) {
-        if pct == 0 {
-            return (self.rate, 1.0);
-        }
-        let run = 1.0 - f64::from(pct.min(ferry_vm::MAX_THROTTLE_PERCENT)) / 100.0;
-        let slice = ferry_vm::THROTTLE_SLICE.as_secs_f64();
-        (self.rate.min(self.ws / slice) * run, run)
-    }
-
-    /// Its dirty rate under `action`, and the share of the time it runs.
-    fn under(&self, action: &Option<Action>, v: usize) -> (f64, f64) {
-        match action {
-            Some(Action::Time(p)) => self.time_throttled(*p),
-            Some(Action::Quota(Some(q))) => {
-                let cap = q.bytes_per_sec(v);
-                let all_dirty = self.dirty >= self.ws;
-                match self.rate > cap && !all_dirty {
-                    true => (cap, cap / self.rate),
-                    false => (self.rate, 1.0),
-                }
-            }
-            Some(Action::Limit(Some(_))) => self.time_throttled(self.limit_pct),
-            _ => (self.rate, 1.0),
-        }
-    }
-
-    /// The rate dirty-limit's loop reads off a period in which this vCPU
-    /// dirtied at `average`. Once its throttle's cycle (a slice and a
-    /// sleep) outlasts the period, a period holds one slice or none, and
-    /// the loop reads the slice's dirtying over the period (a period with
-    /// none says nothing): so it keeps raising the throttle while a slice
-    /// dirties more than the limit allows a period, far past the share
-    /// that would hold the average there.
-    fn seen_by_limit(&self, average: f64) -> f64 {
-        let period = ferry_vm::dirty_limit::PERIOD.as_secs_f64();
-        let slice = ferry_vm::THROTTLE_SLICE.as_secs_f64();
-        let run = 1.0 - f64::from(self.limit_pct.min(ferry_vm::MAX_THROTTLE_PERCENT)) / 100.0;
-        if self.limit_pct == 0 || slice / run <= period {
-            return average;
-        }
-        (self.rate * slice).min(self.ws) / period
-    }
-
-    /// Runs it `dt` seconds under `action`; `again_share` is the share of
-    /// what it dirties that is sent again (`None`: no harvest within the
-    /// round, the round's end finds all it dirtied). Returns the share of
-    /// `dt` it ran.
-    fn advance(
-        &mut self,
-        v: usize,
-        dt: f64,
-        action: &Option<Action>,
-        again_share: Option<f64>,
-    ) -> f64 {
-        let (eff, share) = self.under(action, v);
-        let new = (eff * dt).min((self.ws - self.dirty).max(0.0));
-        self.dirty += new;
-        self.metered += new;
-        if let Some(f) = again_share {
-            // The interval's harvest protects its pages again.
-            self.again = (self.again + new * f).min(self.ws);
-            self.dirty = 0.0;
-        }
-        if let Some(Action::Limit(Some(limit))) = action {
-            // The backend's loop: each period's rate moves the throttle.
-            self.period.0 += dt;
-            self.period.1 += new;
-            let period = ferry_vm::dirty_limit::PERIOD.as_secs_f64();
-            if self.period.0 >= period * 0.999 {
-                if self.period.1 > 0.0 {
-                    let rate = self.seen_by_limit(self.period.1 / self.period.0);
-                    self.limit_pct =
-                        ferry_vm::dirty_limit::adjust(self.limit_pct, rate, *limit as f64);
-                }
-                self.period = (0.0, 0.0);
-            }
-        } else {
-            self.limit_pct = 0;
-            self.period = (0.0, 0.0);
-        }
-        share
-    }
-
-    /// What the round's end harvest finds of it, and protects again.
-    fn harvest(&mut self, within: bool) -> f64 {
-        let found = if within { self.again } else { self.dirty };
-        self.dirty = 0.0;
-        self.again = 0.0;
-        found
-    }
-}
-
-/// One policy's migration as the model runs it: every round in steps of
-/// the policy interval, the policy told what the engine would tell it.
-struct Run {
-    vcpus: Vec<VcpuModel>,
-    policy: Option<Box<dyn super::Policy>>,
-    action: Option<Action>,
-    template: Sample,
-    /// Seconds modelled, and vCPU-seconds run (not throttled).
-    total: f64,
-    ran: f64,
-    /// Seconds since the policy's last sample.
-    since_sample: f64,
-}
-
-impl Run {
-    fn step(&mut self, dt: f64, again_share: Option<f64>) {
-        let mut ran = 0.0;
-        for (v, m) in self.vcpus.iter_mut().enumerate() {
-            ran += m.advance(v, dt, &self.action, again_share);
-        }
-        self.total += dt;
-        self.since_sample += dt;
-        self.ran += dt * ran / self.vcpus.len().max(1) as f64;
-    }
-
-    /// Tells the policy what the meter read since its last sample.
-    fn sample(&mut self, round: u32, remaining: f64, round_end: Option<RoundEnd>) {
-        let s = Sample {
-            round,
-            elapsed: Duration::from_secs_f64(self.since_sample),
-            vcpu_dirty_bytes: self
-                .vcpus
-                .iter_mut()
-                .map(|m| std::mem::take(&mut m.metered) as u64)
-                .collect(),
-            remaining_bytes: remaining as u64,
-            round_end,
-            ..self.template.clone()
-        };
-        self.since_sample = 0.0;
-        if let Some(a) = self.policy.as_mut().and_then(|p| p.decide(&s)) {
-            self.action = Some(a);
-        }
-    }
-
-    /// Sends one round of `bytes` (round 0: the full pass, whose `bytes`
-    /// are the data pages of `memory` bytes) at `link` bytes/s, and
-    /// harvests at its end: what the next round sends.
-    fn round(&mut self, round: u32, bytes: f64, memory: f64, link: f64, within: bool) -> f64 {
-        let interval = self.template.quota_interval.as_secs_f64();
-        let secs = bytes / link;
-        let steps = (secs / interval).ceil().clamp(1.0, MAX_ROUND_STEPS);
-        let dt = secs / steps;
-        let listed = if round == 0 { memory } else { bytes };
-        for step in 1..=steps as u64 {
-            let sent_share = step as f64 / steps;
-            // With harvests within rounds, in the pass only what the guest
-            // dirties behind the cursor goes again; in a dirty round, all.
-            let again = within.then_some(if round == 0 { sent_share } else { 1.0 });
-            self.step(dt, again);
-            if (step as f64) < steps {
-                self.sample(round, listed * (1.0 - sent_share), None);
-            }
-        }
-        let found: f64 = self.vcpus.iter_mut().map(|m| m.harvest(within)).sum();
-        self.sample(
-            round,
-            found,
-            Some(RoundEnd {
-                dirty_bytes: found as u64,
-                sent_bytes: listed as u64,
-            }),
-        );
-        found
-    }
-}
-
-/// The round loop of one policy.
+/// One policy's forecast: the mean of [`RUNS`] runs of the model (see
+/// [`super::model`]'s jitter); it converges if most runs do, and its
+/// figures are those runs' mean.
 fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
+    let runs: Vec<PolicyForecast> = (1..=RUNS)
+        .map(|seed| forecast_once(input, mode, seed))
+        .collect();
+    let converging = runs.iter().filter(|r| r.converges).count() as u64;
+    let converges = converging * 2 > RUNS;
+    let agree: Vec<&PolicyForecast> = runs.iter().filter(|r| r.converges == converges).collect();
+    let n = agree.len().max(1) as f64;
+    let mean = |f: fn(&PolicyForecast) -> f64| agree.iter().map(|r| f(r)).sum::<f64>() / n;
+    PolicyForecast {
+        policy: mode.to_string(),
+        converges,
+        rounds: mean(|r| f64::from(r.rounds)).round() as u32,
+        total_ms: mean(|r| r.total_ms),
+        downtime_ms: mean(|r| r.downtime_ms),
+        runtime_pct: mean(|r| r.runtime_pct),
+        throttled_ms: mean(|r| r.throttled_ms),
+    }
+}
+
+/// One run of the model at the input's link, round times drawn from `seed`.
+fn forecast_once(input: &PredictInput, mode: ConvergeMode, seed: u64) -> PolicyForecast {
+    let mut m = MigrationModel::new(input, mode, seed);
     let link = input.link_bytes_per_sec.max(1.0);
-    let target = input.downtime_target_ms / 1e3;
-    let vcpus = input.dirty_bytes_per_sec.len();
-    let interval = ferry_vm::QUOTA_INTERVAL;
-    let mut run = Run {
-        vcpus: (0..vcpus)
-            .map(|v| VcpuModel {
-                rate: input.dirty_bytes_per_sec[v].max(0.0),
-                ws: input.working_set_bytes.get(v).copied().unwrap_or(0) as f64,
-                ..VcpuModel::default()
-            })
-            .collect(),
-        policy: policy(mode),
-        action: None,
-        template: Sample {
-            round: 0,
-            elapsed: interval,
-            vcpu_dirty_bytes: Vec::new(),
-            remaining_bytes: input.memory_bytes,
-            guest_bytes: input.memory_bytes,
-            link_bytes_per_sec: link,
-            downtime_target: Duration::from_secs_f64(target),
-            quota_interval: interval,
-            vcpus: vcpus as u32,
-            round_end: None,
-            harvests_within_rounds: input.harvest_within_rounds,
-        },
-        total: 0.0,
-        ran: 0.0,
-        since_sample: 0.0,
-    };
-    let memory = input.memory_bytes as f64;
-    let within = input.harvest_within_rounds;
-    let mut bytes = input.data_bytes.min(input.memory_bytes) as f64;
-    let mut round = 0u32;
     loop {
-        let found = run.round(round, bytes, memory, link, within);
-        round += 1;
-        let converges = found <= link * target;
-        if converges || round >= input.max_rounds || run.total > HORIZON_SECS {
-            let downtime = found / link;
-            return PolicyForecast {
-                policy: mode.to_string(),
-                converges,
-                rounds: round + 1,
-                total_ms: (run.total + downtime) * 1e3,
-                downtime_ms: downtime * 1e3,
-                runtime_pct: 100.0 * run.ran / run.total.max(1e-9),
-                throttled_ms: (run.total - run.ran) * 1e3,
-            };
+        if let Some(done) = m.advance(HORIZON_SECS, link) {
+            return done.clone();
         }
-        bytes = found;
     }
 }
 
@@ -440,25 +215,6 @@ mod tests {
         assert!(auto.total_ms > 10_000.0, "{auto:?}");
         assert!(limit.total_ms < auto.total_ms / 2.0, "{p:?}");
         assert!(of(&p, "quota").total_ms <= limit.total_ms, "{p:?}");
-    }
-
-    #[test]
-    fn dirty_limit_holds_a_steady_writer_near_its_limit() {
-        // One writer at 64 MiB/s over all of its 256 MiB, the limit engaged
-        // at half of a 64 MiB/s link (32 MiB/s): the loop's throttle ends
-        // near a half, and the writer near its limit.
-        let mut m = VcpuModel {
-            rate: 64.0 * MIB as f64,
-            ws: 256.0 * MIB as f64,
-            ..VcpuModel::default()
-        };
-        let limit = Some(Action::Limit(Some(32 * MIB)));
-        for _ in 0..30 {
-            m.advance(0, 0.1, &limit, Some(1.0));
-        }
-        assert!((40..=60).contains(&m.limit_pct), "{m:?}");
-        let (eff, _) = m.under(&limit, 0);
-        assert!((eff / (32.0 * MIB as f64) - 1.0).abs() < 0.25, "{eff}");
     }
 
     #[test]

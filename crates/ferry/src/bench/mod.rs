@@ -7,6 +7,7 @@
 
 pub mod converge;
 pub mod device_state;
+pub mod fleet;
 pub mod link;
 pub mod local;
 pub mod soak;

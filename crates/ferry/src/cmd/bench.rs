@@ -57,6 +57,11 @@ pub enum BenchCommand {
     /// pause: downtime against `--downtime-ms`, the prediction beside it,
     /// and the device's state compared on both ends.
     DeviceState(crate::bench::device_state::DeviceStateArgs),
+    /// Draining a rack of simulated fat-trees (128 to 1,024 hosts, seeds
+    /// 1-5): the planner against KubeVirt's, HCO's, Nova's and vSphere's
+    /// admission, every migration on ferry's model. `--json` ends with
+    /// `cells` (hosts, drained_hosts, vms, seed, policies).
+    Fleet(crate::bench::fleet::FleetArgs),
 }
 
 /// Arguments of `ferry bench demand-paging`.
@@ -216,6 +221,14 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
             let code = emit(&report, &a.out)?;
             if a.json {
                 println!("{}", crate::bench::link::summary_json(&report.results));
+            }
+            Ok(code)
+        }
+        BenchCommand::Fleet(a) => {
+            let report = crate::bench::fleet::run_bench(&a)?;
+            let code = emit(&report, &a.out)?;
+            if a.json {
+                println!("{}", crate::bench::fleet::summary_json(&report.results));
             }
             Ok(code)
         }

@@ -6,6 +6,7 @@ mod ctl;
 mod demo;
 mod local;
 pub(crate) mod migrate;
+mod plan;
 pub(crate) mod receive;
 pub(crate) mod run;
 
@@ -46,6 +47,11 @@ pub enum Command {
     Ctl(ctl::CtlArgs),
     /// Write a throwaway CA and certificate for --tls-dir (tests and demos).
     Certs(certs::CertsArgs),
+    /// Plan draining hosts: each VM's destination, start, convergence
+    /// policy and bandwidth, and when the last one is done, on ferry's
+    /// model of each migration (`--compare`: against KubeVirt's, HCO's,
+    /// Nova's and vSphere's admission).
+    Plan(plan::PlanArgs),
     /// Run an experiment (dirty-log, zap, write-protect).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -60,6 +66,7 @@ pub fn run(command: Command) -> Result<ExitCode, CmdError> {
         Command::Migrate(a) => migrate::run(a),
         Command::Ctl(a) => ctl::run(a),
         Command::Certs(a) => certs::run(a),
+        Command::Plan(a) => plan::run_plan(a),
         Command::Bench(b) => bench::run(b),
     }
 }

@@ -1,0 +1,24 @@
+//! Draining a host or a rack as fast as the network allows.
+//!
+//! An operator asks "when is this rack empty, and did every VM make it",
+//! not "how long does one migration take". The platforms answer with
+//! admission caps alone (`admission`). The planner (`planner`) schedules
+//! on ferry's own per-migration model instead, which knows each VM's dirty
+//! rate and what each convergence policy does with it, and on the network's
+//! links. One simulator (`sim`) runs every policy on the same fleet, each
+//! migration following ferry's model under the bandwidth it actually gets.
+
+pub mod admission;
+pub mod bound;
+pub mod cost;
+pub mod fleet;
+pub mod generate;
+pub mod network;
+pub mod planner;
+pub mod sim;
+
+pub use admission::Admission;
+pub use bound::lower_bound;
+pub use fleet::{Caps, Fleet, FleetError, Host, Network, Vm};
+pub use planner::Planner;
+pub use sim::{run, DrainOutcome, Policy, VmOutcome};

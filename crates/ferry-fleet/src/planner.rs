@@ -1,0 +1,242 @@
+//! The planner: as many migrations at once as the network carries at full
+//! speed each, the hosts with the most left to send first, every VM under
+//! the convergence policy ferry's model picks for the rate it will get.
+//!
+//! ```text
+//!   demand    a migration can use at most the least of the links it
+//!             crosses (NICs, and a small rack's downlink)
+//!   admit     while some host has VMs waiting: take the host with the most
+//!             bytes left to send per migration it runs; start its largest
+//!             VM whose way still has room for its demand on top of the
+//!             running ones' (so each runs near its
+//!             NIC's rate, and the bottleneck, a rack's uplink say, is
+//!             full but not split into slivers); else that host waits
+//!   target    chosen for every VM before anything moves (`destinations`):
+//!             the most constrained VMs first, each to the host that takes
+//!             it with the least to receive so far; a VM with nowhere to go
+//!             is named then, not found stuck halfway
+//!   policy    ferry's recommendation for the VM at its demand: the one that
+//!             converges with the guest held least (`cost::recommended`)
+//! ```
+//!
+//! Why this order. A drain ends when its last host is empty. Shared evenly
+//! (one migration per host at once, as Nova does), a host with four times
+//! the memory of another is still sending long after the rest are done,
+//! at no more than its NIC's rate, while the uplink idles. Sending most
+//! from the hosts with most left keeps every host's end near the same
+//! time. And a migration with a whole NIC re-sends less of what its guest
+//! dirties than one with a sliver, so the same bytes cost less time.
+
+use crate::cost;
+use crate::fleet::Fleet;
+use crate::sim::{Policy, Start, View};
+use std::collections::HashMap;
+
+/// The planner.
+#[derive(Debug, Default)]
+pub struct Planner {
+    /// Each VM's destination, decided before the first migration starts.
+    dest: Option<Result<Vec<Option<usize>>, String>>,
+}
+
+impl Planner {
+    /// A planner.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Each VM to move's destination, chosen before anything moves so that
+/// every VM has one: the VMs with the fewest hosts that take them first
+/// (pinned ones, members of anti-affinity groups), then the largest;
+/// each to the host that takes it whose NIC and rack downlink have the
+/// least to receive so far, relative to their rates. A VM that no host
+/// can take, once the others have theirs, is named with why.
+pub fn destinations(fleet: &Fleet) -> Result<Vec<Option<usize>>, String> {
+    let links = crate::network::Links::new(fleet);
+    let hosts = fleet.hosts.len();
+    let mut free: Vec<i128> = fleet
+        .hosts
+        .iter()
+        .map(|h| i128::from(h.memory_bytes))
+        .collect();
+    let mut cpus: Vec<i64> = fleet.hosts.iter().map(|h| i64::from(h.cpus)).collect();
+    for vm in &fleet.vms {
+        free[vm.host] -= i128::from(vm.memory_bytes);
+        cpus[vm.host] -= i64::from(vm.vcpus());
+    }
+    let mut placed: Vec<Option<usize>> = vec![None; fleet.vms.len()];
+    // Where each anti-affinity group's VMs are, or will be.
+    let mut groups: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (v, vm) in fleet.vms.iter().enumerate() {
+        if let Some(g) = &vm.anti_affinity {
+            if !fleet.drained(vm.host) {
+                groups
+                    .entry(g.as_str())
+                    .or_default()
+                    .push(fleet.vms[v].host);
+            }
+        }
+    }
+    let takes =
+        |v: usize, h: usize, free: &[i128], cpus: &[i64], groups: &HashMap<&str, Vec<usize>>| {
+            let vm = &fleet.vms[v];
+            !fleet.drained(h)
+                && h != vm.host
+                && free[h] >= i128::from(vm.memory_bytes)
+                && cpus[h] >= i64::from(vm.vcpus())
+                && fleet.hosts[h].cpu_model == fleet.hosts[vm.host].cpu_model
+                && !vm.forbidden.contains(&h)
+                && vm.pinned.as_ref().is_none_or(|p| p.contains(&h))
+                && vm
+                    .anti_affinity
+                    .as_ref()
+                    .is_none_or(|g| !groups.get(g.as_str()).is_some_and(|at| at.contains(&h)))
+        };
+    let mut order = fleet.to_move();
+    let choices: Vec<usize> = (0..fleet.vms.len())
+        .map(|v| {
+            (0..hosts)
+                .filter(|&h| takes(v, h, &free, &cpus, &groups))
+                .count()
+        })
+        .collect();
+    order.sort_by_key(|&v| {
+        (
+            choices[v],
+            fleet.vms[v].anti_affinity.is_none(),
+            std::cmp::Reverse(fleet.vms[v].memory_bytes),
+            v,
+        )
+    });
+    // Bytes each link is to receive, over its rate.
+    let mut inbound = vec![0.0f64; links.capacity.len()];
+    for v in order {
+        let vm = &fleet.vms[v];
+        let load = |h: usize| {
+            let nic = inbound[hosts + h] / links.capacity[hosts + h];
+            let rack = links
+                .downlink(fleet.hosts[h].rack)
+                .map_or(0.0, |l| inbound[l] / links.capacity[l]);
+            nic.max(rack)
+        };
+        let best = (0..hosts)
+            .filter(|&h| takes(v, h, &free, &cpus, &groups))
+            .min_by(|&a, &b| {
+                load(a)
+                    .total_cmp(&load(b))
+                    .then(free[b].cmp(&free[a]))
+                    .then(a.cmp(&b))
+            });
+        let Some(h) = best else {
+            let why = if choices[v] == 0 {
+                "no host takes it (room, vCPUs, CPU model, pins and anti-affinity counted)"
+            } else {
+                "the hosts that would take it are full once the VMs with fewer choices have theirs"
+            };
+            return Err(format!("VM {}: {why}", vm.name));
+        };
+        placed[v] = Some(h);
+        free[h] -= i128::from(vm.memory_bytes);
+        cpus[h] -= i64::from(vm.vcpus());
+        if let Some(g) = &vm.anti_affinity {
+            groups.entry(g.as_str()).or_default().push(h);
+        }
+        let bytes = vm.data_bytes.min(vm.memory_bytes) as f64;
+        inbound[hosts + h] += bytes;
+        if let Some(l) = links.downlink(fleet.hosts[h].rack) {
+            inbound[l] += bytes;
+        }
+    }
+    Ok(placed)
+}
+
+impl Policy for Planner {
+    fn name(&self) -> String {
+        "planner".into()
+    }
+
+    fn why_stuck(&self) -> Option<String> {
+        match &self.dest {
+            Some(Err(why)) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
+    fn admit(&mut self, view: &View, _placed: &[Option<usize>]) -> Vec<Start> {
+        let fleet = view.fleet;
+        let Ok(dest) = self.dest.get_or_insert_with(|| destinations(fleet)) else {
+            return Vec::new();
+        };
+        let links = view.links;
+        // What each link already carries, by demand: the least capacity
+        // on each running migration's way.
+        let demand = |src: usize, dst: usize| {
+            links
+                .path(src, dst)
+                .iter()
+                .map(|&l| links.capacity[l])
+                .fold(f64::INFINITY, f64::min)
+        };
+        let mut load = vec![0.0f64; links.capacity.len()];
+        for r in view.running {
+            let d = demand(r.src, r.dest);
+            links.path(r.src, r.dest).iter().for_each(|&l| load[l] += d);
+        }
+        let mut out: HashMap<usize, usize> = HashMap::new();
+        for r in view.running {
+            *out.entry(r.src).or_default() += 1;
+        }
+        // Each source host's waiting VMs, largest first.
+        let mut queue: HashMap<usize, Vec<usize>> = HashMap::new();
+        for &v in view.waiting {
+            queue.entry(fleet.vms[v].host).or_default().push(v);
+        }
+        for q in queue.values_mut() {
+            q.sort_by_key(|&v| (std::cmp::Reverse(fleet.vms[v].memory_bytes), v));
+        }
+        let left = |q: &Vec<usize>| q.iter().map(|&v| fleet.vms[v].memory_bytes).sum::<u64>();
+        let mut starts = Vec::new();
+        let mut blocked: Vec<usize> = Vec::new();
+        loop {
+            let next = queue
+                .iter()
+                .filter(|(h, q)| !q.is_empty() && !blocked.contains(h))
+                .max_by(|(a, qa), (b, qb)| {
+                    let ka = left(qa) as f64 / (out.get(a).copied().unwrap_or(0) + 1) as f64;
+                    let kb = left(qb) as f64 / (out.get(b).copied().unwrap_or(0) + 1) as f64;
+                    ka.total_cmp(&kb).then(b.cmp(a))
+                })
+                .map(|(h, _)| *h);
+            let Some(src) = next else { break };
+            let nothing_runs = view.running.is_empty() && starts.is_empty();
+            // Its largest VM whose way has room for it at full rate.
+            let pick = queue[&src].iter().position(|&v| {
+                let Some(to) = dest[v] else { return false };
+                let d = demand(src, to);
+                nothing_runs
+                    || links
+                        .path(src, to)
+                        .iter()
+                        .all(|&l| load[l] + d <= links.capacity[l] * (1.0 + 1e-9))
+            });
+            let Some(i) = pick else {
+                blocked.push(src);
+                continue;
+            };
+            let v = queue.get_mut(&src).expect("its queue").remove(i);
+            let to = dest[v].expect("picked with a destination");
+            let d = demand(src, to);
+            links.path(src, to).iter().for_each(|&l| load[l] += d);
+            *out.entry(src).or_default() += 1;
+            let (mode, _) = cost::recommended(&fleet.vms[v], d);
+            starts.push(Start {
+                vm: v,
+                dest: to,
+                cap: Some(d),
+                mode,
+            });
+        }
+        starts
+    }
+}

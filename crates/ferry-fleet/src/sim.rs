@@ -1,0 +1,332 @@
+//! One simulator for every drain policy: the planner's and the platforms'.
+//!
+//! ```text
+//!   loop     ask the policy what to start (it sees the fleet, what runs,
+//!            what waits, and each host's room); share the links between
+//!            the running migrations (max-min fair, each under its cap);
+//!            run each migration's model (ferry's own, `ferry_engine::
+//!            converge::model`) for a step at the rate it got
+//!   a start  reserves the VM's memory and vCPUs on its destination
+//!   an end   frees its source's, and the policy is asked again
+//! ```
+//!
+//! Every migration follows ferry's model under the bandwidth it actually
+//! gets as flows come and go, so a policy that starts too many at once
+//! pays for it here as it would on the network: each gets a small share,
+//! dirties more of what it sent, and takes longer.
+
+use crate::cost;
+use crate::fleet::{Fleet, FleetError};
+use crate::network::{max_min_fair, Links};
+use ferry_engine::converge::model::MigrationModel;
+use ferry_engine::converge::ConvergeMode;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+/// The simulator's step.
+pub const STEP_SECS: f64 = 0.25;
+/// A drain still running after this long is given up.
+pub const HORIZON_SECS: f64 = 7.0 * 24.0 * 3600.0;
+
+/// A migration to start now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Start {
+    /// The VM (an index into the fleet's VMs).
+    pub vm: usize,
+    /// Where it goes.
+    pub dest: usize,
+    /// The most bandwidth it may take, bytes/s (`None`: what it can get).
+    pub cap: Option<f64>,
+    /// Its convergence policy.
+    pub mode: ConvergeMode,
+}
+
+/// A running migration, as a policy sees it.
+#[derive(Clone, Debug)]
+pub struct Running {
+    /// The VM.
+    pub vm: usize,
+    /// From where, to where.
+    pub src: usize,
+    /// To where.
+    pub dest: usize,
+    /// The rate it got at the last share-out, bytes/s.
+    pub rate: f64,
+}
+
+/// What a policy sees when asked.
+pub struct View<'a> {
+    /// The fleet.
+    pub fleet: &'a Fleet,
+    /// Its links.
+    pub links: &'a Links,
+    /// Seconds since the drain began.
+    pub now: f64,
+    /// What runs.
+    pub running: &'a [Running],
+    /// VMs not started yet, in fleet order.
+    pub waiting: &'a [usize],
+    /// Each host's free memory (reservations of running migrations taken).
+    pub free_memory: &'a [u64],
+    /// Each host's free vCPUs.
+    pub free_cpus: &'a [i64],
+}
+
+impl View<'_> {
+    /// Migrations running out of host `h`.
+    pub fn outbound(&self, h: usize) -> usize {
+        self.running.iter().filter(|r| r.src == h).count()
+    }
+
+    /// Migrations running into host `h`.
+    pub fn inbound(&self, h: usize) -> usize {
+        self.running.iter().filter(|r| r.dest == h).count()
+    }
+
+    /// Whether VM `v` may go to host `h` now: not drained, not its own,
+    /// room for it, its CPU model, its pins, and no VM of its anti-affinity
+    /// group there (running, arriving or placed).
+    pub fn fits(&self, v: usize, h: usize, placed: &[Option<usize>]) -> bool {
+        let vm = &self.fleet.vms[v];
+        let host = &self.fleet.hosts[h];
+        if self.fleet.drained(h) || h == vm.host {
+            return false;
+        }
+        if self.free_memory[h] < vm.memory_bytes || self.free_cpus[h] < i64::from(vm.vcpus()) {
+            return false;
+        }
+        if host.cpu_model != self.fleet.hosts[vm.host].cpu_model {
+            return false;
+        }
+        if vm.forbidden.contains(&h) || vm.pinned.as_ref().is_some_and(|p| !p.contains(&h)) {
+            return false;
+        }
+        if let Some(group) = &vm.anti_affinity {
+            let clash = self.fleet.vms.iter().enumerate().any(|(o, other)| {
+                o != v
+                    && other.anti_affinity.as_ref() == Some(group)
+                    && placed[o].unwrap_or(other.host) == h
+            });
+            if clash {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// A drain policy: what to start, each time something changes.
+pub trait Policy {
+    /// Its name in reports.
+    fn name(&self) -> String;
+    /// What to start now. `placed[v]` is where VM v went or goes, for VMs
+    /// started so far.
+    fn admit(&mut self, view: &View, placed: &[Option<usize>]) -> Vec<Start>;
+    /// Why it starts nothing while VMs wait, if it knows.
+    fn why_stuck(&self) -> Option<String> {
+        None
+    }
+}
+
+/// How one VM's migration went.
+#[derive(Clone, Debug, Serialize)]
+pub struct VmOutcome {
+    /// The VM's name.
+    pub vm: String,
+    /// From and to (host names).
+    pub from: String,
+    /// To.
+    pub to: String,
+    /// Its policy.
+    pub policy: String,
+    /// When it started and ended, seconds since the drain began.
+    pub start_s: f64,
+    /// When it ended.
+    pub end_s: f64,
+    /// Its downtime, ms.
+    pub downtime_ms: f64,
+    /// Its downtime target, ms.
+    pub downtime_target_ms: f64,
+    /// Whether what was left fitted its downtime target.
+    pub converged: bool,
+    /// Its mean rate, bytes/s.
+    pub mean_rate: f64,
+}
+
+/// How a drain went.
+#[derive(Clone, Debug, Serialize)]
+pub struct DrainOutcome {
+    /// The policy.
+    pub policy: String,
+    /// When the last migration ended, seconds.
+    pub makespan_s: f64,
+    /// Migrations run.
+    pub migrations: usize,
+    /// Migrations that did not converge (forced to a stop-and-copy over
+    /// their target).
+    pub failed: usize,
+    /// Migrations whose downtime passed their target.
+    pub over_target: usize,
+    /// Time the policy spent deciding, seconds.
+    pub solve_s: f64,
+    /// Most migrations at once.
+    pub peak_concurrency: usize,
+    /// Every VM's migration.
+    pub vms: Vec<VmOutcome>,
+}
+
+struct Flow {
+    vm: usize,
+    src: usize,
+    dest: usize,
+    path: Vec<usize>,
+    cap: f64,
+    mode: ConvergeMode,
+    model: MigrationModel,
+    start: f64,
+    rate: f64,
+    moved: f64,
+}
+
+/// Runs `policy` on `fleet` until every VM on a drained host has moved.
+pub fn run(fleet: &Fleet, policy: &mut dyn Policy, seed: u64) -> Result<DrainOutcome, FleetError> {
+    fleet.validate()?;
+    let links = Links::new(fleet);
+    let mut free_memory: Vec<u64> = fleet.hosts.iter().map(|h| h.memory_bytes).collect();
+    let mut free_cpus: Vec<i64> = fleet.hosts.iter().map(|h| i64::from(h.cpus)).collect();
+    for vm in &fleet.vms {
+        free_memory[vm.host] = free_memory[vm.host].saturating_sub(vm.memory_bytes);
+        free_cpus[vm.host] -= i64::from(vm.vcpus());
+    }
+    let mut waiting = fleet.to_move();
+    let mut placed: Vec<Option<usize>> = vec![None; fleet.vms.len()];
+    let mut flows: Vec<Flow> = Vec::new();
+    let mut done: Vec<VmOutcome> = Vec::new();
+    let (mut now, mut solve, mut peak) = (0.0f64, Duration::ZERO, 0usize);
+    let mut changed = true;
+    while !waiting.is_empty() || !flows.is_empty() {
+        if changed {
+            let running: Vec<Running> = flows
+                .iter()
+                .map(|f| Running {
+                    vm: f.vm,
+                    src: f.src,
+                    dest: f.dest,
+                    rate: f.rate,
+                })
+                .collect();
+            let view = View {
+                fleet,
+                links: &links,
+                now,
+                running: &running,
+                waiting: &waiting,
+                free_memory: &free_memory,
+                free_cpus: &free_cpus,
+            };
+            let t = Instant::now();
+            let starts = policy.admit(&view, &placed);
+            solve += t.elapsed();
+            for s in starts {
+                let vm = &fleet.vms[s.vm];
+                let Some(i) = waiting.iter().position(|&w| w == s.vm) else {
+                    continue;
+                };
+                waiting.remove(i);
+                placed[s.vm] = Some(s.dest);
+                free_memory[s.dest] = free_memory[s.dest].saturating_sub(vm.memory_bytes);
+                free_cpus[s.dest] -= i64::from(vm.vcpus());
+                flows.push(Flow {
+                    vm: s.vm,
+                    src: vm.host,
+                    dest: s.dest,
+                    path: links.path(vm.host, s.dest),
+                    cap: s.cap.unwrap_or(f64::INFINITY),
+                    mode: s.mode,
+                    model: cost::model(vm, s.mode, seed.wrapping_add(s.vm as u64)),
+                    start: now,
+                    rate: 0.0,
+                    moved: 0.0,
+                });
+            }
+            if flows.is_empty() {
+                if let Some(why) = policy.why_stuck() {
+                    return Err(FleetError::NoRoom(format!("{}: {why}", policy.name())));
+                }
+                let names: Vec<&str> = waiting
+                    .iter()
+                    .take(5)
+                    .map(|&v| fleet.vms[v].name.as_str())
+                    .collect();
+                return Err(FleetError::NoRoom(format!(
+                    "{}: nothing runs and {} VM(s) wait ({}{}) that it will not start: no host \
+                     has room for them that their constraints allow",
+                    policy.name(),
+                    waiting.len(),
+                    names.join(", "),
+                    if waiting.len() > 5 { ", ..." } else { "" }
+                )));
+            }
+            peak = peak.max(flows.len());
+            let paths: Vec<Vec<usize>> = flows.iter().map(|f| f.path.clone()).collect();
+            let caps: Vec<f64> = flows.iter().map(|f| f.cap).collect();
+            let rates = max_min_fair(&links.capacity, &paths, &caps);
+            for (f, r) in flows.iter_mut().zip(rates) {
+                f.rate = r;
+            }
+            changed = false;
+        }
+        if now > HORIZON_SECS {
+            return Err(FleetError::NoRoom(format!(
+                "{}: still draining after {} days",
+                policy.name(),
+                HORIZON_SECS / 86400.0
+            )));
+        }
+        let mut i = 0;
+        while i < flows.len() {
+            let f = &mut flows[i];
+            let before = f.model.elapsed();
+            let ended = f.model.advance(STEP_SECS, f.rate).cloned();
+            f.moved += (f.model.elapsed() - before) * f.rate;
+            match ended {
+                Some(end) => {
+                    let f = flows.swap_remove(i);
+                    let vm = &fleet.vms[f.vm];
+                    free_memory[f.src] += vm.memory_bytes;
+                    free_cpus[f.src] += i64::from(vm.vcpus());
+                    let took = end.total_ms / 1e3;
+                    done.push(VmOutcome {
+                        vm: vm.name.clone(),
+                        from: fleet.hosts[f.src].name.clone(),
+                        to: fleet.hosts[f.dest].name.clone(),
+                        policy: f.mode.to_string(),
+                        start_s: f.start,
+                        end_s: f.start + took,
+                        downtime_ms: end.downtime_ms,
+                        downtime_target_ms: vm.downtime_target_ms,
+                        converged: end.converges,
+                        mean_rate: f.moved / took.max(1e-9),
+                    });
+                    changed = true;
+                }
+                None => i += 1,
+            }
+        }
+        now += STEP_SECS;
+    }
+    let makespan_s = done.iter().map(|o| o.end_s).fold(0.0, f64::max);
+    Ok(DrainOutcome {
+        policy: policy.name(),
+        makespan_s,
+        migrations: done.len(),
+        failed: done.iter().filter(|o| !o.converged).count(),
+        over_target: done
+            .iter()
+            .filter(|o| o.downtime_ms > o.downtime_target_ms)
+            .count(),
+        solve_s: solve.as_secs_f64(),
+        peak_concurrency: peak,
+        vms: done,
+    })
+}

@@ -1,0 +1,247 @@
+//! Every policy drains small fleets through the simulator: every VM moves,
+//! each platform's caps hold, hosts never overfill, placement constraints
+//! hold, and no drain beats the network's bound.
+
+use ferry_fleet::sim::{Policy, Start, View};
+use ferry_fleet::{
+    generate, lower_bound, run, Admission, Fleet, FleetError, Host, Network, Planner, Vm,
+};
+
+const GIB: u64 = 1 << 30;
+const MIB: f64 = (1u64 << 20) as f64;
+
+fn host(i: usize, rack: usize, memory_gib: u64) -> Host {
+    Host {
+        name: format!("h{i}"),
+        rack,
+        cpus: 64,
+        memory_bytes: memory_gib * GIB,
+        nic_bytes_per_sec: 1e9,
+        cpu_model: String::new(),
+    }
+}
+
+fn vm(i: usize, host: usize, gib: u64, dirty_mib_s: f64) -> Vm {
+    Vm {
+        name: format!("vm{i}"),
+        host,
+        memory_bytes: gib * GIB,
+        data_bytes: gib * GIB,
+        dirty_bytes_per_sec: vec![dirty_mib_s * MIB / 2.0; 2],
+        working_set_bytes: vec![gib * GIB / 2; 2],
+        downtime_target_ms: 300.0,
+        anti_affinity: None,
+        pinned: None,
+        forbidden: Vec::new(),
+    }
+}
+
+/// Two racks of three hosts, 3:1 uplinks; rack 0's three hosts drained,
+/// eight VMs on them of 1-4 GiB dirtying 0-200 MiB/s.
+fn two_racks() -> Fleet {
+    let hosts = (0..6).map(|i| host(i, i / 3, 64)).collect();
+    let vms = (0..8)
+        .map(|i| {
+            vm(
+                i,
+                i % 3,
+                1 + (i as u64 % 4),
+                [0.0, 10.0, 50.0, 200.0][i % 4],
+            )
+        })
+        .collect();
+    Fleet {
+        hosts,
+        network: Network::FatTree {
+            oversubscription: 3.0,
+        },
+        vms,
+        drain: vec![0, 1, 2],
+        caps: Default::default(),
+    }
+}
+
+fn policies() -> Vec<Box<dyn Policy>> {
+    let mut p: Vec<Box<dyn Policy>> = vec![Box::new(Planner::new())];
+    p.extend(
+        Admission::all()
+            .into_iter()
+            .map(|a| Box::new(a) as Box<dyn Policy>),
+    );
+    p
+}
+
+#[test]
+fn every_policy_moves_every_vm_off_the_drained_hosts_and_none_beats_the_bound() {
+    let fleet = two_racks();
+    let bound = lower_bound(&fleet);
+    // Rack 0's uplink: 3 GB/s / 3 = 1 GB/s for 20 GiB.
+    assert!((bound - 20.0 * GIB as f64 / 1e9).abs() < 1e-6, "{bound}");
+    for mut p in policies() {
+        let o = run(&fleet, p.as_mut(), 1).unwrap();
+        assert_eq!(o.migrations, 8, "{}", o.policy);
+        assert_eq!(o.failed, 0, "{}: {o:?}", o.policy);
+        for v in &o.vms {
+            let to: usize = v.to[1..].parse().unwrap();
+            assert!(to >= 3, "{}: {} went to a drained host", o.policy, v.vm);
+        }
+        assert!(
+            o.makespan_s >= bound * 0.999,
+            "{}: {} < {bound}",
+            o.policy,
+            o.makespan_s
+        );
+    }
+}
+
+#[test]
+fn the_platforms_caps_hold() {
+    let fleet = two_racks();
+    for (mut a, cluster, per_host) in [
+        (Admission::kubevirt(), 5, 2),
+        (Admission::hco(), 5, 1),
+        (Admission::nova(), usize::MAX, 1),
+    ] {
+        let o = run(&fleet, &mut a, 1).unwrap();
+        assert!(o.peak_concurrency <= cluster.min(3 * per_host), "{o:?}");
+        // Out of one host, at any moment.
+        for v in &o.vms {
+            let t = (v.start_s + v.end_s) / 2.0;
+            let at_once = o
+                .vms
+                .iter()
+                .filter(|w| w.from == v.from && w.start_s <= t && t < w.end_s)
+                .count();
+            assert!(
+                at_once <= per_host,
+                "{}: {at_once} out of {}",
+                o.policy,
+                v.from
+            );
+        }
+    }
+}
+
+#[test]
+fn the_planner_beats_one_at_a_time_per_host_where_loads_differ() {
+    // One drained host holds most of the memory: sent one at a time per
+    // host, the others finish early and the uplink idles while it sends.
+    let mut fleet = two_racks();
+    for v in fleet.vms.iter_mut().take(6) {
+        v.host = 0;
+    }
+    let mut planner = Planner::new();
+    let p = run(&fleet, &mut planner, 1).unwrap();
+    let n = run(&fleet, &mut Admission::nova(), 1).unwrap();
+    assert!(
+        p.makespan_s <= n.makespan_s,
+        "planner {} nova {}",
+        p.makespan_s,
+        n.makespan_s
+    );
+}
+
+#[test]
+fn a_destination_never_overfills_and_constraints_hold() {
+    let mut fleet = two_racks();
+    // Room for exactly the drained memory (20 GiB) over the three hosts.
+    for h in fleet.hosts.iter_mut().skip(3) {
+        h.memory_bytes = 8 * GIB;
+    }
+    fleet.vms[0].pinned = Some(vec![5]);
+    fleet.vms[1].forbidden = vec![3, 4];
+    fleet.vms[2].anti_affinity = Some("db".into());
+    fleet.vms[3].anti_affinity = Some("db".into());
+    for mut p in policies() {
+        let o = run(&fleet, p.as_mut(), 1).unwrap();
+        let to = |name: &str| o.vms.iter().find(|v| v.vm == name).unwrap().to.clone();
+        assert_eq!(to("vm0"), "h5", "{}", o.policy);
+        assert_eq!(to("vm1"), "h5", "{}", o.policy);
+        assert_ne!(to("vm2"), to("vm3"), "{}", o.policy);
+        for h in ["h3", "h4", "h5"] {
+            let gib: u64 = o
+                .vms
+                .iter()
+                .filter(|v| v.to == h)
+                .map(|v| {
+                    fleet
+                        .vms
+                        .iter()
+                        .find(|w| w.name == v.vm)
+                        .unwrap()
+                        .memory_bytes
+                        / GIB
+                })
+                .sum();
+            assert!(gib <= 8, "{}: {gib} GiB on {h}", o.policy);
+        }
+    }
+}
+
+#[test]
+fn a_vm_with_nowhere_to_go_is_named_before_anything_hangs() {
+    let mut fleet = two_racks();
+    fleet.vms[7].memory_bytes = 1 << 50;
+    for mut p in policies() {
+        match run(&fleet, p.as_mut(), 1) {
+            Err(FleetError::NoRoom(why)) => assert!(why.contains("vm7"), "{why}"),
+            other => panic!("{}: {other:?}", p.name()),
+        }
+    }
+}
+
+#[test]
+fn bad_fleets_are_refused_with_what_is_wrong() {
+    let mut fleet = two_racks();
+    fleet.vms[0].host = 9;
+    let err = run(&fleet, &mut Planner::new(), 1).unwrap_err();
+    assert!(err.to_string().contains("vm0 is on host 9"), "{err}");
+    let mut fleet = two_racks();
+    fleet.hosts[2].nic_bytes_per_sec = 0.0;
+    let err = run(&fleet, &mut Planner::new(), 1).unwrap_err();
+    assert!(err.to_string().contains("NIC rate"), "{err}");
+}
+
+#[test]
+fn a_seed_draws_one_fleet_and_drains_its_first_rack() {
+    let (a, b) = (generate::fat_tree(128, 7), generate::fat_tree(128, 7));
+    assert_eq!(a, b);
+    assert_ne!(a, generate::fat_tree(128, 8));
+    assert!((20..=40).contains(&a.drain.len()));
+    assert!(a.drain.iter().all(|&h| a.hosts[h].rack == 0));
+    assert!(a
+        .hosts
+        .iter()
+        .enumerate()
+        .all(|(i, h)| h.rack != 0 || a.drain.contains(&i)));
+    for v in &a.vms {
+        assert!(
+            [2, 4, 8, 16, 32, 64].contains(&(v.memory_bytes / GIB)),
+            "{v:?}"
+        );
+        let rate = v.dirty_rate() / MIB;
+        assert!((1.0..=400.0).contains(&rate), "{rate}");
+    }
+}
+
+/// A policy that starts nothing: the simulator says so rather than spin.
+struct Idle;
+
+impl Policy for Idle {
+    fn name(&self) -> String {
+        "idle".into()
+    }
+    fn admit(&mut self, _: &View, _: &[Option<usize>]) -> Vec<Start> {
+        Vec::new()
+    }
+}
+
+#[test]
+fn a_policy_that_starts_nothing_is_reported_not_waited_on() {
+    let err = run(&two_racks(), &mut Idle, 1).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("idle: nothing runs and 8 VM(s) wait"),
+        "{err}"
+    );
+}
