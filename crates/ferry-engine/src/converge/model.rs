@@ -45,57 +45,54 @@ struct VcpuModel {
     /// and the loop's period so far (seconds, bytes).
     limit_pct: u8,
     period: (f64, f64),
+    /// Under a time throttle: what is left of the slice it runs now, and
+    /// of the sleep after it (both 0: not throttled).
+    run_left: f64,
+    sleep_left: f64,
+    /// Draws where in its cycle a throttle first finds it.
+    phase: Jitter,
 }
 
 impl VcpuModel {
-    /// Its dirty rate under a time throttle of `pct`, and the share of
-    /// the time it runs. A throttled vCPU runs slices of
-    /// [`ferry_vm::THROTTLE_SLICE`] and sleeps between them, so one that
-    /// dirties its whole working set within a slice (a writer on a host
-    /// whose faults are cheap) dirties all of it once per slice it gets,
-    /// whatever the throttle: its rate is capped at the working set per
-    /// slice, not at its own.
-    fn time_throttled(&self, pct: u8) -> (f64, f64) {
-        if pct == 0 {
-            return (self.rate, 1.0);
-        }
-        let run = 1.0 - f64::from(pct.min(ferry_vm::MAX_THROTTLE_PERCENT)) / 100.0;
+    /// Runs it `dt` seconds under a time throttle of `pct`: slices of
+    /// [`ferry_vm::THROTTLE_SLICE`] at its own rate, each followed by
+    /// `throttle_sleep(pct)`, as the backends run it. Slice by slice, not
+    /// as an average: a writer that dirties its whole working set within
+    /// a slice (the soft MMU's, whose faults are cheap) dirties all of it
+    /// in every round that holds a slice of its, whatever the throttle, and
+    /// nothing in a round that holds none. Returns the bytes it dirtied
+    /// and the share of `dt` it ran.
+    fn run_throttled(&mut self, dt: f64, pct: u8) -> (f64, f64) {
         let slice = ferry_vm::THROTTLE_SLICE.as_secs_f64();
-        (self.rate.min(self.ws / slice) * run, run)
-    }
-
-    /// Its dirty rate under `action`, and the share of the time it runs.
-    fn under(&self, action: &Option<Action>, v: usize) -> (f64, f64) {
-        match action {
-            Some(Action::Time(p)) => self.time_throttled(*p),
-            Some(Action::Quota(Some(q))) => {
-                let cap = q.bytes_per_sec(v);
-                let all_dirty = self.dirty >= self.ws;
-                match self.rate > cap && !all_dirty {
-                    true => (cap, cap / self.rate),
-                    false => (self.rate, 1.0),
+        let sleep = ferry_vm::throttle_sleep(pct).as_secs_f64();
+        if self.run_left <= 0.0 && self.sleep_left <= 0.0 {
+            // Newly throttled: somewhere in a slice.
+            self.run_left = slice * self.phase.unit();
+        }
+        let (mut t, mut ran, mut new) = (0.0, 0.0, 0.0);
+        while t < dt {
+            if self.run_left > 0.0 {
+                let r = self.run_left.min(dt - t);
+                let d = (self.rate * r).min((self.ws - self.dirty - new).max(0.0));
+                new += d;
+                ran += r;
+                t += r;
+                self.run_left -= r;
+                if self.run_left <= 1e-12 {
+                    self.run_left = 0.0;
+                    self.sleep_left = sleep.max(1e-9);
+                }
+            } else {
+                let s = self.sleep_left.min(dt - t);
+                t += s;
+                self.sleep_left -= s;
+                if self.sleep_left <= 1e-12 {
+                    self.sleep_left = 0.0;
+                    self.run_left = slice;
                 }
             }
-            Some(Action::Limit(Some(_))) => self.time_throttled(self.limit_pct),
-            _ => (self.rate, 1.0),
         }
-    }
-
-    /// The rate dirty-limit's loop reads off a period in which this vCPU
-    /// dirtied at `average`. Once its throttle's cycle (a slice and a
-    /// sleep) outlasts the period, a period holds one slice or none, and
-    /// the loop reads the slice's dirtying over the period (a period with
-    /// none says nothing): so it keeps raising the throttle while a slice
-    /// dirties more than the limit allows a period, far past the share
-    /// that would hold the average there.
-    fn seen_by_limit(&self, average: f64) -> f64 {
-        let period = ferry_vm::dirty_limit::PERIOD.as_secs_f64();
-        let slice = ferry_vm::THROTTLE_SLICE.as_secs_f64();
-        let run = 1.0 - f64::from(self.limit_pct.min(ferry_vm::MAX_THROTTLE_PERCENT)) / 100.0;
-        if self.limit_pct == 0 || slice / run <= period {
-            return average;
-        }
-        (self.rate * slice).min(self.ws) / period
+        (new, if dt > 0.0 { ran / dt } else { 1.0 })
     }
 
     /// Runs it `dt` seconds under `action`; `again_share` is the share of
@@ -109,8 +106,25 @@ impl VcpuModel {
         action: &Option<Action>,
         again_share: Option<f64>,
     ) -> f64 {
-        let (eff, share) = self.under(action, v);
-        let new = (eff * dt).min((self.ws - self.dirty).max(0.0));
+        let pct = match action {
+            Some(Action::Time(p)) => *p,
+            Some(Action::Limit(Some(_))) => self.limit_pct,
+            _ => 0,
+        };
+        let left = (self.ws - self.dirty).max(0.0);
+        let (new, share) = match action {
+            _ if pct > 0 => self.run_throttled(dt, pct),
+            // A vCPU that has used its quota sleeps to the next interval;
+            // one with nothing clean left to dirty is never charged.
+            Some(Action::Quota(Some(q))) if self.rate > q.bytes_per_sec(v) && left > 0.0 => {
+                let cap = q.bytes_per_sec(v);
+                ((cap * dt).min(left), cap / self.rate)
+            }
+            _ => ((self.rate * dt).min(left), 1.0),
+        };
+        if pct == 0 {
+            (self.run_left, self.sleep_left) = (0.0, 0.0);
+        }
         self.dirty += new;
         self.metered += new;
         if let Some(f) = again_share {
@@ -119,13 +133,14 @@ impl VcpuModel {
             self.dirty = 0.0;
         }
         if let Some(Action::Limit(Some(limit))) = action {
-            // The backend's loop: each period's rate moves the throttle.
+            // The backend's loop: each period's rate moves the throttle (a
+            // period in which it dirtied nothing says nothing).
             self.period.0 += dt;
             self.period.1 += new;
             let period = ferry_vm::dirty_limit::PERIOD.as_secs_f64();
             if self.period.0 >= period * 0.999 {
                 if self.period.1 > 0.0 {
-                    let rate = self.seen_by_limit(self.period.1 / self.period.0);
+                    let rate = self.period.1 / self.period.0;
                     self.limit_pct =
                         ferry_vm::dirty_limit::adjust(self.limit_pct, rate, *limit as f64);
                 }
@@ -164,17 +179,21 @@ pub const RUNS: u64 = 8;
 /// (kvm, 2 writers of 64 MiB over 128 MiB/s: a run of exact rounds
 /// predicted 19 s against 26.4 s measured). The model runs [`RUNS`] times
 /// with rounds that vary as measured ones do, and reports their mean.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 struct Jitter(u64);
 
 impl Jitter {
-    fn next(&mut self) -> f64 {
-        // xorshift64*
+    /// Uniform in [0, 1) (xorshift64*).
+    fn unit(&mut self) -> f64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
-        let u = (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
-        1.0 + JITTER * (2.0 * u - 1.0)
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// The next round's share of its nominal time.
+    fn next(&mut self) -> f64 {
+        1.0 + JITTER * (2.0 * self.unit() - 1.0)
     }
 }
 
@@ -218,6 +237,11 @@ impl MigrationModel {
                 .map(|v| VcpuModel {
                     rate: input.dirty_bytes_per_sec[v].max(0.0),
                     ws: input.working_set_bytes.get(v).copied().unwrap_or(0) as f64,
+                    phase: Jitter(
+                        (jitter.unit().to_bits()
+                            ^ (v as u64 + 1).wrapping_mul(0xff51_afd7_ed55_8ccd))
+                            | 1,
+                    ),
                     ..VcpuModel::default()
                 })
                 .collect(),
@@ -393,7 +417,45 @@ mod tests {
             m.advance(0, 0.1, &limit, Some(1.0));
         }
         assert!((40..=60).contains(&m.limit_pct), "{m:?}");
-        let (eff, _) = m.under(&limit, 0);
+        // Its rate over the next second, from clean pages.
+        m.dirty = 0.0;
+        let before = m.metered;
+        for _ in 0..10 {
+            m.advance(0, 0.1, &limit, Some(1.0));
+        }
+        let eff = m.metered - before;
         assert!((eff / (32.0 * MIB as f64) - 1.0).abs() < 0.25, "{eff}");
+    }
+
+    #[test]
+    fn a_throttled_vcpu_runs_slices_and_a_burst_writer_dirties_its_set_in_one() {
+        let slice = ferry_vm::THROTTLE_SLICE.as_secs_f64();
+        // 30 GiB/s over 64 MiB: within a slice, all of it.
+        let mut burst = VcpuModel {
+            rate: 30.0 * 1024.0 * MIB as f64,
+            ws: 64.0 * MIB as f64,
+            phase: Jitter(7),
+            ..VcpuModel::default()
+        };
+        let auto = Some(Action::Time(99));
+        let mut ran = 0.0;
+        for _ in 0..20 {
+            ran += burst.advance(0, 0.1, &auto, None) * 0.1;
+        }
+        assert_eq!(burst.dirty, burst.ws, "one slice dirties it all");
+        // About one slice in each second at 99%.
+        assert!((1.5 * slice..=2.5 * slice).contains(&ran), "{ran}");
+        // 500 MiB/s (kvm's faults): 5 MiB a slice, 10 MiB in 2 s.
+        let mut held = VcpuModel {
+            rate: 500.0 * MIB as f64,
+            ws: 64.0 * MIB as f64,
+            phase: Jitter(7),
+            ..VcpuModel::default()
+        };
+        for _ in 0..20 {
+            held.advance(0, 0.1, &auto, None);
+        }
+        let mib = held.dirty / MIB as f64;
+        assert!((7.5..=12.5).contains(&mib), "{mib}");
     }
 }

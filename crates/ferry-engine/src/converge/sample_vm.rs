@@ -92,8 +92,12 @@ fn sample_logs(vm: &mut dyn Vm, secs: Duration) -> Result<DirtySample, Migration
         let window = if short { SAMPLE_SLICE } else { SAMPLE_HARVEST };
         std::thread::sleep(window.min(secs.saturating_sub(start.elapsed())));
         now.clear();
+        // The window: from the end of the last harvest, which protected the
+        // pages again, to the start of this one, which reads what was
+        // dirtied since (its own time would otherwise dilute a burst).
+        let took = last.elapsed();
         crate::dirty_logs::collect(vm, &mut now)?;
-        let took = std::mem::replace(&mut last, Instant::now()).elapsed();
+        last = Instant::now();
         let n = now.count() as f64;
         let after = super::dirtied(vm);
         if short {
