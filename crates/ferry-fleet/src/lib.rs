@@ -22,3 +22,20 @@ pub use bound::lower_bound;
 pub use fleet::{Caps, Fleet, FleetError, Host, Network, Vm};
 pub use planner::Planner;
 pub use sim::{run, DrainOutcome, Policy, VmOutcome};
+
+/// Every policy, the planner first, then the baselines.
+pub fn policies() -> Vec<Box<dyn Policy>> {
+    let mut p: Vec<Box<dyn Policy>> = vec![Box::new(Planner::new())];
+    p.extend(
+        Admission::all()
+            .into_iter()
+            .map(|a| Box::new(a) as Box<dyn Policy>),
+    );
+    p
+}
+
+/// The policy called `name` (`planner`, `kubevirt`, `hco`, `nova`,
+/// `vsphere`).
+pub fn policy_named(name: &str) -> Option<Box<dyn Policy>> {
+    policies().into_iter().find(|p| p.name() == name)
+}

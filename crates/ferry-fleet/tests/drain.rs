@@ -4,7 +4,7 @@
 
 use ferry_fleet::sim::{Policy, Start, View};
 use ferry_fleet::{
-    generate, lower_bound, run, Admission, Fleet, FleetError, Host, Network, Planner, Vm,
+    generate, lower_bound, policies, run, Admission, Fleet, FleetError, Host, Network, Planner, Vm,
 };
 
 const GIB: u64 = 1 << 30;
@@ -59,16 +59,6 @@ fn two_racks() -> Fleet {
         drain: vec![0, 1, 2],
         caps: Default::default(),
     }
-}
-
-fn policies() -> Vec<Box<dyn Policy>> {
-    let mut p: Vec<Box<dyn Policy>> = vec![Box::new(Planner::new())];
-    p.extend(
-        Admission::all()
-            .into_iter()
-            .map(|a| Box::new(a) as Box<dyn Policy>),
-    );
-    p
 }
 
 #[test]

@@ -16,7 +16,7 @@
 
 use crate::cmd::CmdError;
 use clap::Args;
-use ferry_fleet::{generate, lower_bound, run, Admission, DrainOutcome, Planner, Policy};
+use ferry_fleet::{generate, lower_bound, policies, run, DrainOutcome};
 use ferry_report::{Plot, Report, Series, Table};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -78,17 +78,6 @@ pub struct Cell {
 pub struct FleetResults {
     /// One per fleet size and seed.
     pub cells: Vec<Cell>,
-}
-
-/// The policies compared, the planner first.
-fn policies() -> Vec<Box<dyn Policy>> {
-    let mut p: Vec<Box<dyn Policy>> = vec![Box::new(Planner::new())];
-    p.extend(
-        Admission::all()
-            .into_iter()
-            .map(|a| Box::new(a) as Box<dyn Policy>),
-    );
-    p
 }
 
 /// Runs the bench.

@@ -12,7 +12,7 @@
 
 use super::CmdError;
 use clap::Args;
-use ferry_fleet::{generate, lower_bound, run, Admission, DrainOutcome, Fleet, Planner, Policy};
+use ferry_fleet::{generate, lower_bound, policy_named, run, DrainOutcome, Fleet};
 use ferry_report::Table;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,16 +49,6 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
-fn policy(name: &str) -> Box<dyn Policy> {
-    match name {
-        "kubevirt" => Box::new(Admission::kubevirt()),
-        "hco" => Box::new(Admission::hco()),
-        "nova" => Box::new(Admission::nova()),
-        "vsphere" => Box::new(Admission::vsphere()),
-        _ => Box::new(Planner::new()),
-    }
-}
-
 fn load(a: &PlanArgs) -> Result<Fleet, CmdError> {
     match (&a.fleet, a.generate) {
         (Some(path), _) => {
@@ -92,7 +82,9 @@ pub fn run_plan(a: PlanArgs) -> Result<ExitCode, CmdError> {
     // back plans the same.
     let seed = 1;
     let simulate = |name: &str| -> Result<DrainOutcome, CmdError> {
-        run(&fleet, policy(name).as_mut(), seed)
+        let mut p = policy_named(name)
+            .ok_or_else(|| CmdError::Usage(format!("no policy called {name}")))?;
+        run(&fleet, p.as_mut(), seed)
             .map_err(|e| CmdError::Failed(format!("the plan cannot be met: {e}")))
     };
     let o = simulate(&a.policy)?;
