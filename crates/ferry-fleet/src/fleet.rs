@@ -209,6 +209,17 @@ impl Fleet {
             .collect()
     }
 
+    /// Whether VM `v` may ever go to host `h`, room aside: not drained,
+    /// not its own, its CPU model, its pins.
+    pub fn allows(&self, v: usize, h: usize) -> bool {
+        let vm = &self.vms[v];
+        !self.drained(h)
+            && h != vm.host
+            && self.hosts[h].cpu_model == self.hosts[vm.host].cpu_model
+            && !vm.forbidden.contains(&h)
+            && vm.pinned.as_ref().is_none_or(|p| p.contains(&h))
+    }
+
     /// Whether host `h` is drained.
     pub fn drained(&self, h: usize) -> bool {
         self.drain.contains(&h)

@@ -8,9 +8,9 @@
 //!   admit     while some host has VMs waiting: take the host with the most
 //!             bytes left to send per migration it runs; start its largest
 //!             VM whose way still has room for its demand on top of the
-//!             running ones' (so each runs near its
-//!             NIC's rate, and the bottleneck, a rack's uplink say, is
-//!             full but not split into slivers); else that host waits
+//!             running ones' (so each runs near its NIC's rate, and the
+//!             bottleneck, a rack's uplink say, is full but not split into
+//!             slivers); else that host waits
 //!   target    chosen for every VM before anything moves (`destinations`):
 //!             the most constrained VMs first, each to the host that takes
 //!             it with the least to receive so far; a VM with nowhere to go

@@ -88,17 +88,10 @@ impl View<'_> {
     /// group there (running, arriving or placed).
     pub fn fits(&self, v: usize, h: usize, placed: &[Option<usize>]) -> bool {
         let vm = &self.fleet.vms[v];
-        let host = &self.fleet.hosts[h];
-        if self.fleet.drained(h) || h == vm.host {
+        if !self.fleet.allows(v, h) {
             return false;
         }
         if self.free_memory[h] < vm.memory_bytes || self.free_cpus[h] < i64::from(vm.vcpus()) {
-            return false;
-        }
-        if host.cpu_model != self.fleet.hosts[vm.host].cpu_model {
-            return false;
-        }
-        if vm.forbidden.contains(&h) || vm.pinned.as_ref().is_some_and(|p| !p.contains(&h)) {
             return false;
         }
         if let Some(group) = &vm.anti_affinity {
