@@ -130,8 +130,8 @@ impl Vcpu {
     fn kick(&self) {
         let thread = self.shared.pthread.load(Ordering::Acquire);
         if thread != 0 {
-            // SAFETY: the thread set its own id and lives until this Vcpu is
-            // dropped, which joins it after the last kick.
+            // The thread set its own id; dropping this Vcpu joins it after the last kick.
+            // SAFETY: the pthread id is of a thread that is still alive.
             unsafe { libc::pthread_kill(thread as libc::pthread_t, kick_signal()) };
         }
     }

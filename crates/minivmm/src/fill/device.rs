@@ -624,8 +624,8 @@ impl Drop for FillDevice {
             let _ = child.kill();
             let _ = child.wait();
         } else if let Some(pid) = self.adopted.take() {
-            // SAFETY: kill(2) on the pid the kernel gave as the socket's
-            // peer; at worst the process is gone already (ESRCH).
+            // The pid is the one the kernel gave as the socket's peer.
+            // SAFETY: kill(2) has no memory effects; a gone pid is ESRCH.
             unsafe { libc::kill(pid, libc::SIGTERM) };
         }
     }
@@ -639,8 +639,8 @@ fn peer_pid(frontend: &Frontend) -> Option<libc::pid_t> {
         gid: 0,
     };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED fills a ucred of the length given, on the
-    // frontend's own socket fd.
+    // SO_PEERCRED on the frontend's own socket fd.
+    // SAFETY: getsockopt fills at most `len` bytes of the ucred given.
     let r = unsafe {
         libc::getsockopt(
             frontend.as_raw_fd(),
