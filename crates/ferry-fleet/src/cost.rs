@@ -32,12 +32,6 @@ pub const POLICIES: [ConvergeMode; 4] = [
 /// ferry's default convergence for a VM that meters each vCPU: the quota.
 pub const DEFAULT_POLICY: ConvergeMode = ConvergeMode::Quota;
 
-/// What ferry predicts for `vm` over `bytes_per_sec` under `mode`.
-pub fn forecast(vm: &Vm, bytes_per_sec: f64, mode: ConvergeMode) -> PolicyForecast {
-    let p = predict(&input(vm, bytes_per_sec), &[mode]);
-    p.policies.into_iter().next().expect("one policy asked")
-}
-
 /// The policy ferry recommends for `vm` over `bytes_per_sec` (converges
 /// with the guest held least), and its forecast.
 pub fn recommended(vm: &Vm, bytes_per_sec: f64) -> (ConvergeMode, PolicyForecast) {

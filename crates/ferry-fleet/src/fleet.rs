@@ -168,6 +168,16 @@ impl Fleet {
                 return Err(FleetError::NotPositive("the oversubscription".into()));
             }
         }
+        let caps = &self.caps;
+        for (name, cap) in [
+            ("caps.per_cluster", caps.per_cluster),
+            ("caps.outbound_per_host", caps.outbound_per_host),
+            ("caps.inbound_per_host", caps.inbound_per_host),
+        ] {
+            if cap == Some(0) {
+                return Err(FleetError::NotPositive(name.into()));
+            }
+        }
         for &d in &self.drain {
             if d >= hosts {
                 return Err(FleetError::NoSuchDrain(d));

@@ -15,6 +15,8 @@
 //!             the most constrained VMs first, each to the host that takes
 //!             it with the least to receive so far; a VM with nowhere to go
 //!             is named then, not found stuck halfway
+//!   caps      the fleet's own (`Caps`: at once in the fleet, out of and
+//!             into a host) are never passed
 //!   policy    ferry's recommendation for the VM at its demand: the one that
 //!             converges with the guest held least (`cost::recommended`)
 //! ```
@@ -183,10 +185,15 @@ impl Policy for Planner {
             let d = demand(r.src, r.dest);
             links.path(r.src, r.dest).iter().for_each(|&l| load[l] += d);
         }
-        let mut out: HashMap<usize, usize> = HashMap::new();
+        // Migrations out of and into each host, for the platform's caps.
+        let (mut out, mut inb): (HashMap<usize, usize>, HashMap<usize, usize>) = Default::default();
         for r in view.running {
             *out.entry(r.src).or_default() += 1;
+            *inb.entry(r.dest).or_default() += 1;
         }
+        let caps = &fleet.caps;
+        let below =
+            |cap: Option<usize>, n: Option<&usize>| cap.is_none_or(|c| n.copied().unwrap_or(0) < c);
         // Each source host's waiting VMs, largest first.
         let mut queue: HashMap<usize, Vec<usize>> = HashMap::new();
         for &v in view.waiting {
@@ -199,9 +206,16 @@ impl Policy for Planner {
         let mut starts = Vec::new();
         let mut blocked: Vec<usize> = Vec::new();
         loop {
+            if !below(caps.per_cluster, Some(&(view.running.len() + starts.len()))) {
+                break;
+            }
             let next = queue
                 .iter()
-                .filter(|(h, q)| !q.is_empty() && !blocked.contains(h))
+                .filter(|(h, q)| {
+                    !q.is_empty()
+                        && !blocked.contains(h)
+                        && below(caps.outbound_per_host, out.get(h))
+                })
                 .max_by(|(a, qa), (b, qb)| {
                     let ka = left(qa) as f64 / (out.get(a).copied().unwrap_or(0) + 1) as f64;
                     let kb = left(qb) as f64 / (out.get(b).copied().unwrap_or(0) + 1) as f64;
@@ -213,6 +227,9 @@ impl Policy for Planner {
             // Its largest VM whose way has room for it at full rate.
             let pick = queue[&src].iter().position(|&v| {
                 let Some(to) = dest[v] else { return false };
+                if !below(caps.inbound_per_host, inb.get(&to)) {
+                    return false;
+                }
                 let d = demand(src, to);
                 nothing_runs
                     || links
@@ -229,6 +246,7 @@ impl Policy for Planner {
             let d = demand(src, to);
             links.path(src, to).iter().for_each(|&l| load[l] += d);
             *out.entry(src).or_default() += 1;
+            *inb.entry(to).or_default() += 1;
             let (mode, _) = cost::recommended(&fleet.vms[v], d);
             starts.push(Start {
                 vm: v,

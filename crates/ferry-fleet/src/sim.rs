@@ -50,8 +50,6 @@ pub struct Running {
     pub src: usize,
     /// To where.
     pub dest: usize,
-    /// The rate it got at the last share-out, bytes/s.
-    pub rate: f64,
 }
 
 /// What a policy sees when asked.
@@ -205,7 +203,6 @@ pub fn run(fleet: &Fleet, policy: &mut dyn Policy, seed: u64) -> Result<DrainOut
                     vm: f.vm,
                     src: f.src,
                     dest: f.dest,
-                    rate: f.rate,
                 })
                 .collect();
             let view = View {

@@ -4,7 +4,8 @@
 
 use ferry_fleet::sim::{Policy, Start, View};
 use ferry_fleet::{
-    generate, lower_bound, policies, run, Admission, Fleet, FleetError, Host, Network, Planner, Vm,
+    generate, lower_bound, policies, run, Admission, Caps, Fleet, FleetError, Host, Network,
+    Planner, Vm,
 };
 
 const GIB: u64 = 1 << 30;
@@ -232,6 +233,42 @@ fn a_policy_that_starts_nothing_is_reported_not_waited_on() {
     assert!(
         err.to_string()
             .contains("idle: nothing runs and 8 VM(s) wait"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_planner_keeps_to_the_fleets_own_caps() {
+    let mut fleet = two_racks();
+    fleet.caps = Caps {
+        per_cluster: Some(2),
+        outbound_per_host: Some(1),
+        inbound_per_host: Some(1),
+    };
+    let o = run(&fleet, &mut Planner::new(), 1).unwrap();
+    assert_eq!(o.migrations, 8);
+    assert!(o.peak_concurrency <= 2, "{o:?}");
+    for v in &o.vms {
+        let t = (v.start_s + v.end_s) / 2.0;
+        let during = |w: &&ferry_fleet::VmOutcome| w.start_s <= t && t < w.end_s;
+        assert!(
+            o.vms
+                .iter()
+                .filter(during)
+                .filter(|w| w.from == v.from)
+                .count()
+                <= 1,
+            "{o:?}"
+        );
+        assert!(
+            o.vms.iter().filter(during).filter(|w| w.to == v.to).count() <= 1,
+            "{o:?}"
+        );
+    }
+    fleet.caps.per_cluster = Some(0);
+    let err = run(&fleet, &mut Planner::new(), 1).unwrap_err();
+    assert!(
+        err.to_string().contains("caps.per_cluster must be above 0"),
         "{err}"
     );
 }

@@ -42,11 +42,7 @@ fn a_fleet_file_is_planned_and_compared_with_every_baseline() {
         .args(["plan", path.to_str().unwrap(), "--compare", "--json"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let j = last_json(&out);
     assert_eq!(j["vms"].as_array().unwrap().len(), 6, "{j}");
     assert_eq!(j["failed"], 0, "{j}");
@@ -85,21 +81,13 @@ fn a_drawn_fleet_is_saved_and_planned_the_same_from_its_file() {
         .arg(&path)
         .output()
         .unwrap();
-    assert!(
-        drawn.status.success(),
-        "{}",
-        String::from_utf8_lossy(&drawn.stderr)
-    );
+    assert_success(&drawn);
     let again = ferry()
         .args(["plan", "--json"])
         .arg(&path)
         .output()
         .unwrap();
-    assert!(
-        again.status.success(),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
+    assert_success(&again);
     let (a, b) = (last_json(&drawn), last_json(&again));
     assert_eq!(a["makespan_s"], b["makespan_s"]);
     assert!(a["vms"].as_array().unwrap().len() >= 200, "{a}");
@@ -108,42 +96,35 @@ fn a_drawn_fleet_is_saved_and_planned_the_same_from_its_file() {
 #[test]
 fn bad_fleets_get_clear_errors() {
     let dir = tempdir("bad");
-    let missing = dir.join("nope.json");
+    // `ferry plan` on a file holding `text`.
+    let plan_file = |name: &str, text: String| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        vec!["plan".to_string(), p.display().to_string()]
+    };
+    let mut stray = small_fleet();
+    stray["vms"][0]["host"] = 9.into();
+    let mut huge = small_fleet();
+    huge["vms"][5]["memory_bytes"] = (1u64 << 50).into();
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
             vec!["plan".into()],
             "give a fleet file, or --generate HOSTS",
         ),
         (
-            vec!["plan".into(), missing.display().to_string()],
+            vec!["plan".into(), dir.join("nope.json").display().to_string()],
             "cannot read",
         ),
         (
-            {
-                let p = dir.join("bad.json");
-                std::fs::write(&p, "{\"hosts\": []}").unwrap();
-                vec!["plan".into(), p.display().to_string()]
-            },
+            plan_file("bad.json", "{\"hosts\": []}".into()),
             "not a fleet",
         ),
         (
-            {
-                let mut f = small_fleet();
-                f["vms"][0]["host"] = 9.into();
-                let p = dir.join("stray.json");
-                std::fs::write(&p, f.to_string()).unwrap();
-                vec!["plan".into(), p.display().to_string()]
-            },
+            plan_file("stray.json", stray.to_string()),
             "vm0 is on host 9",
         ),
         (
-            {
-                let mut f = small_fleet();
-                f["vms"][5]["memory_bytes"] = (1u64 << 50).into();
-                let p = dir.join("huge.json");
-                std::fs::write(&p, f.to_string()).unwrap();
-                vec!["plan".into(), p.display().to_string()]
-            },
+            plan_file("huge.json", huge.to_string()),
             "VM vm5: no host takes it",
         ),
     ];

@@ -282,16 +282,6 @@ impl MigrationModel {
         self.total
     }
 
-    /// Bytes the current round still has to send.
-    pub fn round_left(&self) -> f64 {
-        self.left
-    }
-
-    /// The round being sent (0: the full pass).
-    pub fn round(&self) -> u32 {
-        self.round
-    }
-
     /// Runs up to `secs` with the link moving `link` bytes/s; stops early
     /// when the migration ends, and returns its outcome then (and on every
     /// later call).
@@ -309,7 +299,9 @@ impl MigrationModel {
             self.step(dt);
             budget -= dt;
             self.left = (self.left - dt * rate).max(0.0);
-            if dt >= to_end || self.left <= 0.0 {
+            if dt >= to_end || self.left <= 0.0 || self.total > HORIZON_SECS {
+                // A round past the horizon ends there (a link too slow to
+                // finish it would otherwise be modelled for ever).
                 self.end_round(link);
             } else if self.since_sample >= interval * 0.999 {
                 let listed = if self.round == 0 {
@@ -365,7 +357,13 @@ impl MigrationModel {
     /// is reached.
     fn end_round(&mut self, link: f64) {
         let within = self.within;
-        let found: f64 = self.vcpus.iter_mut().map(|m| m.harvest(within)).sum();
+        // What the harvest finds, and what the round had not sent yet.
+        let found: f64 = self
+            .vcpus
+            .iter_mut()
+            .map(|m| m.harvest(within))
+            .sum::<f64>()
+            + self.left;
         self.sample(
             found,
             Some(RoundEnd {

@@ -5,29 +5,15 @@
 //!   input   per vCPU: the rate it dirties clean pages at with tracking on
 //!           (bytes/s) and the bytes it can dirty at most (its working set);
 //!           memory and the pages holding data; link; downtime target; round cap
-//!   model   every round, the full pass included, is run in steps of the
-//!           policy interval: round 0 sends the data pages (a zero page
-//!           travels as a bit), round k what the harvest ending round k−1
-//!           found. In each step each vCPU dirties clean pages at its rate
-//!           under the action in force, at most its working set between two
-//!           harvests (with harvests within rounds, only what lies behind
-//!           the send cursor is sent again). The *real* policy
-//!           (`Policy::decide`) sees the samples the engine would give it:
-//!           each interval's per-vCPU dirtying, and each round's end
-//!   action  a time throttle p% leaves a vCPU (1 − p) of the time, in 10 ms
-//!           slices: it dirties at its rate × (1 − p), but at most its
-//!           working set per slice; a quota q per interval caps a vCPU at
-//!           q / interval while it has clean pages; dirty-limit runs the
-//!           backends' own feedback loop (`ferry_vm::dirty_limit::adjust`)
-//!           per vCPU, period by period, and throttles by time
-//!   stop    what is left fits the downtime target (converged), or the round
-//!           cap forces the stop-and-copy (not converged)
+//!   model   `super::model`, run RUNS times with round times drawn from
+//!           each run's seed; a policy converges if most runs do, and its
+//!           figures are those runs' mean
 //! ```
 //!
 //! The stall escalation is not modelled: it only acts when the prediction
 //! would already say "does not converge".
 
-use super::model::{MigrationModel, HORIZON_SECS, RUNS};
+use super::model::{MigrationModel, RUNS};
 use super::ConvergeMode;
 pub use crate::summary::{PolicyForecast, PredictInput, Prediction};
 
@@ -79,13 +65,10 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
 
 /// One run of the model at the input's link, round times drawn from `seed`.
 fn forecast_once(input: &PredictInput, mode: ConvergeMode, seed: u64) -> PolicyForecast {
-    let mut m = MigrationModel::new(input, mode, seed);
-    let link = input.link_bytes_per_sec.max(1.0);
-    loop {
-        if let Some(done) = m.advance(HORIZON_SECS, link) {
-            return done.clone();
-        }
-    }
+    MigrationModel::new(input, mode, seed)
+        .advance(f64::INFINITY, input.link_bytes_per_sec)
+        .cloned()
+        .expect("a modelled migration ends by the model's horizon")
 }
 
 #[cfg(test)]

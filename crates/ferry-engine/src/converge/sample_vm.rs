@@ -80,10 +80,9 @@ fn sample_logs(vm: &mut dyn Vm, secs: Duration) -> Result<DirtySample, Migration
     let mut now = DirtyPages::new(pages);
     crate::dirty_logs::collect(vm, &mut now)?;
     let mut counts = super::dirtied(vm);
-    let metered = counts.len() == vcpus;
     // Per vCPU: pages and seconds in the slice-long windows.
     let (mut slice_pages, mut slice_secs) = (vec![0.0f64; vcpus], 0.0);
-    let (mut all, mut found) = (DirtyPages::new(pages), 0u64);
+    let mut all = DirtyPages::new(pages);
     let mut half = None;
     let start = Instant::now();
     let mut last = Instant::now();
@@ -110,7 +109,6 @@ fn sample_logs(vm: &mut dyn Vm, secs: Duration) -> Result<DirtySample, Migration
         }
         counts = after;
         short = !short;
-        found += now.count();
         all.merge(&now);
         if half.is_none() && start.elapsed() >= secs / 2 {
             half = Some((all.count(), start.elapsed()));
@@ -124,26 +122,21 @@ fn sample_logs(vm: &mut dyn Vm, secs: Duration) -> Result<DirtySample, Migration
     let ram_pages = vm.ram().size() / PAGE_SIZE as u64;
     let working_set = working_set_pages(at_half, all.count(), ram_pages);
     let page = PAGE_SIZE as f64;
-    // Each vCPU's share of the working set: of what it dirtied, where the
-    // VM counts it, else an equal part.
+    // Each vCPU's share of the working set: of what it dirtied (equal
+    // parts where the VM keeps no per-vCPU count, see `count_shares`).
     let total: f64 = slice_pages.iter().sum();
-    let shares: Vec<f64> = if metered && total > 0.0 {
+    let shares: Vec<f64> = if total > 0.0 {
         slice_pages.iter().map(|p| p / total).collect()
     } else {
         vec![1.0 / vcpus as f64; vcpus]
     };
-    let dirty_bytes_per_sec = match metered && slice_secs > 0.0 {
-        true => slice_pages.iter().map(|p| p * page / slice_secs).collect(),
-        // The slice windows' pages shared evenly, or failing those all.
-        false if slice_secs > 0.0 => shares
-            .iter()
-            .map(|s| s * total * page / slice_secs)
-            .collect(),
-        false => shares
-            .iter()
-            .map(|s| s * found as f64 * page / took)
-            .collect(),
-    };
+    let dirty_bytes_per_sec = slice_pages
+        .iter()
+        .map(|p| match slice_secs > 0.0 {
+            true => p * page / slice_secs,
+            false => 0.0,
+        })
+        .collect();
     Ok(DirtySample {
         dirty_bytes_per_sec,
         working_set_bytes: shares
