@@ -16,6 +16,13 @@
 //! memory balance). No bandwidth is reserved: each takes what it gets.
 //! Each runs under ferry's default convergence, so that what differs from
 //! the planner is the schedule alone.
+//!
+//! `kubevirt-default` is KubeVirt's admission with KubeVirt's own migration
+//! defaults too: no auto-converge, no postcopy, and a completion timeout of
+//! 150 s per GiB of guest memory (`completionTimeoutPerGiB`), until which
+//! QEMU iterates. A VM that cannot converge is cancelled at its timeout and
+//! stays on its host. It is asked for by name (`ferry drain`, `ferry plan
+//! --policy`); the fleet bench judges the schedules alone.
 
 use crate::cost::DEFAULT_POLICY;
 use crate::sim::{Policy, Start, View};
@@ -34,7 +41,17 @@ pub struct Admission {
     pub inbound_per_host: Option<usize>,
     /// The convergence policy of its migrations.
     pub mode: ConvergeMode,
+    /// Seconds per GiB of guest memory before a migration is cancelled;
+    /// with it, precopy iterates until then (no round cap).
+    pub completion_timeout_per_gib: Option<f64>,
 }
+
+/// KubeVirt's `completionTimeoutPerGiB` default, seconds.
+pub const KUBEVIRT_COMPLETION_TIMEOUT_PER_GIB: f64 = 150.0;
+
+/// The round cap of a migration an orchestrator's timeout ends: the
+/// engine's most.
+const UNCAPPED_ROUNDS: u32 = *ferry_engine::tunables::MAX_ROUNDS.end() as u32;
 
 impl Admission {
     /// KubeVirt's defaults.
@@ -45,6 +62,18 @@ impl Admission {
             outbound_per_host: Some(2),
             inbound_per_host: None,
             mode: DEFAULT_POLICY,
+            completion_timeout_per_gib: None,
+        }
+    }
+
+    /// KubeVirt's admission and its migration defaults: no auto-converge,
+    /// 150 s per GiB before a migration is cancelled.
+    pub fn kubevirt_default() -> Self {
+        Admission {
+            name: "kubevirt-default",
+            mode: ConvergeMode::None,
+            completion_timeout_per_gib: Some(KUBEVIRT_COMPLETION_TIMEOUT_PER_GIB),
+            ..Self::kubevirt()
         }
     }
 
@@ -65,6 +94,7 @@ impl Admission {
             outbound_per_host: Some(1),
             inbound_per_host: None,
             mode: DEFAULT_POLICY,
+            completion_timeout_per_gib: None,
         }
     }
 
@@ -76,6 +106,7 @@ impl Admission {
             outbound_per_host: Some(8),
             inbound_per_host: Some(8),
             mode: DEFAULT_POLICY,
+            completion_timeout_per_gib: None,
         }
     }
 
@@ -124,11 +155,16 @@ impl Policy for Admission {
             out[src] += 1;
             inb[dest] += 1;
             running += 1;
+            let timeout = self
+                .completion_timeout_per_gib
+                .map(|t| t * vm.memory_bytes as f64 / f64::from(1u32 << 30));
             starts.push(Start {
                 vm: v,
                 dest,
                 cap: None,
                 mode: self.mode,
+                give_up_after_s: timeout,
+                max_rounds: timeout.map(|_| UNCAPPED_ROUNDS),
             });
         }
         starts

@@ -32,24 +32,44 @@ pub const POLICIES: [ConvergeMode; 4] = [
 /// ferry's default convergence for a VM that meters each vCPU: the quota.
 pub const DEFAULT_POLICY: ConvergeMode = ConvergeMode::Quota;
 
-/// The policy ferry recommends for `vm` over `bytes_per_sec` (converges
-/// with the guest held least), and its forecast.
-pub fn recommended(vm: &Vm, bytes_per_sec: f64) -> (ConvergeMode, PolicyForecast) {
+/// The policy that moves `vm` over `bytes_per_sec` soonest within its
+/// downtime target, and its forecast. A drain is judged by when its last
+/// VM lands, so time comes first; of policies within 5% of the quickest,
+/// the one that holds the guest least (ferry's own recommendation, which
+/// puts the guest first, would let a busy VM run unthrottled for rounds
+/// while the rack waits). If none converges: the least downtime.
+pub fn quickest(vm: &Vm, bytes_per_sec: f64) -> (ConvergeMode, PolicyForecast) {
     let p = predict(&input(vm, bytes_per_sec), &POLICIES);
+    let converging: Vec<&PolicyForecast> = p
+        .policies
+        .iter()
+        .filter(|f| f.converges && f.downtime_ms <= vm.downtime_target_ms)
+        .collect();
+    let pick = match converging.iter().map(|f| f.total_ms).reduce(f64::min) {
+        Some(fastest) => converging
+            .iter()
+            .filter(|f| f.total_ms <= fastest * 1.05)
+            .min_by(|a, b| a.throttled_ms.total_cmp(&b.throttled_ms))
+            .map(|f| (*f).clone()),
+        None => p
+            .policies
+            .iter()
+            .min_by(|a, b| a.downtime_ms.total_cmp(&b.downtime_ms))
+            .cloned(),
+    }
+    .expect("every policy was forecast");
     let mode = POLICIES
         .iter()
         .copied()
-        .find(|m| m.to_string() == p.recommended)
+        .find(|m| m.to_string() == pick.policy)
         .unwrap_or(DEFAULT_POLICY);
-    let f = p
-        .policies
-        .into_iter()
-        .find(|f| f.policy == p.recommended)
-        .expect("the recommended policy was forecast");
-    (mode, f)
+    (mode, pick)
 }
 
-/// A migration of `vm` under `mode` as the simulator runs it.
-pub fn model(vm: &Vm, mode: ConvergeMode, seed: u64) -> MigrationModel {
-    MigrationModel::new(&input(vm, 1.0), mode, seed)
+/// A migration of `vm` under `mode` as the simulator runs it, with
+/// `max_rounds` rounds at most (`None`: the engine's default).
+pub fn model(vm: &Vm, mode: ConvergeMode, max_rounds: Option<u32>, seed: u64) -> MigrationModel {
+    let mut input = input(vm, 1.0);
+    input.max_rounds = max_rounds.unwrap_or(DEFAULT_MAX_ROUNDS);
+    MigrationModel::new(&input, mode, seed)
 }

@@ -7,10 +7,13 @@
 //! rate and what each convergence policy does with it, and on the network's
 //! links. One simulator (`sim`) runs every policy on the same fleet, each
 //! migration following ferry's model under the bandwidth it actually gets.
+//! `export` writes the planner's plan as objects a platform applies
+//! (KubeVirt's migrations and migration policies, in waves).
 
 pub mod admission;
 pub mod bound;
 pub mod cost;
+pub mod export;
 pub mod fleet;
 pub mod generate;
 pub mod network;
@@ -34,8 +37,11 @@ pub fn policies() -> Vec<Box<dyn Policy>> {
     p
 }
 
-/// The policy called `name` (`planner`, `kubevirt`, `hco`, `nova`,
-/// `vsphere`).
+/// The policy called `name`: one of [`policies`], or `kubevirt-default`
+/// (KubeVirt's admission with its own migration defaults).
 pub fn policy_named(name: &str) -> Option<Box<dyn Policy>> {
+    if name == "kubevirt-default" {
+        return Some(Box::new(Admission::kubevirt_default()));
+    }
     policies().into_iter().find(|p| p.name() == name)
 }

@@ -17,8 +17,8 @@
 //!             is named then, not found stuck halfway
 //!   caps      the fleet's own (`Caps`: at once in the fleet, out of and
 //!             into a host) are never passed
-//!   policy    ferry's recommendation for the VM at its demand: the one that
-//!             converges with the guest held least (`cost::recommended`)
+//!   policy    the one ferry's model says lands the VM soonest at its
+//!             demand within its downtime target (`cost::quickest`)
 //! ```
 //!
 //! Why this order. A drain ends when its last host is empty. Shared evenly
@@ -247,12 +247,14 @@ impl Policy for Planner {
             links.path(src, to).iter().for_each(|&l| load[l] += d);
             *out.entry(src).or_default() += 1;
             *inb.entry(to).or_default() += 1;
-            let (mode, _) = cost::recommended(&fleet.vms[v], d);
+            let (mode, _) = cost::quickest(&fleet.vms[v], d);
             starts.push(Start {
                 vm: v,
                 dest: to,
                 cap: Some(d),
                 mode,
+                give_up_after_s: None,
+                max_rounds: None,
             });
         }
         starts

@@ -39,6 +39,13 @@ pub struct Start {
     pub cap: Option<f64>,
     /// Its convergence policy.
     pub mode: ConvergeMode,
+    /// Cancel it if it has not switched over after this many seconds (an
+    /// orchestrator's completion timeout): the VM stays where it was and
+    /// counts as failed. `None`: never.
+    pub give_up_after_s: Option<f64>,
+    /// Its round cap (`None`: the engine's default). An orchestrator that
+    /// cancels on a timeout lets precopy iterate until then, as QEMU does.
+    pub max_rounds: Option<u32>,
 }
 
 /// A running migration, as a policy sees it.
@@ -140,8 +147,13 @@ pub struct VmOutcome {
     pub downtime_target_ms: f64,
     /// Whether what was left fitted its downtime target.
     pub converged: bool,
+    /// Cancelled at its completion timeout: the VM did not move.
+    pub gave_up: bool,
     /// Its mean rate, bytes/s.
     pub mean_rate: f64,
+    /// The most bandwidth the policy let it take, bytes/s (`None`: what
+    /// it could get).
+    pub cap_bytes_per_sec: Option<f64>,
 }
 
 /// How a drain went.
@@ -154,7 +166,7 @@ pub struct DrainOutcome {
     /// Migrations run.
     pub migrations: usize,
     /// Migrations that did not converge (forced to a stop-and-copy over
-    /// their target).
+    /// their target, or cancelled at their completion timeout).
     pub failed: usize,
     /// Migrations whose downtime passed their target.
     pub over_target: usize,
@@ -174,21 +186,28 @@ struct Flow {
     cap: f64,
     mode: ConvergeMode,
     model: MigrationModel,
+    give_up_after_s: f64,
     start: f64,
     rate: f64,
     moved: f64,
+}
+
+/// Each host's free memory and vCPUs before anything moves.
+pub fn room(fleet: &Fleet) -> (Vec<u64>, Vec<i64>) {
+    let mut memory: Vec<u64> = fleet.hosts.iter().map(|h| h.memory_bytes).collect();
+    let mut cpus: Vec<i64> = fleet.hosts.iter().map(|h| i64::from(h.cpus)).collect();
+    for vm in &fleet.vms {
+        memory[vm.host] = memory[vm.host].saturating_sub(vm.memory_bytes);
+        cpus[vm.host] -= i64::from(vm.vcpus());
+    }
+    (memory, cpus)
 }
 
 /// Runs `policy` on `fleet` until every VM on a drained host has moved.
 pub fn run(fleet: &Fleet, policy: &mut dyn Policy, seed: u64) -> Result<DrainOutcome, FleetError> {
     fleet.validate()?;
     let links = Links::new(fleet);
-    let mut free_memory: Vec<u64> = fleet.hosts.iter().map(|h| h.memory_bytes).collect();
-    let mut free_cpus: Vec<i64> = fleet.hosts.iter().map(|h| i64::from(h.cpus)).collect();
-    for vm in &fleet.vms {
-        free_memory[vm.host] = free_memory[vm.host].saturating_sub(vm.memory_bytes);
-        free_cpus[vm.host] -= i64::from(vm.vcpus());
-    }
+    let (mut free_memory, mut free_cpus) = room(fleet);
     let mut waiting = fleet.to_move();
     let mut placed: Vec<Option<usize>> = vec![None; fleet.vms.len()];
     let mut flows: Vec<Flow> = Vec::new();
@@ -233,7 +252,8 @@ pub fn run(fleet: &Fleet, policy: &mut dyn Policy, seed: u64) -> Result<DrainOut
                     path: links.path(vm.host, s.dest),
                     cap: s.cap.unwrap_or(f64::INFINITY),
                     mode: s.mode,
-                    model: cost::model(vm, s.mode, seed.wrapping_add(s.vm as u64)),
+                    model: cost::model(vm, s.mode, s.max_rounds, seed.wrapping_add(s.vm as u64)),
+                    give_up_after_s: s.give_up_after_s.unwrap_or(f64::INFINITY),
                     start: now,
                     rate: 0.0,
                     moved: 0.0,
@@ -279,29 +299,38 @@ pub fn run(fleet: &Fleet, policy: &mut dyn Policy, seed: u64) -> Result<DrainOut
             let before = f.model.elapsed();
             let ended = f.model.advance(STEP_SECS, f.rate).cloned();
             f.moved += (f.model.elapsed() - before) * f.rate;
-            match ended {
-                Some(end) => {
-                    let f = flows.swap_remove(i);
-                    let vm = &fleet.vms[f.vm];
-                    free_memory[f.src] += vm.memory_bytes;
-                    free_cpus[f.src] += i64::from(vm.vcpus());
-                    let took = end.total_ms / 1e3;
-                    done.push(VmOutcome {
-                        vm: vm.name.clone(),
-                        from: fleet.hosts[f.src].name.clone(),
-                        to: fleet.hosts[f.dest].name.clone(),
-                        policy: f.mode.to_string(),
-                        start_s: f.start,
-                        end_s: f.start + took,
-                        downtime_ms: end.downtime_ms,
-                        downtime_target_ms: vm.downtime_target_ms,
-                        converged: end.converges,
-                        mean_rate: f.moved / took.max(1e-9),
-                    });
-                    changed = true;
-                }
-                None => i += 1,
+            let gave_up = ended.is_none() && f.model.elapsed() >= f.give_up_after_s;
+            if ended.is_none() && !gave_up {
+                i += 1;
+                continue;
             }
+            let f = flows.swap_remove(i);
+            let vm = &fleet.vms[f.vm];
+            // A cancelled VM stays; its destination's room is freed.
+            let (freed, took, downtime_ms, converged) = match &ended {
+                Some(end) => (f.src, end.total_ms / 1e3, end.downtime_ms, end.converges),
+                None => (f.dest, f.model.elapsed(), 0.0, false),
+            };
+            free_memory[freed] += vm.memory_bytes;
+            free_cpus[freed] += i64::from(vm.vcpus());
+            if gave_up {
+                placed[f.vm] = None;
+            }
+            done.push(VmOutcome {
+                vm: vm.name.clone(),
+                from: fleet.hosts[f.src].name.clone(),
+                to: fleet.hosts[f.dest].name.clone(),
+                policy: f.mode.to_string(),
+                start_s: f.start,
+                end_s: f.start + took,
+                downtime_ms,
+                downtime_target_ms: vm.downtime_target_ms,
+                converged,
+                gave_up,
+                mean_rate: f.moved / took.max(1e-9),
+                cap_bytes_per_sec: f.cap.is_finite().then_some(f.cap),
+            });
+            changed = true;
         }
         now += STEP_SECS;
     }

@@ -8,6 +8,7 @@ mod bench;
 mod child;
 mod cmd;
 mod control;
+mod drain;
 mod endpoint;
 mod guest_check;
 mod netns;

@@ -128,3 +128,64 @@ fn namespaces_of_a_killed_demo_are_swept_by_the_next_one() {
     let left = namespaces();
     assert!(!left.contains(&name), "the stale pair survived: {left}");
 }
+
+/// `ferry drain --netns --small`: a real drain under every policy, each VM
+/// moved and verified, the simulator's prediction beside each, and the
+/// hosts' namespaces gone afterwards.
+#[test]
+fn a_real_drain_moves_every_vm_verified_under_every_policy() {
+    if !require_netns("drain --netns") {
+        return;
+    }
+    let backend = backends("drain --netns")[0];
+    let out = run(&[
+        "drain",
+        "--netns",
+        "--small",
+        "--json",
+        "--backend",
+        backend,
+    ]);
+    assert_success(&out);
+    let j = last_json(&out);
+    for policy in ["planner", "kubevirt", "kubevirt-default"] {
+        let p = &j["policies"][policy];
+        let context = format!("{policy}: {p}");
+        assert_eq!(p["migrations"], 2, "{context}");
+        assert_eq!(p["failed"], 0, "{context}");
+        assert_eq!(p["digest_mismatches"], 0, "{context}");
+        assert_eq!(p["guest_mismatches"], 0, "{context}");
+        assert!(p["makespan_s"].as_f64().unwrap() > 0.0, "{context}");
+        assert!(
+            p["predicted_makespan_s"].as_f64().unwrap() > 0.0,
+            "{context}"
+        );
+        for vm in p["vms"].as_array().unwrap() {
+            assert_eq!(vm["status"], "completed", "{context}");
+            assert_eq!(vm["from"], "host1", "{context}");
+            assert_ne!(vm["to"], "host1", "{context}");
+            assert!(
+                vm["dest_passes_after"].as_u64().unwrap_or(0) >= 1,
+                "{context}"
+            );
+        }
+    }
+    // The planner's destinations are its own; KubeVirt's are by free memory:
+    // two VMs go to the two hosts with the most.
+    let kubevirt: Vec<&str> = j["policies"]["kubevirt"]["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["to"].as_str().unwrap())
+        .collect();
+    assert!(
+        kubevirt.contains(&"host2") && kubevirt.contains(&"host3"),
+        "{kubevirt:?}"
+    );
+    let left: Vec<String> = namespaces()
+        .lines()
+        .filter(|l| l.starts_with("ferry-h") || l.starts_with("ferry-sw"))
+        .map(str::to_string)
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}

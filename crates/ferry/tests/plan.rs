@@ -135,3 +135,79 @@ fn bad_fleets_get_clear_errors() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn the_plan_is_exported_for_kubevirt_alone_on_stdout_or_to_a_file() {
+    let dir = tempdir("export");
+    let path = dir.join("fleet.json");
+    std::fs::write(&path, small_fleet().to_string()).unwrap();
+    let fleet = path.to_str().unwrap();
+    let out = ferry()
+        .args(["plan", fleet, "--export", "kubevirt", "--namespace", "vms"])
+        .output()
+        .unwrap();
+    assert_success(&out);
+    let list: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout holds the export alone");
+    assert_eq!(list["kind"], "List", "{list}");
+    let items = list["items"].as_array().unwrap();
+    let migrations: Vec<&serde_json::Value> = items
+        .iter()
+        .filter(|o| o["kind"] == "VirtualMachineInstanceMigration")
+        .collect();
+    assert_eq!(migrations.len(), 6, "{list}");
+    for m in &migrations {
+        assert_eq!(m["metadata"]["namespace"], "vms", "{m}");
+        let to = m["spec"]["addedNodeSelector"]["kubernetes.io/hostname"]
+            .as_str()
+            .unwrap();
+        assert!(["h3", "h4", "h5"].contains(&to), "{m}");
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("kubectl label vmi --overwrite -n vms"),
+        "{err}"
+    );
+
+    // With --out: the same export in the file, and the table as usual.
+    let file = dir.join("plan.json");
+    let out = ferry()
+        .args(["plan", fleet, "--export", "kubevirt", "--namespace", "vms"])
+        .arg("--out")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_success(&out);
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(written, list);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("planner's drain"));
+
+    // What cannot be exported, and nothing on stdout then.
+    let mut huge = small_fleet();
+    huge["vms"][5]["memory_bytes"] = (1u64 << 50).into();
+    let huge_path = dir.join("huge.json");
+    std::fs::write(&huge_path, huge.to_string()).unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![fleet, "--export", "kubevirt", "--policy", "nova"],
+            "--export writes the planner's plan, not nova's",
+        ),
+        (
+            vec![fleet, "--export", "kubevirt", "--json"],
+            "give --out FILE",
+        ),
+        (vec![fleet, "--out", "x.json"], "--export"),
+        (
+            vec![huge_path.to_str().unwrap(), "--export", "kubevirt"],
+            "VM vm5: no host takes it",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = ferry().arg("plan").args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?} wrote to stdout");
+    }
+}

@@ -4,6 +4,7 @@ mod bench;
 mod certs;
 mod ctl;
 mod demo;
+mod drain;
 mod local;
 pub(crate) mod migrate;
 mod plan;
@@ -52,6 +53,10 @@ pub enum Command {
     /// model of each migration (`--compare`: against KubeVirt's, HCO's,
     /// Nova's and vSphere's admission).
     Plan(plan::PlanArgs),
+    /// Drain a host of a small fleet built on this machine (network
+    /// namespaces on a bridge, shaped NICs), for real, under the planner
+    /// and KubeVirt's admission, against the simulator's prediction.
+    Drain(drain::DrainArgs),
     /// Run an experiment (dirty-log, zap, write-protect).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -67,6 +72,7 @@ pub fn run(command: Command) -> Result<ExitCode, CmdError> {
         Command::Ctl(a) => ctl::run(a),
         Command::Certs(a) => certs::run(a),
         Command::Plan(a) => plan::run_plan(a),
+        Command::Drain(a) => drain::run(a),
         Command::Bench(b) => bench::run(b),
     }
 }

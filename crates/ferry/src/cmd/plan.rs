@@ -8,10 +8,12 @@
 //!   ferry plan --generate 128 --seed 1    ... for a seeded fat-tree
 //!   ferry plan ... --compare              and every baseline's makespan
 //!   ferry plan ... --write-fleet F.json   save the fleet (a start to edit)
+//!   ferry plan ... --export kubevirt      the plan as KubeVirt objects
 //! ```
 
 use super::CmdError;
 use clap::Args;
+use ferry_fleet::export::{self, KubeVirtOptions, BEFORE_WAVE_LABEL, WAVE_LABEL};
 use ferry_fleet::{generate, lower_bound, policy_named, run, DrainOutcome, Fleet};
 use ferry_report::Table;
 use std::path::PathBuf;
@@ -47,6 +49,23 @@ pub struct PlanArgs {
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     pub json: bool,
+    /// Write the planner's plan as objects for a platform to apply instead
+    /// of the table. `kubevirt`: a JSON List of MigrationPolicies (wave 0:
+    /// bandwidth cap and auto-converge) and one VirtualMachineInstanceMigration
+    /// per VM, pinned to its planned node, in waves (label ferry.dev/wave);
+    /// create wave N once the migrations labelled ferry.dev/before-wave=N
+    /// have Succeeded (docs/fleet.md). Only the planner's plan (the default
+    /// --policy), and only if every VM converges within its downtime target.
+    #[arg(long, value_name = "PLATFORM", value_parser = ["kubevirt"])]
+    pub export: Option<String>,
+    /// Write the export to this file, and print the table as usual
+    /// (default: the export on stdout, alone).
+    #[arg(long, value_name = "FILE", requires = "export")]
+    pub out: Option<PathBuf>,
+    /// The VMIs' namespace, where their migrations are created (default:
+    /// kubectl's current one).
+    #[arg(long, requires = "export")]
+    pub namespace: Option<String>,
 }
 
 fn load(a: &PlanArgs) -> Result<Fleet, CmdError> {
@@ -66,6 +85,20 @@ fn load(a: &PlanArgs) -> Result<Fleet, CmdError> {
 
 /// Runs `ferry plan`.
 pub fn run_plan(a: PlanArgs) -> Result<ExitCode, CmdError> {
+    if a.export.is_some() {
+        if a.policy != "planner" {
+            return Err(CmdError::Usage(format!(
+                "--export writes the planner's plan, not {}'s: drop --policy",
+                a.policy
+            )));
+        }
+        if a.out.is_none() && (a.json || a.compare) {
+            return Err(CmdError::Usage(
+                "--json and --compare print on stdout, which carries the export: give --out FILE"
+                    .into(),
+            ));
+        }
+    }
     let fleet = load(&a)?;
     fleet
         .validate()
@@ -88,6 +121,12 @@ pub fn run_plan(a: PlanArgs) -> Result<ExitCode, CmdError> {
             .map_err(|e| CmdError::Failed(format!("the plan cannot be met: {e}")))
     };
     let o = simulate(&a.policy)?;
+    if a.export.is_some() {
+        export_kubevirt(&a, &fleet, &o)?;
+        if a.out.is_none() {
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
     let bound = lower_bound(&fleet);
     let mut t = Table::new(
         format!(
@@ -177,4 +216,62 @@ pub fn run_plan(a: PlanArgs) -> Result<ExitCode, CmdError> {
         println!("{line}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the plan `o` of `fleet` as KubeVirt objects to `--out` or stdout,
+/// and what to do with them to stderr. Nothing is written unless the whole
+/// plan can be exported.
+fn export_kubevirt(a: &PlanArgs, fleet: &Fleet, o: &DrainOutcome) -> Result<(), CmdError> {
+    let opts = KubeVirtOptions {
+        namespace: a.namespace.clone(),
+    };
+    let export = export::kubevirt(fleet, o, &opts).map_err(|e| CmdError::Failed(e.to_string()))?;
+    let text = serde_json::to_string_pretty(&export.to_list())
+        .map_err(|e| CmdError::Failed(e.to_string()))?;
+    let file = match &a.out {
+        Some(path) => {
+            std::fs::write(path, text + "\n")
+                .map_err(|e| CmdError::Failed(format!("cannot write {}: {e}", path.display())))?;
+            path.display().to_string()
+        }
+        None => {
+            println!("{text}");
+            "FILE".into()
+        }
+    };
+    let waves = export.waves.len();
+    let some = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    eprintln!(
+        "ferry plan: {} in {}, {}; to apply (docs/fleet.md):",
+        some(o.vms.len(), "migration", "migrations"),
+        some(waves, "wave", "waves"),
+        some(
+            export.policies.len(),
+            "MigrationPolicy",
+            "MigrationPolicies"
+        ),
+    );
+    eprintln!("  kubectl create -f {file} -l {WAVE_LABEL}=0");
+    for line in export.label_commands() {
+        eprintln!("  {line}");
+    }
+    if waves > 0 {
+        eprintln!("  kubectl create -f {file} -l {WAVE_LABEL}=1");
+    }
+    if waves > 1 {
+        eprintln!(
+            "  then for N in 2..{waves}: once the migrations labelled {BEFORE_WAVE_LABEL}=N have \
+             Succeeded, kubectl create -f {file} -l {WAVE_LABEL}=N"
+        );
+    }
+    if o.peak_concurrency > 5 {
+        eprintln!(
+            "ferry plan: the plan runs up to {} migrations at once; KubeVirt runs 5 in a \
+             cluster and 2 out of a node unless its migrations config raises \
+             parallelMigrationsPerCluster and parallelOutboundMigrationsPerNode (or give the \
+             fleet those caps and plan again)",
+            o.peak_concurrency
+        );
+    }
+    Ok(())
 }

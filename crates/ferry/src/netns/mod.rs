@@ -15,6 +15,9 @@
 //! deleted when the demo ends, however it ends; a pair whose process was
 //! killed with SIGKILL is swept by the next run.
 
+mod bridge;
+
+pub use bridge::NetnsBridge;
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
@@ -123,20 +126,25 @@ impl NetnsPair {
 
     /// Makes `cmd`'s process start in the destination namespace.
     pub fn run_in_dest(&self, cmd: &mut Command) -> Result<(), NetnsError> {
-        let ns = open(&self.dest)?;
-        // SAFETY: the closure runs in the forked child before exec and only
-        // calls setns, which is async-signal-safe; `ns` is kept open by the
-        // closure, which owns it, until then.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        Ok(())
+        start_in(&self.dest, cmd)
     }
+}
+
+/// Makes `cmd`'s process start in namespace `name`.
+fn start_in(name: &str, cmd: &mut Command) -> Result<(), NetnsError> {
+    let ns = open(name)?;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls setns, which is async-signal-safe; `ns` is kept open by the
+    // closure, which owns it, until then.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
 }
 
 impl Drop for NetnsPair {

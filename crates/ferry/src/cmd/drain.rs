@@ -1,0 +1,301 @@
+//! `ferry drain --netns`: drain a host of a small fleet built on this
+//! machine, for real, under the planner and under KubeVirt's admission, and
+//! hold each measured makespan against the simulator's prediction.
+//!
+//! ```text
+//!   build    the hosts (network namespaces on a bridge, NICs shaped with
+//!            tbf) and the guests that stay (hosts 2-4)
+//!   each     boot the drained host's guests afresh; drain it under the
+//!   policy   policy (`drain::exec`); keep every VM's time, downtime and
+//!            digest, and each destination's own checks of its guest
+//!   report   per policy: measured and predicted makespan, failures,
+//!            digests, VMs over their downtime target
+//! ```
+
+use super::CmdError;
+use crate::drain::exec::{self, Env, Measured};
+use crate::drain::fleet::MiniFleet;
+use crate::drain::procs::VmProcess;
+use crate::netns::{LinkShape, NetnsBridge};
+use clap::Args;
+use ferry_fleet::{lower_bound, policy_named, DrainOutcome};
+use ferry_report::Table;
+use ferry_vm::error_chain as chain;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// The policies `ferry drain` runs.
+const POLICIES: [&str; 3] = ["planner", "kubevirt", "kubevirt-default"];
+/// How long the drained host's guests run before the drain starts.
+const WARMUP: Duration = Duration::from_secs(3);
+
+/// Arguments of `ferry drain`.
+#[derive(Args, Debug)]
+#[command(after_help = "\
+The fleet (see --small for a quick one):
+  4 hosts on one bridge, each NIC shaped to --link-rate both ways;
+  host1, drained: 8 VMs of 1 vCPU, four of 256 MiB and four of 512 MiB,
+  writing 0, 16, 64 and 128 MiB/s (each rate once per size);
+  host2-4: 4 VMs of 256 MiB each, writing 8 MiB/s.
+
+Policies, each on the same fleet in turn, the drained host's guests booted
+afresh for each:
+  planner           ferry's plan: destinations chosen up front, as many
+                    migrations at once as the links carry at full rate,
+                    each VM under the convergence policy that lands it soonest
+  kubevirt          KubeVirt's admission (5 per cluster, 2 out of a node, all
+                    created at once, target by free memory), each migration
+                    under ferry's default convergence: the schedule alone
+  kubevirt-default  the same admission with KubeVirt's migration defaults: no
+                    auto-converge, cancelled after 150 s per GiB
+
+Needs root, iproute2 (ip, tc) and /dev/kvm (or --backend soft). Each run's
+namespaces carry its pid and are deleted when it ends.")]
+pub struct DrainArgs {
+    /// Build the fleet on this machine: each host a network namespace on
+    /// one bridge (the only fleet `ferry drain` drives so far).
+    #[arg(long, required = true)]
+    pub netns: bool,
+    /// Each host NIC's rate in MiB/s, both ways (tc tbf).
+    #[arg(long = "link-rate", value_name = "MIB_S", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(8..=100_000))]
+    pub link_rate: u64,
+    /// The policies to drain under, in this order.
+    #[arg(long, value_delimiter = ',', default_value = "planner,kubevirt,kubevirt-default",
+          value_parser = POLICIES)]
+    pub policies: Vec<String>,
+    /// A small fleet instead: 3 hosts, 2 VMs of 128 MiB to move (a quick
+    /// check; the default fleet is the one to judge).
+    #[arg(long)]
+    pub small: bool,
+    /// The guests' backend.
+    #[arg(long, default_value = "kvm", value_parser = ["kvm", "soft"])]
+    pub backend: String,
+    /// Print one JSON object as the last line of stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `ferry drain`.
+pub fn run(a: DrainArgs) -> Result<ExitCode, CmdError> {
+    let mini = if a.small {
+        MiniFleet::small(a.link_rate)
+    } else {
+        MiniFleet::standard(a.link_rate)
+    };
+    let fleet = mini.fleet();
+    fleet
+        .validate()
+        .map_err(|e| CmdError::Usage(e.to_string()))?;
+    // The simulator's prediction of each policy, before anything runs.
+    let mut predicted: Vec<DrainOutcome> = Vec::new();
+    for name in &a.policies {
+        let mut p = policy_named(name).expect("a listed policy");
+        let o = ferry_fleet::run(&fleet, p.as_mut(), 1)
+            .map_err(|e| CmdError::Failed(format!("{name}: the plan cannot be met: {e}")))?;
+        predicted.push(o);
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| CmdError::Failed(format!("cannot find the ferry executable: {e}")))?;
+    let dir = std::env::temp_dir().join(format!("ferry-drain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CmdError::Failed(format!("cannot create {}: {e}", dir.display())))?;
+    let shape = LinkShape {
+        rate_bytes_per_sec: Some(a.link_rate << 20),
+        delay: None,
+    };
+    let bridge = NetnsBridge::create(mini.hosts, shape).map_err(|e| CmdError::Failed(chain(&e)))?;
+    let env = Env {
+        exe: &exe,
+        bridge: &bridge,
+        mini: &mini,
+        fleet: &fleet,
+        backend: &a.backend,
+        dir: &dir,
+    };
+    let failed = |e: crate::drain::DrainError| {
+        CmdError::Failed(format!("{} (logs in {})", chain(&e), dir.display()))
+    };
+    eprintln!(
+        "ferry drain: {} hosts on a bridge, NICs {} MiB/s; host{} holds {} VMs to move; {} guests in all on the {} backend",
+        mini.hosts,
+        a.link_rate,
+        mini.drain + 1,
+        fleet.to_move().len(),
+        mini.guests.len(),
+        a.backend
+    );
+    // The guests that stay run through every policy's drain.
+    let mut staying = Vec::new();
+    for g in mini.guests.iter().filter(|g| g.host != mini.drain) {
+        staying.push(VmProcess::boot(&exe, &bridge, g, &a.backend, &dir).map_err(failed)?);
+    }
+    let mut measured: Vec<Measured> = Vec::new();
+    for (name, prediction) in a.policies.iter().zip(&predicted) {
+        let mut sources = HashMap::new();
+        for v in fleet.to_move() {
+            let g = &mini.guests[v];
+            sources.insert(
+                v,
+                VmProcess::boot(&exe, &bridge, g, &a.backend, &dir).map_err(failed)?,
+            );
+        }
+        std::thread::sleep(WARMUP);
+        eprintln!(
+            "ferry drain: {name}: draining host{} (predicted {:.1} s)",
+            mini.drain + 1,
+            prediction.makespan_s
+        );
+        let mut policy = policy_named(name).expect("a listed policy");
+        let m = exec::drain(&env, policy.as_mut(), sources).map_err(failed)?;
+        eprintln!(
+            "ferry drain: {name}: {:.1} s, {} of {} moved",
+            m.makespan_s,
+            m.vms.iter().filter(|v| v.completed()).count(),
+            m.vms.len()
+        );
+        measured.push(m);
+    }
+    drop(staying);
+    let report = report(&fleet, &measured, &predicted);
+    if a.json {
+        println!("{report}");
+    } else {
+        print!("{}", render(&report, &measured));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let wrong = measured
+        .iter()
+        .flat_map(|m| &m.vms)
+        .any(|v| v.completed() && (!v.digest_match || v.guest_mismatches.unwrap_or(0) > 0));
+    Ok(if wrong {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The JSON report: each policy measured and predicted.
+fn report(fleet: &ferry_fleet::Fleet, measured: &[Measured], predicted: &[DrainOutcome]) -> Value {
+    let mut policies = serde_json::Map::new();
+    for (m, p) in measured.iter().zip(predicted) {
+        let moved: Vec<_> = m.vms.iter().filter(|v| v.completed()).collect();
+        policies.insert(
+            m.policy.clone(),
+            json!({
+                "makespan_s": m.makespan_s,
+                "predicted_makespan_s": p.makespan_s,
+                "predicted_over_measured": p.makespan_s / m.makespan_s.max(1e-9),
+                "migrations": m.vms.len(),
+                "failed": m.vms.len() - moved.len(),
+                "digest_mismatches": moved.iter().filter(|v| !v.digest_match).count(),
+                "guest_mismatches": moved.iter().filter_map(|v| v.guest_mismatches).sum::<u64>(),
+                "over_target": moved.iter().filter(|v| v.downtime_ms > v.downtime_target_ms).count(),
+                "peak_concurrency": m.peak_concurrency,
+                "bytes_sent": m.vms.iter().map(|v| v.bytes_sent).sum::<u64>(),
+                "vms": m.vms,
+                "predicted_vms": p.vms,
+            }),
+        );
+    }
+    let span = |name: &str| {
+        measured
+            .iter()
+            .find(|m| m.policy == name)
+            .map(|m| m.makespan_s)
+    };
+    let shorter = match (span("planner"), span("kubevirt")) {
+        (Some(p), Some(k)) => json!(1.0 - p / k),
+        _ => Value::Null,
+    };
+    json!({
+        "policies": policies,
+        "lower_bound_s": lower_bound(fleet),
+        "planner_shorter_than_kubevirt": shorter,
+        "fleet": fleet,
+    })
+}
+
+/// The report as tables.
+fn render(report: &Value, measured: &[Measured]) -> String {
+    let mut t = Table::new(
+        "ferry drain: each policy on the same fleet, measured and predicted",
+        &[
+            "policy",
+            "makespan (s)",
+            "predicted (s)",
+            "pred/meas",
+            "moved",
+            "failed",
+            "digest mismatches",
+            "over target",
+            "at once",
+        ],
+    );
+    for m in measured {
+        let p = &report["policies"][&m.policy];
+        t.row(vec![
+            m.policy.clone(),
+            format!("{:.1}", m.makespan_s),
+            format!("{:.1}", p["predicted_makespan_s"].as_f64().unwrap_or(0.0)),
+            format!(
+                "{:.2}",
+                p["predicted_over_measured"].as_f64().unwrap_or(0.0)
+            ),
+            (m.vms.len() as u64 - p["failed"].as_u64().unwrap_or(0)).to_string(),
+            p["failed"].to_string(),
+            p["digest_mismatches"].to_string(),
+            p["over_target"].to_string(),
+            m.peak_concurrency.to_string(),
+        ]);
+    }
+    t.note(format!(
+        "no schedule can end before {:.1} s (the busiest NIC carrying every byte once); planner {} than kubevirt",
+        report["lower_bound_s"].as_f64().unwrap_or(0.0),
+        match report["planner_shorter_than_kubevirt"].as_f64() {
+            Some(x) if x >= 0.0 => format!("{:.0}% shorter", x * 100.0),
+            Some(x) => format!("{:.0}% longer", -x * 100.0),
+            None => "not compared".into(),
+        }
+    ));
+    let mut v = Table::new(
+        "every migration",
+        &[
+            "policy",
+            "VM",
+            "to",
+            "start (s)",
+            "end (s)",
+            "converge",
+            "status",
+            "downtime (ms)",
+            "digest",
+        ],
+    );
+    for m in measured {
+        let mut vms = m.vms.clone();
+        vms.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+        for x in vms {
+            v.row(vec![
+                m.policy.clone(),
+                x.vm.clone(),
+                x.to.clone(),
+                format!("{:.1}", x.start_s),
+                format!("{:.1}", x.end_s),
+                x.policy.clone(),
+                x.status.clone(),
+                format!("{:.0}", x.downtime_ms),
+                if !x.completed() {
+                    "-".into()
+                } else if x.digest_match {
+                    "match".into()
+                } else {
+                    "MISMATCH".into()
+                },
+            ]);
+        }
+    }
+    format!("{}{}", t.render(), v.render())
+}

@@ -1,0 +1,304 @@
+//! One drain, for real. The policy is asked what to start exactly as the
+//! simulator asks it (the same `Policy::admit`, given a `View` of what
+//! really runs and where there is room), and each start becomes a real
+//! migration: a `ferry receive` on the target host, then the source VM's
+//! control socket told the policy's convergence, bandwidth and timeout,
+//! and to migrate. The policy is asked again each time one ends.
+//!
+//! ```text
+//!   admit  -> receive on the target, migrate on the source (one thread each)
+//!   end    -> the summary: status, time, downtime, digest; room freed
+//!   last   -> the makespan; then each destination's own guest checks
+//! ```
+
+use super::fleet::MiniFleet;
+use super::procs::{request, Receiver, VmProcess};
+use super::DrainError;
+use crate::netns::NetnsBridge;
+use ferry_fleet::network::Links;
+use ferry_fleet::sim::{room, Running, Start, View};
+use ferry_fleet::{Fleet, Policy};
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The longest a drain waits for any migration to end before it gives up.
+const QUIET_TIMEOUT: Duration = Duration::from_secs(900);
+/// The longest a destination may run its guest checks after the drain
+/// (`ferry receive` runs until every vCPU completed a pass, at most 120 s).
+const REPORT_GRACE: Duration = Duration::from_secs(135);
+
+/// Where and how a drain runs.
+pub struct Env<'a> {
+    /// The ferry executable.
+    pub exe: &'a Path,
+    /// The hosts.
+    pub bridge: &'a NetnsBridge,
+    /// The fleet as built.
+    pub mini: &'a MiniFleet,
+    /// The fleet as the policy sees it.
+    pub fleet: &'a Fleet,
+    /// `kvm` or `soft`.
+    pub backend: &'a str,
+    /// Logs and sockets.
+    pub dir: &'a Path,
+}
+
+/// One VM's migration as it went.
+#[derive(Clone, Debug, Serialize)]
+pub struct MeasuredVm {
+    /// The VM.
+    pub vm: String,
+    /// From and to (host names).
+    pub from: String,
+    /// To.
+    pub to: String,
+    /// Its convergence policy.
+    pub policy: String,
+    /// Seconds since the drain began: when it was started, when it ended.
+    pub start_s: f64,
+    /// When it ended.
+    pub end_s: f64,
+    /// The engine's outcome (`completed`, `failed`, `cancelled`, ...).
+    pub status: String,
+    /// Downtime, ms (0 when it did not switch over).
+    pub downtime_ms: f64,
+    /// Its target, ms.
+    pub downtime_target_ms: f64,
+    /// Bytes the source sent.
+    pub bytes_sent: u64,
+    /// Whether the memory digest matched at the switchover.
+    pub digest_match: bool,
+    /// The guest's own stamp mismatches, before and after the switchover.
+    pub guest_mismatches: Option<u64>,
+    /// Passes each vCPU completed on the destination before it reported
+    /// (the least of them): its checks cover at least one whole pass.
+    pub dest_passes_after: Option<u64>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+impl MeasuredVm {
+    /// Whether the VM moved.
+    pub fn completed(&self) -> bool {
+        self.status == "completed"
+    }
+}
+
+/// A real drain under one policy.
+#[derive(Clone, Debug, Serialize)]
+pub struct Measured {
+    /// The policy.
+    pub policy: String,
+    /// When the last migration ended, seconds.
+    pub makespan_s: f64,
+    /// Most migrations at once.
+    pub peak_concurrency: usize,
+    /// Every migration, in the order they ended.
+    pub vms: Vec<MeasuredVm>,
+}
+
+/// What a migration thread sends back.
+struct Ended {
+    vm: usize,
+    reply: Result<Value, DrainError>,
+}
+
+/// Drains `env.fleet`'s drained host under `policy`; `sources` holds the
+/// running VMs to move, by fleet index.
+pub fn drain(
+    env: &Env,
+    policy: &mut dyn Policy,
+    mut sources: HashMap<usize, VmProcess>,
+) -> Result<Measured, DrainError> {
+    let fleet = env.fleet;
+    let links = Links::new(fleet);
+    let (mut free_memory, mut free_cpus) = room(fleet);
+    let mut waiting = fleet.to_move();
+    let mut placed: Vec<Option<usize>> = vec![None; fleet.vms.len()];
+    let mut running: Vec<(Running, Start, f64)> = Vec::new();
+    let mut receivers: Vec<(usize, Receiver)> = Vec::new();
+    let mut done: Vec<MeasuredVm> = Vec::new();
+    let mut peak = 0;
+    let (tx, rx) = mpsc::channel::<Ended>();
+    let t0 = Instant::now();
+    loop {
+        {
+            let now_running: Vec<Running> = running.iter().map(|r| r.0.clone()).collect();
+            let view = View {
+                fleet,
+                links: &links,
+                now: t0.elapsed().as_secs_f64(),
+                running: &now_running,
+                waiting: &waiting,
+                free_memory: &free_memory,
+                free_cpus: &free_cpus,
+            };
+            for s in policy.admit(&view, &placed) {
+                let Some(i) = waiting.iter().position(|&w| w == s.vm) else {
+                    continue;
+                };
+                waiting.remove(i);
+                let vm = &fleet.vms[s.vm];
+                placed[s.vm] = Some(s.dest);
+                free_memory[s.dest] = free_memory[s.dest].saturating_sub(vm.memory_bytes);
+                free_cpus[s.dest] -= i64::from(vm.vcpus());
+                let guest = &env.mini.guests[s.vm];
+                let recv =
+                    Receiver::spawn(env.exe, env.bridge, s.dest, guest, env.backend, env.dir)?;
+                let control = sources
+                    .get(&s.vm)
+                    .map(|p| p.control.clone())
+                    .ok_or_else(|| DrainError::NotRunning(vm.name.clone()))?;
+                let (to, start, tx) = (recv.addr.clone(), s.clone(), tx.clone());
+                let nic = fleet.hosts[vm.host].nic_bytes_per_sec;
+                std::thread::spawn(move || {
+                    let reply = migrate(&control, &to, &start, nic);
+                    let _ = tx.send(Ended {
+                        vm: start.vm,
+                        reply,
+                    });
+                });
+                receivers.push((s.vm, recv));
+                let r = Running {
+                    vm: s.vm,
+                    src: vm.host,
+                    dest: s.dest,
+                };
+                running.push((r, s, t0.elapsed().as_secs_f64()));
+            }
+            peak = peak.max(running.len());
+        }
+        if running.is_empty() {
+            if waiting.is_empty() {
+                break;
+            }
+            let why = policy
+                .why_stuck()
+                .unwrap_or_else(|| "it starts none of the VMs left".into());
+            return Err(DrainError::Stuck {
+                policy: policy.name(),
+                why,
+            });
+        }
+        let ended = rx
+            .recv_timeout(QUIET_TIMEOUT)
+            .map_err(|_| DrainError::Quiet(QUIET_TIMEOUT.as_secs()))?;
+        let end_s = t0.elapsed().as_secs_f64();
+        let i = running
+            .iter()
+            .position(|r| r.0.vm == ended.vm)
+            .expect("a running migration ended");
+        let (r, s, start_s) = running.swap_remove(i);
+        let vm = &fleet.vms[r.vm];
+        let m = measured(vm, &r, &s, fleet, start_s, end_s, ended.reply);
+        // A VM that moved frees its source; one that did not, its target.
+        let freed = if m.completed() {
+            sources.remove(&r.vm);
+            r.src
+        } else {
+            placed[r.vm] = None;
+            r.dest
+        };
+        free_memory[freed] += vm.memory_bytes;
+        free_cpus[freed] += i64::from(vm.vcpus());
+        done.push(m);
+    }
+    let makespan_s = done.iter().map(|m| m.end_s).fold(0.0, f64::max);
+    // Each destination runs its guest until every vCPU has done a pass
+    // there, then reports its checks.
+    let deadline = Instant::now() + REPORT_GRACE;
+    for (v, recv) in receivers {
+        let report = recv.report(deadline);
+        let name = &fleet.vms[v].name;
+        if let Some(m) = done.iter_mut().find(|m| &m.vm == name) {
+            let after = report.as_ref().and_then(|j| j["mismatches_after"].as_u64());
+            m.dest_passes_after = report.as_ref().and_then(|j| j["passes_after"].as_u64());
+            m.guest_mismatches = match (m.guest_mismatches, after) {
+                (Some(b), Some(a)) => Some(b + a),
+                (b, None) => b,
+                (None, a) => a,
+            };
+        }
+    }
+    Ok(Measured {
+        policy: policy.name(),
+        makespan_s,
+        peak_concurrency: peak,
+        vms: done,
+    })
+}
+
+/// Sets the source's convergence, round cap and bandwidth as `s` says,
+/// then migrates it to `to`; returns its summary when it ends.
+fn migrate(control: &Path, to: &str, s: &Start, nic: f64) -> Result<Value, DrainError> {
+    let mut set = json!({"cmd": "set"});
+    if let Some(r) = s.max_rounds {
+        set["max_rounds"] = r.into();
+    }
+    // A cap below the NIC's rate is the plan's share; at or above, the
+    // NIC itself is the limit.
+    if let Some(cap) = s.cap.filter(|&c| c < nic) {
+        set["bandwidth_mib_s"] = ((cap / f64::from(1u32 << 20)).ceil() as u64).max(1).into();
+    }
+    if set.as_object().is_some_and(|o| o.len() > 1) {
+        let reply = request(control, &set)?;
+        if reply.get("ok") == Some(&Value::Bool(false)) {
+            return Err(DrainError::Control {
+                socket: control.to_path_buf(),
+                why: format!("set was refused: {}", reply["error"]),
+            });
+        }
+    }
+    let mut m = json!({"cmd": "migrate", "to": to, "converge": s.mode.to_string()});
+    if let Some(t) = s.give_up_after_s {
+        m["give_up_after_s"] = (t.ceil() as u64).max(1).into();
+    }
+    request(control, &m)
+}
+
+/// One migration's record from its summary (or why there is none).
+fn measured(
+    vm: &ferry_fleet::Vm,
+    r: &Running,
+    s: &Start,
+    fleet: &Fleet,
+    start_s: f64,
+    end_s: f64,
+    reply: Result<Value, DrainError>,
+) -> MeasuredVm {
+    let mut m = MeasuredVm {
+        vm: vm.name.clone(),
+        from: fleet.hosts[r.src].name.clone(),
+        to: fleet.hosts[r.dest].name.clone(),
+        policy: s.mode.to_string(),
+        start_s,
+        end_s,
+        status: "failed".into(),
+        downtime_ms: 0.0,
+        downtime_target_ms: vm.downtime_target_ms,
+        bytes_sent: 0,
+        digest_match: false,
+        guest_mismatches: None,
+        dest_passes_after: None,
+        error: None,
+    };
+    match reply {
+        Ok(j) if j.get("ok") == Some(&Value::Bool(false)) => {
+            m.error = Some(j["error"].as_str().unwrap_or("refused").to_string());
+        }
+        Ok(j) => {
+            m.status = j["status"].as_str().unwrap_or("unknown").to_string();
+            m.downtime_ms = j["downtime_ms"].as_f64().unwrap_or(0.0);
+            m.bytes_sent = j["bytes_sent"].as_u64().unwrap_or(0);
+            m.digest_match = j["digest_match"].as_bool().unwrap_or(false);
+            m.guest_mismatches = j["mismatches_before"].as_u64();
+            m.error = j["error"].as_str().map(str::to_string);
+        }
+        Err(e) => m.error = Some(ferry_vm::error_chain(&e)),
+    }
+    m
+}
