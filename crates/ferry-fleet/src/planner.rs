@@ -4,7 +4,9 @@
 //!
 //! ```text
 //!   demand    a migration can use at most the least of the links it
-//!             crosses (NICs, and a small rack's downlink)
+//!             crosses (NICs, and a small rack's downlink), shared by k
+//!             migrations at once; k (1 or 2) is the one whose whole plan
+//!             the simulator ends soonest, tried before the first start
 //!   admit     while some host has VMs waiting: take the host with the most
 //!             bytes left to send per migration it runs; start its largest
 //!             VM whose way still has room for its demand on top of the
@@ -39,12 +41,43 @@ use std::collections::HashMap;
 pub struct Planner {
     /// Each VM's destination, decided before the first migration starts.
     dest: Option<Result<Vec<Option<usize>>, String>>,
+    /// Migrations that share a link's rate at once (each demands its
+    /// share); `None`: chosen by trial on the first call.
+    per_link: Option<usize>,
 }
 
+/// The most migrations the planner tries sharing one link.
+pub const MAX_PER_LINK: usize = 2;
+
 impl Planner {
-    /// A planner.
+    /// A planner that picks how many migrations share a link by trial.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A planner that runs `k` migrations per link at once.
+    pub fn per_link(k: usize) -> Self {
+        Planner {
+            dest: None,
+            per_link: Some(k.max(1)),
+        }
+    }
+
+    /// The `k` of 1 to [`MAX_PER_LINK`] whose plan the simulator ends
+    /// soonest (the least on a tie). One migration at a time gives each
+    /// the whole link, so it re-sends least of what its guest dirties; but
+    /// a migration does not fill its link end to end (its start, its last
+    /// short rounds, the switchover), and a second one fills those gaps.
+    /// Which wins depends on the fleet, so the planner tries each.
+    fn choose_per_link(fleet: &Fleet) -> usize {
+        (1..=MAX_PER_LINK)
+            .filter_map(|k| {
+                crate::sim::run(fleet, &mut Planner::per_link(k), 1)
+                    .ok()
+                    .map(|o| (k, o.makespan_s))
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
+            .map_or(1, |(k, _)| k)
     }
 }
 
@@ -170,16 +203,20 @@ impl Policy for Planner {
         let Ok(dest) = self.dest.get_or_insert_with(|| destinations(fleet)) else {
             return Vec::new();
         };
+        let per_link = *self
+            .per_link
+            .get_or_insert_with(|| Self::choose_per_link(fleet)) as f64;
         let links = view.links;
-        // What each link already carries, by demand: the least capacity
-        // on each running migration's way.
-        let demand = |src: usize, dst: usize| {
+        // What each link already carries, by demand: its share of the
+        // least capacity on each running migration's way.
+        let full = |src: usize, dst: usize| {
             links
                 .path(src, dst)
                 .iter()
                 .map(|&l| links.capacity[l])
                 .fold(f64::INFINITY, f64::min)
         };
+        let demand = |src: usize, dst: usize| full(src, dst) / per_link;
         let mut load = vec![0.0f64; links.capacity.len()];
         for r in view.running {
             let d = demand(r.src, r.dest);
@@ -224,8 +261,12 @@ impl Policy for Planner {
                 .map(|(h, _)| *h);
             let Some(src) = next else { break };
             let nothing_runs = view.running.is_empty() && starts.is_empty();
-            // Its largest VM whose way has room for it at full rate.
-            let pick = queue[&src].iter().position(|&v| {
+            // Its largest VM whose way has room for its demand; beside one
+            // of its own already running, the one least like that in size,
+            // so that the two do not start and end together: one's start
+            // and last rounds, which leave the link idle, overlap the
+            // other's bulk.
+            let fits = |&v: &usize| {
                 let Some(to) = dest[v] else { return false };
                 if !below(caps.inbound_per_host, inb.get(&to)) {
                     return false;
@@ -236,7 +277,28 @@ impl Policy for Planner {
                         .path(src, to)
                         .iter()
                         .all(|&l| load[l] + d <= links.capacity[l] * (1.0 + 1e-9))
-            });
+            };
+            let beside = view
+                .running
+                .iter()
+                .map(|r| r.vm)
+                .chain(starts.iter().map(|s: &Start| s.vm))
+                .rfind(|&r| fleet.vms[r].host == src)
+                .map(|r| fleet.vms[r].memory_bytes as f64);
+            let pick = match beside {
+                None => queue[&src].iter().position(fits),
+                // The one least like it in size (the larger on a tie).
+                Some(size) => queue[&src]
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| fits(v))
+                    .map(|(i, &v)| (i, (fleet.vms[v].memory_bytes as f64 - size).abs()))
+                    .fold(None, |best: Option<(usize, f64)>, (i, d)| match best {
+                        Some((_, bd)) if bd >= d => best,
+                        _ => Some((i, d)),
+                    })
+                    .map(|(i, _)| i),
+            };
             let Some(i) = pick else {
                 blocked.push(src);
                 continue;
@@ -248,10 +310,12 @@ impl Policy for Planner {
             *out.entry(src).or_default() += 1;
             *inb.entry(to).or_default() += 1;
             let (mode, _) = cost::quickest(&fleet.vms[v], d);
+            // It may take the whole way while the others sharing it start
+            // or finish; its demand only paces admission.
             starts.push(Start {
                 vm: v,
                 dest: to,
-                cap: Some(d),
+                cap: Some(full(src, to)),
                 mode,
                 give_up_after_s: None,
                 max_rounds: None,

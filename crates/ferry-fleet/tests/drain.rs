@@ -272,3 +272,51 @@ fn the_planner_keeps_to_the_fleets_own_caps() {
         "{err}"
     );
 }
+
+/// One host drained of two 1 GiB VMs over 1 GB/s NICs: one idle, one
+/// whose two vCPUs dirty 2 GiB/s in all, faster than the link: it cannot
+/// converge without a throttle.
+fn a_busy_vm_beside_an_idle_one() -> Fleet {
+    Fleet {
+        hosts: (0..3).map(|i| host(i, 0, 64)).collect(),
+        network: Network::Flat,
+        vms: vec![vm(0, 0, 1, 0.0), vm(1, 0, 1, 2048.0)],
+        drain: vec![0],
+        caps: Default::default(),
+    }
+}
+
+#[test]
+fn kubevirts_own_defaults_cancel_a_vm_that_cannot_converge_and_it_stays() {
+    let fleet = a_busy_vm_beside_an_idle_one();
+    let mut p = ferry_fleet::policy_named("kubevirt-default").unwrap();
+    let o = run(&fleet, p.as_mut(), 1).unwrap();
+    assert_eq!(o.migrations, 2, "{o:?}");
+    assert_eq!(o.failed, 1, "{o:?}");
+    let busy = o.vms.iter().find(|v| v.vm == "vm1").unwrap();
+    assert!(busy.gave_up && !busy.converged, "{busy:?}");
+    // 150 s per GiB, from its start (its setup included).
+    let took = busy.end_s - busy.start_s;
+    assert!((150.0..151.0).contains(&took), "{busy:?}");
+    let idle = o.vms.iter().find(|v| v.vm == "vm0").unwrap();
+    assert!(!idle.gave_up && idle.converged, "{idle:?}");
+    // Under ferry's default convergence the same schedule moves both.
+    let mut k = ferry_fleet::policy_named("kubevirt").unwrap();
+    let o = run(&fleet, k.as_mut(), 1).unwrap();
+    assert_eq!(o.failed, 0, "{o:?}");
+}
+
+#[test]
+fn the_planner_tries_one_and_two_migrations_a_link_and_keeps_the_quicker() {
+    for fleet in [a_busy_vm_beside_an_idle_one(), two_racks()] {
+        let auto = run(&fleet, &mut Planner::new(), 1).unwrap();
+        let one = run(&fleet, &mut Planner::per_link(1), 1).unwrap();
+        let two = run(&fleet, &mut Planner::per_link(2), 1).unwrap();
+        let best = one.makespan_s.min(two.makespan_s);
+        assert!(
+            (auto.makespan_s - best).abs() < 1e-9,
+            "{auto:?} {one:?} {two:?}"
+        );
+        assert!(one.peak_concurrency <= two.peak_concurrency);
+    }
+}
