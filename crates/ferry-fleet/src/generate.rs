@@ -97,3 +97,47 @@ pub fn fat_tree(hosts: usize, seed: u64) -> Fleet {
         caps: Default::default(),
     }
 }
+
+/// A drain small enough to solve by trying every schedule (`exact`),
+/// drawn from `seed`: one host of `vms` VMs drained to two others over a
+/// flat 10 Gbit/s switch; memory uniform over {1, 2, 4, 8} GiB, dirty rate
+/// log-uniform 1-400 MiB/s, one or two vCPUs.
+pub fn small(vms: usize, seed: u64) -> Fleet {
+    let mut rng = Rng::new(seed ^ 0x736d_616c_6c00 ^ vms as u64);
+    let hosts = (0..3)
+        .map(|i| Host {
+            name: format!("host-{i}"),
+            rack: 0,
+            cpus: 64,
+            memory_bytes: 64 * GIB,
+            nic_bytes_per_sec: 10e9 / 8.0,
+            cpu_model: String::new(),
+        })
+        .collect();
+    let vms = (0..vms)
+        .map(|i| {
+            let memory = GIB << rng.range(0, 3);
+            let vcpus = rng.range(1, 2) as usize;
+            let rate = MIB * 400f64.powf(rng.unit());
+            Vm {
+                name: format!("vm-{i}"),
+                host: 0,
+                memory_bytes: memory,
+                data_bytes: memory,
+                dirty_bytes_per_sec: vec![rate / vcpus as f64; vcpus],
+                working_set_bytes: vec![memory / vcpus as u64; vcpus],
+                downtime_target_ms: 300.0,
+                anti_affinity: None,
+                pinned: None,
+                forbidden: Vec::new(),
+            }
+        })
+        .collect();
+    Fleet {
+        hosts,
+        network: Network::Flat,
+        vms,
+        drain: vec![0],
+        caps: Default::default(),
+    }
+}

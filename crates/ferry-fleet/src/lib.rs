@@ -13,6 +13,7 @@
 pub mod admission;
 pub mod bound;
 pub mod cost;
+pub mod exact;
 pub mod export;
 pub mod fleet;
 pub mod generate;

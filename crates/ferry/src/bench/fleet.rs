@@ -12,11 +12,15 @@
 //!              bandwidth it gets as flows share NICs and ToR links
 //!   bound      no schedule beats the busiest link: the drained rack's
 //!              uplink (or a host's NIC) carrying every byte that must cross it
+//!   exact      small drains (one host of 6 VMs to two others) on which every
+//!              list schedule is tried (ferry_fleet::exact): the planner's
+//!              makespan against the best
 //! ```
 
 use crate::cmd::CmdError;
 use clap::Args;
-use ferry_fleet::{generate, lower_bound, policies, run, DrainOutcome};
+use ferry_fleet::exact::best_list_schedule;
+use ferry_fleet::{generate, lower_bound, policies, run, DrainOutcome, Planner};
 use ferry_report::{Plot, Report, Series, Table};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -31,7 +35,19 @@ pub struct FleetArgs {
     /// Seeds of the fleets drawn at each size.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5")]
     pub seeds: Vec<u64>,
-    /// Print one JSON object with `cells` as the last line of stdout.
+    /// VMs in each small drain solved by trying every schedule (0: none).
+    #[arg(long = "exact-vms", default_value_t = 6,
+          value_parser = clap::value_parser!(u64).range(0..=ferry_fleet::exact::MAX_VMS as u64))]
+    pub exact_vms: u64,
+    /// Seeds of the small drains.
+    #[arg(
+        long = "exact-seeds",
+        value_delimiter = ',',
+        default_value = "1,2,3,4,5"
+    )]
+    pub exact_seeds: Vec<u64>,
+    /// Print one JSON object with `cells` (and `exact`) as the last line of
+    /// stdout.
     #[arg(long)]
     pub json: bool,
     /// Directory for the JSON and SVG outputs.
@@ -73,11 +89,32 @@ pub struct Cell {
     pub policies: BTreeMap<String, PolicyResult>,
 }
 
+/// A small drain: the planner against the best of every list schedule.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExactCell {
+    /// VMs moved.
+    pub vms: usize,
+    /// The fleet's seed.
+    pub seed: u64,
+    /// The planner's makespan, seconds.
+    pub planner_s: f64,
+    /// The best schedule's.
+    pub best_s: f64,
+    /// Schedules tried.
+    pub tried: usize,
+    /// The network's lower bound, seconds.
+    pub lower_bound_s: f64,
+    /// Wall time of the search.
+    pub search_s: f64,
+}
+
 /// Everything measured.
 #[derive(Debug, Serialize)]
 pub struct FleetResults {
     /// One per fleet size and seed.
     pub cells: Vec<Cell>,
+    /// The small drains solved by trying every schedule.
+    pub exact: Vec<ExactCell>,
 }
 
 /// Runs the bench.
@@ -123,7 +160,30 @@ pub fn run_bench(a: &FleetArgs) -> Result<Report<FleetResults>, CmdError> {
             });
         }
     }
-    Ok(report(FleetResults { cells }))
+    let mut exact = Vec::new();
+    for &seed in a.exact_seeds.iter().filter(|_| a.exact_vms > 0) {
+        let fleet = generate::small(a.exact_vms as usize, seed);
+        eprintln!(
+            "ferry bench fleet: small drain of {} VMs, seed {seed}: trying every schedule ...",
+            a.exact_vms
+        );
+        let fail =
+            |e: ferry_fleet::FleetError| CmdError::Failed(format!("small drain, seed {seed}: {e}"));
+        let t = std::time::Instant::now();
+        let best = best_list_schedule(&fleet).map_err(fail)?;
+        let search_s = t.elapsed().as_secs_f64();
+        let planner = run(&fleet, &mut Planner::new(), 1).map_err(fail)?;
+        exact.push(ExactCell {
+            vms: a.exact_vms as usize,
+            seed,
+            planner_s: planner.makespan_s,
+            best_s: best.makespan_s,
+            tried: best.tried,
+            lower_bound_s: lower_bound(&fleet),
+            search_s,
+        });
+    }
+    Ok(report(FleetResults { cells, exact }))
 }
 
 const BASELINES: [&str; 4] = ["kubevirt", "hco", "nova", "vsphere"];
@@ -234,9 +294,39 @@ fn report(results: FleetResults) -> Report<FleetResults> {
         label: "lower bound".into(),
         points: mean_by_size(&results.cells, |c| Some(c.lower_bound_s)),
     });
+    let mut t3 = Table::new(
+        "Small drains: the planner against the best of every list schedule",
+        &[
+            "VMs",
+            "seed",
+            "bound (s)",
+            "best (s)",
+            "planner (s)",
+            "planner / best",
+            "schedules tried",
+            "search (s)",
+        ],
+    );
+    for e in &results.exact {
+        t3.row(vec![
+            e.vms.to_string(),
+            e.seed.to_string(),
+            format!("{:.2}", e.lower_bound_s),
+            format!("{:.2}", e.best_s),
+            format!("{:.2}", e.planner_s),
+            format!("{:.3}", e.planner_s / e.best_s),
+            e.tried.to_string(),
+            format!("{:.1}", e.search_s),
+        ]);
+    }
+    t3.note("One host of VMs (1-8 GiB, 1-400 MiB/s) drained to two others over a flat 10 Gbit/s switch. A list schedule: each VM's destination, the order the VMs start in, and 1 or 2 migrations a link; each starts in order once its way has room. Every one runs through the same simulator as the planner's plan. Schedules outside that family are bounded by the network's lower bound.");
+    let mut tables = vec![t, t2];
+    if !results.exact.is_empty() {
+        tables.push(t3);
+    }
     Report {
         name: "fleet".into(),
-        tables: vec![t, t2],
+        tables,
         results,
         plot: Plot {
             title: "Draining a rack: makespan against fleet size (mean over seeds)".into(),
@@ -263,5 +353,5 @@ fn mean_by_size(cells: &[Cell], f: impl Fn(&Cell) -> Option<f64>) -> Vec<(f64, f
 
 /// The `--json` summary: the issue's shape, one object per fleet.
 pub fn summary_json(r: &FleetResults) -> serde_json::Value {
-    serde_json::json!({ "cells": r.cells })
+    serde_json::json!({ "cells": r.cells, "exact": r.exact })
 }
