@@ -13,11 +13,12 @@
 
 use super::fleet::MiniFleet;
 use super::procs::{request, Receiver, VmProcess};
+use super::replan::{self, Replan, Span};
 use super::DrainError;
 use crate::netns::NetnsBridge;
 use ferry_fleet::network::Links;
 use ferry_fleet::sim::{room, Running, Start, View};
-use ferry_fleet::{Fleet, Policy};
+use ferry_fleet::{DrainOutcome, Fleet, Planner, Policy};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -99,6 +100,8 @@ pub struct Measured {
     pub peak_concurrency: usize,
     /// Every migration, in the order they ended.
     pub vms: Vec<MeasuredVm>,
+    /// Each time the plan was made again (the planner only).
+    pub replans: Vec<Replan>,
 }
 
 /// What a migration thread sends back.
@@ -108,14 +111,20 @@ struct Ended {
 }
 
 /// Drains `env.fleet`'s drained host under `policy`; `sources` holds the
-/// running VMs to move, by fleet index.
+/// running VMs to move, by fleet index. With `plan` (the simulator's run of
+/// the planner), a drain slower than planned is planned again
+/// (`replan`).
 pub fn drain(
     env: &Env,
-    policy: &mut dyn Policy,
+    mut policy: Box<dyn Policy>,
+    mut plan: Option<DrainOutcome>,
     mut sources: HashMap<usize, VmProcess>,
 ) -> Result<Measured, DrainError> {
     let fleet = env.fleet;
-    let links = Links::new(fleet);
+    // The fleet as the policy sees it: re-planning changes what it assumes.
+    let mut seen = fleet.clone();
+    let mut links = Links::new(&seen);
+    let mut replans = Vec::new();
     let (mut free_memory, mut free_cpus) = room(fleet);
     let mut waiting = fleet.to_move();
     let mut placed: Vec<Option<usize>> = vec![None; fleet.vms.len()];
@@ -129,7 +138,7 @@ pub fn drain(
         {
             let now_running: Vec<Running> = running.iter().map(|r| r.0.clone()).collect();
             let view = View {
-                fleet,
+                fleet: &seen,
                 links: &links,
                 now: t0.elapsed().as_secs_f64(),
                 running: &now_running,
@@ -154,7 +163,7 @@ pub fn drain(
                     .map(|p| p.control.clone())
                     .ok_or_else(|| DrainError::NotRunning(vm.name.clone()))?;
                 let (to, start, tx) = (recv.addr.clone(), s.clone(), tx.clone());
-                let nic = fleet.hosts[vm.host].nic_bytes_per_sec;
+                let nic = seen.hosts[vm.host].nic_bytes_per_sec;
                 std::thread::spawn(move || {
                     let reply = migrate(&control, &to, &start, nic);
                     let _ = tx.send(Ended {
@@ -206,6 +215,39 @@ pub fn drain(
         free_memory[freed] += vm.memory_bytes;
         free_cpus[freed] += i64::from(vm.vcpus());
         done.push(m);
+        let slow = plan
+            .as_ref()
+            .and_then(|p| replan::slower(p, done.last().expect("just pushed"), waiting.len()));
+        let new = match (slow, &plan) {
+            (Some(slow), Some(p)) => {
+                // What the running ones sent so far counts too.
+                let now_s = t0.elapsed().as_secs_f64();
+                let mut spans: Vec<Span> = done.iter().filter_map(Span::of).collect();
+                spans.extend(running.iter().filter_map(|(r, _, start_s)| {
+                    let control = &sources.get(&r.vm)?.control;
+                    Some(Span {
+                        from: fleet.hosts[r.src].name.clone(),
+                        start_s: *start_s,
+                        end_s: now_s,
+                        bytes: sent_so_far(control)?,
+                    })
+                }));
+                let m = done.last().expect("just pushed");
+                replan::replan(&seen, p, m, slow, &spans, &placed, r.src, waiting.len())
+            }
+            _ => None,
+        };
+        if let Some(new) = new {
+            eprintln!(
+                "ferry drain: re-planned at {:.1} s: {}",
+                new.replan.at_s, new.replan.why
+            );
+            seen = new.fleet;
+            links = Links::new(&seen);
+            policy = Box::new(Planner::new());
+            plan = Some(new.plan);
+            replans.push(new.replan);
+        }
     }
     let makespan_s = done.iter().map(|m| m.end_s).fold(0.0, f64::max);
     // Each destination runs its guest until every vCPU has done a pass
@@ -229,6 +271,7 @@ pub fn drain(
         makespan_s,
         peak_concurrency: peak,
         vms: done,
+        replans,
     })
 }
 
@@ -258,6 +301,13 @@ fn migrate(control: &Path, to: &str, s: &Start, nic: f64) -> Result<Value, Drain
         m["give_up_after_s"] = (t.ceil() as u64).max(1).into();
     }
     request(control, &m)
+}
+
+/// Bytes a running migration has sent so far, from its source's
+/// `query-migrate`.
+fn sent_so_far(control: &Path) -> Option<u64> {
+    let reply = request(control, &json!({"execute": "query-migrate"})).ok()?;
+    reply["return"]["ram"]["transferred"].as_u64()
 }
 
 /// One migration's record from its summary (or why there is none).

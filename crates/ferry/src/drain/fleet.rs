@@ -6,7 +6,8 @@
 //!             host1 (drained): 8 VMs of 1 vCPU: 256 MiB and 512 MiB,
 //!                              each writing 0, 16, 64 and 128 MiB/s
 //!             host2-4:         4 VMs of 256 MiB each, writing 8 MiB/s
-//!   --small   3 hosts; host1: 2 VMs of 128 MiB (0 and 32 MiB/s);
+//!   --small   3 hosts; host1: 3 VMs, 128 MiB writing 0 and 32 MiB/s,
+//!             64 MiB writing 16 MiB/s;
 //!             host2-3: 1 VM of 64 MiB each, writing 8 MiB/s
 //! ```
 //!
@@ -74,9 +75,9 @@ impl MiniFleet {
         }
     }
 
-    /// A quick one: 3 hosts, host1's 2 small VMs to move.
+    /// A quick one: 3 hosts, host1's 3 small VMs to move.
     pub fn small(nic_mib_s: u64) -> Self {
-        let mut guests = vec![guest(0, 128, 0), guest(0, 128, 32)];
+        let mut guests = vec![guest(0, 128, 0), guest(0, 128, 32), guest(0, 64, 16)];
         for host in 1..3 {
             let mut g = guest(host, 64, 8);
             g.name = format!("h{}-0", host + 1);

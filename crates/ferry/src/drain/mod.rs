@@ -7,11 +7,13 @@
 //!   fleet   which hosts, which guests, and the same as ferry_fleet sees it
 //!   procs   the VMs (`ferry run --control`) and destinations (`ferry receive`)
 //!   exec    one policy's drain: the simulator's Policy, driven by real ends
+//!   replan  the planner's drain planned again when it runs slower than planned
 //! ```
 
 pub mod exec;
 pub mod fleet;
 pub mod procs;
+pub mod replan;
 
 use std::path::PathBuf;
 
