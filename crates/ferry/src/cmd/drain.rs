@@ -77,6 +77,11 @@ pub struct DrainArgs {
     /// check; the default fleet is the one to judge).
     #[arg(long)]
     pub small: bool,
+    /// Drain this many times under each policy, the policies' order turned
+    /// each round (so none always goes first); the report gives each
+    /// policy's median run and every run's makespan.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=20))]
+    pub repeat: u64,
     /// The guests' backend.
     #[arg(long, default_value = "kvm", value_parser = ["kvm", "soft"])]
     pub backend: String,
@@ -144,33 +149,43 @@ pub fn run(a: DrainArgs) -> Result<ExitCode, CmdError> {
     for g in mini.guests.iter().filter(|g| g.host != mini.drain) {
         staying.push(VmProcess::boot(&exe, &bridge, g, &a.backend, &dir).map_err(failed)?);
     }
-    let mut measured: Vec<Measured> = Vec::new();
-    for (name, prediction) in a.policies.iter().zip(&predicted) {
-        let mut sources = HashMap::new();
-        for v in fleet.to_move() {
-            let g = &mini.guests[v];
-            sources.insert(
-                v,
-                VmProcess::boot(&exe, &bridge, g, &a.backend, &dir).map_err(failed)?,
+    // Each policy's runs, by its index in --policies.
+    let mut measured: Vec<Vec<Measured>> = vec![Vec::new(); a.policies.len()];
+    let n = a.policies.len();
+    for round in 0..a.repeat as usize {
+        for i in (0..n).map(|k| (k + round) % n) {
+            let (name, prediction) = (&a.policies[i], &predicted[i]);
+            let mut sources = HashMap::new();
+            for v in fleet.to_move() {
+                let g = &mini.guests[v];
+                sources.insert(
+                    v,
+                    VmProcess::boot(&exe, &bridge, g, &a.backend, &dir).map_err(failed)?,
+                );
+            }
+            std::thread::sleep(WARMUP);
+            eprintln!(
+                "ferry drain: {name}{}: draining host{} (predicted {:.1} s)",
+                if a.repeat > 1 {
+                    format!(", run {} of {}", round + 1, a.repeat)
+                } else {
+                    String::new()
+                },
+                mini.drain + 1,
+                prediction.makespan_s
             );
+            let policy = policy_named(name).expect("a listed policy");
+            // The planner's drain is planned again if it runs slower than planned.
+            let plan = (name == "planner").then(|| prediction.clone());
+            let m = exec::drain(&env, policy, plan, sources).map_err(failed)?;
+            eprintln!(
+                "ferry drain: {name}: {:.1} s, {} of {} moved",
+                m.makespan_s,
+                m.vms.iter().filter(|v| v.completed()).count(),
+                m.vms.len()
+            );
+            measured[i].push(m);
         }
-        std::thread::sleep(WARMUP);
-        eprintln!(
-            "ferry drain: {name}: draining host{} (predicted {:.1} s)",
-            mini.drain + 1,
-            prediction.makespan_s
-        );
-        let policy = policy_named(name).expect("a listed policy");
-        // The planner's drain is planned again if it runs slower than planned.
-        let plan = (name == "planner").then(|| prediction.clone());
-        let m = exec::drain(&env, policy, plan, sources).map_err(failed)?;
-        eprintln!(
-            "ferry drain: {name}: {:.1} s, {} of {} moved",
-            m.makespan_s,
-            m.vms.iter().filter(|v| v.completed()).count(),
-            m.vms.len()
-        );
-        measured.push(m);
     }
     drop(staying);
     let report = report(&mini.fleet(), &measured, &predicted);
@@ -182,6 +197,7 @@ pub fn run(a: DrainArgs) -> Result<ExitCode, CmdError> {
     let _ = std::fs::remove_dir_all(&dir);
     let wrong = measured
         .iter()
+        .flatten()
         .flat_map(|m| &m.vms)
         .any(|v| v.completed() && (!v.digest_match || v.guest_mismatches.unwrap_or(0) > 0));
     Ok(if wrong {
@@ -191,36 +207,52 @@ pub fn run(a: DrainArgs) -> Result<ExitCode, CmdError> {
     })
 }
 
+/// A policy's median run (the lower of the two middle ones).
+fn median(runs: &[Measured]) -> &Measured {
+    let mut by: Vec<&Measured> = runs.iter().collect();
+    by.sort_by(|x, y| x.makespan_s.total_cmp(&y.makespan_s));
+    by[(by.len() - 1) / 2]
+}
+
 /// The JSON report: each policy measured and predicted (`fleet` as built,
-/// whatever the plan assumed).
-fn report(fleet: &ferry_fleet::Fleet, measured: &[Measured], predicted: &[DrainOutcome]) -> Value {
+/// whatever the plan assumed). Counts are over every run; the makespan,
+/// the VMs and the peak are the median run's.
+fn report(
+    fleet: &ferry_fleet::Fleet,
+    measured: &[Vec<Measured>],
+    predicted: &[DrainOutcome],
+) -> Value {
     let mut policies = serde_json::Map::new();
-    for (m, p) in measured.iter().zip(predicted) {
-        let moved: Vec<_> = m.vms.iter().filter(|v| v.completed()).collect();
+    for (runs, p) in measured.iter().zip(predicted) {
+        let m = median(runs);
+        let all = || runs.iter().flat_map(|r| &r.vms);
+        let moved = || all().filter(|v| v.completed());
         policies.insert(
             m.policy.clone(),
             json!({
                 "makespan_s": m.makespan_s,
                 "predicted_makespan_s": p.makespan_s,
                 "predicted_over_measured": p.makespan_s / m.makespan_s.max(1e-9),
-                "migrations": m.vms.len(),
-                "failed": m.vms.len() - moved.len(),
-                "digest_mismatches": moved.iter().filter(|v| !v.digest_match).count(),
-                "guest_mismatches": moved.iter().filter_map(|v| v.guest_mismatches).sum::<u64>(),
-                "over_target": moved.iter().filter(|v| v.downtime_ms > v.downtime_target_ms).count(),
+                "runs": runs.len(),
+                "makespans_s": runs.iter().map(|r| r.makespan_s).collect::<Vec<_>>(),
+                "migrations": all().count(),
+                "failed": all().count() - moved().count(),
+                "digest_mismatches": moved().filter(|v| !v.digest_match).count(),
+                "guest_mismatches": moved().filter_map(|v| v.guest_mismatches).sum::<u64>(),
+                "over_target": moved().filter(|v| v.downtime_ms > v.downtime_target_ms).count(),
                 "peak_concurrency": m.peak_concurrency,
                 "bytes_sent": m.vms.iter().map(|v| v.bytes_sent).sum::<u64>(),
                 "vms": m.vms,
                 "predicted_vms": p.vms,
-                "replans": m.replans,
+                "replans": runs.iter().flat_map(|r| &r.replans).collect::<Vec<_>>(),
             }),
         );
     }
     let span = |name: &str| {
         measured
             .iter()
-            .find(|m| m.policy == name)
-            .map(|m| m.makespan_s)
+            .find(|runs| runs.first().is_some_and(|m| m.policy == name))
+            .map(|runs| median(runs).makespan_s)
     };
     let shorter = match (span("planner"), span("kubevirt")) {
         (Some(p), Some(k)) => json!(1.0 - p / k),
@@ -234,13 +266,16 @@ fn report(fleet: &ferry_fleet::Fleet, measured: &[Measured], predicted: &[DrainO
     })
 }
 
-/// The report as tables.
-fn render(report: &Value, measured: &[Measured]) -> String {
+/// The report as tables: each policy's median run.
+fn render(report: &Value, measured: &[Vec<Measured>]) -> String {
+    let runs = measured;
+    let medians: Vec<&Measured> = runs.iter().map(|r| median(r)).collect();
     let mut t = Table::new(
         "ferry drain: each policy on the same fleet, measured and predicted",
         &[
             "policy",
             "makespan (s)",
+            "runs (s)",
             "predicted (s)",
             "pred/meas",
             "moved",
@@ -250,24 +285,26 @@ fn render(report: &Value, measured: &[Measured]) -> String {
             "at once",
         ],
     );
-    for m in measured {
+    for (m, all) in medians.iter().zip(runs) {
         let p = &report["policies"][&m.policy];
+        let each: Vec<String> = all.iter().map(|r| format!("{:.1}", r.makespan_s)).collect();
         t.row(vec![
             m.policy.clone(),
             format!("{:.1}", m.makespan_s),
+            each.join(", "),
             format!("{:.1}", p["predicted_makespan_s"].as_f64().unwrap_or(0.0)),
             format!(
                 "{:.2}",
                 p["predicted_over_measured"].as_f64().unwrap_or(0.0)
             ),
-            (m.vms.len() as u64 - p["failed"].as_u64().unwrap_or(0)).to_string(),
+            (p["migrations"].as_u64().unwrap_or(0) - p["failed"].as_u64().unwrap_or(0)).to_string(),
             p["failed"].to_string(),
             p["digest_mismatches"].to_string(),
             p["over_target"].to_string(),
             m.peak_concurrency.to_string(),
         ]);
     }
-    for m in measured {
+    for m in runs.iter().flatten() {
         for r in &m.replans {
             t.note(format!(
                 "{} re-planned at {:.1} s ({} VMs not started): {}; predicted end {:.1} s before, {:.1} s after",
@@ -285,7 +322,7 @@ fn render(report: &Value, measured: &[Measured]) -> String {
         report["lower_bound_s"].as_f64().unwrap_or(0.0),
     ));
     let mut v = Table::new(
-        "every migration",
+        "every migration (each policy's median run)",
         &[
             "policy",
             "VM",
@@ -298,7 +335,7 @@ fn render(report: &Value, measured: &[Measured]) -> String {
             "digest",
         ],
     );
-    for m in measured {
+    for m in &medians {
         let mut vms = m.vms.clone();
         vms.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
         for x in vms {

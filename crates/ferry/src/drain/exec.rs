@@ -13,7 +13,7 @@
 
 use super::fleet::MiniFleet;
 use super::procs::{request, Receiver, VmProcess};
-use super::replan::{self, Replan, Span};
+use super::replan::{self, Moving, Replan, Span};
 use super::DrainError;
 use crate::netns::NetnsBridge;
 use ferry_fleet::network::Links;
@@ -223,17 +223,36 @@ pub fn drain(
                 // What the running ones sent so far counts too.
                 let now_s = t0.elapsed().as_secs_f64();
                 let mut spans: Vec<Span> = done.iter().filter_map(Span::of).collect();
-                spans.extend(running.iter().filter_map(|(r, _, start_s)| {
-                    let control = &sources.get(&r.vm)?.control;
-                    Some(Span {
+                let mut moving = Vec::new();
+                for (r, _, start_s) in &running {
+                    let Some(sent) = sources.get(&r.vm).and_then(|p| sent_so_far(&p.control))
+                    else {
+                        continue;
+                    };
+                    spans.push(Span {
                         from: fleet.hosts[r.src].name.clone(),
                         start_s: *start_s,
                         end_s: now_s,
-                        bytes: sent_so_far(control)?,
-                    })
-                }));
+                        bytes: sent,
+                    });
+                    moving.push(Moving {
+                        vm: r.vm,
+                        dest: r.dest,
+                        sent,
+                    });
+                }
                 let m = done.last().expect("just pushed");
-                replan::replan(&seen, p, m, slow, &spans, &placed, r.src, waiting.len())
+                replan::replan(
+                    &seen,
+                    p,
+                    m,
+                    slow,
+                    &spans,
+                    &placed,
+                    &moving,
+                    r.src,
+                    waiting.len(),
+                )
             }
             _ => None,
         };

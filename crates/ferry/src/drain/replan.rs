@@ -40,7 +40,8 @@ pub struct Replan {
     pub replanned_vms: usize,
     /// When the plan had the drain end, seconds since it began.
     pub predicted_end_before_s: f64,
-    /// When the new plan has it end (its VMs not yet started only).
+    /// When the new plan has it end (the migrations still running share
+    /// the NIC in it until they have sent what they had left).
     pub predicted_end_after_s: f64,
 }
 
@@ -107,13 +108,39 @@ pub fn measured_nic(spans: &[Span], from: &str) -> Option<f64> {
     (busy > 0.0 && bytes > 0).then(|| bytes as f64 / busy)
 }
 
-/// The fleet as it stands for a new plan: every VM that moved or is
-/// moving on its destination, host `host`'s NIC at `nic` bytes/s.
-pub fn fleet_now(fleet: &Fleet, placed: &[Option<usize>], host: usize, nic: f64) -> Fleet {
+/// A migration still running at a re-plan: the VM, where it goes, and the
+/// bytes it has sent.
+#[derive(Clone, Copy, Debug)]
+pub struct Moving {
+    /// The VM (fleet index).
+    pub vm: usize,
+    /// Its destination.
+    pub dest: usize,
+    /// Bytes sent so far.
+    pub sent: u64,
+}
+
+/// The fleet as it stands for a new plan: every VM that moved on its
+/// destination; every one still moving on its source, pinned to its
+/// destination, with what it has yet to send as its data (so the new
+/// plan shares the NIC with it until it ends); host `host`'s NIC at `nic`
+/// bytes/s.
+pub fn fleet_now(
+    fleet: &Fleet,
+    placed: &[Option<usize>],
+    moving: &[Moving],
+    host: usize,
+    nic: f64,
+) -> Fleet {
     let mut f = fleet.clone();
-    for (vm, to) in f.vms.iter_mut().zip(placed) {
-        if let Some(to) = to {
-            vm.host = *to;
+    for (v, (vm, to)) in f.vms.iter_mut().zip(placed).enumerate() {
+        match (moving.iter().find(|m| m.vm == v), to) {
+            (Some(m), _) => {
+                vm.pinned = Some(vec![m.dest]);
+                vm.data_bytes = vm.data_bytes.saturating_sub(m.sent).max(4096);
+            }
+            (None, Some(to)) => vm.host = *to,
+            (None, None) => {}
         }
     }
     f.hosts[host].nic_bytes_per_sec = nic;
@@ -141,8 +168,8 @@ pub fn slower(plan: &DrainOutcome, m: &MeasuredVm, waiting: usize) -> Option<(f6
 
 /// A new plan after `m` ran slower than planned, if host `host`'s NIC,
 /// measured over `spans`, is slower than `fleet` assumed. `plan` is the
-/// plan in force; `placed` where each VM went or goes; `waiting` how many
-/// VMs wait to start.
+/// plan in force; `placed` where each VM went or goes; `moving` the
+/// migrations still running; `waiting` how many VMs wait to start.
 #[allow(clippy::too_many_arguments)]
 pub fn replan(
     fleet: &Fleet,
@@ -151,6 +178,7 @@ pub fn replan(
     (took, planned): (f64, f64),
     spans: &[Span],
     placed: &[Option<usize>],
+    moving: &[Moving],
     host: usize,
     waiting: usize,
 ) -> Option<NewPlan> {
@@ -159,7 +187,7 @@ pub fn replan(
     if measured >= RATE_GAP * assumed {
         return None;
     }
-    let now = fleet_now(fleet, placed, host, measured);
+    let now = fleet_now(fleet, placed, moving, host, measured);
     let rest = ferry_fleet::run(&now, &mut ferry_fleet::Planner::new(), 1).ok()?;
     let mib = f64::from(1u32 << 20);
     Some(NewPlan {
