@@ -62,12 +62,17 @@
 //! and at least 10 s: a guard against a migration far off its plan, not a
 //! deadline. (KubeVirt's default is 150 s.)
 
+mod names;
+mod objects;
+
+use names::*;
+pub use objects::*;
+
 use crate::fleet::{Fleet, FleetError};
 use crate::planner::Planner;
 use crate::sim::{run, DrainOutcome};
 use ferry_engine::converge::ConvergeMode;
-use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// `VirtualMachineInstanceMigration`'s group and version.
 pub const KUBEVIRT_API_VERSION: &str = "kubevirt.io/v1";
@@ -182,124 +187,6 @@ pub enum ExportError {
         /// Why it matters.
         why: &'static str,
     },
-}
-
-/// `metadata`: the part of `ObjectMeta` the export sets.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ObjectMeta {
-    /// The object's name.
-    pub name: String,
-    /// Its namespace (`None`: kubectl's current one; a `MigrationPolicy`
-    /// is cluster-wide and has none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    /// Its labels.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-    /// Its annotations.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
-}
-
-/// `v1.VirtualMachineInstanceMigration`: migrate one VMI.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VirtualMachineInstanceMigration {
-    /// `kubevirt.io/v1`.
-    pub api_version: String,
-    /// `VirtualMachineInstanceMigration`.
-    pub kind: String,
-    /// Its name, labels and annotations.
-    pub metadata: ObjectMeta,
-    /// What to migrate, and where it may go.
-    pub spec: MigrationSpec,
-}
-
-/// `v1.VirtualMachineInstanceMigrationSpec`, the fields the export sets.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MigrationSpec {
-    /// The VMI, in the migration's namespace.
-    pub vmi_name: String,
-    /// Node labels the target must have, on top of the VM's own
-    /// constraints (KubeVirt 1.6 and later).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub added_node_selector: BTreeMap<String, String>,
-}
-
-/// `v1alpha1.MigrationPolicy`: migration settings for the VMIs it selects
-/// (cluster-wide; of several that match a VMI, KubeVirt takes the one
-/// matching most labels).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MigrationPolicy {
-    /// `migrations.kubevirt.io/v1alpha1`.
-    pub api_version: String,
-    /// `MigrationPolicy`.
-    pub kind: String,
-    /// Its name, labels and annotations.
-    pub metadata: ObjectMeta,
-    /// The settings and whom they apply to.
-    pub spec: MigrationPolicySpec,
-}
-
-/// `v1alpha1.MigrationPolicySpec`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MigrationPolicySpec {
-    /// Whom it applies to.
-    pub selectors: Selectors,
-    /// QEMU's auto-converge.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allow_auto_converge: Option<bool>,
-    /// Each migration's bandwidth cap, a quantity (`953Mi`: MiB/s).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bandwidth_per_migration: Option<String>,
-    /// Seconds per GB of memory before a migration is aborted.
-    #[serde(
-        rename = "completionTimeoutPerGiB",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub completion_timeout_per_gib: Option<i64>,
-    /// Whether a migration may switch to postcopy.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allow_post_copy: Option<bool>,
-}
-
-/// `v1alpha1.Selectors`: labels a VMI (and its namespace) must all have.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Selectors {
-    /// Labels of the VMI.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub virtual_machine_instance_selector: Option<BTreeMap<String, String>>,
-    /// Labels of its namespace.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace_selector: Option<BTreeMap<String, String>>,
-}
-
-/// One object of the export.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum Object {
-    /// A `MigrationPolicy`.
-    Policy(MigrationPolicy),
-    /// A `VirtualMachineInstanceMigration`.
-    Migration(VirtualMachineInstanceMigration),
-}
-
-/// A `v1` `List`: what `kubectl create -f` reads as many objects.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct List {
-    /// `v1`.
-    pub api_version: String,
-    /// `List`.
-    pub kind: String,
-    /// The objects, in the order to create them.
-    pub items: Vec<Object>,
 }
 
 /// What to export for.
@@ -639,132 +526,4 @@ fn gates(planned: &[Planned], wave_of: &[usize], wave_start: &[f64]) -> Vec<Opti
         }
     }
     gate
-}
-
-/// The migration of the VMI called `vm`.
-fn migration_name(vm: &str) -> String {
-    format!("ferry-{vm}")
-}
-
-/// A figure for an annotation: at most 3 decimals, no trailing zeros.
-fn number(x: f64) -> String {
-    let s = format!("{x:.3}");
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
-}
-
-/// `mib` MiB as a Kubernetes quantity in canonical form (`953Mi`, `1Gi`).
-fn quantity_mib(mib: u64) -> String {
-    let (mut n, mut unit) = (mib, 0);
-    while n % 1024 == 0 && unit < 4 {
-        n /= 1024;
-        unit += 1;
-    }
-    format!("{n}{}", ["Mi", "Gi", "Ti", "Pi", "Ei"][unit])
-}
-
-/// Each name's index, or the first name given twice. VMIs are named
-/// uniquely in a namespace and nodes in a cluster, and the plan's outcome
-/// names VMs and hosts.
-fn index_names<'a>(
-    names: impl Iterator<Item = &'a str>,
-    what: &'static str,
-) -> Result<HashMap<&'a str, usize>, ExportError> {
-    let mut index = HashMap::new();
-    for (i, name) in names.enumerate() {
-        if index.insert(name, i).is_some() {
-            return Err(ExportError::Duplicate {
-                what,
-                name: name.into(),
-                why: "Kubernetes names each VMI and node once, and the plan names them",
-            });
-        }
-    }
-    Ok(index)
-}
-
-/// An object name: a DNS-1123 subdomain (RFC 1123), as Kubernetes checks it.
-fn dns_subdomain(s: &str) -> Result<(), String> {
-    let rule = "lower-case letters, digits, '-' and '.', beginning and ending with a \
-                letter or digit, at most 253 characters (a DNS-1123 subdomain)";
-    let ok = !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|part| {
-            !part.is_empty()
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(rule.into())
-    }
-}
-
-/// A namespace: a DNS-1123 label.
-fn dns_label(s: &str) -> Result<(), String> {
-    if s.len() <= 63 && !s.contains('.') && dns_subdomain(s).is_ok() {
-        Ok(())
-    } else {
-        Err(
-            "lower-case letters, digits and '-', beginning and ending with a letter or \
-             digit, at most 63 characters (a DNS-1123 label)"
-                .into(),
-        )
-    }
-}
-
-/// A label value: at most 63 characters, letters, digits, '-', '_' and
-/// '.', beginning and ending with a letter or digit.
-fn label_value(s: &str) -> Result<(), String> {
-    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
-    let ok = !s.is_empty()
-        && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        && alnum(s.chars().next())
-        && alnum(s.chars().last());
-    if ok {
-        Ok(())
-    } else {
-        Err(
-            "at most 63 letters, digits, '-', '_' and '.', beginning and ending with a \
-             letter or digit (a label value)"
-                .into(),
-        )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quantities_are_canonical() {
-        assert_eq!(quantity_mib(953), "953Mi");
-        assert_eq!(quantity_mib(1024), "1Gi");
-        assert_eq!(quantity_mib(3 * 1024 * 1024), "3Ti");
-        assert_eq!(quantity_mib(1536), "1536Mi");
-    }
-
-    #[test]
-    fn names_follow_kubernetes_rules() {
-        assert!(dns_subdomain("ferry-vm-1.a").is_ok());
-        for bad in ["", "Vm", "vm_1", "-vm", "vm-", "a..b"] {
-            assert!(dns_subdomain(bad).is_err(), "{bad}");
-        }
-        assert!(dns_label("a.b").is_err());
-        assert!(label_value("Host_1.x").is_ok());
-        assert!(label_value("_h").is_err());
-        assert!(label_value(&"h".repeat(64)).is_err());
-    }
-
-    #[test]
-    fn annotation_numbers_are_short() {
-        assert_eq!(number(300.0), "300");
-        assert_eq!(number(12.25), "12.25");
-        assert_eq!(number(0.0001), "0");
-    }
 }
