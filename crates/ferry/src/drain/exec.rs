@@ -135,6 +135,8 @@ pub fn drain(
     let (tx, rx) = mpsc::channel::<Ended>();
     let t0 = Instant::now();
     loop {
+        // Ask the policy what to start; the view borrows the state only
+        // in this block.
         {
             let now_running: Vec<Running> = running.iter().map(|r| r.0.clone()).collect();
             let view = View {
