@@ -26,8 +26,15 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// The policies `ferry drain` runs.
-const POLICIES: [&str; 3] = ["planner", "kubevirt", "kubevirt-default"];
+/// The policies `ferry drain` can run (the first three by default).
+const POLICIES: [&str; 6] = [
+    "planner",
+    "kubevirt",
+    "kubevirt-default",
+    "hco",
+    "nova",
+    "vsphere",
+];
 /// How long the drained host's guests run before the drain starts.
 const WARMUP: Duration = Duration::from_secs(3);
 
@@ -42,14 +49,17 @@ The fleet (see --small for a quick one):
 
 Policies, each on the same fleet in turn, the drained host's guests booted
 afresh for each:
-  planner           ferry's plan: destinations chosen up front, as many
-                    migrations at once as the links carry at full rate,
-                    each VM under the convergence policy that lands it soonest
+  planner           ferry's plan: destinations chosen up front, 1 or 2
+                    migrations a link (whichever the simulator ends sooner),
+                    each VM under the convergence policy that lands it
+                    soonest; planned again if it runs slower than planned
   kubevirt          KubeVirt's admission (5 per cluster, 2 out of a node, all
                     created at once, target by free memory), each migration
                     under ferry's default convergence: the schedule alone
   kubevirt-default  the same admission with KubeVirt's migration defaults: no
                     auto-converge, cancelled after 150 s per GiB
+  hco, nova,        on request: HCO's 1 out of a node, Nova's 1 per host,
+  vsphere           vSphere's 8 a host each way (as `ferry plan --compare`)
 
 Needs root, iproute2 (ip, tc) and /dev/kvm (or --backend soft). Each run's
 namespaces carry its pid and are deleted when it ends.")]
