@@ -18,6 +18,7 @@
 
 use crate::cost;
 use crate::fleet::{Fleet, FleetError};
+use crate::network::Reserved;
 use crate::sim::{self, Policy, Start, View};
 use ferry_engine::converge::ConvergeMode;
 use std::cell::RefCell;
@@ -46,44 +47,26 @@ impl Policy for ListSchedule {
 
     fn admit(&mut self, view: &View, placed: &[Option<usize>]) -> Vec<Start> {
         let links = view.links;
-        let mut load = vec![0.0f64; links.capacity.len()];
-        let full = |src: usize, dst: usize| {
-            links
-                .path(src, dst)
-                .iter()
-                .map(|&l| links.capacity[l])
-                .fold(f64::INFINITY, f64::min)
-        };
+        let demand = |src: usize, dst: usize| links.way(src, dst) / self.per_link;
+        let mut load = Reserved::new(links);
         for r in view.running {
-            let d = full(r.src, r.dest) / self.per_link;
-            links.path(r.src, r.dest).iter().for_each(|&l| load[l] += d);
+            load.add(links, r.src, r.dest, demand(r.src, r.dest));
         }
         let mut starts = Vec::new();
         while let Some(&v) = self.order.get(self.next) {
             let (src, to) = (view.fleet.vms[v].host, self.dest[v]);
-            let d = full(src, to) / self.per_link;
+            let d = demand(src, to);
             let idle = view.running.is_empty() && starts.is_empty();
-            let room = links
-                .path(src, to)
-                .iter()
-                .all(|&l| load[l] + d <= links.capacity[l] * (1.0 + 1e-9));
-            if !(idle || room) || !view.fits(v, to, placed) {
+            if !(idle || load.fits(links, src, to, d)) || !view.fits(v, to, placed) {
                 break;
             }
-            links.path(src, to).iter().for_each(|&l| load[l] += d);
+            load.add(links, src, to, d);
             let mode = *self
                 .cache
                 .borrow_mut()
                 .entry((v, d.to_bits()))
                 .or_insert_with(|| cost::quickest(&view.fleet.vms[v], d).0);
-            starts.push(Start {
-                vm: v,
-                dest: to,
-                cap: Some(full(src, to)),
-                mode,
-                give_up_after_s: None,
-                max_rounds: None,
-            });
+            starts.push(Start::capped(v, to, links.way(src, to), mode));
             self.next += 1;
         }
         starts
@@ -124,7 +107,7 @@ pub fn best_list_schedule(fleet: &Fleet) -> Result<Best, FleetError> {
                 .collect()
         })
         .collect();
-    let (room, _) = sim::room(fleet);
+    let room = sim::Ledger::new(fleet).free_memory;
     let cache: PolicyCache = Rc::default();
     let mut best: Option<Best> = None;
     let mut tried = 0;

@@ -71,19 +71,7 @@ pub fn fat_tree(hosts: usize, seed: u64) -> Fleet {
             let vcpus = (gib / 4).clamp(1, 16) as usize;
             // Log-uniform over 1–400 MiB/s.
             let rate = MIB * 400f64.powf(rng.unit());
-            let memory = gib * GIB;
-            vms.push(Vm {
-                name: format!("vm-{}", vms.len()),
-                host: h,
-                memory_bytes: memory,
-                data_bytes: memory,
-                dirty_bytes_per_sec: vec![rate / vcpus as f64; vcpus],
-                working_set_bytes: vec![memory / vcpus as u64; vcpus],
-                downtime_target_ms: 300.0,
-                anti_affinity: None,
-                pinned: None,
-                forbidden: Vec::new(),
-            });
+            vms.push(drawn_vm(vms.len(), h, gib * GIB, vcpus, rate));
         }
     }
     let drain = (0..hosts.min(rack_size)).collect();
@@ -119,18 +107,7 @@ pub fn small(vms: usize, seed: u64) -> Fleet {
             let memory = GIB << rng.range(0, 3);
             let vcpus = rng.range(1, 2) as usize;
             let rate = MIB * 400f64.powf(rng.unit());
-            Vm {
-                name: format!("vm-{i}"),
-                host: 0,
-                memory_bytes: memory,
-                data_bytes: memory,
-                dirty_bytes_per_sec: vec![rate / vcpus as f64; vcpus],
-                working_set_bytes: vec![memory / vcpus as u64; vcpus],
-                downtime_target_ms: 300.0,
-                anti_affinity: None,
-                pinned: None,
-                forbidden: Vec::new(),
-            }
+            drawn_vm(i, 0, memory, vcpus, rate)
         })
         .collect();
     Fleet {
@@ -139,5 +116,23 @@ pub fn small(vms: usize, seed: u64) -> Fleet {
         vms,
         drain: vec![0],
         caps: Default::default(),
+    }
+}
+
+/// VM `i` on host `host`: `memory` bytes, every page data, its dirty rate
+/// spread evenly over its vCPUs and all of its memory, ferry's default
+/// downtime target, no placement constraint.
+fn drawn_vm(i: usize, host: usize, memory: u64, vcpus: usize, rate: f64) -> Vm {
+    Vm {
+        name: format!("vm-{i}"),
+        host,
+        memory_bytes: memory,
+        data_bytes: memory,
+        dirty_bytes_per_sec: vec![rate / vcpus as f64; vcpus],
+        working_set_bytes: vec![memory / vcpus as u64; vcpus],
+        downtime_target_ms: 300.0,
+        anti_affinity: None,
+        pinned: None,
+        forbidden: Vec::new(),
     }
 }

@@ -83,6 +83,42 @@ impl Links {
     pub fn nic_out(&self, h: usize) -> usize {
         h
     }
+
+    /// The least capacity on the way from `src` to `dst`: the most one
+    /// migration between them can take.
+    pub fn way(&self, src: usize, dst: usize) -> f64 {
+        self.path(src, dst)
+            .iter()
+            .map(|&l| self.capacity[l])
+            .fold(f64::INFINITY, f64::min)
+    }
+}
+
+/// What a policy has reserved on each link for the migrations it runs or
+/// starts, each by its demand (bytes/s).
+#[derive(Clone, Debug)]
+pub struct Reserved(Vec<f64>);
+
+impl Reserved {
+    /// Nothing reserved on any of `links`.
+    pub fn new(links: &Links) -> Self {
+        Reserved(vec![0.0; links.capacity.len()])
+    }
+
+    /// Whether every link from `src` to `dst` has room for `demand` more.
+    pub fn fits(&self, links: &Links, src: usize, dst: usize, demand: f64) -> bool {
+        links
+            .path(src, dst)
+            .iter()
+            .all(|&l| self.0[l] + demand <= links.capacity[l] * (1.0 + 1e-9))
+    }
+
+    /// Reserves `demand` on every link from `src` to `dst`.
+    pub fn add(&mut self, links: &Links, src: usize, dst: usize, demand: f64) {
+        for l in links.path(src, dst) {
+            self.0[l] += demand;
+        }
+    }
 }
 
 /// Each flow's max-min fair rate: `paths[i]` are the links flow i

@@ -33,6 +33,7 @@
 
 use crate::cost;
 use crate::fleet::Fleet;
+use crate::network::Reserved;
 use crate::sim::{Policy, Start, View};
 use std::collections::HashMap;
 
@@ -209,18 +210,10 @@ impl Policy for Planner {
         let links = view.links;
         // What each link already carries, by demand: its share of the
         // least capacity on each running migration's way.
-        let full = |src: usize, dst: usize| {
-            links
-                .path(src, dst)
-                .iter()
-                .map(|&l| links.capacity[l])
-                .fold(f64::INFINITY, f64::min)
-        };
-        let demand = |src: usize, dst: usize| full(src, dst) / per_link;
-        let mut load = vec![0.0f64; links.capacity.len()];
+        let demand = |src: usize, dst: usize| links.way(src, dst) / per_link;
+        let mut load = Reserved::new(links);
         for r in view.running {
-            let d = demand(r.src, r.dest);
-            links.path(r.src, r.dest).iter().for_each(|&l| load[l] += d);
+            load.add(links, r.src, r.dest, demand(r.src, r.dest));
         }
         // Migrations out of and into each host, for the platform's caps.
         let (mut out, mut inb): (HashMap<usize, usize>, HashMap<usize, usize>) = Default::default();
@@ -271,12 +264,7 @@ impl Policy for Planner {
                 if !below(caps.inbound_per_host, inb.get(&to)) {
                     return false;
                 }
-                let d = demand(src, to);
-                nothing_runs
-                    || links
-                        .path(src, to)
-                        .iter()
-                        .all(|&l| load[l] + d <= links.capacity[l] * (1.0 + 1e-9))
+                nothing_runs || load.fits(links, src, to, demand(src, to))
             };
             let beside = view
                 .running
@@ -306,20 +294,13 @@ impl Policy for Planner {
             let v = queue.get_mut(&src).expect("its queue").remove(i);
             let to = dest[v].expect("picked with a destination");
             let d = demand(src, to);
-            links.path(src, to).iter().for_each(|&l| load[l] += d);
+            load.add(links, src, to, d);
             *out.entry(src).or_default() += 1;
             *inb.entry(to).or_default() += 1;
             let (mode, _) = cost::quickest(&fleet.vms[v], d);
             // It may take the whole way while the others sharing it start
             // or finish; its demand only paces admission.
-            starts.push(Start {
-                vm: v,
-                dest: to,
-                cap: Some(full(src, to)),
-                mode,
-                give_up_after_s: None,
-                max_rounds: None,
-            });
+            starts.push(Start::capped(v, to, links.way(src, to), mode));
         }
         starts
     }

@@ -54,6 +54,21 @@ pub struct Start {
     pub max_rounds: Option<u32>,
 }
 
+impl Start {
+    /// A migration of `vm` to `dest` under `mode` that may take at most
+    /// `cap` bytes/s, with the engine's round cap and no timeout.
+    pub fn capped(vm: usize, dest: usize, cap: f64, mode: ConvergeMode) -> Self {
+        Start {
+            vm,
+            dest,
+            cap: Some(cap),
+            mode,
+            give_up_after_s: None,
+            max_rounds: None,
+        }
+    }
+}
+
 /// A running migration, as a policy sees it.
 #[derive(Clone, Debug)]
 pub struct Running {
@@ -200,24 +215,84 @@ struct Flow {
     moved: f64,
 }
 
-/// Each host's free memory and vCPUs before anything moves.
-pub fn room(fleet: &Fleet) -> (Vec<u64>, Vec<i64>) {
-    let mut memory: Vec<u64> = fleet.hosts.iter().map(|h| h.memory_bytes).collect();
-    let mut cpus: Vec<i64> = fleet.hosts.iter().map(|h| i64::from(h.cpus)).collect();
-    for vm in &fleet.vms {
-        memory[vm.host] = memory[vm.host].saturating_sub(vm.memory_bytes);
-        cpus[vm.host] -= i64::from(vm.vcpus());
+/// Where the hosts' room stands during a drain: each host's free memory
+/// and vCPUs, and where each VM went or goes. The simulator keeps one, and
+/// so does a real drain, so both free and reserve room by one rule.
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    /// Each host's free memory, bytes (running migrations' reserved).
+    pub free_memory: Vec<u64>,
+    /// Each host's free vCPUs.
+    pub free_cpus: Vec<i64>,
+    /// Where each VM went or goes, for VMs started so far.
+    pub placed: Vec<Option<usize>>,
+}
+
+impl Ledger {
+    /// The room before anything moves.
+    pub fn new(fleet: &Fleet) -> Self {
+        let mut memory: Vec<u64> = fleet.hosts.iter().map(|h| h.memory_bytes).collect();
+        let mut cpus: Vec<i64> = fleet.hosts.iter().map(|h| i64::from(h.cpus)).collect();
+        for vm in &fleet.vms {
+            memory[vm.host] = memory[vm.host].saturating_sub(vm.memory_bytes);
+            cpus[vm.host] -= i64::from(vm.vcpus());
+        }
+        Ledger {
+            free_memory: memory,
+            free_cpus: cpus,
+            placed: vec![None; fleet.vms.len()],
+        }
     }
-    (memory, cpus)
+
+    /// VM `v`'s migration to `dest` started: its room there is reserved.
+    pub fn start(&mut self, fleet: &Fleet, v: usize, dest: usize) {
+        let vm = &fleet.vms[v];
+        self.placed[v] = Some(dest);
+        self.free_memory[dest] = self.free_memory[dest].saturating_sub(vm.memory_bytes);
+        self.free_cpus[dest] -= i64::from(vm.vcpus());
+    }
+
+    /// VM `v`'s migration from `src` to `dest` ended: if it `moved`, its
+    /// source's room is freed; if not, it stays, and its destination's is.
+    pub fn end(&mut self, fleet: &Fleet, v: usize, (src, dest): (usize, usize), moved: bool) {
+        let vm = &fleet.vms[v];
+        let freed = if moved {
+            src
+        } else {
+            self.placed[v] = None;
+            dest
+        };
+        self.free_memory[freed] += vm.memory_bytes;
+        self.free_cpus[freed] += i64::from(vm.vcpus());
+    }
+
+    /// What a policy sees of it.
+    pub fn view<'a>(
+        &'a self,
+        fleet: &'a Fleet,
+        links: &'a Links,
+        now: f64,
+        running: &'a [Running],
+        waiting: &'a [usize],
+    ) -> View<'a> {
+        View {
+            fleet,
+            links,
+            now,
+            running,
+            waiting,
+            free_memory: &self.free_memory,
+            free_cpus: &self.free_cpus,
+        }
+    }
 }
 
 /// Runs `policy` on `fleet` until every VM on a drained host has moved.
 pub fn run(fleet: &Fleet, policy: &mut dyn Policy, seed: u64) -> Result<DrainOutcome, FleetError> {
     fleet.validate()?;
     let links = Links::new(fleet);
-    let (mut free_memory, mut free_cpus) = room(fleet);
+    let mut ledger = Ledger::new(fleet);
     let mut waiting = fleet.to_move();
-    let mut placed: Vec<Option<usize>> = vec![None; fleet.vms.len()];
     let mut flows: Vec<Flow> = Vec::new();
     let mut done: Vec<VmOutcome> = Vec::new();
     let (mut now, mut solve, mut peak) = (0.0f64, Duration::ZERO, 0usize);
@@ -232,17 +307,9 @@ pub fn run(fleet: &Fleet, policy: &mut dyn Policy, seed: u64) -> Result<DrainOut
                     dest: f.dest,
                 })
                 .collect();
-            let view = View {
-                fleet,
-                links: &links,
-                now,
-                running: &running,
-                waiting: &waiting,
-                free_memory: &free_memory,
-                free_cpus: &free_cpus,
-            };
+            let view = ledger.view(fleet, &links, now, &running, &waiting);
             let t = Instant::now();
-            let starts = policy.admit(&view, &placed);
+            let starts = policy.admit(&view, &ledger.placed);
             solve += t.elapsed();
             for s in starts {
                 let vm = &fleet.vms[s.vm];
@@ -250,9 +317,7 @@ pub fn run(fleet: &Fleet, policy: &mut dyn Policy, seed: u64) -> Result<DrainOut
                     continue;
                 };
                 waiting.remove(i);
-                placed[s.vm] = Some(s.dest);
-                free_memory[s.dest] = free_memory[s.dest].saturating_sub(vm.memory_bytes);
-                free_cpus[s.dest] -= i64::from(vm.vcpus());
+                ledger.start(fleet, s.vm, s.dest);
                 flows.push(Flow {
                     vm: s.vm,
                     src: vm.host,
@@ -325,21 +390,16 @@ pub fn run(fleet: &Fleet, policy: &mut dyn Policy, seed: u64) -> Result<DrainOut
             }
             let f = flows.swap_remove(i);
             let vm = &fleet.vms[f.vm];
-            // A cancelled VM stays; its destination's room is freed.
-            let (freed, took, downtime_ms, converged) = match &ended {
+            let (took, downtime_ms, converged) = match &ended {
                 Some(end) => (
-                    f.src,
                     SETUP_SECS + end.total_ms / 1e3,
                     end.downtime_ms,
                     end.converges,
                 ),
-                None => (f.dest, SETUP_SECS + f.model.elapsed(), 0.0, false),
+                None => (SETUP_SECS + f.model.elapsed(), 0.0, false),
             };
-            free_memory[freed] += vm.memory_bytes;
-            free_cpus[freed] += i64::from(vm.vcpus());
-            if gave_up {
-                placed[f.vm] = None;
-            }
+            // A cancelled VM stays where it was.
+            ledger.end(fleet, f.vm, (f.src, f.dest), !gave_up);
             done.push(VmOutcome {
                 vm: vm.name.clone(),
                 from: fleet.hosts[f.src].name.clone(),

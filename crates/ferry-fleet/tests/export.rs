@@ -15,58 +15,13 @@ use ferry_fleet::export::{
     self, ExportError, KubeVirtOptions, BEFORE_WAVE_LABEL, DOWNTIME_TARGET_ANNOTATION,
     HOSTNAME_LABEL, LABEL_VMIS_ANNOTATION, PLANNED_START_ANNOTATION, POLICY_LABEL, WAVE_LABEL,
 };
-use ferry_fleet::{generate, run, Admission, DrainOutcome, Fleet, Host, Network, Vm};
+use ferry_fleet::{generate, run, Admission, DrainOutcome, Fleet};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-const GIB: u64 = 1 << 30;
-const MIB: f64 = (1u64 << 20) as f64;
-
-fn host(i: usize, rack: usize) -> Host {
-    Host {
-        name: format!("h{i}"),
-        rack,
-        cpus: 64,
-        memory_bytes: 64 * GIB,
-        nic_bytes_per_sec: 1e9,
-        cpu_model: String::new(),
-    }
-}
-
-fn vm(i: usize, host: usize, gib: u64, dirty_mib_s: f64) -> Vm {
-    Vm {
-        name: format!("vm{i}"),
-        host,
-        memory_bytes: gib * GIB,
-        data_bytes: gib * GIB,
-        dirty_bytes_per_sec: vec![dirty_mib_s * MIB / 2.0; 2],
-        working_set_bytes: vec![gib * GIB / 2; 2],
-        downtime_target_ms: 300.0,
-        anti_affinity: None,
-        pinned: None,
-        forbidden: Vec::new(),
-    }
-}
-
-/// Two racks of three hosts, 3:1 uplinks; rack 0 drained, eight VMs of
-/// 1-4 GiB dirtying 0-200 MiB/s on it (as `tests/drain.rs`).
-fn two_racks() -> Fleet {
-    Fleet {
-        hosts: (0..6).map(|i| host(i, i / 3)).collect(),
-        network: Network::FatTree {
-            oversubscription: 3.0,
-        },
-        vms: (0..8)
-            .map(|i| {
-                let rate = [0.0, 10.0, 50.0, 200.0][i % 4];
-                vm(i, i % 3, 1 + (i as u64 % 4), rate)
-            })
-            .collect(),
-        drain: vec![0, 1, 2],
-        caps: Default::default(),
-    }
-}
+mod common;
+use common::*;
 
 fn opts() -> KubeVirtOptions {
     KubeVirtOptions {

@@ -29,6 +29,16 @@ fn namespaces() -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Asserts that ferry process `pid` left none of its namespaces (their
+/// names end in its pid; other tests' may exist meanwhile).
+fn assert_namespaces_gone(pid: u32, what: &str) {
+    let left = namespaces();
+    assert!(
+        !left.contains(&format!("-{pid}")),
+        "{what} left its namespaces behind: {left}"
+    );
+}
+
 /// `ferry demo --json --backend soft --warmup 0.3 --netns` with a small
 /// guest and `extra`.
 fn netns_demo(extra: &[&str]) -> std::process::Command {
@@ -65,11 +75,7 @@ fn a_demo_between_two_namespaces_over_a_shaped_link_verifies_and_leaves_nothing(
     assert_verified(&j, "demo --netns");
     // The prediction knew the shaped link's rate.
     assert_eq!(j["predicted"]["link_known"], true, "{j}");
-    let left = namespaces();
-    assert!(
-        !left.contains(&format!("-{pid}")),
-        "the demo left its namespaces behind: {left}"
-    );
+    assert_namespaces_gone(pid, "the demo");
 }
 
 #[test]
@@ -189,12 +195,7 @@ fn a_real_drain_moves_every_vm_verified_under_every_policy() {
         kubevirt.contains(&"host2") && kubevirt.contains(&"host3"),
         "{kubevirt:?}"
     );
-    // Its own namespaces carry its pid; other tests' may exist meanwhile.
-    let left = namespaces();
-    assert!(
-        !left.contains(&format!("-{pid}")),
-        "the drain left its namespaces behind: {left}"
-    );
+    assert_namespaces_gone(pid, "the drain");
 }
 
 /// A plan that assumes NICs four times faster than the shaped ones: the

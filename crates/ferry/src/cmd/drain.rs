@@ -277,8 +277,7 @@ fn report(
 }
 
 /// The report as tables: each policy's median run.
-fn render(report: &Value, measured: &[Vec<Measured>]) -> String {
-    let runs = measured;
+fn render(report: &Value, runs: &[Vec<Measured>]) -> String {
     let medians: Vec<&Measured> = runs.iter().map(|r| median(r)).collect();
     let mut t = Table::new(
         "ferry drain: each policy on the same fleet, measured and predicted",

@@ -17,7 +17,7 @@ use super::replan::{self, Moving, Replan, Span};
 use super::DrainError;
 use crate::netns::NetnsBridge;
 use ferry_fleet::network::Links;
-use ferry_fleet::sim::{room, Running, Start, View};
+use ferry_fleet::sim::{Ledger, Running, Start};
 use ferry_fleet::{DrainOutcome, Fleet, Planner, Policy};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -125,9 +125,8 @@ pub fn drain(
     let mut seen = fleet.clone();
     let mut links = Links::new(&seen);
     let mut replans = Vec::new();
-    let (mut free_memory, mut free_cpus) = room(fleet);
+    let mut ledger = Ledger::new(fleet);
     let mut waiting = fleet.to_move();
-    let mut placed: Vec<Option<usize>> = vec![None; fleet.vms.len()];
     let mut running: Vec<(Running, Start, f64)> = Vec::new();
     let mut receivers: Vec<(usize, Receiver)> = Vec::new();
     let mut done: Vec<MeasuredVm> = Vec::new();
@@ -139,24 +138,15 @@ pub fn drain(
         // in this block.
         {
             let now_running: Vec<Running> = running.iter().map(|r| r.0.clone()).collect();
-            let view = View {
-                fleet: &seen,
-                links: &links,
-                now: t0.elapsed().as_secs_f64(),
-                running: &now_running,
-                waiting: &waiting,
-                free_memory: &free_memory,
-                free_cpus: &free_cpus,
-            };
-            for s in policy.admit(&view, &placed) {
+            let now = t0.elapsed().as_secs_f64();
+            let view = ledger.view(&seen, &links, now, &now_running, &waiting);
+            for s in policy.admit(&view, &ledger.placed) {
                 let Some(i) = waiting.iter().position(|&w| w == s.vm) else {
                     continue;
                 };
                 waiting.remove(i);
                 let vm = &fleet.vms[s.vm];
-                placed[s.vm] = Some(s.dest);
-                free_memory[s.dest] = free_memory[s.dest].saturating_sub(vm.memory_bytes);
-                free_cpus[s.dest] -= i64::from(vm.vcpus());
+                ledger.start(fleet, s.vm, s.dest);
                 let guest = &env.mini.guests[s.vm];
                 let recv =
                     Receiver::spawn(env.exe, env.bridge, s.dest, guest, env.backend, env.dir)?;
@@ -207,15 +197,10 @@ pub fn drain(
         let vm = &fleet.vms[r.vm];
         let m = measured(vm, &r, &s, fleet, start_s, end_s, ended.reply);
         // A VM that moved frees its source; one that did not, its target.
-        let freed = if m.completed() {
+        if m.completed() {
             sources.remove(&r.vm);
-            r.src
-        } else {
-            placed[r.vm] = None;
-            r.dest
-        };
-        free_memory[freed] += vm.memory_bytes;
-        free_cpus[freed] += i64::from(vm.vcpus());
+        }
+        ledger.end(fleet, r.vm, (r.src, r.dest), m.completed());
         done.push(m);
         let slow = plan
             .as_ref()
@@ -250,7 +235,7 @@ pub fn drain(
                     m,
                     slow,
                     &spans,
-                    &placed,
+                    &ledger.placed,
                     &moving,
                     r.src,
                     waiting.len(),

@@ -61,11 +61,7 @@ impl MiniFleet {
             }
         }
         for host in 1..4 {
-            for k in 0..4 {
-                let mut g = guest(host, 256, 8);
-                g.name = format!("h{}-{k}", host + 1);
-                guests.push(g);
-            }
+            guests.extend((0..4).map(|k| resident(host, k, 256, 8)));
         }
         MiniFleet {
             hosts: 4,
@@ -78,11 +74,7 @@ impl MiniFleet {
     /// A quick one: 3 hosts, host1's 3 small VMs to move.
     pub fn small(nic_mib_s: u64) -> Self {
         let mut guests = vec![guest(0, 128, 0), guest(0, 128, 32), guest(0, 64, 16)];
-        for host in 1..3 {
-            let mut g = guest(host, 64, 8);
-            g.name = format!("h{}-0", host + 1);
-            guests.push(g);
-        }
+        guests.extend((1..3).map(|host| resident(host, 0, 64, 8)));
         MiniFleet {
             hosts: 3,
             nic_mib_s,
@@ -138,5 +130,13 @@ fn guest(host: usize, memory_mib: u64, write_mib_s: u64) -> Guest {
         host,
         memory_mib,
         write_mib_s,
+    }
+}
+
+/// Guest `k` of a host that stays: `h2-0`.
+fn resident(host: usize, k: usize, memory_mib: u64, write_mib_s: u64) -> Guest {
+    Guest {
+        name: format!("h{}-{k}", host + 1),
+        ..guest(host, memory_mib, write_mib_s)
     }
 }

@@ -38,6 +38,16 @@ fn ferry(exe: &Path, bridge: &NetnsBridge, host: usize) -> Result<Command, Drain
     Ok(cmd)
 }
 
+/// A child's stderr: `dir/name`, created afresh.
+fn log_file(dir: &Path, name: &str) -> Result<(std::fs::File, PathBuf), DrainError> {
+    let path = dir.join(name);
+    let file = std::fs::File::create(&path).map_err(|source| DrainError::Io {
+        what: format!("create {}", path.display()),
+        source,
+    })?;
+    Ok((file, path))
+}
+
 /// A running VM, served on a control socket.
 pub struct VmProcess {
     proc: Proc,
@@ -56,12 +66,8 @@ impl VmProcess {
         dir: &Path,
     ) -> Result<Self, DrainError> {
         let control = dir.join(format!("{}.sock", guest.name));
-        let log_path = dir.join(format!("{}.log", guest.name));
         let _ = std::fs::remove_file(&control);
-        let log = std::fs::File::create(&log_path).map_err(|source| DrainError::Io {
-            what: format!("create {}", log_path.display()),
-            source,
-        })?;
+        let (log, log_path) = log_file(dir, &format!("{}.log", guest.name))?;
         let (write_percent, rate) = match guest.write_mib_s {
             0 => (0, READ_MIB_S),
             w => (100, w),
@@ -146,11 +152,7 @@ impl Receiver {
         backend: &str,
         dir: &Path,
     ) -> Result<Self, DrainError> {
-        let log_path = dir.join(format!("{}.receive.log", guest.name));
-        let log = std::fs::File::create(&log_path).map_err(|source| DrainError::Io {
-            what: format!("create {}", log_path.display()),
-            source,
-        })?;
+        let (log, log_path) = log_file(dir, &format!("{}.receive.log", guest.name))?;
         let mut cmd = ferry(exe, bridge, host)?;
         cmd.arg("receive")
             .args(["--listen", &format!("{}:0", NetnsBridge::addr(host))])

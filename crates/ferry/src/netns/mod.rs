@@ -133,9 +133,8 @@ impl NetnsPair {
 /// Makes `cmd`'s process start in namespace `name`.
 fn start_in(name: &str, cmd: &mut Command) -> Result<(), NetnsError> {
     let ns = open(name)?;
-    // SAFETY: the closure runs in the forked child before exec and only
-    // calls setns, which is async-signal-safe; `ns` is kept open by the
-    // closure, which owns it, until then.
+    // The closure runs in the forked child, before exec.
+    // SAFETY: it only calls setns, which is async-signal-safe, on `ns`, which the closure owns and so keeps open until then.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
