@@ -13,6 +13,9 @@ pub fn input(vm: &Vm, bytes_per_sec: f64) -> PredictInput {
         data_bytes: vm.data_bytes.min(vm.memory_bytes),
         dirty_bytes_per_sec: vm.dirty_bytes_per_sec.clone(),
         working_set_bytes: vm.working_set_bytes.clone(),
+        // The fleet knows each VM's rate, not how it catches up after a
+        // throttle's sleep: taken to be its rate.
+        burst_bytes_per_sec: Vec::new(),
         link_bytes_per_sec: bytes_per_sec.max(1.0),
         link_known: true,
         downtime_target_ms: vm.downtime_target_ms,

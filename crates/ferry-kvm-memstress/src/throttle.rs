@@ -78,13 +78,22 @@ impl Throttler {
             .name("vcpu-throttle".into())
             .spawn(move || {
                 let mut meter = QuotaMeter::new(vcpus.len());
+                let mut limit_was_on = false;
                 while !k.stop.load(Ordering::Acquire) {
                     let pct = k.percent.load(Ordering::Relaxed);
+                    limit_was_on &= k.limit.is_on() && !k.quota_on.load(Ordering::Acquire);
                     if k.quota_on.load(Ordering::Acquire) {
                         let interval = k.quota_interval_ns.load(Ordering::Relaxed);
                         meter.tick(&vcpus, &k.quota, Duration::from_nanos(interval));
                         std::thread::sleep(QUOTA_TICK);
                     } else if k.limit.is_on() {
+                        if !limit_was_on {
+                            // What the rings hold from before the limit
+                            // was on is not its rate: charged, it would
+                            // read as a burst of the whole round so far.
+                            meter.skip_to_now(&vcpus);
+                            limit_was_on = true;
+                        }
                         limit_tick(&vcpus, &k.limit, &mut meter.seen);
                         std::thread::sleep(QUOTA_TICK);
                     } else if pct > 0 {
@@ -206,6 +215,16 @@ impl QuotaMeter {
 
     fn reset(&mut self) {
         self.last = None;
+    }
+
+    /// Marks every ring's entries so far as seen, uncharged.
+    fn skip_to_now(&mut self, vcpus: &[Arc<VcpuShared>]) {
+        for (i, v) in vcpus.iter().enumerate() {
+            if let Some(ring) = &v.ring {
+                ring.collect();
+                self.seen[i] = ring.collected();
+            }
+        }
     }
 
     fn tick(&mut self, vcpus: &[Arc<VcpuShared>], quotas: &[AtomicU64], interval: Duration) {

@@ -1,12 +1,18 @@
 //! Reports of ferry's experiments and migrations: a table shaped like the
-//! seed's table for people, the raw numbers as JSON for machines, and an SVG
-//! plot. Every experiment writes all three through [`Report::write`].
+//! seed's table for people, the raw numbers as JSON for machines, charts
+//! shaped like their data, and one HTML page that holds them all. Every
+//! experiment writes them through [`Report::write`].
 
 #![warn(missing_docs)]
 
-use plotters::prelude::*;
+pub mod chart;
+pub mod html;
+mod table;
+
+pub use chart::{Band, Bar, Bars, Chart, Panel, Plot, Reference, Series, Shape, Timeline};
+pub use table::Table;
+
 use serde::Serialize;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 /// Errors writing a report.
@@ -34,125 +40,36 @@ pub enum ReportError {
     },
 }
 
-/// A text table with a title, aligned columns and free-form notes below it.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Table {
-    /// Printed above the table.
-    pub title: String,
-    /// Column headers.
-    pub columns: Vec<String>,
-    /// Cells, row by row.
-    pub rows: Vec<Vec<String>>,
-    /// Lines printed under the table (machine, caveats, ratios).
-    pub notes: Vec<String>,
-}
-
-impl Table {
-    /// A table with these column headers.
-    pub fn new(title: impl Into<String>, columns: &[&str]) -> Self {
-        Table {
-            title: title.into(),
-            columns: columns.iter().map(|c| c.to_string()).collect(),
-            ..Table::default()
-        }
-    }
-
-    /// Appends a row.
-    pub fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
-    }
-
-    /// Appends a note.
-    pub fn note(&mut self, note: impl Into<String>) {
-        self.notes.push(note.into());
-    }
-
-    /// Renders the table with `+---+` borders, like the seeds' tables.
-    pub fn render(&self) -> String {
-        let ncol = self.columns.len();
-        let mut width: Vec<usize> = self.columns.iter().map(|c| c.len()).collect();
-        for row in &self.rows {
-            for (i, cell) in row.iter().enumerate().take(ncol) {
-                width[i] = width[i].max(cell.len());
-            }
-        }
-        let rule: String = width.iter().fold(String::from("+"), |mut s, w| {
-            s.push_str(&"-".repeat(w + 2));
-            s.push('+');
-            s
-        });
-        let line = |cells: &[String]| {
-            let mut s = String::from("|");
-            for (i, w) in width.iter().enumerate() {
-                let cell = cells.get(i).map(String::as_str).unwrap_or("");
-                let _ = write!(s, " {cell:>w$} |");
-            }
-            s
-        };
-        let mut out = String::new();
-        if !self.title.is_empty() {
-            let _ = writeln!(out, "{}", self.title);
-        }
-        let _ = writeln!(out, "{rule}");
-        let _ = writeln!(out, "{}", line(&self.columns));
-        let _ = writeln!(out, "{rule}");
-        for row in &self.rows {
-            let _ = writeln!(out, "{}", line(row));
-        }
-        let _ = writeln!(out, "{rule}");
-        for note in &self.notes {
-            let _ = writeln!(out, "{note}");
-        }
-        out
-    }
-}
-
-/// One line of a plot.
-#[derive(Clone, Debug, Serialize)]
-pub struct Series {
-    /// Legend label.
-    pub label: String,
-    /// (x, y) points, in x order.
-    pub points: Vec<(f64, f64)>,
-}
-
-/// A line plot with one or more series.
-#[derive(Clone, Debug, Serialize)]
-pub struct Plot {
-    /// Caption.
-    pub title: String,
-    /// X axis label.
-    pub x_label: String,
-    /// Y axis label.
-    pub y_label: String,
-    /// Logarithmic y axis (for results spanning decades).
-    pub log_y: bool,
-    /// The lines.
-    pub series: Vec<Series>,
-}
-
 impl Plot {
     /// Draws the plot into `path` as SVG (for experiments that write more
-    /// than their report's one plot, such as a timeline per run).
+    /// than their report's charts, such as a timeline per run).
     pub fn write_svg(&self, path: &Path) -> Result<(), ReportError> {
-        draw(self, path).map_err(|message| ReportError::Plot {
-            path: path.to_path_buf(),
-            message,
-        })
+        Chart::from(self.clone()).write_svg(path)
     }
 }
 
-/// A finished experiment: tables to print, raw results, and a plot.
+impl Chart {
+    /// Draws the chart into `path` as SVG.
+    pub fn write_svg(&self, path: &Path) -> Result<(), ReportError> {
+        let svg = self.to_svg().map_err(|message| ReportError::Plot {
+            path: path.to_path_buf(),
+            message,
+        })?;
+        write_file(path, svg.as_bytes())
+    }
+}
+
+/// A finished experiment: tables to print, raw results, and charts.
 #[derive(Debug)]
 pub struct Report<T: Serialize> {
-    /// File stem, e.g. `zap` gives `zap.json` and `zap.svg`.
+    /// File stem, e.g. `zap` gives `zap.json`, `zap.svg` and `zap.html`.
     pub name: String,
     /// Tables, printed in order.
     pub tables: Vec<Table>,
     /// Raw results, written as JSON.
     pub results: T,
-    /// The plot.
-    pub plot: Plot,
+    /// Charts, in order (the first is also `<name>.svg`).
+    pub charts: Vec<Chart>,
 }
 
 /// Where a report was written.
@@ -160,8 +77,10 @@ pub struct Report<T: Serialize> {
 pub struct Written {
     /// The JSON file.
     pub json: PathBuf,
-    /// The SVG file.
+    /// The first chart's SVG file.
     pub svg: PathBuf,
+    /// The page: `<dir>/report.html`.
+    pub html: PathBuf,
 }
 
 impl<T: Serialize> Report<T> {
@@ -174,7 +93,10 @@ impl<T: Serialize> Report<T> {
             .join("\n")
     }
 
-    /// Writes `<dir>/<name>.json` (results and tables) and `<dir>/<name>.svg`.
+    /// Writes `<dir>/<name>.json` (results and tables), each chart as
+    /// `<dir>/<name>.svg`, `<name>-2.svg`, ..., and the page holding them
+    /// all as `<dir>/<name>.html` and `<dir>/report.html` (the last report
+    /// written to the directory).
     pub fn write(&self, dir: &Path) -> Result<Written, ReportError> {
         std::fs::create_dir_all(dir).map_err(|source| ReportError::Io {
             path: dir.to_path_buf(),
@@ -185,99 +107,42 @@ impl<T: Serialize> Report<T> {
             "experiment": self.name,
             "results": serde_json::to_value(&self.results)?,
             "tables": self.tables,
+            "charts": self.charts,
         });
-        std::fs::write(&json, serde_json::to_string_pretty(&body)?).map_err(|source| {
-            ReportError::Io {
-                path: json.clone(),
-                source,
-            }
-        })?;
+        write_file(&json, serde_json::to_string_pretty(&body)?.as_bytes())?;
         let svg = dir.join(format!("{}.svg", self.name));
-        draw(&self.plot, &svg).map_err(|message| ReportError::Plot {
-            path: svg.clone(),
+        for (i, chart) in self.charts.iter().enumerate() {
+            match i {
+                0 => chart.write_svg(&svg)?,
+                _ => chart.write_svg(&dir.join(format!("{}-{}.svg", self.name, i + 1)))?,
+            }
+        }
+        let json_name = format!("{}.json", self.name);
+        let page = html::Page {
+            title: &self.name,
+            intro: &[],
+            tables: &self.tables,
+            charts: &self.charts,
+            json: Some(&json_name),
+        }
+        .render()
+        .map_err(|message| ReportError::Plot {
+            path: dir.join(format!("{}.html", self.name)),
             message,
         })?;
-        Ok(Written { json, svg })
+        write_file(&dir.join(format!("{}.html", self.name)), page.as_bytes())?;
+        let html = dir.join("report.html");
+        write_file(&html, page.as_bytes())?;
+        Ok(Written { json, svg, html })
     }
 }
 
-const COLORS: [RGBColor; 6] = [
-    RGBColor(31, 119, 180),
-    RGBColor(214, 39, 40),
-    RGBColor(44, 160, 44),
-    RGBColor(255, 127, 14),
-    RGBColor(148, 103, 189),
-    RGBColor(23, 190, 207),
-];
-
-fn draw(plot: &Plot, path: &Path) -> Result<(), String> {
-    let points = plot.series.iter().flat_map(|s| s.points.iter());
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, y) in points {
-        x0 = x0.min(x);
-        x1 = x1.max(x);
-        y0 = y0.min(y);
-        y1 = y1.max(y);
-    }
-    if x0 > x1 {
-        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
-    }
-    if x1 <= x0 {
-        x1 = x0 + 1.0;
-    }
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let mut builder = ChartBuilder::on(&root);
-    builder
-        .caption(&plot.title, ("sans-serif", 22))
-        .margin(16)
-        .x_label_area_size(44)
-        .y_label_area_size(70);
-    macro_rules! finish {
-        ($chart:expr) => {{
-            let mut chart = $chart;
-            chart
-                .configure_mesh()
-                .x_desc(plot.x_label.as_str())
-                .y_desc(plot.y_label.as_str())
-                .draw()
-                .map_err(|e| e.to_string())?;
-            for (i, s) in plot.series.iter().enumerate() {
-                let color = COLORS[i % COLORS.len()];
-                chart
-                    .draw_series(LineSeries::new(
-                        s.points.iter().copied(),
-                        color.stroke_width(2),
-                    ))
-                    .map_err(|e| e.to_string())?
-                    .label(s.label.as_str())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-                chart
-                    .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                    .map_err(|e| e.to_string())?;
-            }
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw()
-                .map_err(|e| e.to_string())?;
-        }};
-    }
-    if plot.log_y {
-        let lo = if y0 > 0.0 { y0 / 2.0 } else { 1e-3 };
-        let chart = builder
-            .build_cartesian_2d(x0..x1, (lo..(y1.max(lo) * 2.0)).log_scale())
-            .map_err(|e| e.to_string())?;
-        finish!(chart);
-    } else {
-        let top = if y1 > 0.0 { y1 * 1.1 } else { 1.0 };
-        let chart = builder
-            .build_cartesian_2d(x0..x1, 0.0..top)
-            .map_err(|e| e.to_string())?;
-        finish!(chart);
-    }
-    root.present().map_err(|e| e.to_string())
+/// Writes `bytes` to `path`.
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
+    std::fs::write(path, bytes).map_err(|source| ReportError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// `a / b` as `"12.3x"`, or `"n/a"` when `b` is zero.
@@ -310,22 +175,28 @@ mod tests {
             name: "unit".into(),
             tables: vec![Table::new("t", &["a"])],
             results: vec![1, 2, 3],
-            plot: Plot {
+            charts: vec![Plot {
                 title: "p".into(),
                 x_label: "x".into(),
                 y_label: "y".into(),
                 log_y: true,
+                references: Vec::new(),
                 series: vec![Series {
                     label: "s".into(),
                     points: vec![(1.0, 1.0), (2.0, 10.0)],
                 }],
-            },
+            }
+            .into()],
         };
         let w = report.write(&dir).unwrap();
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&w.json).unwrap()).unwrap();
         assert_eq!(json["results"][2], 3);
-        assert!(std::fs::read_to_string(&w.svg).unwrap().contains("<svg"));
+        let svg = std::fs::read_to_string(&w.svg).unwrap();
+        assert!(svg.contains("<svg"));
+        assert_eq!(chart::marks::count(&svg, "mark"), 2, "a mark per point");
+        let page = std::fs::read_to_string(&w.html).unwrap();
+        assert!(page.contains("href=\"unit.json\""), "{page}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

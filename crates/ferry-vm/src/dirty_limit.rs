@@ -83,10 +83,18 @@ impl DirtyLimiter {
     /// throttle back to 0).
     pub fn set_limit(&self, bytes_per_sec: Option<u64>) {
         let l = bytes_per_sec.map_or(0, |b| b.max(1));
-        self.limit.store(l, Ordering::Relaxed);
-        if l == 0 {
+        let was = self.limit.swap(l, Ordering::Relaxed);
+        if l == 0 || was == 0 {
+            // Off, or newly on: every throttle at 0, and a first period
+            // that starts now (not at the epoch, which would dilute the
+            // first reading with the time the limit was off).
+            let now = self.epoch.elapsed().as_nanos() as u64;
             for v in self.vcpus.iter() {
-                *v.lock().unwrap_or_else(|p| p.into_inner()) = VcpuState::default();
+                *v.lock().unwrap_or_else(|p| p.into_inner()) = VcpuState {
+                    period_start: now,
+                    slice_start: now,
+                    ..VcpuState::default()
+                };
             }
         }
     }

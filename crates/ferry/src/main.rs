@@ -15,8 +15,10 @@ mod netns;
 mod predict;
 mod progress_bar;
 mod rates;
+mod report;
 mod signals;
 mod summary;
+mod timeline;
 mod vcpu_share;
 mod vms;
 

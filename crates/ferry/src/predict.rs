@@ -49,8 +49,13 @@ pub fn sample_and_predict(
     predict_vm(vm, &sample, &settings).map_err(|e| failed("predict", &e.chain()))
 }
 
-/// The prediction as a table.
+/// The prediction as a text table.
 pub fn render(p: &Prediction) -> String {
+    table(p).render()
+}
+
+/// The prediction as a table.
+pub fn table(p: &Prediction) -> Table {
     let mut t = Table::new(
         "prediction (before starting)",
         &[
@@ -81,5 +86,5 @@ pub fn render(p: &Prediction) -> String {
     if !p.link_known {
         t.note("link rate not known: assumed 1 GiB/s (give --bandwidth for a sharper prediction)");
     }
-    t.render()
+    t
 }

@@ -184,8 +184,14 @@ fn vcpu_shares(s: &MigrationSummary) -> String {
     each.join(", ")
 }
 
-/// The summary as tables.
+/// The summary as text tables.
 pub fn render(s: &MigrationSummary) -> String {
+    let [rounds, totals] = tables(s);
+    format!("{}\n{}", rounds.render(), totals.render())
+}
+
+/// The summary's tables: each round, and the migration's results.
+pub fn tables(s: &MigrationSummary) -> [Table; 2] {
     let mut rounds = Table::new(
         "rounds",
         &[
@@ -274,7 +280,40 @@ pub fn render(s: &MigrationSummary) -> String {
     if let Some(e) = &s.error {
         totals.note(format!("error: {e}"));
     }
-    format!("{}\n{}", rounds.render(), totals.render())
+    [rounds, totals]
+}
+
+/// Each throttle change the policy made, as a table.
+pub fn throttle_changes(s: &MigrationSummary) -> Table {
+    let mut t = Table::new(
+        "throttle changes",
+        &[
+            "s",
+            "after round",
+            "time throttle %",
+            "quota per vCPU",
+            "dirty limit per vCPU",
+        ],
+    );
+    let mib = |b: f64| format!("{:.1} MiB/s", b / (1u64 << 20) as f64);
+    for step in &s.throttle_timeline {
+        let quota = match (step.quota_bytes, step.quota_interval_ms) {
+            (Some(q), Some(ms)) if ms > 0.0 => mib(q as f64 * 1e3 / ms),
+            _ => "-".into(),
+        };
+        t.row(vec![
+            format!("{:.2}", step.at_ms / 1e3),
+            step.round.to_string(),
+            step.percent.to_string(),
+            quota,
+            step.limit_bytes_per_sec
+                .map_or("-".into(), |l| mib(l as f64)),
+        ]);
+    }
+    if s.throttle_timeline.is_empty() {
+        t.note("the policy changed no throttle");
+    }
+    t
 }
 
 /// A count where it is known, `-` where nobody measured it.

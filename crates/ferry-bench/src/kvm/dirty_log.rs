@@ -251,12 +251,14 @@ pub fn report(results: DirtyLogResults) -> Report<DirtyLogResults> {
         name: "dirty-log-kvm".into(),
         tables: vec![table],
         results,
-        plot: Plot {
+        charts: vec![Plot {
             title: "kvm dirty-memory pass time per iteration".into(),
             x_label: "iteration".into(),
             y_label: "pass time (ms)".into(),
             log_y: false,
+            references: Vec::new(),
             series,
-        },
+        }
+        .into()],
     }
 }

@@ -406,13 +406,15 @@ pub fn dirty_log_experiment(opts: &DirtyLogOpts) -> Result<Report<DirtyLogResult
             opts: opts.clone(),
             runs,
         },
-        plot: Plot {
+        charts: vec![Plot {
             title: "First dirty-logging pass: eager split vs split on fault".into(),
             x_label: "vCPUs".into(),
             y_label: "pass time (ms)".into(),
             log_y: true,
+            references: Vec::new(),
             series,
-        },
+        }
+        .into()],
     })
 }
 

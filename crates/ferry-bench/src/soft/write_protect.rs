@@ -210,6 +210,7 @@ pub fn write_protect_experiment(
         x_label: "guest memory (GiB)".into(),
         y_label: "time (µs)".into(),
         log_y: true,
+        references: Vec::new(),
         series: vec![
             series(WriteProtect::Generation, "generation (O(1))"),
             series(WriteProtect::Walk, "walk every leaf"),
@@ -222,7 +223,7 @@ pub fn write_protect_experiment(
             opts: opts.clone(),
             rows,
         },
-        plot,
+        charts: vec![plot.into()],
     })
 }
 

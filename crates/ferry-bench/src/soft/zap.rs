@@ -237,6 +237,7 @@ pub fn zap_experiment(opts: &ZapOpts) -> Result<Report<ZapResults>, SoftError> {
         x_label: "pass (address space × 4 + level)".into(),
         y_label: "loop steps".into(),
         log_y: true,
+        references: Vec::new(),
         series: cases[..2]
             .iter()
             .map(|c| Series {
@@ -257,7 +258,7 @@ pub fn zap_experiment(opts: &ZapOpts) -> Result<Report<ZapResults>, SoftError> {
             opts: opts.clone(),
             cases,
         },
-        plot,
+        charts: vec![plot.into()],
     })
 }
 

@@ -14,7 +14,10 @@
 //!             dirtying, and each round's end
 //!   actions   a time throttle p% leaves a vCPU (1 − p) of the time, in 10 ms
 //!             slices: it dirties at its rate × (1 − p), but at most its
-//!             working set per slice; a quota q per interval caps a vCPU at
+//!             working set per slice; a vCPU that paces itself by the clock
+//!             falls behind while it sleeps, and in its slices catches up at
+//!             its burst rate (sampled under a throttle); a quota q per
+//!             interval caps a vCPU at
 //!             q / interval while it has clean pages; dirty-limit runs the
 //!             backends' own feedback loop (`ferry_vm::dirty_limit::adjust`)
 //!             per vCPU, period by period, and throttles by time
@@ -33,6 +36,11 @@ pub const HORIZON_SECS: f64 = 3600.0;
 struct VcpuModel {
     /// Bytes/s it dirties clean pages at, unthrottled.
     rate: f64,
+    /// Bytes/s it dirties while behind its own pace (`rate` if lower).
+    burst: f64,
+    /// Bytes its pace is behind by: what it would have dirtied while it
+    /// slept and has not caught up yet (at most a working set: a pass).
+    behind: f64,
     /// The most bytes it can have dirtied at once.
     ws: f64,
     /// Bytes dirtied since its pages were last protected.
@@ -73,7 +81,7 @@ impl VcpuModel {
         while t < dt {
             if self.run_left > 0.0 {
                 let r = self.run_left.min(dt - t);
-                let d = (self.rate * r).min((self.ws - self.dirty - new).max(0.0));
+                let d = self.run(r).min((self.ws - self.dirty - new).max(0.0));
                 new += d;
                 ran += r;
                 t += r;
@@ -86,6 +94,7 @@ impl VcpuModel {
                 let s = self.sleep_left.min(dt - t);
                 t += s;
                 self.sleep_left -= s;
+                self.behind = (self.behind + self.rate * s).min(self.ws);
                 if self.sleep_left <= 1e-12 {
                     self.sleep_left = 0.0;
                     self.run_left = slice;
@@ -93,6 +102,14 @@ impl VcpuModel {
             }
         }
         (new, if dt > 0.0 { ran / dt } else { 1.0 })
+    }
+
+    /// What it would dirty running `r` seconds: its pace, plus what it is
+    /// behind by, at most its burst rate.
+    fn run(&mut self, r: f64) -> f64 {
+        let want = (self.rate * r + self.behind).min(self.burst.max(self.rate) * r);
+        self.behind = (self.behind + self.rate * r - want).max(0.0);
+        want
     }
 
     /// Runs it `dt` seconds under `action`; `again_share` is the share of
@@ -120,7 +137,7 @@ impl VcpuModel {
                 let cap = q.bytes_per_sec(v);
                 ((cap * dt).min(left), cap / self.rate)
             }
-            _ => ((self.rate * dt).min(left), 1.0),
+            _ => (self.run(dt).min(left), 1.0),
         };
         if pct == 0 {
             (self.run_left, self.sleep_left) = (0.0, 0.0);
@@ -236,6 +253,7 @@ impl MigrationModel {
             vcpus: (0..vcpus)
                 .map(|v| VcpuModel {
                     rate: input.dirty_bytes_per_sec[v].max(0.0),
+                    burst: input.burst_bytes_per_sec.get(v).copied().unwrap_or(0.0),
                     ws: input.working_set_bytes.get(v).copied().unwrap_or(0) as f64,
                     phase: Jitter(
                         (jitter.unit().to_bits()
@@ -455,5 +473,35 @@ mod tests {
         }
         let mib = held.dirty / MIB as f64;
         assert!((7.5..=12.5).contains(&mib), "{mib}");
+    }
+
+    #[test]
+    fn a_vcpu_that_paces_itself_catches_up_at_its_burst_after_each_sleep() {
+        // Paced at 200 MiB/s, able to dirty 800 MiB/s: at 90% it sleeps
+        // 90 ms a slice, falls 18 MiB behind, and runs each 10 ms slice at
+        // 800 MiB/s (8 MiB), not at its pace (2 MiB).
+        let paced = |burst: f64| VcpuModel {
+            rate: 200.0 * MIB as f64,
+            burst: burst * MIB as f64,
+            ws: 1024.0 * MIB as f64,
+            phase: Jitter(7),
+            ..VcpuModel::default()
+        };
+        let time = Some(Action::Time(90));
+        let per_second = |mut m: VcpuModel| {
+            for _ in 0..10 {
+                m.advance(0, 0.1, &time, None);
+            }
+            m.dirty / MIB as f64
+        };
+        let caught_up = per_second(paced(800.0));
+        assert!((70.0..=90.0).contains(&caught_up), "{caught_up}");
+        // A vCPU with no burst beyond its rate: its rate over its slices.
+        let held = per_second(paced(0.0));
+        assert!((17.5..=22.5).contains(&held), "{held}");
+        // Unthrottled, the pace holds whatever the burst.
+        let mut free = paced(800.0);
+        free.advance(0, 1.0, &None, None);
+        assert!((free.dirty / MIB as f64 - 200.0).abs() < 1.0, "{free:?}");
     }
 }

@@ -83,6 +83,7 @@ mod tests {
             data_bytes: 256 * MIB * rates_mib_s.len() as u64,
             dirty_bytes_per_sec: rates_mib_s.iter().map(|r| r * MIB as f64).collect(),
             working_set_bytes: vec![256 * MIB; rates_mib_s.len()],
+            burst_bytes_per_sec: Vec::new(),
             link_bytes_per_sec: link_mib_s * MIB as f64,
             link_known: true,
             downtime_target_ms: 300.0,

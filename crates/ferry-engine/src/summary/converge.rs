@@ -88,6 +88,12 @@ pub struct PredictInput {
     pub dirty_bytes_per_sec: Vec<f64>,
     /// Per vCPU: the most bytes it can have dirtied at once.
     pub working_set_bytes: Vec<u64>,
+    /// Per vCPU: bytes it dirties per second of running while behind its
+    /// own pace, as after a throttle's sleep (a guest that paces its work
+    /// by the clock catches up at full speed). Empty, or a vCPU missing:
+    /// its rate (a vCPU that never falls behind).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub burst_bytes_per_sec: Vec<f64>,
     /// Guest bytes per second the link moves.
     pub link_bytes_per_sec: f64,
     /// Whether the link rate was given (a bandwidth cap) rather than assumed.

@@ -58,7 +58,8 @@ pub struct DeviceStateArgs {
     /// Print the results as one JSON object, the last line of stdout.
     #[arg(long)]
     pub json: bool,
-    /// Directory for the JSON and SVG outputs.
+    /// Directory for the JSON, the charts and report.html, the page that
+    /// holds them all.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
 }
@@ -393,12 +394,14 @@ fn report(a: &DeviceStateArgs, memory_bytes: u64, runs: Vec<Run>) -> Report<Devi
             memory_bytes,
             runs,
         },
-        plot: Plot {
+        charts: vec![Plot {
             title: "downtime with large device state, live vs at the pause".into(),
             x_label: "run".into(),
             y_label: "downtime (ms)".into(),
             log_y: true,
+            references: Vec::new(),
             series,
-        },
+        }
+        .into()],
     }
 }

@@ -50,7 +50,8 @@ pub struct FleetArgs {
     /// stdout.
     #[arg(long)]
     pub json: bool,
-    /// Directory for the JSON and SVG outputs.
+    /// Directory for the JSON, the charts and report.html, the page that
+    /// holds them all.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
 }
@@ -328,13 +329,15 @@ fn report(results: FleetResults) -> Report<FleetResults> {
         name: "fleet".into(),
         tables,
         results,
-        plot: Plot {
+        charts: vec![Plot {
             title: "Draining a rack: makespan against fleet size (mean over seeds)".into(),
             x_label: "hosts in the fleet".into(),
             y_label: "makespan (s)".into(),
             log_y: true,
+            references: Vec::new(),
             series,
-        },
+        }
+        .into()],
     }
 }
 

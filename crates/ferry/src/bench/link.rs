@@ -57,7 +57,8 @@ pub struct LinkArgs {
     /// last line of stdout.
     #[arg(long)]
     pub json: bool,
-    /// Directory for the JSON and SVG outputs.
+    /// Directory for the JSON, the charts and report.html, the page that
+    /// holds them all.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
 }
@@ -528,13 +529,15 @@ fn report(a: &LinkArgs, cells: Vec<Cell>) -> Report<LinkResults> {
             mem: a.mem,
             cells,
         },
-        plot: Plot {
+        charts: vec![Plot {
             title: "first pass vs raw loopback TCP".into(),
             x_label: "data connections".into(),
             y_label: "GiB/s".into(),
             log_y: false,
+            references: Vec::new(),
             series,
-        },
+        }
+        .into()],
     }
 }
 

@@ -63,7 +63,8 @@ pub struct LocalArgs {
     /// the smallest).
     #[arg(long)]
     pub json: bool,
-    /// Directory for the JSON and SVG outputs.
+    /// Directory for the JSON, the charts and report.html, the page that
+    /// holds them all.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
 }
@@ -442,13 +443,15 @@ fn report(a: &LocalArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Report<Local
             cells,
             skipped,
         },
-        plot: Plot {
+        charts: vec![Plot {
             title: "downtime against guest memory".into(),
             x_label: "guest memory (GiB)".into(),
             y_label: "downtime (ms)".into(),
             log_y: true,
+            references: Vec::new(),
             series,
-        },
+        }
+        .into()],
     }
 }
 

@@ -59,7 +59,8 @@ pub struct SoakArgs {
     /// Print one JSON object (`hops` verified, `failed`) as the last line.
     #[arg(long)]
     pub json: bool,
-    /// Directory for the JSON and SVG outputs.
+    /// Directory for the JSON, the charts and report.html, the page that
+    /// holds them all.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
 }
@@ -414,6 +415,7 @@ fn report(a: &SoakArgs, hops: Vec<Hop>, final_exit_ok: bool) -> Report<Soak> {
         x_label: "hop".into(),
         y_label: "ms".into(),
         log_y: true,
+        references: Vec::new(),
         series: vec![
             series("downtime ms", |h| h.downtime_ms.max(0.01)),
             series("total ms", |h| h.total_ms.max(0.01)),
@@ -431,7 +433,7 @@ fn report(a: &SoakArgs, hops: Vec<Hop>, final_exit_ok: bool) -> Report<Soak> {
             failed,
             final_exit_ok,
         },
-        plot,
+        charts: vec![plot.into()],
     }
 }
 

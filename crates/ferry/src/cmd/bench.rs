@@ -99,7 +99,8 @@ pub struct DemandPagingArgs {
     /// name, where its outputs went, and its results.
     #[arg(long)]
     pub json: bool,
-    /// Directory for the JSON and SVG outputs.
+    /// Directory for the JSON, the charts and report.html, the page that
+    /// holds them all.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
 }
@@ -120,7 +121,8 @@ pub struct ZapArgs {
     /// name, where its outputs went, and its results.
     #[arg(long)]
     pub json: bool,
-    /// Directory for the JSON and SVG outputs.
+    /// Directory for the JSON, the charts and report.html, the page that
+    /// holds them all.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
 }
@@ -141,7 +143,8 @@ pub struct WriteProtectArgs {
     /// name, where its outputs went, and its results.
     #[arg(long)]
     pub json: bool,
-    /// Directory for the JSON and SVG outputs.
+    /// Directory for the JSON, the charts and report.html, the page that
+    /// holds them all.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
 }
@@ -198,7 +201,8 @@ pub struct DirtyLogArgs {
     /// name, where its outputs went, and its results.
     #[arg(long)]
     pub json: bool,
-    /// Directory for the JSON and SVG outputs.
+    /// Directory for the JSON, the charts and report.html, the page that
+    /// holds them all.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
 }

@@ -50,6 +50,13 @@ pub struct DemoArgs {
     /// measures it. Default: as fast as veth goes.
     #[arg(long = "link-rate", value_name = "MIB_S", requires = "netns", value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub link_rate: Option<u64>,
+    /// Also write this migration as a self-contained HTML page to FILE: the
+    /// verdicts (digest, the guest's checks, the pause against its
+    /// prediction), a timeline with one unit per panel, each round, each
+    /// throttle change and the prediction. Its JSON goes beside it (FILE
+    /// with .json). The page needs no network: open it from the file.
+    #[arg(long, value_name = "FILE.html")]
+    pub report: Option<PathBuf>,
     /// One-way delay of the --netns link in ms (tc netem, both ways).
     #[arg(long = "link-delay-ms", value_name = "MS", requires = "netns", value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub link_delay_ms: Option<u64>,
@@ -166,6 +173,12 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
         }
     }
     add_destination_checks(&mut summary, dest_out);
+    if let Some(path) = &a.report {
+        crate::report::write(path, &summary)?;
+        if !a.migration.json {
+            eprintln!("ferry demo: wrote {}", path.display());
+        }
+    }
     Ok(finish(&mut *vm, &summary, a.migration.json))
 }
 

@@ -24,12 +24,14 @@
 use crate::child::die_with_parent;
 use crate::cmd::CmdError;
 use clap::Args;
-use ferry_report::{Plot, Report, Series, Table};
+use ferry_report::{Chart, Report, Table};
 use serde::Serialize;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod charts;
 
 /// Arguments of `ferry bench converge`.
 #[derive(Args, Debug)]
@@ -66,7 +68,8 @@ pub struct ConvergeArgs {
     /// Print one JSON object with `cells` as the last line of stdout.
     #[arg(long)]
     pub json: bool,
-    /// Directory for the JSON and SVG outputs (and a timeline SVG per run).
+    /// Directory for the JSON, the charts (and a timeline SVG per run) and
+    /// report.html, the page that holds them all.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
 }
@@ -407,7 +410,15 @@ fn run_one(
     } else {
         None
     };
-    timeline_plot(&j, cell, policy).write_svg(timeline)?;
+    let title = format!(
+        "{} MiB, {} vCPU(s), {} MiB/s per vCPU, {}% writes, {} MiB/s link: {policy}",
+        cell.mem_mib,
+        cell.vcpus,
+        cell.rate(),
+        cell.write_percent,
+        cell.link_mib_s
+    );
+    ferry_report::Chart::from(crate::timeline::of(&j, title)).write_svg(timeline)?;
     r.timeline = Some(timeline.to_path_buf());
     // The demo's whole summary beside its timeline: the prediction's input,
     // every round and throttle step, for a reader checking a cell.
@@ -416,65 +427,6 @@ fn run_one(
         .map_err(|e| CmdError::Failed(format!("cannot write {}: {e}", summary.display())))?;
     r.summary = Some(summary);
     Ok(r)
-}
-
-/// One run's rounds over time: dirty rate, link rate, what each round sent,
-/// and the throttle (percent, or the quota in MiB per 100 ms).
-fn timeline_plot(j: &serde_json::Value, cell: &CellSpec, policy: &str) -> Plot {
-    let rounds = j["round_stats"].as_array().cloned().unwrap_or_default();
-    let (mut dirty, mut link, mut sent) = (Vec::new(), Vec::new(), Vec::new());
-    let mut at = 0.0;
-    for r in &rounds {
-        at += r["ms"].as_f64().unwrap_or(0.0);
-        let mib = |v: f64| v / f64::from(1u32 << 20);
-        dirty.push((
-            at,
-            mib(r["dirty_rate_pages_s"].as_f64().unwrap_or(0.0) * 4096.0),
-        ));
-        link.push((
-            at,
-            r["bandwidth_mb_s"].as_f64().unwrap_or(0.0) * 1e6 / f64::from(1u32 << 20),
-        ));
-        sent.push((at, mib(r["raw_bytes"].as_f64().unwrap_or(0.0))));
-    }
-    let throttle = j["throttle_timeline"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .map(|t| {
-            let x = t["at_ms"].as_f64().unwrap_or(0.0);
-            // A quota is drawn as MiB per 100 ms, whatever its interval.
-            let per_100ms = 100.0 / t["quota_interval_ms"].as_f64().unwrap_or(100.0);
-            match t["quota_bytes"].as_f64() {
-                Some(q) => (x, q * per_100ms / f64::from(1u32 << 20)),
-                None => (x, t["percent"].as_f64().unwrap_or(0.0)),
-            }
-        })
-        .collect();
-    let series = |label: &str, points| Series {
-        label: label.into(),
-        points,
-    };
-    Plot {
-        title: format!(
-            "{} MiB, {} vCPU(s), {} MiB/s per vCPU, {}% writes, {} MiB/s link: {policy}",
-            cell.mem_mib,
-            cell.vcpus,
-            cell.rate(),
-            cell.write_percent,
-            cell.link_mib_s
-        ),
-        x_label: "ms since the migration started".into(),
-        y_label: "MiB/s (rates), MiB (round sent), % or MiB/100 ms (throttle)".into(),
-        log_y: false,
-        series: vec![
-            series("dirty rate MiB/s", dirty),
-            series("link MiB/s", link),
-            series("round sent MiB (what was left)", sent),
-            series("throttle % or quota MiB", throttle),
-        ],
-    }
 }
 
 /// Runs the experiment.
@@ -725,22 +677,13 @@ fn report(
         4,
         std::thread::available_parallelism().map_or(1, |n| n.get())
     ));
-    let series = policies
-        .iter()
-        .map(|p| Series {
-            label: format!("{p}: total s (unconverged at the limit)"),
-            points: cells
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| c.cell.mix.is_empty())
-                // A policy --quick skipped has no point.
-                .filter_map(|(i, c)| {
-                    let r = c.results.iter().find(|r| r.policy == *p)?;
-                    Some(((i + 1) as f64, r.total_ms / 1e3))
-                })
-                .collect(),
-        })
-        .collect();
+    let mut figures: Vec<Chart> = Vec::new();
+    if cells.iter().any(|c| c.cell.mix.is_empty()) {
+        figures.push(charts::table_a(&a.backend, &policies, &cells).into());
+    }
+    if cells.iter().any(|c| !c.cell.mix.is_empty()) {
+        figures.push(charts::table_b(&a.backend, &policies, &cells).into());
+    }
     Report {
         name: format!("converge-{}", a.backend),
         tables: vec![table_a, table_b, table_c],
@@ -751,13 +694,7 @@ fn report(
             policies,
             cells,
         },
-        plot: Plot {
-            title: format!("migration time per table A cell ({} backend)", a.backend),
-            x_label: "cell".into(),
-            y_label: "s".into(),
-            log_y: false,
-            series,
-        },
+        charts: figures,
     }
 }
 
@@ -844,8 +781,17 @@ mod tests {
         // m, n, l, w, b, then t none, t quota, downtime none, downtime quota.
         assert_eq!(&fields[6..10], ["-", "2.00", "-", "100"], "{a}");
         assert!(r.tables[1].render().contains("50.0"));
-        assert_eq!(r.plot.series[0].points.len(), 0, "none has no point");
-        assert_eq!(r.plot.series[1].points.len(), 1);
+        // Table A's chart: `none` was not run, quota has its bar; table B's
+        // has quota's runtime in each mix.
+        let ferry_report::Chart::Bars(a) = &r.charts[0] else {
+            panic!("table A is not bars")
+        };
+        assert_eq!(
+            a.values[0],
+            [ferry_report::Bar::NotRun, ferry_report::Bar::Value(2.0)]
+        );
+        assert_eq!(r.charts[0].marks(), 1);
+        assert_eq!(r.charts[1].marks(), 3);
     }
 
     /// A guest whose migration ends sooner runs free for the rest of the
