@@ -169,9 +169,16 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
+        // Ends the browser, then the driver (which reaps the browser's
+        // processes as it goes); killed if it has not gone in 10 s.
         if !self.session.is_empty() {
             let path = format!("/session/{}", self.session);
             let _ = self.request("DELETE", &path, None);
+        }
+        let _ = self.request("GET", "/shutdown", None);
+        let until = Instant::now() + Duration::from_secs(10);
+        while matches!(self.driver.try_wait(), Ok(None)) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
         }
         let _ = self.driver.kill();
         let _ = self.driver.wait();
