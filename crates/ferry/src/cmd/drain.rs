@@ -79,6 +79,12 @@ pub struct DrainArgs {
     #[arg(long = "assume-link-rate", value_name = "MIB_S",
           value_parser = clap::value_parser!(u64).range(8..=100_000))]
     pub assume_link_rate: Option<u64>,
+    /// The share of each guest's real dirty rate the plan and the
+    /// predictions assume (default 1: the rate each guest is set to).
+    /// Assume less (0.25) to see the planner's drain measure the guests
+    /// still waiting and plan again once it runs slower than planned.
+    #[arg(long = "assume-dirty-share", value_name = "SHARE", value_parser = parse_share)]
+    pub assume_dirty_share: Option<f64>,
     /// The policies to drain under, in this order.
     #[arg(long, value_delimiter = ',', default_value = "planner,kubevirt,kubevirt-default",
           value_parser = POLICIES)]
@@ -111,6 +117,15 @@ pub fn run(a: DrainArgs) -> Result<ExitCode, CmdError> {
     if let Some(r) = a.assume_link_rate {
         for h in &mut fleet.hosts {
             h.nic_bytes_per_sec = (r << 20) as f64;
+        }
+    }
+    if let Some(share) = a.assume_dirty_share {
+        for rate in fleet
+            .vms
+            .iter_mut()
+            .flat_map(|v| v.dirty_bytes_per_sec.iter_mut())
+        {
+            *rate *= share;
         }
     }
     fleet
@@ -368,4 +383,14 @@ fn render(report: &Value, runs: &[Vec<Measured>]) -> String {
         }
     }
     format!("{}{}", t.render(), v.render())
+}
+
+/// `--assume-dirty-share`: a share from 0 to 10.
+fn parse_share(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| (0.0..=10.0).contains(v))
+        .ok_or_else(|| {
+            format!("'{s}': want a share from 0 to 10 (0.25: a quarter of each guest's rate)")
+        })
 }

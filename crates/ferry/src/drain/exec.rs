@@ -13,7 +13,7 @@
 
 use super::fleet::MiniFleet;
 use super::procs::{request, Receiver, VmProcess};
-use super::replan::{self, Moving, Replan, Span};
+use super::replan::{self, Dirtying, Moving, Replan, Span};
 use super::DrainError;
 use crate::netns::NetnsBridge;
 use ferry_fleet::network::Links;
@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 
 /// The longest a drain waits for any migration to end before it gives up.
 const QUIET_TIMEOUT: Duration = Duration::from_secs(900);
+/// How often the drain looks at its running migrations between events.
+const LOOK_EVERY: Duration = Duration::from_millis(500);
 /// The longest a destination may run its guest checks after the drain
 /// (`ferry receive` runs until every vCPU completed a pass, at most 120 s).
 const REPORT_GRACE: Duration = Duration::from_secs(135);
@@ -133,10 +135,16 @@ pub fn drain(
     let mut peak = 0;
     let (tx, rx) = mpsc::channel::<Ended>();
     let t0 = Instant::now();
+    // The policy is asked what to start after each event, as the
+    // simulator asks it, not at the looks in between.
+    let mut admit = true;
+    let mut last_event = Instant::now();
+    // The running migrations already looked at for being late.
+    let mut looked: Vec<usize> = Vec::new();
     loop {
         // Ask the policy what to start; the view borrows the state only
         // in this block.
-        {
+        if std::mem::take(&mut admit) {
             let now_running: Vec<Running> = running.iter().map(|r| r.0.clone()).collect();
             let now = t0.elapsed().as_secs_f64();
             let view = ledger.view(&seen, &links, now, &now_running, &waiting);
@@ -185,28 +193,51 @@ pub fn drain(
                 why,
             });
         }
-        let ended = rx
-            .recv_timeout(QUIET_TIMEOUT)
-            .map_err(|_| DrainError::Quiet(QUIET_TIMEOUT.as_secs()))?;
-        let end_s = t0.elapsed().as_secs_f64();
-        let i = running
-            .iter()
-            .position(|r| r.0.vm == ended.vm)
-            .expect("a running migration ended");
-        let (r, s, start_s) = running.swap_remove(i);
-        let vm = &fleet.vms[r.vm];
-        let m = measured(vm, &r, &s, fleet, start_s, end_s, ended.reply);
-        // A VM that moved frees its source; one that did not, its target.
-        if m.completed() {
-            sources.remove(&r.vm);
+        let ended = match rx.recv_timeout(LOOK_EVERY) {
+            Ok(e) => Some(e),
+            Err(mpsc::RecvTimeoutError::Timeout) if last_event.elapsed() < QUIET_TIMEOUT => None,
+            Err(_) => return Err(DrainError::Quiet(QUIET_TIMEOUT.as_secs())),
+        };
+        let mut late = None;
+        if let Some(ended) = ended {
+            last_event = Instant::now();
+            admit = true;
+            let end_s = t0.elapsed().as_secs_f64();
+            let i = running
+                .iter()
+                .position(|r| r.0.vm == ended.vm)
+                .expect("a running migration ended");
+            let (r, s, start_s) = running.swap_remove(i);
+            let vm = &fleet.vms[r.vm];
+            let m = measured(vm, &r, &s, fleet, start_s, end_s, ended.reply);
+            // A VM that moved frees its source; one that did not, its target.
+            if m.completed() {
+                sources.remove(&r.vm);
+            }
+            ledger.end(fleet, r.vm, (r.src, r.dest), m.completed());
+            late = plan
+                .as_ref()
+                .and_then(|p| replan::slower(p, &m, r.src, waiting.len()));
+            done.push(m);
         }
-        ledger.end(fleet, r.vm, (r.src, r.dest), m.completed());
-        done.push(m);
-        let slow = plan
-            .as_ref()
-            .and_then(|p| replan::slower(p, done.last().expect("just pushed"), waiting.len()));
-        let new = match (slow, &plan) {
-            (Some(slow), Some(p)) => {
+        if late.is_none() {
+            // A migration still running past its planned time says as
+            // much as one that ended late (looked at once).
+            let now_s = t0.elapsed().as_secs_f64();
+            late = plan.as_ref().and_then(|p| {
+                running.iter().find_map(|(r, _, start_s)| {
+                    let vm = &fleet.vms[r.vm];
+                    let l =
+                        replan::overdue(p, vm, (r.src, &fleet.hosts[r.src].name), *start_s, now_s)?;
+                    (!waiting.is_empty() && !looked.contains(&r.vm)).then_some(l)
+                })
+            });
+            if let Some(l) = &late {
+                looked.extend(fleet.vms.iter().position(|v| v.name == l.vm));
+            }
+        }
+        let new = match (late, &plan) {
+            (Some(late), Some(p)) => {
                 // What the running ones sent so far counts too.
                 let now_s = t0.elapsed().as_secs_f64();
                 let mut spans: Vec<Span> = done.iter().filter_map(Span::of).collect();
@@ -228,16 +259,16 @@ pub fn drain(
                         sent,
                     });
                 }
-                let m = done.last().expect("just pushed");
+                let dirtying = dirtying(&waiting, &sources);
                 replan::replan(
                     &seen,
                     p,
-                    m,
-                    slow,
+                    &late,
                     &spans,
+                    &dirtying,
                     &ledger.placed,
                     &moving,
-                    r.src,
+                    late.host,
                     waiting.len(),
                 )
             }
@@ -253,6 +284,7 @@ pub fn drain(
             policy = Box::new(Planner::new());
             plan = Some(new.plan);
             replans.push(new.replan);
+            admit = true;
         }
     }
     let makespan_s = done.iter().map(|m| m.end_s).fold(0.0, f64::max);
@@ -311,6 +343,38 @@ fn migrate(control: &Path, to: &str, s: &Start, nic: f64) -> Result<Value, Drain
 
 /// Bytes a running migration has sent so far, from its source's
 /// `query-migrate`.
+/// Each waiting guest's dirty rate, read from its source's `status` (its
+/// vCPUs' writes over 200 ms), all at once.
+fn dirtying(waiting: &[usize], sources: &HashMap<usize, VmProcess>) -> Vec<Dirtying> {
+    let asks: Vec<_> = waiting
+        .iter()
+        .filter_map(|&vm| {
+            let control = sources.get(&vm)?.control.clone();
+            Some((vm, std::thread::spawn(move || written(&control))))
+        })
+        .collect();
+    asks.into_iter()
+        .filter_map(|(vm, ask)| {
+            let bytes_per_sec = ask.join().ok()??;
+            Some(Dirtying { vm, bytes_per_sec })
+        })
+        .collect()
+}
+
+/// Bytes a guest writes per second, all vCPUs, as its source counts.
+fn written(control: &Path) -> Option<f64> {
+    let reply = request(control, &json!({"cmd": "status"})).ok()?;
+    let rates = reply["rates"].as_array()?;
+    let page = ferry_vm::PAGE_SIZE as f64;
+    Some(
+        rates
+            .iter()
+            .filter_map(|r| r["writes_per_s"].as_f64())
+            .sum::<f64>()
+            * page,
+    )
+}
+
 fn sent_so_far(control: &Path) -> Option<u64> {
     let reply = request(control, &json!({"execute": "query-migrate"})).ok()?;
     reply["return"]["ram"]["transferred"].as_u64()

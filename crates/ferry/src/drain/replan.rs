@@ -1,18 +1,21 @@
 //! Re-planning a drain that runs slower than planned. The plan rests on
 //! what the fleet said: each NIC's rate, each guest's dirty rate. When a
 //! migration takes well over the time the plan gave it, the drain measures
-//! the drained host's NIC from the migrations done so far, and if it is
-//! slower than the plan assumed, plans the migrations not yet started
-//! again on the fleet as it now stands (moved VMs on their new hosts, the
-//! NIC at its measured rate): their destinations, their policies and how
-//! many run at once.
+//! the drained host's NIC from the migrations done so far, and the dirty
+//! rate of each guest still waiting to move. If the NIC is slower or a
+//! guest dirties faster than the plan assumed, it plans the migrations not
+//! yet started again on the fleet as it now stands (moved VMs on their new
+//! hosts, the NIC and the guests at their measured rates): their
+//! destinations, their policies and how many run at once.
 //!
 //! ```text
 //!   trigger   a migration took over SLOW x its planned time
 //!   measure   the host's bytes sent, by the migrations done and (read
 //!             live from their sources) those running, over the time any
-//!             of them was sending, each one's setup left out
-//!   re-plan   when that is under RATE_GAP x what the plan assumed
+//!             of them was sending, each one's setup left out; each
+//!             waiting guest's writes, read from its source (`status`)
+//!   re-plan   when the NIC is under RATE_GAP x what the plan assumed, or
+//!             a waiting guest writes over RATE_RISE x its assumed rate
 //! ```
 
 use super::exec::MeasuredVm;
@@ -24,6 +27,12 @@ use serde::Serialize;
 pub const SLOW: f64 = 1.25;
 /// A NIC measured under this share of its assumed rate is re-planned on.
 pub const RATE_GAP: f64 = 0.85;
+/// A guest measured writing over this multiple of its assumed rate (and
+/// by more than [`RATE_NOISE`]) is re-planned on.
+pub const RATE_RISE: f64 = 1.25;
+/// Differences in a dirty rate below this, bytes/s, are noise: a reader's
+/// own bookkeeping, a writer's pacing.
+pub const RATE_NOISE: f64 = (2u64 << 20) as f64;
 
 /// One re-plan, as reported.
 #[derive(Clone, Debug, Serialize)]
@@ -34,8 +43,10 @@ pub struct Replan {
     pub why: String,
     /// The NIC rate the plan had assumed, MiB/s.
     pub assumed_nic_mib_s: f64,
-    /// The NIC rate measured, MiB/s.
+    /// The NIC rate measured, MiB/s (0: nothing to measure it by yet).
     pub measured_nic_mib_s: f64,
+    /// The waiting guests found dirtying faster than the plan assumed.
+    pub dirtier: Vec<Dirtier>,
     /// VMs not started yet, re-planned.
     pub replanned_vms: usize,
     /// When the plan had the drain end, seconds since it began.
@@ -43,6 +54,27 @@ pub struct Replan {
     /// When the new plan has it end (the migrations still running share
     /// the NIC in it until they have sent what they had left).
     pub predicted_end_after_s: f64,
+}
+
+/// A waiting guest that writes faster than the plan assumed.
+#[derive(Clone, Debug, Serialize)]
+pub struct Dirtier {
+    /// The VM.
+    pub vm: String,
+    /// Its dirty rate as the plan had it, MiB/s.
+    pub assumed_mib_s: f64,
+    /// As measured, MiB/s.
+    pub measured_mib_s: f64,
+}
+
+/// A waiting guest's dirty rate as measured: the VM (fleet index) and
+/// bytes/s.
+#[derive(Clone, Copy, Debug)]
+pub struct Dirtying {
+    /// The VM.
+    pub vm: usize,
+    /// Bytes it writes per second, all vCPUs.
+    pub bytes_per_sec: f64,
 }
 
 /// How long the plan gave VM `vm`, seconds, if it did.
@@ -124,15 +156,36 @@ pub struct Moving {
 /// destination; every one still moving on its source, pinned to its
 /// destination, with what it has yet to send as its data (so the new
 /// plan shares the NIC with it until it ends); host `host`'s NIC at `nic`
-/// bytes/s.
+/// bytes/s; each guest in `dirtying` at its measured rate (shared over
+/// its vCPUs as the fleet had it, evenly where it had none).
 pub fn fleet_now(
     fleet: &Fleet,
     placed: &[Option<usize>],
     moving: &[Moving],
     host: usize,
     nic: f64,
+    dirtying: &[Dirtying],
 ) -> Fleet {
     let mut f = fleet.clone();
+    for d in dirtying {
+        let Some(vm) = f.vms.get_mut(d.vm) else {
+            continue;
+        };
+        let rates = &mut vm.dirty_bytes_per_sec;
+        let total: f64 = rates.iter().sum();
+        let n = rates.len().max(1) as f64;
+        if rates.is_empty() {
+            rates.push(d.bytes_per_sec);
+        } else {
+            for r in rates.iter_mut() {
+                *r = if total > 0.0 {
+                    *r / total * d.bytes_per_sec
+                } else {
+                    d.bytes_per_sec / n
+                };
+            }
+        }
+    }
     for (v, (vm, to)) in f.vms.iter_mut().zip(placed).enumerate() {
         match (moving.iter().find(|m| m.vm == v), to) {
             (Some(m), _) => {
@@ -158,53 +211,142 @@ pub struct NewPlan {
     pub plan: DrainOutcome,
 }
 
-/// How long `m` took and the plan gave it, if it took over [`SLOW`]
-/// times that and VMs still wait to start.
-pub fn slower(plan: &DrainOutcome, m: &MeasuredVm, waiting: usize) -> Option<(f64, f64)> {
-    let planned = planned_secs(plan, &m.vm)?;
-    let took = m.end_s - m.start_s;
-    (waiting > 0 && m.completed() && took > SLOW * planned).then_some((took, planned))
+/// A migration that took, or has taken so far, over [`SLOW`] times what
+/// the plan gave it.
+#[derive(Clone, Debug)]
+pub struct Late {
+    /// The VM.
+    pub vm: String,
+    /// Its source host's index.
+    pub host: usize,
+    /// And its name.
+    pub from: String,
+    /// Seconds it took (or has run).
+    pub took: f64,
+    /// Seconds the plan gave it.
+    pub planned: f64,
+    /// When it was seen late, seconds since the drain began.
+    pub at_s: f64,
+    /// Whether it had ended then (else it was still running).
+    pub ended: bool,
 }
 
-/// A new plan after `m` ran slower than planned, if host `host`'s NIC,
-/// measured over `spans`, is slower than `fleet` assumed. `plan` is the
-/// plan in force; `placed` where each VM went or goes; `moving` the
-/// migrations still running; `waiting` how many VMs wait to start.
+/// `m`, which left host `host`, if it took over [`SLOW`] times its plan
+/// and VMs still wait to start.
+pub fn slower(plan: &DrainOutcome, m: &MeasuredVm, host: usize, waiting: usize) -> Option<Late> {
+    let planned = planned_secs(plan, &m.vm)?;
+    let took = m.end_s - m.start_s;
+    (waiting > 0 && m.completed() && took > SLOW * planned).then(|| Late {
+        vm: m.vm.clone(),
+        host,
+        from: m.from.clone(),
+        took,
+        planned,
+        at_s: m.end_s,
+        ended: true,
+    })
+}
+
+/// VM `vm`, running from `host` since `start_s`, if at `now_s` it has run
+/// over [`SLOW`] times what the plan gave it.
+pub fn overdue(
+    plan: &DrainOutcome,
+    vm: &ferry_fleet::Vm,
+    (host, from): (usize, &str),
+    start_s: f64,
+    now_s: f64,
+) -> Option<Late> {
+    let planned = planned_secs(plan, &vm.name)?;
+    let took = now_s - start_s;
+    (took > SLOW * planned).then(|| Late {
+        vm: vm.name.clone(),
+        host,
+        from: from.into(),
+        took,
+        planned,
+        at_s: now_s,
+        ended: false,
+    })
+}
+
+/// The guests of `dirtying` that write faster than `fleet` assumed.
+pub fn dirtier(fleet: &Fleet, dirtying: &[Dirtying]) -> Vec<Dirtier> {
+    let mib = f64::from(1u32 << 20);
+    dirtying
+        .iter()
+        .filter_map(|d| {
+            let vm = fleet.vms.get(d.vm)?;
+            let assumed: f64 = vm.dirty_bytes_per_sec.iter().sum();
+            let faster =
+                d.bytes_per_sec > RATE_RISE * assumed && d.bytes_per_sec - assumed > RATE_NOISE;
+            faster.then(|| Dirtier {
+                vm: vm.name.clone(),
+                assumed_mib_s: assumed / mib,
+                measured_mib_s: d.bytes_per_sec / mib,
+            })
+        })
+        .collect()
+}
+
+/// A new plan after a migration ran late, if host `host`'s NIC, measured
+/// over `spans`, is slower than `fleet` assumed, or a waiting guest
+/// (`dirtying`, measured) writes faster. `plan` is the plan in force;
+/// `placed` where each VM went or goes; `moving` the migrations still
+/// running; `waiting` how many VMs wait to start.
 #[allow(clippy::too_many_arguments)]
 pub fn replan(
     fleet: &Fleet,
     plan: &DrainOutcome,
-    m: &MeasuredVm,
-    (took, planned): (f64, f64),
+    late: &Late,
     spans: &[Span],
+    dirtying: &[Dirtying],
     placed: &[Option<usize>],
     moving: &[Moving],
     host: usize,
     waiting: usize,
 ) -> Option<NewPlan> {
-    let measured = measured_nic(spans, &fleet.hosts[host].name)?;
+    let measured = measured_nic(spans, &fleet.hosts[host].name);
     let assumed = fleet.hosts[host].nic_bytes_per_sec;
-    if measured >= RATE_GAP * assumed {
+    let slow_nic = measured.filter(|&r| r < RATE_GAP * assumed);
+    let dirtier = dirtier(fleet, dirtying);
+    if slow_nic.is_none() && dirtier.is_empty() {
         return None;
     }
-    let now = fleet_now(fleet, placed, moving, host, measured);
+    let nic = slow_nic.unwrap_or(assumed);
+    let now = fleet_now(fleet, placed, moving, host, nic, dirtying);
     let rest = ferry_fleet::run(&now, &mut ferry_fleet::Planner::new(), 1).ok()?;
     let mib = f64::from(1u32 << 20);
+    let mut why = format!(
+        "{} {} {:.1} s against {:.1} s planned",
+        late.vm,
+        if late.ended { "took" } else { "had run" },
+        late.took,
+        late.planned
+    );
+    if let Some(r) = slow_nic {
+        why += &format!(
+            "; {}'s NIC measured {:.0} MiB/s, the plan assumed {:.0}",
+            late.from,
+            r / mib,
+            assumed / mib
+        );
+    }
+    for d in &dirtier {
+        why += &format!(
+            "; {} dirties {:.0} MiB/s, the plan assumed {:.0}",
+            d.vm, d.measured_mib_s, d.assumed_mib_s
+        );
+    }
     Some(NewPlan {
         replan: Replan {
-            at_s: m.end_s,
-            why: format!(
-                "{} took {took:.1} s against {planned:.1} s planned; {}'s NIC measured {:.0} MiB/s, the plan assumed {:.0}",
-                m.vm,
-                m.from,
-                measured / mib,
-                assumed / mib
-            ),
+            at_s: late.at_s,
+            why,
             assumed_nic_mib_s: assumed / mib,
-            measured_nic_mib_s: measured / mib,
+            measured_nic_mib_s: measured.unwrap_or(0.0) / mib,
+            dirtier,
             replanned_vms: waiting,
             predicted_end_before_s: plan.makespan_s,
-            predicted_end_after_s: m.end_s + rest.makespan_s,
+            predicted_end_after_s: late.at_s + rest.makespan_s,
         },
         fleet: now,
         plan: rest,
@@ -251,5 +393,50 @@ mod tests {
         failed.status = "failed".into();
         assert!(measured_nic(&spans(&[failed]), "host1").is_none());
         assert!(measured_nic(&two, "host9").is_none());
+    }
+
+    #[test]
+    fn a_waiting_guest_dirtying_faster_than_assumed_is_named_and_planned_at_its_rate() {
+        let mib = f64::from(1u32 << 20);
+        let mut fleet = crate::drain::fleet::MiniFleet::small(100).fleet();
+        // The plan thought every guest wrote a quarter of its rate.
+        for r in fleet
+            .vms
+            .iter_mut()
+            .flat_map(|v| v.dirty_bytes_per_sec.iter_mut())
+        {
+            *r *= 0.25;
+        }
+        let by_name = |n: &str| fleet.vms.iter().position(|v| v.name == n).unwrap();
+        let (reader, writer) = (by_name("vm-128m-0"), by_name("vm-128m-32"));
+        let measured = [
+            // A reader's own bookkeeping is noise, not dirtying.
+            Dirtying {
+                vm: reader,
+                bytes_per_sec: 0.5 * mib,
+            },
+            Dirtying {
+                vm: writer,
+                bytes_per_sec: 32.0 * mib,
+            },
+        ];
+        let found = dirtier(&fleet, &measured);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].vm, "vm-128m-32");
+        assert_eq!(
+            (found[0].assumed_mib_s, found[0].measured_mib_s),
+            (8.0, 32.0)
+        );
+        // Within RATE_RISE of the plan: nothing to re-plan on.
+        let close = [Dirtying {
+            vm: writer,
+            bytes_per_sec: 9.0 * mib,
+        }];
+        assert!(dirtier(&fleet, &close).is_empty());
+        // The new plan's fleet has the guest at its measured rate.
+        let placed = vec![None; fleet.vms.len()];
+        let now = fleet_now(&fleet, &placed, &[], 0, 100.0 * mib, &measured);
+        assert_eq!(now.vms[writer].dirty_bytes_per_sec, [32.0 * mib]);
+        assert_eq!(now.vms[reader].dirty_bytes_per_sec, [0.5 * mib]);
     }
 }
