@@ -666,7 +666,7 @@ fn report(
             ]);
         }
     }
-    table_c.note("predicted: what the demo's prediction (a 1 s sample of each vCPU's dirtying with tracking on, the policies run over a model of the rounds) said before the migration started; agree: both say it does not converge (or the prediction's time is past the cell's limit); ≤ r: the run was cut off at the cell's time limit while the prediction had it converge at r × the limit, within 0.8 of it; wrong: the prediction said the opposite of what happened.");
+    table_c.note("predicted: what the demo's prediction (a 1 s sample of each vCPU's dirtying with tracking on, then 0.3 s of its burst under a throttle; the policies run over a model of the rounds) said before the migration started; agree: both say it does not converge (or the prediction's time is past the cell's limit); ≤ r: the run was cut off at the cell's time limit while the prediction had it converge at r × the limit, within 0.8 of it; wrong: the prediction said the opposite of what happened.");
     table_a.note(format!("m memory, n vCPUs, l write rate per vCPU (max: as fast as the guest can), w share of accesses that write, b link ({}). t: total migration time; unconverged: not finished in the time limit (40 s up to 256 MiB, 60 s above), or the round cap forced the stop-and-copy; NOT VERIFIED: finished, but the digest or the guest's stamps disagreed (`why_not` in the JSON says which). Every run is a fresh `ferry demo` process pair, digest and guest stamps checked.", link_kind(a.netns)));
     table_a.note(format!(
         "diff % ({last} vs X): how much shorter the migration was under {last} than under X; N/A where either did not converge."
