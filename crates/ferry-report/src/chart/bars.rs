@@ -19,7 +19,8 @@ pub enum Bar {
     Value(f64),
     /// A run with no value, and why (e.g. "did not converge").
     NoValue(String),
-    /// Not run (a group left out of this category).
+    /// Not run (a group left out of this category): named in grey, not a
+    /// mark.
     NotRun,
 }
 
@@ -171,7 +172,20 @@ impl Bars {
                             .map_err(|e| e.to_string())?;
                         continue;
                     }
-                    _ => continue,
+                    Some(Bar::NotRun) => {
+                        // Named in grey, so a group left out is not
+                        // mistaken for a gap: not a mark, no value.
+                        let style = ("sans-serif", 11)
+                            .into_font()
+                            .transform(FontTransform::Rotate270)
+                            .color(&RGBColor(150, 150, 150))
+                            .pos(Pos::new(HPos::Left, VPos::Center));
+                        chart
+                            .draw_series([Text::new("not run", (centre, top * 0.02), style)])
+                            .map_err(|e| e.to_string())?;
+                        continue;
+                    }
+                    None => continue,
                 };
                 let v = match row.get(g) {
                     Some(Bar::Value(v)) => *v,
