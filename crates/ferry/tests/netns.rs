@@ -198,34 +198,41 @@ fn a_real_drain_moves_every_vm_verified_under_every_policy() {
     assert_namespaces_gone(pid, "the drain");
 }
 
-/// A plan that assumes NICs four times faster than the shaped ones: the
-/// planner's drain runs slower than planned, measures the NIC, plans the
-/// VM not yet started again, and says so; every VM still moves verified.
-#[test]
-fn a_drain_slower_than_planned_is_planned_again_from_the_measured_nic() {
-    if !require_netns("drain --netns --assume-link-rate") {
-        return;
+/// The planner's drain of the small fleet with `flags` (a link and what
+/// the plan assumes), as its JSON, once every VM moved verified; `None`
+/// (with a SKIP line) where network namespaces are not available.
+fn planner_drain(what: &str, flags: &[&str]) -> Option<serde_json::Value> {
+    if !require_netns(what) {
+        return None;
     }
-    let backend = backends("drain --netns --assume-link-rate")[0];
-    let out = run(&[
+    let backend = backends(what)[0];
+    let mut args = vec![
         "drain",
         "--netns",
         "--small",
         "--json",
         "--policies",
         "planner",
-        "--link-rate",
-        "100",
-        "--assume-link-rate",
-        "400",
-        "--backend",
-        backend,
-    ]);
+    ];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["--backend", backend]);
+    let out = run(&args);
     assert_success(&out);
-    let j = last_json(&out);
-    let p = &j["policies"]["planner"];
+    let p = last_json(&out)["policies"]["planner"].clone();
     assert_eq!(p["failed"], 0, "{p}");
     assert_eq!(p["digest_mismatches"], 0, "{p}");
+    Some(p)
+}
+
+/// A plan that assumes NICs four times faster than the shaped ones: the
+/// planner's drain runs slower than planned, measures the NIC, plans the
+/// VM not yet started again, and says so; every VM still moves verified.
+#[test]
+fn a_drain_slower_than_planned_is_planned_again_from_the_measured_nic() {
+    let flags = ["--link-rate", "100", "--assume-link-rate", "400"];
+    let Some(p) = planner_drain("drain --netns --assume-link-rate", &flags) else {
+        return;
+    };
     // The first re-plan starts from the NIC assumed; a later one may refine
     // an early measurement (a migration looked at while it still ran). Each
     // found the NIC slower than the plan in force assumed.
@@ -248,31 +255,12 @@ fn a_drain_slower_than_planned_is_planned_again_from_the_measured_nic() {
 
 #[test]
 fn a_drain_whose_guests_dirty_faster_than_planned_is_planned_again_from_their_rates() {
-    if !require_netns("drain --netns --assume-dirty-share") {
-        return;
-    }
-    let backend = backends("drain --netns --assume-dirty-share")[0];
     // The plan thinks each guest writes nothing; over a 50 MiB/s link the
     // 32 MiB/s one takes several times its planned time.
-    let out = run(&[
-        "drain",
-        "--netns",
-        "--small",
-        "--json",
-        "--policies",
-        "planner",
-        "--link-rate",
-        "50",
-        "--assume-dirty-share",
-        "0",
-        "--backend",
-        backend,
-    ]);
-    assert_success(&out);
-    let j = last_json(&out);
-    let p = &j["policies"]["planner"];
-    assert_eq!(p["failed"], 0, "{p}");
-    assert_eq!(p["digest_mismatches"], 0, "{p}");
+    let flags = ["--link-rate", "50", "--assume-dirty-share", "0"];
+    let Some(p) = planner_drain("drain --netns --assume-dirty-share", &flags) else {
+        return;
+    };
     assert_eq!(p["guest_mismatches"], 0, "{p}");
     for r in p["replans"].as_array().unwrap() {
         // Whatever re-plan there was named each guest it found dirtier

@@ -144,8 +144,8 @@ impl Bars {
                 });
             for (c, row) in self.values.iter().enumerate() {
                 let centre = at(c, left + 0.5);
-                let text = match row.get(g) {
-                    Some(Bar::Value(v)) => format_value(*v),
+                let v = match row.get(g) {
+                    Some(Bar::Value(v)) => *v,
                     Some(Bar::NoValue(why)) => {
                         // An empty box at the baseline, crossed, and why.
                         let h = top * 0.05;
@@ -187,16 +187,12 @@ impl Bars {
                     }
                     None => continue,
                 };
-                let v = match row.get(g) {
-                    Some(Bar::Value(v)) => *v,
-                    _ => 0.0,
-                };
                 let style = ("sans-serif", 11)
                     .into_font()
                     .color(&BLACK)
                     .pos(Pos::new(HPos::Center, VPos::Bottom));
                 chart
-                    .draw_series([Text::new(text, (centre, v), style)])
+                    .draw_series([Text::new(format_value(v), (centre, v), style)])
                     .map_err(|e| e.to_string())?;
             }
         }

@@ -1,7 +1,7 @@
 //! Lines over a numeric x axis: for data whose x is a number (vCPUs,
 //! hosts, pages), each point a mark.
 
-use super::{marks, svg_string, COLORS};
+use super::{draw_line, svg_string, Line, COLORS};
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -68,41 +68,26 @@ impl Plot {
                     .y_desc(self.y_label.as_str())
                     .draw()
                     .map_err(|e| e.to_string())?;
-                for (i, s) in self.series.iter().enumerate() {
-                    let color = COLORS[i % COLORS.len()];
-                    chart
-                        .draw_series(LineSeries::new(
-                            s.points.iter().copied(),
-                            color.stroke_width(2),
-                        ))
-                        .map_err(|e| e.to_string())?
-                        .label(s.label.as_str())
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-                    let mark = marks::value(color);
-                    chart
-                        .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, mark.filled())))
-                        .map_err(|e| e.to_string())?;
-                }
-                for (i, s) in self.references.iter().enumerate() {
-                    let color = REFERENCE_COLORS[i % REFERENCE_COLORS.len()];
-                    chart
-                        .draw_series(DashedLineSeries::new(
-                            s.points.iter().copied(),
-                            6,
-                            4,
-                            color.stroke_width(2),
-                        ))
-                        .map_err(|e| e.to_string())?
-                        .label(s.label.as_str())
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-                    let mark = marks::reference(color);
-                    chart
-                        .draw_series(
-                            s.points
-                                .iter()
-                                .map(|&p| TriangleMarker::new(p, 4, mark.filled())),
-                        )
-                        .map_err(|e| e.to_string())?;
+                let ours = self
+                    .series
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| (s, false, COLORS[i % COLORS.len()]));
+                let refs = self
+                    .references
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| (s, true, REFERENCE_COLORS[i % REFERENCE_COLORS.len()]));
+                for (s, reference, color) in ours.chain(refs) {
+                    let line = Line {
+                        label: &s.label,
+                        path: s.points.clone(),
+                        points: &s.points,
+                        color,
+                        reference,
+                        radius: 3,
+                    };
+                    draw_line(&mut chart, line)?;
                 }
                 chart
                     .configure_series_labels()

@@ -20,7 +20,7 @@ pub use bars::{Bar, Bars, Reference};
 pub use lines::{Plot, Series};
 pub use timeline::{Band, Panel, Shape, Timeline};
 
-use plotters::coord::Shift;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -115,4 +115,58 @@ pub(crate) fn svg_string(
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(marks::tag(&out))
+}
+
+/// One series as a chart draws it: its line through `path`, named in the
+/// legend, and a mark at each of `points` (the data; the path may add the
+/// corners of steps).
+pub(crate) struct Line<'a> {
+    pub label: &'a str,
+    pub path: Vec<(f64, f64)>,
+    pub points: &'a [(f64, f64)],
+    pub color: RGBColor,
+    /// A published figure: dashed, with marks of class `reference`.
+    pub reference: bool,
+    /// The marks' radius, pixels.
+    pub radius: i32,
+}
+
+/// Draws `line` on `chart`.
+pub(crate) fn draw_line<CT>(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, CT>,
+    line: Line<'_>,
+) -> Result<(), String>
+where
+    CT: CoordTranslate<From = (f64, f64)>,
+{
+    let Line {
+        label,
+        path,
+        points,
+        color,
+        reference,
+        radius,
+    } = line;
+    let style = color.stroke_width(2);
+    let drawn = if reference {
+        chart.draw_series(DashedLineSeries::new(path, 6, 4, style))
+    } else {
+        chart.draw_series(LineSeries::new(path, style))
+    };
+    drawn
+        .map_err(|e| e.to_string())?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    let drawn = if reference {
+        let mark = marks::reference(color).filled();
+        chart.draw_series(
+            points
+                .iter()
+                .map(|&p| TriangleMarker::new(p, radius + 1, mark)),
+        )
+    } else {
+        let mark = marks::value(color).filled();
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, radius, mark)))
+    };
+    drawn.map(|_| ()).map_err(|e| e.to_string())
 }

@@ -5,7 +5,7 @@
 //! at 0.
 
 use super::lines::{bounds, Series};
-use super::{marks, svg_string, COLORS};
+use super::{draw_line, marks, svg_string, Line, COLORS};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde::Serialize;
@@ -180,19 +180,15 @@ impl Timeline {
                 }
             }
             for (i, s) in panel.series.iter().enumerate() {
-                let color = COLORS[i % COLORS.len()];
-                chart
-                    .draw_series(LineSeries::new(
-                        panel.shape.path(&s.points, x0, x1),
-                        color.stroke_width(2),
-                    ))
-                    .map_err(|e| e.to_string())?
-                    .label(s.label.as_str())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-                let mark = marks::value(color);
-                chart
-                    .draw_series(s.points.iter().map(|&p| Circle::new(p, 2, mark.filled())))
-                    .map_err(|e| e.to_string())?;
+                let line = Line {
+                    label: &s.label,
+                    path: panel.shape.path(&s.points, x0, x1),
+                    points: &s.points,
+                    color: COLORS[i % COLORS.len()],
+                    reference: false,
+                    radius: 2,
+                };
+                draw_line(&mut chart, line)?;
             }
             if !panel.series.is_empty() {
                 chart

@@ -224,16 +224,19 @@ pub fn drain(
             // A migration still running past its planned time says as
             // much as one that ended late (looked at once).
             let now_s = t0.elapsed().as_secs_f64();
-            late = plan.as_ref().and_then(|p| {
+            let overdue = plan.as_ref().and_then(|p| {
                 running.iter().find_map(|(r, _, start_s)| {
-                    let vm = &fleet.vms[r.vm];
-                    let l =
-                        replan::overdue(p, vm, (r.src, &fleet.hosts[r.src].name), *start_s, now_s)?;
-                    (!waiting.is_empty() && !looked.contains(&r.vm)).then_some(l)
+                    if waiting.is_empty() || looked.contains(&r.vm) {
+                        return None;
+                    }
+                    let from = (r.src, fleet.hosts[r.src].name.as_str());
+                    let vm = &fleet.vms[r.vm].name;
+                    Some((r.vm, replan::late(p, vm, from, (*start_s, now_s), false)?))
                 })
             });
-            if let Some(l) = &late {
-                looked.extend(fleet.vms.iter().position(|v| v.name == l.vm));
+            if let Some((vm, l)) = overdue {
+                looked.push(vm);
+                late = Some(l);
             }
         }
         let new = match (late, &plan) {

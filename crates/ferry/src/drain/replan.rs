@@ -234,38 +234,30 @@ pub struct Late {
 /// `m`, which left host `host`, if it took over [`SLOW`] times its plan
 /// and VMs still wait to start.
 pub fn slower(plan: &DrainOutcome, m: &MeasuredVm, host: usize, waiting: usize) -> Option<Late> {
-    let planned = planned_secs(plan, &m.vm)?;
-    let took = m.end_s - m.start_s;
-    (waiting > 0 && m.completed() && took > SLOW * planned).then(|| Late {
-        vm: m.vm.clone(),
-        host,
-        from: m.from.clone(),
-        took,
-        planned,
-        at_s: m.end_s,
-        ended: true,
-    })
+    let from = (host, m.from.as_str());
+    let late = late(plan, &m.vm, from, (m.start_s, m.end_s), true)?;
+    (waiting > 0 && m.completed()).then_some(late)
 }
 
-/// VM `vm`, running from `host` since `start_s`, if at `now_s` it has run
-/// over [`SLOW`] times what the plan gave it.
-pub fn overdue(
+/// VM `vm`, which left host `from` at `start_s`, if at `at_s` it has run
+/// over [`SLOW`] times what the plan gave it; `ended`: it ended then.
+pub fn late(
     plan: &DrainOutcome,
-    vm: &ferry_fleet::Vm,
+    vm: &str,
     (host, from): (usize, &str),
-    start_s: f64,
-    now_s: f64,
+    (start_s, at_s): (f64, f64),
+    ended: bool,
 ) -> Option<Late> {
-    let planned = planned_secs(plan, &vm.name)?;
-    let took = now_s - start_s;
+    let planned = planned_secs(plan, vm)?;
+    let took = at_s - start_s;
     (took > SLOW * planned).then(|| Late {
-        vm: vm.name.clone(),
+        vm: vm.into(),
         host,
         from: from.into(),
         took,
         planned,
-        at_s: now_s,
-        ended: false,
+        at_s,
+        ended,
     })
 }
 

@@ -113,8 +113,7 @@ impl NetnsPair {
     /// into the source namespace.
     pub fn enter_source(&self) -> Result<(), NetnsError> {
         let ns = open(&self.source)?;
-        // SAFETY: setns on a valid, open namespace fd; it changes only the
-        // calling thread's network namespace.
+        // SAFETY: setns on a valid, open namespace fd changes only this thread.
         if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
             return Err(NetnsError::Enter {
                 name: self.source.clone(),
