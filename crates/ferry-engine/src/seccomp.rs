@@ -127,9 +127,10 @@ const THREADS_AND_MEMORY: &[Syscall] = &[
     ),
     sys!(
         SYS_openat,
-        "/sys/devices/system/cpu/online: how many digest threads to run"
+        "/sys/devices/system/cpu/online: how many digest threads to run; \
+         /proc/TID/comm: the name of a thread that waited for pages in postcopy"
     ),
-    sys!(SYS_read, "reading it"),
+    sys!(SYS_read, "reading them"),
     sys!(SYS_write, "writing to sockets; log lines"),
 ];
 

@@ -3,9 +3,9 @@
 pub use crate::precopy::{receive_as, CreateVm};
 pub use crate::wire::{Region, StreamHeader};
 pub use ferry_vm::{
-    catch_panic, error_chain, throttle_sleep, Backing, BlockScope, Blocker, DeviceRegion,
-    DeviceUserfaultfd, DirtyLog, DirtyMeter, DirtyPages, DirtySource, DirtySourceError, FaultExits,
-    Gfn, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats, Lifecycle, LiveState, MemoryFaults,
-    ProbeError, Quota, RamError, Section, SectionId, SectionSpec, Subsection, TimeThrottle,
-    VcpuState, Vm, VmError, PAGE_SIZE, THROTTLE_SLICE,
+    catch_panic, current_thread_id, error_chain, throttle_sleep, Backing, BlockScope, Blocker,
+    DeviceRegion, DeviceUserfaultfd, DirtyLog, DirtyMeter, DirtyPages, DirtySource,
+    DirtySourceError, FaultExits, Gfn, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats,
+    Lifecycle, LiveState, MemoryFaults, ProbeError, Quota, RamError, Section, SectionId,
+    SectionSpec, Subsection, TimeThrottle, VcpuState, Vm, VmError, PAGE_SIZE, THROTTLE_SLICE,
 };

@@ -14,7 +14,7 @@ use ferry_kvm::dirty::EXIT_DIRTY_RING_FULL;
 use ferry_memstress::{progress, MemoryLayout, SLEEP_PORT};
 use ferry_vm::GuestRam;
 use kvm_ioctls::{VcpuExit, VcpuFd};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -76,6 +76,8 @@ pub(crate) struct VcpuShared {
     sleeper: Sleeper,
     /// The thread's pthread id (0 until it starts), for kicks by the throttler.
     pthread: AtomicU64,
+    /// The thread's kernel id (0 until it starts), for reports.
+    pub tid: AtomicU32,
     /// Nanoseconds the vCPU must sleep at its next kick (time throttling).
     pub throttle_ns: AtomicU64,
     /// Throttle sleeps taken so far.
@@ -118,6 +120,7 @@ impl VcpuThread {
             index,
             sleeper,
             pthread: AtomicU64::new(0),
+            tid: AtomicU32::new(0),
             throttle_ns: AtomicU64::new(0),
             throttle_sleeps: AtomicU64::new(0),
             throttled_ns: AtomicU64::new(0),
@@ -260,6 +263,9 @@ fn run_loop(shared: &VcpuShared) {
     // SAFETY: pthread_self has no preconditions.
     let me = unsafe { libc::pthread_self() };
     shared.pthread.store(me as u64, Ordering::Release);
+    shared
+        .tid
+        .store(ferry_vm::current_thread_id(), Ordering::Release);
     loop {
         // Wait until asked to run (or to exit).
         {

@@ -361,6 +361,12 @@ impl Vm for KvmVm {
     fn vcpus(&self) -> u32 {
         self.config.workload.vcpus
     }
+    fn vcpu_threads(&self) -> Vec<u32> {
+        self.vcpus
+            .iter()
+            .map(|v| v.shared.tid.load(std::sync::atomic::Ordering::Acquire))
+            .collect()
+    }
     fn vmm_config(&self) -> serde_json::Value {
         self.config.vmm_config()
     }

@@ -21,7 +21,7 @@ use crate::guest_mem::VcpuMem;
 use crate::quota::Throttle;
 use ferry_memstress::{next_rand32, param, progress, scale_rand, stamp, MemoryLayout};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -101,6 +101,8 @@ pub struct Control {
     pub failure: Mutex<Option<(u32, String)>>,
     /// Nanoseconds each vCPU has napped on a throttle.
     throttled_ns: Vec<AtomicU64>,
+    /// Each vCPU thread's kernel id (0 until it starts).
+    thread_ids: Vec<AtomicU32>,
 }
 
 #[derive(Default)]
@@ -122,7 +124,16 @@ impl Control {
                 .collect(),
             failure: Mutex::new(None),
             throttled_ns: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
+            thread_ids: (0..vcpus).map(|_| AtomicU32::new(0)).collect(),
         }
+    }
+
+    /// Each vCPU thread's kernel id, in vCPU order (0: not started).
+    pub fn thread_ids(&self) -> Vec<u32> {
+        self.thread_ids
+            .iter()
+            .map(|t| t.load(Ordering::Acquire))
+            .collect()
     }
 
     /// Registers `n` new threads.
@@ -225,6 +236,9 @@ pub fn run(mut mem: VcpuMem, vcpu: u32, ctl: &Control, throttle: &Throttle, prog
         }
     }
     let _leave = Leave { ctl, vcpu };
+    if let Some(t) = ctl.thread_ids.get(vcpu as usize) {
+        t.store(ferry_vm::current_thread_id(), Ordering::Release);
+    }
     struct Offline<'a>(&'a crate::tlb::FlushDomain, usize);
     impl Drop for Offline<'_> {
         fn drop(&mut self) {

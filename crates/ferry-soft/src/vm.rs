@@ -194,6 +194,9 @@ impl Vm for SoftVm {
     fn vcpus(&self) -> u32 {
         self.config.workload.vcpus
     }
+    fn vcpu_threads(&self) -> Vec<u32> {
+        self.ctl.thread_ids()
+    }
     fn vmm_config(&self) -> serde_json::Value {
         self.config.vmm_config()
     }

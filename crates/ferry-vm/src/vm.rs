@@ -100,6 +100,13 @@ pub enum Lifecycle<'a> {
     Aborted(&'a str),
 }
 
+/// The calling thread's kernel id (`gettid`): what a VMM's vCPU thread
+/// records for [`Vm::vcpu_threads`].
+pub fn current_thread_id() -> u32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
 /// A running (or ready-to-run) VM as the engine sees it.
 ///
 /// The minimum a VMM writes is five methods: what kind of VM it is, its
@@ -126,6 +133,13 @@ pub trait Vm: Send + std::any::Any {
     /// How many vCPUs the VM has, for the header and reports (1 by default).
     fn vcpus(&self) -> u32 {
         1
+    }
+    /// The kernel thread id (`gettid`) of each vCPU's thread, in vCPU
+    /// order, once they run: a postcopy destination names the vCPU that
+    /// waited for each page by it (a userfaultfd fault names its thread).
+    /// Empty by default: waits are then reported by thread id alone.
+    fn vcpu_threads(&self) -> Vec<u32> {
+        Vec::new()
     }
     /// What the destination's VM factory needs to build this VM before any
     /// memory arrives: the VMM's own configuration, which the engine

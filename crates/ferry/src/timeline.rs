@@ -8,6 +8,7 @@
 //!   the policy  each throttle change, in its own unit: a time throttle in %,
 //!               a dirty limit or a quota per vCPU in MiB/s (a panel per unit
 //!               where a migration escalated from one to another)
+//!   % of time   in postcopy, the share of time each vCPU waited for pages
 //!   bands       the pause (the downtime, with its prediction), and postcopy
 //! ```
 
@@ -55,6 +56,7 @@ pub fn of(j: &Value, title: String) -> Timeline {
         },
     ];
     panels.extend(throttle_panels(j));
+    panels.extend(blocked_panel(j));
     Timeline {
         title,
         x_label: "s since the migration started".into(),
@@ -121,13 +123,50 @@ fn throttle_panels(j: &Value) -> Vec<Panel> {
     panels
 }
 
+/// Where postcopy ran and a thread waited for pages: the share of time
+/// each vCPU (or other thread) waited, from the guest's resume on.
+fn blocked_panel(j: &Value) -> Option<Panel> {
+    let p = &j["postcopy"];
+    let threads = p["blocked"].as_array().filter(|b| !b.is_empty())?;
+    let bin_s = p["blocked_bin_ms"].as_f64().unwrap_or(0.0) / 1e3;
+    let resumed = resumed_ms(j) / 1e3;
+    let series = threads
+        .iter()
+        .map(|t| Series {
+            label: crate::summary::blocked_label(
+                t["vcpu"].as_u64(),
+                t["thread"].as_u64().unwrap_or(0),
+                t["name"].as_str().unwrap_or(""),
+            ),
+            points: t["blocked_pct"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .enumerate()
+                .map(|(i, pct)| (resumed + i as f64 * bin_s, pct.as_f64().unwrap_or(0.0)))
+                .collect(),
+        })
+        .collect();
+    Some(Panel {
+        y_label: "blocked on pages, % of time".into(),
+        shape: Shape::StepAfter,
+        series,
+    })
+}
+
+/// When the guest resumed on the destination, in ms since the start.
+fn resumed_ms(j: &Value) -> f64 {
+    j["total_ms"].as_f64().unwrap_or(0.0) - j["postcopy"]["postcopy_ms"].as_f64().unwrap_or(0.0)
+}
+
 /// The pause, and postcopy where it ran.
 fn bands(j: &Value) -> Vec<Band> {
     let total = j["total_ms"].as_f64().unwrap_or(0.0);
     let downtime = j["downtime_ms"].as_f64().unwrap_or(0.0);
     let predicted = j["predicted_downtime_ms"].as_f64().unwrap_or(0.0);
     let postcopy_ms = j["postcopy"]["postcopy_ms"].as_f64().unwrap_or(0.0);
-    let resumed = total - postcopy_ms;
+    let resumed = resumed_ms(j);
     let mut bands = vec![Band {
         label: if predicted > 0.0 {
             format!("pause {downtime:.0} ms (predicted {predicted:.0} ms)")
@@ -183,5 +222,24 @@ mod tests {
         assert_eq!(t.bands.len(), 1);
         assert!((t.bands[0].to - 3.0).abs() < 1e-9 && (t.bands[0].from - 2.988).abs() < 1e-9);
         assert!(t.bands[0].label.contains("predicted 10 ms"));
+    }
+
+    #[test]
+    fn postcopy_draws_each_vcpus_blocked_time_from_the_resume() {
+        let j = serde_json::json!({
+            "total_ms": 1500.0, "downtime_ms": 5.0,
+            "round_stats": [{"ms": 1000.0, "raw_bytes": 1.0, "dirty_rate_pages_s": 0.0, "bandwidth_mb_s": 1.0}],
+            "postcopy": {"postcopy_ms": 500.0, "block_ms": 30.0, "blocked_bin_ms": 100.0, "blocked": [
+                {"vcpu": 0, "thread": 11, "blocked_ms": 20.0, "waits": 3, "blocked_pct": [10.0, 5.0, 0.0]},
+                {"vcpu": null, "thread": 12, "blocked_ms": 10.0, "waits": 1, "blocked_pct": [10.0]}
+            ]}
+        });
+        let t = of(&j, "t".into());
+        let p = t.panels.last().expect("panels");
+        assert_eq!(p.y_label, "blocked on pages, % of time");
+        let labels: Vec<&str> = p.series.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(labels, ["vCPU 0", "thread 12 (not a vCPU)"]);
+        assert_eq!(p.series[0].points, [(1.0, 10.0), (1.1, 5.0), (1.2, 0.0)]);
+        assert_eq!(t.bands.len(), 2, "the pause and postcopy");
     }
 }

@@ -59,6 +59,9 @@ fn demo_with(backend: &str, mode: &str, fault_path: Option<&str>) {
     if path == "vcpu exit" {
         assert!(p["vcpu_exits"].as_u64().unwrap() > 0, "{j}");
     }
+    // Soft vCPUs touch guest memory on their own threads on either path;
+    // a KVM vCPU's faults may be served by KVM's async page-fault workers.
+    blocked_threads(&j, backend == "soft");
     let kinds: Vec<_> = j["round_stats"]
         .as_array()
         .unwrap()
@@ -72,6 +75,37 @@ fn demo_with(backend: &str, mode: &str, fault_path: Option<&str>) {
         assert_eq!(kinds.len(), 1, "{j}");
     }
     assert!(out.status.success(), "{context}");
+}
+
+/// Each thread's waits add up to at least the guest's (which counts a
+/// page once, from its first waiter on); where vCPUs fault on their own
+/// threads (`own_threads`) every vCPU is named, and a thread that is not
+/// one has a name.
+fn blocked_threads(j: &serde_json::Value, own_threads: bool) {
+    let p = &j["postcopy"];
+    let blocked = p["blocked"].as_array().expect("blocked threads");
+    let each: f64 = blocked
+        .iter()
+        .map(|b| b["blocked_ms"].as_f64().unwrap())
+        .sum();
+    let total = p["block_ms"].as_f64().unwrap();
+    assert!(
+        each + 0.01 >= total,
+        "{each} ms in threads < {total} ms: {p}"
+    );
+    assert!(p["blocked_bin_ms"].as_f64().unwrap() >= 10.0, "{p}");
+    for b in blocked {
+        assert!(
+            b["vcpu"].is_u64() || !b["name"].as_str().unwrap_or("").is_empty(),
+            "a waiting thread is named: {b}"
+        );
+    }
+    if own_threads {
+        let vcpus = j["vcpu_shares"].as_array().map_or(1, Vec::len) as u64;
+        for v in 0..vcpus {
+            assert!(blocked.iter().any(|b| b["vcpu"] == v), "vCPU {v}: {p}");
+        }
+    }
 }
 
 #[test]

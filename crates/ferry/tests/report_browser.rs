@@ -2,7 +2,8 @@
 //! WebDriver, opens a demo's page and a bench's. Each loads with no
 //! console error; each chart holds a mark per value of the JSON; the
 //! tables' numbers are the JSON's; the bars' axes are named by the cells
-//! and mixes, and the timeline has one panel per unit.
+//! and mixes, and the timeline has one panel per unit (in postcopy, the
+//! share of time each vCPU waited for pages).
 //!
 //! Needs Debian's chromium and chromium-driver (.ci/run installs them): it
 //! fails without, rather than skip, so that CI cannot pass without it.
@@ -212,6 +213,7 @@ fn reports_load_in_chromium_and_show_the_jsons_numbers() {
         figures[1]["references"], 3,
         "the seed's quota figure in each mix"
     );
+    postcopy_timeline(&browser, &dir);
     // Table A's time for quota is the JSON's.
     let quota = &a[0]["results"][0];
     let title = tables
@@ -230,4 +232,50 @@ fn reports_load_in_chromium_and_show_the_jsons_numbers() {
         "{shown} lacks {expect}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A postcopy demo's timeline: a panel of the time each vCPU waited for
+/// pages, a line per vCPU (soft vCPUs fault on their own threads, so each
+/// wait is its vCPU's), and a mark per bin of each.
+fn postcopy_timeline(browser: &Browser, dir: &Path) {
+    let page = dir.join("postcopy.html");
+    let out = Ferry::new("demo")
+        .on("soft")
+        .mem("32M")
+        .args(&["--mode", "postcopy", "--unthrottled", "--warmup", "0.3"])
+        .args(&["--report", page.to_str().expect("utf-8")])
+        .run();
+    assert_success(&out);
+    let j = read_json(&page.with_extension("json"));
+    let (figures, _) = load(browser, &page);
+    let t = &figures[0];
+    assert_eq!(t["marks"], t["declared"], "{t}");
+    let panels: Vec<String> = serde_json::from_value(t["panels"].clone()).expect("panels");
+    assert_eq!(
+        panels.last().map(String::as_str),
+        Some("blocked on pages, % of time"),
+        "{panels:?}"
+    );
+    let blocked = j["postcopy"]["blocked"]
+        .as_array()
+        .expect("blocked threads");
+    let drawn = texts(t);
+    let vcpus = j["vcpu_shares"].as_array().map_or(1, Vec::len) as u64;
+    for v in 0..vcpus {
+        let label = format!("vCPU {v}");
+        assert!(
+            blocked.iter().any(|b| b["vcpu"] == v) && drawn.contains(&label),
+            "{label} waited and is drawn: {blocked:?} {drawn:?}"
+        );
+    }
+    let bins: usize = blocked
+        .iter()
+        .map(|b| b["blocked_pct"].as_array().map_or(0, Vec::len))
+        .sum();
+    let rounds = j["round_stats"].as_array().map_or(0, Vec::len);
+    assert_eq!(t["marks"].as_u64(), Some((4 * rounds + bins) as u64), "{t}");
+    assert!(
+        drawn.iter().any(|x| x.starts_with("postcopy ")),
+        "{drawn:?}"
+    );
 }

@@ -15,7 +15,7 @@ use crate::layout::{MMIO_BASE, MMIO_SIZE};
 use crate::Devices;
 use ferry_engine::vmm::{catch_panic, throttle_sleep};
 use kvm_ioctls::{VcpuExit, VcpuFd};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -41,6 +41,8 @@ struct Shared {
     state: Mutex<State>,
     changed: Condvar,
     pthread: AtomicU64,
+    /// The thread's kernel id (0 until it starts), for reports.
+    tid: AtomicU32,
     throttle: AtomicU8,
     devices: Arc<Devices>,
 }
@@ -70,6 +72,7 @@ impl Vcpu {
             state: Mutex::new(State::Parked),
             changed: Condvar::new(),
             pthread: AtomicU64::new(0),
+            tid: AtomicU32::new(0),
             throttle: AtomicU8::new(0),
             devices,
         });
@@ -97,6 +100,11 @@ impl Vcpu {
     /// The vCPU fd, for saving or loading its state while parked.
     pub fn fd(&self) -> std::sync::MutexGuard<'_, VcpuFd> {
         self.shared.fd.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The thread's kernel id (0 until it has started).
+    pub fn thread_id(&self) -> u32 {
+        self.shared.tid.load(Ordering::Acquire)
     }
 
     /// Lets the vCPU run.
@@ -183,6 +191,8 @@ fn run(s: &Shared) {
     // SAFETY: pthread_self has no preconditions.
     let me = unsafe { libc::pthread_self() };
     s.pthread.store(me as u64, Ordering::Release);
+    s.tid
+        .store(ferry_engine::vmm::current_thread_id(), Ordering::Release);
     loop {
         {
             let mut state = s.state.lock().unwrap_or_else(|e| e.into_inner());

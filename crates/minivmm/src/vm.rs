@@ -582,6 +582,9 @@ impl Vm for MiniVm {
     fn vcpus(&self) -> u32 {
         self.config.vcpus
     }
+    fn vcpu_threads(&self) -> Vec<u32> {
+        self.vcpus.iter().map(Vcpu::thread_id).collect()
+    }
     fn start(&mut self) -> Result<(), VmError> {
         // Devices first: a notification that came with the source's state
         // is served (or handed to the I/O thread) before the guest runs.

@@ -143,7 +143,7 @@ impl Handling {
             let result = got.and_then(|()| {
                 faults
                     .iter()
-                    .try_for_each(|&gfn| self.place(placer, gfn).map(|_| ()))
+                    .try_for_each(|f| self.place(placer, f.gfn).map(|_| ()))
             });
             self.events
                 .fetch_add(faults.len() as u64, Ordering::Relaxed);

@@ -71,6 +71,7 @@ impl Dest {
         self.read_probe(opts)?;
         self.resume(switched)?;
         let resumed = Instant::now();
+        self.loaded.clock.start(resumed);
         let mut report = PostcopyReport::default();
         let mut postcopy_ms = None;
         let digest = loop {
@@ -113,6 +114,11 @@ impl Dest {
         report.fault_path = fault_path.into();
         report.postcopy_ms = postcopy_ms.unwrap_or_default();
         report.missing_pages = missing.count();
+        super::blocked::fill(
+            &mut report,
+            self.loaded.clock.by_thread(),
+            &self.vm.vcpu_threads(),
+        );
         self.summary.postcopy = Some(report);
         // Every page is in: the registration has nothing left to catch.
         self.loaded.end_placement();

@@ -12,7 +12,7 @@
 //! ```
 
 use crate::session::Loaded;
-use ferry_vm::uffd::Placer;
+use ferry_vm::uffd::{Fault, Placer};
 use ferry_vm::{DeviceUserfaultfd, Gfn};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -92,7 +92,7 @@ fn serve(
             tracing::warn!("{name}: reading its faults failed: {e}");
             return;
         }
-        for &gfn in &faults {
+        for &Fault { gfn, .. } in &faults {
             if let Err(why) = fetch(gfn) {
                 tracing::warn!("{name}: page {:#x}: {why}", gfn.0);
             }

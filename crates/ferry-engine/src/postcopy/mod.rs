@@ -20,6 +20,7 @@
 //! ```
 //!
 //! * `pager`: the destination's fault handlers and priority reader.
+//! * `blocked`: which vCPU waited for pages, and when.
 //! * `source`, `destination`: the switchover of each side, and the push.
 //! * `recovery`, `resume`: reconnecting after a cut.
 //! * The source's page server, the destination's page requests and the
@@ -40,6 +41,7 @@
 //! hashes of the pages as the destination received them: the guest runs
 //! meanwhile, so the destination's memory itself has moved on.
 
+mod blocked;
 mod destination;
 mod device_faults;
 pub(crate) mod pager;

@@ -21,6 +21,7 @@ use crate::transport::health::spawn;
 use crate::transport::{Channel, Health};
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::{decode_batch, FrameKind, FrameStream, StreamError};
+use ferry_vm::uffd::Fault;
 use ferry_vm::Gfn;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,6 +44,7 @@ pub(crate) fn fetcher(
     let prefetch = prefetch.clamp(1, crate::wire::messages::MAX_REQUEST_PAGES);
     Arc::new(move |gfn: Gfn| {
         loaded.requests.exits.fetch_add(1, Ordering::Relaxed);
+        let thread = ferry_vm::current_thread_id();
         loop {
             let seen = loaded.placements();
             if loaded.is_present(gfn) {
@@ -55,7 +57,7 @@ pub(crate) fn fetcher(
                 loaded.place_zero(gfn).map_err(|e| e.to_string())?;
                 continue;
             }
-            let ask = loaded.clock.ask(gfn, prefetch, |g| {
+            let ask = loaded.clock.ask(gfn, thread, prefetch, |g| {
                 g.0 < loaded.pages && !loaded.is_present(g)
             });
             if let Some(count) = ask {
@@ -251,20 +253,20 @@ fn handle_faults(s: &Shared) -> Result<(), MigrationError> {
             std::hint::spin_loop();
             continue;
         }
-        for &gfn in &faults {
+        for &Fault { gfn, thread } in &faults {
             s.faults.fetch_add(1, Ordering::Relaxed);
             if loaded.is_present(gfn) {
                 continue;
             }
             if loaded.places_huge_pages() {
-                ask_for_huge_page(loaded, gfn)?;
+                ask_for_huge_page(loaded, gfn, thread)?;
                 continue;
             }
             if loaded.zero_here(gfn) {
                 loaded.place_zero(gfn)?;
                 continue;
             }
-            let Some(count) = loaded.clock.ask(gfn, s.prefetch, |g| {
+            let Some(count) = loaded.clock.ask(gfn, thread, s.prefetch, |g| {
                 g.0 < loaded.pages && !loaded.is_present(g)
             }) else {
                 continue;
@@ -275,17 +277,18 @@ fn handle_faults(s: &Shared) -> Result<(), MigrationError> {
     Ok(())
 }
 
-/// A fault on hugetlb backing: the whole huge page holding `gfn` is
-/// placed at once, so every page of it that is neither here (staged) nor
-/// asked for is asked for now; zero pages known here are staged at once.
-fn ask_for_huge_page(loaded: &Loaded, gfn: Gfn) -> Result<(), MigrationError> {
+/// A fault of `thread` on hugetlb backing: the whole huge page holding
+/// `gfn` is placed at once, so every page of it that is neither here
+/// (staged) nor asked for is asked for now; zero pages known here are
+/// staged at once.
+fn ask_for_huge_page(loaded: &Loaded, gfn: Gfn, thread: u32) -> Result<(), MigrationError> {
     let base = Gfn(gfn.0 / crate::session::HUGE_PAGES * crate::session::HUGE_PAGES);
     for g in (base.0..base.0 + crate::session::HUGE_PAGES).map(Gfn) {
         if loaded.zero_here(g) && !loaded.is_staged(g) {
             loaded.place_zero(g)?;
         }
     }
-    let runs = loaded.clock.ask_huge(base, |g| {
+    let runs = loaded.clock.ask_huge(base, thread, |g| {
         g.0 < loaded.pages && !loaded.is_present(g) && !loaded.is_staged(g)
     });
     for (first, n) in runs {

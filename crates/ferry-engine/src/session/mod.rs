@@ -47,7 +47,7 @@ pub use options::{
     DEFAULT_RECOVER_TIMEOUT, DEFAULT_STALL_TIMEOUT, FAULT_HANDLERS, MAX_CONNECTIONS,
     PREFETCH_PAGES, RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS,
 };
-pub(crate) use page_requests::{BlockClock, Requests};
+pub(crate) use page_requests::{BlockClock, Requests, ThreadWaits, BLOCK_BIN};
 pub use source::fresh_summary;
 pub(crate) use source::{new_session_id, ship, Migrating, Source, Transfer, EST_BYTES_PER_PAGE};
 

@@ -7,7 +7,7 @@ mod postcopy;
 use crate::choices::{Compression, ConvergeMode, Mode};
 pub use converge::{Escalation, PolicyForecast, PredictInput, Prediction, ThrottleStep};
 use ferry_vm::GuestCheck;
-pub use postcopy::PostcopyReport;
+pub use postcopy::{BlockedThread, PostcopyReport};
 use serde::Serialize;
 
 /// How a migration ended.

@@ -93,6 +93,10 @@ pub struct Timeline {
 const BAND: RGBColor = RGBColor(120, 120, 120);
 /// Height of one panel, pixels.
 const PANEL_HEIGHT: u32 = 170;
+/// Width of the plots, and of the legends' column right of them: a legend
+/// inside a plot hid the data under it.
+const PLOT_WIDTH: u32 = 860;
+const LEGEND_WIDTH: u32 = 300;
 
 impl Timeline {
     /// The data marks it draws: a point per sample, and a band per span
@@ -108,7 +112,7 @@ impl Timeline {
     /// The chart as SVG.
     pub fn to_svg(&self) -> Result<String, String> {
         let height = 60 + PANEL_HEIGHT * self.panels.len().max(1) as u32;
-        svg_string((900, height), |root| self.draw(root))
+        svg_string((PLOT_WIDTH + LEGEND_WIDTH, height), |root| self.draw(root))
     }
 
     fn draw(
@@ -134,10 +138,12 @@ impl Timeline {
         let min_width = (x1 - x0) / 250.0;
         let last = self.panels.len().saturating_sub(1);
         for (k, (area, panel)) in areas.iter().zip(&self.panels).enumerate() {
+            let (area, legend) = area.split_horizontally(PLOT_WIDTH);
+            draw_legend(&legend, panel)?;
             let points = panel.series.iter().flat_map(|s| s.points.iter());
             let (_, _, _, y1) = bounds(points);
             let top = if y1 > 0.0 { y1 * 1.15 } else { 1.0 };
-            let mut chart = ChartBuilder::on(area)
+            let mut chart = ChartBuilder::on(&area)
                 .margin_left(16)
                 .margin_right(16)
                 .margin_top(6)
@@ -155,7 +161,7 @@ impl Timeline {
                 mesh.x_label_formatter(&|_| String::new());
             }
             mesh.draw().map_err(|e| e.to_string())?;
-            for b in &self.bands {
+            for (j, b) in self.bands.iter().enumerate() {
                 let (from, to) = if b.to - b.from < min_width {
                     let mid = (b.from + b.to) / 2.0;
                     (mid - min_width / 2.0, mid + min_width / 2.0)
@@ -169,13 +175,15 @@ impl Timeline {
                     )])
                     .map_err(|e| e.to_string())?;
                 if k == 0 {
-                    // Left of the band: a pause ends the axis.
+                    // Left of the band: a pause ends the axis. A line down
+                    // each: the postcopy band starts where the pause ends.
                     let style = ("sans-serif", 12)
                         .into_font()
                         .color(&BLACK)
                         .pos(Pos::new(HPos::Right, VPos::Top));
+                    let y = top * (1.0 - 0.1 * j as f64);
                     chart
-                        .draw_series([Text::new(b.label.clone(), (from, top), style)])
+                        .draw_series([Text::new(b.label.clone(), (from, y), style)])
                         .map_err(|e| e.to_string())?;
                 }
             }
@@ -190,16 +198,33 @@ impl Timeline {
                 };
                 draw_line(&mut chart, line)?;
             }
-            if !panel.series.is_empty() {
-                chart
-                    .configure_series_labels()
-                    .position(SeriesLabelPosition::UpperMiddle)
-                    .background_style(WHITE.mix(0.85))
-                    .border_style(BLACK)
-                    .draw()
-                    .map_err(|e| e.to_string())?;
-            }
         }
         Ok(())
     }
+}
+
+/// `panel`'s legend in `area`, beside its plot: a line in each series'
+/// colour, and its label.
+fn draw_legend(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    panel: &Panel,
+) -> Result<(), String> {
+    let style = ("sans-serif", 12)
+        .into_font()
+        .color(&BLACK)
+        .pos(Pos::new(HPos::Left, VPos::Center));
+    // Many series (a vCPU each) close up to fit the panel's height.
+    let step = (PANEL_HEIGHT as i32 - 24) / panel.series.len().max(8) as i32;
+    for (i, s) in panel.series.iter().enumerate() {
+        let y = 16 + step * i as i32;
+        let color = COLORS[i % COLORS.len()];
+        area.draw(&PathElement::new(
+            vec![(4, y), (24, y)],
+            color.stroke_width(2),
+        ))
+        .map_err(|e| e.to_string())?;
+        area.draw(&Text::new(s.label.clone(), (30, y), style.clone()))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }

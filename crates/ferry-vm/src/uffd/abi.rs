@@ -6,12 +6,15 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 pub(super) const UFFD_API: u64 = 0xaa;
 pub(super) const UFFD_FEATURE_SIGBUS: u64 = 1 << 7;
+/// Fault events name the faulting thread (`uffd_msg.pagefault.feat.ptid`).
+pub(super) const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
 pub(super) const UFFD_FEATURE_MINOR_HUGETLBFS: u64 = 1 << 9;
 pub(super) const UFFD_FEATURE_MINOR_SHMEM: u64 = 1 << 10;
 pub(super) const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
 pub(super) const UFFDIO_REGISTER_MODE_MINOR: u64 = 1 << 2;
 pub(super) const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
-/// Bytes of one `struct uffd_msg`; the fault address is at offset 16.
+/// Bytes of one `struct uffd_msg`; the fault address is at offset 16 and,
+/// with [`UFFD_FEATURE_THREAD_ID`], the faulting thread's id at 24.
 pub(super) const UFFD_MSG_LEN: usize = 32;
 
 /// `_IOC(dir, 0xaa, nr, size)` of `linux/userfaultfd.h`.

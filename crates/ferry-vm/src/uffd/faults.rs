@@ -7,6 +7,17 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
+/// One fault event: the page touched, and the thread that touched it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// The guest frame touched (on hugetlb, its huge page's first frame).
+    pub gfn: Gfn,
+    /// The kernel's id of the thread that waits for the page (a vCPU's,
+    /// or a device's), where the registration asked for it
+    /// ([`Placer::register_for_faults`]); 0 where it did not.
+    pub thread: u32,
+}
+
 /// Which faults a range reports.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum FaultMode {
@@ -18,11 +29,10 @@ pub enum FaultMode {
 }
 
 impl Placer {
-    /// Waits up to `timeout` for fault events and appends the frame of each
-    /// page touched to `out` (a page touched by several threads may appear
-    /// more than once; on hugetlb the kernel reports the huge page's first
-    /// frame). Returns with `out` unchanged on timeout.
-    pub fn wait_faults(&self, timeout: Duration, out: &mut Vec<Gfn>) -> io::Result<()> {
+    /// Waits up to `timeout` for fault events and appends each to `out` (a
+    /// page touched by several threads appears once per thread, or more).
+    /// Returns with `out` unchanged on timeout.
+    pub fn wait_faults(&self, timeout: Duration, out: &mut Vec<Fault>) -> io::Result<()> {
         let mut pfd = libc::pollfd {
             fd: self.fd.as_raw_fd(),
             events: libc::POLLIN,
@@ -42,10 +52,10 @@ impl Placer {
         self.read_faults(out)
     }
 
-    /// Appends the frames of every fault event queued now to `out`, without
-    /// waiting: the step of a handler that busy-polls (no sleep, so no
-    /// wake-up latency, at the price of a CPU).
-    pub fn read_faults(&self, out: &mut Vec<Gfn>) -> io::Result<()> {
+    /// Appends every fault event queued now to `out`, without waiting: the
+    /// step of a handler that busy-polls (no sleep, so no wake-up latency,
+    /// at the price of a CPU).
+    pub fn read_faults(&self, out: &mut Vec<Fault>) -> io::Result<()> {
         let mut buf = [0u8; UFFD_MSG_LEN * 64];
         loop {
             // SAFETY: reading into our own buffer of the length given; the fd
@@ -68,8 +78,13 @@ impl Placer {
                 }
                 let mut a = [0u8; 8];
                 a.copy_from_slice(&msg[16..24]);
+                let mut t = [0u8; 4];
+                t.copy_from_slice(&msg[24..28]);
                 if let Some(gfn) = self.gfn_of(u64::from_ne_bytes(a)) {
-                    out.push(gfn);
+                    out.push(Fault {
+                        gfn,
+                        thread: u32::from_ne_bytes(t),
+                    });
                 }
             }
         }

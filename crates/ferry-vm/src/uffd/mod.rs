@@ -50,7 +50,7 @@ use abi::*;
 use std::io;
 use std::os::fd::OwnedFd;
 
-pub use faults::FaultMode;
+pub use faults::{Fault, FaultMode};
 
 /// Frames in a 2 MiB huge page.
 const HUGE_PAGES: u64 = 512;
@@ -97,16 +97,27 @@ impl Placer {
 
     /// Registers all of `ram` for postcopy: a touch of a missing page
     /// blocks the toucher until the page is placed, and queues a fault for
-    /// [`Placer::wait_faults`]. On hugetlb backing the unit is the 2 MiB
-    /// page ([`Placer::granule_pages`]): copies there must be whole.
+    /// [`Placer::wait_faults`], naming the thread that waits
+    /// ([`Fault::thread`]: which vCPU it is). On hugetlb backing the unit is
+    /// the 2 MiB page ([`Placer::granule_pages`]): copies there must be
+    /// whole.
     pub fn register_for_faults(ram: &GuestRam) -> io::Result<Placer> {
-        Self::register_slots(ram, 0, true)
+        Self::register_slots(ram, abi::UFFD_FEATURE_THREAD_ID, true)
     }
 
     fn register_slots(ram: &GuestRam, features: u64, hugetlb_too: bool) -> io::Result<Placer> {
         let hugetlb = ram.backing() == Backing::Hugetlb;
+        // A kernel without a wanted feature refuses the handshake; the
+        // thread ids are worth a report, not a postcopy, so go on without.
+        let fd = match abi::open(features) {
+            Err(e) if features & UFFD_FEATURE_THREAD_ID != 0 => {
+                tracing::debug!("userfaultfd without thread ids: {e}");
+                abi::open(features & !UFFD_FEATURE_THREAD_ID)?
+            }
+            fd => fd?,
+        };
         let mut placer = Placer {
-            fd: abi::open(features)?,
+            fd,
             ranges: Vec::new(),
             granule: if hugetlb { HUGE_PAGES } else { 1 },
             foreign: false,
@@ -162,8 +173,17 @@ impl Placer {
                 "a hugetlb range must start and end on 2 MiB boundaries",
             ));
         }
+        // A kernel without a wanted feature refuses the handshake; the
+        // thread ids are worth a report, not a postcopy, so go on without.
+        let fd = match abi::open(features) {
+            Err(e) if features & UFFD_FEATURE_THREAD_ID != 0 => {
+                tracing::debug!("userfaultfd without thread ids: {e}");
+                abi::open(features & !UFFD_FEATURE_THREAD_ID)?
+            }
+            fd => fd?,
+        };
         let mut placer = Placer {
-            fd: abi::open(features)?,
+            fd,
             ranges: Vec::new(),
             granule,
             foreign: false,
@@ -387,9 +407,13 @@ mod tests {
                 return;
             }
         };
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let toucher = {
             let ram = std::sync::Arc::clone(&ram);
-            std::thread::spawn(move || ram.load_u64(Gfn(7).gpa()).unwrap())
+            std::thread::spawn(move || {
+                tid_tx.send(crate::current_thread_id()).unwrap();
+                ram.load_u64(Gfn(7).gpa()).unwrap()
+            })
         };
         let mut faults = Vec::new();
         while faults.is_empty() {
@@ -397,7 +421,12 @@ mod tests {
                 .wait_faults(std::time::Duration::from_secs(5), &mut faults)
                 .unwrap();
         }
-        assert_eq!(faults[0], Gfn(7));
+        assert_eq!(faults[0].gfn, Gfn(7));
+        assert_eq!(
+            faults[0].thread,
+            tid_rx.recv().unwrap(),
+            "the toucher is named"
+        );
         let page = [0x5au8; PAGE_SIZE];
         assert_eq!(placer.copy(Gfn(7), &page).unwrap(), Placed::Copied(1));
         assert_eq!(toucher.join().unwrap(), 0x5a5a_5a5a_5a5a_5a5a);
@@ -434,7 +463,7 @@ mod tests {
                 .wait_faults(std::time::Duration::from_secs(5), &mut faults)
                 .unwrap();
         }
-        faults[0]
+        faults[0].gfn
     }
 
     #[test]
