@@ -35,7 +35,14 @@ use crate::cost;
 use crate::fleet::Fleet;
 use crate::network::Reserved;
 use crate::sim::{Policy, Start, View};
+use ferry_engine::converge::ConvergeMode;
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The policy ferry's model picks for a VM at a demand, by (VM, the
+/// demand's bits): each is forecast once, though the trials of
+/// [`Planner::choose_per_link`] and the drain itself ask again.
+type Picks = Arc<Mutex<HashMap<(usize, u64), ConvergeMode>>>;
 
 /// The planner.
 #[derive(Debug, Default)]
@@ -45,6 +52,8 @@ pub struct Planner {
     /// Migrations that share a link's rate at once (each demands its
     /// share); `None`: chosen by trial on the first call.
     per_link: Option<usize>,
+    /// The policies picked so far, shared with its trials.
+    picks: Picks,
 }
 
 /// The most migrations the planner tries sharing one link.
@@ -59,9 +68,28 @@ impl Planner {
     /// A planner that runs `k` migrations per link at once.
     pub fn per_link(k: usize) -> Self {
         Planner {
-            dest: None,
             per_link: Some(k.max(1)),
+            ..Self::default()
         }
+    }
+
+    /// The policy for VM `v` of `fleet` at `demand` bytes/s.
+    fn pick(&self, fleet: &Fleet, v: usize, demand: f64) -> ConvergeMode {
+        let key = (v, demand.to_bits());
+        let known = self
+            .picks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .copied();
+        known.unwrap_or_else(|| {
+            let (mode, _) = cost::quickest(&fleet.vms[v], demand);
+            self.picks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key, mode);
+            mode
+        })
     }
 
     /// The `k` of 1 to [`MAX_PER_LINK`] whose plan the simulator ends
@@ -69,14 +97,31 @@ impl Planner {
     /// the whole link, so it re-sends least of what its guest dirties; but
     /// a migration does not fill its link end to end (its start, its last
     /// short rounds, the switchover), and a second one fills those gaps.
-    /// Which wins depends on the fleet, so the planner tries each.
-    fn choose_per_link(fleet: &Fleet) -> usize {
-        (1..=MAX_PER_LINK)
-            .filter_map(|k| {
-                crate::sim::run(fleet, &mut Planner::per_link(k), 1)
-                    .ok()
-                    .map(|o| (k, o.makespan_s))
-            })
+    /// Which wins depends on the fleet, so the planner tries each, each
+    /// trial on a thread of its own (both share the destinations and the
+    /// policies picked, and the drain then reuses the winner's picks).
+    fn choose_per_link(&self, fleet: &Fleet) -> usize {
+        let trial = |k: usize| {
+            let mut p = Planner {
+                dest: self.dest.clone(),
+                per_link: Some(k),
+                picks: Arc::clone(&self.picks),
+            };
+            crate::sim::run(fleet, &mut p, 1)
+                .ok()
+                .map(|o| (k, o.makespan_s))
+        };
+        let ends: Vec<Option<(usize, f64)>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (1..=MAX_PER_LINK)
+                .map(|k| s.spawn(move || trial(k)))
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().unwrap_or(None))
+                .collect()
+        });
+        ends.into_iter()
+            .flatten()
             .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
             .map_or(1, |(k, _)| k)
     }
@@ -201,12 +246,19 @@ impl Policy for Planner {
 
     fn admit(&mut self, view: &View, _placed: &[Option<usize>]) -> Vec<Start> {
         let fleet = view.fleet;
-        let Ok(dest) = self.dest.get_or_insert_with(|| destinations(fleet)) else {
+        if self.dest.is_none() {
+            self.dest = Some(destinations(fleet));
+        }
+        if !matches!(self.dest, Some(Ok(_))) {
+            return Vec::new();
+        }
+        if self.per_link.is_none() {
+            self.per_link = Some(self.choose_per_link(fleet));
+        }
+        let per_link = self.per_link.unwrap_or(1) as f64;
+        let Some(Ok(dest)) = &self.dest else {
             return Vec::new();
         };
-        let per_link = *self
-            .per_link
-            .get_or_insert_with(|| Self::choose_per_link(fleet)) as f64;
         let links = view.links;
         // What each link already carries, by demand: its share of the
         // least capacity on each running migration's way.
@@ -297,7 +349,7 @@ impl Policy for Planner {
             load.add(links, src, to, d);
             *out.entry(src).or_default() += 1;
             *inb.entry(to).or_default() += 1;
-            let (mode, _) = cost::quickest(&fleet.vms[v], d);
+            let mode = self.pick(fleet, v, d);
             // It may take the whole way while the others sharing it start
             // or finish; its demand only paces admission.
             starts.push(Start::capped(v, to, links.way(src, to), mode));
