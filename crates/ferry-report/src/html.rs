@@ -8,6 +8,8 @@
 //!        <svg>…</svg>                          N elements of class "mark",
 //!                                              a timeline's panels' units
 //!   <a class="json" href=…>                    the raw results
+//!   <p class="others">                         report.html only: the other
+//!                                              reports' pages beside it
 //! ```
 
 use crate::chart::Chart;
@@ -26,6 +28,8 @@ pub struct Page<'a> {
     pub charts: &'a [Chart],
     /// The JSON's file name, next to the page.
     pub json: Option<&'a str>,
+    /// Other reports' pages beside it, by file name, linked at its top.
+    pub others: &'a [String],
 }
 
 const STYLE: &str = "body{font-family:sans-serif;margin:2em auto;max-width:960px;color:#222}\
@@ -48,6 +52,18 @@ impl Page<'_> {
         );
         for line in self.intro {
             let _ = writeln!(out, "<p>{}</p>", escape(line));
+        }
+        if !self.others.is_empty() {
+            let links: Vec<String> = self
+                .others
+                .iter()
+                .map(|o| format!("<a href=\"{0}\">{0}</a>", escape(o)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "<p class=\"others\">Other reports in this directory: {}.</p>",
+                links.join(", ")
+            );
         }
         if let Some(json) = self.json {
             let _ = writeln!(
@@ -156,9 +172,11 @@ mod tests {
             tables: &[t],
             charts: &[bars.into()],
             json: Some("run.json"),
+            others: &["zap.html".into()],
         }
         .render()
         .unwrap();
+        assert!(page.contains("<a href=\"zap.html\">zap.html</a>"), "{page}");
         assert!(page.contains("<td>4.34</td>"), "{page}");
         assert!(page.contains("A &lt;demo&gt;"), "{page}");
         assert!(page.contains("data-marks=\"4\""), "{page}");

@@ -95,8 +95,10 @@ impl<T: Serialize> Report<T> {
 
     /// Writes `<dir>/<name>.json` (results and tables), each chart as
     /// `<dir>/<name>.svg`, `<name>-2.svg`, ..., and the page holding them
-    /// all as `<dir>/<name>.html` and `<dir>/report.html` (the last report
-    /// written to the directory).
+    /// all as `<dir>/<name>.html` and `<dir>/report.html`: the last report
+    /// written to the directory, with links to the other reports' pages
+    /// there (`bench converge` then `bench fleet` into one `--out` keep
+    /// both, each a link away).
     pub fn write(&self, dir: &Path) -> Result<Written, ReportError> {
         std::fs::create_dir_all(dir).map_err(|source| ReportError::Io {
             path: dir.to_path_buf(),
@@ -118,23 +120,48 @@ impl<T: Serialize> Report<T> {
             }
         }
         let json_name = format!("{}.json", self.name);
-        let page = html::Page {
-            title: &self.name,
-            intro: &[],
-            tables: &self.tables,
-            charts: &self.charts,
-            json: Some(&json_name),
-        }
-        .render()
-        .map_err(|message| ReportError::Plot {
-            path: dir.join(format!("{}.html", self.name)),
-            message,
-        })?;
-        write_file(&dir.join(format!("{}.html", self.name)), page.as_bytes())?;
+        let own = format!("{}.html", self.name);
+        let others = other_reports(dir, &own);
+        let render = |others: &[String], path: &Path| {
+            html::Page {
+                title: &self.name,
+                intro: &[],
+                tables: &self.tables,
+                charts: &self.charts,
+                json: Some(&json_name),
+                others,
+            }
+            .render()
+            .map_err(|message| ReportError::Plot {
+                path: path.to_path_buf(),
+                message,
+            })
+        };
+        let page = dir.join(&own);
+        write_file(&page, render(&[], &page)?.as_bytes())?;
         let html = dir.join("report.html");
-        write_file(&html, page.as_bytes())?;
+        write_file(&html, render(&others, &html)?.as_bytes())?;
         Ok(Written { json, svg, html })
     }
+}
+
+/// The pages of other reports in `dir` (a `<stem>.html` beside its
+/// `<stem>.json`), by file name, sorted; `own` and `report.html` left out.
+fn other_reports(dir: &Path, own: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n != own && n != "report.html")
+        .filter(|n| {
+            n.strip_suffix(".html")
+                .is_some_and(|stem| dir.join(format!("{stem}.json")).is_file())
+        })
+        .collect();
+    found.sort();
+    found
 }
 
 /// Writes `bytes` to `path`.
@@ -197,6 +224,24 @@ mod tests {
         assert_eq!(chart::marks::count(&svg, "mark"), 2, "a mark per point");
         let page = std::fs::read_to_string(&w.html).unwrap();
         assert!(page.contains("href=\"unit.json\""), "{page}");
+        assert!(!page.contains("class=\"others\""), "alone: {page}");
+        // A second report into the same directory: report.html is its page,
+        // with a link to the first's, which stays.
+        let second = Report {
+            name: "other".into(),
+            tables: vec![Table::new("t2", &["b"])],
+            results: vec![4],
+            charts: Vec::new(),
+        };
+        let w2 = second.write(&dir).unwrap();
+        let page = std::fs::read_to_string(&w2.html).unwrap();
+        assert!(page.contains("data-title=\"t2\""), "{page}");
+        assert!(
+            page.contains("<a href=\"unit.html\">unit.html</a>"),
+            "{page}"
+        );
+        let first = std::fs::read_to_string(dir.join("unit.html")).unwrap();
+        assert!(first.contains("data-title=\"t\""), "{first}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

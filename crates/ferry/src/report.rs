@@ -41,6 +41,7 @@ pub fn write(path: &Path, s: &MigrationSummary) -> Result<(), CmdError> {
         tables: &tables,
         charts: &[Chart::from(timeline)],
         json: Some(&json_name),
+        others: &[],
     }
     .render()
     .map_err(|e| failed(path, &e))?;
