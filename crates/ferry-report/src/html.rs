@@ -111,7 +111,11 @@ fn table(out: &mut String, t: &Table) {
     for row in &t.rows {
         out.push_str("<tr>");
         for cell in row {
-            let _ = write!(out, "<td>{}</td>", escape(cell));
+            if names_a_file_beside(cell) {
+                let _ = write!(out, "<td><a href=\"{0}\">{0}</a></td>", escape(cell));
+            } else {
+                let _ = write!(out, "<td>{}</td>", escape(cell));
+            }
         }
         out.push_str("</tr>\n");
     }
@@ -119,6 +123,16 @@ fn table(out: &mut String, t: &Table) {
     for n in &t.notes {
         let _ = writeln!(out, "<p class=\"note\">{}</p>", escape(n));
     }
+}
+
+/// Whether a table's cell is the name of a file beside the page (a run's
+/// timeline SVG, its summary JSON), which the page then links.
+fn names_a_file_beside(cell: &str) -> bool {
+    !cell.contains(|c: char| c.is_whitespace() || c == '/' || c == '\\')
+        && !cell.starts_with('.')
+        && [".svg", ".json", ".html"]
+            .iter()
+            .any(|ext| cell.len() > ext.len() && cell.ends_with(ext))
 }
 
 /// An SVG document's body, without an XML prolog (not allowed inline).
@@ -152,8 +166,9 @@ mod tests {
 
     #[test]
     fn a_page_holds_its_tables_and_each_charts_marks() {
-        let mut t = Table::new("A <demo>", &["cell", "s"]);
-        t.row(vec!["1".into(), "4.34".into()]);
+        let mut t = Table::new("A <demo>", &["cell", "s", "timeline"]);
+        t.row(vec!["1".into(), "4.34".into(), "run-cell1.svg".into()]);
+        t.row(vec!["2".into(), "5.00".into(), "not run.svg".into()]);
         let bars = Bars {
             title: "t".into(),
             y_label: "s".into(),
@@ -178,6 +193,11 @@ mod tests {
         .unwrap();
         assert!(page.contains("<a href=\"zap.html\">zap.html</a>"), "{page}");
         assert!(page.contains("<td>4.34</td>"), "{page}");
+        assert!(
+            page.contains("<td><a href=\"run-cell1.svg\">run-cell1.svg</a></td>"),
+            "a file beside the page is linked: {page}"
+        );
+        assert!(page.contains("<td>not run.svg</td>"), "{page}");
         assert!(page.contains("A &lt;demo&gt;"), "{page}");
         assert!(page.contains("data-marks=\"4\""), "{page}");
         assert_eq!(crate::chart::marks::count(&page, "mark"), 3);

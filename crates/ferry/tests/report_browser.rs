@@ -213,6 +213,19 @@ fn reports_load_in_chromium_and_show_the_jsons_numbers() {
         figures[1]["references"], 3,
         "the seed's quota figure in each mix"
     );
+    // Table D links each run's timeline and summary, files beside the page.
+    let links = browser
+        .eval("return [...document.querySelectorAll('table.ferry-table td a')].map(a => a.getAttribute('href'));")
+        .expect("links");
+    let links: Vec<String> = serde_json::from_value(links).expect("hrefs");
+    assert_eq!(
+        links.len(),
+        2 * runs(&cells.iter().collect::<Vec<_>>()),
+        "{links:?}"
+    );
+    for l in &links {
+        assert!(bench_dir.join(l).is_file(), "{l} is beside the page");
+    }
     postcopy_timeline(&browser, &dir);
     // Table A's time for quota is the JSON's.
     let quota = &a[0]["results"][0];

@@ -677,6 +677,26 @@ fn report(
         4,
         std::thread::available_parallelism().map_or(1, |n| n.get())
     ));
+    let mut table_d = Table::new(
+        format!("D. Each run ({} backend)", a.backend),
+        &["cell", "policy", "timeline", "summary"],
+    );
+    let file = |p: &Option<PathBuf>| {
+        p.as_ref()
+            .and_then(|p| p.file_name())
+            .map_or_else(|| "-".into(), |n| n.to_string_lossy().into_owned())
+    };
+    for (i, c) in cells.iter().enumerate() {
+        for r in &c.results {
+            table_d.row(vec![
+                (i + 1).to_string(),
+                r.policy.clone(),
+                file(&r.timeline),
+                file(&r.summary),
+            ]);
+        }
+    }
+    table_d.note("Beside this page: each run's timeline (its rounds, throttle and pause on one time axis) and its whole summary as `ferry demo --json` printed it, the prediction's input included.");
     let mut figures: Vec<Chart> = Vec::new();
     if cells.iter().any(|c| c.cell.mix.is_empty()) {
         figures.push(charts::table_a(&a.backend, &policies, &cells).into());
@@ -686,7 +706,7 @@ fn report(
     }
     Report {
         name: format!("converge-{}", a.backend),
-        tables: vec![table_a, table_b, table_c],
+        tables: vec![table_a, table_b, table_c, table_d],
         results: ConvergeResults {
             backend: a.backend.clone(),
             link: link_kind(a.netns).into(),
