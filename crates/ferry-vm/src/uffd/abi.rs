@@ -110,6 +110,16 @@ pub(super) fn open(features: u64) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// [`open`] with `features` and [`UFFD_FEATURE_THREAD_ID`], so that each
+/// fault names its thread; where the kernel refuses that, without it: the
+/// thread ids are worth a report, not a postcopy.
+pub(super) fn open_naming_threads(features: u64) -> io::Result<OwnedFd> {
+    open(features | UFFD_FEATURE_THREAD_ID).or_else(|e| {
+        tracing::debug!("userfaultfd without thread ids: {e}");
+        open(features)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

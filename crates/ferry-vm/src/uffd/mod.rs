@@ -92,7 +92,7 @@ impl Placer {
     /// touch of a missing page is a SIGBUS. Fails where userfaultfd is
     /// unavailable; callers then write as before.
     pub fn register(ram: &GuestRam) -> io::Result<Placer> {
-        Self::register_slots(ram, UFFD_FEATURE_SIGBUS, false)
+        Self::register_slots(ram, abi::open(UFFD_FEATURE_SIGBUS)?, false)
     }
 
     /// Registers all of `ram` for postcopy: a touch of a missing page
@@ -102,20 +102,11 @@ impl Placer {
     /// the 2 MiB page ([`Placer::granule_pages`]): copies there must be
     /// whole.
     pub fn register_for_faults(ram: &GuestRam) -> io::Result<Placer> {
-        Self::register_slots(ram, abi::UFFD_FEATURE_THREAD_ID, true)
+        Self::register_slots(ram, abi::open_naming_threads(0)?, true)
     }
 
-    fn register_slots(ram: &GuestRam, features: u64, hugetlb_too: bool) -> io::Result<Placer> {
+    fn register_slots(ram: &GuestRam, fd: OwnedFd, hugetlb_too: bool) -> io::Result<Placer> {
         let hugetlb = ram.backing() == Backing::Hugetlb;
-        // A kernel without a wanted feature refuses the handshake; the
-        // thread ids are worth a report, not a postcopy, so go on without.
-        let fd = match abi::open(features) {
-            Err(e) if features & UFFD_FEATURE_THREAD_ID != 0 => {
-                tracing::debug!("userfaultfd without thread ids: {e}");
-                abi::open(features & !UFFD_FEATURE_THREAD_ID)?
-            }
-            fd => fd?,
-        };
         let mut placer = Placer {
             fd,
             ranges: Vec::new(),
@@ -173,17 +164,8 @@ impl Placer {
                 "a hugetlb range must start and end on 2 MiB boundaries",
             ));
         }
-        // A kernel without a wanted feature refuses the handshake; the
-        // thread ids are worth a report, not a postcopy, so go on without.
-        let fd = match abi::open(features) {
-            Err(e) if features & UFFD_FEATURE_THREAD_ID != 0 => {
-                tracing::debug!("userfaultfd without thread ids: {e}");
-                abi::open(features & !UFFD_FEATURE_THREAD_ID)?
-            }
-            fd => fd?,
-        };
         let mut placer = Placer {
-            fd,
+            fd: abi::open(features)?,
             ranges: Vec::new(),
             granule,
             foreign: false,
