@@ -201,6 +201,8 @@ impl BlockClock {
         }
         let now = Instant::now();
         let origin = self.origin.get().copied();
+        // Taken once per placement, and only if a thread waited on it.
+        let mut threads = None;
         for g in first.0..first.0 + n {
             let Some(a) = asked.remove(&g) else { continue };
             let Some(&(_, first_at)) = a.waiters.first() else {
@@ -208,7 +210,8 @@ impl BlockClock {
             };
             let ns = now.saturating_duration_since(first_at).as_nanos() as u64;
             self.block_ns.fetch_add(ns, Ordering::Relaxed);
-            let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+            let threads = threads
+                .get_or_insert_with(|| self.threads.lock().unwrap_or_else(|p| p.into_inner()));
             for (t, at) in a.waiters {
                 threads.entry(t).or_default().add(origin, at, now);
             }

@@ -58,10 +58,10 @@ impl Placer {
     pub fn read_faults(&self, out: &mut Vec<Fault>) -> io::Result<()> {
         let mut buf = [0u8; UFFD_MSG_LEN * 64];
         loop {
-            // SAFETY: reading into our own buffer of the length given; the fd
-            // is non-blocking, so this returns EAGAIN once the queue is empty.
-            let got =
-                unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            // The fd is non-blocking: this returns EAGAIN once the queue is empty.
+            let (fd, len) = (self.fd.as_raw_fd(), buf.len());
+            // SAFETY: reads at most `len` bytes into our own buffer of that length.
+            let got = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), len) };
             if got < 0 {
                 let e = io::Error::last_os_error();
                 return match e.raw_os_error() {
