@@ -120,6 +120,7 @@ impl KvmVm {
             .validate()
             .map_err(|e| KvmVmError::Config(e.to_string()))?;
         let kvm = Kvm::new().map_err(KvmError::Open)?;
+        ferry_kvm::check_api(&kvm).map_err(KvmError::Unusable)?;
         let vm = Arc::new(kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?);
         vm.set_tss_address(TSS_ADDRESS)
             .map_err(ioctl("KVM_SET_TSS_ADDR"))?;

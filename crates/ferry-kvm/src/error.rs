@@ -9,6 +9,9 @@ pub enum KvmError {
     /// /dev/kvm could not be opened.
     #[error("cannot open /dev/kvm (is KVM available and are you allowed to use it?)")]
     Open(#[source] errno::Error),
+    /// /dev/kvm opened but is not KVM, or not the API ferry speaks.
+    #[error("{0} (the soft backend needs no /dev/kvm: --backend soft)")]
+    Unusable(String),
     /// A KVM ioctl failed.
     #[error("{0} failed")]
     Ioctl(&'static str, #[source] errno::Error),

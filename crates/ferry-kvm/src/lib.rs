@@ -30,4 +30,4 @@ pub mod memory;
 
 pub use dirty::DirtyTracking;
 pub use error::KvmError;
-pub use host::{kvm_available, require_kvm};
+pub use host::{check_api, kvm_available, kvm_usable, require_kvm};

@@ -10,6 +10,17 @@ use ferry_memstress::{AccessOrder, VmConfig, Workload};
 use ferry_soft::{Iteration, LeafSize, Mechanisms, SplitMode, WriteProtect};
 use ferry_vm::Backing;
 
+/// The values of every `--backend` flag; `auto` is kvm where /dev/kvm can
+/// run a VM, soft otherwise ([`BackendKind::detect`]).
+pub const BACKENDS: [&str; 3] = ["auto", "kvm", "soft"];
+
+/// `name` with `auto` resolved to the backend it means here
+/// ([`BackendKind::detect`]), for commands that pass it on or report it.
+pub fn resolve_backend(name: &str) -> String {
+    name.parse::<BackendKind>()
+        .map_or_else(|_| name.to_string(), |k| k.to_string())
+}
+
 /// Sizes like `512M`, `1G`, `2048K` or plain bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
@@ -195,8 +206,11 @@ impl PagingArgs {
 /// Which backend runs the VM and how.
 #[derive(Args, Debug, Clone)]
 pub struct BackendArgs {
-    /// Backend: kvm (real vCPUs on /dev/kvm) or soft (software MMU, no /dev/kvm needed).
-    #[arg(long, default_value = "kvm", value_parser = ["kvm", "soft"])]
+    /// Backend: kvm (real vCPUs on /dev/kvm), soft (software MMU, no
+    /// /dev/kvm needed), or auto: kvm where /dev/kvm can run a VM, soft
+    /// otherwise (said in one line). A destination on auto takes the
+    /// backend the stream names.
+    #[arg(long, default_value = "auto", value_parser = BACKENDS)]
     pub backend: String,
     /// Host backing of guest RAM: thp (transparent huge pages: one host fault per
     /// 2 MiB, so the destination takes pages in fastest), anon (4 KiB pages),
@@ -240,7 +254,7 @@ where
 }
 
 impl BackendArgs {
-    /// The backend kind.
+    /// The backend kind, `auto` resolved ([`BackendKind::detect`]).
     pub fn kind(&self) -> BackendKind {
         self.backend.parse().expect("clap restricts the values")
     }

@@ -4,7 +4,9 @@
 //! ```text
 //!   main, before any thread      block SIGINT and SIGTERM (every thread inherits it)
 //!   one thread, sigwait          1st signal: run what the command registered
-//!                                  (cancel the migration, stop the VM, ...);
+//!                                  (cancel the migration, stop the VM, ...),
+//!                                  and exit anyway (130) if that has not
+//!                                  ended the process within the grace;
 //!                                  nothing registered: exit now (status 130)
 //!                                2nd signal: exit now (status 130)
 //!   children (pre-exec)          the signals unblocked again, as they were
@@ -14,8 +16,9 @@
 //! for the signal may do anything, such as cancel a migration and let the
 //! engine roll back, tell the destination, and print the summary.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// What the command does on the first signal.
 type OnStop = Box<dyn Fn() + Send>;
@@ -23,6 +26,37 @@ type OnStop = Box<dyn Fn() + Send>;
 static ON_STOP: Mutex<Option<OnStop>> = Mutex::new(None);
 /// The first signal received (0: none).
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
+/// How long a clean stop may take before the process exits anyway: a vCPU
+/// that never leaves KVM_RUN (a host that wedged it) must not keep ferry
+/// alive. The command's stall timeout ([`exit_within`]); 10 s, its
+/// default, until a command sets it.
+static GRACE_MS: AtomicU64 = AtomicU64::new(10_000);
+
+/// A clean stop that takes longer than `grace` ends with exit status 130
+/// and a line saying so.
+pub fn exit_within(grace: Duration) {
+    GRACE_MS.store(grace.as_millis() as u64, Ordering::SeqCst);
+}
+
+/// Starts the watchdog of a clean stop.
+fn exit_after(grace: Duration, sig: i32) {
+    let watchdog = move || {
+        std::thread::sleep(grace);
+        eprintln!(
+            "ferry: {}: not stopped cleanly within {} s (a vCPU or a peer did not answer): exiting now",
+            name(sig),
+            grace.as_secs()
+        );
+        std::process::exit(130);
+    };
+    if std::thread::Builder::new()
+        .name("stop-watchdog".into())
+        .spawn(watchdog)
+        .is_err()
+    {
+        std::process::exit(130);
+    }
+}
 
 fn stop_set() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data; sigemptyset initialises it before use.
@@ -62,10 +96,14 @@ pub fn install() {
             let on_stop = ON_STOP.lock().unwrap_or_else(|p| p.into_inner());
             match on_stop.as_ref() {
                 Some(f) => {
+                    let grace = Duration::from_millis(GRACE_MS.load(Ordering::SeqCst));
                     eprintln!(
-                        "ferry: {}: stopping cleanly (send it again to exit at once)",
-                        name(sig)
+                        "ferry: {}: stopping cleanly (send it again to exit at once; \
+                         exiting anyway in {} s)",
+                        name(sig),
+                        grace.as_secs()
                     );
+                    exit_after(grace, sig);
                     f();
                 }
                 None => std::process::exit(130),

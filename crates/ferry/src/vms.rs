@@ -58,12 +58,32 @@ impl std::fmt::Display for BackendKind {
 
 impl std::str::FromStr for BackendKind {
     type Err = String;
+    /// `kvm`, `soft`, or `auto` ([`BackendKind::detect`]).
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "kvm" => Ok(BackendKind::Kvm),
             "soft" => Ok(BackendKind::Soft),
-            other => Err(format!("unknown backend '{other}': expected kvm or soft")),
+            "auto" => Ok(BackendKind::detect()),
+            other => Err(format!(
+                "unknown backend '{other}': expected auto, kvm or soft"
+            )),
         }
+    }
+}
+
+impl BackendKind {
+    /// The backend for `--backend auto`: kvm where this machine's KVM can
+    /// run a VM, soft otherwise. The first call that falls back says so, in
+    /// one line on stderr with the reason; later calls are silent.
+    pub fn detect() -> BackendKind {
+        static DETECTED: std::sync::OnceLock<BackendKind> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| match ferry_kvm::kvm_usable() {
+            Ok(()) => BackendKind::Kvm,
+            Err(why) => {
+                eprintln!("ferry: {why}; running on the soft backend (software MMU)");
+                BackendKind::Soft
+            }
+        })
     }
 }
 

@@ -178,3 +178,66 @@ fn harvests_within_rounds_send_pages_dirtied_ahead_once_on_kvm() {
     assert!(j["spared_pages"].as_u64().unwrap() > 0, "{j}");
     assert!(out.status.success(), "{stderr}");
 }
+
+#[test]
+fn a_destination_without_a_backend_takes_the_streams() {
+    // `ferry receive` with no --backend (auto) builds whichever of ferry's
+    // VMs the stream names, here a soft one, on any machine.
+    let mut dest = Receiver::start(&[]);
+    let out = ferry()
+        .args(["migrate", "--to", &dest.addr, "--json", "--backend", "soft"])
+        .args(["--mem-per-vcpu", "16M", "--warmup", "0.2"])
+        .output()
+        .unwrap();
+    assert_no_panic(&out);
+    let j = last_json(&out);
+    assert_verified(&j, "soft");
+    let (ok, stderr) = dest.finish_within(60, "the migration");
+    assert!(ok, "the destination failed:\n{stderr}");
+    // An explicit, different backend is still refused with the reason.
+    if require_kvm("a kvm destination refuses a soft stream") {
+        let mut dest = Receiver::start(&["--backend", "kvm"]);
+        let out = ferry()
+            .args(["migrate", "--to", &dest.addr, "--json", "--backend", "soft"])
+            .args(["--mem-per-vcpu", "16M", "--warmup", "0.2"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let j = last_json(&out);
+        assert!(
+            j["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("both ends must use the same"),
+            "{j}"
+        );
+        dest.finish_within(60, "the refusal");
+    }
+}
+
+#[test]
+fn a_guest_that_dies_after_the_move_fails_the_demo() {
+    // The destination breaks the guest's code once it resumes: its vCPUs
+    // fault (a triple fault, with no IDT), and the demo must say the
+    // migration failed, naming the vCPU and its exit, however well the
+    // memory moved.
+    if !require_kvm("a guest that dies after the move") {
+        return;
+    }
+    let out = Ferry::demo()
+        .on("kvm")
+        .guest("32M", 32)
+        .args(&["--warmup", "0.3", "--break-dest-guest"])
+        .run();
+    assert_no_panic(&out);
+    assert!(!out.status.success(), "the demo exited 0");
+    let j = last_json(&out);
+    assert_eq!(j["digest_match"], true, "the memory still moved: {j}");
+    let error = j["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error: {j}"));
+    assert!(
+        error.contains("after switchover") && error.contains("vCPU") && error.contains("Shutdown"),
+        "{error}"
+    );
+}

@@ -18,8 +18,10 @@ fn require_netns(test: &str) -> bool {
             .status()
             .is_ok_and(|s| s.success())
     });
-    if !(root && tools) {
-        eprintln!("SKIP {test}: needs root and iproute2 (ip, tc) for network namespaces");
+    if !root {
+        println!("SKIP {test}: network namespaces need root");
+    } else if !tools {
+        skip_unless_set_up_lacks(test, "iproute2", "iproute2's ip and tc are missing");
     }
     root && tools
 }

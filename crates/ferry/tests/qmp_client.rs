@@ -1,21 +1,21 @@
 //! ferry's QMP socket driven by QEMU's own client library (`qemu.qmp` from
-//! PyPI, which `.ci/run` installs into `target/qmp-venv`): the Python
+//! PyPI, which `scripts/setup.sh` installs into `target/qmp-venv`): the Python
 //! script `qmp_client.py` migrates a `ferry run --qmp` VM to a `ferry
 //! receive --qmp`, following the events to `completed` on both, the
 //! destination's monitor connected (run state `inmigrate`) before the
 //! migration starts; and the package's
-//! `qmp-shell` runs a short script. Prints a SKIP line where the package is
-//! missing.
+//! `qmp-shell` runs a short script. Prints a SKIP line where the set-up
+//! could not install the package.
 
 mod common;
 
-use common::{ferry, last_json};
+use common::{ferry, last_json, skip_unless_set_up_lacks};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A Python that has `qemu.qmp`: `FERRY_QMP_PYTHON`, the venv `.ci/run`
+/// A Python that has `qemu.qmp`: `FERRY_QMP_PYTHON`, the venv the set-up
 /// makes, or the system's.
 fn python() -> Option<PathBuf> {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/qmp-venv/bin/python");
@@ -44,10 +44,11 @@ fn wait_for(path: &Path) {
 #[test]
 fn qemus_own_client_migrates_a_vm_and_reads_the_result() {
     let Some(python) = python() else {
-        println!(
-            "SKIP qemu.qmp client: the qemu.qmp package is not installed (pip install qemu.qmp)"
+        return skip_unless_set_up_lacks(
+            "qemu.qmp client",
+            "qemu.qmp",
+            "the qemu.qmp package is not installed",
         );
-        return;
     };
     let dir = std::env::temp_dir();
     let pid = std::process::id();

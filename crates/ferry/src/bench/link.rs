@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 #[derive(Args, Debug)]
 pub struct LinkArgs {
     /// Backend of the migrated guest.
-    #[arg(long, default_value = "kvm", value_parser = ["kvm", "soft"])]
+    #[arg(long, default_value = "auto", value_parser = crate::args::BACKENDS)]
     pub backend: String,
     /// Guest memory (2 vCPUs, half each).
     #[arg(long, default_value = "1G", value_parser = crate::args::parse_size)]

@@ -37,7 +37,7 @@ use std::time::Duration;
 #[derive(Args, Debug)]
 pub struct LocalArgs {
     /// Backend of the guest.
-    #[arg(long, default_value = "kvm", value_parser = ["kvm", "soft"])]
+    #[arg(long, default_value = "auto", value_parser = crate::args::BACKENDS)]
     pub backend: String,
     /// Guest memory sizes in GiB. A size the host's available memory
     /// cannot hold with 2 GiB to spare is skipped, with a note.

@@ -33,7 +33,7 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub count: u32,
     /// Backend of both ends.
-    #[arg(long, default_value = "kvm", value_parser = ["kvm", "soft"])]
+    #[arg(long, default_value = "auto", value_parser = crate::args::BACKENDS)]
     pub backend: String,
     /// vCPUs of the guest.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]

@@ -220,7 +220,8 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
             let report = zap_experiment(&opts).map_err(|e| CmdError::Usage(e.to_string()))?;
             emit_json(&report, &a.out, a.json)
         }
-        BenchCommand::Link(a) => {
+        BenchCommand::Link(mut a) => {
+            a.backend = crate::args::resolve_backend(&a.backend);
             let report = crate::bench::link::run(&a)?;
             let code = emit(&report, &a.out)?;
             if a.json {
@@ -248,7 +249,8 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
             }
             Ok(code)
         }
-        BenchCommand::Local(a) => {
+        BenchCommand::Local(mut a) => {
+            a.backend = crate::args::resolve_backend(&a.backend);
             let report = crate::bench::local::run(&a)?;
             let code = emit(&report, &a.out)?;
             if a.json {
@@ -262,7 +264,8 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
             })
         }
         BenchCommand::DemandPaging(a) => demand_paging(a),
-        BenchCommand::Soak(a) => {
+        BenchCommand::Soak(mut a) => {
+            a.backend = crate::args::resolve_backend(&a.backend);
             let report = crate::bench::soak::run(&a)?;
             emit(&report, &a.out)?;
             let s = &report.results;

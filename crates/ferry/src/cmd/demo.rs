@@ -26,6 +26,10 @@ pub struct DemoArgs {
     /// Seconds the destination runs the guest after switchover before reporting.
     #[arg(long = "run-after", default_value_t = 1.0)]
     pub run_after: f64,
+    /// For tests: the destination breaks the guest's code once it resumes
+    /// (`ferry receive --break-guest-after-resume`).
+    #[arg(long = "break-dest-guest", hide = true)]
+    pub break_dest_guest: bool,
     /// Let the guest write as fast as it can: the default. An uncapped
     /// write-heavy guest dirties memory faster than loopback can send it, and
     /// the demo shows the convergence policy (--converge) bringing it home.
@@ -158,21 +162,31 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
         grace += crate::guest_check::MAX_RUN_AFTER
             + Duration::try_from_secs_f64(a.run_after).unwrap_or_default();
     }
-    match wait_for(&mut dest.0, grace) {
-        Some(status) if !status.success() && summary.error.is_none() => {
-            eprintln!("ferry demo: destination exited with {status}");
-        }
-        Some(_) => {}
-        None => {
-            eprintln!(
-                "ferry demo: the destination was still running {} s after the migration ended; stopped it",
-                grace.as_secs()
-            );
-            let _ = dest.0.kill();
-            let _ = dest.0.wait();
-        }
+    let exited = wait_for(&mut dest.0, grace);
+    if exited.is_none() {
+        let _ = dest.0.kill();
+        let _ = dest.0.wait();
     }
-    add_destination_checks(&mut summary, dest_out);
+    let guest_error = add_destination_checks(&mut summary, dest_out);
+    // A guest that dies at the destination is a failed migration, however
+    // well the memory moved.
+    let failure = match (exited, guest_error) {
+        (_, Some(e)) => Some(format!(
+            "the guest failed at the destination after switchover: {e}"
+        )),
+        (Some(status), None) if !status.success() => {
+            Some(format!("the destination exited with {status}"))
+        }
+        (Some(_), None) => None,
+        (None, None) => Some(format!(
+            "the destination was still running {} s after the migration ended; stopped it",
+            grace.as_secs()
+        )),
+    };
+    if let Some(failure) = failure {
+        eprintln!("ferry demo: {failure}");
+        summary.error.get_or_insert(failure);
+    }
     if let Some(path) = &a.report {
         crate::report::write(path, &summary)?;
         if !a.migration.json {
@@ -185,21 +199,23 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
 /// Adds what the destination's guest counted after the switchover (the last
 /// line `ferry receive --json` printed) to the source's summary: the engine
 /// returns at the commit, and only the destination ran the guest after it.
-fn add_destination_checks(summary: &mut ferry_engine::MigrationSummary, mut out: impl Read) {
+/// Returns what the destination said became of the guest, if it failed.
+fn add_destination_checks(
+    summary: &mut ferry_engine::MigrationSummary,
+    mut out: impl Read,
+) -> Option<String> {
     let mut text = String::new();
     let _ = out.read_to_string(&mut text);
-    let Some(j) = text
+    let j = text
         .lines()
         .rev()
-        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-    else {
-        return;
-    };
+        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())?;
     summary.dest_passes_after = j["passes_after"].as_u64();
     summary.mismatches_after = j["mismatches_after"].as_u64();
     if let (Some(before), Some(after)) = (summary.mismatches_before, summary.mismatches_after) {
         summary.guest_mismatches = Some(before.saturating_add(after));
     }
+    j["guest_error"].as_str().map(str::to_string)
 }
 
 /// Each vCPU's write share and rate, grouped: "100% writes, 1 reader;
@@ -241,7 +257,7 @@ fn spawn_destination(a: &DemoArgs, netns: Option<&NetnsPair>) -> Result<Destinat
         "--exit-after-report",
         "--json",
     ])
-    .args(["--backend", &a.backend.backend])
+    .args(["--backend", &a.backend.kind().to_string()])
     .args(["--backing", &a.backend.backing])
     .args(["--run-after", &a.run_after.to_string()])
     .args(["--stall-timeout", &a.migration.stall_timeout_s.to_string()])
@@ -255,6 +271,9 @@ fn spawn_destination(a: &DemoArgs, netns: Option<&NetnsPair>) -> Result<Destinat
     .stderr(Stdio::inherit());
     if a.migration.verify_before_resume {
         cmd.arg("--verify-before-resume");
+    }
+    if a.break_dest_guest {
+        cmd.arg("--break-guest-after-resume");
     }
     if let Some(dir) = &a.migration.tls_dir {
         cmd.arg("--tls-dir").arg(dir);

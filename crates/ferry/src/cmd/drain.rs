@@ -99,7 +99,7 @@ pub struct DrainArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=20))]
     pub repeat: u64,
     /// The guests' backend.
-    #[arg(long, default_value = "kvm", value_parser = ["kvm", "soft"])]
+    #[arg(long, default_value = "auto", value_parser = crate::args::BACKENDS)]
     pub backend: String,
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
@@ -107,7 +107,8 @@ pub struct DrainArgs {
 }
 
 /// Runs `ferry drain`.
-pub fn run(a: DrainArgs) -> Result<ExitCode, CmdError> {
+pub fn run(mut a: DrainArgs) -> Result<ExitCode, CmdError> {
+    a.backend = crate::args::resolve_backend(&a.backend);
     let mini = if a.small {
         MiniFleet::small(a.link_rate)
     } else {

@@ -422,6 +422,8 @@ pub fn boot_and_migrate(
     check_policy(vm, opts.converge)?;
     // A signal before the migration starts stops the warm-up (the flag is
     // read there); once it runs, the signal cancels it (migrate_running).
+    // Either way the process ends within the stall timeout.
+    crate::signals::exit_within(Duration::from_secs(m.stall_timeout_s));
     crate::signals::on_stop(|| {});
     vm.start()?;
     let mut since = Some(warm_up(vm, Duration::from_secs_f64(m.warmup))?);
@@ -580,8 +582,10 @@ fn warm_up(vm: &dyn Vm, at_least: Duration) -> Result<Sample, CmdError> {
 /// source VM still runs.
 pub fn finish(vm: &mut dyn Vm, s: &MigrationSummary, json: bool) -> ExitCode {
     let mut s = s.clone();
-    let ok =
-        s.status == Outcome::Completed && s.digest_match && s.guest_mismatches.unwrap_or(0) == 0;
+    let ok = s.status == Outcome::Completed
+        && s.digest_match
+        && s.guest_mismatches.unwrap_or(0) == 0
+        && s.error.is_none();
     if s.status == Outcome::Failed && vm.is_running() {
         // Show that the guest survived: it still makes progress, and its own
         // stamp checks still pass.

@@ -100,6 +100,11 @@ pub struct ReceiveArgs {
     /// Exit after reporting instead of running the guest on.
     #[arg(long = "exit-after-report")]
     pub exit_after_report: bool,
+    /// For tests: overwrite the guest's code with `ud2` once it resumes
+    /// here, so that its vCPUs fault (on kvm a triple fault: the memstress
+    /// guest has no IDT) and the failure path is exercised.
+    #[arg(long = "break-guest-after-resume", hide = true)]
+    pub break_guest: bool,
     /// Once the guest runs here, serve a control socket at this path, as
     /// `ferry run --control` does: status, live settings, QMP's commands
     /// (`ferry ctl`), and a migration onward to another `ferry receive`.
@@ -138,6 +143,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     // Nothing to roll back on this side: a stop ends it, and the source
     // sees the connection go (its guest runs on there).
     let sockets = monitor_sockets(&a);
+    crate::signals::exit_within(Duration::from_secs(a.stall_timeout_s));
     crate::signals::on_stop(move || {
         let sig = crate::signals::received().unwrap_or("a signal");
         eprintln!("ferry receive: stopped by {sig}; the source keeps its VM");
@@ -186,7 +192,8 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         o.expect = Some(ExpectedVm {
             memory_bytes: None,
             vcpus: a.vcpus,
-            vmm: Some(a.backend.kind().vmm_id().to_string()),
+            // On auto, whichever of ferry's backends the stream names.
+            vmm: (a.backend.backend != "auto").then(|| a.backend.kind().vmm_id().to_string()),
         });
         o.verify_before_resume = a.verify_before_resume;
         o.stall_timeout = Duration::from_secs(a.stall_timeout_s);
@@ -251,16 +258,20 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     } else if let (Outcome::Completed, Some(at_resume)) = (summary.status, summary.guest_at_resume)
     {
         let run_after = Duration::from_secs_f64(a.run_after);
+        if a.break_guest {
+            break_guest(&*vm);
+        }
         let after = crate::guest_check::after_switchover(&*vm, at_resume, run_after);
         summary.passes_after = Some(after.since_resume.progress);
         summary.mismatches_after = Some(after.since_resume.errors);
         problem = after.problem;
     }
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string(&summary).expect("summary serializes")
-        );
+        // The summary, and what became of the guest here after the
+        // switchover (a vCPU that stopped): the demo's verdict needs both.
+        let mut j = serde_json::to_value(&summary).expect("summary serializes");
+        j["guest_error"] = problem.clone().into();
+        println!("{j}");
     }
     if summary.status == Outcome::Held {
         if monitor_sockets(&a).is_empty() {
@@ -290,6 +301,16 @@ pub(super) fn remove_sockets(a: &ReceiveArgs) {
     for path in monitor_sockets(a) {
         let _ = std::fs::remove_file(path);
     }
+}
+
+/// `--break-guest-after-resume`: every byte of the memstress guest's code
+/// becomes `ud2` (0f 0b); a vCPU faults at its next instruction fetch.
+fn break_guest(vm: &dyn Vm) {
+    let code = ferry_memstress::CODE_GPA.0;
+    for at in (code..code + ferry_memstress::CODE_MAX as u64).step_by(8) {
+        let _ = vm.ram().store_u64(ferry_vm::Gpa(at), 0x0b0f_0b0f_0b0f_0b0f);
+    }
+    eprintln!("ferry receive: broke the guest's code on purpose (--break-guest-after-resume)");
 }
 
 /// The destination's monitor, up before the migration arrives, as QEMU's

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
 /// The ferry binary under test. The process dies (SIGKILL) when the
@@ -81,6 +82,29 @@ impl Ferry {
     /// Runs it to the end and returns its output.
     pub fn run(&self) -> Output {
         run(&self.to_args())
+    }
+}
+
+/// What `scripts/setup.sh` (the README's test command's first step) could
+/// not install because the machine cannot provide it: the reason it
+/// recorded for `name` in `target/setup/missing`, if any.
+pub fn set_up_lacks(name: &str) -> Option<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/setup/missing");
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(": ").map(str::to_string))
+}
+
+/// For a test that needs `name`, which it found missing (`what`): prints
+/// its SKIP line where the set-up recorded that this machine cannot provide
+/// it, and fails otherwise, since the set-up installs it wherever it can.
+pub fn skip_unless_set_up_lacks(test: &str, name: &str, what: &str) {
+    match set_up_lacks(name) {
+        Some(why) => println!("SKIP {test}: {what}: {why}"),
+        None => panic!(
+            "{test}: {what}, though scripts/setup.sh did not record {name} as impossible here: \
+             run `bash scripts/setup.sh` (the README's test command does)"
+        ),
     }
 }
 

@@ -23,16 +23,23 @@ pub struct Browser {
 const DRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
 
+/// Whether Debian's chromium and chromium-driver are installed, or which
+/// is missing.
+pub fn present() -> Result<(), String> {
+    for path in [DRIVER, CHROMIUM] {
+        if !Path::new(path).exists() {
+            return Err(format!(
+                "{path} is missing (Debian's chromium and chromium-driver; scripts/setup.sh installs them)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Browser {
     /// Starts chromedriver and a headless Chromium session.
     pub fn start() -> Result<Browser, String> {
-        for path in [DRIVER, CHROMIUM] {
-            if !Path::new(path).exists() {
-                return Err(format!(
-                    "{path} is missing: install Debian's chromium and chromium-driver (.ci/run does)"
-                ));
-            }
-        }
+        present()?;
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| format!("no free port: {e}"))?

@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# A real hardware-virtualized KVM host on this machine: Debian's own kernel
+# and kvm-amd, booted under QEMU's TCG, which emulates an AMD CPU with SVM
+# and nested paging (docs/svm-host.md says why, and which configuration).
+#
+#   scripts/svm-host.sh CMD [ARG...]      run CMD inside the host
+#   scripts/svm-host.sh --selfcheck [--moves N] [--json]
+#                                         a known-good VMM (QEMU -accel kvm)
+#                                         in the host, migrated N times
+#
+# CMD runs from the repository's root, which the host shares at the same
+# path (read-write, 9p), with this machine's /usr, /etc and $HOME. CMD's
+# stdout, stderr and exit status pass through. The host's serial console
+# goes in full to target/svm-host/console.log. If the host itself fails,
+# this exits non-zero naming the cause:
+#   125  the host crashed (a kernel panic, BUG or Oops on its console)
+#   124  the host hung (no exit within --timeout)
+#
+# Options (before CMD): --timeout S (default 3600), --smp N, --mem MiB.
+# The configuration's other knobs, for trying others (docs/svm-host.md):
+# SVM_HOST_QEMU, SVM_HOST_ACCEL, SVM_HOST_CPU, SVM_HOST_APPEND,
+# SVM_HOST_KVM_PARAMS, SVM_HOST_KVM_AMD_PARAMS.
+#
+# It installs what it lacks (scripts/setup.sh --svm: QEMU, busybox-static)
+# and downloads Debian's kernel package once, unpacked under
+# target/svm-host/, where it also caches the initramfs.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+state="$repo/target/svm-host"
+mkdir -p "$state"
+
+# The chosen configuration (docs/svm-host.md has the matrix).
+timeout_s=3600
+smp=${SVM_HOST_SMP:-1}
+mem=${SVM_HOST_MEM:-8192}
+qemu=${SVM_HOST_QEMU:-qemu-system-x86_64}
+accel=${SVM_HOST_ACCEL:-tcg}
+cpu=${SVM_HOST_CPU:-EPYC,+svm,+npt}
+append_extra=${SVM_HOST_APPEND:-}
+kvm_params=${SVM_HOST_KVM_PARAMS:-}
+kvm_amd_params=${SVM_HOST_KVM_AMD_PARAMS:-}
+
+selfcheck=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --timeout) timeout_s=$2; shift 2 ;;
+        --smp) smp=$2; shift 2 ;;
+        --mem) mem=$2; shift 2 ;;
+        --selfcheck) selfcheck=1; shift; break ;;
+        --help | -h) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        --) shift; break ;;
+        *) break ;;
+    esac
+done
+if [ "$selfcheck" -eq 1 ]; then
+    set -- python3 "$repo/scripts/svm-selfcheck.py" "$@"
+fi
+[ $# -gt 0 ] || { echo "svm-host: no command (see --help)" >&2; exit 2; }
+
+say() { echo "svm-host: $*" >&2; }
+
+# What the host is made of: QEMU and busybox from Debian, the kernel package
+# unpacked here.
+if ! command -v "$qemu" >/dev/null || ! [ -x /bin/busybox ] || ! command -v cpio >/dev/null; then
+    bash "$repo/scripts/setup.sh" --svm >&2
+    command -v "$qemu" >/dev/null || { say "no $qemu, and Debian's qemu-system-x86 could not be installed"; exit 2; }
+fi
+kdir="$state/kernel"
+if [ ! -f "$state/kernel.ready" ]; then
+    say "downloading Debian's kernel package (once)"
+    pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+    [ -n "$pkg" ] || { apt-get update -qq >&2 || true; pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'); }
+    [ -n "$pkg" ] || { say "cannot find Debian's linux-image-amd64 package"; exit 2; }
+    rm -rf "$state/pkg" "$kdir"
+    mkdir -p "$state/pkg"
+    (cd "$state/pkg" && apt-get download "$pkg" >/dev/null 2>&1) || { say "apt-get download $pkg failed"; exit 2; }
+    dpkg-deb -x "$state"/pkg/*.deb "$kdir"
+    rm -rf "$state/pkg"
+    touch "$state/kernel.ready"
+fi
+vmlinuz=$(ls "$kdir"/boot/vmlinuz-*)
+kver=${vmlinuz##*/vmlinuz-}
+mods="$kdir/lib/modules/$kver/kernel"
+
+# The initramfs: busybox, the modules, and /init below. Rebuilt when this
+# script changes.
+initrd="$state/initrd-$kver.cpio.gz"
+if [ ! -f "$initrd" ] || [ "$0" -nt "$initrd" ]; then
+    tmp=$(mktemp -d)
+    mkdir -p "$tmp"/{bin,sbin,proc,sys,dev,tmp,run,kmod,mnt,root}
+    cp /bin/busybox "$tmp/bin/busybox"
+    for m in drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_pci_modern_dev \
+        drivers/virtio/virtio_pci_legacy_dev drivers/virtio/virtio_pci fs/netfs/netfs fs/fscache/fscache \
+        net/9p/9pnet net/9p/9pnet_virtio fs/9p/9p virt/lib/irqbypass arch/x86/kvm/kvm \
+        drivers/crypto/ccp/ccp arch/x86/kvm/kvm-amd; do
+        cp "$mods/$m.ko" "$tmp/kmod/"
+        echo "${m##*/}" >>"$tmp/kmod/order"
+    done
+    cat >"$tmp/init" <<'INIT'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mkdir -p /dev/pts /dev/shm /dev/hugepages
+mount -t devpts devpts /dev/pts
+mount -t tmpfs tmpfs /dev/shm
+mount -t tmpfs tmpfs /tmp
+mount -t hugetlbfs hugetlbfs /dev/hugepages
+arg() { tr ' ' '\n' </proc/cmdline | sed -n "s/^svmhost\.$1=//p"; }
+for m in $(cat /kmod/order); do
+    p=""
+    [ "$m" = kvm ] && p=$(arg kvm | tr ',' ' ')
+    [ "$m" = kvm-amd ] && p=$(arg kvm_amd | tr ',' ' ')
+    insmod /kmod/$m.ko $p || echo "svm-host: insmod $m failed"
+done
+opts=trans=virtio,version=9p2000.L,msize=524288,cache=none
+repo=$(arg repo); home=$(arg home); run=$(arg run)
+mkdir -p /usr /etc.host "$repo" "$home"
+mount -t 9p -o $opts,ro usr /usr
+mount -t 9p -o $opts,ro etc /etc.host
+mount -t 9p -o $opts repo "$repo"
+mount -t 9p -o $opts home "$home"
+# Merged /usr, as the machine has it; the host's /etc beside busybox's.
+for d in lib lib64; do ln -s usr/$d /$d; done
+for f in passwd group hosts nsswitch.conf ld.so.cache ssl ca-certificates alternatives; do
+    [ -e /etc.host/$f ] && ln -sf /etc.host/$f /etc/$f
+done
+ip link set lo up
+echo 64 >/proc/sys/vm/nr_hugepages
+echo "svm-host: ready: $(uname -r), /dev/kvm $( [ -c /dev/kvm ] && echo present || echo ABSENT )"
+cd "$repo"
+env -i HOME="$home" PATH="$home/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+    TERM=dumb LANG=C.UTF-8 SVM_HOST=1 \
+    /bin/sh "$run/cmd.sh" >"$run/stdout" 2>"$run/stderr" </dev/null
+echo $? >"$run/status.tmp" && mv "$run/status.tmp" "$run/status"
+sync
+echo "svm-host: command exited $(cat $run/status)"
+poweroff -f
+INIT
+    chmod +x "$tmp/init"
+    (cd "$tmp" && find . | cpio -o -H newc --quiet | gzip -1) >"$initrd.tmp"
+    mv "$initrd.tmp" "$initrd"
+    rm -rf "$tmp"
+fi
+
+# One run directory per call, under the shared repository.
+run="$state/runs/$$"
+rm -rf "$run"
+mkdir -p "$run"
+: >"$run/stdout"
+: >"$run/stderr"
+{
+    printf 'cd %q\n' "$PWD"
+    printf 'exec'
+    printf ' %q' "$@"
+    printf '\n'
+} >"$run/cmd.sh"
+console="$state/console.log"
+: >"$console"
+
+append="console=ttyS0 panic=-1 oops=panic svmhost.repo=$repo svmhost.home=$HOME svmhost.run=$run"
+[ -n "$kvm_params" ] && append="$append svmhost.kvm=$kvm_params"
+[ -n "$kvm_amd_params" ] && append="$append svmhost.kvm_amd=$kvm_amd_params"
+append="$append $append_extra"
+share() { echo "-virtfs local,path=$1,mount_tag=$2,security_model=none,multidevs=remap"; }
+
+# shellcheck disable=SC2046
+"$qemu" -accel "$accel" -machine q35 -cpu "$cpu" -smp "$smp" -m "$mem" \
+    -kernel "$vmlinuz" -initrd "$initrd" -append "$append" \
+    -nographic -no-reboot -serial "file:$console" -monitor none \
+    -nic none $(share /usr usr) $(share /etc etc) $(share "$repo" repo) $(share "$HOME" home) \
+    >"$run/qemu.log" 2>&1 &
+qpid=$!
+tail -n +1 -F --pid=$qpid -s 0.2 "$run/stdout" 2>/dev/null &
+t1=$!
+tail -n +1 -F --pid=$qpid -s 0.2 "$run/stderr" >&2 2>/dev/null &
+t2=$!
+trap 'kill $qpid $t1 $t2 2>/dev/null || true' EXIT
+trap 'exit 130' INT TERM
+
+hung=0
+start=$(date +%s)
+while kill -0 $qpid 2>/dev/null; do
+    if [ $(($(date +%s) - start)) -ge "$timeout_s" ]; then
+        hung=1
+        kill $qpid 2>/dev/null
+        break
+    fi
+    sleep 1
+done
+wait $qpid 2>/dev/null || true
+sleep 0.5
+kill $t1 $t2 2>/dev/null || true
+wait $t1 $t2 2>/dev/null || true
+
+fault=$(grep -m1 -E 'Kernel panic|BUG:|Oops:|general protection fault|stack guard page|corrupted stack end' "$console" || true)
+if [ -n "$fault" ]; then
+    say "the SVM host crashed: $fault (console: $console)"
+    exit 125
+fi
+if [ "$hung" -eq 1 ]; then
+    say "the SVM host hung: no exit within ${timeout_s} s (console: $console)"
+    exit 124
+fi
+if [ ! -f "$run/status" ]; then
+    say "the SVM host stopped without the command's status (console: $console; QEMU: $(tail -1 "$run/qemu.log"))"
+    exit 125
+fi
+status=$(cat "$run/status")
+rm -rf "$run"
+exit "$status"
