@@ -2,7 +2,8 @@
 # Runs the README's two commands exactly as written on a fresh machine of
 # this project's kind: a clean Debian root made with debootstrap, lent the
 # host's Rust toolchain read-only (stable and the nightly the fuzzers use)
-# with a writable CARGO_HOME of its own, /dev/kvm bound in where the host
+# with what any Rust toolchain needs (a C linker, CA certificates) and a
+# writable CARGO_HOME of its own, /dev/kvm bound in where the host
 # has one, and the repository cloned into it at HEAD. Nothing else is
 # installed first: the README's test command must do its own set-up.
 #
@@ -24,26 +25,49 @@ command -v debootstrap >/dev/null || { echo "fresh-machine: needs debootstrap (b
 
 mounts=()
 cleanup() {
+    # Whatever still runs in the root dies with this script.
+    for p in /proc/[0-9]*; do
+        [ "$(readlink "$p/root" 2>/dev/null)" = "$root" ] && kill -9 "${p#/proc/}" 2>/dev/null
+    done
     for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}" 2>/dev/null || true; done
 }
 trap cleanup EXIT
 bind() { # bind SRC DST [ro]
-    mkdir -p "$2"
+    if [ -d "$1" ]; then mkdir -p "$2"; else mkdir -p "$(dirname "$2")" && touch "$2"; fi
     mount --bind "$1" "$2"
     mounts+=("$2")
     [ "${3:-}" = ro ] && mount -o remount,bind,ro "$2"
     return 0
 }
 
-if [ ! -x "$root/bin/bash" ]; then
-    rm -rf "$root"
-    echo "fresh-machine: debootstrap bookworm into $root"
-    debootstrap --variant=minbase bookworm "$root" http://deb.debian.org/debian >"$root.debootstrap.log" 2>&1 ||
+# The clean root is made once ($root.base) and copied afresh for every
+# run, so nothing a run installed is there for the next.
+base="$root.base"
+if [ ! -f "$base/.ready" ]; then
+    rm -rf "$base"
+    echo "fresh-machine: debootstrap bookworm into $base"
+    debootstrap --variant=minbase bookworm "$base" http://deb.debian.org/debian >"$root.debootstrap.log" 2>&1 ||
         { tail -20 "$root.debootstrap.log"; exit 1; }
     # Debian's security updates as a machine of this kind has them.
-    echo "deb http://deb.debian.org/debian-security bookworm-security main" >>"$root/etc/apt/sources.list"
+    echo "deb http://deb.debian.org/debian-security bookworm-security main" >>"$base/etc/apt/sources.list"
+    # The machine's own network settings, as every machine of its kind has
+    # them: its resolver, the CA certificates its egress is signed with,
+    # and pip's and apt's configuration.
+    cp /etc/resolv.conf "$base/etc/resolv.conf"
+    mkdir -p "$base/usr/local/share/ca-certificates" "$base/etc/apt/apt.conf.d"
+    cp /usr/local/share/ca-certificates/* "$base/usr/local/share/ca-certificates/" 2>/dev/null || true
+    cp /etc/pip.conf "$base/etc/pip.conf" 2>/dev/null || true
+    cp /etc/apt/apt.conf.d/99artifact-registry "$base/etc/apt/apt.conf.d/" 2>/dev/null || true
+    # What a Rust toolchain itself needs on any machine that has one: a C
+    # linker (rustc links through cc) and the CA certificates cargo checks
+    # crates.io against. Nothing the project needs is installed here.
+    chroot "$base" sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev ca-certificates && update-ca-certificates' \
+        >"$root.toolchain.log" 2>&1 || { tail -20 "$root.toolchain.log"; exit 1; }
+    touch "$base/.ready"
 fi
-cp /etc/resolv.conf "$root/etc/resolv.conf"
+rm -rf "$root"
+cp -a "$base" "$root"
+rm -f "$root/.ready"
 
 # A fresh clone of HEAD, as a user makes one.
 rm -rf "$root/work/ferry"
@@ -55,13 +79,9 @@ echo "fresh-machine: cloned $(git -C "$root/work/ferry" log --oneline -1)"
 mount -t proc proc "$root/proc" && mounts+=("$root/proc")
 mount -t sysfs sys "$root/sys" && mounts+=("$root/sys")
 mount -t tmpfs tmpfs "$root/dev" && mounts+=("$root/dev")
-for d in null zero full random urandom tty ptmx userfaultfd net/tun; do
-    [ -e "/dev/$d" ] || continue
-    mkdir -p "$(dirname "$root/dev/$d")"
-    touch "$root/dev/$d"
-    bind "/dev/$d" "$root/dev/$d"
+for d in null zero full random urandom tty ptmx userfaultfd net/tun kvm; do
+    [ -e "/dev/$d" ] && bind "/dev/$d" "$root/dev/$d"
 done
-[ -e /dev/kvm ] && touch "$root/dev/kvm" && bind /dev/kvm "$root/dev/kvm"
 mkdir -p "$root/dev/pts" "$root/dev/shm" "$root/dev/hugepages"
 mount -t devpts devpts "$root/dev/pts" && mounts+=("$root/dev/pts")
 mount -t tmpfs tmpfs "$root/dev/shm" && mounts+=("$root/dev/shm")
@@ -77,7 +97,11 @@ mkdir -p "$root/root/.cargo/bin"
 run() { # run LABEL COMMAND: the command as written, in the clean root
     local log="$root.$1.log" status=0
     echo "fresh-machine: $1: $2"
-    chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
+    # The machine's environment as CI has it: its certificate and proxy
+    # settings pass; nothing else of this shell's does.
+    local -a pass=()
+    while IFS= read -r v; do pass+=("$v"); done < <(env | grep -E '^[A-Z_]*(SSL|CERT|CA_BUNDLE|CA_CERTS|PROXY|proxy)[A-Z_]*=' || true)
+    chroot "$root" /usr/bin/env -i "${pass[@]}" HOME=/root TERM=dumb LANG=C.UTF-8 \
         RUSTUP_HOME=/opt/rustup CARGO_HOME=/root/.cargo \
         PATH=/root/.cargo/bin:/opt/cargo-bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         /bin/bash -c "cd /work/ferry && $2" >"$log" 2>&1 || status=$?

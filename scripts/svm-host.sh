@@ -53,7 +53,8 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ "$selfcheck" -eq 1 ]; then
-    set -- python3 "$repo/scripts/svm-selfcheck.py" "$@"
+    selfcheck_args=("$@")
+    set -- selfcheck
 fi
 [ $# -gt 0 ] || { echo "svm-host: no command (see --help)" >&2; exit 2; }
 
@@ -81,6 +82,21 @@ fi
 vmlinuz=$(ls "$kdir"/boot/vmlinuz-*)
 kver=${vmlinuz##*/vmlinuz-}
 mods="$kdir/lib/modules/$kver/kernel"
+
+if [ "$selfcheck" -eq 1 ]; then
+    # The control's guest: Debian's kernel with ferry-guest-checker, static,
+    # as its init (built apart from the workspace's target dir, where its
+    # flags would rebuild it back and forth).
+    cargo rustc -q -p ferry-guest-checker --release --target-dir "$repo/target/guest" \
+        -- -C target-feature=+crt-static >&2 || { say "cannot build ferry-guest-checker"; exit 2; }
+    gtmp=$(mktemp -d)
+    cp "$repo/target/guest/release/ferry-guest-checker" "$gtmp/init"
+    (cd "$gtmp" && echo init | cpio -o -H newc --quiet | gzip -1) >"$state/checker-initrd.cpio.gz"
+    rm -rf "$gtmp"
+    set -- python3 "$repo/scripts/svm-selfcheck.py" --kernel "$vmlinuz" \
+        --initrd "$state/checker-initrd.cpio.gz" ${selfcheck_args[@]+"${selfcheck_args[@]}"}
+    rm -f "$state/selfcheck.json"
+fi
 
 # The initramfs: busybox, the modules, and /init below. Rebuilt when this
 # script changes.
@@ -196,17 +212,30 @@ kill $t1 $t2 2>/dev/null || true
 wait $t1 $t2 2>/dev/null || true
 
 fault=$(grep -m1 -E 'Kernel panic|BUG:|Oops:|general protection fault|stack guard page|corrupted stack end' "$console" || true)
+status=
 if [ -n "$fault" ]; then
     say "the SVM host crashed: $fault (console: $console)"
-    exit 125
-fi
-if [ "$hung" -eq 1 ]; then
+    status=125
+elif [ "$hung" -eq 1 ]; then
     say "the SVM host hung: no exit within ${timeout_s} s (console: $console)"
-    exit 124
-fi
-if [ ! -f "$run/status" ]; then
+    status=124
+elif [ ! -f "$run/status" ]; then
     say "the SVM host stopped without the command's status (console: $console; QEMU: $(tail -1 "$run/qemu.log"))"
-    exit 125
+    status=125
+fi
+if [ -n "$status" ]; then
+    # The self-check's tally so far, with the host's own failure added:
+    # its JSON line still comes out.
+    if [ "$selfcheck" -eq 1 ] && [ -f "$state/selfcheck.json" ]; then
+        python3 - "$state/selfcheck.json" "$status" "$fault" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+t["host_crashes" if sys.argv[2] == "125" else "hangs"] += 1
+t["errors"].append("the SVM host: " + (sys.argv[3] or ("hung" if sys.argv[2] == "124" else "stopped")))
+print(json.dumps(t))
+PY
+    fi
+    exit "$status"
 fi
 status=$(cat "$run/status")
 rm -rf "$run"

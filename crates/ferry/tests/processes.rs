@@ -151,3 +151,109 @@ fn sigterm_stops_ferry_run_cleanly_and_removes_its_socket() {
     assert!(stdout.contains("stopped after"), "{stdout}");
     assert!(!sock.exists(), "the socket file was left behind");
 }
+
+/// The child processes of `pid` (of all its threads).
+fn children(pid: u32) -> Vec<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process is alive");
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// One demo stopped by SIGTERM in `phase`: sent once `marker` shows on its
+/// stderr (plus `settle`), the demo must exit, not panic, and leave no
+/// destination behind, on `backend`; and not succeed, unless `may_finish`:
+/// a postcopy cannot be cancelled (the destination runs the guest), so
+/// its source finishes serving the pages, within the stall timeout.
+fn sigterm_in(
+    backend: &str,
+    phase: &str,
+    args: &[&str],
+    marker: &str,
+    settle: Duration,
+    may_finish: bool,
+) {
+    let mut demo = ferry()
+        .args([
+            "demo",
+            "--json",
+            "--backend",
+            backend,
+            "--mem-per-vcpu",
+            "32M",
+        ])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = demo.stderr.take().unwrap();
+    read_until(&mut stderr, marker);
+    let dest_pid = children(demo.id())
+        .first()
+        .copied()
+        .unwrap_or_else(|| panic!("{phase} on {backend}: the demo has no destination process"));
+    std::thread::sleep(settle);
+    signal(&demo, libc::SIGTERM);
+    let status = wait_or_fail(&mut demo, &format!("the demo on {backend} in {phase}"));
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    assert!(!rest.contains("panicked"), "{phase} on {backend}: {rest}");
+    assert!(
+        may_finish || !status.success(),
+        "{phase} on {backend}: a stopped demo is not a success: {rest}"
+    );
+    assert!(rest.contains("SIGTERM"), "{phase} on {backend}: {rest}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::path::Path::new(&format!("/proc/{dest_pid}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{phase} on {backend}: destination {dest_pid} outlived the demo"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn sigterm_stops_the_demo_in_every_phase() {
+    for backend in backends("SIGTERM in every phase") {
+        let second = Duration::from_secs(1);
+        sigterm_in(
+            backend,
+            "the warm-up",
+            &["--warmup", "120"],
+            "warming up the guest",
+            second,
+            false,
+        );
+        sigterm_in(
+            backend,
+            "precopy",
+            &["--bandwidth", "8", "--converge", "none"],
+            "migration from",
+            second,
+            false,
+        );
+        sigterm_in(
+            backend,
+            "postcopy",
+            &["--mode", "postcopy", "--bandwidth", "4"],
+            "migration from",
+            second,
+            true,
+        );
+        sigterm_in(
+            backend,
+            "after the switchover",
+            &["--run-after", "120"],
+            "switched over",
+            second,
+            false,
+        );
+    }
+}

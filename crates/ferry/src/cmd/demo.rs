@@ -161,6 +161,10 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     if summary.status == ferry_engine::Outcome::Completed {
         grace += crate::guest_check::MAX_RUN_AFTER
             + Duration::try_from_secs_f64(a.run_after).unwrap_or_default();
+        eprintln!(
+            "ferry demo: switched over; the destination runs the guest for {} s, then reports",
+            a.run_after
+        );
     }
     let exited = wait_for(&mut dest.0, grace);
     if exited.is_none() {
