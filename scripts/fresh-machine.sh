@@ -8,6 +8,9 @@
 # installed first: the README's test command must do its own set-up.
 #
 #   bash scripts/fresh-machine.sh [DIR]    (DIR: default /var/tmp/ferry-fresh)
+#   FRESH_KEEP_BUILD=1 bash scripts/fresh-machine.sh
+#                                          a rerun that keeps the last run's
+#                                          build and downloaded crates
 #
 # Needs root, debootstrap (scripts/setup.sh installs it) and Debian's
 # packages. Takes about an hour on 2 cores: run it by hand before a change
@@ -65,9 +68,20 @@ if [ ! -f "$base/.ready" ]; then
         >"$root.toolchain.log" 2>&1 || { tail -20 "$root.toolchain.log"; exit 1; }
     touch "$base/.ready"
 fi
+# --keep-build: a rerun keeps the last run's target/ and downloaded
+# crates, so it does not build everything again (say so when you quote it).
+keep=
+if [ "${FRESH_KEEP_BUILD:-0}" = 1 ] && [ -d "$root/work/ferry/target" ]; then
+    keep=$(mktemp -d /var/tmp/ferry-fresh-keep.XXXX)
+    mv "$root/work/ferry/target" "$keep/target"
+    mv "$root/root/.cargo" "$keep/cargo"
+fi
 rm -rf "$root"
 cp -a "$base" "$root"
 rm -f "$root/.ready"
+# Its own / must be a mount point, as a machine's is: `ip netns` remounts
+# it (mount --make-rslave /).
+mount --bind "$root" "$root" && mounts+=("$root")
 
 # A fresh clone of HEAD, as a user makes one.
 rm -rf "$root/work/ferry"
@@ -75,6 +89,13 @@ mkdir -p "$root/work"
 git clone -q "$repo" "$root/work/ferry"
 git -C "$root/work/ferry" checkout -q "$(git -C "$repo" rev-parse HEAD)"
 echo "fresh-machine: cloned $(git -C "$root/work/ferry" log --oneline -1)"
+if [ -n "$keep" ]; then
+    mv "$keep/target" "$root/work/ferry/target"
+    mkdir -p "$root/root"
+    mv "$keep/cargo" "$root/root/.cargo"
+    rmdir "$keep"
+    echo "fresh-machine: FRESH_KEEP_BUILD=1: kept the last run's target/ and downloaded crates"
+fi
 
 mount -t proc proc "$root/proc" && mounts+=("$root/proc")
 mount -t sysfs sys "$root/sys" && mounts+=("$root/sys")
@@ -116,6 +137,9 @@ tests=$(awk '/Run every test/ {f=1} f && /^```/ {n++; next} f && n==1 {print; ex
 status=0
 run main-job "$main_job" || status=1
 run tests "$tests" || status=1
-echo "fresh-machine: SKIP lines of the test command:"
-grep -h 'SKIP' "$root.tests.log" | sort | uniq -c || true
+echo "fresh-machine: what the set-up could not have (target/setup/missing):"
+cat "$root/work/ferry/target/setup/missing" 2>/dev/null
+echo "fresh-machine: tests that skipped, and why (target/setup/skipped):"
+sort "$root/work/ferry/target/setup/skipped" 2>/dev/null | uniq -c
+echo "fresh-machine: $(grep -E '^test result' "$root.tests.log" | awk '{p+=$4; f+=$6; i+=$8} END {print p" passed, "f" failed, "i" ignored"}') in the test command's cargo test"
 exit "$status"

@@ -122,7 +122,7 @@ fn a_stall_anywhere_in_a_precopy_or_postcopy_ends_both_ends_within_the_timeout()
         );
     }
     if !postcopy {
-        println!("SKIP: userfaultfd is unavailable here; postcopy stalls not run");
+        ferry_vm::skip!("SKIP: userfaultfd is unavailable here; postcopy stalls not run");
     }
 }
 
@@ -130,7 +130,7 @@ fn a_stall_anywhere_in_a_precopy_or_postcopy_ends_both_ends_within_the_timeout()
 fn a_cut_anywhere_in_a_postcopy_leaves_both_ends_as_promised() {
     let ram = ferry_vm::GuestRam::new(&[2 << 20], ferry_vm::Backing::Anonymous).unwrap();
     if let Err(e) = ferry_vm::uffd::Placer::register_for_faults(&ram) {
-        println!("SKIP: userfaultfd is unavailable here ({e}); postcopy cuts not run");
+        ferry_vm::skip!("SKIP: userfaultfd is unavailable here ({e}); postcopy cuts not run");
         return;
     }
     for bytes in CUTS {

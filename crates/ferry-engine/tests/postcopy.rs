@@ -433,7 +433,7 @@ fn huge_destination(test: &str) -> bool {
     match ferry_vm::GuestRam::new(&[8 << 20], ferry_vm::Backing::Hugetlb) {
         Ok(_) => true,
         Err(e) => {
-            println!("SKIP {test}: no free 2 MiB huge pages here ({e})");
+            ferry_vm::skip!("SKIP {test}: no free 2 MiB huge pages here ({e})");
             false
         }
     }

@@ -199,7 +199,7 @@ fn every_backing_runs_the_guest_and_logs_its_writes() {
         cfg.backing = backing;
         let pages_needed = cfg.layout().total_bytes() / (2 << 20);
         if backing == Backing::Hugetlb && free_huge_pages() < pages_needed {
-            println!(
+            ferry_vm::skip!(
                 "SKIP hugetlb backing: {pages_needed} free 2 MiB huge pages needed, {} reserved",
                 free_huge_pages()
             );

@@ -35,7 +35,7 @@ pub fn require_kvm(test: &str) -> bool {
     match kvm_usable() {
         Ok(()) => true,
         Err(why) => {
-            println!("SKIP {test}: /dev/kvm is not usable on this machine ({why})");
+            ferry_vm::skip!("SKIP {test}: /dev/kvm is not usable on this machine ({why})");
             false
         }
     }

@@ -39,6 +39,7 @@ pub mod probe;
 pub mod ram;
 pub mod ram_share;
 pub mod section;
+pub mod skip;
 pub mod synthetic;
 pub mod types;
 pub mod uffd;

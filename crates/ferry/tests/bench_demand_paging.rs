@@ -55,7 +55,7 @@ fn every_cell_pages_in_every_page_with_its_contents() {
     }
 
     if stdout.contains("SKIP: /dev/kvm") {
-        println!("SKIP: /dev/kvm absent; kvm demand-paging cells not checked");
+        ferry_vm::skip!("SKIP: /dev/kvm absent; kvm demand-paging cells not checked");
     } else {
         let kvm = r["kvm"].as_array().expect("kvm cells");
         assert!(kvm.len() >= 5, "the 4K cases at least: {r}");
@@ -77,7 +77,7 @@ fn every_cell_pages_in_every_page_with_its_contents() {
             );
         }
         for s in r["kvm_skipped"].as_array().expect("skipped list") {
-            println!("SKIP: {s}");
+            ferry_vm::skip!("SKIP: {s}");
         }
     }
     assert!(out_dir.join("demand-paging.svg").exists());

@@ -204,7 +204,7 @@ fn postcopy_cut_by_a_freeze() -> Option<(std::process::Child, std::path::PathBuf
 #[test]
 fn a_postcopy_whose_retries_ran_out_is_resumed_through_the_socket() {
     if !std::path::Path::new("/dev/userfaultfd").exists() {
-        println!("SKIP: /dev/userfaultfd absent; postcopy resume not tested");
+        ferry_vm::skip!("SKIP: /dev/userfaultfd absent; postcopy resume not tested");
         return;
     }
     let (mut vm, sock, mut dest) = (0..3)

@@ -36,7 +36,7 @@ fn a_destination_without_a_feature_refuses_a_guest_given_it_and_the_source_runs_
         return;
     }
     let Some((feature, place)) = offered_feature() else {
-        println!("SKIP the CPU check: this host's KVM offers none of the features it masks");
+        ferry_vm::skip!("SKIP the CPU check: this host's KVM offers none of the features it masks");
         return;
     };
     let (mut vm, sock) = run_with_control(Ferry::new("run").on("kvm").guest("32M", 32));

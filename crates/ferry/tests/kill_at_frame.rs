@@ -330,7 +330,7 @@ fn a_stall_before_the_verdict_ends_both_sides_in_time() {
 fn postcopy_possible() -> bool {
     let ram = ferry_vm::GuestRam::new(&[2 << 20], ferry_vm::Backing::Anonymous).unwrap();
     if let Err(e) = ferry_vm::uffd::Placer::register_for_faults(&ram) {
-        println!("SKIP: userfaultfd is unavailable here ({e})");
+        ferry_vm::skip!("SKIP: userfaultfd is unavailable here ({e})");
         return false;
     }
     true

@@ -19,7 +19,7 @@ fn require_netns(test: &str) -> bool {
             .is_ok_and(|s| s.success())
     });
     if !root {
-        println!("SKIP {test}: network namespaces need root");
+        ferry_vm::skip!("SKIP {test}: network namespaces need root");
     } else if !tools {
         skip_unless_set_up_lacks(test, "iproute2", "iproute2's ip and tc are missing");
     }

@@ -34,7 +34,7 @@ fn without_kvm(test: &str, args: &[String]) -> Option<Output> {
     let mut cmd = if Path::new("/dev/kvm").exists() {
         // SAFETY: geteuid has no preconditions and touches no memory.
         if unsafe { libc::geteuid() } != 0 {
-            println!("SKIP {test}: hiding /dev/kvm needs root (a mount namespace)");
+            ferry_vm::skip!("SKIP {test}: hiding /dev/kvm needs root (a mount namespace)");
             return None;
         }
         let mut c = Command::new("unshare");

@@ -192,7 +192,7 @@ fn demo_on_hugetlb(mode: &str) {
     // Two guests of 1 x 32 MiB plus their system slots, source and
     // destination both on hugetlb.
     if free_huge_pages() < 48 {
-        println!(
+        ferry_vm::skip!(
             "SKIP {test}: 48 free 2 MiB huge pages needed, {} free",
             free_huge_pages()
         );

@@ -185,7 +185,7 @@ fn migrate_cancel_leaves_the_source_running_and_events_say_cancelled() {
 fn migrate_start_postcopy_switches_a_migration_started_with_postcopy_ram() {
     let ram = ferry_vm::GuestRam::new(&[2 << 20], ferry_vm::Backing::Anonymous).unwrap();
     if let Err(e) = ferry_vm::uffd::Placer::register_for_faults(&ram) {
-        println!("SKIP: userfaultfd is unavailable here ({e})");
+        ferry_vm::skip!("SKIP: userfaultfd is unavailable here ({e})");
         return;
     }
     let (mut vm, sock) = run_with_control(Ferry::new("run").on("soft").mem("32M"));

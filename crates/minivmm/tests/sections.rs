@@ -27,7 +27,7 @@ fn disk(name: &str) -> MiniConfig {
 #[test]
 fn a_virtio_blk_section_the_destination_cannot_load_is_refused_by_name() {
     if kvm_ioctls::Kvm::new().is_err() {
-        println!("SKIP minivmm sections: /dev/kvm is not available here");
+        ferry_vm::skip!("SKIP minivmm sections: /dev/kvm is not available here");
         return;
     }
     let config = disk("sections");

@@ -292,7 +292,9 @@ mod tests {
         let loaded = match Loaded::new(Arc::clone(&ram), &written, 1, Placement::Uffd, true) {
             Ok(l) => l,
             Err(e) => {
-                println!("SKIP: userfaultfd unavailable here ({e}); place-once test not run");
+                ferry_vm::skip!(
+                    "SKIP: userfaultfd unavailable here ({e}); place-once test not run"
+                );
                 return;
             }
         };

@@ -213,7 +213,7 @@ pub fn uffd_available(test: &str) -> bool {
     match ferry_vm::uffd::Placer::register_for_faults(&ram) {
         Ok(_) => true,
         Err(e) => {
-            println!("SKIP {test}: userfaultfd is unavailable here ({e})");
+            ferry_vm::skip!("SKIP {test}: userfaultfd is unavailable here ({e})");
             false
         }
     }

@@ -352,7 +352,7 @@ mod tests {
         let placer = match Placer::register(&ram) {
             Ok(p) => p,
             Err(e) => {
-                println!("SKIP: userfaultfd unavailable here ({e}); placement test not run");
+                crate::skip!("SKIP: userfaultfd unavailable here ({e}); placement test not run");
                 return;
             }
         };
@@ -385,7 +385,7 @@ mod tests {
         let placer = match Placer::register_for_faults(&ram) {
             Ok(p) => p,
             Err(e) => {
-                println!("SKIP: userfaultfd unavailable here ({e}); fault test not run");
+                crate::skip!("SKIP: userfaultfd unavailable here ({e}); fault test not run");
                 return;
             }
         };
@@ -423,12 +423,12 @@ mod tests {
     #[test]
     fn hugetlb_registers_for_faults_in_2m_granules() {
         let Ok(ram) = GuestRam::new(&[2 << 20, 4 << 20], Backing::Hugetlb) else {
-            println!("SKIP: no free 2 MiB huge pages here; test not run");
+            crate::skip!("SKIP: no free 2 MiB huge pages here; test not run");
             return;
         };
         match Placer::register_for_faults(&ram) {
             Ok(p) => assert_eq!(p.granule_pages(), 512),
-            Err(e) => println!("SKIP: userfaultfd unavailable here ({e}); test not run"),
+            Err(e) => crate::skip!("SKIP: userfaultfd unavailable here ({e}); test not run"),
         }
     }
 
@@ -456,7 +456,7 @@ mod tests {
         let placer = match Placer::register_range(&ram, Gfn(0), 512, FaultMode::Minor) {
             Ok(p) => p,
             Err(e) => {
-                println!("SKIP: userfaultfd MINOR unavailable here ({e}); test not run");
+                crate::skip!("SKIP: userfaultfd MINOR unavailable here ({e}); test not run");
                 return;
             }
         };
@@ -483,7 +483,7 @@ mod tests {
     #[test]
     fn a_hugetlb_range_is_placed_2m_at_a_time() {
         let Ok(ram) = GuestRam::new(&[2 << 20], Backing::Hugetlb) else {
-            println!("SKIP: no free 2 MiB huge page here; hugetlb fault test not run");
+            crate::skip!("SKIP: no free 2 MiB huge page here; hugetlb fault test not run");
             return;
         };
         let ram = std::sync::Arc::new(ram);
@@ -491,7 +491,7 @@ mod tests {
         let placer = match Placer::register_range(&ram, Gfn(0), 512, FaultMode::Missing) {
             Ok(p) => p,
             Err(e) => {
-                println!("SKIP: userfaultfd unavailable here ({e}); test not run");
+                crate::skip!("SKIP: userfaultfd unavailable here ({e}); test not run");
                 return;
             }
         };

@@ -100,7 +100,7 @@ pub fn set_up_lacks(name: &str) -> Option<String> {
 /// it, and fails otherwise, since the set-up installs it wherever it can.
 pub fn skip_unless_set_up_lacks(test: &str, name: &str, what: &str) {
     match set_up_lacks(name) {
-        Some(why) => println!("SKIP {test}: {what}: {why}"),
+        Some(why) => ferry_vm::skip!("SKIP {test}: {what}: {why}"),
         None => panic!(
             "{test}: {what}, though scripts/setup.sh did not record {name} as impossible here: \
              run `bash scripts/setup.sh` (the README's test command does)"
