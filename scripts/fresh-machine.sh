@@ -76,9 +76,15 @@ if [ "${FRESH_KEEP_BUILD:-0}" = 1 ] && [ -d "$root/work/ferry/target" ]; then
     mv "$root/work/ferry/target" "$keep/target"
     mv "$root/root/.cargo" "$keep/cargo"
 fi
+# Mounts a killed run left inside the old root (network namespaces), deepest
+# first, or rm cannot remove it.
+awk -v r="$root/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r | xargs -r -n1 umount -l
 rm -rf "$root"
 cp -a "$base" "$root"
 rm -f "$root/.ready"
+# The hosts file a Debian machine gets from its installer (debootstrap
+# writes none): chromedriver reaches its browser at "localhost".
+[ -f "$root/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
 # Its own / must be a mount point, as a machine's is: `ip netns` remounts
 # it (mount --make-rslave /).
 mount --bind "$root" "$root" && mounts+=("$root")

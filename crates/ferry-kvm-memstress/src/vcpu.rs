@@ -308,7 +308,11 @@ fn run_loop(shared: &VcpuShared) {
                     shared.sleeper.sleep(shared.index, &shared.want);
                 }
                 Ok(exit) => {
-                    let reason = format!("unexpected exit {exit:?}");
+                    let exit = format!("{exit:?}");
+                    let reason = format!(
+                        "unexpected exit {exit} ({})",
+                        ferry_kvm::stopped::describe(&fd)
+                    );
                     drop(fd);
                     set_state(shared, VcpuState::Failed(reason));
                     return park_failed(shared);

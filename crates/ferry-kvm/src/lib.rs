@@ -12,6 +12,7 @@
 //!   boot:       the CPL3 long-mode boot state this project's hosts run
 //!               guest code natively in
 //!   host:       whether /dev/kvm is here, for a VMM's tests
+//!   stopped:    where a vCPU was when it stopped on its own, in one line
 //! ```
 //!
 //! Nothing here knows a guest program: ferry's own memstress VM
@@ -27,6 +28,7 @@ pub mod error;
 pub mod host;
 pub mod ioctls;
 pub mod memory;
+pub mod stopped;
 
 pub use dirty::DirtyTracking;
 pub use error::KvmError;

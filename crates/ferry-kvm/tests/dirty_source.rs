@@ -143,9 +143,17 @@ fn run_on(mode: DirtyTracking, vmm_slots: bool) -> Option<Vec<Gfn>> {
 }
 
 /// Runs the loop in each of the three modes and checks the log reported
-/// exactly pages 2 to 15 each time.
+/// pages 2 to 15 each time, and nothing else the guest did not touch.
+///
+/// The code page (1) may be reported too: with nested paging (the TDP MMU,
+/// as on the SVM host) KVM maps a page writable on its first access, a
+/// read or fetch, and so logs it dirty if that access came after logging
+/// began (Linux 6.1); shadow paging (kvm_pvm) maps it read-only and does
+/// not. Over-reporting a page the guest read costs a resend; missing one
+/// it wrote would lose it.
 fn every_mode_reports_the_loop(vmm_slots: bool) {
-    let expected: Vec<Gfn> = (2..16).map(Gfn).collect();
+    let written: Vec<Gfn> = (2..16).map(Gfn).collect();
+    let touched: Vec<Gfn> = (1..16).map(Gfn).collect();
     for mode in [
         DirtyTracking::Bitmap,
         DirtyTracking::Clear {
@@ -157,7 +165,12 @@ fn every_mode_reports_the_loop(vmm_slots: bool) {
         let Some(dirty) = run_on(mode, vmm_slots) else {
             return;
         };
-        assert_eq!(dirty, expected, "{}", mode.name());
+        assert!(
+            dirty == written || dirty == touched,
+            "{}: the log reported {dirty:?}, not the pages written ({written:?}), \
+             nor those and the code page",
+            mode.name()
+        );
     }
 }
 

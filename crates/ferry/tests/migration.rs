@@ -240,4 +240,6 @@ fn a_guest_that_dies_after_the_move_fails_the_demo() {
         error.contains("after switchover") && error.contains("vCPU") && error.contains("Shutdown"),
         "{error}"
     );
+    // Where the vCPU was when it stopped, so the failure classifies itself.
+    assert!(error.contains("rip=") && error.contains("cr3="), "{error}");
 }

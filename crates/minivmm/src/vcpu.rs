@@ -255,7 +255,11 @@ fn run_until_asked(s: &Shared) -> Result<(), String> {
                     s.devices.mmio_read(offset, data);
                 }
             }
-            Ok(exit) => return Err(format!("the guest stopped: {exit:?}")),
+            Ok(exit) => {
+                let exit = format!("{exit:?}");
+                let at = ferry_kvm::stopped::describe(&fd);
+                return Err(format!("the guest stopped: {exit} ({at})"));
+            }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
             Err(e) => return Err(format!("KVM_RUN failed: {e}")),
         }
