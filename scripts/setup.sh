@@ -148,7 +148,9 @@ fi
 grep -q '^HugePages_Free: *[1-9]' /proc/meminfo ||
     record hugepages "no 2 MiB huge pages could be reserved (needs root)"
 
-# The fuzzers need nightly Rust and cargo-fuzz.
+# The fuzzers need nightly Rust, cargo-fuzz, and a C++ compiler (libfuzzer-sys
+# builds libFuzzer with it).
+command -v c++ >/dev/null 2>&1 || want c++ g++
 if cargo +nightly --version >/dev/null 2>&1; then
     if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
         say "installing cargo-fuzz"
