@@ -36,13 +36,19 @@ fn the_destination_dies_with_a_killed_demo() {
     assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
     demo.kill().unwrap();
     demo.wait().unwrap();
+    assert_gone(pid, "the killed demo");
+}
+
+/// Waits (30 s at most) for the demo's destination `pid` to be gone,
+/// failing the test if it outlives the demo (`what`). A zombie of ours
+/// would stay listed; the destination is the demo's child, reaped by init
+/// once the demo is gone.
+fn assert_gone(pid: u32, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        // A zombie of ours would stay listed; the destination is the demo's child,
-        // reaped by init once the demo is gone.
         assert!(
             Instant::now() < deadline,
-            "destination {pid} outlived the demo"
+            "destination {pid} outlived {what}"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -209,14 +215,10 @@ fn sigterm_in(
         "{phase} on {backend}: a stopped demo is not a success: {rest}"
     );
     assert!(rest.contains("SIGTERM"), "{phase} on {backend}: {rest}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::path::Path::new(&format!("/proc/{dest_pid}")).exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{phase} on {backend}: destination {dest_pid} outlived the demo"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert_gone(
+        dest_pid,
+        &format!("the demo stopped in {phase} on {backend}"),
+    );
 }
 
 #[test]
