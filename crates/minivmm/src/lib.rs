@@ -11,6 +11,8 @@
 //!   virtio-queue    a virtio-blk per vCPU, virtio-mmio   blk.rs     (section "virtio-blk", one instance each)
 //!   vmm-sys-util    eventfds, signals                    iothread.rs, vcpu.rs
 //!   iced-x86        the guest program, CPL3              guest.rs, boot.rs
+//!   linux-loader,   or a Linux guest: bzImage, zero      linux/
+//!   acpi_tables     page, ACPI tables
 //!   ferry-engine    migrate / receive_as                 vm.rs (impl Vm), probe.rs
 //! ```
 //!
@@ -33,6 +35,7 @@ pub mod guest;
 pub mod iothread;
 pub mod irq_delivery;
 pub mod layout;
+pub mod linux;
 pub mod memory;
 pub mod notify_cost;
 pub mod probe;
@@ -72,6 +75,8 @@ pub struct Devices {
     pub rings: Vec<std::sync::Arc<blk::Rings>>,
     /// The vhost-user fill device, driven by vCPU 0, if the VM has one.
     pub fill: Option<std::sync::Mutex<fill::device::FillDevice>>,
+    /// What a Linux guest last asked of its sleep control register.
+    pub power: std::sync::Mutex<Option<linux::PowerRequest>>,
 }
 
 impl Devices {
@@ -81,6 +86,18 @@ impl Devices {
             let offset = port.checked_sub(layout::serial_port(i as u32))?;
             (offset < 8).then_some((c, offset as u8))
         })
+    }
+
+    /// A guest write of `value` to the sleep control register: true when
+    /// it ends the guest (the vCPU then stops).
+    pub fn sleep_write(&self, value: u8) -> bool {
+        match linux::power_request(value) {
+            Some(request) => {
+                *lock(&self.power) = Some(request);
+                true
+            }
+            None => false,
+        }
     }
 
     /// A guest write of the virtio-mmio registers `offset` from the first

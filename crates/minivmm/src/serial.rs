@@ -1,26 +1,41 @@
 //! The consoles: a vm-superio 16550 per vCPU (COM1 to COM4), whose output
 //! goes to a [`ConsoleOut`], and whose `SerialState` travels as an
-//! instance of the `serial` state section. The guest polls nothing and takes no interrupt, so the
-//! interrupt line is a no-op.
+//! instance of the `serial` state section. minivmm's own guest polls
+//! nothing and takes no interrupt, so its line goes nowhere; a Linux guest's
+//! COM1 raises IRQ 4 through an irqfd ([`IrqLine`]).
 
 use crate::DeviceError;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
+use vmm_sys_util::eventfd::EventFd;
 
 /// The section's name.
 pub const SECTION: &str = "serial";
 /// The layout [`Console::save`] writes.
 pub const VERSION: u32 = 1;
 
-/// An interrupt line nobody listens to.
-pub struct NoInterrupt;
+/// The port's interrupt line: an irqfd on the in-kernel irqchip, or none.
+pub struct IrqLine(Option<EventFd>);
 
-impl Trigger for NoInterrupt {
-    type E = std::convert::Infallible;
+impl IrqLine {
+    fn try_clone(&self) -> std::io::Result<Self> {
+        self.0
+            .as_ref()
+            .map(EventFd::try_clone)
+            .transpose()
+            .map(IrqLine)
+    }
+}
+
+impl Trigger for IrqLine {
+    type E = std::io::Error;
     fn trigger(&self) -> Result<(), Self::E> {
-        Ok(())
+        match &self.0 {
+            Some(fd) => fd.write(1),
+            None => Ok(()),
+        }
     }
 }
 
@@ -66,17 +81,38 @@ pub fn console_path(path: &std::path::Path, i: u32) -> std::path::PathBuf {
 
 /// The 16550.
 pub struct Console {
-    serial: Serial<NoInterrupt, NoEvents, ConsoleOut>,
+    serial: Serial<IrqLine, NoEvents, ConsoleOut>,
     out: ConsoleOut,
+    irq: IrqLine,
 }
 
 impl Console {
     /// A fresh port writing to `out`.
     pub fn new(out: ConsoleOut) -> Self {
-        Console {
-            serial: Serial::new(NoInterrupt, out.clone()),
+        Self::with_interrupt(out, None).expect("no eventfd to clone")
+    }
+
+    /// A fresh port writing to `out` that raises its interrupt through
+    /// `irqfd`.
+    pub fn with_interrupt(out: ConsoleOut, irqfd: Option<EventFd>) -> std::io::Result<Self> {
+        let irq = IrqLine(irqfd);
+        Ok(Console {
+            serial: Serial::new(irq.try_clone()?, out.clone()),
             out,
-        }
+            irq,
+        })
+    }
+
+    /// Bytes the guest will read from the port (it is told by an
+    /// interrupt, where the port has one).
+    pub fn input(&mut self, bytes: &[u8]) -> Result<(), DeviceError> {
+        self.serial
+            .enqueue_raw_bytes(bytes)
+            .map(drop)
+            .map_err(|e| DeviceError::State {
+                section: SECTION,
+                why: format!("the receive FIFO: {e:?}"),
+            })
     }
 
     /// A guest `out` to register `offset` (0..8).
@@ -129,13 +165,16 @@ impl Console {
             scratch: *sc,
             in_buffer: fifo.to_vec(),
         };
-        self.serial =
-            Serial::from_state(&state, NoInterrupt, NoEvents, self.out.clone()).map_err(|e| {
-                DeviceError::State {
-                    section: SECTION,
-                    why: format!("{e:?}"),
-                }
-            })?;
+        let bad = |why: String| DeviceError::State {
+            section: SECTION,
+            why,
+        };
+        let irq = self
+            .irq
+            .try_clone()
+            .map_err(|e| bad(format!("its interrupt line: {e}")))?;
+        self.serial = Serial::from_state(&state, irq, NoEvents, self.out.clone())
+            .map_err(|e| bad(format!("{e:?}")))?;
         Ok(())
     }
 }

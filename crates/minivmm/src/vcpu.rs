@@ -12,6 +12,7 @@
 //! that `out`, and the destination would print the byte again.
 
 use crate::layout::{MMIO_BASE, MMIO_SIZE};
+use crate::linux::SLEEP_PORT;
 use crate::Devices;
 use ferry_engine::vmm::{catch_panic, throttle_sleep};
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -33,6 +34,17 @@ enum State {
     Parked,
     Running,
     Failed(String),
+    /// The guest powered itself off (or asked for another sleep state):
+    /// the vCPU does not run again.
+    Off,
+}
+
+/// Why the run loop returned.
+enum Stop {
+    /// The VMM asked.
+    Asked,
+    /// The guest wrote its sleep control register.
+    GuestOff,
 }
 
 struct Shared {
@@ -199,7 +211,7 @@ fn run(s: &Shared) {
             loop {
                 match s.want.load(Ordering::Acquire) {
                     EXIT => return,
-                    RUN if !matches!(*state, State::Failed(_)) => break,
+                    RUN if !matches!(*state, State::Failed(_) | State::Off) => break,
                     _ => {}
                 }
                 state = s.changed.wait(state).unwrap_or_else(|e| e.into_inner());
@@ -216,14 +228,15 @@ fn run(s: &Shared) {
         set_state(
             s,
             match outcome {
-                Ok(()) => State::Parked,
+                Ok(Stop::Asked) => State::Parked,
+                Ok(Stop::GuestOff) => State::Off,
                 Err(why) => State::Failed(why),
             },
         );
     }
 }
 
-fn run_until_asked(s: &Shared) -> Result<(), String> {
+fn run_until_asked(s: &Shared) -> Result<Stop, String> {
     let mut fd = s.fd.lock().unwrap_or_else(|e| e.into_inner());
     let mut slice_start = Instant::now();
     while s.want.load(Ordering::Acquire) == RUN {
@@ -236,6 +249,8 @@ fn run_until_asked(s: &Shared) -> Result<(), String> {
             Ok(VcpuExit::IoOut(port, data)) => {
                 if let Some((console, offset)) = s.devices.console_at(port) {
                     lock(console).write(offset, data[0]);
+                } else if port == SLEEP_PORT && s.devices.sleep_write(data[0]) {
+                    return Ok(Stop::GuestOff);
                 }
             }
             Ok(VcpuExit::IoIn(port, data)) => {
@@ -264,7 +279,7 @@ fn run_until_asked(s: &Shared) -> Result<(), String> {
             Err(e) => return Err(format!("KVM_RUN failed: {e}")),
         }
     }
-    Ok(())
+    Ok(Stop::Asked)
 }
 
 /// The offset from the first device's registers, within the window of

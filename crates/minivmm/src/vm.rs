@@ -5,9 +5,10 @@ use crate::fill::{self, device::FillDevice, log::FillDirtySource};
 use crate::guest::GuestParams;
 use crate::iothread::IoThread;
 use crate::layout::{mmio_base, MAX_VCPUS, QUEUE_SIZE};
+use crate::linux::{self, acpi, LinuxGuest};
 use crate::serial::{self, Console, ConsoleOut};
 use crate::vcpu::Vcpu;
-use crate::{boot, memory, Devices};
+use crate::{boot, layout, memory, Devices};
 use ferry_engine::vmm::{
     Backing, DeviceUserfaultfd, DirtySource, GuestRam, Lifecycle, Section, SectionSpec,
     TimeThrottle, VcpuState, Vm, VmError, PAGE_SIZE,
@@ -16,7 +17,8 @@ use ferry_kvm::cpu_check::{CpuCheckError, CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{self, Snapshot, VcpuContext, VmDevices, XsaveKind};
 use ferry_kvm::dirty::{DirtyTracking, KvmDirtySource};
 use kvm_bindings::{
-    kvm_mp_state, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE,
+    kvm_mp_state, kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES,
+    KVM_MP_STATE_RUNNABLE, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VmFd};
 use serde::{Deserialize, Serialize};
@@ -76,6 +78,11 @@ pub struct MiniConfig {
     /// see a destination refuse one it cannot load).
     #[serde(default = "blk_version")]
     pub blk_version: u32,
+    /// Boot a Linux kernel instead of minivmm's own guest program: the
+    /// data region is then the kernel's RAM above 32 MiB, and the VM has an
+    /// in-kernel PIT and ACPI tables ([`crate::linux`]).
+    #[serde(default)]
+    pub linux: Option<LinuxGuest>,
 }
 
 fn blk_version() -> u32 {
@@ -116,6 +123,7 @@ impl MiniConfig {
             sweep_per_loop: 4,
             line_every: 8,
             blk_version: blk::VERSION,
+            linux: None,
         }
     }
 
@@ -158,6 +166,9 @@ pub enum MiniVmError {
     /// The configuration.
     #[error("{0}")]
     Config(String),
+    /// Booting a Linux guest.
+    #[error(transparent)]
+    Linux(#[from] crate::linux::LinuxError),
 }
 
 impl From<MiniVmError> for VmError {
@@ -216,6 +227,9 @@ impl MiniVm {
     ) -> Result<Self, MiniVmError> {
         let ram = Self::memory(&config, backing)?;
         let vm = Self::build(config, ram, consoles, true, Vec::new(), FillBackend::Spawn)?;
+        if let Some(guest) = vm.config.linux.clone() {
+            return vm.boot_linux(&guest);
+        }
         let params = GuestParams {
             sweep_per_loop: vm.config.sweep_per_loop.max(1),
             line_every: vm.config.line_every,
@@ -223,6 +237,31 @@ impl MiniVm {
         let data_pages = vm.config.data_mib * (1 << 20) / PAGE_SIZE as u64;
         boot::load(&vm.ram, params, vm.config.vcpus, data_pages, vm.config.fill)?;
         Ok(vm)
+    }
+
+    /// Loads a Linux kernel and starts vCPU 0 at its 64-bit entry; the
+    /// others wait, as on hardware, for its startup IPIs.
+    fn boot_linux(self, guest: &LinuxGuest) -> Result<Self, MiniVmError> {
+        let ranges = [
+            (0, layout::SYSTEM_BYTES),
+            (layout::DATA_GPA, self.config.data_mib << 20),
+        ];
+        let disks: Vec<_> = (0..self.config.vcpus)
+            .map(|i| acpi::MmioDevice {
+                base: mmio_base(i),
+                gsi: DISK_GSI + i,
+            })
+            .collect();
+        let entry = linux::boot::load(&self.ram, guest, &ranges, self.config.vcpus, &disks)?;
+        {
+            let fd = self.vcpus[0].fd();
+            let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+            fd.set_sregs(&linux::boot::sregs(sregs))
+                .map_err(kvm("KVM_SET_SREGS"))?;
+            fd.set_regs(&linux::boot::regs(entry))
+                .map_err(kvm("KVM_SET_REGS"))?;
+        }
+        Ok(self)
     }
 
     /// A VM for an incoming migration: memory, vCPU and devices as the
@@ -294,8 +333,21 @@ impl MiniVm {
         let vm = Arc::new(kvm_fd.create_vm().map_err(kvm("KVM_CREATE_VM"))?);
         vm.set_tss_address(TSS_ADDRESS)
             .map_err(kvm("KVM_SET_TSS_ADDR"))?;
+        let linux = config.linux.is_some();
+        if linux && !config.irqchip {
+            return Err(MiniVmError::Config(
+                "a Linux guest needs the in-kernel irqchip".into(),
+            ));
+        }
         if config.irqchip {
             vm.create_irq_chip().map_err(kvm("KVM_CREATE_IRQCHIP"))?;
+        }
+        if linux {
+            let pit = kvm_pit_config {
+                flags: KVM_PIT_SPEAKER_DUMMY,
+                ..Default::default()
+            };
+            vm.create_pit2(pit).map_err(kvm("KVM_CREATE_PIT2"))?;
         }
         let ram = Arc::new(ram);
         for slot in ram.slots() {
@@ -319,9 +371,17 @@ impl MiniVm {
             let fd = vm
                 .create_vcpu(u64::from(i))
                 .map_err(kvm("KVM_CREATE_VCPU"))?;
-            fd.set_cpuid2(&with_apic_id(&supported, i))
-                .map_err(kvm("KVM_SET_CPUID2"))?;
-            if fresh {
+            let cpuid = match linux {
+                true => linux::cpuid::for_vcpu(&supported, i, n),
+                false => with_apic_id(&supported, i),
+            };
+            fd.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
+            if fresh && linux {
+                // As firmware leaves them: LINT0 takes the PIC's
+                // interrupts (ExtINT), LINT1 NMIs. boot_linux sets vCPU
+                // 0's registers once the kernel is loaded.
+                linux::boot::set_lints(&fd).map_err(kvm("KVM_SET_LAPIC"))?;
+            } else if fresh {
                 let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
                 fd.set_sregs(&boot::sregs(sregs))
                     .map_err(kvm("KVM_SET_SREGS"))?;
@@ -399,14 +459,31 @@ impl MiniVm {
             )?)),
             false => None,
         };
+        let consoles = (0..)
+            .zip(consoles)
+            .map(|(i, out)| {
+                // A Linux guest's COM1 takes interrupts (IRQ 4).
+                let irq = match linux && i == 0 {
+                    true => {
+                        let irq = EventFd::new(libc::EFD_NONBLOCK)
+                            .map_err(|e| MiniVmError::Config(format!("an eventfd: {e}")))?;
+                        vm.register_irqfd(&irq, linux::COM1_GSI)
+                            .map_err(kvm("KVM_IRQFD"))?;
+                        Some(irq)
+                    }
+                    false => None,
+                };
+                Console::with_interrupt(out, irq)
+                    .map(Mutex::new)
+                    .map_err(|e| MiniVmError::Config(format!("an eventfd: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let devices = Arc::new(Devices {
-            consoles: consoles
-                .into_iter()
-                .map(|out| Mutex::new(Console::new(out)))
-                .collect(),
+            consoles,
             blks,
             rings,
             fill,
+            power: Mutex::new(None),
         });
         let io = kicks
             .into_iter()
@@ -538,7 +615,13 @@ impl MiniVm {
     }
 
     fn chips(&self) -> VmDevices {
-        VmDevices::new(&self.vm, self.config.irqchip, false)
+        VmDevices::new(&self.vm, self.config.irqchip, self.config.linux.is_some())
+    }
+
+    /// What the guest asked of its sleep control register, once it has:
+    /// a Linux guest powering off, say.
+    pub fn guest_exit(&self) -> Option<linux::PowerRequest> {
+        *lock(&self.devices.power)
     }
 
     /// Completion interrupts the disks raised through their irqfds.

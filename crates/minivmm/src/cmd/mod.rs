@@ -1,6 +1,7 @@
 //! The command line: `run`, `migrate`, `receive`, `demo` and `probe-host`.
 
 mod demo;
+mod guest;
 mod migrate;
 mod probe;
 mod receive;
@@ -106,6 +107,8 @@ struct VmArgs {
     /// Data pages the guest writes per loop (its dirty rate).
     #[arg(long, default_value_t = 4)]
     sweep_pages: u32,
+    #[command(flatten)]
+    guest: guest::GuestArgs,
 }
 
 impl VmArgs {
@@ -129,6 +132,7 @@ impl VmArgs {
         for i in 1..self.vcpus {
             ensure_disk(&config.disk_path(i))?;
         }
+        self.guest.apply(&mut config)?;
         Ok(config)
     }
 }

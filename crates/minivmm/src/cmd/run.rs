@@ -33,8 +33,12 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         );
     }
     let outs = consoles(a.console.as_deref(), config.vcpus)?;
+    let linux = config.linux.is_some();
     let mut vm = MiniVm::boot(config, a.backing, outs.clone()).map_err(|e| e.to_string())?;
     vm.start().map_err(|e| e.to_string())?;
+    if linux {
+        return run_linux(vm, &a, &outs);
+    }
     std::thread::sleep(Duration::from_secs_f64(a.seconds.max(0.0)));
     vm.pause().map_err(|e| e.to_string())?;
     flush(&outs);
@@ -66,4 +70,50 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         return Err("the guest found bad disk reads or failed requests".into());
     }
     Ok(())
+}
+
+/// A Linux guest runs until it powers off (or `--seconds` pass, or a
+/// vCPU stops): its own checks are on its console.
+fn run_linux(
+    mut vm: MiniVm,
+    a: &RunArgs,
+    outs: &[minivmm::serial::ConsoleOut],
+) -> Result<(), String> {
+    let start = std::time::Instant::now();
+    let limit = Duration::from_secs_f64(a.seconds.max(0.0));
+    let exit = loop {
+        if let Some(exit) = vm.guest_exit() {
+            break Some(exit);
+        }
+        if let Err(e) = vm.check_health() {
+            flush(outs);
+            return Err(e.to_string());
+        }
+        if start.elapsed() >= limit {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    vm.pause().map_err(|e| e.to_string())?;
+    flush(outs);
+    let took = start.elapsed().as_secs_f64();
+    eprintln!("minivmm: the Linux guest ran {took:.1} s: {exit:?}");
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "guest": "linux",
+                "seconds": took,
+                "guest_exit": exit.map(|e| format!("{e:?}").to_lowercase()),
+            })
+        );
+    }
+    match exit {
+        Some(minivmm::linux::PowerRequest::Off) => Ok(()),
+        Some(other) => Err(format!("the guest asked for {other:?}, not a power-off")),
+        None => Err(format!(
+            "the guest did not power off within {} s",
+            a.seconds
+        )),
+    }
 }
