@@ -11,7 +11,7 @@
 # CMD runs from the repository's root, which the host shares at the same
 # path (read-write, 9p), with this machine's /usr, /etc and $HOME. CMD's
 # stdout, stderr and exit status pass through. The host's serial console
-# goes in full to target/svm-host/console.log. If the host itself fails,
+# goes in full to target/svm-host/console.log (console.PID.log while it runs). If the host itself fails,
 # this exits non-zero naming the cause:
 #   125  the host crashed (a kernel panic, BUG or Oops on its console)
 #   124  the host hung (no exit within --timeout)
@@ -83,18 +83,55 @@ vmlinuz=$(ls "$kdir"/boot/vmlinuz-*)
 kver=${vmlinuz##*/vmlinuz-}
 mods="$kdir/lib/modules/$kver/kernel"
 
-if [ "$selfcheck" -eq 1 ]; then
-    # The control's guest: Debian's kernel with ferry-guest-checker, static,
-    # as its init (built apart from the workspace's target dir, where its
-    # flags would rebuild it back and forth).
-    cargo rustc -q -p ferry-guest-checker --release --target-dir "$repo/target/guest" \
-        -- -C target-feature=+crt-static >&2 || { say "cannot build ferry-guest-checker"; exit 2; }
+# The Linux guests' initramfs: ferry-guest-checker, static, as init (built
+# apart from the workspace's target dir, where its flags would rebuild it
+# back and forth). The self-check's QEMU boots it; commands inside find it
+# and the kernel as $SVM_HOST_CHECKER_INITRD and $SVM_HOST_KERNEL.
+cargo rustc -q -p ferry-guest-checker --bin ferry-guest-checker --release --target-dir "$repo/target/guest" \
+    -- -C target-feature=+crt-static >&2 || { say "cannot build ferry-guest-checker"; exit 2; }
+checker="$repo/target/guest/release/ferry-guest-checker"
+checker_initrd="$state/checker-initrd.cpio.gz"
+if [ ! -f "$checker_initrd" ] || [ "$checker" -nt "$checker_initrd" ]; then
     gtmp=$(mktemp -d)
-    cp "$repo/target/guest/release/ferry-guest-checker" "$gtmp/init"
-    (cd "$gtmp" && echo init | cpio -o -H newc --quiet | gzip -1) >"$state/checker-initrd.cpio.gz"
+    cp "$checker" "$gtmp/init"
+    (cd "$gtmp" && echo init | cpio -o -H newc --quiet | gzip -1) >"$checker_initrd.tmp"
+    mv "$checker_initrd.tmp" "$checker_initrd"
     rm -rf "$gtmp"
+fi
+# A Linux guest's initramfs for minivmm (crates/minivmm/src/linux): busybox,
+# the kernel package's virtio-mmio and virtio-blk modules, and the checker;
+# $SVM_HOST_GUEST_INITRD inside.
+guest_initrd="$state/guest-initrd.cpio.gz"
+if [ ! -f "$guest_initrd" ] || [ "$checker" -nt "$guest_initrd" ] || [ "$0" -nt "$guest_initrd" ]; then
+    gtmp=$(mktemp -d)
+    mkdir -p "$gtmp"/{bin,dev,proc,sys,tmp,lib/modules}
+    cp /bin/busybox "$gtmp/bin/busybox"
+    cp "$checker" "$gtmp/bin/checker"
+    kmods=$(ls -d "$state"/kernel/lib/modules/*/kernel)
+    for m in drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_mmio \
+        drivers/block/virtio_blk; do
+        cp "$kmods/$m.ko" "$gtmp/lib/modules/"
+    done
+    cat >"$gtmp/init" <<'GINIT'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in virtio_ring virtio virtio_mmio virtio_blk; do
+    insmod /lib/modules/$m.ko || echo "init: insmod $m failed"
+done
+echo "init: $(ls /sys/bus/virtio/devices 2>/dev/null | wc -l) virtio devices, starting the checker"
+exec /bin/checker
+GINIT
+    chmod +x "$gtmp/init"
+    (cd "$gtmp" && find . | cpio -o -H newc --quiet | gzip -1) >"$guest_initrd.tmp"
+    mv "$guest_initrd.tmp" "$guest_initrd"
+    rm -rf "$gtmp"
+fi
+if [ "$selfcheck" -eq 1 ]; then
     set -- python3 "$repo/scripts/svm-selfcheck.py" --kernel "$vmlinuz" \
-        --initrd "$state/checker-initrd.cpio.gz" ${selfcheck_args[@]+"${selfcheck_args[@]}"}
+        --initrd "$checker_initrd" ${selfcheck_args[@]+"${selfcheck_args[@]}"}
     rm -f "$state/selfcheck.json"
 fi
 
@@ -168,12 +205,16 @@ mkdir -p "$run"
 : >"$run/stdout"
 : >"$run/stderr"
 {
+    printf 'export SVM_HOST_KERNEL=%q SVM_HOST_CHECKER_INITRD=%q SVM_HOST_GUEST_INITRD=%q\n' \
+        "$vmlinuz" "$checker_initrd" "$guest_initrd"
     printf 'cd %q\n' "$PWD"
     printf 'exec'
     printf ' %q' "$@"
     printf '\n'
 } >"$run/cmd.sh"
-console="$state/console.log"
+# Each host's console is its own while it runs (hosts may run side by side),
+# and becomes target/svm-host/console.log when it ends.
+console="$state/console.$$.log"
 : >"$console"
 
 append="console=ttyS0 panic=-1 oops=panic svmhost.repo=$repo svmhost.home=$HOME svmhost.run=$run"
@@ -212,6 +253,8 @@ kill $t1 $t2 2>/dev/null || true
 wait $t1 $t2 2>/dev/null || true
 
 fault=$(grep -m1 -E 'Kernel panic|BUG:|Oops:|general protection fault|stack guard page|corrupted stack end' "$console" || true)
+mv -f "$console" "$state/console.log"
+console="$state/console.log"
 status=
 if [ -n "$fault" ]; then
     say "the SVM host crashed: $fault (console: $console)"

@@ -109,6 +109,8 @@ class Guest:
         before, after, started = [], [], self.incoming
         for l in self.lines():
             started = started or l.startswith("checker start")
+            if l.startswith(("checker-warning: ", "checker-boot-warning: ")):
+                continue  # the checker repeating the kernel's own line
             if WARNINGS.search(l) and not NOT_WARNINGS.search(l):
                 (after if started else before).append(l.strip())
         return before, after

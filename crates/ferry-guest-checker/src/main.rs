@@ -1,26 +1,39 @@
 //! The guest's own checks, from inside a Linux guest: it runs as the
-//! initramfs's `/init` (or as a plain program, for its tests) and
+//! initramfs's `/init` (or is started by it, or runs as a plain program
+//! for its tests) and
 //!
 //! - writes a pattern into `checker.mib` MiB per vCPU, each page holding
 //!   its number and a generation, from one thread per online CPU, and
 //!   verifies every page before rewriting it with the next generation;
 //! - samples `CLOCK_MONOTONIC` in each of those threads and keeps the
 //!   largest gap between two samples: the pause the guest itself saw;
-//! - prints one numbered line a second on its console
-//!   (`checker SEQ gen=.. pages=.. mismatches=.. max_gap_ms=..`), and a
-//!   last line `checker done ...` before it powers the guest off after
-//!   `checker.secs` seconds (0: never).
+//! - appends numbered, checksummed records to the disk `checker.disk`
+//!   (default `/dev/vda`, where it exists), each read back;
+//! - reads the kernel log and passes on every warning: those logged while
+//!   it runs (`checker-warning: ...`), and those the kernel logged as it
+//!   booted (`checker-boot-warning: ...`), which come from the CPU and
+//!   machine the guest was given, not from anything done to it since;
+//! - prints one numbered, checksummed line a second on its console
+//!   ([`ferry_guest_checker::line`]), and a last line `checker done ...`
+//!   before it powers the guest off.
 //!
-//! It reads its settings from the kernel command line (`checker.mib=64
-//! checker.secs=60`), or from the environment (`CHECKER_MIB`,
-//! `CHECKER_SECS`) when it is not PID 1. The workspace builds it as a
-//! static binary, so the initramfs needs nothing else.
+//! It stops `checker.secs` seconds after it started (0: never), or
+//! `checker.after_move` seconds after a line `moved` arrives on its
+//! console: how a VMM that moved the guest lets it run on, then end.
+//!
+//! Settings come from the kernel command line (`checker.mib=64`), or from
+//! the environment (`CHECKER_MIB`) when it is not there. The workspace
+//! builds it as a static binary, so the initramfs needs nothing else.
 
+mod disk;
+mod kmsg;
 mod pattern;
 mod pid1;
 
+use ferry_guest_checker::line::{Line, BOOT_WARNING_PREFIX, DONE_PREFIX, WARNING_PREFIX};
+use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What every worker thread publishes.
@@ -30,17 +43,34 @@ struct Counters {
     mismatches: AtomicU64,
     generations: AtomicU64,
     max_gap_ns: AtomicU64,
+    /// The largest gap since the main loop last took it.
+    window_gap_ns: AtomicU64,
 }
 
-fn setting(name: &str, default: u64) -> u64 {
-    let from_cmdline = std::fs::read_to_string("/proc/cmdline").ok().and_then(|c| {
-        c.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("checker.{name}="))?.parse().ok())
-    });
-    let env = std::env::var(format!("CHECKER_{}", name.to_uppercase()))
-        .ok()
-        .and_then(|v| v.parse().ok());
-    from_cmdline.or(env).unwrap_or(default)
+fn cmdline_setting(name: &str) -> Option<String> {
+    let cmdline = std::fs::read_to_string("/proc/cmdline").ok()?;
+    cmdline.split_whitespace().find_map(|w| {
+        w.strip_prefix(&format!("checker.{name}="))
+            .map(String::from)
+    })
+}
+
+fn setting(name: &str) -> Option<String> {
+    cmdline_setting(name).or_else(|| std::env::var(format!("CHECKER_{}", name.to_uppercase())).ok())
+}
+
+fn number(name: &str, default: u64) -> u64 {
+    setting(name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Prints a line on the console; a console that fails is no reason to
+/// stop checking (and init may not exit).
+fn say(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}");
+    let _ = out.flush();
 }
 
 fn main() {
@@ -48,31 +78,88 @@ fn main() {
     if init {
         pid1::mount_basics();
     }
-    let mib = setting("mib", 64);
-    let secs = setting("secs", 0);
+    let mib = number("mib", 64);
+    let secs = number("secs", 0);
+    let after_move = number("after_move", 10);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let counters: Arc<Vec<Counters>> =
         Arc::new((0..threads).map(|_| Counters::default()).collect());
     let stop = Arc::new(AtomicBool::new(false));
-    println!(
-        "checker start: {threads} threads x {mib} MiB, kernel {}",
+    let disk_path = setting("disk").unwrap_or_else(|| "/dev/vda".into());
+    let disk = match std::path::Path::new(&disk_path).exists() {
+        true => disk::open(&disk_path),
+        false => None,
+    };
+    say(&format!(
+        "checker start: {threads} threads x {mib} MiB, disk {}, kernel {}",
+        disk.as_ref().map_or("none".to_string(), |(_, b)| format!(
+            "{disk_path} ({b} blocks)"
+        )),
         pid1::kernel_release()
-    );
-    let workers: Vec<_> = (0..threads)
+    ));
+    let mut workers: Vec<_> = (0..threads)
         .map(|t| {
             let counters = Arc::clone(&counters);
             let stop = Arc::clone(&stop);
             std::thread::spawn(move || pattern::run(t as u64, mib << 20, &counters[t], &stop))
         })
         .collect();
+    let disk_counters = Arc::new(disk::DiskCounters::default());
+    if let Some((file, blocks)) = disk {
+        let (c, stop) = (Arc::clone(&disk_counters), Arc::clone(&stop));
+        let pace = Duration::from_millis(number("disk_pace_ms", 20));
+        workers.push(std::thread::spawn(move || {
+            disk::run(file, blocks, pace, &c, &stop)
+        }));
+    }
+    let warnings = Arc::new(Mutex::new(Vec::new()));
+    {
+        let (w, stop) = (Arc::clone(&warnings), Arc::clone(&stop));
+        let start_us = kmsg::now_us();
+        workers.push(std::thread::spawn(move || kmsg::run(&w, start_us, &stop)));
+    }
+    let moved = Arc::new(Mutex::new(None::<Instant>));
+    {
+        // Not joined: it waits on the console for as long as there is one.
+        let moved = Arc::clone(&moved);
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+                if line.trim() == "moved" {
+                    *moved.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+                }
+            }
+        });
+    }
+
     let start = Instant::now();
     let mut seq = 0u64;
+    let (mut seen, mut warned) = (0usize, 0u64);
+    let mut said_moved = false;
     loop {
         std::thread::sleep(Duration::from_secs(1));
         seq += 1;
-        let line = summary(&counters);
-        println!("checker {seq} {line}");
-        if secs != 0 && start.elapsed() >= Duration::from_secs(secs) {
+        {
+            let found = warnings.lock().unwrap_or_else(|e| e.into_inner());
+            for w in &found[seen..] {
+                match w.at_boot {
+                    true => say(&format!("{BOOT_WARNING_PREFIX}{}", w.text)),
+                    false => {
+                        say(&format!("{WARNING_PREFIX}{}", w.text));
+                        warned += 1;
+                    }
+                }
+            }
+            seen = found.len();
+        }
+        let line = summary(seq, &counters, &disk_counters, warned, true);
+        say(&line.format());
+        let moved_at = *moved.lock().unwrap_or_else(|e| e.into_inner());
+        if moved_at.is_some() && !said_moved {
+            say(&format!("checker moved: running {after_move} s more"));
+            said_moved = true;
+        }
+        let moved_done = moved_at.is_some_and(|at| at.elapsed() >= Duration::from_secs(after_move));
+        if (secs != 0 && start.elapsed() >= Duration::from_secs(secs)) || moved_done {
             break;
         }
     }
@@ -80,26 +167,50 @@ fn main() {
     for w in workers {
         let _ = w.join();
     }
-    println!("checker done {}", summary(&counters));
+    let last = summary(seq, &counters, &disk_counters, warned, false);
+    say(&format!("{DONE_PREFIX}{}", last.format()));
     if init {
         pid1::power_off();
     }
 }
 
-fn summary(counters: &[Counters]) -> String {
+/// The line numbered `seq` from the counters; `take_window` resets the
+/// gap since the last line.
+fn summary(
+    seq: u64,
+    counters: &[Counters],
+    disk: &disk::DiskCounters,
+    warnings: u64,
+    take_window: bool,
+) -> Line {
     let sum = |f: fn(&Counters) -> &AtomicU64| -> u64 {
         counters.iter().map(|c| f(c).load(Ordering::Relaxed)).sum()
+    };
+    let max = |f: fn(&Counters) -> &AtomicU64| -> u64 {
+        counters
+            .iter()
+            .map(|c| match take_window {
+                true => f(c).swap(0, Ordering::Relaxed),
+                false => f(c).load(Ordering::Relaxed),
+            })
+            .max()
+            .unwrap_or(0)
     };
     let max_gap = counters
         .iter()
         .map(|c| c.max_gap_ns.load(Ordering::Relaxed))
         .max()
         .unwrap_or(0);
-    format!(
-        "gen={} pages={} mismatches={} max_gap_ms={:.1}",
-        sum(|c| &c.generations),
-        sum(|c| &c.pages),
-        sum(|c| &c.mismatches),
-        max_gap as f64 / 1e6
-    )
+    Line {
+        seq,
+        generations: sum(|c| &c.generations),
+        pages: sum(|c| &c.pages),
+        mismatches: sum(|c| &c.mismatches),
+        max_gap_ms: max_gap as f64 / 1e6,
+        gap_ms: max(|c| &c.window_gap_ns) as f64 / 1e6,
+        disk_writes: disk.writes.load(Ordering::Relaxed),
+        disk_bad_reads: disk.bad_reads.load(Ordering::Relaxed)
+            + disk.errors.load(Ordering::Relaxed),
+        warnings,
+    }
 }

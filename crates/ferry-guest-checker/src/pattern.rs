@@ -44,6 +44,7 @@ pub fn run(worker: u64, bytes: u64, c: &Counters, stop: &AtomicBool) {
                 let now = Instant::now();
                 let gap = now.duration_since(last).as_nanos() as u64;
                 c.max_gap_ns.fetch_max(gap, Ordering::Relaxed);
+                c.window_gap_ns.fetch_max(gap, Ordering::Relaxed);
                 last = now;
             }
         }

@@ -109,6 +109,94 @@ pub fn disk(journal: &[u64]) -> DiskCheck {
     c
 }
 
+/// What a Linux guest's checker printed on both ends' consoles
+/// ([`ferry_guest_checker::line`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LinuxConsole {
+    /// The checker's numbered lines, each exactly once and in order.
+    pub lines: ConsoleCheck,
+    /// The guest's kernel release, from the checker's first line.
+    pub kernel: Option<String>,
+    /// The checker's last line (its `done` line, where it printed one).
+    pub last: Option<ferry_guest_checker::line::Line>,
+    /// Whether the checker printed its `done` line.
+    pub done: bool,
+    /// Kernel warnings while the checker ran: its `checker-warning:`
+    /// lines, and the kernel's own on the console that it did not repeat.
+    pub warnings: Vec<String>,
+    /// Warnings the kernel logged as it booted, before the checker
+    /// started (`checker-boot-warning:`): they come from the machine the
+    /// guest was given, not from a migration.
+    pub boot_warnings: Vec<String>,
+}
+
+/// Reads a Linux guest's console `text` (the source's output followed by
+/// the destination's): the kernel's lines and the init script's are not
+/// the checker's and are only read for warnings.
+pub fn linux_console(text: &str) -> LinuxConsole {
+    use ferry_guest_checker::line::{Line, BOOT_WARNING_PREFIX, DONE_PREFIX, WARNING_PREFIX};
+    use ferry_guest_checker::warnings::is_warning;
+    let mut out = LinuxConsole::default();
+    let c = &mut out.lines;
+    let mut last_seq: Option<u64> = None;
+    let mut kernel_lines = Vec::new();
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..=end],
+        None => "",
+    };
+    for raw in complete.lines() {
+        if let Some(w) = raw.strip_prefix(WARNING_PREFIX) {
+            out.warnings.push(w.to_string());
+            continue;
+        }
+        if let Some(w) = raw.strip_prefix(BOOT_WARNING_PREFIX) {
+            out.boot_warnings.push(w.to_string());
+            continue;
+        }
+        if let Some(rest) = raw.strip_prefix("checker start:") {
+            out.kernel = rest
+                .rsplit_once("kernel ")
+                .map(|(_, k)| k.trim().to_string());
+            continue;
+        }
+        if let Some(rest) = raw.strip_prefix(DONE_PREFIX) {
+            out.done = true;
+            match Line::parse(rest) {
+                Some(Ok(l)) => out.last = Some(l),
+                _ => c.bad += 1,
+            }
+            continue;
+        }
+        match Line::parse(raw) {
+            None if is_warning(raw) => kernel_lines.push(raw.trim().to_string()),
+            None => {}
+            Some(Err(_)) => c.bad += 1,
+            Some(Ok(l)) => {
+                c.lines += 1;
+                match last_seq {
+                    Some(prev) if l.seq == prev => c.doubled += 1,
+                    Some(prev) if l.seq < prev => c.bad += 1,
+                    Some(prev) => c.lost += l.seq - prev - 1,
+                    None => {}
+                }
+                last_seq = Some(last_seq.map_or(l.seq, |p| p.max(l.seq)));
+                if !out.done {
+                    out.last = Some(l);
+                }
+            }
+        }
+    }
+    // The kernel's own warning lines count where the checker did not
+    // repeat them (it repeats those it read from the kernel log).
+    for k in kernel_lines {
+        let repeated = out.warnings.iter().chain(&out.boot_warnings);
+        if !repeated.into_iter().any(|w| k.ends_with(w.as_str())) {
+            out.warnings.push(k);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +229,44 @@ mod tests {
         let mut forged = line(5);
         forged.replace_range(1..2, "1");
         assert_eq!(console(&forged).bad, 1);
+    }
+
+    #[test]
+    fn a_linux_console_counts_the_checker_lines_and_the_warnings() {
+        use ferry_guest_checker::line::Line;
+        let l = |seq| {
+            Line {
+                seq,
+                ..Line::default()
+            }
+            .format()
+                + "\n"
+        };
+        let src = format!(
+            "[    0.1] Linux version\ncheckerstray\nchecker start: 2 threads x 8 MiB, disk none, kernel 6.1.0-56-amd64\n{}{}",
+            l(1),
+            l(2)
+        );
+        let dst = format!(
+            "{}[   20.0] WARNING: CPU: 1 PID: 9 at x.c:1\nchecker-warning: WARNING: CPU: 1 PID: 9 at x.c:1\n[ 0.1] WARNING: boot\nchecker-boot-warning: WARNING: boot\n{}{}checker done {}",
+            l(2),
+            l(4),
+            l(5),
+            l(5)
+        );
+        let c = linux_console(&(src + &dst));
+        assert_eq!(c.kernel.as_deref(), Some("6.1.0-56-amd64"));
+        assert_eq!(
+            (c.lines.lines, c.lines.doubled, c.lines.lost, c.lines.bad),
+            (5, 1, 1, 0)
+        );
+        assert!(c.done);
+        assert_eq!(c.last.map(|l| l.seq), Some(5));
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        assert_eq!(c.boot_warnings, ["WARNING: boot"]);
+        // A garbled checker line is bad.
+        let garbled = l(1).replace("pages=0", "pages=9");
+        assert_eq!(linux_console(&garbled).lines.bad, 1);
     }
 
     #[test]

@@ -69,7 +69,16 @@ pub fn counters(vm: &dyn Vm) -> Result<Counters, RamError> {
 }
 
 impl GuestProbe for MiniProbe {
+    /// A Linux guest reports nothing here (progress and errors 0): its
+    /// checker's counters are on its console, which `minivmm demo` reads,
+    /// and the memory minivmm's own guest keeps them in is the kernel's.
     fn read(&self, vm: &dyn Vm) -> Result<GuestCheck, ProbeError> {
+        if !vm.vmm_config()["linux"].is_null() {
+            return Ok(GuestCheck {
+                progress: 0,
+                errors: 0,
+            });
+        }
         let c = counters(vm)?;
         Ok(GuestCheck {
             progress: c.reads_verified,

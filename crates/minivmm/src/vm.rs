@@ -618,6 +618,18 @@ impl MiniVm {
         VmDevices::new(&self.vm, self.config.irqchip, self.config.linux.is_some())
     }
 
+    /// Bytes for vCPU `i`'s serial port to receive (a Linux guest's checker
+    /// reads `moved` on its console after a migration).
+    pub fn console_input(&self, i: u32, bytes: &[u8]) -> Result<(), crate::DeviceError> {
+        match self.devices.consoles.get(i as usize) {
+            Some(c) => lock(c).input(bytes),
+            None => Err(crate::DeviceError::State {
+                section: serial::SECTION,
+                why: format!("no console {i}"),
+            }),
+        }
+    }
+
     /// What the guest asked of its sleep control register, once it has:
     /// a Linux guest powering off, say.
     pub fn guest_exit(&self) -> Option<linux::PowerRequest> {

@@ -65,6 +65,8 @@ pub struct DemoArgs {
     /// End with the summary as one JSON line on stdout.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    guest: super::guest::GuestArgs,
 }
 
 pub fn demo(a: DemoArgs) -> Result<(), String> {
@@ -168,6 +170,7 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         src_args.extend(["--converge".into(), c.clone()]);
     }
     src_args.extend(tls);
+    src_args.extend(a.guest.to_args());
     let src = Command::new(&exe)
         .args(&src_args)
         .stdout(Stdio::piped())
@@ -200,6 +203,15 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         return Err("the destination printed no summary".into());
     }
     let dest_json = dest_json.unwrap_or(serde_json::Value::Null);
+    if a.guest.is_linux() {
+        return linux_summary(
+            a,
+            &src_json,
+            &dest_json,
+            dest_ok,
+            (&src_console, &dst_console),
+        );
+    }
 
     let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
     let mut console = checks::ConsoleCheck::default();
@@ -306,6 +318,54 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         Ok(())
     } else {
         Err("the demo's checks failed (see the summary)".into())
+    }
+}
+
+/// The summary of a Linux guest's move ([`super::demo_linux`]).
+fn linux_summary(
+    a: &DemoArgs,
+    src_json: &serde_json::Value,
+    dest_json: &serde_json::Value,
+    dest_ok: bool,
+    (src_console, dst_console): (&Path, &Path),
+) -> Result<(), String> {
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    let ends = super::demo_linux::Ends {
+        source: src_json,
+        destination: dest_json,
+        destination_ok: dest_ok,
+        source_console: read(src_console),
+        destination_console: read(dst_console),
+    };
+    let mode = if a.local { "local" } else { a.mode.as_str() };
+    let (summary, clean) = super::demo_linux::summarize(mode, a.vcpus, &ends);
+    eprintln!(
+        "minivmm demo (Linux {}, {} vCPUs, {mode}): {}, digest {}, downtime {:.1} ms, the guest saw {:.1} ms; checker lines {} ({} lost, {} doubled, {} bad), {} mismatches; disk {} records ({} lost, {} doubled, {} bad reads); {} kernel warnings; guest {}",
+        summary["kernel"].as_str().unwrap_or("?"),
+        a.vcpus,
+        summary["status"].as_str().unwrap_or("?"),
+        if summary["digest_match"] == true { "match" } else { "MISMATCH" },
+        summary["downtime_ms"].as_f64().unwrap_or(f64::NAN),
+        summary["guest_pause_ms"].as_f64().unwrap_or(f64::NAN),
+        summary["console_lines"],
+        summary["console_lines_lost"],
+        summary["console_lines_doubled"],
+        summary["console_lines_bad"],
+        summary["checker_mismatches"],
+        summary["blk_requests"],
+        summary["blk_requests_lost"],
+        summary["blk_requests_doubled"],
+        summary["blk_bad_reads"],
+        summary["kernel_warnings"].as_array().map_or(0, Vec::len),
+        summary["guest_exit"].as_str().unwrap_or("did not power off"),
+    );
+    if a.json {
+        println!("{summary}");
+    }
+    match (clean, summary["error"].as_str()) {
+        (true, _) => Ok(()),
+        (false, Some(e)) => Err(format!("the Linux guest's move failed: {e}")),
+        (false, None) => Err("the demo's checks failed (see the summary)".into()),
     }
 }
 

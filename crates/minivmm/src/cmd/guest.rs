@@ -31,7 +31,7 @@ pub struct GuestArgs {
     /// --guest linux: the kernel command line.
     #[arg(
         long,
-        default_value = "console=ttyS0 reboot=acpi panic=-1 pci=off 8250.nr_uarts=1 quiet"
+        default_value = "console=ttyS0 reboot=acpi panic=-1 pci=off 8250.nr_uarts=1 quiet checker.mib=16"
     )]
     cmdline: String,
     /// --guest linux: MiB of guest RAM (16 MiB of it below the hole at
@@ -44,6 +44,27 @@ impl GuestArgs {
     /// Whether the guest is Linux.
     pub fn is_linux(&self) -> bool {
         self.guest == GuestKind::Linux
+    }
+
+    /// The same guest as arguments for another minivmm process (the
+    /// demo's source).
+    pub fn to_args(&self) -> Vec<String> {
+        if !self.is_linux() {
+            return Vec::new();
+        }
+        let mut args = vec!["--guest".into(), "linux".into()];
+        for (flag, value) in [("--kernel", &self.kernel), ("--initrd", &self.initrd)] {
+            if let Some(v) = value {
+                args.extend([flag.to_string(), v.display().to_string()]);
+            }
+        }
+        args.extend([
+            "--cmdline".into(),
+            self.cmdline.clone(),
+            "--mem-mib".into(),
+            self.mem_mib.to_string(),
+        ]);
+        args
     }
 
     /// Sets `config` up for the guest; refuses a Linux guest on a host

@@ -51,6 +51,9 @@ pub struct MigrateArgs {
     /// How long the guest runs before the migration starts.
     #[arg(long, default_value_t = 1000)]
     run_before_ms: u64,
+    /// --guest linux: how long the guest may take to boot to its checker.
+    #[arg(long, default_value_t = 600)]
+    boot_limit_s: u64,
     /// If the migration fails, how long the guest then runs on here
     /// (its console and disk streams must go on without a gap).
     #[arg(long, default_value_t = 1000)]
@@ -122,8 +125,19 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
         );
     }
     let outs = consoles(a.console.as_deref(), config.vcpus)?;
+    let linux = config.linux.is_some();
     let mut vm = MiniVm::boot(config, a.backing, outs.clone()).map_err(|e| e.to_string())?;
     vm.start().map_err(|e| e.to_string())?;
+    if linux {
+        // A Linux guest boots first: the move starts once its checker runs.
+        let limit = Duration::from_secs(a.boot_limit_s);
+        let booted = super::linux_run::wait_for_checker(&vm, a.console.as_deref(), 3, limit)
+            .inspect_err(|_| flush(&outs))?;
+        eprintln!(
+            "minivmm: the Linux guest's checker runs, {:.1} s after boot",
+            booted.as_secs_f64()
+        );
+    }
     std::thread::sleep(Duration::from_millis(a.run_before_ms));
     vm.check_health().map_err(|e| e.to_string())?;
 

@@ -1,7 +1,9 @@
 //! The command line: `run`, `migrate`, `receive`, `demo` and `probe-host`.
 
 mod demo;
+mod demo_linux;
 mod guest;
+mod linux_run;
 mod migrate;
 mod probe;
 mod receive;
@@ -120,7 +122,12 @@ impl VmArgs {
                 self.vcpus
             ));
         }
-        ensure_disk(&self.disk)?;
+        // A Linux guest's checker writes its records around 8 MiB.
+        let disk_bytes = match self.guest.is_linux() {
+            true => LINUX_DISK_BYTES,
+            false => DISK_BLOCKS * BLOCK_BYTES,
+        };
+        ensure_disk(&self.disk, disk_bytes)?;
         let disk = std::fs::canonicalize(&self.disk)
             .map_err(|e| format!("the disk image {}: {e}", self.disk.display()))?;
         let mut config = MiniConfig::new(self.vcpus, self.data_mib, disk);
@@ -130,16 +137,18 @@ impl VmArgs {
         config.fill = self.vhost;
         config.fill_dirty_log = !self.no_vhost_dirty_log;
         for i in 1..self.vcpus {
-            ensure_disk(&config.disk_path(i))?;
+            ensure_disk(&config.disk_path(i), disk_bytes)?;
         }
         self.guest.apply(&mut config)?;
         Ok(config)
     }
 }
 
-/// Creates the disk image if it is not there.
-fn ensure_disk(path: &Path) -> Result<(), String> {
-    let bytes = DISK_BLOCKS * BLOCK_BYTES;
+/// Bytes of a Linux guest's disks.
+const LINUX_DISK_BYTES: u64 = 8 << 20;
+
+/// Creates the disk image if it is not there, at least `bytes` long.
+fn ensure_disk(path: &Path, bytes: u64) -> Result<(), String> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -262,12 +271,20 @@ fn sections(vm: &minivmm::MiniVm) -> serde_json::Value {
 /// What both ends report of the VM's devices and guest, in their JSON.
 fn vm_report(vm: &minivmm::MiniVm) -> Result<serde_json::Value, String> {
     use ferry_engine::vmm::Vm;
-    let per_vcpu = (0..vm.vcpus())
-        .map(|i| minivmm::probe::vcpu_counters(vm, i))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("reading the guest's counters: {e}"))?;
-    let guest =
-        minivmm::probe::counters(vm).map_err(|e| format!("reading the guest's counters: {e}"))?;
+    // A Linux guest's counters are its checker's, on its console; the
+    // memory minivmm's own guest keeps them in is the kernel's.
+    let (per_vcpu, guest) = match vm.config().linux {
+        Some(_) => (serde_json::Value::Null, serde_json::Value::Null),
+        None => {
+            let per_vcpu = (0..vm.vcpus())
+                .map(|i| minivmm::probe::vcpu_counters(vm, i))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("reading the guest's counters: {e}"))?;
+            let guest = minivmm::probe::counters(vm)
+                .map_err(|e| format!("reading the guest's counters: {e}"))?;
+            (serde_json::json!(per_vcpu), serde_json::json!(guest))
+        }
+    };
     let disk_runs: Vec<Vec<[u64; 2]>> = vm.disk_journals().iter().map(|j| runs(j)).collect();
     Ok(serde_json::json!({
         "vcpus": vm.vcpus(),
@@ -278,6 +295,7 @@ fn vm_report(vm: &minivmm::MiniVm) -> Result<serde_json::Value, String> {
         "vhost": vm.config().fill,
         "vhost_failure": vm.fill_failure(),
         "sections": sections(vm),
+        "guest_kind": if vm.config().linux.is_some() { "linux" } else { "program" },
         "guest": guest,
         "guest_per_vcpu": per_vcpu,
         "disk_runs": disk_runs,

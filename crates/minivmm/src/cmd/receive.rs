@@ -6,6 +6,7 @@ use ferry_engine::transport::{Listen, TlsConfig};
 use ferry_engine::vmm::{receive_as, Backing, GuestRam, StreamHeader, Vm, VmError};
 use ferry_engine::{await_migration, listen, ReceiveOptions};
 use minivmm::layout::MAX_VCPUS;
+use minivmm::linux::PowerRequest;
 use minivmm::probe::{self, MiniProbe};
 use minivmm::serial::ConsoleOut;
 use minivmm::vm::disk_fd_name;
@@ -30,6 +31,10 @@ pub struct ReceiveArgs {
     /// How long the guest runs here once it has arrived.
     #[arg(long, default_value_t = 1000)]
     run_after_ms: u64,
+    /// A Linux guest is told `moved` on its console once it has arrived,
+    /// and runs until it powers off: at most this long.
+    #[arg(long, default_value_t = 600)]
+    linux_run_limit_s: u64,
     /// Guest memory: anon or memfd.
     #[arg(long, default_value = "anon", value_parser = parse_backing)]
     backing: Backing,
@@ -65,26 +70,44 @@ pub fn receive(a: ReceiveArgs) -> Result<(), String> {
         digest_match,
         summary,
     } = arrived;
-    if status == "completed" {
+    let linux = vm.config().linux.is_some();
+    let mut guest_exit = None;
+    if status == "completed" && linux {
+        // The checker runs on for a while once told, then powers off.
+        vm.console_input(0, b"moved\n").map_err(|e| e.to_string())?;
+        let limit = Duration::from_secs(a.linux_run_limit_s);
+        guest_exit = super::linux_run::run_until_exit(&vm, limit).unwrap_or(None);
+    } else if status == "completed" {
         std::thread::sleep(Duration::from_millis(a.run_after_ms));
     }
     let health = vm.check_health().err().map(|e| e.to_string());
     let in_flight = vm.requests_in_flight_at_pause();
     vm.pause().map_err(|e| e.to_string())?;
     flush(&outs.lock().unwrap_or_else(|e| e.into_inner()));
-    let guest = probe::counters(&vm).map_err(|e| format!("reading the guest's counters: {e}"))?;
-    eprintln!(
-        "minivmm: received ({status}), digest {}; then {} console lines and {} verified reads in all",
-        if digest_match { "match" } else { "MISMATCH" },
-        guest.console_lines,
-        guest.reads_verified
-    );
+    let exit_name = super::linux_run::exit_name(guest_exit);
+    if linux {
+        eprintln!(
+            "minivmm: received ({status}), digest {}; the Linux guest then {}",
+            if digest_match { "match" } else { "MISMATCH" },
+            exit_name.as_deref().unwrap_or("did not power off")
+        );
+    } else {
+        let guest =
+            probe::counters(&vm).map_err(|e| format!("reading the guest's counters: {e}"))?;
+        eprintln!(
+            "minivmm: received ({status}), digest {}; then {} console lines and {} verified reads in all",
+            if digest_match { "match" } else { "MISMATCH" },
+            guest.console_lines,
+            guest.reads_verified
+        );
+    }
     if a.json {
         let j = serde_json::json!({
             "role": "destination",
             "status": status,
             "digest_match": digest_match,
             "health": health,
+            "guest_exit": exit_name,
             "summary": summary,
         });
         let mut j = merge(j, vm_report(&vm)?);
@@ -93,6 +116,12 @@ pub fn receive(a: ReceiveArgs) -> Result<(), String> {
     }
     match health {
         Some(h) => Err(format!("the guest failed here: {h}")),
+        None if linux && status == "completed" && guest_exit != Some(PowerRequest::Off) => {
+            Err(format!(
+                "the Linux guest did not power off within {} s of the move",
+                a.linux_run_limit_s
+            ))
+        }
         None => Ok(()),
     }
 }

@@ -81,31 +81,20 @@ fn run_linux(
 ) -> Result<(), String> {
     let start = std::time::Instant::now();
     let limit = Duration::from_secs_f64(a.seconds.max(0.0));
-    let exit = loop {
-        if let Some(exit) = vm.guest_exit() {
-            break Some(exit);
-        }
-        if let Err(e) = vm.check_health() {
-            flush(outs);
-            return Err(e.to_string());
-        }
-        if start.elapsed() >= limit {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    vm.pause().map_err(|e| e.to_string())?;
+    let exit = super::linux_run::run_until_exit(&vm, limit);
+    let _ = vm.pause();
     flush(outs);
+    let exit = exit?;
     let took = start.elapsed().as_secs_f64();
-    eprintln!("minivmm: the Linux guest ran {took:.1} s: {exit:?}");
+    let name = super::linux_run::exit_name(exit);
+    eprintln!(
+        "minivmm: the Linux guest ran {took:.1} s and {}",
+        name.as_deref().unwrap_or("was still running")
+    );
     if a.json {
         println!(
             "{}",
-            serde_json::json!({
-                "guest": "linux",
-                "seconds": took,
-                "guest_exit": exit.map(|e| format!("{e:?}").to_lowercase()),
-            })
+            serde_json::json!({ "guest": "linux", "seconds": took, "guest_exit": name })
         );
     }
     match exit {

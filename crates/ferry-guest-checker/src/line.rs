@@ -1,0 +1,135 @@
+//! The checker's console lines: `checker SEQ key=value ... sum=HEX`, one a
+//! second, numbered from 1, each closed by a checksum of the text before
+//! it, so that a line lost, doubled or garbled across a migration shows.
+
+/// One line's fields.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Line {
+    /// Its number, from 1.
+    pub seq: u64,
+    /// Pattern generations completed, over all workers.
+    pub generations: u64,
+    /// Pages written.
+    pub pages: u64,
+    /// Pages that did not hold what was last written to them.
+    pub mismatches: u64,
+    /// The largest gap between two CLOCK_MONOTONIC readings in a worker,
+    /// since the checker started (ms).
+    pub max_gap_ms: f64,
+    /// The largest such gap since the line before (ms): a pause shows in
+    /// the line after it.
+    pub gap_ms: f64,
+    /// Disk records written and acknowledged.
+    pub disk_writes: u64,
+    /// Disk records read back that did not hold what was written.
+    pub disk_bad_reads: u64,
+    /// Kernel log lines that were warnings (see [`crate::warnings`]),
+    /// logged since the checker started.
+    pub warnings: u64,
+}
+
+/// FNV-1a, 64 bits: the line checksum.
+fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+impl Line {
+    /// The line as printed (without its newline).
+    pub fn format(&self) -> String {
+        let body = format!(
+            "checker {} gen={} pages={} mismatches={} max_gap_ms={:.1} gap_ms={:.1} disk_writes={} disk_bad_reads={} warnings={}",
+            self.seq,
+            self.generations,
+            self.pages,
+            self.mismatches,
+            self.max_gap_ms,
+            self.gap_ms,
+            self.disk_writes,
+            self.disk_bad_reads,
+            self.warnings
+        );
+        format!("{body} sum={:016x}", fnv(&body))
+    }
+
+    /// Reads a console line: `None` if it is not a checker line at all
+    /// (the kernel's, the init script's), `Some(Err)` if it is one that is
+    /// damaged.
+    pub fn parse(text: &str) -> Option<Result<Line, String>> {
+        let text = text.trim_end_matches(['\r', '\n']);
+        let rest = text.strip_prefix("checker ")?;
+        if !rest.starts_with(|c: char| c.is_ascii_digit()) {
+            return None;
+        }
+        Some(Self::parse_fields(text, rest))
+    }
+
+    fn parse_fields(text: &str, rest: &str) -> Result<Line, String> {
+        let (body, sum) = text
+            .rsplit_once(" sum=")
+            .ok_or_else(|| format!("no checksum: {text:?}"))?;
+        let sum = u64::from_str_radix(sum, 16).map_err(|_| format!("bad checksum: {text:?}"))?;
+        if sum != fnv(body) {
+            return Err(format!("checksum mismatch: {text:?}"));
+        }
+        let mut words = rest.split(' ');
+        let seq = words.next().and_then(|w| w.parse().ok());
+        let mut line = Line {
+            seq: seq.ok_or_else(|| format!("no number: {text:?}"))?,
+            ..Line::default()
+        };
+        for w in words {
+            let Some((k, v)) = w.split_once('=') else {
+                continue;
+            };
+            let int = || v.parse::<u64>().unwrap_or(0);
+            let float = || v.parse::<f64>().unwrap_or(0.0);
+            match k {
+                "gen" => line.generations = int(),
+                "pages" => line.pages = int(),
+                "mismatches" => line.mismatches = int(),
+                "max_gap_ms" => line.max_gap_ms = float(),
+                "gap_ms" => line.gap_ms = float(),
+                "disk_writes" => line.disk_writes = int(),
+                "disk_bad_reads" => line.disk_bad_reads = int(),
+                "warnings" => line.warnings = int(),
+                _ => {}
+            }
+        }
+        Ok(line)
+    }
+}
+
+/// The prefix of a kernel warning the checker passes on to the console,
+/// one logged while it ran.
+pub const WARNING_PREFIX: &str = "checker-warning: ";
+/// The prefix of one the kernel logged while it booted, before the
+/// checker started.
+pub const BOOT_WARNING_PREFIX: &str = "checker-boot-warning: ";
+/// The checker's last line, before it powers the guest off.
+pub const DONE_PREFIX: &str = "checker done ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_round_trips_and_a_damaged_one_is_caught() {
+        let l = Line {
+            seq: 12,
+            generations: 3,
+            pages: 4096,
+            gap_ms: 250.5,
+            disk_writes: 77,
+            ..Line::default()
+        };
+        let text = l.format();
+        assert_eq!(Line::parse(&text), Some(Ok(l)));
+        let damaged = text.replacen("pages=4096", "pages=4097", 1);
+        assert!(matches!(Line::parse(&damaged), Some(Err(_))));
+        assert!(matches!(Line::parse(&text[..text.len() - 3]), Some(Err(_))));
+        assert_eq!(Line::parse("[    1.0] checker: nothing"), None);
+        assert_eq!(Line::parse("checker start: 2 threads"), None);
+    }
+}

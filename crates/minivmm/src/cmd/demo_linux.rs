@@ -1,0 +1,112 @@
+//! `minivmm demo --guest linux`: the summary of a Linux guest's move, from
+//! what its checker printed on both consoles and wrote to the disk.
+
+use minivmm::checks;
+use serde_json::{json, Value};
+
+/// What the two ends reported, and where their consoles are.
+pub struct Ends<'a> {
+    pub source: &'a Value,
+    pub destination: &'a Value,
+    pub destination_ok: bool,
+    pub source_console: String,
+    pub destination_console: String,
+}
+
+/// The summary, and whether every check passed.
+pub fn summarize(mode: &str, vcpus: u32, e: &Ends) -> (Value, bool) {
+    let console = checks::linux_console(&(e.source_console.clone() + &e.destination_console));
+    let dest_lines = checks::linux_console(&e.destination_console);
+    // The pause the guest saw: the largest gap between its clock readings
+    // in the destination's first lines, which span the switchover.
+    let guest_pause_ms = first_gaps(&e.destination_console, 3);
+    let journal: Vec<u64> = [e.source, e.destination]
+        .iter()
+        .flat_map(|j| {
+            let runs: Vec<[u64; 2]> =
+                serde_json::from_value(j["disk_runs"][0].clone()).unwrap_or_default();
+            super::expand(&runs)
+        })
+        .collect();
+    let disk = checks::disk(&journal);
+    let last = console.last.clone().unwrap_or_default();
+    let guest_exit = e.destination["guest_exit"].as_str().map(String::from);
+    let digest_match = e.source["digest_match"] == true && e.destination["digest_match"] == true;
+    let completed = e.source["status"] == "completed";
+    let error = first_error(e, completed, &console, guest_exit.as_deref());
+    let summary = json!({
+        "guest": "linux",
+        "kernel": console.kernel,
+        "vcpus": vcpus,
+        "mode": mode,
+        "status": e.source["status"],
+        "digest_match": digest_match,
+        "downtime_ms": e.source["downtime_ms"],
+        "total_ms": e.source["total_ms"],
+        "guest_pause_ms": guest_pause_ms,
+        "checker_lines_after_move": dest_lines.lines.lines,
+        "checker_mismatches": last.mismatches,
+        "checker_done": console.done,
+        "console_lines": console.lines.lines,
+        "console_lines_lost": console.lines.lost,
+        "console_lines_doubled": console.lines.doubled,
+        "console_lines_bad": console.lines.bad,
+        "blk_requests": disk.requests,
+        "blk_requests_lost": disk.lost,
+        "blk_requests_doubled": disk.doubled,
+        "blk_bad_reads": last.disk_bad_reads,
+        "kernel_warnings": console.warnings,
+        "boot_warnings": console.boot_warnings,
+        "guest_exit": guest_exit,
+        "error": error,
+    });
+    let clean = error.is_none()
+        && digest_match
+        && last.mismatches == 0
+        && console.lines.lost + console.lines.doubled + console.lines.bad == 0
+        && disk.lost + disk.doubled + last.disk_bad_reads == 0
+        && console.warnings.is_empty();
+    (summary, clean)
+}
+
+/// The largest `gap_ms` in the first `n` checker lines of `text`.
+fn first_gaps(text: &str, n: usize) -> Option<f64> {
+    use ferry_guest_checker::line::Line;
+    text.lines()
+        .filter_map(|l| Line::parse(l)?.ok())
+        .take(n)
+        .map(|l| l.gap_ms)
+        .reduce(f64::max)
+}
+
+/// Why the run failed, if it did: the migration's error, the
+/// destination's, or the guest's end.
+fn first_error(
+    e: &Ends,
+    completed: bool,
+    console: &checks::LinuxConsole,
+    guest_exit: Option<&str>,
+) -> Option<String> {
+    if let Some(err) = e.source["error"].as_str() {
+        return Some(err.to_string());
+    }
+    if !completed {
+        return Some(format!("the migration ended {}", e.source["status"]));
+    }
+    if let Some(h) = e.destination["health"].as_str() {
+        return Some(format!("the destination's guest failed: {h}"));
+    }
+    if guest_exit != Some("poweroff") {
+        return Some(format!(
+            "the guest did not power off at the destination (it ended: {})",
+            guest_exit.unwrap_or("not at all")
+        ));
+    }
+    if !console.done {
+        return Some("the guest's checker did not print its last line".into());
+    }
+    if !e.destination_ok {
+        return Some("the destination exited non-zero".into());
+    }
+    None
+}
