@@ -18,6 +18,18 @@
 //! 64-bit entry, the others wait for its startup IPIs in the in-kernel
 //! LAPIC, and the legacy devices Linux probes (PIC, IOAPIC, PIT) are KVM's.
 //! COM1 raises IRQ 4 through an irqfd; the disks raise GSI 16 and up.
+//!
+//! Why ACPI and virtio-mmio, not virtio-pci: minivmm's disks are virtio-mmio
+//! devices whose state already migrates; PCI would add a config space, BARs
+//! and interrupt routing to the same devices and to their state. Debian's
+//! kernel finds virtio-mmio devices only through ACPI (`LNRO0005`), its
+//! command-line devices being compiled out, and ACPI gives the MADT for SMP
+//! too. The platform is hardware-reduced, so there is no PM timer, SCI or
+//! GPE block to emulate: the guest powers off through one I/O port.
+//!
+//! `scripts/svm-host.sh` builds the initramfs (busybox, the kernel package's
+//! virtio modules, and `ferry-guest-checker` as the program that checks the
+//! guest from inside); docs/svm-host.md has what it measured.
 
 pub mod acpi;
 pub mod boot;
