@@ -57,6 +57,13 @@ step() {
 test_bin() { # the newest test binary named $1
     ls -t target/debug/deps/"$1"-* 2>/dev/null | grep -v '\.d$' | head -1
 }
+test_exe() { # package $1's test target $2, as cargo test built it
+    cargo test -q --no-run --message-format=json -p "$1" --test "$2" 2>/dev/null |
+        python3 -c 'import json, sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("executable") and m["target"]["name"] == sys.argv[1]: print(m["executable"])' "$2" | tail -1
+}
 
 started=$(date +%s)
 # The control measures the host, not ferry: its tally is printed beside
@@ -67,6 +74,10 @@ echo "svm-ci: the host's control (QEMU, 2 moves; exit $?): $(echo "$control" | g
 step "the vCPU state round trip" 'test result: ok' "$(test_bin vcpu_state)"
 step "the memstress guest on KVM" 'test result: ok' "$(test_bin guest_runs)"
 step "KVM's three dirty logs" 'test result: ok' "$(test_bin dirty_source)"
+# The conformance kit on both KVM VMMs: on SVM it found clocks (Hyper-V's
+# reference counter and run time) that kvm_pvm never lists.
+step "the conformance kit, ferry-kvm" 'test result: ok' "$(test_exe ferry-kvm-memstress conformance)"
+step "the conformance kit, minivmm" 'test result: ok' "$(test_exe minivmm conformance)"
 step "ferry demo, precopy, 2 vCPUs" '"digest_match":true' \
     "$ferry" demo --backend kvm --vcpus 2 --mem-per-vcpu 128M --json
 step "ferry demo, postcopy, 2 vCPUs" '"digest_match":true' \

@@ -8,7 +8,7 @@ mod common;
 use common::wait_for_passes;
 use ferry_vm::capability::VcpuState as _;
 
-use ferry_kvm::cpu_state::msrs::{self, IA32_TSC};
+use ferry_kvm::cpu_state::msrs::{self, HV_TIME_REF_COUNT, IA32_TSC};
 use ferry_kvm::cpu_state::{blob, Irqchip, Snapshot, VcpuSnapshot};
 use ferry_kvm::require_kvm;
 use ferry_kvm::DirtyTracking;
@@ -68,9 +68,6 @@ fn assert_tsc_close(vcpu: usize, saved: u64, restored: u64, khz: u64) {
         restored as i128 - saved as i128
     );
 }
-
-/// HV_X64_MSR_TIME_REF_COUNT: a clock, not state.
-const HV_TIME_REF_COUNT: u32 = 0x4000_0020;
 
 fn assert_vcpu_same(i: usize, s: &VcpuSnapshot, d: &VcpuSnapshot) {
     let w = |piece: &str| format!("vCPU {i} {piece}");

@@ -16,6 +16,15 @@ use vmm_sys_util::errno;
 /// would move vCPU 0's TSC); every restore writes it.
 pub const IA32_TSC: u32 = 0x10;
 
+/// HV_X64_MSR_TIME_REF_COUNT: Hyper-V's reference counter (100 ns units),
+/// which KVM lists as saveable where it offers Hyper-V (the SVM host, not
+/// kvm_pvm). KVM derives it from the VM's kvmclock: a clock, not state.
+pub const HV_TIME_REF_COUNT: u32 = 0x4000_0020;
+
+/// HV_X64_MSR_VP_RUNTIME: the time the vCPU has run (100 ns units), listed
+/// beside it; a clock too.
+pub const HV_VP_RUNTIME: u32 = 0x4000_0010;
+
 /// What went wrong with MSRs.
 #[derive(Debug, thiserror::Error)]
 pub enum MsrError {
