@@ -8,7 +8,7 @@ mod common;
 use common::wait_for_passes;
 use ferry_vm::capability::VcpuState as _;
 
-use ferry_kvm::cpu_state::msrs::{self, HV_TIME_REF_COUNT, IA32_TSC};
+use ferry_kvm::cpu_state::msrs::{self, HV_TIME_REF_COUNT, HV_VP_RUNTIME, IA32_TSC};
 use ferry_kvm::cpu_state::{blob, Irqchip, Snapshot, VcpuSnapshot};
 use ferry_kvm::require_kvm;
 use ferry_kvm::DirtyTracking;
@@ -100,15 +100,15 @@ fn assert_vcpu_same(i: usize, s: &VcpuSnapshot, d: &VcpuSnapshot) {
                 b.data as i128 - a.data as i128
             );
             assert_tsc_close(i, a.data, b.data, khz);
-        } else if a.index == HV_TIME_REF_COUNT {
-            // Hyper-V's reference counter (100 ns units), which KVM lists
-            // where it offers Hyper-V (the SVM host; not kvm_pvm): KVM
-            // derives it from the VM's kvmclock, restored with the VM, so
-            // it goes on from where it was: never back, and not by more
-            // than the test's own length.
+        } else if a.index == HV_TIME_REF_COUNT || a.index == HV_VP_RUNTIME {
+            // Hyper-V's reference counter and the vCPU's run time (100 ns
+            // units), which KVM lists where it offers Hyper-V (the SVM
+            // host; not kvm_pvm): clocks that go on from where they were,
+            // never back, and not by more than the test's own length.
             assert!(
                 b.data >= a.data && b.data - a.data < 300_000_000,
-                "vCPU {i}: the Hyper-V reference counter went from {:#x} to {:#x}",
+                "vCPU {i}: Hyper-V clock MSR {:#x} went from {:#x} to {:#x}",
+                a.index,
                 a.data,
                 b.data
             );
