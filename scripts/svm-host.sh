@@ -11,8 +11,8 @@
 # CMD runs from the repository's root, which the host shares at the same
 # path (read-write, 9p), with this machine's /usr, /etc and $HOME. CMD's
 # stdout, stderr and exit status pass through. The host's serial console
-# goes in full to target/svm-host/console.log (console.PID.log while it runs). If the host itself fails,
-# this exits non-zero naming the cause:
+# goes in full to target/svm-host/console.log (console.PID.log while it
+# runs). If the host itself fails, this exits non-zero naming the cause:
 #   125  the host crashed (a kernel panic, BUG or Oops on its console)
 #   124  the host hung (no exit within --timeout)
 #
