@@ -5,7 +5,7 @@
 //! (with a SKIP line) where /dev/kvm is absent.
 
 use ferry_engine::conformance::{run_all, Saved, VmmUnderTest};
-use ferry_kvm::cpu_state::first_difference;
+use ferry_kvm::cpu_state::clock_free_difference;
 use ferry_kvm::{require_kvm, DirtyTracking};
 use ferry_kvm_memstress::{KvmVm, Program, Role};
 use ferry_memstress::{write_list, AccessOrder, VmConfig, Workload};
@@ -67,7 +67,7 @@ impl VmmUnderTest for KvmVmm {
     /// checks on its own); every other byte must be the same.
     fn same_state(&self, saved: Saved<'_>, resaved: Saved<'_>) -> bool {
         match (saved, resaved) {
-            (Saved::Vcpus(a), Saved::Vcpus(b)) => match first_difference(a, b) {
+            (Saved::Vcpus(a), Saved::Vcpus(b)) => match clock_free_difference(a, b) {
                 None => true,
                 Some(at) => {
                     println!("the vCPU state differs at {at}");

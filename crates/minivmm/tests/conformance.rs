@@ -9,7 +9,7 @@ mod common;
 
 use ferry_engine::conformance::{run_all, Saved, VmmUnderTest};
 use ferry_engine::vmm::{Backing, Gfn, Gpa, Vm, VmError};
-use ferry_kvm::cpu_state::first_difference;
+use ferry_kvm::cpu_state::clock_free_difference;
 use minivmm::layout::{lane, var, VARS, WRITE_LIST, WRITE_LIST_MAX};
 use minivmm::{MiniConfig, MiniVm};
 use std::path::PathBuf;
@@ -107,7 +107,7 @@ impl VmmUnderTest for Minivmm {
     /// vCPU state compared without its clocks, which run on while paused.
     fn same_state(&self, saved: Saved<'_>, resaved: Saved<'_>) -> bool {
         match (saved, resaved) {
-            (Saved::Vcpus(a), Saved::Vcpus(b)) => match first_difference(a, b) {
+            (Saved::Vcpus(a), Saved::Vcpus(b)) => match clock_free_difference(a, b) {
                 None => true,
                 Some(at) => {
                     println!("the vCPU state differs at {at}");

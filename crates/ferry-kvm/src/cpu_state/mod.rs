@@ -139,7 +139,7 @@ pub fn equal_but_clocks(a: &[u8], b: &[u8]) -> bool {
 /// Where two saved states differ but for their clocks: the path of the
 /// first field that does (`vcpus/1/msrs/7/data: 5 != 6`), for a test's
 /// failure message; `None` where [`equal_but_clocks`] holds.
-pub fn first_difference(a: &[u8], b: &[u8]) -> Option<String> {
+pub fn clock_free_difference(a: &[u8], b: &[u8]) -> Option<String> {
     if equal_but_clocks(a, b) {
         return None;
     }
