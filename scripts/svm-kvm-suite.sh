@@ -6,6 +6,7 @@
 # scripts/svm-ci.sh, the subset the test command runs.
 #
 #   bash scripts/svm-kvm-suite.sh            build (debug), then run inside
+#   bash scripts/svm-kvm-suite.sh local vhost    only the binaries so named
 #
 # Prints one line per binary (passed, failed, or timed out, with its time)
 # and a JSON tally last; target/svm-host/kvm-suite.log keeps each binary's
@@ -31,13 +32,22 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])
 ' | sort -u >"$list"
     [ -s "$list" ] || { echo "svm-kvm-suite: no test binaries built" >&2; exit 2; }
-    exec bash scripts/svm-host.sh --timeout 14400 bash "$0"
+    exec bash scripts/svm-host.sh --timeout 14400 bash "$0" "$@"
 fi
+
+# Binaries named on the command line, or all of them.
+selected() {
+    [ $# -eq 1 ] && return 0
+    local want
+    for want in "${@:2}"; do [ "$want" = "$1" ] && return 0; done
+    return 1
+}
 
 : >"$log"
 passed=0 failed=0
 started=$(date +%s)
 while read -r name exe; do
+    selected "$name" "$@" || continue
     t0=$(date +%s)
     echo "=== $name ($exe)" >>"$log"
     timeout 1800 "$exe" >>"$log" 2>&1

@@ -6,6 +6,7 @@ pub use ferry_vm::{
     catch_panic, current_thread_id, error_chain, throttle_sleep, Backing, BlockScope, Blocker,
     DeviceRegion, DeviceUserfaultfd, DirtyLog, DirtyMeter, DirtyPages, DirtySource,
     DirtySourceError, FaultExits, Gfn, Gpa, GuestCheck, GuestProbe, GuestRam, HarvestStats,
-    Lifecycle, LiveState, MemoryFaults, ProbeError, Quota, RamError, Section, SectionId,
-    SectionSpec, Subsection, TimeThrottle, VcpuState, Vm, VmError, PAGE_SIZE, THROTTLE_SLICE,
+    Lifecycle, LiveState, MemoryFaults, OutputGate, ProbeError, Quota, RamError, Section,
+    SectionId, SectionSpec, Subsection, TimeThrottle, VcpuState, Vm, VmError, PAGE_SIZE,
+    THROTTLE_SLICE,
 };

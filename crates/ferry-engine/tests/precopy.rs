@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{probed, quick_receive, running_source, spawn_receiver};
+use common::{probed, quick_receive, running_source, spawn_receiver, spawn_receiver_with};
 use ferry_engine::converge::ConvergeMode;
 use ferry_engine::transport::{accept_channel, Channel};
 use ferry_engine::wire::{FrameKind, Message};
@@ -59,6 +59,68 @@ fn tight_target_runs_dirty_rounds_and_strict_mode_verifies_first() {
     assert!(summary.rounds.len() >= 2 && summary.rounds.len() <= 5);
     let sent: u64 = summary.rounds.iter().map(|r| r.pages).sum();
     assert_eq!(sent, dsum.pages_received);
+}
+
+/// A strict migration to a destination that can hold its guest's outputs
+/// (and what it did with them), with a source that writes an untracked
+/// page at the pause when `untracked`. Returns the source's summary, and
+/// the destination's result and events.
+fn strict_to_a_gate(
+    untracked: bool,
+) -> (
+    ferry_engine::MigrationSummary,
+    bool,
+    Option<Option<f64>>,
+    Vec<String>,
+) {
+    let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let theirs = events.clone();
+    let (to, dest) = spawn_receiver_with(quick_receive(), Backing::Anonymous, move |vm| {
+        vm.output_gate = true;
+        vm.events = theirs.clone();
+    });
+    let mut src = running_source();
+    src.untracked_write_on_save = untracked;
+    let opts = {
+        let mut o = probed();
+        o.verify_before_resume = true;
+        o
+    };
+    let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
+    let received = dest.join().unwrap();
+    let held = received.as_ref().ok().map(|(_, s)| s.outputs_held_ms);
+    let running = received.as_ref().is_ok_and(|(vm, _)| vm.is_running());
+    let events = events.lock().unwrap().clone();
+    (summary, running, held, events)
+}
+
+#[test]
+fn a_strict_destination_that_holds_its_outputs_runs_the_guest_before_the_verdict() {
+    let (summary, running, held, events) = strict_to_a_gate(false);
+    assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
+    assert!(summary.verify_before_resume && summary.digest_match);
+    assert!(running);
+    // Held, then started (before the verdict: a strict destination without
+    // a gate starts only after it), then released at the Commit.
+    assert_eq!(events, ["started", "hold", "start", "release", "completed"]);
+    assert!(held.flatten().is_some(), "{held:?}");
+    // The downtime ended at the early Resumed: the source did not wait for
+    // a second one after its Commit.
+    assert!(
+        summary.downtime_ms > 0.0 && summary.error.is_none(),
+        "{summary:?}"
+    );
+}
+
+#[test]
+fn a_held_guest_whose_digest_fails_never_releases_its_outputs() {
+    let (summary, running, held, events) = strict_to_a_gate(true);
+    assert_eq!(summary.status, Outcome::Failed);
+    assert!(!summary.digest_match && summary.digest_checked);
+    assert!(!running);
+    assert_eq!(held, None, "the destination failed");
+    assert!(events.contains(&"start".to_string()), "{events:?}");
+    assert!(!events.contains(&"release".to_string()), "{events:?}");
 }
 
 #[test]

@@ -4,7 +4,9 @@
 //!
 //! - writes a pattern into `checker.mib` MiB per vCPU, each page holding
 //!   its number and a generation, from one thread per online CPU, and
-//!   verifies every page before rewriting it with the next generation;
+//!   verifies every page before rewriting it with the next generation; at
+//!   most `checker.rate_mib` MiB/s in all (0, the default: as fast as it
+//!   can), so that a benchmark can dirty memory at a set rate;
 //! - samples `CLOCK_MONOTONIC` in each of those threads and keeps the
 //!   largest gap between two samples: the pause the guest itself saw;
 //! - appends numbered, checksummed records to the disk `checker.disk`
@@ -82,6 +84,7 @@ fn main() {
     let secs = number("secs", 0);
     let after_move = number("after_move", 10);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let rate = (number("rate_mib", 0) << 20) / threads as u64;
     let counters: Arc<Vec<Counters>> =
         Arc::new((0..threads).map(|_| Counters::default()).collect());
     let stop = Arc::new(AtomicBool::new(false));
@@ -91,7 +94,11 @@ fn main() {
         false => None,
     };
     say(&format!(
-        "checker start: {threads} threads x {mib} MiB, disk {}, kernel {}",
+        "checker start: {threads} threads x {mib} MiB at {}, disk {}, kernel {}",
+        match rate {
+            0 => "full speed".to_string(),
+            r => format!("{} MiB/s each", r >> 20),
+        },
         disk.as_ref().map_or("none".to_string(), |(_, b)| format!(
             "{disk_path} ({b} blocks)"
         )),
@@ -101,7 +108,7 @@ fn main() {
         .map(|t| {
             let counters = Arc::clone(&counters);
             let stop = Arc::clone(&stop);
-            std::thread::spawn(move || pattern::run(t as u64, mib << 20, &counters[t], &stop))
+            std::thread::spawn(move || pattern::run(t as u64, mib << 20, rate, &counters[t], &stop))
         })
         .collect();
     let disk_counters = Arc::new(disk::DiskCounters::default());

@@ -4,9 +4,55 @@
 
 use super::Counters;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 const PAGE: usize = 4096;
+/// Pages written between two clock readings (and pace checks).
+const SAMPLE_EVERY: usize = 16;
+/// A paced worker sleeps once it is this far ahead of its rate.
+const AHEAD: Duration = Duration::from_millis(1);
+/// A paced worker this far behind its rate (the guest was paused, or the
+/// host is slow) starts its schedule afresh rather than bursting to catch up.
+const BEHIND: Duration = Duration::from_millis(100);
+
+/// Holds a worker to `bytes_per_sec` (0: as fast as it can).
+struct Pace {
+    bytes_per_sec: u64,
+    since: Instant,
+    bytes: u64,
+}
+
+impl Pace {
+    fn new(bytes_per_sec: u64) -> Self {
+        Pace {
+            bytes_per_sec,
+            since: Instant::now(),
+            bytes: 0,
+        }
+    }
+
+    /// Counts `bytes` written and sleeps while ahead of the rate. Returns
+    /// how long it meant to sleep, which is no pause of the guest's.
+    fn wrote(&mut self, bytes: u64) -> Duration {
+        if self.bytes_per_sec == 0 {
+            return Duration::ZERO;
+        }
+        self.bytes += bytes;
+        let due = Duration::from_secs_f64(self.bytes as f64 / self.bytes_per_sec as f64);
+        let elapsed = self.since.elapsed();
+        if elapsed > due + BEHIND {
+            *self = Pace::new(self.bytes_per_sec);
+            return Duration::ZERO;
+        }
+        match due.checked_sub(elapsed) {
+            Some(ahead) if ahead >= AHEAD => {
+                std::thread::sleep(ahead);
+                ahead
+            }
+            _ => Duration::ZERO,
+        }
+    }
+}
 
 /// The stamp of `page` of worker `worker` in `generation`: never zero, and
 /// distinct per page, worker and generation.
@@ -15,8 +61,11 @@ fn stamp(worker: u64, page: u64, generation: u64) -> u64 {
 }
 
 /// Runs until `stop`: rewrites every page of its region each generation,
-/// checking that it still holds the last generation's stamp.
-pub fn run(worker: u64, bytes: u64, c: &Counters, stop: &AtomicBool) {
+/// checking that it still holds the last generation's stamp, at most
+/// `bytes_per_sec` (0: as fast as it can). A paced worker's own sleeps are
+/// not counted as gaps: a gap is time the guest did not get.
+pub fn run(worker: u64, bytes: u64, bytes_per_sec: u64, c: &Counters, stop: &AtomicBool) {
+    let mut pace = Pace::new(bytes_per_sec);
     let pages = (bytes as usize / PAGE).max(1);
     let mut region = vec![0u64; pages * PAGE / 8];
     let words = PAGE / 8;
@@ -40,9 +89,13 @@ pub fn run(worker: u64, bytes: u64, c: &Counters, stop: &AtomicBool) {
             region[at] = s;
             region[at + words - 1] = s;
             c.pages.fetch_add(1, Ordering::Relaxed);
-            if page % 16 == 0 {
+            if page % SAMPLE_EVERY == 0 {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let slept = pace.wrote((SAMPLE_EVERY * PAGE) as u64);
                 let now = Instant::now();
-                let gap = now.duration_since(last).as_nanos() as u64;
+                let gap = now.duration_since(last).saturating_sub(slept).as_nanos() as u64;
                 c.max_gap_ns.fetch_max(gap, Ordering::Relaxed);
                 c.window_gap_ns.fetch_max(gap, Ordering::Relaxed);
                 last = now;
@@ -69,7 +122,7 @@ mod tests {
         let c = Counters::default();
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
-            s.spawn(|| run(0, 1 << 20, &c, &stop));
+            s.spawn(|| run(0, 1 << 20, 0, &c, &stop));
             while c.generations.load(Ordering::Relaxed) < 3 {
                 std::thread::yield_now();
             }
@@ -77,5 +130,35 @@ mod tests {
         });
         assert_eq!(c.mismatches.load(Ordering::Relaxed), 0);
         assert!(c.pages.load(Ordering::Relaxed) >= 3 * 256);
+    }
+
+    #[test]
+    fn a_paced_worker_keeps_to_its_rate_and_counts_no_sleep_as_a_gap() {
+        let c = Counters::default();
+        let stop = AtomicBool::new(false);
+        // 256 KiB/s: each sample's 64 KiB takes 250 ms, so a sleep counted
+        // as a gap would show as one of about that.
+        let rate = 256 << 10;
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| run(0, 1 << 20, rate, &c, &stop));
+            std::thread::sleep(Duration::from_millis(1000));
+            stop.store(true, Ordering::Relaxed);
+        });
+        let secs = started.elapsed().as_secs_f64();
+        let written = c.pages.load(Ordering::Relaxed) * PAGE as u64;
+        // At most the rate (plus the one sample's pages a worker may be
+        // ahead by), and far less than unpaced.
+        assert!(
+            written as f64 <= rate as f64 * secs + (SAMPLE_EVERY * PAGE) as f64,
+            "{written} bytes in {secs} s"
+        );
+        assert!(written > 0);
+        // Sleeps of about 250 ms were taken; none counts as a gap.
+        assert!(
+            c.max_gap_ns.load(Ordering::Relaxed) < 150_000_000,
+            "gap {} ns",
+            c.max_gap_ns.load(Ordering::Relaxed)
+        );
     }
 }

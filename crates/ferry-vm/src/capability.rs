@@ -36,6 +36,23 @@ pub trait DirtyLog {
     fn stop_dirty_log(&mut self) -> Result<(), VmError>;
 }
 
+/// Holds back what the guest does outside itself (disk writes, console
+/// bytes, packets) while the guest runs, until released: Remus's output
+/// commit. A destination whose VM has one runs the guest as soon as its
+/// state is in, before the source's digest proves the memory, where it
+/// would otherwise wait for the verdict with the guest paused: nothing
+/// the guest did can have reached the world if the digest then fails and
+/// the source runs on.
+pub trait OutputGate {
+    /// From now on, the guest's outputs wait (the guest itself runs on:
+    /// a disk request is in flight until released). An error when the VM
+    /// cannot hold some output (a device served on the vCPU's own exit):
+    /// the engine then keeps the guest paused until the verdict.
+    fn hold(&mut self) -> Result<(), VmError>;
+    /// Lets every held output go, in order, and stops holding.
+    fn release(&mut self) -> Result<(), VmError>;
+}
+
 /// Slows every vCPU to a share of its time, as QEMU's auto-converge does:
 /// after each [`THROTTLE_SLICE`] it runs, a vCPU sleeps
 /// [`throttle_sleep`]`(percent)`.

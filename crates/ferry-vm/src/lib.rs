@@ -47,7 +47,7 @@ pub mod vm;
 
 pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use capability::{
-    throttle_sleep, DirtyLog, DirtyMeter, MemoryFaults, Quota, TimeThrottle, VcpuState,
+    throttle_sleep, DirtyLog, DirtyMeter, MemoryFaults, OutputGate, Quota, TimeThrottle, VcpuState,
     MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, THROTTLE_SLICE,
 };
 pub use device_faults::{DeviceRegion, DeviceUserfaultfd};

@@ -265,6 +265,12 @@ pub trait Vm: Send + std::any::Any {
     fn time_throttle(&mut self) -> Option<&mut dyn TimeThrottle> {
         None
     }
+    /// Its output gate, if the VM can hold its guest's outputs while the
+    /// guest runs ([`crate::OutputGate`]). None by default: a strict
+    /// destination keeps the guest paused until the digest's verdict.
+    fn output_gate(&mut self) -> Option<&mut dyn crate::OutputGate> {
+        None
+    }
     /// The per-vCPU dirty meter the quota and dirty-limit policies need, if
     /// the VM has one.
     fn dirty_meter(&mut self) -> Option<&mut dyn DirtyMeter> {

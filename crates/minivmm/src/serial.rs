@@ -40,33 +40,67 @@ impl Trigger for IrqLine {
 }
 
 /// Where the console's bytes go, shared with whoever reads them (a file,
-/// stdout). Lines are flushed as they end.
+/// stdout). Lines are flushed as they end. While held (a destination's
+/// guest that runs before the digest's verdict), bytes wait here in order
+/// until released; if the guest is discarded instead, they never go out.
 #[derive(Clone)]
-pub struct ConsoleOut(Arc<Mutex<Box<dyn Write + Send>>>);
+pub struct ConsoleOut(Arc<Mutex<Sink>>);
+
+struct Sink {
+    w: Box<dyn Write + Send>,
+    held: Option<Vec<u8>>,
+}
 
 impl ConsoleOut {
     /// Output into `w`.
     pub fn new(w: Box<dyn Write + Send>) -> Self {
-        ConsoleOut(Arc::new(Mutex::new(w)))
+        ConsoleOut(Arc::new(Mutex::new(Sink { w, held: None })))
+    }
+
+    fn sink(&self) -> std::sync::MutexGuard<'_, Sink> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Flushes what has been written.
     pub fn flush(&self) {
-        let _ = self.0.lock().unwrap_or_else(|e| e.into_inner()).flush();
+        let _ = self.sink().w.flush();
+    }
+
+    /// From now on, bytes wait until [`ConsoleOut::release`].
+    pub fn hold(&self) {
+        self.sink().held.get_or_insert_with(Vec::new);
+    }
+
+    /// Writes out what waited, in order, and stops holding.
+    pub fn release(&self) -> std::io::Result<()> {
+        let mut sink = self.sink();
+        if let Some(bytes) = sink.held.take() {
+            sink.w.write_all(&bytes)?;
+            sink.w.flush()?;
+        }
+        Ok(())
     }
 }
 
 impl Write for ConsoleOut {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let mut w = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = w.write(buf)?;
+        let mut sink = self.sink();
+        if let Some(held) = sink.held.as_mut() {
+            held.extend_from_slice(buf);
+            return Ok(buf.len());
+        }
+        let n = sink.w.write(buf)?;
         if buf.contains(&b'\n') {
-            w.flush()?;
+            sink.w.flush()?;
         }
         Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).flush()
+        let mut sink = self.sink();
+        match sink.held {
+            Some(_) => Ok(()),
+            None => sink.w.flush(),
+        }
     }
 }
 
@@ -119,6 +153,11 @@ impl Console {
     pub fn write(&mut self, offset: u8, value: u8) {
         // A full output sink is the host's problem; the guest goes on.
         let _ = self.serial.write(offset, value);
+    }
+
+    /// Where the port's bytes go.
+    pub fn out(&self) -> &ConsoleOut {
+        &self.out
     }
 
     /// A guest `in` from register `offset`.
@@ -182,6 +221,44 @@ impl Console {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sink the test can read back.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn held_bytes_wait_and_go_out_in_order_on_release() {
+        let seen = Shared::default();
+        let mut out = ConsoleOut::new(Box::new(seen.clone()));
+        out.write_all(b"before\n").unwrap();
+        out.hold();
+        out.write_all(b"while held\n").unwrap();
+        Write::flush(&mut out).unwrap();
+        assert_eq!(*seen.0.lock().unwrap(), b"before\n");
+        out.release().unwrap();
+        out.write_all(b"after\n").unwrap();
+        assert_eq!(*seen.0.lock().unwrap(), b"before\nwhile held\nafter\n");
+    }
+
+    #[test]
+    fn bytes_held_by_a_guest_that_is_dropped_never_go_out() {
+        let seen = Shared::default();
+        {
+            let mut out = ConsoleOut::new(Box::new(seen.clone()));
+            out.hold();
+            out.write_all(b"speculative\n").unwrap();
+        }
+        assert!(seen.0.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn the_port_state_round_trips_with_its_fifo() {

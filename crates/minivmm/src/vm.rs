@@ -10,7 +10,7 @@ use crate::serial::{self, Console, ConsoleOut};
 use crate::vcpu::Vcpu;
 use crate::{boot, layout, memory, Devices};
 use ferry_engine::vmm::{
-    Backing, DeviceUserfaultfd, DirtySource, GuestRam, Lifecycle, Section, SectionSpec,
+    Backing, DeviceUserfaultfd, DirtySource, GuestRam, Lifecycle, OutputGate, Section, SectionSpec,
     TimeThrottle, VcpuState, Vm, VmError, PAGE_SIZE,
 };
 use ferry_kvm::cpu_check::{CpuCheckError, CpuProfile, HostCpu};
@@ -206,6 +206,9 @@ pub struct MiniVm {
     /// Exit the process when vCPU state arrives (tests: a destination that
     /// dies before it resumes).
     pub crash_on_restore: bool,
+    /// The guest's outputs (disk requests, console bytes) wait until
+    /// released ([`OutputGate`]).
+    held: bool,
 }
 
 /// What saving the vCPU needs, probed once, and what the guest was given.
@@ -523,6 +526,7 @@ impl MiniVm {
             running: false,
             in_flight_at_pause: 0,
             crash_on_restore: false,
+            held: false,
         })
     }
 
@@ -693,8 +697,12 @@ impl Vm for MiniVm {
                 eprintln!("minivmm: the fill device stays stopped: {e}");
             }
         }
-        for io in &self.io {
-            io.resume();
+        // Held, the disks' notifications wait in their eventfds: the
+        // I/O threads stay quiesced until the release.
+        if !self.held {
+            for io in &self.io {
+                io.resume();
+            }
         }
         for v in &self.vcpus {
             v.resume();
@@ -771,6 +779,9 @@ impl Vm for MiniVm {
         HostCpu::probe(&kvm, &self.vcpus[0].fd())
             .and_then(|host| host.check(&guest))
             .map_err(refuse)
+    }
+    fn output_gate(&mut self) -> Option<&mut dyn OutputGate> {
+        Some(self)
     }
     fn time_throttle(&mut self) -> Option<&mut dyn TimeThrottle> {
         Some(self)
@@ -915,6 +926,42 @@ impl TimeThrottle for MiniVm {
     fn set_time_throttle(&mut self, percent: u8) -> Result<(), VmError> {
         for v in &self.vcpus {
             v.set_throttle(percent);
+        }
+        Ok(())
+    }
+}
+
+/// The disks' requests wait in their queues (each I/O thread stays
+/// quiesced, its notifications in its eventfd) and the consoles' bytes in
+/// their sinks. A disk served on the vCPU's own exit (`--notify inline`)
+/// has no thread to hold, so such a VM cannot hold.
+impl OutputGate for MiniVm {
+    fn hold(&mut self) -> Result<(), VmError> {
+        if self.io.len() < self.devices.blks.len() {
+            return Err(VmError::Guest(
+                "its disks are served on the vCPUs' exits (--notify inline): no I/O thread to hold"
+                    .into(),
+            ));
+        }
+        for c in &self.devices.consoles {
+            lock(c).out().hold();
+        }
+        self.held = true;
+        Ok(())
+    }
+
+    fn release(&mut self) -> Result<(), VmError> {
+        self.held = false;
+        if self.running {
+            for io in &self.io {
+                io.resume();
+            }
+        }
+        for c in &self.devices.consoles {
+            lock(c)
+                .out()
+                .release()
+                .map_err(|e| VmError::Guest(format!("the console's held bytes: {e}")))?;
         }
         Ok(())
     }

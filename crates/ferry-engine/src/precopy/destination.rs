@@ -5,7 +5,7 @@
 //! or hands over to postcopy's pager when the source switches to it.
 
 use crate::error::MigrationError;
-use crate::session::{unexpected, Blocked, Dest, Loaded, ReceiveOptions};
+use crate::session::{unexpected, Blocked, Dest, Loaded, Outputs, ReceiveOptions};
 use crate::summary::{ms, Outcome, ReceiveSummary};
 use crate::transport::{accept_channel, Channel, Health, Listen, MainChannel, Side};
 use crate::wire::capabilities::{Answer, POSTCOPY};
@@ -122,6 +122,7 @@ pub fn receive(
             tls: listener.tls(),
             total_ms: 0.0,
             resume_ms: 0.0,
+            outputs_held_ms: None,
             bytes_received: 0,
             pages_received: 0,
             zero_pages: 0,
@@ -147,6 +148,7 @@ pub fn receive(
         max_device_bytes: opts.max_device_bytes,
         priority: None,
         missing: None,
+        outputs: Outputs::Free,
     };
     let result = dest.run(listener, hello, opts);
     let ranges = if result.is_err() && dest.loaded.in_postcopy() {
@@ -274,6 +276,14 @@ impl Dest {
         if let Some(reason) = blocked.postcopy {
             refused.insert(POSTCOPY.to_string(), reason);
         }
+        if self.vm.output_gate().is_none() {
+            refused.insert(
+                crate::wire::capabilities::HELD_OUTPUTS.to_string(),
+                "this VMM cannot hold the guest's outputs: a strict switchover resumes at the \
+                 Commit"
+                    .to_string(),
+            );
+        }
         if self.vm.live_state().is_none() {
             refused.insert(
                 crate::wire::capabilities::LIVE_SECTIONS.to_string(),
@@ -300,6 +310,13 @@ impl Dest {
         opts: &ReceiveOptions,
     ) -> Result<(), MigrationError> {
         let answer = self.admit(&hello, opts)?;
+        let held = crate::wire::capabilities::HELD_OUTPUTS;
+        if answer
+            .as_ref()
+            .is_some_and(|a| a.takes.iter().any(|c| c == held))
+        {
+            self.outputs = Outputs::MayHold;
+        }
         self.ctl.send(&Message::Accept {
             verify_before_resume: opts.verify_before_resume,
             answer,
@@ -325,6 +342,9 @@ impl Dest {
         }
         self.restore_state()?;
         self.read_probe(opts)?;
+        // Strict, with the outputs held: the guest runs now, and nothing
+        // it does leaves this VM before the Commit.
+        let strict = strict && !self.hold_outputs();
         if !strict {
             self.resume(switched)?;
         }

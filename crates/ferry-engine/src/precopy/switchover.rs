@@ -47,9 +47,13 @@ impl Source<'_> {
         if strict {
             digest = Some(self.send_digest()?);
         }
+        // A strict destination whose VM holds its outputs (capability
+        // held-outputs) resumes before its verdict, as a lax one does.
+        let mut resumed = false;
         let (matched, dest) = loop {
             match self.ctl.recv_message("Resumed or Verified")? {
-                (Message::Resumed { resume_ns }, _) => {
+                (Message::Resumed { resume_ns }, _) if !resumed => {
+                    resumed = true;
                     self.record_resumed(paused_at, resume_ns);
                     if digest.is_none() {
                         digest = Some(self.send_digest()?);
@@ -96,7 +100,7 @@ impl Source<'_> {
             return Ok(());
         }
         self.commit();
-        if strict {
+        if !resumed {
             // A strict destination resumes only once it has the Commit.
             match self.ctl.recv_message("Resumed") {
                 Ok((Message::Resumed { resume_ns }, _)) => {

@@ -12,7 +12,7 @@ use crate::summary::{ms, Outcome, ReceiveSummary};
 use crate::transport::{accept_channel, Channel, Health, Listen, MainChannel};
 use crate::wire::messages::{Hello, PRIORITY_CHANNEL};
 use crate::wire::{FinalReport, FrameKind, Message, StreamError, StreamHeader};
-use ferry_vm::{DirtyPages, Vm};
+use ferry_vm::{error_chain, DirtyPages, Vm};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -42,6 +42,20 @@ pub(crate) struct Dest {
     pub(crate) priority: Option<Channel>,
     /// Pages the source said are missing here (postcopy switchover).
     pub(crate) missing: Option<DirtyPages>,
+    /// Whether the guest's outputs are, or may be, held until the Commit.
+    pub(crate) outputs: Outputs,
+}
+
+/// The destination guest's outputs (capability `held-outputs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outputs {
+    /// Not asked for, or this VM has no output gate: a strict switchover
+    /// resumes the guest only at the Commit.
+    Free,
+    /// Taken: a strict switchover may hold them and resume at once.
+    MayHold,
+    /// Held since then (just before the resume); released at the Commit.
+    Held(Instant),
 }
 
 impl Dest {
@@ -139,6 +153,7 @@ impl Dest {
         if strict {
             self.resume(switched)?;
         }
+        self.release_outputs();
         // Committed: from here on the guest stays up whatever happens.
         self.health.finish();
         self.summary.digest_match = true;
@@ -152,6 +167,44 @@ impl Dest {
             tracing::warn!("cannot send the final report to the source: {e}");
         }
         Ok(())
+    }
+
+    /// Before a strict switchover's resume: holds the guest's outputs, if
+    /// the source asked for that and the VM can, so that the guest may run
+    /// before the verdict. Whether it did.
+    pub(crate) fn hold_outputs(&mut self) -> bool {
+        if self.outputs != Outputs::MayHold {
+            return false;
+        }
+        let Some(gate) = self.vm.output_gate() else {
+            return false;
+        };
+        match gate.hold() {
+            Ok(()) => {
+                self.outputs = Outputs::Held(Instant::now());
+                true
+            }
+            Err(e) => {
+                tracing::info!("the guest waits for the verdict: {}", error_chain(&e));
+                false
+            }
+        }
+    }
+
+    /// Committed: the held outputs go out. The guest is this side's now,
+    /// so a failure is reported, not a reason to drop it.
+    fn release_outputs(&mut self) {
+        let Outputs::Held(since) = self.outputs else {
+            return;
+        };
+        self.outputs = Outputs::MayHold;
+        self.summary.outputs_held_ms = Some(ms(since.elapsed()));
+        if let Some(Err(e)) = self.vm.output_gate().map(|g| g.release()) {
+            tracing::error!(
+                "cannot release the guest's held outputs: {}",
+                error_chain(&e)
+            );
+        }
     }
 
     /// Waits for the source's Commit after our Verified(match).

@@ -38,7 +38,7 @@ mod switchover;
 mod within_round;
 
 pub use compression::Compression;
-pub(crate) use dest::Dest;
+pub(crate) use dest::{Dest, Outputs};
 pub(crate) use huge::HUGE_PAGES;
 pub(crate) use loaded::Loaded;
 pub(crate) use options::Blocked;

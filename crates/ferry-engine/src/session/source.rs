@@ -410,7 +410,12 @@ impl Source<'_> {
         // Asked, so taken if the handshake gets past the answer below.
         self.section_parts = parts;
         if asks {
-            header.capabilities = Some(needed.clone());
+            // A wish, like live sections: it changes only when the
+            // destination says Resumed, which the switchover takes either
+            // way.
+            let mut asked = needed.clone();
+            asked.push(crate::wire::capabilities::HELD_OUTPUTS.to_string());
+            header.capabilities = Some(asked);
         }
         self.ctl.send_frame(FrameKind::Header, &header.encode())?;
         let (verify_before_resume, answer) = match self.ctl.recv_message("Accept")? {

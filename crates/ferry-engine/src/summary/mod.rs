@@ -239,6 +239,11 @@ pub struct ReceiveSummary {
     pub total_ms: f64,
     /// Switchover received to guest running.
     pub resume_ms: f64,
+    /// How long the guest ran with its outputs held before the Commit
+    /// (capability held-outputs): what a disk request made right after the
+    /// resume waited for the verdict. None where they were not held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs_held_ms: Option<f64>,
     /// Data connections the source opened.
     pub connections: usize,
     /// Whether every connection ran mutual TLS.

@@ -38,11 +38,26 @@ pub const SECTION_PARTS: &str = "section-parts";
 /// has live sections.
 pub const LIVE_SECTIONS: &str = "live-sections";
 
+/// A strict switchover may resume the guest on the destination before
+/// the digest's verdict, its outputs held until the Commit
+/// ([`ferry_vm::OutputGate`]): the destination then says Resumed before
+/// Verified. Asked by every source as a wish; taken by a destination whose
+/// VM has an output gate.
+pub const HELD_OUTPUTS: &str = "held-outputs";
+
 /// The first wire version that exchanges capabilities.
 pub const CAPABILITIES_SINCE: u32 = 6;
 
 /// Every capability this ferry implements.
-pub const IMPLEMENTED: [&str; 6] = [POSTCOPY, DELTA, LZ4, ZSTD, SECTION_PARTS, LIVE_SECTIONS];
+pub const IMPLEMENTED: [&str; 7] = [
+    POSTCOPY,
+    DELTA,
+    LZ4,
+    ZSTD,
+    SECTION_PARTS,
+    LIVE_SECTIONS,
+    HELD_OUTPUTS,
+];
 /// What a wire-5 peer has without saying so: every feature wire 5 had.
 pub const WIRE_5: [&str; 4] = [POSTCOPY, DELTA, LZ4, ZSTD];
 

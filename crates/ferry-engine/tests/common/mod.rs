@@ -289,6 +289,9 @@ pub struct TestVm {
     /// Pages the guest is asked to write besides its walk (the conformance
     /// kit's).
     requests: Arc<WriteRequests>,
+    /// An output gate ([`ferry_vm::OutputGate`]), if set: `hold`, `start`
+    /// and `release` go into `events` as they happen.
+    pub output_gate: bool,
 }
 
 /// Pages the guest is asked to write, served from its own thread, and how
@@ -480,6 +483,7 @@ impl TestVm {
             blockers: Vec::new(),
             big: None,
             requests: Arc::default(),
+            output_gate: false,
         }
     }
 
@@ -649,6 +653,9 @@ impl Vm for TestVm {
         &self.ram
     }
     fn start(&mut self) -> Result<(), VmError> {
+        if self.output_gate {
+            self.events.lock().unwrap().push("start".into());
+        }
         if self.worker.is_none() {
             self.stop.store(false, Ordering::Release);
             let (ram, pos, stop, throttle, last) = (
@@ -752,6 +759,23 @@ impl Vm for TestVm {
     }
     fn vcpu_state(&mut self) -> Option<&mut dyn VcpuState> {
         Some(self)
+    }
+    fn output_gate(&mut self) -> Option<&mut dyn ferry_vm::OutputGate> {
+        match self.output_gate {
+            true => Some(self),
+            false => None,
+        }
+    }
+}
+
+impl ferry_vm::OutputGate for TestVm {
+    fn hold(&mut self) -> Result<(), VmError> {
+        self.events.lock().unwrap().push("hold".into());
+        Ok(())
+    }
+    fn release(&mut self) -> Result<(), VmError> {
+        self.events.lock().unwrap().push("release".into());
+        Ok(())
     }
 }
 

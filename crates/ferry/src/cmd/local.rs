@@ -11,7 +11,7 @@ use ferry_engine::local::{
 };
 use ferry_engine::wire::StreamHeader;
 use ferry_memstress::MemstressProbe;
-use ferry_vm::{error_chain as chain, Backing, GuestProbe, GuestRam, Vm, VmError};
+use ferry_vm::{error_chain as chain, Backing, GuestRam, Vm, VmError};
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
@@ -72,14 +72,7 @@ pub fn migrate(a: &MigrateArgs, socket: &Path) -> Result<ExitCode, CmdError> {
                 }
             );
             if running {
-                let before = MemstressProbe.read(&*vm).unwrap_or_default();
-                std::thread::sleep(Duration::from_millis(500));
-                let after = MemstressProbe.read(&*vm).unwrap_or_default();
-                let d = after.since(&before);
-                println!(
-                    "the source VM is still running: {} guest passes in the last 0.5 s, {} guest mismatches",
-                    d.progress, after.errors
-                );
+                println!("{}", super::migrate::source_still_runs(&*vm).0);
             }
             Ok(ExitCode::from(1))
         }

@@ -18,7 +18,7 @@ use ferry_engine::tunables::{
 };
 use ferry_engine::{Both, Mode, NoProgress, PostcopyResume, Progress, TunableChange};
 use ferry_engine::{Dial, MigrationSummary, Outcome, PrecopyOptions, TlsConfig, Tunables};
-use ferry_memstress::{read_progress, set_write_percent, MemstressProbe};
+use ferry_memstress::{read_progress, set_write_percent, MemstressProbe, VcpuProgress};
 use ferry_vm::error_chain as chain;
 use ferry_vm::Vm;
 use std::io::IsTerminal;
@@ -578,6 +578,31 @@ fn warm_up(vm: &dyn Vm, at_least: Duration) -> Result<Sample, CmdError> {
     }
 }
 
+/// The line that shows a failed migration's source guest still runs: the
+/// page accesses its vCPUs made over half a second (a pass over a large
+/// region can take longer than that on a slow host; an access cannot),
+/// with the passes and the stamp mismatches so far. Also the mismatches.
+pub(crate) fn source_still_runs(vm: &dyn Vm) -> (String, u64) {
+    let vcpus = vm.vcpus();
+    let before = read_progress(vm.ram(), vcpus).unwrap_or_default();
+    std::thread::sleep(Duration::from_millis(500));
+    let after = read_progress(vm.ram(), vcpus).unwrap_or_default();
+    let delta = |f: fn(&VcpuProgress) -> u64| -> u64 {
+        after
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| f(a).saturating_sub(f(b)))
+            .sum()
+    };
+    let mismatches: u64 = after.iter().map(|p| p.mismatches).sum();
+    let line = format!(
+        "the source VM is still running: {} guest page accesses in the last 0.5 s ({} passes), {mismatches} guest mismatches",
+        delta(|p| p.accesses),
+        delta(|p| p.passes),
+    );
+    (line, mismatches)
+}
+
 /// Prints the summary and picks the exit code. On failure, shows that the
 /// source VM still runs.
 pub fn finish(vm: &mut dyn Vm, s: &MigrationSummary, json: bool) -> ExitCode {
@@ -589,21 +614,10 @@ pub fn finish(vm: &mut dyn Vm, s: &MigrationSummary, json: bool) -> ExitCode {
     if s.status == Outcome::Failed && vm.is_running() {
         // Show that the guest survived: it still makes progress, and its own
         // stamp checks still pass.
-        let vcpus = vm.vcpus();
-        let before = read_progress(vm.ram(), vcpus).unwrap_or_default();
-        std::thread::sleep(Duration::from_millis(500));
-        let after = read_progress(vm.ram(), vcpus).unwrap_or_default();
-        let passes: u64 = after
-            .iter()
-            .zip(&before)
-            .map(|(a, b)| a.passes - b.passes)
-            .sum();
-        let mismatches: u64 = after.iter().map(|p| p.mismatches).sum();
+        let (line, mismatches) = source_still_runs(vm);
         s.mismatches_before = Some(mismatches);
         s.guest_mismatches = Some(mismatches);
-        println!(
-            "the source VM is still running: {passes} guest passes in the last 0.5 s, {mismatches} guest mismatches"
-        );
+        println!("{line}");
     }
     println!("{}", summary::render(&s));
     if json {

@@ -42,6 +42,7 @@ pub fn summarize(mode: &str, vcpus: u32, e: &Ends) -> (Value, bool) {
         "status": e.source["status"],
         "digest_match": digest_match,
         "downtime_ms": e.source["downtime_ms"],
+        "outputs_held_ms": e.destination["summary"]["outputs_held_ms"],
         "total_ms": e.source["total_ms"],
         "guest_pause_ms": guest_pause_ms,
         "checker_lines_after_move": dest_lines.lines.lines,
@@ -70,7 +71,7 @@ pub fn summarize(mode: &str, vcpus: u32, e: &Ends) -> (Value, bool) {
 }
 
 /// The largest `gap_ms` in the first `n` checker lines of `text`.
-fn first_gaps(text: &str, n: usize) -> Option<f64> {
+pub fn first_gaps(text: &str, n: usize) -> Option<f64> {
     use ferry_guest_checker::line::Line;
     text.lines()
         .filter_map(|l| Line::parse(l)?.ok())

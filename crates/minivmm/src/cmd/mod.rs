@@ -1,5 +1,6 @@
 //! The command line: `run`, `migrate`, `receive`, `demo` and `probe-host`.
 
+mod bench_qemu;
 mod demo;
 mod demo_linux;
 mod guest;
@@ -42,6 +43,9 @@ enum Command {
     /// Source and destination as two processes on this host, with every
     /// check: digest, console lines, disk requests.
     Demo(demo::DemoArgs),
+    /// Benchmarks: `bench qemu`, the same Linux guest moved by ferry and
+    /// by QEMU.
+    Bench(bench_qemu::BenchArgs),
     /// Try what this host's KVM offers for serving devices off the vCPU
     /// threads (in-kernel irqchip, ioeventfd, irqfd) on a fresh VM.
     ProbeHost(probe::ProbeArgs),
@@ -64,6 +68,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
         Command::Migrate(a) => migrate::migrate(a),
         Command::Receive(a) => receive::receive(a),
         Command::Demo(a) => demo::demo(a),
+        Command::Bench(a) => bench_qemu::bench(a),
         Command::ProbeHost(a) => probe::probe(a),
         Command::VhostBackend(a) => {
             minivmm::fill::backend::run(&a.socket).map_err(|e| e.to_string())

@@ -1,0 +1,369 @@
+//! `minivmm bench qemu`: the same Linux guest (Debian's kernel, the
+//! project's initramfs and checker) migrated by ferry (minivmm) and by
+//! Debian's QEMU, inside the SVM host, cell by cell and side by side in
+//! one run: each cell runs under ferry first, then under QEMU with a time
+//! limit of at least five times ferry's total (never under 300 s).
+//!
+//! Both sides get the same link cap (QEMU's `max-bandwidth`) and downtime
+//! limit. QEMU gets its best convergence setting (auto-converge; 7.2 has
+//! no dirty-limit), ferry the policy minivmm's VM declares best. The cells
+//! are fixed in advance:
+//!
+//! ```text
+//!   idle      the checker rewrites 1 MiB per vCPU: almost nothing to resend
+//!   writing   the checker dirties a hot set (128 MiB) at twice the link cap,
+//!             so neither side converges without slowing the guest
+//! ```
+//!
+//! Each side reports its total time, the downtime its host measured, and
+//! the pause the guest saw (the checker's largest clock gap in its first
+//! lines after the move), with the guest's own checks.
+
+mod qemu;
+mod qmp;
+mod report;
+
+use minivmm::checks;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// QEMU's limit is at least this many times ferry's total time...
+const QEMU_LIMIT_FACTOR: f64 = 5.0;
+/// ...and never under this.
+const QEMU_LIMIT_FLOOR: Duration = Duration::from_secs(300);
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    which: Which,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Which {
+    /// The same Linux guest moved by ferry and by QEMU (-accel kvm), idle
+    /// and writing, interleaved (run it inside scripts/svm-host.sh).
+    Qemu(QemuArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct QemuArgs {
+    /// MiB of guest RAM.
+    #[arg(long, default_value_t = 512)]
+    mem_mib: u64,
+    /// vCPUs.
+    #[arg(long, default_value_t = 2)]
+    vcpus: u32,
+    /// The link cap both sides get, in MiB/s. Low, because the guest runs
+    /// at TCG speed inside the SVM host: with dirty tracking on, its
+    /// checker writes a few MiB/s, and the writing cell must dirty twice
+    /// the cap.
+    #[arg(long, default_value_t = 8)]
+    bandwidth_mib_s: u64,
+    /// The downtime limit both sides get, in ms (QEMU's default).
+    #[arg(long, default_value_t = 300)]
+    downtime_ms: u64,
+    /// The writing cell's hot set, in MiB (split between the vCPUs); it is
+    /// dirtied at twice the link cap.
+    #[arg(long, default_value_t = 128)]
+    hot_mib: u64,
+    /// Runs of each cell (each a ferry run then a QEMU run).
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
+    /// The QEMU binary.
+    #[arg(long, default_value = "qemu-system-x86_64")]
+    qemu: String,
+    /// The bzImage [default: $SVM_HOST_KERNEL].
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// The initramfs [default: $SVM_HOST_GUEST_INITRD].
+    #[arg(long)]
+    initrd: Option<PathBuf>,
+    /// How long a guest may take to boot to its checker, in seconds.
+    #[arg(long, default_value_t = 600)]
+    boot_limit_s: u64,
+    /// ferry's limit per run (boot, move and 10 s after), in seconds.
+    #[arg(long, default_value_t = 1800)]
+    ferry_limit_s: u64,
+    /// Where the report (qemu.json, qemu.svg, qemu.html) and each run's
+    /// consoles go.
+    #[arg(long, default_value = "target/bench/qemu")]
+    out: PathBuf,
+    /// End with the results as one JSON line on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The guest both sides boot.
+pub struct Guest {
+    kernel: PathBuf,
+    initrd: PathBuf,
+    cmdline: String,
+    vcpus: u32,
+    mem_mib: u64,
+    disk: PathBuf,
+    /// A local directory (not the 9p share) for sockets and the disk.
+    scratch: PathBuf,
+    boot_limit: Duration,
+    after_move_s: u64,
+}
+
+/// One cell: what the guest does, and what both sides are given.
+#[derive(Clone, Debug, Serialize)]
+pub struct Cell {
+    pub name: &'static str,
+    pub writing: bool,
+    /// MiB each vCPU's checker thread rewrites.
+    pub mib_per_vcpu: u64,
+    /// MiB/s the checker dirties in all (0: as fast as it can).
+    pub rate_mib_s: u64,
+    pub bandwidth_mib_s: u64,
+    pub downtime_ms: u64,
+}
+
+/// What one side did on one cell. `None` where it did not get there.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Side {
+    pub converged: bool,
+    pub total_ms: Option<f64>,
+    pub downtime_ms: Option<f64>,
+    pub guest_pause_ms: Option<f64>,
+    pub checker_mismatches: Option<u64>,
+    pub console_lines_lost: Option<u64>,
+    pub kernel_warnings: Vec<String>,
+    /// QEMU's throttle at the end, in percent.
+    pub throttle_pct: Option<u64>,
+    /// The limit this side ran under, in seconds (QEMU's).
+    pub limit_s: Option<f64>,
+    pub error: Option<String>,
+}
+
+impl Side {
+    /// The guest's own checks, from the destination's console.
+    fn check_guest(&mut self, console: &str) {
+        let c = checks::linux_console(console);
+        self.checker_mismatches = c.last.as_ref().map(|l| l.mismatches);
+        self.console_lines_lost = Some(c.lines.lost);
+        self.kernel_warnings = c.warnings.clone();
+        self.guest_pause_ms = super::demo_linux::first_gaps(console, 3);
+        if !c.done {
+            self.error
+                .get_or_insert("the guest's checker did not print its last line".into());
+        }
+    }
+
+    /// The total time, only where the side converged.
+    fn total(&self) -> Option<f64> {
+        self.total_ms.filter(|_| self.converged)
+    }
+}
+
+/// One cell's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct CellResult {
+    pub cell: String,
+    pub run: u32,
+    pub guest_mib: u64,
+    pub vcpus: u32,
+    pub writing: bool,
+    pub hot_mib: u64,
+    pub rate_mib_s: u64,
+    pub bandwidth_mib_s: u64,
+    pub downtime_limit_ms: u64,
+    pub ferry: Side,
+    pub qemu: Side,
+}
+
+pub fn bench(a: BenchArgs) -> Result<(), String> {
+    match a.which {
+        Which::Qemu(q) => bench_qemu(q),
+    }
+}
+
+fn file(given: &Option<PathBuf>, env: &str, flag: &str) -> Result<PathBuf, String> {
+    given
+        .clone()
+        .or_else(|| std::env::var_os(env).map(PathBuf::from))
+        .ok_or_else(|| format!("needs --{flag} (or ${env}, which scripts/svm-host.sh sets)"))
+}
+
+fn bench_qemu(a: QemuArgs) -> Result<(), String> {
+    minivmm::linux::check_host().map_err(|e| e.to_string())?;
+    let kernel = file(&a.kernel, "SVM_HOST_KERNEL", "kernel")?;
+    let initrd = file(&a.initrd, "SVM_HOST_GUEST_INITRD", "initrd")?;
+    if a.vcpus == 0 || a.hot_mib < u64::from(a.vcpus) || a.bandwidth_mib_s == 0 {
+        return Err(
+            "--vcpus, --bandwidth-mib-s and --hot-mib (at least a MiB per vCPU) must be positive"
+                .into(),
+        );
+    }
+    Command::new(&a.qemu)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| format!("{}: {e} (Debian's qemu-system-x86)", a.qemu))?;
+    let cells = [
+        Cell {
+            name: "idle",
+            writing: false,
+            mib_per_vcpu: 1,
+            rate_mib_s: 0,
+            bandwidth_mib_s: a.bandwidth_mib_s,
+            downtime_ms: a.downtime_ms,
+        },
+        Cell {
+            name: "writing",
+            writing: true,
+            mib_per_vcpu: a.hot_mib / u64::from(a.vcpus),
+            rate_mib_s: 2 * a.bandwidth_mib_s,
+            bandwidth_mib_s: a.bandwidth_mib_s,
+            downtime_ms: a.downtime_ms,
+        },
+    ];
+    let scratch = std::env::temp_dir().join(format!("minivmm-bench-qemu-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    let mut results = Vec::new();
+    for run in 1..=a.repeat {
+        for cell in &cells {
+            let dir = a.out.join(format!("{}-{run}", cell.name));
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let guest = Guest {
+                kernel: kernel.clone(),
+                initrd: initrd.clone(),
+                cmdline: format!(
+                    "console=ttyS0 reboot=acpi panic=-1 pci=off 8250.nr_uarts=1 quiet checker.mib={} checker.rate_mib={}",
+                    cell.mib_per_vcpu, cell.rate_mib_s
+                ),
+                vcpus: a.vcpus,
+                mem_mib: a.mem_mib,
+                disk: scratch.join("disk.img"),
+                scratch: scratch.clone(),
+                boot_limit: Duration::from_secs(a.boot_limit_s),
+                after_move_s: 10,
+            };
+            eprintln!("minivmm bench qemu: {} (run {run}): ferry ...", cell.name);
+            let ferry = ferry_side(&guest, cell, Duration::from_secs(a.ferry_limit_s), &dir);
+            let limit = ferry
+                .total()
+                .map(|ms| Duration::from_secs_f64(ms / 1e3 * QEMU_LIMIT_FACTOR))
+                .unwrap_or_default()
+                .max(QEMU_LIMIT_FLOOR);
+            eprintln!(
+                "minivmm bench qemu: {} (run {run}): {}; QEMU (limit {} s) ...",
+                cell.name,
+                report::brief(&ferry),
+                limit.as_secs()
+            );
+            fresh_disk(&guest.disk)?;
+            let qemu = qemu::run(&a.qemu, &guest, cell, limit, &dir);
+            eprintln!(
+                "minivmm bench qemu: {} (run {run}): QEMU {}",
+                cell.name,
+                report::brief(&qemu)
+            );
+            results.push(CellResult {
+                cell: cell.name.into(),
+                run,
+                guest_mib: a.mem_mib,
+                vcpus: a.vcpus,
+                writing: cell.writing,
+                hot_mib: if cell.writing {
+                    a.hot_mib
+                } else {
+                    cell.mib_per_vcpu * u64::from(a.vcpus)
+                },
+                rate_mib_s: cell.rate_mib_s,
+                bandwidth_mib_s: cell.bandwidth_mib_s,
+                downtime_limit_ms: cell.downtime_ms,
+                ferry,
+                qemu,
+            });
+        }
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    report::write(&results, &a.out, a.json)
+}
+
+/// A fresh 8 MiB disk image for the checker's records.
+fn fresh_disk(path: &Path) -> Result<(), String> {
+    let f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    f.set_len(8 << 20)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Runs `cell` under ferry: `minivmm demo --guest linux`, its summary read
+/// back.
+fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
+    let mut side = Side::default();
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            side.error = Some(e.to_string());
+            return side;
+        }
+    };
+    let run_dir = dir.join("ferry");
+    let mut cmd = Command::new(exe);
+    cmd.args(["demo", "--guest", "linux", "--json", "--mode", "precopy"])
+        .args(["--vcpus", &guest.vcpus.to_string()])
+        .args(["--mem-mib", &guest.mem_mib.to_string()])
+        .args(["--bandwidth-mib-s", &cell.bandwidth_mib_s.to_string()])
+        .args(["--downtime-ms", &cell.downtime_ms.to_string()])
+        .args(["--cmdline", &guest.cmdline])
+        .arg("--kernel")
+        .arg(&guest.kernel)
+        .arg("--initrd")
+        .arg(&guest.initrd)
+        .arg("--dir")
+        .arg(&run_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let out = match run_within(cmd, limit) {
+        Ok(out) => out,
+        Err(e) => {
+            side.error = Some(e);
+            return side;
+        }
+    };
+    let Some(j) = out
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    else {
+        side.error = Some("minivmm demo printed no summary".into());
+        return side;
+    };
+    side.converged = j["status"] == "completed";
+    side.total_ms = j["total_ms"].as_f64();
+    side.downtime_ms = j["downtime_ms"].as_f64();
+    side.guest_pause_ms = j["guest_pause_ms"].as_f64();
+    side.checker_mismatches = j["checker_mismatches"].as_u64();
+    side.console_lines_lost = j["console_lines_lost"].as_u64();
+    side.kernel_warnings = serde_json::from_value(j["kernel_warnings"].clone()).unwrap_or_default();
+    side.error = j["error"].as_str().map(String::from);
+    side
+}
+
+/// Runs `cmd` to its end, or kills it after `limit`; its stdout.
+fn run_within(mut cmd: Command, limit: Duration) -> Result<String, String> {
+    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
+        s
+    });
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+            return reader.join().map_err(|_| "its reader panicked".to_string());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("not done within {} s; stopped", limit.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

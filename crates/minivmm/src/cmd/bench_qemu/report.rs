@@ -1,0 +1,148 @@
+//! The benchmark's report: a table per measure, ferry beside QEMU with
+//! their ratio, JSON for machines and bar charts (ferry-report).
+
+use super::{CellResult, Side};
+use ferry_report::{Bar, Bars, Report, Table};
+
+/// One line on how a side did.
+pub fn brief(s: &Side) -> String {
+    match (s.converged, &s.error) {
+        (true, None) => format!(
+            "total {:.1} s, downtime {:.0} ms, the guest saw {:.0} ms",
+            s.total_ms.unwrap_or(f64::NAN) / 1e3,
+            s.downtime_ms.unwrap_or(f64::NAN),
+            s.guest_pause_ms.unwrap_or(f64::NAN)
+        ),
+        (_, Some(e)) => format!("failed: {e}"),
+        (false, None) => "did not converge".into(),
+    }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.0}"))
+}
+
+/// `qemu / ferry` where both have a value.
+fn ratio(ferry: Option<f64>, qemu: Option<f64>) -> String {
+    match (ferry, qemu) {
+        (Some(f), Some(q)) if f > 0.0 => format!("{:.2}x", q / f),
+        (Some(_), None) => "QEMU did not converge".into(),
+        _ => "-".into(),
+    }
+}
+
+fn bar(s: &Side, v: Option<f64>) -> Bar {
+    match (s.converged, v) {
+        (true, Some(v)) => Bar::Value(v),
+        _ => Bar::NoValue(
+            s.error
+                .clone()
+                .map_or("did not converge".into(), |_| "failed".into()),
+        ),
+    }
+}
+
+/// Prints the table, writes `<out>/qemu.{json,svg,html}`, and with `json`
+/// prints `{"cells": [...]}` last.
+pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Result<(), String> {
+    let mut t = Table::new(
+        "ferry (minivmm) and QEMU moving the same Linux guest, inside the SVM host",
+        &[
+            "cell",
+            "run",
+            "side",
+            "total (ms)",
+            "downtime (ms)",
+            "guest pause (ms)",
+            "mismatches",
+            "QEMU / ferry total",
+            "QEMU / ferry pause",
+        ],
+    );
+    for r in results {
+        for (name, s) in [("ferry", &r.ferry), ("QEMU", &r.qemu)] {
+            let first = name == "ferry";
+            t.row(vec![
+                if first { r.cell.clone() } else { String::new() },
+                if first {
+                    r.run.to_string()
+                } else {
+                    String::new()
+                },
+                name.into(),
+                ms(s.total()),
+                ms(s.downtime_ms.filter(|_| s.converged)),
+                ms(s.guest_pause_ms),
+                s.checker_mismatches.map_or("-".into(), |m| m.to_string()),
+                if first {
+                    String::new()
+                } else {
+                    ratio(r.ferry.total(), r.qemu.total())
+                },
+                if first {
+                    String::new()
+                } else {
+                    ratio(r.ferry.guest_pause_ms, r.qemu.guest_pause_ms)
+                },
+            ]);
+        }
+    }
+    if let Some(r) = results.first() {
+        t.note(format!(
+            "{} MiB guest, {} vCPUs; link cap {} MiB/s and downtime limit {} ms on both sides; the writing cell dirties {} MiB at {} MiB/s",
+            r.guest_mib, r.vcpus, r.bandwidth_mib_s, r.downtime_limit_ms,
+            results.iter().find(|r| r.writing).map_or(0, |r| r.hot_mib),
+            results.iter().find(|r| r.writing).map_or(0, |r| r.rate_mib_s),
+        ));
+    }
+    t.note("QEMU: -accel kvm, microvm with ACPI, auto-converge, migrate tcp: over loopback; its limit is max(5x ferry's total, 300 s)");
+    for r in results {
+        for (name, s) in [("ferry", &r.ferry), ("QEMU", &r.qemu)] {
+            if let Some(e) = &s.error {
+                t.note(format!("{} run {}, {name}: {e}", r.cell, r.run));
+            }
+        }
+    }
+    let categories: Vec<String> = results
+        .iter()
+        .map(|r| format!("{} #{}", r.cell, r.run))
+        .collect();
+    let chart = |title: &str, y: &str, f: fn(&Side) -> Option<f64>| Bars {
+        title: title.into(),
+        y_label: y.into(),
+        categories: categories.clone(),
+        groups: vec!["ferry".into(), "QEMU".into()],
+        values: results
+            .iter()
+            .map(|r| vec![bar(&r.ferry, f(&r.ferry)), bar(&r.qemu, f(&r.qemu))])
+            .collect(),
+        references: Vec::new(),
+        reference_label: String::new(),
+    };
+    let report = Report {
+        name: "qemu".into(),
+        tables: vec![t],
+        results: results.to_vec(),
+        charts: vec![
+            chart("Total migration time", "seconds", |s| {
+                s.total().map(|v| v / 1e3)
+            })
+            .into(),
+            chart("The pause the guest saw", "milliseconds", |s| {
+                s.guest_pause_ms
+            })
+            .into(),
+        ],
+    };
+    eprintln!("{}", report.render());
+    let written = report.write(out).map_err(|e| e.to_string())?;
+    eprintln!(
+        "minivmm bench qemu: wrote {} and {}",
+        written.json.display(),
+        written.svg.display()
+    );
+    if json {
+        println!("{}", serde_json::json!({ "cells": results }));
+    }
+    Ok(())
+}
