@@ -66,6 +66,10 @@ pub struct Tunables {
     policy_request: AtomicU8,
     quota_interval_us: AtomicU64,
     postcopy_request: AtomicBool,
+    /// The cap is lifted while the source is paused for its switchover.
+    uncapped_pause: AtomicBool,
+    /// The source is paused for its switchover now.
+    paused: AtomicBool,
 }
 
 /// No throttle request pending.
@@ -85,6 +89,8 @@ impl Default for Tunables {
             policy_request: AtomicU8::new(NO_POLICY),
             quota_interval_us: AtomicU64::new(ferry_vm::QUOTA_INTERVAL.as_micros() as u64),
             postcopy_request: AtomicBool::new(false),
+            uncapped_pause: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
         }
     }
 }
@@ -142,6 +148,36 @@ impl Tunables {
     /// Sets the bandwidth cap in bytes/s; 0 means unlimited.
     pub fn set_bandwidth_bytes_per_sec(&self, bytes_per_sec: u64) {
         self.bandwidth_bytes_per_sec.store(bytes_per_sec, Relaxed);
+    }
+
+    /// Lifts the bandwidth cap while the source is paused for its
+    /// switchover (the final round, the device and vCPU state), as QEMU
+    /// lifts `max-bandwidth` at its completion: the cap spares the link
+    /// while the guest runs, and costs downtime once it does not. Off by
+    /// default, where the cap stands for the link itself (the benchmarks'
+    /// slow links). The switchover decision still counts the capped rate.
+    pub fn set_uncapped_pause(&self, on: bool) {
+        self.uncapped_pause.store(on, Relaxed);
+    }
+
+    /// Whether the cap is lifted during the switchover's pause.
+    pub fn uncapped_pause(&self) -> bool {
+        self.uncapped_pause.load(Relaxed)
+    }
+
+    /// The engine marks the switchover's pause (and its end, if the source
+    /// runs again).
+    pub(crate) fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Relaxed);
+    }
+
+    /// The cap the token bucket enforces now: none during the pause with
+    /// [`Tunables::set_uncapped_pause`].
+    fn cap_now(&self) -> u64 {
+        match self.paused.load(Relaxed) && self.uncapped_pause() {
+            true => 0,
+            false => self.bandwidth_bytes_per_sec(),
+        }
     }
 
     /// Asks the migration to stop; honoured until switchover starts.
@@ -252,7 +288,7 @@ impl TokenBucket {
     /// Adds the tokens earned since the last look; `None` where there is
     /// no cap (and then no credit is kept either).
     fn refill(&mut self) -> Option<f64> {
-        let rate = self.tunables.bandwidth_bytes_per_sec() as f64;
+        let rate = self.tunables.cap_now() as f64;
         let now = Instant::now();
         let elapsed = now.duration_since(self.last).as_secs_f64();
         self.last = now;
@@ -314,6 +350,25 @@ pub fn pace(bucket: &std::sync::Mutex<TokenBucket>, bytes: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cap_is_lifted_only_during_the_pause_and_only_when_asked() {
+        let t = Tunables::shared();
+        t.set_bandwidth_bytes_per_sec(1 << 20);
+        let mut bucket = TokenBucket::new(Arc::clone(&t));
+        // A megabyte at 1 MiB/s waits about a second, paused or not...
+        assert!(bucket.reserve(1 << 20) > Duration::from_millis(500));
+        t.set_paused(true);
+        assert!(bucket.debt() > Duration::from_millis(500));
+        // ...unless the pause is uncapped: then nothing waits, and no debt
+        // is left for after.
+        t.set_uncapped_pause(true);
+        assert_eq!(bucket.reserve(1 << 20), Duration::ZERO);
+        assert_eq!(bucket.debt(), Duration::ZERO);
+        // The source runs again (a rollback): the cap holds again.
+        t.set_paused(false);
+        assert!(bucket.reserve(1 << 20) > Duration::from_millis(500));
+    }
 
     #[test]
     fn setters_and_defaults() {

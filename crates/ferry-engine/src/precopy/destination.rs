@@ -279,7 +279,7 @@ impl Dest {
         if self.vm.output_gate().is_none() {
             refused.insert(
                 crate::wire::capabilities::HELD_OUTPUTS.to_string(),
-                "this VMM cannot hold the guest's outputs: a strict switchover resumes at the \
+                "this VM cannot hold its guest's outputs: a strict switchover resumes at the \
                  Commit"
                     .to_string(),
             );
@@ -344,7 +344,7 @@ impl Dest {
         self.read_probe(opts)?;
         // Strict, with the outputs held: the guest runs now, and nothing
         // it does leaves this VM before the Commit.
-        let strict = strict && !self.hold_outputs();
+        let strict = strict && !self.hold_outputs()?;
         if !strict {
             self.resume(switched)?;
         }

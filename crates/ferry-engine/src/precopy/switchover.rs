@@ -44,12 +44,23 @@ impl Source<'_> {
 
         self.progress.phase(Phase::Verifying);
         let mut digest = None;
+        let mut resumed = false;
+        if strict && self.dest_holds_outputs {
+            // The destination holds its guest's outputs (capability
+            // held-outputs): it resumes at once, before it needs our
+            // digest, so its Resumed comes first and the downtime ends
+            // there, not after the hashing below.
+            match self.ctl.recv_message("Resumed")? {
+                (Message::Resumed { resume_ns }, _) => {
+                    resumed = true;
+                    self.record_resumed(paused_at, resume_ns);
+                }
+                (m, offset) => return Err(unexpected("Resumed", &m, offset)),
+            }
+        }
         if strict {
             digest = Some(self.send_digest()?);
         }
-        // A strict destination whose VM holds its outputs (capability
-        // held-outputs) resumes before its verdict, as a lax one does.
-        let mut resumed = false;
         let (matched, dest) = loop {
             match self.ctl.recv_message("Resumed or Verified")? {
                 (Message::Resumed { resume_ns }, _) if !resumed => {

@@ -170,25 +170,22 @@ impl Dest {
     }
 
     /// Before a strict switchover's resume: holds the guest's outputs, if
-    /// the source asked for that and the VM can, so that the guest may run
-    /// before the verdict. Whether it did.
-    pub(crate) fn hold_outputs(&mut self) -> bool {
+    /// the source asked for that (and was told this VM can). Whether it
+    /// did. The source then waits for our Resumed before it sends its
+    /// digest, so a gate that fails here fails the migration (the source
+    /// runs on) rather than leaving the guest paused.
+    pub(crate) fn hold_outputs(&mut self) -> Result<bool, MigrationError> {
         if self.outputs != Outputs::MayHold {
-            return false;
+            return Ok(false);
         }
-        let Some(gate) = self.vm.output_gate() else {
-            return false;
-        };
-        match gate.hold() {
-            Ok(()) => {
-                self.outputs = Outputs::Held(Instant::now());
-                true
-            }
-            Err(e) => {
-                tracing::info!("the guest waits for the verdict: {}", error_chain(&e));
-                false
-            }
-        }
+        let gate = self.vm.output_gate().ok_or(MigrationError::Backend {
+            what: "hold the guest's outputs",
+            source: ferry_vm::VmError::Guest("the VM no longer has an output gate".into()),
+        })?;
+        gate.hold()
+            .map_err(MigrationError::backend("hold the guest's outputs"))?;
+        self.outputs = Outputs::Held(Instant::now());
+        Ok(true)
     }
 
     /// Committed: the held outputs go out. The guest is this side's now,

@@ -137,6 +137,7 @@ impl<'a> Source<'a> {
             live: Vec::new(),
             sections: None,
             section_parts: false,
+            dest_holds_outputs: false,
             awaiting_verdict: false,
             start,
             summary,
@@ -308,6 +309,9 @@ pub(crate) struct Source<'a> {
     /// The destination takes the sections in parts (capability
     /// `section-parts`).
     pub(crate) section_parts: bool,
+    /// The destination holds its guest's outputs, so a strict switchover
+    /// resumes there before the verdict (capability `held-outputs`).
+    pub(crate) dest_holds_outputs: bool,
 }
 
 /// What part of a round moved, for measuring the link.
@@ -410,9 +414,8 @@ impl Source<'_> {
         // Asked, so taken if the handshake gets past the answer below.
         self.section_parts = parts;
         if asks {
-            // A wish, like live sections: it changes only when the
-            // destination says Resumed, which the switchover takes either
-            // way.
+            // A wish, like live sections: a destination that takes it
+            // resumes before a strict switchover's verdict.
             let mut asked = needed.clone();
             asked.push(crate::wire::capabilities::HELD_OUTPUTS.to_string());
             header.capabilities = Some(asked);
@@ -430,6 +433,8 @@ impl Source<'_> {
         };
         match answer {
             Some(a) => {
+                let held = crate::wire::capabilities::HELD_OUTPUTS;
+                self.dest_holds_outputs = a.takes.iter().any(|c| c == held);
                 // Live sections are a wish: refused, they go at the pause.
                 let live = crate::wire::capabilities::LIVE_SECTIONS;
                 if !a.takes.iter().any(|c| c == live) {

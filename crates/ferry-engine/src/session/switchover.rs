@@ -18,6 +18,7 @@ impl Source<'_> {
     /// pause began.
     pub(crate) fn pause_for_switchover(&mut self) -> Result<Instant, MigrationError> {
         self.progress.phase(Phase::Switchover);
+        self.opts.tunables.set_paused(true);
         let paused_at = Instant::now();
         if self.vm.is_running() {
             self.vm
@@ -145,6 +146,7 @@ impl Source<'_> {
 
     /// Leaves the source as it was before the migration.
     pub(crate) fn rollback(&mut self) {
+        self.opts.tunables.set_paused(false);
         self.converge.release(&mut *self.vm);
         self.stop_logging("on rollback");
         if std::mem::take(&mut self.paused_by_us) {

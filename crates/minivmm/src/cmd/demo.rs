@@ -61,6 +61,10 @@ pub struct DemoArgs {
     /// The downtime target, in milliseconds.
     #[arg(long, default_value_t = 300)]
     downtime_ms: u64,
+    /// Lift the cap while the guest is paused for the switchover, as QEMU
+    /// does (see `minivmm migrate --help`).
+    #[arg(long)]
+    uncapped_pause: bool,
     /// Keep the demo's files (disk, consoles) here instead of a fresh
     /// temporary directory that is removed afterwards.
     #[arg(long)]
@@ -169,6 +173,9 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         if !a.local {
             src_args.extend(["--backing".into(), "memfd".into()]);
         }
+    }
+    if a.uncapped_pause {
+        src_args.push("--uncapped-pause".into());
     }
     if a.no_vhost_dirty_log {
         src_args.push("--no-vhost-dirty-log".into());

@@ -48,6 +48,11 @@ pub struct MigrateArgs {
     /// The downtime target, in milliseconds.
     #[arg(long, default_value_t = 300)]
     downtime_ms: u64,
+    /// Lift --bandwidth-mib-s while the guest is paused for the
+    /// switchover, as QEMU lifts its max-bandwidth at completion (the cap
+    /// then spares the link only while the guest runs).
+    #[arg(long)]
+    uncapped_pause: bool,
     /// How long the guest runs before the migration starts.
     #[arg(long, default_value_t = 1000)]
     run_before_ms: u64,
@@ -116,6 +121,7 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
         opts.tunables
             .set_bandwidth_bytes_per_sec(a.bandwidth_mib_s << 20);
     }
+    opts.tunables.set_uncapped_pause(a.uncapped_pause);
     opts.validate().map_err(|e| e.to_string())?;
 
     let config = a.vm.config()?;

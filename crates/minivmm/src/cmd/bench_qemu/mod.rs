@@ -5,12 +5,14 @@
 //! limit of at least five times ferry's total (never under 300 s).
 //!
 //! Both sides get the same link cap (QEMU's `max-bandwidth`) and downtime
-//! limit. QEMU gets its best convergence setting (auto-converge; 7.2 has
+//! limit. QEMU lifts its cap once the guest is paused for the last pass
+//! (`migration_completion`); ferry is told to do the same
+//! (`--uncapped-pause`). QEMU gets its best convergence setting (auto-converge; 7.2 has
 //! no dirty-limit), ferry the policy minivmm's VM declares best. The cells
 //! are fixed in advance:
 //!
 //! ```text
-//!   idle      the checker rewrites 1 MiB per vCPU: almost nothing to resend
+//!   idle      the checker rewrites 1 MiB per vCPU at 1 MiB/s in all
 //!   writing   the checker dirties a hot set (128 MiB) at twice the link cap,
 //!             so neither side converges without slowing the guest
 //! ```
@@ -29,6 +31,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// What the checker dirties in the idle cell, in MiB/s: a trickle (its
+/// threads still read the clock without pause, to see the guest's).
+const IDLE_RATE_MIB_S: u64 = 1;
 /// QEMU's limit is at least this many times ferry's total time...
 const QEMU_LIMIT_FACTOR: f64 = 5.0;
 /// ...and never under this.
@@ -208,7 +213,7 @@ fn bench_qemu(a: QemuArgs) -> Result<(), String> {
             name: "idle",
             writing: false,
             mib_per_vcpu: 1,
-            rate_mib_s: 0,
+            rate_mib_s: IDLE_RATE_MIB_S,
             bandwidth_mib_s: a.bandwidth_mib_s,
             downtime_ms: a.downtime_ms,
         },
@@ -310,6 +315,8 @@ fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
         .args(["--mem-mib", &guest.mem_mib.to_string()])
         .args(["--bandwidth-mib-s", &cell.bandwidth_mib_s.to_string()])
         .args(["--downtime-ms", &cell.downtime_ms.to_string()])
+        // QEMU lifts its max-bandwidth at completion; so does ferry here.
+        .arg("--uncapped-pause")
         .args(["--cmdline", &guest.cmdline])
         .arg("--kernel")
         .arg(&guest.kernel)
