@@ -89,7 +89,7 @@ pub struct QemuArgs {
     #[arg(long, default_value_t = 600)]
     boot_limit_s: u64,
     /// ferry's limit per run (boot, move and 10 s after), in seconds.
-    #[arg(long, default_value_t = 1800)]
+    #[arg(long, default_value_t = 900)]
     ferry_limit_s: u64,
     /// Where the report (qemu.json, qemu.svg, qemu.html) and each run's
     /// consoles go.
@@ -352,9 +352,12 @@ fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
     side
 }
 
-/// Runs `cmd` to its end, or kills it after `limit`; its stdout.
+/// Runs `cmd` to its end, or kills it (and the processes it started)
+/// after `limit`; its stdout. A run stopped so names what each of its
+/// threads was waiting in, so that a hang leaves evidence.
 fn run_within(mut cmd: Command, limit: Duration) -> Result<String, String> {
-    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+    use std::os::unix::process::CommandExt;
+    let mut child = cmd.process_group(0).spawn().map_err(|e| e.to_string())?;
     let mut stdout = child.stdout.take().expect("piped");
     let reader = std::thread::spawn(move || {
         let mut s = String::new();
@@ -367,10 +370,49 @@ fn run_within(mut cmd: Command, limit: Duration) -> Result<String, String> {
             return reader.join().map_err(|_| "its reader panicked".to_string());
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
+            let group = child.id() as i32;
+            let states = group_threads(group);
+            // SAFETY: kill takes any pid; a negative one names the process
+            // group this child leads (made so by process_group(0) above).
+            unsafe { libc::kill(-group, libc::SIGKILL) };
             let _ = child.wait();
-            return Err(format!("not done within {} s; stopped", limit.as_secs()));
+            return Err(format!(
+                "not done within {} s; stopped. Its threads were: {states}",
+                limit.as_secs()
+            ));
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Every thread of process group `group`: its process, name, state and
+/// the kernel function it waits in.
+fn group_threads(group: i32) -> String {
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    let mut out = Vec::new();
+    for proc_dir in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let stat = read(proc_dir.path().join("stat"));
+        // pid (comm) state ppid pgrp ...: the fields after the last ')'.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+        if fields.get(2).and_then(|g| g.parse::<i32>().ok()) != Some(group) {
+            continue;
+        }
+        let pid = proc_dir.file_name().to_string_lossy().to_string();
+        for task in std::fs::read_dir(proc_dir.path().join("task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let comm = read(task.path().join("comm"));
+            let state = read(task.path().join("stat"))
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(String::from))
+                .unwrap_or_default();
+            let wchan = read(task.path().join("wchan"));
+            out.push(format!("{pid}/{} {state} {wchan}", comm.trim()));
+        }
+    }
+    out.join("; ")
 }
