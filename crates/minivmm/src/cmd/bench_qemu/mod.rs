@@ -76,6 +76,9 @@ pub struct QemuArgs {
     /// Runs of each cell (each a ferry run then a QEMU run).
     #[arg(long, default_value_t = 1)]
     repeat: u32,
+    /// The cells to run, in order: idle, writing.
+    #[arg(long, value_delimiter = ',', default_value = "idle,writing")]
+    cells: Vec<String>,
     /// The QEMU binary.
     #[arg(long, default_value = "qemu-system-x86_64")]
     qemu: String,
@@ -137,11 +140,29 @@ pub struct Side {
     pub checker_mismatches: Option<u64>,
     pub console_lines_lost: Option<u64>,
     pub kernel_warnings: Vec<String>,
+    /// What the checker wrote on the source while it was being moved, in
+    /// MiB/s (from its lines after the third, when the move starts): the
+    /// dirty rate the guest reached, against the one it was asked for.
+    pub source_write_mib_s: Option<f64>,
     /// QEMU's throttle at the end, in percent.
     pub throttle_pct: Option<u64>,
     /// The limit this side ran under, in seconds (QEMU's).
     pub limit_s: Option<f64>,
     pub error: Option<String>,
+}
+
+/// The checker's write rate over its lines after the third (one line a
+/// second), in MiB/s.
+fn write_rate(console: &str) -> Option<f64> {
+    use ferry_guest_checker::line::Line;
+    let lines: Vec<Line> = console
+        .lines()
+        .filter_map(|l| Line::parse(l)?.ok())
+        .skip(3)
+        .collect();
+    let (first, last) = (lines.first()?, lines.last()?);
+    let secs = last.seq.checked_sub(first.seq).filter(|&s| s > 0)? as f64;
+    Some((last.pages - first.pages) as f64 * 4096.0 / secs / f64::from(1 << 20))
 }
 
 impl Side {
@@ -226,11 +247,23 @@ fn bench_qemu(a: QemuArgs) -> Result<(), String> {
             downtime_ms: a.downtime_ms,
         },
     ];
+    if let Some(bad) = a
+        .cells
+        .iter()
+        .find(|c| !cells.iter().any(|k| k.name == c.as_str()))
+    {
+        return Err(format!("--cells: no cell {bad:?} (idle, writing)"));
+    }
+    let cells: Vec<&Cell> = a
+        .cells
+        .iter()
+        .filter_map(|c| cells.iter().find(|k| k.name == c.as_str()))
+        .collect();
     let scratch = std::env::temp_dir().join(format!("minivmm-bench-qemu-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
     let mut results = Vec::new();
     for run in 1..=a.repeat {
-        for cell in &cells {
+        for &cell in &cells {
             let dir = a.out.join(format!("{}-{run}", cell.name));
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             let guest = Guest {
@@ -341,6 +374,8 @@ fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
         side.error = Some("minivmm demo printed no summary".into());
         return side;
     };
+    side.source_write_mib_s =
+        write_rate(&std::fs::read_to_string(run_dir.join("source.console")).unwrap_or_default());
     side.converged = j["status"] == "completed";
     side.total_ms = j["total_ms"].as_f64();
     side.downtime_ms = j["downtime_ms"].as_f64();
@@ -388,31 +423,36 @@ fn run_within(mut cmd: Command, limit: Duration) -> Result<String, String> {
 /// Every thread of process group `group`: its process, name, state and
 /// the kernel function it waits in.
 fn group_threads(group: i32) -> String {
-    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
     let mut out = Vec::new();
     for proc_dir in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let stat = read(proc_dir.path().join("stat"));
+        let stat = read(&proc_dir.path().join("stat"));
         // pid (comm) state ppid pgrp ...: the fields after the last ')'.
-        let fields: Vec<&str> = stat
+        let pgrp = stat
             .rsplit_once(')')
-            .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
-        if fields.get(2).and_then(|g| g.parse::<i32>().ok()) != Some(group) {
-            continue;
-        }
-        let pid = proc_dir.file_name().to_string_lossy().to_string();
-        for task in std::fs::read_dir(proc_dir.path().join("task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let comm = read(task.path().join("comm"));
-            let state = read(task.path().join("stat"))
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next().map(String::from))
-                .unwrap_or_default();
-            let wchan = read(task.path().join("wchan"));
-            out.push(format!("{pid}/{} {state} {wchan}", comm.trim()));
+            .and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse::<i32>().ok());
+        if pgrp == Some(group) {
+            out.push(process_threads(&proc_dir.file_name().to_string_lossy()));
         }
     }
     out.join("; ")
+}
+
+/// Every thread of process `pid`: name, state and what it waits in.
+pub(super) fn process_threads(pid: &str) -> String {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"));
+    let mut out = Vec::new();
+    for task in tasks.into_iter().flatten().flatten() {
+        let comm = read(&task.path().join("comm"));
+        let state = read(&task.path().join("stat"))
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next().map(String::from))
+            .unwrap_or_default();
+        let wchan = read(&task.path().join("wchan"));
+        out.push(format!("{pid}/{} {state} {wchan}", comm.trim()));
+    }
+    out.join("; ")
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
 }

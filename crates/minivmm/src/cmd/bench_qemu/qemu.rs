@@ -231,10 +231,14 @@ fn migrate(
     qmp.cmd("migrate", json!({ "uri": format!("tcp:127.0.0.1:{port}") }))
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
+    let pid = source.child.id().to_string();
     let info = loop {
-        let info = qmp
-            .cmd("query-migrate", json!({}))
-            .map_err(|e| e.to_string())?;
+        let info = qmp.cmd("query-migrate", json!({})).map_err(|e| {
+            format!(
+                "{e}; the source QEMU's threads: {}",
+                super::process_threads(&pid)
+            )
+        })?;
         match info["status"].as_str() {
             Some("completed") => break info,
             Some("failed") | Some("cancelled") => {
@@ -257,6 +261,7 @@ fn migrate(
         }
         std::thread::sleep(POLL);
     };
+    side.source_write_mib_s = super::write_rate(&source.console());
     side.converged = true;
     side.total_ms = info["total-time"].as_f64();
     side.downtime_ms = info["downtime"].as_f64();

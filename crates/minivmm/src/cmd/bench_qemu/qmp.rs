@@ -28,6 +28,9 @@ pub enum QmpError {
     Garbled { path: String, line: String },
 }
 
+/// The longest QEMU may take to answer a command.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A connected monitor.
 pub struct Qmp {
     path: String,
@@ -52,6 +55,8 @@ impl Qmp {
                 Err(_) => std::thread::sleep(Duration::from_millis(100)),
             }
         };
+        // A QEMU that stops answering fails the run rather than hanging it.
+        stream.set_read_timeout(Some(REPLY_TIMEOUT)).map_err(io)?;
         let writer = stream.try_clone().map_err(io)?;
         let mut qmp = Qmp {
             path: name.clone(),

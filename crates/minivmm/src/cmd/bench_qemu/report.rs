@@ -54,6 +54,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
             "total (ms)",
             "downtime (ms)",
             "guest pause (ms)",
+            "guest wrote (MiB/s)",
             "mismatches",
             "QEMU / ferry total",
             "QEMU / ferry pause",
@@ -73,6 +74,8 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
                 ms(s.total()),
                 ms(s.downtime_ms.filter(|_| s.converged)),
                 ms(s.guest_pause_ms),
+                s.source_write_mib_s
+                    .map_or("-".into(), |r| format!("{r:.1}")),
                 s.checker_mismatches.map_or("-".into(), |m| m.to_string()),
                 if first {
                     String::new()
