@@ -209,6 +209,10 @@ pub struct MiniVm {
     /// The guest's outputs (disk requests, console bytes) wait until
     /// released ([`OutputGate`]).
     held: bool,
+    /// Offer no output gate (a strict switchover then keeps the guest
+    /// paused until the digest's verdict): the baseline the gate is
+    /// measured against.
+    pub no_output_gate: bool,
 }
 
 /// What saving the vCPU needs, probed once, and what the guest was given.
@@ -527,6 +531,7 @@ impl MiniVm {
             in_flight_at_pause: 0,
             crash_on_restore: false,
             held: false,
+            no_output_gate: false,
         })
     }
 
@@ -783,7 +788,7 @@ impl Vm for MiniVm {
     fn output_gate(&mut self) -> Option<&mut dyn OutputGate> {
         // A disk served on the vCPU's own exit (`--notify inline`) has no
         // I/O thread to hold.
-        if self.io.len() < self.devices.blks.len() {
+        if self.no_output_gate || self.io.len() < self.devices.blks.len() {
             return None;
         }
         Some(self)

@@ -65,6 +65,10 @@ pub struct DemoArgs {
     /// does (see `minivmm migrate --help`).
     #[arg(long)]
     uncapped_pause: bool,
+    /// Measuring: the destination holds no outputs, so the guest stays
+    /// paused until the digest's verdict (see `minivmm receive`).
+    #[arg(long, hide = true)]
+    no_output_gate: bool,
     /// Keep the demo's files (disk, consoles) here instead of a fresh
     /// temporary directory that is removed afterwards.
     #[arg(long)]
@@ -118,6 +122,7 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
             .arg(&dst_console)
             .args(&at)
             .args(&tls)
+            .args(a.no_output_gate.then_some("--no-output-gate"))
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start the destination: {e}"))?,

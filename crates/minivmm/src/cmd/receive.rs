@@ -49,6 +49,11 @@ pub struct ReceiveArgs {
     /// crashes before it resumes.
     #[arg(long, hide = true)]
     crash_on_restore: bool,
+    /// Measuring: hold no outputs, so that a strict switchover keeps the
+    /// guest paused until the digest's verdict (the baseline of the
+    /// held-outputs capability).
+    #[arg(long, hide = true)]
+    no_output_gate: bool,
 }
 
 pub fn receive(a: ReceiveArgs) -> Result<(), String> {
@@ -173,6 +178,7 @@ fn over_the_network(a: &ReceiveArgs, make_consoles: &MakeConsoles) -> Result<Arr
         let backing = if config.fill { Backing::Memfd } else { backing };
         let mut vm = MiniVm::incoming(config, backing, outs)?;
         vm.crash_on_restore = a.crash_on_restore;
+        vm.no_output_gate = a.no_output_gate;
         Ok(vm)
     };
     let opts = {

@@ -317,6 +317,9 @@ fn bench_qemu(a: QemuArgs) -> Result<(), String> {
                 ferry,
                 qemu,
             });
+            // After each cell, so that a host that dies later leaves what
+            // was measured.
+            report::write(&results, &a.out, false)?;
         }
     }
     let _ = std::fs::remove_dir_all(&scratch);
