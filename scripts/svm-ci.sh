@@ -14,8 +14,10 @@
 #   4. a Linux guest (Debian's kernel) moved by minivmm, checking its
 #      memory, disk, console and kernel log from inside.
 #
-# A crash of the host itself (exit 125, named by svm-host.sh) is tried once
-# more: the emulator is not ferry. A hang (124) fails the step. Prints a SKIP line where the
+# A failure of the host itself (exit 125, a crash, or 126, a freeze: its
+# heartbeat stopped; both named by svm-host.sh) is tried once more: the
+# emulator is not ferry. A command that hangs in a live host (124) fails
+# the step. Prints a SKIP line where the
 # host cannot be had (scripts/setup.sh recorded why).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,8 +42,8 @@ step() {
         # whole test command stays well inside CI's time even then.
         out=$(bash scripts/svm-host.sh --timeout 400 "$@" 2>&1)
         status=$?
-        [ "$status" -ne 125 ] && break
-        echo "svm-ci: $name: the host itself crashed, once more:"
+        [ "$status" -ne 125 ] && [ "$status" -ne 126 ] && break
+        echo "svm-ci: $name: the host itself failed (exit $status), once more:"
         echo "$out" | grep '^svm-host:' | tail -2
     done
     if [ "$status" -eq 0 ] && echo "$out" | grep -Eq "$check"; then

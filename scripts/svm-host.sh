@@ -14,7 +14,9 @@
 # goes in full to target/svm-host/console.log (console.PID.log while it
 # runs). If the host itself fails, this exits non-zero naming the cause:
 #   125  the host crashed (a kernel panic, BUG or Oops on its console)
-#   124  the host hung (no exit within --timeout)
+#   126  the host froze: its heartbeat (a console line every 10 s from its
+#        init) stopped for 60 s, so nothing inside it ran any more
+#   124  CMD hung: no exit within --timeout, the host still beating
 #
 # Options (before CMD): --timeout S (default 3600), --smp N, --mem MiB.
 # The configuration's other knobs, for trying others (docs/svm-host.md):
@@ -183,6 +185,8 @@ done
 ip link set lo up
 echo 64 >/proc/sys/vm/nr_hugepages
 echo "svm-host: ready: $(uname -r), /dev/kvm $( [ -c /dev/kvm ] && echo present || echo ABSENT )"
+# The heartbeat: while this host's userspace runs, its console grows.
+( while sleep 10; do echo "svm-host: heartbeat $(cut -d' ' -f1 /proc/uptime)" >/dev/console; done ) &
 cd "$repo"
 env -i HOME="$home" PATH="$home/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
     TERM=dumb LANG=C.UTF-8 SVM_HOST=1 \
@@ -238,10 +242,25 @@ trap 'kill $qpid $t1 $t2 2>/dev/null || true' EXIT
 trap 'exit 130' INT TERM
 
 hung=0
+froze=0
 start=$(date +%s)
+# Once the host is up, its console grows at least every 10 s (the
+# heartbeat); 60 s without growth means it froze.
+beat_size=0
+beat_at=$start
 while kill -0 $qpid 2>/dev/null; do
-    if [ $(($(date +%s) - start)) -ge "$timeout_s" ]; then
+    now=$(date +%s)
+    if [ $((now - start)) -ge "$timeout_s" ]; then
         hung=1
+        kill $qpid 2>/dev/null
+        break
+    fi
+    size=$(stat -c %s "$console" 2>/dev/null || echo 0)
+    if [ "$size" != "$beat_size" ]; then
+        beat_size=$size
+        beat_at=$now
+    elif [ $((now - beat_at)) -ge 60 ] && grep -q '^svm-host: heartbeat' "$console"; then
+        froze=1
         kill $qpid 2>/dev/null
         break
     fi
@@ -259,8 +278,11 @@ status=
 if [ -n "$fault" ]; then
     say "the SVM host crashed: $fault (console: $console)"
     status=125
+elif [ "$froze" -eq 1 ]; then
+    say "the SVM host froze: no heartbeat on its console for 60 s, so nothing inside it ran (console: $console)"
+    status=126
 elif [ "$hung" -eq 1 ]; then
-    say "the SVM host hung: no exit within ${timeout_s} s (console: $console)"
+    say "the command hung: no exit within ${timeout_s} s, the host still beating (console: $console)"
     status=124
 elif [ ! -f "$run/status" ]; then
     say "the SVM host stopped without the command's status (console: $console; QEMU: $(tail -1 "$run/qemu.log"))"
@@ -273,8 +295,9 @@ if [ -n "$status" ]; then
         python3 - "$state/selfcheck.json" "$status" "$fault" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))
-t["host_crashes" if sys.argv[2] == "125" else "hangs"] += 1
-t["errors"].append("the SVM host: " + (sys.argv[3] or ("hung" if sys.argv[2] == "124" else "stopped")))
+t["host_crashes" if sys.argv[2] in ("125", "126") else "hangs"] += 1
+why = {"124": "hung", "126": "froze"}.get(sys.argv[2], "stopped")
+t["errors"].append("the SVM host: " + (sys.argv[3] or why))
 print(json.dumps(t))
 PY
     fi

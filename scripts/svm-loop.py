@@ -149,8 +149,8 @@ def inside(args):
 def main():
     args = parse()
     if os.environ.get("SVM_HOST") != "1":
-        # Boot the host and run again inside it; its exit status (and 124
-        # or 125 for the host's own failures) comes back.
+        # Boot the host and run again inside it; its exit status (125 or
+        # 126 for the host's own failures, 124 for a hang) comes back.
         limit = (args.runs * len(args.kinds.split(",")) * args.limit) + 2 * 1800 + 600
         cmd = ["bash", os.path.join(REPO, "scripts", "svm-host.sh"), "--timeout", str(limit),
                "python3", os.path.abspath(__file__)] + sys.argv[1:]
