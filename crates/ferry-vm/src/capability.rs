@@ -49,7 +49,10 @@ pub trait OutputGate {
     /// cannot hold some output (a device served on the vCPU's own exit):
     /// the engine then keeps the guest paused until the verdict.
     fn hold(&mut self) -> Result<(), VmError>;
-    /// Lets every held output go, in order, and stops holding.
+    /// Lets every held output go, in order, and stops holding. The engine
+    /// calls it at the Commit. A VM handed back `Held` (the link failed
+    /// after the verdict, so the source may still run) keeps its outputs
+    /// held: an operator who resumes that copy releases them too.
     fn release(&mut self) -> Result<(), VmError>;
 }
 
