@@ -346,10 +346,9 @@ impl Dma {
             .expect("the device writes only RAM");
         assert!(gpa.0.is_multiple_of(8));
         let host = ram.host_address(slot) as usize + (gpa.0 - slot.gpa.0) as usize;
-        // SAFETY: the 8-aligned word lies inside the slot's mapping (found
-        // above), which `ram` keeps alive; an aligned u64 store races with
-        // nothing but the engine's copies, which read bytes, as a device's
-        // DMA would.
+        // SAFETY: the aligned word lies in the slot's mapping (found above),
+        // which `ram` keeps alive; the store races only with the engine's
+        // byte reads, as a device's DMA would.
         unsafe { std::ptr::write_volatile(host as *mut u64, value) };
         self.log.mark(gpa.gfn());
     }

@@ -74,18 +74,10 @@ impl GuestArgs {
             return Ok(());
         }
         minivmm::linux::check_host().map_err(|e| e.to_string())?;
-        let file = |given: &Option<PathBuf>, env: &str, what: &str| {
-            given
-                .clone()
-                .or_else(|| std::env::var_os(env).map(PathBuf::from))
-                .ok_or_else(|| {
-                    format!(
-                        "--guest linux needs --{what} (or ${env}, which scripts/svm-host.sh sets)"
-                    )
-                })
-        };
-        let kernel = file(&self.kernel, "SVM_HOST_KERNEL", "kernel")?;
-        let initrd = file(&self.initrd, "SVM_HOST_GUEST_INITRD", "initrd")?;
+        let needs = |e: String| format!("--guest linux {e}");
+        let kernel = given_or_env(&self.kernel, "SVM_HOST_KERNEL", "kernel").map_err(needs)?;
+        let initrd =
+            given_or_env(&self.initrd, "SVM_HOST_GUEST_INITRD", "initrd").map_err(needs)?;
         if self.mem_mib < 128 || !self.mem_mib.is_multiple_of(2) {
             return Err(format!(
                 "--mem-mib {}: a Linux guest takes an even number of MiB, at least 128",
@@ -101,4 +93,13 @@ impl GuestArgs {
         });
         Ok(())
     }
+}
+
+/// A file given by `--flag`, or else by the environment variable `env`
+/// (which scripts/svm-host.sh sets inside the host).
+pub fn given_or_env(given: &Option<PathBuf>, env: &str, flag: &str) -> Result<PathBuf, String> {
+    given
+        .clone()
+        .or_else(|| std::env::var_os(env).map(PathBuf::from))
+        .ok_or_else(|| format!("needs --{flag} (or ${env}, which scripts/svm-host.sh sets)"))
 }

@@ -207,17 +207,10 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
     }
 }
 
-fn file(given: &Option<PathBuf>, env: &str, flag: &str) -> Result<PathBuf, String> {
-    given
-        .clone()
-        .or_else(|| std::env::var_os(env).map(PathBuf::from))
-        .ok_or_else(|| format!("needs --{flag} (or ${env}, which scripts/svm-host.sh sets)"))
-}
-
 fn bench_qemu(a: QemuArgs) -> Result<(), String> {
     minivmm::linux::check_host().map_err(|e| e.to_string())?;
-    let kernel = file(&a.kernel, "SVM_HOST_KERNEL", "kernel")?;
-    let initrd = file(&a.initrd, "SVM_HOST_GUEST_INITRD", "initrd")?;
+    let kernel = super::guest::given_or_env(&a.kernel, "SVM_HOST_KERNEL", "kernel")?;
+    let initrd = super::guest::given_or_env(&a.initrd, "SVM_HOST_GUEST_INITRD", "initrd")?;
     if a.vcpus == 0 || a.hot_mib < u64::from(a.vcpus) || a.bandwidth_mib_s == 0 {
         return Err(
             "--vcpus, --bandwidth-mib-s and --hot-mib (at least a MiB per vCPU) must be positive"
