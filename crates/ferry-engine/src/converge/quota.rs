@@ -41,7 +41,7 @@
 
 use super::share::LinkShare;
 use super::{Action, Policy, Sample};
-use ferry_vm::Quota;
+use ferry_vm::{Quota, PAGE_SIZE};
 
 /// A vCPU below its equal share gets what it dirtied times this.
 const HEADROOM: f64 = 1.25;
@@ -56,6 +56,18 @@ const SHORTEST_WINDOW: f64 = 0.5;
 /// The least a vCPU gets, as a share of an equal split: one that starts
 /// writing is never held to nothing for an interval.
 const FLOOR_SHARE: f64 = 0.125;
+/// The least a vCPU gets per quota interval, in pages, however slow the
+/// link (but never over an equal split): what a vCPU dirties by running at
+/// all. Under nested paging the processor's walks of the guest's page
+/// tables count as writes (AMD's NPT; EPT with A/D bits), so after each
+/// harvest re-protects them a vCPU that only reads dirties the page-table
+/// pages it walks, and its stack or counters. Measured inside the SVM host
+/// (`ferry-kvm-memstress`'s `reader_dirt` test): two memstress readers
+/// dirty 4 pages per harvest between them (PML4, PDPT, PD and their
+/// progress record); the precopy source harvests once per interval and at
+/// each round's end, several times per interval in the last short rounds.
+/// Under shadow paging (kvm_pvm) the same readers dirty 1.
+const FLOOR_PAGES: f64 = 16.0;
 /// Most the budget grows early in the full pass (see the module's doc).
 const FULL_PASS_ALLOWANCE: f64 = 8.0;
 /// The share of the link the quota gives the guest once it engages, in
@@ -92,14 +104,15 @@ impl Default for QuotaPolicy {
 
 /// Splits `total` bytes per second between vCPUs that need `demand[i]`
 /// (`None`: as much as they can get): max-min fair, any surplus shared out
-/// equally as headroom. Each gets at least [`FLOOR_SHARE`] of an equal
-/// split.
-fn split(total: f64, demand: &[Option<f64>]) -> Vec<f64> {
+/// equally as headroom. Each gets at least `least` (bytes per second),
+/// capped at an equal split, and at least [`FLOOR_SHARE`] of an equal split.
+fn split(total: f64, least: f64, demand: &[Option<f64>]) -> Vec<f64> {
     let n = demand.len();
     if n == 0 {
         return Vec::new();
     }
-    let floor = total / n as f64 * FLOOR_SHARE;
+    let equal = total / n as f64;
+    let floor = (equal * FLOOR_SHARE).max(least.min(equal));
     let mut alloc = vec![0.0; n];
     let mut open: Vec<usize> = (0..n).collect();
     let mut left = total;
@@ -150,8 +163,9 @@ impl QuotaPolicy {
         let n = s.vcpus.max(1) as usize;
         let per_vcpu = per_vcpu * full_pass_allowance(s);
         let total = per_vcpu * n as f64;
+        let least = FLOOR_PAGES * PAGE_SIZE as f64 / s.quota_interval.as_secs_f64();
         let rates = match self.demand(s) {
-            Some(demand) => split(total, &demand),
+            Some(demand) => split(total, least, &demand),
             None if self.last.len() == n => {
                 let before: f64 = self.last.iter().sum();
                 let scale = if before > 0.0 { total / before } else { 1.0 };
@@ -299,11 +313,32 @@ mod tests {
     }
 
     #[test]
+    fn on_a_slow_link_a_reader_still_gets_what_running_dirties() {
+        // 16 MB/s: the budget is 200 kB per interval, 100 kB each; an
+        // eighth of that (12.5 kB) is less than a vCPU's page-table walks
+        // after a few harvests. The reader gets FLOOR_PAGES, the writer
+        // the rest.
+        let mut q = QuotaPolicy::default();
+        let mut s = interval(0, &[10_000_000, 0]);
+        s.link_bytes_per_sec = 16_000_000.0;
+        let got = bytes(q.decide(&s));
+        let least = (FLOOR_PAGES * PAGE_SIZE as f64) as u64;
+        assert!(got[1].abs_diff(least) <= 1, "{got:?}");
+        assert!(got[0] + got[1] <= 200_000, "{got:?}");
+        // Never more than an equal split, however many readers.
+        let split = split(100.0, 1000.0, &[Some(0.0), Some(0.0), None]);
+        assert!(
+            split.iter().all(|&r| (r - 100.0 / 3.0).abs() < 1e-9),
+            "{split:?}"
+        );
+    }
+
+    #[test]
     fn the_split_is_max_min_fair() {
-        let s = split(300.0, &[Some(10.0), None, Some(500.0)]);
+        let s = split(300.0, 0.0, &[Some(10.0), None, Some(500.0)]);
         assert_eq!(s, vec![12.5, 143.75, 143.75]);
         // Everyone's need met (12.5, 20, 30): the surplus is shared out.
-        let surplus = split(300.0, &[Some(10.0), Some(20.0), Some(30.0)]);
+        let surplus = split(300.0, 0.0, &[Some(10.0), Some(20.0), Some(30.0)]);
         assert!(
             (surplus.iter().sum::<f64>() - 300.0).abs() < 1e-9,
             "{surplus:?}"
