@@ -22,6 +22,9 @@
 //! It stops `checker.secs` seconds after it started (0: never), or
 //! `checker.after_move` seconds after a line `moved` arrives on its
 //! console: how a VMM that moved the guest lets it run on, then end.
+//! With `checker.crash_after_move=1` it panics the kernel instead, as soon
+//! as it is told it moved: a guest that dies after a move, for the test
+//! that a VMM reports it as a failed migration.
 //!
 //! Settings come from the kernel command line (`checker.mib=64`), or from
 //! the environment (`CHECKER_MIB`) when it is not there. The workspace
@@ -83,6 +86,7 @@ fn main() {
     let mib = number("mib", 64);
     let secs = number("secs", 0);
     let after_move = number("after_move", 10);
+    let crash_after_move = number("crash_after_move", 0) != 0;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let rate = (number("rate_mib", 0) << 20) / threads as u64;
     let counters: Arc<Vec<Counters>> =
@@ -161,6 +165,10 @@ fn main() {
         let line = summary(seq, &counters, &disk_counters, warned, true);
         say(&line.format());
         let moved_at = *moved.lock().unwrap_or_else(|e| e.into_inner());
+        if moved_at.is_some() && crash_after_move {
+            say("checker moved: crashing the kernel, as checker.crash_after_move asks");
+            pid1::crash_kernel();
+        }
         if moved_at.is_some() && !said_moved {
             say(&format!("checker moved: running {after_move} s more"));
             said_moved = true;

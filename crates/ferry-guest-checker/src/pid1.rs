@@ -29,6 +29,12 @@ pub fn kernel_release() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// Panics the kernel through sysrq (`c`), as an operator's fault
+/// injection would; returns only if the kernel lacks sysrq or /proc.
+pub fn crash_kernel() {
+    let _ = std::fs::write("/proc/sysrq-trigger", b"c");
+}
+
 /// Syncs and powers the guest off; does not return.
 pub fn power_off() -> ! {
     // SAFETY: sync and reboot take no pointers; as PID 1 with

@@ -80,6 +80,14 @@ pub fn first_gaps(text: &str, n: usize) -> Option<f64> {
         .reduce(f64::max)
 }
 
+/// The kernel's panic line on `console`, if it panicked.
+fn kernel_panic(console: &str) -> Option<&str> {
+    console
+        .lines()
+        .find(|l| l.contains("Kernel panic - not syncing"))
+        .map(str::trim)
+}
+
 /// Why the run failed, if it did: the migration's error, the
 /// destination's, or the guest's end.
 fn first_error(
@@ -93,6 +101,20 @@ fn first_error(
     }
     if !completed {
         return Some(format!("the migration ended {}", e.source["status"]));
+    }
+    if let Some(panic) = kernel_panic(&e.destination_console) {
+        let then = match (e.destination["health"].as_str(), guest_exit) {
+            // The destination saw the panic itself and stopped the guest.
+            (Some(h), _) if h.contains(super::linux_run::PANIC_LINE) => {
+                "the destination stopped it".to_string()
+            }
+            (Some(h), _) => h.to_string(),
+            (None, Some(exit)) => format!("it ended: {exit}"),
+            (None, None) => "it did not end".to_string(),
+        };
+        return Some(format!(
+            "the guest's kernel panicked at the destination ({panic}); then {then}"
+        ));
     }
     if let Some(h) = e.destination["health"].as_str() {
         return Some(format!("the destination's guest failed: {h}"));
@@ -110,4 +132,38 @@ fn first_error(
         return Some("the destination exited non-zero".into());
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_guest_whose_kernel_panicked_after_the_move_fails_the_run_by_name() {
+        let source = json!({"status": "completed", "digest_match": true});
+        let destination = json!({
+            "status": "completed",
+            "digest_match": true,
+            "health": "vCPU 1 stopped: unexpected exit Shutdown",
+            "guest_exit": null,
+        });
+        let ends = Ends {
+            source: &source,
+            destination: &destination,
+            destination_ok: false,
+            source_console: String::new(),
+            destination_console: "[   41.2] sysrq: Trigger a crash\n\
+                [   41.2] Kernel panic - not syncing: sysrq triggered crash\n"
+                .into(),
+        };
+        let (summary, clean) = summarize("precopy", 2, &ends);
+        assert!(!clean, "{summary}");
+        let error = summary["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("kernel panicked at the destination")
+                && error.contains("sysrq triggered crash")
+                && error.contains("vCPU 1 stopped: unexpected exit Shutdown"),
+            "{error}"
+        );
+    }
 }

@@ -76,16 +76,19 @@ pub fn receive(a: ReceiveArgs) -> Result<(), String> {
         summary,
     } = arrived;
     let linux = vm.config().linux.is_some();
-    let mut guest_exit = None;
+    let (mut guest_exit, mut failed) = (None, None);
     if status == "completed" && linux {
         // The checker runs on for a while once told, then powers off.
         vm.console_input(0, b"moved\n").map_err(|e| e.to_string())?;
         let limit = Duration::from_secs(a.linux_run_limit_s);
-        guest_exit = super::linux_run::run_until_exit(&vm, limit).unwrap_or(None);
+        match super::linux_run::run_until_exit(&vm, a.console.as_deref(), limit) {
+            Ok(exit) => guest_exit = exit,
+            Err(e) => failed = Some(e),
+        }
     } else if status == "completed" {
         std::thread::sleep(Duration::from_millis(a.run_after_ms));
     }
-    let health = vm.check_health().err().map(|e| e.to_string());
+    let health = failed.or_else(|| vm.check_health().err().map(|e| e.to_string()));
     let in_flight = vm.requests_in_flight_at_pause();
     vm.pause().map_err(|e| e.to_string())?;
     flush(&outs.lock().unwrap_or_else(|e| e.into_inner()));

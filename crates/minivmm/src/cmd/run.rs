@@ -81,7 +81,7 @@ fn run_linux(
 ) -> Result<(), String> {
     let start = std::time::Instant::now();
     let limit = Duration::from_secs_f64(a.seconds.max(0.0));
-    let exit = super::linux_run::run_until_exit(&vm, limit);
+    let exit = super::linux_run::run_until_exit(&vm, a.console.as_deref(), limit);
     let _ = vm.pause();
     flush(outs);
     let exit = exit?;
