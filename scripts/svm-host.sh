@@ -184,6 +184,13 @@ for f in passwd group hosts nsswitch.conf ld.so.cache ssl ca-certificates altern
 done
 ip link set lo up
 echo 64 >/proc/sys/vm/nr_hugepages
+# What scripts/svm-freeze.py names a frozen CPU's addresses with: the
+# kernel's text symbols once per kernel (Debian's System.map is a stub),
+# shifted by this boot's _text; the modules' (kvm, kvm_amd) every boot.
+echo "svm-host: _text at $(sed -n 's/^\([0-9a-f]*\) T _text$/\1/p' /proc/kallsyms)"
+ksyms="$repo/target/svm-host/kallsyms-$(uname -r)"
+[ -s "$ksyms" ] || { grep -v '\[' /proc/kallsyms | grep ' [tTwW] ' >"$ksyms.tmp" && mv "$ksyms.tmp" "$ksyms"; }
+grep '\[' /proc/kallsyms | grep ' [tTwW] ' >"$run/modsyms"
 echo "svm-host: ready: $(uname -r), /dev/kvm $( [ -c /dev/kvm ] && echo present || echo ABSENT )"
 # The heartbeat: while this host's userspace runs, its console grows.
 ( while sleep 10; do echo "svm-host: heartbeat $(cut -d' ' -f1 /proc/uptime)" >/dev/console; done ) &
@@ -227,10 +234,15 @@ append="console=ttyS0 panic=-1 oops=panic svmhost.repo=$repo svmhost.home=$HOME 
 append="$append $append_extra"
 share() { echo "-virtfs local,path=$1,mount_tag=$2,security_model=none,multidevs=remap"; }
 
+# The outer QEMU's monitor: where a frozen host's registers are read
+# (scripts/svm-freeze.py). Not under the repository: its path may be too
+# long for a UNIX socket.
+monitor="/tmp/svm-host.$$.monitor"
+rm -f "$monitor"
 # shellcheck disable=SC2046
 "$qemu" -accel "$accel" -machine q35 -cpu "$cpu" -smp "$smp" -m "$mem" \
     -kernel "$vmlinuz" -initrd "$initrd" -append "$append" \
-    -nographic -no-reboot -serial "file:$console" -monitor none \
+    -nographic -no-reboot -serial "file:$console" -monitor "unix:$monitor,server,nowait" \
     -nic none $(share /usr usr) $(share /etc etc) $(share "$repo" repo) $(share "$HOME" home) \
     >"$run/qemu.log" 2>&1 &
 qpid=$!
@@ -238,7 +250,7 @@ tail -n +1 -F --pid=$qpid -s 0.2 "$run/stdout" 2>/dev/null &
 t1=$!
 tail -n +1 -F --pid=$qpid -s 0.2 "$run/stderr" >&2 2>/dev/null &
 t2=$!
-trap 'kill $qpid $t1 $t2 2>/dev/null || true' EXIT
+trap 'kill $qpid $t1 $t2 2>/dev/null || true; rm -f "$monitor"' EXIT
 trap 'exit 130' INT TERM
 
 hung=0
@@ -261,6 +273,8 @@ while kill -0 $qpid 2>/dev/null; do
         beat_at=$now
     elif [ $((now - beat_at)) -ge 60 ] && grep -q '^svm-host: heartbeat' "$console"; then
         froze=1
+        python3 "$repo/scripts/svm-freeze.py" "$monitor" "$console" "$state/kallsyms-$kver" "$run/modsyms" \
+            >"$state/freeze.log" 2>&1 || true
         kill $qpid 2>/dev/null
         break
     fi
@@ -279,7 +293,7 @@ if [ -n "$fault" ]; then
     say "the SVM host crashed: $fault (console: $console)"
     status=125
 elif [ "$froze" -eq 1 ]; then
-    say "the SVM host froze: no heartbeat on its console for 60 s, so nothing inside it ran (console: $console)"
+    say "the SVM host froze: no heartbeat on its console for 60 s, so nothing inside it ran (console: $console; its CPU: $state/freeze.log, $(grep -m1 '^RIP' "$state/freeze.log" 2>/dev/null || echo 'no registers'))"
     status=126
 elif [ "$hung" -eq 1 ]; then
     say "the command hung: no exit within ${timeout_s} s, the host still beating (console: $console)"

@@ -2,6 +2,7 @@
 """ferry's demos again and again inside one boot of the SVM host.
 
     scripts/svm-loop.py [--runs N] [--kinds 2vcpu,4vcpu,postcopy] [--json]
+    scripts/svm-loop.py --kinds linux2,linux4,linux-postcopy,linux-local
 
 Run by hand, not in CI (each demo takes 10-40 s at TCG speed). Outside the
 host it boots one through scripts/svm-host.sh and runs itself there, so
@@ -10,8 +11,11 @@ every run below shares one boot:
   1. the host's control (scripts/svm-selfcheck.py: QEMU, a known-good VMM,
      migrating a Linux guest), before;
   2. --runs of each kind of `ferry demo --backend kvm --mem-per-vcpu 128M
-     --json`, interleaved, each under --limit seconds: a run passes when it
-     exits 0 and its last line says digest_match true and error null;
+     --json` (or, for the linux kinds, `minivmm demo --guest linux --json`:
+     Debian's kernel with its checker), interleaved, each under --limit
+     seconds: a run passes when it exits 0 and its last line says
+     digest_match true and error null (a Linux guest's demo exits non-zero
+     on any failed check of the guest's own);
   3. the control again, after.
 
 So a failure of ferry's is told from the host's: the control shows the
@@ -35,6 +39,10 @@ KINDS = {
     "2vcpu": ["--vcpus", "2"],
     "4vcpu": ["--vcpus", "4"],
     "postcopy": ["--vcpus", "2", "--mode", "postcopy"],
+    "linux2": ["--vcpus", "2"],
+    "linux4": ["--vcpus", "4"],
+    "linux-postcopy": ["--vcpus", "2", "--mode", "postcopy"],
+    "linux-local": ["--vcpus", "2", "--local"],
 }
 
 
@@ -48,7 +56,12 @@ def parse():
                    help="the control's moves, before and after (default 2; 0: none)")
     p.add_argument("--selfcheck-vcpus", type=int, default=2)
     p.add_argument("--ferry", default="target/release/ferry")
+    p.add_argument("--minivmm", default="target/release/minivmm")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--host-retries", type=int, default=3,
+                   help="new boots after the host's own failures (default 3)")
+    p.add_argument("--resume", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--host-failures", default="none", help=argparse.SUPPRESS)
     args = p.parse_args()
     for k in args.kinds.split(","):
         if k not in KINDS:
@@ -79,7 +92,11 @@ def say(what):
 
 
 def one_run(args, kind, index):
-    cmd = [args.ferry, "demo", "--backend", "kvm", "--mem-per-vcpu", "128M", "--json"] + KINDS[kind]
+    linux = kind.startswith("linux")
+    if linux:
+        cmd = [args.minivmm, "demo", "--guest", "linux", "--json"] + KINDS[kind]
+    else:
+        cmd = [args.ferry, "demo", "--backend", "kvm", "--mem-per-vcpu", "128M", "--json"] + KINDS[kind]
     start = time.time()
     rec = {"kind": kind, "run": index}
     try:
@@ -100,9 +117,10 @@ def one_run(args, kind, index):
                 break
             except json.JSONDecodeError:
                 pass
-    for key in ("backend", "digest_match", "error", "downtime_ms", "total_ms"):
+    for key in ("backend", "guest", "digest_match", "error", "downtime_ms", "total_ms", "guest_pause_ms"):
         rec[key] = last.get(key)
-    rec["ok"] = (rec["exit"] == 0 and rec["backend"] == "ferry-kvm" and rec["digest_match"] is True
+    made_by = rec["guest"] == "linux" if linux else rec["backend"] == "ferry-kvm"
+    rec["ok"] = (rec["exit"] == 0 and made_by and rec["digest_match"] is True
                  and rec["error"] is None)
     if not rec["ok"]:
         rec["stderr_tail"] = stderr.splitlines()[-12:]
@@ -113,51 +131,82 @@ def inside(args):
     journal = os.path.join(STATE, "loop.jsonl")
     with open("/sys/module/kvm_amd/parameters/npt") as f:
         npt = f.read().strip()
-    tally = {"config": {"outer_vcpus": os.cpu_count(), "kvm_amd_npt": npt}, "runs": {}, "failures": []}
+    tally = {"config": {"outer_vcpus": os.cpu_count(), "kvm_amd_npt": npt}, "runs": {}, "failures": [],
+             "host_failures": [] if args.host_failures == "none" else args.host_failures.split(",")}
     tally["control_before"] = selfcheck(args, "before")
     kinds = args.kinds.split(",")
-    with open(journal, "w") as j:
-        for i in range(1, args.runs + 1):
-            for kind in kinds:
-                rec = one_run(args, kind, i)
-                j.write(json.dumps(rec) + "\n")
-                j.flush()
-                t = tally["runs"].setdefault(kind, {"runs": 0, "ok": 0, "hangs": 0, "total_ms": [],
-                                                     "downtime_ms": []})
-                t["runs"] += 1
-                t["ok"] += rec["ok"]
-                t["hangs"] += bool(rec.get("hang"))
-                if rec["ok"]:
-                    t["total_ms"].append(round(rec["total_ms"]))
-                    t["downtime_ms"].append(round(rec["downtime_ms"], 1))
-                else:
-                    tally["failures"].append(rec)
-                say(f"{kind} run {i}: {'ok' if rec['ok'] else 'FAILED'} (exit {rec['exit']}, "
-                    f"{rec['wall_s']} s, digest_match {rec['digest_match']}, error {rec['error']})")
+    plan = [(i, kind) for i in range(1, args.runs + 1) for kind in kinds]
+    # After a host failure the outer loop boots a new host and resumes here:
+    # the journal holds the runs done in earlier boots.
+    with open(journal, "a" if args.resume else "w") as j:
+        for i, kind in plan[args.resume:]:
+            rec = one_run(args, kind, i)
+            j.write(json.dumps(rec) + "\n")
+            j.flush()
+            say(f"{kind} run {i}: {'ok' if rec['ok'] else 'FAILED'} (exit {rec['exit']}, "
+                f"{rec['wall_s']} s, digest_match {rec['digest_match']}, error {rec['error']})")
     tally["control_after"] = selfcheck(args, "after")
+    with open(journal) as j:
+        records = [json.loads(line) for line in j if line.strip()]
+    for rec in records:
+        t = tally["runs"].setdefault(rec["kind"], {"runs": 0, "ok": 0, "hangs": 0, "total_ms": [],
+                                                    "downtime_ms": [], "guest_pause_ms": []})
+        t["runs"] += 1
+        t["ok"] += rec["ok"]
+        t["hangs"] += bool(rec.get("hang"))
+        if rec["ok"]:
+            t["total_ms"].append(round(rec["total_ms"]))
+            t["downtime_ms"].append(round(rec["downtime_ms"], 1))
+            if rec.get("guest_pause_ms") is not None:
+                t["guest_pause_ms"].append(round(rec["guest_pause_ms"], 1))
+        else:
+            tally["failures"].append(rec)
     for kind, t in tally["runs"].items():
         ms = sorted(t["total_ms"]) or [0]
         dt = sorted(t["downtime_ms"]) or [0]
         say(f"{kind}: {t['ok']} of {t['runs']} ok, {t['hangs']} hangs; total {ms[0]}-{ms[-1]} ms, "
             f"downtime {dt[0]}-{dt[-1]} ms")
+    say(f"the host's own failures (each then a new boot): {tally['host_failures'] or 'none'}")
     if args.json:
         print(json.dumps(tally))
     ok = all(t["ok"] == t["runs"] for t in tally["runs"].values())
     return 0 if ok else 1
 
 
+def outside(args):
+    """Boots the host and runs again inside it. After the host's own
+    failure (125: it crashed, 126: it froze) it boots a new one and resumes
+    after the runs the journal holds, at most --host-retries times; the
+    run that was going is run again, counted as the host's failure, not
+    ferry's. Any other status (124 for a hang) comes back."""
+    journal = os.path.join(STATE, "loop.jsonl")
+    os.makedirs(STATE, exist_ok=True)
+    open(journal, "w").close()
+    limit = (args.runs * len(args.kinds.split(",")) * args.limit) + 2 * 1800 + 600
+    failures = []
+    while True:
+        with open(journal) as j:
+            done = sum(1 for line in j if line.strip())
+        cmd = ["bash", os.path.join(REPO, "scripts", "svm-host.sh"), "--timeout", str(limit),
+               "python3", os.path.abspath(__file__)] + sys.argv[1:] + [
+               "--resume", str(done), "--host-failures", ",".join(failures) or "none"]
+        status = subprocess.call(cmd)
+        if status in (125, 126) and len(failures) < args.host_retries:
+            failures.append({125: "crashed", 126: "froze"}[status] + f" after {done} runs")
+            say(f"the SVM host {failures[-1].split(' ')[0]}: a new boot resumes at run {done + 1}")
+            continue
+        return status
+
+
 def main():
     args = parse()
     if os.environ.get("SVM_HOST") != "1":
-        # Boot the host and run again inside it; its exit status (125 or
-        # 126 for the host's own failures, 124 for a hang) comes back.
-        limit = (args.runs * len(args.kinds.split(",")) * args.limit) + 2 * 1800 + 600
-        cmd = ["bash", os.path.join(REPO, "scripts", "svm-host.sh"), "--timeout", str(limit),
-               "python3", os.path.abspath(__file__)] + sys.argv[1:]
-        os.execvp("bash", cmd)
-    if not os.path.exists(args.ferry):
-        say(f"no {args.ferry}: build it first (cargo build --release)")
-        return 2
+        return outside(args)
+    for kind in args.kinds.split(","):
+        need = args.minivmm if kind.startswith("linux") else args.ferry
+        if not os.path.exists(need):
+            say(f"no {need}: build it first (cargo build --release)")
+            return 2
     return inside(args)
 
 
