@@ -107,8 +107,17 @@ def main():
           "svm-freeze: no KASLR offset on the console: addresses unnamed")
     print(cpus)
     for idx in re.findall(r"CPU #(\d+)", cpus) or ["0"]:
-        out = monitor(sock, [f"cpu {idx}", "info registers", "x/48gx $rsp"])
-        regs, stack = out[1][1], out[2][1]
+        out = monitor(sock, [f"cpu {idx}", "info registers"])
+        regs = out[1][1]
+        rsp = re.search(r"RSP=([0-9a-f]+)", regs)
+        # Two seconds on: a CPU stuck on one instruction, or still running
+        # (in the nested guest, its mode says: EFER.SVME and CPL); and the
+        # host's LAPIC, whose timer interrupt should end a nested guest's
+        # run (an interrupt left in its IRR means the exit never came).
+        time.sleep(2)
+        later = monitor(sock, [f"cpu {idx}", "info registers", "info lapic",
+                               f"x/48gx 0x{rsp.group(1) if rsp else '0'}"])
+        regs_later, lapic, stack = later[1][1], later[2][1], later[3][1]
         rip = re.search(r"RIP=([0-9a-f]+)", regs)
         hflags = re.search(r"HLT=(\d)", regs)
         print(f"--- outer vCPU {idx}")
@@ -117,6 +126,10 @@ def main():
             r = int(rip.group(1), 16)
             print(f"RIP {r:#x} = {label(r) or '(not kernel text)'}"
                   f"{', halted' if hflags and hflags.group(1) == '1' else ''}")
+        rip_later = re.search(r"RIP=[0-9a-f]+.*", regs_later)
+        print(f"2 s later: {rip_later.group(0) if rip_later else regs_later[:200]}")
+        print("the host's LAPIC (info lapic):")
+        print(lapic)
         print("its stack:")
         print(stack)
         print("kernel text on its stack (a rough backtrace, innermost first):")

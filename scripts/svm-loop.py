@@ -192,8 +192,11 @@ def outside(args):
                "--resume", str(done), "--host-failures", ",".join(failures) or "none"]
         status = subprocess.call(cmd)
         if status in (125, 126) and len(failures) < args.host_retries:
-            failures.append({125: "crashed", 126: "froze"}[status] + f" after {done} runs")
-            say(f"the SVM host {failures[-1].split(' ')[0]}: a new boot resumes at run {done + 1}")
+            with open(journal) as j:
+                done = sum(1 for line in j if line.strip())
+            how = {125: "crashed", 126: "froze"}[status]
+            failures.append(f"{how} after {done} runs")
+            say(f"the SVM host {how}: a new boot resumes at run {done + 1}")
             continue
         return status
 
