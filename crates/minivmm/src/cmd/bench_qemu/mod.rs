@@ -286,14 +286,7 @@ fn bench_qemu(a: QemuArgs) -> Result<(), String> {
                 report::brief(&ferry),
                 limit.as_secs()
             );
-            fresh_disk(&guest.disk)?;
-            let qemu = qemu::run(&a.qemu, &guest, cell, limit, &dir);
-            eprintln!(
-                "minivmm bench qemu: {} (run {run}): QEMU {}",
-                cell.name,
-                report::brief(&qemu)
-            );
-            results.push(CellResult {
+            let result = |qemu: Side| CellResult {
                 cell: cell.name.into(),
                 run,
                 guest_mib: a.mem_mib,
@@ -307,9 +300,26 @@ fn bench_qemu(a: QemuArgs) -> Result<(), String> {
                 rate_mib_s: cell.rate_mib_s,
                 bandwidth_mib_s: cell.bandwidth_mib_s,
                 downtime_limit_ms: cell.downtime_ms,
-                ferry,
+                ferry: ferry.clone(),
                 qemu,
-            });
+            };
+            // ferry's side on record before QEMU's run: the emulated host
+            // has frozen under QEMU's run too (docs/svm-host.md).
+            let pending = Side {
+                error: Some(QEMU_PENDING.into()),
+                ..Side::default()
+            };
+            results.push(result(pending));
+            report::write(&results, &a.out, false)?;
+            results.pop();
+            fresh_disk(&guest.disk)?;
+            let qemu = qemu::run(&a.qemu, &guest, cell, limit, &dir);
+            eprintln!(
+                "minivmm bench qemu: {} (run {run}): QEMU {}",
+                cell.name,
+                report::brief(&qemu)
+            );
+            results.push(result(qemu));
             // After each cell, so that a host that dies later leaves what
             // was measured.
             report::write(&results, &a.out, false)?;
@@ -318,6 +328,10 @@ fn bench_qemu(a: QemuArgs) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(&scratch);
     report::write(&results, &a.out, a.json)
 }
+
+/// What the report says of a QEMU run that has not ended: it stays so
+/// only if the host failed during it.
+const QEMU_PENDING: &str = "not measured: QEMU's run did not end (the SVM host failed during it)";
 
 /// A fresh 8 MiB disk image for the checker's records.
 fn fresh_disk(path: &Path) -> Result<(), String> {

@@ -77,12 +77,12 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
                 s.source_write_mib_s
                     .map_or("-".into(), |r| format!("{r:.1}")),
                 s.checker_mismatches.map_or("-".into(), |m| m.to_string()),
-                if first {
+                if first || r.qemu.error.is_some() {
                     String::new()
                 } else {
                     ratio(r.ferry.total(), r.qemu.total())
                 },
-                if first {
+                if first || r.qemu.error.is_some() {
                     String::new()
                 } else {
                     ratio(r.ferry.guest_pause_ms, r.qemu.guest_pause_ms)
