@@ -16,7 +16,7 @@ use crate::linux::SLEEP_PORT;
 use crate::Devices;
 use ferry_engine::vmm::{catch_panic, throttle_sleep};
 use kvm_ioctls::{VcpuExit, VcpuFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -56,6 +56,8 @@ struct Shared {
     /// The thread's kernel id (0 until it starts), for reports.
     tid: AtomicU32,
     throttle: AtomicU8,
+    /// Whether a kicker thread runs for the throttle (see `set_throttle`).
+    kicker: AtomicBool,
     devices: Arc<Devices>,
 }
 
@@ -86,6 +88,7 @@ impl Vcpu {
             pthread: AtomicU64::new(0),
             tid: AtomicU32::new(0),
             throttle: AtomicU8::new(0),
+            kicker: AtomicBool::new(false),
             devices,
         });
         let s = Arc::clone(&shared);
@@ -148,12 +151,7 @@ impl Vcpu {
     }
 
     fn kick(&self) {
-        let thread = self.shared.pthread.load(Ordering::Acquire);
-        if thread != 0 {
-            // The thread set its own id; dropping this Vcpu joins it after the last kick.
-            // SAFETY: the pthread id is of a thread that is still alive.
-            unsafe { libc::pthread_kill(thread as libc::pthread_t, kick_signal()) };
-        }
+        kick(&self.shared);
     }
 
     /// Why the vCPU stopped on its own, if it did.
@@ -164,17 +162,64 @@ impl Vcpu {
         }
     }
 
-    /// Runs the vCPU only `100 − percent`% of the time.
+    /// Runs the vCPU only `100 − percent`% of the time. The vCPU takes its
+    /// sleep when KVM_RUN returns, which it does only on an exit the guest
+    /// causes: a guest that computes (a Linux guest, its interrupts in the
+    /// in-kernel irqchip) may not exit for seconds. So while throttled it
+    /// is kicked out every slice by a thread of its own.
     pub fn set_throttle(&self, percent: u8) {
-        self.shared
-            .throttle
-            .store(percent.min(99), Ordering::Relaxed);
+        let pct = percent.min(99);
+        self.shared.throttle.store(pct, Ordering::Relaxed);
+        if pct == 0 || self.shared.kicker.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let s = Arc::clone(&self.shared);
+        let spawned = std::thread::Builder::new()
+            .name("minivmm-throttle".into())
+            .spawn(move || kick_while_throttled(&s));
+        if spawned.is_err() {
+            // Unkicked, the throttle still acts at the guest's own exits.
+            self.shared.kicker.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// Kicks the vCPU out of KVM_RUN every slice while it is throttled, then
+/// ends (and starts again if a throttle came back meanwhile).
+fn kick_while_throttled(s: &Shared) {
+    loop {
+        while s.throttle.load(Ordering::Relaxed) > 0 && s.want.load(Ordering::Acquire) != EXIT {
+            kick(s);
+            std::thread::sleep(SLICE);
+        }
+        s.kicker.store(false, Ordering::Release);
+        let again = s.throttle.load(Ordering::Relaxed) > 0
+            && s.want.load(Ordering::Acquire) != EXIT
+            && !s.kicker.swap(true, Ordering::AcqRel);
+        if !again {
+            return;
+        }
+    }
+}
+
+fn kick(s: &Shared) {
+    let thread = s.pthread.load(Ordering::Acquire);
+    if thread != 0 {
+        // The thread set its own id; dropping the Vcpu stops the kicker,
+        // then joins the thread after the last kick.
+        // SAFETY: the pthread id is of a thread that is still alive.
+        unsafe { libc::pthread_kill(thread as libc::pthread_t, kick_signal()) };
     }
 }
 
 impl Drop for Vcpu {
     fn drop(&mut self) {
+        // The kicker first: no kick may follow the thread's end.
+        self.shared.throttle.store(0, Ordering::Relaxed);
         self.shared.want.store(EXIT, Ordering::Release);
+        while self.shared.kicker.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         {
             let _state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
             self.shared.changed.notify_all();
