@@ -12,10 +12,12 @@
 //!
 //! Needs /dev/kvm; prints a skip line where it is absent.
 
+mod common;
+use common::wait_for_passes;
 use ferry_kvm::require_kvm;
 use ferry_kvm::DirtyTracking;
 use ferry_kvm_memstress::{KvmVm, Role};
-use ferry_memstress::{self as memstress, read_progress, MemoryLayout};
+use ferry_memstress::{self as memstress, MemoryLayout};
 use ferry_memstress::{VmConfig, Workload};
 use ferry_vm::capability::{DirtyLog as _, DirtyMeter as _};
 use ferry_vm::{Backing, DirtyPages, Gpa, Vm, PAGE_SIZE};
@@ -46,7 +48,7 @@ fn readers_dirty_only_their_progress_records_and_the_page_tables_they_walk() {
     };
     let mut vm = KvmVm::new(config, DirtyTracking::Ring { entries: 4096 }, Role::Source).unwrap();
     vm.start().unwrap();
-    wait_for_a_pass(&vm);
+    wait_for_passes(&vm, 1);
     vm.start_dirty_log().unwrap();
     let mut first = DirtyPages::new(vm.ram().pages());
     vm.harvest_dirty(&mut first).unwrap();
@@ -101,17 +103,4 @@ fn readers_dirty_only_their_progress_records_and_the_page_tables_they_walk() {
         unexpected.is_empty(),
         "readers dirtied pages that are neither page tables nor progress records: {unexpected:?}"
     );
-}
-
-fn wait_for_a_pass(vm: &KvmVm) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        vm.check_health().expect("vCPUs healthy");
-        let p = read_progress(vm.ram(), 2).unwrap();
-        if p.iter().all(|v| v.passes >= 1) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "guest made no progress: {p:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }

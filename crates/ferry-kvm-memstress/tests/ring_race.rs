@@ -10,10 +10,11 @@
 //!
 //! Needs /dev/kvm; prints a skip line where it is absent.
 
+mod common;
+use common::wait_for_passes;
 use ferry_kvm::require_kvm;
 use ferry_kvm::DirtyTracking;
 use ferry_kvm_memstress::{KvmVm, Role};
-use ferry_memstress::read_progress;
 use ferry_memstress::{VmConfig, Workload};
 use ferry_vm::capability::{DirtyLog as _, DirtyMeter as _};
 use ferry_vm::{Backing, DirtyPages, Gfn, Quota, Vm, PAGE_SIZE};
@@ -40,7 +41,7 @@ fn harvests_racing_the_quota_meter_lose_no_write() {
     };
     let mut vm = KvmVm::new(config, DirtyTracking::Ring { entries: 65536 }, Role::Source).unwrap();
     vm.start().unwrap();
-    wait_for_a_pass(&vm);
+    wait_for_passes(&vm, 1);
     vm.start_dirty_log().unwrap();
     // A quota no vCPU can exhaust: the meter reads the rings every tick and
     // never puts a vCPU to sleep.
@@ -87,17 +88,4 @@ fn copy_dirty(vm: &mut KvmVm, copy: &mut [u8]) -> u64 {
             .unwrap();
     }
     dirty.count()
-}
-
-fn wait_for_a_pass(vm: &KvmVm) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        vm.check_health().expect("vCPUs healthy");
-        let p = read_progress(vm.ram(), 2).unwrap();
-        if p.iter().all(|v| v.passes >= 1) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "guest made no progress: {p:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
