@@ -144,8 +144,14 @@ pub struct Side {
     /// MiB/s (from its lines after the third, when the move starts): the
     /// dirty rate the guest reached, against the one it was asked for.
     pub source_write_mib_s: Option<f64>,
-    /// QEMU's throttle at the end, in percent.
+    /// QEMU's highest throttle while it ran, in percent (its
+    /// `cpu-throttle-percentage`, polled).
     pub throttle_pct: Option<u64>,
+    /// What QEMU sent over its run, in MiB/s (`ram.transferred` over
+    /// `total-time`): whether the cap held on its side.
+    pub link_mib_s: Option<f64>,
+    /// QEMU's dirty-bitmap syncs (`ram.dirty-sync-count`): its rounds.
+    pub syncs: Option<u64>,
     /// The limit this side ran under, in seconds (QEMU's).
     pub limit_s: Option<f64>,
     pub error: Option<String>,

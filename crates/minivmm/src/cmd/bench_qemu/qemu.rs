@@ -239,6 +239,8 @@ fn migrate(
                 super::process_threads(&pid)
             )
         })?;
+        let pct = info["cpu-throttle-percentage"].as_u64();
+        side.throttle_pct = side.throttle_pct.max(pct);
         match info["status"].as_str() {
             Some("completed") => break info,
             Some("failed") | Some("cancelled") => {
@@ -251,7 +253,6 @@ fn migrate(
         }
         if started.elapsed() > limit {
             let _ = qmp.cmd("migrate_cancel", json!({}));
-            side.throttle_pct = info["cpu-throttle-percentage"].as_u64();
             return Err(format!(
                 "did not converge within its limit of {} s (throttle at {}%, {} MiB remaining)",
                 limit.as_secs(),
@@ -265,7 +266,11 @@ fn migrate(
     side.converged = true;
     side.total_ms = info["total-time"].as_f64();
     side.downtime_ms = info["downtime"].as_f64();
-    side.throttle_pct = info["cpu-throttle-percentage"].as_u64();
+    side.syncs = info["ram"]["dirty-sync-count"].as_u64();
+    side.link_mib_s = match (info["ram"]["transferred"].as_f64(), side.total_ms) {
+        (Some(bytes), Some(ms)) if ms > 0.0 => Some(bytes / (ms / 1e3) / (1 << 20) as f64),
+        _ => None,
+    };
     let _ = qmp.cmd("quit", json!({}));
     // The guest runs on at the destination, told that it moved; its
     // checker then powers it off, and QEMU exits.

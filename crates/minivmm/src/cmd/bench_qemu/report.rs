@@ -100,6 +100,20 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
     }
     t.note("QEMU: -accel kvm, microvm with ACPI, auto-converge, migrate tcp: over loopback; its limit is max(5x ferry's total, 300 s)");
     for r in results {
+        let q = &r.qemu;
+        if q.link_mib_s.is_some() || q.throttle_pct.is_some() {
+            t.note(format!(
+                "{} run {}, QEMU: sent {} MiB/s over its run (the cap: {} MiB/s), {} syncs, throttle up to {}%",
+                r.cell,
+                r.run,
+                q.link_mib_s.map_or("-".into(), |v| format!("{v:.1}")),
+                r.bandwidth_mib_s,
+                q.syncs.map_or("-".into(), |v| v.to_string()),
+                q.throttle_pct.map_or("-".into(), |v| v.to_string()),
+            ));
+        }
+    }
+    for r in results {
         for (name, s) in [("ferry", &r.ferry), ("QEMU", &r.qemu)] {
             if let Some(e) = &s.error {
                 t.note(format!("{} run {}, {name}: {e}", r.cell, r.run));
