@@ -80,14 +80,6 @@ pub fn first_gaps(text: &str, n: usize) -> Option<f64> {
         .reduce(f64::max)
 }
 
-/// The kernel's panic line on `console`, if it panicked.
-fn kernel_panic(console: &str) -> Option<&str> {
-    console
-        .lines()
-        .find(|l| l.contains("Kernel panic - not syncing"))
-        .map(str::trim)
-}
-
 /// Why the run failed, if it did: the migration's error, the
 /// destination's, or the guest's end.
 fn first_error(
@@ -102,7 +94,7 @@ fn first_error(
     if !completed {
         return Some(format!("the migration ended {}", e.source["status"]));
     }
-    if let Some(panic) = kernel_panic(&e.destination_console) {
+    if let Some(panic) = super::linux_run::panic_line(&e.destination_console) {
         let then = match (e.destination["health"].as_str(), guest_exit) {
             // The destination saw the panic itself and stopped the guest.
             (Some(h), _) if h.contains(super::linux_run::PANIC_LINE) => {

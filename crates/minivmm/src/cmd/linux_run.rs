@@ -28,10 +28,9 @@ pub fn wait_for_checker(
             return Err(format!("the guest ended ({exit:?}) before its checker ran"));
         }
         let text = std::fs::read_to_string(console).unwrap_or_default();
-        if let Some(line) = text.lines().find(|l| l.contains(PANIC_LINE)) {
+        if let Some(line) = panic_line(&text) {
             return Err(format!(
-                "the guest's kernel panicked before its checker ran: {}",
-                line.trim()
+                "the guest's kernel panicked before its checker ran: {line}"
             ));
         }
         let seen = minivmm::checks::linux_console(&text).lines.lines;
@@ -86,6 +85,11 @@ pub struct PanicWatch {
 /// What Linux prints as it panics (`panic()`), whatever the cause.
 pub const PANIC_LINE: &str = "Kernel panic - not syncing";
 
+/// The kernel's panic line in console text, if it panicked.
+pub fn panic_line(text: &str) -> Option<&str> {
+    text.lines().find(|l| l.contains(PANIC_LINE)).map(str::trim)
+}
+
 impl PanicWatch {
     pub fn new(console: Option<&Path>) -> Self {
         PanicWatch {
@@ -103,11 +107,7 @@ impl PanicWatch {
         let mut new = Vec::new();
         self.read += file.read_to_end(&mut new).ok()? as u64;
         self.partial.push_str(&String::from_utf8_lossy(&new));
-        let found = self
-            .partial
-            .lines()
-            .find(|l| l.contains(PANIC_LINE))
-            .map(|l| l.trim().to_string());
+        let found = panic_line(&self.partial).map(String::from);
         let keep = self.partial.rfind('\n').map_or(0, |i| i + 1);
         self.partial.drain(..keep);
         found
