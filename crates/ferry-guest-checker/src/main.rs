@@ -30,13 +30,15 @@
 //! the environment (`CHECKER_MIB`) when it is not there. The workspace
 //! builds it as a static binary, so the initramfs needs nothing else.
 
+mod console;
 mod disk;
 mod kmsg;
 mod pattern;
 mod pid1;
 
+use console::say;
 use ferry_guest_checker::line::{Line, BOOT_WARNING_PREFIX, DONE_PREFIX, WARNING_PREFIX};
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -70,19 +72,12 @@ fn number(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Prints a line on the console; a console that fails is no reason to
-/// stop checking (and init may not exit).
-fn say(text: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{text}");
-    let _ = out.flush();
-}
-
 fn main() {
     let init = std::process::id() == 1;
     if init {
         pid1::mount_basics();
     }
+    console::stop_echo();
     let mib = number("mib", 64);
     let secs = number("secs", 0);
     let after_move = number("after_move", 10);

@@ -21,7 +21,9 @@ pub fn is_warning(line: &str) -> bool {
         && ["unstable", "skew", "watchdog"]
             .iter()
             .any(|w| line.contains(w));
-    let notice = line.contains("Speculative Return Stack Overflow: WARNING: See");
+    // The command line echoes its parameters (`rcupdate.rcu_cpu_stall_cputime=1`).
+    let cmdline = line.contains("Command line:") || line.contains("command line:");
+    let notice = cmdline || line.contains("Speculative Return Stack Overflow: WARNING: See");
     !notice && (rcu || clock || ALWAYS.iter().any(|w| line.contains(w)))
 }
 
@@ -46,6 +48,9 @@ mod tests {
         ));
         assert!(!is_warning(
             "clocksource: Switched to clocksource kvm-clock"
+        ));
+        assert!(!is_warning(
+            "Kernel command line: console=ttyS0 rcupdate.rcu_cpu_stall_cputime=1"
         ));
         assert!(!is_warning(
             "Speculative Return Stack Overflow: WARNING: See https://kernel.org/doc/srso.html"

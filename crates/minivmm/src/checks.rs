@@ -128,7 +128,13 @@ pub struct LinuxConsole {
     /// started (`checker-boot-warning:`): they come from the machine the
     /// guest was given, not from a migration.
     pub boot_warnings: Vec<String>,
+    /// The first checker lines that failed to parse or went backwards,
+    /// verbatim: what a failed run shows so its cause can be read.
+    pub bad_lines: Vec<String>,
 }
+
+/// How many bad lines a [`LinuxConsole`] keeps.
+const BAD_LINES_KEPT: usize = 5;
 
 /// Reads a Linux guest's console `text` (the source's output followed by
 /// the destination's): the kernel's lines and the init script's are not
@@ -159,23 +165,29 @@ pub fn linux_console(text: &str) -> LinuxConsole {
                 .map(|(_, k)| k.trim().to_string());
             continue;
         }
+        let mut bad = |c: &mut ConsoleCheck| {
+            c.bad += 1;
+            if out.bad_lines.len() < BAD_LINES_KEPT {
+                out.bad_lines.push(raw.trim_end().to_string());
+            }
+        };
         if let Some(rest) = raw.strip_prefix(DONE_PREFIX) {
             out.done = true;
             match Line::parse(rest) {
                 Some(Ok(l)) => out.last = Some(l),
-                _ => c.bad += 1,
+                _ => bad(c),
             }
             continue;
         }
         match Line::parse(raw) {
             None if is_warning(raw) => kernel_lines.push(raw.trim().to_string()),
             None => {}
-            Some(Err(_)) => c.bad += 1,
+            Some(Err(_)) => bad(c),
             Some(Ok(l)) => {
                 c.lines += 1;
                 match last_seq {
                     Some(prev) if l.seq == prev => c.doubled += 1,
-                    Some(prev) if l.seq < prev => c.bad += 1,
+                    Some(prev) if l.seq < prev => bad(c),
                     Some(prev) => c.lost += l.seq - prev - 1,
                     None => {}
                 }
@@ -267,6 +279,11 @@ mod tests {
         // A garbled checker line is bad.
         let garbled = l(1).replace("pages=0", "pages=9");
         assert_eq!(linux_console(&garbled).lines.bad, 1);
+        // A line cut by other output is bad, and kept to be read.
+        let cut = l(1).replace('\n', "moved\n");
+        let c = linux_console(&cut);
+        assert_eq!(c.lines.bad, 1);
+        assert_eq!(c.bad_lines, [cut.trim_end()]);
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub fn summarize(mode: &str, vcpus: u32, e: &Ends) -> (Value, bool) {
         "console_lines_lost": console.lines.lost,
         "console_lines_doubled": console.lines.doubled,
         "console_lines_bad": console.lines.bad,
+        "console_bad_lines": console.bad_lines,
         "blk_requests": disk.requests,
         "blk_requests_lost": disk.lost,
         "blk_requests_doubled": disk.doubled,
