@@ -3,7 +3,7 @@
 //! ```text
 //!   KvmVm ── GuestRam (2 slots: system, data) ── KVM memslots
 //!     ├── vCPU threads (vcpu.rs): KVM_RUN loop, paused by signal
-//!     ├── throttle.rs: the percent throttle, dirty limit and quota, one thread
+//!     ├── ferry_kvm::throttle: the percent throttle, dirty limit and quota
 //!     └── guest/: memstress x86-64 code, booted at CPL3
 //! ```
 //!
@@ -15,7 +15,6 @@
 
 pub mod error;
 pub mod guest;
-mod throttle;
 mod vcpu;
 pub mod vm;
 

@@ -11,6 +11,7 @@
 
 use ferry_kvm::dirty::ring::DirtyRing;
 use ferry_kvm::dirty::EXIT_DIRTY_RING_FULL;
+use ferry_kvm::throttle::{ThrottleSlot, Throttled};
 use ferry_memstress::{progress, MemoryLayout, SLEEP_PORT};
 use ferry_vm::GuestRam;
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -78,12 +79,8 @@ pub(crate) struct VcpuShared {
     pthread: AtomicU64,
     /// The thread's kernel id (0 until it starts), for reports.
     pub tid: AtomicU32,
-    /// Nanoseconds the vCPU must sleep at its next kick (time throttling).
-    pub throttle_ns: AtomicU64,
-    /// Throttle sleeps taken so far.
-    pub throttle_sleeps: AtomicU64,
-    /// Nanoseconds spent in throttle sleeps so far.
-    pub throttled_ns: AtomicU64,
+    /// The sleep the throttle leaves it, and those taken.
+    pub slot: ThrottleSlot,
     pub fd: Mutex<VcpuFd>,
     pub ring: Option<Arc<DirtyRing>>,
     want: AtomicU8,
@@ -121,9 +118,7 @@ impl VcpuThread {
             sleeper,
             pthread: AtomicU64::new(0),
             tid: AtomicU32::new(0),
-            throttle_ns: AtomicU64::new(0),
-            throttle_sleeps: AtomicU64::new(0),
-            throttled_ns: AtomicU64::new(0),
+            slot: ThrottleSlot::default(),
             fd: Mutex::new(fd),
             ring,
             want: AtomicU8::new(WANT_PAUSE),
@@ -226,6 +221,21 @@ impl VcpuShared {
     }
 }
 
+impl Throttled for VcpuShared {
+    fn is_running(&self) -> bool {
+        VcpuShared::is_running(self)
+    }
+    fn kick(&self) {
+        VcpuShared::kick(self)
+    }
+    fn slot(&self) -> &ThrottleSlot {
+        &self.slot
+    }
+    fn ring(&self) -> Option<&DirtyRing> {
+        self.ring.as_deref()
+    }
+}
+
 impl Drop for VcpuThread {
     fn drop(&mut self) {
         {
@@ -244,14 +254,9 @@ impl Drop for VcpuThread {
 
 /// Sleeps the throttle share the throttler left for this vCPU, if any.
 fn throttle_sleep(shared: &VcpuShared) {
-    let ns = shared.throttle_ns.swap(0, Ordering::AcqRel);
-    if ns > 0 {
-        shared.throttle_sleeps.fetch_add(1, Ordering::Relaxed);
-        let start = Instant::now();
-        sleep_while_running(Duration::from_nanos(ns), &shared.want);
-        let slept = start.elapsed().as_nanos() as u64;
-        shared.throttled_ns.fetch_add(slept, Ordering::Relaxed);
-    }
+    shared
+        .slot
+        .take(|| shared.want.load(Ordering::Acquire) == WANT_RUN);
 }
 
 fn set_state(shared: &VcpuShared, new: VcpuState) {

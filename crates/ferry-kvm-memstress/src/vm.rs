@@ -3,7 +3,6 @@
 
 use crate::error::KvmVmError;
 use crate::guest::boot::{self, Program};
-use crate::throttle::Throttler;
 use crate::vcpu::{Sleeper, VcpuState, VcpuThread};
 use ferry_kvm::cpu_check::{CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{
@@ -13,6 +12,7 @@ use ferry_kvm::dirty::ring::{DirtyRing, RingPages};
 use ferry_kvm::dirty::{DirtyLog, DirtyTracking};
 use ferry_kvm::error::{ioctl, KvmError};
 use ferry_kvm::memory::set_slot_logging;
+use ferry_kvm::throttle::{Throttled, Throttler};
 use ferry_memstress::VmConfig;
 use ferry_vm::capability;
 use ferry_vm::{DirtyMeter, DirtyPages, GuestRam, HarvestStats, Quota, TimeThrottle, Vm, VmError};
@@ -282,14 +282,7 @@ impl KvmVm {
 
     /// Throttle sleeps each vCPU has taken (for tests and reports).
     pub fn throttle_sleeps(&self) -> Vec<u64> {
-        self.vcpus
-            .iter()
-            .map(|v| {
-                v.shared
-                    .throttle_sleeps
-                    .load(std::sync::atomic::Ordering::Relaxed)
-            })
-            .collect()
+        self.vcpus.iter().map(|v| v.shared.slot.sleeps()).collect()
     }
 
     /// Refuses `what` unless each vCPU's dirty ring can meter it.
@@ -309,7 +302,11 @@ impl KvmVm {
     /// The VM's throttle thread, started on first use.
     fn throttler(&mut self) -> Result<&Throttler, VmError> {
         if self.throttler.is_none() {
-            let shared = self.vcpus.iter().map(|v| Arc::clone(&v.shared)).collect();
+            let shared = self
+                .vcpus
+                .iter()
+                .map(|v| Arc::clone(&v.shared) as Arc<dyn Throttled>)
+                .collect();
             self.throttler = Some(Throttler::start(shared).map_err(KvmVmError::ThrottleThread)?);
         }
         Ok(self.throttler.as_ref().expect("started above"))
@@ -520,16 +517,7 @@ impl TimeThrottle for KvmVm {
     }
 
     fn throttled(&self) -> Vec<std::time::Duration> {
-        self.vcpus
-            .iter()
-            .map(|v| {
-                let ns = v
-                    .shared
-                    .throttled_ns
-                    .load(std::sync::atomic::Ordering::Relaxed);
-                std::time::Duration::from_nanos(ns)
-            })
-            .collect()
+        self.vcpus.iter().map(|v| v.shared.slot.slept()).collect()
     }
 }
 

@@ -13,6 +13,8 @@
 //!               guest code natively in
 //!   host:       whether /dev/kvm is here, for a VMM's tests
 //!   stopped:    where a vCPU was when it stopped on its own, in one line
+//!   throttle:   the one vCPU throttle (time, dirty quota, dirty limit):
+//!               a thread that kicks vCPUs out with a sleep to take
 //! ```
 //!
 //! Nothing here knows a guest program: ferry's own memstress VM
@@ -29,6 +31,7 @@ pub mod host;
 pub mod ioctls;
 pub mod memory;
 pub mod stopped;
+pub mod throttle;
 
 pub use dirty::DirtyTracking;
 pub use error::KvmError;

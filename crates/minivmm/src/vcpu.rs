@@ -10,23 +10,29 @@
 //! `immediate_exit` set: KVM completes the I/O instruction it last exited
 //! for and returns at once. Without it the saved RIP would still point at
 //! that `out`, and the destination would print the byte again.
+//!
+//! Throttling: the VM's one throttle thread ([`ferry_kvm::throttle`])
+//! kicks the vCPU out with a sleep to take; the thread takes it before its
+//! next `KVM_RUN`. With the dirty ring on, the vCPU's ring is its dirty
+//! meter, and a full ring is drained here before the vCPU runs on.
 
 use crate::layout::{MMIO_BASE, MMIO_SIZE};
 use crate::linux::SLEEP_PORT;
 use crate::Devices;
-use ferry_engine::vmm::{catch_panic, throttle_sleep};
+use ferry_engine::vmm::catch_panic;
+use ferry_kvm::dirty::ring::DirtyRing;
+use ferry_kvm::dirty::{RingFull, EXIT_DIRTY_RING_FULL};
+use ferry_kvm::throttle::{ThrottleSlot, Throttled};
 use kvm_ioctls::{VcpuExit, VcpuFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
 const RUN: u8 = 0;
 const PAUSE: u8 = 1;
 const EXIT: u8 = 2;
-/// How often a throttled vCPU is kicked out to take its sleep.
-const SLICE: Duration = Duration::from_millis(10);
 
 /// Where the thread is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,7 +53,8 @@ enum Stop {
     GuestOff,
 }
 
-struct Shared {
+/// What the vCPU's thread and the VM's throttle thread share.
+pub struct Shared {
     fd: Mutex<VcpuFd>,
     want: AtomicU8,
     state: Mutex<State>,
@@ -55,9 +62,10 @@ struct Shared {
     pthread: AtomicU64,
     /// The thread's kernel id (0 until it starts), for reports.
     tid: AtomicU32,
-    throttle: AtomicU8,
-    /// Whether a kicker thread runs for the throttle (see `set_throttle`).
-    kicker: AtomicBool,
+    /// The sleep the throttle leaves it, and those taken.
+    slot: ThrottleSlot,
+    /// Its dirty ring, where the VM tracks dirty pages by ring.
+    ring: Option<RingFull>,
     devices: Arc<Devices>,
 }
 
@@ -74,8 +82,14 @@ fn kick_signal() -> libc::c_int {
 }
 
 impl Vcpu {
-    /// Spawns the thread for vCPU `index`, `fd`, parked.
-    pub fn spawn(index: u32, fd: VcpuFd, devices: Arc<Devices>) -> std::io::Result<Self> {
+    /// Spawns the thread for vCPU `index`, `fd` (with its dirty `ring`,
+    /// if any), parked.
+    pub fn spawn(
+        index: u32,
+        fd: VcpuFd,
+        ring: Option<RingFull>,
+        devices: Arc<Devices>,
+    ) -> std::io::Result<Self> {
         static HANDLER: Once = Once::new();
         HANDLER.call_once(|| {
             register_signal_handler(kick_signal(), on_kick).expect("a real-time signal");
@@ -87,8 +101,8 @@ impl Vcpu {
             changed: Condvar::new(),
             pthread: AtomicU64::new(0),
             tid: AtomicU32::new(0),
-            throttle: AtomicU8::new(0),
-            kicker: AtomicBool::new(false),
+            slot: ThrottleSlot::default(),
+            ring,
             devices,
         });
         let s = Arc::clone(&shared);
@@ -162,51 +176,38 @@ impl Vcpu {
         }
     }
 
-    /// Runs the vCPU only `100 − percent`% of the time. The vCPU takes its
-    /// sleep when KVM_RUN returns, which it does only on an exit the guest
-    /// causes: a guest that computes (a Linux guest, its interrupts in the
-    /// in-kernel irqchip) may not exit for seconds. So while throttled it
-    /// is kicked out every slice by a thread of its own.
-    pub fn set_throttle(&self, percent: u8) {
-        let pct = percent.min(99);
-        self.shared.throttle.store(pct, Ordering::Relaxed);
-        if pct == 0 || self.shared.kicker.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let s = Arc::clone(&self.shared);
-        let spawned = std::thread::Builder::new()
-            .name("minivmm-throttle".into())
-            .spawn(move || kick_while_throttled(&s));
-        if spawned.is_err() {
-            // Unkicked, the throttle still acts at the guest's own exits.
-            self.shared.kicker.store(false, Ordering::Release);
-        }
+    /// What the VM's throttle thread acts on.
+    pub fn throttled(&self) -> Arc<dyn Throttled> {
+        Arc::clone(&self.shared) as Arc<dyn Throttled>
+    }
+
+    /// Throttle sleeps taken so far, and their time.
+    pub fn throttle_slot(&self) -> &ThrottleSlot {
+        &self.shared.slot
     }
 }
 
-/// Kicks the vCPU out of KVM_RUN every slice while it is throttled, then
-/// ends (and starts again if a throttle came back meanwhile).
-fn kick_while_throttled(s: &Shared) {
-    loop {
-        while s.throttle.load(Ordering::Relaxed) > 0 && s.want.load(Ordering::Acquire) != EXIT {
-            kick(s);
-            std::thread::sleep(SLICE);
-        }
-        s.kicker.store(false, Ordering::Release);
-        let again = s.throttle.load(Ordering::Relaxed) > 0
-            && s.want.load(Ordering::Acquire) != EXIT
-            && !s.kicker.swap(true, Ordering::AcqRel);
-        if !again {
-            return;
-        }
+impl Throttled for Shared {
+    fn is_running(&self) -> bool {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) == State::Running
+    }
+    fn kick(&self) {
+        kick(self)
+    }
+    fn slot(&self) -> &ThrottleSlot {
+        &self.slot
+    }
+    fn ring(&self) -> Option<&DirtyRing> {
+        self.ring.as_ref().map(RingFull::ring)
     }
 }
 
 fn kick(s: &Shared) {
     let thread = s.pthread.load(Ordering::Acquire);
     if thread != 0 {
-        // The thread set its own id; dropping the Vcpu stops the kicker,
-        // then joins the thread after the last kick.
+        // The thread set its own id; the VM drops its throttle thread (the
+        // only other kicker) before its vCPUs, and a Vcpu joins the thread
+        // after its own last kick.
         // SAFETY: the pthread id is of a thread that is still alive.
         unsafe { libc::pthread_kill(thread as libc::pthread_t, kick_signal()) };
     }
@@ -214,12 +215,7 @@ fn kick(s: &Shared) {
 
 impl Drop for Vcpu {
     fn drop(&mut self) {
-        // The kicker first: no kick may follow the thread's end.
-        self.shared.throttle.store(0, Ordering::Relaxed);
         self.shared.want.store(EXIT, Ordering::Release);
-        while self.shared.kicker.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
         {
             let _state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
             self.shared.changed.notify_all();
@@ -283,14 +279,18 @@ fn run(s: &Shared) {
 
 fn run_until_asked(s: &Shared) -> Result<Stop, String> {
     let mut fd = s.fd.lock().unwrap_or_else(|e| e.into_inner());
-    let mut slice_start = Instant::now();
-    while s.want.load(Ordering::Acquire) == RUN {
-        let pct = s.throttle.load(Ordering::Relaxed);
-        if pct > 0 && slice_start.elapsed() >= SLICE {
-            std::thread::sleep(throttle_sleep(pct));
-            slice_start = Instant::now();
-        }
+    let running = || s.want.load(Ordering::Acquire) == RUN;
+    while running() {
+        // A kick that came outside KVM_RUN (while an exit was served)
+        // left its sleep here: take it now, not a period late.
+        s.slot.take(running);
         match fd.run() {
+            Ok(VcpuExit::Unsupported(EXIT_DIRTY_RING_FULL)) => {
+                if let Some(ring) = &s.ring {
+                    ring.drain()
+                        .map_err(|e| format!("draining the dirty ring: {e}"))?;
+                }
+            }
             Ok(VcpuExit::IoOut(port, data)) => {
                 if let Some((console, offset)) = s.devices.console_at(port) {
                     lock(console).write(offset, data[0]);

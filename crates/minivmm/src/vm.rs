@@ -10,12 +10,13 @@ use crate::serial::{self, Console, ConsoleOut};
 use crate::vcpu::Vcpu;
 use crate::{boot, layout, memory, Devices};
 use ferry_engine::vmm::{
-    Backing, DeviceUserfaultfd, DirtySource, GuestRam, Lifecycle, OutputGate, Section, SectionSpec,
-    TimeThrottle, VcpuState, Vm, VmError, PAGE_SIZE,
+    Backing, DeviceUserfaultfd, DirtyMeter, DirtySource, GuestRam, Lifecycle, OutputGate, Quota,
+    Section, SectionSpec, TimeThrottle, VcpuState, Vm, VmError, PAGE_SIZE,
 };
 use ferry_kvm::cpu_check::{CpuCheckError, CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{self, Snapshot, VcpuContext, VmDevices, XsaveKind};
 use ferry_kvm::dirty::{DirtyTracking, KvmDirtySource};
+use ferry_kvm::throttle::Throttler;
 use kvm_bindings::{
     kvm_mp_state, kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES,
     KVM_MP_STATE_RUNNABLE, KVM_PIT_SPEAKER_DUMMY,
@@ -26,6 +27,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 use vmm_sys_util::eventfd::EventFd;
 
 /// What the stream header names this VMM.
@@ -83,7 +85,18 @@ pub struct MiniConfig {
     /// in-kernel PIT and ACPI tables ([`crate::linux`]).
     #[serde(default)]
     pub linux: Option<LinuxGuest>,
+    /// Track dirty pages in each vCPU's dirty ring, which meters each
+    /// vCPU's writes: the VM then serves the seed's per-vCPU quota and
+    /// QEMU's dirty limit, not only auto-converge. Where KVM has no ring,
+    /// the VM falls back to the bitmap and says so.
+    #[serde(default = "yes")]
+    pub dirty_ring: bool,
 }
+
+/// Entries in each vCPU's dirty ring: 256 MiB of pages between two
+/// collections (the throttle collects every 5 ms while it meters, a
+/// harvest at least once a round, and a full ring exits to be drained).
+pub const DIRTY_RING_ENTRIES: u32 = 65536;
 
 fn blk_version() -> u32 {
     blk::VERSION
@@ -124,6 +137,7 @@ impl MiniConfig {
             line_every: 8,
             blk_version: blk::VERSION,
             linux: None,
+            dirty_ring: true,
         }
     }
 
@@ -188,6 +202,11 @@ fn kvm(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> MiniVmError {
 /// A minivmm VM: N vCPUs, and for each a serial port and a virtio-blk
 /// disk; one I/O thread serves the disks.
 pub struct MiniVm {
+    /// First, so it is dropped first: it kicks the vCPU threads, which
+    /// must outlive its last kick. Started on first use.
+    throttler: Option<Throttler>,
+    /// Whether each vCPU's dirty ring meters its writes ([`DirtyMeter`]).
+    metered: bool,
     config: MiniConfig,
     vm: Arc<VmFd>,
     ram: Arc<GuestRam>,
@@ -370,6 +389,20 @@ impl MiniVm {
             unsafe { vm.set_user_memory_region(region) }
                 .map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
         }
+        // The ring must be enabled before the first vCPU exists.
+        let dirty_ring = match config.dirty_ring {
+            true => match ferry_kvm::dirty::enable_ring(&vm, DIRTY_RING_ENTRIES) {
+                Ok(enabled) => Some(enabled),
+                Err(e) => {
+                    eprintln!(
+                        "minivmm: no dirty ring ({e}): dirty pages by bitmap, and no per-vCPU \
+                         dirty quota or limit"
+                    );
+                    None
+                }
+            },
+            false => None,
+        };
         let supported = kvm_fd
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
@@ -503,17 +536,33 @@ impl MiniVm {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| MiniVmError::Config(e.to_string()))?;
+        let metered = dirty_ring.is_some();
+        let (log, full) = match dirty_ring {
+            Some(enabled) => {
+                let refs: Vec<&kvm_ioctls::VcpuFd> = fds.iter().collect();
+                let (log, full) =
+                    KvmDirtySource::ring(Arc::clone(&vm), Arc::clone(&ram), &refs, enabled)?;
+                (log, full.into_iter().map(Some).collect())
+            }
+            None => {
+                let bitmap = DirtyTracking::Bitmap;
+                let log = KvmDirtySource::new(bitmap, Arc::clone(&vm), Arc::clone(&ram))?;
+                (log, vec![None; n as usize])
+            }
+        };
         let vcpus = (0..n)
             .zip(fds)
-            .map(|(i, fd)| Vcpu::spawn(i, fd, Arc::clone(&devices)))
+            .zip(full)
+            .map(|((i, fd), ring)| Vcpu::spawn(i, fd, ring, Arc::clone(&devices)))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| MiniVmError::Config(format!("cannot start a vCPU thread: {e}")))?;
-        let log = KvmDirtySource::new(DirtyTracking::Bitmap, Arc::clone(&vm), Arc::clone(&ram))?;
         let mut sources: Vec<Box<dyn DirtySource>> = vec![Box::new(log)];
         if config.fill && config.fill_dirty_log {
             sources.push(Box::new(FillDirtySource::new(Arc::clone(&devices))));
         }
         Ok(MiniVm {
+            throttler: None,
+            metered,
             config,
             vm,
             ram,
@@ -796,6 +845,12 @@ impl Vm for MiniVm {
     fn time_throttle(&mut self) -> Option<&mut dyn TimeThrottle> {
         Some(self)
     }
+    fn dirty_meter(&mut self) -> Option<&mut dyn DirtyMeter> {
+        match self.metered {
+            true => Some(self),
+            false => None,
+        }
+    }
     fn vcpu_state(&mut self) -> Option<&mut dyn VcpuState> {
         Some(self)
     }
@@ -932,11 +987,70 @@ impl VcpuState for MiniVm {
     }
 }
 
+impl MiniVm {
+    /// The VM's throttle thread, started on first use.
+    fn throttler(&mut self) -> Result<&Throttler, VmError> {
+        if self.throttler.is_none() {
+            let vcpus = self.vcpus.iter().map(Vcpu::throttled).collect();
+            let started = Throttler::start(vcpus).map_err(|e| VmError::Operation {
+                backend: VMM_ID.into(),
+                what: "start the throttle thread".into(),
+                source: Some(Box::new(e)),
+            })?;
+            self.throttler = Some(started);
+        }
+        Ok(self.throttler.as_ref().expect("started above"))
+    }
+}
+
+/// Each vCPU runs `100 − percent`% of the time: the throttle thread kicks
+/// it out after each slice with its sleep (a Linux guest, its interrupts
+/// in the in-kernel irqchip, may not exit on its own for seconds).
 impl TimeThrottle for MiniVm {
     fn set_time_throttle(&mut self, percent: u8) -> Result<(), VmError> {
-        for v in &self.vcpus {
-            v.set_throttle(percent);
+        if self.throttler.is_none() && percent == 0 {
+            return Ok(());
         }
+        self.throttler()?.set_percent(percent);
+        Ok(())
+    }
+
+    fn throttled(&self) -> Vec<Duration> {
+        self.vcpus
+            .iter()
+            .map(|v| v.throttle_slot().slept())
+            .collect()
+    }
+}
+
+/// Each vCPU's dirty ring meters its writes (only where the VM has rings:
+/// [`Vm::dirty_meter`] is `None` otherwise).
+impl DirtyMeter for MiniVm {
+    fn dirtied(&self) -> Vec<u64> {
+        self.vcpus
+            .iter()
+            .map(|v| {
+                v.throttled().ring().map_or(0, |r| {
+                    r.collect();
+                    r.collected()
+                })
+            })
+            .collect()
+    }
+
+    fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), VmError> {
+        if self.throttler.is_none() && quota.is_none() {
+            return Ok(());
+        }
+        self.throttler()?.set_quota(quota);
+        Ok(())
+    }
+
+    fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), VmError> {
+        if self.throttler.is_none() && bytes_per_sec.is_none() {
+            return Ok(());
+        }
+        self.throttler()?.set_limit(bytes_per_sec);
         Ok(())
     }
 }

@@ -47,6 +47,12 @@ impl RingFull {
     pub fn drain(&self) -> Result<(), KvmError> {
         self.0.drain_full()
     }
+
+    /// The vCPU's ring: its dirty meter for a throttle
+    /// ([`crate::throttle::Throttled::ring`]).
+    pub fn ring(&self) -> &DirtyRing {
+        &self.0
+    }
 }
 
 impl KvmDirtySource {

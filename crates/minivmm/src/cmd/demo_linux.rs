@@ -44,6 +44,8 @@ pub fn summarize(mode: &str, vcpus: u32, e: &Ends) -> (Value, bool) {
         "downtime_ms": e.source["downtime_ms"],
         "outputs_held_ms": e.destination["summary"]["outputs_held_ms"],
         "total_ms": e.source["total_ms"],
+        "converge": e.source["summary"]["converge"],
+        "rounds": e.source["summary"]["rounds"].as_array().map(Vec::len),
         "guest_pause_ms": guest_pause_ms,
         "checker_lines_after_move": dest_lines.lines.lines,
         "checker_mismatches": last.mismatches,

@@ -35,8 +35,9 @@ pub struct MigrateArgs {
     #[arg(long)]
     tls: Option<PathBuf>,
     /// What slows the guest if precopy does not converge: none, auto,
-    /// dirty-limit or quota (minivmm serves none and auto). Default: the
-    /// best this VM serves.
+    /// dirty-limit or quota (quota and dirty-limit need the source's
+    /// `--dirty-log ring`, the default). Default: the best this VM serves,
+    /// the quota where its rings meter each vCPU.
     #[arg(long)]
     converge: Option<ConvergeMode>,
     /// Page compression: none, lz4, zstd or auto.

@@ -103,6 +103,12 @@ struct VmArgs {
     /// vhost-user dirty log (the digest must then catch the pages missed).
     #[arg(long, hide = true)]
     no_vhost_dirty_log: bool,
+    /// How KVM tracks the guest's writes: ring (each vCPU's dirty ring,
+    /// which meters each vCPU, so the migration's default policy is the
+    /// seed's per-vCPU quota) or bitmap (one log for the VM: auto-converge
+    /// at best). Falls back to bitmap where KVM has no ring.
+    #[arg(long, default_value = "ring", value_parser = ["ring", "bitmap"])]
+    dirty_log: String,
     /// MiB of the data region the guest sweeps (a multiple of 2).
     #[arg(long, default_value_t = 64)]
     data_mib: u64,
@@ -141,6 +147,7 @@ impl VmArgs {
         config.writethrough = self.cache;
         config.fill = self.vhost;
         config.fill_dirty_log = !self.no_vhost_dirty_log;
+        config.dirty_ring = self.dirty_log == "ring";
         for i in 1..self.vcpus {
             ensure_disk(&config.disk_path(i), disk_bytes)?;
         }

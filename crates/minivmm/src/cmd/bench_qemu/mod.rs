@@ -152,6 +152,10 @@ pub struct Side {
     pub link_mib_s: Option<f64>,
     /// QEMU's dirty-bitmap syncs (`ram.dirty-sync-count`): its rounds.
     pub syncs: Option<u64>,
+    /// ferry's convergence policy (the best minivmm's VM declares).
+    pub policy: Option<String>,
+    /// ferry's rounds.
+    pub rounds: Option<u64>,
     /// The limit this side ran under, in seconds (QEMU's).
     pub limit_s: Option<f64>,
     pub error: Option<String>,
@@ -396,6 +400,8 @@ fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
     side.total_ms = j["total_ms"].as_f64();
     side.downtime_ms = j["downtime_ms"].as_f64();
     side.guest_pause_ms = j["guest_pause_ms"].as_f64();
+    side.policy = j["converge"].as_str().map(String::from);
+    side.rounds = j["rounds"].as_u64();
     side.checker_mismatches = j["checker_mismatches"].as_u64();
     side.console_lines_lost = j["console_lines_lost"].as_u64();
     side.kernel_warnings = serde_json::from_value(j["kernel_warnings"].clone()).unwrap_or_default();

@@ -100,6 +100,16 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
     }
     t.note("QEMU: -accel kvm, microvm with ACPI, auto-converge, migrate tcp: over loopback; its limit is max(5x ferry's total, 300 s)");
     for r in results {
+        let f = &r.ferry;
+        if f.policy.is_some() || f.rounds.is_some() {
+            t.note(format!(
+                "{} run {}, ferry: policy {}, {} rounds",
+                r.cell,
+                r.run,
+                f.policy.as_deref().unwrap_or("-"),
+                f.rounds.map_or("-".into(), |v| v.to_string()),
+            ));
+        }
         let q = &r.qemu;
         if q.link_mib_s.is_some() || q.throttle_pct.is_some() {
             t.note(format!(

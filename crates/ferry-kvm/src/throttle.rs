@@ -1,6 +1,7 @@
-//! The kvm backend's one vCPU throttle: a thread that kicks vCPUs out of
-//! KVM_RUN and leaves each the time it must sleep before it runs again
-//! (the vCPU takes the sleep on its own thread before its next KVM_RUN).
+//! The one vCPU throttle of every VMM built on this crate: a thread that
+//! kicks vCPUs out of KVM_RUN and leaves each the time it must sleep before
+//! it runs again (the vCPU takes the sleep on its own thread, from its
+//! [`ThrottleSlot`], before its next KVM_RUN).
 //!
 //! ```text
 //!   time p%      (QEMU's auto-converge) every running vCPU runs a 10 ms slice,
@@ -14,17 +15,24 @@
 //!                sleeps until it has earned the debt back. A vCPU that does not
 //!                write is never kicked. One exit per debt, never one per page
 //!                (an exit costs about 25 µs on this project's hosts).
-//! ```
-//!
 //!   limit r      (QEMU 8.1's dirty-limit) every QUOTA_TICK each vCPU is charged
 //!                for its ring entries; its own time throttle follows its rate
 //!                (`ferry_vm::dirty_limit`), and it is kicked with its sleep
 //!                after each slice it runs while throttled.
+//! ```
 //!
-//! The quota and the limit need ring-mode dirty tracking: the bitmap modes count pages
-//! per VM, not per vCPU.
+//! The kick matters for a guest that rarely exits on its own: a Linux
+//! guest with an in-kernel irqchip may run for seconds inside KVM_RUN, and
+//! a throttle taken only at the guest's own exits hardly acts.
+//!
+//! The quota and the limit need ring-mode dirty tracking: the bitmap modes
+//! count pages per VM, not per vCPU.
+//!
+//! A VMM gives each vCPU a [`ThrottleSlot`], implements [`Throttled`] for
+//! what its throttle thread sees of a vCPU, and calls
+//! [`ThrottleSlot::take`] before each KVM_RUN and after each EINTR.
 
-use crate::vcpu::VcpuShared;
+use crate::dirty::ring::DirtyRing;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -35,6 +43,78 @@ use ferry_vm::{
     throttle_sleep, Quota, MAX_THROTTLE_PERCENT, PAGE_SIZE, QUOTA_INTERVAL,
     THROTTLE_SLICE as TIMESLICE,
 };
+
+/// What the throttle thread sees of one vCPU.
+pub trait Throttled: Send + Sync {
+    /// Whether the vCPU is in (or entering) KVM_RUN: a parked vCPU is
+    /// neither kicked nor charged a sleep.
+    fn is_running(&self) -> bool;
+    /// Interrupts KVM_RUN on the vCPU's thread, if it has started.
+    fn kick(&self);
+    /// Where the throttle leaves the vCPU its sleep.
+    fn slot(&self) -> &ThrottleSlot;
+    /// The vCPU's dirty ring, its dirty meter (`None` in the bitmap modes).
+    fn ring(&self) -> Option<&DirtyRing>;
+}
+
+/// A vCPU's throttle sleep: left by the throttle thread, taken by the vCPU's
+/// own thread, and counted.
+#[derive(Debug, Default)]
+pub struct ThrottleSlot {
+    /// Nanoseconds the vCPU must sleep before it next runs.
+    sleep_ns: AtomicU64,
+    /// Sleeps taken so far.
+    sleeps: AtomicU64,
+    /// Nanoseconds slept so far.
+    slept_ns: AtomicU64,
+}
+
+/// The step a throttle sleep is taken in, so that a pause waits at most
+/// this long.
+const SLEEP_STEP: Duration = Duration::from_millis(1);
+
+impl ThrottleSlot {
+    /// Leaves the vCPU `sleep` to take (replacing one not yet taken).
+    pub fn leave(&self, sleep: Duration) {
+        self.sleep_ns
+            .store(sleep.as_nanos() as u64, Ordering::Release);
+    }
+
+    /// Takes the sleep left for this vCPU, if any, in short steps while
+    /// `keep_running()` says the vCPU is still wanted running (a pause does
+    /// not wait for a throttle).
+    pub fn take(&self, keep_running: impl Fn() -> bool) {
+        let ns = self.sleep_ns.swap(0, Ordering::AcqRel);
+        if ns == 0 {
+            return;
+        }
+        self.sleeps.fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
+        let until = start + Duration::from_nanos(ns);
+        while keep_running() {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            std::thread::sleep(SLEEP_STEP.min(until - now));
+        }
+        self.slept_ns
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Throttle sleeps taken so far.
+    pub fn sleeps(&self) -> u64 {
+        self.sleeps.load(Ordering::Relaxed)
+    }
+
+    /// Time slept on the throttle so far.
+    pub fn slept(&self) -> Duration {
+        Duration::from_nanos(self.slept_ns.load(Ordering::Relaxed))
+    }
+}
+
+/// The vCPUs a [`Throttler`] acts on.
+pub type ThrottledVcpus = Vec<Arc<dyn Throttled>>;
 
 /// How often the quota reads the rings.
 const QUOTA_TICK: Duration = Duration::from_millis(5);
@@ -57,14 +137,14 @@ struct Knobs {
 }
 
 /// A thread that throttles a VM's vCPUs by time or by dirty quota.
-pub(crate) struct Throttler {
+pub struct Throttler {
     knobs: Arc<Knobs>,
     handle: Option<JoinHandle<()>>,
 }
 
 impl Throttler {
     /// Starts the thread for `vcpus`, throttling nothing yet.
-    pub fn start(vcpus: Vec<Arc<VcpuShared>>) -> std::io::Result<Self> {
+    pub fn start(vcpus: ThrottledVcpus) -> std::io::Result<Self> {
         let knobs = Arc::new(Knobs {
             limit: DirtyLimiter::new(vcpus.len()),
             percent: AtomicU8::new(0),
@@ -142,11 +222,10 @@ impl Throttler {
 /// One period of the time throttle: kick every running vCPU with its sleep,
 /// then wait out the sleep and one slice (the next tick), in steps so that a
 /// new setting or a stop is seen soon.
-fn time_period(vcpus: &[Arc<VcpuShared>], k: &Knobs, pct: u8) {
+fn time_period(vcpus: &[Arc<dyn Throttled>], k: &Knobs, pct: u8) {
     let sleep = throttle_sleep(pct);
     for v in vcpus.iter().filter(|v| v.is_running()) {
-        v.throttle_ns
-            .store(sleep.as_nanos() as u64, Ordering::Release);
+        v.slot().leave(sleep);
         v.kick();
     }
     let until = Instant::now() + sleep + TIMESLICE;
@@ -165,17 +244,16 @@ fn time_period(vcpus: &[Arc<VcpuShared>], k: &Knobs, pct: u8) {
 /// One tick of the dirty limit: charge each vCPU for the ring entries since
 /// the last tick; a vCPU whose throttle says it has run its slice is kicked
 /// with its sleep.
-fn limit_tick(vcpus: &[Arc<VcpuShared>], limit: &DirtyLimiter, seen: &mut [u64]) {
+fn limit_tick(vcpus: &[Arc<dyn Throttled>], limit: &DirtyLimiter, seen: &mut [u64]) {
     for (i, v) in vcpus.iter().enumerate() {
-        let Some(ring) = &v.ring else { continue };
+        let Some(ring) = v.ring() else { continue };
         ring.collect();
         let total = ring.collected();
         let spent = total.saturating_sub(seen[i]) * PAGE_SIZE as u64;
         seen[i] = total;
         if let Some(sleep) = limit.charge(i, spent) {
             if v.is_running() {
-                v.throttle_ns
-                    .store(sleep.as_nanos() as u64, Ordering::Release);
+                v.slot().leave(sleep);
                 v.kick();
             }
         }
@@ -218,16 +296,16 @@ impl QuotaMeter {
     }
 
     /// Marks every ring's entries so far as seen, uncharged.
-    fn skip_to_now(&mut self, vcpus: &[Arc<VcpuShared>]) {
+    fn skip_to_now(&mut self, vcpus: &[Arc<dyn Throttled>]) {
         for (i, v) in vcpus.iter().enumerate() {
-            if let Some(ring) = &v.ring {
+            if let Some(ring) = v.ring() {
                 ring.collect();
                 self.seen[i] = ring.collected();
             }
         }
     }
 
-    fn tick(&mut self, vcpus: &[Arc<VcpuShared>], quotas: &[AtomicU64], interval: Duration) {
+    fn tick(&mut self, vcpus: &[Arc<dyn Throttled>], quotas: &[AtomicU64], interval: Duration) {
         let now = Instant::now();
         let share = match self.last {
             Some(t) => (now - t).as_secs_f64() / interval.as_secs_f64(),
@@ -236,7 +314,7 @@ impl QuotaMeter {
         let first = self.last.is_none();
         self.last = Some(now);
         for (i, v) in vcpus.iter().enumerate() {
-            let Some(ring) = &v.ring else { continue };
+            let Some(ring) = v.ring() else { continue };
             let quota = quotas[i].load(Ordering::Relaxed);
             if quota == NO_QUOTA {
                 continue;
@@ -258,8 +336,7 @@ impl QuotaMeter {
             let owed = -self.budget[i] / quota * interval.as_secs_f64();
             let sleep = Duration::from_secs_f64(owed).min(MAX_QUOTA_SLEEP);
             self.asleep_until[i] = now + sleep;
-            v.throttle_ns
-                .store(sleep.as_nanos() as u64, Ordering::Release);
+            v.slot().leave(sleep);
             v.kick();
         }
     }
