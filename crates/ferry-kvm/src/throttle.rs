@@ -67,6 +67,8 @@ pub struct ThrottleSlot {
     sleeps: AtomicU64,
     /// Nanoseconds slept so far.
     slept_ns: AtomicU64,
+    /// Bumped when the throttle is lifted: a sleep under way ends early.
+    wakes: AtomicU64,
 }
 
 /// The step a throttle sleep is taken in, so that a pause waits at most
@@ -89,9 +91,10 @@ impl ThrottleSlot {
             return;
         }
         self.sleeps.fetch_add(1, Ordering::Relaxed);
+        let wakes = self.wakes.load(Ordering::Acquire);
         let start = Instant::now();
         let until = start + Duration::from_nanos(ns);
-        while keep_running() {
+        while keep_running() && self.wakes.load(Ordering::Acquire) == wakes {
             let now = Instant::now();
             if now >= until {
                 break;
@@ -100,6 +103,14 @@ impl ThrottleSlot {
         }
         self.slept_ns
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Drops a sleep not yet taken and ends one under way: the throttle
+    /// was lifted (a failed migration's source must run at once, not at
+    /// the end of a quota debt of up to a second).
+    pub fn wake(&self) {
+        self.sleep_ns.store(0, Ordering::Release);
+        self.wakes.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Throttle sleeps taken so far.
@@ -139,6 +150,8 @@ struct Knobs {
 /// A thread that throttles a VM's vCPUs by time or by dirty quota.
 pub struct Throttler {
     knobs: Arc<Knobs>,
+    /// The vCPUs, to wake when the throttle is lifted.
+    vcpus: ThrottledVcpus,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -154,6 +167,7 @@ impl Throttler {
             stop: AtomicBool::new(false),
         });
         let k = Arc::clone(&knobs);
+        let woken = vcpus.clone();
         let handle = std::thread::Builder::new()
             .name("vcpu-throttle".into())
             .spawn(move || {
@@ -185,24 +199,42 @@ impl Throttler {
                 }
             })?;
         Ok(Throttler {
+            vcpus: woken,
             knobs,
             handle: Some(handle),
         })
     }
 
-    /// Sets the share of each timeslice the vCPUs sleep (capped at 99%).
+    /// Sets the share of each timeslice the vCPUs sleep (capped at 99%;
+    /// 0: off, and a sleep under way ends).
     pub fn set_percent(&self, percent: u8) {
         self.knobs
             .percent
             .store(percent.min(MAX_THROTTLE_PERCENT), Ordering::Relaxed);
+        if percent == 0 {
+            self.wake_all();
+        }
     }
 
-    /// Sets each vCPU's dirty-rate limit in bytes per second (`None`: off).
+    /// Sets each vCPU's dirty-rate limit in bytes per second (`None`: off,
+    /// and a sleep under way ends).
     pub fn set_limit(&self, bytes_per_sec: Option<u64>) {
         self.knobs.limit.set_limit(bytes_per_sec);
+        if bytes_per_sec.is_none() {
+            self.wake_all();
+        }
     }
 
-    /// Sets each vCPU's dirty quota (`None`: off).
+    /// Ends every vCPU's sleep: what is still in force puts them back to
+    /// sleep at its next tick.
+    fn wake_all(&self) {
+        for v in &self.vcpus {
+            v.slot().wake();
+        }
+    }
+
+    /// Sets each vCPU's dirty quota (`None`: off, and a sleep under way
+    /// ends).
     pub fn set_quota(&self, quota: Option<&Quota>) {
         if let Some(q) = quota {
             self.knobs
@@ -216,6 +248,9 @@ impl Throttler {
         self.knobs
             .quota_on
             .store(quota.is_some(), Ordering::Release);
+        if quota.is_none() {
+            self.wake_all();
+        }
     }
 }
 
@@ -348,5 +383,46 @@ impl Drop for Throttler {
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sleep_is_taken_once_and_a_wake_ends_it() {
+        let slot = Arc::new(ThrottleSlot::default());
+        slot.take(|| true);
+        assert_eq!(slot.sleeps(), 0, "nothing left, nothing taken");
+
+        // A long sleep, ended by a wake from another thread.
+        slot.leave(Duration::from_secs(600));
+        let taker = {
+            let slot = Arc::clone(&slot);
+            std::thread::spawn(move || slot.take(|| true))
+        };
+        while slot.sleeps() == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        slot.wake();
+        taker.join().unwrap();
+        assert_eq!(slot.sleeps(), 1);
+        assert!(
+            slot.slept() < Duration::from_secs(600),
+            "{:?}",
+            slot.slept()
+        );
+
+        // A sleep left and then lifted before the vCPU took it is dropped.
+        slot.leave(Duration::from_secs(600));
+        slot.wake();
+        slot.take(|| true);
+        assert_eq!(slot.sleeps(), 1);
+
+        // A pause does not wait for a throttle.
+        slot.leave(Duration::from_secs(600));
+        slot.take(|| false);
+        assert_eq!(slot.sleeps(), 2);
     }
 }
