@@ -52,9 +52,15 @@ pub struct DemoArgs {
     /// MiB of the data region the guest sweeps.
     #[arg(long, default_value_t = 64)]
     data_mib: u64,
-    /// What slows the guest if precopy does not converge (none, auto).
+    /// What slows the guest if precopy does not converge: none, auto,
+    /// dirty-limit or quota (the last two need --dirty-log ring). Default:
+    /// the best the VM serves (the quota, with rings).
     #[arg(long)]
     converge: Option<String>,
+    /// How the source's KVM tracks the guest's writes: ring (per vCPU, so
+    /// it can meter each) or bitmap.
+    #[arg(long, default_value = "ring", value_parser = ["ring", "bitmap"])]
+    dirty_log: String,
     /// Cap the link at this many MiB/s (0: no cap).
     #[arg(long, default_value_t = 0)]
     bandwidth_mib_s: u64,
@@ -188,6 +194,7 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
     if let Some(c) = &a.converge {
         src_args.extend(["--converge".into(), c.clone()]);
     }
+    src_args.extend(["--dirty-log".into(), a.dirty_log.clone()]);
     src_args.extend(tls);
     src_args.extend(a.guest.to_args());
     let mut src = Reaped(
