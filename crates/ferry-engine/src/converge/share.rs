@@ -9,7 +9,14 @@
 //! round dirtied more than half of what it sent (as auto-converge counts
 //! it, and the only reading where the backend has no per-vCPU count). At
 //! each harvest that still finds the link outrun, the share halves, so the
-//! bytes left shrink at least geometrically. Between harvests the budget
+//! bytes left shrink at least geometrically. A round whose dirty bytes the
+//! final pause can send within the downtime target does not count: the
+//! migration ends at the next harvest whatever the guest does, and a short
+//! last round of an idle guest (its kernel's own writes, its page tables,
+//! which nested paging counts as written at each walk) easily dirties half
+//! of the little it sent. Counted, it throttled an idle Linux guest just
+//! before its pause, inside the SVM host: the guest saw its clock stop
+//! for 1.4 s, against 0.17 s under QEMU. Between harvests the budget
 //! follows the measured link. The policies differ only in how the backend
 //! enforces it.
 
@@ -49,9 +56,11 @@ impl LinkShare {
         let threshold = THRESHOLD_PCT as f64 / 100.0;
         match s.round_end {
             Some(end) => {
+                let absorbed = s.link_bytes_per_sec * s.downtime_target.as_secs_f64();
                 s.round > 0
                     && end.sent_bytes > 0
                     && end.dirty_bytes * 100 > end.sent_bytes * THRESHOLD_PCT
+                    && end.dirty_bytes as f64 > absorbed
             }
             None => s
                 .dirty_rate()
@@ -112,6 +121,20 @@ mod tests {
         let first = eighth.decide(&interval(0, &[30_000_000, 30_000_000]));
         assert_eq!(first, Some(62.5e6), "an eighth of 1 GB/s, split between 2");
         assert_eq!(eighth.engage(&sample(1, 0, 100)), None, "already on");
+    }
+
+    #[test]
+    fn a_round_the_final_pause_absorbs_does_not_engage() {
+        let mut share = LinkShare::default();
+        // 1 GB/s and 300 ms: a pause sends 300 MB.
+        let absorbed = |dirty, sent| Sample {
+            downtime_target: std::time::Duration::from_millis(300),
+            ..sample(1, dirty, sent)
+        };
+        assert_eq!(share.decide(&absorbed(60_000_000, 100_000_000)), None);
+        assert!(share
+            .decide(&absorbed(600_000_000, 1_000_000_000))
+            .is_some());
     }
 
     #[test]
