@@ -378,7 +378,10 @@ fn a_hybrid_switches_when_an_operator_asks() {
         return;
     }
     let (to, dest) = spawn_receiver(quick_receive());
-    let mut src = running_source();
+    // A guest with a device that dirties pages between any two harvests:
+    // with a zero downtime target precopy never finishes on its own, so
+    // only the operator's request can end it.
+    let mut src = churning_source();
     let opts = postcopy_opts(Mode::Hybrid {
         after_rounds: u32::MAX,
         on_stall: false,
@@ -392,12 +395,7 @@ fn a_hybrid_switches_when_an_operator_asks() {
     assert!(summary.digest_match && dsum.digest_match);
     assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
     let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
-    println!("rounds: {kinds:?}");
-    if summary.converged {
-        // A guest starved of CPU left nothing dirty: precopy finished first.
-        assert_eq!(kinds.last(), Some(&RoundKind::Final), "{kinds:?}");
-        return;
-    }
+    assert!(!summary.converged, "{summary:?}");
     assert_eq!(kinds, [RoundKind::Full, RoundKind::Postcopy], "{kinds:?}");
     assert!(
         summary

@@ -62,6 +62,13 @@ fn fixtures() -> PathBuf {
 #[test]
 #[ignore = "writes tests/fixtures/wire-VERSION: run with --ignored to record a release's streams"]
 fn record_this_releases_streams() {
+    let release = fixtures().join(format!("wire-{VERSION}"));
+    // A release's streams are recorded once, when its version is new: an
+    // ignored test run by a wide `--ignored` must not rewrite them.
+    assert!(
+        !release.exists(),
+        "{release:?} exists: wire-{VERSION}'s streams were recorded already; remove the directory to record them again"
+    );
     for (name, opts) in cases() {
         let (to, dest) = spawn_receiver(quick_receive());
         let (addr, recorded) = recording_relay(to.0.clone());
@@ -72,7 +79,7 @@ fn record_this_releases_streams() {
         dest.join().unwrap().unwrap();
         // The relay's last bytes reach its log after the destination returns.
         std::thread::sleep(std::time::Duration::from_millis(200));
-        let dir = fixtures().join(format!("wire-{VERSION}")).join(name);
+        let dir = release.join(name);
         std::fs::create_dir_all(&dir).unwrap();
         let mut kinds = std::collections::BTreeSet::new();
         // What the source sent: the first of each connection's two streams.
@@ -151,9 +158,7 @@ fn streams_of_earlier_releases_still_load() {
             let streams = load_case(&dir);
             assert!(streams.len() >= 2, "{dir:?}: no recorded connections");
             if spoken < MIN_VERSION {
-                // Past the compatibility window: refused, naming versions.
-                let err = replay(streams).err().expect("an old stream is refused");
-                assert!(err.to_string().contains("stream version"), "{dir:?}: {err}");
+                assert_refused(streams, spoken, &dir);
                 continue;
             }
             let (vm, summary) =
@@ -170,4 +175,40 @@ fn streams_of_earlier_releases_still_load() {
         }
     }
     assert!(loaded >= 4, "found only {loaded} recorded streams");
+}
+
+/// Past the compatibility window: the destination refuses the stream,
+/// naming both ends' versions, and builds no VM.
+fn assert_refused(streams: Vec<Vec<u8>>, spoken: u32, what: &Path) {
+    let err = replay(streams).err().expect("an old stream is refused");
+    let text = err.to_string();
+    let names =
+        format!("speaks stream version {spoken}, this ferry speaks {MIN_VERSION} to {VERSION}");
+    assert!(text.contains(&names), "{what:?}: {text}");
+}
+
+/// A release older than the window: the oldest recorded streams, with each
+/// connection's preamble saying it speaks only `MIN_VERSION - 1`. No real
+/// recording that old exists (streams were first recorded at 5), and the
+/// preamble is all a destination reads before it refuses; when
+/// `MIN_VERSION` moves past a recorded release, the loop above refuses
+/// that release's real streams too.
+#[test]
+fn a_stream_older_than_the_window_is_refused() {
+    let oldest = fixtures()
+        .join(format!("wire-{MIN_VERSION}"))
+        .join("precopy-1-connection");
+    let mut streams = load_case(&oldest);
+    assert!(streams.len() >= 2, "{oldest:?}: no recorded connections");
+    let old = (MIN_VERSION - 1).to_le_bytes();
+    for s in &mut streams {
+        assert_eq!(
+            &s[..8],
+            b"FERRYMIG",
+            "{oldest:?}: a connection without a preamble"
+        );
+        s[8..12].copy_from_slice(&old);
+        s[12..16].copy_from_slice(&old);
+    }
+    assert_refused(streams, MIN_VERSION - 1, &oldest);
 }

@@ -137,7 +137,10 @@ fn a_local_upgrade_adopts_the_disk_fd_when_its_path_is_gone() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(!stderr.contains("opening the disk by its path"), "{stderr}");
+    assert!(
+        !stderr.contains("opening the disks by their paths"),
+        "{stderr}"
+    );
     let j: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(j["disk_unlinked"], true, "{j}");
     assert_eq!(j["status"], "completed", "{j}");
