@@ -175,3 +175,30 @@ fn a_destination_that_loads_no_live_state_gets_it_all_at_the_pause() {
     assert_eq!(summary.device_bytes_live, 0, "{summary:?}");
     assert!(summary.device_bytes_at_pause >= 256 << 20, "{summary:?}");
 }
+
+/// Live chunks count toward the destination's limit with the sections at
+/// the pause: a device whose state fits the limit once, declared, but
+/// which sends blocks again as it rewrites them, outgrows it; the
+/// migration fails naming the limit, and the source runs on.
+#[test]
+fn live_device_state_counts_toward_the_destinations_limit() {
+    use common::big_device::{try_big_device, BIG_STATE, BLOCK};
+    let opts = {
+        let mut o = quick_receive();
+        // What the device declares (each block with its 4-byte number),
+        // and one block more: the first live pass fits, a block rewritten
+        // after it was sent does not.
+        o.max_device_bytes = ((BIG_STATE / BLOCK) * (BLOCK + 4) + BLOCK) as u64;
+        o
+    };
+    let (result, src, dest) = try_big_device(true, opts);
+    let err = result
+        .expect_err("the live state outgrew the limit")
+        .chain();
+    let dest = dest
+        .map(|_| ())
+        .expect_err("the destination refused")
+        .to_string();
+    assert!(dest.contains("MiB"), "{dest}");
+    assert!(src.is_running(), "the source must run on: {err}");
+}

@@ -293,7 +293,9 @@ impl HostCpu {
             .map_err(|e| CpuCheckError::Ioctl("KVM_GET_MSR_INDEX_LIST", e))?
             .as_slice()
             .to_vec();
-        if let Ok(features) = kvm.get_msr_feature_index_list() {
+        let features = crate::cpu_state::msrs::feature_msrs(kvm)
+            .map_err(|e| CpuCheckError::Ioctl("KVM_GET_MSR_FEATURE_INDEX_LIST", e))?;
+        if let Some(features) = features {
             msrs.extend_from_slice(features.as_slice());
         }
         Ok(Self::from_parts(cpuid.as_slice(), msrs))

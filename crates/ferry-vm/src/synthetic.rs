@@ -32,11 +32,12 @@ impl Blocks {
         }
     }
 
-    /// Up to `max` bytes of dirty blocks, as entries; they are clean after.
+    /// Up to `max` bytes of dirty blocks, as whole entries (none when
+    /// `max` holds less than one); they are clean after.
     fn take(&mut self, max: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(max.min(self.dirty_count * ENTRY));
         for b in 0..self.dirty.len() {
-            if out.len() + ENTRY > max.max(ENTRY) {
+            if out.len() + ENTRY > max {
                 break;
             }
             if self.dirty[b] {
@@ -246,5 +247,19 @@ mod tests {
         assert!(dst.state() == src.state());
         let bad = Section::new("gpu", vec![1, 2, 3]);
         assert!(dst.restore(&bad).is_err());
+    }
+
+    /// `save` keeps to its bound, as the contract says: a bound under one
+    /// block takes nothing, and leaves it all pending.
+    #[test]
+    fn a_save_never_gives_more_than_it_was_asked() {
+        let mut src = BigDevice::source(4 * BLOCK, Duration::from_millis(1));
+        let id = src.live_sections()[0].clone();
+        for max in [0, 1, ENTRY - 1, ENTRY, ENTRY + 1, 2 * ENTRY + 5] {
+            let before = src.pending(&id);
+            let chunk = src.save(&id, max).unwrap();
+            assert!(chunk.len() <= max, "{} > {max}", chunk.len());
+            assert_eq!(src.pending(&id), before - chunk.len() as u64);
+        }
     }
 }

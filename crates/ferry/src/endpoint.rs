@@ -63,31 +63,39 @@ impl std::fmt::Display for Endpoint {
     }
 }
 
-/// The fds, owned from here on; one that is not open, or that an earlier
-/// migration of this process took (and closed: the number may name another
-/// file by now), is refused by number.
+/// The fds, owned from here on; one that is not open, that the list names
+/// twice, or that an earlier migration of this process took (and closed:
+/// the number may name another file by now), is refused by number. A
+/// refused list takes none of its fds: each stays open, and may be handed
+/// over again.
 fn take(fds: &[RawFd]) -> Result<Vec<OwnedFd>, String> {
     static TAKEN: std::sync::Mutex<Vec<RawFd>> = std::sync::Mutex::new(Vec::new());
     let mut taken = TAKEN.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(fd) = fds.iter().find(|fd| taken.contains(fd)) {
-        return Err(format!(
-            "fd {fd} was handed to an earlier migration of this process, which closed it"
-        ));
+    for (i, &fd) in fds.iter().enumerate() {
+        if taken.contains(&fd) {
+            return Err(format!(
+                "fd {fd} was handed to an earlier migration of this process, which closed it"
+            ));
+        }
+        if fds[..i].contains(&fd) {
+            return Err(format!("fd {fd} is named twice"));
+        }
+        // SAFETY: F_GETFD only reads the fd's flags; an fd that is not
+        // open fails with EBADF.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            return Err(format!("fd {fd} is not open in this process"));
+        }
     }
     taken.extend_from_slice(fds);
-    fds.iter()
+    Ok(fds
+        .iter()
         .map(|&fd| {
-            // SAFETY: F_GETFD only reads the fd's flags; an fd that is not
-            // open fails with EBADF.
-            if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-                return Err(format!("fd {fd} is not open in this process"));
-            }
-            // The fd was inherited for this migration, is open (checked
-            // above) and is taken once (TAKEN); nothing else owns it.
-            // SAFETY: so this OwnedFd is its only owner.
-            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+            // SAFETY: the fd was inherited for this migration, is open and
+            // named once (checked above) and is taken once (TAKEN): this
+            // OwnedFd is its only owner.
+            unsafe { OwnedFd::from_raw_fd(fd) }
         })
-        .collect()
+        .collect())
 }
 
 impl Endpoint {
@@ -158,5 +166,25 @@ mod tests {
             .contains("'1' is not an inherited fd"));
         assert!("fd:3,x".parse::<Endpoint>().is_err());
         assert!("unix:".parse::<Endpoint>().is_err());
+    }
+
+    /// A list with one closed fd takes none: the open one stays open and
+    /// can still be handed over whole.
+    #[test]
+    fn a_refused_list_takes_none_of_its_fds() {
+        use std::os::fd::IntoRawFd;
+        let open = std::fs::File::open("/dev/null").unwrap().into_raw_fd();
+        // Past any fd limit: never open, whatever other tests open meanwhile.
+        let closed = RawFd::MAX - 7;
+        let err = take(&[open, closed]).unwrap_err();
+        assert!(err.contains(&format!("fd {closed} is not open")), "{err}");
+        let err = take(&[open, open]).unwrap_err();
+        assert!(err.contains("named twice"), "{err}");
+        // SAFETY: F_GETFD only reads the fd's flags.
+        assert!(unsafe { libc::fcntl(open, libc::F_GETFD) } >= 0, "closed");
+        let owned = take(&[open]).unwrap();
+        assert_eq!(owned.len(), 1);
+        drop(owned);
+        assert!(take(&[open]).unwrap_err().contains("earlier migration"));
     }
 }

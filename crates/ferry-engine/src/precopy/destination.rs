@@ -149,6 +149,8 @@ pub fn receive(
         priority: None,
         missing: None,
         outputs: Outputs::Free,
+        live_agreed: false,
+        live_bytes: 0,
     };
     let result = dest.run(listener, hello, opts);
     let ranges = if result.is_err() && dest.loaded.in_postcopy() {
@@ -317,6 +319,10 @@ impl Dest {
         {
             self.outputs = Outputs::MayHold;
         }
+        let live = crate::wire::capabilities::LIVE_SECTIONS;
+        self.live_agreed = answer
+            .as_ref()
+            .is_some_and(|a| a.takes.iter().any(|c| c == live));
         self.ctl.send(&Message::Accept {
             verify_before_resume: opts.verify_before_resume,
             answer,

@@ -44,6 +44,12 @@ pub(crate) struct Dest {
     pub(crate) missing: Option<DirtyPages>,
     /// Whether the guest's outputs are, or may be, held until the Commit.
     pub(crate) outputs: Outputs,
+    /// Whether live device state was agreed (capability `live-sections`):
+    /// a LiveSection frame without it is a protocol error.
+    pub(crate) live_agreed: bool,
+    /// Live device state loaded so far: it counts with the sections'
+    /// parts toward `max_device_bytes`.
+    pub(crate) live_bytes: u64,
 }
 
 /// The destination guest's outputs (capability `held-outputs`).
@@ -284,6 +290,20 @@ impl Dest {
             match i.kind {
                 FrameKind::VcpuState => self.vcpu_state = Some(i.payload),
                 FrameKind::LiveSection => {
+                    if !self.live_agreed {
+                        return Err(MigrationError::Protocol {
+                            expected: "no live device state (live-sections was not agreed)",
+                            got: i.kind,
+                            offset: i.offset,
+                        });
+                    }
+                    self.live_bytes += i.payload.len() as u64;
+                    if self.live_bytes + self.parts.len() as u64 > self.max_device_bytes {
+                        return Err(crate::wire::SectionError::ArrivedOverLimit {
+                            limit: self.max_device_bytes,
+                        }
+                        .into());
+                    }
                     let (id, chunk) =
                         crate::wire::sections::decode_live(&i.payload, &self.header.sections)?;
                     let live = self.vm.live_state().ok_or_else(|| {
@@ -295,8 +315,8 @@ impl Dest {
                         .map_err(MigrationError::backend("load live device state"))?;
                 }
                 FrameKind::SectionsPart | FrameKind::Sections => {
-                    let got = self.parts.len() + i.payload.len();
-                    if got as u64 > self.max_device_bytes {
+                    let got = self.live_bytes + (self.parts.len() + i.payload.len()) as u64;
+                    if got > self.max_device_bytes {
                         return Err(crate::wire::SectionError::ArrivedOverLimit {
                             limit: self.max_device_bytes,
                         }

@@ -237,11 +237,14 @@ pub struct ReceiveOptions {
     /// The operator's own blockers, besides the destination VM's
     /// ([`Vm::blockers`]): `ferry receive --no-postcopy` is one.
     pub blockers: Vec<Blocker>,
-    /// The most device state (the sections at the switchover) this
-    /// destination takes, in bytes. A source whose sections declare more
+    /// The most device state this destination takes in one migration, in
+    /// bytes: the live chunks sent while the guest runs
+    /// ([`ferry_vm::LiveState`]) and the sections at the switchover. A
+    /// source whose sections declare more
     /// ([`ferry_vm::SectionSpec::max_bytes`]) is refused before any
-    /// memory moves, naming the largest; more arriving fails the migration
-    /// before it is held in memory.
+    /// memory moves, naming the largest; more arriving (a device that
+    /// outgrows its declaration, or sends its state live again and again)
+    /// fails the migration before it is held in memory.
     pub max_device_bytes: u64,
 }
 

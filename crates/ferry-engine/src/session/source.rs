@@ -21,7 +21,7 @@ use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::messages::Hello;
 use crate::wire::messages::PRIORITY_CHANNEL;
 use crate::wire::{FrameKind, Message, PageBatch, StreamHeader, VERSION};
-use ferry_vm::{DirtyPages, Gfn, GuestRam, Lifecycle, Vm, PAGE_SIZE};
+use ferry_vm::{DirtyPages, Gfn, GuestRam, Lifecycle, Vm, VmError, PAGE_SIZE};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -612,11 +612,26 @@ impl Source<'_> {
         for id in &self.live {
             let mut budget = live.pending(id);
             while budget > 0 {
+                let max = crate::wire::sections::PART_BYTES;
                 let chunk = live
-                    .save(id, crate::wire::sections::PART_BYTES)
+                    .save(id, max)
                     .map_err(MigrationError::backend("save live device state"))?;
                 if chunk.is_empty() {
                     break;
+                }
+                if chunk.len() > max {
+                    // The contract's bound: past it, a frame could outgrow
+                    // what the destination reads.
+                    return Err(MigrationError::Backend {
+                        what: "save live device state",
+                        source: VmError::BadSection {
+                            section: id.to_string(),
+                            reason: format!(
+                                "LiveState::save gave {} bytes, more than the {max} asked for",
+                                chunk.len()
+                            ),
+                        },
+                    });
                 }
                 budget = budget.saturating_sub(chunk.len() as u64);
                 self.summary.device_bytes_live += chunk.len() as u64;

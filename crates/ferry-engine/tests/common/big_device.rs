@@ -10,21 +10,9 @@ pub use ferry_vm::synthetic::{BigDevice, BLOCK};
 /// not. Returns the source's summary, after checking that the
 /// destination's device holds exactly the source's state.
 pub fn move_big_device(live_at_destination: bool) -> MigrationSummary {
-    const STATE: usize = 256 << 20;
-    let (to, handle) = spawn_receiver_with(quick_receive(), Backing::Anonymous, move |vm| {
-        let mut big = BigDevice::destination(STATE);
-        big.live = live_at_destination;
-        vm.big = Some(big);
-    });
-    let mut src = TestVm::new(&config()).unwrap();
-    src.big = Some(BigDevice::source(
-        STATE,
-        std::time::Duration::from_millis(1),
-    ));
-    src.start().unwrap();
-    wait_for_passes(&src, 1);
-    let summary = migrate(&mut src, &to, &probed(), &NoProgress).unwrap();
-    let (dvm, _) = handle.join().unwrap().unwrap();
+    let (summary, src, dvm) = try_big_device(live_at_destination, quick_receive());
+    let summary = summary.unwrap();
+    let dvm = dvm.unwrap();
     assert!(summary.digest_match, "{summary:?}");
     println!(
         "device state (live at the destination: {live_at_destination}): {} MiB during the \
@@ -52,4 +40,40 @@ pub fn move_big_device(live_at_destination: bool) -> MigrationSummary {
         .position(|(d, s)| d != s);
     assert_eq!(first_diff, None, "a block differs");
     summary
+}
+
+/// The state [`move_big_device`] moves, in bytes.
+pub const BIG_STATE: usize = 256 << 20;
+
+/// What [`try_big_device`] gives back: the source's result, the source,
+/// and the destination's VM or its error.
+pub type BigMove = (
+    Result<MigrationSummary, ferry_engine::MigrationError>,
+    TestVm,
+    Result<Box<dyn Vm>, String>,
+);
+
+/// Migrates the test VM with the big device to a destination under
+/// `opts`.
+pub fn try_big_device(live_at_destination: bool, opts: ReceiveOptions) -> BigMove {
+    const STATE: usize = BIG_STATE;
+    let (to, handle) = spawn_receiver_with(opts, Backing::Anonymous, move |vm| {
+        let mut big = BigDevice::destination(STATE);
+        big.live = live_at_destination;
+        vm.big = Some(big);
+    });
+    let mut src = TestVm::new(&config()).unwrap();
+    src.big = Some(BigDevice::source(
+        STATE,
+        std::time::Duration::from_millis(1),
+    ));
+    src.start().unwrap();
+    wait_for_passes(&src, 1);
+    let result = migrate(&mut src, &to, &probed(), &NoProgress);
+    let dvm = handle
+        .join()
+        .unwrap()
+        .map(|(vm, _)| vm)
+        .map_err(|e| e.chain());
+    (result, src, dvm)
 }

@@ -8,8 +8,8 @@
 //! both reads and takes its value back; a save then reads exactly those, and a
 //! restore writes them all or says which MSR was refused.
 
-use kvm_bindings::{kvm_msr_entry, Msrs, KVM_MAX_MSR_ENTRIES};
-use kvm_ioctls::{Kvm, VcpuFd};
+use kvm_bindings::{kvm_msr_entry, MsrList, Msrs, KVM_MAX_MSR_ENTRIES};
+use kvm_ioctls::{Cap, Kvm, VcpuFd};
 use vmm_sys_util::errno;
 
 /// IA32_TSC: the guest's TSC. Kept without the write-back probe (writing it
@@ -75,6 +75,17 @@ pub struct MsrProbe {
     pub unwritable: Vec<u32>,
 }
 
+/// The feature MSRs of `KVM_GET_MSR_FEATURE_INDEX_LIST`, where the kernel
+/// has the list (`KVM_CAP_GET_MSR_FEATURES`): `None` on an older kernel.
+/// On a kernel that has it, a failure is an error, not an empty list: the
+/// CPU check and the probe would otherwise miss MSRs without a word.
+pub fn feature_msrs(kvm: &Kvm) -> Result<Option<MsrList>, errno::Error> {
+    if !kvm.check_extension(Cap::GetMsrFeatures) {
+        return Ok(None);
+    }
+    kvm.get_msr_feature_index_list().map(Some)
+}
+
 /// Finds the MSRs that `fd` (a vCPU that has not run yet) can save and
 /// restore.
 pub fn probe(kvm: &Kvm, fd: &VcpuFd) -> Result<MsrProbe, MsrError> {
@@ -82,7 +93,8 @@ pub fn probe(kvm: &Kvm, fd: &VcpuFd) -> Result<MsrProbe, MsrError> {
         .get_msr_index_list()
         .map_err(|e| MsrError::Ioctl("KVM_GET_MSR_INDEX_LIST", e))?;
     // Older kernels lack the feature list; it only adds candidates.
-    let features = kvm.get_msr_feature_index_list().ok();
+    let features =
+        feature_msrs(kvm).map_err(|e| MsrError::Ioctl("KVM_GET_MSR_FEATURE_INDEX_LIST", e))?;
     let mut probe = MsrProbe {
         listed: listed.as_slice().len(),
         feature_listed: features.as_ref().map_or(0, |f| f.as_slice().len()),

@@ -75,8 +75,10 @@ pub struct DemoArgs {
     /// paused until the digest's verdict (see `minivmm receive`).
     #[arg(long, hide = true)]
     no_output_gate: bool,
-    /// Keep the demo's files (disk, consoles) here instead of a fresh
-    /// temporary directory that is removed afterwards.
+    /// Keep the demo's files (disk, consoles, and each end's whole summary
+    /// as source.json and destination.json: rounds, throttle, vCPU shares)
+    /// here instead of a fresh temporary directory that is removed
+    /// afterwards.
     #[arg(long)]
     dir: Option<PathBuf>,
     /// End with the summary as one JSON line on stdout.
@@ -361,6 +363,14 @@ fn linux_summary(
     (src_console, dst_console): (&Path, &Path),
 ) -> Result<(), String> {
     let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    if let Some(dir) = &a.dir {
+        for (name, j) in [("source.json", src_json), ("destination.json", dest_json)] {
+            let path = dir.join(name);
+            if let Err(e) = std::fs::write(&path, format!("{j:#}\n")) {
+                eprintln!("minivmm demo: {}: {e}", path.display());
+            }
+        }
+    }
     let ends = super::demo_linux::Ends {
         source: src_json,
         destination: dest_json,
