@@ -232,6 +232,10 @@ pub struct MiniVm {
     /// paused until the digest's verdict): the baseline the gate is
     /// measured against.
     pub no_output_gate: bool,
+    /// CPU features this host withholds from a migrating guest
+    /// (`minivmm receive --cpu-without`): its CPU check refuses a guest
+    /// that was given one.
+    pub cpu_without: Vec<String>,
 }
 
 /// What saving the vCPU needs, probed once, and what the guest was given.
@@ -581,6 +585,7 @@ impl MiniVm {
             crash_on_restore: false,
             held: false,
             no_output_gate: false,
+            cpu_without: Vec::new(),
         })
     }
 
@@ -831,6 +836,7 @@ impl Vm for MiniVm {
         let guest = CpuProfile::from_json(profile).map_err(refuse)?;
         let kvm = Kvm::new().map_err(|e| VmError::Cpu(format!("cannot open /dev/kvm: {e}")))?;
         HostCpu::probe(&kvm, &self.vcpus[0].fd())
+            .and_then(|host| host.without(&self.cpu_without))
             .and_then(|host| host.check(&guest))
             .map_err(refuse)
     }

@@ -54,9 +54,19 @@ pub struct ReceiveArgs {
     /// held-outputs capability).
     #[arg(long, hide = true)]
     no_output_gate: bool,
+    /// Offer a migrating guest a CPU without these features (comma
+    /// separated, as /proc/cpuinfo names them: `avx2,avx512f`), as a fleet's
+    /// baseline CPU model does: a guest that was given one of them is
+    /// refused before any memory moves, naming it.
+    #[arg(long = "cpu-without", value_delimiter = ',', value_name = "FEATURES")]
+    cpu_without: Vec<String>,
 }
 
 pub fn receive(a: ReceiveArgs) -> Result<(), String> {
+    // A name the CPU check does not know is refused before anything waits.
+    ferry_kvm::cpu_check::HostCpu::from_parts(&[], Vec::new())
+        .without(&a.cpu_without)
+        .map_err(|e| format!("--cpu-without: {e}"))?;
     let console = a.console.clone();
     let outs = std::sync::Mutex::new(Vec::new());
     // The consoles are made once the header says how many vCPUs come.
@@ -182,6 +192,7 @@ fn over_the_network(a: &ReceiveArgs, make_consoles: &MakeConsoles) -> Result<Arr
         let mut vm = MiniVm::incoming(config, backing, outs)?;
         vm.crash_on_restore = a.crash_on_restore;
         vm.no_output_gate = a.no_output_gate;
+        vm.cpu_without = a.cpu_without.clone();
         Ok(vm)
     };
     let opts = {
