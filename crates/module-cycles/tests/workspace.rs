@@ -37,7 +37,6 @@ const BEING_REMOVED: &[&str] = &[
     "crates/ferry/src/drain/mod.rs: exec, replan",
     "crates/ferry-engine/src/wire/mod.rs: messages, pages",
     "crates/ferry-kvm/src/lib.rs: cpu_state, error",
-    "crates/ferry-vm/src/lib.rs: capability, vm",
     "crates/minivmm/src/fill/mod.rs: device, log",
 ];
 
