@@ -36,7 +36,6 @@ const BEING_REMOVED: &[&str] = &[
     "crates/ferry/src/cmd/mod.rs: local, migrate, receive, run",
     "crates/ferry/src/drain/mod.rs: exec, replan",
     "crates/ferry-engine/src/wire/mod.rs: messages, pages",
-    "crates/ferry-kvm/src/lib.rs: cpu_state, error",
     "crates/minivmm/src/fill/mod.rs: device, log",
 ];
 
