@@ -35,7 +35,6 @@ const BEING_REMOVED: &[&str] = &[
     "crates/ferry/src/main.rs: bench, cmd, control, predict, report",
     "crates/ferry/src/cmd/mod.rs: local, migrate, receive, run",
     "crates/ferry/src/drain/mod.rs: exec, replan",
-    "crates/minivmm/src/fill/mod.rs: device, log",
 ];
 
 #[test]
