@@ -34,7 +34,6 @@ const BEING_REMOVED: &[&str] = &[
     "crates/ferry/src/main.rs: args, vms",
     "crates/ferry/src/main.rs: bench, cmd, control, predict, report",
     "crates/ferry/src/cmd/mod.rs: local, migrate, receive, run",
-    "crates/ferry/src/drain/mod.rs: exec, replan",
 ];
 
 #[test]
