@@ -26,20 +26,9 @@ fn packages() -> Vec<PathBuf> {
     found
 }
 
-/// The cycles issue #53 lists (and the check found beside them), each as
-/// "parent's file: members", while they are being removed: the check fails
-/// on any other, and on any of these once it is gone, so the list only
-/// shrinks. Empty, it goes.
-const BEING_REMOVED: &[&str] = &[
-    "crates/ferry/src/main.rs: args, vms",
-    "crates/ferry/src/main.rs: bench, cmd, control, predict, report",
-    "crates/ferry/src/cmd/mod.rs: local, migrate, receive, run",
-];
-
 #[test]
 fn no_crate_has_modules_that_use_each_other_round() {
     let root = module_cycles::tree::normal(&workspace());
-    let mut known: Vec<&str> = BEING_REMOVED.to_vec();
     let packages = packages();
     assert!(
         packages.len() > 10,
@@ -56,15 +45,6 @@ fn no_crate_has_modules_that_use_each_other_round() {
             report.resolved
         );
         for cycle in &report.cycles {
-            let file = cycle
-                .parent_file
-                .strip_prefix(&root)
-                .unwrap_or(&cycle.parent_file);
-            let key = format!("{}: {}", file.display(), cycle.members.join(", "));
-            if let Some(at) = known.iter().position(|k| *k == key) {
-                known.remove(at);
-                continue;
-            }
             failures.push_str(&cycle.to_string());
         }
         for file in &report.unreached {
@@ -73,9 +53,6 @@ fn no_crate_has_modules_that_use_each_other_round() {
                 file.display()
             ));
         }
-    }
-    for gone in known {
-        failures.push_str(&format!("{gone}: gone, so out of BEING_REMOVED\n"));
     }
     // Paths from the workspace's root, as a developer opens them.
     let failures = failures.replace(&format!("{}/", root.display()), "");
