@@ -1,5 +1,6 @@
 //! Errors talking to KVM.
 
+use crate::cpu_state::StateError;
 use ferry_vm::VmError;
 use vmm_sys_util::errno;
 
@@ -29,7 +30,7 @@ pub enum KvmError {
     MsrProbe(#[source] crate::cpu_state::MsrError),
     /// Saving or loading vCPU state failed in KVM.
     #[error(transparent)]
-    State(#[from] crate::cpu_state::StateError),
+    State(#[from] StateError),
 }
 
 impl From<KvmError> for VmError {
@@ -40,6 +41,18 @@ impl From<KvmError> for VmError {
             backend: "kvm".into(),
             what: ferry_vm::error_chain(&e),
             source: None,
+        }
+    }
+}
+
+impl From<StateError> for VmError {
+    /// State that does not fit is `BadVcpuState`; a KVM failure is an
+    /// operation error of the kvm backend.
+    fn from(e: StateError) -> Self {
+        if e.is_unfit() {
+            VmError::BadVcpuState(ferry_vm::error_chain(&e))
+        } else {
+            KvmError::State(e).into()
         }
     }
 }

@@ -18,8 +18,38 @@
 
 use crate::bitmap::DirtyPages;
 use crate::error::VmError;
-use crate::vm::{FaultExits, HarvestStats};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// Timing of one harvest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HarvestStats {
+    /// Pages found dirty.
+    pub pages: u64,
+    /// Nanoseconds spent getting the log (GET_DIRTY_LOG, ring walk, exchange).
+    pub get_ns: u64,
+    /// Nanoseconds spent re-protecting (CLEAR_DIRTY_LOG, RESET_DIRTY_RINGS).
+    pub clear_ns: u64,
+}
+
+/// What a vCPU needs to resolve its own memory faults (see
+/// [`MemoryFaults::set_fault_exits`]).
+#[derive(Clone)]
+pub struct FaultExits {
+    /// Pages present in guest memory; a page is added after its contents
+    /// are in place.
+    pub present: Arc<crate::PageBits>,
+    /// Brings frame `gfn` in and returns once it is present, or says why
+    /// it cannot (the migration failed: the vCPU then stops).
+    pub fetch: Arc<dyn Fn(crate::Gfn) -> Result<(), String> + Send + Sync>,
+}
+
+impl std::fmt::Debug for FaultExits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultExits").finish_non_exhaustive()
+    }
+}
 
 /// The VM's own log of guest writes: KVM's dirty log or ring, the soft
 /// MMU's. Pages written before [`DirtyLog::start_dirty_log`] are not

@@ -47,8 +47,9 @@ pub mod vm;
 
 pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use capability::{
-    throttle_sleep, DirtyLog, DirtyMeter, MemoryFaults, OutputGate, Quota, TimeThrottle, VcpuState,
-    MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, THROTTLE_SLICE,
+    throttle_sleep, DirtyLog, DirtyMeter, FaultExits, HarvestStats, MemoryFaults, OutputGate,
+    Quota, TimeThrottle, VcpuState, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS,
+    THROTTLE_SLICE,
 };
 pub use device_faults::{DeviceRegion, DeviceUserfaultfd};
 pub use dirty_source::{DirtySource, DirtySourceError};
@@ -61,5 +62,5 @@ pub use section::{LiveState, Section, SectionId, SectionSpec, Subsection};
 pub use types::{Gfn, Gpa, PAGE_SHIFT, PAGE_SIZE};
 pub use vm::{
     current_thread_id, dirty_tracking, restore_vcpu_state, save_vcpu_state, BlockScope, Blocker,
-    FaultExits, HarvestStats, Lifecycle, Vm,
+    Lifecycle, Vm,
 };

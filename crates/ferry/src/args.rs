@@ -1,7 +1,7 @@
 //! Command-line arguments shared by several subcommands: the guest workload and
 //! the backend that runs it.
 
-use crate::vms::BackendKind;
+use crate::backend::BackendKind;
 use clap::{Args, ValueEnum};
 use ferry_engine::precopy::Placement;
 use ferry_kvm::DirtyTracking;
@@ -312,6 +312,19 @@ impl BackendArgs {
             workload,
             backing: self.backing(),
         }
+    }
+}
+
+/// `--connections`: a count, or `auto` for one per core (at most 8).
+pub fn parse_connections(s: &str) -> Result<usize, String> {
+    let max = ferry_engine::precopy::MAX_CONNECTIONS;
+    if s == "auto" {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        return Ok(cores.clamp(1, 8));
+    }
+    match s.parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("expected 1 to {max}, or auto")),
     }
 }
 

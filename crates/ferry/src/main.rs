@@ -4,21 +4,26 @@
 //! [`vms`], and hands it to the migration engine or an experiment.
 
 mod args;
+mod backend;
 mod bench;
 mod child;
 mod cmd;
 mod control;
 mod drain;
+mod driver;
 mod endpoint;
+mod error;
 mod guest_check;
 mod netns;
 mod predict;
 mod progress_bar;
 mod rates;
 mod report;
+mod serve;
 mod signals;
 mod summary;
 mod timeline;
+mod tls;
 mod vcpu_share;
 mod vms;
 

@@ -16,7 +16,7 @@
 //! pages at what its write-protect faults allow, and the model then said
 //! auto-converge could never hold it (it converged in 27-32 s).
 
-use crate::cmd::CmdError;
+use crate::error::CmdError;
 use ferry_engine::converge::{predict_vm, sample_dirtying, PredictSettings, Prediction};
 use ferry_engine::Tunables;
 use ferry_report::Table;

@@ -4,7 +4,7 @@
 //! round, each throttle change and the prediction. The summary's JSON goes
 //! beside it (FILE.json), linked from the page.
 
-use crate::cmd::CmdError;
+use crate::error::CmdError;
 use ferry_engine::MigrationSummary;
 use ferry_report::html::Page;
 use ferry_report::{Chart, Table};

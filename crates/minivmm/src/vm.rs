@@ -1,7 +1,7 @@
 //! The VM, and what it tells ferry's engine ([`ferry_engine::vmm::Vm`]).
 
 use crate::blk::{self, Blk, Notify};
-use crate::fill::{self, device::FillDevice, log::FillDirtySource};
+use crate::fill::{self, device::FillDevice, dirty_source::FillDirtySource};
 use crate::guest::GuestParams;
 use crate::iothread::IoThread;
 use crate::layout::{mmio_base, MAX_VCPUS, QUEUE_SIZE};

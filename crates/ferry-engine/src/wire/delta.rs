@@ -189,8 +189,8 @@ pub fn decode_delta(payload: &[u8], total_pages: u64) -> Result<DeltaView<'_>, S
     if payload.len() < 8 {
         return Err("too short for a round and a count".into());
     }
-    let round = super::messages::u32_at(payload, 0);
-    let count = super::messages::u32_at(payload, 4) as usize;
+    let round = super::bytes::u32_at(payload, 0);
+    let count = super::bytes::u32_at(payload, 4) as usize;
     if count == 0 || count > super::MAX_BATCH_PAGES {
         return Err(format!("page count {count} is out of range"));
     }
@@ -200,7 +200,7 @@ pub fn decode_delta(payload: &[u8], total_pages: u64) -> Result<DeltaView<'_>, S
         let head = payload
             .get(at..at + ENTRY_HEAD)
             .ok_or("too short for its page entries")?;
-        let gfn = super::messages::u64_at(head, 0);
+        let gfn = super::bytes::u64_at(head, 0);
         let len = usize::from(u16::from_le_bytes([head[8], head[9]]));
         if gfn >= total_pages {
             return Err(format!(

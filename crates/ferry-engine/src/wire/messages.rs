@@ -2,6 +2,7 @@
 //! ones on the switchover path (no parser between pause and resume), JSON for
 //! the report, which is read once at the very end and will grow fields.
 
+use super::bytes::{u32_at, u64_at};
 use super::{FrameKind, StreamError};
 pub use crate::digest::MemoryDigest;
 use serde::{Deserialize, Serialize};
@@ -411,20 +412,6 @@ fn digest_at(p: &[u8], at: usize) -> MemoryDigest {
         pages: u64_at(p, at),
         value: u64_at(p, at + 8),
     }
-}
-
-/// Little-endian u64 at `at`; callers have checked the length.
-pub(crate) fn u64_at(p: &[u8], at: usize) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&p[at..at + 8]);
-    u64::from_le_bytes(b)
-}
-
-/// Little-endian u32 at `at`; callers have checked the length.
-pub(crate) fn u32_at(p: &[u8], at: usize) -> u32 {
-    let mut b = [0u8; 4];
-    b.copy_from_slice(&p[at..at + 4]);
-    u32::from_le_bytes(b)
 }
 
 #[cfg(test)]

@@ -54,6 +54,7 @@
 //! not know a frame type reports it as an error rather than skipping it,
 //! because silently skipping memory is how pages get lost.
 
+mod bytes;
 pub mod capabilities;
 pub mod channel;
 pub mod compress;

@@ -302,8 +302,8 @@ pub fn decode_batch(payload: &[u8], total_pages: u64) -> Result<BatchView<'_>, S
     if payload.len() < HEAD {
         return Err("too short for a round and a run count".into());
     }
-    let round = super::messages::u32_at(payload, 0);
-    let run_count = super::messages::u32_at(payload, 4) as usize;
+    let round = super::bytes::u32_at(payload, 0);
+    let run_count = super::bytes::u32_at(payload, 4) as usize;
     if run_count == 0 || run_count > MAX_BATCH_PAGES {
         return Err(format!("run count {run_count} is out of range"));
     }
@@ -315,8 +315,8 @@ pub fn decode_batch(payload: &[u8], total_pages: u64) -> Result<BatchView<'_>, S
     let mut pages = 0usize;
     for r in 0..run_count {
         let at = HEAD + r * RUN_BYTES;
-        let first = super::messages::u64_at(payload, at);
-        let n = super::messages::u32_at(payload, at + 8);
+        let first = super::bytes::u64_at(payload, at);
+        let n = super::bytes::u32_at(payload, at + 8);
         let end = first.checked_add(u64::from(n));
         if n == 0 || !matches!(end, Some(e) if e <= total_pages) {
             return Err(format!(

@@ -27,7 +27,6 @@ pub use vcpu::{VcpuContext, VcpuError, VcpuSnapshot};
 pub use vm_level::{Chips, Irqchip, VmDevices, VmSnapshot, VmStateError};
 pub use xsave::{XsaveError, XsaveKind};
 
-use ferry_vm::VmError;
 use kvm_ioctls::VcpuFd;
 use serde::{Deserialize, Serialize};
 
@@ -77,18 +76,6 @@ impl StateError {
             StateError::Vm(e) => matches!(e, VmStateError::Devices { .. }),
             StateError::Vcpu { source, .. } => source.is_unfit(),
             StateError::Encode(_) | StateError::Xsave(_) => false,
-        }
-    }
-}
-
-impl From<StateError> for VmError {
-    /// State that does not fit is `BadVcpuState`; a KVM failure is an
-    /// operation error of the kvm backend.
-    fn from(e: StateError) -> Self {
-        if e.is_unfit() {
-            VmError::BadVcpuState(ferry_vm::error_chain(&e))
-        } else {
-            crate::KvmError::State(e).into()
         }
     }
 }

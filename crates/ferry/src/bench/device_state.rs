@@ -12,7 +12,7 @@
 //! ```
 
 use crate::args::{BackendArgs, WorkloadArgs};
-use crate::cmd::CmdError;
+use crate::error::CmdError;
 use crate::vms;
 use clap::Args;
 use ferry_engine::vmm::StreamHeader;

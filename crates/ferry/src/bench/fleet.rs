@@ -17,7 +17,7 @@
 //!              makespan against the best
 //! ```
 
-use crate::cmd::CmdError;
+use crate::error::CmdError;
 use clap::Args;
 use ferry_fleet::exact::best_list_schedule;
 use ferry_fleet::{generate, lower_bound, policies, run, DrainOutcome, Planner};

@@ -18,7 +18,7 @@
 //! shrinks 500×. The capped cells compare compression with none under a
 //! bandwidth cap, where the link is the bottleneck by construction.
 
-use crate::cmd::CmdError;
+use crate::error::CmdError;
 use clap::Args;
 use ferry_report::{Plot, Report, Series, Table};
 use serde::Serialize;
@@ -389,7 +389,7 @@ pub fn run(a: &LinkArgs) -> Result<Report<LinkResults>, CmdError> {
     }
     if a.cap_mib_s > 0 {
         // One connection per core: compression runs on the sender threads.
-        let n = crate::cmd::migrate::parse_connections("auto").unwrap_or(1);
+        let n = crate::args::parse_connections("auto").unwrap_or(1);
         let raw = cells
             .iter()
             .find(|c| c.what == "raw TCP" && c.connections == n)

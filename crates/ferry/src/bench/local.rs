@@ -14,8 +14,8 @@
 //!   median, and where the median move's pause went
 //! ```
 
-use crate::cmd::CmdError;
-use crate::vms::BackendKind;
+use crate::backend::BackendKind;
+use crate::error::CmdError;
 use clap::Args;
 use ferry_engine::local::{
     await_local, listen_local, migrate_local, receive_local, LocalOptions, PausePhases,

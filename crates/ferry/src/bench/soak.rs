@@ -15,7 +15,7 @@
 //! starts from it again. The soak stops early only if the guest is lost.
 
 use crate::child::die_with_parent;
-use crate::cmd::CmdError;
+use crate::error::CmdError;
 use clap::Args;
 use ferry_report::{Plot, Report, Series, Table};
 use serde::Serialize;

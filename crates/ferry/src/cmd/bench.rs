@@ -1,8 +1,8 @@
 //! `ferry bench ...`.
 
-use super::CmdError;
 use crate::args::{parse_size, BackendArgs, TrackingMode};
-use crate::vms::BackendKind;
+use crate::backend::BackendKind;
+use crate::error::CmdError;
 use clap::{Args, Subcommand};
 use ferry_bench::demand_paging::{experiment as demand_paging_experiment, DemandPagingOpts};
 use ferry_bench::kvm::dirty_log as dirty_log_kvm;

@@ -1,7 +1,7 @@
 //! `ferry certs DIR`: a throwaway CA and one certificate, for trying
 //! `--tls-dir` on one machine or in a lab.
 
-use super::CmdError;
+use crate::error::CmdError;
 use clap::Args;
 use ferry_engine::transport::tls::{pki, CA_FILE, CERT_FILE, KEY_FILE};
 use ferry_vm::error_chain as chain;

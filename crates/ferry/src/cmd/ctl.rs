@@ -1,8 +1,8 @@
 //! `ferry ctl SOCKET COMMAND [NAME=VALUE ...]`: the command-line client of
 //! a `ferry run --control` socket, in QMP's terms.
 
-use super::CmdError;
 use crate::control::ControlError;
+use crate::error::CmdError;
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::io::{BufRead, BufReader, Write};

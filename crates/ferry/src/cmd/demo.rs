@@ -2,9 +2,9 @@
 //! starts a destination `ferry receive` process on this machine, migrates over
 //! loopback with a progress bar, and prints the summary.
 
-use super::migrate::{boot_and_migrate, finish, MigrationArgs};
-use super::CmdError;
 use crate::args::{BackendArgs, PagingArgs, WorkloadArgs};
+use crate::driver::{boot_and_migrate, check_policy, finish, MigrationArgs};
+use crate::error::CmdError;
 use crate::netns::{LinkShape, NetnsPair, DEST_ADDR};
 use crate::vms;
 use clap::Args;
@@ -122,7 +122,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     // The source VM first: a policy its backend cannot serve is refused
     // before a destination process exists.
     let mut vm = vms::create(a.backend.kind(), &config, &a.backend, vms::Role::Source)?;
-    super::migrate::check_policy(&mut *vm, opts.converge)?;
+    check_policy(&mut *vm, opts.converge)?;
     a.migration.link_bytes_per_sec = a.link_rate.map(|r| r << 20);
     let netns = if a.netns {
         let shape = LinkShape {

@@ -12,10 +12,10 @@
 //!            digests, VMs over their downtime target
 //! ```
 
-use super::CmdError;
 use crate::drain::exec::{self, Env, Measured};
 use crate::drain::fleet::MiniFleet;
 use crate::drain::procs::VmProcess;
+use crate::error::CmdError;
 use crate::netns::{LinkShape, NetnsBridge};
 use clap::Args;
 use ferry_fleet::{lower_bound, policy_named, DrainOutcome};

@@ -5,31 +5,14 @@ mod certs;
 mod ctl;
 mod demo;
 mod drain;
-mod local;
-pub(crate) mod migrate;
+mod migrate;
 mod plan;
-pub(crate) mod receive;
-pub(crate) mod run;
+mod receive;
+mod run;
 
+use crate::error::CmdError;
 use clap::Subcommand;
 use std::process::ExitCode;
-
-/// Errors a subcommand reports; `main` prints the whole chain.
-#[derive(Debug, thiserror::Error)]
-pub enum CmdError {
-    /// Arguments that parse but make no sense together.
-    #[error("{0}")]
-    Usage(String),
-    /// The VM failed.
-    #[error(transparent)]
-    Backend(#[from] ferry_vm::VmError),
-    /// Writing a report failed.
-    #[error(transparent)]
-    Report(#[from] ferry_report::ReportError),
-    /// Something else, already described.
-    #[error("{0}")]
-    Failed(String),
-}
 
 /// The ferry subcommands.
 #[derive(Subcommand, Debug)]

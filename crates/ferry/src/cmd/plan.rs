@@ -11,7 +11,7 @@
 //!   ferry plan ... --export kubevirt      the plan as KubeVirt objects
 //! ```
 
-use super::CmdError;
+use crate::error::CmdError;
 use clap::Args;
 use ferry_fleet::export::{self, KubeVirtOptions, BEFORE_WAVE_LABEL, WAVE_LABEL};
 use ferry_fleet::{generate, lower_bound, policy_named, run, DrainOutcome, Fleet};

@@ -142,7 +142,7 @@ pub fn settings(
         o
     };
     opts.validate().map_err(|e| e.to_string())?;
-    let tls = crate::cmd::migrate::load_tls(m.tls_dir.as_deref()).map_err(|e| e.to_string())?;
+    let tls = crate::tls::load_tls(m.tls_dir.as_deref()).map_err(|e| e.to_string())?;
     Ok((m.to, opts, tls))
 }
 

@@ -4,14 +4,16 @@
 //! each policy's measured makespan beside the simulator's prediction.
 //!
 //! ```text
-//!   fleet   which hosts, which guests, and the same as ferry_fleet sees it
-//!   procs   the VMs (`ferry run --control`) and destinations (`ferry receive`)
-//!   exec    one policy's drain: the simulator's Policy, driven by real ends
-//!   replan  the planner's drain planned again when it runs slower than planned
+//!   fleet     which hosts, which guests, and the same as ferry_fleet sees it
+//!   procs     the VMs (`ferry run --control`) and destinations (`ferry receive`)
+//!   exec      one policy's drain: the simulator's Policy, driven by real ends
+//!   measured  one VM's migration as it went (what exec records, replan reads)
+//!   replan    the planner's drain planned again when it runs slower than planned
 //! ```
 
 pub mod exec;
 pub mod fleet;
+pub mod measured;
 pub mod procs;
 pub mod replan;
 

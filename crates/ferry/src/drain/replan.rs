@@ -18,7 +18,7 @@
 //!             a waiting guest writes over RATE_RISE x its assumed rate
 //! ```
 
-use super::exec::MeasuredVm;
+use super::measured::MeasuredVm;
 use ferry_fleet::sim::SETUP_SECS;
 use ferry_fleet::{DrainOutcome, Fleet};
 use serde::Serialize;

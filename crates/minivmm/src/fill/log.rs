@@ -1,16 +1,15 @@
 //! The vhost-user dirty log: a memfd the backend maps (`SET_LOG_BASE` with
 //! `LOG_SHMFD`), one bit per 4 KiB guest page by guest physical address,
-//! which the backend sets with an atomic OR for every page it writes. The
-//! engine reads it as a [`DirtySource`]: each harvest swaps every word
-//! with zero, so a bit set while it reads is kept for the next one.
+//! which the backend sets with an atomic OR for every page it writes. Each
+//! harvest swaps every word with zero, so a bit set while it reads is kept
+//! for the next one. The engine reads it through the device
+//! ([`super::dirty_source`]).
 
 use super::FillError;
-use crate::Devices;
-use ferry_engine::vmm::{DirtyPages, DirtySource, DirtySourceError, Gfn, PAGE_SIZE};
+use ferry_engine::vmm::{DirtyPages, Gfn, PAGE_SIZE};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use vhost::VhostUserDirtyLogRegion;
 
 /// The log, mapped here and in the backend.
@@ -87,47 +86,5 @@ impl Drop for Log {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `new`, of this length, unmapped once.
         unsafe { libc::munmap(self.words as *mut libc::c_void, self.len * 8) };
-    }
-}
-
-/// The backend's writes, as the engine collects them.
-pub struct FillDirtySource {
-    devices: Arc<Devices>,
-}
-
-impl FillDirtySource {
-    /// The fill device of `devices`.
-    pub fn new(devices: Arc<Devices>) -> Self {
-        FillDirtySource { devices }
-    }
-
-    fn with<T>(
-        &self,
-        f: impl FnOnce(&mut super::device::FillDevice) -> Result<T, FillError>,
-    ) -> Result<T, DirtySourceError> {
-        let fill =
-            self.devices.fill.as_ref().ok_or_else(|| {
-                DirtySourceError::CannotReport("this VM has no fill device".into())
-            })?;
-        let mut fill = fill.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut fill).map_err(|e| DirtySourceError::failed("the vhost-user dirty log", e))
-    }
-}
-
-impl DirtySource for FillDirtySource {
-    fn name(&self) -> &str {
-        "vhost-user fill device"
-    }
-    fn start(&mut self) -> Result<(), DirtySourceError> {
-        self.with(|fill| fill.start_log())
-    }
-    fn collect(&mut self, into: &mut DirtyPages) -> Result<(), DirtySourceError> {
-        self.with(|fill| fill.collect_log(into))
-    }
-    fn stop(&mut self) {
-        let _ = self.with(|fill| {
-            fill.stop_log();
-            Ok(())
-        });
     }
 }

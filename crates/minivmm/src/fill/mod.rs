@@ -7,7 +7,8 @@
 //!        │                                           │ vhost-user socket (the vhost crate's Frontend)
 //!        │ queue notify ── KVM_IOEVENTFD ──▶ kick ──▶ minivmm-vhost (backend.rs, vhost-user-backend)
 //!        ◀── buffers filled, used ring ──── writes guest memory through the memfd it mapped
-//!                                              and marks each page in the vhost-user dirty log (log.rs)
+//!                                              and marks each page in the vhost-user dirty log (log.rs),
+//!                                              which the engine reads as a dirty source (dirty_source.rs)
 //! ```
 //!
 //! The guest posts buffers; the backend fills each with the next sequence
@@ -16,6 +17,7 @@
 
 pub mod backend;
 pub mod device;
+pub mod dirty_source;
 pub mod log;
 
 /// The section's name.

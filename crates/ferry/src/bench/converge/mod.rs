@@ -22,7 +22,7 @@
 //! itself.
 
 use crate::child::die_with_parent;
-use crate::cmd::CmdError;
+use crate::error::CmdError;
 use clap::Args;
 use ferry_report::{Chart, Report, Table};
 use serde::Serialize;

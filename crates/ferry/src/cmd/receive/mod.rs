@@ -1,10 +1,13 @@
 //! `ferry receive`: the destination. Listens, receives one migration, then
-//! keeps running the guest.
+//! keeps running the guest ([`crate::serve`]). A same-host upgrade's
+//! destination is [`local`].
 
-use super::run::Serve;
-use super::CmdError;
+mod local;
+
 use crate::args::{parse_size, BackendArgs, PagingArgs};
 use crate::control::{self, VmCommand};
+use crate::error::CmdError;
+use crate::serve::{serve_vm_on, Serve};
 use crate::vms;
 use clap::Args;
 use ferry_engine::custody::CopyState;
@@ -130,7 +133,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         ));
     }
     if let Some(socket) = &a.local {
-        return super::local::receive(&a, socket);
+        return local::receive(&a, socket);
     }
     let endpoint: crate::endpoint::Endpoint = a.listen.parse().map_err(CmdError::Usage)?;
     if a.tls_dir.is_some() && !matches!(endpoint, crate::endpoint::Endpoint::Tcp(_)) {
@@ -138,7 +141,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
             "--tls-dir runs over TCP, not {endpoint}"
         )));
     }
-    let tls = crate::cmd::migrate::load_tls(a.tls_dir.as_deref())?;
+    let tls = crate::tls::load_tls(a.tls_dir.as_deref())?;
     let (listener, local) = endpoint.listener(tls.as_ref()).map_err(CmdError::Failed)?;
     // Nothing to roll back on this side: a stop ends it, and the source
     // sees the connection go (its guest runs on there).
@@ -282,7 +285,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                  unless it got this side's verdict: see its summary)"
             )));
         }
-        return super::run::serve_vm_on(&mut *vm, &serving(&a), shared, commands);
+        return serve_vm_on(&mut *vm, &serving(&a), shared, commands);
     }
     report(&a, &mut *vm, &summary, problem, shared, commands)
 }
@@ -297,7 +300,7 @@ fn monitor_sockets(a: &ReceiveArgs) -> Vec<std::path::PathBuf> {
 }
 
 /// Removes them, on an exit that does not serve the guest.
-pub(super) fn remove_sockets(a: &ReceiveArgs) {
+fn remove_sockets(a: &ReceiveArgs) {
     for path in monitor_sockets(a) {
         let _ = std::fs::remove_file(path);
     }
@@ -315,9 +318,7 @@ fn break_guest(vm: &dyn Vm) {
 
 /// The destination's monitor, up before the migration arrives, as QEMU's
 /// destination monitor is (run state `inmigrate`), and following it.
-pub(super) fn arrival_monitor(
-    a: &ReceiveArgs,
-) -> Result<(control::Shared, Receiver<VmCommand>), CmdError> {
+fn arrival_monitor(a: &ReceiveArgs) -> Result<(control::Shared, Receiver<VmCommand>), CmdError> {
     let (shared, commands) = control::Shared::new(CopyState::Arriving, 0);
     shared
         .serve_sockets(a.control.as_deref(), a.qmp.as_deref())
@@ -327,7 +328,7 @@ pub(super) fn arrival_monitor(
 
 /// How the arrived guest is served: its monitor stays up after a
 /// migration onward only with `--qmp`, as QEMU's does.
-pub(super) fn serving(a: &ReceiveArgs) -> Serve {
+fn serving(a: &ReceiveArgs) -> Serve {
     Serve {
         interval: Duration::from_secs(1),
         duration: None,
@@ -369,7 +370,7 @@ fn report(
         } else {
             eprintln!("ferry receive: guest running here; Ctrl-C to stop");
         }
-        return super::run::serve_vm_on(vm, &serving(a), shared, commands);
+        return serve_vm_on(vm, &serving(a), shared, commands);
     }
     remove_sockets(a);
     Ok(if ok {
