@@ -1,5 +1,6 @@
 //! ferry's own JSON-lines requests: `{"cmd": ...}`.
 
+use ferry_engine::{MigrationSettings, TunableChange};
 use serde::Deserialize;
 
 /// A migration's settings, from `{"cmd":"migrate",...}` or QMP's
@@ -12,6 +13,10 @@ pub struct MigrateRequest {
     /// Have the destination verify the digest before it resumes the guest.
     #[serde(default)]
     pub verify_before_resume: bool,
+    /// Harvest the dirty log within rounds (default off; see
+    /// `ferry migrate --harvest-within-rounds`).
+    #[serde(default)]
+    pub harvest_within_rounds: bool,
     /// Data connections (default 1).
     pub connections: Option<usize>,
     /// Seconds the link may stand still (default 10).
@@ -39,6 +44,45 @@ pub struct MigrateRequest {
     /// Postcopy: seconds to keep reconnecting after the connections
     /// break (default 60).
     pub recover_timeout_s: Option<u64>,
+}
+
+impl MigrateRequest {
+    /// The engine's settings this request asks for, its names parsed. What
+    /// the server holds (the VM's tunables, QMP's `postcopy-ram`, a policy
+    /// chosen before) it adds, then maps the settings to the engine's
+    /// options as every other face does
+    /// ([`MigrationSettings::options`]).
+    pub fn settings(&self) -> Result<MigrationSettings, String> {
+        let on_stall_postcopy = match self.on_stall.as_deref() {
+            None | Some("escalate") => false,
+            Some("postcopy") => true,
+            Some(other) => {
+                return Err(format!(
+                    "unknown on_stall '{other}': expected escalate or postcopy"
+                ))
+            }
+        };
+        let mode = self.mode.as_deref().map(str::parse).transpose()?;
+        let converge = self.converge.as_deref().map(str::parse).transpose()?;
+        let compression = self.compress.as_deref().unwrap_or("none").parse()?;
+        Ok(MigrationSettings {
+            tunables: TunableChange::default(),
+            verify_before_resume: self.verify_before_resume,
+            connections: self.connections,
+            stall_timeout_s: self.stall_timeout_s,
+            compression,
+            delta_cache_bytes: self.delta_cache_mib.unwrap_or(0).saturating_mul(1 << 20),
+            harvest_within_rounds: self.harvest_within_rounds,
+            converge,
+            max_downtime_ms: self.max_downtime_ms,
+            give_up_after_s: self.give_up_after_s,
+            mode,
+            postcopy_after_rounds: self.postcopy_after_rounds,
+            on_stall_postcopy,
+            postcopy_ram: false,
+            recover_timeout_s: self.recover_timeout_s,
+        })
+    }
 }
 
 /// A request on the control socket.
@@ -100,5 +144,38 @@ mod tests {
         ));
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"explode"}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"set","speed":1}"#).is_err());
+    }
+
+    fn migrate(line: &str) -> MigrateRequest {
+        match serde_json::from_str::<Request>(line) {
+            Ok(Request::Migrate(m)) => m,
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_migrate_request_names_its_settings() {
+        let m = migrate(
+            r#"{"cmd":"migrate","to":"h:1","compress":"lz4","converge":"auto","mode":"hybrid",
+                "on_stall":"postcopy","delta_cache_mib":2,"harvest_within_rounds":true}"#,
+        );
+        let s = m.settings().unwrap();
+        assert_eq!(s.compression.to_string(), "lz4");
+        assert_eq!(s.converge.map(|c| c.to_string()).as_deref(), Some("auto"));
+        assert_eq!(s.mode.map(|m| m.name()), Some("hybrid"));
+        assert!(s.on_stall_postcopy && s.harvest_within_rounds);
+        assert_eq!(s.delta_cache_bytes, 2 << 20);
+        let defaults = migrate(r#"{"cmd":"migrate","to":"h:1"}"#)
+            .settings()
+            .unwrap();
+        assert!(defaults.mode.is_none() && !defaults.harvest_within_rounds);
+        for bad in [
+            r#""on_stall":"panic""#,
+            r#""compress":"gzip""#,
+            r#""mode":"teleport""#,
+        ] {
+            let line = format!(r#"{{"cmd":"migrate","to":"h:1",{bad}}}"#);
+            assert!(migrate(&line).settings().is_err(), "{line}");
+        }
     }
 }

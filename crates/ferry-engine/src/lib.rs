@@ -61,7 +61,7 @@ pub use error::{MigrationError, OptionsError};
 pub use postcopy::{resume_postcopy, Mode, PostcopyReport, PostcopyResume};
 pub use precopy::{
     await_migration, migrate, migrate_accounted, receive, receive_as, IncomingMigration,
-    PrecopyOptions, ReceiveOptions,
+    MigrationSettings, PrecopyOptions, ReceiveOptions,
 };
 pub use progress::{Both, NoProgress, Phase, Progress};
 pub use session::device_cost;

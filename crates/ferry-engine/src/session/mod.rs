@@ -3,6 +3,8 @@
 //!
 //! ```text
 //!   options      each side's options and defaults, and the mode
+//!   settings     a migration's settings as the faces take them, mapped
+//!                to the source's options in one place
 //!   source       the source's VM, connections, dirty logging, rounds sent
 //!   switchover   the source's pause, vCPU state, digest, commit, rollback
 //!   dest         the destination's VM, connections, loading and commit
@@ -33,6 +35,7 @@ mod page_server;
 mod receivers;
 mod round_gate;
 mod senders;
+mod settings;
 mod source;
 mod switchover;
 mod within_round;
@@ -48,6 +51,7 @@ pub use options::{
     PREFETCH_PAGES, RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS,
 };
 pub(crate) use page_requests::{BlockClock, Requests, ThreadWaits, BLOCK_BIN};
+pub use settings::MigrationSettings;
 pub use source::fresh_summary;
 pub(crate) use source::{new_session_id, ship, Migrating, Source, Transfer, EST_BYTES_PER_PAGE};
 

@@ -17,8 +17,8 @@ use crate::vms;
 use clap::Args;
 use ferry_engine::vmm::StreamHeader;
 use ferry_engine::{
-    await_migration, listen, migrate, receive_as, MigrationSummary, NoProgress, PrecopyOptions,
-    ReceiveOptions, TcpDialer,
+    await_migration, listen, migrate, receive_as, MigrationSettings, MigrationSummary, NoProgress,
+    ReceiveOptions, TcpDialer, TunableChange, Tunables,
 };
 use ferry_memstress::MemstressProbe;
 use ferry_report::{Plot, Report, Series, Table};
@@ -274,10 +274,16 @@ fn move_once(
         });
         vm.start().map_err(|e| failed("start the source", &e))?;
         std::thread::sleep(Duration::from_secs_f64(a.warmup));
-        let mut opts = PrecopyOptions::default();
-        opts.probe = Some(Arc::new(MemstressProbe));
-        opts.tunables
-            .set_downtime_target(Duration::from_millis(a.downtime_ms));
+        let settings = MigrationSettings {
+            tunables: TunableChange {
+                downtime_ms: Some(a.downtime_ms),
+                ..TunableChange::default()
+            },
+            ..MigrationSettings::default()
+        };
+        let opts = settings
+            .options(Tunables::shared(), Some(Arc::new(MemstressProbe)))
+            .map_err(|e| CmdError::Usage(e.to_string()))?;
         let summary = migrate(&mut vm, &to, &opts, &NoProgress)
             .map_err(|e| failed("migrate", &ferry_vm::error_chain(&e)))?;
         let (moved, received) = dest

@@ -20,7 +20,9 @@ use clap::Args;
 use ferry_engine::local::{
     await_local, listen_local, migrate_local, receive_local, LocalOptions, PausePhases,
 };
-use ferry_engine::{await_migration, listen, migrate, receive, NoProgress, PrecopyOptions};
+use ferry_engine::{
+    await_migration, listen, migrate, receive, MigrationSettings, NoProgress, Tunables,
+};
 use ferry_engine::{Outcome, ReceiveOptions, TcpDialer};
 use ferry_kvm::DirtyTracking;
 use ferry_kvm_memstress::{KvmVm, Role};
@@ -226,11 +228,9 @@ fn move_tcp(a: &LocalArgs, kind: BackendKind, c: &VmConfig) -> Result<Cell, CmdE
     let mut vm = boot(kind, &anon)?;
     vm.start()?;
     std::thread::sleep(Duration::from_secs_f64(a.warmup));
-    let opts = {
-        let mut o = PrecopyOptions::default();
-        o.probe = Some(Arc::new(MemstressProbe));
-        o
-    };
+    let opts = MigrationSettings::default()
+        .options(Tunables::shared(), Some(Arc::new(MemstressProbe)))
+        .map_err(|e| CmdError::Usage(e.to_string()))?;
     let moved = migrate(&mut *vm, &to, &opts, &NoProgress);
     let dest = dest
         .join()

@@ -5,7 +5,7 @@ use super::{forward, Shared, VmCommand};
 use crate::rates;
 use ferry_control::ParamUpdate;
 use ferry_control::{MigrateRequest, Request};
-use ferry_engine::{Mode, PrecopyOptions, TlsConfig, TunableChange};
+use ferry_engine::{PrecopyOptions, TlsConfig, TunableChange};
 use ferry_memstress::read_progress;
 use ferry_memstress::MemstressProbe;
 use serde_json::{json, Value};
@@ -92,56 +92,18 @@ pub fn settings(
     m: MigrateRequest,
     shared: &Shared,
 ) -> Result<(String, PrecopyOptions, Option<TlsConfig>), String> {
-    let on_stall = match m.on_stall.as_deref() {
-        None | Some("escalate") => false,
-        Some("postcopy") => true,
-        Some(other) => {
-            return Err(format!(
-                "unknown on_stall '{other}': expected escalate or postcopy"
-            ))
-        }
-    };
-    let postcopy_ram = shared
+    let mut settings = m.settings()?;
+    // QMP's postcopy-ram: precopy until migrate-start-postcopy (or
+    // postcopy_after_rounds, or a stall with on_stall).
+    settings.postcopy_ram = shared
         .postcopy_ram
         .load(std::sync::atomic::Ordering::Acquire);
-    let mode = match m.mode.as_deref() {
-        // QMP's postcopy-ram: precopy until migrate-start-postcopy (or
-        // postcopy_after_rounds, or a stall with on_stall).
-        None if postcopy_ram => Mode::Hybrid {
-            after_rounds: m.postcopy_after_rounds.unwrap_or(u32::MAX).max(1),
-            on_stall,
-        },
-        name => name
-            .unwrap_or("precopy")
-            .parse::<Mode>()?
-            .switching(m.postcopy_after_rounds, on_stall)
-            .map_err(|e| e.to_string())?,
-    };
-    let converge = match m.converge.as_deref() {
-        Some(c) => Some(c.parse()?),
-        None => shared.next_converge(),
-    };
-    let opts = {
-        let mut o = PrecopyOptions::default();
-        o.tunables = Arc::clone(&shared.tunables);
-        o.verify_before_resume = m.verify_before_resume;
-        o.connections = m.connections.unwrap_or(o.connections);
-        o.stall_timeout = m
-            .stall_timeout_s
-            .map_or(o.stall_timeout, Duration::from_secs);
-        o.compression = m.compress.as_deref().unwrap_or("none").parse()?;
-        o.delta_cache_bytes = m.delta_cache_mib.unwrap_or(0).saturating_mul(1 << 20);
-        o.converge = converge;
-        o.max_downtime = m.max_downtime_ms.map(Duration::from_millis);
-        o.give_up_after = m.give_up_after_s.map(Duration::from_secs);
-        o.mode = mode;
-        o.recover_timeout = m
-            .recover_timeout_s
-            .map_or(o.recover_timeout, Duration::from_secs);
-        o.probe = Some(Arc::new(MemstressProbe));
-        o
-    };
-    opts.validate().map_err(|e| e.to_string())?;
+    if settings.converge.is_none() {
+        settings.converge = shared.next_converge();
+    }
+    let opts = settings
+        .options(Arc::clone(&shared.tunables), Some(Arc::new(MemstressProbe)))
+        .map_err(|e| e.to_string())?;
     let tls = crate::tls::load_tls(m.tls_dir.as_deref()).map_err(|e| e.to_string())?;
     Ok((m.to, opts, tls))
 }

@@ -12,7 +12,7 @@
 //!  {"cmd":"migrate","to":"10.0.0.2:7070"}            -> the migration summary (blocks)
 //!      optional: connections, stall_timeout_s, compress, verify_before_resume, tls_dir,
 //!      delta_cache_mib, converge, max_downtime_ms, give_up_after_s, mode,
-//!      postcopy_after_rounds, on_stall, recover_timeout_s
+//!      postcopy_after_rounds, on_stall, recover_timeout_s, harvest_within_rounds
 //!  {"cmd":"resume"}                                  -> resumes a postcopy whose automatic
 //!      recovery ran out of time (the source stays paused until then);
 //!      optional: to (another address of the same destination)

@@ -10,10 +10,9 @@ use ferry_engine::precopy::{DEFAULT_STALL_TIMEOUT, RECOVER_TIMEOUT_SECS, STALL_T
 use ferry_engine::tunables::{
     DEFAULT_DOWNTIME, DEFAULT_MAX_ROUNDS, DOWNTIME_MS, MAX_ROUNDS, QUOTA_INTERVAL_MS,
 };
-use ferry_engine::{Mode, PrecopyOptions, TlsConfig, TunableChange, Tunables};
+use ferry_engine::{MigrationSettings, Mode, PrecopyOptions, TlsConfig, TunableChange, Tunables};
 use ferry_memstress::MemstressProbe;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Knobs of a precopy migration.
 #[derive(Args, Debug, Clone)]
@@ -158,49 +157,41 @@ pub struct MigrationArgs {
 }
 
 impl MigrationArgs {
-    /// The mode asked for, with its switch to postcopy: the engine refuses
-    /// a switch asked of a mode that never switches.
-    pub fn mode(&self) -> Result<Mode, CmdError> {
-        self.mode
-            .switching(self.postcopy_after_rounds, self.on_stall == "postcopy")
-            .map_err(|e| CmdError::Usage(e.to_string()))
-    }
-}
-
-impl MigrationArgs {
     /// The engine's options these flags ask for (with tunables of their
-    /// own), checked by the engine, and the TLS material, loaded so that a
+    /// own), mapped and checked by the engine as every face's are
+    /// ([`MigrationSettings::options`]), and the TLS material, loaded so that a
     /// bad --tls-dir is refused before any VM boots.
     pub fn options(&self) -> Result<(PrecopyOptions, Option<TlsConfig>), CmdError> {
-        let mode = self.mode()?;
-        let tunables = Tunables::shared();
-        tunables
-            .apply(&TunableChange {
+        let opts = self
+            .settings()
+            .options(Tunables::shared(), Some(Arc::new(MemstressProbe)))
+            .map_err(|e| CmdError::Usage(e.to_string()))?;
+        Ok((opts, crate::tls::load_tls(self.tls_dir.as_deref())?))
+    }
+
+    /// The engine's settings these flags ask for.
+    pub fn settings(&self) -> MigrationSettings {
+        MigrationSettings {
+            tunables: TunableChange {
                 downtime_ms: Some(self.downtime_ms),
                 max_rounds: Some(self.max_rounds),
                 bandwidth_bytes_per_sec: Some(self.bandwidth_mib_s.saturating_mul(1 << 20)),
                 quota_interval_ms: Some(self.quota_interval_ms),
-            })
-            .map_err(|e| CmdError::Usage(e.to_string()))?;
-        let opts = {
-            let mut o = PrecopyOptions::default();
-            o.tunables = tunables;
-            o.verify_before_resume = self.verify_before_resume;
-            o.connections = self.connections;
-            o.stall_timeout = Duration::from_secs(self.stall_timeout_s);
-            o.compression = self.compress;
-            o.delta_cache_bytes = if self.delta { self.delta_cache } else { 0 };
-            o.harvest_within_rounds = self.harvest_within_rounds;
-            o.converge = self.converge;
-            o.max_downtime = self.max_downtime_ms.map(Duration::from_millis);
-            o.mode = mode;
-            o.recover_timeout = Duration::from_secs(self.recover_timeout_s);
-            o.probe = Some(Arc::new(MemstressProbe));
-            o.give_up_after = self.give_up_after_s.map(Duration::from_secs);
-            o
-        };
-        opts.validate()
-            .map_err(|e| CmdError::Usage(e.to_string()))?;
-        Ok((opts, crate::tls::load_tls(self.tls_dir.as_deref())?))
+            },
+            verify_before_resume: self.verify_before_resume,
+            connections: Some(self.connections),
+            stall_timeout_s: Some(self.stall_timeout_s),
+            compression: self.compress,
+            delta_cache_bytes: if self.delta { self.delta_cache } else { 0 },
+            harvest_within_rounds: self.harvest_within_rounds,
+            converge: self.converge,
+            max_downtime_ms: self.max_downtime_ms,
+            give_up_after_s: self.give_up_after_s,
+            mode: Some(self.mode),
+            postcopy_after_rounds: self.postcopy_after_rounds,
+            on_stall_postcopy: self.on_stall == "postcopy",
+            postcopy_ram: false,
+            recover_timeout_s: Some(self.recover_timeout_s),
+        }
     }
 }

@@ -6,7 +6,10 @@ use ferry_engine::local::{migrate_local, LocalOptions};
 use ferry_engine::precopy::Compression;
 use ferry_engine::transport::{Dial, TcpDialer, TlsConfig};
 use ferry_engine::vmm::{Backing, Vm};
-use ferry_engine::{migrate as engine_migrate, Mode, PrecopyOptions, Progress, RoundStats};
+use ferry_engine::{
+    migrate as engine_migrate, MigrationSettings, Mode, PrecopyOptions, Progress, RoundStats,
+    TunableChange, Tunables,
+};
 use minivmm::probe::MiniProbe;
 use minivmm::MiniVm;
 use std::path::PathBuf;
@@ -49,6 +52,11 @@ pub struct MigrateArgs {
     /// The downtime target, in milliseconds.
     #[arg(long, default_value_t = 300)]
     downtime_ms: u64,
+    /// Harvest the dirty log at every policy interval while a round is
+    /// sent, so that a page dirtied ahead of the send cursor goes out once
+    /// (as `ferry migrate --harvest-within-rounds`).
+    #[arg(long)]
+    harvest_within_rounds: bool,
     /// Lift --bandwidth-mib-s while the guest is paused for the
     /// switchover, as QEMU lifts its max-bandwidth at completion (the cap
     /// then spares the link only while the guest runs).
@@ -102,28 +110,30 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
         ),
         None => Box::new(TcpDialer(to)),
     };
-    let opts = {
-        let mut o = PrecopyOptions::default();
-        o.mode = a.mode;
-        o.connections = a.connections;
-        o.converge = a.converge;
-        o.compression = a.compression;
+    let settings = MigrationSettings {
+        tunables: TunableChange {
+            downtime_ms: Some(a.downtime_ms),
+            bandwidth_bytes_per_sec: Some(a.bandwidth_mib_s.saturating_mul(1 << 20)),
+            ..TunableChange::default()
+        },
+        mode: Some(a.mode),
+        connections: Some(a.connections),
+        converge: a.converge,
+        compression: a.compression,
+        harvest_within_rounds: a.harvest_within_rounds,
         // The destination's guest must not touch the shared disk before
         // the digest proves its memory: a source that resumes after a
         // failed check would find blocks written by a guest that no
         // longer exists. Postcopy never resumes the source.
-        o.verify_before_resume = a.mode == Mode::Precopy;
-        o.probe = Some(Arc::new(MiniProbe));
-        o
+        verify_before_resume: a.mode == Mode::Precopy,
+        ..MigrationSettings::default()
     };
-    opts.tunables
-        .set_downtime_target(Duration::from_millis(a.downtime_ms));
-    if a.bandwidth_mib_s > 0 {
-        opts.tunables
-            .set_bandwidth_bytes_per_sec(a.bandwidth_mib_s << 20);
-    }
+    let opts = settings
+        .options(Tunables::shared(), Some(Arc::new(MiniProbe)))
+        .map_err(|e| e.to_string())?;
+    // Not an option of the migration's but a knob of its tunables, which
+    // only minivmm's flags set.
     opts.tunables.set_uncapped_pause(a.uncapped_pause);
-    opts.validate().map_err(|e| e.to_string())?;
 
     let config = a.vm.config()?;
     if config.fill && a.backing != Backing::Memfd {

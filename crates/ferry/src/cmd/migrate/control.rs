@@ -42,6 +42,7 @@ pub fn migrate(path: &std::path::Path, a: &MigrateArgs) -> Result<ExitCode, CmdE
         "cmd": "migrate",
         "to": a.to,
         "verify_before_resume": a.migration.verify_before_resume,
+        "harvest_within_rounds": a.migration.harvest_within_rounds,
         "connections": a.migration.connections,
         "stall_timeout_s": a.migration.stall_timeout_s,
         "compress": a.migration.compress.to_string(),
