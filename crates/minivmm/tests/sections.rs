@@ -26,8 +26,7 @@ fn disk(name: &str) -> MiniConfig {
 
 #[test]
 fn a_virtio_blk_section_the_destination_cannot_load_is_refused_by_name() {
-    if kvm_ioctls::Kvm::new().is_err() {
-        ferry_vm::skip!("SKIP minivmm sections: /dev/kvm is not available here");
+    if !ferry_kvm::require_kvm("minivmm sections") {
         return;
     }
     let config = disk("sections");

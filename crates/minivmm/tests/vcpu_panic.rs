@@ -24,8 +24,7 @@ impl Write for Broken {
 
 #[test]
 fn a_vcpu_thread_that_panics_fails_the_vcpu_and_a_pause_still_returns() {
-    if kvm_ioctls::Kvm::new().is_err() {
-        ferry_vm::skip!("SKIP minivmm vcpu_panic: /dev/kvm is not available here");
+    if !ferry_kvm::require_kvm("minivmm vcpu_panic") {
         return;
     }
     let path = std::env::temp_dir().join(format!("minivmm-panic-{}.img", std::process::id()));

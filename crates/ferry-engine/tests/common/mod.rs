@@ -151,14 +151,9 @@ impl DirtySource for Churn {
 
 /// Waits (at most 30 s) until the guest of `vm` has completed `passes`.
 pub fn wait_for_passes(vm: &dyn Vm, passes: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while check(vm).progress < passes {
-        assert!(
-            Instant::now() < deadline,
-            "the test guest did not reach pass {passes} in 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    ferry_harness::guest::wait_for_passes(vm, passes, Duration::from_secs(30), |vm| {
+        vec![check(vm).progress]
+    });
 }
 
 /// A destination in a thread, listening on loopback; returns how to reach it.

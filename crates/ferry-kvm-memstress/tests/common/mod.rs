@@ -2,20 +2,13 @@
 
 use ferry_kvm_memstress::KvmVm;
 use ferry_memstress::read_progress;
-use ferry_vm::Vm;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Waits (at most 60 s, the vCPUs healthy) until every vCPU of `vm` has
 /// completed `passes`.
 pub fn wait_for_passes(vm: &KvmVm, passes: u64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        vm.check_health().expect("vCPUs healthy");
-        let p = read_progress(vm.ram(), vm.config().workload.vcpus).unwrap();
-        if p.iter().all(|v| v.passes >= passes) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "guest made no progress: {p:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    ferry_harness::guest::wait_for_passes(vm, passes, Duration::from_secs(60), |vm| {
+        let p = read_progress(vm.ram(), vm.vcpus()).unwrap();
+        p.iter().map(|v| v.passes).collect()
+    });
 }

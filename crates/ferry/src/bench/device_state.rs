@@ -20,6 +20,7 @@ use ferry_engine::{
     await_migration, listen, migrate, receive_as, MigrationSettings, MigrationSummary, NoProgress,
     ReceiveOptions, TcpDialer, TunableChange, Tunables,
 };
+use ferry_harness::stats::median;
 use ferry_memstress::MemstressProbe;
 use ferry_report::{Plot, Report, Series, Table};
 use ferry_vm::synthetic::BigDevice;
@@ -310,15 +311,6 @@ fn cell(way: &str, a: &DeviceStateArgs, s: &MigrationSummary, received: bool) ->
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 fn report(a: &DeviceStateArgs, memory_bytes: u64, runs: Vec<Run>) -> Report<DeviceStateResults> {
     let mib = |b: f64| b / (1u64 << 20) as f64;
     let mut table = Table::new(
@@ -344,7 +336,7 @@ fn report(a: &DeviceStateArgs, memory_bytes: u64, runs: Vec<Run>) -> Report<Devi
     );
     for (way, _) in WAYS {
         let mine: Vec<&Run> = runs.iter().filter(|r| r.way == way).collect();
-        let pick = |f: fn(&Run) -> f64| median(mine.iter().map(|r| f(r)).collect());
+        let pick = |f: fn(&Run) -> f64| median(&mine.iter().map(|r| f(r)).collect::<Vec<_>>());
         let (lo, hi) = mine.iter().fold((f64::MAX, 0.0f64), |(lo, hi), r| {
             (lo.min(r.downtime_ms), hi.max(r.downtime_ms))
         });

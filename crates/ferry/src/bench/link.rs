@@ -20,6 +20,7 @@
 
 use crate::error::CmdError;
 use clap::Args;
+use ferry_harness::stats::median;
 use ferry_report::{Plot, Report, Series, Table};
 use serde::Serialize;
 use std::io::{Read, Write};
@@ -109,18 +110,6 @@ impl Cell {
             verified: true,
             runs_gib_s: runs,
         }
-    }
-}
-
-/// The median of `runs` (not empty).
-fn median(runs: &[f64]) -> f64 {
-    let mut v = runs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
     }
 }
 

@@ -17,6 +17,7 @@
 use crate::child::die_with_parent;
 use crate::error::CmdError;
 use clap::Args;
+use ferry_harness::child::{listen_address, wait_for};
 use ferry_report::{Plot, Report, Series, Table};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -123,20 +124,6 @@ impl End {
     }
 }
 
-/// Waits for `child` to exit, at most `limit`.
-fn wait_for(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// One request on a control socket, with a deadline for the reply.
 fn ask(socket: &Path, request: &Value, limit: Duration) -> Result<Value, String> {
     let mut conn = UnixStream::connect(socket)
@@ -229,7 +216,7 @@ fn next_end(a: &SoakArgs, n: u32, name: char) -> Result<(End, String), CmdError>
         // would meet a closed pipe.
         std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     }
-    let Some(addr) = line.trim().strip_prefix("listening on ") else {
+    let Some(addr) = listen_address(&line) else {
         let _ = child.kill();
         let _ = child.wait();
         return Err(CmdError::Failed(format!(

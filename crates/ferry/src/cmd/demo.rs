@@ -8,11 +8,13 @@ use crate::error::CmdError;
 use crate::netns::{LinkShape, NetnsPair, DEST_ADDR};
 use crate::vms;
 use clap::Args;
+use ferry_harness::child::{read_listen_address, wait_for, ListenError};
+use ferry_harness::output::last_json;
 use ferry_vm::error_chain as chain;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Arguments of `ferry demo`.
 #[derive(Args, Debug)]
@@ -134,7 +136,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
         None
     };
     let mut dest = spawn_destination(&a, netns.as_ref())?;
-    let (addr, dest_out) = read_listen_address(&mut dest)?;
+    let (addr, dest_out) = read_listen_address_of(&mut dest)?;
     if let Some(pair) = &netns {
         // The migration's threads start from this one: all in the source's
         // namespace.
@@ -210,10 +212,7 @@ fn add_destination_checks(
 ) -> Option<String> {
     let mut text = String::new();
     let _ = out.read_to_string(&mut text);
-    let j = text
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())?;
+    let j = last_json(&text)?;
     summary.dest_passes_after = j["passes_after"].as_u64();
     summary.mismatches_after = j["mismatches_after"].as_u64();
     if let (Some(before), Some(after)) = (summary.mismatches_before, summary.mismatches_after) {
@@ -288,21 +287,9 @@ fn spawn_destination(a: &DemoArgs, netns: Option<&NetnsPair>) -> Result<Destinat
     Ok(Destination(child))
 }
 
-/// Waits up to `grace` for `child` to exit; `None` if it had not.
-fn wait_for(child: &mut Child, grace: Duration) -> Option<std::process::ExitStatus> {
-    let until = Instant::now() + grace;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return Some(status),
-            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
-            _ => return None,
-        }
-    }
-}
-
 /// Reads `listening on ADDR` from the destination's stdout; returns the
 /// address and the rest of its stdout.
-fn read_listen_address(
+fn read_listen_address_of(
     dest: &mut Destination,
 ) -> Result<(String, BufReader<std::process::ChildStdout>), CmdError> {
     let stdout = dest
@@ -310,17 +297,14 @@ fn read_listen_address(
         .stdout
         .take()
         .ok_or_else(|| CmdError::Failed("destination stdout is not piped".into()))?;
-    let mut line = String::new();
     let mut out = BufReader::new(stdout);
-    out.read_line(&mut line)
-        .map_err(|e| CmdError::Failed(format!("reading the destination's address: {e}")))?;
-    line.trim()
-        .strip_prefix("listening on ")
-        .map(|addr| (addr.to_string(), out))
-        .ok_or_else(|| {
-            CmdError::Failed(format!(
-                "the destination did not start (it said {:?})",
-                line.trim()
-            ))
-        })
+    match read_listen_address(&mut out) {
+        Ok(addr) => Ok((addr, out)),
+        Err(ListenError::Read(e)) => Err(CmdError::Failed(format!(
+            "reading the destination's address: {e}"
+        ))),
+        Err(ListenError::Said(line)) => Err(CmdError::Failed(format!(
+            "the destination did not start (it said {line:?})"
+        ))),
+    }
 }

@@ -5,8 +5,10 @@
 use super::fleet::Guest;
 use super::DrainError;
 use crate::netns::NetnsBridge;
+use ferry_harness::child::read_listen_address;
+use ferry_harness::output::last_json;
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -168,21 +170,15 @@ impl Receiver {
         let stdout = child.stdout.take().expect("piped");
         let proc = Proc(child);
         let mut out = BufReader::new(stdout);
-        let mut first = String::new();
-        let _ = out.read_line(&mut first);
-        let Some(addr) = first.trim().strip_prefix("listening on ") else {
-            return Err(DrainError::Boot {
-                vm: format!("{}'s destination", guest.name),
-                why: format!("it said {:?}", first.trim()),
-                log: log_path,
-            });
-        };
-        let addr = addr.to_string();
+        let addr = read_listen_address(&mut out).map_err(|e| DrainError::Boot {
+            vm: format!("{}'s destination", guest.name),
+            why: e.to_string(),
+            log: log_path,
+        })?;
         let report = std::thread::spawn(move || {
-            out.lines()
-                .map_while(Result::ok)
-                .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
-                .last()
+            let mut text = String::new();
+            let _ = out.read_to_string(&mut text);
+            last_json(&text)
         });
         Ok(Receiver { proc, addr, report })
     }

@@ -126,8 +126,7 @@ pub fn run(args: &[&str]) -> Output {
 /// The JSON object on the last line of stdout.
 pub fn last_json(out: &Output) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line).unwrap_or_else(|e| {
+    ferry_harness::output::last_line_json(&stdout).unwrap_or_else(|e| {
         panic!(
             "last stdout line is not JSON ({e}):\n--- stdout\n{stdout}\n--- stderr\n{}",
             String::from_utf8_lossy(&out.stderr)

@@ -224,11 +224,7 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut dest_out, &mut rest).map_err(|e| e.to_string())?;
     let dest_ok = dest.wait().map_err(|e| e.to_string())?.success();
-    let dest_json = rest
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|j| j["role"] == "destination");
+    let dest_json = ferry_harness::output::last_json(&rest).filter(|j| j["role"] == "destination");
     if dest_json.is_none() && src_json["status"] == "completed" {
         return Err("the destination printed no summary".into());
     }
@@ -446,10 +442,7 @@ fn last_json(child: &mut Child, what: &str) -> Result<serde_json::Value, String>
             .map_err(|e| format!("the {what}: {e}"))?;
     }
     let status = child.wait().map_err(|e| format!("the {what}: {e}"))?;
-    stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
+    ferry_harness::output::last_json(&stdout)
         .ok_or_else(|| format!("the {what} printed no summary (exit {status})"))
 }
 

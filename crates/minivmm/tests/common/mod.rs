@@ -21,7 +21,7 @@ pub use ferry_kvm::require_kvm as kvm;
 /// The JSON object on the last line of `stdout`.
 pub fn last_json(stdout: &[u8]) -> serde_json::Value {
     let text = String::from_utf8_lossy(stdout);
-    serde_json::from_str(text.lines().last().unwrap_or_default())
+    ferry_harness::output::last_line_json(&text)
         .unwrap_or_else(|e| panic!("the last line is not JSON ({e}): {text}"))
 }
 

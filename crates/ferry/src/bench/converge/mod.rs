@@ -360,11 +360,7 @@ fn run_one(
         r.why_not = Some("ferry demo still ran 30 s after its time limit, and was killed".into());
         return Ok(r);
     }
-    let Some(j) = text
-        .lines()
-        .last()
-        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-    else {
+    let Ok(j) = ferry_harness::output::last_line_json(&text) else {
         r.why_not = Some("ferry demo printed no summary".into());
         return Ok(r);
     };

@@ -9,6 +9,7 @@ use crate::serve::serve_vm_on;
 use crate::vms;
 use ferry_engine::local::{await_local, listen_local, receive_local};
 use ferry_engine::wire::StreamHeader;
+use ferry_harness::child::LISTENING_ON;
 use ferry_vm::{error_chain as chain, GuestRam, Vm, VmError};
 use std::io::Write;
 use std::path::Path;
@@ -21,7 +22,7 @@ pub fn receive(a: &ReceiveArgs, socket: &Path) -> Result<ExitCode, CmdError> {
     // Up before the VM arrives (inmigrate), as on the network path.
     let (shared, commands) = super::arrival_monitor(a)?;
     // The demo (and scripts) read this line.
-    println!("listening on {}", socket.display());
+    println!("{LISTENING_ON}{}", socket.display());
     std::io::stdout().flush().ok();
     let opts = local::options();
     let incoming = match await_local(&listener, &opts) {

@@ -17,6 +17,7 @@ use ferry_engine::wire::StreamHeader;
 use ferry_engine::{
     ExpectedVm, MigrationError, Outcome, ReceiveOptions, ReceiveSummary, TransportError,
 };
+use ferry_harness::child::LISTENING_ON;
 use ferry_memstress::MemstressProbe;
 use ferry_vm::types::human_bytes;
 use ferry_vm::{error_chain as chain, Blocker, Vm, VmError};
@@ -157,7 +158,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     });
     let (shared, commands) = arrival_monitor(&a)?;
     // The demo (and scripts) read this line to learn the port.
-    println!("listening on {local}");
+    println!("{LISTENING_ON}{local}");
     std::io::stdout().flush().ok();
     let deadline = a
         .wait_s

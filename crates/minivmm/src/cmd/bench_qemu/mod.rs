@@ -386,11 +386,7 @@ fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
             return side;
         }
     };
-    let Some(j) = out
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-    else {
+    let Some(j) = ferry_harness::output::last_json(&out) else {
         side.error = Some("minivmm demo printed no summary".into());
         return side;
     };
