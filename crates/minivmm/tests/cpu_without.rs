@@ -6,7 +6,6 @@
 mod common;
 
 use common::{kvm, EXE};
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 /// A feature this host's KVM offers, so that the source's guest has it.
@@ -41,29 +40,11 @@ fn a_destination_without_a_feature_refuses_a_guest_given_it_and_the_source_runs_
     };
     let dir = std::env::temp_dir().join(format!("minivmm-cpu-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut dest = Command::new(EXE)
-        .args([
-            "receive",
-            "--listen",
-            "127.0.0.1:0",
-            "--cpu-without",
-            feature,
-        ])
-        .arg("--console")
-        .arg(dir.join("destination.console"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(dest.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let listening: serde_json::Value = serde_json::from_str(&first).expect(&first);
-    let to = listening["listening"]
-        .as_str()
-        .expect("an address")
-        .to_string();
+    let (dest, to) = common::receiver_with(
+        &dir.join("destination.console"),
+        &["--cpu-without", feature],
+        Stdio::piped(),
+    );
     let console = dir.join("source.console");
     let out = Command::new(EXE)
         .args(["migrate", "--json", "--data-mib", "16", "--to", &to])

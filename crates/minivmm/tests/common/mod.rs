@@ -72,11 +72,17 @@ pub fn demo_json(extra: &[&str]) -> (bool, serde_json::Value) {
 /// A `minivmm receive` on loopback, its console at `console`, and the
 /// address it listens on.
 pub fn receiver(console: &Path) -> (Child, String) {
+    receiver_with(console, &[], Stdio::null())
+}
+
+/// A [`receiver`] with `extra` arguments, its stderr to `stderr`.
+pub fn receiver_with(console: &Path, extra: &[&str], stderr: Stdio) -> (Child, String) {
     let mut dest = Command::new(EXE)
         .args(["receive", "--listen", "127.0.0.1:0", "--console"])
         .arg(console)
+        .args(extra)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let mut first = String::new();
