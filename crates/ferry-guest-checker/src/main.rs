@@ -4,11 +4,15 @@
 //!
 //! - writes a pattern into `checker.mib` MiB per vCPU, each page holding
 //!   its number and a generation, from one thread per online CPU, and
-//!   verifies every page before rewriting it with the next generation; at
+//!   verifies every page before rewriting it with the next generation
+//!   (each region is faulted in before the first line, so the pattern
+//!   rewrites memory the guest already has, as a hot set does); at
 //!   most `checker.rate_mib` MiB/s in all (0, the default: as fast as it
 //!   can), so that a benchmark can dirty memory at a set rate;
-//! - samples `CLOCK_MONOTONIC` in each of those threads and keeps the
-//!   largest gap between two samples: the pause the guest itself saw;
+//! - samples `CLOCK_MONOTONIC` in each of those threads, after every page
+//!   it writes and while it waits on its rate, and keeps the largest gap
+//!   between two samples: the pause the guest itself saw (a thread that
+//!   is only slowed, by a dirty quota, say, shows as slow, not paused);
 //! - appends numbered, checksummed records to the disk `checker.disk`
 //!   (default `/dev/vda`, where it exists), each read back;
 //! - reads the kernel log and passes on every warning: those logged while
@@ -52,6 +56,8 @@ struct Counters {
     max_gap_ns: AtomicU64,
     /// The largest gap since the main loop last took it.
     window_gap_ns: AtomicU64,
+    /// Set once the worker's region is in memory: its pattern starts.
+    ready: AtomicBool,
 }
 
 fn cmdline_setting(name: &str) -> Option<String> {
@@ -137,6 +143,13 @@ fn main() {
         });
     }
 
+    // The lines start once every region is in memory, so that what a
+    // migration moves is a hot set being rewritten, not a guest faulting
+    // fresh memory in (a guest kernel with transparent huge pages zeroes 2
+    // MiB at a fault: one write of the pattern dirtying 512 pages).
+    while !counters.iter().all(|c| c.ready.load(Ordering::Acquire)) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let start = Instant::now();
     let mut seq = 0u64;
     let (mut seen, mut warned) = (0usize, 0u64);

@@ -7,8 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const PAGE: usize = 4096;
-/// Pages written between two clock readings (and pace checks).
-const SAMPLE_EVERY: usize = 16;
+/// Pages written between two pace checks (and looks at `stop`). The clock
+/// is read after every page: a worker held to a few pages a second (a
+/// dirty quota, a slow host) would otherwise report the time it takes to
+/// write this many pages as a pause, where it was only slowed.
+const PACE_EVERY: usize = 16;
 /// A paced worker this far behind its rate (the guest was paused, or the
 /// host is slow) starts its schedule afresh rather than bursting to catch up.
 const BEHIND: Duration = Duration::from_millis(100);
@@ -77,6 +80,13 @@ pub fn run(worker: u64, bytes: u64, bytes_per_sec: u64, c: &Counters, stop: &Ato
     let pages = (bytes as usize / PAGE).max(1);
     let mut region = vec![0u64; pages * PAGE / 8];
     let words = PAGE / 8;
+    for page in region.chunks_exact_mut(words) {
+        // SAFETY: a valid, aligned element of the region; the volatile
+        // write makes the kernel fault the page in (a zeroed allocation
+        // is not yet backed), which a plain store of zero would not.
+        unsafe { std::ptr::write_volatile(&mut page[0], 0) };
+    }
+    c.ready.store(true, Ordering::Release);
     let mut last = Instant::now();
     let mut generation = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -97,16 +107,16 @@ pub fn run(worker: u64, bytes: u64, bytes_per_sec: u64, c: &Counters, stop: &Ato
             region[at] = s;
             region[at + words - 1] = s;
             c.pages.fetch_add(1, Ordering::Relaxed);
-            if page % SAMPLE_EVERY == 0 {
+            let now = Instant::now();
+            let gap = now.duration_since(last).as_nanos() as u64;
+            c.max_gap_ns.fetch_max(gap, Ordering::Relaxed);
+            c.window_gap_ns.fetch_max(gap, Ordering::Relaxed);
+            last = now;
+            if page % PACE_EVERY == 0 {
                 if stop.load(Ordering::Relaxed) {
                     return;
                 }
-                let now = Instant::now();
-                let gap = now.duration_since(last).as_nanos() as u64;
-                c.max_gap_ns.fetch_max(gap, Ordering::Relaxed);
-                c.window_gap_ns.fetch_max(gap, Ordering::Relaxed);
-                last = now;
-                if let Some(until) = pace.wrote((SAMPLE_EVERY * PAGE) as u64) {
+                if let Some(until) = pace.wrote((PACE_EVERY * PAGE) as u64) {
                     spin_until(until, &mut last, c, stop);
                 }
             }
@@ -161,7 +171,7 @@ mod tests {
         // At most the rate, plus the two samples a worker may be ahead by
         // (it counts a sample as it starts it, and stops at the next).
         assert!(
-            written as f64 <= rate as f64 * secs + (2 * SAMPLE_EVERY * PAGE) as f64,
+            written as f64 <= rate as f64 * secs + (2 * PACE_EVERY * PAGE) as f64,
             "{written} bytes in {secs} s"
         );
         assert!(written > 0);
