@@ -124,6 +124,15 @@ pub enum MigrationError {
     /// Cancelled through [`crate::Tunables::cancel`].
     #[error("migration cancelled")]
     Cancelled,
+    /// The source took a step out of order (a bug in the engine): the
+    /// migration fails rather than go on.
+    #[error("internal error: the migration source cannot {step} while {phase}")]
+    Phase {
+        /// What was asked.
+        step: &'static str,
+        /// The phase it was asked in.
+        phase: String,
+    },
     /// The destination's side of a failed postcopy.
     #[error(
         "postcopy failed with {missing} of {total} pages still missing here ({ranges}); \

@@ -100,7 +100,8 @@ pub fn resume_postcopy(
         summary,
         start,
     );
-    src.in_postcopy = true;
+    // A recovered source is in postcopy from its first step.
+    src.phase = crate::session::SourcePhase::Postcopy { verifying: false };
     src.postcopy_round = token.round;
     let result = (|| {
         let missing = src.recv_still_missing()?;

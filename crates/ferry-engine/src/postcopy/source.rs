@@ -57,9 +57,8 @@ impl Source<'_> {
         })?;
         // From here the guest is the destination's: never resume this copy,
         // keep every page that has not gone out.
-        self.in_postcopy = true;
+        self.phase.switch_to_postcopy()?;
         self.postcopy_round = round;
-        self.paused_by_us = false;
         self.converge.release(&mut *self.vm);
         self.stop_logging("at the postcopy switchover");
         match self.ctl.recv_message("Resumed")? {
@@ -99,7 +98,7 @@ impl Source<'_> {
                 }
             }
         };
-        self.awaiting_verdict = false;
+        self.phase.verdict()?;
         self.summary.digest_checked = true;
         self.summary.digest_match = matched;
         if !matched {
@@ -109,8 +108,7 @@ impl Source<'_> {
                 dest_digest: dest.value,
             });
         }
-        self.in_postcopy = false;
-        self.commit();
+        self.commit()?;
         self.collect_report();
         Ok(())
     }

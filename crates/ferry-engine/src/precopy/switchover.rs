@@ -39,7 +39,7 @@ impl Source<'_> {
             final_round: round,
             postcopy: false,
             // The guest was paused before the switchover paused it.
-            paused: !self.paused_by_us,
+            paused: !self.phase.paused_by_us(),
         })?;
 
         self.progress.phase(Phase::Verifying);
@@ -76,7 +76,7 @@ impl Source<'_> {
                 (m, offset) => return Err(unexpected("Resumed or Verified", &m, offset)),
             }
         };
-        self.awaiting_verdict = false;
+        self.phase.verdict()?;
         let ours = digest.unwrap_or(dest);
         self.summary.digest_match = matched;
         self.summary.digest_checked = true;
@@ -99,7 +99,7 @@ impl Source<'_> {
         // guest waits, paused and verified on both ends, for an operator:
         // stopped, never split in two.
         if let Err(e) = self.ctl.send(&Message::Commit) {
-            self.commit();
+            self.commit()?;
             self.summary.status = Outcome::Held;
             self.summary.error = Some(format!(
                 "the link failed as the source confirmed the commit ({}): unless the \
@@ -110,7 +110,7 @@ impl Source<'_> {
             ));
             return Ok(());
         }
-        self.commit();
+        self.commit()?;
         if !resumed {
             // A strict destination resumes only once it has the Commit.
             match self.ctl.recv_message("Resumed") {

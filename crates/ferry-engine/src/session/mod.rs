@@ -32,6 +32,7 @@ mod loaded;
 mod options;
 mod page_requests;
 mod page_server;
+mod phase;
 mod receivers;
 mod round_gate;
 mod senders;
@@ -51,6 +52,7 @@ pub use options::{
     PREFETCH_PAGES, RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS,
 };
 pub(crate) use page_requests::{BlockClock, Requests, ThreadWaits, BLOCK_BIN};
+pub(crate) use phase::SourcePhase;
 pub use settings::MigrationSettings;
 pub use source::fresh_summary;
 pub(crate) use source::{new_session_id, ship, Migrating, Source, Transfer, EST_BYTES_PER_PAGE};

@@ -9,7 +9,7 @@ use super::delta::DeltaCache;
 use super::page_server::PageServer;
 use super::senders::Senders;
 use super::within_round::WithinRound;
-use super::{unexpected, PostcopyResume, PrecopyOptions};
+use super::{unexpected, PostcopyResume, PrecopyOptions, SourcePhase};
 use crate::converge::{Converger, RoundEnd, Sample};
 use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
@@ -124,9 +124,8 @@ impl<'a> Source<'a> {
             opts,
             progress,
             logging: false,
-            paused_by_us: false,
+            phase: SourcePhase::Copying,
             server: None,
-            in_postcopy: false,
             session,
             postcopy_round: 0,
             measured_link: None,
@@ -138,7 +137,6 @@ impl<'a> Source<'a> {
             sections: None,
             section_parts: false,
             dest_holds_outputs: false,
-            awaiting_verdict: false,
             start,
             summary,
         }
@@ -185,13 +183,14 @@ impl<'a> Source<'a> {
                 drop(self.senders.take());
                 // A postcopy's destination runs the guest and waits to be
                 // reconnected: it is not told to give up.
-                let e = if self.in_postcopy {
+                let in_postcopy = self.phase.in_postcopy();
+                let e = if in_postcopy {
                     self.ctl.abandon(e)
                 } else {
                     self.ctl.give_up(e)
                 };
                 let e = match e {
-                    e if self.in_postcopy => MigrationError::Postcopy {
+                    e if in_postcopy => MigrationError::Postcopy {
                         missing: self
                             .summary
                             .postcopy
@@ -206,10 +205,10 @@ impl<'a> Source<'a> {
                         source: Box::new(e),
                     },
                     e @ (MigrationError::Peer { .. } | MigrationError::Protocol { .. }) => e,
-                    e if self.awaiting_verdict => MigrationError::Unconfirmed(Box::new(e)),
+                    e if self.phase.awaiting_verdict() => MigrationError::Unconfirmed(Box::new(e)),
                     e => e,
                 };
-                if self.in_postcopy {
+                if in_postcopy {
                     tracing::warn!("postcopy failed: {}", e.chain());
                 } else {
                     tracing::warn!("migration failed, source resumes: {}", e.chain());
@@ -270,17 +269,13 @@ pub(crate) struct Source<'a> {
     pub(crate) logging: bool,
     /// Pages harvested within the current round (see [`WithinRound`]).
     pub(crate) within: WithinRound,
-    pub(crate) paused_by_us: bool,
-    /// The digest is sent; a failure now may leave the destination running.
-    pub(crate) awaiting_verdict: bool,
+    /// Where the migration stands here, and so what a failure does.
+    pub(crate) phase: SourcePhase,
     pub(crate) start: Instant,
     pub(crate) summary: MigrationSummary,
     pub(crate) converge: Converger,
     /// Postcopy's page server, when the migration may switch to postcopy.
     pub(crate) server: Option<PageServer>,
-    /// Set at a postcopy switchover, cleared at the commit: from that
-    /// moment the source never resumes.
-    pub(crate) in_postcopy: bool,
     /// The migration's session id (the same on every set of connections).
     pub(crate) session: u64,
     /// The round the postcopy push sends, once switched.

@@ -20,12 +20,13 @@ impl Source<'_> {
         self.progress.phase(Phase::Switchover);
         self.opts.tunables.set_paused(true);
         let paused_at = Instant::now();
-        if self.vm.is_running() {
+        let by_us = self.vm.is_running();
+        if by_us {
             self.vm
                 .pause()
                 .map_err(MigrationError::backend("pause the guest for switchover"))?;
-            self.paused_by_us = true;
         }
+        self.phase.pause(by_us)?;
         // A vCPU that failed since the last round's check (a VMM's pause
         // may return once it is out of KVM_RUN, failed or not) is no guest
         // to move.
@@ -85,7 +86,7 @@ impl Source<'_> {
         let d = memory_digest(&self.ram, SOURCE_DIGEST_THREADS)
             .map_err(MigrationError::ram("hash guest memory"))?;
         self.summary.digest_ms = ms(t.elapsed());
-        self.awaiting_verdict = true;
+        self.phase.digest_sent()?;
         self.ctl.send(&Message::Digest(d))?;
         Ok(d)
     }
@@ -105,13 +106,14 @@ impl Source<'_> {
     }
 
     /// The guest now belongs to the destination: the source stays paused.
-    pub(crate) fn commit(&mut self) {
+    pub(crate) fn commit(&mut self) -> Result<(), MigrationError> {
+        self.phase.commit()?;
         self.summary.status = Outcome::Completed;
         // The migration is done here; the guest report that follows measures
         // the destination, not the move.
         self.summary.total_ms = ms(self.start.elapsed());
-        self.paused_by_us = false;
         self.stop_logging("after the migration");
+        Ok(())
     }
 
     pub(crate) fn collect_report(&mut self) {
@@ -149,10 +151,16 @@ impl Source<'_> {
         self.opts.tunables.set_paused(false);
         self.converge.release(&mut *self.vm);
         self.stop_logging("on rollback");
-        if std::mem::take(&mut self.paused_by_us) {
-            if let Err(e) = self.vm.start() {
-                tracing::error!("cannot resume the source VM after a failed migration: {e}");
+        match self.phase.roll_back() {
+            Ok(true) => {
+                if let Err(e) = self.vm.start() {
+                    tracing::error!("cannot resume the source VM after a failed migration: {e}");
+                }
             }
+            Ok(false) => {}
+            // The destination runs the guest (postcopy) or owns it: this
+            // copy must not run.
+            Err(e) => tracing::error!("{e}; the source stays paused"),
         }
     }
 }
