@@ -1012,6 +1012,16 @@ impl MiniVm {
 /// Each vCPU runs `100 − percent`% of the time: the throttle thread kicks
 /// it out after each slice with its sleep (a Linux guest, its interrupts
 /// in the in-kernel irqchip, may not exit on its own for seconds).
+impl MiniVm {
+    /// Each vCPU's throttle sleeps so far, and the time they took.
+    pub fn throttle_sleeps(&self) -> Vec<(u64, Duration)> {
+        self.vcpus
+            .iter()
+            .map(|v| (v.throttle_slot().sleeps(), v.throttle_slot().slept()))
+            .collect()
+    }
+}
+
 impl TimeThrottle for MiniVm {
     fn set_time_throttle(&mut self, percent: u8) -> Result<(), VmError> {
         if self.throttler.is_none() && percent == 0 {

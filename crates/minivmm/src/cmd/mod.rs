@@ -313,6 +313,11 @@ fn vm_report(vm: &minivmm::MiniVm) -> Result<serde_json::Value, String> {
         "disk_runs": disk_runs,
         "requests_in_flight_at_pause": vm.requests_in_flight_at_pause(),
         "notify_exits": vm.notify_exits(),
+        // What the throttle did to each vCPU: its sleeps and their sum.
+        "throttle_per_vcpu": vm.throttle_sleeps().iter().map(|(sleeps, slept)| serde_json::json!({
+            "sleeps": sleeps,
+            "slept_ms": slept.as_secs_f64() * 1e3,
+        })).collect::<Vec<_>>(),
     }))
 }
 
