@@ -57,6 +57,7 @@ pub mod tunables;
 pub mod vmm;
 pub mod wire;
 
+pub use choices::{ChoiceError, OnStall};
 pub use error::{MigrationError, OptionsError};
 pub use postcopy::{resume_postcopy, Mode, PostcopyReport, PostcopyResume};
 pub use precopy::{
