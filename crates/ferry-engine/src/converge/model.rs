@@ -396,7 +396,7 @@ impl MigrationModel {
         if converges || self.round >= self.max_rounds || self.total > HORIZON_SECS {
             let downtime = found / link;
             self.done = Some(PolicyForecast {
-                policy: self.mode.to_string(),
+                policy: self.mode,
                 converges,
                 rounds: self.round + 1,
                 total_ms: (self.total + downtime) * 1e3,

@@ -5,7 +5,9 @@ mod converge;
 mod postcopy;
 
 use crate::choices::{Compression, ConvergeMode, Mode};
-pub use converge::{Escalation, PolicyForecast, PredictInput, Prediction, ThrottleStep};
+pub use converge::{
+    Escalation, EscalationKind, PolicyForecast, PredictInput, Prediction, ThrottleStep,
+};
 use ferry_vm::GuestCheck;
 pub use postcopy::{BlockedThread, PostcopyReport};
 use serde::Serialize;
