@@ -424,7 +424,7 @@ impl MemoryFaults for SoftVm {
             .map_err(|e| op("deliver memory faults as vCPU exits", e))?;
         let fetch = exits.fetch;
         let resolver: Arc<dyn PageResolver> =
-            Arc::new(move |f: &MemoryFault| fetch(f.gpa.gfn()).map_err(SoftError::Options));
+            Arc::new(move |f: &MemoryFault| fetch(f.gpa.gfn()).map_err(SoftError::from));
         self.faults = Some(FaultDelivery::VcpuExit {
             resolver,
             residency,

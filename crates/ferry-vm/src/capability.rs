@@ -42,7 +42,23 @@ pub struct FaultExits {
     pub present: Arc<crate::PageBits>,
     /// Brings frame `gfn` in and returns once it is present, or says why
     /// it cannot (the migration failed: the vCPU then stops).
-    pub fetch: Arc<dyn Fn(crate::Gfn) -> Result<(), String> + Send + Sync>,
+    pub fetch: Arc<dyn Fn(crate::Gfn) -> Result<(), FetchError> + Send + Sync>,
+}
+
+/// Why [`FaultExits::fetch`] could not bring a page in.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// Postcopy ended (the migration failed) before the page arrived.
+    #[error("postcopy ended before page {:#x} arrived", .0 .0)]
+    Ended(crate::Gfn),
+    /// The page could not be placed in guest memory.
+    #[error("cannot place page {:#x}: {cause}", .gfn.0)]
+    Place {
+        /// The page.
+        gfn: crate::Gfn,
+        /// Why, as the placing side said.
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl std::fmt::Debug for FaultExits {
@@ -220,4 +236,23 @@ pub const MAX_THROTTLE_PERCENT: u8 = 99;
 pub fn throttle_sleep(percent: u8) -> Duration {
     let p = u32::from(percent.min(MAX_THROTTLE_PERCENT));
     THROTTLE_SLICE * p / (100 - p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_fetch_names_the_page() {
+        let ended = FetchError::Ended(crate::Gfn(0x1f));
+        assert_eq!(ended.to_string(), "postcopy ended before page 0x1f arrived");
+        let place = FetchError::Place {
+            gfn: crate::Gfn(0x20),
+            cause: "guest memory is gone".into(),
+        };
+        assert_eq!(
+            place.to_string(),
+            "cannot place page 0x20: guest memory is gone"
+        );
+    }
 }

@@ -47,9 +47,9 @@ pub mod vm;
 
 pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use capability::{
-    throttle_sleep, DirtyLog, DirtyMeter, FaultExits, HarvestStats, MemoryFaults, OutputGate,
-    Quota, TimeThrottle, VcpuState, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS,
-    THROTTLE_SLICE,
+    throttle_sleep, DirtyLog, DirtyMeter, FaultExits, FetchError, HarvestStats, MemoryFaults,
+    OutputGate, Quota, TimeThrottle, VcpuState, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL,
+    QUOTA_INTERVALS, THROTTLE_SLICE,
 };
 pub use device_faults::{DeviceRegion, DeviceUserfaultfd};
 pub use dirty_source::{DirtySource, DirtySourceError};

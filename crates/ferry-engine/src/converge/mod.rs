@@ -91,17 +91,35 @@ pub fn choose(
     match requested {
         Some(mode) => serves(vm, mode)
             .map(|()| mode)
-            .map_err(MigrationError::Refused),
+            .map_err(|why| MigrationError::Refused(why.to_string())),
         None if vm.dirty_meter().is_some() => Ok(ConvergeMode::Quota),
         None if vm.time_throttle().is_some() => Ok(ConvergeMode::Auto),
         None => Ok(ConvergeMode::None),
     }
 }
 
+/// Why a VM cannot run a convergence policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConvergeError {
+    /// The VM declares none of the mechanism the policy turns.
+    #[error(
+        "the {policy} policy needs {needs}, and this {vmm} VM declares none \
+         (choose another --converge, or none)"
+    )]
+    Unserved {
+        /// The policy asked for.
+        policy: ConvergeMode,
+        /// The mechanism it turns, in words.
+        needs: &'static str,
+        /// The VM's [`Vm::vmm_id`].
+        vmm: String,
+    },
+}
+
 /// Whether `vm` declares the mechanism `mode` turns (a time throttle for
 /// auto-converge, a per-vCPU dirty meter for the quota and the dirty
 /// limit), or why not, in words for the operator.
-pub fn serves(vm: &mut dyn Vm, mode: ConvergeMode) -> Result<(), String> {
+pub fn serves(vm: &mut dyn Vm, mode: ConvergeMode) -> Result<(), ConvergeError> {
     let (declared, what) = match mode {
         ConvergeMode::None => return Ok(()),
         ConvergeMode::Auto => (vm.time_throttle().is_some(), "a time throttle"),
@@ -112,11 +130,11 @@ pub fn serves(vm: &mut dyn Vm, mode: ConvergeMode) -> Result<(), String> {
     if declared {
         return Ok(());
     }
-    Err(format!(
-        "the {mode} policy needs {what}, and this {} VM declares none \
-         (choose another --converge, or none)",
-        vm.vmm_id()
-    ))
+    Err(ConvergeError::Unserved {
+        policy: mode,
+        needs: what,
+        vmm: vm.vmm_id().to_string(),
+    })
 }
 
 /// Each vCPU's pages dirtied so far, where `vm` meters them (else empty).
@@ -517,5 +535,24 @@ impl Converger {
                 tracing::warn!("cannot lift the source's dirty limit: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unserved_policy_names_what_it_needs_and_the_vm() {
+        let why = ConvergeError::Unserved {
+            policy: ConvergeMode::Quota,
+            needs: "a per-vCPU dirty meter",
+            vmm: "kvm".into(),
+        };
+        assert_eq!(
+            why.to_string(),
+            "the quota policy needs a per-vCPU dirty meter, and this kvm VM declares none \
+             (choose another --converge, or none)"
+        );
     }
 }
