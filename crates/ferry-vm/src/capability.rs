@@ -67,12 +67,53 @@ impl std::fmt::Debug for FaultExits {
     }
 }
 
+/// How a VM tracks the guest's writes, for reports: its
+/// [`DirtyLog::method`], or [`DirtyLogMethod::VmmWrites`] where it has no
+/// log. `Display` gives the name the summary and the stream's header carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DirtyLogMethod {
+    /// No log: every guest write goes through [`crate::GuestRam`]
+    /// (`vmm-writes`).
+    VmmWrites,
+    /// KVM's `KVM_GET_DIRTY_LOG` (`bitmap`).
+    KvmBitmap,
+    /// KVM's `KVM_CLEAR_DIRTY_LOG`, in chunks (`clear`).
+    KvmClear,
+    /// KVM's per-vCPU dirty ring (`ring`).
+    KvmRing,
+    /// The soft MMU's write-protection faults, with the mechanisms it
+    /// runs (`soft (MECHANISMS)`).
+    Soft(String),
+    /// Another VMM's log, by its own name.
+    Other(std::borrow::Cow<'static, str>),
+}
+
+impl std::fmt::Display for DirtyLogMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DirtyLogMethod::VmmWrites => f.write_str("vmm-writes"),
+            DirtyLogMethod::KvmBitmap => f.write_str("bitmap"),
+            DirtyLogMethod::KvmClear => f.write_str("clear"),
+            DirtyLogMethod::KvmRing => f.write_str("ring"),
+            DirtyLogMethod::Soft(mechanisms) => write!(f, "soft ({mechanisms})"),
+            DirtyLogMethod::Other(name) => f.write_str(name),
+        }
+    }
+}
+
+impl Serialize for DirtyLogMethod {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// The VM's own log of guest writes: KVM's dirty log or ring, the soft
 /// MMU's. Pages written before [`DirtyLog::start_dirty_log`] are not
 /// reported.
 pub trait DirtyLog {
-    /// The method in use, for reports (`bitmap`, `ring`, ...).
-    fn method(&self) -> String;
+    /// The method in use, for reports.
+    fn method(&self) -> DirtyLogMethod;
     /// Starts logging guest writes.
     fn start_dirty_log(&mut self) -> Result<(), VmError>;
     /// Adds every page the guest wrote since the last harvest (or since
@@ -254,5 +295,24 @@ mod tests {
             place.to_string(),
             "cannot place page 0x20: guest memory is gone"
         );
+    }
+
+    #[test]
+    fn every_dirty_log_method_has_the_name_reports_always_had() {
+        let cases = [
+            (DirtyLogMethod::VmmWrites, "vmm-writes"),
+            (DirtyLogMethod::KvmBitmap, "bitmap"),
+            (DirtyLogMethod::KvmClear, "clear"),
+            (DirtyLogMethod::KvmRing, "ring"),
+            (
+                DirtyLogMethod::Soft("split Eager".into()),
+                "soft (split Eager)",
+            ),
+            (DirtyLogMethod::Other("toy".into()), "toy"),
+        ];
+        for (method, name) in cases {
+            assert_eq!(method.to_string(), name);
+            assert_eq!(serde_json::to_string(&method).unwrap(), format!("{name:?}"));
+        }
     }
 }

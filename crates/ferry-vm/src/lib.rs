@@ -47,8 +47,8 @@ pub mod vm;
 
 pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use capability::{
-    throttle_sleep, DirtyLog, DirtyMeter, FaultExits, FetchError, HarvestStats, MemoryFaults,
-    OutputGate, Quota, TimeThrottle, VcpuState, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL,
+    throttle_sleep, DirtyLog, DirtyLogMethod, DirtyMeter, FaultExits, FetchError, HarvestStats,
+    MemoryFaults, OutputGate, Quota, TimeThrottle, VcpuState, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL,
     QUOTA_INTERVALS, THROTTLE_SLICE,
 };
 pub use device_faults::{DeviceRegion, DeviceUserfaultfd};
