@@ -115,6 +115,7 @@ impl fmt::Display for ConvergeMode {
 
 /// How a migration moves memory.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Mode {
     /// Rounds while the guest runs, then stop-and-copy.
     #[default]
@@ -193,6 +194,7 @@ impl std::fmt::Display for Mode {
 
 /// What the user asked for.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Compression {
     /// Never compress.
     #[default]

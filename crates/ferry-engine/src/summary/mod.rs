@@ -15,6 +15,7 @@ use serde::Serialize;
 /// How a migration ended.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Outcome {
     /// The guest runs on the destination, memory verified.
     Completed,
