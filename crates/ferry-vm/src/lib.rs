@@ -13,7 +13,7 @@
 //!
 //! * [`types`]: frame and address newtypes, so units never get mixed up.
 //! * [`ram`]: guest RAM in one or more slots, with selectable backing.
-//! * [`dirty`]: dirty-page sets and the shared atomic bitmap harvested by exchange.
+//! * [`bitmap`]: dirty-page sets and the shared atomic bitmap harvested by exchange.
 //! * [`vm`]: the `Vm` trait: what the engine asks of any VM it migrates.
 //! * [`capability`]: what a VM can do beyond that, a small trait each.
 //! * [`probe`]: a guest's own checks, which a VMM may hand the engine.

@@ -258,7 +258,7 @@ pub trait Vm: Send + std::any::Any {
 }
 
 /// `vm`'s dirty tracking, for reports: its log's method, or
-/// [`DirtyLogMethod::VmmWrites`] where every write goes through `GuestRam`.
+/// [`crate::DirtyLogMethod::VmmWrites`] where every write goes through `GuestRam`.
 pub fn dirty_tracking(vm: &mut dyn Vm) -> crate::DirtyLogMethod {
     match vm.dirty_log() {
         Some(log) => log.method(),

@@ -264,7 +264,7 @@ pub fn tables(s: &MigrationSummary) -> [Table; 2] {
         (
             "wire / connections",
             format!(
-                "v{}, 1 control + {} data{}",
+                "v{}, 1 main + {} data{}",
                 s.wire_version,
                 s.connections,
                 if s.tls { ", mutual TLS" } else { "" }
