@@ -1,10 +1,14 @@
 //! ferry's own JSON-lines requests: `{"cmd": ...}`.
 
-use ferry_engine::{MigrationSettings, TunableChange};
+use ferry_engine::converge::ConvergeMode;
+use ferry_engine::precopy::Compression;
+use ferry_engine::{MigrationSettings, Mode, OnStall, TunableChange};
 use serde::Deserialize;
 
 /// A migration's settings, from `{"cmd":"migrate",...}` or QMP's
-/// `migrate` (whose dashed names become underscored).
+/// `migrate` (whose dashed names become underscored). The engine's choices
+/// parse as they deserialise, by the names the CLI takes: a name that is
+/// none of them refuses the request, naming the accepted ones.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MigrateRequest {
@@ -22,66 +26,55 @@ pub struct MigrateRequest {
     /// Seconds the link may stand still (default 10).
     pub stall_timeout_s: Option<u64>,
     /// none, lz4, zstd or auto (default none).
-    pub compress: Option<String>,
+    #[serde(default)]
+    pub compress: Compression,
     /// Mutual TLS with the material in this directory (default: none).
     pub tls_dir: Option<std::path::PathBuf>,
     /// MiB of delta cache for re-sent pages (default 0: off).
     pub delta_cache_mib: Option<u64>,
-    /// none, auto or quota (default: quota where the backend meters
-    /// each vCPU, else auto).
-    pub converge: Option<String>,
+    /// none, auto, quota or dirty-limit (default: the policy set
+    /// before, else quota where the backend meters each vCPU, else auto).
+    pub converge: Option<ConvergeMode>,
     /// Highest downtime target a stall may raise the target to.
     pub max_downtime_ms: Option<u64>,
     /// Cancel the migration if it has not switched over by then.
     pub give_up_after_s: Option<u64>,
     /// precopy, postcopy or hybrid (default precopy).
-    pub mode: Option<String>,
+    pub mode: Option<Mode>,
     /// hybrid: precopy rounds before postcopy (default 1, or only on a
     /// stall with on_stall "postcopy").
     pub postcopy_after_rounds: Option<u32>,
     /// escalate (default) or postcopy (hybrid: switch on a stall).
-    pub on_stall: Option<String>,
+    #[serde(default)]
+    pub on_stall: OnStall,
     /// Postcopy: seconds to keep reconnecting after the connections
     /// break (default 60).
     pub recover_timeout_s: Option<u64>,
 }
 
 impl MigrateRequest {
-    /// The engine's settings this request asks for, its names parsed. What
-    /// the server holds (the VM's tunables, QMP's `postcopy-ram`, a policy
-    /// chosen before) it adds, then maps the settings to the engine's
-    /// options as every other face does
-    /// ([`MigrationSettings::options`]).
-    pub fn settings(&self) -> Result<MigrationSettings, String> {
-        let on_stall_postcopy = match self.on_stall.as_deref() {
-            None | Some("escalate") => false,
-            Some("postcopy") => true,
-            Some(other) => {
-                return Err(format!(
-                    "unknown on_stall '{other}': expected escalate or postcopy"
-                ))
-            }
-        };
-        let mode = self.mode.as_deref().map(str::parse).transpose()?;
-        let converge = self.converge.as_deref().map(str::parse).transpose()?;
-        let compression = self.compress.as_deref().unwrap_or("none").parse()?;
-        Ok(MigrationSettings {
+    /// The engine's settings this request asks for. What the server holds
+    /// (the VM's tunables, QMP's `postcopy-ram`, a policy chosen before) it
+    /// adds, then maps the settings to the engine's options as every other
+    /// face does ([`MigrationSettings::options`]).
+    pub fn settings(&self) -> MigrationSettings {
+        MigrationSettings {
             tunables: TunableChange::default(),
             verify_before_resume: self.verify_before_resume,
             connections: self.connections,
             stall_timeout_s: self.stall_timeout_s,
-            compression,
+            compression: self.compress,
             delta_cache_bytes: self.delta_cache_mib.unwrap_or(0).saturating_mul(1 << 20),
             harvest_within_rounds: self.harvest_within_rounds,
-            converge,
+            converge: self.converge,
             max_downtime_ms: self.max_downtime_ms,
             give_up_after_s: self.give_up_after_s,
-            mode,
+            mode: self.mode,
             postcopy_after_rounds: self.postcopy_after_rounds,
-            on_stall_postcopy,
+            on_stall: self.on_stall,
             postcopy_ram: false,
             recover_timeout_s: self.recover_timeout_s,
-        })
+        }
     }
 }
 
@@ -100,7 +93,7 @@ pub enum Request {
         /// The round cap.
         max_rounds: Option<u32>,
         /// Switch the running migration's convergence policy.
-        converge: Option<String>,
+        converge: Option<ConvergeMode>,
         /// The quota policy's refill interval, 10 to 10000 ms.
         quota_interval_ms: Option<u64>,
     },
@@ -154,28 +147,53 @@ mod tests {
     }
 
     #[test]
+    fn set_parses_its_policy_and_refuses_an_unknown_one_naming_the_policies() {
+        assert!(matches!(
+            serde_json::from_str::<Request>(r#"{"cmd":"set","converge":"dirty-limit"}"#),
+            Ok(Request::Set {
+                converge: Some(ConvergeMode::DirtyLimit),
+                ..
+            })
+        ));
+        let err = serde_json::from_str::<Request>(r#"{"cmd":"set","converge":"fast"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(r#"converge "fast": expected one of none, auto, quota, dirty-limit"#),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn a_migrate_request_names_its_settings() {
         let m = migrate(
             r#"{"cmd":"migrate","to":"h:1","compress":"lz4","converge":"auto","mode":"hybrid",
                 "on_stall":"postcopy","delta_cache_mib":2,"harvest_within_rounds":true}"#,
         );
-        let s = m.settings().unwrap();
+        let s = m.settings();
         assert_eq!(s.compression.to_string(), "lz4");
-        assert_eq!(s.converge.map(|c| c.to_string()).as_deref(), Some("auto"));
+        assert_eq!(s.converge, Some(ConvergeMode::Auto));
         assert_eq!(s.mode.map(|m| m.name()), Some("hybrid"));
-        assert!(s.on_stall_postcopy && s.harvest_within_rounds);
+        assert!(s.on_stall == OnStall::Postcopy && s.harvest_within_rounds);
         assert_eq!(s.delta_cache_bytes, 2 << 20);
-        let defaults = migrate(r#"{"cmd":"migrate","to":"h:1"}"#)
-            .settings()
-            .unwrap();
+        let defaults = migrate(r#"{"cmd":"migrate","to":"h:1"}"#).settings();
         assert!(defaults.mode.is_none() && !defaults.harvest_within_rounds);
-        for bad in [
-            r#""on_stall":"panic""#,
-            r#""compress":"gzip""#,
-            r#""mode":"teleport""#,
+        assert_eq!(defaults.compression, Compression::None);
+        assert_eq!(defaults.on_stall, OnStall::Escalate);
+        for (bad, names) in [
+            (r#""on_stall":"panic""#, "escalate, postcopy"),
+            (r#""compress":"gzip""#, "none, lz4, zstd, auto"),
+            (r#""mode":"teleport""#, "precopy, postcopy, hybrid"),
+            (r#""converge":"fast""#, "none, auto, quota, dirty-limit"),
         ] {
             let line = format!(r#"{{"cmd":"migrate","to":"h:1",{bad}}}"#);
-            assert!(migrate(&line).settings().is_err(), "{line}");
+            let err = serde_json::from_str::<Request>(&line)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("expected one of {names}")),
+                "{line}: {err}"
+            );
         }
     }
 }

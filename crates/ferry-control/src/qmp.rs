@@ -1,6 +1,7 @@
 //! QMP's requests: `{"execute": NAME, "arguments": {...}, "id": ...}`.
 
 use super::MigrateRequest;
+use ferry_engine::converge::ConvergeMode;
 use ferry_engine::TunableChange;
 use serde_json::{Map, Value};
 
@@ -30,8 +31,8 @@ pub struct ParamUpdate {
     /// `x-max-rounds` and `x-quota-interval` (ms): the engine's own live
     /// tunables, which it checks.
     pub tunables: TunableChange,
-    /// `x-converge`: a policy name.
-    pub converge: Option<String>,
+    /// `x-converge`: a policy, by its name.
+    pub converge: Option<ConvergeMode>,
 }
 
 /// The capabilities ferry has: two choose a convergence policy, and
@@ -49,10 +50,10 @@ pub enum Capability {
 
 impl Capability {
     /// The convergence policy it chooses, if it chooses one.
-    pub fn policy(self) -> Option<&'static str> {
+    pub fn policy(self) -> Option<ConvergeMode> {
         match self {
-            Capability::AutoConverge => Some("auto"),
-            Capability::DirtyLimit => Some("dirty-limit"),
+            Capability::AutoConverge => Some(ConvergeMode::Auto),
+            Capability::DirtyLimit => Some(ConvergeMode::DirtyLimit),
             Capability::PostcopyRam => None,
         }
     }
@@ -203,7 +204,10 @@ fn set_parameters(args: &Map<String, Value>) -> Result<QmpCommand, QmpError> {
         .transpose()?;
     let converge = match args.get("x-converge") {
         None => None,
-        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::String(s)) => Some(
+            s.parse::<ConvergeMode>()
+                .map_err(|e| QmpError::generic(format!("parameter 'x-converge': {e}")))?,
+        ),
         Some(_) => return Err(QmpError::generic("parameter 'x-converge' expects a string")),
     };
     Ok(QmpCommand::SetParameters(ParamUpdate {
@@ -346,7 +350,7 @@ mod tests {
             panic!("set-parameters did not parse");
         };
         assert_eq!(p.tunables.downtime_ms, Some(9));
-        assert_eq!(p.converge.as_deref(), Some("auto"));
+        assert_eq!(p.converge, Some(ConvergeMode::Auto));
         let Ok(QmpCommand::Migrate { resume, settings }) =
             parse_str(r#"{"execute":"migrate","arguments":{"uri":"tcp:h:1","stall-timeout-s":3}}"#)
         else {
@@ -372,5 +376,13 @@ mod tests {
                 {"capability":"auto-converge","state":true},{"capability":"dirty-limit","state":true}]}}"#
         )
         .contains("exclusive"));
+        assert_eq!(
+            desc(r#"{"execute":"migrate-set-parameters","arguments":{"x-converge":"fast"}}"#),
+            r#"parameter 'x-converge': converge "fast": expected one of none, auto, quota, dirty-limit"#
+        );
+        assert!(
+            desc(r#"{"execute":"migrate","arguments":{"uri":"tcp:h:1","mode":"teleport"}}"#)
+                .contains(r#"mode "teleport": expected one of precopy, postcopy, hybrid"#)
+        );
     }
 }

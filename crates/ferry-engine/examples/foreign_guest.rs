@@ -433,7 +433,7 @@ fn main() {
     let forecast = predicted.as_ref().and_then(|p| {
         p.policies
             .iter()
-            .find(|f| summary.converge.is_some_and(|c| f.policy == c.to_string()))
+            .find(|f| summary.converge == Some(f.policy))
             .map(|f| {
                 serde_json::json!({
                     "policy": f.policy,

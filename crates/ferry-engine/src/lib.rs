@@ -4,31 +4,47 @@
 //! implement, with an example that migrates a VM of its own.
 //!
 //! ```text
-//!   migrate(vm, dialer) ──► precopy::source ─┬─ main channel (transport::main_channel)
-//!                                            └─ N data connections (precopy::senders)
-//!   await_migration(listener, deadline), receive(…) ◄── precopy::destination, precopy::receivers
+//!   migrate(vm, dialer) ──► precopy's round loop over session::source ─┬─ main channel (transport::main_channel)
+//!                                                                      └─ N data connections (session::senders)
+//!   await_migration(listener, deadline), receive(…) ◄── precopy's destination over session::dest, session::receivers
 //!        both: wire (frames), digest (per-page xxh3), tunables (live knobs, cancel),
 //!              progress (observer), summary (JSON), transport::health (failures, stalls)
 //! ```
 //!
 //! * [`vmm`]: the contract a VMM implements to be migrated (start here).
 //! * [`wire`]: preamble, frame codec, header, page batches, main-channel messages.
-//! * [`transport`]: TCP, opening a migration's connections, the main
-//!   channel's threads, failure and stall handling.
-//! * [`precopy`]: rounds, switchover, commit-after-verify; senders and receivers.
-//! * [`digest`]: the memory digest that proves both ends hold the same memory.
-//! * [`tunables`]: parameters that change while a migration runs; bandwidth cap.
-//! * [`progress`]: callbacks for progress bars.
-//! * [`summary`]: what a migration reports (`--json`).
-//! * [`converge`]: what slows a guest that dirties faster than the link, and
-//!   what the engine does when precopy stalls.
-//!
-//! * `conformance` (feature `conformance`): checks a VMM runs against its
-//!   own `Vm` in its tests (dirty tracking, sections, pause, vCPU state, a
-//!   migration to itself).
+//! * [`transport`]: TCP, TLS and UNIX sockets, opening a migration's
+//!   connections, the main channel's threads, failure and stall handling.
+//! * [`precopy`]: the round loop, the switchover, commit-after-verify.
 //! * [`postcopy`]: switch over at once and fetch pages on demand, over a
 //!   priority connection beside the data connections (also after precopy
 //!   rounds: hybrid).
+//! * `session` (private): what both modes share: each side's state, the
+//!   options and settings, the senders and receivers (one thread per data
+//!   connection), the destination's memory image.
+//! * [`local`]: same-host live upgrade: the memory's files change hands,
+//!   only the vCPU and device state travel.
+//! * [`choices`]: the named choices (policy, mode, on-stall, compression),
+//!   parsed and serialised by the names the CLI and the control socket use.
+//! * [`converge`]: what slows a guest that dirties faster than the link, and
+//!   what the engine does when precopy stalls; the prediction.
+//! * [`digest`]: the memory digest that proves both ends hold the same memory.
+//! * `page_xxh3` (private): the per-page hash, with the widest vectors the CPU has.
+//! * `dirty_logs` (private): a VM's dirty logs (its own, its dirty sources,
+//!   the VMM's writes) read as one.
+//! * [`tunables`]: parameters that change while a migration runs; bandwidth cap.
+//! * [`progress`]: callbacks for progress bars.
+//! * [`monitor`]: a migration's live state and events in QEMU's terms
+//!   (`query-migrate`, QMP events), for a VMM's monitor.
+//! * [`summary`]: what a migration reports (`--json`).
+//! * [`custody`]: who may run a VM's copy once a migration has ended, and
+//!   what an operator may do with it next (`cont`, `migrate`, `resume`).
+//! * [`seccomp`]: the threads and syscalls a VMM under seccomp must allow
+//!   the engine, by kind of migration.
+//! * [`error`]: a migration's errors, on either side.
+//! * `conformance` (feature `conformance`): checks a VMM runs against its
+//!   own `Vm` in its tests (dirty tracking, sections, pause, vCPU state, a
+//!   migration to itself).
 //!
 //! The engine never asks which VMM or guest it drives; both ends must run
 //! the same VMM (the header names it, and the destination checks).
@@ -57,6 +73,7 @@ pub mod tunables;
 pub mod vmm;
 pub mod wire;
 
+pub use choices::{ChoiceError, OnStall};
 pub use error::{MigrationError, OptionsError};
 pub use postcopy::{resume_postcopy, Mode, PostcopyReport, PostcopyResume};
 pub use precopy::{
@@ -66,8 +83,8 @@ pub use precopy::{
 pub use progress::{Both, NoProgress, Phase, Progress};
 pub use session::device_cost;
 pub use summary::{
-    DeltaSummary, Escalation, MigrationSummary, Outcome, ReceiveSummary, RoundKind, RoundStats,
-    ThrottleStep, VcpuShare,
+    DeltaSummary, Escalation, EscalationKind, MigrationSummary, Outcome, ReceiveSummary, RoundKind,
+    RoundStats, ThrottleStep, VcpuShare,
 };
 pub use transport::{
     accept, connect, listen, Dial, Listen, TcpDialer, TlsConfig, TlsError, TransportError,

@@ -27,6 +27,7 @@ const DRAIN_WAIT: Duration = Duration::from_secs(3);
 /// status of a migration under way. How a finished one ended is its
 /// summary's [`Outcome`], which [`Monitor::finish`] maps onto this.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MigStatus {
     /// No migration yet.
     None,

@@ -6,6 +6,7 @@ use crate::summary::{RoundStats, ThrottleStep};
 
 /// Where a migration is.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Phase {
     /// Exchanging preamble, header and Accept.
     Handshake,

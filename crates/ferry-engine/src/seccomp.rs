@@ -22,6 +22,7 @@
 
 /// A kind of migration, for what it needs beyond the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MigrationKind {
     /// Precopy over TCP (or UNIX sockets, or fds the caller holds).
     Precopy,

@@ -69,6 +69,7 @@ fn four_connections(compression: Compression, delta: bool) {
         Compression::Fixed(Codec::Lz4) => assert!(lz4 > 0 && zstd == 0),
         Compression::Fixed(Codec::Zstd) => assert!(zstd > 0 && lz4 == 0),
         Compression::Auto => assert!(raw + lz4 + zstd > 0),
+        other => panic!("no check for compression {other}"),
     }
 }
 

@@ -10,8 +10,8 @@ use common::{
     churning_source, probed, quick_receive, running_source, spawn_receiver, uffd_available,
 };
 use ferry_engine::{
-    migrate, migrate_accounted, MigrationError, Mode, NoProgress, Outcome, PrecopyOptions,
-    RoundKind,
+    migrate, migrate_accounted, EscalationKind, MigrationError, Mode, NoProgress, Outcome,
+    PrecopyOptions, RoundKind,
 };
 use ferry_vm::Vm;
 use std::time::Duration;
@@ -120,7 +120,7 @@ fn a_hybrid_on_stall_switches_when_precopy_stops_shrinking() {
     let switched = summary
         .escalations
         .iter()
-        .find(|e| e.what.contains("switching to postcopy"))
+        .find(|e| e.what == EscalationKind::StallPostcopy)
         .expect("the stall is recorded");
     // The stall, not the round cap, switched.
     assert!(
@@ -401,7 +401,7 @@ fn a_hybrid_switches_when_an_operator_asks() {
         summary
             .operator_changes
             .iter()
-            .any(|c| c.what.contains("switch to postcopy")),
+            .any(|c| c.what == EscalationKind::OperatorPostcopy),
         "{:?}",
         summary.operator_changes
     );

@@ -61,12 +61,7 @@ pub fn quickest(vm: &Vm, bytes_per_sec: f64) -> (ConvergeMode, PolicyForecast) {
             .cloned(),
     }
     .expect("every policy was forecast");
-    let mode = POLICIES
-        .iter()
-        .copied()
-        .find(|m| m.to_string() == pick.policy)
-        .unwrap_or(DEFAULT_POLICY);
-    (mode, pick)
+    (pick.policy, pick)
 }
 
 /// A migration of `vm` under `mode` as the simulator runs it, with

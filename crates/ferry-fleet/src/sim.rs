@@ -156,8 +156,8 @@ pub struct VmOutcome {
     pub from: String,
     /// To.
     pub to: String,
-    /// Its policy.
-    pub policy: String,
+    /// Its convergence policy (serialised by name).
+    pub policy: ConvergeMode,
     /// When it started and ended, seconds since the drain began.
     pub start_s: f64,
     /// When it ended.
@@ -404,7 +404,7 @@ pub fn run(fleet: &Fleet, policy: &mut dyn Policy, seed: u64) -> Result<DrainOut
                 vm: vm.name.clone(),
                 from: fleet.hosts[f.src].name.clone(),
                 to: fleet.hosts[f.dest].name.clone(),
-                policy: f.mode.to_string(),
+                policy: f.mode,
                 start_s: f.start,
                 end_s: f.start + took,
                 downtime_ms,

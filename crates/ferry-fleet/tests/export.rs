@@ -11,6 +11,7 @@
 //! validation (kubectl's default). `the_validator_refuses_what_the_api_would`
 //! shows that it fails wrong objects, so the test can fail.
 
+use ferry_engine::converge::ConvergeMode;
 use ferry_fleet::export::{
     self, ExportError, KubeVirtOptions, BEFORE_WAVE_LABEL, DOWNTIME_TARGET_ANNOTATION,
     HOSTNAME_LABEL, LABEL_VMIS_ANNOTATION, PLANNED_START_ANNOTATION, POLICY_LABEL, WAVE_LABEL,
@@ -374,11 +375,18 @@ fn each_vm_moves_to_its_planned_host_under_a_policy_that_selects_it() {
         // auto-converge unless ferry runs it unthrottled.
         let p = policies[label(m, POLICY_LABEL).unwrap()];
         assert_eq!(p["spec"]["bandwidthPerMigration"], "953Mi", "{p}");
-        assert_eq!(p["spec"]["allowAutoConverge"], o.policy != "none", "{p}");
+        assert_eq!(
+            p["spec"]["allowAutoConverge"],
+            o.policy != ConvergeMode::None,
+            "{p}"
+        );
         let converge = p["metadata"]["annotations"]["ferry.dev/convergence"]
             .as_str()
             .unwrap();
-        assert!(converge.split(", ").any(|c| c == o.policy), "{p}");
+        assert!(
+            converge.split(", ").any(|c| c == o.policy.to_string()),
+            "{p}"
+        );
     }
 }
 

@@ -449,8 +449,8 @@ impl Vm for KvmVm {
 }
 
 impl capability::DirtyLog for KvmVm {
-    fn method(&self) -> String {
-        self.dirty.mode().name().to_string()
+    fn method(&self) -> ferry_vm::DirtyLogMethod {
+        self.dirty.mode().method()
     }
 
     fn start_dirty_log(&mut self) -> Result<(), VmError> {

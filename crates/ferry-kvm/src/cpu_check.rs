@@ -168,6 +168,7 @@ const NAMES: &[(u32, u32, Reg, u8, &str)] = &[
 
 /// Errors of the check.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CpuCheckError {
     /// This host cannot give the guest what it was given.
     #[error("this host cannot give the guest the CPU it was given: it lacks {}", .0.join(", "))]

@@ -24,6 +24,9 @@ pub enum SoftError {
     /// annotated memory-fault exit.
     #[error("memory fault at {} ({} bytes, write: {})", .0.gpa, .0.size, .0.flags.write)]
     MemoryFault(crate::fault::MemoryFault),
+    /// A vCPU's missing page could not be brought in (postcopy failed).
+    #[error(transparent)]
+    Fetch(#[from] ferry_vm::FetchError),
     /// A worker thread panicked.
     #[error("thread {0} panicked")]
     Thread(String),

@@ -17,8 +17,8 @@ use crate::vcpu::{self, Control, Program, VcpuState};
 use ferry_memstress::{self as memstress, VmConfig};
 use ferry_vm::capability;
 use ferry_vm::{
-    DirtyLog, DirtyMeter, DirtyPages, FaultExits, GuestRam, HarvestStats, MemoryFaults, Quota, Vm,
-    VmError,
+    DirtyLog, DirtyLogMethod, DirtyMeter, DirtyPages, FaultExits, GuestRam, HarvestStats,
+    MemoryFaults, Quota, Vm, VmError,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
@@ -261,12 +261,12 @@ impl Vm for SoftVm {
 }
 
 impl DirtyLog for SoftVm {
-    fn method(&self) -> String {
+    fn method(&self) -> DirtyLogMethod {
         let m = self.mmu.mechanisms();
-        format!(
-            "soft (split {:?}, write-protect {:?}, iteration {:?})",
+        DirtyLogMethod::Soft(format!(
+            "split {:?}, write-protect {:?}, iteration {:?}",
             m.split, m.write_protect, m.iteration
-        )
+        ))
     }
 
     fn start_dirty_log(&mut self) -> Result<(), VmError> {
@@ -424,7 +424,7 @@ impl MemoryFaults for SoftVm {
             .map_err(|e| op("deliver memory faults as vCPU exits", e))?;
         let fetch = exits.fetch;
         let resolver: Arc<dyn PageResolver> =
-            Arc::new(move |f: &MemoryFault| fetch(f.gpa.gfn()).map_err(SoftError::Options));
+            Arc::new(move |f: &MemoryFault| fetch(f.gpa.gfn()).map_err(SoftError::from));
         self.faults = Some(FaultDelivery::VcpuExit {
             resolver,
             residency,

@@ -16,6 +16,7 @@ use crate::types::human_bytes;
 
 /// A guest that does not fit.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AdmissionError {
     /// More memory than the host has available.
     #[error(

@@ -42,7 +42,23 @@ pub struct FaultExits {
     pub present: Arc<crate::PageBits>,
     /// Brings frame `gfn` in and returns once it is present, or says why
     /// it cannot (the migration failed: the vCPU then stops).
-    pub fetch: Arc<dyn Fn(crate::Gfn) -> Result<(), String> + Send + Sync>,
+    pub fetch: Arc<dyn Fn(crate::Gfn) -> Result<(), FetchError> + Send + Sync>,
+}
+
+/// Why [`FaultExits::fetch`] could not bring a page in.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// Postcopy ended (the migration failed) before the page arrived.
+    #[error("postcopy ended before page {:#x} arrived", .0 .0)]
+    Ended(crate::Gfn),
+    /// The page could not be placed in guest memory.
+    #[error("cannot place page {:#x}: {cause}", .gfn.0)]
+    Place {
+        /// The page.
+        gfn: crate::Gfn,
+        /// Why, as the placing side said.
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl std::fmt::Debug for FaultExits {
@@ -51,12 +67,53 @@ impl std::fmt::Debug for FaultExits {
     }
 }
 
+/// How a VM tracks the guest's writes, for reports: its
+/// [`DirtyLog::method`], or [`DirtyLogMethod::VmmWrites`] where it has no
+/// log. `Display` gives the name the summary and the stream's header carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DirtyLogMethod {
+    /// No log: every guest write goes through [`crate::GuestRam`]
+    /// (`vmm-writes`).
+    VmmWrites,
+    /// KVM's `KVM_GET_DIRTY_LOG` (`bitmap`).
+    KvmBitmap,
+    /// KVM's `KVM_CLEAR_DIRTY_LOG`, in chunks (`clear`).
+    KvmClear,
+    /// KVM's per-vCPU dirty ring (`ring`).
+    KvmRing,
+    /// The soft MMU's write-protection faults, with the mechanisms it
+    /// runs (`soft (MECHANISMS)`).
+    Soft(String),
+    /// Another VMM's log, by its own name.
+    Other(std::borrow::Cow<'static, str>),
+}
+
+impl std::fmt::Display for DirtyLogMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DirtyLogMethod::VmmWrites => f.write_str("vmm-writes"),
+            DirtyLogMethod::KvmBitmap => f.write_str("bitmap"),
+            DirtyLogMethod::KvmClear => f.write_str("clear"),
+            DirtyLogMethod::KvmRing => f.write_str("ring"),
+            DirtyLogMethod::Soft(mechanisms) => write!(f, "soft ({mechanisms})"),
+            DirtyLogMethod::Other(name) => f.write_str(name),
+        }
+    }
+}
+
+impl Serialize for DirtyLogMethod {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// The VM's own log of guest writes: KVM's dirty log or ring, the soft
 /// MMU's. Pages written before [`DirtyLog::start_dirty_log`] are not
 /// reported.
 pub trait DirtyLog {
-    /// The method in use, for reports (`bitmap`, `ring`, ...).
-    fn method(&self) -> String;
+    /// The method in use, for reports.
+    fn method(&self) -> DirtyLogMethod;
     /// Starts logging guest writes.
     fn start_dirty_log(&mut self) -> Result<(), VmError>;
     /// Adds every page the guest wrote since the last harvest (or since
@@ -220,4 +277,42 @@ pub const MAX_THROTTLE_PERCENT: u8 = 99;
 pub fn throttle_sleep(percent: u8) -> Duration {
     let p = u32::from(percent.min(MAX_THROTTLE_PERCENT));
     THROTTLE_SLICE * p / (100 - p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_fetch_names_the_page() {
+        let ended = FetchError::Ended(crate::Gfn(0x1f));
+        assert_eq!(ended.to_string(), "postcopy ended before page 0x1f arrived");
+        let place = FetchError::Place {
+            gfn: crate::Gfn(0x20),
+            cause: "guest memory is gone".into(),
+        };
+        assert_eq!(
+            place.to_string(),
+            "cannot place page 0x20: guest memory is gone"
+        );
+    }
+
+    #[test]
+    fn every_dirty_log_method_has_the_name_reports_always_had() {
+        let cases = [
+            (DirtyLogMethod::VmmWrites, "vmm-writes"),
+            (DirtyLogMethod::KvmBitmap, "bitmap"),
+            (DirtyLogMethod::KvmClear, "clear"),
+            (DirtyLogMethod::KvmRing, "ring"),
+            (
+                DirtyLogMethod::Soft("split Eager".into()),
+                "soft (split Eager)",
+            ),
+            (DirtyLogMethod::Other("toy".into()), "toy"),
+        ];
+        for (method, name) in cases {
+            assert_eq!(method.to_string(), name);
+            assert_eq!(serde_json::to_string(&method).unwrap(), format!("{name:?}"));
+        }
+    }
 }

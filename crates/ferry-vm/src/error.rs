@@ -15,7 +15,7 @@ pub enum VmError {
     /// A backend operation failed.
     #[error("{backend} backend: {what}")]
     Operation {
-        /// Which backend (the VM's [`Vm::vmm_id`]).
+        /// Which backend (the VM's [`crate::Vm::vmm_id`]).
         backend: String,
         /// What it was doing.
         what: String,

@@ -13,7 +13,7 @@
 //!
 //! * [`types`]: frame and address newtypes, so units never get mixed up.
 //! * [`ram`]: guest RAM in one or more slots, with selectable backing.
-//! * [`dirty`]: dirty-page sets and the shared atomic bitmap harvested by exchange.
+//! * [`bitmap`]: dirty-page sets and the shared atomic bitmap harvested by exchange.
 //! * [`vm`]: the `Vm` trait: what the engine asks of any VM it migrates.
 //! * [`capability`]: what a VM can do beyond that, a small trait each.
 //! * [`probe`]: a guest's own checks, which a VMM may hand the engine.
@@ -47,9 +47,9 @@ pub mod vm;
 
 pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use capability::{
-    throttle_sleep, DirtyLog, DirtyMeter, FaultExits, HarvestStats, MemoryFaults, OutputGate,
-    Quota, TimeThrottle, VcpuState, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS,
-    THROTTLE_SLICE,
+    throttle_sleep, DirtyLog, DirtyLogMethod, DirtyMeter, FaultExits, FetchError, HarvestStats,
+    MemoryFaults, OutputGate, Quota, TimeThrottle, VcpuState, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL,
+    QUOTA_INTERVALS, THROTTLE_SLICE,
 };
 pub use device_faults::{DeviceRegion, DeviceUserfaultfd};
 pub use dirty_source::{DirtySource, DirtySourceError};

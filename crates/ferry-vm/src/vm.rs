@@ -257,12 +257,12 @@ pub trait Vm: Send + std::any::Any {
     }
 }
 
-/// The name of `vm`'s dirty tracking, for reports: its log's method, or
-/// `vmm-writes` where every write goes through `GuestRam`.
-pub fn dirty_tracking(vm: &mut dyn Vm) -> String {
+/// `vm`'s dirty tracking, for reports: its log's method, or
+/// [`crate::DirtyLogMethod::VmmWrites`] where every write goes through `GuestRam`.
+pub fn dirty_tracking(vm: &mut dyn Vm) -> crate::DirtyLogMethod {
     match vm.dirty_log() {
         Some(log) => log.method(),
-        None => "vmm-writes".into(),
+        None => crate::DirtyLogMethod::VmmWrites,
     }
 }
 

@@ -70,7 +70,7 @@ pub fn table(p: &Prediction) -> Table {
     );
     for f in &p.policies {
         t.row(vec![
-            f.policy.clone(),
+            f.policy.to_string(),
             if f.converges { "yes" } else { "NO" }.into(),
             f.rounds.to_string(),
             format!("{:.1}", f.total_ms / 1e3),

@@ -46,6 +46,8 @@ impl Progress for MigrationBar {
             Phase::Verifying => "verifying",
             Phase::Reporting => "reporting",
             Phase::Done => "done",
+            // A phase newer than this bar: keep the last one shown.
+            _ => return,
         };
         self.bar.set_prefix(name);
     }

@@ -183,7 +183,7 @@ fn predicted(s: &MigrationSummary) -> String {
     let Some(p) = &s.predicted else {
         return "not asked (--predict)".into();
     };
-    let Some(f) = p.policies.iter().find(|f| f.policy == policy_name(s)) else {
+    let Some(f) = p.policies.iter().find(|f| s.converge == Some(f.policy)) else {
         return format!("recommended {}", p.recommended);
     };
     format!(
@@ -264,7 +264,7 @@ pub fn tables(s: &MigrationSummary) -> [Table; 2] {
         (
             "wire / connections",
             format!(
-                "v{}, 1 control + {} data{}",
+                "v{}, 1 main + {} data{}",
                 s.wire_version,
                 s.connections,
                 if s.tls { ", mutual TLS" } else { "" }

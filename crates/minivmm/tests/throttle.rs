@@ -105,7 +105,17 @@ fn with_the_bitmap_no_vcpu_is_metered_and_a_quota_is_refused_by_name() {
     assert!(vm.dirty_meter().is_none());
     assert_eq!(converge::choose(None, &mut vm).unwrap(), ConvergeMode::Auto);
     let why = converge::serves(&mut vm, ConvergeMode::Quota).unwrap_err();
-    assert!(why.contains("per-vCPU dirty meter"), "{why}");
+    assert!(
+        matches!(
+            why,
+            converge::ConvergeError::Unserved {
+                policy: ConvergeMode::Quota,
+                ..
+            }
+        ),
+        "{why}"
+    );
+    assert!(why.to_string().contains("per-vCPU dirty meter"), "{why}");
     drop(vm);
     remove_disks(&disk);
 }

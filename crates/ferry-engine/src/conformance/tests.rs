@@ -246,8 +246,8 @@ impl Vm for ToyVm {
 }
 
 impl DirtyLog for ToyVm {
-    fn method(&self) -> String {
-        "toy".into()
+    fn method(&self) -> ferry_vm::DirtyLogMethod {
+        ferry_vm::DirtyLogMethod::Other("toy".into())
     }
     fn start_dirty_log(&mut self) -> Result<(), VmError> {
         self.cpu.log.clear();

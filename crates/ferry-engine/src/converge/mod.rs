@@ -38,7 +38,7 @@ mod sample_vm;
 mod share;
 mod stall;
 
-pub use crate::summary::{Escalation, ThrottleStep};
+pub use crate::summary::{Escalation, EscalationKind, ThrottleStep};
 pub use auto::AutoConverge;
 pub use limit::DirtyLimitPolicy;
 pub use predict::{predict, PolicyForecast, PredictInput, Prediction};
@@ -91,17 +91,35 @@ pub fn choose(
     match requested {
         Some(mode) => serves(vm, mode)
             .map(|()| mode)
-            .map_err(MigrationError::Refused),
+            .map_err(|why| MigrationError::Refused(why.to_string())),
         None if vm.dirty_meter().is_some() => Ok(ConvergeMode::Quota),
         None if vm.time_throttle().is_some() => Ok(ConvergeMode::Auto),
         None => Ok(ConvergeMode::None),
     }
 }
 
+/// Why a VM cannot run a convergence policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConvergeError {
+    /// The VM declares none of the mechanism the policy turns.
+    #[error(
+        "the {policy} policy needs {needs}, and this {vmm} VM declares none \
+         (choose another --converge, or none)"
+    )]
+    Unserved {
+        /// The policy asked for.
+        policy: ConvergeMode,
+        /// The mechanism it turns, in words.
+        needs: &'static str,
+        /// The VM's [`Vm::vmm_id`].
+        vmm: String,
+    },
+}
+
 /// Whether `vm` declares the mechanism `mode` turns (a time throttle for
 /// auto-converge, a per-vCPU dirty meter for the quota and the dirty
 /// limit), or why not, in words for the operator.
-pub fn serves(vm: &mut dyn Vm, mode: ConvergeMode) -> Result<(), String> {
+pub fn serves(vm: &mut dyn Vm, mode: ConvergeMode) -> Result<(), ConvergeError> {
     let (declared, what) = match mode {
         ConvergeMode::None => return Ok(()),
         ConvergeMode::Auto => (vm.time_throttle().is_some(), "a time throttle"),
@@ -112,11 +130,11 @@ pub fn serves(vm: &mut dyn Vm, mode: ConvergeMode) -> Result<(), String> {
     if declared {
         return Ok(());
     }
-    Err(format!(
-        "the {mode} policy needs {what}, and this {} VM declares none \
-         (choose another --converge, or none)",
-        vm.vmm_id()
-    ))
+    Err(ConvergeError::Unserved {
+        policy: mode,
+        needs: what,
+        vmm: vm.vmm_id().to_string(),
+    })
 }
 
 /// Each vCPU's pages dirtied so far, where `vm` meters them (else empty).
@@ -267,10 +285,7 @@ impl Converger {
         let mut want = self.consult(&s, vm, tunables)?;
         if self.stall.observe(s.remaining_bytes) {
             if self.switch_on_stall {
-                self.record(
-                    s.round,
-                    "remaining bytes stopped shrinking: switching to postcopy".into(),
-                );
+                self.record(s.round, EscalationKind::StallPostcopy);
                 self.switch_requested = true;
                 return Ok(());
             }
@@ -319,7 +334,7 @@ impl Converger {
             self.switch(vm, tunables, round, mode)?;
         }
         if let Some(pct) = tunables.take_throttle_request() {
-            self.note(round, format!("operator: time throttle {pct}%"));
+            self.note(round, EscalationKind::OperatorThrottle(pct));
             if !self.in_force(&Action::Time(pct)) {
                 self.apply(vm, round, Action::Time(pct))?;
             }
@@ -329,11 +344,10 @@ impl Converger {
             Some(q) if q.interval != interval => {
                 self.note(
                     round,
-                    format!(
-                        "operator: quota interval {} -> {} ms, same rate",
-                        q.interval.as_millis(),
-                        interval.as_millis()
-                    ),
+                    EscalationKind::OperatorQuotaInterval {
+                        from: q.interval,
+                        to: interval,
+                    },
                 );
                 self.apply(vm, round, Action::Quota(Some(q.per(interval))))
             }
@@ -355,11 +369,15 @@ impl Converger {
             return Ok(());
         }
         if let Err(why) = serves(vm, mode) {
-            self.note(round, format!("operator asked for {mode}: refused: {why}"));
+            let why = why.to_string();
+            self.note(
+                round,
+                EscalationKind::OperatorPolicyRefused { policy: mode, why },
+            );
             return Ok(());
         }
         let from = std::mem::replace(&mut self.mode, mode);
-        self.note(round, format!("operator: policy {from} -> {mode}"));
+        self.note(round, EscalationKind::OperatorPolicy { from, to: mode });
         self.lift(vm, round)?;
         self.policy = policy(mode);
         self.stall = Stall::default();
@@ -380,36 +398,34 @@ impl Converger {
     /// the policy.
     fn escalate(&mut self, s: &Sample, tunables: &Tunables) -> Option<Action> {
         if let Some(action) = self.policy.as_mut().and_then(|p| p.engage(s)) {
-            let what = format!(
-                "remaining bytes stopped shrinking: {} engaged",
-                self.policy.as_ref().map_or("policy", |p| p.name())
-            );
-            self.record(s.round, what);
+            // A policy runs only under a mode that has one: `policy(mode)`.
+            self.record(s.round, EscalationKind::Engaged(self.mode));
             return Some(action);
         }
         let now = tunables.downtime_target();
         if now < self.max_downtime {
             let next = (now + now / 2).min(self.max_downtime);
             tunables.set_downtime_target(next);
-            let what = format!(
-                "remaining bytes stopped shrinking: downtime target raised from {} to {} ms",
-                now.as_millis(),
-                next.as_millis()
+            self.record(
+                s.round,
+                EscalationKind::DowntimeRaised {
+                    from: now,
+                    to: next,
+                },
             );
-            self.record(s.round, what);
         }
         None
     }
 
     /// Logs an escalation and keeps it for the summary.
-    fn record(&mut self, round: u32, what: String) {
+    fn record(&mut self, round: u32, what: EscalationKind) {
         tracing::info!("round {round}: {what}");
         let at_ms = self.elapsed_ms();
         self.escalations.push(Escalation { at_ms, round, what });
     }
 
     /// Logs an operator's change and keeps it for the summary.
-    pub(crate) fn note(&mut self, round: u32, what: String) {
+    pub(crate) fn note(&mut self, round: u32, what: EscalationKind) {
         tracing::info!("round {round}: {what}");
         let at_ms = self.elapsed_ms();
         self.operator_changes
@@ -519,5 +535,24 @@ impl Converger {
                 tracing::warn!("cannot lift the source's dirty limit: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unserved_policy_names_what_it_needs_and_the_vm() {
+        let why = ConvergeError::Unserved {
+            policy: ConvergeMode::Quota,
+            needs: "a per-vCPU dirty meter",
+            vmm: "kvm".into(),
+        };
+        assert_eq!(
+            why.to_string(),
+            "the quota policy needs a per-vCPU dirty meter, and this kvm VM declares none \
+             (choose another --converge, or none)"
+        );
     }
 }

@@ -242,7 +242,7 @@ pub struct MigrationModel {
 
 impl MigrationModel {
     /// A migration of the guest `input` describes under `mode`, its round
-    /// times drawn from `seed` (see [`Jitter`]). The input's link only
+    /// times drawn from `seed` (see `Jitter`). The input's link only
     /// matters to the caller: each step gives its own.
     pub fn new(input: &PredictInput, mode: ConvergeMode, seed: u64) -> Self {
         let vcpus = input.dirty_bytes_per_sec.len();
@@ -396,7 +396,7 @@ impl MigrationModel {
         if converges || self.round >= self.max_rounds || self.total > HORIZON_SECS {
             let downtime = found / link;
             self.done = Some(PolicyForecast {
-                policy: self.mode.to_string(),
+                policy: self.mode,
                 converges,
                 rounds: self.round + 1,
                 total_ms: (self.total + downtime) * 1e3,

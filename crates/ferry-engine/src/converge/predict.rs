@@ -31,7 +31,7 @@ pub fn predict(input: &PredictInput, modes: &[ConvergeMode]) -> Prediction {
                 .iter()
                 .min_by(|a, b| a.downtime_ms.total_cmp(&b.downtime_ms))
         })
-        .map_or_else(String::new, |f| f.policy.clone());
+        .map_or(ConvergeMode::None, |f| f.policy);
     Prediction {
         policies,
         recommended,
@@ -53,7 +53,7 @@ fn forecast(input: &PredictInput, mode: ConvergeMode) -> PolicyForecast {
     let n = agree.len().max(1) as f64;
     let mean = |f: fn(&PolicyForecast) -> f64| agree.iter().map(|r| f(r)).sum::<f64>() / n;
     PolicyForecast {
-        policy: mode.to_string(),
+        policy: mode,
         converges,
         rounds: mean(|r| f64::from(r.rounds)).round() as u32,
         total_ms: mean(|r| r.total_ms),
@@ -92,8 +92,11 @@ mod tests {
         }
     }
 
-    fn of<'a>(p: &'a Prediction, name: &str) -> &'a PolicyForecast {
-        p.policies.iter().find(|f| f.policy == name).expect(name)
+    fn of(p: &Prediction, mode: ConvergeMode) -> &PolicyForecast {
+        p.policies
+            .iter()
+            .find(|f| f.policy == mode)
+            .unwrap_or_else(|| panic!("no forecast for {mode}: {p:?}"))
     }
 
     const ALL: [ConvergeMode; 3] = [ConvergeMode::None, ConvergeMode::Auto, ConvergeMode::Quota];
@@ -101,13 +104,13 @@ mod tests {
     #[test]
     fn a_slow_writer_converges_unaided_and_needs_no_policy() {
         let p = predict(&input(&[10.0], 512.0), &ALL);
-        let none = of(&p, "none");
+        let none = of(&p, ConvergeMode::None);
         assert!(none.converges, "{p:?}");
         assert_eq!(none.runtime_pct, 100.0);
         // The first pass alone: 256 MiB at 512 MiB/s.
         assert!(none.total_ms >= 500.0, "{none:?}");
         assert!(
-            p.recommended == "none" || of(&p, &p.recommended).runtime_pct == 100.0,
+            p.recommended == ConvergeMode::None || of(&p, p.recommended).runtime_pct == 100.0,
             "{p:?}"
         );
     }
@@ -118,14 +121,14 @@ mod tests {
         let mut i = input(&[1024.0, 0.0], 128.0);
         i.working_set_bytes[1] = 0;
         let p = predict(&i, &ALL);
-        assert!(!of(&p, "none").converges, "{p:?}");
-        let (auto, quota) = (of(&p, "auto"), of(&p, "quota"));
+        assert!(!of(&p, ConvergeMode::None).converges, "{p:?}");
+        let (auto, quota) = (of(&p, ConvergeMode::Auto), of(&p, ConvergeMode::Quota));
         assert!(quota.converges, "{p:?}");
         // auto slows the reader as much as the writer, for longer; the
         // quota engages in the first interval and ends sooner.
         assert!(quota.throttled_ms < auto.throttled_ms, "{p:?}");
         assert!(quota.total_ms < auto.total_ms, "{p:?}");
-        assert_eq!(p.recommended, "quota", "{p:?}");
+        assert_eq!(p.recommended, ConvergeMode::Quota, "{p:?}");
     }
 
     #[test]
@@ -133,9 +136,9 @@ mod tests {
         // A writer at 5 MiB/s that has touched a tenth of its 256 MiB, over
         // 128 MiB/s: the first pass moves 25.6 MiB, not 256.
         let mut i = input(&[5.0], 128.0);
-        let full = of(&predict(&i, &ALL), "none").total_ms;
+        let full = of(&predict(&i, &ALL), ConvergeMode::None).total_ms;
         i.data_bytes = i.memory_bytes / 10;
-        let tenth = of(&predict(&i, &ALL), "none").clone();
+        let tenth = of(&predict(&i, &ALL), ConvergeMode::None).clone();
         assert!(tenth.converges, "{tenth:?}");
         // 256 MiB / 128 MiB/s = 2 s; a tenth of it, 0.2 s (and a short round).
         assert!(full > 2000.0, "{full}");
@@ -147,9 +150,9 @@ mod tests {
         // A writer at 64 MiB/s over 256 MiB and a 128 MiB/s link: without
         // harvests in the pass, all it dirtied in the 2 s pass goes again.
         let mut i = input(&[64.0], 128.0);
-        let plain = of(&predict(&i, &ALL), "none").clone();
+        let plain = of(&predict(&i, &ALL), ConvergeMode::None).clone();
         i.harvest_within_rounds = true;
-        let within = of(&predict(&i, &ALL), "none").clone();
+        let within = of(&predict(&i, &ALL), ConvergeMode::None).clone();
         assert!(within.total_ms < plain.total_ms, "{within:?} {plain:?}");
         // About half of the 128 MiB it dirtied lies behind the cursor.
         assert!(within.total_ms > 2000.0, "{within:?}");
@@ -178,9 +181,9 @@ mod tests {
         // every second, as often as a round: only the quota, which charges
         // every page, holds them.
         let p = predict(&mix(30.0 * 1024.0), &PER_VCPU);
-        assert!(!of(&p, "auto").converges, "{p:?}");
-        assert!(!of(&p, "dirty-limit").converges, "{p:?}");
-        let quota = of(&p, "quota");
+        assert!(!of(&p, ConvergeMode::Auto).converges, "{p:?}");
+        assert!(!of(&p, ConvergeMode::DirtyLimit).converges, "{p:?}");
+        let quota = of(&p, ConvergeMode::Quota);
         assert!(quota.converges, "{p:?}");
         // The pass (1 s), then one resend of what the writers dirtied
         // before the quota engaged (1 s), then little.
@@ -194,17 +197,20 @@ mod tests {
         // many periods; dirty-limit's loop settles each writer near its
         // limit within a round or two.
         let p = predict(&mix(800.0), &PER_VCPU);
-        let (auto, limit) = (of(&p, "auto"), of(&p, "dirty-limit"));
+        let (auto, limit) = (of(&p, ConvergeMode::Auto), of(&p, ConvergeMode::DirtyLimit));
         assert!(auto.converges && limit.converges, "{p:?}");
         assert!(auto.total_ms > 10_000.0, "{auto:?}");
         assert!(limit.total_ms < auto.total_ms / 2.0, "{p:?}");
-        assert!(of(&p, "quota").total_ms <= limit.total_ms, "{p:?}");
+        assert!(
+            of(&p, ConvergeMode::Quota).total_ms <= limit.total_ms,
+            "{p:?}"
+        );
     }
 
     #[test]
     fn nothing_converging_recommends_the_least_downtime() {
         let p = predict(&input(&[4096.0], 8.0), &[ConvergeMode::None]);
         assert!(!p.policies[0].converges);
-        assert_eq!(p.recommended, "none");
+        assert_eq!(p.recommended, ConvergeMode::None);
     }
 }

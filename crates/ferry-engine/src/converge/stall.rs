@@ -19,7 +19,7 @@ pub struct Stall {
 impl Stall {
     /// Records a round's remaining bytes; true when precopy has stalled
     /// (then the count starts over, so each escalation gets
-    /// [`STALL_ROUNDS`] rounds to work).
+    /// `STALL_ROUNDS` rounds to work).
     pub fn observe(&mut self, remaining: u64) -> bool {
         match self.best {
             Some(best) if remaining.saturating_mul(20) > best.saturating_mul(19) => {

@@ -81,7 +81,7 @@ impl Drop for DeviceFaults {
 fn serve(
     name: &str,
     placer: &Placer,
-    fetch: &(dyn Fn(Gfn) -> Result<(), String> + Send + Sync),
+    fetch: &(dyn Fn(Gfn) -> Result<(), ferry_vm::FetchError> + Send + Sync),
     stop: &AtomicBool,
     served: &AtomicU64,
 ) {

@@ -40,7 +40,7 @@ const FAULT_POLL: Duration = Duration::from_millis(50);
 pub(crate) fn fetcher(
     loaded: Arc<Loaded>,
     prefetch: u32,
-) -> Arc<dyn Fn(Gfn) -> Result<(), String> + Send + Sync> {
+) -> Arc<dyn Fn(Gfn) -> Result<(), ferry_vm::FetchError> + Send + Sync> {
     let prefetch = prefetch.clamp(1, crate::wire::messages::MAX_REQUEST_PAGES);
     Arc::new(move |gfn: Gfn| {
         loaded.requests.exits.fetch_add(1, Ordering::Relaxed);
@@ -51,10 +51,15 @@ pub(crate) fn fetcher(
                 return Ok(());
             }
             if !loaded.placing() {
-                return Err(format!("postcopy ended before page {:#x} arrived", gfn.0));
+                return Err(ferry_vm::FetchError::Ended(gfn));
             }
             if loaded.zero_here(gfn) {
-                loaded.place_zero(gfn).map_err(|e| e.to_string())?;
+                loaded
+                    .place_zero(gfn)
+                    .map_err(|e| ferry_vm::FetchError::Place {
+                        gfn,
+                        cause: Box::new(e),
+                    })?;
                 continue;
             }
             let ask = loaded.clock.ask(gfn, thread, prefetch, |g| {

@@ -238,7 +238,7 @@ impl Source<'_> {
             let asked = tun.take_postcopy_request();
             if asked && self.opts.mode.may_postcopy() {
                 self.converge
-                    .note(round, "operator: switch to postcopy".into());
+                    .note(round, crate::converge::EscalationKind::OperatorPostcopy);
             }
             let switch = self.opts.mode.switch_after(round)
                 || ((capped || stalled || asked) && self.opts.mode.may_postcopy());

@@ -55,7 +55,7 @@ pub(crate) struct Loaded {
     pub batches: AtomicU64,
     pub(crate) gate: RoundGate,
     /// Hugetlb backing: postcopy places whole 2 MiB pages, filled here
-    /// first (see [`crate::postcopy::huge`]).
+    /// first (see [`super::huge`]).
     huge: Option<HugeStaging>,
     /// Hugetlb postcopy: pages dropped with their huge page at the
     /// switchover although current here, to ask for again (runs).

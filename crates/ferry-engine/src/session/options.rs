@@ -251,6 +251,7 @@ pub struct ReceiveOptions {
 /// How the destination puts a received page into guest memory that has
 /// never been touched.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Placement {
     /// `UFFDIO_COPY`: the kernel allocates the page already filled (no
     /// zeroing first); falls back to `Write` where userfaultfd is missing

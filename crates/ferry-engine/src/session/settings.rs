@@ -10,6 +10,7 @@
 
 use super::compression::Compression;
 use super::options::{Mode, PrecopyOptions};
+use crate::choices::OnStall;
 use crate::converge::ConvergeMode;
 use crate::error::OptionsError;
 use crate::tunables::{TunableChange, Tunables};
@@ -50,12 +51,13 @@ pub struct MigrationSettings {
     pub mode: Option<Mode>,
     /// Hybrid: precopy rounds before postcopy.
     pub postcopy_after_rounds: Option<u32>,
-    /// Hybrid: switch to postcopy when precopy stalls.
-    pub on_stall_postcopy: bool,
+    /// What a stall does; [`OnStall::Postcopy`] (hybrid only) switches to
+    /// postcopy.
+    pub on_stall: OnStall,
     /// QMP's `postcopy-ram` capability: a mode not named is a hybrid that
     /// switches when asked (`migrate-start-postcopy`), after
     /// `postcopy_after_rounds` if given, or on a stall with
-    /// `on_stall_postcopy`, as QEMU's precopy with postcopy-ram does.
+    /// [`OnStall::Postcopy`], as QEMU's precopy with postcopy-ram does.
     pub postcopy_ram: bool,
     /// Postcopy: seconds to keep reconnecting after the connections break
     /// (default [`super::DEFAULT_RECOVER_TIMEOUT`]).
@@ -72,14 +74,15 @@ impl MigrationSettings {
         tunables: Arc<Tunables>,
         probe: Option<Arc<dyn GuestProbe>>,
     ) -> Result<PrecopyOptions, OptionsError> {
+        let on_stall_postcopy = self.on_stall == OnStall::Postcopy;
         let mode = match self.mode {
             None if self.postcopy_ram => Mode::Hybrid {
                 after_rounds: self.postcopy_after_rounds.unwrap_or(u32::MAX).max(1),
-                on_stall: self.on_stall_postcopy,
+                on_stall: on_stall_postcopy,
             },
             mode => mode
                 .unwrap_or(Mode::Precopy)
-                .switching(self.postcopy_after_rounds, self.on_stall_postcopy)?,
+                .switching(self.postcopy_after_rounds, on_stall_postcopy)?,
         };
         tunables.apply(&self.tunables)?;
         let mut o = PrecopyOptions::default();
@@ -138,7 +141,7 @@ mod tests {
             give_up_after_s: Some(30),
             mode: None,
             postcopy_after_rounds: None,
-            on_stall_postcopy: false,
+            on_stall: OnStall::Escalate,
             postcopy_ram: false,
             recover_timeout_s: Some(5),
         };
@@ -164,7 +167,7 @@ mod tests {
                 after_rounds: 1,
                 on_stall: false,
             }),
-            on_stall_postcopy: true,
+            on_stall: OnStall::Postcopy,
             ..MigrationSettings::default()
         };
         assert_eq!(

@@ -51,7 +51,7 @@ pub fn fresh_summary(
         backend: vm.vmm_id().to_string(),
         mode: opts.mode,
         postcopy: None,
-        dirty_tracking: ferry_vm::dirty_tracking(vm),
+        dirty_tracking: ferry_vm::dirty_tracking(vm).to_string(),
         wire_version: VERSION,
         connections,
         tls,

@@ -3,7 +3,10 @@
 //! escalation when precopy stopped converging. [`crate::converge`] makes
 //! them.
 
-use serde::Serialize;
+use crate::choices::ConvergeMode;
+use serde::{Serialize, Serializer};
+use std::fmt;
+use std::time::Duration;
 
 /// A change of the source's vCPU throttle.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -34,15 +37,97 @@ pub struct Escalation {
     pub at_ms: f64,
     /// The round after which it happened.
     pub round: u32,
-    /// What was done, in words.
-    pub what: String,
+    /// What was done (serialised, and displayed, in words).
+    pub what: EscalationKind,
+}
+
+/// What an [`Escalation`] did. Its `Display` is the sentence the summary
+/// (and its JSON) carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EscalationKind {
+    /// A stall engaged the policy at once.
+    Engaged(ConvergeMode),
+    /// A stall raised the downtime target.
+    DowntimeRaised {
+        /// The target before.
+        from: Duration,
+        /// The target after.
+        to: Duration,
+    },
+    /// A stall switched the migration to postcopy (a hybrid that switches
+    /// on a stall).
+    StallPostcopy,
+    /// An operator set a time throttle on every vCPU, in percent.
+    OperatorThrottle(u8),
+    /// An operator changed the quota interval; the quota's rate stays.
+    OperatorQuotaInterval {
+        /// The interval before.
+        from: Duration,
+        /// The interval after.
+        to: Duration,
+    },
+    /// An operator switched the policy.
+    OperatorPolicy {
+        /// The policy before.
+        from: ConvergeMode,
+        /// The policy after.
+        to: ConvergeMode,
+    },
+    /// An operator asked for a policy the VM cannot serve; the old one
+    /// stays.
+    OperatorPolicyRefused {
+        /// The policy asked for.
+        policy: ConvergeMode,
+        /// Why the VM cannot serve it (`converge::serves`'s refusal).
+        why: String,
+    },
+    /// An operator asked for postcopy.
+    OperatorPostcopy,
+}
+
+impl fmt::Display for EscalationKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const STALLED: &str = "remaining bytes stopped shrinking";
+        match self {
+            EscalationKind::Engaged(policy) => write!(f, "{STALLED}: {policy} engaged"),
+            EscalationKind::DowntimeRaised { from, to } => write!(
+                f,
+                "{STALLED}: downtime target raised from {} to {} ms",
+                from.as_millis(),
+                to.as_millis()
+            ),
+            EscalationKind::StallPostcopy => write!(f, "{STALLED}: switching to postcopy"),
+            EscalationKind::OperatorThrottle(pct) => write!(f, "operator: time throttle {pct}%"),
+            EscalationKind::OperatorQuotaInterval { from, to } => write!(
+                f,
+                "operator: quota interval {} -> {} ms, same rate",
+                from.as_millis(),
+                to.as_millis()
+            ),
+            EscalationKind::OperatorPolicy { from, to } => {
+                write!(f, "operator: policy {from} -> {to}")
+            }
+            EscalationKind::OperatorPolicyRefused { policy, why } => {
+                write!(f, "operator asked for {policy}: refused: {why}")
+            }
+            EscalationKind::OperatorPostcopy => f.write_str("operator: switch to postcopy"),
+        }
+    }
+}
+
+impl Serialize for EscalationKind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }
 
 /// The outcome predicted for one policy.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct PolicyForecast {
-    /// none, auto or quota.
-    pub policy: String,
+    /// The policy forecast (serialised by name: none, auto, quota,
+    /// dirty-limit).
+    pub policy: ConvergeMode,
     /// What was left fitted the downtime target before the round cap.
     pub converges: bool,
     /// Rounds, the stop-and-copy included.
@@ -66,8 +151,8 @@ pub struct Prediction {
     pub policies: Vec<PolicyForecast>,
     /// The policy to pick: among those that converge, the one that keeps
     /// the guest throttled least (then the quickest); if none converges,
-    /// the one with the least downtime.
-    pub recommended: String,
+    /// the one with the least downtime (none if no policy was forecast).
+    pub recommended: ConvergeMode,
     /// Whether the link rate was known (else assumed; see the input).
     pub link_known: bool,
     /// What the model was given: the sampled rates, the link, the target.
@@ -105,4 +190,72 @@ pub struct PredictInput {
     /// Whether the engine harvests within rounds (a page dirtied ahead of
     /// the send cursor is then not sent again).
     pub harvest_within_rounds: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_escalation_says_what_it_did_in_the_words_the_summary_always_had() {
+        let ms = Duration::from_millis;
+        let cases = [
+            (
+                EscalationKind::Engaged(ConvergeMode::Quota),
+                "remaining bytes stopped shrinking: quota engaged",
+            ),
+            (
+                EscalationKind::DowntimeRaised {
+                    from: ms(300),
+                    to: ms(450),
+                },
+                "remaining bytes stopped shrinking: downtime target raised from 300 to 450 ms",
+            ),
+            (
+                EscalationKind::StallPostcopy,
+                "remaining bytes stopped shrinking: switching to postcopy",
+            ),
+            (
+                EscalationKind::OperatorThrottle(40),
+                "operator: time throttle 40%",
+            ),
+            (
+                EscalationKind::OperatorQuotaInterval {
+                    from: ms(100),
+                    to: ms(50),
+                },
+                "operator: quota interval 100 -> 50 ms, same rate",
+            ),
+            (
+                EscalationKind::OperatorPolicy {
+                    from: ConvergeMode::Auto,
+                    to: ConvergeMode::DirtyLimit,
+                },
+                "operator: policy auto -> dirty-limit",
+            ),
+            (
+                EscalationKind::OperatorPolicyRefused {
+                    policy: ConvergeMode::Quota,
+                    why: "no meter".into(),
+                },
+                "operator asked for quota: refused: no meter",
+            ),
+            (
+                EscalationKind::OperatorPostcopy,
+                "operator: switch to postcopy",
+            ),
+        ];
+        for (what, words) in cases {
+            assert_eq!(what.to_string(), words);
+            let e = Escalation {
+                at_ms: 1.5,
+                round: 3,
+                what,
+            };
+            assert_eq!(
+                serde_json::to_string(&e).unwrap(),
+                format!(r#"{{"at_ms":1.5,"round":3,"what":"{words}"}}"#)
+            );
+        }
+    }
 }

@@ -5,7 +5,9 @@ mod converge;
 mod postcopy;
 
 use crate::choices::{Compression, ConvergeMode, Mode};
-pub use converge::{Escalation, PolicyForecast, PredictInput, Prediction, ThrottleStep};
+pub use converge::{
+    Escalation, EscalationKind, PolicyForecast, PredictInput, Prediction, ThrottleStep,
+};
 use ferry_vm::GuestCheck;
 pub use postcopy::{BlockedThread, PostcopyReport};
 use serde::Serialize;
@@ -13,6 +15,7 @@ use serde::Serialize;
 /// How a migration ended.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Outcome {
     /// The guest runs on the destination, memory verified.
     Completed,

@@ -13,7 +13,7 @@
 //! `xxh3_64(header[0..8] ‖ h[0] ‖ h[1] ‖ …)` over the chunks' xxh3 hashes
 //! (little-endian u64s). A flipped bit anywhere changes a chunk's hash and
 //! so the check, as with the CRC; the receiver keeps the hashes
-//! ([`verify`] fills them in) and the digest reuses them.
+//! (`verify` fills them in) and the digest reuses them.
 
 use super::compress::{FLAG_LZ4, FLAG_ZSTD};
 use super::{StreamError, MAX_FRAME_LEN};

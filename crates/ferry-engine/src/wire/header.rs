@@ -182,7 +182,7 @@ impl StreamHeader {
             regions: regions_of(vm.ram()),
             memory_bytes: vm.ram().size(),
             page_size: PAGE_SIZE as u32,
-            dirty_tracking: ferry_vm::dirty_tracking(vm),
+            dirty_tracking: ferry_vm::dirty_tracking(vm).to_string(),
             vmm_config: vm.vmm_config(),
             sections: crate::wire::sections::manifest(&vm.state_sections()),
             section_bytes: crate::wire::sections::declared(&vm.state_sections()),

@@ -778,8 +778,8 @@ impl ferry_vm::OutputGate for TestVm {
 /// GuestRam, whose bitmap the engine reads itself). It also records whether
 /// it runs: the tests check that every migration stops it.
 impl DirtyLog for TestVm {
-    fn method(&self) -> String {
-        "vmm-bitmap + counter log".into()
+    fn method(&self) -> ferry_vm::DirtyLogMethod {
+        ferry_vm::DirtyLogMethod::Other("vmm-bitmap + counter log".into())
     }
     fn start_dirty_log(&mut self) -> Result<(), VmError> {
         self.passes_written.store(false, Ordering::Release);

@@ -136,7 +136,7 @@ pub enum ExportError {
         /// The VM.
         vm: String,
         /// ferry's policy for it.
-        policy: String,
+        policy: ConvergeMode,
         /// The downtime it would take.
         downtime_ms: f64,
         /// Its target.
@@ -151,7 +151,7 @@ pub enum ExportError {
         /// The VM.
         vm: String,
         /// ferry's policy for it.
-        policy: String,
+        policy: ConvergeMode,
         /// Its planned downtime.
         downtime_ms: f64,
         /// Its target.
@@ -299,7 +299,7 @@ pub fn kubevirt(
         if !o.converged {
             return Err(ExportError::DoesNotConverge {
                 vm: o.vm.clone(),
-                policy: o.policy.clone(),
+                policy: o.policy,
                 downtime_ms: o.downtime_ms,
                 target_ms: o.downtime_target_ms,
             });
@@ -307,7 +307,7 @@ pub fn kubevirt(
         if o.downtime_ms > o.downtime_target_ms {
             return Err(ExportError::OverTarget {
                 vm: o.vm.clone(),
-                policy: o.policy.clone(),
+                policy: o.policy,
                 downtime_ms: o.downtime_ms,
                 target_ms: o.downtime_target_ms,
             });
@@ -368,13 +368,12 @@ pub fn kubevirt(
             .cap_bytes_per_sec
             .unwrap_or(fleet.hosts[vm.host].nic_bytes_per_sec);
         let mib = ((cap / MIB).floor() as u64).max(1);
-        let mode: ConvergeMode = o.policy.parse().unwrap_or_default();
-        let key = (mib, mode != ConvergeMode::None);
+        let key = (mib, o.policy != ConvergeMode::None);
         let gb = (vm.memory_bytes as f64 / 1e9).ceil().max(1.0);
         let need = needs.entry(key).or_default();
         need.secs_per_gb = need.secs_per_gb.max((o.end_s - o.start_s) / gb);
         if !need.modes.contains(&o.policy) {
-            need.modes.push(o.policy.clone());
+            need.modes.push(o.policy);
         }
         need.vms.push(vm.name.clone());
         need_of.push(key);
@@ -398,7 +397,14 @@ pub fn kubevirt(
                 .as_ref()
                 .map_or(String::new(), |n| format!(" -n {n}"));
             let annotations = BTreeMap::from([
-                (CONVERGENCE_ANNOTATION.to_string(), need.modes.join(", ")),
+                (
+                    CONVERGENCE_ANNOTATION.to_string(),
+                    need.modes
+                        .iter()
+                        .map(ConvergeMode::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ),
                 (
                     LABEL_VMIS_ANNOTATION.to_string(),
                     format!(
@@ -455,7 +461,7 @@ pub fn kubevirt(
             ),
             (PLANNED_START_ANNOTATION.to_string(), number(o.start_s)),
             (PLANNED_END_ANNOTATION.to_string(), number(o.end_s)),
-            (CONVERGENCE_ANNOTATION.to_string(), o.policy.clone()),
+            (CONVERGENCE_ANNOTATION.to_string(), o.policy.to_string()),
         ]);
         waves[wave_of[i]].push(VirtualMachineInstanceMigration {
             api_version: KUBEVIRT_API_VERSION.into(),
@@ -486,7 +492,7 @@ struct Need {
     /// The slowest planned seconds per GB of memory.
     secs_per_gb: f64,
     /// ferry's policies among them.
-    modes: Vec<String>,
+    modes: Vec<ConvergeMode>,
     /// The VMs.
     vms: Vec<String>,
 }

@@ -25,12 +25,40 @@ pub enum DirtyTracking {
 }
 
 impl DirtyTracking {
+    /// The method, as a VM's dirty log reports it.
+    pub fn method(&self) -> ferry_vm::DirtyLogMethod {
+        match self {
+            DirtyTracking::Bitmap => ferry_vm::DirtyLogMethod::KvmBitmap,
+            DirtyTracking::Clear { .. } => ferry_vm::DirtyLogMethod::KvmClear,
+            DirtyTracking::Ring { .. } => ferry_vm::DirtyLogMethod::KvmRing,
+        }
+    }
+
     /// Short name used in reports and JSON.
     pub fn name(&self) -> &'static str {
         match self {
             DirtyTracking::Bitmap => "bitmap",
             DirtyTracking::Clear { .. } => "clear",
             DirtyTracking::Ring { .. } => "ring",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_mode_reports_its_method_by_its_name() {
+        for mode in [
+            DirtyTracking::Bitmap,
+            DirtyTracking::Clear {
+                chunk_pages: 512,
+                pace_us: 0,
+            },
+            DirtyTracking::Ring { entries: 1024 },
+        ] {
+            assert_eq!(mode.method().to_string(), mode.name());
         }
     }
 }

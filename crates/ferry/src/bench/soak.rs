@@ -300,7 +300,8 @@ pub fn run(a: &SoakArgs) -> Result<Report<Soak>, CmdError> {
         return Err(CmdError::Usage("--modes needs at least one mode".into()));
     }
     for m in &a.modes {
-        m.parse::<ferry_engine::Mode>().map_err(CmdError::Usage)?;
+        m.parse::<ferry_engine::Mode>()
+            .map_err(|e| CmdError::Usage(e.to_string()))?;
     }
     let mut end = first_end(a)?;
     let mut hops = Vec::new();

@@ -155,7 +155,7 @@ pub fn run_plan(a: PlanArgs) -> Result<ExitCode, CmdError> {
             v.to.clone(),
             format!("{:.1}", v.start_s),
             format!("{:.1}", v.end_s),
-            v.policy.clone(),
+            v.policy.to_string(),
             format!("{:.2}", v.mean_rate * 8.0 / 1e9),
             format!(
                 "{:.0}{}",

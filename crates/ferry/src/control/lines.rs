@@ -47,7 +47,7 @@ pub fn handle(req: Request, shared: &Shared) -> Value {
                         "bandwidth_mib_s": t.bandwidth_bytes_per_sec() >> 20,
                         "max_rounds": t.max_rounds(),
                         "quota_interval_ms": t.quota_interval().as_millis() as u64,
-                        "converge": shared.converge_name(),
+                        "converge": shared.next_converge(),
                     })
                 }
                 Err(e) => json!({"ok": false, "error": e}),
@@ -92,7 +92,7 @@ pub fn settings(
     m: MigrateRequest,
     shared: &Shared,
 ) -> Result<(String, PrecopyOptions, Option<TlsConfig>), String> {
-    let mut settings = m.settings()?;
+    let mut settings = m.settings();
     // QMP's postcopy-ram: precopy until migrate-start-postcopy (or
     // postcopy_after_rounds, or a stall with on_stall).
     settings.postcopy_ram = shared

@@ -243,11 +243,6 @@ impl Shared {
     pub fn clear_next_converge(&self) {
         *self.next() = None;
     }
-
-    /// Its name, or `None` for the backend's default.
-    pub fn converge_name(&self) -> Option<String> {
-        self.next_converge().map(|m| m.to_string())
-    }
 }
 
 /// Waits (at most 5 s) until no reply is being written.

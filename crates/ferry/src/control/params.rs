@@ -7,16 +7,11 @@ use ferry_control::ParamUpdate;
 /// Checks every change, then applies them all (or none): the tunables'
 /// ranges are the engine's ([`ferry_engine::TunableChange`]).
 pub fn apply(update: ParamUpdate, shared: &Shared) -> Result<(), String> {
-    let policy = update
-        .converge
-        .as_deref()
-        .map(str::parse::<ferry_engine::converge::ConvergeMode>)
-        .transpose()?;
     let t = &shared.tunables;
-    // Checks every tunable before it sets any; the policy, parsed above,
-    // cannot fail after it.
+    // Checks every tunable before it sets any; the policy, parsed with the
+    // request, cannot fail after it.
     t.apply(&update.tunables).map_err(|e| e.to_string())?;
-    if let Some(p) = policy {
+    if let Some(p) = update.converge {
         if t.is_migrating() {
             t.request_policy(p);
         }

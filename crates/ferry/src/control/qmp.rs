@@ -226,14 +226,14 @@ fn parameters(shared: &Shared) -> Value {
         "downtime-limit": t.downtime_target().as_millis() as u64,
         "max-bandwidth": t.bandwidth_bytes_per_sec(),
         "x-max-rounds": t.max_rounds(),
-        "x-converge": shared.converge_name(),
+        "x-converge": shared.next_converge(),
         "x-quota-interval": t.quota_interval().as_millis() as u64,
     })
 }
 
 fn capabilities(shared: &Shared) -> Value {
-    let policy = shared.converge_name();
-    let state = |c: Capability| policy.is_some() && policy.as_deref() == c.policy();
+    let policy = shared.next_converge();
+    let state = |c: Capability| policy.is_some() && policy == c.policy();
     json!([
         {"capability": "auto-converge", "state": state(Capability::AutoConverge)},
         {"capability": "dirty-limit", "state": state(Capability::DirtyLimit)},
@@ -251,11 +251,11 @@ fn set_capabilities(list: &[(Capability, bool)], shared: &Shared) -> Result<Valu
         };
         if on {
             let update = ParamUpdate {
-                converge: Some(policy.to_string()),
+                converge: Some(policy),
                 ..ParamUpdate::default()
             };
             super::params::apply(update, shared).map_err(QmpError::generic)?;
-        } else if shared.converge_name().as_deref() == Some(policy) {
+        } else if shared.next_converge() == Some(policy) {
             shared.clear_next_converge();
         }
     }

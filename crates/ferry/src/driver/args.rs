@@ -10,7 +10,9 @@ use ferry_engine::precopy::{DEFAULT_STALL_TIMEOUT, RECOVER_TIMEOUT_SECS, STALL_T
 use ferry_engine::tunables::{
     DEFAULT_DOWNTIME, DEFAULT_MAX_ROUNDS, DOWNTIME_MS, MAX_ROUNDS, QUOTA_INTERVAL_MS,
 };
-use ferry_engine::{MigrationSettings, Mode, PrecopyOptions, TlsConfig, TunableChange, Tunables};
+use ferry_engine::{
+    MigrationSettings, Mode, OnStall, PrecopyOptions, TlsConfig, TunableChange, Tunables,
+};
 use ferry_memstress::MemstressProbe;
 use std::sync::Arc;
 
@@ -98,8 +100,8 @@ pub struct MigrationArgs {
     /// escalate: engage --converge, then raise the downtime target up to
     /// --max-downtime-ms. postcopy (with --mode hybrid): switch to postcopy
     /// at once, since precopy will not finish.
-    #[arg(long = "on-stall", default_value = "escalate", value_parser = ["escalate", "postcopy"])]
-    pub on_stall: String,
+    #[arg(long = "on-stall", default_value = "escalate", value_parser = clap::value_parser!(OnStall))]
+    pub on_stall: OnStall,
     /// Postcopy: when the connections break after the switchover, keep
     /// reconnecting for this many seconds; the destination's guest runs on
     /// meanwhile and the paused source keeps every page. 0: give up at once
@@ -189,7 +191,7 @@ impl MigrationArgs {
             give_up_after_s: self.give_up_after_s,
             mode: Some(self.mode),
             postcopy_after_rounds: self.postcopy_after_rounds,
-            on_stall_postcopy: self.on_stall == "postcopy",
+            on_stall: self.on_stall,
             postcopy_ram: false,
             recover_timeout_s: Some(self.recover_timeout_s),
         }
