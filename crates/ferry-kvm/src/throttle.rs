@@ -310,10 +310,10 @@ fn limit_tick(vcpus: &[Arc<dyn Throttled>], limit: &DirtyLimiter, seen: &mut [u6
 /// asleep), and a task needs the CPU to get anything done: a vCPU that
 /// only ever ran the few milliseconds to the meter's next tick between
 /// sleeps made a Linux guest's own clock readings stop for seconds
-/// (docs/convergence.md). So a writer far past its quota runs about a
-/// tenth of the time, as QEMU's time throttle runs each vCPU a 10 ms slice
-/// between sleeps, and the rest of what the quota asks is left to the
-/// policy's next step.
+/// (docs/svm-host.md). So a writer far past its quota runs at least a
+/// sixth of the time (a 10 ms slice, as QEMU's time throttle runs each
+/// vCPU, between sleeps of at most 50 ms); the quota then holds it less
+/// than it asks, and the migration takes more rounds.
 struct QuotaMeter {
     last: Option<Instant>,
     /// Where the intervals' boundaries are counted from: when the quota
@@ -328,22 +328,27 @@ struct QuotaMeter {
 }
 
 /// The longest single quota sleep (the vCPU is kicked again if still in
-/// debt): the default quota interval, so that a sleep ends at the next
-/// boundary, a throttled guest never stops for longer than a third of
-/// QEMU's default downtime limit (300 ms), and a quota raised meanwhile
-/// takes effect soon.
-const MAX_QUOTA_SLEEP: Duration = Duration::from_millis(100);
+/// debt): half the default quota interval. A Linux guest's own clock
+/// readings, inside the SVM host on the writing cell of `minivmm bench
+/// qemu`, stopped for longer the longer the sleeps: one run each of
+/// sleeps of at most 100, 50, 30 and 20 ms (2026-12-02, docs/svm-host.md)
+/// saw 1.4-5.3 s, 0.56 s, 0.70 s and 0.64 s around the move, and took
+/// 40-42, 53, 63 and over 70 s (shorter sleeps hold the writer less).
+const MAX_QUOTA_SLEEP: Duration = Duration::from_millis(50);
 
 /// The least a vCPU runs after a quota sleep before the next: QEMU's
 /// time-throttle slice, time for a guest's task to get work done.
 const QUOTA_RUN: Duration = TIMESLICE;
 
 /// When a vCPU that owes `owed` of sleep at `now` wakes: at the first
-/// boundary of the intervals counted from `epoch` that repays it, or at
-/// the last boundary within [`MAX_QUOTA_SLEEP`] (at `now` plus that, where
-/// the interval is longer).
+/// boundary that repays it, or at the last boundary within
+/// [`MAX_QUOTA_SLEEP`]. The boundaries, counted from `epoch`, split each
+/// interval into the fewest equal steps no longer than that (so where no
+/// boundary falls within it, at `now` plus it).
 fn wake_at(epoch: Instant, interval: Duration, now: Instant, owed: Duration) -> Instant {
-    let step = interval.as_nanos().max(1);
+    let interval = interval.as_nanos().max(1);
+    let steps = interval.div_ceil(MAX_QUOTA_SLEEP.as_nanos());
+    let step = (interval / steps).max(1);
     let boundary = |at: Instant, up: bool| {
         let since = at.saturating_duration_since(epoch).as_nanos();
         let k = match up {
@@ -477,15 +482,27 @@ mod tests {
         let ms = Duration::from_millis;
         let interval = ms(100);
         let at = |t: u64| epoch + ms(t);
-        // Owing 30 ms at 140 ms: up to the boundary at 200.
-        assert_eq!(wake_at(epoch, interval, at(140), ms(30)), at(200));
-        // Two vCPUs in debt at different moments wake together.
-        assert_eq!(wake_at(epoch, interval, at(110), ms(5)), at(200));
-        // A debt past the cap: the last boundary within it (140 + 100).
-        assert_eq!(wake_at(epoch, interval, at(140), ms(900)), at(200));
-        // An interval longer than the cap: the cap itself.
+        // Boundaries every 50 ms (a 100 ms interval in two steps of at
+        // most MAX_QUOTA_SLEEP). Owing 5 ms at 110 ms: up to 150.
+        assert_eq!(wake_at(epoch, interval, at(110), ms(5)), at(150));
+        // Owing 30 ms at 140 ms: 200 would pass the cap, so the last
+        // boundary within it; two vCPUs in debt at different moments wake
+        // together.
+        assert_eq!(wake_at(epoch, interval, at(140), ms(30)), at(150));
+        assert_eq!(wake_at(epoch, interval, at(160), ms(30)), at(200));
+        // A debt past the cap: the last boundary within it (160 + 50).
+        assert_eq!(wake_at(epoch, interval, at(160), ms(900)), at(200));
+        // A longer interval is split into steps within the cap: 20 of 50 ms.
         let long = Duration::from_secs(1);
-        assert_eq!(wake_at(epoch, long, at(140), ms(900)), at(240));
+        assert_eq!(wake_at(epoch, long, at(140), ms(900)), at(150));
+        // An interval that does not split evenly: 3 steps of 33.3 ms.
+        let odd = ms(100) + ms(1);
+        let third = Duration::from_nanos(odd.as_nanos() as u64 / 3);
+        assert_eq!(wake_at(epoch, odd, at(10), ms(5)), epoch + third);
+        for t in [0, 7, 49, 50, 99, 333] {
+            let w = wake_at(epoch, interval, at(t), ms(10_000));
+            assert!(w > at(t) && w <= at(t) + MAX_QUOTA_SLEEP, "at {t}: {w:?}");
+        }
         // Exactly on a boundary, owing nothing more: no sleep.
         assert_eq!(wake_at(epoch, interval, at(200), ms(0)), at(200));
     }
