@@ -150,7 +150,7 @@ fn postcopy_refuses_delta_and_unknown_modes() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("expected precopy, postcopy or hybrid"),
+        stderr.contains("expected one of precopy, postcopy, hybrid"),
         "{stderr}"
     );
 }
