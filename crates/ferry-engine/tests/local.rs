@@ -375,3 +375,39 @@ fn a_version_2_sources_handed_fds_in_its_offer_are_still_taken() {
     assert_eq!(dest.join().unwrap().unwrap(), b"a version-2 disk");
     let _ = std::fs::remove_file(path);
 }
+
+/// From version 3 on the VMM's fds follow in the Handover: an Offer that
+/// speaks 3 and still names handed fds is refused, saying where they go,
+/// before anything is mapped or agreed.
+#[test]
+fn a_version_3_offer_that_names_handed_fds_is_refused() {
+    use ferry_engine::local::message::{self, Head};
+    use std::os::fd::AsRawFd;
+    let path = socket("v3-named");
+    let listener = listen_local(&path).unwrap();
+    let dest = std::thread::spawn(move || await_local(&listener, &opts()).map(|_| ()));
+    let mut vm = memfd_source();
+    let header = Box::new(StreamHeader::for_vm(&mut vm));
+    let ram = Arc::clone(vm.ram());
+    let files = ram.region_files().unwrap();
+    let disk = disk_file("v3-named", b"disk");
+    let mut fds: Vec<_> = files.iter().map(|(_, f, _)| f.as_raw_fd()).collect();
+    fds.push(disk.as_raw_fd());
+    let offer = Head::Offer {
+        version: 1,
+        max_version: Some(3),
+        header,
+        offsets: files.iter().map(|(_, _, o)| *o).collect(),
+        handed: vec!["disk".into()],
+    };
+    let stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    message::set_timeouts(&stream, opts().timeout).unwrap();
+    message::send(&stream, &offer, &[], &fds).unwrap();
+    let answer = message::recv(&stream).unwrap().head;
+    let Head::Refused { reason } = answer else {
+        panic!("expected a refusal, got {answer:?}");
+    };
+    assert!(reason.contains("follow in the handover"), "{reason}");
+    assert!(dest.join().unwrap().is_err());
+    let _ = std::fs::remove_file(path);
+}
