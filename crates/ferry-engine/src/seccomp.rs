@@ -217,9 +217,11 @@ const NET: &[MigrationKind] = &[
     MigrationKind::Tls,
 ];
 const PAGING: &[MigrationKind] = &[MigrationKind::Postcopy];
+const SAME_HOST: &[MigrationKind] = &[MigrationKind::Local];
 
-/// Every thread the engine starts. The same-host upgrade starts none: it
-/// runs on the caller's thread.
+/// Every thread the engine starts. The same-host upgrade starts one, on
+/// the source, for the length of the handshake; the rest of it runs on the
+/// caller's thread.
 pub const THREADS: &[EngineThread] = &[
     EngineThread {
         name: "ctl-reader",
@@ -280,6 +282,12 @@ pub const THREADS: &[EngineThread] = &[
         side: "destination",
         kinds: PAGING,
         work: "reads the answers on the priority connection and places them",
+    },
+    EngineThread {
+        name: "local-hash",
+        side: "source",
+        kinds: SAME_HOST,
+        work: "hashes guest memory while the destination builds its VM, until it accepts",
     },
 ];
 

@@ -44,6 +44,14 @@ pub enum LocalError {
         /// The names it did hand over.
         handed: String,
     },
+    /// The source could not start the thread that hashes guest memory
+    /// during the handshake.
+    #[error("cannot start the thread that hashes guest memory")]
+    Thread {
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The peer broke the protocol.
     #[error("protocol: {0}")]
     Protocol(String),

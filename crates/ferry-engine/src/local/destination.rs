@@ -95,7 +95,10 @@ impl HandedFds {
     }
 }
 
-/// Waits on `listener` for a source, and reads its offer and files.
+/// Waits on `listener` for a source, and reads its offer and files. From
+/// version 3 on it answers an offer it can take with Agreed and reads the
+/// source VMM's handed fds from the Handover that follows, so that a
+/// source hands them only to a destination that expects them.
 pub fn await_local(
     listener: &UnixListener,
     opts: &LocalOptions,
@@ -137,6 +140,18 @@ pub fn await_local(
         Err(why) => return Err(refuse(&stream, why)),
     };
     let n = header.regions.len();
+    let after_agreeing = message::hands_over_after_agreeing(version);
+    if after_agreeing && !handed.is_empty() {
+        return Err(refuse(
+            &stream,
+            format!(
+                "a version-{version} offer names {} handed fds: from version {} on they \
+                 follow in the handover",
+                handed.len(),
+                message::HANDOVER_VERSION
+            ),
+        ));
+    }
     if offer.fds.len() != n + handed.len() || offsets.len() != n {
         return Err(refuse(
             &stream,
@@ -149,7 +164,32 @@ pub fn await_local(
         ));
     }
     let mut fds = offer.fds;
-    let named = handed.into_iter().zip(fds.split_off(n)).collect();
+    // A version-2 source's fds came with its offer; from version 3 on they
+    // follow once the version is agreed, so that a source never sends an
+    // older destination fds it does not expect.
+    let named = if after_agreeing {
+        message::send(&stream, &Head::Agreed { version }, &[], &[])?;
+        let handover = message::recv(&stream)?;
+        let Head::Handover { handed } = handover.head else {
+            return Err(refuse(
+                &stream,
+                format!("expected the handover, got {}", handover.head.name()),
+            ));
+        };
+        if handover.fds.len() != handed.len() {
+            return Err(refuse(
+                &stream,
+                format!(
+                    "a handover of {} named fds with {} fds",
+                    handed.len(),
+                    handover.fds.len()
+                ),
+            ));
+        }
+        handed.into_iter().zip(handover.fds).collect()
+    } else {
+        handed.into_iter().zip(fds.split_off(n)).collect()
+    };
     let mut regions = Vec::with_capacity(n);
     for ((region, fd), offset) in header.regions.iter().zip(fds).zip(offsets) {
         regions.push(SharedRegion {

@@ -1,14 +1,19 @@
 //! The messages of a same-host migration, over one UNIX stream socket:
 //! a JSON head, then binary blobs (vCPU state, sections), the memory's fds
-//! riding on the first byte of the Offer.
+//! riding on the first byte of the Offer, the VMM's own fds on the first
+//! byte of the Handover.
 //!
 //! ```text
 //!   frame = u32 head_len | head (JSON) | u32 blobs | (u64 len | bytes)*
 //!
 //!   source                                destination
-//!   Offer {versions, header,       ──►    maps the files, builds its VM,
-//!          offsets} + fds                 hashes its view of them
-//!   (hashes its memory meanwhile)  ◄──    Accepted {version} | Refused {reason}
+//!   Offer {versions, header,       ──►    picks the version
+//!          offsets} + memory fds
+//!   (hashes its memory meanwhile)  ◄──    Agreed {version}       (3 on)
+//!   Handover {handed} + its fds    ──►    (3 on; possibly none)
+//!                                         maps the files, builds its VM,
+//!                                         hashes its view of them
+//!                                  ◄──    Accepted {version} | Refused {reason}
 //!   Rehash + dirty (while busy)    ──►    rehashes the same pages
 //!                                  ◄──    Rehashed
 //!   pause, save, harvest
@@ -18,16 +23,27 @@
 //!                                  ◄──    Resumed
 //! ```
 //!
-//! **Versions.** A same-host upgrade is exactly two releases meeting, so
-//! each end speaks its version and the one before. The Offer's `version`
-//! is the lowest the source speaks and `max_version` its highest; the
-//! destination picks the highest both speak and says which in Accepted.
-//! A version-1 destination reads only `version` (1), and answers a plain
+//! **Versions.** A same-host upgrade is exactly two releases meeting, and
+//! so is its rollback, so each end speaks its version and those before it
+//! down to [`MIN_VERSION`]. The Offer's `version` is the lowest the source
+//! speaks and `max_version` its highest; the destination picks the highest
+//! both speak and says which, in Agreed (version 3 on) or Accepted. A
+//! version-1 destination reads only `version` (1), and answers a plain
 //! Accepted; a version-1 source sends no `max_version`, and gets one.
 //! - 1: the dirty set travels as a bitmap, its size fixed by memory
 //!   (512 KiB for 16 GiB), however few pages are dirty.
 //! - 2: as runs of pages, its size fixed by what is dirty
 //!   ([`dirty_blob`]).
+//! - 3: the VMM's own fds ([`ferry_vm::Vm::handover_fds`]) travel only
+//!   once the version is agreed, in a Handover of their own. A version-2
+//!   source sent them with the Offer, named in its `handed`, and a
+//!   destination that predates them (version 1, as release `76c7980`)
+//!   refuses an Offer with more fds than regions: a rollback to it failed
+//!   for every VMM that hands fds over. A source now offers the memory's
+//!   fds alone; a version-1 or -2 destination answers Accepted at once
+//!   and is handed nothing (its VMM opens its files by path), a version-3
+//!   one answers Agreed and gets the Handover. A destination still takes
+//!   a version-2 source's `handed` fds from its Offer.
 
 use super::fds;
 use super::LocalError;
@@ -37,9 +53,15 @@ use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 /// The protocol's newest version, which this ferry speaks.
-pub const VERSION: u32 = 2;
-/// The oldest version this ferry speaks, the one before [`VERSION`].
+pub const VERSION: u32 = 3;
+/// The oldest version this ferry speaks. Kept at 1, not `VERSION - 1`: a
+/// same-host rollback meets release `76c7980`, which speaks only 1, and
+/// versions 2 and 3 change the encoding of one blob and the order of the
+/// handshake, which cost nothing to keep.
 pub const MIN_VERSION: u32 = 1;
+/// The first version in which the VMM's own fds travel in a
+/// [`Head::Handover`] after [`Head::Agreed`], not with the Offer.
+pub const HANDOVER_VERSION: u32 = 3;
 const MAX_HEAD: u32 = 16 << 20;
 const MAX_BLOBS: u32 = 16;
 const MAX_BLOB: u64 = 1 << 30;
@@ -49,7 +71,8 @@ const MAX_BLOB: u64 = 1 << 30;
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Head {
     /// The VM to move, and where each region starts in its file (the fds
-    /// come with this message, one per region).
+    /// come with this message, one per region, and from a version-2 source
+    /// one per name in `handed` after them).
     Offer {
         /// The oldest version the source speaks ([`MIN_VERSION`]): a
         /// version-1 destination requires it to be 1.
@@ -64,9 +87,24 @@ pub enum Head {
         /// Per region: where it starts in its file.
         offsets: Vec<u64>,
         /// The names of the VMM's own fds that follow the regions' files
-        /// ([`ferry_vm::Vm::handover_fds`]). Absent when there are
-        /// none, so that an older destination reads the offer as before.
+        /// ([`ferry_vm::Vm::handover_fds`]), from a version-2 source only:
+        /// from version 3 on they travel in [`Head::Handover`], once the
+        /// destination has said it speaks it. Absent when there are none,
+        /// so that a version-1 destination reads the offer as before.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        handed: Vec<String>,
+    },
+    /// The destination takes an offer in `version` (3 or later), and waits
+    /// for the Handover before it builds its VM. An older destination
+    /// never sends it: it answers the Offer with Accepted or Refused.
+    Agreed {
+        /// The version both speak from here on.
+        version: u32,
+    },
+    /// The VMM's own fds, by name, in the order they come with this
+    /// message (possibly none): sent only after Agreed.
+    Handover {
+        /// Their names ([`ferry_vm::Vm::handover_fds`]).
         handed: Vec<String>,
     },
     /// The destination mapped the memory and built its VM.
@@ -112,6 +150,8 @@ impl Head {
     pub fn name(&self) -> &'static str {
         match self {
             Head::Offer { .. } => "offer",
+            Head::Agreed { .. } => "agreed",
+            Head::Handover { .. } => "handover",
             Head::Accepted { .. } => "accepted",
             Head::Refused { .. } => "refused",
             Head::Rehash => "rehash",
@@ -128,15 +168,32 @@ impl Head {
 /// The version both ends speak, from an offer's `version` and
 /// `max_version`: the highest in both ranges, or why there is none.
 pub fn negotiate(version: u32, max_version: Option<u32>) -> Result<u32, String> {
+    negotiate_in(version, max_version, MIN_VERSION..=VERSION)
+}
+
+/// [`negotiate`] for a destination that speaks `ours` (a release's range:
+/// `negotiate` is this ferry's).
+pub fn negotiate_in(
+    version: u32,
+    max_version: Option<u32>,
+    ours: std::ops::RangeInclusive<u32>,
+) -> Result<u32, String> {
+    let (lo, hi) = (*ours.start(), *ours.end());
     let max = max_version.unwrap_or(version).max(version);
-    let chosen = max.min(VERSION);
-    if chosen < version.max(MIN_VERSION) {
+    let chosen = max.min(hi);
+    if chosen < version.max(lo) {
         return Err(format!(
             "the source speaks versions {version} to {max} of the same-host protocol, \
-             this ferry {MIN_VERSION} to {VERSION}"
+             this ferry {lo} to {hi}"
         ));
     }
     Ok(chosen)
+}
+
+/// Whether, in `version`, the VMM's own fds travel in a Handover after
+/// Agreed (3 on) rather than with the Offer.
+pub fn hands_over_after_agreeing(version: u32) -> bool {
+    version >= HANDOVER_VERSION
 }
 
 /// A dirty set as a blob in `version`'s encoding:
@@ -238,7 +295,7 @@ pub fn send(
 }
 
 /// What one message brought.
-pub(crate) struct Received {
+pub struct Received {
     /// What it says.
     pub head: Head,
     /// Its blobs.
@@ -247,8 +304,8 @@ pub(crate) struct Received {
     pub fds: Vec<OwnedFd>,
 }
 
-/// Reads one message.
-pub(crate) fn recv(stream: &UnixStream) -> Result<Received, LocalError> {
+/// Reads one message, and the fds that came with it.
+pub fn recv(stream: &UnixStream) -> Result<Received, LocalError> {
     let io = |e| LocalError::Socket {
         what: "receive",
         message: "a message",
@@ -350,6 +407,91 @@ mod tests {
             "{e}"
         );
         assert!(negotiate(0, None).is_err());
+    }
+
+    /// A release's same-host protocol: what its source offers and the
+    /// range its destination speaks.
+    struct Release {
+        /// Its newest version.
+        version: u32,
+        /// The Offer's `version` and `max_version`.
+        offers: (u32, Option<u32>),
+        /// The versions its destination speaks.
+        speaks: (u32, u32),
+    }
+
+    const RELEASES: [Release; 3] = [
+        Release {
+            version: 1,
+            offers: (1, None),
+            speaks: (1, 1),
+        },
+        Release {
+            version: 2,
+            offers: (1, Some(2)),
+            speaks: (1, 2),
+        },
+        Release {
+            version: 3,
+            offers: (MIN_VERSION, Some(VERSION)),
+            speaks: (MIN_VERSION, VERSION),
+        },
+    ];
+
+    /// The version a source offering `offers` and a destination speaking
+    /// `speaks` meet at. A version-1 destination reads only the Offer's
+    /// `version`, so its `max_version` is never looked at.
+    fn meet(offers: (u32, Option<u32>), speaks: (u32, u32)) -> Result<u32, String> {
+        let max = if speaks.1 == 1 { None } else { offers.1 };
+        negotiate_in(offers.0, max, speaks.0..=speaks.1)
+    }
+
+    #[test]
+    fn every_pair_of_releases_meets_and_only_3_with_3_hands_fds_over_after_agreeing() {
+        assert_eq!(VERSION, 3, "add the new release to RELEASES");
+        // Rows: the source's release; columns: the destination's.
+        let want = [[1, 1, 1], [1, 2, 2], [1, 2, 3]];
+        for (s, source) in RELEASES.iter().enumerate() {
+            for (d, dest) in RELEASES.iter().enumerate() {
+                let pair = format!("source {} to destination {}", source.version, dest.version);
+                let v = meet(source.offers, dest.speaks).unwrap();
+                assert_eq!(v, want[s][d], "{pair}");
+                assert_eq!(
+                    hands_over_after_agreeing(v),
+                    (source.version, dest.version) == (3, 3),
+                    "{pair}"
+                );
+            }
+        }
+        // This ferry's own negotiate is the version-3 release's.
+        assert_eq!(negotiate(1, Some(2)), Ok(2));
+        assert_eq!(negotiate(1, None), Ok(1));
+        assert_eq!(negotiate(MIN_VERSION, Some(VERSION)), Ok(3));
+    }
+
+    #[test]
+    fn a_later_source_that_drops_version_1_is_refused_by_releases_1_and_2_by_name() {
+        let later = (3, Some(4));
+        for release in &RELEASES[..2] {
+            let (lo, hi) = release.speaks;
+            let e = meet(later, release.speaks).unwrap_err();
+            assert!(
+                e.contains(&format!("this ferry {lo} to {hi}")),
+                "release {}: {e}",
+                release.version
+            );
+        }
+        assert_eq!(meet(later, RELEASES[2].speaks), Ok(3));
+    }
+
+    #[test]
+    fn agreed_and_handover_read_and_write_as_json() {
+        let agreed = serde_json::to_string(&Head::Agreed { version: 3 }).unwrap();
+        assert_eq!(agreed, r#"{"kind":"agreed","version":3}"#);
+        let handover: Head =
+            serde_json::from_str(r#"{"kind":"handover","handed":["disk0","tap0"]}"#).unwrap();
+        assert!(matches!(&handover, Head::Handover { handed } if handed == &["disk0", "tap0"]));
+        assert_eq!(handover.name(), "handover");
     }
 
     #[test]

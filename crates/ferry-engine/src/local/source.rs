@@ -104,33 +104,38 @@ fn switch_over(
     dirty_logs::collect(vm, &mut dirty)?;
     dirty.clear();
     let handed = vm.handover_fds();
-    let mut all_fds = fds.to_vec();
-    all_fds.extend(handed.iter().map(|(_, fd)| *fd));
+    // The memory's fds alone: the VMM's own follow only once the
+    // destination has agreed a version that takes them (3), as a version-1
+    // destination refuses an offer with more fds than regions.
     let offer = Head::Offer {
         version: message::MIN_VERSION,
         max_version: Some(message::VERSION),
         header: Box::new(header),
         offsets,
-        handed: handed.into_iter().map(|(name, _)| name).collect(),
+        handed: Vec::new(),
     };
-    message::send(stream, &offer, &[], &all_fds)?;
-    let hashing = Instant::now();
-    let mut digest = LocalDigest::scan(&ram)?;
-    summary.hash_ms = ms(hashing.elapsed());
-    let version = match message::recv(stream)?.head {
-        Head::Accepted { version } => version.unwrap_or(message::MIN_VERSION),
-        Head::Refused { reason } => return Err(LocalError::Refused(reason).into()),
-        other => return Err(unexpected("accepted", &other)),
-    };
-    if !(message::MIN_VERSION..=message::VERSION).contains(&version) {
-        return Err(LocalError::Protocol(format!(
-            "the destination chose version {version} of the same-host protocol, \
-             which this ferry ({}-{}) did not offer",
-            message::MIN_VERSION,
-            message::VERSION
-        ))
-        .into());
-    }
+    message::send(stream, &offer, &[], fds)?;
+    // Memory is hashed while the destination builds its VM, as before
+    // the handshake had a second step: here on a thread of its own.
+    let (scanned, agreed) = std::thread::scope(|s| -> Result<_, LocalError> {
+        let hash = || {
+            let hashing = Instant::now();
+            LocalDigest::scan(&ram).map(|d| (d, ms(hashing.elapsed())))
+        };
+        let hasher = std::thread::Builder::new()
+            .name("local-hash".into())
+            .spawn_scoped(s, hash)
+            .map_err(|source| LocalError::Thread { source })?;
+        let agreed = handshake(stream, &handed);
+        match hasher.join() {
+            Ok(scanned) => Ok((scanned, agreed)),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })?;
+    // A refusal says more than a hash that failed meanwhile.
+    let version = agreed?;
+    let (mut digest, hash_ms) = scanned?;
+    summary.hash_ms = hash_ms;
     summary.version = version;
     // A busy guest dirtied pages while memory was hashed: rehash them on
     // both ends while it runs, until few are left for the pause.
@@ -225,6 +230,64 @@ fn switch_over(
     summary.pause = Some(phases);
     summary.downtime_ms = ms(paused.elapsed());
     Ok(())
+}
+
+/// The destination's answer to the offer, and the version both speak:
+/// a version-3 destination agrees first and is handed the VMM's fds
+/// (`handed`, possibly none) before it accepts; an older one accepts or
+/// refuses at once, and is handed nothing (its VMM opens its files by
+/// path).
+fn handshake(
+    stream: &UnixStream,
+    handed: &[(String, std::os::fd::RawFd)],
+) -> Result<u32, MigrationError> {
+    let in_range = |version: u32| {
+        if (message::MIN_VERSION..=message::VERSION).contains(&version) {
+            Ok(version)
+        } else {
+            Err(MigrationError::from(LocalError::Protocol(format!(
+                "the destination chose version {version} of the same-host protocol, \
+                 which this ferry ({}-{}) did not offer",
+                message::MIN_VERSION,
+                message::VERSION
+            ))))
+        }
+    };
+    match message::recv(stream)?.head {
+        Head::Agreed { version } => {
+            let version = in_range(version)?;
+            if !message::hands_over_after_agreeing(version) {
+                return Err(LocalError::Protocol(format!(
+                    "the destination agreed version {version}, which has no handover"
+                ))
+                .into());
+            }
+            let names = handed.iter().map(|(n, _)| n.clone()).collect();
+            let fds: Vec<_> = handed.iter().map(|(_, fd)| *fd).collect();
+            message::send(stream, &Head::Handover { handed: names }, &[], &fds)?;
+            match message::recv(stream)?.head {
+                Head::Accepted { version: v } if v.is_none_or(|v| v == version) => Ok(version),
+                Head::Accepted { version: Some(v) } => Err(LocalError::Protocol(format!(
+                    "the destination agreed version {version}, then accepted in {v}"
+                ))
+                .into()),
+                Head::Refused { reason } => Err(LocalError::Refused(reason).into()),
+                other => Err(unexpected("accepted", &other)),
+            }
+        }
+        Head::Accepted { version } => {
+            let version = in_range(version.unwrap_or(message::MIN_VERSION))?;
+            if message::hands_over_after_agreeing(version) {
+                return Err(LocalError::Protocol(format!(
+                    "the destination accepted version {version} without agreeing it first"
+                ))
+                .into());
+            }
+            Ok(version)
+        }
+        Head::Refused { reason } => Err(LocalError::Refused(reason).into()),
+        other => Err(unexpected("agreed or accepted", &other)),
+    }
 }
 
 /// Times consecutive phases.

@@ -287,6 +287,9 @@ pub struct TestVm {
     /// An output gate ([`ferry_vm::OutputGate`]), if set: `hold`, `start`
     /// and `release` go into `events` as they happen.
     pub output_gate: bool,
+    /// Files the VMM hands a same-host destination by name
+    /// (`Vm::handover_fds`), as a VMM hands its disks.
+    pub handed: Vec<(String, std::fs::File)>,
 }
 
 /// Pages the guest is asked to write, served from its own thread, and how
@@ -478,6 +481,7 @@ impl TestVm {
             big: None,
             requests: Arc::default(),
             output_gate: false,
+            handed: Vec::new(),
         }
     }
 
@@ -639,6 +643,13 @@ impl Vm for TestVm {
     }
     fn blockers(&self) -> Vec<Blocker> {
         self.blockers.clone()
+    }
+    fn handover_fds(&self) -> Vec<(String, std::os::fd::RawFd)> {
+        use std::os::fd::AsRawFd;
+        self.handed
+            .iter()
+            .map(|(name, f)| (name.clone(), f.as_raw_fd()))
+            .collect()
     }
     fn vmm_config(&self) -> serde_json::Value {
         serde_json::to_value(&self.config).unwrap()
