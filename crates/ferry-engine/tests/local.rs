@@ -325,14 +325,44 @@ fn a_source_with_handed_fds_rolls_back_to_a_version_1_destination_handing_it_non
     let _ = std::fs::remove_file(path);
 }
 
+/// Sends, as a source of version 1 to `max_version` would, an Offer with
+/// memory's fds and a disk (holding `contents`) named in it, to the
+/// destination listening on `path`; its answer.
+fn offer_naming_a_disk(
+    path: &std::path::Path,
+    name: &str,
+    contents: &[u8],
+    max_version: u32,
+) -> ferry_engine::local::message::Head {
+    use ferry_engine::local::message::{self, Head};
+    use std::os::fd::AsRawFd;
+    let mut vm = memfd_source();
+    let disk = disk_file(name, contents);
+    let header = Box::new(StreamHeader::for_vm(&mut vm));
+    let ram = Arc::clone(vm.ram());
+    let files = ram.region_files().unwrap();
+    let mut fds: Vec<_> = files.iter().map(|(_, f, _)| f.as_raw_fd()).collect();
+    fds.push(disk.as_raw_fd());
+    let offer = Head::Offer {
+        version: 1,
+        max_version: Some(max_version),
+        header,
+        offsets: files.iter().map(|(_, _, o)| *o).collect(),
+        handed: vec!["disk".into()],
+    };
+    let stream = std::os::unix::net::UnixStream::connect(path).unwrap();
+    message::set_timeouts(&stream, opts().timeout).unwrap();
+    message::send(&stream, &offer, &[], &fds).unwrap();
+    message::recv(&stream).unwrap().head
+}
+
 /// A source of the release before version 3 (version 2 with handed fds)
 /// sent its VMM's fds with the Offer, named in `handed`: this destination
 /// still takes them from there, and answers as version 2 (Accepted at
 /// once, no Agreed, which that source would not understand).
 #[test]
 fn a_version_2_sources_handed_fds_in_its_offer_are_still_taken() {
-    use ferry_engine::local::message::{self, Head};
-    use std::os::fd::AsRawFd;
+    use ferry_engine::local::message::Head;
     let path = socket("v2-source");
     let listener = listen_local(&path).unwrap();
     let dest = std::thread::spawn(move || {
@@ -349,25 +379,7 @@ fn a_version_2_sources_handed_fds_in_its_offer_are_still_taken() {
         let _ = receive_local_as(incoming, &mut factory, &opts());
         Ok::<_, String>(disk)
     });
-    let mut vm = memfd_source();
-    let disk = disk_file("v2-source", b"a version-2 disk");
-    let header = Box::new(StreamHeader::for_vm(&mut vm));
-    let ram = Arc::clone(vm.ram());
-    let files = ram.region_files().unwrap();
-    let mut fds: Vec<_> = files.iter().map(|(_, f, _)| f.as_raw_fd()).collect();
-    fds.push(disk.as_raw_fd());
-    let offer = Head::Offer {
-        version: 1,
-        max_version: Some(2),
-        header,
-        offsets: files.iter().map(|(_, _, o)| *o).collect(),
-        handed: vec!["disk".into()],
-    };
-    let stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
-    message::set_timeouts(&stream, opts().timeout).unwrap();
-    message::send(&stream, &offer, &[], &fds).unwrap();
-    let answer = message::recv(&stream).unwrap().head;
-    drop(stream);
+    let answer = offer_naming_a_disk(&path, "v2-source", b"a version-2 disk", 2);
     assert!(
         matches!(answer, Head::Accepted { version: Some(2) }),
         "{answer:?}"
@@ -381,29 +393,11 @@ fn a_version_2_sources_handed_fds_in_its_offer_are_still_taken() {
 /// before anything is mapped or agreed.
 #[test]
 fn a_version_3_offer_that_names_handed_fds_is_refused() {
-    use ferry_engine::local::message::{self, Head};
-    use std::os::fd::AsRawFd;
+    use ferry_engine::local::message::Head;
     let path = socket("v3-named");
     let listener = listen_local(&path).unwrap();
     let dest = std::thread::spawn(move || await_local(&listener, &opts()).map(|_| ()));
-    let mut vm = memfd_source();
-    let header = Box::new(StreamHeader::for_vm(&mut vm));
-    let ram = Arc::clone(vm.ram());
-    let files = ram.region_files().unwrap();
-    let disk = disk_file("v3-named", b"disk");
-    let mut fds: Vec<_> = files.iter().map(|(_, f, _)| f.as_raw_fd()).collect();
-    fds.push(disk.as_raw_fd());
-    let offer = Head::Offer {
-        version: 1,
-        max_version: Some(3),
-        header,
-        offsets: files.iter().map(|(_, _, o)| *o).collect(),
-        handed: vec!["disk".into()],
-    };
-    let stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
-    message::set_timeouts(&stream, opts().timeout).unwrap();
-    message::send(&stream, &offer, &[], &fds).unwrap();
-    let answer = message::recv(&stream).unwrap().head;
+    let answer = offer_naming_a_disk(&path, "v3-named", b"disk", 3);
     let Head::Refused { reason } = answer else {
         panic!("expected a refusal, got {answer:?}");
     };
