@@ -49,16 +49,23 @@ impl Pace {
     }
 }
 
+/// Reads the clock, counting the gap since the reading `last` (which it
+/// becomes); the reading.
+fn sample(last: &mut Instant, c: &Counters) -> Instant {
+    let now = Instant::now();
+    let gap = now.duration_since(*last).as_nanos() as u64;
+    c.max_gap_ns.fetch_max(gap, Ordering::Relaxed);
+    c.window_gap_ns.fetch_max(gap, Ordering::Relaxed);
+    *last = now;
+    now
+}
+
 /// Reads the clock until `until` (or `stop`), keeping the largest gap
 /// between two readings: a paced worker waits by spinning, not sleeping,
 /// so that a pause of the guest while it waits is seen whole.
 fn spin_until(until: Instant, last: &mut Instant, c: &Counters, stop: &AtomicBool) {
     loop {
-        let now = Instant::now();
-        let gap = now.duration_since(*last).as_nanos() as u64;
-        c.max_gap_ns.fetch_max(gap, Ordering::Relaxed);
-        c.window_gap_ns.fetch_max(gap, Ordering::Relaxed);
-        *last = now;
+        let now = sample(last, c);
         if now >= until || stop.load(Ordering::Relaxed) {
             return;
         }
@@ -107,11 +114,7 @@ pub fn run(worker: u64, bytes: u64, bytes_per_sec: u64, c: &Counters, stop: &Ato
             region[at] = s;
             region[at + words - 1] = s;
             c.pages.fetch_add(1, Ordering::Relaxed);
-            let now = Instant::now();
-            let gap = now.duration_since(last).as_nanos() as u64;
-            c.max_gap_ns.fetch_max(gap, Ordering::Relaxed);
-            c.window_gap_ns.fetch_max(gap, Ordering::Relaxed);
-            last = now;
+            sample(&mut last, c);
             if page % PACE_EVERY == 0 {
                 if stop.load(Ordering::Relaxed) {
                     return;

@@ -1032,9 +1032,9 @@ impl TimeThrottle for MiniVm {
     }
 
     fn throttled(&self) -> Vec<Duration> {
-        self.vcpus
-            .iter()
-            .map(|v| v.throttle_slot().slept())
+        self.throttle_sleeps()
+            .into_iter()
+            .map(|(_, slept)| slept)
             .collect()
     }
 }
