@@ -5,7 +5,7 @@
 //! or hands over to postcopy's pager when the source switches to it.
 
 use crate::error::MigrationError;
-use crate::session::{unexpected, Blocked, Dest, Loaded, Outputs, ReceiveOptions};
+use crate::session::{unexpected, Blocked, Dest, DeviceIntake, Loaded, Outputs, ReceiveOptions};
 use crate::summary::{ms, Outcome, ReceiveSummary};
 use crate::transport::{accept_channel, Channel, Health, Listen, MainChannel, Side};
 use crate::wire::capabilities::{Answer, POSTCOPY};
@@ -143,14 +143,10 @@ pub fn receive(
         loaded,
         receivers: None,
         vcpu_state: None,
-        sections: None,
-        parts: Vec::new(),
-        max_device_bytes: opts.max_device_bytes,
+        devices: DeviceIntake::new(opts.max_device_bytes),
         priority: None,
         missing: None,
         outputs: Outputs::Free,
-        live_agreed: false,
-        live_bytes: 0,
     };
     let result = dest.run(listener, hello, opts);
     let ranges = if result.is_err() && dest.loaded.in_postcopy() {
@@ -320,9 +316,11 @@ impl Dest {
             self.outputs = Outputs::MayHold;
         }
         let live = crate::wire::capabilities::LIVE_SECTIONS;
-        self.live_agreed = answer
-            .as_ref()
-            .is_some_and(|a| a.takes.iter().any(|c| c == live));
+        self.devices.agree_live(
+            answer
+                .as_ref()
+                .is_some_and(|a| a.takes.iter().any(|c| c == live)),
+        );
         self.ctl.send(&Message::Accept {
             verify_before_resume: opts.verify_before_resume,
             answer,

@@ -218,9 +218,9 @@ impl Source<'_> {
             }
             let tun = &self.opts.tunables;
             let predicted = FinalRound {
-                queued_bytes: (self.health.queued_bytes() as f64 * self.expansion) as u64,
+                queued_bytes: self.link.guest_bytes(self.health.queued_bytes()),
                 dirty_bytes: remaining,
-                device_bytes: self.declared_device_bytes + self.live_pending(),
+                device_bytes: self.devices.declared_at_pause + self.live_pending(),
                 device_bytes_per_sec: self.summary.device_state_bytes_per_sec,
                 link_bytes_per_sec: bandwidth,
                 harvest,

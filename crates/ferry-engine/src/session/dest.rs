@@ -4,6 +4,7 @@
 //! digest, verdict and commit. Precopy's `receive` (`crate::precopy`) and
 //! postcopy's pager (`crate::postcopy`) both drive it.
 
+use super::device_intake::DeviceIntake;
 use super::loaded::Loaded;
 use super::receivers::Receivers;
 use super::{unexpected, ReceiveOptions};
@@ -31,25 +32,14 @@ pub(crate) struct Dest {
     pub(crate) loaded: Arc<Loaded>,
     pub(crate) receivers: Option<Receivers>,
     pub(crate) vcpu_state: Option<Vec<u8>>,
-    /// The Sections frame's payload, until the switchover loads it.
-    pub(crate) sections: Option<Vec<u8>>,
-    /// The sections' parts so far (capability `section-parts`).
-    pub(crate) parts: Vec<u8>,
-    /// The most device state this destination takes
-    /// ([`crate::ReceiveOptions::max_device_bytes`]).
-    pub(crate) max_device_bytes: u64,
+    /// The device state taken so far, within this destination's limit.
+    pub(crate) devices: DeviceIntake,
     /// The priority connection, when the source may switch to postcopy.
     pub(crate) priority: Option<Channel>,
     /// Pages the source said are missing here (postcopy switchover).
     pub(crate) missing: Option<DirtyPages>,
     /// Whether the guest's outputs are, or may be, held until the Commit.
     pub(crate) outputs: Outputs,
-    /// Whether live device state was agreed (capability `live-sections`):
-    /// a LiveSection frame without it is a protocol error.
-    pub(crate) live_agreed: bool,
-    /// Live device state loaded so far: it counts with the sections'
-    /// parts toward `max_device_bytes`.
-    pub(crate) live_bytes: u64,
 }
 
 /// The destination guest's outputs (capability `held-outputs`).
@@ -74,7 +64,7 @@ impl Dest {
             got: FrameKind::Switchover,
             offset: 0,
         })?;
-        let sections = self.sections.take().ok_or(MigrationError::Protocol {
+        let sections = self.devices.sections().ok_or(MigrationError::Protocol {
             expected: "Sections before Switchover",
             got: FrameKind::Switchover,
             offset: 0,
@@ -290,20 +280,7 @@ impl Dest {
             match i.kind {
                 FrameKind::VcpuState => self.vcpu_state = Some(i.payload),
                 FrameKind::LiveSection => {
-                    if !self.live_agreed {
-                        return Err(MigrationError::Protocol {
-                            expected: "no live device state (live-sections was not agreed)",
-                            got: i.kind,
-                            offset: i.offset,
-                        });
-                    }
-                    self.live_bytes += i.payload.len() as u64;
-                    if self.live_bytes + self.parts.len() as u64 > self.max_device_bytes {
-                        return Err(crate::wire::SectionError::ArrivedOverLimit {
-                            limit: self.max_device_bytes,
-                        }
-                        .into());
-                    }
+                    self.devices.take_live(i.payload.len(), i.offset)?;
                     let (id, chunk) =
                         crate::wire::sections::decode_live(&i.payload, &self.header.sections)?;
                     let live = self.vm.live_state().ok_or_else(|| {
@@ -315,34 +292,17 @@ impl Dest {
                         .map_err(MigrationError::backend("load live device state"))?;
                 }
                 FrameKind::SectionsPart | FrameKind::Sections => {
-                    let got = self.live_bytes + (self.parts.len() + i.payload.len()) as u64;
-                    if got > self.max_device_bytes {
-                        return Err(crate::wire::SectionError::ArrivedOverLimit {
-                            limit: self.max_device_bytes,
-                        }
-                        .into());
-                    }
-                    if self.parts.is_empty() && i.kind == FrameKind::Sections {
-                        self.sections = Some(i.payload);
-                    } else {
-                        if self.parts.is_empty() {
-                            // Sized once for what the header declared (at
-                            // most the limit): growing would copy large
-                            // state again at every doubling.
-                            let declared = crate::wire::sections::declared_total(
-                                &self.header.sections,
-                                &self.header.section_bytes,
-                            );
-                            let framing = 4 + 1024 * self.header.sections.len() as u64;
-                            let want = declared.saturating_add(framing).min(self.max_device_bytes)
-                                as usize;
-                            self.parts.reserve(want.max(i.payload.len()));
-                        }
-                        self.parts.extend_from_slice(&i.payload);
-                        if i.kind == FrameKind::Sections {
-                            self.sections = Some(std::mem::take(&mut self.parts));
-                        }
-                    }
+                    let header = &self.header;
+                    // What the header declared, with room for the framing.
+                    let expected = || {
+                        crate::wire::sections::declared_total(
+                            &header.sections,
+                            &header.section_bytes,
+                        )
+                        .saturating_add(4 + 1024 * header.sections.len() as u64)
+                    };
+                    let last = i.kind == FrameKind::Sections;
+                    self.devices.take_sections(i.payload, last, expected)?;
                 }
                 FrameKind::Missing if self.priority.is_some() => {
                     let runs = match Message::decode(i.kind, &i.payload, i.offset)? {

@@ -6,8 +6,13 @@
 //!   settings     a migration's settings as the faces take them, mapped
 //!                to the source's options in one place
 //!   source       the source's VM, connections, dirty logging, rounds sent
+//!   link_estimate  what the source believes its link moves, and the
+//!                compression ratio, learned from transfers it measured
+//!   device_plan  the source's device state: live, at the pause, in parts
 //!   switchover   the source's pause, vCPU state, digest, commit, rollback
 //!   dest         the destination's VM, connections, loading and commit
+//!   device_intake  the destination's device state as it arrives, within
+//!                one limit
 //!   loaded       the destination's memory image: hashes, what arrived,
 //!                placement (UFFDIO_COPY, huge pages, deltas), round gate
 //!   senders / receivers   a thread per data connection on each side
@@ -27,7 +32,10 @@ mod compression;
 mod delta;
 mod dest;
 pub mod device_cost;
+mod device_intake;
+mod device_plan;
 mod huge;
+mod link_estimate;
 mod loaded;
 mod options;
 mod page_requests;
@@ -43,7 +51,9 @@ mod within_round;
 
 pub use compression::Compression;
 pub(crate) use dest::{Dest, Outputs};
+pub(crate) use device_intake::DeviceIntake;
 pub(crate) use huge::HUGE_PAGES;
+pub(crate) use link_estimate::Transfer;
 pub(crate) use loaded::Loaded;
 pub(crate) use options::Blocked;
 pub use options::{
@@ -55,7 +65,7 @@ pub(crate) use page_requests::{BlockClock, Requests, ThreadWaits, BLOCK_BIN};
 pub(crate) use phase::SourcePhase;
 pub use settings::MigrationSettings;
 pub use source::fresh_summary;
-pub(crate) use source::{new_session_id, ship, Migrating, Source, Transfer, EST_BYTES_PER_PAGE};
+pub(crate) use source::{new_session_id, ship, Migrating, Source, EST_BYTES_PER_PAGE};
 
 use crate::error::MigrationError;
 pub use crate::error::PostcopyResume;

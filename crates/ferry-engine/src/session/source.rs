@@ -6,6 +6,8 @@
 //! vCPU state, the digest and the commit are in `switchover.rs`.
 
 use super::delta::DeltaCache;
+use super::device_plan::DevicePlan;
+use super::link_estimate::{LinkEstimate, Transfer};
 use super::page_server::PageServer;
 use super::senders::Senders;
 use super::within_round::WithinRound;
@@ -27,12 +29,6 @@ use std::time::{Duration, Instant};
 
 /// Wire bytes a dirty page is assumed to cost when estimating downtime.
 pub(crate) const EST_BYTES_PER_PAGE: u64 = PAGE_SIZE as u64 + 16;
-/// Rounds that put less than this on the wire do not update the bandwidth
-/// estimate: a socket buffer swallows them at memory speed, and an idle
-/// guest's full pass is almost all zero-page bits.
-const MIN_MEASURED_BYTES: u64 = 4 << 20;
-/// Bandwidth assumed until a round could be measured: 1 Gbit/s.
-const NOMINAL_BYTES_PER_SEC: f64 = 125e6;
 /// How often a round's end checks whether its queues have drained.
 const DRAIN_POLL: Duration = Duration::from_millis(1);
 /// The longest a round waits for its queues to drain.
@@ -128,14 +124,8 @@ impl<'a> Source<'a> {
             server: None,
             session,
             postcopy_round: 0,
-            measured_link: None,
-            expansion: 1.0,
-            declared_device_bytes: 0,
-            section_bytes: Default::default(),
-            section_ids: Vec::new(),
-            live: Vec::new(),
-            sections: None,
-            section_parts: false,
+            link: LinkEstimate::default(),
+            devices: DevicePlan::default(),
             dest_holds_outputs: false,
             start,
             summary,
@@ -280,45 +270,13 @@ pub(crate) struct Source<'a> {
     pub(crate) session: u64,
     /// The round the postcopy push sends, once switched.
     pub(crate) postcopy_round: u32,
-    /// Guest bytes per second the link moved in the last transfer large
-    /// enough to measure.
-    pub(crate) measured_link: Option<f64>,
-    /// Guest bytes per wire byte in the last whole round measured
-    /// (compression raises it above 1).
-    pub(crate) expansion: f64,
-    /// The device state the VM's sections declare (sent at the pause), for
-    /// the downtime prediction.
-    pub(crate) declared_device_bytes: u64,
-    /// What each section declares it takes, as the header said: the pause
-    /// holds the saved sections to it.
-    pub(crate) section_bytes: std::collections::BTreeMap<String, u64>,
-    /// The sections the header announced, with the versions their specs
-    /// state: a section saved at the pause takes its version from here.
-    pub(crate) section_ids: Vec<ferry_vm::SectionId>,
-    /// The VM's live sections ([`ferry_vm::LiveState`]), sent during
-    /// the rounds; empty where the destination (wire 5) cannot take them.
-    pub(crate) live: Vec<ferry_vm::SectionId>,
-    /// The devices' state sections, saved at the pause, encoded as they
-    /// are sent.
-    pub(crate) sections: Option<Vec<ferry_vm::Section>>,
-    /// The destination takes the sections in parts (capability
-    /// `section-parts`).
-    pub(crate) section_parts: bool,
+    /// What the link moves, as measured so far.
+    pub(crate) link: LinkEstimate,
+    /// What happens to the VM's device state, as the handshake agreed.
+    pub(crate) devices: DevicePlan,
     /// The destination holds its guest's outputs, so a strict switchover
     /// resumes there before the verdict (capability `held-outputs`).
     pub(crate) dest_holds_outputs: bool,
-}
-
-/// What part of a round moved, for measuring the link.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Transfer {
-    /// Guest bytes handed to the senders.
-    pub(crate) raw: u64,
-    /// Bytes the data connections carried.
-    pub(crate) wire: u64,
-    pub(crate) secs: f64,
-    /// A whole round (else the part sent so far).
-    pub(crate) whole_round: bool,
 }
 
 impl Source<'_> {
@@ -383,21 +341,21 @@ impl Source<'_> {
         if crate::wire::sections::may_need_parts(&header.sections, &header.section_bytes) {
             needed.push(crate::wire::capabilities::SECTION_PARTS.to_string());
         }
-        self.live = self
+        let mut live = self
             .vm
             .live_state()
             .map(|l| l.live_sections())
             .unwrap_or_default();
-        if !self.live.is_empty() {
+        if !live.is_empty() {
             needed.push(crate::wire::capabilities::LIVE_SECTIONS.to_string());
         }
         let parts = needed
             .iter()
             .any(|c| c == crate::wire::capabilities::SECTION_PARTS);
         let asks = self.ctl.version() >= CAPABILITIES_SINCE;
-        if !self.live.is_empty() && !asks {
+        if !live.is_empty() && !asks {
             // A wire-5 peer cannot take them live: all go at the pause.
-            self.live.clear();
+            live.clear();
         }
         if parts && !asks {
             return Err(MigrationError::Refused(format!(
@@ -406,8 +364,6 @@ impl Source<'_> {
                 self.ctl.version()
             )));
         }
-        // Asked, so taken if the handshake gets past the answer below.
-        self.section_parts = parts;
         if asks {
             // A wish, like live sections: a destination that takes it
             // resumes before a strict switchover's verdict.
@@ -431,11 +387,11 @@ impl Source<'_> {
                 let held = crate::wire::capabilities::HELD_OUTPUTS;
                 self.dest_holds_outputs = a.takes.iter().any(|c| c == held);
                 // Live sections are a wish: refused, they go at the pause.
-                let live = crate::wire::capabilities::LIVE_SECTIONS;
-                if !a.takes.iter().any(|c| c == live) {
-                    self.live.clear();
+                let live_cap = crate::wire::capabilities::LIVE_SECTIONS;
+                if !a.takes.iter().any(|c| c == live_cap) {
+                    live.clear();
                 }
-                needed.retain(|c| c != live);
+                needed.retain(|c| c != live_cap);
                 if let Some((cap, reason)) = a.first_refused(&needed) {
                     return Err(MigrationError::Refused(format!(
                         "the destination does not take {cap}: {reason}"
@@ -450,18 +406,8 @@ impl Source<'_> {
             }
             None => {}
         }
-        // The device state the pause will carry, as declared: live sections
-        // count by what they have pending, each round.
-        let at_pause: Vec<_> = header
-            .sections
-            .iter()
-            .filter(|id| !self.live.contains(id))
-            .cloned()
-            .collect();
-        self.declared_device_bytes =
-            crate::wire::sections::declared_total(&at_pause, &header.section_bytes);
-        self.section_bytes = header.section_bytes;
-        self.section_ids = header.sections;
+        // Parts were asked for, so taken once past the answer above.
+        self.devices = DevicePlan::agreed(header.sections, header.section_bytes, live, parts);
         Ok(self.opts.verify_before_resume || verify_before_resume)
     }
 
@@ -513,25 +459,14 @@ impl Source<'_> {
         }
     }
 
-    /// Bytes/s of guest memory to plan with: the rate of `transfer` when it
-    /// carried enough data to be measured, else the last rate measured so,
-    /// else [`NOMINAL_BYTES_PER_SEC`]; never above the bandwidth cap (which
-    /// counts wire bytes, so compression raises it by the ratio the last
-    /// whole round achieved).
+    /// Bytes/s of guest memory to plan with, after learning from
+    /// `transfer` (see [`LinkEstimate`]).
     pub(crate) fn plan_bandwidth(&mut self, transfer: Option<Transfer>) -> f64 {
-        if let Some(t) = transfer.filter(|t| t.wire >= MIN_MEASURED_BYTES) {
-            if t.whole_round {
-                self.expansion = (t.raw as f64 / t.wire as f64).max(1.0);
-            }
-            // Wire bytes, not the bytes handed to the senders: early in a
-            // round those run ahead of the link by the senders' queues.
-            self.measured_link = Some(t.wire as f64 * self.expansion / t.secs.max(1e-9));
+        if let Some(t) = transfer {
+            self.link.learn(t);
         }
-        let bw = self.measured_link.unwrap_or(NOMINAL_BYTES_PER_SEC);
-        match self.opts.tunables.bandwidth_bytes_per_sec() {
-            0 => bw,
-            cap => bw.min(cap as f64 * self.expansion),
-        }
+        self.link
+            .guest_rate(self.opts.tunables.bandwidth_bytes_per_sec())
     }
 
     /// What the policy is told now: the per-vCPU dirty count since its
@@ -604,7 +539,7 @@ impl Source<'_> {
         let Some(live) = self.vm.live_state() else {
             return Ok(());
         };
-        for id in &self.live {
+        for id in &self.devices.live {
             let mut budget = live.pending(id);
             while budget > 0 {
                 let max = crate::wire::sections::PART_BYTES;
@@ -639,7 +574,7 @@ impl Source<'_> {
 
     /// What the live sections have pending now.
     pub(crate) fn live_pending(&mut self) -> u64 {
-        let ids = &self.live;
+        let ids = &self.devices.live;
         self.vm
             .live_state()
             .map_or(0, |l| ids.iter().map(|id| l.pending(id)).sum())
@@ -723,10 +658,9 @@ impl Source<'_> {
         if queued == 0 {
             return Ok(());
         }
-        let wire_rate = self.measured_link.unwrap_or(NOMINAL_BYTES_PER_SEC) / self.expansion;
-        let need = (queued as f64 / wire_rate.max(1.0)).min(MAX_DRAIN.as_secs_f64());
-        let deadline = Instant::now() + Duration::from_secs_f64(2.0 * need) + DRAIN_POLL * 10;
-        let small = (wire_rate * DRAIN_POLL.as_secs_f64() * 2.0) as u64;
+        let need = self.link.drain_time(queued, MAX_DRAIN);
+        let deadline = Instant::now() + 2 * need + DRAIN_POLL * 10;
+        let small = (self.link.wire_rate() * DRAIN_POLL.as_secs_f64() * 2.0) as u64;
         while self.health.queued_bytes() > small && Instant::now() < deadline {
             self.health.check()?;
             if self.opts.tunables.is_cancelled() {

@@ -36,22 +36,12 @@ impl Source<'_> {
         self.summary.pause_ms = ms(paused_at.elapsed());
         super::probe_paused(&*self.vm, self.opts, &mut self.summary)?;
         let saving = Instant::now();
-        let mut sections = self
+        let sections = self
             .vm
             .save_sections()
             .map_err(MigrationError::backend("save the devices' state sections"))?;
-        crate::wire::sections::check_saved(&mut sections, &self.section_ids, &self.section_bytes)?;
-        let encoded = crate::wire::sections::encoded_len(&sections);
-        if encoded > crate::wire::MAX_FRAME_LEN as usize && !self.section_parts {
-            return Err(crate::wire::SectionError::TooLargeForOneFrame {
-                bytes: encoded as u64,
-                declared: !self.section_bytes.is_empty(),
-            }
-            .into());
-        }
-        self.summary.device_bytes_at_pause = encoded as u64;
+        self.summary.device_bytes_at_pause = self.devices.hold_saved(sections)?;
         self.summary.save_sections_ms = ms(saving.elapsed());
-        self.sections = Some(sections);
         Ok(paused_at)
     }
 
@@ -63,13 +53,9 @@ impl Source<'_> {
             .map_err(MigrationError::backend("save vCPU state"))?;
         self.summary.save_vcpus_ms = ms(saving.elapsed());
         self.ctl.send_frame(FrameKind::VcpuState, &state)?;
-        let sections = self.sections.take().unwrap_or_default();
         // In parts where the destination takes them, else in one frame
         // (its size was checked at the pause).
-        let part = match self.section_parts {
-            true => crate::wire::sections::PART_BYTES,
-            false => usize::MAX,
-        };
+        let (sections, part) = self.devices.take_saved();
         let ctl = &mut self.ctl;
         crate::wire::sections::encode_in_parts(&sections, part, |bytes, last| {
             let kind = match last {
