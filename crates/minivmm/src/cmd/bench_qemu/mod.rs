@@ -144,6 +144,10 @@ pub struct Side {
     /// MiB/s (from its lines after the third, when the move starts): the
     /// dirty rate the guest reached, against the one it was asked for.
     pub source_write_mib_s: Option<f64>,
+    /// The longest the checker's clock stopped on the source while it was
+    /// being moved (its lines after the third), in ms: what the throttle
+    /// cost the guest, beside the pause at the move itself.
+    pub source_stall_ms: Option<f64>,
     /// QEMU's highest throttle while it ran, in percent (its
     /// `cpu-throttle-percentage`, polled).
     pub throttle_pct: Option<u64>,
@@ -175,7 +179,25 @@ fn write_rate(console: &str) -> Option<f64> {
     Some((last.pages - first.pages) as f64 * 4096.0 / secs / f64::from(1 << 20))
 }
 
+/// The largest gap the checker reported in its lines after the third,
+/// in ms.
+fn longest_stall(console: &str) -> Option<f64> {
+    use ferry_guest_checker::line::Line;
+    console
+        .lines()
+        .filter_map(|l| Line::parse(l)?.ok())
+        .skip(3)
+        .map(|l| l.gap_ms)
+        .reduce(f64::max)
+}
+
 impl Side {
+    /// What the checker did on the source while it was being moved.
+    fn read_source(&mut self, console: &str) {
+        self.source_write_mib_s = write_rate(console);
+        self.source_stall_ms = longest_stall(console);
+    }
+
     /// The guest's own checks, from the destination's console.
     fn check_guest(&mut self, console: &str) {
         let c = checks::linux_console(console);
@@ -390,8 +412,7 @@ fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
         side.error = Some("minivmm demo printed no summary".into());
         return side;
     };
-    side.source_write_mib_s =
-        write_rate(&std::fs::read_to_string(run_dir.join("source.console")).unwrap_or_default());
+    side.read_source(&std::fs::read_to_string(run_dir.join("source.console")).unwrap_or_default());
     side.converged = j["status"] == "completed";
     side.total_ms = j["total_ms"].as_f64();
     side.downtime_ms = j["downtime_ms"].as_f64();
@@ -473,4 +494,39 @@ pub(super) fn process_threads(pid: &str) -> String {
 
 fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checker line as the guest prints it.
+    fn line(seq: u64, pages: u64, gap_ms: f64) -> String {
+        ferry_guest_checker::line::Line {
+            seq,
+            pages,
+            gap_ms,
+            max_gap_ms: gap_ms,
+            ..Default::default()
+        }
+        .format()
+    }
+
+    #[test]
+    fn the_source_figures_leave_out_the_first_three_lines() {
+        let console = [
+            "[    1.0] a kernel line".to_string(),
+            line(1, 0, 9_000.0),
+            line(2, 256, 10.0),
+            line(3, 512, 10.0),
+            line(4, 768, 40.0),
+            line(5, 1024, 700.0),
+            line(6, 1280, 20.0),
+        ]
+        .join("\n");
+        assert_eq!(longest_stall(&console), Some(700.0));
+        // 512 pages (2 MiB) over the 2 s from line 4 to line 6.
+        assert_eq!(write_rate(&console), Some(1.0));
+        assert_eq!(longest_stall(&line(1, 0, 5.0)), None);
+    }
 }

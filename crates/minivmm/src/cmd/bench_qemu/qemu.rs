@@ -262,7 +262,7 @@ fn migrate(
         }
         std::thread::sleep(POLL);
     };
-    side.source_write_mib_s = super::write_rate(&source.console());
+    side.read_source(&source.console());
     side.converged = true;
     side.total_ms = info["total-time"].as_f64();
     side.downtime_ms = info["downtime"].as_f64();

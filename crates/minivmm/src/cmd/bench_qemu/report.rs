@@ -54,6 +54,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
             "total (ms)",
             "downtime (ms)",
             "guest pause (ms)",
+            "longest stall while moving (ms)",
             "guest wrote (MiB/s)",
             "mismatches",
             "QEMU / ferry total",
@@ -74,6 +75,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
                 ms(s.total()),
                 ms(s.downtime_ms.filter(|_| s.converged)),
                 ms(s.guest_pause_ms),
+                ms(s.source_stall_ms),
                 s.source_write_mib_s
                     .map_or("-".into(), |r| format!("{r:.1}")),
                 s.checker_mismatches.map_or("-".into(), |m| m.to_string()),
@@ -158,6 +160,12 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
             chart("The pause the guest saw", "milliseconds", |s| {
                 s.guest_pause_ms
             })
+            .into(),
+            chart(
+                "The longest stall the guest saw while being moved",
+                "milliseconds",
+                |s| s.source_stall_ms,
+            )
             .into(),
         ],
     };
