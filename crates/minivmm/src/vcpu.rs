@@ -27,7 +27,7 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
 const RUN: u8 = 0;
@@ -67,6 +67,10 @@ pub struct Shared {
     /// Its dirty ring, where the VM tracks dirty pages by ring.
     ring: Option<RingFull>,
     devices: Arc<Devices>,
+    /// The longest the thread has spent between two KVM_RUNs while the
+    /// vCPU was wanted running, in ns: a throttle sleep, the exit's
+    /// service and the host's scheduling, all that the guest cannot run.
+    longest_out_ns: AtomicU64,
 }
 
 /// One vCPU and its thread.
@@ -102,6 +106,7 @@ impl Vcpu {
             pthread: AtomicU64::new(0),
             tid: AtomicU32::new(0),
             slot: ThrottleSlot::default(),
+            longest_out_ns: AtomicU64::new(0),
             ring,
             devices,
         });
@@ -184,6 +189,12 @@ impl Vcpu {
     /// Throttle sleeps taken so far, and their time.
     pub fn throttle_slot(&self) -> &ThrottleSlot {
         &self.shared.slot
+    }
+
+    /// The longest this vCPU was out of KVM_RUN while it was wanted
+    /// running (see `Shared::longest_out_ns`).
+    pub fn longest_out_of_run(&self) -> Duration {
+        Duration::from_nanos(self.shared.longest_out_ns.load(Ordering::Relaxed))
     }
 }
 
@@ -280,11 +291,18 @@ fn run(s: &Shared) {
 fn run_until_asked(s: &Shared) -> Result<Stop, String> {
     let mut fd = s.fd.lock().unwrap_or_else(|e| e.into_inner());
     let running = || s.want.load(Ordering::Acquire) == RUN;
+    let mut out_since: Option<Instant> = None;
     while running() {
         // A kick that came outside KVM_RUN (while an exit was served)
         // left its sleep here: take it now, not a period late.
         s.slot.take(running);
-        match fd.run() {
+        if let Some(t) = out_since {
+            s.longest_out_ns
+                .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        let ran = fd.run();
+        out_since = Some(Instant::now());
+        match ran {
             Ok(VcpuExit::Unsupported(EXIT_DIRTY_RING_FULL)) => {
                 if let Some(ring) = &s.ring {
                     ring.drain()

@@ -1020,6 +1020,11 @@ impl MiniVm {
             .map(|v| (v.throttle_slot().sleeps(), v.throttle_slot().slept()))
             .collect()
     }
+
+    /// The longest each vCPU was out of KVM_RUN while wanted running.
+    pub fn longest_out_of_run(&self) -> Vec<Duration> {
+        self.vcpus.iter().map(|v| v.longest_out_of_run()).collect()
+    }
 }
 
 impl TimeThrottle for MiniVm {

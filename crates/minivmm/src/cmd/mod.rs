@@ -313,10 +313,12 @@ fn vm_report(vm: &minivmm::MiniVm) -> Result<serde_json::Value, String> {
         "disk_runs": disk_runs,
         "requests_in_flight_at_pause": vm.requests_in_flight_at_pause(),
         "notify_exits": vm.notify_exits(),
-        // What the throttle did to each vCPU: its sleeps and their sum.
-        "throttle_per_vcpu": vm.throttle_sleeps().iter().map(|(sleeps, slept)| serde_json::json!({
+        // What the throttle did to each vCPU: its sleeps and their sum,
+        // and the longest the vCPU was kept from running at a stretch.
+        "throttle_per_vcpu": vm.throttle_sleeps().iter().zip(vm.longest_out_of_run()).map(|((sleeps, slept), out)| serde_json::json!({
             "sleeps": sleeps,
             "slept_ms": slept.as_secs_f64() * 1e3,
+            "longest_out_of_run_ms": out.as_secs_f64() * 1e3,
         })).collect::<Vec<_>>(),
     }))
 }
