@@ -32,6 +32,7 @@ use ferry_soft::{Mechanisms, SoftVm};
 use ferry_vm::{Backing, GuestRam, Vm};
 use serde::Serialize;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -464,5 +465,22 @@ pub fn summary_json(r: &LocalResults) -> serde_json::Value {
         "downtime_ratio": downtime_ratio(&r.sizes),
         "tcp": r.cells.iter().filter(|c| c.how == "tcp").collect::<Vec<_>>(),
         "skipped": r.skipped,
+    })
+}
+
+/// `ferry bench local`: runs it, prints its tables and writes its files
+/// ([`super::output`]), and with `--json` ends with its summary line;
+/// fails unless every move verified.
+pub fn run_and_print(a: &LocalArgs) -> Result<ExitCode, CmdError> {
+    let report = run(a)?;
+    let code = super::output::emit(&report, &a.out)?;
+    if a.json {
+        println!("{}", summary_json(&report.results));
+    }
+    let all_verified = report.results.cells.iter().all(|c| c.verified);
+    Ok(if all_verified {
+        code
+    } else {
+        ExitCode::FAILURE
     })
 }

@@ -6,8 +6,13 @@
 //! one for the benches that drive `ferry` processes end to end.
 
 pub mod converge;
+pub mod demand_paging;
 pub mod device_state;
+pub mod dirty_log;
 pub mod fleet;
 pub mod link;
 pub mod local;
+mod output;
 pub mod soak;
+pub mod write_protect;
+pub mod zap;

@@ -9,13 +9,17 @@
 //!   exec      one policy's drain: the simulator's Policy, driven by real ends
 //!   measured  one VM's migration as it went (what exec records, replan reads)
 //!   replan    the planner's drain planned again when it runs slower than planned
+//!   policies  each policy's drain in turn, after the simulator's prediction
+//!   report    each policy's median run against its prediction: JSON, tables
 //! ```
 
 pub mod exec;
 pub mod fleet;
 pub mod measured;
+pub mod policies;
 pub mod procs;
 pub mod replan;
+pub mod report;
 
 use std::path::PathBuf;
 
