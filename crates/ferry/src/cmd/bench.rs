@@ -36,7 +36,7 @@ pub enum BenchCommand {
     /// process) at 1, 4 and 16 GiB: downtime and total time, with TCP
     /// precopy of the same VM in the same run for contrast. `--json` ends
     /// with `cells` (mem_gib, downtime_ms, total_ms).
-    Local(bench::local::LocalArgs),
+    Local(bench::upgrade::LocalArgs),
     /// A write-heavy guest ping-pongs between two ends, A→B→A..., every
     /// hop verified (digest and guest stamps); `--json` ends with `hops`
     /// and `failed`.
@@ -51,7 +51,7 @@ pub enum BenchCommand {
     /// 1-5): the planner against KubeVirt's, HCO's, Nova's and vSphere's
     /// admission, every migration on ferry's model. `--json` ends with
     /// `cells` (hosts, drained_hosts, vms, seed, policies).
-    Fleet(bench::fleet::FleetArgs),
+    Fleet(bench::simulated_drain::FleetArgs),
 }
 
 /// Runs `ferry bench ...` (a backend of `auto` resolved first).
@@ -63,12 +63,12 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
             a.backend = resolve_backend(&a.backend);
             bench::link::run_and_print(&a)
         }
-        BenchCommand::Fleet(a) => bench::fleet::run_and_print(&a),
+        BenchCommand::Fleet(a) => bench::simulated_drain::run_and_print(&a),
         BenchCommand::DeviceState(a) => bench::device_state::run_and_print(&a),
         BenchCommand::Converge(a) => bench::converge::run_and_print(&a),
         BenchCommand::Local(mut a) => {
             a.backend = resolve_backend(&a.backend);
-            bench::local::run_and_print(&a)
+            bench::upgrade::run_and_print(&a)
         }
         BenchCommand::DemandPaging(a) => bench::demand_paging::run(a),
         BenchCommand::Soak(mut a) => {

@@ -5,7 +5,7 @@
 //! [`Drains`].
 
 use super::exec::{self, Env, Measured};
-use super::fleet::MiniFleet;
+use super::mini_fleet::MiniFleet;
 use super::procs::VmProcess;
 use super::report;
 use crate::error::CmdError;

@@ -16,6 +16,9 @@
 //!              list schedule is tried (ferry_fleet::exact): the planner's
 //!              makespan against the best
 //! ```
+//!
+//! Named for what it runs: `fleet` is the `ferry_fleet` crate, and the
+//! real drain on this machine is `drain/`.
 
 use crate::error::CmdError;
 use clap::Args;

@@ -13,6 +13,9 @@
 //!   each size moves --repeat times (a fresh VM each); the table gives the
 //!   median, and where the median move's pause went
 //! ```
+//!
+//! Named for what it measures: in this crate `local` is the engine's
+//! same-host protocol and the `--local` flags that use it.
 
 use crate::backend::BackendKind;
 use crate::error::CmdError;
