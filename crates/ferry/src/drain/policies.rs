@@ -27,7 +27,8 @@ pub struct Drains<'a> {
     pub assume_link_rate: Option<u64>,
     /// The share of each guest's dirty rate the plan and predictions assume.
     pub assume_dirty_share: Option<f64>,
-    /// The policies, in this order (each one `policy_named` knows).
+    /// The policies, in this order (a name `policy_named` does not know is
+    /// refused before anything runs).
     pub policies: &'a [String],
     /// The small fleet instead of the standard one.
     pub small: bool,
@@ -69,7 +70,8 @@ pub fn run(a: &Drains) -> Result<ExitCode, CmdError> {
     // The simulator's prediction of each policy, before anything runs.
     let mut predicted: Vec<DrainOutcome> = Vec::new();
     for name in a.policies {
-        let mut p = policy_named(name).expect("a listed policy");
+        let mut p = policy_named(name)
+            .ok_or_else(|| CmdError::Usage(format!("no policy called {name}")))?;
         let o = ferry_fleet::run(&fleet, p.as_mut(), 1)
             .map_err(|e| CmdError::Failed(format!("{name}: the plan cannot be met: {e}")))?;
         predicted.push(o);
@@ -134,7 +136,8 @@ pub fn run(a: &Drains) -> Result<ExitCode, CmdError> {
                 mini.drain + 1,
                 prediction.makespan_s
             );
-            let policy = policy_named(name).expect("a listed policy");
+            let policy = policy_named(name)
+                .ok_or_else(|| CmdError::Usage(format!("no policy called {name}")))?;
             // The planner's drain is planned again if it runs slower than planned.
             let plan = (name == "planner").then(|| prediction.clone());
             let m = exec::drain(&env, policy, plan, sources).map_err(failed)?;
