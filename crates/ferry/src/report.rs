@@ -29,7 +29,7 @@ pub fn write(path: &Path, s: &MigrationSummary) -> Result<(), CmdError> {
     let [rounds, totals] = crate::summary::tables(s);
     let mut tables: Vec<Table> = vec![totals, rounds, crate::summary::throttle_changes(s)];
     if let Some(p) = &s.predicted {
-        tables.push(crate::predict::table(p));
+        tables.push(crate::forecast::table(p));
     }
     let json_name = json_path
         .file_name()

@@ -30,6 +30,7 @@ use ferry_vm::{
 };
 use serde::Serialize;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -402,4 +403,11 @@ fn report(a: &DeviceStateArgs, memory_bytes: u64, runs: Vec<Run>) -> Report<Devi
         }
         .into()],
     }
+}
+
+/// `ferry bench device-state`: runs it, prints its tables and writes its
+/// files ([`super::output`]), and with `--json` ends with its results.
+pub fn run_and_print(a: &DeviceStateArgs) -> Result<ExitCode, CmdError> {
+    let report = run(a)?;
+    super::output::emit_json(&report, &a.out, a.json)
 }

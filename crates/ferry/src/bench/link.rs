@@ -26,6 +26,7 @@ use serde::Serialize;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -559,4 +560,15 @@ pub fn summary_json(r: &LinkResults) -> serde_json::Value {
         "vs_placed_floor": best.zip(floor).map(|(b, f)| b.gib_s / f.gib_s),
         "best": best,
     })
+}
+
+/// `ferry bench link`: runs it, prints its tables and writes its files
+/// ([`super::output`]), and with `--json` ends with its summary line.
+pub fn run_and_print(a: &LinkArgs) -> Result<ExitCode, CmdError> {
+    let report = run(a)?;
+    let code = super::output::emit(&report, &a.out)?;
+    if a.json {
+        println!("{}", summary_json(&report.results));
+    }
+    Ok(code)
 }

@@ -24,6 +24,7 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -434,5 +435,22 @@ pub fn summary_json(s: &Soak) -> Value {
         "last_end_clean": s.final_exit_ok,
         "attempted": s.hops.len(),
         "downtime_ms": s.hops.iter().map(|h| h.downtime_ms).collect::<Vec<_>>(),
+    })
+}
+
+/// `ferry bench soak`: runs it, prints its tables and writes its files
+/// ([`super::output`]), and with `--json` ends with its summary line;
+/// fails unless every hop verified and the last end exited cleanly.
+pub fn run_and_print(a: &SoakArgs) -> Result<ExitCode, CmdError> {
+    let report = run(a)?;
+    super::output::emit(&report, &a.out)?;
+    let s = &report.results;
+    if a.json {
+        println!("{}", summary_json(s));
+    }
+    Ok(if s.failed == 0 && s.final_exit_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     })
 }

@@ -1,15 +1,14 @@
 //! `ferry ctl SOCKET COMMAND [NAME=VALUE ...]`: the command-line client of
-//! a `ferry run --control` socket, in QMP's terms.
+//! a `ferry run --control` socket, in QMP's terms. This parses the command
+//! line into a request (each NAME=VALUE typed); the session on the socket
+//! is [`crate::control::client`]'s.
 
-use crate::control::ControlError;
+use crate::control::client::{self, Request};
 use crate::error::CmdError;
 use clap::Args;
 use serde_json::{json, Map, Value};
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
 
 /// Arguments of `ferry ctl`.
 #[derive(Args, Debug)]
@@ -53,49 +52,6 @@ pub struct CtlArgs {
     pub json: bool,
 }
 
-/// An event as a person reads it.
-fn describe(event: &Value) -> String {
-    let data = &event["data"];
-    let name = event["event"].as_str().unwrap_or("?");
-    match name {
-        "MIGRATION" => format!("status: {}", data["status"].as_str().unwrap_or("?")),
-        "MIGRATION_PASS" => format!("pass {}", data["pass"]),
-        "FERRY_MIGRATION_SUMMARY" => {
-            let digest = match (
-                data["digest_checked"].as_bool(),
-                data["digest_match"].as_bool(),
-            ) {
-                (Some(true), Some(true)) => "digest match",
-                (Some(true), _) => "digest MISMATCH",
-                _ => "digest not reached",
-            };
-            let mut line = format!(
-                "summary: {}, {digest}, {} guest mismatches, downtime {:.0} ms, total {:.1} s, \
-                 {} rounds, {} sent",
-                data["status"].as_str().unwrap_or("?"),
-                data["guest_mismatches"],
-                data["downtime_ms"].as_f64().unwrap_or(0.0),
-                data["total_ms"].as_f64().unwrap_or(0.0) / 1e3,
-                data["rounds"],
-                ferry_vm::types::human_bytes(data["bytes_sent"].as_u64().unwrap_or(0)),
-            );
-            if let Some(e) = data["error"].as_str() {
-                line.push_str(&format!("; error: {e}"));
-            }
-            line
-        }
-        other => format!("{other} {data}"),
-    }
-}
-
-/// A status after which a migration's events stop.
-fn is_final(status: &str) -> bool {
-    matches!(
-        status,
-        "completed" | "failed" | "cancelled" | "postcopy-paused"
-    )
-}
-
 /// `NAME=VALUE` with VALUE typed.
 fn argument(arg: &str) -> Result<(String, Value), CmdError> {
     let Some((name, value)) = arg.split_once('=') else {
@@ -135,138 +91,7 @@ fn arguments(command: &str, args: &[String]) -> Result<Map<String, Value>, CmdEr
     Ok(Map::from_iter([("capabilities".to_string(), json!(list))]))
 }
 
-/// One QMP session on the socket.
-struct Session {
-    out: UnixStream,
-    lines: std::io::Lines<BufReader<UnixStream>>,
-    next_id: u64,
-    deadline: Option<Instant>,
-    json: bool,
-    started: Instant,
-}
-
-impl Session {
-    fn open(a: &CtlArgs) -> Result<Session, CmdError> {
-        let conn = UnixStream::connect(&a.socket).map_err(|source| {
-            CmdError::Failed(ferry_vm::error_chain(&ControlError::Connect {
-                path: a.socket.clone(),
-                source,
-            }))
-        })?;
-        let deadline = match a.timeout {
-            Some(t) if !(t.is_finite() && t > 0.0) => {
-                return Err(CmdError::Usage("--timeout must be positive".into()))
-            }
-            t => t.map(|t| Instant::now() + Duration::from_secs_f64(t)),
-        };
-        let reader = conn.try_clone().map_err(io)?;
-        Ok(Session {
-            out: conn,
-            lines: BufReader::new(reader).lines(),
-            next_id: 0,
-            deadline,
-            json: a.json,
-            started: Instant::now(),
-        })
-    }
-
-    /// The next line as JSON; `None` at the end or at the deadline.
-    fn read(&mut self) -> Result<Option<Value>, CmdError> {
-        if let Some(d) = self.deadline {
-            let left = d.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            self.out.set_read_timeout(Some(left)).map_err(io)?;
-        }
-        match self.lines.next() {
-            None => Ok(None),
-            Some(Err(e))
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                Ok(None)
-            }
-            Some(Err(e)) => Err(io(e)),
-            Some(Ok(line)) => serde_json::from_str(&line).map(Some).map_err(|e| {
-                CmdError::Failed(format!("the control socket answered with non-JSON: {e}"))
-            }),
-        }
-    }
-
-    fn print_event(&self, event: &Value) {
-        if self.json {
-            println!("{event}");
-        } else {
-            let at = self.started.elapsed().as_secs_f64();
-            println!("[{at:7.2}s] {}", describe(event));
-        }
-    }
-
-    /// Sends a command and returns its reply; events read meanwhile are
-    /// printed if `print_events`.
-    fn execute(
-        &mut self,
-        command: &str,
-        arguments: Map<String, Value>,
-        print_events: bool,
-    ) -> Result<Value, CmdError> {
-        self.next_id += 1;
-        let id = format!("ctl-{}", self.next_id);
-        let mut request = json!({"execute": command, "id": id});
-        if !arguments.is_empty() {
-            request["arguments"] = Value::Object(arguments);
-        }
-        writeln!(self.out, "{request}").map_err(io)?;
-        loop {
-            let Some(line) = self.read()? else {
-                return Err(CmdError::Failed(format!(
-                    "no reply to {command}: the socket closed or --timeout passed"
-                )));
-            };
-            if line.get("event").is_some() {
-                if print_events {
-                    self.print_event(&line);
-                }
-                continue;
-            }
-            if line["id"] != json!(id) {
-                continue;
-            }
-            if let Some(err) = line.get("error") {
-                let desc = err["desc"].as_str().unwrap_or("unknown error");
-                return Err(CmdError::Failed(format!("{command}: {desc}")));
-            }
-            return Ok(line.get("return").cloned().unwrap_or(Value::Null));
-        }
-    }
-
-    /// Prints events until a MIGRATION event with a final status; returns
-    /// that status.
-    fn follow(&mut self) -> Result<String, CmdError> {
-        while let Some(line) = self.read()? {
-            if line.get("event").is_none() {
-                continue;
-            }
-            self.print_event(&line);
-            let status = &line["data"]["status"];
-            if line["event"] == "MIGRATION" && status.as_str().is_some_and(is_final) {
-                return Ok(status.as_str().unwrap_or_default().to_string());
-            }
-        }
-        Err(CmdError::Failed(
-            "the events ended before the migration did (the socket closed or --timeout passed)"
-                .into(),
-        ))
-    }
-}
-
-fn io(e: std::io::Error) -> CmdError {
-    CmdError::Failed(format!("control socket I/O: {e}"))
-}
-
+/// Runs `ferry ctl`.
 pub fn run(a: CtlArgs) -> Result<ExitCode, CmdError> {
     let follow = a.follow || a.command == "events";
     if a.follow && a.command != "migrate" {
@@ -276,37 +101,13 @@ pub fn run(a: CtlArgs) -> Result<ExitCode, CmdError> {
         return Err(CmdError::Usage("events takes no arguments".into()));
     }
     let args = arguments(&a.command, &a.args)?;
-    let mut session = Session::open(&a)?;
-    // A --qmp socket answers nothing else first (its greeting, which has
-    // no id, is skipped); on --control it subscribes to events, which
-    // are printed only when followed.
-    if a.command != "qmp_capabilities" {
-        session.execute("qmp_capabilities", Map::new(), follow)?;
-    }
-    if follow {
-        eprintln!(
-            "ferry ctl: following events on {} until the migration ends",
-            a.socket.display()
-        );
-    }
-    if a.command != "events" {
-        let reply = session.execute(&a.command, args, follow)?;
-        if !follow {
-            let text = if a.json {
-                reply.to_string()
-            } else {
-                serde_json::to_string_pretty(&reply).unwrap_or_default()
-            };
-            println!("{text}");
-            return Ok(ExitCode::SUCCESS);
-        }
-    }
-    let status = session.follow()?;
-    Ok(if status == "completed" {
-        ExitCode::SUCCESS
-    } else {
-        eprintln!("ferry ctl: the migration ended {status}");
-        ExitCode::FAILURE
+    client::run(Request {
+        socket: &a.socket,
+        command: &a.command,
+        arguments: args,
+        follow,
+        timeout: a.timeout,
+        json: a.json,
     })
 }
 

@@ -32,6 +32,7 @@
 //! one at once; without a running migration it becomes the next one's
 //! default.
 
+pub mod client;
 mod json_stream;
 mod lines;
 mod params;

@@ -11,8 +11,8 @@
 //!   last   -> the makespan; then each destination's own guest checks
 //! ```
 
-use super::fleet::MiniFleet;
 use super::measured::MeasuredVm;
+use super::mini_fleet::MiniFleet;
 use super::procs::{request, Receiver, VmProcess};
 use super::replan::{self, Dirtying, Moving, Replan, Span};
 use super::DrainError;

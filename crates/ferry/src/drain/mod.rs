@@ -4,18 +4,25 @@
 //! each policy's measured makespan beside the simulator's prediction.
 //!
 //! ```text
-//!   fleet     which hosts, which guests, and the same as ferry_fleet sees it
-//!   procs     the VMs (`ferry run --control`) and destinations (`ferry receive`)
-//!   exec      one policy's drain: the simulator's Policy, driven by real ends
-//!   measured  one VM's migration as it went (what exec records, replan reads)
-//!   replan    the planner's drain planned again when it runs slower than planned
+//!   mini_fleet which hosts, which guests, and the same as ferry_fleet sees it
+//!   procs      the VMs (`ferry run --control`) and destinations (`ferry receive`)
+//!   exec       one policy's drain: the simulator's Policy, driven by real ends
+//!   measured   one VM's migration as it went (what exec records, replan reads)
+//!   replan     the planner's drain planned again when it runs slower than planned
+//!   policies   each policy's drain in turn, after the simulator's prediction
+//!   report     each policy's median run against its prediction: JSON, tables
 //! ```
+//!
+//! `mini_fleet` says which fleet: the few hosts built here, not the
+//! `ferry_fleet` crate's model of any fleet (which it also gives).
 
 pub mod exec;
-pub mod fleet;
 pub mod measured;
+pub mod mini_fleet;
+pub mod policies;
 pub mod procs;
 pub mod replan;
+pub mod report;
 
 use std::path::PathBuf;
 

@@ -2,7 +2,7 @@
 //! host's namespace, and each migration's destination a `ferry receive` in
 //! the target's, as a VMM and its migration target would be on real hosts.
 
-use super::fleet::Guest;
+use super::mini_fleet::Guest;
 use super::DrainError;
 use crate::netns::NetnsBridge;
 use ferry_harness::child::read_listen_address;

@@ -390,7 +390,7 @@ mod tests {
     #[test]
     fn a_waiting_guest_dirtying_faster_than_assumed_is_named_and_planned_at_its_rate() {
         let mib = f64::from(1u32 << 20);
-        let mut fleet = crate::drain::fleet::MiniFleet::small(100).fleet();
+        let mut fleet = crate::drain::mini_fleet::MiniFleet::small(100).fleet();
         // The plan thought every guest wrote a quarter of its rate.
         for r in fleet
             .vms

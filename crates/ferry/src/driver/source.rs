@@ -66,7 +66,7 @@ pub fn boot_and_migrate(
             return Err(CmdError::Usage("--predict-secs must be 0.1 to 60".into()));
         }
         eprintln!("ferry: sampling the guest's dirty rate to predict the migration ...");
-        let p = crate::predict::sample_and_predict(
+        let p = crate::forecast::sample_and_predict(
             vm,
             &opts.tunables,
             m.link_bytes_per_sec,
@@ -74,7 +74,7 @@ pub fn boot_and_migrate(
             opts.harvest_within_rounds,
         )?;
         if !m.json {
-            println!("{}", crate::predict::render(&p));
+            println!("{}", crate::forecast::render(&p));
         }
         // The guest ran slower while tracked: the rate before must not be that.
         since = None;

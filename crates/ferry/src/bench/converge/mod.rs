@@ -28,6 +28,7 @@ use ferry_report::{Chart, Report, Table};
 use serde::Serialize;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -744,6 +745,17 @@ pub fn summary_json(r: &ConvergeResults) -> serde_json::Value {
         })
         .collect();
     serde_json::json!({"backend": r.backend, "cells": cells})
+}
+
+/// `ferry bench converge`: runs it, prints its tables and writes its files
+/// ([`super::output`]), and with `--json` ends with its summary line.
+pub fn run_and_print(a: &ConvergeArgs) -> Result<ExitCode, CmdError> {
+    let report = run(a)?;
+    let code = super::output::emit(&report, &a.out)?;
+    if a.json {
+        println!("{}", summary_json(&report.results));
+    }
+    Ok(code)
 }
 
 #[cfg(test)]

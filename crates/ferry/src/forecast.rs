@@ -1,7 +1,8 @@
 //! `--predict` (always on in `ferry demo`): before migrating, sample each
 //! vCPU's dirtying with the migration's own dirty tracking on, then ask the
 //! engine's model (`ferry_engine::converge::predict`) what each policy
-//! would do.
+//! would do, and print that forecast. The module is `forecast`, not
+//! `predict`, so that `predict` names the engine's model alone.
 //!
 //! ```text
 //!   sample   ferry_engine::converge::sample_dirtying: the VM's own logs and

@@ -16,6 +16,9 @@
 //!              list schedule is tried (ferry_fleet::exact): the planner's
 //!              makespan against the best
 //! ```
+//!
+//! Named for what it runs: `fleet` is the `ferry_fleet` crate, and the
+//! real drain on this machine is `drain/`.
 
 use crate::error::CmdError;
 use clap::Args;
@@ -25,6 +28,7 @@ use ferry_report::{Plot, Report, Series, Table};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 /// Arguments of `ferry bench fleet`.
 #[derive(Args, Debug)]
@@ -357,4 +361,15 @@ fn mean_by_size(cells: &[Cell], f: impl Fn(&Cell) -> Option<f64>) -> Vec<(f64, f
 /// The `--json` summary: the issue's shape, one object per fleet.
 pub fn summary_json(r: &FleetResults) -> serde_json::Value {
     serde_json::json!({ "cells": r.cells, "exact": r.exact })
+}
+
+/// `ferry bench fleet`: runs it, prints its tables and writes its files
+/// ([`super::output`]), and with `--json` ends with its summary line.
+pub fn run_and_print(a: &FleetArgs) -> Result<ExitCode, CmdError> {
+    let report = run_bench(a)?;
+    let code = super::output::emit(&report, &a.out)?;
+    if a.json {
+        println!("{}", summary_json(&report.results));
+    }
+    Ok(code)
 }

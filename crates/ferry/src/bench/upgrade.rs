@@ -13,6 +13,9 @@
 //!   each size moves --repeat times (a fresh VM each); the table gives the
 //!   median, and where the median move's pause went
 //! ```
+//!
+//! Named for what it measures: in this crate `local` is the engine's
+//! same-host protocol and the `--local` flags that use it.
 
 use crate::backend::BackendKind;
 use crate::error::CmdError;
@@ -32,6 +35,7 @@ use ferry_soft::{Mechanisms, SoftVm};
 use ferry_vm::{Backing, GuestRam, Vm};
 use serde::Serialize;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -464,5 +468,22 @@ pub fn summary_json(r: &LocalResults) -> serde_json::Value {
         "downtime_ratio": downtime_ratio(&r.sizes),
         "tcp": r.cells.iter().filter(|c| c.how == "tcp").collect::<Vec<_>>(),
         "skipped": r.skipped,
+    })
+}
+
+/// `ferry bench local`: runs it, prints its tables and writes its files
+/// ([`super::output`]), and with `--json` ends with its summary line;
+/// fails unless every move verified.
+pub fn run_and_print(a: &LocalArgs) -> Result<ExitCode, CmdError> {
+    let report = run(a)?;
+    let code = super::output::emit(&report, &a.out)?;
+    if a.json {
+        println!("{}", summary_json(&report.results));
+    }
+    let all_verified = report.results.cells.iter().all(|c| c.verified);
+    Ok(if all_verified {
+        code
+    } else {
+        ExitCode::FAILURE
     })
 }
