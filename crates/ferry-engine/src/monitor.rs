@@ -164,12 +164,14 @@ pub struct Monitor {
 
 impl Monitor {
     /// A monitor for a guest of `total_bytes`, with its event thread.
-    pub fn start(total_bytes: u64) -> Arc<Monitor> {
+    /// Fails if that thread cannot be started: a monitor without it would
+    /// queue every event and never deliver one.
+    pub fn start(total_bytes: u64) -> std::io::Result<Arc<Monitor>> {
         let (events, queue) = channel::<Value>();
         let subscribers: Arc<Mutex<Vec<Arc<dyn EventSink>>>> = Arc::default();
         let queued = Arc::new(AtomicUsize::new(0));
         let (subs, pending) = (Arc::clone(&subscribers), Arc::clone(&queued));
-        let _ = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("migration-events".into())
             .spawn(move || {
                 for event in queue {
@@ -180,8 +182,8 @@ impl Monitor {
                     drop(subs);
                     pending.fetch_sub(1, Relaxed);
                 }
-            });
-        Arc::new(Monitor {
+            })?;
+        Ok(Arc::new(Monitor {
             state: Mutex::new(State::idle()),
             total_bytes: AtomicU64::new(total_bytes),
             transferred: AtomicU64::new(0),
@@ -189,7 +191,7 @@ impl Monitor {
             events,
             subscribers,
             queued,
-        })
+        }))
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -491,7 +493,7 @@ mod tests {
 
     #[test]
     fn expected_downtime_is_the_dirty_set_at_the_measured_rate() {
-        let m = Monitor::start(64 << 20);
+        let m = Monitor::start(64 << 20).unwrap();
         assert!(m.begin());
         m.phase(Phase::FullPass);
         m.round_started(0, 16384);

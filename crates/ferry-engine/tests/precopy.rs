@@ -362,7 +362,7 @@ fn a_vmm_gets_qmp_status_and_events_from_the_engines_monitor() {
     use ferry_engine::monitor::{EventSink, MigStatus, Monitor};
     let (to, dest) = spawn_receiver(quick_receive());
     let mut src = running_source();
-    let monitor = Monitor::start(src.ram().size());
+    let monitor = Monitor::start(src.ram().size()).unwrap();
     let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
     monitor.subscribe(events.clone() as std::sync::Arc<dyn EventSink>);
     assert!(monitor.begin());

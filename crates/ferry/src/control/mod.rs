@@ -164,19 +164,23 @@ impl Shared {
     /// What a monitor's connections share before the VM is served: the
     /// copy in `state` (a destination's: [`CopyState::Arriving`]), with a
     /// monitor for `total_bytes` of guest memory (0: not known yet).
-    pub fn new(state: CopyState, total_bytes: u64) -> (Shared, Receiver<VmCommand>) {
+    /// Fails if the monitor's event thread cannot be started.
+    pub fn new(
+        state: CopyState,
+        total_bytes: u64,
+    ) -> std::io::Result<(Shared, Receiver<VmCommand>)> {
         let (commands, rx) = std::sync::mpsc::channel();
         let shared = Shared {
             guest: Arc::default(),
             tunables: Tunables::shared(),
             commands,
             answering: Arc::default(),
-            monitor: Monitor::start(total_bytes),
+            monitor: Monitor::start(total_bytes)?,
             next_converge: Arc::default(),
             custody: Arc::new(Custody::new(state)),
             postcopy_ram: Arc::default(),
         };
-        (shared, rx)
+        Ok((shared, rx))
     }
 
     /// The guest has arrived (or booted): `status` reads it from now on.

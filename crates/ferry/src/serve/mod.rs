@@ -37,7 +37,8 @@ pub struct Serve {
 /// was stopped, or `duration` ran out; the exit code says whether the
 /// guest's own checks found a mismatch.
 pub fn serve_vm(vm: &mut dyn ferry_vm::Vm, a: &Serve) -> Result<ExitCode, CmdError> {
-    let (ctl, commands) = control::Shared::new(CopyState::Running, vm.ram().size());
+    let (ctl, commands) = control::Shared::new(CopyState::Running, vm.ram().size())
+        .map_err(|e| CmdError::Failed(format!("cannot start the monitor's event thread: {e}")))?;
     // Before the sockets are announced: a signal may follow at once.
     stop_on_signal(&ctl);
     ctl.serve_sockets(a.control.as_deref(), a.qmp.as_deref())

@@ -320,7 +320,8 @@ fn break_guest(vm: &dyn Vm) {
 /// The destination's monitor, up before the migration arrives, as QEMU's
 /// destination monitor is (run state `inmigrate`), and following it.
 fn arrival_monitor(a: &ReceiveArgs) -> Result<(control::Shared, Receiver<VmCommand>), CmdError> {
-    let (shared, commands) = control::Shared::new(CopyState::Arriving, 0);
+    let (shared, commands) = control::Shared::new(CopyState::Arriving, 0)
+        .map_err(|e| CmdError::Failed(format!("cannot start the monitor's event thread: {e}")))?;
     shared
         .serve_sockets(a.control.as_deref(), a.qmp.as_deref())
         .map_err(|e| CmdError::Failed(chain(&e)))?;
