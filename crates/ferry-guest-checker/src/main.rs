@@ -23,6 +23,9 @@
 //!   ([`ferry_guest_checker::line`]), and a last line `checker done ...`
 //!   before it powers the guest off.
 //!
+//! With `checker.sched=1` each numbered line is followed by one that says
+//! what the guest's scheduler did to each worker in that second (`sched`).
+//!
 //! It stops `checker.secs` seconds after it started (0: never), or
 //! `checker.after_move` seconds after a line `moved` arrives on its
 //! console: how a VMM that moved the guest lets it run on, then end.
@@ -39,6 +42,7 @@ mod disk;
 mod kmsg;
 mod pattern;
 mod pid1;
+mod sched;
 
 use console::say;
 use ferry_guest_checker::line::{Line, BOOT_WARNING_PREFIX, DONE_PREFIX, WARNING_PREFIX};
@@ -58,6 +62,8 @@ struct Counters {
     window_gap_ns: AtomicU64,
     /// Set once the worker's region is in memory: its pattern starts.
     ready: AtomicBool,
+    /// The worker thread's id, for `checker.sched`.
+    tid: AtomicU64,
 }
 
 fn cmdline_setting(name: &str) -> Option<String> {
@@ -88,6 +94,7 @@ fn main() {
     let secs = number("secs", 0);
     let after_move = number("after_move", 10);
     let crash_after_move = number("crash_after_move", 0) != 0;
+    let sched_lines = number("sched", 0) != 0;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let rate = (number("rate_mib", 0) << 20) / threads as u64;
     let counters: Arc<Vec<Counters>> =
@@ -150,6 +157,13 @@ fn main() {
     while !counters.iter().all(|c| c.ready.load(Ordering::Acquire)) {
         std::thread::sleep(Duration::from_millis(10));
     }
+    let tasks = || -> Vec<sched::TaskTimes> {
+        counters
+            .iter()
+            .map(|c| sched::task(c.tid.load(Ordering::Relaxed)).unwrap_or_default())
+            .collect()
+    };
+    let (mut tasks_before, mut steal_before) = (tasks(), sched::steal());
     let start = Instant::now();
     let mut seq = 0u64;
     let (mut seen, mut warned) = (0usize, 0u64);
@@ -172,6 +186,16 @@ fn main() {
         }
         let line = summary(seq, &counters, &disk_counters, warned, true);
         say(&line.format());
+        if sched_lines {
+            let (now, steal) = (tasks(), sched::steal());
+            say(&sched::line(
+                seq,
+                &tasks_before,
+                &now,
+                (&steal_before, &steal),
+            ));
+            (tasks_before, steal_before) = (now, steal);
+        }
         let moved_at = *moved.lock().unwrap_or_else(|e| e.into_inner());
         if moved_at.is_some() && crash_after_move {
             say("checker moved: crashing the kernel, as checker.crash_after_move asks");

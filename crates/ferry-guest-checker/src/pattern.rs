@@ -93,6 +93,7 @@ pub fn run(worker: u64, bytes: u64, bytes_per_sec: u64, c: &Counters, stop: &Ato
         // is not yet backed), which a plain store of zero would not.
         unsafe { std::ptr::write_volatile(&mut page[0], 0) };
     }
+    c.tid.store(super::sched::tid(), Ordering::Relaxed);
     c.ready.store(true, Ordering::Release);
     let mut last = Instant::now();
     let mut generation = 0u64;
