@@ -176,9 +176,9 @@ impl Source<'_> {
             ..hello(channel)
         };
         loop {
-            self.health.abort();
-            self.health.shutdown_all();
-            drop(self.senders.take());
+            self.links.health.abort();
+            self.links.health.shutdown_all();
+            drop(self.links.senders.take());
             if Instant::now() >= deadline {
                 return Err(MigrationError::NotRecovered {
                     peer: "destination",
@@ -210,9 +210,9 @@ impl Source<'_> {
     ) -> Result<(), MigrationError> {
         let io = open_channel(dialer, hello(0), self.opts.stall_timeout)?;
         let health = Arc::new(Health::new(Side::Source, self.opts.stall_timeout));
-        let old = std::mem::replace(&mut self.health, Arc::clone(&health));
-        self.bytes_before += old.data_bytes() + self.ctl.bytes_sent();
-        self.ctl = MainChannel::start(io, health)?;
+        let old = std::mem::replace(&mut self.links.health, Arc::clone(&health));
+        self.links.bytes_before += old.data_bytes() + self.links.ctl.bytes_sent();
+        self.links.ctl = MainChannel::start(io, health)?;
         let missing = self.recv_still_missing()?;
         self.open_links(dialer, hello, Some((round, &missing)))
     }
@@ -221,7 +221,7 @@ impl Source<'_> {
     pub(crate) fn recv_still_missing(&mut self) -> Result<DirtyPages, MigrationError> {
         let mut missing = DirtyPages::new(self.pages);
         loop {
-            let i = self.ctl.recv()?;
+            let i = self.links.ctl.recv()?;
             match Message::decode(i.kind, &i.payload, i.offset)? {
                 Message::Missing(runs) => {
                     for (first, n) in runs {

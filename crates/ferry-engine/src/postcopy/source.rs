@@ -17,7 +17,7 @@ impl Source<'_> {
     /// Missing pages not handed to a connection yet, for a postcopy that
     /// failed.
     pub(crate) fn unsent(&self) -> u64 {
-        self.server.as_ref().map_or(0, |s| s.served.unsent())
+        self.links.server.as_ref().map_or(0, |s| s.served.unsent())
     }
 
     /// Switches to postcopy after `round` precopy rounds: the destination
@@ -41,15 +41,15 @@ impl Source<'_> {
             .chunks(MAX_MISSING_RUNS)
             .map(|c| c.iter().map(|(g, n)| (g.0, *n)).collect::<Vec<_>>())
         {
-            self.ctl.send(&Message::Missing(runs))?;
+            self.links.ctl.send(&Message::Missing(runs))?;
         }
         let missing = dirty.count();
         self.summary.postcopy.get_or_insert_default().missing_pages = missing;
-        let Some(server) = self.server.as_ref() else {
+        let Some(server) = self.links.server.as_ref() else {
             return Err(MigrationError::Aborted);
         };
         server.served.arm(round, &dirty);
-        self.ctl.send(&Message::Switchover {
+        self.links.ctl.send(&Message::Switchover {
             verify_before_resume: false,
             final_round: round,
             postcopy: true,
@@ -61,7 +61,7 @@ impl Source<'_> {
         self.postcopy_round = round;
         self.converge.release(&mut *self.vm);
         self.stop_logging("at the postcopy switchover");
-        match self.ctl.recv_message("Resumed")? {
+        match self.links.ctl.recv_message("Resumed")? {
             (Message::Resumed { resume_ns }, _) => {
                 self.record_resumed(paused_at, resume_ns);
             }
@@ -82,7 +82,7 @@ impl Source<'_> {
             match self.push_and_verify(round) {
                 Ok(v) => break v,
                 Err(e) => {
-                    let e = self.health.settle(e);
+                    let e = self.links.health.settle(e);
                     if !recoverable(&e) || self.opts.recover_timeout.is_zero() {
                         return Err(e);
                     }
@@ -123,7 +123,7 @@ impl Source<'_> {
         self.push(round)?;
         self.progress.phase(Phase::Verifying);
         let ours = self.send_digest()?;
-        match self.ctl.recv_message("Verified")? {
+        match self.links.ctl.recv_message("Verified")? {
             (Message::Verified { matched, dest }, _) => Ok((ours, matched, dest)),
             (m, offset) => Err(unexpected("Verified", &m, offset)),
         }
@@ -133,15 +133,16 @@ impl Source<'_> {
     /// from wherever the destination last asked.
     fn push(&mut self, round: u32) -> Result<(), MigrationError> {
         let t = Instant::now();
-        let bytes_at = self.health.data_bytes();
+        let bytes_at = self.links.health.data_bytes();
         let Some(served) = self
+            .links
             .server
             .as_ref()
             .map(|s| std::sync::Arc::clone(&s.served))
         else {
             return Err(MigrationError::Aborted);
         };
-        let Some(senders) = self.senders.as_mut() else {
+        let Some(senders) = self.links.senders.as_mut() else {
             return Err(MigrationError::Aborted);
         };
         self.progress.round_started(round, served.unsent());

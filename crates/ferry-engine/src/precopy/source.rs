@@ -218,7 +218,7 @@ impl Source<'_> {
             }
             let tun = &self.opts.tunables;
             let predicted = FinalRound {
-                queued_bytes: self.link.guest_bytes(self.health.queued_bytes()),
+                queued_bytes: self.link.guest_bytes(self.links.health.queued_bytes()),
                 dirty_bytes: remaining,
                 device_bytes: self.devices.declared_at_pause + self.live_pending(),
                 device_bytes_per_sec: self.summary.device_state_bytes_per_sec,

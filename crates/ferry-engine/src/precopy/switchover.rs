@@ -34,7 +34,7 @@ impl Source<'_> {
             tracing::warn!("pages dirtied after the final harvest, while paused: {n} {first:x?}");
         }
         self.send_vcpu_state()?;
-        self.ctl.send(&Message::Switchover {
+        self.links.ctl.send(&Message::Switchover {
             verify_before_resume: strict,
             final_round: round,
             postcopy: false,
@@ -50,7 +50,7 @@ impl Source<'_> {
             // held-outputs): it resumes at once, before it needs our
             // digest, so its Resumed comes first and the downtime ends
             // there, not after the hashing below.
-            match self.ctl.recv_message("Resumed")? {
+            match self.links.ctl.recv_message("Resumed")? {
                 (Message::Resumed { resume_ns }, _) => {
                     resumed = true;
                     self.record_resumed(paused_at, resume_ns);
@@ -62,7 +62,7 @@ impl Source<'_> {
             digest = Some(self.send_digest()?);
         }
         let (matched, dest) = loop {
-            match self.ctl.recv_message("Resumed or Verified")? {
+            match self.links.ctl.recv_message("Resumed or Verified")? {
                 (Message::Resumed { resume_ns }, _) if !resumed => {
                     resumed = true;
                     self.record_resumed(paused_at, resume_ns);
@@ -98,7 +98,7 @@ impl Source<'_> {
         // Commit be lost, the destination pauses its copy too, and the
         // guest waits, paused and verified on both ends, for an operator:
         // stopped, never split in two.
-        if let Err(e) = self.ctl.send(&Message::Commit) {
+        if let Err(e) = self.links.ctl.send(&Message::Commit) {
             self.commit()?;
             self.summary.status = Outcome::Held;
             self.summary.error = Some(format!(
@@ -113,7 +113,7 @@ impl Source<'_> {
         self.commit()?;
         if !resumed {
             // A strict destination resumes only once it has the Commit.
-            match self.ctl.recv_message("Resumed") {
+            match self.links.ctl.recv_message("Resumed") {
                 Ok((Message::Resumed { resume_ns }, _)) => {
                     self.record_resumed(paused_at, resume_ns);
                 }

@@ -6,6 +6,8 @@
 //!   settings     a migration's settings as the faces take them, mapped
 //!                to the source's options in one place
 //!   source       the source's VM, connections, dirty logging, rounds sent
+//!   links        the source's connections: main channel, senders,
+//!                page server, their health, the session
 //!   link_estimate  what the source believes its link moves, and the
 //!                compression ratio, learned from transfers it measured
 //!   device_plan  the source's device state: live, at the pause, in parts
@@ -36,6 +38,7 @@ mod device_intake;
 mod device_plan;
 mod huge;
 mod link_estimate;
+mod links;
 mod loaded;
 mod options;
 mod page_requests;

@@ -8,6 +8,7 @@
 use super::delta::DeltaCache;
 use super::device_plan::DevicePlan;
 use super::link_estimate::{LinkEstimate, Transfer};
+use super::links::Links;
 use super::page_server::PageServer;
 use super::senders::Senders;
 use super::within_round::WithinRound;
@@ -113,16 +114,18 @@ impl<'a> Source<'a> {
             within: WithinRound::new(ram.pages()),
             vm,
             ram,
-            ctl,
-            senders: None,
-            health,
-            bytes_before: 0,
+            links: Links {
+                ctl,
+                senders: None,
+                health,
+                bytes_before: 0,
+                server: None,
+                session,
+            },
             opts,
             progress,
             logging: false,
             phase: SourcePhase::Copying,
-            server: None,
-            session,
             postcopy_round: 0,
             link: LinkEstimate::default(),
             devices: DevicePlan::default(),
@@ -142,9 +145,8 @@ impl<'a> Source<'a> {
         if self.summary.status != Outcome::Completed {
             self.summary.total_ms = ms(self.start.elapsed());
         }
-        self.summary.bytes_sent =
-            self.bytes_before + self.health.data_bytes() + self.ctl.bytes_sent();
-        if let Some(s) = &self.senders {
+        self.summary.bytes_sent = self.links.bytes_sent();
+        if let Some(s) = &self.links.senders {
             self.summary.batches_by_codec = s.stats.counts();
             self.summary.delta = s.delta_summary();
         }
@@ -155,10 +157,10 @@ impl<'a> Source<'a> {
         self.progress.phase(Phase::Done);
         match result {
             Ok(()) => {
-                if let Some(s) = self.senders.take() {
+                if let Some(s) = self.links.senders.take() {
                     s.finish();
                 }
-                self.ctl.close();
+                self.links.ctl.close();
                 // A copy held after a lost Commit waits for its operator.
                 match self.summary.status {
                     Outcome::Completed => self.vm.migration_event(Lifecycle::Completed),
@@ -170,14 +172,14 @@ impl<'a> Source<'a> {
                 (self.summary, Ok(()))
             }
             Err(e) => {
-                drop(self.senders.take());
+                drop(self.links.senders.take());
                 // A postcopy's destination runs the guest and waits to be
                 // reconnected: it is not told to give up.
                 let in_postcopy = self.phase.in_postcopy();
                 let e = if in_postcopy {
-                    self.ctl.abandon(e)
+                    self.links.ctl.abandon(e)
                 } else {
-                    self.ctl.give_up(e)
+                    self.links.ctl.give_up(e)
                 };
                 let e = match e {
                     e if in_postcopy => MigrationError::Postcopy {
@@ -188,7 +190,7 @@ impl<'a> Source<'a> {
                             .map_or(0, |p| p.missing_pages),
                         unsent: self.unsent(),
                         resume: PostcopyResume {
-                            session: self.session,
+                            session: self.links.session,
                             round: self.postcopy_round,
                             connections: self.summary.connections,
                         },
@@ -243,16 +245,20 @@ fn start_nanos() -> u128 {
         .unwrap_or_default()
 }
 
+/// The source's side of one migration. Its state, by concern:
+/// - the VM and its memory (`vm`, `ram`, `pages`);
+/// - the connections to the destination (`links`) and what the link was
+///   measured to move (`link`);
+/// - dirty logging and convergence (`logging`, `within`, `converge`);
+/// - the device state (`devices`) and the destination's capabilities
+///   that change the switchover (`dest_holds_outputs`);
+/// - where the migration stands (`phase`, `postcopy_round`);
+/// - the accounting (`start`, `summary`).
 pub(crate) struct Source<'a> {
     pub(crate) vm: &'a mut dyn Vm,
     pub(crate) ram: Arc<GuestRam>,
-    pub(crate) ctl: MainChannel,
-    pub(crate) senders: Option<Senders>,
-    /// Health of the current set of connections (a postcopy recovery
-    /// starts a new one).
-    pub(crate) health: Arc<Health>,
-    /// Bytes sent over earlier sets of connections.
-    pub(crate) bytes_before: u64,
+    /// The connections to the destination.
+    pub(crate) links: Links,
     pub(crate) opts: &'a PrecopyOptions,
     pub(crate) progress: &'a dyn Progress,
     pub(crate) pages: u64,
@@ -264,10 +270,6 @@ pub(crate) struct Source<'a> {
     pub(crate) start: Instant,
     pub(crate) summary: MigrationSummary,
     pub(crate) converge: Converger,
-    /// Postcopy's page server, when the migration may switch to postcopy.
-    pub(crate) server: Option<PageServer>,
-    /// The migration's session id (the same on every set of connections).
-    pub(crate) session: u64,
     /// The round the postcopy push sends, once switched.
     pub(crate) postcopy_round: u32,
     /// What the link moves, as measured so far.
@@ -295,34 +297,34 @@ impl Source<'_> {
         let mut links = Vec::new();
         for channel in 1..=self.summary.connections as u16 {
             let io = open_channel(dialer, hello(channel), self.opts.stall_timeout)?;
-            self.health.add_data_link(
+            self.links.health.add_data_link(
                 io.get_ref()
                     .try_clone_link()
                     .map_err(crate::wire::StreamError::Io)?,
             );
             links.push(io);
         }
-        self.senders = Some(Senders::start(
+        self.links.senders = Some(Senders::start(
             links,
             self.opts.batch_pages,
             self.opts.compression,
             (self.opts.delta_cache_bytes > 0).then(|| DeltaCache::new(self.opts.delta_cache_bytes)),
             TokenBucket::new(Arc::clone(&self.opts.tunables)),
-            Arc::clone(&self.health),
+            Arc::clone(&self.links.health),
         )?);
         if self.opts.mode.may_postcopy() {
             let io = open_channel(dialer, hello(PRIORITY_CHANNEL), self.opts.stall_timeout)?;
-            self.health.add_data_link(
+            self.links.health.add_data_link(
                 io.get_ref()
                     .try_clone_link()
                     .map_err(crate::wire::StreamError::Io)?,
             );
-            let bucket = self.senders.as_ref().map(Senders::bucket);
+            let bucket = self.links.senders.as_ref().map(Senders::bucket);
             let bucket = bucket.ok_or(MigrationError::Aborted)?;
-            self.server = Some(PageServer::start(
+            self.links.server = Some(PageServer::start(
                 io,
                 Arc::clone(&self.ram),
-                Arc::clone(&self.health),
+                Arc::clone(&self.links.health),
                 bucket,
                 armed,
             )?);
@@ -352,7 +354,7 @@ impl Source<'_> {
         let parts = needed
             .iter()
             .any(|c| c == crate::wire::capabilities::SECTION_PARTS);
-        let asks = self.ctl.version() >= CAPABILITIES_SINCE;
+        let asks = self.links.ctl.version() >= CAPABILITIES_SINCE;
         if !live.is_empty() && !asks {
             // A wire-5 peer cannot take them live: all go at the pause.
             live.clear();
@@ -361,7 +363,7 @@ impl Source<'_> {
             return Err(MigrationError::Refused(format!(
                 "the VM's sections declare more device state than one frame holds, and the \
                  destination (wire {}) cannot take it in parts",
-                self.ctl.version()
+                self.links.ctl.version()
             )));
         }
         if asks {
@@ -371,8 +373,10 @@ impl Source<'_> {
             asked.push(crate::wire::capabilities::HELD_OUTPUTS.to_string());
             header.capabilities = Some(asked);
         }
-        self.ctl.send_frame(FrameKind::Header, &header.encode())?;
-        let (verify_before_resume, answer) = match self.ctl.recv_message("Accept")? {
+        self.links
+            .ctl
+            .send_frame(FrameKind::Header, &header.encode())?;
+        let (verify_before_resume, answer) = match self.links.ctl.recv_message("Accept")? {
             (
                 Message::Accept {
                     verify_before_resume,
@@ -401,7 +405,7 @@ impl Source<'_> {
             None if asks => {
                 return Err(MigrationError::Refused(format!(
                     "the destination speaks wire {} and did not answer the capabilities asked",
-                    self.ctl.version()
+                    self.links.ctl.version()
                 )))
             }
             None => {}
@@ -514,7 +518,7 @@ impl Source<'_> {
             }
             let link = self.plan_bandwidth(Some(Transfer {
                 raw,
-                wire: self.health.data_bytes() - bytes_at,
+                wire: self.links.health.data_bytes() - bytes_at,
                 secs: t.elapsed().as_secs_f64(),
                 whole_round: false,
             }));
@@ -566,7 +570,9 @@ impl Source<'_> {
                 budget = budget.saturating_sub(chunk.len() as u64);
                 self.summary.device_bytes_live += chunk.len() as u64;
                 let payload = crate::wire::sections::encode_live(id, &chunk);
-                self.ctl.send_frame(FrameKind::LiveSection, &payload)?;
+                self.links
+                    .ctl
+                    .send_frame(FrameKind::LiveSection, &payload)?;
             }
         }
         Ok(())
@@ -600,11 +606,11 @@ impl Source<'_> {
     ) -> Result<(), MigrationError> {
         let t = Instant::now();
         self.progress.round_started(round, set.count());
-        let bytes_at = self.health.data_bytes();
+        let bytes_at = self.links.health.data_bytes();
         let cancellable = kind != RoundKind::Final;
         let (opts, progress) = (self.opts, self.progress);
         let (mut pages, mut zero, mut raw) = (0u64, 0u64, 0u64);
-        let mut batch = self.senders()?.batch()?;
+        let mut batch = self.links.senders()?.batch()?;
         for (first, count) in set.runs() {
             let (mut gfn, mut left) = (first.0, count as usize);
             while left > 0 {
@@ -616,7 +622,7 @@ impl Source<'_> {
                 gfn += n as u64;
                 left -= n;
                 if batch.room() == 0 {
-                    let senders = self.senders()?;
+                    let senders = self.links.senders()?;
                     let full = std::mem::replace(&mut batch, senders.batch()?);
                     let (p, z, r) = ship(senders, full, round, cancellable, opts, progress)?;
                     pages += p;
@@ -630,7 +636,7 @@ impl Source<'_> {
                 }
             }
         }
-        let senders = self.senders()?;
+        let senders = self.links.senders()?;
         if batch.is_empty() {
             senders.recycle(batch);
         } else {
@@ -654,26 +660,21 @@ impl Source<'_> {
     /// the bytes, and the switchover decision that follows sees a final
     /// round that would not wait behind them.
     fn drain_queues(&self) -> Result<(), MigrationError> {
-        let queued = self.health.queued_bytes();
+        let queued = self.links.health.queued_bytes();
         if queued == 0 {
             return Ok(());
         }
         let need = self.link.drain_time(queued, MAX_DRAIN);
         let deadline = Instant::now() + 2 * need + DRAIN_POLL * 10;
         let small = (self.link.wire_rate() * DRAIN_POLL.as_secs_f64() * 2.0) as u64;
-        while self.health.queued_bytes() > small && Instant::now() < deadline {
-            self.health.check()?;
+        while self.links.health.queued_bytes() > small && Instant::now() < deadline {
+            self.links.health.check()?;
             if self.opts.tunables.is_cancelled() {
                 return Err(MigrationError::Cancelled);
             }
             std::thread::sleep(DRAIN_POLL);
         }
         Ok(())
-    }
-
-    /// The data connections' senders (gone once the migration aborted).
-    fn senders(&mut self) -> Result<&mut Senders, MigrationError> {
-        self.senders.as_mut().ok_or(MigrationError::Aborted)
     }
 
     /// Adds a round that started at `t`, when the data connections had
@@ -687,7 +688,7 @@ impl Source<'_> {
         (pages, zero, raw): (u64, u64, u64),
     ) {
         let elapsed = t.elapsed().max(Duration::from_nanos(1));
-        let bytes = self.health.data_bytes() - bytes_at;
+        let bytes = self.links.health.data_bytes() - bytes_at;
         self.summary.rounds.push(RoundStats {
             round,
             kind,

@@ -52,11 +52,11 @@ impl Source<'_> {
         let state = ferry_vm::save_vcpu_state(&mut *self.vm)
             .map_err(MigrationError::backend("save vCPU state"))?;
         self.summary.save_vcpus_ms = ms(saving.elapsed());
-        self.ctl.send_frame(FrameKind::VcpuState, &state)?;
+        self.links.ctl.send_frame(FrameKind::VcpuState, &state)?;
         // In parts where the destination takes them, else in one frame
         // (its size was checked at the pause).
         let (sections, part) = self.devices.take_saved();
-        let ctl = &mut self.ctl;
+        let ctl = &mut self.links.ctl;
         crate::wire::sections::encode_in_parts(&sections, part, |bytes, last| {
             let kind = match last {
                 true => FrameKind::Sections,
@@ -73,7 +73,7 @@ impl Source<'_> {
             .map_err(MigrationError::ram("hash guest memory"))?;
         self.summary.digest_ms = ms(t.elapsed());
         self.phase.digest_sent()?;
-        self.ctl.send(&Message::Digest(d))?;
+        self.links.ctl.send(&Message::Digest(d))?;
         Ok(d)
     }
 
@@ -104,7 +104,7 @@ impl Source<'_> {
 
     pub(crate) fn collect_report(&mut self) {
         self.progress.phase(Phase::Reporting);
-        match self.ctl.recv_message("Report") {
+        match self.links.ctl.recv_message("Report") {
             Ok((Message::Report(r), _)) => {
                 if let Some(theirs) = r.postcopy {
                     // The destination's account, with this side's counts of
