@@ -164,6 +164,7 @@ fn main() {
             .collect()
     };
     let (mut tasks_before, mut steal_before) = (tasks(), sched::steal());
+    let mut ipis_before = sched::ipis();
     let start = Instant::now();
     let mut seq = 0u64;
     let (mut seen, mut warned) = (0usize, 0u64);
@@ -187,14 +188,15 @@ fn main() {
         let line = summary(seq, &counters, &disk_counters, warned, true);
         say(&line.format());
         if sched_lines {
-            let (now, steal) = (tasks(), sched::steal());
+            let (now, steal, ipis) = (tasks(), sched::steal(), sched::ipis());
             say(&sched::line(
                 seq,
                 &tasks_before,
                 &now,
                 (&steal_before, &steal),
+                (ipis_before, ipis),
             ));
-            (tasks_before, steal_before) = (now, steal);
+            (tasks_before, steal_before, ipis_before) = (now, steal, ipis);
         }
         let moved_at = *moved.lock().unwrap_or_else(|e| e.into_inner());
         if moved_at.is_some() && crash_after_move {

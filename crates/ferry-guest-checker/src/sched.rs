@@ -15,6 +15,8 @@ pub struct TaskTimes {
     pub cpu: u32,
     /// User plus system time charged, in clock ticks.
     pub ticks: u64,
+    /// Of which system time (in the kernel), in clock ticks.
+    pub sys_ticks: u64,
     /// Times another task took its CPU.
     pub preempted: u64,
 }
@@ -43,6 +45,7 @@ fn parse_task(stat: &str, status: &str) -> Option<TaskTimes> {
     Some(TaskTimes {
         cpu: field(39)? as u32,
         ticks: field(14)? + field(15)?,
+        sys_ticks: field(15)?,
         preempted,
     })
 }
@@ -60,16 +63,42 @@ fn parse_steal(stat: &str) -> Vec<u64> {
         .collect()
 }
 
+/// TLB shootdowns and function-call interrupts taken, summed over the
+/// CPUs, from /proc/interrupts: how often a CPU had to wait on another.
+pub fn ipis() -> [u64; 2] {
+    parse_ipis(&std::fs::read_to_string("/proc/interrupts").unwrap_or_default())
+}
+
+fn parse_ipis(text: &str) -> [u64; 2] {
+    let count = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.trim_start().strip_prefix(name))
+            .map_or(0, |rest| {
+                rest.split_whitespace()
+                    .map_while(|w| w.parse::<u64>().ok())
+                    .sum()
+            })
+    };
+    [count("TLB:"), count("CAL:")]
+}
+
 /// The line after numbered line `seq`: each worker's change since `before`.
-pub fn line(seq: u64, before: &[TaskTimes], now: &[TaskTimes], steal: (&[u64], &[u64])) -> String {
+pub fn line(
+    seq: u64,
+    before: &[TaskTimes],
+    now: &[TaskTimes],
+    steal: (&[u64], &[u64]),
+    ipis: ([u64; 2], [u64; 2]),
+) -> String {
     let tick_ms = 1000 / clock_ticks();
     let mut s = format!("checker-sched {seq}");
     for (i, (b, n)) in before.iter().zip(now).enumerate() {
         let _ = write!(
             s,
-            " w{i} cpu={} ran_ms=+{} preempted=+{}",
+            " w{i} cpu={} ran_ms=+{} sys_ms=+{} preempted=+{}",
             n.cpu,
             n.ticks.saturating_sub(b.ticks) * tick_ms,
+            n.sys_ticks.saturating_sub(b.sys_ticks) * tick_ms,
             n.preempted.saturating_sub(b.preempted)
         );
     }
@@ -79,7 +108,13 @@ pub fn line(seq: u64, before: &[TaskTimes], now: &[TaskTimes], steal: (&[u64], &
         .zip(steal.1)
         .map(|(b, n)| (n.saturating_sub(*b) * tick_ms).to_string())
         .collect();
-    let _ = write!(s, " steal_ms=+{}", stolen.join(",+"));
+    let _ = write!(
+        s,
+        " steal_ms=+{} tlb=+{} cal=+{}",
+        stolen.join(",+"),
+        ipis.1[0].saturating_sub(ipis.0[0]),
+        ipis.1[1].saturating_sub(ipis.0[1])
+    );
     s
 }
 
@@ -113,9 +148,16 @@ mod tests {
             Some(TaskTimes {
                 cpu: 1,
                 ticks: 12,
+                sys_ticks: 5,
                 preempted: 9
             })
         );
+    }
+
+    #[test]
+    fn shootdowns_and_calls_are_summed_over_the_cpus() {
+        let text = "           CPU0       CPU1\n  CAL:         12          30   Function call interrupts\n  TLB:          4           5   TLB shootdowns\n";
+        assert_eq!(parse_ipis(text), [9, 42]);
     }
 
     #[test]

@@ -71,6 +71,17 @@ pub struct Shared {
     /// vCPU was wanted running, in ns: a throttle sleep, the exit's
     /// service and the host's scheduling, all that the guest cannot run.
     longest_out_ns: AtomicU64,
+    /// KVM_RUN returns while wanted running: all, for a full dirty ring,
+    /// and interrupted (a kick, or EAGAIN).
+    exits: RunExits,
+}
+
+/// How often KVM_RUN returned, and why, for reports.
+#[derive(Debug, Default)]
+pub struct RunExits {
+    pub all: AtomicU64,
+    pub ring_full: AtomicU64,
+    pub interrupted: AtomicU64,
 }
 
 /// One vCPU and its thread.
@@ -107,6 +118,7 @@ impl Vcpu {
             tid: AtomicU32::new(0),
             slot: ThrottleSlot::default(),
             longest_out_ns: AtomicU64::new(0),
+            exits: RunExits::default(),
             ring,
             devices,
         });
@@ -195,6 +207,11 @@ impl Vcpu {
     /// running (see `Shared::longest_out_ns`).
     pub fn longest_out_of_run(&self) -> Duration {
         Duration::from_nanos(self.shared.longest_out_ns.load(Ordering::Relaxed))
+    }
+
+    /// How often KVM_RUN returned while the vCPU was wanted running.
+    pub fn run_exits(&self) -> &RunExits {
+        &self.shared.exits
     }
 }
 
@@ -302,8 +319,10 @@ fn run_until_asked(s: &Shared) -> Result<Stop, String> {
         }
         let ran = fd.run();
         out_since = Some(Instant::now());
+        s.exits.all.fetch_add(1, Ordering::Relaxed);
         match ran {
             Ok(VcpuExit::Unsupported(EXIT_DIRTY_RING_FULL)) => {
+                s.exits.ring_full.fetch_add(1, Ordering::Relaxed);
                 if let Some(ring) = &s.ring {
                     ring.drain()
                         .map_err(|e| format!("draining the dirty ring: {e}"))?;
@@ -338,7 +357,9 @@ fn run_until_asked(s: &Shared) -> Result<Stop, String> {
                 let at = ferry_kvm::stopped::describe(&fd);
                 return Err(format!("the guest stopped: {exit} ({at})"));
             }
-            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                s.exits.interrupted.fetch_add(1, Ordering::Relaxed);
+            }
             Err(e) => return Err(format!("KVM_RUN failed: {e}")),
         }
     }

@@ -1025,6 +1025,19 @@ impl MiniVm {
     pub fn longest_out_of_run(&self) -> Vec<Duration> {
         self.vcpus.iter().map(|v| v.longest_out_of_run()).collect()
     }
+
+    /// Each vCPU's KVM_RUN returns while wanted running: all, for a full
+    /// dirty ring, and interrupted.
+    pub fn run_exits(&self) -> Vec<[u64; 3]> {
+        self.vcpus
+            .iter()
+            .map(|v| {
+                let e = v.run_exits();
+                [&e.all, &e.ring_full, &e.interrupted]
+                    .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+            })
+            .collect()
+    }
 }
 
 impl TimeThrottle for MiniVm {
