@@ -19,7 +19,8 @@
 //! * [`probe`]: a guest's own checks, which a VMM may hand the engine.
 //! * [`section`]: device state as named, versioned sections.
 //! * [`dirty_source`]: writers of guest memory that keep their own dirty log.
-//! * [`synthetic`]: a device with large, changing state, for tests and benchmarks.
+//! * `synthetic` (feature `synthetic`): a device with large, changing state,
+//!   for tests and benchmarks.
 //!
 //! Nothing here knows the guest program: ferry's own VMs run memstress
 //! (`ferry-memstress`), and other VMMs run whatever they run.
@@ -40,6 +41,7 @@ pub mod ram;
 pub mod ram_share;
 pub mod section;
 pub mod skip;
+#[cfg(feature = "synthetic")]
 pub mod synthetic;
 pub mod types;
 pub mod uffd;

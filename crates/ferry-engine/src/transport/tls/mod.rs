@@ -14,10 +14,12 @@
 //!
 //! ```text
 //!   link      TlsLink: one session shared by a reader and a writer thread
-//!   pki       `ferry certs`: a throwaway CA and one certificate for tests and demos
+//!   pki       `ferry certs`: a throwaway CA and one certificate for tests and
+//!             demos (feature `pki`, off by default)
 //! ```
 
 mod link;
+#[cfg(feature = "pki")]
 pub mod pki;
 
 pub use link::TlsLink;
