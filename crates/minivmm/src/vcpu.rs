@@ -76,12 +76,29 @@ pub struct Shared {
     exits: RunExits,
 }
 
-/// How often KVM_RUN returned, and why, for reports.
+/// How often KVM_RUN returned, and why, as the vCPU thread counts it.
 #[derive(Debug, Default)]
-pub struct RunExits {
-    pub all: AtomicU64,
-    pub ring_full: AtomicU64,
-    pub interrupted: AtomicU64,
+struct RunExits {
+    all: AtomicU64,
+    ring_full: AtomicU64,
+    interrupted: AtomicU64,
+}
+
+/// What the throttle and KVM_RUN did to one vCPU, for its VM's summary.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunStats {
+    /// Throttle sleeps taken, and their time.
+    pub sleeps: u64,
+    pub slept: Duration,
+    /// The longest stretch out of KVM_RUN while the vCPU was wanted
+    /// running: a throttle sleep, an exit's service and the host's
+    /// scheduling, all that the guest cannot run.
+    pub longest_out_of_run: Duration,
+    /// KVM_RUN returns while wanted running: all, for a full dirty ring,
+    /// and interrupted (a kick, or EAGAIN).
+    pub kvm_run_returns: u64,
+    pub ring_full_exits: u64,
+    pub interrupted: u64,
 }
 
 /// One vCPU and its thread.
@@ -198,20 +215,19 @@ impl Vcpu {
         Arc::clone(&self.shared) as Arc<dyn Throttled>
     }
 
-    /// Throttle sleeps taken so far, and their time.
-    pub fn throttle_slot(&self) -> &ThrottleSlot {
-        &self.shared.slot
-    }
-
-    /// The longest this vCPU was out of KVM_RUN while it was wanted
-    /// running (see `Shared::longest_out_ns`).
-    pub fn longest_out_of_run(&self) -> Duration {
-        Duration::from_nanos(self.shared.longest_out_ns.load(Ordering::Relaxed))
-    }
-
-    /// How often KVM_RUN returned while the vCPU was wanted running.
-    pub fn run_exits(&self) -> &RunExits {
-        &self.shared.exits
+    /// What the throttle and KVM_RUN did to this vCPU so far.
+    pub fn run_stats(&self) -> RunStats {
+        let (slot, exits) = (&self.shared.slot, &self.shared.exits);
+        RunStats {
+            sleeps: slot.sleeps(),
+            slept: slot.slept(),
+            longest_out_of_run: Duration::from_nanos(
+                self.shared.longest_out_ns.load(Ordering::Relaxed),
+            ),
+            kvm_run_returns: exits.all.load(Ordering::Relaxed),
+            ring_full_exits: exits.ring_full.load(Ordering::Relaxed),
+            interrupted: exits.interrupted.load(Ordering::Relaxed),
+        }
     }
 }
 

@@ -1013,30 +1013,9 @@ impl MiniVm {
 /// it out after each slice with its sleep (a Linux guest, its interrupts
 /// in the in-kernel irqchip, may not exit on its own for seconds).
 impl MiniVm {
-    /// Each vCPU's throttle sleeps so far, and the time they took.
-    pub fn throttle_sleeps(&self) -> Vec<(u64, Duration)> {
-        self.vcpus
-            .iter()
-            .map(|v| (v.throttle_slot().sleeps(), v.throttle_slot().slept()))
-            .collect()
-    }
-
-    /// The longest each vCPU was out of KVM_RUN while wanted running.
-    pub fn longest_out_of_run(&self) -> Vec<Duration> {
-        self.vcpus.iter().map(|v| v.longest_out_of_run()).collect()
-    }
-
-    /// Each vCPU's KVM_RUN returns while wanted running: all, for a full
-    /// dirty ring, and interrupted.
-    pub fn run_exits(&self) -> Vec<[u64; 3]> {
-        self.vcpus
-            .iter()
-            .map(|v| {
-                let e = v.run_exits();
-                [&e.all, &e.ring_full, &e.interrupted]
-                    .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
-            })
-            .collect()
+    /// What the throttle and KVM_RUN did to each vCPU so far.
+    pub fn run_stats(&self) -> Vec<crate::vcpu::RunStats> {
+        self.vcpus.iter().map(|v| v.run_stats()).collect()
     }
 }
 
@@ -1050,10 +1029,7 @@ impl TimeThrottle for MiniVm {
     }
 
     fn throttled(&self) -> Vec<Duration> {
-        self.throttle_sleeps()
-            .into_iter()
-            .map(|(_, slept)| slept)
-            .collect()
+        self.run_stats().iter().map(|r| r.slept).collect()
     }
 }
 

@@ -315,13 +315,13 @@ fn vm_report(vm: &minivmm::MiniVm) -> Result<serde_json::Value, String> {
         "notify_exits": vm.notify_exits(),
         // What the throttle did to each vCPU: its sleeps and their sum,
         // and the longest the vCPU was kept from running at a stretch.
-        "throttle_per_vcpu": vm.throttle_sleeps().iter().zip(vm.longest_out_of_run()).zip(vm.run_exits()).map(|(((sleeps, slept), out), [runs, ring_full, interrupted])| serde_json::json!({
-            "sleeps": sleeps,
-            "slept_ms": slept.as_secs_f64() * 1e3,
-            "longest_out_of_run_ms": out.as_secs_f64() * 1e3,
-            "kvm_run_returns": runs,
-            "ring_full_exits": ring_full,
-            "interrupted": interrupted,
+        "throttle_per_vcpu": vm.run_stats().iter().map(|r| serde_json::json!({
+            "sleeps": r.sleeps,
+            "slept_ms": r.slept.as_secs_f64() * 1e3,
+            "longest_out_of_run_ms": r.longest_out_of_run.as_secs_f64() * 1e3,
+            "kvm_run_returns": r.kvm_run_returns,
+            "ring_full_exits": r.ring_full_exits,
+            "interrupted": r.interrupted,
         })).collect::<Vec<_>>(),
     }))
 }

@@ -165,37 +165,35 @@ pub struct Side {
     pub error: Option<String>,
 }
 
-/// The checker's write rate over its lines after the third (one line a
-/// second), in MiB/s.
-fn write_rate(console: &str) -> Option<f64> {
-    use ferry_guest_checker::line::Line;
-    let lines: Vec<Line> = console
-        .lines()
-        .filter_map(|l| Line::parse(l)?.ok())
-        .skip(3)
-        .collect();
-    let (first, last) = (lines.first()?, lines.last()?);
-    let secs = last.seq.checked_sub(first.seq).filter(|&s| s > 0)? as f64;
-    Some((last.pages - first.pages) as f64 * 4096.0 / secs / f64::from(1 << 20))
-}
-
-/// The largest gap the checker reported in its lines after the third,
-/// in ms.
-fn longest_stall(console: &str) -> Option<f64> {
+/// The checker's lines after the third (one a second): those written
+/// while the guest was being moved.
+fn lines_while_moving(console: &str) -> Vec<ferry_guest_checker::line::Line> {
     use ferry_guest_checker::line::Line;
     console
         .lines()
         .filter_map(|l| Line::parse(l)?.ok())
         .skip(3)
-        .map(|l| l.gap_ms)
-        .reduce(f64::max)
+        .collect()
+}
+
+/// The checker's write rate over `lines`, in MiB/s.
+fn write_rate(lines: &[ferry_guest_checker::line::Line]) -> Option<f64> {
+    let (first, last) = (lines.first()?, lines.last()?);
+    let secs = last.seq.checked_sub(first.seq).filter(|&s| s > 0)? as f64;
+    Some((last.pages - first.pages) as f64 * 4096.0 / secs / f64::from(1 << 20))
+}
+
+/// The largest gap the checker reported in `lines`, in ms.
+fn longest_stall(lines: &[ferry_guest_checker::line::Line]) -> Option<f64> {
+    lines.iter().map(|l| l.gap_ms).reduce(f64::max)
 }
 
 impl Side {
     /// What the checker did on the source while it was being moved.
     fn read_source(&mut self, console: &str) {
-        self.source_write_mib_s = write_rate(console);
-        self.source_stall_ms = longest_stall(console);
+        let lines = lines_while_moving(console);
+        self.source_write_mib_s = write_rate(&lines);
+        self.source_stall_ms = longest_stall(&lines);
     }
 
     /// The guest's own checks, from the destination's console.
@@ -524,9 +522,10 @@ mod tests {
             line(6, 1280, 20.0),
         ]
         .join("\n");
-        assert_eq!(longest_stall(&console), Some(700.0));
+        let lines = lines_while_moving(&console);
+        assert_eq!(longest_stall(&lines), Some(700.0));
         // 512 pages (2 MiB) over the 2 s from line 4 to line 6.
-        assert_eq!(write_rate(&console), Some(1.0));
-        assert_eq!(longest_stall(&line(1, 0, 5.0)), None);
+        assert_eq!(write_rate(&lines), Some(1.0));
+        assert_eq!(longest_stall(&lines_while_moving(&line(1, 0, 5.0))), None);
     }
 }
