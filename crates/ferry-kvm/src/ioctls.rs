@@ -1,5 +1,5 @@
 //! The few KVM ioctls that kvm-ioctls does not wrap: `KVM_CLEAR_DIRTY_LOG`,
-//! `KVM_RESET_DIRTY_RINGS`, a vCPU's TSC offset (its device attribute, which
+//! `KVM_RESET_DIRTY_RINGS`, `KVM_GET_STATS_FD`, a vCPU's TSC offset (its device attribute, which
 //! kvm-ioctls wraps on aarch64 only), and `KVM_GET_DIRTY_LOG` into a buffer the caller
 //! keeps (kvm-ioctls allocates a fresh one per call, and on this class of
 //! host first-touching it costs more than the ioctl: half a millisecond per
@@ -22,14 +22,29 @@ mod request {
     ioctl_iow_nr!(KVM_GET_DIRTY_LOG, KVMIO, 0x42, kvm_dirty_log);
     ioctl_iowr_nr!(KVM_CLEAR_DIRTY_LOG, KVMIO, 0xc0, kvm_clear_dirty_log);
     ioctl_io_nr!(KVM_RESET_DIRTY_RINGS, KVMIO, 0xc7);
+    ioctl_io_nr!(KVM_GET_STATS_FD, KVMIO, 0xce);
     use kvm_bindings::kvm_device_attr;
     ioctl_iow_nr!(KVM_SET_DEVICE_ATTR, KVMIO, 0xe1, kvm_device_attr);
     ioctl_iow_nr!(KVM_GET_DEVICE_ATTR, KVMIO, 0xe2, kvm_device_attr);
 }
 use request::{
-    KVM_CLEAR_DIRTY_LOG, KVM_GET_DEVICE_ATTR, KVM_GET_DIRTY_LOG, KVM_RESET_DIRTY_RINGS,
-    KVM_SET_DEVICE_ATTR,
+    KVM_CLEAR_DIRTY_LOG, KVM_GET_DEVICE_ATTR, KVM_GET_DIRTY_LOG, KVM_GET_STATS_FD,
+    KVM_RESET_DIRTY_RINGS, KVM_SET_DEVICE_ATTR,
 };
+
+/// The vCPU's binary statistics file (`KVM_GET_STATS_FD`, Linux 5.14 on;
+/// [`crate::stats`] reads it).
+pub fn stats_fd(vcpu: &VcpuFd) -> errno::Result<std::fs::File> {
+    // SAFETY: KVM_GET_STATS_FD takes no argument and returns a new fd or -1.
+    let ret = unsafe { ioctl(vcpu, KVM_GET_STATS_FD()) };
+    if ret < 0 {
+        return Err(errno::Error::last());
+    }
+    use std::os::fd::FromRawFd;
+    // SAFETY: `ret` is a file descriptor KVM just opened for this call;
+    // nothing else owns it.
+    Ok(unsafe { std::fs::File::from_raw_fd(ret) })
+}
 
 /// The vCPU's TSC offset (`KVM_VCPU_TSC_CTRL`/`KVM_VCPU_TSC_OFFSET`,
 /// Linux 5.16 on): the guest's TSC is the host's, scaled, plus it.

@@ -12,6 +12,8 @@
 //!   boot:       the CPL3 long-mode boot state this project's hosts run
 //!               guest code natively in
 //!   host:       whether /dev/kvm is here, for a VMM's tests
+//!   stats:      what KVM counts for a vCPU inside KVM_RUN (exits, page
+//!               faults fixed, signal exits), from KVM_GET_STATS_FD
 //!   stopped:    where a vCPU was when it stopped on its own, in one line
 //!   throttle:   the one vCPU throttle (time, dirty quota, dirty limit):
 //!               a thread that kicks vCPUs out with a sleep to take
@@ -30,6 +32,7 @@ pub mod error;
 pub mod host;
 pub mod ioctls;
 pub mod memory;
+pub mod stats;
 pub mod stopped;
 pub mod throttle;
 

@@ -44,6 +44,7 @@ mod vcpu;
 pub mod virtio_mmio;
 pub mod vm;
 
+pub use vcpu::{RunProbe, RunStats};
 pub use vm::{MiniConfig, MiniVm, VMM_ID};
 
 /// A device's state could not be saved or loaded, or its backing failed.

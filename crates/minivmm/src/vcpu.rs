@@ -22,8 +22,10 @@ use crate::Devices;
 use ferry_engine::vmm::catch_panic;
 use ferry_kvm::dirty::ring::DirtyRing;
 use ferry_kvm::dirty::{RingFull, EXIT_DIRTY_RING_FULL};
+use ferry_kvm::stats::KvmStats;
 use ferry_kvm::throttle::{ThrottleSlot, Throttled};
 use kvm_ioctls::{VcpuExit, VcpuFd};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
@@ -74,6 +76,10 @@ pub struct Shared {
     /// KVM_RUN returns while wanted running: all, for a full dirty ring,
     /// and interrupted (a kick, or EAGAIN).
     exits: RunExits,
+    /// Nanoseconds spent inside KVM_RUN.
+    in_run_ns: AtomicU64,
+    /// What KVM counts for the vCPU (`None` on kernels before 5.14).
+    kvm_stats: Option<KvmStats>,
 }
 
 /// How often KVM_RUN returned, and why, as the vCPU thread counts it.
@@ -85,20 +91,40 @@ struct RunExits {
 }
 
 /// What the throttle and KVM_RUN did to one vCPU, for its VM's summary.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct RunStats {
-    /// Throttle sleeps taken, and their time.
+    /// Throttle sleeps taken.
     pub sleeps: u64,
+    /// Their time.
     pub slept: Duration,
     /// The longest stretch out of KVM_RUN while the vCPU was wanted
     /// running: a throttle sleep, an exit's service and the host's
     /// scheduling, all that the guest cannot run.
     pub longest_out_of_run: Duration,
-    /// KVM_RUN returns while wanted running: all, for a full dirty ring,
-    /// and interrupted (a kick, or EAGAIN).
+    /// KVM_RUN returns while wanted running.
     pub kvm_run_returns: u64,
+    /// Of those, for a full dirty ring.
     pub ring_full_exits: u64,
+    /// Of those, interrupted (a kick, or EAGAIN).
     pub interrupted: u64,
+    /// Time inside KVM_RUN: the guest's share of the wall clock, with
+    /// KVM's own work for it (faults, exits it serves in the kernel).
+    pub in_run: Duration,
+    /// KVM's cumulative counters for the vCPU (`exits`, `pf_fixed`,
+    /// `signal_exits`...; empty where the kernel has none).
+    pub kvm: BTreeMap<String, u64>,
+}
+
+/// A handle on one vCPU's [`RunStats`], for a thread that samples them
+/// while the VM runs.
+#[derive(Clone)]
+pub struct RunProbe(Arc<Shared>);
+
+impl RunProbe {
+    /// What the throttle and KVM_RUN did to the vCPU so far.
+    pub fn run_stats(&self) -> RunStats {
+        self.0.run_stats()
+    }
 }
 
 /// One vCPU and its thread.
@@ -126,6 +152,8 @@ impl Vcpu {
         HANDLER.call_once(|| {
             register_signal_handler(kick_signal(), on_kick).expect("a real-time signal");
         });
+        // Diagnostics only: a kernel without them runs the guest the same.
+        let kvm_stats = KvmStats::of_vcpu(&fd).ok();
         let shared = Arc::new(Shared {
             fd: Mutex::new(fd),
             want: AtomicU8::new(PAUSE),
@@ -136,6 +164,8 @@ impl Vcpu {
             slot: ThrottleSlot::default(),
             longest_out_ns: AtomicU64::new(0),
             exits: RunExits::default(),
+            in_run_ns: AtomicU64::new(0),
+            kvm_stats,
             ring,
             devices,
         });
@@ -217,16 +247,31 @@ impl Vcpu {
 
     /// What the throttle and KVM_RUN did to this vCPU so far.
     pub fn run_stats(&self) -> RunStats {
-        let (slot, exits) = (&self.shared.slot, &self.shared.exits);
+        self.shared.run_stats()
+    }
+
+    /// A handle that samples [`Vcpu::run_stats`] from another thread.
+    pub fn run_probe(&self) -> RunProbe {
+        RunProbe(Arc::clone(&self.shared))
+    }
+}
+
+impl Shared {
+    fn run_stats(&self) -> RunStats {
+        let (slot, exits) = (&self.slot, &self.exits);
         RunStats {
             sleeps: slot.sleeps(),
             slept: slot.slept(),
-            longest_out_of_run: Duration::from_nanos(
-                self.shared.longest_out_ns.load(Ordering::Relaxed),
-            ),
+            longest_out_of_run: Duration::from_nanos(self.longest_out_ns.load(Ordering::Relaxed)),
             kvm_run_returns: exits.all.load(Ordering::Relaxed),
             ring_full_exits: exits.ring_full.load(Ordering::Relaxed),
             interrupted: exits.interrupted.load(Ordering::Relaxed),
+            in_run: Duration::from_nanos(self.in_run_ns.load(Ordering::Relaxed)),
+            kvm: self
+                .kvm_stats
+                .as_ref()
+                .and_then(|k| k.read().ok())
+                .unwrap_or_default(),
         }
     }
 }
@@ -333,8 +378,12 @@ fn run_until_asked(s: &Shared) -> Result<Stop, String> {
             s.longest_out_ns
                 .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
+        let entered = Instant::now();
         let ran = fd.run();
-        out_since = Some(Instant::now());
+        let left = Instant::now();
+        s.in_run_ns
+            .fetch_add((left - entered).as_nanos() as u64, Ordering::Relaxed);
+        out_since = Some(left);
         s.exits.all.fetch_add(1, Ordering::Relaxed);
         match ran {
             Ok(VcpuExit::Unsupported(EXIT_DIRTY_RING_FULL)) => {

@@ -1017,6 +1017,11 @@ impl MiniVm {
     pub fn run_stats(&self) -> Vec<crate::vcpu::RunStats> {
         self.vcpus.iter().map(|v| v.run_stats()).collect()
     }
+
+    /// Handles that sample each vCPU's run statistics from another thread.
+    pub fn run_probes(&self) -> Vec<crate::vcpu::RunProbe> {
+        self.vcpus.iter().map(|v| v.run_probe()).collect()
+    }
 }
 
 impl TimeThrottle for MiniVm {

@@ -76,7 +76,9 @@ pub struct DemoArgs {
     #[arg(long, hide = true)]
     no_output_gate: bool,
     /// Keep the demo's files (disk, consoles, and each end's whole summary
-    /// as source.json and destination.json: rounds, throttle, vCPU shares)
+    /// as source.json and destination.json: rounds, throttle, vCPU shares;
+    /// and the source's vCPU trace, source-vcpus.jsonl, as `minivmm
+    /// migrate --vcpu-trace` writes it)
     /// here instead of a fresh temporary directory that is removed
     /// afterwards.
     #[arg(long)]
@@ -197,6 +199,11 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         src_args.extend(["--converge".into(), c.clone()]);
     }
     src_args.extend(["--dirty-log".into(), a.dirty_log.clone()]);
+    if let Some(kept) = &a.dir {
+        // Kept runs keep where the source's vCPUs spent their time.
+        let trace = kept.join("source-vcpus.jsonl");
+        src_args.extend(["--vcpu-trace".into(), trace.display().to_string()]);
+    }
     src_args.extend(tls);
     src_args.extend(a.guest.to_args());
     let mut src = Reaped(

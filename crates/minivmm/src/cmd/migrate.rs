@@ -79,6 +79,11 @@ pub struct MigrateArgs {
     /// appended) instead of stdout.
     #[arg(long)]
     console: Option<PathBuf>,
+    /// Sample each vCPU's run statistics (time in KVM_RUN, throttle
+    /// sleeps, KVM's own counters) every 100 ms while the guest is moved,
+    /// as JSON lines in this file.
+    #[arg(long)]
+    vcpu_trace: Option<PathBuf>,
     /// End with the summary as one JSON line on stdout.
     #[arg(long)]
     json: bool,
@@ -158,10 +163,15 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
     std::thread::sleep(Duration::from_millis(a.run_before_ms));
     vm.check_health().map_err(|e| e.to_string())?;
 
+    let trace = match &a.vcpu_trace {
+        Some(path) => Some(super::vcpu_trace::VcpuTrace::start(path, vm.run_probes())?),
+        None => None,
+    };
     let outcome = match &a.local {
         Some(path) => local(&mut vm, path),
         None => over_the_network(&mut vm, &*dialer, &opts),
     };
+    drop(trace);
     let moved = outcome.status == "completed";
     if moved && a.local.is_some() {
         // The new process is the fill backend's client now.

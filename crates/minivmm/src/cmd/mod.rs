@@ -9,6 +9,7 @@ mod migrate;
 mod probe;
 mod receive;
 mod run;
+mod vcpu_trace;
 
 use clap::{Args, Parser, Subcommand};
 use ferry_engine::vmm::Backing;
@@ -322,6 +323,9 @@ fn vm_report(vm: &minivmm::MiniVm) -> Result<serde_json::Value, String> {
             "kvm_run_returns": r.kvm_run_returns,
             "ring_full_exits": r.ring_full_exits,
             "interrupted": r.interrupted,
+            "in_run_ms": r.in_run.as_secs_f64() * 1e3,
+            // KVM's own counters, those it counted at all.
+            "kvm": r.kvm.iter().filter(|(_, &v)| v != 0).collect::<std::collections::BTreeMap<_, _>>(),
         })).collect::<Vec<_>>(),
     }))
 }
