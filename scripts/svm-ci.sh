@@ -36,7 +36,7 @@ failed=0
 step() {
     local name=$1 check=$2
     shift 2
-    local out status try
+    local out status try began=$(date +%s)
     for try in 1 2; do
         # Each step takes 1-3 minutes; 400 s bounds a hang, so that the
         # whole test command stays well inside CI's time even then.
@@ -55,10 +55,10 @@ step() {
     failure:*) ran_as_wanted=1 ;;
     esac
     if [ "$ran_as_wanted" -eq 1 ] && echo "$out" | grep -Eq "$check"; then
-        echo "svm-ci: $name: ok"
+        echo "svm-ci: $name: ok ($(($(date +%s) - began)) s)"
         passed=$((passed + 1))
     else
-        echo "svm-ci: $name: FAILED (exit $status)"
+        echo "svm-ci: $name: FAILED (exit $status, $(($(date +%s) - began)) s)"
         echo "$out" | tail -30
         failed=$((failed + 1))
     fi
@@ -71,12 +71,21 @@ expect_failure() { expect=failure step "$@"; }
 test_bin() { # the newest test binary named $1
     ls -t target/debug/deps/"$1"-* 2>/dev/null | grep -v '\.d$' | head -1
 }
-test_exe() { # package $1's test target $2, as cargo test built it
-    cargo test -q --no-run --message-format=json -p "$1" --test "$2" 2>/dev/null |
-        python3 -c 'import json, sys
+# Every test executable of the workspace, as `cargo test --workspace` built
+# it: asked once, with the same package selection, so that nothing is built
+# again (a single package's features differ from the workspace's, and cargo
+# rebuilt a chain of crates for each `-p` it was asked).
+executables=$(cargo test -q --workspace --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json, sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("executable") and m["target"]["name"] == sys.argv[1]: print(m["executable"])' "$2" | tail -1
+    if m.get("executable") and "test" in m["target"]["kind"]:
+        # path+file:///work/main/crates/ferry#0.1.0, or ...#name@0.1.0
+        where, _, version = m["package_id"].partition("#")
+        name = version.split("@")[0] if "@" in version else where.rstrip("/").split("/")[-1]
+        print(name, m["target"]["name"], m["executable"])')
+test_exe() { # package $1's test target $2, as cargo test built it
+    echo "$executables" | awk -v p="$1" -v t="$2" '$1 == p && $2 == t { print $3 }' | tail -1
 }
 
 started=$(date +%s)

@@ -6,6 +6,13 @@ mod cmd;
 use clap::Parser;
 
 fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MINIVMM_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let cli = cmd::Cli::parse();
     if let Err(e) = cmd::run(cli) {
         eprintln!("minivmm: {e}");
