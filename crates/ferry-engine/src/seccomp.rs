@@ -141,19 +141,43 @@ const NETWORK: &[Syscall] = &[
     sys!(SYS_socket, "dialling a connection"),
     sys!(SYS_connect, "dialling a connection"),
     sys!(SYS_accept4, "taking a connection"),
-    sys!(SYS_bind, "ferry_engine::listen, where the engine makes the listener"),
-    sys!(SYS_listen, "ferry_engine::listen, where the engine makes the listener"),
+    sys!(
+        SYS_bind,
+        "ferry_engine::listen, where the engine makes the listener"
+    ),
+    sys!(
+        SYS_listen,
+        "ferry_engine::listen, where the engine makes the listener"
+    ),
     sys!(SYS_setsockopt, "TCP_NODELAY, timeouts, buffer sizes"),
     sys!(SYS_getsockopt, "SO_ERROR after a connect"),
     sys!(SYS_getsockname, "the local address, for the summary"),
-    sys!(SYS_getpeername, "the peer's address, for errors and the summary"),
+    sys!(
+        SYS_getpeername,
+        "the peer's address, for errors and the summary"
+    ),
     sys!(SYS_sendto, "sending frames"),
     sys!(SYS_recvfrom, "receiving frames"),
-    sys!(SYS_poll, "waiting for a connection, a frame, or a userfaultfd event with a timeout"),
-    sys!(SYS_shutdown, "closing a connection both ways at the end or on failure"),
-    sys!(SYS_ioctl, "FIONBIO (non-blocking accept), TIOCOUTQ (what the kernel has not sent yet); userfaultfd: UFFDIO_API, UFFDIO_REGISTER, UFFDIO_UNREGISTER, UFFDIO_COPY, UFFDIO_CONTINUE"),
-    sys!(SYS_userfaultfd, "a userfaultfd where /dev/userfaultfd is absent"),
-    sys!(SYS_getpid, "checking a userfaultfd's owner (userfaultfd crate)"),
+    sys!(
+        SYS_poll,
+        "waiting for a connection, a frame, or a userfaultfd event with a timeout"
+    ),
+    sys!(
+        SYS_shutdown,
+        "closing a connection both ways at the end or on failure"
+    ),
+    sys!(
+        SYS_ioctl,
+        "only the requests `ioctls` lists: FIONBIO, TIOCOUTQ and userfaultfd's"
+    ),
+    sys!(
+        SYS_userfaultfd,
+        "a userfaultfd where /dev/userfaultfd is absent"
+    ),
+    sys!(
+        SYS_getpid,
+        "checking a userfaultfd's owner (userfaultfd crate)"
+    ),
 ];
 
 /// Same-host: one UNIX socket, the memory's fds over it.
@@ -164,6 +188,7 @@ const LOCAL: &[Syscall] = &[
     sys!(SYS_bind, "listen_local"),
     sys!(SYS_listen, "listen_local"),
     sys!(SYS_unlink, "listen_local removes a stale socket file"),
+    sys!(SYS_statx, "listen_local: whether a stale socket file is there"),
     sys!(SYS_setsockopt, "read and write timeouts"),
     sys!(SYS_sendmsg, "messages, with the fds as SCM_RIGHTS"),
     sys!(SYS_recvmsg, "messages, with the fds as SCM_RIGHTS"),
@@ -195,6 +220,47 @@ pub fn syscalls(kind: MigrationKind) -> Vec<Syscall> {
         }
     }
     all.sort_by_key(|s| s.name);
+    all
+}
+
+/// One ioctl request the engine makes: a value `ioctl`'s second argument
+/// may take under a filter (Firecracker filters each thread's ioctls by
+/// request the same way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ioctl {
+    /// Its name, as the kernel's headers spell it.
+    pub name: &'static str,
+    /// Its request number.
+    pub request: u64,
+    /// What the engine makes it for.
+    pub why: &'static str,
+}
+
+/// The ioctl requests a migration of `kind` makes, in name order: the
+/// network's two socket requests and userfaultfd's (a destination pages
+/// in through userfaultfd in every network mode: precopy places its pages
+/// with it where the VM asks). A same-host upgrade makes none.
+pub fn ioctls(kind: MigrationKind) -> Vec<Ioctl> {
+    if kind == MigrationKind::Local {
+        return Vec::new();
+    }
+    let socket = [
+        Ioctl {
+            name: "FIONBIO",
+            request: libc::FIONBIO,
+            why: "a non-blocking accept, so that a wait for a connection has a deadline",
+        },
+        Ioctl {
+            name: "TIOCOUTQ",
+            request: libc::TIOCOUTQ,
+            why: "what the kernel has not yet sent on a connection",
+        },
+    ];
+    let uffd = ferry_vm::uffd::IOCTL_REQUESTS
+        .iter()
+        .map(|&(name, request, why)| Ioctl { name, request, why });
+    let mut all: Vec<Ioctl> = socket.into_iter().chain(uffd).collect();
+    all.sort_by_key(|i| i.name);
     all
 }
 

@@ -2,12 +2,14 @@
 //! postcopy, same-host, TLS) runs with every thread of a child process
 //! under a seccomp filter built from [`ferry_engine::seccomp`] with
 //! rust-vmm's `seccompiler`, and any other syscall kills the child
-//! (`SIGSYS`). The filter goes on after both VMs are built and before the
-//! migration starts, with TSYNC, so the engine's threads (spawned later)
-//! inherit it, and so do the test VM's own threads.
+//! (`SIGSYS`). `ioctl` is allowed only with the requests
+//! [`ferry_engine::seccomp::ioctls`] lists. The filter goes on after the
+//! source VM is built and before the engine makes its listener, with
+//! TSYNC, so the engine's threads (spawned later) inherit it, and so do
+//! the test VM's own threads.
 //!
-//! A second test takes one syscall the engine needs off the list and sees
-//! the child killed: the filter is live, not a formality.
+//! Other tests take one syscall or ioctl request the engine needs off the
+//! list and see the child killed: the filter is live, not a formality.
 //!
 //! The child is this test binary run again with `FERRY_SECCOMP_MODE` set,
 //! so that a kill fails one test cleanly instead of the whole run.
@@ -23,7 +25,10 @@ use ferry_engine::{
     await_migration, listen, migrate, receive, Dial, Listen, Mode, NoProgress, TcpDialer,
 };
 use ferry_vm::{Backing, GuestRam, Vm};
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule,
+};
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
@@ -65,12 +70,24 @@ fn kind_of(name: &str) -> MigrationKind {
 }
 
 /// The filter: the engine's list for `kind` and the test VMM's, less
-/// `drop`; anything else kills the process.
+/// `drop` (a syscall's or an ioctl request's name); `ioctl` only with the
+/// requests listed; anything else kills the process.
 fn filter(kind: MigrationKind, drop: Option<&str>) -> BpfProgram {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for s in seccomp::syscalls(kind) {
         if Some(s.name) != drop {
             rules.insert(s.number, vec![]);
+        }
+    }
+    if let Some(ioctl) = rules.get_mut(&libc::SYS_ioctl) {
+        for i in seccomp::ioctls(kind) {
+            if Some(i.name) == drop {
+                continue;
+            }
+            let request =
+                SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, i.request)
+                    .expect("a condition");
+            ioctl.push(SeccompRule::new(vec![request]).expect("a rule"));
         }
     }
     for &nr in TEST_VMM_SYSCALLS {
@@ -144,16 +161,38 @@ fn a_tls_migration_runs_under_the_documented_filter() {
     assert_migrates_under_the_filter("tls");
 }
 
-#[test]
-fn a_filter_missing_one_listed_syscall_kills_the_migration() {
-    // `connect`: only the engine's dialer makes it, once the filter is on.
-    let (status, text) = run_child("precopy", Some("connect"));
+/// Runs the child for `kind` with `drop` off the list: it must die of
+/// SIGSYS, so the filter is live where `drop` is made.
+fn assert_killed_without(kind: &str, drop: &str) {
+    let (status, text) = run_child(kind, Some(drop));
     assert_eq!(
         status.signal(),
         Some(libc::SIGSYS),
-        "the child should die of SIGSYS: {status:?}\n{text}"
+        "without {drop}, the {kind} child should die of SIGSYS: {status:?}\n{text}"
     );
     assert!(!text.contains(PASSED), "{text}");
+}
+
+#[test]
+fn a_filter_missing_one_listed_syscall_kills_the_migration() {
+    // `connect`: only the engine's dialer makes it, once the filter is on.
+    assert_killed_without("precopy", "connect");
+}
+
+#[test]
+fn the_listeners_are_made_under_the_filter() {
+    // The filter goes on before `listen` and `listen_local`: what they
+    // need is proven, not only listed.
+    assert_killed_without("precopy", "listen");
+    assert_killed_without("local", "bind");
+}
+
+#[test]
+fn an_ioctl_request_not_listed_kills_the_migration() {
+    // `ioctl` stays allowed, but not with FIONBIO (the destination's
+    // non-blocking accept): the filter checks the request, not only the
+    // syscall.
+    assert_killed_without("precopy", "FIONBIO");
 }
 
 #[test]
@@ -167,6 +206,10 @@ fn docs_embedding_lists_every_thread_and_syscall() {
     for kind in MigrationKind::ALL {
         for s in seccomp::syscalls(kind) {
             let row = format!("| `{}` | {} |", s.name, s.why);
+            assert!(section.contains(&row), "docs/embedding.md lacks: {row}");
+        }
+        for i in seccomp::ioctls(kind) {
+            let row = format!("| `{}` | `{:#x}` | {} |", i.name, i.request, i.why);
             assert!(section.contains(&row), "docs/embedding.md lacks: {row}");
         }
     }
@@ -217,15 +260,6 @@ fn network_child(kind: MigrationKind, filter_on: impl FnOnce()) {
         let _ = std::fs::remove_dir_all(&dir);
         c
     });
-    let tcp = listen("127.0.0.1:0").unwrap();
-    let addr = tcp.local_addr().unwrap().to_string();
-    let (listener, dialer): (Box<dyn Listen + Send>, Box<dyn Dial>) = match &certs {
-        Some(c) => (
-            Box::new(c.listener(tcp)),
-            Box::new(c.dialer(&addr).unwrap()),
-        ),
-        None => (Box::new(tcp), Box::new(TcpDialer(addr))),
-    };
     let mut src = common::running_source();
     let opts = {
         let mut o = probed();
@@ -237,7 +271,18 @@ fn network_child(kind: MigrationKind, filter_on: impl FnOnce()) {
         o.connections = 2;
         o
     };
+    // Before the listener: `listen` is the engine's, and its syscalls are
+    // on the list.
     filter_on();
+    let tcp = listen("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap().to_string();
+    let (listener, dialer): (Box<dyn Listen + Send>, Box<dyn Dial>) = match &certs {
+        Some(c) => (
+            Box::new(c.listener(tcp)),
+            Box::new(c.dialer(&addr).unwrap()),
+        ),
+        None => (Box::new(tcp), Box::new(TcpDialer(addr))),
+    };
     let dest = std::thread::spawn(move || {
         let incoming = await_migration(&*listener, None)?;
         let mut create = create_test_vm;
@@ -252,7 +297,6 @@ fn network_child(kind: MigrationKind, filter_on: impl FnOnce()) {
 
 fn local_child(filter_on: impl FnOnce()) {
     let path = std::env::temp_dir().join(format!("ferry-seccomp-{}.sock", std::process::id()));
-    let listener = listen_local(&path).unwrap();
     let opts = {
         let mut o = LocalOptions::default();
         o.probe = Some(Arc::new(TestProbe));
@@ -265,7 +309,9 @@ fn local_child(filter_on: impl FnOnce()) {
     .unwrap();
     src.start().unwrap();
     common::wait_for_passes(&src, 1);
+    // Before the listener: `listen_local` is the engine's.
     filter_on();
+    let listener = listen_local(&path).unwrap();
     let dest_opts = opts.clone();
     let dest = std::thread::spawn(move || {
         let incoming = await_local(&listener, &dest_opts)?;

@@ -52,6 +52,42 @@ use std::os::fd::OwnedFd;
 
 pub use faults::{Fault, FaultMode};
 
+/// The ioctl requests this module makes, by name: what a seccomp filter
+/// must let `ioctl`'s second argument be (`ferry_engine::seccomp::ioctls`).
+pub const IOCTL_REQUESTS: &[(&str, u64, &str)] = &[
+    (
+        "USERFAULTFD_IOC_NEW",
+        USERFAULTFD_IOC_NEW,
+        "a userfaultfd from /dev/userfaultfd",
+    ),
+    ("UFFDIO_API", UFFDIO_API, "the userfaultfd's features"),
+    (
+        "UFFDIO_REGISTER",
+        UFFDIO_REGISTER,
+        "registering guest RAM for its missing or minor faults",
+    ),
+    (
+        "UFFDIO_UNREGISTER",
+        UFFDIO_UNREGISTER,
+        "once all pages are in, or on failure",
+    ),
+    (
+        "UFFDIO_COPY",
+        UFFDIO_COPY,
+        "placing a page into anonymous RAM",
+    ),
+    (
+        "UFFDIO_CONTINUE",
+        UFFDIO_CONTINUE,
+        "mapping a page already written into a memfd's or hugetlb file's page cache",
+    ),
+    (
+        "UFFDIO_WAKE",
+        UFFDIO_WAKE,
+        "waking a device's threads once the pages they fault on are in",
+    ),
+];
+
 /// Frames in a 2 MiB huge page.
 const HUGE_PAGES: u64 = 512;
 
