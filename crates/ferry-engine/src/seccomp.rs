@@ -188,7 +188,10 @@ const LOCAL: &[Syscall] = &[
     sys!(SYS_bind, "listen_local"),
     sys!(SYS_listen, "listen_local"),
     sys!(SYS_unlink, "listen_local removes a stale socket file"),
-    sys!(SYS_statx, "listen_local: whether a stale socket file is there"),
+    sys!(
+        SYS_statx,
+        "listen_local: whether a stale socket file is there"
+    ),
     sys!(SYS_setsockopt, "read and write timeouts"),
     sys!(SYS_sendmsg, "messages, with the fds as SCM_RIGHTS"),
     sys!(SYS_recvmsg, "messages, with the fds as SCM_RIGHTS"),

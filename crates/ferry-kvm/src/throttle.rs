@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use ferry_vm::dirty_limit::DirtyLimiter;
 use ferry_vm::{
-    throttle_sleep, Quota, MAX_THROTTLE_PERCENT, PAGE_SIZE, QUOTA_INTERVAL,
+    throttle_sleep, Quota, MAX_THROTTLE_PERCENT, PAGE_SIZE, QUOTA_INTERVAL, QUOTA_LONGEST_SLEEPS,
     THROTTLE_SLICE as TIMESLICE,
 };
 
@@ -144,6 +144,8 @@ struct Knobs {
     quota_on: AtomicBool,
     /// The quota's interval in nanoseconds.
     quota_interval_ns: AtomicU64,
+    /// The longest sleep the quota may hold a vCPU to, in nanoseconds.
+    quota_longest_ns: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -164,6 +166,7 @@ impl Throttler {
             quota: vcpus.iter().map(|_| AtomicU64::new(NO_QUOTA)).collect(),
             quota_on: AtomicBool::new(false),
             quota_interval_ns: AtomicU64::new(QUOTA_INTERVAL.as_nanos() as u64),
+            quota_longest_ns: AtomicU64::new(SHORTEST_HOLD.as_nanos() as u64),
             stop: AtomicBool::new(false),
         });
         let k = Arc::clone(&knobs);
@@ -178,7 +181,12 @@ impl Throttler {
                     limit_was_on &= k.limit.is_on() && !k.quota_on.load(Ordering::Acquire);
                     if k.quota_on.load(Ordering::Acquire) {
                         let interval = k.quota_interval_ns.load(Ordering::Relaxed);
-                        meter.tick(&vcpus, &k.quota, Duration::from_nanos(interval));
+                        let longest = k.quota_longest_ns.load(Ordering::Relaxed);
+                        let times = QuotaTimes {
+                            interval: Duration::from_nanos(interval),
+                            longest_sleep: Duration::from_nanos(longest),
+                        };
+                        meter.tick(&vcpus, &k.quota, times);
                         std::thread::sleep(QUOTA_TICK);
                     } else if k.limit.is_on() {
                         if !limit_was_on {
@@ -240,6 +248,9 @@ impl Throttler {
             self.knobs
                 .quota_interval_ns
                 .store(q.interval.as_nanos() as u64, Ordering::Relaxed);
+            self.knobs
+                .quota_longest_ns
+                .store(q.longest_sleep.as_nanos() as u64, Ordering::Relaxed);
         }
         for (i, slot) in self.knobs.quota.iter().enumerate() {
             let bytes = quota.map_or(NO_QUOTA, |q| q.of(i).min(NO_QUOTA - 1));
@@ -314,14 +325,17 @@ fn limit_tick(vcpus: &[Arc<dyn Throttled>], limit: &DirtyLimiter, seen: &mut [u6
 /// **The hold.** A sleep is at most the vCPU's hold, which starts at
 /// [`SHORTEST_HOLD`]. A writer that dirties more in its slice than a
 /// sleep of its hold repays (its debt was capped, the rest forgiven) has
-/// its hold doubled, up to [`LONGEST_HOLD`]; one that ran a slice within
-/// its budget has it halved. So the hold settles where slice and sleep
-/// give the vCPU its quota, as far as [`LONGEST_HOLD`] allows: a 10 ms
-/// slice between sleeps of 200 ms leaves a writer a twentieth of its
-/// speed. A fixed 50 ms cap could not hold one under a sixth: inside the
-/// SVM host, a Linux guest's checker then dirtied 12 MiB/s against an
-/// 8 MiB/s link for 30 rounds, and precopy ended at the round cap after
-/// 473 s (2026-12-02, docs/svm-host.md, "The quota's hold").
+/// its hold doubled, up to the quota's `longest_sleep`; one that ran a
+/// slice within its budget has it halved. So the hold settles where slice
+/// and sleep give the vCPU its quota, as far as the quota allows: a 10 ms
+/// slice between sleeps of 200 ms (the most [`QUOTA_LONGEST_SLEEPS`]
+/// allows) leaves a writer a twentieth of its speed. The policy raises a
+/// quota's longest sleep only while rounds show the guest outrunning the
+/// link (`ferry_engine::converge::quota`): a fixed 50 ms cap could not hold
+/// a writer under a sixth of its speed (inside the SVM host a Linux guest's
+/// checker then dirtied 12 MiB/s against an 8 MiB/s link for 30 rounds),
+/// and an idle guest that only brushes a small quota should not sleep
+/// longer for it.
 struct QuotaMeter {
     last: Option<Instant>,
     /// Where the intervals' boundaries are counted from: when the quota
@@ -340,20 +354,10 @@ struct QuotaMeter {
     outran_hold: Vec<bool>,
 }
 
-/// The shortest hold, where every vCPU starts: half the default quota
-/// interval. Inside the SVM host, on the writing cell of `minivmm bench
-/// qemu`, a Linux guest's own clock readings stopped for longer the longer
-/// the sleeps: one run each with every sleep at most 100, 50, 30 and 20 ms
-/// (2026-12-02, docs/svm-host.md) saw 1.4-5.3 s, 0.56 s, 0.70 s and 0.64 s
-/// around the move.
-const SHORTEST_HOLD: Duration = Duration::from_millis(50);
-
-/// The longest hold. The same writing cell, one run each in one session:
-/// holds of up to 200 ms converged in 38.0 s and the guest saw 1,810 ms
-/// at the move; up to 1 s, 34.0 s and 4,498 ms (its clock readings
-/// stopped for up to 7.2 s). Longer sleeps cost the guest more than they
-/// save the migration.
-const LONGEST_HOLD: Duration = Duration::from_millis(200);
+/// The shortest hold, where every vCPU starts. Inside the SVM host, on
+/// the writing cell of `minivmm bench qemu`, a Linux guest's own clock
+/// readings stopped for longer the longer the sleeps (docs/svm-host.md).
+const SHORTEST_HOLD: Duration = *QUOTA_LONGEST_SLEEPS.start();
 
 /// The least a vCPU runs after a quota sleep before the next: QEMU's
 /// time-throttle slice, time for a guest's task to get work done.
@@ -422,7 +426,8 @@ impl QuotaMeter {
         }
     }
 
-    fn tick(&mut self, vcpus: &[Arc<dyn Throttled>], quotas: &[AtomicU64], interval: Duration) {
+    fn tick(&mut self, vcpus: &[Arc<dyn Throttled>], quotas: &[AtomicU64], times: QuotaTimes) {
+        let interval = times.interval;
         let now = Instant::now();
         let share = match self.last {
             Some(t) => (now - t).as_secs_f64() / interval.as_secs_f64(),
@@ -452,7 +457,7 @@ impl QuotaMeter {
                 share,
                 spent,
                 quota,
-                interval,
+                times,
             };
             if let Some(sleep) = self.charge(i, charge, v.is_running()) {
                 v.slot().leave(sleep);
@@ -465,8 +470,9 @@ impl QuotaMeter {
     fn charge(&mut self, i: usize, c: Charge, running: bool) -> Option<Duration> {
         let quota = c.quota as f64;
         let earned = quota * c.share;
-        let hold = self.hold[i];
-        let most_owed = quota * hold.as_secs_f64() / c.interval.as_secs_f64();
+        let (interval, longest) = (c.times.interval, c.times.longest_sleep);
+        let hold = self.hold[i].min(longest);
+        let most_owed = quota * hold.as_secs_f64() / interval.as_secs_f64();
         let budget = (self.budget[i] + earned).min(quota) - c.spent as f64;
         self.outran_hold[i] |= budget < -most_owed;
         self.budget[i] = budget.max(-most_owed);
@@ -482,10 +488,10 @@ impl QuotaMeter {
         if std::mem::take(&mut self.outran_hold[i]) {
             // This sleep cannot repay what the slice dirtied: the next
             // may be longer.
-            self.hold[i] = (hold * 2).min(LONGEST_HOLD);
+            self.hold[i] = (hold * 2).min(longest);
         }
-        let owed = Duration::from_secs_f64(-self.budget[i] / quota * c.interval.as_secs_f64());
-        let wake = wake_at(self.epoch, c.interval, c.now, owed, hold);
+        let owed = Duration::from_secs_f64(-self.budget[i] / quota * interval.as_secs_f64());
+        let wake = wake_at(self.epoch, interval, c.now, owed, hold);
         self.asleep_until[i] = wake;
         Some(wake - c.now)
     }
@@ -500,7 +506,14 @@ struct Charge {
     spent: u64,
     /// Its quota, bytes per interval.
     quota: u64,
+    times: QuotaTimes,
+}
+
+/// The quota's interval, and the longest sleep it may hold a vCPU to.
+#[derive(Clone, Copy)]
+struct QuotaTimes {
     interval: Duration,
+    longest_sleep: Duration,
 }
 
 impl Drop for Throttler {
@@ -568,10 +581,23 @@ mod tests {
         );
     }
 
+    /// The longest sleep a quota may ask for.
+    const LONGEST_HOLD: Duration = *QUOTA_LONGEST_SLEEPS.end();
+
     /// Runs a meter for one vCPU that dirties `per_tick` bytes each 5 ms
-    /// tick it runs (none while asleep) for `ticks` ticks; the sleeps it was
-    /// sent to, and the ticks it ran.
+    /// tick it runs (none while asleep) for `ticks` ticks, under a quota
+    /// whose longest sleep is [`LONGEST_HOLD`]; the sleeps it was sent to,
+    /// and the ticks it ran.
     fn meter_run(per_tick: impl Fn(u32) -> u64, ticks: u32) -> (Vec<Duration>, u32) {
+        meter_run_held(per_tick, ticks, LONGEST_HOLD)
+    }
+
+    /// [`meter_run`] under a quota whose longest sleep is `longest`.
+    fn meter_run_held(
+        per_tick: impl Fn(u32) -> u64,
+        ticks: u32,
+        longest: Duration,
+    ) -> (Vec<Duration>, u32) {
         let mut m = QuotaMeter::new(1);
         let epoch = m.epoch;
         let (mut sleeps, mut ran) = (Vec::new(), 0);
@@ -586,7 +612,10 @@ mod tests {
                 share: QUOTA_TICK.as_secs_f64() / QUOTA_INTERVAL.as_secs_f64(),
                 spent,
                 quota: 16 * PAGE_SIZE as u64,
-                interval: QUOTA_INTERVAL,
+                times: QuotaTimes {
+                    interval: QUOTA_INTERVAL,
+                    longest_sleep: longest,
+                },
             };
             if let Some(s) = m.charge(0, c, running) {
                 sleeps.push(s);
@@ -630,6 +659,15 @@ mod tests {
         let (sleeps, ran) = meter_run(|_| 100 * PAGE_SIZE as u64, ticks);
         assert!(sleeps.iter().all(|s| *s <= LONGEST_HOLD), "{sleeps:?}");
         assert!(ran < ticks / 10, "{ran} of {ticks} ticks awake");
+    }
+
+    #[test]
+    fn a_quota_that_keeps_the_shortest_hold_never_holds_longer() {
+        // What a quota asks until its policy sees rounds outrun the link:
+        // a writer far past it still sleeps at most 50 ms at a time.
+        let (sleeps, ran) = meter_run_held(|_| 100 * PAGE_SIZE as u64, 4000, SHORTEST_HOLD);
+        assert!(sleeps.iter().all(|s| *s <= SHORTEST_HOLD), "{sleeps:?}");
+        assert!(ran > 4000 / 10, "{ran} of 4000 ticks awake");
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use capability::{
     throttle_sleep, DirtyLog, DirtyLogMethod, DirtyMeter, FaultExits, FetchError, HarvestStats,
     MemoryFaults, OutputGate, Quota, TimeThrottle, VcpuState, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL,
-    QUOTA_INTERVALS, THROTTLE_SLICE,
+    QUOTA_INTERVALS, QUOTA_LONGEST_SLEEPS, THROTTLE_SLICE,
 };
 pub use device_faults::{DeviceRegion, DeviceUserfaultfd};
 pub use dirty_source::{DirtySource, DirtySourceError};

@@ -490,6 +490,10 @@ impl Converger {
                 .as_ref()
                 .map_or_else(Vec::new, |q| q.bytes.clone()),
             quota_interval_ms: self.quota.as_ref().map(|q| q.interval.as_secs_f64() * 1e3),
+            quota_longest_sleep_ms: self
+                .quota
+                .as_ref()
+                .map(|q| q.longest_sleep.as_secs_f64() * 1e3),
             limit_bytes_per_sec: self.limit,
         });
     }

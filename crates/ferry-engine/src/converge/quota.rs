@@ -41,7 +41,8 @@
 
 use super::share::LinkShare;
 use super::{Action, Policy, Sample};
-use ferry_vm::{Quota, PAGE_SIZE};
+use ferry_vm::{Quota, PAGE_SIZE, QUOTA_LONGEST_SLEEPS};
+use std::time::Duration;
 
 /// A vCPU below its equal share gets what it dirtied times this.
 const HEADROOM: f64 = 1.25;
@@ -176,7 +177,20 @@ impl QuotaPolicy {
         let secs = s.quota_interval.as_secs_f64();
         let bytes = rates.iter().map(|r| (r * secs) as u64).collect();
         self.last = rates;
-        Action::Quota(Some(Quota::new(bytes, s.quota_interval)))
+        let quota = Quota::new(bytes, s.quota_interval).with_longest_sleep(self.longest_sleep());
+        Action::Quota(Some(quota))
+    }
+
+    /// The longest sleep the quota may hold a vCPU to: the shortest
+    /// [`QUOTA_LONGEST_SLEEPS`] allows, doubled at each round that ended
+    /// with the guest still outrunning the link. A quota a vCPU's slices
+    /// outrun holds it no harder than a slice between two such sleeps
+    /// allows; so a writer that outruns the link round after round is held
+    /// harder each round, and a guest the quota engaged on for a burst (an
+    /// idle one, at its working set) keeps the short sleeps.
+    fn longest_sleep(&self) -> Duration {
+        let shortest = *QUOTA_LONGEST_SLEEPS.start();
+        shortest.saturating_mul(1 << self.share.halvings().min(8))
     }
 }
 
@@ -225,6 +239,40 @@ mod tests {
         // Converging: the share holds, the quota follows the link.
         assert_eq!(bytes(q.decide(&sample(4, 10, 100))), second);
         assert_eq!(q.engage(&sample(5, 10, 100)), None, "already on");
+    }
+
+    fn longest_sleep(a: Option<Action>) -> Duration {
+        match a {
+            Some(Action::Quota(Some(q))) => q.longest_sleep,
+            other => panic!("no quota: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_longest_sleep_doubles_with_each_round_that_outruns_the_link() {
+        let ms = Duration::from_millis;
+        let mut q = QuotaPolicy::default();
+        assert_eq!(
+            longest_sleep(q.decide(&sample(1, 60, 100))),
+            ms(50),
+            "engaged"
+        );
+        assert_eq!(
+            longest_sleep(q.decide(&sample(2, 60, 100))),
+            ms(100),
+            "outrun"
+        );
+        // A converging round leaves it; more outrun rounds take it to the
+        // most a quota may ask, and no further.
+        assert_eq!(longest_sleep(q.decide(&sample(3, 10, 100))), ms(100));
+        for round in 4..12 {
+            let held = longest_sleep(q.decide(&sample(round, 60, 100)));
+            assert!(held <= *QUOTA_LONGEST_SLEEPS.end(), "{held:?}");
+        }
+        assert_eq!(
+            longest_sleep(q.decide(&sample(12, 60, 100))),
+            *QUOTA_LONGEST_SLEEPS.end()
+        );
     }
 
     #[test]

@@ -113,6 +113,15 @@ impl LinkShare {
     }
 
     /// Engages at once (a stall): the budget, or `None` if already engaged.
+    /// How often the share has been halved since it engaged: the rounds
+    /// that ended with the guest still outrunning the link.
+    pub fn halvings(&self) -> u32 {
+        match self.share {
+            0 => 0,
+            share => (self.initial / share).ilog2(),
+        }
+    }
+
     pub fn engage(&mut self, s: &Sample) -> Option<f64> {
         if self.share != 0 {
             return None;

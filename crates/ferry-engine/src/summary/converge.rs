@@ -24,6 +24,9 @@ pub struct ThrottleStep {
     pub vcpu_quota_bytes: Vec<u64>,
     /// The quota's refill interval in milliseconds (`None`: no quota).
     pub quota_interval_ms: Option<f64>,
+    /// The longest single sleep the quota may hold a vCPU to, in
+    /// milliseconds (`None`: no quota).
+    pub quota_longest_sleep_ms: Option<f64>,
     /// Each vCPU's dirty-rate limit in bytes per second, under the
     /// dirty-limit policy (`None`: no limit).
     pub limit_bytes_per_sec: Option<u64>,
