@@ -98,8 +98,16 @@ pub struct DirtyRing {
     vm: Arc<VmFd>,
     slot_bases: Vec<Option<Gfn>>,
     pending: Arc<RingPages>,
-    /// Entries collected so far: the pages this vCPU dirtied (the per-vCPU
-    /// meter of the dirty quota).
+    /// Pages this ring was the first to report since the harvest before,
+    /// summed so far: the pages this vCPU dirtied that the migration must
+    /// send again (the per-vCPU meter of the dirty quota). Not its entries:
+    /// KVM pushes one for every write it makes to guest memory itself, and
+    /// it rewrites a vCPU's steal-time record at every entry into KVM_RUN
+    /// (and its kvmclock page at some), so a vCPU that enters KVM_RUN
+    /// often, or one a throttle wakes, reports the same page hundreds of
+    /// times a second. Inside the SVM host those entries engaged the quota
+    /// on an idle Linux guest whose full pass dirtied 737 pages in 12 s
+    /// (docs/svm-host.md, "The quota's hold").
     collected: AtomicU64,
 }
 
@@ -166,7 +174,7 @@ impl DirtyRing {
             .fetch
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut n = 0;
+        let (mut n, mut fresh) = (0, 0u64);
         loop {
             let idx = (*fetch % self.count) as usize;
             // SAFETY: idx < count, so the entry lies inside the mapping.
@@ -186,17 +194,20 @@ impl DirtyRing {
             };
             // Low 16 bits: slot id; high 16 bits: address space (always 0 here).
             if let Some(Some(base)) = self.slot_bases.get((slot & 0xffff) as usize) {
-                self.pending.pages.mark(Gfn(base.0 + offset));
+                if self.pending.pages.mark(Gfn(base.0 + offset)) {
+                    fresh += 1;
+                }
             }
             flags.store(GFN_RESET, Ordering::Release);
             *fetch = fetch.wrapping_add(1);
             n += 1;
         }
-        self.collected.fetch_add(u64::from(n), Ordering::Relaxed);
+        self.collected.fetch_add(fresh, Ordering::Relaxed);
         n
     }
 
-    /// Entries collected from this ring so far.
+    /// Pages this ring was the first to report since the harvest before,
+    /// summed so far (see the field: not its entries).
     pub fn collected(&self) -> u64 {
         self.collected.load(Ordering::Relaxed)
     }
