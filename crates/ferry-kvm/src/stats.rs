@@ -76,20 +76,31 @@ impl KvmStats {
     }
 
     /// Every cumulative counter's value now, by KVM's name (a histogram or
-    /// an instant value, such as `guest_mode`, is left out).
+    /// an instant value, such as `guest_mode`, is left out), in one read of
+    /// the span that holds them.
     pub fn read(&self) -> Result<BTreeMap<String, u64>, StatsError> {
-        let mut values = BTreeMap::new();
-        let mut buf = [0u8; 8];
-        for c in &self.counters {
-            self.file
-                .read_exact_at(&mut buf, c.at)
-                .map_err(|source| StatsError::Read {
-                    offset: c.at,
-                    source,
-                })?;
-            values.insert(c.name.clone(), u64::from_ne_bytes(buf));
-        }
-        Ok(values)
+        let (Some(first), Some(end)) = (
+            self.counters.iter().map(|c| c.at).min(),
+            self.counters.iter().map(|c| c.at + 8).max(),
+        ) else {
+            return Ok(BTreeMap::new());
+        };
+        let mut span = vec![0u8; (end - first) as usize];
+        self.file
+            .read_exact_at(&mut span, first)
+            .map_err(|source| StatsError::Read {
+                offset: first,
+                source,
+            })?;
+        let value = |at: u64| {
+            let i = (at - first) as usize;
+            u64::from_ne_bytes(span[i..i + 8].try_into().expect("8 bytes"))
+        };
+        Ok(self
+            .counters
+            .iter()
+            .map(|c| (c.name.clone(), value(c.at)))
+            .collect())
     }
 }
 
