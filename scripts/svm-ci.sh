@@ -68,9 +68,6 @@ step() {
 # saying CHECK: a failure ferry must report, never call a success.
 expect_failure() { expect=failure step "$@"; }
 
-test_bin() { # the newest test binary named $1
-    ls -t target/debug/deps/"$1"-* 2>/dev/null | grep -v '\.d$' | head -1
-}
 # Every test executable of the workspace, as `cargo test --workspace` built
 # it: asked once, with the same package selection, so that nothing is built
 # again (a single package's features differ from the workspace's, and cargo
@@ -94,13 +91,13 @@ started=$(date +%s)
 # move in its first session; docs/svm-host.md).
 control=$(bash scripts/svm-host.sh --timeout 400 --selfcheck --moves 2 --vcpus 2 --json 2>&1)
 echo "svm-ci: the host's control (QEMU, 2 moves; exit $?): $(echo "$control" | grep '^{' | tail -1)"
-step "the vCPU state round trip" 'test result: ok' "$(test_bin vcpu_state)"
-step "the memstress guest on KVM" 'test result: ok' "$(test_bin guest_runs)"
-step "KVM's three dirty logs" 'test result: ok' "$(test_bin dirty_source)"
+step "the vCPU state round trip" 'test result: ok' "$(test_exe ferry-kvm-memstress vcpu_state)"
+step "the memstress guest on KVM" 'test result: ok' "$(test_exe ferry-kvm-memstress guest_runs)"
+step "KVM's three dirty logs" 'test result: ok' "$(test_exe ferry-kvm dirty_source)"
 # Nested paging counts the walks of the guest's page tables as writes, so a
 # reader dirties pages there that it never does on kvm_pvm; the quota must
 # still leave it running.
-step "what a reader dirties" 'test result: ok' "$(test_bin reader_dirt)" --nocapture
+step "what a reader dirties" 'test result: ok' "$(test_exe ferry-kvm-memstress reader_dirt)" --nocapture
 step "the dirty quota spares a reader" 'test result: ok' \
     "$(test_exe ferry converge)" on_kvm_each_vcpus_dirty_ring_meters_the_quota
 # The conformance kit on both KVM VMMs: on SVM it found clocks (Hyper-V's
@@ -111,7 +108,7 @@ step "ferry demo, precopy, 2 vCPUs" '"digest_match":true' \
     "$ferry" demo --backend kvm --vcpus 2 --mem-per-vcpu 128M --json
 step "ferry demo, postcopy, 2 vCPUs" '"digest_match":true' \
     "$ferry" demo --backend kvm --vcpus 2 --mem-per-vcpu 128M --mode postcopy --json
-step "minivmm's Linux-guest arguments" 'test result: ok' "$(test_bin linux_guest)"
+step "minivmm's Linux-guest arguments" 'test result: ok' "$(test_exe minivmm linux_guest)"
 # A real operating system: Debian's kernel in minivmm, its checker as init,
 # moved by precopy; every check of the guest's own must pass (the demo
 # exits non-zero otherwise) and its summary must say so.

@@ -374,11 +374,11 @@ fn run_until_asked(s: &Shared) -> Result<Stop, String> {
         // A kick that came outside KVM_RUN (while an exit was served)
         // left its sleep here: take it now, not a period late.
         s.slot.take(running);
+        let entered = Instant::now();
         if let Some(t) = out_since {
             s.longest_out_ns
-                .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                .fetch_max((entered - t).as_nanos() as u64, Ordering::Relaxed);
         }
-        let entered = Instant::now();
         let ran = fd.run();
         let left = Instant::now();
         s.in_run_ns

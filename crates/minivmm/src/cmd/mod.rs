@@ -314,20 +314,25 @@ fn vm_report(vm: &minivmm::MiniVm) -> Result<serde_json::Value, String> {
         "disk_runs": disk_runs,
         "requests_in_flight_at_pause": vm.requests_in_flight_at_pause(),
         "notify_exits": vm.notify_exits(),
-        // What the throttle did to each vCPU: its sleeps and their sum,
-        // and the longest the vCPU was kept from running at a stretch.
-        "throttle_per_vcpu": vm.run_stats().iter().map(|r| serde_json::json!({
-            "sleeps": r.sleeps,
-            "slept_ms": r.slept.as_secs_f64() * 1e3,
-            "longest_out_of_run_ms": r.longest_out_of_run.as_secs_f64() * 1e3,
-            "kvm_run_returns": r.kvm_run_returns,
-            "ring_full_exits": r.ring_full_exits,
-            "interrupted": r.interrupted,
-            "in_run_ms": r.in_run.as_secs_f64() * 1e3,
-            // KVM's own counters, those it counted at all.
-            "kvm": r.kvm.iter().filter(|(_, &v)| v != 0).collect::<std::collections::BTreeMap<_, _>>(),
-        })).collect::<Vec<_>>(),
+        "throttle_per_vcpu": vm.run_stats().iter().map(run_stats_json).collect::<Vec<_>>(),
     }))
+}
+
+/// What the throttle and KVM_RUN did to one vCPU, as the summary and
+/// `--vcpu-trace` give it: its throttle sleeps and their sum, the longest
+/// it was kept from running at a stretch, its KVM_RUN returns, its time in
+/// KVM_RUN, and KVM's own counters (those it counted at all).
+fn run_stats_json(r: &minivmm::RunStats) -> serde_json::Value {
+    serde_json::json!({
+        "sleeps": r.sleeps,
+        "slept_ms": r.slept.as_secs_f64() * 1e3,
+        "longest_out_of_run_ms": r.longest_out_of_run.as_secs_f64() * 1e3,
+        "kvm_run_returns": r.kvm_run_returns,
+        "ring_full_exits": r.ring_full_exits,
+        "interrupted": r.interrupted,
+        "in_run_ms": r.in_run.as_secs_f64() * 1e3,
+        "kvm": r.kvm.iter().filter(|(_, &v)| v != 0).collect::<std::collections::BTreeMap<_, _>>(),
+    })
 }
 
 /// Adds the fields of `extra` to the object `j`.

@@ -7,6 +7,9 @@
 //!  "kvm_run_returns":..,"interrupted":..,"kvm":{"exits":..,"pf_fixed":..}}
 //! ```
 //!
+//! (the fields of the summary's `throttle_per_vcpu`; a KVM counter still
+//! at 0 is left out).
+//!
 //! What it is for: telling where a guest's time went when the guest's own
 //! clock readings stop (docs/svm-host.md), between the host's throttle
 //! (`slept_ms`), KVM_RUN (`in_run_ms`) and, inside KVM_RUN, KVM's work for
@@ -44,17 +47,9 @@ impl VcpuTrace {
                 while !stopping.load(Ordering::Acquire) {
                     let t_ms = start.elapsed().as_secs_f64() * 1e3;
                     for (i, p) in probes.iter().enumerate() {
-                        let r = p.run_stats();
-                        let line = serde_json::json!({
-                            "t_ms": t_ms,
-                            "vcpu": i,
-                            "in_run_ms": r.in_run.as_secs_f64() * 1e3,
-                            "slept_ms": r.slept.as_secs_f64() * 1e3,
-                            "sleeps": r.sleeps,
-                            "kvm_run_returns": r.kvm_run_returns,
-                            "interrupted": r.interrupted,
-                            "kvm": r.kvm,
-                        });
+                        let stats = super::run_stats_json(&p.run_stats());
+                        let at = serde_json::json!({"t_ms": t_ms, "vcpu": i});
+                        let line = super::merge(at, stats);
                         // A full disk ends the trace, not the migration.
                         if writeln!(out, "{line}").is_err() {
                             return;
