@@ -8,7 +8,7 @@
 //! over 8 bytes per page (2 MiB for a 1 GiB guest). The source hashes its
 //! actual, frozen memory, independent of dirty tracking, so a page the
 //! tracking missed shows up as a mismatch; it does so after the destination
-//! has resumed, on [`SOURCE_DIGEST_THREADS`] threads.
+//! has resumed, on [`source_digest_threads`] threads.
 
 use ferry_vm::{Gfn, GuestRam, RamError, PAGE_SIZE};
 use serde::Serialize;
@@ -26,8 +26,29 @@ pub struct MemoryDigest {
     pub value: u64,
 }
 
-/// Threads the source uses to hash its memory.
-pub const SOURCE_DIGEST_THREADS: usize = 2;
+/// The most threads the source hashes its memory on.
+pub const SOURCE_DIGEST_THREADS: usize = 8;
+
+/// Threads the source hashes its memory on: one per CPU it may run on
+/// (its affinity mask), up to [`SOURCE_DIGEST_THREADS`]. The guest's
+/// outputs are held until the digest's verdict, so the source, whose guest
+/// no longer runs, uses the CPUs it has; more threads than CPUs would only
+/// take CPU time from whatever else runs on them (on one host, the
+/// destination's guest). Only `sched_getaffinity`, which a seccomp filter
+/// allows ([`crate::seccomp`]).
+pub fn source_digest_threads() -> usize {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set, and the call writes
+    // at most its size.
+    let cpus = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        match libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) {
+            0 => libc::CPU_COUNT(&set) as usize,
+            _ => 2,
+        }
+    };
+    cpus.clamp(1, SOURCE_DIGEST_THREADS)
+}
+
 /// Pages read per `read_pages` call while hashing (1 MiB).
 const CHUNK_PAGES: usize = 256;
 
@@ -175,6 +196,26 @@ fn hash_range(ram: &GuestRam, first: usize, out: &mut [u64]) -> Result<(), RamEr
 mod tests {
     use super::*;
     use ferry_vm::{Backing, Gpa};
+
+    /// One thread per CPU the source may run on: pinned to one CPU, it
+    /// hashes on one thread.
+    #[test]
+    fn the_source_hashes_on_one_thread_per_cpu_it_may_use() {
+        let all = source_digest_threads();
+        assert!((1..=SOURCE_DIGEST_THREADS).contains(&all), "{all}");
+        let pinned = std::thread::spawn(|| {
+            // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU 0 is
+            // added, and the call reads at most its size.
+            let r = unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+            };
+            assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+            source_digest_threads()
+        });
+        assert_eq!(pinned.join().unwrap(), 1);
+    }
 
     #[test]
     fn zero_hash_is_hash_of_zero_page() {

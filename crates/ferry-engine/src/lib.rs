@@ -83,8 +83,8 @@ pub use precopy::{
 pub use progress::{Both, NoProgress, Phase, Progress};
 pub use session::device_cost;
 pub use summary::{
-    DeltaSummary, Escalation, EscalationKind, MigrationSummary, Outcome, ReceiveSummary, RoundKind,
-    RoundStats, ThrottleStep, VcpuShare,
+    DeltaSummary, Escalation, EscalationKind, MigrationSummary, Outcome, ReceiveSummary,
+    ResumeSteps, RoundKind, RoundStats, ThrottleStep, VcpuShare,
 };
 pub use transport::{
     accept, connect, listen, Dial, Listen, TcpDialer, TlsConfig, TlsError, TransportError,

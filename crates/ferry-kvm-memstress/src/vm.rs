@@ -466,8 +466,9 @@ impl capability::DirtyLog for KvmVm {
     }
 }
 
-impl capability::VcpuState for KvmVm {
-    fn save_vcpus(&mut self) -> Result<Vec<u8>, VmError> {
+impl KvmVm {
+    /// The paused vCPUs' state, and the VM's with them.
+    fn snapshot(&mut self) -> Result<Snapshot, VmError> {
         if self.running {
             return Err(VmError::NotPaused("save vCPU state"));
         }
@@ -478,7 +479,21 @@ impl capability::VcpuState for KvmVm {
             let fd = v.shared.lock_fd();
             vcpus.push(cpu_state::save_vcpu(index, &fd, &cx)?);
         }
-        Ok(Snapshot { vm, vcpus }.encode()?)
+        Ok(Snapshot { vm, vcpus })
+    }
+}
+
+impl capability::VcpuState for KvmVm {
+    fn save_vcpus(&mut self) -> Result<Vec<u8>, VmError> {
+        Ok(self.snapshot()?.encode()?)
+    }
+
+    fn saves_compact(&self) -> bool {
+        true
+    }
+
+    fn save_vcpus_compact(&mut self) -> Result<Vec<u8>, VmError> {
+        Ok(self.snapshot()?.encode_compact()?)
     }
 
     fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), VmError> {

@@ -183,8 +183,25 @@ pub trait VcpuState {
     fn save_vcpus(&mut self) -> Result<Vec<u8>, VmError>;
     /// Loads vCPU state saved by the same kind of VM, before the vCPUs
     /// first run; refuses what it cannot load
-    /// ([`VmError::BadVcpuState`]).
+    /// ([`VmError::BadVcpuState`]). A VM that [`saves_compact`] loads
+    /// both forms.
+    ///
+    /// [`saves_compact`]: VcpuState::saves_compact
     fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), VmError>;
+    /// Whether this VM also writes its state in a compact form, quicker
+    /// to write and to parse while the guest is paused, and loads it. The
+    /// engine asks for it only where the destination's VM says so too
+    /// (capability `compact-vcpu-state`); elsewhere it calls
+    /// [`save_vcpus`](VcpuState::save_vcpus), so an older destination
+    /// still loads what it is sent.
+    fn saves_compact(&self) -> bool {
+        false
+    }
+    /// The state in the compact form (see
+    /// [`saves_compact`](VcpuState::saves_compact)).
+    fn save_vcpus_compact(&mut self) -> Result<Vec<u8>, VmError> {
+        self.save_vcpus()
+    }
 }
 
 /// Postcopy with annotated memory-fault exits (the seed): a vCPU whose

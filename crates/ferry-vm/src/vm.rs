@@ -272,6 +272,22 @@ pub fn save_vcpu_state(vm: &mut dyn Vm) -> Result<Vec<u8>, VmError> {
     vm.vcpu_state().map_or(Ok(Vec::new()), |v| v.save_vcpus())
 }
 
+/// [`save_vcpu_state`] in the VM's compact form where `compact` (the
+/// destination's VM loads it) and the VM has one.
+pub fn save_vcpu_state_for(vm: &mut dyn Vm, compact: bool) -> Result<Vec<u8>, VmError> {
+    match vm.vcpu_state() {
+        Some(v) if compact && v.saves_compact() => v.save_vcpus_compact(),
+        Some(v) => v.save_vcpus(),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// Whether `vm` writes and loads a compact vCPU state
+/// ([`VcpuState::saves_compact`]).
+pub fn saves_compact_vcpu_state(vm: &mut dyn Vm) -> bool {
+    vm.vcpu_state().is_some_and(|v| v.saves_compact())
+}
+
 /// Loads vCPU state into `vm`, refusing state it has no [`VcpuState`] to
 /// take.
 pub fn restore_vcpu_state(vm: &mut dyn Vm, state: &[u8]) -> Result<(), VmError> {

@@ -704,6 +704,22 @@ impl MiniVm {
         self.devices.blks.iter().map(|b| lock(b).interrupts).sum()
     }
 
+    /// The paused vCPUs' state, and the VM's with them.
+    fn snapshot(&mut self) -> Result<Snapshot, VmError> {
+        if self.running {
+            return Err(VmError::NotPaused("save vCPU state"));
+        }
+        let chips = cpu_state::vm_level::save(&self.vm, self.chips())
+            .map_err(|e| Self::state_error(e.into()))?;
+        let cx = self.context();
+        let vcpus = (0..)
+            .zip(&self.vcpus)
+            .map(|(i, v)| cpu_state::save_vcpu(i, &v.fd(), &cx))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(Self::state_error)?;
+        Ok(Snapshot { vm: chips, vcpus })
+    }
+
     fn state_error(e: cpu_state::StateError) -> VmError {
         e.into()
     }
@@ -949,20 +965,13 @@ impl Vm for MiniVm {
 /// The vCPU's registers and the VM's clock, in ferry-kvm's snapshot format.
 impl VcpuState for MiniVm {
     fn save_vcpus(&mut self) -> Result<Vec<u8>, VmError> {
-        if self.running {
-            return Err(VmError::NotPaused("save vCPU state"));
-        }
-        let chips = cpu_state::vm_level::save(&self.vm, self.chips())
-            .map_err(|e| Self::state_error(e.into()))?;
-        let cx = self.context();
-        let vcpus = (0..)
-            .zip(&self.vcpus)
-            .map(|(i, v)| cpu_state::save_vcpu(i, &v.fd(), &cx))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(Self::state_error)?;
-        Snapshot { vm: chips, vcpus }
-            .encode()
-            .map_err(Self::state_error)
+        self.snapshot()?.encode().map_err(Self::state_error)
+    }
+    fn saves_compact(&self) -> bool {
+        true
+    }
+    fn save_vcpus_compact(&mut self) -> Result<Vec<u8>, VmError> {
+        self.snapshot()?.encode_compact().map_err(Self::state_error)
     }
     fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), VmError> {
         if self.crash_on_restore {

@@ -30,6 +30,7 @@ impl Dest {
         if final_round > 0 {
             self.loaded.wait_round(final_round - 1, &self.health)?;
         }
+        self.summary.resume_steps.pages_ms = crate::summary::ms(switched.elapsed());
         let missing = self
             .missing
             .take()

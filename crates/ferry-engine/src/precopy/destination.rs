@@ -122,6 +122,7 @@ pub fn receive(
             tls: listener.tls(),
             total_ms: 0.0,
             resume_ms: 0.0,
+            resume_steps: Default::default(),
             outputs_held_ms: None,
             bytes_received: 0,
             pages_received: 0,
@@ -282,6 +283,12 @@ impl Dest {
                     .to_string(),
             );
         }
+        if !ferry_vm::saves_compact_vcpu_state(&mut *self.vm) {
+            refused.insert(
+                crate::wire::capabilities::COMPACT_VCPU_STATE.to_string(),
+                "this VMM loads its vCPU state only in the full form".to_string(),
+            );
+        }
         if self.vm.live_state().is_none() {
             refused.insert(
                 crate::wire::capabilities::LIVE_SECTIONS.to_string(),
@@ -334,6 +341,7 @@ impl Dest {
         // Precopy completed: no page will be asked for.
         self.priority = None;
         self.loaded.wait_round(final_round, &self.health)?;
+        self.summary.resume_steps.pages_ms = ms(switched.elapsed());
         // Every page is in; the guest may touch any of them from now on.
         self.loaded.end_placement();
         let total = self.header.pages();

@@ -45,7 +45,7 @@ impl Source<'_> {
         self.progress.phase(Phase::Verifying);
         let mut digest = None;
         let mut resumed = false;
-        if strict && self.dest_holds_outputs {
+        if strict && self.dest_takes.held_outputs {
             // The destination holds its guest's outputs (capability
             // held-outputs): it resumes at once, before it needs our
             // digest, so its Resumed comes first and the downtime ends

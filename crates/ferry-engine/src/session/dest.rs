@@ -75,13 +75,17 @@ impl Dest {
             &self.header.sections,
             &self.vm.state_sections(),
         )?;
+        let t = Instant::now();
         ferry_vm::restore_vcpu_state(&mut *self.vm, &state)
             .map_err(MigrationError::backend("restore vCPU state"))?;
+        self.summary.resume_steps.restore_vcpus_ms = ms(t.elapsed());
+        let t = Instant::now();
         self.vm
             .restore_sections(&sections)
             .map_err(MigrationError::backend(
                 "restore the devices' state sections",
             ))?;
+        self.summary.resume_steps.restore_sections_ms = ms(t.elapsed());
         Ok(())
     }
 
@@ -89,8 +93,10 @@ impl Dest {
     /// gave a probe.
     pub(crate) fn read_probe(&mut self, opts: &ReceiveOptions) -> Result<(), MigrationError> {
         if let Some(probe) = &opts.probe {
+            let t = Instant::now();
             let check = probe.read(&*self.vm).map_err(MigrationError::Probe)?;
             self.summary.guest_at_resume = Some(check);
+            self.summary.resume_steps.probe_ms = ms(t.elapsed());
         }
         Ok(())
     }
@@ -356,9 +362,11 @@ impl Dest {
     /// stays paused, the VMM's to resume), and tells the source.
     pub(crate) fn resume(&mut self, switched: Instant) -> Result<(), MigrationError> {
         if !self.summary.paused {
+            let t = Instant::now();
             self.vm.start().map_err(MigrationError::backend(
                 "start the guest on the destination",
             ))?;
+            self.summary.resume_steps.start_ms = ms(t.elapsed());
         }
         let took = switched.elapsed();
         self.summary.resume_ms = ms(took);

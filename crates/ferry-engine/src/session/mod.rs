@@ -33,6 +33,7 @@
 mod compression;
 mod delta;
 mod dest;
+mod dest_takes;
 pub mod device_cost;
 mod device_intake;
 mod device_plan;

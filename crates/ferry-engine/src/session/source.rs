@@ -6,6 +6,7 @@
 //! vCPU state, the digest and the commit are in `switchover.rs`.
 
 use super::delta::DeltaCache;
+use super::dest_takes::DestTakes;
 use super::device_plan::DevicePlan;
 use super::link_estimate::{LinkEstimate, Transfer};
 use super::links::Links;
@@ -19,7 +20,7 @@ use crate::progress::{Phase, Progress};
 use crate::summary::{ms, MigrationSummary, Outcome, RoundKind, RoundStats};
 use crate::transport::{open_channel, Dial, Health, MainChannel};
 use crate::tunables::TokenBucket;
-use crate::wire::capabilities::CAPABILITIES_SINCE;
+use crate::wire::capabilities::{self, CAPABILITIES_SINCE};
 use crate::wire::frame::FRAME_HEADER_LEN;
 use crate::wire::messages::Hello;
 use crate::wire::messages::PRIORITY_CHANNEL;
@@ -129,7 +130,7 @@ impl<'a> Source<'a> {
             postcopy_round: 0,
             link: LinkEstimate::default(),
             devices: DevicePlan::default(),
-            dest_holds_outputs: false,
+            dest_takes: DestTakes::default(),
             start,
             summary,
         }
@@ -251,7 +252,7 @@ fn start_nanos() -> u128 {
 ///   measured to move (`link`);
 /// - dirty logging and convergence (`logging`, `within`, `converge`);
 /// - the device state (`devices`) and the destination's capabilities
-///   that change the switchover (`dest_holds_outputs`);
+///   that change the switchover (`dest_takes`);
 /// - where the migration stands (`phase`, `postcopy_round`);
 /// - the accounting (`start`, `summary`).
 pub(crate) struct Source<'a> {
@@ -276,9 +277,8 @@ pub(crate) struct Source<'a> {
     pub(crate) link: LinkEstimate,
     /// What happens to the VM's device state, as the handshake agreed.
     pub(crate) devices: DevicePlan,
-    /// The destination holds its guest's outputs, so a strict switchover
-    /// resumes there before the verdict (capability `held-outputs`).
-    pub(crate) dest_holds_outputs: bool,
+    /// What the destination took of this source's wishes.
+    pub(crate) dest_takes: DestTakes,
 }
 
 impl Source<'_> {
@@ -370,7 +370,10 @@ impl Source<'_> {
             // A wish, like live sections: a destination that takes it
             // resumes before a strict switchover's verdict.
             let mut asked = needed.clone();
-            asked.push(crate::wire::capabilities::HELD_OUTPUTS.to_string());
+            asked.push(capabilities::HELD_OUTPUTS.to_string());
+            if ferry_vm::saves_compact_vcpu_state(&mut *self.vm) {
+                asked.push(capabilities::COMPACT_VCPU_STATE.to_string());
+            }
             header.capabilities = Some(asked);
         }
         self.links
@@ -386,10 +389,9 @@ impl Source<'_> {
             ) => (verify_before_resume, answer),
             (m, offset) => return Err(unexpected("Accept", &m, offset)),
         };
+        self.dest_takes = DestTakes::from_answer(answer.as_ref());
         match answer {
             Some(a) => {
-                let held = crate::wire::capabilities::HELD_OUTPUTS;
-                self.dest_holds_outputs = a.takes.iter().any(|c| c == held);
                 // Live sections are a wish: refused, they go at the pause.
                 let live_cap = crate::wire::capabilities::LIVE_SECTIONS;
                 if !a.takes.iter().any(|c| c == live_cap) {

@@ -4,7 +4,7 @@
 
 use super::source::Source;
 use super::unexpected;
-use crate::digest::{memory_digest, SOURCE_DIGEST_THREADS};
+use crate::digest::{memory_digest, source_digest_threads};
 use crate::error::MigrationError;
 use crate::progress::Phase;
 use crate::summary::{ms, Outcome, PostcopyReport};
@@ -49,7 +49,8 @@ impl Source<'_> {
     /// the sections saved at the pause.
     pub(crate) fn send_vcpu_state(&mut self) -> Result<(), MigrationError> {
         let saving = Instant::now();
-        let state = ferry_vm::save_vcpu_state(&mut *self.vm)
+        let compact = self.dest_takes.compact_vcpu_state;
+        let state = ferry_vm::save_vcpu_state_for(&mut *self.vm, compact)
             .map_err(MigrationError::backend("save vCPU state"))?;
         self.summary.save_vcpus_ms = ms(saving.elapsed());
         self.links.ctl.send_frame(FrameKind::VcpuState, &state)?;
@@ -69,7 +70,7 @@ impl Source<'_> {
 
     pub(crate) fn send_digest(&mut self) -> Result<MemoryDigest, MigrationError> {
         let t = Instant::now();
-        let d = memory_digest(&self.ram, SOURCE_DIGEST_THREADS)
+        let d = memory_digest(&self.ram, source_digest_threads())
             .map_err(MigrationError::ram("hash guest memory"))?;
         self.summary.digest_ms = ms(t.elapsed());
         self.phase.digest_sent()?;

@@ -242,6 +242,8 @@ pub struct ReceiveSummary {
     pub total_ms: f64,
     /// Switchover received to guest running.
     pub resume_ms: f64,
+    /// Where `resume_ms` went, step by step.
+    pub resume_steps: ResumeSteps,
     /// How long the guest ran with its outputs held before the Commit
     /// (capability held-outputs): what a disk request made right after the
     /// resume waited for the verdict. None where they were not held.
@@ -276,6 +278,23 @@ pub struct ReceiveSummary {
     pub mismatches_after: Option<u64>,
     /// What postcopy did, if the migration switched to it.
     pub postcopy: Option<PostcopyReport>,
+}
+
+/// The destination's steps from the Switchover to the guest running
+/// (ms): the parts of its share of the downtime.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ResumeSteps {
+    /// Waiting for the final round's pages to be placed (precopy), or for
+    /// the precopy rounds before the push (postcopy).
+    pub pages_ms: f64,
+    /// Loading the vCPUs' state into the VM.
+    pub restore_vcpus_ms: f64,
+    /// Loading the devices' state sections.
+    pub restore_sections_ms: f64,
+    /// Reading the VMM's probe of the guest's own checks.
+    pub probe_ms: f64,
+    /// The VMM's start of the guest.
+    pub start_ms: f64,
 }
 
 /// Milliseconds of a duration, as f64.

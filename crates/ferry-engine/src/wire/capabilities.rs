@@ -45,11 +45,17 @@ pub const LIVE_SECTIONS: &str = "live-sections";
 /// VM has an output gate.
 pub const HELD_OUTPUTS: &str = "held-outputs";
 
+/// The vCPU state in the VMM's compact form
+/// ([`ferry_vm::VcpuState::saves_compact`]), quicker to write and parse
+/// while the guest is paused. Asked as a wish by a source whose VM writes
+/// it; taken by a destination whose VM loads it.
+pub const COMPACT_VCPU_STATE: &str = "compact-vcpu-state";
+
 /// The first wire version that exchanges capabilities.
 pub const CAPABILITIES_SINCE: u32 = 6;
 
 /// Every capability this ferry implements.
-pub const IMPLEMENTED: [&str; 7] = [
+pub const IMPLEMENTED: [&str; 8] = [
     POSTCOPY,
     DELTA,
     LZ4,
@@ -57,6 +63,7 @@ pub const IMPLEMENTED: [&str; 7] = [
     SECTION_PARTS,
     LIVE_SECTIONS,
     HELD_OUTPUTS,
+    COMPACT_VCPU_STATE,
 ];
 /// What a wire-5 peer has without saying so: every feature wire 5 had.
 pub const WIRE_5: [&str; 4] = [POSTCOPY, DELTA, LZ4, ZSTD];

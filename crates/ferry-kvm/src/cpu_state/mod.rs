@@ -39,9 +39,16 @@ pub enum StateError {
     /// The header was good but the body is not this backend's state.
     #[error("the vCPU state body is not ferry kvm state")]
     Body(#[source] serde_json::Error),
+    /// The header was good but the compact body is not this backend's
+    /// state.
+    #[error("the vCPU state's compact body is not ferry kvm state")]
+    CompactBody(#[source] bincode::Error),
     /// The state could not be serialized.
     #[error("cannot encode the vCPU state")]
     Encode(#[source] serde_json::Error),
+    /// The state could not be serialized in the compact form.
+    #[error("cannot encode the vCPU state in its compact form")]
+    CompactEncode(#[source] bincode::Error),
     /// The state is for another number of vCPUs.
     #[error("state for {saved} vCPUs, this VM has {here}")]
     VcpuCount {
@@ -72,10 +79,13 @@ impl StateError {
     /// failing to save or load it).
     pub fn is_unfit(&self) -> bool {
         match self {
-            StateError::Blob(_) | StateError::Body(_) | StateError::VcpuCount { .. } => true,
+            StateError::Blob(_)
+            | StateError::Body(_)
+            | StateError::CompactBody(_)
+            | StateError::VcpuCount { .. } => true,
             StateError::Vm(e) => matches!(e, VmStateError::Devices { .. }),
             StateError::Vcpu { source, .. } => source.is_unfit(),
-            StateError::Encode(_) | StateError::Xsave(_) => false,
+            StateError::Encode(_) | StateError::CompactEncode(_) | StateError::Xsave(_) => false,
         }
     }
 }
@@ -90,16 +100,27 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// The blob: header and JSON body.
+    /// The blob: header and JSON body ([`blob::JSON`]), which every
+    /// ferry loads.
     pub fn encode(&self) -> Result<Vec<u8>, StateError> {
         let body = serde_json::to_vec(self).map_err(StateError::Encode)?;
-        Ok(blob::encode(&body))
+        Ok(blob::encode(blob::JSON, &body))
     }
 
-    /// Checks the blob's header and parses its body.
+    /// The blob with a bincode body ([`blob::COMPACT`]): for a
+    /// destination that loads it, since it is the switchover's to write,
+    /// send and parse while the guest is paused.
+    pub fn encode_compact(&self) -> Result<Vec<u8>, StateError> {
+        let body = bincode::serialize(self).map_err(StateError::CompactEncode)?;
+        Ok(blob::encode(blob::COMPACT, &body))
+    }
+
+    /// Checks the blob's header and parses its body, in either format.
     pub fn decode(data: &[u8]) -> Result<Self, StateError> {
-        let body = blob::decode(data)?;
-        serde_json::from_slice(body).map_err(StateError::Body)
+        match blob::decode(data)? {
+            (blob::COMPACT, body) => bincode::deserialize(body).map_err(StateError::CompactBody),
+            (_, body) => serde_json::from_slice(body).map_err(StateError::Body),
+        }
     }
 
     /// Checks that the state can load into this VM, before anything is
