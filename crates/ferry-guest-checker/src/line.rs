@@ -26,6 +26,12 @@ pub struct Line {
     /// Kernel log lines that were warnings (see [`crate::warnings`]),
     /// logged since the checker started.
     pub warnings: u64,
+    /// The guest's CLOCK_MONOTONIC when the line was made, in ms since
+    /// the checker started: against the host's time of its arrival, it
+    /// shows how far the guest's clock fell behind across a move (a VMM
+    /// that stops the kvmclock while the guest is paused hides the pause
+    /// from the gaps above).
+    pub clock_ms: f64,
 }
 
 /// FNV-1a, 64 bits: the line checksum.
@@ -39,7 +45,7 @@ impl Line {
     /// The line as printed (without its newline).
     pub fn format(&self) -> String {
         let body = format!(
-            "checker {} gen={} pages={} mismatches={} max_gap_ms={:.1} gap_ms={:.1} disk_writes={} disk_bad_reads={} warnings={}",
+            "checker {} gen={} pages={} mismatches={} max_gap_ms={:.1} gap_ms={:.1} disk_writes={} disk_bad_reads={} warnings={} clock_ms={:.1}",
             self.seq,
             self.generations,
             self.pages,
@@ -48,7 +54,8 @@ impl Line {
             self.gap_ms,
             self.disk_writes,
             self.disk_bad_reads,
-            self.warnings
+            self.warnings,
+            self.clock_ms
         );
         format!("{body} sum={:016x}", fnv(&body))
     }
@@ -94,6 +101,7 @@ impl Line {
                 "disk_writes" => line.disk_writes = int(),
                 "disk_bad_reads" => line.disk_bad_reads = int(),
                 "warnings" => line.warnings = int(),
+                "clock_ms" => line.clock_ms = float(),
                 _ => {}
             }
         }
@@ -122,6 +130,7 @@ mod tests {
             pages: 4096,
             gap_ms: 250.5,
             disk_writes: 77,
+            clock_ms: 12345.5,
             ..Line::default()
         };
         let text = l.format();

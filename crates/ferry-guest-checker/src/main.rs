@@ -185,7 +185,8 @@ fn main() {
             }
             seen = found.len();
         }
-        let line = summary(seq, &counters, &disk_counters, warned, true);
+        let mut line = summary(seq, &counters, &disk_counters, warned, true);
+        line.clock_ms = start.elapsed().as_secs_f64() * 1e3;
         say(&line.format());
         if sched_lines {
             let (now, steal, ipis) = (tasks(), sched::steal(), sched::ipis());
@@ -216,7 +217,8 @@ fn main() {
     for w in workers {
         let _ = w.join();
     }
-    let last = summary(seq, &counters, &disk_counters, warned, false);
+    let mut last = summary(seq, &counters, &disk_counters, warned, false);
+    last.clock_ms = start.elapsed().as_secs_f64() * 1e3;
     say(&format!("{DONE_PREFIX}{}", last.format()));
     if init {
         pid1::power_off();
@@ -261,5 +263,6 @@ fn summary(
         disk_bad_reads: disk.bad_reads.load(Ordering::Relaxed)
             + disk.errors.load(Ordering::Relaxed),
         warnings,
+        clock_ms: 0.0,
     }
 }

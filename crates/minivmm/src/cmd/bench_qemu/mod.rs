@@ -24,6 +24,7 @@
 mod qemu;
 mod qmp;
 mod report;
+mod stamps;
 
 use minivmm::checks;
 use serde::Serialize;
@@ -137,6 +138,13 @@ pub struct Side {
     pub total_ms: Option<f64>,
     pub downtime_ms: Option<f64>,
     pub guest_pause_ms: Option<f64>,
+    /// How far the guest's clock fell behind the host's across the move
+    /// (ms), from the host's times of the checker's lines
+    /// ([`stamps`]): a pause the guest's clock did not count.
+    pub guest_clock_lost_ms: Option<f64>,
+    /// The pause the guest saw, plus what its clock lost: the pause in the
+    /// host's time, whichever way the VMM set the guest's clock.
+    pub guest_pause_host_ms: Option<f64>,
     pub checker_mismatches: Option<u64>,
     pub console_lines_lost: Option<u64>,
     pub kernel_warnings: Vec<String>,
@@ -207,6 +215,15 @@ impl Side {
             self.error
                 .get_or_insert("the guest's checker did not print its last line".into());
         }
+    }
+
+    /// What the guest's clock lost across the move, from the stamps of
+    /// its lines, and the pause in the host's time with it.
+    fn clock_lost(&mut self, stamps: &[stamps::Stamp]) {
+        self.guest_clock_lost_ms = stamps::clock_lost_ms(stamps);
+        self.guest_pause_host_ms = self
+            .guest_pause_ms
+            .map(|gap| gap + self.guest_clock_lost_ms.unwrap_or(0.0).max(0.0));
     }
 
     /// The total time, only where the side converged.
@@ -399,7 +416,11 @@ fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
         .arg(&run_dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    let out = match run_within(cmd, limit) {
+    let _ = std::fs::create_dir_all(&run_dir);
+    let stamper = stamps::Stamper::follow(&run_dir, "source.console", "destination.console");
+    let ran = run_within(cmd, limit);
+    let stamps = stamper.finish();
+    let out = match ran {
         Ok(out) => out,
         Err(e) => {
             side.error = Some(e);
@@ -415,6 +436,7 @@ fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
     side.total_ms = j["total_ms"].as_f64();
     side.downtime_ms = j["downtime_ms"].as_f64();
     side.guest_pause_ms = j["guest_pause_ms"].as_f64();
+    side.clock_lost(&stamps);
     side.policy = j["converge"].as_str().map(String::from);
     side.rounds = j["rounds"].as_u64();
     side.checker_mismatches = j["checker_mismatches"].as_u64();

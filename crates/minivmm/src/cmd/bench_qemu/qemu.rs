@@ -192,9 +192,12 @@ pub fn run(qemu: &str, guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) 
         limit_s: Some(limit.as_secs_f64()),
         ..Side::default()
     };
+    let stamper =
+        super::stamps::Stamper::follow(dir, "qemu-source.console", "qemu-destination.console");
     if let Err(e) = migrate(qemu, guest, cell, limit, dir, &mut side) {
         side.error = Some(e);
     }
+    side.clock_lost(&stamper.finish());
     side
 }
 

@@ -54,11 +54,14 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
             "total (ms)",
             "downtime (ms)",
             "guest pause (ms)",
+            "clock lost (ms)",
+            "pause, host time (ms)",
             "longest stall while moving (ms)",
             "guest wrote (MiB/s)",
             "mismatches",
             "QEMU / ferry total",
             "QEMU / ferry pause",
+            "QEMU / ferry pause, host time",
         ],
     );
     for r in results {
@@ -75,6 +78,9 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
                 ms(s.total()),
                 ms(s.downtime_ms.filter(|_| s.converged)),
                 ms(s.guest_pause_ms),
+                s.guest_clock_lost_ms
+                    .map_or("-".into(), |v| format!("{v:.0}")),
+                ms(s.guest_pause_host_ms),
                 ms(s.source_stall_ms),
                 s.source_write_mib_s
                     .map_or("-".into(), |r| format!("{r:.1}")),
@@ -89,6 +95,11 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
                 } else {
                     ratio(r.ferry.guest_pause_ms, r.qemu.guest_pause_ms)
                 },
+                if first || r.qemu.error.is_some() {
+                    String::new()
+                } else {
+                    ratio(r.ferry.guest_pause_host_ms, r.qemu.guest_pause_host_ms)
+                },
             ]);
         }
     }
@@ -101,6 +112,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
         ));
     }
     t.note("QEMU: -accel kvm, microvm with ACPI, auto-converge, migrate tcp: over loopback; its limit is max(5x ferry's total, 300 s)");
+    t.note("guest pause: the largest gap in the guest's clock over the destination's first 3 lines; clock lost: how far the guest's clock fell behind the host's across the move (QEMU stops the kvmclock while it is paused, ferry sets it on); pause, host time: the two added");
     for r in results {
         let f = &r.ferry;
         if f.policy.is_some() || f.rounds.is_some() {
@@ -160,6 +172,12 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
             chart("The pause the guest saw", "milliseconds", |s| {
                 s.guest_pause_ms
             })
+            .into(),
+            chart(
+                "The pause the guest saw, with what its clock lost",
+                "milliseconds",
+                |s| s.guest_pause_host_ms,
+            )
             .into(),
             chart(
                 "The longest stall the guest saw while being moved",

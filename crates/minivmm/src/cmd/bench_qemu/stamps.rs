@@ -1,0 +1,226 @@
+//! The host's time of each checker line, as its console file grows, to
+//! tell how far the guest's clock fell behind across a move.
+//!
+//! The checker's gaps are read off the guest's own clock. A VMM that stops
+//! the kvmclock while the guest is paused (QEMU sets it back to the value
+//! it saved at the stop) hides that pause from them: the guest's clock
+//! falls behind the host's by it instead. One that sets the clock on by
+//! the time that passed (ferry's kvm state, `KVM_CLOCK_REALTIME`) leaves
+//! it in the gaps. Each line carries the guest's clock (`clock_ms`); the
+//! host notes when it arrived. A line can arrive late (a destination that
+//! holds its guest's outputs until the commit sends them in a burst), never
+//! early, so the least of (host time - guest time) over a console is its
+//! offset, and the destination's less the source's is what the clock lost.
+
+use ferry_guest_checker::line::Line;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How often the console files are read: often enough to place a line
+/// within a few ms, seldom enough to cost the emulated host little.
+const POLL: Duration = Duration::from_millis(10);
+
+/// One checker line, as the host saw it arrive.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stamp {
+    /// On the destination's console (else the source's).
+    pub destination: bool,
+    /// When the host saw the line whole, in ms since the stamper started.
+    pub host_ms: f64,
+    /// The guest's clock in the line (`clock_ms`).
+    pub clock_ms: f64,
+}
+
+/// Follows a source's and a destination's console files.
+pub struct Stamper {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Vec<Stamp>>,
+}
+
+impl Stamper {
+    /// Starts following `source` and `destination` (which may not exist
+    /// yet) from their start.
+    pub fn start(source: PathBuf, destination: PathBuf) -> Stamper {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut files =
+                [(source, false), (destination, true)].map(|(path, destination)| Followed {
+                    path,
+                    destination,
+                    file: None,
+                    partial: String::new(),
+                });
+            let mut stamps = Vec::new();
+            loop {
+                let last = stopping.load(Ordering::Acquire);
+                for f in &mut files {
+                    f.read_lines(started, &mut stamps);
+                }
+                if last {
+                    return stamps;
+                }
+                std::thread::sleep(POLL);
+            }
+        });
+        Stamper { stop, thread }
+    }
+
+    /// Follows the consoles `source` and `destination` in `dir`, removed
+    /// first: a file left from an earlier run would be read as this one's.
+    pub fn follow(dir: &std::path::Path, source: &str, destination: &str) -> Stamper {
+        let (source, destination) = (dir.join(source), dir.join(destination));
+        let _ = std::fs::remove_file(&source);
+        let _ = std::fs::remove_file(&destination);
+        Stamper::start(source, destination)
+    }
+
+    /// Stops following, after a last read; the lines seen.
+    pub fn finish(self) -> Vec<Stamp> {
+        self.stop.store(true, Ordering::Release);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// One console file, read as it grows.
+struct Followed {
+    path: PathBuf,
+    destination: bool,
+    /// Open once it exists; reads go on from where the last stopped.
+    file: Option<std::fs::File>,
+    /// The end of what was read, not yet a whole line.
+    partial: String,
+}
+
+impl Followed {
+    /// Stamps the whole checker lines written since the last read.
+    fn read_lines(&mut self, started: Instant, stamps: &mut Vec<Stamp>) {
+        use std::io::Read;
+        if self.file.is_none() {
+            self.file = std::fs::File::open(&self.path).ok();
+        }
+        let Some(file) = &mut self.file else {
+            return;
+        };
+        let mut new = Vec::new();
+        if file.read_to_end(&mut new).is_err() || new.is_empty() {
+            return;
+        }
+        let host_ms = started.elapsed().as_secs_f64() * 1e3;
+        self.partial.push_str(&String::from_utf8_lossy(&new));
+        while let Some(end) = self.partial.find('\n') {
+            let line: String = self.partial.drain(..=end).collect();
+            if let Some(Ok(l)) = Line::parse(&line) {
+                stamps.push(Stamp {
+                    destination: self.destination,
+                    host_ms,
+                    clock_ms: l.clock_ms,
+                });
+            }
+        }
+    }
+}
+
+/// How far the guest's clock fell behind the host's from the source's
+/// console to the destination's, in ms (see the module's docs); `None`
+/// without lines on both.
+pub fn clock_lost_ms(stamps: &[Stamp]) -> Option<f64> {
+    let offset = |destination: bool| {
+        stamps
+            .iter()
+            .filter(|s| s.destination == destination && s.clock_ms > 0.0)
+            .map(|s| s.host_ms - s.clock_ms)
+            .reduce(f64::min)
+    };
+    Some(offset(true)? - offset(false)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamp(destination: bool, host_ms: f64, clock_ms: f64) -> Stamp {
+        Stamp {
+            destination,
+            host_ms,
+            clock_ms,
+        }
+    }
+
+    #[test]
+    fn a_clock_stopped_for_the_pause_falls_behind_by_it() {
+        // Lines each second of guest time; the guest was stopped 80 ms
+        // and its clock with it; each line arrives 3-9 ms after it is made.
+        let stamps = [
+            stamp(false, 1003.0, 1000.0),
+            stamp(false, 2009.0, 2000.0),
+            stamp(false, 3004.0, 3000.0),
+            stamp(true, 4083.0, 4000.0),
+            stamp(true, 5086.0, 5000.0),
+        ];
+        assert_eq!(clock_lost_ms(&stamps), Some(80.0));
+    }
+
+    #[test]
+    fn lines_held_back_and_sent_late_do_not_count_as_lost_time() {
+        // A clock set on by the pause: no time lost, though the first two
+        // destination lines came out together when their hold ended.
+        let stamps = [
+            stamp(false, 1004.0, 1000.0),
+            stamp(false, 2003.0, 2000.0),
+            stamp(true, 5200.0, 3000.0),
+            stamp(true, 5200.0, 4000.0),
+            stamp(true, 5003.5, 5000.0),
+        ];
+        assert_eq!(clock_lost_ms(&stamps), Some(0.5));
+    }
+
+    #[test]
+    fn without_lines_on_both_sides_nothing_is_claimed() {
+        assert_eq!(clock_lost_ms(&[]), None);
+        assert_eq!(clock_lost_ms(&[stamp(false, 1.0, 0.5)]), None);
+        // A checker too old to stamp its lines (clock 0) tells nothing.
+        assert_eq!(
+            clock_lost_ms(&[stamp(false, 1.0, 0.0), stamp(true, 2.0, 0.0)]),
+            None
+        );
+    }
+
+    #[test]
+    fn the_stamper_sees_lines_as_the_files_grow() {
+        let dir = std::env::temp_dir().join(format!("minivmm-stamps-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (src, dst) = (dir.join("source.console"), dir.join("destination.console"));
+        let _ = std::fs::remove_file(&src);
+        let _ = std::fs::remove_file(&dst);
+        let stamper = Stamper::start(src.clone(), dst.clone());
+        let line = |seq, clock_ms| {
+            Line {
+                seq,
+                clock_ms,
+                ..Line::default()
+            }
+            .format()
+        };
+        std::fs::write(&src, format!("kernel noise\n{}\n", line(1, 10.0))).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        // A line written in two pieces counts once, when whole.
+        let second = line(2, 20.0);
+        let (a, b) = second.split_at(10);
+        std::fs::write(&dst, a).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        let mut f = std::fs::OpenOptions::new().append(true).open(&dst).unwrap();
+        std::io::Write::write_all(&mut f, format!("{b}\n").as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        let stamps = stamper.finish();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(stamps.len(), 2, "{stamps:?}");
+        assert!(!stamps[0].destination && stamps[1].destination);
+        assert_eq!((stamps[0].clock_ms, stamps[1].clock_ms), (10.0, 20.0));
+        assert!(stamps[1].host_ms - stamps[0].host_ms >= 50.0, "{stamps:?}");
+    }
+}
