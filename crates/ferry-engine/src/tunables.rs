@@ -264,7 +264,7 @@ impl Tunables {
 /// Token bucket over [`Tunables::bandwidth_bytes_per_sec`]; re-reads the cap
 /// on every call, so a new cap applies at the next batch.
 #[derive(Debug)]
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     tunables: Arc<Tunables>,
     tokens: f64,
     last: Instant,
@@ -335,7 +335,7 @@ impl TokenBucket {
 /// out, without holding the lock meanwhile: an answer charged by
 /// [`TokenBucket::charge`] never queues behind a sender paying its debt.
 /// A cancel or a lifted cap ends the wait.
-pub fn pace(bucket: &std::sync::Mutex<TokenBucket>, bytes: u64) {
+pub(crate) fn pace(bucket: &std::sync::Mutex<TokenBucket>, bytes: u64) {
     let lock = || bucket.lock().unwrap_or_else(|p| p.into_inner());
     let (mut wait, tunables) = {
         let mut b = lock();

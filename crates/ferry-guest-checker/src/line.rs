@@ -29,8 +29,8 @@ pub struct Line {
     /// The guest's CLOCK_MONOTONIC when the line was made, in ms since
     /// the checker started: against the host's time of its arrival, it
     /// shows how far the guest's clock fell behind across a move (a VMM
-    /// that stops the kvmclock while the guest is paused hides the pause
-    /// from the gaps above).
+    /// that stops the kvmclock for part of the pause hides that part from
+    /// the gaps above).
     pub clock_ms: f64,
 }
 

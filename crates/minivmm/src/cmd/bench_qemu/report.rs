@@ -112,7 +112,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
         ));
     }
     t.note("QEMU: -accel kvm, microvm with ACPI, auto-converge, migrate tcp: over loopback; its limit is max(5x ferry's total, 300 s)");
-    t.note("guest pause: the largest gap in the guest's clock over the destination's first 3 lines; clock lost: how far the guest's clock fell behind the host's across the move (QEMU stops the kvmclock while it is paused, ferry sets it on); pause, host time: the two added");
+    t.note("guest pause: the largest gap in the guest's clock over the destination's first 3 lines; clock lost: how far the guest's clock fell behind the host's across the move (QEMU's kvmclock does not count the time from saving the device state to the destination's start; ferry's counts it all); pause, host time: the two added");
     for r in results {
         let f = &r.ferry;
         if f.policy.is_some() || f.rounds.is_some() {

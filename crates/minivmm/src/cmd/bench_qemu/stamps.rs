@@ -2,9 +2,10 @@
 //! tell how far the guest's clock fell behind across a move.
 //!
 //! The checker's gaps are read off the guest's own clock. A VMM that stops
-//! the kvmclock while the guest is paused (QEMU sets it back to the value
-//! it saved at the stop) hides that pause from them: the guest's clock
-//! falls behind the host's by it instead. One that sets the clock on by
+//! the kvmclock for part of the pause (QEMU reads it as it saves the
+//! device state and sets the destination's to that value, so the device
+//! state's transfer, load and start do not count) hides that part from
+//! them: the guest's clock falls behind the host's by it instead. One that sets the clock on by
 //! the time that passed (ferry's kvm state, `KVM_CLOCK_REALTIME`) leaves
 //! it in the gaps. Each line carries the guest's clock (`clock_ms`); the
 //! host notes when it arrived. A line can arrive late (a destination that
