@@ -1,7 +1,7 @@
 //! ferry's own JSON-lines requests: `{"cmd": ...}`.
 
-use ferry_engine::converge::ConvergeMode;
-use ferry_engine::precopy::Compression;
+use ferry_engine::choices::Compression;
+use ferry_engine::choices::ConvergeMode;
 use ferry_engine::{MigrationSettings, Mode, OnStall, TunableChange};
 use serde::Deserialize;
 

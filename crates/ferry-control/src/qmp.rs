@@ -1,7 +1,7 @@
 //! QMP's requests: `{"execute": NAME, "arguments": {...}, "id": ...}`.
 
 use super::MigrateRequest;
-use ferry_engine::converge::ConvergeMode;
+use ferry_engine::choices::ConvergeMode;
 use ferry_engine::TunableChange;
 use serde_json::{Map, Value};
 

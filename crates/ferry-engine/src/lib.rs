@@ -12,7 +12,11 @@
 //! ```
 //!
 //! * [`vmm`]: the contract a VMM implements to be migrated (start here).
-//! * [`wire`]: preamble, frame codec, header, page batches, main-channel messages.
+//! * `wire` (public with feature `internals`, for the fuzzers and the
+//!   engine's tests): preamble, frame codec, header, page batches,
+//!   main-channel messages. A VMM sees only the header
+//!   ([`vmm::StreamHeader`]), [`ExpectedVm`], [`StreamError`] and the
+//!   versions this build speaks ([`WIRE_VERSION`], [`MIN_WIRE_VERSION`]).
 //! * [`transport`]: TCP, TLS and UNIX sockets, opening a migration's
 //!   connections, the main channel's threads, failure and stall handling.
 //! * [`precopy`]: the round loop, the switchover, commit-after-verify.
@@ -46,6 +50,12 @@
 //!   own `Vm` in its tests (dirty tracking, sections, pause, vCPU state, a
 //!   migration to itself).
 //!
+//! **Paths.** Each public item has one home, the module that defines it
+//! ([`choices`] for the named choices, [`summary`] for what is reported,
+//! [`error`] for the errors); no module re-exports another's items. The
+//! crate root re-exports what a first caller needs, and [`vmm`] gathers
+//! the contract a VMM implements, with the `ferry_vm` types it names.
+//!
 //! The engine never asks which VMM or guest it drives; both ends must run
 //! the same VMM (the header names it, and the destination checks).
 
@@ -71,11 +81,17 @@ pub mod summary;
 pub mod transport;
 pub mod tunables;
 pub mod vmm;
+#[cfg(feature = "internals")]
 pub mod wire;
+// Without the `internals` feature the codec's pieces that only the fuzzers
+// and the engine's tests call are unreachable, so they would read as dead.
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod wire;
 
-pub use choices::{ChoiceError, OnStall};
-pub use error::{MigrationError, OptionsError};
-pub use postcopy::{resume_postcopy, Mode, PostcopyReport, PostcopyResume};
+pub use choices::{ChoiceError, Mode, OnStall};
+pub use error::{MigrationError, OptionsError, PostcopyResume, TransportError};
+pub use postcopy::resume_postcopy;
 pub use precopy::{
     await_migration, migrate, migrate_accounted, receive, receive_as, IncomingMigration,
     MigrationSettings, PrecopyOptions, ReceiveOptions,
@@ -83,11 +99,9 @@ pub use precopy::{
 pub use progress::{Both, NoProgress, Phase, Progress};
 pub use session::device_cost;
 pub use summary::{
-    DeltaSummary, Escalation, EscalationKind, MigrationSummary, Outcome, ReceiveSummary,
-    ResumeSteps, RoundKind, RoundStats, ThrottleStep, VcpuShare,
+    DeltaSummary, Escalation, EscalationKind, MigrationSummary, Outcome, PostcopyReport,
+    ReceiveSummary, ResumeSteps, RoundKind, RoundStats, ThrottleStep, VcpuShare,
 };
-pub use transport::{
-    accept, connect, listen, Dial, Listen, TcpDialer, TlsConfig, TlsError, TransportError,
-};
+pub use transport::{accept, connect, listen, Dial, Listen, TcpDialer, TlsConfig, TlsError};
 pub use tunables::{TunableChange, Tunables};
-pub use wire::{ExpectedVm, StreamError};
+pub use wire::{ExpectedVm, StreamError, MIN_VERSION as MIN_WIRE_VERSION, VERSION as WIRE_VERSION};

@@ -6,7 +6,8 @@ mod common;
 
 use common::relay::{Fault, Relay};
 use common::{check, churning_source, probed, quick_receive, running_source, spawn_receiver};
-use ferry_engine::precopy::{Compression, Placement};
+use ferry_engine::choices::Compression;
+use ferry_engine::precopy::Placement;
 use ferry_engine::wire::compress::Codec;
 use ferry_engine::wire::{FrameKind, FrameStream, Message, MAGIC};
 use ferry_engine::{migrate, ExpectedVm, NoProgress, Outcome, TcpDialer};
@@ -208,8 +209,8 @@ fn placement_by_plain_write_verifies_as_well() {
 /// one data connection introduces itself as `channel`.
 fn data_connection_as(channel: u16) -> (String, ferry_engine::MigrationError) {
     use ferry_engine::transport::open_channel;
+    use ferry_engine::vmm::StreamHeader;
     use ferry_engine::wire::messages::Hello;
-    use ferry_engine::wire::StreamHeader;
     let (to, dest) = spawn_receiver(quick_receive());
     let mut src = running_source();
     let hello = |channel| Hello {

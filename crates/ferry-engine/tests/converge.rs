@@ -7,7 +7,8 @@
 mod common;
 use common::*;
 
-use ferry_engine::converge::{ConvergeMode, EscalationKind};
+use ferry_engine::choices::ConvergeMode;
+use ferry_engine::EscalationKind;
 use ferry_engine::{migrate, MigrationError, NoProgress, Outcome, PrecopyOptions};
 use ferry_vm::Vm;
 use std::sync::atomic::Ordering;
@@ -37,7 +38,7 @@ fn auto_throttles_every_vcpu_in_steps_and_the_migration_verifies() {
     dest.join().unwrap().unwrap();
     assert_eq!(s.status, Outcome::Completed, "{s:?}");
     assert!(s.digest_match && s.guest_mismatches == Some(0), "{s:?}");
-    assert_eq!(s.converge, Some(ferry_engine::converge::ConvergeMode::Auto));
+    assert_eq!(s.converge, Some(ferry_engine::choices::ConvergeMode::Auto));
     let steps: Vec<u8> = s.throttle_timeline.iter().map(|t| t.percent).collect();
     assert!(steps.len() >= 2, "{steps:?}");
     assert_eq!(steps[0], 20, "{steps:?}");
@@ -128,7 +129,7 @@ fn no_policy_named_is_the_best_the_vm_serves() {
     let mut src = running_source();
     let s = migrate(&mut src, &to, &probed(), &NoProgress).unwrap();
     dest.join().unwrap().unwrap();
-    assert_eq!(s.converge, Some(ferry_engine::converge::ConvergeMode::Auto));
+    assert_eq!(s.converge, Some(ferry_engine::choices::ConvergeMode::Auto));
     // A policy it cannot serve is refused before anything starts: no
     // destination is even dialled.
     let mut src = running_source();
@@ -260,7 +261,7 @@ fn a_policy_the_vm_does_not_declare_is_refused_and_the_default_is_none() {
     let to = ferry_engine::TcpDialer(listener.local_addr().unwrap().to_string());
     let dest = std::thread::spawn(move || {
         let incoming = ferry_engine::await_migration(&listener, None).unwrap();
-        let mut create = |h: &ferry_engine::wire::StreamHeader| {
+        let mut create = |h: &ferry_engine::vmm::StreamHeader| {
             let vm = TestVm::new(&TestVm::config_from(h, ferry_vm::Backing::Anonymous)?)?;
             Ok(Box::new(Bare(vm)) as Box<dyn Vm>)
         };

@@ -45,7 +45,7 @@ fn a_peer_of_the_previous_version_migrates_at_that_version_both_ways() {
     let opts = {
         let mut o = probed();
         o.connections = 2;
-        o.compression = ferry_engine::precopy::Compression::Auto;
+        o.compression = ferry_engine::choices::Compression::Auto;
         o.delta_cache_bytes = 1 << 20;
         o
     };

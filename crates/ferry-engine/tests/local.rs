@@ -9,7 +9,7 @@ use common::{check, config, wait_for_passes, TestConfig, TestProbe, TestVm};
 use ferry_engine::local::{
     await_local, listen_local, migrate_local, receive_local_as, LocalOptions,
 };
-use ferry_engine::wire::StreamHeader;
+use ferry_engine::vmm::StreamHeader;
 use ferry_engine::{MigrationError, Outcome};
 use ferry_vm::{Backing, GuestRam, Vm};
 use std::path::{Path, PathBuf};
@@ -260,7 +260,7 @@ fn version_1_destination(path: &Path) -> JoinHandle<Result<Version1Saw, String>>
         let mut digest = LocalDigest::scan(&ram).map_err(|e| e.to_string())?;
         let accepted = Head::Accepted { version: None };
         message::send(&stream, &accepted, &[], &[]).map_err(|e| e.to_string())?;
-        let e = |e: ferry_engine::local::LocalError| e.to_string();
+        let e = |e: ferry_engine::error::LocalError| e.to_string();
         let source_digest = loop {
             let m = message::recv(&stream).map_err(e)?;
             fds += m.fds.len();

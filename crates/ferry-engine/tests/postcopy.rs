@@ -105,7 +105,7 @@ fn a_hybrid_on_stall_switches_when_precopy_stops_shrinking() {
             after_rounds: u32::MAX,
             on_stall: true,
         });
-        o.converge = Some(ferry_engine::converge::ConvergeMode::None);
+        o.converge = Some(ferry_engine::choices::ConvergeMode::None);
         o
     };
     opts.tunables.set_downtime_target(Duration::ZERO);

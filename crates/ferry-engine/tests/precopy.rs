@@ -4,7 +4,7 @@
 mod common;
 
 use common::{probed, quick_receive, running_source, spawn_receiver, spawn_receiver_with};
-use ferry_engine::converge::ConvergeMode;
+use ferry_engine::choices::ConvergeMode;
 use ferry_engine::transport::{accept_channel, Channel};
 use ferry_engine::wire::{FrameKind, Message};
 use ferry_engine::{

@@ -20,7 +20,7 @@ use common::{create_test_vm, probed, quick_receive, TestConfig, TestProbe, TestV
 use ferry_engine::local::{await_local, listen_local, migrate_local, receive_local, LocalOptions};
 use ferry_engine::seccomp::{self, MigrationKind};
 use ferry_engine::transport::tls::{pki, TlsConfig};
-use ferry_engine::wire::StreamHeader;
+use ferry_engine::vmm::StreamHeader;
 use ferry_engine::{
     await_migration, listen, migrate, receive, Dial, Listen, Mode, NoProgress, TcpDialer,
 };

@@ -22,7 +22,7 @@ mod common;
 
 use common::record::{frames, recording_relay};
 use common::{probed, quick_receive, running_source, spawn_receiver};
-use ferry_engine::precopy::Compression;
+use ferry_engine::choices::Compression;
 use ferry_engine::wire::{compress::Codec, MIN_VERSION, VERSION};
 use ferry_engine::{migrate_accounted, NoProgress, PrecopyOptions, TcpDialer};
 use std::io::{Read, Write};

@@ -26,7 +26,7 @@
 
 use crate::cost::DEFAULT_POLICY;
 use crate::sim::{Policy, Start, View};
-use ferry_engine::converge::ConvergeMode;
+use ferry_engine::choices::ConvergeMode;
 
 /// A platform's admission.
 #[derive(Clone, Debug)]

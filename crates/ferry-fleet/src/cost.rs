@@ -2,8 +2,10 @@
 //! with what the fleet knows of a VM and the bandwidth it would get.
 
 use crate::fleet::Vm;
+use ferry_engine::choices::ConvergeMode;
 use ferry_engine::converge::model::MigrationModel;
-use ferry_engine::converge::{predict, ConvergeMode, PolicyForecast, PredictInput};
+use ferry_engine::converge::predict;
+use ferry_engine::summary::{PolicyForecast, PredictInput};
 use ferry_engine::tunables::DEFAULT_MAX_ROUNDS;
 
 /// The model's input for `vm` over a link of `bytes_per_sec`.

@@ -20,7 +20,7 @@ use crate::cost;
 use crate::fleet::{Fleet, FleetError};
 use crate::network::Reserved;
 use crate::sim::{self, Policy, Start, View};
-use ferry_engine::converge::ConvergeMode;
+use ferry_engine::choices::ConvergeMode;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;

@@ -35,7 +35,7 @@ use crate::cost;
 use crate::fleet::Fleet;
 use crate::network::Reserved;
 use crate::sim::{Policy, Start, View};
-use ferry_engine::converge::ConvergeMode;
+use ferry_engine::choices::ConvergeMode;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

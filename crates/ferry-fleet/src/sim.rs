@@ -18,8 +18,8 @@
 use crate::cost;
 use crate::fleet::{Fleet, FleetError};
 use crate::network::{max_min_fair, Links};
+use ferry_engine::choices::ConvergeMode;
 use ferry_engine::converge::model::MigrationModel;
-use ferry_engine::converge::ConvergeMode;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 

@@ -11,7 +11,7 @@
 //! validation (kubectl's default). `the_validator_refuses_what_the_api_would`
 //! shows that it fails wrong objects, so the test can fail.
 
-use ferry_engine::converge::ConvergeMode;
+use ferry_engine::choices::ConvergeMode;
 use ferry_fleet::export::{
     self, ExportError, KubeVirtOptions, BEFORE_WAVE_LABEL, DOWNTIME_TARGET_ANNOTATION,
     HOSTNAME_LABEL, LABEL_VMIS_ANNOTATION, PLANNED_START_ANNOTATION, POLICY_LABEL, WAVE_LABEL,

@@ -18,7 +18,7 @@
 //!
 //! Mechanism switches are in [`config`]; the dirty quota and the annotated
 //! fault exits are in [`quota`] and [`fault_exit`], and the hardware costs the
-//! experiments (crate `ferry-bench`) may model are in [`hw_cost`].
+//! experiments (crate `ferry-experiments`) may model are in [`hw_cost`].
 
 #![warn(missing_docs)]
 

@@ -18,7 +18,8 @@
 //! auto-converge could never hold it (it converged in 27-32 s).
 
 use crate::error::CmdError;
-use ferry_engine::converge::{predict_vm, sample_dirtying, PredictSettings, Prediction};
+use ferry_engine::converge::{predict_vm, sample_dirtying, PredictSettings};
+use ferry_engine::summary::Prediction;
 use ferry_engine::Tunables;
 use ferry_report::Table;
 use ferry_vm::Vm;

@@ -42,7 +42,7 @@ use std::process::ExitCode;
 /// ranges meet; see docs/compatibility.md).
 fn version() -> &'static str {
     use ferry_engine::local::message as local;
-    use ferry_engine::wire::{MIN_VERSION, VERSION};
+    use ferry_engine::{MIN_WIRE_VERSION as MIN_VERSION, WIRE_VERSION as VERSION};
     static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     TEXT.get_or_init(|| {
         format!(

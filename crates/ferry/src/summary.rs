@@ -1,6 +1,6 @@
 //! Printing a migration summary: a table for people, one JSON line for machines.
 
-use ferry_engine::precopy::Compression;
+use ferry_engine::choices::Compression;
 use ferry_engine::{MigrationSummary, RoundKind};
 use ferry_report::Table;
 

@@ -8,7 +8,8 @@
 //!   auto-converge, and a quota is refused by name;
 //! - the time throttle sleeps every vCPU, whether or not the guest exits.
 
-use ferry_engine::converge::{self, ConvergeMode};
+use ferry_engine::choices::ConvergeMode;
+use ferry_engine::converge;
 use ferry_engine::vmm::{Backing, DirtyPages, Quota, TimeThrottle, Vm};
 use minivmm::serial::ConsoleOut;
 use minivmm::{MiniConfig, MiniVm};

@@ -38,18 +38,18 @@ mod sample_vm;
 mod share;
 mod stall;
 
-pub use crate::summary::{Escalation, EscalationKind, ThrottleStep};
 pub use auto::AutoConverge;
 pub use limit::DirtyLimitPolicy;
-pub use predict::{predict, PolicyForecast, PredictInput, Prediction};
+pub use predict::predict;
 pub use quota::QuotaPolicy;
 pub use sample::{RoundEnd, Sample};
 pub use sample_vm::{data_bytes, predict_vm, sample_dirtying, DirtySample, PredictSettings};
 pub use stall::Stall;
 
-pub use crate::choices::ConvergeMode;
+pub(crate) use crate::choices::ConvergeMode;
 
 use crate::error::MigrationError;
+use crate::summary::{Escalation, EscalationKind, ThrottleStep};
 use crate::tunables::Tunables;
 use ferry_vm::{Quota, Vm};
 use sample::Meter;

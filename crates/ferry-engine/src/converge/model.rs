@@ -25,7 +25,8 @@
 //!             round cap forces the stop-and-copy (not converged)
 //! ```
 
-use super::{policy, Action, ConvergeMode, PolicyForecast, PredictInput, RoundEnd, Sample};
+use super::{policy, Action, ConvergeMode, RoundEnd, Sample};
+use crate::summary::{PolicyForecast, PredictInput};
 use std::time::Duration;
 
 /// A migration modelled past this is taken not to converge.

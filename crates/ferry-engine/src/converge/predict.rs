@@ -15,7 +15,7 @@
 
 use super::model::{MigrationModel, RUNS};
 use super::ConvergeMode;
-pub use crate::summary::{PolicyForecast, PredictInput, Prediction};
+use crate::summary::{PolicyForecast, PredictInput, Prediction};
 
 /// Predicts each of `modes` on `input`.
 pub fn predict(input: &PredictInput, modes: &[ConvergeMode]) -> Prediction {

@@ -22,8 +22,9 @@
 //! of a page within a harvest included): its VMM builds the [`DirtySample`]
 //! itself and calls [`predict_vm`] with it, as ferry's own VMs do.
 
-use super::{predict, ConvergeMode, PredictInput, Prediction};
+use super::{predict, ConvergeMode};
 use crate::error::MigrationError;
+use crate::summary::{PredictInput, Prediction};
 use crate::wire::is_zero_page;
 use ferry_vm::{DirtyPages, Gfn, GuestRam, RamError, Vm, PAGE_SIZE};
 use std::time::{Duration, Instant};

@@ -39,7 +39,7 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::error::LocalError;
+use crate::error::LocalError;
 
 /// Options of either end.
 ///

@@ -2,9 +2,9 @@
 //! count per kernel thread id, named by vCPU where the VM says which thread
 //! runs which vCPU, and binned coarsely enough for a report.
 
-use super::PostcopyReport;
 use crate::session::{ThreadWaits, BLOCK_BIN};
 use crate::summary::BlockedThread;
+use crate::summary::PostcopyReport;
 use std::collections::HashMap;
 
 /// Most bins a thread's series carries: the clock's fine bins are summed

@@ -5,10 +5,11 @@
 
 use super::device_faults::DeviceFaults;
 use super::pager::Pager;
-use super::{recoverable, PostcopyReport};
+use super::recoverable;
 use crate::error::MigrationError;
 use crate::session::{unexpected, Dest, ReceiveOptions};
 use crate::summary::ms;
+use crate::summary::PostcopyReport;
 use crate::transport::Listen;
 use crate::wire::{MemoryDigest, Message};
 use std::time::{Duration, Instant};

@@ -51,11 +51,7 @@ mod resume;
 pub use resume::resume_postcopy;
 mod source;
 
-pub use crate::session::{Mode, DEFAULT_PREFETCH, DEFAULT_RECOVER_TIMEOUT};
-
-pub use crate::summary::PostcopyReport;
-
-pub use crate::error::PostcopyResume;
+pub use crate::session::{DEFAULT_PREFETCH, DEFAULT_RECOVER_TIMEOUT};
 
 /// Whether a postcopy that failed with `e` may be recovered: the
 /// connections broke or stood still, and the peer said nothing.

@@ -14,9 +14,9 @@
 //! trip costs 70–88 µs a page locally (the probe note); prefetching the
 //! following missing pages in the same request spreads it.
 
-use super::PostcopyReport;
 use crate::error::MigrationError;
 use crate::session::Loaded;
+use crate::summary::PostcopyReport;
 use crate::transport::health::spawn;
 use crate::transport::{Channel, Health};
 use crate::wire::frame::FRAME_HEADER_LEN;

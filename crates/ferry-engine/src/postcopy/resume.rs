@@ -9,8 +9,8 @@
 //! digest and the report, as in an automatic recovery.
 
 use super::recovery::RETRY_PAUSE;
-use super::PostcopyResume;
 use crate::error::MigrationError;
+use crate::error::PostcopyResume;
 use crate::progress::{Phase, Progress};
 use crate::session::{fresh_summary, Migrating, PrecopyOptions, Source};
 use crate::summary::{ms, MigrationSummary};

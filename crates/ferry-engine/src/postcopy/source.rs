@@ -30,7 +30,7 @@ impl Source<'_> {
         hello: &dyn Fn(u16) -> Hello,
     ) -> Result<(), MigrationError> {
         let paused_at = self.pause_for_switchover()?;
-        if self.logging {
+        if self.convergence.logging {
             let mut last = Instant::now();
             let (_, harvest) = self.harvest(&mut dirty, &mut last)?;
             self.finish_round(0, Duration::ZERO, harvest);
@@ -59,7 +59,7 @@ impl Source<'_> {
         // keep every page that has not gone out.
         self.phase.switch_to_postcopy()?;
         self.postcopy_round = round;
-        self.converge.release(&mut *self.vm);
+        self.convergence.converger.release(&mut *self.vm);
         self.stop_logging("at the postcopy switchover");
         match self.links.ctl.recv_message("Resumed")? {
             (Message::Resumed { resume_ns }, _) => {

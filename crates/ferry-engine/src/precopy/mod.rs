@@ -63,9 +63,9 @@ mod source;
 mod switchover;
 
 pub use crate::session::{
-    fresh_summary, Compression, MigrationSettings, Placement, PrecopyOptions, ReceiveOptions,
-    DEFAULT_BATCH_PAGES, DEFAULT_STALL_TIMEOUT, FAULT_HANDLERS, MAX_CONNECTIONS, PREFETCH_PAGES,
-    RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS,
+    MigrationSettings, Placement, PrecopyOptions, ReceiveOptions, DEFAULT_BATCH_PAGES,
+    DEFAULT_STALL_TIMEOUT, FAULT_HANDLERS, MAX_CONNECTIONS, PREFETCH_PAGES, RECOVER_TIMEOUT_SECS,
+    STALL_TIMEOUT_SECS,
 };
 pub use destination::{await_migration, receive, receive_as, CreateVm, IncomingMigration};
 pub use source::{migrate, migrate_accounted};

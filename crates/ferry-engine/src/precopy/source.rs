@@ -117,7 +117,7 @@ fn refuse_if_too_few(dialer: &dyn Dial, opts: &PrecopyOptions) -> Result<(), Mig
     let postcopy = opts.mode.may_postcopy();
     let needed = 1 + opts.connections + usize::from(postcopy);
     match dialer.available() {
-        Some(given) if given < needed => Err(crate::transport::TransportError::TooFewHeld {
+        Some(given) if given < needed => Err(crate::error::TransportError::TooFewHeld {
             needed,
             data: opts.connections,
             priority: if postcopy { ", 1 priority" } else { "" },
@@ -176,7 +176,7 @@ impl Source<'_> {
         // The meter starts first: a writer that re-dirties its working set
         // as soon as logging write-protects it (a few milliseconds on the
         // soft MMU) is then seen by the first interval, not missed.
-        self.converge.start_meter(&mut *self.vm);
+        self.convergence.converger.start_meter(&mut *self.vm);
         self.start_logging()?;
         // The full pass sends every page, so VMM writes made so far are covered.
         let mut dirty = DirtyPages::new(self.pages);
@@ -211,14 +211,18 @@ impl Source<'_> {
                 sent_bytes: sent.map_or(0, |t| t.raw),
             };
             let sample = self.sample(round - 1, remaining, bandwidth, Some(round_end));
-            self.converge
+            self.convergence
+                .converger
                 .after_round(sample, &mut *self.vm, &self.opts.tunables)?;
-            for step in self.converge.unreported() {
+            for step in self.convergence.converger.unreported() {
                 self.progress.throttle_changed(step);
             }
             let tun = &self.opts.tunables;
             let predicted = FinalRound {
-                queued_bytes: self.link.guest_bytes(self.links.health.queued_bytes()),
+                queued_bytes: self
+                    .convergence
+                    .link
+                    .guest_bytes(self.links.health.queued_bytes()),
                 dirty_bytes: remaining,
                 device_bytes: self.devices.declared_at_pause + self.live_pending(),
                 device_bytes_per_sec: self.summary.device_state_bytes_per_sec,
@@ -234,11 +238,12 @@ impl Source<'_> {
                 break;
             }
             let capped = round >= tun.max_rounds();
-            let stalled = std::mem::take(&mut self.converge.switch_requested);
+            let stalled = std::mem::take(&mut self.convergence.converger.switch_requested);
             let asked = tun.take_postcopy_request();
             if asked && self.opts.mode.may_postcopy() {
-                self.converge
-                    .note(round, crate::converge::EscalationKind::OperatorPostcopy);
+                self.convergence
+                    .converger
+                    .note(round, crate::summary::EscalationKind::OperatorPostcopy);
             }
             let switch = self.opts.mode.switch_after(round)
                 || ((capped || stalled || asked) && self.opts.mode.may_postcopy());

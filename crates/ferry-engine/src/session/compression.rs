@@ -13,7 +13,7 @@
 //! that is not the current choice, so the averages follow the data and the link as
 //! they change. Fixed settings (`none`, `lz4`, `zstd`) skip all of this.
 
-pub use crate::choices::Compression;
+use crate::choices::Compression;
 use crate::wire::compress::Codec;
 
 /// Weight of the newest sample in the moving averages.

@@ -53,7 +53,6 @@ mod source;
 mod switchover;
 mod within_round;
 
-pub use compression::Compression;
 pub(crate) use dest::{Dest, Outputs};
 pub(crate) use device_intake::DeviceIntake;
 pub(crate) use huge::HUGE_PAGES;
@@ -68,7 +67,7 @@ pub use options::{
 pub(crate) use page_requests::{BlockClock, Requests, ThreadWaits, BLOCK_BIN};
 pub(crate) use phase::SourcePhase;
 pub use settings::MigrationSettings;
-pub use source::fresh_summary;
+pub(crate) use source::fresh_summary;
 pub(crate) use source::{new_session_id, ship, Migrating, Source, EST_BYTES_PER_PAGE};
 
 use crate::error::MigrationError;

@@ -2,9 +2,9 @@
 //! and the mode. One home for both modes, so that precopy and postcopy read
 //! the same settings and neither owns the other's.
 
-use super::compression::Compression;
+use crate::choices::Compression;
+use crate::choices::ConvergeMode;
 pub use crate::choices::Mode;
-use crate::converge::ConvergeMode;
 use crate::error::OptionsError;
 use crate::tunables::{Tunables, DOWNTIME_MS, MAX_ROUNDS};
 use crate::wire::ExpectedVm;

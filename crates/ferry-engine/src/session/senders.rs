@@ -16,8 +16,9 @@
 //! records why in [`Health`], which shuts every data connection down; the
 //! engine thread sees it at its next batch.
 
-use super::compression::{Chooser, Compression};
+use super::compression::Chooser;
 use super::delta::DeltaCache;
+use crate::choices::Compression;
 use crate::error::MigrationError;
 use crate::summary::DeltaSummary;
 use crate::transport::health::spawn;

@@ -8,10 +8,10 @@
 //! the same checks ([`Mode::switching`], [`TunableChange::validate`],
 //! [`PrecopyOptions::validate`]) in the same words.
 
-use super::compression::Compression;
 use super::options::{Mode, PrecopyOptions};
+use crate::choices::Compression;
+use crate::choices::ConvergeMode;
 use crate::choices::OnStall;
-use crate::converge::ConvergeMode;
 use crate::error::OptionsError;
 use crate::tunables::{TunableChange, Tunables};
 use ferry_vm::GuestProbe;

@@ -36,9 +36,26 @@ const DRAIN_POLL: Duration = Duration::from_millis(1);
 /// The longest a round waits for its queues to drain.
 const MAX_DRAIN: Duration = Duration::from_secs(1);
 
+impl MigrationSummary {
+    /// The summary of a migration of `vm` with `opts` that ended in
+    /// `error` before the engine produced one (it could not connect, or
+    /// the VM refused): what a caller reports for it.
+    pub fn failed_before_start(
+        vm: &mut dyn Vm,
+        opts: &PrecopyOptions,
+        tls: bool,
+        error: String,
+    ) -> Self {
+        MigrationSummary {
+            error: Some(error),
+            ..fresh_summary(vm, opts, opts.connections, tls)
+        }
+    }
+}
+
 /// The summary of a migration about to start: status `failed` until it
-/// completes (also what a caller reports for one that could not start).
-pub fn fresh_summary(
+/// completes.
+pub(crate) fn fresh_summary(
     vm: &mut dyn Vm,
     opts: &PrecopyOptions,
     connections: usize,
@@ -109,10 +126,14 @@ impl<'a> Source<'a> {
             .unwrap_or_else(|| opts.tunables.downtime_target());
         let ram = Arc::clone(vm.ram());
         Source {
-            converge: Converger::new(opts.converge.unwrap_or_default(), max_downtime)
-                .switching_on_stall(opts.mode.switch_on_stall()),
+            convergence: Convergence {
+                logging: false,
+                within: WithinRound::new(ram.pages()),
+                converger: Converger::new(opts.converge.unwrap_or_default(), max_downtime)
+                    .switching_on_stall(opts.mode.switch_on_stall()),
+                link: LinkEstimate::default(),
+            },
             pages: ram.pages(),
-            within: WithinRound::new(ram.pages()),
             vm,
             ram,
             links: Links {
@@ -125,10 +146,8 @@ impl<'a> Source<'a> {
             },
             opts,
             progress,
-            logging: false,
             phase: SourcePhase::Copying,
             postcopy_round: 0,
-            link: LinkEstimate::default(),
             devices: DevicePlan::default(),
             dest_takes: DestTakes::default(),
             start,
@@ -151,10 +170,11 @@ impl<'a> Source<'a> {
             self.summary.batches_by_codec = s.stats.counts();
             self.summary.delta = s.delta_summary();
         }
-        self.summary.throttle_timeline = std::mem::take(&mut self.converge.timeline);
-        self.summary.escalations = std::mem::take(&mut self.converge.escalations);
-        self.summary.operator_changes = std::mem::take(&mut self.converge.operator_changes);
-        self.summary.converge = Some(self.converge.mode());
+        self.summary.throttle_timeline = std::mem::take(&mut self.convergence.converger.timeline);
+        self.summary.escalations = std::mem::take(&mut self.convergence.converger.escalations);
+        self.summary.operator_changes =
+            std::mem::take(&mut self.convergence.converger.operator_changes);
+        self.summary.converge = Some(self.convergence.converger.mode());
         self.progress.phase(Phase::Done);
         match result {
             Ok(()) => {
@@ -246,11 +266,23 @@ fn start_nanos() -> u128 {
         .unwrap_or_default()
 }
 
+/// The source's dirty logs and what decides when precopy's rounds end.
+pub(crate) struct Convergence {
+    /// Whether the dirty logs run (this migration started them).
+    pub(crate) logging: bool,
+    /// Pages harvested within the current round (see [`WithinRound`]).
+    pub(crate) within: WithinRound,
+    /// The convergence policy, its meter and what it has done.
+    pub(crate) converger: Converger,
+    /// What the link moves, as measured so far.
+    pub(crate) link: LinkEstimate,
+}
+
 /// The source's side of one migration. Its state, by concern:
 /// - the VM and its memory (`vm`, `ram`, `pages`);
-/// - the connections to the destination (`links`) and what the link was
-///   measured to move (`link`);
-/// - dirty logging and convergence (`logging`, `within`, `converge`);
+/// - the connections to the destination (`links`);
+/// - dirty logging and convergence, with what the link was measured to
+///   move (`convergence`);
 /// - the device state (`devices`) and the destination's capabilities
 ///   that change the switchover (`dest_takes`);
 /// - where the migration stands (`phase`, `postcopy_round`);
@@ -262,19 +294,17 @@ pub(crate) struct Source<'a> {
     pub(crate) links: Links,
     pub(crate) opts: &'a PrecopyOptions,
     pub(crate) progress: &'a dyn Progress,
+    /// The guest's memory in pages.
     pub(crate) pages: u64,
-    pub(crate) logging: bool,
-    /// Pages harvested within the current round (see [`WithinRound`]).
-    pub(crate) within: WithinRound,
+    /// The dirty logs and what ends precopy's rounds.
+    pub(crate) convergence: Convergence,
     /// Where the migration stands here, and so what a failure does.
     pub(crate) phase: SourcePhase,
+    /// When the migration started, and what it reports.
     pub(crate) start: Instant,
     pub(crate) summary: MigrationSummary,
-    pub(crate) converge: Converger,
     /// The round the postcopy push sends, once switched.
     pub(crate) postcopy_round: u32,
-    /// What the link moves, as measured so far.
-    pub(crate) link: LinkEstimate,
     /// What happens to the VM's device state, as the handshake agreed.
     pub(crate) devices: DevicePlan,
     /// What the destination took of this source's wishes.
@@ -426,8 +456,8 @@ impl Source<'_> {
     ) -> Result<(u64, Duration), MigrationError> {
         let before = into.count();
         self.collect_logs(into)?;
-        self.within.take_into(into);
-        self.summary.spared_pages = self.within.spared();
+        self.convergence.within.take_into(into);
+        self.summary.spared_pages = self.convergence.within.spared();
         let since = last.elapsed();
         *last = Instant::now();
         Ok((into.count() - before, since))
@@ -438,7 +468,7 @@ impl Source<'_> {
     /// starts logging; then the VM's own.
     pub(crate) fn start_logging(&mut self) -> Result<(), MigrationError> {
         crate::dirty_logs::start(&mut *self.vm)?;
-        self.logging = true;
+        self.convergence.logging = true;
         Ok(())
     }
 
@@ -450,7 +480,7 @@ impl Source<'_> {
 
     /// Stops every dirty log, if they run (`when` says when, for the log).
     pub(crate) fn stop_logging(&mut self, when: &str) {
-        if std::mem::take(&mut self.logging) {
+        if std::mem::take(&mut self.convergence.logging) {
             crate::dirty_logs::stop(&mut *self.vm, when);
         }
     }
@@ -469,9 +499,10 @@ impl Source<'_> {
     /// `transfer` (see [`LinkEstimate`]).
     pub(crate) fn plan_bandwidth(&mut self, transfer: Option<Transfer>) -> f64 {
         if let Some(t) = transfer {
-            self.link.learn(t);
+            self.convergence.link.learn(t);
         }
-        self.link
+        self.convergence
+            .link
             .guest_rate(self.opts.tunables.bandwidth_bytes_per_sec())
     }
 
@@ -484,7 +515,7 @@ impl Source<'_> {
         link_bytes_per_sec: f64,
         round_end: Option<RoundEnd>,
     ) -> Sample {
-        let (elapsed, vcpu_dirty_bytes) = self.converge.read_meter(&mut *self.vm);
+        let (elapsed, vcpu_dirty_bytes) = self.convergence.converger.read_meter(&mut *self.vm);
         Sample {
             round,
             elapsed,
@@ -514,8 +545,8 @@ impl Source<'_> {
         left: u64,
     ) -> Result<(), MigrationError> {
         let tun = &self.opts.tunables;
-        if self.converge.interval_due(tun) {
-            if self.logging && self.opts.harvest_within_rounds {
+        if self.convergence.converger.interval_due(tun) {
+            if self.convergence.logging && self.opts.harvest_within_rounds {
                 self.harvest_within_round(set, cursor)?;
             }
             let link = self.plan_bandwidth(Some(Transfer {
@@ -525,13 +556,16 @@ impl Source<'_> {
                 whole_round: false,
             }));
             let sample = self.sample(round, left * EST_BYTES_PER_PAGE, link, None);
-            self.converge
+            self.convergence
+                .converger
                 .on_interval(sample, &mut *self.vm, &self.opts.tunables)?;
         } else {
             // An operator's change lands within a batch.
-            self.converge.live_requests(&mut *self.vm, tun, round)?;
+            self.convergence
+                .converger
+                .live_requests(&mut *self.vm, tun, round)?;
         }
-        for step in self.converge.unreported() {
+        for step in self.convergence.converger.unreported() {
             self.progress.throttle_changed(step);
         }
         Ok(())
@@ -596,7 +630,7 @@ impl Source<'_> {
     ) -> Result<(), MigrationError> {
         let mut found = DirtyPages::new(self.pages);
         self.collect_logs(&mut found)?;
-        self.within.file(&found, set, cursor);
+        self.convergence.within.file(&found, set, cursor);
         Ok(())
     }
 
@@ -666,9 +700,9 @@ impl Source<'_> {
         if queued == 0 {
             return Ok(());
         }
-        let need = self.link.drain_time(queued, MAX_DRAIN);
+        let need = self.convergence.link.drain_time(queued, MAX_DRAIN);
         let deadline = Instant::now() + 2 * need + DRAIN_POLL * 10;
-        let small = (self.link.wire_rate() * DRAIN_POLL.as_secs_f64() * 2.0) as u64;
+        let small = (self.convergence.link.wire_rate() * DRAIN_POLL.as_secs_f64() * 2.0) as u64;
         while self.links.health.queued_bytes() > small && Instant::now() < deadline {
             self.links.health.check()?;
             if self.opts.tunables.is_cancelled() {

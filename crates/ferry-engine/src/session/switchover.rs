@@ -136,7 +136,7 @@ impl Source<'_> {
     /// Leaves the source as it was before the migration.
     pub(crate) fn rollback(&mut self) {
         self.opts.tunables.set_paused(false);
-        self.converge.release(&mut *self.vm);
+        self.convergence.converger.release(&mut *self.vm);
         self.stop_logging("on rollback");
         match self.phase.roll_back() {
             Ok(true) => {

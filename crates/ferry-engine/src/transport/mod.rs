@@ -17,17 +17,17 @@
 //! that stops moving is noticed by whichever side is waiting. Every blocking
 //! call on a link returns once [`health::Health`] shuts the links down.
 
-pub mod health;
+pub(crate) mod health;
 pub mod main_channel;
 pub mod set;
 pub mod tcp;
 pub mod tls;
 pub mod unix;
 
-pub use health::{Health, Side};
+pub(crate) use health::{Health, Side};
 pub use main_channel::MainChannel;
 pub use set::{accept_channel, open_channel, Dial, Listen};
-pub use tcp::{accept, connect, listen, TcpDialer, TransportError};
+pub use tcp::{accept, connect, listen, TcpDialer};
 pub use tls::{TlsConfig, TlsDialer, TlsError, TlsListener};
 pub use unix::{listen_unix, HeldConnections, UnixDialer};
 

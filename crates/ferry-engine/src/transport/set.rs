@@ -14,8 +14,9 @@
 //! ferry that speaks v1 answers a v2 preamble the same way, so either side of
 //! a mixed pair says what is wrong.
 
-use super::{Channel, Link, TransportError};
+use super::{Channel, Link};
 use crate::error::MigrationError;
+use crate::error::TransportError;
 use crate::wire::messages::Hello;
 use crate::wire::{FrameKind, FrameStream, Message, StreamError};
 use std::time::{Duration, Instant};

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 /// How long [`connect`] tries each address.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub use crate::error::TransportError;
+use crate::error::TransportError;
 
 /// Connects to `addr` (host:port) with [`CONNECT_TIMEOUT`] per address, and
 /// disables Nagle.

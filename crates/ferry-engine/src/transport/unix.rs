@@ -14,8 +14,9 @@
 //! both sides; one short is refused by name, never waited for.
 
 use super::set::{Dial, Listen};
-use super::tcp::{accept_until, TransportError};
+use super::tcp::accept_until;
 use super::Link;
+use crate::error::TransportError;
 use std::collections::VecDeque;
 use std::io;
 use std::net::{Shutdown, TcpStream};

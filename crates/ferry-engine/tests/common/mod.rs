@@ -18,7 +18,7 @@ pub mod big_device;
 pub mod record;
 pub mod relay;
 
-use ferry_engine::wire::StreamHeader;
+use ferry_engine::vmm::StreamHeader;
 use ferry_engine::{
     await_migration, listen, receive, MigrationError, PrecopyOptions, ReceiveOptions,
     ReceiveSummary, TcpDialer,

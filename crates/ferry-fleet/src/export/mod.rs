@@ -71,7 +71,7 @@ pub use objects::*;
 use crate::fleet::{Fleet, FleetError};
 use crate::planner::Planner;
 use crate::sim::{run, DrainOutcome};
-use ferry_engine::converge::ConvergeMode;
+use ferry_engine::choices::ConvergeMode;
 use std::collections::BTreeMap;
 
 /// `VirtualMachineInstanceMigration`'s group and version.

@@ -1,12 +1,12 @@
 //! `ferry bench demand-paging`: postcopy's fault path alone, the
-//! annotated-faults seed's table (`ferry_bench::demand_paging`), from its
+//! annotated-faults seed's table (`ferry_experiments::demand_paging`), from its
 //! flags.
 
 use super::output::emit_json;
 use crate::args::parse_size;
 use crate::error::CmdError;
 use clap::Args;
-use ferry_bench::demand_paging::{experiment as demand_paging_experiment, DemandPagingOpts};
+use ferry_experiments::demand_paging::{experiment as demand_paging_experiment, DemandPagingOpts};
 use ferry_vm::PAGE_SIZE;
 use std::path::PathBuf;
 use std::process::ExitCode;

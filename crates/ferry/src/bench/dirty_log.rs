@@ -1,6 +1,6 @@
 //! `ferry bench dirty-log`: on kvm, each KVM dirty-tracking mode's pass
-//! time and log cost (`ferry_bench::kvm::dirty_log`); on soft, eager split
-//! against split on fault (`ferry_bench::soft::dirty_log`). Its flags, and
+//! time and log cost (`ferry_experiments::kvm::dirty_log`); on soft, eager split
+//! against split on fault (`ferry_experiments::soft::dirty_log`). Its flags, and
 //! the VM they describe.
 
 use super::output::emit_json;
@@ -8,8 +8,8 @@ use crate::args::{parse_size, BackendArgs, TrackingMode};
 use crate::backend::BackendKind;
 use crate::error::CmdError;
 use clap::Args;
-use ferry_bench::kvm::dirty_log as dirty_log_kvm;
-use ferry_bench::soft::dirty_log::{dirty_log_experiment, DirtyLogOpts};
+use ferry_experiments::kvm::dirty_log as dirty_log_kvm;
+use ferry_experiments::soft::dirty_log::{dirty_log_experiment, DirtyLogOpts};
 use ferry_kvm::DirtyTracking;
 use ferry_kvm_memstress::Program;
 use ferry_memstress::{AccessOrder, Workload};

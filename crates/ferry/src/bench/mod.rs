@@ -4,7 +4,7 @@
 //!
 //! Everything `ferry bench` runs, below the subcommand (`cmd::bench`, which
 //! only names them and parses their flags). The seeds' experiments live in
-//! the `ferry-bench` crate, and their modules here only feed them their
+//! the `ferry-experiments` crate, and their modules here only feed them their
 //! flags (`dirty_log`, `zap`, `write_protect`, `demand_paging`); the others
 //! are whole here, since they drive `ferry` processes or this crate's
 //! migrations end to end. Each ends the same way ([`output`]).

@@ -179,7 +179,7 @@ fn move_local(a: &LocalArgs, kind: BackendKind, c: &VmConfig) -> Result<Cell, Cm
     let dest = std::thread::spawn(move || {
         let inc = await_local(&listener, &dest_opts)?;
         let mut factory =
-            |_: &ferry_engine::wire::StreamHeader, ram| on_ram(kind, &dest_config, ram);
+            |_: &ferry_engine::vmm::StreamHeader, ram| on_ram(kind, &dest_config, ram);
         let (vm, s) = receive_local(inc, &mut factory, &dest_opts)?;
         let clean = runs_clean(&*vm);
         Ok::<_, ferry_engine::MigrationError>((s, clean))
@@ -217,7 +217,7 @@ fn move_tcp(a: &LocalArgs, kind: BackendKind, c: &VmConfig) -> Result<Cell, CmdE
     let dest_config = c.clone();
     let dest = std::thread::spawn(move || {
         let inc = await_migration(&listener, None)?;
-        let mut factory = |_: &ferry_engine::wire::StreamHeader| incoming(kind, &dest_config);
+        let mut factory = |_: &ferry_engine::vmm::StreamHeader| incoming(kind, &dest_config);
         let (vm, s) = receive(inc, &listener, &mut factory, &ReceiveOptions::default())?;
         let clean = runs_clean(&*vm);
         Ok::<_, ferry_engine::MigrationError>((s, clean))

@@ -1,11 +1,11 @@
 //! `ferry bench write-protect`: write-protecting all memory by a generation
-//! bump against a walk, on the soft MMU (`ferry_bench::soft::write_protect`),
+//! bump against a walk, on the soft MMU (`ferry_experiments::soft::write_protect`),
 //! from its flags.
 
 use super::output::emit_json;
 use crate::error::CmdError;
 use clap::Args;
-use ferry_bench::soft::write_protect::{write_protect_experiment, WriteProtectOpts};
+use ferry_experiments::soft::write_protect::{write_protect_experiment, WriteProtectOpts};
 use std::path::PathBuf;
 use std::process::ExitCode;
 

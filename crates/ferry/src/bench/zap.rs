@@ -1,11 +1,11 @@
 //! `ferry bench zap`: the iterator seed's zap of a sparse and a dense table
-//! tree on the soft MMU (`ferry_bench::soft::zap`), from its flags.
+//! tree on the soft MMU (`ferry_experiments::soft::zap`), from its flags.
 
 use super::output::emit_json;
 use crate::args::parse_size;
 use crate::error::CmdError;
 use clap::Args;
-use ferry_bench::soft::zap::{zap_experiment, ZapOpts};
+use ferry_experiments::soft::zap::{zap_experiment, ZapOpts};
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -39,7 +39,7 @@ mod params;
 mod qmp;
 
 use ferry_control::Parsed;
-use ferry_engine::converge::ConvergeMode;
+use ferry_engine::choices::ConvergeMode;
 use ferry_engine::custody::{CopyState, Custody};
 use ferry_engine::monitor::{EventSink, Monitor};
 use ferry_engine::Tunables;

@@ -3,9 +3,9 @@
 
 use crate::error::CmdError;
 use clap::Args;
-use ferry_engine::converge::ConvergeMode;
+use ferry_engine::choices::Compression;
+use ferry_engine::choices::ConvergeMode;
 use ferry_engine::postcopy::DEFAULT_RECOVER_TIMEOUT;
-use ferry_engine::precopy::Compression;
 use ferry_engine::precopy::{DEFAULT_STALL_TIMEOUT, RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS};
 use ferry_engine::tunables::{
     DEFAULT_DOWNTIME, DEFAULT_MAX_ROUNDS, DOWNTIME_MS, MAX_ROUNDS, QUOTA_INTERVAL_MS,

@@ -6,7 +6,7 @@ use super::args::MigrationArgs;
 use crate::error::CmdError;
 use crate::progress_bar::MigrationBar;
 use crate::vcpu_share::{Sample, ShareWatch};
-use ferry_engine::converge::ConvergeMode;
+use ferry_engine::choices::ConvergeMode;
 use ferry_engine::{Both, Dial, MigrationSummary, NoProgress, PostcopyResume, Progress};
 use ferry_engine::{PrecopyOptions, TlsConfig};
 use ferry_memstress::{read_progress, set_write_percent};
@@ -170,8 +170,7 @@ fn failed_summary(
 ) -> MigrationSummary {
     MigrationSummary {
         total_ms: took.as_secs_f64() * 1e3,
-        error: Some(error),
-        ..ferry_engine::precopy::fresh_summary(vm, opts, opts.connections, tls)
+        ..MigrationSummary::failed_before_start(vm, opts, tls, error)
     }
 }
 

@@ -1,9 +1,9 @@
 //! `minivmm migrate`: boot the VM, let it run, migrate it live.
 
 use super::{consoles, flush, merge, parse_backing, vm_report, VmArgs};
-use ferry_engine::converge::ConvergeMode;
+use ferry_engine::choices::Compression;
+use ferry_engine::choices::ConvergeMode;
 use ferry_engine::local::{migrate_local, LocalOptions};
-use ferry_engine::precopy::Compression;
 use ferry_engine::transport::{Dial, TcpDialer, TlsConfig};
 use ferry_engine::vmm::{Backing, Vm};
 use ferry_engine::{
@@ -104,7 +104,7 @@ impl Progress for RoundLog {
 pub fn migrate(a: MigrateArgs) -> Result<(), String> {
     if a.local.is_some() && a.backing != Backing::Memfd {
         // Refuse before the VM boots, as the engine would once it had.
-        return Err(ferry_engine::local::LocalError::NotFileBacked.to_string());
+        return Err(ferry_engine::error::LocalError::NotFileBacked.to_string());
     }
     let to = a.to.clone().unwrap_or_default();
     let dialer: Box<dyn Dial> = match &a.tls {

@@ -26,8 +26,9 @@ pub use link::TlsLink;
 
 use super::set::{refuse, Dial, Listen};
 use super::tcp::{accept_by, connect};
-use super::{Link, TransportError};
+use super::Link;
 use crate::error::MigrationError;
+use crate::error::TransportError;
 use crate::wire::{FrameStream, Message, MAGIC};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};

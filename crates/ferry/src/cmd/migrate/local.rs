@@ -19,7 +19,7 @@ pub fn migrate(a: &MigrateArgs, socket: &Path) -> Result<ExitCode, CmdError> {
     if config.backing != Backing::Memfd {
         // Refused before the VM boots, in the engine's words.
         return Err(CmdError::Usage(
-            ferry_engine::local::LocalError::NotFileBacked.to_string(),
+            ferry_engine::error::LocalError::NotFileBacked.to_string(),
         ));
     }
     let mut vm = vms::create(a.backend.kind(), &config, &a.backend, vms::Role::Source)?;

@@ -8,7 +8,7 @@ use crate::error::CmdError;
 use crate::serve::serve_vm_on;
 use crate::vms;
 use ferry_engine::local::{await_local, listen_local, receive_local};
-use ferry_engine::wire::StreamHeader;
+use ferry_engine::vmm::StreamHeader;
 use ferry_harness::child::LISTENING_ON;
 use ferry_vm::{error_chain as chain, GuestRam, Vm, VmError};
 use std::io::Write;
@@ -28,7 +28,7 @@ pub fn receive(a: &ReceiveArgs, socket: &Path) -> Result<ExitCode, CmdError> {
     let incoming = match await_local(&listener, &opts) {
         Ok(incoming) => incoming,
         Err(e) => {
-            super::remove_sockets(a);
+            a.remove_sockets();
             return Err(CmdError::Failed(chain(&e)));
         }
     };
@@ -44,7 +44,7 @@ pub fn receive(a: &ReceiveArgs, socket: &Path) -> Result<ExitCode, CmdError> {
         Ok(r) => r,
         Err(e) => {
             shared.arrival_failed(chain(&e));
-            super::remove_sockets(a);
+            a.remove_sockets();
             return Err(CmdError::Failed(chain(&e)));
         }
     };
@@ -70,10 +70,10 @@ pub fn receive(a: &ReceiveArgs, socket: &Path) -> Result<ExitCode, CmdError> {
     let ok = s.digest_match && after.since_resume.errors == 0 && after.problem.is_none();
     if ok && !a.exit_after_report {
         eprintln!("ferry receive: guest running here; Ctrl-C to stop");
-        let serve = super::serving(a);
+        let serve = a.serving();
         return serve_vm_on(&mut *vm, &serve, shared, commands);
     }
-    super::remove_sockets(a);
+    a.remove_sockets();
     Ok(if ok {
         ExitCode::SUCCESS
     } else {

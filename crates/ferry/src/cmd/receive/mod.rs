@@ -2,126 +2,26 @@
 //! keeps running the guest ([`crate::serve`]). A same-host upgrade's
 //! destination is [`local`].
 
+mod args;
 mod local;
+mod report;
 
-use crate::args::{parse_size, BackendArgs, PagingArgs};
+pub use args::ReceiveArgs;
+
 use crate::control::{self, VmCommand};
 use crate::error::CmdError;
-use crate::serve::{serve_vm_on, Serve};
+use crate::serve::serve_vm_on;
 use crate::vms;
-use clap::Args;
 use ferry_engine::custody::CopyState;
-use ferry_engine::postcopy::DEFAULT_RECOVER_TIMEOUT;
-use ferry_engine::precopy::{DEFAULT_STALL_TIMEOUT, RECOVER_TIMEOUT_SECS, STALL_TIMEOUT_SECS};
-use ferry_engine::wire::StreamHeader;
-use ferry_engine::{
-    ExpectedVm, MigrationError, Outcome, ReceiveOptions, ReceiveSummary, TransportError,
-};
+use ferry_engine::vmm::StreamHeader;
+use ferry_engine::{MigrationError, Outcome, TransportError};
 use ferry_harness::child::LISTENING_ON;
-use ferry_memstress::MemstressProbe;
 use ferry_vm::types::human_bytes;
-use ferry_vm::{error_chain as chain, Blocker, Vm, VmError};
+use ferry_vm::{error_chain as chain, Vm, VmError};
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::mpsc::Receiver;
-use std::sync::Arc;
 use std::time::Duration;
-
-/// Arguments of `ferry receive`.
-#[derive(Args, Debug)]
-pub struct ReceiveArgs {
-    /// Where to wait for the migration: HOST:PORT (TCP, e.g. 0.0.0.0:7070,
-    /// or 127.0.0.1:0 for any free port), `unix:PATH` (a UNIX socket), or
-    /// `fd:N,M,...` (connected sockets this process inherited, in the order
-    /// the source opens them).
-    #[arg(
-        long,
-        required_unless_present = "local",
-        default_value = "",
-        hide_default_value = true
-    )]
-    pub listen: String,
-    /// Same-host live upgrade: take the VM from a `ferry migrate --local`
-    /// on this UNIX socket, mapping its memory files instead of receiving
-    /// a copy.
-    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["listen", "tls_dir"])]
-    pub local: Option<std::path::PathBuf>,
-    /// Guest memory this destination has room for (all vCPUs' regions, e.g. 1G).
-    /// A stream carrying another size is refused.
-    #[arg(long, value_parser = parse_size)]
-    pub memory: Option<u64>,
-    /// The most device state (the VMM's sections at the switchover) this
-    /// destination takes, e.g. 512M. A source whose sections declare more
-    /// is refused before any memory moves, naming the largest.
-    #[arg(long, value_parser = parse_size, default_value = "4G")]
-    pub max_device_state: u64,
-    /// vCPUs this destination will run; a stream with another count is refused.
-    #[arg(long)]
-    pub vcpus: Option<u32>,
-    #[command(flatten)]
-    pub backend: BackendArgs,
-    /// Seconds to run the guest after switchover before reporting its own
-    /// checks (and on until every vCPU has completed a pass here, at most 120 s).
-    #[arg(long = "run-after", default_value_t = 1.0)]
-    pub run_after: f64,
-    /// Verify the memory digest before resuming the guest (longer downtime).
-    #[arg(long = "verify-before-resume")]
-    pub verify_before_resume: bool,
-    /// Seconds the link may stand still before the migration fails (no
-    /// guest is started here then).
-    #[arg(long = "stall-timeout", default_value_t = DEFAULT_STALL_TIMEOUT.as_secs(),
-          value_parser = clap::value_parser!(u64).range(STALL_TIMEOUT_SECS))]
-    pub stall_timeout_s: u64,
-    #[command(flatten)]
-    pub paging: PagingArgs,
-    /// Postcopy: when the connections break after the switchover, run the
-    /// guest on and wait this many seconds for the source to reconnect
-    /// (`ferry migrate` retries for its own --recover-timeout). 0: give up
-    /// at once and pause the guest.
-    #[arg(long = "recover-timeout", value_name = "SECS", default_value_t = DEFAULT_RECOVER_TIMEOUT.as_secs(),
-          value_parser = clap::value_parser!(u64).range(RECOVER_TIMEOUT_SECS))]
-    pub recover_timeout_s: u64,
-    /// Mutual TLS: accept only sources with a certificate from `ca.pem` in
-    /// this directory, and serve `cert.pem` / `key.pem` (`ferry certs DIR`
-    /// writes a throwaway set). Plaintext sources are refused.
-    #[arg(long = "tls-dir", value_name = "DIR")]
-    pub tls_dir: Option<std::path::PathBuf>,
-    /// Refuse postcopy: a source that may switch to it (`--mode postcopy`
-    /// or `hybrid`) is told so before any memory moves, and a precopy
-    /// migration runs as usual.
-    #[arg(long = "no-postcopy")]
-    pub no_postcopy: bool,
-    /// Offer a migrating guest a CPU without these features (comma
-    /// separated, as /proc/cpuinfo names them: `avx2,avx512f`), as a fleet's
-    /// baseline CPU model does: a guest that was given one of them is
-    /// refused before any memory moves, naming it. kvm backend only.
-    #[arg(long = "cpu-without", value_delimiter = ',', value_name = "FEATURES")]
-    pub cpu_without: Vec<String>,
-    /// Give up if no migration has arrived after this many seconds (by
-    /// default, wait for one as long as it takes).
-    #[arg(long = "wait", value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    pub wait_s: Option<u64>,
-    /// Exit after reporting instead of running the guest on.
-    #[arg(long = "exit-after-report")]
-    pub exit_after_report: bool,
-    /// For tests: overwrite the guest's code with `ud2` once it resumes
-    /// here, so that its vCPUs fault (on kvm a triple fault: the memstress
-    /// guest has no IDT) and the failure path is exercised.
-    #[arg(long = "break-guest-after-resume", hide = true)]
-    pub break_guest: bool,
-    /// Once the guest runs here, serve a control socket at this path, as
-    /// `ferry run --control` does: status, live settings, QMP's commands
-    /// (`ferry ctl`), and a migration onward to another `ferry receive`.
-    #[arg(long, value_name = "PATH", conflicts_with = "exit_after_report")]
-    pub control: Option<std::path::PathBuf>,
-    /// Once the guest runs here, serve a QMP socket at this path, as
-    /// `ferry run --qmp` does (a greeting, then QMP only).
-    #[arg(long, value_name = "PATH", conflicts_with = "exit_after_report")]
-    pub qmp: Option<std::path::PathBuf>,
-    /// Print the destination's summary as one JSON line.
-    #[arg(long)]
-    pub json: bool,
-}
 
 pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     // A misspelt feature is refused now, not when a migration arrives.
@@ -146,7 +46,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     let (listener, local) = endpoint.listener(tls.as_ref()).map_err(CmdError::Failed)?;
     // Nothing to roll back on this side: a stop ends it, and the source
     // sees the connection go (its guest runs on there).
-    let sockets = monitor_sockets(&a);
+    let sockets = a.monitor_sockets();
     crate::signals::exit_within(Duration::from_secs(a.stall_timeout_s));
     crate::signals::on_stop(move || {
         let sig = crate::signals::received().unwrap_or("a signal");
@@ -175,7 +75,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                     TransportError::Listen { .. } | TransportError::AcceptTimeout { .. },
                 ),
             ) => {
-                remove_sockets(&a);
+                a.remove_sockets();
                 return Err(CmdError::Failed(chain(&e)));
             }
             Err(e) => eprintln!(
@@ -191,33 +91,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     );
     shared.monitor.begin_incoming();
 
-    let opts = {
-        let mut o = ReceiveOptions::default();
-        o.expect = Some(ExpectedVm {
-            memory_bytes: None,
-            vcpus: a.vcpus,
-            // On auto, whichever of ferry's backends the stream names.
-            vmm: (a.backend.backend != "auto").then(|| a.backend.kind().vmm_id().to_string()),
-        });
-        o.verify_before_resume = a.verify_before_resume;
-        o.stall_timeout = Duration::from_secs(a.stall_timeout_s);
-        o.placement = a.paging.placement;
-        o.prefetch = a.paging.prefetch;
-        o.recover_timeout = Duration::from_secs(a.recover_timeout_s);
-        o.vcpu_fault_exits = a.paging.fault_path == "auto";
-        o.fault_handlers = usize::from(a.paging.fault_handlers);
-        o.fault_busy_poll = a.paging.busy_poll;
-        o.probe = Some(Arc::new(MemstressProbe));
-        o.max_device_bytes = a.max_device_state;
-        o.blockers = if a.no_postcopy {
-            vec![Blocker::postcopy(
-                "this destination was started with --no-postcopy",
-            )]
-        } else {
-            Vec::new()
-        };
-        o
-    };
+    let opts = a.receive_options();
     let memory = a.memory;
     let cpu_without = a.cpu_without.clone();
     let backend = a.backend.clone();
@@ -242,7 +116,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         Ok(r) => r,
         Err(e) => {
             shared.arrival_failed(chain(&e));
-            remove_sockets(&a);
+            a.remove_sockets();
             return Err(CmdError::Failed(chain(&e)));
         }
     };
@@ -263,7 +137,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
     {
         let run_after = Duration::from_secs_f64(a.run_after);
         if a.break_guest {
-            break_guest(&*vm);
+            report::break_guest(&*vm);
         }
         let after = crate::guest_check::after_switchover(&*vm, at_resume, run_after);
         summary.passes_after = Some(after.since_resume.progress);
@@ -278,7 +152,7 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
         println!("{j}");
     }
     if summary.status == Outcome::Held {
-        if monitor_sockets(&a).is_empty() {
+        if a.monitor_sockets().is_empty() {
             let why = summary.held.clone().unwrap_or_default();
             return Err(CmdError::Failed(format!(
                 "{why}; without --control (or --qmp) this process cannot hold the paused copy \
@@ -286,35 +160,9 @@ pub fn run(a: ReceiveArgs) -> Result<ExitCode, CmdError> {
                  unless it got this side's verdict: see its summary)"
             )));
         }
-        return serve_vm_on(&mut *vm, &serving(&a), shared, commands);
+        return serve_vm_on(&mut *vm, &a.serving(), shared, commands);
     }
-    report(&a, &mut *vm, &summary, problem, shared, commands)
-}
-
-/// The monitor sockets this destination serves (`--control`, `--qmp`).
-fn monitor_sockets(a: &ReceiveArgs) -> Vec<std::path::PathBuf> {
-    [&a.control, &a.qmp]
-        .into_iter()
-        .flatten()
-        .cloned()
-        .collect()
-}
-
-/// Removes them, on an exit that does not serve the guest.
-fn remove_sockets(a: &ReceiveArgs) {
-    for path in monitor_sockets(a) {
-        let _ = std::fs::remove_file(path);
-    }
-}
-
-/// `--break-guest-after-resume`: every byte of the memstress guest's code
-/// becomes `ud2` (0f 0b); a vCPU faults at its next instruction fetch.
-fn break_guest(vm: &dyn Vm) {
-    let code = ferry_memstress::CODE_GPA.0;
-    for at in (code..code + ferry_memstress::CODE_MAX as u64).step_by(8) {
-        let _ = vm.ram().store_u64(ferry_vm::Gpa(at), 0x0b0f_0b0f_0b0f_0b0f);
-    }
-    eprintln!("ferry receive: broke the guest's code on purpose (--break-guest-after-resume)");
+    report::report(&a, &mut *vm, &summary, problem, shared, commands)
 }
 
 /// The destination's monitor, up before the migration arrives, as QEMU's
@@ -326,58 +174,4 @@ fn arrival_monitor(a: &ReceiveArgs) -> Result<(control::Shared, Receiver<VmComma
         .serve_sockets(a.control.as_deref(), a.qmp.as_deref())
         .map_err(|e| CmdError::Failed(chain(&e)))?;
     Ok((shared, commands))
-}
-
-/// How the arrived guest is served: its monitor stays up after a
-/// migration onward only with `--qmp`, as QEMU's does.
-fn serving(a: &ReceiveArgs) -> Serve {
-    Serve {
-        interval: Duration::from_secs(1),
-        duration: None,
-        control: a.control.clone(),
-        qmp: a.qmp.clone(),
-        stay_after_migration: a.qmp.is_some(),
-    }
-}
-
-/// Reports how the arrival went, then serves the guest, or exits with the
-/// verdict.
-fn report(
-    a: &ReceiveArgs,
-    vm: &mut dyn Vm,
-    summary: &ReceiveSummary,
-    problem: Option<String>,
-    shared: control::Shared,
-    commands: Receiver<VmCommand>,
-) -> Result<ExitCode, CmdError> {
-    let before = summary.guest_at_resume.unwrap_or_default().errors;
-    let after = summary.mismatches_after.unwrap_or(0);
-    eprintln!(
-        "ferry receive: {:?}: resumed in {:.1} ms, digest {}, {} passes after switchover, mismatches {before} before / {after} after",
-        summary.status,
-        summary.resume_ms,
-        if summary.digest_match { "match" } else { "MISMATCH" },
-        summary.passes_after.unwrap_or(0),
-    );
-    if let Some(p) = &problem {
-        eprintln!("ferry receive: the guest after switchover: {p}");
-    }
-    let ok = summary.digest_match && after == 0 && problem.is_none();
-    if !a.exit_after_report && ok {
-        if summary.paused {
-            eprintln!(
-                "ferry receive: guest paused here, as it was at the source; cont resumes it; \
-                 Ctrl-C to stop"
-            );
-        } else {
-            eprintln!("ferry receive: guest running here; Ctrl-C to stop");
-        }
-        return serve_vm_on(vm, &serving(a), shared, commands);
-    }
-    remove_sockets(a);
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(2)
-    })
 }

@@ -1,8 +1,8 @@
 //! The experiments at their default (full) sizes. Not part of the test suite:
-//! run with `cargo test --release -p ferry-bench --test seeds -- --ignored --nocapture <name>`
+//! run with `cargo test --release -p ferry-experiments --test seeds -- --ignored --nocapture <name>`
 //! to print the tables (the CLI's `ferry bench` calls the same functions).
 
-use ferry_bench::soft::{write_protect, zap};
+use ferry_experiments::soft::{write_protect, zap};
 
 fn out_dir() -> std::path::PathBuf {
     std::env::temp_dir().join("ferry-soft-bench")
@@ -34,12 +34,12 @@ fn dirty_log_default() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(default)
     };
-    let opts = ferry_bench::soft::dirty_log::DirtyLogOpts {
+    let opts = ferry_experiments::soft::dirty_log::DirtyLogOpts {
         exit_cost_ns: env("FERRY_EXIT_NS", ferry_soft::hw_cost::SEED_EXIT_COST_NS),
         tlbi_cost_ns: env("FERRY_TLBI_NS", ferry_soft::hw_cost::SEED_BROADCAST_TLBI_NS),
         ..Default::default()
     };
-    let r = ferry_bench::soft::dirty_log::dirty_log_experiment(&opts).unwrap();
+    let r = ferry_experiments::soft::dirty_log::dirty_log_experiment(&opts).unwrap();
     println!("{}", r.render());
     r.write(&out_dir()).unwrap();
 }
