@@ -433,7 +433,7 @@ fn main() {
     let forecast = predicted.as_ref().and_then(|p| {
         p.policies
             .iter()
-            .find(|f| summary.converge == Some(f.policy))
+            .find(|f| summary.convergence.converge == Some(f.policy))
             .map(|f| {
                 serde_json::json!({
                     "policy": f.policy,
@@ -456,10 +456,10 @@ fn main() {
         "receive_returned_ms": receive_returned_ms,
         "downtime_ms": summary.downtime_ms,
         "total_ms": summary.total_ms,
-        "guest_errors_before": summary.guest_at_pause.map(|c| c.errors),
+        "guest_errors_before": summary.guest.guest_at_pause.map(|c| c.errors),
         "guest_passes_after": after.progress,
         "guest_errors_after": after.errors,
-        "rounds": summary.rounds.len(),
+        "rounds": summary.memory.rounds.len(),
         "predicted": forecast,
     });
     if !json {

@@ -33,7 +33,7 @@ fn main() {
     let dsum = dest.join().expect("destination thread").map(|(_, s)| s);
     match summary {
         Ok(s) => {
-            let full = &s.rounds[0];
+            let full = &s.memory.rounds[0];
             println!(
                 "full pass: {} pages ({} zero) in {:.1} ms = {:.2} GiB/s of guest memory",
                 full.pages,
@@ -44,10 +44,10 @@ fn main() {
             println!(
                 "downtime {:.2} ms (destination resume {:.3} ms), digest {:.1} ms, total {:.1} ms, rounds {}",
                 s.downtime_ms,
-                s.dest_resume_ms,
-                s.digest_ms,
+                s.switchover.dest_resume_ms,
+                s.switchover.digest_ms,
                 s.total_ms,
-                s.rounds.len()
+                s.memory.rounds.len()
             );
             println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
         }

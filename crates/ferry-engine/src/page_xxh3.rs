@@ -5,12 +5,12 @@
 //! keep its digest (see `digest` and `wire::frame`). `xxhash-rust` picks
 //! its vector width when it is compiled, and a portable build gets SSE2.
 //! Measured on this project's kvm host (a 1 MiB buffer in cache, 4 KiB
-//! pages): SSE2 hashed 9–17 GiB/s, AVX2 18–23 and AVX-512 33. So this module
-//! computes the same function for a whole page with AVX-512 or AVX2 when the
-//! CPU has them (checked once, at the first call), and falls back to
-//! `xxhash-rust` otherwise. The result is xxh3-64 with seed 0 and the
-//! default secret, bit for bit: the tests compare it with `xxhash-rust` on
-//! every path this CPU can run.
+//! pages), AVX2 hashed markedly faster than SSE2, and AVX-512 faster still.
+//! So this module computes the same function for a whole page with AVX-512
+//! or AVX2 when the CPU has them (checked once, at the first call), and
+//! falls back to `xxhash-rust` otherwise. The result is xxh3-64 with seed 0
+//! and the default secret, bit for bit: the tests compare it with
+//! `xxhash-rust` on every path this CPU can run.
 //!
 //! The long-input path of xxh3 for 4096 bytes: 3 blocks of 16 stripes of
 //! 64 bytes (each block's accumulators scrambled after it), 15 stripes of

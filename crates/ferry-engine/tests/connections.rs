@@ -50,21 +50,25 @@ fn four_connections(compression: Compression, delta: bool) {
     let (dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match);
-    assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
-    assert_eq!((summary.connections, dsum.connections), (4, 4));
-    assert!(summary.rounds.len() >= 3, "{:?}", summary.rounds);
-    let sent: u64 = summary.rounds.iter().map(|r| r.pages).sum();
+    assert_eq!(summary.guest.guest_mismatches, Some(0), "{summary:?}");
+    assert_eq!((summary.link.connections, dsum.connections), (4, 4));
+    assert!(
+        summary.memory.rounds.len() >= 3,
+        "{:?}",
+        summary.memory.rounds
+    );
+    let sent: u64 = summary.memory.rounds.iter().map(|r| r.pages).sum();
     assert_eq!(sent, dsum.pages_received);
-    let data: u64 = summary.rounds.iter().map(|r| r.bytes).sum();
+    let data: u64 = summary.memory.rounds.iter().map(|r| r.bytes).sum();
     assert_eq!(data, dsum.bytes_received, "every page byte arrived");
-    match &summary.delta {
+    match &summary.link.delta {
         // The guest rewrites an 8-byte stamp per page: re-sent pages become
         // deltas.
         Some(d) => assert!(d.pages > 0 && d.bytes < d.pages * 64, "{d:?}"),
         None => assert!(!delta),
     }
     assert!(dvm.is_running());
-    let [raw, lz4, zstd] = summary.batches_by_codec;
+    let [raw, lz4, zstd] = summary.link.batches_by_codec;
     match compression {
         Compression::None => assert_eq!((lz4, zstd), (0, 0)),
         Compression::Fixed(Codec::Lz4) => assert!(lz4 > 0 && zstd == 0),
@@ -202,7 +206,7 @@ fn placement_by_plain_write_verifies_as_well() {
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
     assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
-    assert_eq!(summary.guest_mismatches, Some(0));
+    assert_eq!(summary.guest.guest_mismatches, Some(0));
 }
 
 /// A hand-driven source: the main channel's header is accepted, then

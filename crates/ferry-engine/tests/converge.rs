@@ -37,9 +37,20 @@ fn auto_throttles_every_vcpu_in_steps_and_the_migration_verifies() {
     let s = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     dest.join().unwrap().unwrap();
     assert_eq!(s.status, Outcome::Completed, "{s:?}");
-    assert!(s.digest_match && s.guest_mismatches == Some(0), "{s:?}");
-    assert_eq!(s.converge, Some(ferry_engine::choices::ConvergeMode::Auto));
-    let steps: Vec<u8> = s.throttle_timeline.iter().map(|t| t.percent).collect();
+    assert!(
+        s.digest_match && s.guest.guest_mismatches == Some(0),
+        "{s:?}"
+    );
+    assert_eq!(
+        s.convergence.converge,
+        Some(ferry_engine::choices::ConvergeMode::Auto)
+    );
+    let steps: Vec<u8> = s
+        .convergence
+        .throttle_timeline
+        .iter()
+        .map(|t| t.percent)
+        .collect();
     assert!(steps.len() >= 2, "{steps:?}");
     assert_eq!(steps[0], 20, "{steps:?}");
     assert!(steps.windows(2).all(|w| w[1] == w[0] + 10), "{steps:?}");
@@ -53,17 +64,27 @@ fn none_never_throttles_and_a_stall_raises_the_downtime_target_up_to_the_cap() {
     opts.max_downtime = Some(Duration::from_millis(2));
     let s = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     dest.join().unwrap().unwrap();
-    assert!(s.digest_match && s.guest_mismatches == Some(0), "{s:?}");
-    assert!(s.throttle_timeline.is_empty(), "{s:?}");
-    assert!(!s.escalations.is_empty(), "no escalation: {s:?}");
-    for e in &s.escalations {
+    assert!(
+        s.digest_match && s.guest.guest_mismatches == Some(0),
+        "{s:?}"
+    );
+    assert!(s.convergence.throttle_timeline.is_empty(), "{s:?}");
+    assert!(
+        !s.convergence.escalations.is_empty(),
+        "no escalation: {s:?}"
+    );
+    for e in &s.convergence.escalations {
         assert!(
             matches!(e.what, EscalationKind::DowntimeRaised { .. }),
             "{e:?}"
         );
     }
     // 1 → 1.5 → 2 (the cap): never further.
-    assert!(s.escalations.len() <= 2, "{:?}", s.escalations);
+    assert!(
+        s.convergence.escalations.len() <= 2,
+        "{:?}",
+        s.convergence.escalations
+    );
     let target = opts.tunables.downtime_target();
     assert!(target > Duration::from_millis(1) && target <= Duration::from_millis(2));
 }
@@ -129,7 +150,10 @@ fn no_policy_named_is_the_best_the_vm_serves() {
     let mut src = running_source();
     let s = migrate(&mut src, &to, &probed(), &NoProgress).unwrap();
     dest.join().unwrap().unwrap();
-    assert_eq!(s.converge, Some(ferry_engine::choices::ConvergeMode::Auto));
+    assert_eq!(
+        s.convergence.converge,
+        Some(ferry_engine::choices::ConvergeMode::Auto)
+    );
     // A policy it cannot serve is refused before anything starts: no
     // destination is even dialled.
     let mut src = running_source();
@@ -270,7 +294,7 @@ fn a_policy_the_vm_does_not_declare_is_refused_and_the_default_is_none() {
     let s = migrate(&mut src, &to, &probed(), &NoProgress).unwrap();
     let (moved, received) = dest.join().unwrap();
     assert!(s.digest_match && received.digest_match, "{s:?}");
-    assert_eq!(s.guest_mismatches, Some(0), "{s:?}");
-    assert_eq!(s.converge, Some(ConvergeMode::None));
+    assert_eq!(s.guest.guest_mismatches, Some(0), "{s:?}");
+    assert_eq!(s.convergence.converge, Some(ConvergeMode::None));
     assert!(moved.is_running() && !src.is_running());
 }

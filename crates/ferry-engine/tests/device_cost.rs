@@ -12,16 +12,22 @@ use ferry_engine::device_cost::{rate, DEVICE_STATE_BYTES_PER_SEC};
 fn the_second_large_switchover_is_predicted_at_the_rate_the_first_showed() {
     let first = common::big_device::move_big_device(false);
     assert_eq!(
-        first.device_state_bytes_per_sec, DEVICE_STATE_BYTES_PER_SEC,
+        first.devices.device_state_bytes_per_sec, DEVICE_STATE_BYTES_PER_SEC,
         "{first:?}"
     );
-    let took = (first.save_sections_ms + first.dest_resume_ms) / 1e3;
-    let shown = first.device_bytes_at_pause as f64 / took;
+    let took = (first.switchover.save_sections_ms + first.switchover.dest_resume_ms) / 1e3;
+    let shown = first.devices.device_bytes_at_pause as f64 / took;
     let learned = rate(common::TEST_VMM);
     assert!((learned / shown - 1.0).abs() < 1e-6, "{learned} vs {shown}");
     let second = common::big_device::move_big_device(false);
-    assert_eq!(second.device_state_bytes_per_sec, learned, "{second:?}");
+    assert_eq!(
+        second.devices.device_state_bytes_per_sec, learned,
+        "{second:?}"
+    );
     // 256 MiB at that rate is in the prediction, beside the link's share.
-    let cost = second.device_bytes_at_pause as f64 / learned * 1e3;
-    assert!(second.predicted_downtime_ms >= cost, "{second:?}");
+    let cost = second.devices.device_bytes_at_pause as f64 / learned * 1e3;
+    assert!(
+        second.switchover.predicted_downtime_ms >= cost,
+        "{second:?}"
+    );
 }

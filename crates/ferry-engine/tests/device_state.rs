@@ -87,17 +87,17 @@ fn device_state_larger_than_a_frame_moves_in_parts_and_loads_whole() {
     println!(
         "{} MiB of device state at the pause: downtime {:.1} ms (pause {:.1}, vCPU state {:.1}, \
          digest {:.1}, destination resume {:.1})",
-        summary.device_bytes_at_pause >> 20,
+        summary.devices.device_bytes_at_pause >> 20,
         summary.downtime_ms,
-        summary.pause_ms,
-        summary.save_vcpus_ms,
-        summary.digest_ms,
-        summary.dest_resume_ms
+        summary.switchover.pause_ms,
+        summary.switchover.save_vcpus_ms,
+        summary.switchover.digest_ms,
+        summary.switchover.dest_resume_ms
     );
     assert!(
-        summary.device_bytes_at_pause > bytes,
+        summary.devices.device_bytes_at_pause > bytes,
         "{}",
-        summary.device_bytes_at_pause
+        summary.devices.device_bytes_at_pause
     );
     let loaded = loaded.unwrap();
     assert_eq!(loaded.len(), 1);
@@ -161,19 +161,25 @@ fn large_changing_device_state_goes_live_and_the_pause_carries_only_the_rest() {
     let summary = common::big_device::move_big_device(true);
     // All of it went while the guest ran; the pause took what changed
     // since the last round, far less than the whole.
-    assert!(summary.device_bytes_live >= 256 << 20, "{summary:?}");
     assert!(
-        summary.device_bytes_at_pause < 64 << 20,
+        summary.devices.device_bytes_live >= 256 << 20,
+        "{summary:?}"
+    );
+    assert!(
+        summary.devices.device_bytes_at_pause < 64 << 20,
         "{}",
-        summary.device_bytes_at_pause
+        summary.devices.device_bytes_at_pause
     );
 }
 
 #[test]
 fn a_destination_that_loads_no_live_state_gets_it_all_at_the_pause() {
     let summary = common::big_device::move_big_device(false);
-    assert_eq!(summary.device_bytes_live, 0, "{summary:?}");
-    assert!(summary.device_bytes_at_pause >= 256 << 20, "{summary:?}");
+    assert_eq!(summary.devices.device_bytes_live, 0, "{summary:?}");
+    assert!(
+        summary.devices.device_bytes_at_pause >= 256 << 20,
+        "{summary:?}"
+    );
 }
 
 /// Live chunks count toward the destination's limit with the sections at

@@ -70,14 +70,14 @@ fn move_vm(backing: Backing, discard: bool) -> MigrationSummary {
 fn discarded_half_sends_about_half(backing: Backing) {
     let whole = move_vm(backing, false);
     let halved = move_vm(backing, true);
-    assert_eq!(whole.discarded_bytes, 0);
+    assert_eq!(whole.memory.discarded_bytes, 0);
     // Less the page written back, which is data again.
-    assert_eq!(halved.discarded_bytes, DATA / 2 - PAGE_SIZE as u64);
+    assert_eq!(halved.memory.discarded_bytes, DATA / 2 - PAGE_SIZE as u64);
     // 2 MiB of system slot + 64 MiB of data, against 2 + 32 (+ a page).
-    let ratio = halved.bytes_sent as f64 / whole.bytes_sent as f64;
+    let ratio = halved.link.bytes_sent as f64 / whole.link.bytes_sent as f64;
     println!(
         "{backing:?}: whole {} bytes, half discarded {} bytes ({ratio:.3})",
-        whole.bytes_sent, halved.bytes_sent
+        whole.link.bytes_sent, halved.link.bytes_sent
     );
     assert!(
         (0.45..0.6).contains(&ratio),

@@ -66,7 +66,7 @@ fn fault_at(fault: Fault, mode: Mode) {
         Ok(()) => {
             assert_eq!(summary.status, Outcome::Completed, "{context}");
             assert!(summary.digest_match, "{context}");
-            assert_eq!(summary.guest_mismatches, Some(0), "{context}");
+            assert_eq!(summary.guest.guest_mismatches, Some(0), "{context}");
             let (dvm, _) = received.unwrap_or_else(|e| panic!("{context}: destination: {e}"));
             assert!(dvm.is_running(), "{context}");
             assert!(!src.is_running(), "{context}: both copies run");

@@ -26,7 +26,7 @@ fn two_new_ends_speak_the_newest_version_and_say_so() {
     assert_eq!(summary.status, Outcome::Completed);
     assert!(summary.digest_match && dsum.digest_match);
     assert_eq!(
-        (summary.wire_version, dsum.wire_version),
+        (summary.link.wire_version, dsum.wire_version),
         (VERSION, VERSION)
     );
 }
@@ -53,11 +53,11 @@ fn a_peer_of_the_previous_version_migrates_at_that_version_both_ways() {
     let (dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match);
-    assert_eq!(summary.guest_mismatches, Some(0));
+    assert_eq!(summary.guest.guest_mismatches, Some(0));
     assert_eq!(dsum.mismatches_after, Some(0));
     assert!(dvm.is_running());
     assert_eq!(
-        (summary.wire_version, dsum.wire_version),
+        (summary.link.wire_version, dsum.wire_version),
         (MIN_VERSION, MIN_VERSION)
     );
 }
@@ -92,7 +92,10 @@ fn a_destination_that_refuses_postcopy_stops_a_hybrid_source_before_memory_moves
         err,
         "the destination does not take postcopy: the operator said no postcopy here"
     );
-    assert!(summary.rounds.is_empty(), "no page was sent: {summary:?}");
+    assert!(
+        summary.memory.rounds.is_empty(),
+        "no page was sent: {summary:?}"
+    );
     assert!(src.is_running() && !src.logging, "the source runs on");
     let derr = dest
         .join()
@@ -118,7 +121,7 @@ fn a_wire_5_source_that_may_switch_to_postcopy_is_told_why_it_is_refused() {
             && err.contains("(wire 5) may switch to it: migrate with --mode precopy"),
         "{err}"
     );
-    assert!(summary.rounds.is_empty(), "{summary:?}");
+    assert!(summary.memory.rounds.is_empty(), "{summary:?}");
     assert!(src.is_running());
     assert!(dest.join().unwrap().is_err());
 }
@@ -171,7 +174,7 @@ fn a_blocked_destination_vm_refuses_with_its_reason() {
         err.contains("the destination VM cannot take a migration: its disk is not shared"),
         "{err}"
     );
-    assert!(summary.rounds.is_empty());
+    assert!(summary.memory.rounds.is_empty());
     assert!(src.is_running());
     assert!(dest.join().unwrap().is_err());
 }

@@ -41,9 +41,9 @@ fn postcopy_moves_a_running_guest_at_once_and_fetches_its_pages() {
 
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && summary.digest_checked && dsum.digest_match);
-    assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
+    assert_eq!(summary.guest.guest_mismatches, Some(0), "{summary:?}");
     assert_eq!(summary.mode, Mode::Postcopy);
-    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+    let kinds: Vec<_> = summary.memory.rounds.iter().map(|r| r.kind).collect();
     assert_eq!(kinds, [RoundKind::Postcopy], "no precopy round");
     let ours = summary
         .postcopy
@@ -80,9 +80,9 @@ fn hybrid_switches_after_its_rounds() {
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match);
-    assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
+    assert_eq!(summary.guest.guest_mismatches, Some(0), "{summary:?}");
     assert!(!summary.converged, "{summary:?}");
-    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+    let kinds: Vec<_> = summary.memory.rounds.iter().map(|r| r.kind).collect();
     assert_eq!(
         kinds,
         [RoundKind::Full, RoundKind::Dirty, RoundKind::Postcopy]
@@ -113,11 +113,12 @@ fn a_hybrid_on_stall_switches_when_precopy_stops_shrinking() {
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match);
-    assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
+    assert_eq!(summary.guest.guest_mismatches, Some(0), "{summary:?}");
     assert!(!summary.converged, "{summary:?}");
-    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+    let kinds: Vec<_> = summary.memory.rounds.iter().map(|r| r.kind).collect();
     assert_eq!(kinds.last(), Some(&RoundKind::Postcopy), "{kinds:?}");
     let switched = summary
+        .convergence
         .escalations
         .iter()
         .find(|e| e.what == EscalationKind::StallPostcopy)
@@ -144,9 +145,9 @@ fn a_hybrid_that_converges_finishes_as_precopy() {
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
-    assert_eq!(summary.rounds.last().unwrap().kind, RoundKind::Final);
+    assert_eq!(summary.memory.rounds.last().unwrap().kind, RoundKind::Final);
     assert!(dsum.postcopy.is_none());
-    assert_eq!(summary.guest_mismatches, Some(0));
+    assert_eq!(summary.guest.guest_mismatches, Some(0));
 }
 
 #[test]
@@ -214,7 +215,7 @@ fn postcopy_through_cuts(cuts: u32) {
     assert_eq!(relay.cuts(), cuts);
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
-    assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
+    assert_eq!(summary.guest.guest_mismatches, Some(0), "{summary:?}");
     let ours = summary
         .postcopy
         .as_ref()
@@ -393,17 +394,18 @@ fn a_hybrid_switches_when_an_operator_asks() {
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match);
-    assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
-    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+    assert_eq!(summary.guest.guest_mismatches, Some(0), "{summary:?}");
+    let kinds: Vec<_> = summary.memory.rounds.iter().map(|r| r.kind).collect();
     assert!(!summary.converged, "{summary:?}");
     assert_eq!(kinds, [RoundKind::Full, RoundKind::Postcopy], "{kinds:?}");
     assert!(
         summary
+            .convergence
             .operator_changes
             .iter()
             .any(|c| c.what == EscalationKind::OperatorPostcopy),
         "{:?}",
-        summary.operator_changes
+        summary.convergence.operator_changes
     );
 }
 
@@ -419,7 +421,11 @@ fn a_precopy_ignores_a_postcopy_request() {
     let _ = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert_eq!(summary.mode, Mode::Precopy);
-    assert!(summary.rounds.iter().all(|r| r.kind != RoundKind::Postcopy));
+    assert!(summary
+        .memory
+        .rounds
+        .iter()
+        .all(|r| r.kind != RoundKind::Postcopy));
 }
 
 /// A destination whose guest RAM is hugetlb: postcopy places whole 2 MiB
@@ -453,10 +459,10 @@ fn into_hugetlb(mode: Mode, handlers: usize) -> ferry_engine::MigrationSummary {
     let (dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
-    assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
+    assert_eq!(summary.guest.guest_mismatches, Some(0), "{summary:?}");
     assert!(dvm.is_running());
     assert!(dsum.passes_after > Some(0));
-    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+    let kinds: Vec<_> = summary.memory.rounds.iter().map(|r| r.kind).collect();
     println!(
         "{kinds:?}: source {:?}; destination {:?}",
         summary.postcopy, dsum.postcopy
@@ -493,7 +499,7 @@ fn a_hybrid_onto_hugetlb_drops_and_refills_whole_huge_pages() {
         1,
     );
     assert!(!summary.converged, "{summary:?}");
-    let kinds: Vec<_> = summary.rounds.iter().map(|r| r.kind).collect();
+    let kinds: Vec<_> = summary.memory.rounds.iter().map(|r| r.kind).collect();
     assert_eq!(kinds.last(), Some(&RoundKind::Postcopy), "{kinds:?}");
 }
 
@@ -517,7 +523,7 @@ fn busy_polling_handlers_serve_a_postcopy() {
     let (dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match);
-    assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
+    assert_eq!(summary.guest.guest_mismatches, Some(0), "{summary:?}");
     let report = dsum.postcopy.as_ref().expect("postcopy report");
     assert_eq!(report.fault_path, "userfaultfd");
     assert!(report.page_requests > 0, "{report:?}");
@@ -564,7 +570,7 @@ fn memory_with_a_hole_moves_in_every_mode_and_the_hole_never_travels() {
         assert_eq!(dvm.ram().holes(), vec![(ferry_vm::Gfn(512), 1536)]);
         // Every page sent lies in a region: the full pass sends each RAM
         // page once, and no round sends more than there is RAM.
-        let first = &summary.rounds[0];
+        let first = &summary.memory.rounds[0];
         assert!(first.pages <= ram_pages, "{mode}: {first:?}");
         assert!(dsum.passes_after > Some(0), "{mode}");
     }

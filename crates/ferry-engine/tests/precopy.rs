@@ -23,15 +23,18 @@ fn precopy_over_tcp_moves_a_running_guest_with_matching_digest() {
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match);
     assert!(summary.digest_checked);
-    assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
+    assert_eq!(summary.guest.guest_mismatches, Some(0), "{summary:?}");
     assert_eq!(dsum.mismatches_after, Some(0));
-    assert_eq!(summary.rounds.first().unwrap().kind, RoundKind::Full);
-    assert_eq!(summary.rounds.last().unwrap().kind, RoundKind::Final);
-    assert_eq!(summary.rounds[0].pages, src.ram().pages());
-    assert!(summary.rounds[0].zero_pages > 0);
-    assert!(summary.bytes_sent > dsum.bytes_received, "data and control");
-    assert_eq!((summary.connections, dsum.connections), (1, 1));
-    assert_eq!(summary.wire_version, ferry_engine::wire::VERSION);
+    assert_eq!(summary.memory.rounds.first().unwrap().kind, RoundKind::Full);
+    assert_eq!(summary.memory.rounds.last().unwrap().kind, RoundKind::Final);
+    assert_eq!(summary.memory.rounds[0].pages, src.ram().pages());
+    assert!(summary.memory.rounds[0].zero_pages > 0);
+    assert!(
+        summary.link.bytes_sent > dsum.bytes_received,
+        "data and control"
+    );
+    assert_eq!((summary.link.connections, dsum.connections), (1, 1));
+    assert_eq!(summary.link.wire_version, ferry_engine::wire::VERSION);
     assert!(!src.is_running(), "a committed source stays paused");
     assert!(!src.logging);
     assert!(dvm.is_running());
@@ -53,11 +56,11 @@ fn tight_target_runs_dirty_rounds_and_strict_mode_verifies_first() {
     let summary = migrate(&mut src, &to, &opts, &NoProgress).unwrap();
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
-    assert!(summary.verify_before_resume);
+    assert!(summary.switchover.verify_before_resume);
     assert!(summary.digest_match);
-    assert_eq!(summary.guest_mismatches, Some(0));
-    assert!(summary.rounds.len() >= 2 && summary.rounds.len() <= 5);
-    let sent: u64 = summary.rounds.iter().map(|r| r.pages).sum();
+    assert_eq!(summary.guest.guest_mismatches, Some(0));
+    assert!(summary.memory.rounds.len() >= 2 && summary.memory.rounds.len() <= 5);
+    let sent: u64 = summary.memory.rounds.iter().map(|r| r.pages).sum();
     assert_eq!(sent, dsum.pages_received);
 }
 
@@ -98,7 +101,7 @@ fn strict_to_a_gate(
 fn a_strict_destination_that_holds_its_outputs_runs_the_guest_before_the_verdict() {
     let (summary, running, held, events) = strict_to_a_gate(false);
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
-    assert!(summary.verify_before_resume && summary.digest_match);
+    assert!(summary.switchover.verify_before_resume && summary.digest_match);
     assert!(running);
     // Held, then started (before the verdict: a strict destination without
     // a gate starts only after it), then released at the Commit.
@@ -295,9 +298,12 @@ fn progress_observer_sees_every_page_and_phase() {
     let seen = Seen::default();
     let summary = migrate(&mut src, &to, &opts, &seen).unwrap();
     dest.join().unwrap().unwrap();
-    let sent: u64 = summary.rounds.iter().map(|r| r.pages).sum();
+    let sent: u64 = summary.memory.rounds.iter().map(|r| r.pages).sum();
     assert_eq!(*seen.pages.lock().unwrap(), sent);
-    assert_eq!(*seen.rounds.lock().unwrap() as usize, summary.rounds.len());
+    assert_eq!(
+        *seen.rounds.lock().unwrap() as usize,
+        summary.memory.rounds.len()
+    );
     let phases = seen.phases.lock().unwrap();
     assert_eq!(phases.first(), Some(&Phase::Handshake));
     assert!(phases.contains(&Phase::Switchover) && phases.contains(&Phase::Verifying));
@@ -329,9 +335,9 @@ fn harvests_within_rounds_send_pages_dirtied_ahead_once() {
     let (_dvm, dsum) = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Outcome::Completed, "{summary:?}");
     assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
-    assert_eq!(summary.guest_mismatches, Some(0), "{summary:?}");
-    assert!(summary.spared_pages > 0, "{summary:?}");
-    let sent: u64 = summary.rounds.iter().map(|r| r.pages).sum();
+    assert_eq!(summary.guest.guest_mismatches, Some(0), "{summary:?}");
+    assert!(summary.memory.spared_pages > 0, "{summary:?}");
+    let sent: u64 = summary.memory.rounds.iter().map(|r| r.pages).sum();
     assert_eq!(sent, dsum.pages_received);
 }
 

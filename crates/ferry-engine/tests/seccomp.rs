@@ -291,7 +291,7 @@ fn network_child(kind: MigrationKind, filter_on: impl FnOnce()) {
     let summary = migrate(&mut src, &*dialer, &opts, &NoProgress).unwrap();
     let (vm, dsum) = dest.join().unwrap().unwrap();
     assert!(summary.digest_match && dsum.digest_match, "{summary:?}");
-    assert_eq!(summary.guest_mismatches, Some(0));
+    assert_eq!(summary.guest.guest_mismatches, Some(0));
     assert!(vm.is_running());
 }
 

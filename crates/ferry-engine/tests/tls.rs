@@ -96,9 +96,12 @@ fn a_migration_over_mutual_tls_verifies() {
     let certs = Certs::new("ok");
     let (addr, dest) = tls_destination(&certs);
     let s = migrate_with(&certs.config().dialer(&addr).unwrap()).unwrap();
-    assert!(s.digest_match && s.guest_mismatches == Some(0), "{s:?}");
-    assert!(s.tls, "the summary must say TLS");
-    assert_eq!(s.connections, 2);
+    assert!(
+        s.digest_match && s.guest.guest_mismatches == Some(0),
+        "{s:?}"
+    );
+    assert!(s.link.tls, "the summary must say TLS");
+    assert_eq!(s.link.connections, 2);
     assert!(
         dest.join().unwrap().unwrap(),
         "the destination must say TLS"

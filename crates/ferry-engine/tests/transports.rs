@@ -45,7 +45,7 @@ fn a_migration_over_a_unix_socket_proves_itself() {
     let dsum = dest.join().unwrap().unwrap();
     assert_eq!(summary.status, Outcome::Completed);
     assert!(summary.digest_match && dsum.digest_match);
-    assert_eq!(summary.guest_mismatches, Some(0));
+    assert_eq!(summary.guest.guest_mismatches, Some(0));
     assert_eq!(dsum.connections, 2);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -91,7 +91,7 @@ fn record_this_releases_streams() {
         }
         println!(
             "recorded {name}: {} rounds, frames {kinds:?}",
-            summary.rounds.len()
+            summary.memory.rounds.len()
         );
         if opts.delta_cache_bytes > 0 {
             assert!(kinds.contains("Delta"), "no delta frame was recorded");

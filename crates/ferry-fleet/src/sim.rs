@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 pub const STEP_SECS: f64 = 0.25;
 /// What a migration costs beyond its rounds: connecting, starting dirty
 /// logging, the digests and the commit, while its link carries nothing of
-/// it. Measured by `ferry drain --netns` on this project's kvm host: a
-/// guest that writes nothing took 0.24-0.32 s longer than its bytes at the
-/// NIC's rate.
+/// it. Measured by `ferry drain --netns` on this project's kvm host, as
+/// the time a guest that writes nothing took beyond its bytes at the NIC's
+/// rate (docs/fleet.md, "The simulator").
 pub const SETUP_SECS: f64 = 0.25;
 /// A drain still running after this long is given up.
 pub const HORIZON_SECS: f64 = 7.0 * 24.0 * 3600.0;

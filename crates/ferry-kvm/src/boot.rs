@@ -5,8 +5,9 @@
 //!
 //! Why CPL3: on this project's hosts KVM is `kvm_pvm` (shadow paging,
 //! nested), and guest code at CPL0 is run instruction by instruction by
-//! KVM's emulator (~0.7 µs each). At CPL3 it runs natively, and the same
-//! setup is valid on ordinary VMX/SVM hosts. The register values follow
+//! KVM's emulator, far slower (docs/svm-host.md, "What differs from
+//! kvm_pvm"). At CPL3 it runs natively, and the same setup is valid on
+//! ordinary VMX/SVM hosts. The register values follow
 //! `shared/notes/kvm-host-probe.md` ("Register setup that runs guest code
 //! natively here"): CR0 0x80050033, CR4 PAE, EFER SCE|LME|LMA|NXE, CS 0x33
 //! (64-bit code, DPL3), SS/DS/ES 0x2b (data, DPL3), RFLAGS 0x3202 (IOPL 3).

@@ -2,8 +2,8 @@
 //! `KVM_RESET_DIRTY_RINGS`, `KVM_GET_STATS_FD`, a vCPU's TSC offset (its device attribute, which
 //! kvm-ioctls wraps on aarch64 only), and `KVM_GET_DIRTY_LOG` into a buffer the caller
 //! keeps (kvm-ioctls allocates a fresh one per call, and on this class of
-//! host first-touching it costs more than the ioctl: half a millisecond per
-//! 16 GiB slot, inside a same-host pause). Kept here, small and documented,
+//! host first-touching it costs more than the ioctl, inside a same-host
+//! pause: docs/results.md, "Same-host upgrade"). Kept here, small and documented,
 //! so no other module issues a raw ioctl.
 
 use kvm_bindings::{kvm_clear_dirty_log, kvm_dirty_log};

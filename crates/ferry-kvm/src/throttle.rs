@@ -14,7 +14,8 @@
 //!                quota interval, and one that dirtied more is kicked once and
 //!                sleeps until it has earned the debt back. A vCPU that does not
 //!                write is never kicked. One exit per debt, never one per page
-//!                (an exit costs about 25 µs on this project's hosts).
+//!                (an exit to userspace costs tens of microseconds on this
+//!                project's hosts: docs/kvm-host-devices.md).
 //!   limit r      (QEMU 8.1's dirty-limit) every QUOTA_TICK each vCPU is charged
 //!                for its ring entries; its own time throttle follows its rate
 //!                (`ferry_vm::dirty_limit`), and it is kicked with its sleep
@@ -333,9 +334,9 @@ fn limit_tick(vcpus: &[Arc<dyn Throttled>], limit: &DirtyLimiter, seen: &mut [u6
 /// quota's longest sleep only while rounds show the guest outrunning the
 /// link (`ferry_engine::converge::quota`): a fixed 50 ms cap could not hold
 /// a writer under a sixth of its speed (inside the SVM host a Linux guest's
-/// checker then dirtied 12 MiB/s against an 8 MiB/s link for 30 rounds),
-/// and an idle guest that only brushes a small quota should not sleep
-/// longer for it.
+/// checker then outran the link round after round: docs/svm-host.md, "The
+/// quota's hold"), and an idle guest that only brushes a small quota should
+/// not sleep longer for it.
 struct QuotaMeter {
     last: Option<Instant>,
     /// Where the intervals' boundaries are counted from: when the quota

@@ -5,10 +5,11 @@
 //! reader count, as in a plain rwlock, every fault on every vCPU does two
 //! atomic read-modify-writes on the same cache line, which bounces between
 //! cores. With `std::sync::RwLock` (and shared event counters, see
-//! counter.rs) the dirty-log experiment's read-heavy pass took 85 ms at
-//! 2 vCPUs against 24 ms at 1, for the same 257k faults; now ~20 ms. Here
-//! each vCPU counts itself in on its own cache line; host threads share one
-//! more slot. A writer raises its flag and waits for every slot to drain.
+//! counter.rs) the dirty-log experiment's read-heavy pass took several times
+//! longer at 2 vCPUs than at 1, for the same faults; with per-vCPU slots it
+//! no longer does. Here each vCPU counts itself in on its own cache line;
+//! host threads share one more slot. A writer raises its flag and waits for
+//! every slot to drain.
 //!
 //! ```text
 //!  reader v: slot[v] += 1; if writer { slot[v] -= 1; wait until !writer; retry }

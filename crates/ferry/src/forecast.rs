@@ -13,9 +13,9 @@
 //!
 //! Earlier the demo counted memstress's own writes instead. Those include
 //! rewrites of a page already dirty, which cost a migration nothing: on
-//! kvm a 64 MiB writer counted 50 GB/s of them, where it can dirty clean
-//! pages at what its write-protect faults allow, and the model then said
-//! auto-converge could never hold it (it converged in 27-32 s).
+//! kvm a 64 MiB writer counted tens of gigabytes a second of them, where it
+//! can dirty clean pages only as fast as its write-protect faults allow, and
+//! the model then said auto-converge could never hold it (it did converge).
 
 use crate::error::CmdError;
 use ferry_engine::converge::{predict_vm, sample_dirtying, PredictSettings};

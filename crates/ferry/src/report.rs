@@ -5,30 +5,31 @@
 //! beside it (FILE.json), linked from the page.
 
 use crate::error::CmdError;
+use crate::summary::AfterSwitchover;
 use ferry_engine::MigrationSummary;
 use ferry_report::html::Page;
 use ferry_report::{Chart, Table};
 use std::path::Path;
 
 /// Writes the page of migration `s` to `path`, and its JSON beside it.
-pub fn write(path: &Path, s: &MigrationSummary) -> Result<(), CmdError> {
+pub fn write(path: &Path, s: &MigrationSummary, after: &AfterSwitchover) -> Result<(), CmdError> {
     let failed = |what: &Path, e: &dyn std::fmt::Display| {
         CmdError::Failed(format!("cannot write the report {}: {e}", what.display()))
     };
     let json_path = path.with_extension("json");
-    let json = crate::summary::json(s);
+    let json = crate::summary::json(s, after);
     let text = serde_json::to_string_pretty(&json).map_err(|e| failed(&json_path, &e))?;
     ferry_report::write_file(&json_path, text.as_bytes()).map_err(|e| failed(&json_path, &e))?;
     let title = format!(
         "ferry demo: {} backend, {} dirty tracking, {}",
         s.backend,
-        s.dirty_tracking,
+        s.memory.dirty_tracking,
         format!("{:?}", s.status).to_lowercase()
     );
     let timeline = crate::timeline::of(&json, "the migration over time".into());
-    let [rounds, totals] = crate::summary::tables(s);
+    let [rounds, totals] = crate::summary::tables(s, after);
     let mut tables: Vec<Table> = vec![totals, rounds, crate::summary::throttle_changes(s)];
-    if let Some(p) = &s.predicted {
+    if let Some(p) = &s.convergence.predicted {
         tables.push(crate::forecast::table(p));
     }
     let json_name = json_path
@@ -37,7 +38,7 @@ pub fn write(path: &Path, s: &MigrationSummary) -> Result<(), CmdError> {
         .unwrap_or_default();
     let page = Page {
         title: &title,
-        intro: &verdicts(s),
+        intro: &verdicts(s, after),
         tables: &tables,
         charts: &[Chart::from(timeline)],
         json: Some(&json_name),
@@ -49,7 +50,7 @@ pub fn write(path: &Path, s: &MigrationSummary) -> Result<(), CmdError> {
 }
 
 /// The checks, one line each: the digest, the guest's own, the pause.
-fn verdicts(s: &MigrationSummary) -> Vec<String> {
+fn verdicts(s: &MigrationSummary, after: &AfterSwitchover) -> Vec<String> {
     let digest = match (s.digest_checked, s.digest_match) {
         (false, _) => "not reached".to_string(),
         (true, true) => "match: every page on the destination is the source's".into(),
@@ -60,12 +61,12 @@ fn verdicts(s: &MigrationSummary) -> Vec<String> {
         format!("Digest at the switchover: {digest}."),
         format!(
             "The guest's own stamp checks: {} mismatches before the switchover, {} after; {} passes on the destination.",
-            count(s.mismatches_before),
-            count(s.mismatches_after),
-            count(s.dest_passes_after)
+            count(s.guest.mismatches_before),
+            count(after.mismatches),
+            count(after.passes)
         ),
     ];
-    let predicted = match s.predicted_downtime_ms {
+    let predicted = match s.switchover.predicted_downtime_ms {
         p if p > 0.0 => format!(" against {p:.1} ms predicted at the switchover"),
         _ => String::new(),
     };

@@ -4,15 +4,35 @@ use ferry_engine::choices::Compression;
 use ferry_engine::{MigrationSummary, RoundKind};
 use ferry_report::Table;
 
+/// What the destination said of the guest after the switchover (the last
+/// line `ferry receive --json` printed). The engine's summary ends at the
+/// Commit, so only a caller that hears from the destination, as `ferry
+/// demo` does, has these; `ferry migrate` reports them as absent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AfterSwitchover {
+    /// Errors the guest's own checks counted on the destination.
+    pub mismatches: Option<u64>,
+    /// Passes the guest completed on the destination.
+    pub passes: Option<u64>,
+}
+
 /// The summary as the JSON object `--json` prints: the engine's summary, with
-/// `rounds` as a count and the per-round records under `round_stats`.
-pub fn json(summary: &MigrationSummary) -> serde_json::Value {
+/// `rounds` as a count and the per-round records under `round_stats`, and
+/// what the destination said after the switchover (`mismatches_after`,
+/// `dest_passes_after`), where it said it.
+pub fn json(summary: &MigrationSummary, after: &AfterSwitchover) -> serde_json::Value {
     let mut v = serde_json::to_value(summary).expect("summary serializes");
     if let Some(obj) = v.as_object_mut() {
         let rounds = obj.remove("rounds").unwrap_or_default();
         let count = rounds.as_array().map_or(0, |r| r.len());
         obj.insert("rounds".into(), count.into());
         obj.insert("round_stats".into(), rounds);
+        if let Some(n) = after.mismatches {
+            obj.insert("mismatches_after".into(), n.into());
+        }
+        if let Some(n) = after.passes {
+            obj.insert("dest_passes_after".into(), n.into());
+        }
     }
     v
 }
@@ -20,24 +40,25 @@ pub fn json(summary: &MigrationSummary) -> serde_json::Value {
 /// "none", or the setting and how the batches went, e.g.
 /// "auto: 12 raw, 0 lz4, 388 zstd batches; 3.1x".
 fn compression(s: &MigrationSummary) -> String {
-    let [raw, lz4, zstd] = s.batches_by_codec;
-    if s.compression == Compression::None {
+    let [raw, lz4, zstd] = s.link.batches_by_codec;
+    if s.link.compression == Compression::None {
         return "none".into();
     }
     let (page_bytes, wire): (u64, u64) = s
+        .memory
         .rounds
         .iter()
         .fold((0, 0), |(r, w), x| (r + x.raw_bytes, w + x.bytes));
     let ratio = page_bytes as f64 / wire.max(1) as f64;
     format!(
         "{}: {raw} raw, {lz4} lz4, {zstd} zstd batches; {ratio:.1}x",
-        s.compression
+        s.link.compression
     )
 }
 
 /// "off", or pages sent as deltas and what they cost.
 fn delta(s: &MigrationSummary) -> String {
-    let Some(d) = &s.delta else {
+    let Some(d) = &s.link.delta else {
         return "off".into();
     };
     let whole = d.pages * 4096;
@@ -57,6 +78,7 @@ fn mode(s: &MigrationSummary) -> String {
         return format!("{}: no postcopy switch", s.mode);
     };
     let precopy = s
+        .memory
         .rounds
         .iter()
         .filter(|r| r.kind != RoundKind::Postcopy)
@@ -117,24 +139,27 @@ pub fn blocked_label(vcpu: Option<u64>, thread: u64, name: &str) -> String {
 fn convergence(s: &MigrationSummary) -> String {
     let mut out = policy_name(s);
     let quotas: Vec<(u64, f64)> = s
+        .convergence
         .throttle_timeline
         .iter()
         .filter_map(|t| Some((t.quota_bytes?, t.quota_interval_ms?)))
         .collect();
     let limits: Vec<u64> = s
+        .convergence
         .throttle_timeline
         .iter()
         .filter_map(|t| t.limit_bytes_per_sec)
         .collect();
-    if let (Some(first), Some(min)) = (s.throttle_timeline.first(), limits.iter().min()) {
+    if let (Some(first), Some(min)) = (s.convergence.throttle_timeline.first(), limits.iter().min())
+    {
         out += &format!(
             ": dirty limit from round {}, down to {}/s per vCPU ({} steps)",
             first.round,
             ferry_vm::types::human_bytes(*min),
-            s.throttle_timeline.len()
+            s.convergence.throttle_timeline.len()
         );
     } else if let (Some(first), Some(&(min, per_ms))) = (
-        s.throttle_timeline.first(),
+        s.convergence.throttle_timeline.first(),
         quotas
             .iter()
             .min_by(|a, b| (a.0 as f64 / a.1).total_cmp(&(b.0 as f64 / b.1))),
@@ -143,28 +168,33 @@ fn convergence(s: &MigrationSummary) -> String {
             ": dirty quota from round {}, the largest vCPU's down to {} per {per_ms:.0} ms ({} steps)",
             first.round,
             ferry_vm::types::human_bytes(min),
-            s.throttle_timeline.len()
+            s.convergence.throttle_timeline.len()
         );
-    } else if let (Some(first), Some(last)) =
-        (s.throttle_timeline.first(), s.throttle_timeline.last())
-    {
+    } else if let (Some(first), Some(last)) = (
+        s.convergence.throttle_timeline.first(),
+        s.convergence.throttle_timeline.last(),
+    ) {
         out += &format!(
             ": vCPUs throttled from round {}, {}% up to {}% ({} steps)",
             first.round,
             first.percent,
             last.percent,
-            s.throttle_timeline.len()
+            s.convergence.throttle_timeline.len()
         );
     } else {
         out += ": no throttle needed";
     }
-    for e in &s.escalations {
+    for e in &s.convergence.escalations {
         out += &format!("; after round {}: {}", e.round, e.what);
     }
-    for e in &s.operator_changes {
+    for e in &s.convergence.operator_changes {
         out += &format!("; in round {}: {}", e.round, e.what);
     }
-    let postcopy = s.rounds.iter().any(|r| r.kind == RoundKind::Postcopy);
+    let postcopy = s
+        .memory
+        .rounds
+        .iter()
+        .any(|r| r.kind == RoundKind::Postcopy);
     if s.status == ferry_engine::Outcome::Completed && !s.converged && !postcopy {
         out += "; did NOT converge: the round cap forced the stop-and-copy";
     }
@@ -174,16 +204,21 @@ fn convergence(s: &MigrationSummary) -> String {
 /// The policy that ran, as the CLI spells it (`default` before one was
 /// chosen).
 fn policy_name(s: &MigrationSummary) -> String {
-    s.converge
+    s.convergence
+        .converge
         .map_or_else(|| "default".into(), |c| c.to_string())
 }
 
 /// What the prediction said for the policy that ran.
 fn predicted(s: &MigrationSummary) -> String {
-    let Some(p) = &s.predicted else {
+    let Some(p) = &s.convergence.predicted else {
         return "not asked (--predict)".into();
     };
-    let Some(f) = p.policies.iter().find(|f| s.converge == Some(f.policy)) else {
+    let Some(f) = p
+        .policies
+        .iter()
+        .find(|f| s.convergence.converge == Some(f.policy))
+    else {
         return format!("recommended {}", p.recommended);
     };
     format!(
@@ -208,10 +243,11 @@ fn predicted(s: &MigrationSummary) -> String {
 
 /// Each vCPU's runtime and progress during the migration.
 fn vcpu_shares(s: &MigrationSummary) -> String {
-    if s.vcpu_shares.is_empty() {
+    if s.convergence.vcpu_shares.is_empty() {
         return "not measured".into();
     }
     let each: Vec<String> = s
+        .convergence
         .vcpu_shares
         .iter()
         .enumerate()
@@ -221,13 +257,13 @@ fn vcpu_shares(s: &MigrationSummary) -> String {
 }
 
 /// The summary as text tables.
-pub fn render(s: &MigrationSummary) -> String {
-    let [rounds, totals] = tables(s);
+pub fn render(s: &MigrationSummary, after: &AfterSwitchover) -> String {
+    let [rounds, totals] = tables(s, after);
     format!("{}\n{}", rounds.render(), totals.render())
 }
 
 /// The summary's tables: each round, and the migration's results.
-pub fn tables(s: &MigrationSummary) -> [Table; 2] {
+pub fn tables(s: &MigrationSummary, after: &AfterSwitchover) -> [Table; 2] {
     let mut rounds = Table::new(
         "rounds",
         &[
@@ -241,7 +277,7 @@ pub fn tables(s: &MigrationSummary) -> [Table; 2] {
             "MB/s",
         ],
     );
-    for r in &s.rounds {
+    for r in &s.memory.rounds {
         rounds.row(vec![
             r.round.to_string(),
             format!("{:?}", r.kind).to_lowercase(),
@@ -259,15 +295,15 @@ pub fn tables(s: &MigrationSummary) -> [Table; 2] {
         ("status", status),
         (
             "backend / dirty tracking",
-            format!("{} / {}", s.backend, s.dirty_tracking),
+            format!("{} / {}", s.backend, s.memory.dirty_tracking),
         ),
         (
             "wire / connections",
             format!(
                 "v{}, 1 main + {} data{}",
-                s.wire_version,
-                s.connections,
-                if s.tls { ", mutual TLS" } else { "" }
+                s.link.wire_version,
+                s.link.connections,
+                if s.link.tls { ", mutual TLS" } else { "" }
             ),
         ),
         ("compression", compression(s)),
@@ -278,13 +314,16 @@ pub fn tables(s: &MigrationSummary) -> [Table; 2] {
         ("predicted", predicted(s)),
         ("total time", format!("{:.1} ms", s.total_ms)),
         ("downtime", downtime(s)),
-        ("bytes sent", ferry_vm::types::human_bytes(s.bytes_sent)),
+        (
+            "bytes sent",
+            ferry_vm::types::human_bytes(s.link.bytes_sent),
+        ),
         (
             "sent once, not twice",
-            if s.spared_pages > 0 {
+            if s.memory.spared_pages > 0 {
                 format!(
                     "{} pages dirtied ahead of the send cursor (harvests within rounds)",
-                    s.spared_pages
+                    s.memory.spared_pages
                 )
             } else {
                 "none (--harvest-within-rounds spares pages dirtied ahead of the cursor)".into()
@@ -304,11 +343,11 @@ pub fn tables(s: &MigrationSummary) -> [Table; 2] {
             "guest mismatches before / after",
             format!(
                 "{} / {}",
-                or_dash(s.mismatches_before),
-                or_dash(s.mismatches_after)
+                or_dash(s.guest.mismatches_before),
+                or_dash(after.mismatches)
             ),
         ),
-        ("guest passes on destination", or_dash(s.dest_passes_after)),
+        ("guest passes on destination", or_dash(after.passes)),
     ];
     for (k, v) in rows {
         totals.row(vec![k.to_string(), v]);
@@ -332,7 +371,7 @@ pub fn throttle_changes(s: &MigrationSummary) -> Table {
         ],
     );
     let mib = |b: f64| format!("{:.1} MiB/s", b / (1u64 << 20) as f64);
-    for step in &s.throttle_timeline {
+    for step in &s.convergence.throttle_timeline {
         let quota = match (step.quota_bytes, step.quota_interval_ms) {
             (Some(q), Some(ms)) if ms > 0.0 => mib(q as f64 * 1e3 / ms),
             _ => "-".into(),
@@ -346,7 +385,7 @@ pub fn throttle_changes(s: &MigrationSummary) -> Table {
                 .map_or("-".into(), |l| mib(l as f64)),
         ]);
     }
-    if s.throttle_timeline.is_empty() {
+    if s.convergence.throttle_timeline.is_empty() {
         t.note("the policy changed no throttle");
     }
     t
@@ -359,10 +398,10 @@ fn or_dash(n: Option<u64>) -> String {
 
 /// The measured downtime, with what the switchover rule predicted for it.
 fn downtime(s: &MigrationSummary) -> String {
-    if s.predicted_downtime_ms > 0.0 && s.converged {
+    if s.switchover.predicted_downtime_ms > 0.0 && s.converged {
         format!(
             "{:.1} ms (predicted at the switchover: {:.1} ms)",
-            s.downtime_ms, s.predicted_downtime_ms
+            s.downtime_ms, s.switchover.predicted_downtime_ms
         )
     } else {
         format!("{:.1} ms", s.downtime_ms)

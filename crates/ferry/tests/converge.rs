@@ -255,8 +255,8 @@ fn median_reader_progress(backend: &str, policy: &str) -> f64 {
 #[ignore = "a rate comparison: noisy while other tests share the 2 cores; run alone with --ignored"]
 fn under_quota_a_reader_keeps_at_least_90_percent_of_its_unthrottled_progress_on_kvm() {
     // On kvm the guest's own counters give a steady rate (on soft, a
-    // reader's rate swings by a third between identical runs on a 2-core
-    // host, too much to compare; there the reader's runtime is checked).
+    // reader's rate swings widely between identical runs on a 2-core host,
+    // too much to compare; there the reader's runtime is checked).
     if !require_kvm("a reader's progress under quota on kvm") {
         return;
     }

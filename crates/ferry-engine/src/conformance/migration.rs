@@ -134,6 +134,6 @@ fn run<V: VmmUnderTest>(vmm: &mut V) -> Result<Verdict, MigrationCheckError> {
     Ok(Verdict::passed(format!(
         "{} MiB in {} rounds, digests match",
         moved.ram().size() >> 20,
-        summary.rounds.len()
+        summary.memory.rounds.len()
     )))
 }

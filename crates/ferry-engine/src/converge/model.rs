@@ -180,8 +180,9 @@ impl VcpuModel {
     }
 }
 
-/// How much a round's time on the link varies about bytes / rate: the
-/// bandwidth cap's rounds on this project's hosts measured 0.96-1.05 of it.
+/// How much a round's time on the link varies about bytes / rate: about as
+/// much as the bandwidth cap's rounds on this project's hosts did
+/// (docs/convergence.md, "The prediction").
 const JITTER: f64 = 0.03;
 /// Runs of the model per policy, each with its own round times.
 pub const RUNS: u64 = 8;
@@ -194,9 +195,10 @@ pub const RUNS: u64 = 8;
 /// harvest at least 1 s after the last: with rounds of about 1 s, a period
 /// holds one round or two by a few milliseconds either way, and its
 /// throttle steps every 2 or every 4 rounds. Measured, it stepped every 3
-/// (kvm, 2 writers of 64 MiB over 128 MiB/s: a run of exact rounds
-/// predicted 19 s against 26.4 s measured). The model runs [`RUNS`] times
-/// with rounds that vary as measured ones do, and reports their mean.
+/// (kvm, 2 writers of 64 MiB over 128 MiB/s), and a run of exact rounds
+/// predicted that migration far shorter than it took. The model runs
+/// [`RUNS`] times with rounds that vary as measured ones do, and reports
+/// their mean.
 #[derive(Clone, Debug, Default)]
 struct Jitter(u64);
 

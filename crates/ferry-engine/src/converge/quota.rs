@@ -14,10 +14,10 @@
 //! little during a migration that ends sooner, and then runs free. A reader
 //! loses nothing at any share, which is what the quota gives over a time
 //! throttle. Measured on this project's kvm host (`bench converge`, the
-//! three cells of issue #26): a half took 5.4–6.0, 5.4–5.6 and 21.5–22.8
-//! s; an eighth 2.7–2.9, 2.6–2.7 and 9.6–9.7 s. The seed's own table A
-//! ends in 1.2–1.7 copies. dirty-limit keeps QEMU's half; in the third
-//! cell its time throttle held the writers to 30–38% of that.
+//! three cells of issue #26), an eighth took each cell in well under the
+//! time a half took (docs/results.md, "The quota's budget"). The seed's own
+//! table A ends in 1.2–1.7 copies. dirty-limit keeps QEMU's half; in the
+//! third cell its time throttle held the writers well below that.
 //!
 //! The budget is split between the vCPUs by what each needs, not equally
 //! (max-min fairness, by water-filling): at each interval, a vCPU that
@@ -37,7 +37,7 @@
 //! went, without them, to a vCPU fast enough to dirty its share of memory
 //! before the pass ended: it then dirtied all of it, where the plain budget
 //! would have held it to an eighth of what the pass sent. On kvm that cost
-//! a full resend: 1 GiB, 8 s, in the third cell.)
+//! a full resend of the third cell's 1 GiB.)
 
 use super::share::LinkShare;
 use super::{Action, Policy, Sample};

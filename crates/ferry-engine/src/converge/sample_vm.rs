@@ -33,10 +33,11 @@ use std::time::{Duration, Instant};
 /// after a policy interval. The slice-long windows give each vCPU's rate:
 /// what it dirties in the first slice after its pages are protected, which
 /// is what a throttled vCPU dirties per slice it is let run. A writer that
-/// re-dirties its whole working set within that (the soft MMU's do, in
-/// about 2 ms) shows a rate of its set per slice, and the model knows no
-/// time throttle holds it; a writer held by its faults shows its own. The
-/// longer windows let slower writers spread over memory show their reach.
+/// re-dirties its whole working set within that (the soft MMU's do, well
+/// within a slice: docs/convergence.md, "The prediction") shows a rate of
+/// its set per slice, and the model knows no time throttle holds it; a
+/// writer held by its faults shows its own. The longer windows let slower
+/// writers spread over memory show their reach.
 const SAMPLE_SLICE: Duration = ferry_vm::THROTTLE_SLICE;
 const SAMPLE_HARVEST: Duration = Duration::from_millis(90);
 
@@ -95,9 +96,10 @@ const BURST_THROTTLE: u8 = 90;
 /// A vCPU held by its faults dirties as fast in a slice after a sleep as
 /// in any other. One that paces its work by the clock does not: asleep,
 /// it falls behind, and in its slices it catches up as fast as it can.
-/// Measured on kvm, a writer paced at 200 MiB/s dirtied about 880 MiB/s
+/// Measured on kvm, a writer paced at 200 MiB/s dirtied several times that
 /// per slice under dirty-limit's throttle, and the model, which ran it at
-/// its pace, predicted the migration 1.44x too slow.
+/// its pace, predicted the migration far too slow (docs/convergence.md,
+/// "The prediction").
 fn sample_burst(vm: &mut dyn Vm) -> Result<Vec<f64>, MigrationError> {
     let vcpus = vm.vcpus().max(1) as usize;
     let Some(throttle) = vm.time_throttle() else {
@@ -241,7 +243,8 @@ fn count_shares(before: &[u64], after: &[u64], vcpus: usize) -> Vec<f64> {
 /// guest had covered by half time gives `whole`; a sweep that met no page
 /// twice (whole = 2·half) may go on over all of memory. Taking `whole`
 /// alone underestimated a sweeping guest by half when its pass outlasted
-/// the sample (0.72 of the measured time, foreign_guest at 66 MiB).
+/// the sample (the prediction fell well short of the measured time,
+/// foreign_guest at 66 MiB).
 fn working_set_pages(half: f64, whole: u64, pages: u64) -> u64 {
     let whole_f = whole as f64;
     let spread = 2.0 * half - whole_f;

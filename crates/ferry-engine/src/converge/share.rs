@@ -16,7 +16,7 @@
 //! which nested paging counts as written at each walk) easily dirties half
 //! of the little it sent. Counted, it throttled an idle Linux guest just
 //! before its pause, inside the SVM host: the guest saw its clock stop
-//! for 1.4 s, against 0.17 s under QEMU.
+//! several times longer than under QEMU.
 //!
 //! The interval reading engages only once the round has dirtied more than
 //! an eighth of guest memory ([`INTERVAL_MEMORY_SHARE`]) and more than the
@@ -29,7 +29,8 @@
 //! guest's (a few MiB in its first second) read above half the link and
 //! engaged the quota in the full pass; its eighth of the link, 13 pages
 //! per vCPU per interval, is less than a Linux vCPU dirties by running,
-//! and the guest's clock stopped for 2.4-13.6 s (docs/svm-host.md).
+//! and the guest's clock stopped for seconds at a time (docs/svm-host.md,
+//! "The idle cell under the quota").
 //! Between harvests the budget follows the measured link. The policies
 //! differ only in how the backend enforces it.
 

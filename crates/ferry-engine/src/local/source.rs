@@ -15,11 +15,12 @@ use std::time::Instant;
 
 /// Rounds of rehashing a busy guest's pages before the pause, at most.
 const MAX_REHASH_ROUNDS: u32 = 8;
-/// Few enough dirty pages to rehash during the pause (1 MiB, about 0.1 ms
-/// on each end). Larger, and the pause grew with memory: a guest dirties
-/// pages for as long as the first hash takes, which grows with memory, and
-/// up to this many were then left for the pause (at 4096 pages, 2 ms on
-/// each end of a 16 GiB move, none of a 1 GiB one).
+/// Few enough dirty pages to rehash during the pause (1 MiB, a small part
+/// of a millisecond on each end). Larger, and the pause grew with memory: a
+/// guest dirties pages for as long as the first hash takes, which grows with
+/// memory, and up to this many were then left for the pause (at 4096 pages,
+/// milliseconds on each end of a 16 GiB move, none of a 1 GiB one; see
+/// docs/results.md, "Same-host upgrade").
 const PAUSE_REHASH_PAGES: u64 = 256;
 
 /// Where the source stands, for what a failure must undo.

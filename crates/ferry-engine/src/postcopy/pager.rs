@@ -11,8 +11,9 @@
 //!
 //! The vCPU never leaves the kernel: `KVM_RUN` (or a soft vCPU's load)
 //! simply resumes once the copy lands. On this project's hosts that round
-//! trip costs 70–88 µs a page locally (the probe note); prefetching the
-//! following missing pages in the same request spreads it.
+//! trip costs tens of microseconds a page even locally (`ferry bench
+//! demand-paging` measures the fault path: docs/postcopy.md); prefetching
+//! the following missing pages in the same request spreads it.
 
 use crate::error::MigrationError;
 use crate::session::Loaded;

@@ -29,7 +29,8 @@ use std::time::Duration;
 /// Fixed costs of a switchover besides the transfer: pausing the vCPUs,
 /// saving and loading their state and the devices', resuming, and the
 /// message that says so. `ferry bench local` measures all of them with no
-/// page to send at 1.9–3.2 ms on this project's kvm host; taken as 5 ms.
+/// page to send (docs/results.md, "Same-host upgrade"); taken as 5 ms, above
+/// what it measured on this project's kvm host.
 pub const SWITCH_OVERHEAD: Duration = Duration::from_millis(5);
 /// The share of the downtime target precopy aims at.
 pub const AIM_SHARE: f64 = 0.25;

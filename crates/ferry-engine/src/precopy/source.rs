@@ -154,7 +154,7 @@ impl Source<'_> {
         hello: &dyn Fn(u16) -> Hello,
     ) -> Result<(), MigrationError> {
         let strict = self.handshake()?;
-        self.summary.verify_before_resume = strict;
+        self.summary.switchover.verify_before_resume = strict;
         if strict && self.opts.mode.may_postcopy() {
             return Err(MigrationError::Refused(format!(
                 "{} cannot verify the digest before the guest resumes; \
@@ -197,7 +197,7 @@ impl Source<'_> {
             let (found, since) = self.harvest(&mut dirty, &mut last_harvest)?;
             let harvest = t.elapsed();
             self.finish_round(found, since, harvest);
-            let last = self.summary.rounds.last();
+            let last = self.summary.memory.rounds.last();
             let sent = last.map(|r| Transfer {
                 raw: r.raw_bytes,
                 wire: r.bytes,
@@ -225,12 +225,12 @@ impl Source<'_> {
                     .guest_bytes(self.links.health.queued_bytes()),
                 dirty_bytes: remaining,
                 device_bytes: self.devices.declared_at_pause + self.live_pending(),
-                device_bytes_per_sec: self.summary.device_state_bytes_per_sec,
+                device_bytes_per_sec: self.summary.devices.device_state_bytes_per_sec,
                 link_bytes_per_sec: bandwidth,
                 harvest,
             }
             .downtime();
-            self.summary.predicted_downtime_ms = ms(predicted);
+            self.summary.switchover.predicted_downtime_ms = ms(predicted);
             self.progress.downtime_predicted(predicted);
             let fits = switch_rule.decide(predicted, tun.downtime_target());
             self.summary.converged = dirty.is_empty() || fits;

@@ -15,11 +15,10 @@ use std::time::Duration;
 /// The rate the prediction assumes before a VM's first large switchover:
 /// save, encode, decode and load, end to end. Measured on this project's
 /// kvm host with the engine's test VM and its 256 MiB device (release
-/// build, `tests/device_cost.rs`, six switchovers): saving took 197-282 ms
-/// and the destination's resume 403-1199 ms, 0.19-0.42 GB/s; taken as
-/// 0.25 GB/s, low in that range, since a rate too high breaks the downtime
-/// promise and one too low only costs a round. A VMM whose devices save
-/// faster teaches its own rate at its first large switchover.
+/// build, `tests/device_cost.rs`, six switchovers), and taken low in the
+/// range of rates those switchovers showed, since a rate too high breaks
+/// the downtime promise and one too low only costs a round. A VMM whose
+/// devices save faster teaches its own rate at its first large switchover.
 pub const DEVICE_STATE_BYTES_PER_SEC: f64 = 0.25e9;
 /// The least device state whose switchover teaches a rate.
 pub const MIN_MEASURED_BYTES: u64 = 1 << 20;

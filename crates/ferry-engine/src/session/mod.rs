@@ -83,9 +83,9 @@ pub(crate) fn probe_paused(
 ) -> Result<(), MigrationError> {
     if let Some(probe) = &opts.probe {
         let check = probe.read(vm).map_err(MigrationError::Probe)?;
-        summary.guest_at_pause = Some(check);
-        summary.mismatches_before = Some(check.errors);
-        summary.guest_mismatches = Some(check.errors);
+        summary.guest.guest_at_pause = Some(check);
+        summary.guest.mismatches_before = Some(check.errors);
+        summary.guest.guest_mismatches = Some(check.errors);
     }
     Ok(())
 }

@@ -17,7 +17,10 @@ use super::{unexpected, PostcopyResume, PrecopyOptions, SourcePhase};
 use crate::converge::{Converger, RoundEnd, Sample};
 use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
-use crate::summary::{ms, MigrationSummary, Outcome, RoundKind, RoundStats};
+use crate::summary::{
+    ms, ConvergenceReport, DeviceReport, GuestReport, LinkReport, MemoryReport, MigrationSummary,
+    Outcome, RoundKind, RoundStats, SwitchoverReport,
+};
 use crate::transport::{open_channel, Dial, Health, MainChannel};
 use crate::tunables::TokenBucket;
 use crate::wire::capabilities::{self, CAPABILITIES_SINCE};
@@ -65,45 +68,51 @@ pub(crate) fn fresh_summary(
         status: Outcome::Failed,
         backend: vm.vmm_id().to_string(),
         mode: opts.mode,
-        postcopy: None,
-        dirty_tracking: ferry_vm::dirty_tracking(vm).to_string(),
-        wire_version: VERSION,
-        connections,
-        tls,
         total_ms: 0.0,
         downtime_ms: 0.0,
-        dest_resume_ms: 0.0,
-        pause_ms: 0.0,
-        predicted_downtime_ms: 0.0,
-        save_vcpus_ms: 0.0,
-        save_sections_ms: 0.0,
-        device_state_bytes_per_sec: super::device_cost::rate(vm.vmm_id()),
-        device_bytes_at_pause: 0,
-        device_bytes_live: 0,
-        discarded_bytes: vm.ram().discarded_pages() * ferry_vm::PAGE_SIZE as u64,
-        digest_ms: 0.0,
-        verify_before_resume: opts.verify_before_resume,
-        bytes_sent: 0,
-        compression: opts.compression,
-        batches_by_codec: [0; 3],
-        delta: None,
-        converge: opts.converge,
-        throttle_timeline: Vec::new(),
-        escalations: Vec::new(),
-        operator_changes: Vec::new(),
         converged: false,
-        predicted: None,
-        vcpu_shares: Vec::new(),
-        spared_pages: 0,
-        rounds: Vec::new(),
         digest_match: false,
         digest_checked: false,
-        guest_mismatches: None,
-        mismatches_before: None,
-        mismatches_after: None,
-        dest_passes_after: None,
-        guest_at_pause: None,
         error: None,
+        link: LinkReport {
+            wire_version: VERSION,
+            connections,
+            tls,
+            bytes_sent: 0,
+            compression: opts.compression,
+            batches_by_codec: [0; 3],
+            delta: None,
+        },
+        switchover: SwitchoverReport {
+            predicted_downtime_ms: 0.0,
+            dest_resume_ms: 0.0,
+            pause_ms: 0.0,
+            save_vcpus_ms: 0.0,
+            save_sections_ms: 0.0,
+            digest_ms: 0.0,
+            verify_before_resume: opts.verify_before_resume,
+        },
+        devices: DeviceReport {
+            device_state_bytes_per_sec: super::device_cost::rate(vm.vmm_id()),
+            device_bytes_at_pause: 0,
+            device_bytes_live: 0,
+        },
+        memory: MemoryReport {
+            dirty_tracking: ferry_vm::dirty_tracking(vm).to_string(),
+            discarded_bytes: vm.ram().discarded_pages() * ferry_vm::PAGE_SIZE as u64,
+            spared_pages: 0,
+            rounds: Vec::new(),
+        },
+        convergence: ConvergenceReport {
+            converge: opts.converge,
+            predicted: None,
+            throttle_timeline: Vec::new(),
+            escalations: Vec::new(),
+            operator_changes: Vec::new(),
+            vcpu_shares: Vec::new(),
+        },
+        guest: GuestReport::default(),
+        postcopy: None,
     }
 }
 
@@ -120,7 +129,7 @@ impl<'a> Source<'a> {
         mut summary: MigrationSummary,
         start: Instant,
     ) -> Self {
-        summary.wire_version = ctl.version();
+        summary.link.wire_version = ctl.version();
         let max_downtime = opts
             .max_downtime
             .unwrap_or_else(|| opts.tunables.downtime_target());
@@ -165,16 +174,18 @@ impl<'a> Source<'a> {
         if self.summary.status != Outcome::Completed {
             self.summary.total_ms = ms(self.start.elapsed());
         }
-        self.summary.bytes_sent = self.links.bytes_sent();
+        self.summary.link.bytes_sent = self.links.bytes_sent();
         if let Some(s) = &self.links.senders {
-            self.summary.batches_by_codec = s.stats.counts();
-            self.summary.delta = s.delta_summary();
+            self.summary.link.batches_by_codec = s.stats.counts();
+            self.summary.link.delta = s.delta_summary();
         }
-        self.summary.throttle_timeline = std::mem::take(&mut self.convergence.converger.timeline);
-        self.summary.escalations = std::mem::take(&mut self.convergence.converger.escalations);
-        self.summary.operator_changes =
+        self.summary.convergence.throttle_timeline =
+            std::mem::take(&mut self.convergence.converger.timeline);
+        self.summary.convergence.escalations =
+            std::mem::take(&mut self.convergence.converger.escalations);
+        self.summary.convergence.operator_changes =
             std::mem::take(&mut self.convergence.converger.operator_changes);
-        self.summary.converge = Some(self.convergence.converger.mode());
+        self.summary.convergence.converge = Some(self.convergence.converger.mode());
         self.progress.phase(Phase::Done);
         match result {
             Ok(()) => {
@@ -213,7 +224,7 @@ impl<'a> Source<'a> {
                         resume: PostcopyResume {
                             session: self.links.session,
                             round: self.postcopy_round,
-                            connections: self.summary.connections,
+                            connections: self.summary.link.connections,
                         },
                         source: Box::new(e),
                     },
@@ -325,7 +336,7 @@ impl Source<'_> {
         armed: Option<(u32, &DirtyPages)>,
     ) -> Result<(), MigrationError> {
         let mut links = Vec::new();
-        for channel in 1..=self.summary.connections as u16 {
+        for channel in 1..=self.summary.link.connections as u16 {
             let io = open_channel(dialer, hello(channel), self.opts.stall_timeout)?;
             self.links.health.add_data_link(
                 io.get_ref()
@@ -457,7 +468,7 @@ impl Source<'_> {
         let before = into.count();
         self.collect_logs(into)?;
         self.convergence.within.take_into(into);
-        self.summary.spared_pages = self.convergence.within.spared();
+        self.summary.memory.spared_pages = self.convergence.within.spared();
         let since = last.elapsed();
         *last = Instant::now();
         Ok((into.count() - before, since))
@@ -487,7 +498,7 @@ impl Source<'_> {
 
     /// Records the harvest that followed the last round in its stats.
     pub(crate) fn finish_round(&mut self, found: u64, since: Duration, harvest: Duration) {
-        if let Some(r) = self.summary.rounds.last_mut() {
+        if let Some(r) = self.summary.memory.rounds.last_mut() {
             r.harvest_ms = ms(harvest);
             let secs = since.as_secs_f64();
             r.dirty_rate_pages_s = if secs > 0.0 { found as f64 / secs } else { 0.0 };
@@ -604,7 +615,7 @@ impl Source<'_> {
                     });
                 }
                 budget = budget.saturating_sub(chunk.len() as u64);
-                self.summary.device_bytes_live += chunk.len() as u64;
+                self.summary.devices.device_bytes_live += chunk.len() as u64;
                 let payload = crate::wire::sections::encode_live(id, &chunk);
                 self.links
                     .ctl
@@ -725,7 +736,7 @@ impl Source<'_> {
     ) {
         let elapsed = t.elapsed().max(Duration::from_nanos(1));
         let bytes = self.links.health.data_bytes() - bytes_at;
-        self.summary.rounds.push(RoundStats {
+        self.summary.memory.rounds.push(RoundStats {
             round,
             kind,
             pages,

@@ -33,15 +33,15 @@ impl Source<'_> {
         self.vm
             .check_health()
             .map_err(MigrationError::backend("pause the guest for switchover"))?;
-        self.summary.pause_ms = ms(paused_at.elapsed());
+        self.summary.switchover.pause_ms = ms(paused_at.elapsed());
         super::probe_paused(&*self.vm, self.opts, &mut self.summary)?;
         let saving = Instant::now();
         let sections = self
             .vm
             .save_sections()
             .map_err(MigrationError::backend("save the devices' state sections"))?;
-        self.summary.device_bytes_at_pause = self.devices.hold_saved(sections)?;
-        self.summary.save_sections_ms = ms(saving.elapsed());
+        self.summary.devices.device_bytes_at_pause = self.devices.hold_saved(sections)?;
+        self.summary.switchover.save_sections_ms = ms(saving.elapsed());
         Ok(paused_at)
     }
 
@@ -52,7 +52,7 @@ impl Source<'_> {
         let compact = self.dest_takes.compact_vcpu_state;
         let state = ferry_vm::save_vcpu_state_for(&mut *self.vm, compact)
             .map_err(MigrationError::backend("save vCPU state"))?;
-        self.summary.save_vcpus_ms = ms(saving.elapsed());
+        self.summary.switchover.save_vcpus_ms = ms(saving.elapsed());
         self.links.ctl.send_frame(FrameKind::VcpuState, &state)?;
         // In parts where the destination takes them, else in one frame
         // (its size was checked at the pause).
@@ -72,7 +72,7 @@ impl Source<'_> {
         let t = Instant::now();
         let d = memory_digest(&self.ram, source_digest_threads())
             .map_err(MigrationError::ram("hash guest memory"))?;
-        self.summary.digest_ms = ms(t.elapsed());
+        self.summary.switchover.digest_ms = ms(t.elapsed());
         self.phase.digest_sent()?;
         self.links.ctl.send(&Message::Digest(d))?;
         Ok(d)
@@ -82,12 +82,13 @@ impl Source<'_> {
     /// source's pause.
     pub(crate) fn record_resumed(&mut self, paused_at: Instant, resume_ns: u64) {
         self.summary.downtime_ms = ms(paused_at.elapsed());
-        self.summary.dest_resume_ms = resume_ns as f64 / 1e6;
+        self.summary.switchover.dest_resume_ms = resume_ns as f64 / 1e6;
         // Saving, and the destination's loading (most of its resume).
-        let took = self.summary.save_sections_ms + self.summary.dest_resume_ms;
+        let took =
+            self.summary.switchover.save_sections_ms + self.summary.switchover.dest_resume_ms;
         super::device_cost::record(
             self.vm.vmm_id(),
-            self.summary.device_bytes_at_pause,
+            self.summary.devices.device_bytes_at_pause,
             Duration::from_secs_f64(took / 1e3),
         );
     }

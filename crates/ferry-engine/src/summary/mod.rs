@@ -2,13 +2,18 @@
 //! experiment's tables.
 
 mod converge;
+mod migration;
 mod postcopy;
 
-use crate::choices::{Compression, ConvergeMode, Mode};
+use crate::choices::ConvergeMode;
 pub use converge::{
     Escalation, EscalationKind, PolicyForecast, PredictInput, Prediction, ThrottleStep,
 };
 use ferry_vm::GuestCheck;
+pub use migration::{
+    ConvergenceReport, DeviceReport, GuestReport, LinkReport, MemoryReport, MigrationSummary,
+    SwitchoverReport,
+};
 pub use postcopy::{BlockedThread, PostcopyReport};
 use serde::Serialize;
 
@@ -93,133 +98,6 @@ pub struct VcpuShare {
     /// The guest's own page-access rate over that time, as a percentage of
     /// its rate just before the migration started.
     pub progress_pct: f64,
-}
-
-/// The source's account of a migration.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct MigrationSummary {
-    /// "completed", "failed", or "held" (the Commit was lost: see
-    /// [`Outcome::Held`]; `error` says why).
-    pub status: Outcome,
-    /// The VMM that ran the source (its [`ferry_vm::Vm::vmm_id`]): a
-    /// name each VMM gives itself, so a string, not an enum.
-    pub backend: String,
-    /// precopy, postcopy or hybrid (what was asked; `postcopy` says
-    /// whether a hybrid switched).
-    pub mode: Mode,
-    /// What postcopy did, once the migration switched to it (`None`: it
-    /// did not): the destination's report, with the pages this source
-    /// counted missing at the switchover and the recoveries it made.
-    pub postcopy: Option<PostcopyReport>,
-    /// Dirty-tracking method of the source, as its VM names it.
-    pub dirty_tracking: String,
-    /// Wire format version spoken.
-    pub wire_version: u32,
-    /// Data connections used.
-    pub connections: usize,
-    /// Whether every connection ran mutual TLS.
-    pub tls: bool,
-    /// Start of `migrate` to the commit (digest verified), or to the failure.
-    /// The destination's guest report after the commit is not included.
-    pub total_ms: f64,
-    /// Source pause to the receipt of the destination's Resumed frame.
-    pub downtime_ms: f64,
-    /// The downtime precopy predicted at its last switchover decision (see
-    /// `precopy::downtime`): the final round's, when it `converged`; 0
-    /// where precopy never decided (a plain postcopy).
-    pub predicted_downtime_ms: f64,
-    /// Destination time from Switchover received to guest running.
-    pub dest_resume_ms: f64,
-    /// Part of the downtime spent stopping the source's vCPUs. The rest:
-    /// the final round (`rounds.last()`: its `harvest_ms` and `ms`),
-    /// `save_vcpus_ms`, `dest_resume_ms`, and the network.
-    pub pause_ms: f64,
-    /// Part of the downtime spent in `Vm::save_vcpus`.
-    pub save_vcpus_ms: f64,
-    /// Part of the downtime spent saving and encoding the sections.
-    #[serde(default)]
-    pub save_sections_ms: f64,
-    /// The rate (bytes per second) at which the downtime prediction counted
-    /// saving and loading the device state: the one this kind of VM showed
-    /// at its previous large switchover, or the calibrated default
-    /// (`ferry_engine::device_cost`).
-    #[serde(default)]
-    pub device_state_bytes_per_sec: f64,
-    /// Bytes of device state (the encoded sections) sent at the pause.
-    pub device_bytes_at_pause: u64,
-    /// Bytes of live device state sent during the rounds, while the guest
-    /// ran ([`ferry_vm::LiveState`]).
-    pub device_bytes_live: u64,
-    /// Guest memory the VMM had marked discarded as the migration started
-    /// ([`ferry_vm::GuestRam::discard_range`]): read as zero, not
-    /// sent as data.
-    #[serde(default)]
-    pub discarded_bytes: u64,
-    /// Time the source spent hashing its memory for the digest.
-    pub digest_ms: f64,
-    /// Whether the destination was asked to verify before resuming.
-    pub verify_before_resume: bool,
-    /// Bytes written to all connections (page data and control).
-    pub bytes_sent: u64,
-    /// The compression setting: none, lz4, zstd or auto.
-    pub compression: Compression,
-    /// Page batches sent raw, with lz4, and with zstd (what `auto` chose).
-    pub batches_by_codec: [u64; 3],
-    /// Delta re-sends (`--delta`), if on.
-    pub delta: Option<DeltaSummary>,
-    /// The convergence policy the migration ran (`None`, serialised as
-    /// `default`: not chosen yet, the best the VM serves).
-    #[serde(serialize_with = "policy_or_default")]
-    pub converge: Option<ConvergeMode>,
-    /// Every change of the source's vCPU throttle.
-    pub throttle_timeline: Vec<ThrottleStep>,
-    /// Steps taken because precopy stopped converging.
-    pub escalations: Vec<Escalation>,
-    /// Changes an operator asked for while the migration ran (control
-    /// socket `set`): policy switches, throttles, quota intervals.
-    pub operator_changes: Vec<Escalation>,
-    /// What the prediction before the migration said, if one was made.
-    pub predicted: Option<Prediction>,
-    /// Precopy converged: what was left at the end fitted the downtime
-    /// target. False when the round cap forced the stop-and-copy (or the
-    /// migration failed before).
-    pub converged: bool,
-    /// Each source vCPU's runtime and progress during the migration (filled
-    /// in by whoever knows the guest program; empty when nobody measured).
-    pub vcpu_shares: Vec<VcpuShare>,
-    /// Pages dirtied ahead of the send cursor that a harvest within their
-    /// round caught, so that the round's own read sent them and the next
-    /// round did not send them again.
-    pub spared_pages: u64,
-    /// Every round, the final one last.
-    pub rounds: Vec<RoundStats>,
-    /// Whether source and destination memory digests matched.
-    pub digest_match: bool,
-    /// Whether the digests were compared at all (a migration that failed
-    /// earlier never got that far).
-    pub digest_checked: bool,
-    /// Errors the guest's own checks counted ([`GuestCheck::errors`]):
-    /// before the switchover, plus after it where the caller heard from
-    /// the destination. Absent without a [`ferry_vm::GuestProbe`].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub guest_mismatches: Option<u64>,
-    /// Of those, counted on the source up to the pause (the probe's reading
-    /// once the vCPUs were paused).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mismatches_before: Option<u64>,
-    /// Of those, counted on the destination after switchover (filled by a
-    /// caller that hears from the destination, as `ferry demo` does).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mismatches_after: Option<u64>,
-    /// The guest's progress on the destination after switchover (filled
-    /// like `mismatches_after`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dest_passes_after: Option<u64>,
-    /// The probe's reading once the source's vCPUs were paused.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub guest_at_pause: Option<GuestCheck>,
-    /// Why the migration failed, or a problem after it committed.
-    pub error: Option<String>,
 }
 
 /// The destination's account of a migration.

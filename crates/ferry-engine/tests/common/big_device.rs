@@ -17,17 +17,17 @@ pub fn move_big_device(live_at_destination: bool) -> MigrationSummary {
     println!(
         "device state (live at the destination: {live_at_destination}): {} MiB during the \
          rounds, {} KiB at the pause; downtime {:.1} ms (predicted {:.1})",
-        summary.device_bytes_live >> 20,
-        summary.device_bytes_at_pause >> 10,
+        summary.devices.device_bytes_live >> 20,
+        summary.devices.device_bytes_at_pause >> 10,
         summary.downtime_ms,
-        summary.predicted_downtime_ms
+        summary.switchover.predicted_downtime_ms
     );
     println!(
         "  saving the sections {:.1} ms, the destination's resume {:.1} ms; device state \
          counted at {:.0} MB/s",
-        summary.save_sections_ms,
-        summary.dest_resume_ms,
-        summary.device_state_bytes_per_sec / 1e6
+        summary.switchover.save_sections_ms,
+        summary.switchover.dest_resume_ms,
+        summary.devices.device_state_bytes_per_sec / 1e6
     );
     let dvm: Box<dyn std::any::Any> = dvm;
     let dvm = dvm.downcast::<TestVm>().expect("the test VM");

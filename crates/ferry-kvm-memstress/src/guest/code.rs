@@ -17,10 +17,11 @@
 //! ```
 //!
 //! Progress is published to the progress record in guest memory (the host reads
-//! it without an exit). A busy guest never exits, because an exit costs ~25 µs
-//! here; a rate-limited guest a millisecond or more ahead of schedule asks the
-//! host to sleep it (`out` to `SLEEP_PORT`), like an idle guest halting on a
-//! timer. The host stops vCPUs by signalling their threads.
+//! it without an exit). A busy guest never exits, because an exit costs tens of
+//! microseconds here (docs/kvm-host-devices.md); a rate-limited guest a
+//! millisecond or more ahead of schedule asks the host to sleep it (`out` to
+//! `SLEEP_PORT`), like an idle guest halting on a timer. The host stops vCPUs
+//! by signalling their threads.
 
 use ferry_memstress::{param, progress, SLEEP_PORT};
 use iced_x86::code_asm::*;

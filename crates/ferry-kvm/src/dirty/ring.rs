@@ -106,7 +106,7 @@ pub struct DirtyRing {
     /// (and its kvmclock page at some), so a vCPU that enters KVM_RUN
     /// often, or one a throttle wakes, reports the same page hundreds of
     /// times a second. Inside the SVM host those entries engaged the quota
-    /// on an idle Linux guest whose full pass dirtied 737 pages in 12 s
+    /// on an idle Linux guest whose full pass dirtied almost nothing
     /// (docs/svm-host.md, "The quota's hold").
     collected: AtomicU64,
 }

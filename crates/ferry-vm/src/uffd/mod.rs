@@ -5,7 +5,7 @@
 //! A destination writing a page into fresh anonymous memory pays twice: the
 //! first touch faults, the kernel zeroes the page (`clear_page_erms`, 2 MiB
 //! at a time with THP), then the received data overwrites it. On this
-//! project's nested hosts that zeroing took 82% of a destination's time.
+//! project's nested hosts that zeroing took most of a destination's time.
 //! `UFFDIO_COPY` into a region registered with userfaultfd in MISSING mode
 //! allocates each page and fills it from our buffer in one step: no zeroing.
 //!

@@ -18,7 +18,7 @@ pub struct DemandPagingArgs {
     /// note, where /dev/kvm is absent).
     #[arg(long, value_delimiter = ',', default_value = "kvm,soft", value_parser = ["kvm", "soft"])]
     pub backends: Vec<String>,
-    /// A subset that finishes in under 3 minutes: fewer cases, less memory,
+    /// A subset that finishes quickly: fewer cases, less memory,
     /// one run per cell.
     #[arg(long)]
     pub quick: bool,

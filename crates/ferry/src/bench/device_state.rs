@@ -301,14 +301,14 @@ fn cell(way: &str, a: &DeviceStateArgs, s: &MigrationSummary, received: bool) ->
     Run {
         way: way.into(),
         downtime_ms: s.downtime_ms,
-        predicted_downtime_ms: s.predicted_downtime_ms,
+        predicted_downtime_ms: s.switchover.predicted_downtime_ms,
         target_ms: a.downtime_ms as f64,
-        device_bytes_live: s.device_bytes_live,
-        device_bytes_at_pause: s.device_bytes_at_pause,
-        save_sections_ms: s.save_sections_ms,
-        dest_resume_ms: s.dest_resume_ms,
+        device_bytes_live: s.devices.device_bytes_live,
+        device_bytes_at_pause: s.devices.device_bytes_at_pause,
+        save_sections_ms: s.switchover.save_sections_ms,
+        dest_resume_ms: s.switchover.dest_resume_ms,
         total_ms: s.total_ms,
-        verified: s.digest_match && s.guest_mismatches == Some(0) && received,
+        verified: s.digest_match && s.guest.guest_mismatches == Some(0) && received,
     }
 }
 

@@ -48,8 +48,7 @@ pub struct LinkArgs {
     /// Runs of the placed floor and of the plain first pass (text pages, no
     /// compression), alternating, per connection count: each is reported
     /// as the median of its runs, with every run in the JSON (this host's
-    /// floor alone has moved between 0.6 and 2.4 GiB/s from one run to
-    /// the next).
+    /// floor alone has moved severalfold from one run to the next).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub repeat: u32,
     /// Bandwidth cap in MiB/s for the compression-under-a-cap cells (0 skips them).

@@ -57,7 +57,8 @@ pub struct LocalArgs {
     #[arg(long, default_value_t = 64)]
     pub rate_mib_s: u64,
     /// Moves per size, each with a fresh VM: the table gives the median
-    /// (one move's downtime on this host varies by 2x and more).
+    /// (one move's downtime on this host varies widely: docs/results.md,
+    /// "Same-host upgrade").
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeat: u32,
     /// Seconds the guest runs before each move.

@@ -5,6 +5,7 @@
 
 use crate::error::CmdError;
 use crate::netns::{NetnsPair, DEST_ADDR};
+use crate::summary::AfterSwitchover;
 use ferry_harness::child::{read_listen_address, ListenError};
 use ferry_harness::output::last_json;
 use ferry_vm::error_chain as chain;
@@ -86,21 +87,26 @@ pub fn read_listen_address_of(
     }
 }
 
-/// Adds what the destination's guest counted after the switchover (the last
-/// line `ferry receive --json` printed) to the source's summary: the engine
-/// returns at the commit, and only the destination ran the guest after it.
-/// Returns what the destination said became of the guest, if it failed.
+/// What the destination's guest counted after the switchover (the last line
+/// `ferry receive --json` printed): the engine returns at the commit, and
+/// only the destination ran the guest after it. Adds its mismatches to the
+/// summary's `guest_mismatches`, and returns them with what the destination
+/// said became of the guest, if it failed.
 pub fn add_destination_checks(
     summary: &mut ferry_engine::MigrationSummary,
     mut out: impl Read,
-) -> Option<String> {
+) -> (AfterSwitchover, Option<String>) {
     let mut text = String::new();
     let _ = out.read_to_string(&mut text);
-    let j = last_json(&text)?;
-    summary.dest_passes_after = j["passes_after"].as_u64();
-    summary.mismatches_after = j["mismatches_after"].as_u64();
-    if let (Some(before), Some(after)) = (summary.mismatches_before, summary.mismatches_after) {
-        summary.guest_mismatches = Some(before.saturating_add(after));
+    let Some(j) = last_json(&text) else {
+        return (AfterSwitchover::default(), None);
+    };
+    let after = AfterSwitchover {
+        passes: j["passes_after"].as_u64(),
+        mismatches: j["mismatches_after"].as_u64(),
+    };
+    if let (Some(before), Some(then)) = (summary.guest.mismatches_before, after.mismatches) {
+        summary.guest.guest_mismatches = Some(before.saturating_add(then));
     }
-    j["guest_error"].as_str().map(str::to_string)
+    (after, j["guest_error"].as_str().map(str::to_string))
 }

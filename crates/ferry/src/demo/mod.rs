@@ -113,7 +113,7 @@ pub fn run(d: Demo) -> Result<ExitCode, CmdError> {
         let _ = dest.0.kill();
         let _ = dest.0.wait();
     }
-    let guest_error = destination::add_destination_checks(&mut summary, dest_out);
+    let (after, guest_error) = destination::add_destination_checks(&mut summary, dest_out);
     // A guest that dies at the destination is a failed migration, however
     // well the memory moved.
     let failure = match (exited, guest_error) {
@@ -134,12 +134,12 @@ pub fn run(d: Demo) -> Result<ExitCode, CmdError> {
         summary.error.get_or_insert(failure);
     }
     if let Some(path) = a.report {
-        crate::report::write(path, &summary)?;
+        crate::report::write(path, &summary, &after)?;
         if !a.migration.json {
             eprintln!("ferry demo: wrote {}", path.display());
         }
     }
-    Ok(finish(&mut *vm, &summary, a.migration.json))
+    Ok(finish(&mut *vm, &summary, &after, a.migration.json))
 }
 
 /// Each vCPU's write share and rate, grouped: "100% writes, 1 reader;

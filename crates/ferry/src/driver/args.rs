@@ -117,10 +117,11 @@ pub struct MigrationArgs {
     /// Harvest the dirty log at every policy interval while a round is
     /// sent, so that a page the guest dirties ahead of the send cursor goes
     /// out once, in that round, and not again in the next. Measured on a
-    /// nested kvm host: 15-34% fewer bytes and shorter migrations for busy
-    /// writers, but a writer faults more often (each harvest write-protects
-    /// its pages again), so under the quota it runs a smaller share of the
-    /// (shorter) migration. Off by default.
+    /// nested kvm host (docs/results.md, "Harvesting within rounds"): fewer
+    /// bytes and shorter migrations for busy writers, but a writer faults
+    /// more often (each harvest write-protects its pages again), so under the
+    /// quota it runs a smaller share of the (shorter) migration. Off by
+    /// default.
     #[arg(long = "harvest-within-rounds")]
     pub harvest_within_rounds: bool,
     /// Size of --delta's cache of last-sent pages (at most the guest's

@@ -1,7 +1,7 @@
 //! How a migration this process ran ends on screen: the summary, the exit
 //! code, and on a failure proof that the source guest still runs.
 
-use crate::summary;
+use crate::summary::{self, AfterSwitchover};
 use ferry_engine::{MigrationSummary, Outcome};
 use ferry_memstress::{read_progress, VcpuProgress};
 use ferry_vm::Vm;
@@ -33,25 +33,31 @@ pub fn source_still_runs(vm: &dyn Vm) -> (String, u64) {
     (line, mismatches)
 }
 
-/// Prints the summary and picks the exit code. On failure, shows that the
-/// source VM still runs.
-pub fn finish(vm: &mut dyn Vm, s: &MigrationSummary, json: bool) -> ExitCode {
+/// Prints the summary (with what the destination said after the
+/// switchover, where it said it) and picks the exit code. On failure,
+/// shows that the source VM still runs.
+pub fn finish(
+    vm: &mut dyn Vm,
+    s: &MigrationSummary,
+    after: &AfterSwitchover,
+    json: bool,
+) -> ExitCode {
     let mut s = s.clone();
     let ok = s.status == Outcome::Completed
         && s.digest_match
-        && s.guest_mismatches.unwrap_or(0) == 0
+        && s.guest.guest_mismatches.unwrap_or(0) == 0
         && s.error.is_none();
     if s.status == Outcome::Failed && vm.is_running() {
         // Show that the guest survived: it still makes progress, and its own
         // stamp checks still pass.
         let (line, mismatches) = source_still_runs(vm);
-        s.mismatches_before = Some(mismatches);
-        s.guest_mismatches = Some(mismatches);
+        s.guest.mismatches_before = Some(mismatches);
+        s.guest.guest_mismatches = Some(mismatches);
         println!("{line}");
     }
-    println!("{}", summary::render(&s));
+    println!("{}", summary::render(&s, after));
     if json {
-        println!("{}", summary::json(&s));
+        println!("{}", summary::json(&s, after));
     }
     if ok {
         ExitCode::SUCCESS

@@ -83,7 +83,7 @@ pub fn boot_and_migrate(
         None
     };
     let (mut summary, _) = migrate_running(vm, to, opts, tls.as_ref(), since, None, &NoProgress);
-    summary.predicted = predicted;
+    summary.convergence.predicted = predicted;
     Ok(summary)
 }
 
@@ -155,7 +155,7 @@ pub fn migrate_running(
     if let Some(w) = watch {
         // A completed migration paused the guest downtime_ms before its end.
         let ran = (summary.total_ms - summary.downtime_ms).max(0.0);
-        summary.vcpu_shares = w.finish(vm, Duration::from_secs_f64(ran / 1e3));
+        summary.convergence.vcpu_shares = w.finish(vm, Duration::from_secs_f64(ran / 1e3));
     }
     (summary, token)
 }

@@ -68,7 +68,7 @@ impl Job {
         tunables.set_migrating(false);
         tunables.take_throttle_request();
         let cancelled = tunables.is_cancelled();
-        let summary_json = crate::summary::json(&summary);
+        let summary_json = crate::summary::json(&summary, &Default::default());
         // Before the `completed` event goes out: a client that reads it
         // and asks again must find the VM moved (or held).
         ctl.custody
@@ -80,7 +80,7 @@ impl Job {
             say_held(&why);
         }
         *last = Some((self.to.clone(), self.opts, self.tls));
-        let _ = reply.send(crate::summary::json(&summary));
+        let _ = reply.send(crate::summary::json(&summary, &Default::default()));
         if moved {
             say(format_args!(
                 "the VM now runs at {}; stopping here",

@@ -45,7 +45,7 @@ pub struct ConvergeArgs {
     #[arg(long, value_delimiter = ',', value_parser = ["none", "auto", "dirty-limit", "quota"])]
     pub policies: Vec<String>,
     /// A subset: one cell of table A and table B's three mixes, without the
-    /// `none` baseline (which never converges in them), in under 5 minutes.
+    /// `none` baseline (which never converges in them), in a few minutes.
     #[arg(long)]
     pub quick: bool,
     /// Table A cells of your own instead of the default grid, each

@@ -71,7 +71,12 @@ pub fn run(a: MigrateArgs) -> Result<ExitCode, CmdError> {
     let config = a.backend.config(workload);
     let mut vm = vms::create(a.backend.kind(), &config, &a.backend, vms::Role::Source)?;
     let summary = boot_and_migrate(&mut *vm, &a.to, &a.migration, opts, tls)?;
-    Ok(finish(&mut *vm, &summary, a.migration.json))
+    Ok(finish(
+        &mut *vm,
+        &summary,
+        &Default::default(),
+        a.migration.json,
+    ))
 }
 
 /// Refuses a destination that cannot be reached before any VM is booted:
