@@ -111,6 +111,54 @@ impl Serialize for DirtyLogMethod {
 /// The VM's own log of guest writes: KVM's dirty log or ring, the soft
 /// MMU's. Pages written before [`DirtyLog::start_dirty_log`] are not
 /// reported.
+///
+/// # Example
+///
+/// A VM whose guest writes memory behind [`crate::GuestRam`]'s back (as a
+/// vCPU does) logs them in a [`crate::SharedDirtyBitmap`], and hands the
+/// log to the engine through its accessor:
+///
+/// ```
+/// # use ferry_vm::{Backing, GuestRam, Vm, VmError};
+/// # use std::sync::Arc;
+/// # fn ram() -> Arc<GuestRam> {
+/// #     Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap())
+/// # }
+/// use ferry_vm::{DirtyLog, DirtyLogMethod, DirtyPages, Gfn, HarvestStats, SharedDirtyBitmap};
+///
+/// struct LoggedVm { ram: Arc<GuestRam>, log: SharedDirtyBitmap, on: bool }
+///
+/// impl DirtyLog for LoggedVm {
+///     fn method(&self) -> DirtyLogMethod { DirtyLogMethod::Other("my-log".into()) }
+///     fn start_dirty_log(&mut self) -> Result<(), VmError> { self.on = true; Ok(()) }
+///     fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, VmError> {
+///         let pages = self.log.harvest_into(into);
+///         Ok(HarvestStats { pages, ..HarvestStats::default() })
+///     }
+///     fn stop_dirty_log(&mut self) -> Result<(), VmError> { self.on = false; Ok(()) }
+/// }
+/// impl Vm for LoggedVm {
+/// #   fn vmm_id(&self) -> &str { "example" }
+/// #   fn ram(&self) -> &Arc<GuestRam> { &self.ram }
+/// #   fn start(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn pause(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn is_running(&self) -> bool { true }
+///     // vmm_id, ram, start, pause and is_running as for any VM, and:
+///     fn dirty_log(&mut self) -> Option<&mut dyn DirtyLog> { Some(self) }
+/// }
+///
+/// let ram = ram();
+/// let mut vm = LoggedVm { log: SharedDirtyBitmap::new(ram.pages()), ram, on: false };
+/// assert_eq!(ferry_vm::dirty_tracking(&mut vm).to_string(), "my-log");
+/// let log = vm.dirty_log().expect("the VM says it has a log");
+/// log.start_dirty_log().unwrap();
+/// // The "vCPU" writes pages 3 and 7.
+/// vm.log.mark(Gfn(3));
+/// vm.log.mark(Gfn(7));
+/// let mut dirty = DirtyPages::new(vm.ram.pages());
+/// let stats = vm.dirty_log().unwrap().harvest_dirty(&mut dirty).unwrap();
+/// assert_eq!((stats.pages, dirty.iter().collect::<Vec<_>>()), (2, vec![Gfn(3), Gfn(7)]));
+/// ```
 pub trait DirtyLog {
     /// The method in use, for reports.
     fn method(&self) -> DirtyLogMethod;
@@ -130,6 +178,52 @@ pub trait DirtyLog {
 /// would otherwise wait for the verdict with the guest paused: nothing
 /// the guest did can have reached the world if the digest then fails and
 /// the source runs on.
+///
+/// # Example
+///
+/// A console that queues what the guest prints while held:
+///
+/// ```
+/// # use ferry_vm::{Backing, GuestRam, Vm, VmError};
+/// # use std::sync::Arc;
+/// # fn ram() -> Arc<GuestRam> {
+/// #     Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap())
+/// # }
+/// use ferry_vm::OutputGate;
+///
+/// struct ConsoleVm { ram: Arc<GuestRam>, held: Option<Vec<u8>>, out: Vec<u8> }
+///
+/// impl ConsoleVm {
+///     /// The guest prints a byte.
+///     fn emit(&mut self, b: u8) {
+///         match &mut self.held { Some(queue) => queue.push(b), None => self.out.push(b) }
+///     }
+/// }
+///
+/// impl OutputGate for ConsoleVm {
+///     fn hold(&mut self) -> Result<(), VmError> { self.held.get_or_insert_with(Vec::new); Ok(()) }
+///     fn release(&mut self) -> Result<(), VmError> {
+///         self.out.extend(self.held.take().unwrap_or_default());
+///         Ok(())
+///     }
+/// }
+/// impl Vm for ConsoleVm {
+/// #   fn vmm_id(&self) -> &str { "example" }
+/// #   fn ram(&self) -> &Arc<GuestRam> { &self.ram }
+/// #   fn start(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn pause(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn is_running(&self) -> bool { true }
+///     // vmm_id, ram, start, pause and is_running as for any VM, and:
+///     fn output_gate(&mut self) -> Option<&mut dyn OutputGate> { Some(self) }
+/// }
+///
+/// let mut vm = ConsoleVm { ram: ram(), held: None, out: Vec::new() };
+/// vm.output_gate().unwrap().hold().unwrap();
+/// vm.emit(b'a');
+/// assert!(vm.out.is_empty(), "held output must not reach the world");
+/// vm.output_gate().unwrap().release().unwrap();
+/// assert_eq!(vm.out, b"a");
+/// ```
 pub trait OutputGate {
     /// From now on, the guest's outputs wait (the guest itself runs on:
     /// a disk request is in flight until released). An error when the VM
@@ -146,6 +240,44 @@ pub trait OutputGate {
 /// Slows every vCPU to a share of its time, as QEMU's auto-converge does:
 /// after each [`THROTTLE_SLICE`] it runs, a vCPU sleeps
 /// [`throttle_sleep`]`(percent)`.
+///
+/// # Example
+///
+/// A vCPU loop that sleeps [`throttle_sleep`] after each slice it runs:
+///
+/// ```
+/// # use ferry_vm::{Backing, GuestRam, Vm, VmError};
+/// # use std::sync::Arc;
+/// # fn ram() -> Arc<GuestRam> {
+/// #     Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap())
+/// # }
+/// use ferry_vm::{throttle_sleep, TimeThrottle, THROTTLE_SLICE};
+/// use std::sync::atomic::{AtomicU8, Ordering};
+///
+/// struct ThrottledVm { ram: Arc<GuestRam>, percent: Arc<AtomicU8> }
+///
+/// impl TimeThrottle for ThrottledVm {
+///     fn set_time_throttle(&mut self, percent: u8) -> Result<(), VmError> {
+///         self.percent.store(percent, Ordering::Relaxed); // each vCPU thread reads it
+///         Ok(())
+///     }
+/// }
+/// impl Vm for ThrottledVm {
+/// #   fn vmm_id(&self) -> &str { "example" }
+/// #   fn ram(&self) -> &Arc<GuestRam> { &self.ram }
+/// #   fn start(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn pause(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn is_running(&self) -> bool { true }
+///     // vmm_id, ram, start, pause and is_running as for any VM, and:
+///     fn time_throttle(&mut self) -> Option<&mut dyn TimeThrottle> { Some(self) }
+/// }
+///
+/// let mut vm = ThrottledVm { ram: ram(), percent: Arc::new(AtomicU8::new(0)) };
+/// vm.time_throttle().unwrap().set_time_throttle(75).unwrap();
+/// // What a vCPU thread sleeps after each THROTTLE_SLICE it ran: 3 slices.
+/// let sleep = throttle_sleep(vm.percent.load(Ordering::Relaxed));
+/// assert_eq!(sleep, THROTTLE_SLICE * 3);
+/// ```
 pub trait TimeThrottle {
     /// Throttles every vCPU to `percent` (0 = none, at most 99).
     fn set_time_throttle(&mut self, percent: u8) -> Result<(), VmError>;
@@ -161,6 +293,51 @@ pub trait TimeThrottle {
 /// A per-vCPU dirty meter, and the throttles it makes possible: the seed's
 /// dirty quota and QEMU 8.1's dirty limit. Both slow only the vCPUs that
 /// write.
+///
+/// # Example
+///
+/// A meter that counts each vCPU's newly dirtied pages, and keeps the
+/// quota its vCPU threads enforce:
+///
+/// ```
+/// # use ferry_vm::{Backing, GuestRam, Vm, VmError};
+/// # use std::sync::Arc;
+/// # fn ram() -> Arc<GuestRam> {
+/// #     Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap())
+/// # }
+/// use ferry_vm::{DirtyMeter, Quota};
+/// use std::time::Duration;
+///
+/// struct MeteredVm { ram: Arc<GuestRam>, dirtied: Vec<u64>, quota: Option<Quota> }
+///
+/// impl DirtyMeter for MeteredVm {
+///     fn dirtied(&self) -> Vec<u64> { self.dirtied.clone() }
+///     fn set_dirty_quota(&mut self, quota: Option<&Quota>) -> Result<(), VmError> {
+///         self.quota = quota.cloned();
+///         Ok(())
+///     }
+///     fn set_dirty_limit(&mut self, _: Option<u64>) -> Result<(), VmError> {
+///         Err(VmError::Guest("no dirty limit here".into()))
+///     }
+/// }
+/// impl Vm for MeteredVm {
+/// #   fn vmm_id(&self) -> &str { "example" }
+/// #   fn ram(&self) -> &Arc<GuestRam> { &self.ram }
+/// #   fn start(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn pause(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn is_running(&self) -> bool { true }
+///     // vmm_id, ram, start, pause and is_running as for any VM, and:
+///     fn dirty_meter(&mut self) -> Option<&mut dyn DirtyMeter> { Some(self) }
+/// }
+///
+/// let mut vm = MeteredVm { ram: ram(), dirtied: vec![10, 0], quota: None };
+/// let quota = Quota::new(vec![8 << 20, 4096], Duration::from_millis(100));
+/// let meter = vm.dirty_meter().unwrap();
+/// meter.set_dirty_quota(Some(&quota)).unwrap();
+/// assert_eq!(meter.dirtied(), [10, 0]);
+/// assert!(meter.set_dirty_limit(Some(1 << 20)).is_err());
+/// assert_eq!(vm.quota.unwrap().of(1), 4096);
+/// ```
 pub trait DirtyMeter {
     /// Pages each vCPU has newly dirtied since the VM was built: a write
     /// that finds its page already dirty since the last harvest is not
@@ -178,6 +355,52 @@ pub trait DirtyMeter {
 
 /// The vCPUs' state as one blob, in the format the VM's `vmm_id` names. A
 /// VMM that keeps vCPU state in a section instead has no need of it.
+///
+/// # Example
+///
+/// Registers kept as a serde type, saved as JSON; a VM that restores
+/// refuses a blob it cannot read:
+///
+/// ```
+/// # use ferry_vm::{Backing, GuestRam, Vm, VmError};
+/// # use std::sync::Arc;
+/// # fn ram() -> Arc<GuestRam> {
+/// #     Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap())
+/// # }
+/// use ferry_vm::VcpuState;
+///
+/// #[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+/// struct Regs { rip: u64, rsp: u64 }
+///
+/// struct RegsVm { ram: Arc<GuestRam>, vcpus: Vec<Regs> }
+///
+/// impl VcpuState for RegsVm {
+///     fn save_vcpus(&mut self) -> Result<Vec<u8>, VmError> {
+///         serde_json::to_vec(&self.vcpus).map_err(|e| VmError::Guest(e.to_string()))
+///     }
+///     fn restore_vcpus(&mut self, state: &[u8]) -> Result<(), VmError> {
+///         self.vcpus = serde_json::from_slice(state)
+///             .map_err(|e| VmError::BadVcpuState(e.to_string()))?;
+///         Ok(())
+///     }
+/// }
+/// impl Vm for RegsVm {
+/// #   fn vmm_id(&self) -> &str { "example" }
+/// #   fn ram(&self) -> &Arc<GuestRam> { &self.ram }
+/// #   fn start(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn pause(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn is_running(&self) -> bool { true }
+///     // vmm_id, ram, start, pause and is_running as for any VM, and:
+///     fn vcpu_state(&mut self) -> Option<&mut dyn VcpuState> { Some(self) }
+/// }
+///
+/// let mut source = RegsVm { ram: ram(), vcpus: vec![Regs { rip: 0x1000, rsp: 0x8000 }] };
+/// let blob = ferry_vm::save_vcpu_state_for(&mut source, true).unwrap(); // JSON: no compact form
+/// let mut dest = RegsVm { ram: ram(), vcpus: Vec::new() };
+/// dest.vcpu_state().unwrap().restore_vcpus(&blob).unwrap();
+/// assert_eq!(dest.vcpus, source.vcpus);
+/// assert!(dest.vcpu_state().unwrap().restore_vcpus(b"garbled").is_err());
+/// ```
 pub trait VcpuState {
     /// Serializes the state of every vCPU. The VM is paused.
     fn save_vcpus(&mut self) -> Result<Vec<u8>, VmError>;
@@ -208,6 +431,62 @@ pub trait VcpuState {
 /// access needs a page not yet present leaves guest mode and fetches it on
 /// its own thread. Without it, a postcopy destination relies on
 /// userfaultfd.
+///
+/// # Example
+///
+/// A vCPU's fault path: a page not yet present is fetched on the vCPU's
+/// own thread, then the access is retried:
+///
+/// ```
+/// # use ferry_vm::{Backing, GuestRam, Vm, VmError};
+/// # use std::sync::Arc;
+/// # fn ram() -> Arc<GuestRam> {
+/// #     Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap())
+/// # }
+/// use ferry_vm::{FaultExits, Gfn, MemoryFaults, PageBits};
+///
+/// struct FaultingVm { ram: Arc<GuestRam>, exits: Option<FaultExits> }
+///
+/// impl FaultingVm {
+///     /// What a vCPU does when the guest touches `gfn`.
+///     fn touch(&self, gfn: Gfn) -> Result<(), String> {
+///         let exits = self.exits.as_ref().expect("set before the vCPUs run");
+///         if !exits.present.contains(gfn) {
+///             (exits.fetch)(gfn).map_err(|e| e.to_string())?;
+///         }
+///         Ok(())
+///     }
+/// }
+///
+/// impl MemoryFaults for FaultingVm {
+///     fn set_fault_exits(&mut self, exits: FaultExits) -> Result<(), VmError> {
+///         self.exits = Some(exits);
+///         Ok(())
+///     }
+/// }
+/// impl Vm for FaultingVm {
+/// #   fn vmm_id(&self) -> &str { "example" }
+/// #   fn ram(&self) -> &Arc<GuestRam> { &self.ram }
+/// #   fn start(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn pause(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn is_running(&self) -> bool { true }
+///     // vmm_id, ram, start, pause and is_running as for any VM, and:
+///     fn memory_faults(&mut self) -> Option<&mut dyn MemoryFaults> { Some(self) }
+/// }
+///
+/// let mut vm = FaultingVm { ram: ram(), exits: None };
+/// // The engine's side: pages arrive from the source; here, page 5 only.
+/// let present = Arc::new(PageBits::new(vm.ram.pages()));
+/// let marks = Arc::clone(&present);
+/// let fetch = move |gfn: Gfn| {
+///     if gfn == Gfn(5) { marks.insert(gfn); Ok(()) } else { Err(ferry_vm::FetchError::Ended(gfn)) }
+/// };
+/// let exits = FaultExits { present: Arc::clone(&present), fetch: Arc::new(fetch) };
+/// vm.memory_faults().unwrap().set_fault_exits(exits).unwrap();
+/// vm.touch(Gfn(5)).unwrap();
+/// assert!(present.contains(Gfn(5)));
+/// assert!(vm.touch(Gfn(6)).unwrap_err().contains("postcopy ended"));
+/// ```
 pub trait MemoryFaults {
     /// From now on a vCPU whose access needs a page not in
     /// `exits.present` calls `exits.fetch` and retries. Set before the

@@ -370,6 +370,54 @@ impl Dest {
 
 /// [`receive`] for a VMM with one VM type `V`: `create_vm` builds a `V`,
 /// and the running VM comes back as that `V`, not as a `Box<dyn Vm>`.
+///
+/// # Example
+///
+/// The factory sees the stream's header before any memory arrives, and
+/// refuses a stream it cannot build a VM for: the source is told why, and
+/// its VM runs on (`CounterVm` as in [`crate::migrate`]'s example).
+///
+/// ```
+/// # use ferry_engine::vmm::{Backing, GuestRam, StreamHeader, Vm, VmError};
+/// # use std::sync::Arc;
+/// # /// A VM whose "guest" is its VMM writing a counter into memory.
+/// # struct CounterVm { ram: Arc<GuestRam>, running: bool }
+/// # impl CounterVm {
+/// #     fn new(bytes: u64) -> Result<Self, VmError> {
+/// #         Ok(CounterVm { ram: Arc::new(GuestRam::new(&[bytes], Backing::Anonymous)?), running: false })
+/// #     }
+/// # }
+/// # impl Vm for CounterVm {
+/// #     fn vmm_id(&self) -> &str { "counter-vmm" }
+/// #     fn ram(&self) -> &Arc<GuestRam> { &self.ram }
+/// #     fn start(&mut self) -> Result<(), VmError> { self.running = true; Ok(()) }
+/// #     fn pause(&mut self) -> Result<(), VmError> { self.running = false; Ok(()) }
+/// #     fn is_running(&self) -> bool { self.running }
+/// # }
+/// use ferry_engine::{await_migration, listen, migrate, receive_as};
+/// use ferry_engine::{NoProgress, PrecopyOptions, ReceiveOptions, TcpDialer};
+///
+/// let listener = listen("127.0.0.1:0").unwrap();
+/// let to = TcpDialer(listener.local_addr().unwrap().to_string());
+/// let destination = std::thread::spawn(move || {
+///     let incoming = await_migration(&listener, None).unwrap();
+///     // This destination has room for 2 MiB of guest memory only.
+///     let mut create = |h: &StreamHeader| -> Result<CounterVm, VmError> {
+///         if h.memory_bytes > 2 << 20 {
+///             return Err(VmError::Guest(format!("no room for {} bytes", h.memory_bytes)));
+///         }
+///         CounterVm::new(h.memory_bytes)
+///     };
+///     receive_as(incoming, &listener, &mut create, &ReceiveOptions::default()).map(|_| ())
+/// });
+///
+/// let mut vm = CounterVm::new(4 << 20).unwrap();
+/// vm.start().unwrap();
+/// let refused = migrate(&mut vm, &to, &PrecopyOptions::default(), &NoProgress).unwrap_err();
+/// assert!(refused.to_string().contains("no room for"), "{refused}");
+/// assert!(destination.join().unwrap().is_err());
+/// assert!(vm.is_running());
+/// ```
 pub fn receive_as<V: Vm>(
     incoming: IncomingMigration,
     listener: &dyn Listen,

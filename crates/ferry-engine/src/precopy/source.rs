@@ -26,6 +26,57 @@ use std::time::Instant;
 /// digest did not match (status `failed`, VM rolled back and running). On
 /// `Err`, the VM runs again (if it ran before) and dirty logging is off; the
 /// error is the destination's own reason when it gave one.
+///
+/// # Example
+///
+/// A VM moved over loopback within one process (`CounterVm` is a VM whose
+/// guest is its VMM writing a counter: the whole of it is in
+/// [`crate::vmm`]'s example). A destination that is not listening is an
+/// error, and the source's VM runs on:
+///
+/// ```
+/// # use ferry_engine::vmm::{Backing, GuestRam, StreamHeader, Vm, VmError};
+/// # use std::sync::Arc;
+/// # /// A VM whose "guest" is its VMM writing a counter into memory.
+/// # struct CounterVm { ram: Arc<GuestRam>, running: bool }
+/// # impl CounterVm {
+/// #     fn new(bytes: u64) -> Result<Self, VmError> {
+/// #         Ok(CounterVm { ram: Arc::new(GuestRam::new(&[bytes], Backing::Anonymous)?), running: false })
+/// #     }
+/// # }
+/// # impl Vm for CounterVm {
+/// #     fn vmm_id(&self) -> &str { "counter-vmm" }
+/// #     fn ram(&self) -> &Arc<GuestRam> { &self.ram }
+/// #     fn start(&mut self) -> Result<(), VmError> { self.running = true; Ok(()) }
+/// #     fn pause(&mut self) -> Result<(), VmError> { self.running = false; Ok(()) }
+/// #     fn is_running(&self) -> bool { self.running }
+/// # }
+/// use ferry_engine::{await_migration, listen, migrate, receive_as};
+/// use ferry_engine::{NoProgress, Outcome, PrecopyOptions, ReceiveOptions, TcpDialer};
+///
+/// let listener = listen("127.0.0.1:0").unwrap();
+/// let to = TcpDialer(listener.local_addr().unwrap().to_string());
+/// let destination = std::thread::spawn(move || {
+///     let incoming = await_migration(&listener, None).unwrap();
+///     let mut create = |h: &StreamHeader| CounterVm::new(h.memory_bytes);
+///     receive_as(incoming, &listener, &mut create, &ReceiveOptions::default()).unwrap()
+/// });
+///
+/// let mut vm = CounterVm::new(4 << 20).unwrap();
+/// vm.start().unwrap();
+/// vm.ram().store_u64(ferry_engine::vmm::Gpa(0x3000), 42).unwrap();
+/// let summary = migrate(&mut vm, &to, &PrecopyOptions::default(), &NoProgress).unwrap();
+/// let (moved, _) = destination.join().unwrap();
+/// assert_eq!((summary.status, summary.digest_match), (Outcome::Completed, true));
+/// assert_eq!(moved.ram().load_u64(ferry_engine::vmm::Gpa(0x3000)).unwrap(), 42);
+/// assert!(moved.is_running() && !vm.is_running());
+///
+/// // Nobody listens there now: the migration fails, and `vm` keeps running.
+/// let mut vm = CounterVm::new(4 << 20).unwrap();
+/// vm.start().unwrap();
+/// assert!(migrate(&mut vm, &to, &PrecopyOptions::default(), &NoProgress).is_err());
+/// assert!(vm.is_running());
+/// ```
 pub fn migrate(
     vm: &mut dyn Vm,
     dialer: &dyn Dial,
