@@ -45,7 +45,9 @@
 //!   what an operator may do with it next (`cont`, `migrate`, `resume`).
 //! * [`seccomp`]: the threads and syscalls a VMM under seccomp must allow
 //!   the engine, by kind of migration.
-//! * [`error`]: a migration's errors, on either side.
+//! * [`snapshot`]: a running VM saved to a file while it runs, and
+//!   restored from it, through the same contract.
+//! * [`error`]: a migration's and a snapshot's errors.
 //! * `conformance` (feature `conformance`): checks a VMM runs against its
 //!   own `Vm` in its tests (dirty tracking, sections, pause, vCPU state, a
 //!   migration to itself).
@@ -77,6 +79,7 @@ pub mod precopy;
 pub mod progress;
 pub mod seccomp;
 mod session;
+pub mod snapshot;
 pub mod summary;
 pub mod transport;
 pub mod tunables;

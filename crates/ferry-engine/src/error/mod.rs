@@ -3,10 +3,12 @@
 
 mod local;
 mod options;
+mod snapshot;
 mod transport;
 
 pub use local::LocalError;
 pub use options::OptionsError;
+pub use snapshot::SnapshotError;
 pub use transport::TransportError;
 
 use crate::wire::{FrameKind, HeaderError, SectionError, StreamError};

@@ -1,0 +1,152 @@
+//! Snapshots: a running VM saved to a file while it runs, and restored
+//! from it, through the same contract a migration uses ([`crate::vmm`]).
+//!
+//! Why pages at fixed places, as QEMU's `mapped-ram` does: precopy's rounds
+//! then overwrite a page in place when the guest dirties it again, the
+//! file never grows with the rounds, a page of zeros is a hole that takes
+//! no space, and a restore can read any page without an index.
+//!
+//! ```text
+//!  offset 0           superblock (4 KiB): "FERRYSNP", format u32, the
+//!                     manifest's offset, length and CRC32, its own CRC32;
+//!                     written last, so a file without one was never finished
+//!  4 KiB + gfn*4 KiB  guest frame gfn (holes between regions and zero pages
+//!                     are holes in the file)
+//!  after the pages    vCPU state │ sections │ page hashes (xxh3 per frame)
+//!                     │ manifest (JSON: the VM's stream header, the digest,
+//!                     where each part is and its CRC32)
+//! ```
+//!
+//! **What proves a snapshot.** At the pause, the guest's memory is hashed
+//! on its own and compared with the hashes of what the file holds
+//! ([`SnapshotOptions::verify`]): a write the dirty logs missed fails the
+//! snapshot there, while the guest can still run on. A restore checks every
+//! part's CRC32 before it builds the VM, each page against its hash as it
+//! reads it, and the restored memory's digest before a vCPU runs.
+//!
+//! **What a VMM implements for it: nothing new.** The header, vCPU state,
+//! sections and dirty logs are the migration's; the restore's factory is
+//! a destination's.
+
+mod format;
+mod pages;
+mod restore;
+mod save;
+
+pub use format::{FORMAT, OLDEST_FORMAT};
+pub use restore::restore;
+pub use save::save;
+
+use serde::Serialize;
+use std::time::Duration;
+
+/// How a snapshot is taken.
+#[non_exhaustive]
+#[derive(Clone, Debug)]
+pub struct SnapshotOptions {
+    /// The longest pause: rounds go on while writing what the guest
+    /// dirtied would take longer, up to `max_rounds`.
+    pub max_downtime: Duration,
+    /// The most live rounds before the pause, however much is dirty.
+    pub max_rounds: u32,
+    /// Leave the guest stopped after the snapshot (its state is then the
+    /// file's, as for a host reboot).
+    pub stop: bool,
+    /// Hash the paused guest's memory and compare it with the file's
+    /// pages before the guest runs on: the proof that no write escaped
+    /// the dirty logs. It lengthens the pause by one pass over memory.
+    pub verify: bool,
+}
+
+impl Default for SnapshotOptions {
+    fn default() -> Self {
+        SnapshotOptions {
+            max_downtime: crate::tunables::DEFAULT_DOWNTIME,
+            max_rounds: 30,
+            stop: false,
+            verify: true,
+        }
+    }
+}
+
+/// How a snapshot is restored.
+#[non_exhaustive]
+#[derive(Clone, Debug)]
+pub struct RestoreOptions {
+    /// Leave the restored guest paused: the caller starts it.
+    pub paused: bool,
+    /// Hash the restored memory before a vCPU runs, and compare it with
+    /// the snapshot's digest (each page is checked as it is read, either
+    /// way).
+    pub verify: bool,
+}
+
+impl Default for RestoreOptions {
+    fn default() -> Self {
+        RestoreOptions {
+            paused: false,
+            verify: true,
+        }
+    }
+}
+
+/// One pass of a snapshot over guest memory.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SnapshotRound {
+    /// 0 for the first pass over all memory; the last one ran paused.
+    pub round: u32,
+    /// RAM frames visited.
+    pub pages: u64,
+    /// Of those, written as data (the rest were zeros).
+    pub data_pages: u64,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Wall time.
+    pub ms: f64,
+}
+
+/// What a snapshot did.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SnapshotSummary {
+    /// From the call to the file in place.
+    pub total_ms: f64,
+    /// The guest's pause, from stopping it to running it again (to the
+    /// end of the work, where it stays stopped).
+    pub pause_ms: f64,
+    /// Of the pause, hashing the paused memory ([`SnapshotOptions::verify`]).
+    pub digest_ms: f64,
+    /// Every pass, the paused one last.
+    pub rounds: Vec<SnapshotRound>,
+    /// Bytes the file takes on disk.
+    pub bytes: u64,
+    /// The file's size, holes included.
+    pub file_bytes: u64,
+    /// RAM frames stored as data.
+    pub data_pages: u64,
+    /// The memory digest the file holds.
+    pub digest: u64,
+    /// Whether the guest was left stopped.
+    pub stopped: bool,
+}
+
+/// What a restore did.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RestoreSummary {
+    /// "eager": every page read before a vCPU runs.
+    pub mode: &'static str,
+    /// From the call to the guest running (to the end, when left paused).
+    pub first_instruction_ms: f64,
+    /// Reading and checking the pages.
+    pub read_ms: f64,
+    /// Hashing the restored memory ([`RestoreOptions::verify`]).
+    pub verify_ms: f64,
+    /// RAM frames read.
+    pub pages_read: u64,
+    /// Bytes read for them.
+    pub bytes_read: u64,
+    /// The restored memory's digest was compared with the snapshot's and
+    /// matched (false: not compared).
+    pub digest_match: bool,
+    /// Whether the guest was started.
+    pub started: bool,
+}

@@ -1,0 +1,177 @@
+//! Writing guest pages to their fixed places in the file, and reading them
+//! back checked against the hashes the snapshot recorded.
+
+use super::format::page_offset;
+use crate::digest::{page_hash, zero_page_hash};
+use crate::error::SnapshotError;
+use crate::wire::is_zero_page;
+use ferry_vm::{DirtyPages, Gfn, GuestRam, PAGE_SIZE};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// Pages read from guest memory, or from the file, per call (1 MiB).
+const CHUNK_PAGES: u64 = 256;
+
+/// What one pass over a set of pages wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    /// Pages visited (RAM frames of the set).
+    pub pages: u64,
+    /// Of those, pages written as data.
+    pub data: u64,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+/// Writes guest pages into the file and keeps, for each frame, the hash of
+/// what the file holds for it (a hole holds zeros).
+pub struct PageWriter<'a> {
+    file: &'a File,
+    path: &'a Path,
+    /// One hash per frame, holes included.
+    pub hashes: Vec<u64>,
+    buf: Vec<u8>,
+}
+
+impl<'a> PageWriter<'a> {
+    /// A writer for a file whose page area holds only holes.
+    pub fn new(file: &'a File, path: &'a Path, frames: u64) -> Self {
+        PageWriter {
+            file,
+            path,
+            hashes: vec![zero_page_hash(); frames as usize],
+            buf: vec![0u8; (CHUNK_PAGES as usize) * PAGE_SIZE],
+        }
+    }
+
+    /// Copies every RAM frame of `set` from `ram` to its place. A page of
+    /// zeros takes no space: it is never written, and a place that held
+    /// data is punched back to a hole.
+    pub fn write(&mut self, ram: &GuestRam, set: &DirtyPages) -> Result<Written, SnapshotError> {
+        let mut done = Written::default();
+        for (first, count) in set.runs() {
+            for (run, n) in ram.ram_runs(first, count) {
+                let mut at = 0;
+                while at < n {
+                    let chunk = (n - at).min(CHUNK_PAGES);
+                    let gfn = Gfn(run.0 + at);
+                    self.write_chunk(ram, gfn, chunk, &mut done)?;
+                    at += chunk;
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    fn write_chunk(
+        &mut self,
+        ram: &GuestRam,
+        first: Gfn,
+        count: u64,
+        done: &mut Written,
+    ) -> Result<(), SnapshotError> {
+        let bytes = &mut self.buf[..count as usize * PAGE_SIZE];
+        ram.read_pages_to_send(first, bytes)
+            .map_err(SnapshotError::ram("read guest memory for the snapshot"))?;
+        // Runs of data pages go out in one write each.
+        let mut data_from: Option<u64> = None;
+        for i in 0..=count {
+            let zero = match i < count {
+                true => {
+                    let page = &bytes[i as usize * PAGE_SIZE..(i as usize + 1) * PAGE_SIZE];
+                    let gfn = (first.0 + i) as usize;
+                    if is_zero_page(page) {
+                        if self.hashes[gfn] != zero_page_hash() {
+                            punch_hole(self.file, self.path, first.0 + i)?;
+                            self.hashes[gfn] = zero_page_hash();
+                        }
+                        true
+                    } else {
+                        self.hashes[gfn] = page_hash(page);
+                        false
+                    }
+                }
+                false => true,
+            };
+            match (zero, data_from) {
+                (false, None) => data_from = Some(i),
+                (true, Some(from)) => {
+                    let slice = &bytes[from as usize * PAGE_SIZE..i as usize * PAGE_SIZE];
+                    self.file
+                        .write_all_at(slice, page_offset(first.0 + from))
+                        .map_err(SnapshotError::io("write", self.path))?;
+                    done.data += i - from;
+                    done.bytes += slice.len() as u64;
+                    data_from = None;
+                }
+                _ => {}
+            }
+        }
+        done.pages += count;
+        Ok(())
+    }
+}
+
+/// Gives the place of frame `gfn` back to the file system: it reads as
+/// zeros and takes no space.
+fn punch_hole(file: &File, path: &Path, gfn: u64) -> Result<(), SnapshotError> {
+    // SAFETY: fallocate on a file descriptor we own, with a range inside
+    // the file; it touches no memory of ours.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            page_offset(gfn) as libc::off_t,
+            PAGE_SIZE as libc::off_t,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    // A file system without holes: write the zeros instead.
+    file.write_all_at(&[0u8; PAGE_SIZE], page_offset(gfn))
+        .map_err(SnapshotError::io("write", path))
+}
+
+/// Reads every RAM frame from the file into `ram`, checking each page
+/// against `hashes` before it is placed; a page of zeros is not written
+/// (fresh guest memory is zero). Returns the pages and bytes read.
+pub fn read_all(
+    file: &File,
+    path: &Path,
+    ram: &GuestRam,
+    hashes: &[u64],
+) -> Result<(u64, u64), SnapshotError> {
+    let mut buf = vec![0u8; (CHUNK_PAGES as usize) * PAGE_SIZE];
+    let (mut pages, mut bytes) = (0, 0);
+    for (run, n) in ram.ram_runs(Gfn(0), ram.pages()) {
+        let mut at = 0;
+        while at < n {
+            let count = (n - at).min(CHUNK_PAGES);
+            let first = run.0 + at;
+            let chunk = &mut buf[..count as usize * PAGE_SIZE];
+            file.read_exact_at(chunk, page_offset(first))
+                .map_err(SnapshotError::io("read", path))?;
+            for (i, page) in chunk.chunks_exact(PAGE_SIZE).enumerate() {
+                let gfn = first + i as u64;
+                if page_hash(page) != hashes[gfn as usize] {
+                    return Err(SnapshotError::DamagedPage {
+                        path: path.to_path_buf(),
+                        gfn,
+                        offset: page_offset(gfn),
+                    });
+                }
+                if !is_zero_page(page) {
+                    ram.write_pages(Gfn(gfn), page)
+                        .map_err(SnapshotError::ram("place a page from the snapshot"))?;
+                }
+            }
+            pages += count;
+            bytes += chunk.len() as u64;
+            at += count;
+        }
+    }
+    Ok((pages, bytes))
+}

@@ -1,0 +1,231 @@
+//! Saving a running VM to a file: rounds that write the pages the guest
+//! dirtied in place while it runs, then a short pause for the rest.
+
+use super::format::{page_offset, Manifest, Part, Superblock, FORMAT, SUPERBLOCK_LEN};
+use super::pages::{PageWriter, Written};
+use super::{SnapshotOptions, SnapshotRound, SnapshotSummary};
+use crate::digest::{digest_of, memory_digest, source_digest_threads};
+use crate::error::SnapshotError;
+use crate::summary::ms;
+use crate::wire::StreamHeader;
+use ferry_vm::{DirtyPages, Vm};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Saves `vm` to `path` while it runs (see [`super`] for the file's
+/// layout). The guest runs on afterwards unless `opts.stop`; a VM that was
+/// paused stays paused, and is saved in one pass.
+///
+/// The file is written beside `path` and renamed over it only once it is
+/// complete and synced: a failed snapshot leaves whatever `path` held. On
+/// any failure the guest runs again if it ran before.
+pub fn save(
+    vm: &mut dyn Vm,
+    path: &Path,
+    opts: &SnapshotOptions,
+) -> Result<SnapshotSummary, SnapshotError> {
+    let start = Instant::now();
+    let partial = partial_path(path);
+    let was_running = vm.is_running();
+    let mut logging = false;
+    let result = write_file(vm, &partial, opts, start, &mut logging);
+    if logging {
+        crate::dirty_logs::stop(vm, "the snapshot ended");
+    }
+    match result {
+        Ok(mut summary) => {
+            std::fs::rename(&partial, path).map_err(SnapshotError::io("rename", &partial))?;
+            sync_dir(path);
+            summary.total_ms = ms(start.elapsed());
+            Ok(summary)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            if was_running && !vm.is_running() {
+                if let Err(restart) = vm.start() {
+                    tracing::error!(
+                        "the snapshot failed, and the guest cannot run again: {restart}"
+                    );
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Where the file is written until it is complete.
+fn partial_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    path.with_file_name(name)
+}
+
+/// Syncs the directory of `path`, so that the rename survives a crash.
+fn sync_dir(path: &Path) {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+        tracing::warn!("cannot sync {}: {e}", dir.display());
+    }
+}
+
+fn write_file(
+    vm: &mut dyn Vm,
+    path: &Path,
+    opts: &SnapshotOptions,
+    start: Instant,
+    logging: &mut bool,
+) -> Result<SnapshotSummary, SnapshotError> {
+    let header = StreamHeader::for_vm(vm);
+    let ram = std::sync::Arc::clone(vm.ram());
+    let frames = ram.pages();
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .map_err(SnapshotError::io("create", path))?;
+    let pages_end = page_offset(frames);
+    file.set_len(pages_end)
+        .map_err(SnapshotError::io("size", path))?;
+    let mut writer = PageWriter::new(&file, path, frames);
+    let was_running = vm.is_running();
+    let mut rounds = Vec::new();
+
+    // Live rounds: all memory first, then what the guest dirtied meanwhile,
+    // until what is left would fit the pause.
+    let mut todo = ram.frames();
+    if was_running {
+        crate::dirty_logs::start(vm).map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
+        *logging = true;
+        loop {
+            let t = Instant::now();
+            let done = writer.write(&ram, &todo)?;
+            let took = t.elapsed();
+            rounds.push(round(rounds.len(), done, took));
+            todo = DirtyPages::new(frames);
+            crate::dirty_logs::collect(vm, &mut todo)
+                .map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
+            let per_page = took.as_secs_f64() / done.pages.max(1) as f64;
+            let predicted = Duration::from_secs_f64(per_page * todo.count() as f64);
+            if predicted <= opts.max_downtime || rounds.len() as u32 >= opts.max_rounds {
+                break;
+            }
+        }
+    }
+
+    // The pause: the last dirty pages, the vCPUs and the devices.
+    let paused_at = Instant::now();
+    if was_running {
+        vm.pause()
+            .map_err(SnapshotError::vm("pause the guest for the snapshot"))?;
+        crate::dirty_logs::collect(vm, &mut todo)
+            .map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
+    }
+    let t = Instant::now();
+    let done = writer.write(&ram, &todo)?;
+    rounds.push(round(rounds.len(), done, t.elapsed()));
+    let vcpus = ferry_vm::save_vcpu_state_for(vm, false)
+        .map_err(SnapshotError::vm("save the vCPUs' state"))?;
+    let sections = vm
+        .save_sections()
+        .map_err(SnapshotError::vm("save the devices' state sections"))?;
+    let sections = crate::wire::sections::encode(&sections);
+    let digest = digest_of(&writer.hashes);
+    let mut digest_ms = 0.0;
+    if opts.verify {
+        // The proof that the dirty logs missed nothing: the paused guest's
+        // memory, hashed on its own, is what the file holds.
+        let t = Instant::now();
+        let memory = memory_digest(&ram, source_digest_threads())
+            .map_err(SnapshotError::ram("hash the paused guest's memory"))?;
+        digest_ms = ms(t.elapsed());
+        if memory != digest {
+            return Err(SnapshotError::Untracked {
+                memory: memory.value,
+                file: digest.value,
+            });
+        }
+    }
+    if *logging {
+        crate::dirty_logs::stop(vm, "the snapshot's pause");
+        *logging = false;
+    }
+    let stopped = opts.stop || !was_running;
+    if !stopped {
+        vm.start()
+            .map_err(SnapshotError::vm("resume the guest after the snapshot"))?;
+    }
+    let pause_ms = ms(paused_at.elapsed());
+
+    // The parts after the pages, then the manifest, then the superblock.
+    let hashes: Vec<u8> = writer.hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
+    let mut at = pages_end;
+    let mut put = |bytes: &[u8]| -> Result<Part, SnapshotError> {
+        let part = Part::of(at, bytes);
+        file.write_all_at(bytes, at)
+            .map_err(SnapshotError::io("write", path))?;
+        at += bytes.len() as u64;
+        Ok(part)
+    };
+    let manifest = Manifest {
+        ferry: env!("CARGO_PKG_VERSION").to_string(),
+        header,
+        digest_pages: digest.pages,
+        digest: digest.value,
+        vcpus: put(&vcpus)?,
+        sections: put(&sections)?,
+        page_hashes: put(&hashes)?,
+        data_pages: writer
+            .hashes
+            .iter()
+            .filter(|&&h| h != crate::digest::zero_page_hash())
+            .count() as u64,
+        stopped,
+        created_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let json = serde_json::to_vec(&manifest).map_err(|e| SnapshotError::Manifest {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })?;
+    let superblock = Superblock {
+        format: FORMAT,
+        manifest: put(&json)?,
+    };
+    // The superblock last, after the rest is on disk: a file without one
+    // was never finished.
+    file.sync_all().map_err(SnapshotError::io("sync", path))?;
+    file.write_all_at(&superblock.encode(), 0)
+        .map_err(SnapshotError::io("write", path))?;
+    file.sync_all().map_err(SnapshotError::io("sync", path))?;
+    let meta = file.metadata().map_err(SnapshotError::io("stat", path))?;
+    debug_assert!(SUPERBLOCK_LEN <= meta.len());
+    Ok(SnapshotSummary {
+        total_ms: ms(start.elapsed()),
+        pause_ms,
+        digest_ms,
+        rounds,
+        bytes: meta.blocks() * 512,
+        file_bytes: meta.len(),
+        data_pages: manifest.data_pages,
+        digest: digest.value,
+        stopped,
+    })
+}
+
+fn round(n: usize, done: Written, took: Duration) -> SnapshotRound {
+    SnapshotRound {
+        round: n as u32,
+        pages: done.pages,
+        data_pages: done.data,
+        bytes: done.bytes,
+        ms: ms(took),
+    }
+}

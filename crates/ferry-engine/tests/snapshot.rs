@@ -1,0 +1,253 @@
+//! Snapshots of the engine's test VM: saved live while its guest walks
+//! memory checking its own stamps, restored into a new VM that walks on
+//! from where it stopped. Damaged and truncated files are refused naming
+//! the part and its offset, before the VM is built where the damage is
+//! outside the pages, and before a vCPU runs where it is in them.
+
+mod common;
+
+use common::{check, running_source, wait_for_passes, TestVm};
+use ferry_engine::error::SnapshotError;
+use ferry_engine::snapshot::{self, RestoreOptions, SnapshotOptions};
+use ferry_engine::vmm::StreamHeader;
+use ferry_vm::{Backing, Vm, VmError, PAGE_SIZE};
+use std::path::{Path, PathBuf};
+
+/// A file in a directory of its own, removed with it.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("ferry-snapshot-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The factory a destination of the test VM uses.
+fn build(h: &StreamHeader) -> Result<TestVm, VmError> {
+    TestVm::new(&TestVm::config_from(h, Backing::Anonymous)?)
+}
+
+fn stopped() -> SnapshotOptions {
+    let mut o = SnapshotOptions::default();
+    o.stop = true;
+    o
+}
+
+fn paused() -> RestoreOptions {
+    let mut o = RestoreOptions::default();
+    o.paused = true;
+    o
+}
+
+#[test]
+fn a_guest_saved_while_it_runs_restores_and_walks_on_with_its_checks_clean() {
+    let dir = Scratch::new("live");
+    let path = dir.file("vm.snap");
+    let mut vm = running_source();
+    // A zero target: the rounds go on to the cap while the guest writes,
+    // so the pause has dirty pages to write and the rounds are exercised.
+    let mut opts = SnapshotOptions::default();
+    opts.max_downtime = std::time::Duration::ZERO;
+    opts.max_rounds = 3;
+    let s = snapshot::save(&mut vm, &path, &opts).unwrap();
+    // At most 3 live rounds (fewer only if the guest wrote nothing in
+    // one, as on a host that starves its thread), then the paused one.
+    assert!((2..=4).contains(&s.rounds.len()), "{s:?}");
+    assert_eq!(s.rounds[0].pages, common::config().total_pages(), "{s:?}");
+    assert!(
+        !s.stopped && vm.is_running(),
+        "the guest runs on after the snapshot"
+    );
+    // The source's guest keeps walking and checking.
+    let at = check(&vm).progress;
+    wait_for_passes(&vm, at + 2);
+    assert_eq!(check(&vm).errors, 0);
+
+    let (restored, r) = snapshot::restore(&path, &mut build, &RestoreOptions::default()).unwrap();
+    assert!(
+        r.digest_match && r.started && restored.is_running(),
+        "{r:?}"
+    );
+    let from = check(&restored).progress;
+    wait_for_passes(&restored, from + 2);
+    assert_eq!(check(&restored).errors, 0, "the restored guest's stamps");
+}
+
+#[test]
+fn a_stopped_snapshot_holds_the_guest_exactly_where_it_stopped() {
+    let dir = Scratch::new("stopped");
+    let path = dir.file("vm.snap");
+    let mut vm = running_source();
+    let s = snapshot::save(&mut vm, &path, &stopped()).unwrap();
+    assert!(s.stopped && !vm.is_running(), "{s:?}");
+    // Zero pages take no space: the data slot's pages hold stamps, the
+    // system slot is mostly zeros.
+    assert!(s.bytes < s.file_bytes, "{s:?}");
+    let (mut restored, r) = snapshot::restore(&path, &mut build, &paused()).unwrap();
+    assert!(!r.started && !restored.is_running());
+    // The guest's counters and its walk position are the source's.
+    assert_eq!(check(&restored), check(&vm));
+    restored.start().unwrap();
+    wait_for_passes(&restored, check(&vm).progress + 2);
+    assert_eq!(check(&restored).errors, 0);
+}
+
+#[test]
+fn a_write_the_dirty_logs_missed_fails_the_snapshot_and_the_guest_runs_on() {
+    let dir = Scratch::new("untracked");
+    let path = dir.file("vm.snap");
+    std::fs::write(&path, b"the previous snapshot").unwrap();
+    let mut vm = running_source();
+    vm.untracked_write_on_save = true;
+    let e = snapshot::save(&mut vm, &path, &SnapshotOptions::default()).unwrap_err();
+    assert!(matches!(e, SnapshotError::Untracked { .. }), "{e}");
+    assert!(
+        vm.is_running(),
+        "a failed snapshot leaves the guest running"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), b"the previous snapshot");
+    assert!(!dir.file("vm.snap.partial").exists());
+}
+
+/// Where each part of a finished snapshot is: (name, offset, length).
+fn parts(path: &Path) -> Vec<(&'static str, u64, u64)> {
+    let bytes = std::fs::read(path).unwrap();
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    let (offset, len) = (u64_at(16), u64_at(24));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&bytes[offset as usize..(offset + len) as usize]).unwrap();
+    let part = |name: &'static str, key: &str| {
+        let p = &manifest[key];
+        (
+            name,
+            p["offset"].as_u64().unwrap(),
+            p["len"].as_u64().unwrap(),
+        )
+    };
+    vec![
+        ("superblock", 0, 40),
+        part("vCPU state", "vcpus"),
+        part("sections", "sections"),
+        part("page hashes", "page_hashes"),
+        ("manifest", offset, len),
+    ]
+}
+
+/// Restores `path` in both ways, counting the VMs the factory built.
+fn restore_counting(path: &Path) -> (SnapshotError, u32) {
+    let mut built = 0;
+    let mut factory = |h: &StreamHeader| {
+        built += 1;
+        build(h)
+    };
+    let e = match snapshot::restore(path, &mut factory, &RestoreOptions::default()) {
+        Ok(_) => panic!("{} restored", path.display()),
+        Err(e) => e,
+    };
+    (e, built)
+}
+
+#[test]
+fn a_flipped_bit_anywhere_but_the_pages_is_refused_before_the_vm_is_built() {
+    let dir = Scratch::new("flips");
+    let good = dir.file("good.snap");
+    snapshot::save(&mut running_source(), &good, &stopped()).unwrap();
+    for (part, offset, len) in parts(&good) {
+        let bad = dir.file("bad.snap");
+        let mut bytes = std::fs::read(&good).unwrap();
+        bytes[(offset + len / 2) as usize] ^= 0x10;
+        std::fs::write(&bad, &bytes).unwrap();
+        let (e, built) = restore_counting(&bad);
+        let text = e.to_string();
+        assert!(
+            matches!(&e, SnapshotError::Damaged { part: p, offset: o, .. } if *p == part && *o == offset),
+            "{part}: {text}"
+        );
+        assert!(text.contains(&format!("offset {offset}")), "{text}");
+        assert_eq!(built, 0, "{part}: no VM is built from a damaged file");
+    }
+}
+
+#[test]
+fn a_flipped_bit_in_a_page_is_refused_naming_the_page_before_a_vcpu_runs() {
+    let dir = Scratch::new("page");
+    let good = dir.file("good.snap");
+    let mut vm = running_source();
+    snapshot::save(&mut vm, &good, &stopped()).unwrap();
+    let config = common::config();
+    for page in [0, 5, config.pages() - 1] {
+        let gfn = config.data_gpa(page).gfn().0;
+        let offset = PAGE_SIZE as u64 * (1 + gfn);
+        let mut bytes = std::fs::read(&good).unwrap();
+        bytes[offset as usize + 100] ^= 1;
+        let bad = dir.file("bad.snap");
+        std::fs::write(&bad, &bytes).unwrap();
+        let (e, _) = restore_counting(&bad);
+        assert!(
+            matches!(e, SnapshotError::DamagedPage { gfn: g, offset: o, .. } if g == gfn && o == offset),
+            "page {page}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_truncated_file_is_refused_naming_the_part_that_is_cut() {
+    let dir = Scratch::new("cut");
+    let good = dir.file("good.snap");
+    snapshot::save(&mut running_source(), &good, &stopped()).unwrap();
+    let size = std::fs::metadata(&good).unwrap().len();
+    let manifest = parts(&good)[4];
+    for (cut, part) in [
+        (0, "not a snapshot"),
+        (12, "superblock"),
+        (3 * PAGE_SIZE as u64, "manifest"),
+        (manifest.1 + 1, "manifest"),
+        (size - 1, "manifest"),
+    ] {
+        let bad = dir.file("cut.snap");
+        let bytes = std::fs::read(&good).unwrap();
+        std::fs::write(&bad, &bytes[..cut as usize]).unwrap();
+        let (e, built) = restore_counting(&bad);
+        match (&e, part) {
+            (SnapshotError::NotASnapshot { .. }, "not a snapshot") => {}
+            (
+                SnapshotError::Truncated {
+                    part: p, size: s, ..
+                },
+                _,
+            ) if *p == part && *s == cut => {}
+            _ => panic!("cut at {cut}: expected {part}, got {e}"),
+        }
+        assert_eq!(built, 0);
+    }
+}
+
+#[test]
+fn a_snapshot_of_another_vmm_is_refused_by_the_factory() {
+    let dir = Scratch::new("other");
+    let path = dir.file("vm.snap");
+    snapshot::save(&mut running_source(), &path, &stopped()).unwrap();
+    let mut other = |h: &StreamHeader| -> Result<TestVm, VmError> {
+        Err(VmError::Guest(format!(
+            "this VMM does not build {} VMs",
+            h.vmm
+        )))
+    };
+    let Err(e) = snapshot::restore(&path, &mut other, &RestoreOptions::default()) else {
+        panic!("another VMM's snapshot restored");
+    };
+    assert!(e.to_string().contains("build the VM"), "{e}");
+}
