@@ -1,7 +1,7 @@
 #![doc = include_str!("../../../docs/embedding.md")]
 
-pub use crate::precopy::{receive_as, CreateVm};
-pub use crate::wire::{Region, StreamHeader};
+pub use crate::precopy::receive_as;
+pub use crate::wire::{CreateVm, Region, StreamHeader};
 pub use ferry_vm::{
     catch_panic, current_thread_id, error_chain, throttle_sleep, Backing, BlockScope, Blocker,
     DeviceRegion, DeviceUserfaultfd, DirtyLog, DirtyMeter, DirtyPages, DirtySource,

@@ -76,7 +76,8 @@ fn a_guest_saved_while_it_runs_restores_and_walks_on_with_its_checks_clean() {
     wait_for_passes(&vm, at + 2);
     assert_eq!(check(&vm).errors, 0);
 
-    let (restored, r) = snapshot::restore(&path, &mut build, &RestoreOptions::default()).unwrap();
+    let (restored, r) =
+        snapshot::restore_as(&path, &mut build, &RestoreOptions::default()).unwrap();
     assert!(
         r.digest_match && r.started && restored.is_running(),
         "{r:?}"
@@ -96,7 +97,7 @@ fn a_stopped_snapshot_holds_the_guest_exactly_where_it_stopped() {
     // Zero pages take no space: the data slot's pages hold stamps, the
     // system slot is mostly zeros.
     assert!(s.bytes < s.file_bytes, "{s:?}");
-    let (mut restored, r) = snapshot::restore(&path, &mut build, &paused()).unwrap();
+    let (mut restored, r) = snapshot::restore_as(&path, &mut build, &paused()).unwrap();
     assert!(!r.started && !restored.is_running());
     // The guest's counters and its walk position are the source's.
     assert_eq!(check(&restored), check(&vm));
@@ -153,7 +154,7 @@ fn restore_counting(path: &Path) -> (SnapshotError, u32) {
         built += 1;
         build(h)
     };
-    let e = match snapshot::restore(path, &mut factory, &RestoreOptions::default()) {
+    let e = match snapshot::restore_as(path, &mut factory, &RestoreOptions::default()) {
         Ok(_) => panic!("{} restored", path.display()),
         Err(e) => e,
     };
@@ -246,7 +247,7 @@ fn a_snapshot_of_another_vmm_is_refused_by_the_factory() {
             h.vmm
         )))
     };
-    let Err(e) = snapshot::restore(&path, &mut other, &RestoreOptions::default()) else {
+    let Err(e) = snapshot::restore_as(&path, &mut other, &RestoreOptions::default()) else {
         panic!("another VMM's snapshot restored");
     };
     assert!(e.to_string().contains("build the VM"), "{e}");

@@ -17,12 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Builds the destination VM from the stream header: the VMM it names
-/// ([`StreamHeader::vmm`]) and the VMM's own configuration
-/// ([`StreamHeader::vmm_config`]). The engine then checks the VM against
-/// the header's vCPUs and memory slots. For a VMM with one VM type,
-/// [`receive_as`] takes a factory of that type instead.
-pub type CreateVm<'a> = dyn FnMut(&StreamHeader) -> Result<Box<dyn Vm>, VmError> + 'a;
+use crate::wire::CreateVm;
 
 /// A migration whose main channel has arrived and introduced itself.
 pub struct IncomingMigration {

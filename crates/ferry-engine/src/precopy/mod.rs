@@ -67,5 +67,5 @@ pub use crate::session::{
     DEFAULT_STALL_TIMEOUT, FAULT_HANDLERS, MAX_CONNECTIONS, PREFETCH_PAGES, RECOVER_TIMEOUT_SECS,
     STALL_TIMEOUT_SECS,
 };
-pub use destination::{await_migration, receive, receive_as, CreateVm, IncomingMigration};
+pub use destination::{await_migration, receive, receive_as, IncomingMigration};
 pub use source::{migrate, migrate_accounted};

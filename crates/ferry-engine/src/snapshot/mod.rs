@@ -34,7 +34,7 @@ mod restore;
 mod save;
 
 pub use format::{FORMAT, OLDEST_FORMAT};
-pub use restore::restore;
+pub use restore::{restore, restore_as};
 pub use save::save;
 
 use serde::Serialize;

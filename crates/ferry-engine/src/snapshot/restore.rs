@@ -9,7 +9,7 @@ use super::{RestoreOptions, RestoreSummary};
 use crate::digest::{memory_digest, source_digest_threads};
 use crate::error::SnapshotError;
 use crate::summary::ms;
-use crate::wire::StreamHeader;
+use crate::wire::{CreateVm, StreamHeader};
 use ferry_vm::{Vm, VmError};
 use std::fs::File;
 use std::path::Path;
@@ -28,18 +28,18 @@ struct Checked {
 /// memory is read and checked, its vCPUs and devices loaded, and it is
 /// started unless `opts.paused`. A damaged or truncated file is refused,
 /// naming the part and its offset, and nothing runs from it.
-pub fn restore<V: Vm>(
+pub fn restore(
     path: &Path,
-    create_vm: &mut dyn FnMut(&StreamHeader) -> Result<V, VmError>,
+    create_vm: &mut CreateVm<'_>,
     opts: &RestoreOptions,
-) -> Result<(V, RestoreSummary), SnapshotError> {
+) -> Result<(Box<dyn Vm>, RestoreSummary), SnapshotError> {
     let start = Instant::now();
     let file = File::open(path).map_err(SnapshotError::io("open", path))?;
     let checked = check(&file, path)?;
     let header = &checked.manifest.header;
     let mut vm = create_vm(header).map_err(SnapshotError::vm("build the VM for the snapshot"))?;
     header
-        .check_destination(&mut vm)
+        .check_destination(&mut *vm)
         .map_err(|e| SnapshotError::Header(e.to_string()))?;
     if vm.ram().pages() != checked.hashes.len() as u64 {
         return Err(SnapshotError::Header(format!(
@@ -70,7 +70,7 @@ pub fn restore<V: Vm>(
             });
         }
     }
-    ferry_vm::restore_vcpu_state(&mut vm, &checked.vcpus)
+    ferry_vm::restore_vcpu_state(&mut *vm, &checked.vcpus)
         .map_err(SnapshotError::vm("load the vCPUs' state"))?;
     vm.restore_sections(&checked.sections)
         .map_err(SnapshotError::vm("load the devices' state sections"))?;
@@ -93,6 +93,23 @@ pub fn restore<V: Vm>(
             started,
         },
     ))
+}
+
+/// [`restore`] for a VMM with one VM type `V`: the restored VM comes back
+/// as that `V`.
+pub fn restore_as<V: Vm>(
+    path: &Path,
+    create_vm: &mut dyn FnMut(&StreamHeader) -> Result<V, VmError>,
+    opts: &RestoreOptions,
+) -> Result<(V, RestoreSummary), SnapshotError> {
+    let mut boxed = |h: &StreamHeader| create_vm(h).map(|vm| Box::new(vm) as Box<dyn Vm>);
+    let (vm, summary) = restore(path, &mut boxed, opts)?;
+    let vm: Box<dyn std::any::Any> = vm;
+    match vm.downcast::<V>() {
+        Ok(vm) => Ok((*vm, summary)),
+        // restore returns the VM its factory built, and nothing else.
+        Err(_) => unreachable!("restore returned a VM its factory did not build"),
+    }
 }
 
 /// Reads and checks everything in the file but the pages.

@@ -22,6 +22,16 @@ pub const MAX_VCPUS: u32 = 4096;
 /// Most guest memory a header may describe (16 TiB).
 pub const MAX_MEMORY_BYTES: u64 = 16 << 40;
 
+/// Builds the VM a stream header (or a snapshot's, which is the same)
+/// describes: from the VMM it names ([`StreamHeader::vmm`]) and the VMM's
+/// own configuration ([`StreamHeader::vmm_config`]). The engine then
+/// checks the VM against the header's vCPUs and memory slots. A migration's
+/// destination (`receive`) and a snapshot's restore take one; for a VMM
+/// with one VM type, `receive_as` and `restore_as` take a factory of that
+/// type instead.
+pub type CreateVm<'a> =
+    dyn FnMut(&StreamHeader) -> Result<Box<dyn ferry_vm::Vm>, ferry_vm::VmError> + 'a;
+
 /// What the source announces.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamHeader {

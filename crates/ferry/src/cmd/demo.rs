@@ -61,6 +61,16 @@ pub struct DemoArgs {
     /// with .json). The page needs no network: open it from the file.
     #[arg(long, value_name = "FILE.html")]
     pub report: Option<PathBuf>,
+    /// Instead of a migration: save the running guest to a file while it
+    /// runs (pausing it for at most --downtime-ms where it can), end the
+    /// source, restore the guest from the file into a new VM, and count
+    /// its own checks on both sides (docs/snapshots.md).
+    #[arg(long, conflicts_with_all = ["netns", "tls", "report"])]
+    pub snapshot: bool,
+    /// The --snapshot file, kept afterwards (default: a temporary file,
+    /// removed when the demo ends).
+    #[arg(long = "snapshot-file", value_name = "FILE", requires = "snapshot")]
+    pub snapshot_file: Option<PathBuf>,
     /// One-way delay of the --netns link in ms (tc netem, both ways).
     #[arg(long = "link-delay-ms", value_name = "MS", requires = "netns", value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub link_delay_ms: Option<u64>,
@@ -72,6 +82,16 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
     let config = a.backend.config(workload);
     // Refuse a guest this host cannot hold before starting anything.
     config.admit().map_err(ferry_vm::VmError::from)?;
+    if a.snapshot {
+        return crate::demo::snapshot::run(crate::demo::snapshot::SnapshotDemo {
+            config,
+            backend: &a.backend,
+            file: a.snapshot_file.clone(),
+            max_downtime: Duration::from_millis(a.migration.downtime_ms),
+            run_after: a.run_after,
+            json: a.migration.json,
+        });
+    }
     let receive_args = receive_args(&a);
     demo::run(Demo {
         config,

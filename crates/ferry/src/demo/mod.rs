@@ -3,10 +3,11 @@
 //! when asked ([`certs`]), the migration between them with the prediction
 //! first, and the verdict, in which a guest that fails at the destination
 //! fails the demo however well the memory moved. `ferry demo` gives it its
-//! flags as a [`Demo`].
+//! flags as a [`Demo`]. `ferry demo --snapshot` is [`snapshot`]'s.
 
 mod certs;
 mod destination;
+pub mod snapshot;
 
 use crate::args::BackendArgs;
 use crate::driver::{boot_and_migrate, check_policy, finish, MigrationArgs};

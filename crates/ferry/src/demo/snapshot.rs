@@ -1,0 +1,240 @@
+//! `ferry demo --snapshot`: the guest booted here is saved to a file while
+//! it runs, the source ends, and the guest is restored from the file into
+//! a new VM and runs on, its own stamp checks counted on both sides.
+
+use crate::args::BackendArgs;
+use crate::error::CmdError;
+use crate::vms::{self, Role};
+use ferry_engine::snapshot::{
+    self, RestoreOptions, RestoreSummary, SnapshotOptions, SnapshotSummary,
+};
+use ferry_engine::vmm::StreamHeader;
+use ferry_memstress::{read_progress, MemstressProbe, VmConfig};
+use ferry_report::Table;
+use ferry_vm::{error_chain as chain, GuestProbe, Vm, VmError};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// The longest the guest may take to finish its first pass before the
+/// snapshot starts.
+const WARM_UP_LIMIT: Duration = Duration::from_secs(60);
+
+/// One snapshot demo, its flags translated.
+pub struct SnapshotDemo<'a> {
+    /// The guest, admitted on this host.
+    pub config: VmConfig,
+    /// Its backend.
+    pub backend: &'a BackendArgs,
+    /// The file (kept when given; else a temporary one, removed).
+    pub file: Option<PathBuf>,
+    /// The longest pause the snapshot aims for.
+    pub max_downtime: Duration,
+    /// Seconds the restored guest runs before its checks are read.
+    pub run_after: f64,
+    /// Print the result as one JSON line last.
+    pub json: bool,
+}
+
+/// Runs the demo `d`.
+pub fn run(d: SnapshotDemo) -> Result<ExitCode, CmdError> {
+    let (path, temporary) = match &d.file {
+        Some(p) => (p.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("ferry-demo-{}.snap", std::process::id())),
+            true,
+        ),
+    };
+    let result = save_and_restore(&d, &path);
+    if temporary {
+        let _ = std::fs::remove_file(&path);
+    }
+    let report = result?;
+    println!("{}", report.table().render());
+    if d.json {
+        println!("{}", report.json(&path));
+    }
+    Ok(if report.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// What the demo saw.
+struct Report {
+    snapshot: SnapshotSummary,
+    restore: RestoreSummary,
+    /// The restore's time to the first instruction, the start included.
+    first_instruction_ms: f64,
+    /// The source guest's checks when the snapshot stopped it.
+    at_snapshot: ferry_vm::GuestCheck,
+    /// The restored guest's, before it ran.
+    at_restore: ferry_vm::GuestCheck,
+    /// What it did after the restore.
+    after: crate::guest_check::AfterSwitchover,
+}
+
+impl Report {
+    fn ok(&self) -> bool {
+        self.restore.digest_match
+            && self.at_restore == self.at_snapshot
+            && self.at_snapshot.errors == 0
+            && self.after.since_resume.errors == 0
+            && self.after.problem.is_none()
+    }
+
+    fn table(&self) -> Table {
+        let s = &self.snapshot;
+        let mut t = Table::new("snapshot and restore", &["", ""]);
+        let rows = [
+            ("snapshot: total", format!("{:.0} ms", s.total_ms)),
+            (
+                "snapshot: the guest's pause",
+                format!("{:.0} ms ({:.0} ms of it hashing)", s.pause_ms, s.digest_ms),
+            ),
+            ("snapshot: rounds", s.rounds.len().to_string()),
+            (
+                "snapshot: file",
+                format!(
+                    "{} MiB on disk, {} MiB with holes",
+                    s.bytes >> 20,
+                    s.file_bytes >> 20
+                ),
+            ),
+            ("restore", self.restore.mode.to_string()),
+            (
+                "restore: first instruction",
+                format!("{:.0} ms", self.first_instruction_ms),
+            ),
+            (
+                "restore: digest",
+                if self.restore.digest_match {
+                    "match"
+                } else {
+                    "not compared"
+                }
+                .into(),
+            ),
+            (
+                "guest mismatches before / after",
+                format!(
+                    "{} / {}",
+                    self.at_snapshot.errors, self.after.since_resume.errors
+                ),
+            ),
+            (
+                "guest passes after the restore",
+                self.after.since_resume.progress.to_string(),
+            ),
+        ];
+        for (k, v) in rows {
+            t.row(vec![k.to_string(), v]);
+        }
+        if self.at_restore != self.at_snapshot {
+            t.note(format!(
+                "the restored guest's counters {:?} are not the saved guest's {:?}",
+                self.at_restore, self.at_snapshot
+            ));
+        }
+        if let Some(p) = &self.after.problem {
+            t.note(format!("the restored guest: {p}"));
+        }
+        t
+    }
+
+    fn json(&self, path: &std::path::Path) -> serde_json::Value {
+        let mut restore = serde_json::to_value(&self.restore).unwrap_or_default();
+        // The demo restored it paused, read its checks, then started it.
+        restore["first_instruction_ms"] = self.first_instruction_ms.into();
+        restore["started"] = true.into();
+        serde_json::json!({
+            "status": if self.ok() { "completed" } else { "failed" },
+            "file": path,
+            "snapshot": self.snapshot,
+            "restore": restore,
+            "digest_match": self.restore.digest_match,
+            "guest_mismatches": self.at_snapshot.errors + self.after.since_resume.errors,
+            "mismatches_before": self.at_snapshot.errors,
+            "mismatches_after": self.after.since_resume.errors,
+            "dest_passes_after": self.after.since_resume.progress,
+            "guest_error": self.after.problem,
+            "error": serde_json::Value::Null,
+        })
+    }
+}
+
+fn save_and_restore(d: &SnapshotDemo, path: &std::path::Path) -> Result<Report, CmdError> {
+    fn failed(what: &'static str) -> impl Fn(ferry_engine::error::SnapshotError) -> CmdError {
+        move |e| CmdError::Failed(format!("{what}: {}", chain(&e)))
+    }
+    let kind = d.backend.kind();
+    let mut vm = vms::create(kind, &d.config, d.backend, Role::Source)?;
+    vm.start()?;
+    warm_up(&*vm)?;
+    eprintln!(
+        "ferry demo: saving the running guest ({} vCPUs x {} MiB, {kind} backend) to {}",
+        d.config.workload.vcpus,
+        d.config.workload.bytes_per_vcpu >> 20,
+        path.display()
+    );
+    let mut opts = SnapshotOptions::default();
+    opts.max_downtime = d.max_downtime;
+    opts.stop = true;
+    let snapshot = snapshot::save(&mut *vm, path, &opts).map_err(failed("the snapshot failed"))?;
+    let at_snapshot = MemstressProbe
+        .read(&*vm)
+        .map_err(|e| CmdError::Failed(chain(&e)))?;
+    // The source ends here: from now on the file is the only copy.
+    drop(vm);
+
+    eprintln!("ferry demo: the source ended; restoring from the file");
+    let backend = d.backend.clone();
+    let mut create = move |h: &StreamHeader| -> Result<Box<dyn Vm>, VmError> {
+        let (kind, config) = vms::from_stream(&h.vmm, &h.vmm_config, backend.backing())?;
+        vms::create_destination(kind, &config, &backend, &[])
+    };
+    let mut paused = RestoreOptions::default();
+    paused.paused = true;
+    let (mut restored, restore) =
+        snapshot::restore(path, &mut create, &paused).map_err(failed("the restore failed"))?;
+    let at_restore = MemstressProbe
+        .read(&*restored)
+        .map_err(|e| CmdError::Failed(chain(&e)))?;
+    let t = Instant::now();
+    restored.start()?;
+    let first_instruction_ms = restore.first_instruction_ms + t.elapsed().as_secs_f64() * 1e3;
+    let after = crate::guest_check::after_switchover(
+        &*restored,
+        at_restore,
+        Duration::try_from_secs_f64(d.run_after).unwrap_or_default(),
+    );
+    Ok(Report {
+        snapshot,
+        restore,
+        first_instruction_ms,
+        at_snapshot,
+        at_restore,
+        after,
+    })
+}
+
+/// Runs the guest until every vCPU has finished a pass, so that memory
+/// holds its data before the snapshot starts.
+fn warm_up(vm: &dyn Vm) -> Result<(), CmdError> {
+    let start = Instant::now();
+    loop {
+        vm.check_health()?;
+        let progress = read_progress(vm.ram(), vm.vcpus()).unwrap_or_default();
+        if !progress.is_empty() && progress.iter().all(|p| p.passes >= 1) {
+            return Ok(());
+        }
+        if start.elapsed() > WARM_UP_LIMIT {
+            return Err(CmdError::Failed(format!(
+                "the guest did not finish a pass in {} s",
+                WARM_UP_LIMIT.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
