@@ -378,7 +378,8 @@ fn bench_qemu(a: QemuArgs) -> Result<(), String> {
 
 /// What the report says of a QEMU run that has not ended: it stays so
 /// only if the host failed during it.
-const QEMU_PENDING: &str = "not measured: QEMU's run did not end (the SVM host failed during it)";
+const QEMU_PENDING: &str =
+    "not measured yet: QEMU's run had not ended when this was written (if it stays so, the SVM host failed during it)";
 
 /// A fresh 8 MiB disk image for the checker's records.
 fn fresh_disk(path: &Path) -> Result<(), String> {
