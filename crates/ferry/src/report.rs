@@ -5,14 +5,14 @@
 //! beside it (FILE.json), linked from the page.
 
 use crate::error::CmdError;
-use crate::summary::AfterSwitchover;
+use crate::summary::DestinationChecks;
 use ferry_engine::MigrationSummary;
 use ferry_report::html::Page;
 use ferry_report::{Chart, Table};
 use std::path::Path;
 
 /// Writes the page of migration `s` to `path`, and its JSON beside it.
-pub fn write(path: &Path, s: &MigrationSummary, after: &AfterSwitchover) -> Result<(), CmdError> {
+pub fn write(path: &Path, s: &MigrationSummary, after: &DestinationChecks) -> Result<(), CmdError> {
     let failed = |what: &Path, e: &dyn std::fmt::Display| {
         CmdError::Failed(format!("cannot write the report {}: {e}", what.display()))
     };
@@ -50,7 +50,7 @@ pub fn write(path: &Path, s: &MigrationSummary, after: &AfterSwitchover) -> Resu
 }
 
 /// The checks, one line each: the digest, the guest's own, the pause.
-fn verdicts(s: &MigrationSummary, after: &AfterSwitchover) -> Vec<String> {
+fn verdicts(s: &MigrationSummary, after: &DestinationChecks) -> Vec<String> {
     let digest = match (s.digest_checked, s.digest_match) {
         (false, _) => "not reached".to_string(),
         (true, true) => "match: every page on the destination is the source's".into(),

@@ -9,7 +9,7 @@ use ferry_report::Table;
 /// Commit, so only a caller that hears from the destination, as `ferry
 /// demo` does, has these; `ferry migrate` reports them as absent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AfterSwitchover {
+pub struct DestinationChecks {
     /// Errors the guest's own checks counted on the destination.
     pub mismatches: Option<u64>,
     /// Passes the guest completed on the destination.
@@ -20,7 +20,7 @@ pub struct AfterSwitchover {
 /// `rounds` as a count and the per-round records under `round_stats`, and
 /// what the destination said after the switchover (`mismatches_after`,
 /// `dest_passes_after`), where it said it.
-pub fn json(summary: &MigrationSummary, after: &AfterSwitchover) -> serde_json::Value {
+pub fn json(summary: &MigrationSummary, after: &DestinationChecks) -> serde_json::Value {
     let mut v = serde_json::to_value(summary).expect("summary serializes");
     if let Some(obj) = v.as_object_mut() {
         let rounds = obj.remove("rounds").unwrap_or_default();
@@ -257,13 +257,13 @@ fn vcpu_shares(s: &MigrationSummary) -> String {
 }
 
 /// The summary as text tables.
-pub fn render(s: &MigrationSummary, after: &AfterSwitchover) -> String {
+pub fn render(s: &MigrationSummary, after: &DestinationChecks) -> String {
     let [rounds, totals] = tables(s, after);
     format!("{}\n{}", rounds.render(), totals.render())
 }
 
 /// The summary's tables: each round, and the migration's results.
-pub fn tables(s: &MigrationSummary, after: &AfterSwitchover) -> [Table; 2] {
+pub fn tables(s: &MigrationSummary, after: &DestinationChecks) -> [Table; 2] {
     let mut rounds = Table::new(
         "rounds",
         &[

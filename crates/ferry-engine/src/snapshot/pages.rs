@@ -76,42 +76,46 @@ impl<'a> PageWriter<'a> {
         ram.read_pages_to_send(first, bytes)
             .map_err(SnapshotError::ram("read guest memory for the snapshot"))?;
         // Runs of data pages go out in one write each.
-        let mut data_from: Option<u64> = None;
-        for i in 0..=count {
-            let zero = match i < count {
-                true => {
-                    let page = &bytes[i as usize * PAGE_SIZE..(i as usize + 1) * PAGE_SIZE];
-                    let gfn = (first.0 + i) as usize;
-                    if is_zero_page(page) {
-                        if self.hashes[gfn] != zero_page_hash() {
-                            punch_hole(self.file, self.path, first.0 + i)?;
-                            self.hashes[gfn] = zero_page_hash();
-                        }
-                        true
-                    } else {
-                        self.hashes[gfn] = page_hash(page);
-                        false
-                    }
+        let mut run: Option<u64> = None;
+        for (i, page) in (0..count).zip(bytes.chunks_exact(PAGE_SIZE)) {
+            let gfn = first.0 + i;
+            if is_zero_page(page) {
+                write_run(self.file, self.path, bytes, first, run.take(), i, done)?;
+                if self.hashes[gfn as usize] != zero_page_hash() {
+                    punch_hole(self.file, self.path, gfn)?;
+                    self.hashes[gfn as usize] = zero_page_hash();
                 }
-                false => true,
-            };
-            match (zero, data_from) {
-                (false, None) => data_from = Some(i),
-                (true, Some(from)) => {
-                    let slice = &bytes[from as usize * PAGE_SIZE..i as usize * PAGE_SIZE];
-                    self.file
-                        .write_all_at(slice, page_offset(first.0 + from))
-                        .map_err(SnapshotError::io("write", self.path))?;
-                    done.data += i - from;
-                    done.bytes += slice.len() as u64;
-                    data_from = None;
-                }
-                _ => {}
+            } else {
+                self.hashes[gfn as usize] = page_hash(page);
+                run.get_or_insert(i);
             }
         }
+        write_run(self.file, self.path, bytes, first, run, count, done)?;
         done.pages += count;
         Ok(())
     }
+}
+
+/// Writes the chunk's data pages `from..to` (chunk-relative; none when
+/// `from` is `None`) to their places.
+fn write_run(
+    file: &File,
+    path: &Path,
+    chunk: &[u8],
+    first: Gfn,
+    from: Option<u64>,
+    to: u64,
+    done: &mut Written,
+) -> Result<(), SnapshotError> {
+    let Some(from) = from else {
+        return Ok(());
+    };
+    let slice = &chunk[from as usize * PAGE_SIZE..to as usize * PAGE_SIZE];
+    file.write_all_at(slice, page_offset(first.0 + from))
+        .map_err(SnapshotError::io("write", path))?;
+    done.data += to - from;
+    done.bytes += slice.len() as u64;
+    Ok(())
 }
 
 /// Gives the place of frame `gfn` back to the file system: it reads as

@@ -1,7 +1,7 @@
 //! Saving a running VM to a file: rounds that write the pages the guest
 //! dirtied in place while it runs, then a short pause for the rest.
 
-use super::format::{page_offset, Manifest, Part, Superblock, FORMAT, SUPERBLOCK_LEN};
+use super::format::{page_offset, Manifest, Part, Superblock, FORMAT};
 use super::pages::{PageWriter, Written};
 use super::{SnapshotOptions, SnapshotRound, SnapshotSummary};
 use crate::digest::{digest_of, memory_digest, source_digest_threads};
@@ -30,13 +30,16 @@ pub fn save(
     let partial = partial_path(path);
     let was_running = vm.is_running();
     let mut logging = false;
-    let result = write_file(vm, &partial, opts, start, &mut logging);
+    let result = write_file(vm, &partial, opts, &mut logging);
     if logging {
         crate::dirty_logs::stop(vm, "the snapshot ended");
     }
+    let result = result.and_then(|summary| {
+        std::fs::rename(&partial, path).map_err(SnapshotError::io("rename", &partial))?;
+        Ok(summary)
+    });
     match result {
         Ok(mut summary) => {
-            std::fs::rename(&partial, path).map_err(SnapshotError::io("rename", &partial))?;
             sync_dir(path);
             summary.total_ms = ms(start.elapsed());
             Ok(summary)
@@ -77,7 +80,6 @@ fn write_file(
     vm: &mut dyn Vm,
     path: &Path,
     opts: &SnapshotOptions,
-    start: Instant,
     logging: &mut bool,
 ) -> Result<SnapshotSummary, SnapshotError> {
     let header = StreamHeader::for_vm(vm);
@@ -206,9 +208,9 @@ fn write_file(
         .map_err(SnapshotError::io("write", path))?;
     file.sync_all().map_err(SnapshotError::io("sync", path))?;
     let meta = file.metadata().map_err(SnapshotError::io("stat", path))?;
-    debug_assert!(SUPERBLOCK_LEN <= meta.len());
     Ok(SnapshotSummary {
-        total_ms: ms(start.elapsed()),
+        // The caller's, once the file is in place.
+        total_ms: 0.0,
         pause_ms,
         digest_ms,
         rounds,

@@ -5,7 +5,7 @@
 
 use crate::error::CmdError;
 use crate::netns::{NetnsPair, DEST_ADDR};
-use crate::summary::AfterSwitchover;
+use crate::summary::DestinationChecks;
 use ferry_harness::child::{read_listen_address, ListenError};
 use ferry_harness::output::last_json;
 use ferry_vm::error_chain as chain;
@@ -95,13 +95,13 @@ pub fn read_listen_address_of(
 pub fn add_destination_checks(
     summary: &mut ferry_engine::MigrationSummary,
     mut out: impl Read,
-) -> (AfterSwitchover, Option<String>) {
+) -> (DestinationChecks, Option<String>) {
     let mut text = String::new();
     let _ = out.read_to_string(&mut text);
     let Some(j) = last_json(&text) else {
-        return (AfterSwitchover::default(), None);
+        return (DestinationChecks::default(), None);
     };
-    let after = AfterSwitchover {
+    let after = DestinationChecks {
         passes: j["passes_after"].as_u64(),
         mismatches: j["mismatches_after"].as_u64(),
     };

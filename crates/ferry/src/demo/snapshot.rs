@@ -9,16 +9,12 @@ use ferry_engine::snapshot::{
     self, RestoreOptions, RestoreSummary, SnapshotOptions, SnapshotSummary,
 };
 use ferry_engine::vmm::StreamHeader;
-use ferry_memstress::{read_progress, MemstressProbe, VmConfig};
+use ferry_memstress::{MemstressProbe, VmConfig};
 use ferry_report::Table;
 use ferry_vm::{error_chain as chain, GuestProbe, Vm, VmError};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-
-/// The longest the guest may take to finish its first pass before the
-/// snapshot starts.
-const WARM_UP_LIMIT: Duration = Duration::from_secs(60);
 
 /// One snapshot demo, its flags translated.
 pub struct SnapshotDemo<'a> {
@@ -171,7 +167,8 @@ fn save_and_restore(d: &SnapshotDemo, path: &std::path::Path) -> Result<Report, 
     let kind = d.backend.kind();
     let mut vm = vms::create(kind, &d.config, d.backend, Role::Source)?;
     vm.start()?;
-    warm_up(&*vm)?;
+    // Every vCPU has finished a pass: memory holds the guest's data.
+    crate::driver::warm_up(&*vm, Duration::ZERO)?;
     eprintln!(
         "ferry demo: saving the running guest ({} vCPUs x {} MiB, {kind} backend) to {}",
         d.config.workload.vcpus,
@@ -217,24 +214,4 @@ fn save_and_restore(d: &SnapshotDemo, path: &std::path::Path) -> Result<Report, 
         at_restore,
         after,
     })
-}
-
-/// Runs the guest until every vCPU has finished a pass, so that memory
-/// holds its data before the snapshot starts.
-fn warm_up(vm: &dyn Vm) -> Result<(), CmdError> {
-    let start = Instant::now();
-    loop {
-        vm.check_health()?;
-        let progress = read_progress(vm.ram(), vm.vcpus()).unwrap_or_default();
-        if !progress.is_empty() && progress.iter().all(|p| p.passes >= 1) {
-            return Ok(());
-        }
-        if start.elapsed() > WARM_UP_LIMIT {
-            return Err(CmdError::Failed(format!(
-                "the guest did not finish a pass in {} s",
-                WARM_UP_LIMIT.as_secs()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }

@@ -1,7 +1,7 @@
 //! How a migration this process ran ends on screen: the summary, the exit
 //! code, and on a failure proof that the source guest still runs.
 
-use crate::summary::{self, AfterSwitchover};
+use crate::summary::{self, DestinationChecks};
 use ferry_engine::{MigrationSummary, Outcome};
 use ferry_memstress::{read_progress, VcpuProgress};
 use ferry_vm::Vm;
@@ -39,7 +39,7 @@ pub fn source_still_runs(vm: &dyn Vm) -> (String, u64) {
 pub fn finish(
     vm: &mut dyn Vm,
     s: &MigrationSummary,
-    after: &AfterSwitchover,
+    after: &DestinationChecks,
     json: bool,
 ) -> ExitCode {
     let mut s = s.clone();

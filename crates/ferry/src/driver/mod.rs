@@ -13,4 +13,4 @@ mod source;
 
 pub use args::MigrationArgs;
 pub use finish::{finish, source_still_runs};
-pub use source::{boot_and_migrate, check_policy, migrate_running};
+pub use source::{boot_and_migrate, check_policy, migrate_running, warm_up};

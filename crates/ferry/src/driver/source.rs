@@ -177,7 +177,7 @@ fn failed_summary(
 /// Runs the guest until every vCPU finished a pass and `at_least` has passed.
 /// Returns the guest's counters as they were when every vCPU had finished
 /// its first pass (the start of its steady rate).
-fn warm_up(vm: &dyn Vm, at_least: Duration) -> Result<Sample, CmdError> {
+pub fn warm_up(vm: &dyn Vm, at_least: Duration) -> Result<Sample, CmdError> {
     let vcpus = vm.vcpus();
     let start = Instant::now();
     eprintln!("ferry: warming up the guest ...");
