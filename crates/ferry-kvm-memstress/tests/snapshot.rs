@@ -2,13 +2,17 @@
 //! file while it runs (KVM's dirty log feeds the rounds), restored into a
 //! fresh VM, and walks on there with its own stamp checks clean, while the
 //! source's guest runs on too. The bitmap and the ring each feed one.
+//! Restored lazily, the vCPUs run before memory is in, their touches of
+//! missing pages held in KVM until the page comes from the file; a damaged
+//! page stops them, named.
 //!
 //! Needs /dev/kvm; prints a skip line where it is absent.
 
 mod common;
 use common::wait_for_passes;
 
-use ferry_engine::snapshot::{self, RestoreOptions, SnapshotOptions};
+use ferry_engine::error::SnapshotError;
+use ferry_engine::snapshot::{self, RestoreMode, RestoreOptions, SnapshotOptions};
 use ferry_engine::vmm::StreamHeader;
 use ferry_kvm::require_kvm;
 use ferry_kvm::DirtyTracking;
@@ -58,7 +62,9 @@ fn a_writing_kvm_guest_saved_live_restores_and_runs_on_with_its_stamps_clean() {
             assert_eq!(h.vcpus, 2);
             KvmVm::new(config(), mode, Role::Destination).map_err(|e| VmError::Guest(e.to_string()))
         };
-        let (dst, r) = snapshot::restore_as(&path, &mut build, &RestoreOptions::default()).unwrap();
+        let (mut dst, r) =
+            snapshot::restore_as(&path, &mut build, &RestoreOptions::default()).unwrap();
+        let r = r.finish(&mut dst).unwrap();
         assert!(r.digest_match && dst.is_running(), "{mode:?}: {r:?}");
         let from = passes(&dst);
         wait_for_passes(&dst, from + 2);
@@ -68,6 +74,85 @@ fn a_writing_kvm_guest_saved_live_restores_and_runs_on_with_its_stamps_clean() {
             assert_eq!(check.errors, 0, "{mode:?}: the {side} guest's stamps");
         }
         let _ = std::fs::remove_file(&path);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn build(h: &StreamHeader) -> Result<KvmVm, VmError> {
+    assert_eq!(h.vcpus, 2);
+    KvmVm::new(config(), DirtyTracking::Bitmap, Role::Destination)
+        .map_err(|e| VmError::Guest(e.to_string()))
+}
+
+fn lazily(mode: RestoreMode) -> RestoreOptions {
+    let mut o = RestoreOptions::default();
+    o.mode = mode;
+    o
+}
+
+/// A live snapshot of a writing guest, in `dir`.
+fn saved(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("vm.snap");
+    let mut src = KvmVm::new(config(), DirtyTracking::Bitmap, Role::Source).unwrap();
+    src.start().unwrap();
+    wait_for_passes(&src, 1);
+    let s = snapshot::save(&mut src, &path, &SnapshotOptions::default()).unwrap();
+    assert!(s.working_set_pages > 0, "{s:?}");
+    path
+}
+
+#[test]
+fn a_kvm_guest_restored_lazily_runs_before_its_memory_is_in_with_its_stamps_clean() {
+    if !require_kvm("kvm lazy restore") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferry-kvm-lazy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = saved(&dir);
+    for mode in [RestoreMode::Lazy, RestoreMode::LazyWorkingSet] {
+        let (mut dst, restoring) = snapshot::restore_as(&path, &mut build, &lazily(mode)).unwrap();
+        assert!(dst.is_running(), "{mode:?}");
+        let r = restoring.finish(&mut dst).unwrap();
+        assert!(r.digest_match, "{mode:?}: {r:?}");
+        assert_eq!(r.fault_path, "userfaultfd", "{mode:?}");
+        let from = passes(&dst);
+        wait_for_passes(&dst, from + 2);
+        let check = MemstressProbe.read(&dst).unwrap();
+        assert_eq!(check.errors, 0, "{mode:?}: the restored guest's stamps");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_damaged_page_stops_a_lazily_restored_kvm_guest_naming_the_page() {
+    if !require_kvm("kvm lazy restore of a damaged file") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferry-kvm-lazy-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = saved(&dir);
+    // A page of the guest's data, half-way through memory: the vCPUs
+    // write every one of them, so they touch this one too.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let page = 4096;
+    let frames = (config().workload.vcpus as u64 * config().workload.bytes_per_vcpu) / page;
+    let gfn = (frames / 2..)
+        .find(|g| {
+            let at = (page * (1 + g)) as usize;
+            bytes[at..at + page as usize].iter().any(|&b| b != 0)
+        })
+        .unwrap();
+    let offset = page * (1 + gfn);
+    bytes[offset as usize + 8] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    for mode in [RestoreMode::Lazy, RestoreMode::LazyWorkingSet] {
+        let (mut dst, restoring) = snapshot::restore_as(&path, &mut build, &lazily(mode)).unwrap();
+        let e = restoring.finish(&mut dst).unwrap_err();
+        assert!(
+            matches!(e, SnapshotError::DamagedPage { gfn: g, offset: o, .. } if g == gfn && o == offset),
+            "{mode:?}: {e}"
+        );
+        assert!(!dst.is_running(), "{mode:?}: the guest is stopped");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

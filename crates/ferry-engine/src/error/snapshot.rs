@@ -116,6 +116,12 @@ pub enum SnapshotError {
         /// The restored memory's.
         restored: u64,
     },
+    /// A lazy restore cannot go on (or start) on this VM or host.
+    #[error("cannot restore lazily: {detail}")]
+    Lazy {
+        /// Why.
+        detail: String,
+    },
     /// The VM refused an operation.
     #[error("cannot {what}")]
     Vm {

@@ -100,6 +100,11 @@ pub struct Manifest {
     /// One xxh3 per frame (little-endian u64s): what each page in the
     /// file must hash to.
     pub page_hashes: Part,
+    /// The working set, newest first ([`super::working_set`]); absent
+    /// where the guest was not running, and in files of releases before
+    /// it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_set: Option<Part>,
     /// Frames of RAM that held data (the rest are holes in the file).
     pub data_pages: u64,
     /// Whether the guest was left stopped after the snapshot.

@@ -13,6 +13,7 @@
 //!  4 KiB + gfn*4 KiB  guest frame gfn (holes between regions and zero pages
 //!                     are holes in the file)
 //!  after the pages    vCPU state │ sections │ page hashes (xxh3 per frame)
+//!                     │ working set (runs of frames, newest first)
 //!                     │ manifest (JSON: the VM's stream header, the digest,
 //!                     where each part is and its CRC32)
 //! ```
@@ -29,12 +30,14 @@
 //! a destination's.
 
 mod format;
+mod lazy;
 mod pages;
 mod restore;
 mod save;
+mod working_set;
 
 pub use format::{FORMAT, OLDEST_FORMAT};
-pub use restore::{restore, restore_as};
+pub use restore::{restore, restore_as, Restoring};
 pub use save::save;
 
 use serde::Serialize;
@@ -69,21 +72,63 @@ impl Default for SnapshotOptions {
     }
 }
 
+/// When the guest's pages come in, against when its vCPUs start.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum RestoreMode {
+    /// Every page is read and checked before a vCPU runs.
+    #[default]
+    Eager,
+    /// The vCPUs start at once; a page they touch before it is in is read
+    /// from the file on demand (userfaultfd, or the VM's own fault exits),
+    /// while a background fill brings in the rest in address order.
+    Lazy,
+    /// [`RestoreMode::Lazy`], with the background fill taking the pages the
+    /// guest wrote in its last seconds before the snapshot first, newest
+    /// first (the snapshot's working set), then the rest.
+    LazyWorkingSet,
+}
+
+impl RestoreMode {
+    /// The name reports and the CLI use.
+    pub fn name(self) -> &'static str {
+        match self {
+            RestoreMode::Eager => "eager",
+            RestoreMode::Lazy => "lazy",
+            RestoreMode::LazyWorkingSet => "lazy-working-set",
+        }
+    }
+
+    /// The mode called `name` ([`RestoreMode::name`]).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            RestoreMode::Eager,
+            RestoreMode::Lazy,
+            RestoreMode::LazyWorkingSet,
+        ]
+        .into_iter()
+        .find(|m| m.name() == name)
+    }
+}
+
 /// How a snapshot is restored.
 #[non_exhaustive]
 #[derive(Clone, Debug)]
 pub struct RestoreOptions {
+    /// When the pages come in ([`RestoreMode`]).
+    pub mode: RestoreMode,
     /// Leave the restored guest paused: the caller starts it.
     pub paused: bool,
-    /// Hash the restored memory before a vCPU runs, and compare it with
-    /// the snapshot's digest (each page is checked as it is read, either
-    /// way).
+    /// Eager: hash the restored memory before a vCPU runs, and compare it
+    /// with the snapshot's digest (each page is checked as it is read,
+    /// either way). Lazy: the pages' hashes, as placed, are compared with
+    /// the digest once all are in.
     pub verify: bool,
 }
 
 impl Default for RestoreOptions {
     fn default() -> Self {
         RestoreOptions {
+            mode: RestoreMode::Eager,
             paused: false,
             verify: true,
         }
@@ -125,6 +170,9 @@ pub struct SnapshotSummary {
     pub data_pages: u64,
     /// The memory digest the file holds.
     pub digest: u64,
+    /// Pages the guest wrote in its last seconds before the pause,
+    /// recorded for a lazy restore to bring in first.
+    pub working_set_pages: u64,
     /// Whether the guest was left stopped.
     pub stopped: bool,
 }
@@ -132,11 +180,26 @@ pub struct SnapshotSummary {
 /// What a restore did.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RestoreSummary {
-    /// "eager": every page read before a vCPU runs.
+    /// "eager", "lazy" or "lazy-working-set" ([`RestoreMode::name`]).
     pub mode: &'static str,
     /// From the call to the guest running (to the end, when left paused).
     pub first_instruction_ms: f64,
-    /// Reading and checking the pages.
+    /// From the call until every page of the snapshot's working set was
+    /// in guest memory (eager: before the first instruction).
+    pub working_set_ms: f64,
+    /// From the call until every page was in guest memory.
+    pub resident_ms: f64,
+    /// Pages in the snapshot's working set.
+    pub working_set_pages: u64,
+    /// Touches of a page not in yet, each of which held a vCPU (or the
+    /// VMM) until the page was read from the file. 0 for eager.
+    pub blocking_faults: u64,
+    /// Of the pages read, those read for a touch (the rest by the fill).
+    pub fault_pages: u64,
+    /// How a touch of a missing page reached the reader: "userfaultfd",
+    /// "vcpu exit" (the VM's annotated fault exits), or "none" (eager).
+    pub fault_path: &'static str,
+    /// Eager: reading and checking the pages before the start.
     pub read_ms: f64,
     /// Hashing the restored memory ([`RestoreOptions::verify`]).
     pub verify_ms: f64,
@@ -144,8 +207,8 @@ pub struct RestoreSummary {
     pub pages_read: u64,
     /// Bytes read for them.
     pub bytes_read: u64,
-    /// The restored memory's digest was compared with the snapshot's and
-    /// matched (false: not compared).
+    /// The restored memory's digest (lazy: the placed pages' hashes) was
+    /// compared with the snapshot's and matched (false: not compared).
     pub digest_match: bool,
     /// Whether the guest was started.
     pub started: bool,

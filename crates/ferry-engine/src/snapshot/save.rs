@@ -3,6 +3,7 @@
 
 use super::format::{page_offset, Manifest, Part, Superblock, FORMAT};
 use super::pages::{PageWriter, Written};
+use super::working_set;
 use super::{SnapshotOptions, SnapshotRound, SnapshotSummary};
 use crate::digest::{digest_of, memory_digest, source_digest_threads};
 use crate::error::SnapshotError;
@@ -102,6 +103,7 @@ fn write_file(
     // Live rounds: all memory first, then what the guest dirtied meanwhile,
     // until what is left would fit the pause.
     let mut todo = ram.frames();
+    let mut recent = working_set::Recorder::new();
     if was_running {
         crate::dirty_logs::start(vm).map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
         *logging = true;
@@ -113,6 +115,7 @@ fn write_file(
             todo = DirtyPages::new(frames);
             crate::dirty_logs::collect(vm, &mut todo)
                 .map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
+            recent.record(Instant::now(), &todo);
             let per_page = took.as_secs_f64() / done.pages.max(1) as f64;
             let predicted = Duration::from_secs_f64(per_page * todo.count() as f64);
             if predicted <= opts.max_downtime || rounds.len() as u32 >= opts.max_rounds {
@@ -129,6 +132,11 @@ fn write_file(
         crate::dirty_logs::collect(vm, &mut todo)
             .map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
     }
+    let working_set = if was_running {
+        recent.finish(&todo, paused_at)
+    } else {
+        Vec::new()
+    };
     let t = Instant::now();
     let done = writer.write(&ram, &todo)?;
     rounds.push(round(rounds.len(), done, t.elapsed()));
@@ -183,6 +191,10 @@ fn write_file(
         vcpus: put(&vcpus)?,
         sections: put(&sections)?,
         page_hashes: put(&hashes)?,
+        working_set: match working_set.is_empty() {
+            true => None,
+            false => Some(put(&working_set::encode(&working_set))?),
+        },
         data_pages: writer
             .hashes
             .iter()
@@ -218,6 +230,7 @@ fn write_file(
         file_bytes: meta.len(),
         data_pages: manifest.data_pages,
         digest: digest.value,
+        working_set_pages: working_set::pages(&working_set),
         stopped,
     })
 }

@@ -71,6 +71,18 @@ pub struct DemoArgs {
     /// removed when the demo ends).
     #[arg(long = "snapshot-file", value_name = "FILE", requires = "snapshot")]
     pub snapshot_file: Option<PathBuf>,
+    /// How --snapshot restores: `lazy-working-set` starts the guest at
+    /// once and brings in the pages it wrote last before the rest (pages
+    /// it touches first come on demand); `lazy` brings the rest in address
+    /// order; `eager` reads every page before the guest starts.
+    #[arg(
+        long = "restore",
+        value_name = "MODE",
+        default_value = "lazy-working-set",
+        value_parser = ["eager", "lazy", "lazy-working-set"],
+        requires = "snapshot"
+    )]
+    pub restore: String,
     /// One-way delay of the --netns link in ms (tc netem, both ways).
     #[arg(long = "link-delay-ms", value_name = "MS", requires = "netns", value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub link_delay_ms: Option<u64>,
@@ -87,6 +99,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
             config,
             backend: &a.backend,
             file: a.snapshot_file.clone(),
+            restore: ferry_engine::snapshot::RestoreMode::from_name(&a.restore).unwrap_or_default(),
             max_downtime: Duration::from_millis(a.migration.downtime_ms),
             run_after: a.run_after,
             json: a.migration.json,

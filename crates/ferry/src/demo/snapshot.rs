@@ -1,12 +1,14 @@
 //! `ferry demo --snapshot`: the guest booted here is saved to a file while
 //! it runs, the source ends, and the guest is restored from the file into
-//! a new VM and runs on, its own stamp checks counted on both sides.
+//! a new VM and runs on, its own stamp checks counted on both sides. The
+//! restore is lazy with the working set first unless `--restore` says
+//! otherwise.
 
 use crate::args::BackendArgs;
 use crate::error::CmdError;
 use crate::vms::{self, Role};
 use ferry_engine::snapshot::{
-    self, RestoreOptions, RestoreSummary, SnapshotOptions, SnapshotSummary,
+    self, RestoreMode, RestoreOptions, RestoreSummary, SnapshotOptions, SnapshotSummary,
 };
 use ferry_engine::vmm::StreamHeader;
 use ferry_memstress::{MemstressProbe, VmConfig};
@@ -24,6 +26,8 @@ pub struct SnapshotDemo<'a> {
     pub backend: &'a BackendArgs,
     /// The file (kept when given; else a temporary one, removed).
     pub file: Option<PathBuf>,
+    /// How the restore brings the pages in.
+    pub restore: RestoreMode,
     /// The longest pause the snapshot aims for.
     pub max_downtime: Duration,
     /// Seconds the restored guest runs before its checks are read.
@@ -102,6 +106,24 @@ impl Report {
             (
                 "restore: first instruction",
                 format!("{:.0} ms", self.first_instruction_ms),
+            ),
+            (
+                "restore: working set in",
+                format!(
+                    "{:.0} ms ({} pages)",
+                    self.restore.working_set_ms, self.restore.working_set_pages
+                ),
+            ),
+            (
+                "restore: all memory in",
+                format!("{:.0} ms", self.restore.resident_ms),
+            ),
+            (
+                "restore: faults that held the guest",
+                format!(
+                    "{} ({} pages read for them, by {})",
+                    self.restore.blocking_faults, self.restore.fault_pages, self.restore.fault_path
+                ),
             ),
             (
                 "restore: digest",
@@ -193,14 +215,21 @@ fn save_and_restore(d: &SnapshotDemo, path: &std::path::Path) -> Result<Report, 
     };
     let mut paused = RestoreOptions::default();
     paused.paused = true;
-    let (mut restored, restore) =
+    paused.mode = d.restore;
+    let (mut restored, restoring) =
         snapshot::restore(path, &mut create, &paused).map_err(failed("the restore failed"))?;
+    // Lazily, reading the guest's counters faults their few pages in.
     let at_restore = MemstressProbe
         .read(&*restored)
         .map_err(|e| CmdError::Failed(chain(&e)))?;
     let t = Instant::now();
     restored.start()?;
-    let first_instruction_ms = restore.first_instruction_ms + t.elapsed().as_secs_f64() * 1e3;
+    let first_instruction_ms =
+        restoring.summary().first_instruction_ms + t.elapsed().as_secs_f64() * 1e3;
+    // The guest runs while the rest of its memory comes in.
+    let restore = restoring
+        .finish(&mut *restored)
+        .map_err(failed("the restore failed"))?;
     let after = crate::guest_check::after_switchover(
         &*restored,
         at_restore,

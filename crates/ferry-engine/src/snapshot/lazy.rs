@@ -1,0 +1,533 @@
+//! Lazy restore: the vCPUs run before guest memory is in. Guest RAM is
+//! emptied and registered with userfaultfd, as a postcopy destination's
+//! is; a page touched before it is in is read from the snapshot file on
+//! demand, while a background fill brings in the rest: the working set
+//! first where asked, then everything in address order (as Cloud
+//! Hypervisor's prefault does).
+//!
+//! ```text
+//!  vCPU touches a missing page ─ kernel holds it, queues a uffd event
+//!  lazy-faults: event ─► read the page (and the missing ones after it)
+//!                        from the file, check each hash, UFFDIO_COPY (wakes it)
+//!  vCPU with fault exits ─► the same, on its own thread
+//!  lazy-fill: working set, then address order ─► read 1 MiB, check, copy
+//! ```
+//!
+//! Every page is checked against the hash the snapshot recorded before it
+//! is placed, and placed once (a copy that finds the page there already
+//! leaves it alone: the guest may have written it since). A page that
+//! fails its hash is never placed: the vCPUs that touch it wait until the
+//! restore's owner stops the guest ([`super::Restoring::finish`]), so that
+//! nothing runs on from damaged data.
+
+use super::format::page_offset;
+use super::working_set;
+use crate::digest::{digest_of, page_hash};
+use crate::error::SnapshotError;
+use ferry_vm::uffd::{Fault, Placed, Placer};
+use ferry_vm::{FetchError, Gfn, GuestRam, PageBits, PAGE_SIZE};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Pages read for one touch: the page and the missing ones after it (a
+/// guest that touches page g soon touches g + 1).
+const FAULT_PAGES: u64 = 16;
+/// Pages the fill reads at once (1 MiB).
+const FILL_PAGES: u64 = 256;
+/// How long the fault thread waits for events before it looks at `stop`.
+const FAULT_POLL: Duration = Duration::from_millis(50);
+
+/// What the fault thread, the fill and the vCPUs' fault exits share.
+struct Shared {
+    file: File,
+    path: PathBuf,
+    /// What each frame must hash to.
+    hashes: Vec<u64>,
+    ram: Arc<GuestRam>,
+    placer: RwLock<Option<Placer>>,
+    /// Frames in guest memory (shared with a VM's fault exits).
+    present: Arc<PageBits>,
+    /// Frames of the working set.
+    working_set: PageBits,
+    working_set_left: AtomicU64,
+    /// RAM frames not placed yet.
+    left: AtomicU64,
+    /// The hash of each frame as placed (holes: what the file records).
+    placed: Vec<AtomicU64>,
+    start: Instant,
+    working_set_ns: AtomicU64,
+    resident_ns: AtomicU64,
+    stop: AtomicBool,
+    /// The first failure; nothing is placed after it.
+    failure: Mutex<Option<SnapshotError>>,
+    /// Signalled when the last page is placed, or on a failure.
+    done: (Mutex<()>, Condvar),
+    blocking_faults: AtomicU64,
+    fault_pages: AtomicU64,
+    bytes_read: AtomicU64,
+}
+
+/// A lazy restore's pages while they come in.
+pub(super) struct LazyPages {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    /// The owner ended it ([`LazyPages::finish`] or [`LazyPages::abandon`]).
+    ended: bool,
+}
+
+/// What a lazy restore did, once every page is in.
+pub(super) struct LazyReport {
+    pub working_set_ms: f64,
+    pub resident_ms: f64,
+    pub blocking_faults: u64,
+    pub fault_pages: u64,
+    pub pages_read: u64,
+    pub bytes_read: u64,
+    /// The digest of the pages as placed.
+    pub digest: u64,
+}
+
+impl LazyPages {
+    /// Empties `ram` and registers it, then starts serving touches of
+    /// missing pages from `file` (hashes `hashes`), and the fill: the
+    /// snapshot's `working_set` first if `working_set_first`, then
+    /// address order. `start` is when the restore began, for the times
+    /// reported (among them when the working set was in, either way).
+    pub fn start(
+        file: File,
+        path: PathBuf,
+        ram: Arc<GuestRam>,
+        hashes: Vec<u64>,
+        working_set: &[(u64, u64)],
+        working_set_first: bool,
+        start: Instant,
+    ) -> Result<Self, SnapshotError> {
+        let lazy = |detail: String| SnapshotError::Lazy { detail };
+        if ram.backing() == ferry_vm::Backing::Hugetlb {
+            return Err(lazy(
+                "its memory is on hugetlb, which this release restores eagerly only".into(),
+            ));
+        }
+        let frames = ram.pages();
+        let runs = ram.ram_runs(Gfn(0), frames);
+        // What the VM's factory wrote (a guest image, firmware) is not the
+        // snapshot's: every page comes from the file.
+        for &(first, n) in &runs {
+            ram.discard(first, n)
+                .map_err(SnapshotError::ram("empty guest memory for a lazy restore"))?;
+        }
+        let placer = Placer::register_for_faults(&ram)
+            .map_err(|e| lazy(format!("it needs userfaultfd: {e}")))?;
+        let members = PageBits::new(frames);
+        working_set::frames(working_set).for_each(|g| {
+            members.insert(g);
+        });
+        // A RAM frame's hash is filled in as it is placed: the digest of
+        // these matches the snapshot's only once every frame was placed
+        // from the file. Holes hold what the file records for them.
+        let placed = (0..frames)
+            .map(|g| match ram.is_ram(Gfn(g)) {
+                true => AtomicU64::new(0),
+                false => AtomicU64::new(hashes[g as usize]),
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            file,
+            path,
+            hashes,
+            placer: RwLock::new(Some(placer)),
+            present: Arc::new(PageBits::new(frames)),
+            working_set_left: AtomicU64::new(members.count()),
+            working_set: members,
+            left: AtomicU64::new(runs.iter().map(|&(_, n)| n).sum()),
+            placed,
+            start,
+            working_set_ns: AtomicU64::new(0),
+            resident_ns: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            done: (Mutex::new(()), Condvar::new()),
+            blocking_faults: AtomicU64::new(0),
+            fault_pages: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+            ram,
+        });
+        let mut pages = LazyPages {
+            shared: Arc::clone(&shared),
+            threads: Vec::new(),
+            ended: false,
+        };
+        let s = Arc::clone(&shared);
+        pages.spawn("lazy-faults", move || serve_faults(&s))?;
+        let s = Arc::clone(&shared);
+        let mut fill_order: Vec<(u64, u64)> = match working_set_first {
+            true => working_set.to_vec(),
+            false => Vec::new(),
+        };
+        fill_order.extend(runs.iter().map(|&(g, n)| (g.0, n)));
+        pages.spawn("lazy-fill", move || fill(&s, &fill_order))?;
+        Ok(pages)
+    }
+
+    fn spawn(
+        &mut self,
+        name: &str,
+        body: impl FnOnce() + Send + 'static,
+    ) -> Result<(), SnapshotError> {
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(body)
+            .map_err(|e| SnapshotError::Lazy {
+                detail: format!("cannot start its {name} thread: {e}"),
+            })?;
+        self.threads.push(handle);
+        Ok(())
+    }
+
+    /// The fault exits for a VM whose vCPUs bring in their own pages.
+    pub fn fault_exits(&self) -> ferry_vm::FaultExits {
+        let s = Arc::clone(&self.shared);
+        ferry_vm::FaultExits {
+            present: Arc::clone(&self.shared.present),
+            fetch: Arc::new(move |gfn: Gfn| {
+                touched(&s, gfn).map_err(|e| FetchError::Place {
+                    gfn,
+                    cause: Box::new(e),
+                })
+            }),
+        }
+    }
+
+    /// Waits until every page is in, or one fails its check. `stop_guest`
+    /// is called on a failure, before the registration ends (so that no
+    /// vCPU waiting for the failed page runs on without it).
+    pub fn finish(
+        mut self,
+        stop_guest: impl FnOnce() -> Result<(), SnapshotError>,
+    ) -> Result<LazyReport, SnapshotError> {
+        self.ended = true;
+        let failed = self.wait_all_in();
+        if let Some(e) = failed {
+            self.halt();
+            match stop_guest() {
+                Ok(()) => self.shared.end_registration(),
+                Err(stop) => {
+                    // The guest may still run: its vCPUs stay held rather
+                    // than run on without the page.
+                    tracing::error!("cannot stop the guest after a failed restore: {stop}");
+                    self.shared.hold_for_ever();
+                }
+            }
+            return Err(e);
+        }
+        self.halt();
+        self.shared.end_registration();
+        let s = &self.shared;
+        let ms_of = |ns: &AtomicU64| ns.load(Ordering::SeqCst) as f64 / 1e6;
+        let placed: Vec<u64> = s.placed.iter().map(|h| h.load(Ordering::SeqCst)).collect();
+        let fault_pages = s.fault_pages.load(Ordering::SeqCst);
+        let bytes_read = s.bytes_read.load(Ordering::SeqCst);
+        Ok(LazyReport {
+            working_set_ms: ms_of(&s.working_set_ns),
+            resident_ms: ms_of(&s.resident_ns),
+            blocking_faults: s.blocking_faults.load(Ordering::SeqCst),
+            fault_pages,
+            pages_read: bytes_read / PAGE_SIZE as u64,
+            bytes_read,
+            digest: digest_of(&placed).value,
+        })
+    }
+
+    /// Ends the restore before the guest ran: the pages stop coming.
+    pub fn abandon(mut self) {
+        self.ended = true;
+        self.halt();
+        self.shared.end_registration();
+    }
+
+    /// Waits for the last page or the first failure; returns the failure.
+    fn wait_all_in(&self) -> Option<SnapshotError> {
+        let s = &self.shared;
+        let mut guard = s.done.0.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(e) = s.take_failure() {
+                return Some(e);
+            }
+            if s.left.load(Ordering::SeqCst) == 0 {
+                return None;
+            }
+            guard = s
+                .done
+                .1
+                .wait_timeout(guard, FAULT_POLL)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn halt(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for LazyPages {
+    /// A restore dropped while its guest may run: every page still comes
+    /// in before the registration ends, or, after a failure, the
+    /// registration is never ended, so that no vCPU runs on without its
+    /// page.
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        match self.wait_all_in() {
+            None => {
+                self.halt();
+                self.shared.end_registration();
+            }
+            Some(e) => {
+                tracing::error!("a lazy restore dropped after a failure: {e}; its vCPUs stay held");
+                self.halt();
+                self.shared.hold_for_ever();
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn fail(&self, e: SnapshotError) {
+        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        if f.is_none() {
+            tracing::error!("lazy restore: {e}");
+            *f = Some(e);
+        }
+        drop(f);
+        self.stop.store(true, Ordering::SeqCst);
+        self.done.1.notify_all();
+    }
+
+    /// The first failure, for the owner.
+    fn take_failure(&self) -> Option<SnapshotError> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    fn end_registration(&self) {
+        self.placer
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+    }
+
+    /// Keeps the registration open for the life of the process: a thread
+    /// waiting for a page that never came waits on, instead of finding a
+    /// page of zeros where the registration ended.
+    fn hold_for_ever(&self) {
+        let placer = self
+            .placer
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        std::mem::forget(placer);
+    }
+
+    /// Reads frames `first..first + n` (one RAM run) into `buf`, checking
+    /// each against its hash.
+    fn read(&self, first: u64, n: u64, buf: &mut Vec<u8>) -> Result<(), SnapshotError> {
+        buf.resize(n as usize * PAGE_SIZE, 0);
+        self.file
+            .read_exact_at(buf, page_offset(first))
+            .map_err(SnapshotError::io("read", &self.path))?;
+        self.bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        for (i, page) in buf.chunks_exact(PAGE_SIZE).enumerate() {
+            let gfn = first + i as u64;
+            if page_hash(page) != self.hashes[gfn as usize] {
+                return Err(SnapshotError::DamagedPage {
+                    path: self.path.clone(),
+                    gfn,
+                    offset: page_offset(gfn),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and places the missing frames of `first..first + n` (one RAM
+    /// run); returns how many this call placed.
+    fn bring_in(&self, first: u64, n: u64, buf: &mut Vec<u8>) -> Result<u64, SnapshotError> {
+        // After a failure (or the end) nothing more is placed.
+        if self.stop.load(Ordering::SeqCst) {
+            return Ok(0);
+        }
+        self.read(first, n, buf)?;
+        let placer = self.placer.read().unwrap_or_else(|p| p.into_inner());
+        let Some(p) = placer.as_ref() else {
+            return Ok(0);
+        };
+        let (mut i, mut placed) = (0u64, 0u64);
+        while i < n {
+            let g = first + i;
+            if self.present.contains(Gfn(g)) {
+                i += 1;
+                continue;
+            }
+            let bytes = &buf[i as usize * PAGE_SIZE..];
+            let copied = match p.copy(Gfn(g), bytes) {
+                Ok(Placed::Copied(k)) => k,
+                // Page k was placed by another thread, which counts it; it
+                // is in memory already, so a fault exit waiting for it can
+                // go on before that thread gets to mark it.
+                Ok(Placed::PresentAt(k)) => {
+                    self.present.insert(Gfn(g + k));
+                    k
+                }
+                Ok(Placed::Unregistered) => {
+                    return Err(SnapshotError::Lazy {
+                        detail: format!("frame {g:#x} is not registered with userfaultfd"),
+                    })
+                }
+                Err(e) => {
+                    return Err(SnapshotError::Lazy {
+                        detail: format!("cannot place frame {g:#x}: {e}"),
+                    })
+                }
+            };
+            // Each was checked against its recorded hash just now.
+            (g..g + copied).for_each(|f| self.placed_one(f, self.hashes[f as usize]));
+            placed += copied;
+            i += copied.max(1);
+        }
+        Ok(placed)
+    }
+
+    /// Frame `gfn` was placed by this thread, holding a page that hashes
+    /// to `hash`.
+    fn placed_one(&self, gfn: u64, hash: u64) {
+        self.placed[gfn as usize].store(hash, Ordering::Relaxed);
+        self.present.insert(Gfn(gfn));
+        let now = || self.start.elapsed().as_nanos() as u64;
+        if self.working_set.contains(Gfn(gfn))
+            && self.working_set_left.fetch_sub(1, Ordering::SeqCst) == 1
+        {
+            self.working_set_ns.store(now(), Ordering::SeqCst);
+        }
+        if self.left.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.resident_ns.store(now(), Ordering::SeqCst);
+            let _guard = self.done.0.lock().unwrap_or_else(|p| p.into_inner());
+            self.done.1.notify_all();
+        }
+    }
+
+    /// The run a touch of `gfn` reads: it and the missing frames after it,
+    /// within its RAM run.
+    fn fault_run(&self, gfn: u64) -> Option<(u64, u64)> {
+        let (first, n) = *self.ram.ram_runs(Gfn(gfn), FAULT_PAGES).first()?;
+        if first.0 != gfn {
+            return None;
+        }
+        let n = (0..n)
+            .take_while(|&i| i == 0 || !self.present.contains(Gfn(gfn + i)))
+            .count() as u64;
+        Some((gfn, n))
+    }
+}
+
+/// A touch of `gfn` (a fault exit, or a userfaultfd event): brings it in
+/// unless it is in already.
+fn touched(s: &Shared, gfn: Gfn) -> Result<(), SnapshotError> {
+    s.blocking_faults.fetch_add(1, Ordering::Relaxed);
+    if s.present.contains(gfn) {
+        return Ok(());
+    }
+    let Some((first, n)) = s.fault_run(gfn.0) else {
+        let words = format!("the guest touched frame {:#x}, which is not RAM", gfn.0);
+        s.fail(SnapshotError::Lazy {
+            detail: words.clone(),
+        });
+        return Err(SnapshotError::Lazy { detail: words });
+    };
+    let mut buf = Vec::new();
+    match s.bring_in(first, n, &mut buf) {
+        Ok(placed) => {
+            s.fault_pages.fetch_add(placed, Ordering::Relaxed);
+        }
+        Err(e) => {
+            let words = e.to_string();
+            s.fail(e);
+            return Err(SnapshotError::Lazy { detail: words });
+        }
+    }
+    if s.present.contains(gfn) {
+        Ok(())
+    } else {
+        Err(SnapshotError::Lazy {
+            detail: format!("frame {:#x} did not come in: the restore failed", gfn.0),
+        })
+    }
+}
+
+/// The fault thread: userfaultfd events, until stopped.
+fn serve_faults(s: &Shared) {
+    let mut faults: Vec<Fault> = Vec::new();
+    while !s.stop.load(Ordering::SeqCst) {
+        faults.clear();
+        {
+            let placer = s.placer.read().unwrap_or_else(|p| p.into_inner());
+            let Some(p) = placer.as_ref() else {
+                return;
+            };
+            if let Err(e) = p.wait_faults(FAULT_POLL, &mut faults) {
+                s.fail(SnapshotError::Lazy {
+                    detail: format!("cannot read userfaultfd events: {e}"),
+                });
+                return;
+            }
+        }
+        for f in &faults {
+            // A failure is recorded for the owner already; the thread
+            // that touched the page waits until the owner stops the guest.
+            if touched(s, f.gfn).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The fill: every frame of `order`, in order, that is not in yet.
+fn fill(s: &Shared, order: &[(u64, u64)]) {
+    let mut buf = Vec::new();
+    for &(first, n) in order {
+        for (run, len) in s.ram.ram_runs(Gfn(first), n) {
+            let mut g = run.0;
+            let end = run.0 + len;
+            while g < end {
+                if s.stop.load(Ordering::SeqCst) || s.left.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                if s.present.contains(Gfn(g)) {
+                    g += 1;
+                    continue;
+                }
+                let mut m = 1;
+                while m < FILL_PAGES && g + m < end && !s.present.contains(Gfn(g + m)) {
+                    m += 1;
+                }
+                if let Err(e) = s.bring_in(g, m, &mut buf) {
+                    s.fail(e);
+                    return;
+                }
+                g += m;
+            }
+        }
+    }
+}

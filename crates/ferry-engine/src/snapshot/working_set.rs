@@ -1,0 +1,140 @@
+//! The snapshot's working set: the pages the guest wrote in its last
+//! seconds before the pause, newest first. A lazy restore brings them in
+//! before the rest ([`super::RestoreMode::LazyWorkingSet`]): a guest that
+//! runs on from the pause touches first what it was touching then.
+//!
+//! Why from the dirty logs: they are the one record of the guest's recent
+//! touches that every VM in the contract offers, and a live snapshot reads
+//! them anyway. They see writes only, one set per round (no order within a
+//! round), so the order is by round, newest first, and by address within a
+//! round.
+
+use ferry_vm::{DirtyPages, Gfn};
+use std::time::{Duration, Instant};
+
+/// How far back before the pause a round's writes count.
+pub const WINDOW: Duration = Duration::from_secs(2);
+
+/// The harvests of the live rounds still inside [`WINDOW`].
+pub struct Recorder {
+    recent: Vec<(Instant, DirtyPages)>,
+}
+
+impl Recorder {
+    /// Nothing recorded yet.
+    pub fn new() -> Self {
+        Recorder { recent: Vec::new() }
+    }
+
+    /// Records a live round's harvest, taken at `at`; forgets the ones
+    /// that are already too old to count.
+    pub fn record(&mut self, at: Instant, harvest: &DirtyPages) {
+        self.recent
+            .retain(|(t, _)| at.saturating_duration_since(*t) <= WINDOW);
+        self.recent.push((at, harvest.clone()));
+    }
+
+    /// The working set at a pause at `paused_at`, whose own harvest is
+    /// `last` (it holds the latest live round's writes too): runs of
+    /// frames, newest round first.
+    pub fn finish(self, last: &DirtyPages, paused_at: Instant) -> Vec<(u64, u64)> {
+        let mut taken = last.clone();
+        let mut runs: Vec<(u64, u64)> = last.runs().into_iter().map(|(g, n)| (g.0, n)).collect();
+        for (at, set) in self.recent.iter().rev() {
+            if paused_at.saturating_duration_since(*at) > WINDOW {
+                break;
+            }
+            let mut fresh = DirtyPages::new(set.pages());
+            for g in set.iter() {
+                if !taken.contains(g) {
+                    fresh.set(g);
+                    taken.set(g);
+                }
+            }
+            runs.extend(fresh.runs().into_iter().map(|(g, n)| (g.0, n)));
+        }
+        runs
+    }
+}
+
+/// Pages in `runs`.
+pub fn pages(runs: &[(u64, u64)]) -> u64 {
+    runs.iter().map(|&(_, n)| n).sum()
+}
+
+/// The file's form: (first, count) pairs of little-endian u64s.
+pub fn encode(runs: &[(u64, u64)]) -> Vec<u8> {
+    runs.iter()
+        .flat_map(|&(first, n)| first.to_le_bytes().into_iter().chain(n.to_le_bytes()))
+        .collect()
+}
+
+/// Reads [`encode`]'s form back, for a guest of `frames` frames.
+pub fn decode(bytes: &[u8], frames: u64) -> Result<Vec<(u64, u64)>, String> {
+    if !bytes.len().is_multiple_of(16) {
+        return Err(format!(
+            "its working set is {} bytes, not whole runs",
+            bytes.len()
+        ));
+    }
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    bytes
+        .chunks_exact(16)
+        .map(|run| {
+            let (first, n) = (u64_at(&run[..8]), u64_at(&run[8..]));
+            match first.checked_add(n) {
+                Some(end) if n > 0 && end <= frames => Ok((first, n)),
+                _ => Err(format!(
+                    "its working set names {n} frames from {first:#x}; the guest has {frames}"
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Every frame of `runs`, in order.
+pub fn frames(runs: &[(u64, u64)]) -> impl Iterator<Item = Gfn> + '_ {
+    runs.iter()
+        .flat_map(|&(first, n)| (first..first + n).map(Gfn))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(frames: &[u64]) -> DirtyPages {
+        let mut d = DirtyPages::new(64);
+        frames.iter().for_each(|&g| d.set(Gfn(g)));
+        d
+    }
+
+    #[test]
+    fn the_newest_writes_come_first_and_each_page_once() {
+        let now = Instant::now();
+        let mut r = Recorder::new();
+        r.record(now, &set(&[40, 41]));
+        r.record(now, &set(&[1, 2, 3]));
+        let runs = r.finish(&set(&[2, 3, 9]), now);
+        assert_eq!(runs, vec![(2, 2), (9, 1), (1, 1), (40, 2)]);
+        assert_eq!(pages(&runs), 6);
+        assert_eq!(decode(&encode(&runs), 64).unwrap(), runs);
+    }
+
+    #[test]
+    fn rounds_older_than_the_window_do_not_count() {
+        let now = Instant::now();
+        let mut r = Recorder::new();
+        r.record(now, &set(&[7]));
+        let later = now + WINDOW + Duration::from_millis(1);
+        r.record(later, &set(&[8]));
+        assert_eq!(r.finish(&set(&[]), later), vec![(8, 1)]);
+    }
+
+    #[test]
+    fn a_run_past_the_guest_or_empty_is_refused() {
+        assert!(decode(&encode(&[(60, 5)]), 64).is_err());
+        assert!(decode(&encode(&[(3, 0)]), 64).is_err());
+        assert!(decode(&[0; 15], 64).is_err());
+        assert!(decode(&encode(&[(u64::MAX, 2)]), 64).is_err());
+    }
+}
