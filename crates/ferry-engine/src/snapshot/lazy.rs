@@ -62,8 +62,12 @@ struct Shared {
     start: Instant,
     working_set_ns: AtomicU64,
     resident_ns: AtomicU64,
+    /// The owner ended the restore: nothing more is placed.
     stop: AtomicBool,
-    /// The first failure; nothing is placed after it.
+    /// A page failed: the fill stops, while touches of good pages are
+    /// still served until the owner has stopped the guest.
+    failed: AtomicBool,
+    /// The first failure.
     failure: Mutex<Option<SnapshotError>>,
     /// Signalled when the last page is placed, or on a failure.
     done: (Mutex<()>, Condvar),
@@ -115,18 +119,24 @@ impl LazyPages {
         }
         let frames = ram.pages();
         let runs = ram.ram_runs(Gfn(0), frames);
+        // Registered first, so that from the discard on nothing but a copy
+        // from the file fills a page (a touch in between would otherwise
+        // find fresh zeros).
+        let placer = Placer::register_for_faults(&ram)
+            .map_err(|e| lazy(format!("it needs userfaultfd: {e}")))?;
         // What the VM's factory wrote (a guest image, firmware) is not the
         // snapshot's: every page comes from the file.
         for &(first, n) in &runs {
             ram.discard(first, n)
                 .map_err(SnapshotError::ram("empty guest memory for a lazy restore"))?;
         }
-        let placer = Placer::register_for_faults(&ram)
-            .map_err(|e| lazy(format!("it needs userfaultfd: {e}")))?;
         let members = PageBits::new(frames);
-        working_set::frames(working_set).for_each(|g| {
-            members.insert(g);
-        });
+        // A frame outside RAM is never placed: it would hold the time up.
+        working_set::frames(working_set)
+            .filter(|&g| ram.is_ram(g))
+            .for_each(|g| {
+                members.insert(g);
+            });
         // A RAM frame's hash is filled in as it is placed: the digest of
         // these matches the snapshot's only once every frame was placed
         // from the file. Holes hold what the file records for them.
@@ -150,6 +160,7 @@ impl LazyPages {
             working_set_ns: AtomicU64::new(0),
             resident_ns: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             done: (Mutex::new(()), Condvar::new()),
             blocking_faults: AtomicU64::new(0),
@@ -163,14 +174,20 @@ impl LazyPages {
             ended: false,
         };
         let s = Arc::clone(&shared);
-        pages.spawn("lazy-faults", move || serve_faults(&s))?;
+        if let Err(e) = pages.spawn("lazy-faults", move || serve_faults(&s)) {
+            pages.abandon();
+            return Err(e);
+        }
         let s = Arc::clone(&shared);
         let mut fill_order: Vec<(u64, u64)> = match working_set_first {
             true => working_set.to_vec(),
             false => Vec::new(),
         };
         fill_order.extend(runs.iter().map(|&(g, n)| (g.0, n)));
-        pages.spawn("lazy-fill", move || fill(&s, &fill_order))?;
+        if let Err(e) = pages.spawn("lazy-fill", move || fill(&s, &fill_order)) {
+            pages.abandon();
+            return Err(e);
+        }
         Ok(pages)
     }
 
@@ -203,18 +220,27 @@ impl LazyPages {
         }
     }
 
-    /// Waits until every page is in, or one fails its check. `stop_guest`
-    /// is called on a failure, before the registration ends (so that no
-    /// vCPU waiting for the failed page runs on without it).
+    /// Waits until every page is in, or one fails its check. On a
+    /// failure `stop_guest` is called while good pages are still served
+    /// (a vCPU or device thread waiting for one can then stop), and the
+    /// registration ends only once it has returned: no thread waiting for
+    /// the failed page runs on without it.
     pub fn finish(
         mut self,
         stop_guest: impl FnOnce() -> Result<(), SnapshotError>,
     ) -> Result<LazyReport, SnapshotError> {
         self.ended = true;
-        let failed = self.wait_all_in();
-        if let Some(e) = failed {
+        let mut failure = self.wait_all_in();
+        if failure.is_none() {
             self.halt();
-            match stop_guest() {
+            // A failure recorded as the last page came in (a touch of a
+            // frame that is not RAM) still counts.
+            failure = self.shared.take_failure();
+        }
+        if let Some(e) = failure {
+            let stopped = stop_guest();
+            self.halt();
+            match stopped {
                 Ok(()) => self.shared.end_registration(),
                 Err(stop) => {
                     // The guest may still run: its vCPUs stay held rather
@@ -225,7 +251,6 @@ impl LazyPages {
             }
             return Err(e);
         }
-        self.halt();
         self.shared.end_registration();
         let s = &self.shared;
         let ms_of = |ns: &AtomicU64| ns.load(Ordering::SeqCst) as f64 / 1e6;
@@ -309,7 +334,8 @@ impl Shared {
             *f = Some(e);
         }
         drop(f);
-        self.stop.store(true, Ordering::SeqCst);
+        self.failed.store(true, Ordering::SeqCst);
+        let _guard = self.done.0.lock().unwrap_or_else(|p| p.into_inner());
         self.done.1.notify_all();
     }
 
@@ -365,8 +391,11 @@ impl Shared {
     /// Reads and places the missing frames of `first..first + n` (one RAM
     /// run); returns how many this call placed.
     fn bring_in(&self, first: u64, n: u64, buf: &mut Vec<u8>) -> Result<u64, SnapshotError> {
-        // After a failure (or the end) nothing more is placed.
-        if self.stop.load(Ordering::SeqCst) {
+        // After the end nothing more is placed; a window another thread
+        // has brought in already is not read again.
+        if self.stop.load(Ordering::SeqCst)
+            || (first..first + n).all(|g| self.present.contains(Gfn(g)))
+        {
             return Ok(0);
         }
         self.read(first, n, buf)?;
@@ -495,10 +524,9 @@ fn serve_faults(s: &Shared) {
         }
         for f in &faults {
             // A failure is recorded for the owner already; the thread
-            // that touched the page waits until the owner stops the guest.
-            if touched(s, f.gfn).is_err() {
-                return;
-            }
+            // that touched the failed page waits until the owner stops
+            // the guest, and touches of good pages are still served.
+            let _ = touched(s, f.gfn);
         }
     }
 }
@@ -511,7 +539,10 @@ fn fill(s: &Shared, order: &[(u64, u64)]) {
             let mut g = run.0;
             let end = run.0 + len;
             while g < end {
-                if s.stop.load(Ordering::SeqCst) || s.left.load(Ordering::SeqCst) == 0 {
+                if s.stop.load(Ordering::SeqCst)
+                    || s.failed.load(Ordering::SeqCst)
+                    || s.left.load(Ordering::SeqCst) == 0
+                {
                     return;
                 }
                 if s.present.contains(Gfn(g)) {

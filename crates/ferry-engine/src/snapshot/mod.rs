@@ -207,8 +207,12 @@ pub struct RestoreSummary {
     pub pages_read: u64,
     /// Bytes read for them.
     pub bytes_read: u64,
-    /// The restored memory's digest (lazy: the placed pages' hashes) was
-    /// compared with the snapshot's and matched (false: not compared).
+    /// The restored memory's digest was compared with the snapshot's and
+    /// matched (false: not compared). Lazily, the guest has written its
+    /// memory by then: what is compared is the digest of the hashes of the
+    /// pages as placed, each checked against its recorded hash before it
+    /// was placed, so a match says every frame was placed once from the
+    /// file.
     pub digest_match: bool,
     /// Whether the guest was started.
     pub started: bool,
