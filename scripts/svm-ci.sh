@@ -93,7 +93,7 @@ control=$(bash scripts/svm-host.sh --timeout 400 --selfcheck --moves 2 --vcpus 2
 echo "svm-ci: the host's control (QEMU, 2 moves; exit $?): $(echo "$control" | grep '^{' | tail -1)"
 step "the vCPU state round trip" 'test result: ok' "$(test_exe ferry-kvm-memstress vcpu_state)"
 step "the memstress guest on KVM" 'test result: ok' "$(test_exe ferry-kvm-memstress guest_runs)"
-step "a live snapshot and its restore" 'test result: ok' "$(test_exe ferry-kvm-memstress snapshot)"
+step "a live snapshot, restored eagerly and lazily" 'test result: ok' "$(test_exe ferry-kvm-memstress snapshot)"
 step "KVM's three dirty logs" 'test result: ok' "$(test_exe ferry-kvm dirty_source)"
 # Nested paging counts the walks of the guest's page tables as writes, so a
 # reader dirties pages there that it never does on kvm_pvm; the quota must
