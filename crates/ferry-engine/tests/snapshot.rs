@@ -61,11 +61,7 @@ fn in_mode(mode: RestoreMode, paused: bool) -> RestoreOptions {
     o
 }
 
-const MODES: [RestoreMode; 3] = [
-    RestoreMode::Eager,
-    RestoreMode::Lazy,
-    RestoreMode::LazyWorkingSet,
-];
+const MODES: [RestoreMode; 3] = RestoreMode::ALL;
 
 #[test]
 fn a_guest_saved_while_it_runs_restores_and_walks_on_with_its_checks_clean() {

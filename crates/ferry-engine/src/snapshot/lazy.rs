@@ -57,8 +57,6 @@ struct Shared {
     working_set_left: AtomicU64,
     /// RAM frames not placed yet.
     left: AtomicU64,
-    /// The hash of each frame as placed (holes: what the file records).
-    placed: Vec<AtomicU64>,
     start: Instant,
     working_set_ns: AtomicU64,
     resident_ns: AtomicU64,
@@ -90,9 +88,10 @@ pub(super) struct LazyReport {
     pub resident_ms: f64,
     pub blocking_faults: u64,
     pub fault_pages: u64,
-    pub pages_read: u64,
     pub bytes_read: u64,
-    /// The digest of the pages as placed.
+    /// The digest of the pages placed: a frame's recorded hash once it is
+    /// in (each was checked against it before it was placed), 0 while it
+    /// is not. It matches the snapshot's only once every frame is in.
     pub digest: u64,
 }
 
@@ -137,15 +136,6 @@ impl LazyPages {
             .for_each(|g| {
                 members.insert(g);
             });
-        // A RAM frame's hash is filled in as it is placed: the digest of
-        // these matches the snapshot's only once every frame was placed
-        // from the file. Holes hold what the file records for them.
-        let placed = (0..frames)
-            .map(|g| match ram.is_ram(Gfn(g)) {
-                true => AtomicU64::new(0),
-                false => AtomicU64::new(hashes[g as usize]),
-            })
-            .collect();
         let shared = Arc::new(Shared {
             file,
             path,
@@ -155,7 +145,6 @@ impl LazyPages {
             working_set_left: AtomicU64::new(members.count()),
             working_set: members,
             left: AtomicU64::new(runs.iter().map(|&(_, n)| n).sum()),
-            placed,
             start,
             working_set_ns: AtomicU64::new(0),
             resident_ns: AtomicU64::new(0),
@@ -212,7 +201,7 @@ impl LazyPages {
         ferry_vm::FaultExits {
             present: Arc::clone(&self.shared.present),
             fetch: Arc::new(move |gfn: Gfn| {
-                touched(&s, gfn).map_err(|e| FetchError::Place {
+                touched(&s, gfn, &mut Vec::new()).map_err(|e| FetchError::Place {
                     gfn,
                     cause: Box::new(e),
                 })
@@ -254,16 +243,20 @@ impl LazyPages {
         self.shared.end_registration();
         let s = &self.shared;
         let ms_of = |ns: &AtomicU64| ns.load(Ordering::SeqCst) as f64 / 1e6;
-        let placed: Vec<u64> = s.placed.iter().map(|h| h.load(Ordering::SeqCst)).collect();
-        let fault_pages = s.fault_pages.load(Ordering::SeqCst);
-        let bytes_read = s.bytes_read.load(Ordering::SeqCst);
+        // Holes are never placed: they hold what the file records.
+        let placed: Vec<u64> = (0..s.hashes.len() as u64)
+            .map(Gfn)
+            .map(|g| match s.present.contains(g) || !s.ram.is_ram(g) {
+                true => s.hashes[g.0 as usize],
+                false => 0,
+            })
+            .collect();
         Ok(LazyReport {
             working_set_ms: ms_of(&s.working_set_ns),
             resident_ms: ms_of(&s.resident_ns),
             blocking_faults: s.blocking_faults.load(Ordering::SeqCst),
-            fault_pages,
-            pages_read: bytes_read / PAGE_SIZE as u64,
-            bytes_read,
+            fault_pages: s.fault_pages.load(Ordering::SeqCst),
+            bytes_read: s.bytes_read.load(Ordering::SeqCst),
             digest: digest_of(&placed).value,
         })
     }
@@ -431,18 +424,16 @@ impl Shared {
                     })
                 }
             };
-            // Each was checked against its recorded hash just now.
-            (g..g + copied).for_each(|f| self.placed_one(f, self.hashes[f as usize]));
+            (g..g + copied).for_each(|f| self.placed_one(f));
             placed += copied;
             i += copied.max(1);
         }
         Ok(placed)
     }
 
-    /// Frame `gfn` was placed by this thread, holding a page that hashes
-    /// to `hash`.
-    fn placed_one(&self, gfn: u64, hash: u64) {
-        self.placed[gfn as usize].store(hash, Ordering::Relaxed);
+    /// Frame `gfn` was placed by this thread (its page checked against its
+    /// recorded hash).
+    fn placed_one(&self, gfn: u64) {
         self.present.insert(Gfn(gfn));
         let now = || self.start.elapsed().as_nanos() as u64;
         if self.working_set.contains(Gfn(gfn))
@@ -471,9 +462,9 @@ impl Shared {
     }
 }
 
-/// A touch of `gfn` (a fault exit, or a userfaultfd event): brings it in
-/// unless it is in already.
-fn touched(s: &Shared, gfn: Gfn) -> Result<(), SnapshotError> {
+/// A touch of `gfn` (a fault exit, or a userfaultfd event): brings it in,
+/// through `buf`, unless it is in already.
+fn touched(s: &Shared, gfn: Gfn, buf: &mut Vec<u8>) -> Result<(), SnapshotError> {
     s.blocking_faults.fetch_add(1, Ordering::Relaxed);
     if s.present.contains(gfn) {
         return Ok(());
@@ -485,8 +476,7 @@ fn touched(s: &Shared, gfn: Gfn) -> Result<(), SnapshotError> {
         });
         return Err(SnapshotError::Lazy { detail: words });
     };
-    let mut buf = Vec::new();
-    match s.bring_in(first, n, &mut buf) {
+    match s.bring_in(first, n, buf) {
         Ok(placed) => {
             s.fault_pages.fetch_add(placed, Ordering::Relaxed);
         }
@@ -508,6 +498,7 @@ fn touched(s: &Shared, gfn: Gfn) -> Result<(), SnapshotError> {
 /// The fault thread: userfaultfd events, until stopped.
 fn serve_faults(s: &Shared) {
     let mut faults: Vec<Fault> = Vec::new();
+    let mut buf = Vec::new();
     while !s.stop.load(Ordering::SeqCst) {
         faults.clear();
         {
@@ -526,7 +517,7 @@ fn serve_faults(s: &Shared) {
             // A failure is recorded for the owner already; the thread
             // that touched the failed page waits until the owner stops
             // the guest, and touches of good pages are still served.
-            let _ = touched(s, f.gfn);
+            let _ = touched(s, f.gfn, &mut buf);
         }
     }
 }

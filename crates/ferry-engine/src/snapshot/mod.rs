@@ -89,6 +89,13 @@ pub enum RestoreMode {
 }
 
 impl RestoreMode {
+    /// Every mode, for a caller that lists them.
+    pub const ALL: [RestoreMode; 3] = [
+        RestoreMode::Eager,
+        RestoreMode::Lazy,
+        RestoreMode::LazyWorkingSet,
+    ];
+
     /// The name reports and the CLI use.
     pub fn name(self) -> &'static str {
         match self {
@@ -100,13 +107,7 @@ impl RestoreMode {
 
     /// The mode called `name` ([`RestoreMode::name`]).
     pub fn from_name(name: &str) -> Option<Self> {
-        [
-            RestoreMode::Eager,
-            RestoreMode::Lazy,
-            RestoreMode::LazyWorkingSet,
-        ]
-        .into_iter()
-        .find(|m| m.name() == name)
+        Self::ALL.into_iter().find(|m| m.name() == name)
     }
 }
 

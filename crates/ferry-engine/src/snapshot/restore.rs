@@ -71,7 +71,7 @@ impl Restoring {
         summary.resident_ms = report.resident_ms;
         summary.blocking_faults = report.blocking_faults;
         summary.fault_pages = report.fault_pages;
-        summary.pages_read = report.pages_read;
+        summary.pages_read = report.bytes_read / ferry_vm::PAGE_SIZE as u64;
         summary.bytes_read = report.bytes_read;
         if verify {
             if report.digest != digest {

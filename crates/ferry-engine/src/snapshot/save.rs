@@ -132,11 +132,6 @@ fn write_file(
         crate::dirty_logs::collect(vm, &mut todo)
             .map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
     }
-    let working_set = if was_running {
-        recent.finish(&todo, paused_at)
-    } else {
-        Vec::new()
-    };
     let t = Instant::now();
     let done = writer.write(&ram, &todo)?;
     rounds.push(round(rounds.len(), done, t.elapsed()));
@@ -172,6 +167,13 @@ fn write_file(
             .map_err(SnapshotError::vm("resume the guest after the snapshot"))?;
     }
     let pause_ms = ms(paused_at.elapsed());
+    // Once the guest runs again: ordering the working set is no work for
+    // the pause.
+    let working_set = if was_running {
+        recent.finish(&todo, paused_at)
+    } else {
+        Vec::new()
+    };
 
     // The parts after the pages, then the manifest, then the superblock.
     let hashes: Vec<u8> = writer.hashes.iter().flat_map(|h| h.to_le_bytes()).collect();

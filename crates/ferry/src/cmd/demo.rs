@@ -10,6 +10,7 @@ use crate::driver::MigrationArgs;
 use crate::error::CmdError;
 use crate::netns::LinkShape;
 use clap::Args;
+use ferry_engine::snapshot::RestoreMode;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -79,10 +80,10 @@ pub struct DemoArgs {
         long = "restore",
         value_name = "MODE",
         default_value = "lazy-working-set",
-        value_parser = ["eager", "lazy", "lazy-working-set"],
+        value_parser = restore_mode(),
         requires = "snapshot"
     )]
-    pub restore: String,
+    pub restore: RestoreMode,
     /// One-way delay of the --netns link in ms (tc netem, both ways).
     #[arg(long = "link-delay-ms", value_name = "MS", requires = "netns", value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub link_delay_ms: Option<u64>,
@@ -99,7 +100,7 @@ pub fn run(a: DemoArgs) -> Result<ExitCode, CmdError> {
             config,
             backend: &a.backend,
             file: a.snapshot_file.clone(),
-            restore: ferry_engine::snapshot::RestoreMode::from_name(&a.restore).unwrap_or_default(),
+            restore: a.restore,
             max_downtime: Duration::from_millis(a.migration.downtime_ms),
             run_after: a.run_after,
             json: a.migration.json,
@@ -147,4 +148,12 @@ fn receive_args(a: &DemoArgs) -> Vec<String> {
         args.push("--break-guest-after-resume".into());
     }
     args
+}
+
+/// `--restore`: the names of [`RestoreMode::ALL`].
+fn restore_mode() -> impl clap::builder::TypedValueParser<Value = RestoreMode> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(RestoreMode::ALL.map(RestoreMode::name))
+        // The parser admits only the names above.
+        .map(|name: String| RestoreMode::from_name(&name).unwrap_or_default())
 }
