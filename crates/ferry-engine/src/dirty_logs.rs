@@ -8,7 +8,14 @@ use crate::error::MigrationError;
 use ferry_vm::{DirtyPages, Vm};
 
 /// Starts every dirty log: the dirty sources first, so that one that cannot
-/// report refuses (naming it) before the VM starts logging; then the VM's.
+/// report refuses (naming it) before the VM starts logging; then the VM's;
+/// then the VMM's own, which records writes all the time, is emptied.
+///
+/// Why empty it: what the VMM wrote before now (the boot's writes of the
+/// guest's image, say) is in the first pass over all memory that every
+/// caller makes after this, so it is not news; left in, the first
+/// harvest would call every page the VMM ever wrote dirty (a snapshot's
+/// working set would be the whole guest).
 pub(crate) fn start(vm: &mut dyn Vm) -> Result<(), MigrationError> {
     let sources = vm.dirty_sources();
     for i in 0..sources.len() {
@@ -24,6 +31,8 @@ pub(crate) fn start(vm: &mut dyn Vm) -> Result<(), MigrationError> {
         vm.dirty_sources().iter_mut().for_each(|s| s.stop());
         return Err(MigrationError::backend("start dirty logging")(e));
     }
+    vm.ram()
+        .take_vmm_dirty(&mut DirtyPages::new(vm.ram().pages()));
     Ok(())
 }
 

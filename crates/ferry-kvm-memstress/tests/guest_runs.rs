@@ -72,6 +72,47 @@ fn guest_runs_and_checks_its_stamps() {
 }
 
 #[test]
+fn the_guest_touches_its_hot_set_only() {
+    if !require_kvm("kvm guest") {
+        return;
+    }
+    let mut c = config(100, 8);
+    c.workload.hot_percent = 25;
+    c.workload.fill = ferry_memstress::Fill::Text;
+    let mut vm = KvmVm::new(c, DirtyTracking::Bitmap, Role::Source).unwrap();
+    vm.start().unwrap();
+    wait_for_passes(&vm, 3);
+    vm.pause().unwrap();
+    let p = read_progress(vm.ram(), 2).unwrap();
+    let (pages, hot) = (2048, 512);
+    let layout = vm.config().layout();
+    for (v, progress) in p.iter().enumerate() {
+        assert_eq!(progress.mismatches, 0, "{p:?}");
+        // Every access is to the hot set: whole passes of 512 pages.
+        assert!(progress.accesses >= 3 * hot, "{p:?}");
+        assert!(progress.accesses < (progress.passes + 1) * hot, "{p:?}");
+        let first = layout.region_gpa(v as u32).0 / PAGE_SIZE as u64;
+        let mut page = vec![0u8; PAGE_SIZE];
+        let mut want = vec![0u8; PAGE_SIZE];
+        for i in 0..pages {
+            vm.ram().read_pages(Gfn(first + i), &mut page).unwrap();
+            let stamp = u64::from_le_bytes(page[..8].try_into().unwrap());
+            if i < hot {
+                assert_eq!(stamp >> 56, v as u64 + 1, "vCPU {v} page {i} is stamped");
+            } else {
+                assert_eq!(
+                    stamp, 0,
+                    "vCPU {v} page {i}, outside the hot set, was written"
+                );
+            }
+            // The boot fill is there, in and out of the hot set.
+            ferry_memstress::Fill::Text.fill_page(first + i, &mut want);
+            assert_eq!(page[8..], want[8..], "vCPU {v} page {i} keeps its fill");
+        }
+    }
+}
+
+#[test]
 fn a_corrupted_page_is_caught_by_the_guest() {
     if !require_kvm("kvm guest") {
         return;

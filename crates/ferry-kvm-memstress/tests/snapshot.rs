@@ -156,3 +156,46 @@ fn a_damaged_page_stops_a_lazily_restored_kvm_guest_naming_the_page() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The working set a snapshot records is what the guest wrote, not what
+/// the VMM wrote at boot (the fill in every page): a guest that writes a
+/// hot set of a quarter of its memory records that quarter (and the
+/// few pages of its own records), one that only reads records almost
+/// nothing.
+#[test]
+fn the_working_set_is_the_guest_s_writes_not_the_boot_s() {
+    if !require_kvm("kvm snapshot") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferry-kvm-ws-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut c = config();
+    c.workload.hot_percent = 25;
+    c.workload.fill = ferry_memstress::Fill::Text;
+    let hot = 2 * c.workload.hot_pages_per_vcpu();
+    let all = 2 * c.workload.pages_per_vcpu();
+    for writing in [true, false] {
+        let path = dir.join(format!("{writing}.snap"));
+        let mut src = KvmVm::new(c.clone(), DirtyTracking::Bitmap, Role::Source).unwrap();
+        src.start().unwrap();
+        wait_for_passes(&src, 1);
+        if !writing {
+            ferry_memstress::set_write_percent(src.ram(), 2, 0).unwrap();
+            // Every vCPU's pass that began with writes on is over.
+            wait_for_passes(&src, passes(&src) + 2);
+        }
+        let s = snapshot::save(&mut src, &path, &SnapshotOptions::default()).unwrap();
+        let ws = s.working_set_pages;
+        if writing {
+            // Its records, shadow arrays and page tables are written too.
+            assert!(
+                ws >= hot && ws < hot + 64,
+                "{ws} pages for a hot set of {hot} of {all}"
+            );
+        } else {
+            assert!(ws < 64, "a guest that only reads recorded {ws} pages");
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -87,7 +87,7 @@ const MIB2: u64 = 2 << 20;
 pub mod param {
     /// Guest address of the vCPU's region.
     pub const REGION: u64 = 0;
-    /// Pages in the region.
+    /// Pages the loop visits, from the region's start (its hot set).
     pub const PAGES: u64 = 8;
     /// Page stride of sequential order.
     pub const STRIDE: u64 = 16;
@@ -198,6 +198,20 @@ pub struct Workload {
     /// `rate_limit_mib_s` (empty: that applies to all).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub vcpu_rate_limits_mib_s: Vec<u64>,
+    /// Percentage of each vCPU's region its loop visits, from the
+    /// region's start (1..=100): the guest's hot set. The rest holds what
+    /// boot wrote there (the [`Fill`]) and is never touched again, as most
+    /// of a real guest's memory is.
+    #[serde(default = "all_hot", skip_serializing_if = "is_all_hot")]
+    pub hot_percent: u8,
+}
+
+fn all_hot() -> u8 {
+    100
+}
+
+fn is_all_hot(p: &u8) -> bool {
+    *p == 100
 }
 
 impl Default for Workload {
@@ -214,6 +228,7 @@ impl Default for Workload {
             fill: Fill::Zero,
             vcpu_write_percents: Vec::new(),
             vcpu_rate_limits_mib_s: Vec::new(),
+            hot_percent: 100,
         }
     }
 }
@@ -231,11 +246,11 @@ pub enum WorkloadError {
     #[error("write percent {0} is over 100")]
     WritePercent(u8),
     /// Stride of zero or larger than the region.
-    #[error("page stride {stride} must be between 1 and the region's {pages} pages")]
+    #[error("page stride {stride} must be between 1 and the {pages} pages its loop visits")]
     Stride {
         /// The stride asked for, in pages.
         stride: u64,
-        /// The region's pages.
+        /// Pages the loop visits (the hot set).
         pages: u64,
     },
     /// Too much memory for one layout.
@@ -252,6 +267,9 @@ pub enum WorkloadError {
         /// vCPUs in all.
         vcpus: u32,
     },
+    /// A hot set of no pages, or more than all.
+    #[error("hot percent {0} must be 1 to 100")]
+    HotPercent(u8),
     /// A per-vCPU list of the wrong length.
     #[error("{what} lists {given} values for {vcpus} vCPUs: give one per vCPU, or one for all")]
     PerVcpu {
@@ -291,10 +309,13 @@ impl Workload {
                 });
             }
         }
-        if self.stride_pages == 0 || self.stride_pages > self.pages_per_vcpu() {
+        if !(1..=100).contains(&self.hot_percent) {
+            return Err(WorkloadError::HotPercent(self.hot_percent));
+        }
+        if self.stride_pages == 0 || self.stride_pages > self.hot_pages_per_vcpu() {
             return Err(WorkloadError::Stride {
                 stride: self.stride_pages,
-                pages: self.pages_per_vcpu(),
+                pages: self.hot_pages_per_vcpu(),
             });
         }
         if self.rate_limit_mib_s == Some(0) {
@@ -324,9 +345,15 @@ impl Workload {
         self.bytes_per_vcpu / PAGE_SIZE as u64
     }
 
+    /// Pages of each vCPU's region its loop visits ([`Self::hot_percent`]
+    /// of them, at least one).
+    pub fn hot_pages_per_vcpu(&self) -> u64 {
+        (self.pages_per_vcpu() * u64::from(self.hot_percent.min(100)) / 100).max(1)
+    }
+
     /// Accesses per pass: the same in both orders.
     pub fn accesses_per_pass(&self) -> u64 {
-        self.pages_per_vcpu() / self.stride_pages
+        self.hot_pages_per_vcpu() / self.stride_pages
     }
 
     /// `rand32 < threshold` decides a write.
@@ -522,7 +549,7 @@ pub fn write_params(ram: &GuestRam, w: &Workload, tsc_khz: u64) -> Result<(), Ra
         let base = MemoryLayout::params_gpa(v);
         let fields = [
             (param::REGION, layout.region_gpa(v).0),
-            (param::PAGES, w.pages_per_vcpu()),
+            (param::PAGES, w.hot_pages_per_vcpu()),
             (param::STRIDE, w.stride_pages),
             (
                 param::WRITE_THRESHOLD,

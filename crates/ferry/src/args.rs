@@ -102,6 +102,11 @@ pub struct WorkloadArgs {
     /// memory). Written once at boot; use random or text to measure compression.
     #[arg(long, default_value = "zero", value_parser = ["zero", "random", "text"])]
     pub fill: String,
+    /// Percentage of each vCPU's memory the guest keeps visiting, from its
+    /// start (its hot set); the rest keeps the --fill written at boot and
+    /// is never touched again, as most of a real guest's memory is.
+    #[arg(long = "hot-percent", default_value_t = 100, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub hot_percent: u8,
 }
 
 impl WorkloadArgs {
@@ -123,6 +128,7 @@ impl WorkloadArgs {
             vcpu_rate_limits_mib_s: per_vcpu(&self.rate_limit_mib_s),
             seed: self.seed,
             fill: self.fill.parse::<Fill>()?,
+            hot_percent: self.hot_percent,
         };
         w.validate().map_err(|e| e.to_string())?;
         Ok(w)

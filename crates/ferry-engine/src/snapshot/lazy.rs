@@ -98,8 +98,9 @@ pub(super) struct LazyReport {
 impl LazyPages {
     /// Empties `ram` and registers it, then starts serving touches of
     /// missing pages from `file` (hashes `hashes`), and the fill: the
-    /// snapshot's `working_set` first if `working_set_first`, then
-    /// address order. `start` is when the restore began, for the times
+    /// snapshot's `working_set` first if `working_set_first` (by the
+    /// aligned chunks that hold it: [`working_set::chunks`]), then address
+    /// order. `start` is when the restore began, for the times
     /// reported (among them when the working set was in, either way).
     pub fn start(
         file: File,
@@ -169,7 +170,7 @@ impl LazyPages {
         }
         let s = Arc::clone(&shared);
         let mut fill_order: Vec<(u64, u64)> = match working_set_first {
-            true => working_set.to_vec(),
+            true => working_set::chunks(working_set, FILL_PAGES),
             false => Vec::new(),
         };
         fill_order.extend(runs.iter().map(|&(g, n)| (g.0, n)));

@@ -22,6 +22,7 @@ pub mod dirty_log;
 pub mod link;
 mod output;
 pub mod simulated_drain;
+pub mod snapshot;
 pub mod soak;
 pub mod upgrade;
 pub mod write_protect;

@@ -254,7 +254,7 @@ fn move_tcp(a: &LocalArgs, kind: BackendKind, c: &VmConfig) -> Result<Cell, CmdE
 }
 
 /// Memory the host can give, in bytes (MemAvailable).
-fn available() -> u64 {
+pub(crate) fn available() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {

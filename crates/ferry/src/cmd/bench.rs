@@ -52,6 +52,12 @@ pub enum BenchCommand {
     /// admission, every migration on ferry's model. `--json` ends with
     /// `cells` (hosts, drained_hosts, vms, seed, policies).
     Fleet(bench::simulated_drain::FleetArgs),
+    /// A live snapshot of 1 and 4 GiB guests, idle and writing a hot set,
+    /// then its restore from the same file eagerly, lazily and lazily with
+    /// the working set first: first instruction, working set resident,
+    /// faults that held a vCPU, and the guest's first second against its
+    /// second before. `--json` ends with `{"cells": [...]}`.
+    Snapshot(bench::snapshot::SnapshotArgs),
 }
 
 /// Runs `ferry bench ...` (a backend of `auto` resolved first).
@@ -76,5 +82,9 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode, CmdError> {
             bench::soak::run_and_print(&a)
         }
         BenchCommand::WriteProtect(a) => bench::write_protect::run(a),
+        BenchCommand::Snapshot(mut a) => {
+            a.backend.backend = resolve_backend(&a.backend.backend);
+            bench::snapshot::run_and_print(&a)
+        }
     }
 }

@@ -1,0 +1,263 @@
+//! `ferry bench snapshot`: a live snapshot of a guest, then its restore
+//! in each mode from the same file, with the guest's first second after
+//! each restore against the same guest's second before the snapshot.
+//!
+//! ```text
+//!   per cell (guest size x idle/writing), one boot:
+//!     a memstress guest, 2 vCPUs, data written once at boot (text fill),
+//!     a hot set of --hot-percent of its memory visited in random order at
+//!     --rate-limit MiB/s per vCPU (writing: every visit writes; idle:
+//!     writes off after the warm-up, so it only reads)
+//!     snapshot: saved live to a file; the guest runs on from the pause
+//!     baseline: its accesses in its first second after the pause; the
+//!     source ends
+//!     restore, eager / lazy / lazy-working-set, each from that file:
+//!       first instruction, working set resident, all resident, faults that
+//!       held a vCPU, and its accesses in its first second / the baseline's
+//!       (both from the same point of the guest's rate schedule)
+//!       each restored guest runs on until every vCPU finished a pass:
+//!       digest and the guest's own stamp checks
+//! ```
+//!
+//! Why a hot set in random order: a guest's recent writes predict its next
+//! touches only where it keeps coming back to the same pages, which is
+//! what a real guest's working set is. A sequential loop over all memory
+//! would make the oldest writes the next ones.
+
+mod report;
+
+use crate::args::BackendArgs;
+use crate::error::CmdError;
+use crate::vms::{self, Role};
+use clap::Args;
+use ferry_engine::snapshot::{self, RestoreMode, RestoreOptions, SnapshotOptions};
+use ferry_engine::vmm::StreamHeader;
+use ferry_memstress::{read_progress, set_write_percent, AccessOrder, Fill, MemstressProbe};
+use ferry_memstress::{VmConfig, Workload};
+use ferry_vm::{error_chain as chain, Backing, GuestProbe, Vm, VmError};
+use report::{Cell, RestoreCell};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Arguments of `ferry bench snapshot`.
+#[derive(Args, Debug)]
+pub struct SnapshotArgs {
+    /// Which backend runs the guests, and how.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Guest memory sizes in MiB (each a multiple of 4 MiB: two vCPUs'
+    /// regions of whole 2 MiB pages). A size the host cannot hold with
+    /// 2 GiB to spare is skipped, with a note.
+    #[arg(long = "sizes-mib", value_delimiter = ',', default_value = "1024,4096")]
+    pub sizes_mib: Vec<u64>,
+    /// The guests at each size: idle (reads its hot set, writes nothing),
+    /// writing (writes its hot set).
+    #[arg(long, value_delimiter = ',', default_value = "idle,writing",
+          value_parser = ["idle", "writing"])]
+    pub cells: Vec<String>,
+    /// Percentage of its memory the guest keeps visiting (its hot set).
+    #[arg(long = "hot-percent", default_value_t = 10,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub hot_percent: u8,
+    /// Each vCPU's visits to its hot set, in MiB/s of pages.
+    #[arg(long = "rate-limit", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub rate_limit_mib_s: u64,
+    /// Directory for the snapshot files (one at a time, removed after its
+    /// cell).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print one JSON object as the last line of stdout: `{"cells": [...]}`,
+    /// each cell with `guest_mib`, `writing`, `snapshot` and
+    /// `restore.{eager, lazy, lazy_working_set}`.
+    #[arg(long)]
+    pub json: bool,
+    /// Directory for the JSON, the charts and report.html.
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+}
+
+/// The guests of one size: two vCPUs, text in every page, a hot set.
+fn config(a: &SnapshotArgs, mib: u64, backing: Backing) -> Result<VmConfig, CmdError> {
+    let workload = Workload {
+        vcpus: 2,
+        bytes_per_vcpu: (mib / 2) << 20,
+        write_percent: 100,
+        order: AccessOrder::Random,
+        rate_limit_mib_s: Some(a.rate_limit_mib_s),
+        fill: Fill::Text,
+        hot_percent: a.hot_percent,
+        ..Workload::default()
+    };
+    workload
+        .validate()
+        .map_err(|e| CmdError::Usage(format!("--sizes-mib {mib}: {e}")))?;
+    Ok(VmConfig { workload, backing })
+}
+
+/// The guest's page accesses so far, all vCPUs.
+fn accesses(vm: &dyn Vm) -> Result<u64, CmdError> {
+    let p = read_progress(vm.ram(), vm.vcpus()).map_err(|e| CmdError::Failed(e.to_string()))?;
+    Ok(p.iter().map(|v| v.accesses).sum())
+}
+
+/// The guest's accesses over `d` of running, its health watched.
+fn accesses_over(vm: &dyn Vm, d: Duration) -> Result<u64, CmdError> {
+    let before = accesses(vm)?;
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        vm.check_health()?;
+        std::thread::sleep(Duration::from_millis(20).min(end - Instant::now()));
+    }
+    Ok(accesses(vm)? - before)
+}
+
+fn failed(what: &'static str) -> impl Fn(ferry_engine::error::SnapshotError) -> CmdError {
+    move |e| CmdError::Failed(format!("{what}: {}", chain(&e)))
+}
+
+/// One cell: boot, baseline, snapshot, and the three restores.
+fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Cell, CmdError> {
+    let kind = a.backend.kind();
+    let config = config(a, mib, a.backend.backing())?;
+    let what = if writing { "writing" } else { "idle" };
+    eprintln!("ferry: {mib} MiB {what} guest: booting and warming up ...");
+    let mut vm = vms::create(kind, &config, &a.backend, Role::Source)?;
+    vm.start()?;
+    crate::driver::warm_up(&*vm, Duration::ZERO)?;
+    if !writing {
+        set_write_percent(vm.ram(), vm.vcpus(), 0).map_err(|e| CmdError::Failed(e.to_string()))?;
+    }
+    // Its dirty rate settles before the snapshot.
+    accesses_over(&*vm, Duration::from_millis(500))?;
+
+    eprintln!(
+        "ferry: {mib} MiB {what} guest: saving it live to {} ...",
+        file.display()
+    );
+    let saved = snapshot::save(&mut *vm, file, &SnapshotOptions::default())
+        .map_err(failed("the snapshot failed"))?;
+    // The same guest not restored: it runs on from the pause here. Its
+    // schedule has the same debt from the snapshot's rounds as the
+    // restored guests' (and the pause's more: its clock ran on).
+    let baseline = accesses_over(&*vm, Duration::from_secs(1))?;
+    let source = MemstressProbe
+        .read(&*vm)
+        .map_err(|e| CmdError::Failed(chain(&e)))?;
+    if source.errors != 0 {
+        return Err(CmdError::Failed(format!(
+            "the guest found {} stale pages before its restores",
+            source.errors
+        )));
+    }
+    drop(vm);
+
+    let mut restores = Vec::new();
+    for mode in RestoreMode::ALL {
+        eprintln!(
+            "ferry: {mib} MiB {what} guest: restoring it {} ...",
+            mode.name()
+        );
+        restores.push(restore_once(a, file, mode, baseline)?);
+    }
+    Ok(Cell::new(mib, writing, baseline, &saved, restores))
+}
+
+/// Restores the file in `mode`, runs the guest a second and then on until
+/// every vCPU finished a pass, and checks it.
+fn restore_once(
+    a: &SnapshotArgs,
+    file: &Path,
+    mode: RestoreMode,
+    baseline: u64,
+) -> Result<RestoreCell, CmdError> {
+    let backend = a.backend.clone();
+    let mut create = move |h: &StreamHeader| -> Result<Box<dyn Vm>, VmError> {
+        let (kind, config) = vms::from_stream(&h.vmm, &h.vmm_config, backend.backing())?;
+        vms::create_destination(kind, &config, &backend, &[])
+    };
+    let mut opts = RestoreOptions::default();
+    opts.paused = true;
+    opts.mode = mode;
+    let (mut vm, restoring) =
+        snapshot::restore(file, &mut create, &opts).map_err(failed("the restore failed"))?;
+    let at_restore = MemstressProbe
+        .read(&*vm)
+        .map_err(|e| CmdError::Failed(chain(&e)))?;
+    let t = Instant::now();
+    vm.start()?;
+    let first_instruction_ms = restoring.summary().first_instruction_ms + ms(t.elapsed());
+    let first_second = accesses_over(&*vm, Duration::from_secs(1))?;
+    let summary = restoring
+        .finish(&mut *vm)
+        .map_err(failed("the restore failed"))?;
+    let after = crate::guest_check::after_switchover(&*vm, at_restore, Duration::ZERO);
+    Ok(RestoreCell {
+        first_instruction_ms,
+        working_set_ms: summary.working_set_ms,
+        resident_ms: summary.resident_ms,
+        blocking_faults: summary.blocking_faults,
+        fault_pages: summary.fault_pages,
+        accesses_first_s: first_second,
+        progress_first_s: first_second as f64 / baseline.max(1) as f64,
+        digest_match: summary.digest_match,
+        mismatches: at_restore.errors + after.since_resume.errors,
+        passes_after: after.since_resume.progress,
+        problem: after.problem,
+    })
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Runs every cell.
+pub fn run(a: &SnapshotArgs) -> Result<ferry_report::Report<report::Results>, CmdError> {
+    if a.sizes_mib.is_empty() || a.sizes_mib.iter().any(|m| *m == 0 || m % 4 != 0) {
+        return Err(CmdError::Usage(
+            "--sizes-mib: positive sizes in MiB, each a multiple of 4".into(),
+        ));
+    }
+    let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CmdError::Failed(format!("cannot create --dir {}: {e}", dir.display())))?;
+    let file = dir.join(format!("ferry-bench-{}.snap", std::process::id()));
+    let mut cells = Vec::new();
+    let mut skipped = Vec::new();
+    for &mib in &a.sizes_mib {
+        // The source and then each restored guest, one at a time; the
+        // file's pages in the page cache can be given back.
+        let available = crate::bench::upgrade::available();
+        if (mib << 20) + (2 << 30) > available {
+            skipped.push(format!(
+                "{mib} MiB: the host has {} MiB available",
+                available >> 20
+            ));
+            continue;
+        }
+        for cell in &a.cells {
+            let result = run_cell(a, mib, cell == "writing", &file);
+            let _ = std::fs::remove_file(&file);
+            cells.push(result?);
+        }
+    }
+    Ok(report::report(a, cells, skipped))
+}
+
+/// `ferry bench snapshot`: runs it, prints its tables and writes its files
+/// ([`super::output`]), and with `--json` ends with `{"cells": [...]}`;
+/// fails unless every restore verified.
+pub fn run_and_print(a: &SnapshotArgs) -> Result<ExitCode, CmdError> {
+    let report = run(a)?;
+    let code = super::output::emit(&report, &a.out)?;
+    if a.json {
+        println!("{}", serde_json::json!({ "cells": report.results.cells }));
+    }
+    let verified = report
+        .results
+        .cells
+        .iter()
+        .all(|c| c.restores().all(RestoreCell::verified));
+    Ok(if verified { code } else { ExitCode::FAILURE })
+}

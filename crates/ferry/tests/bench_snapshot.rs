@@ -1,0 +1,80 @@
+//! `ferry bench snapshot --json` on a small guest, each backend: both
+//! cells (idle, writing) snapshot once and restore in all three modes,
+//! every restore verified (digest, the guest's stamps), and the JSON has
+//! every key the issue names. The working set is the writing guest's hot
+//! set and the idle guest's few records. No time is asserted.
+
+mod common;
+use common::*;
+
+const MODES: [&str; 3] = ["eager", "lazy", "lazy_working_set"];
+
+#[test]
+fn every_cell_snapshots_once_and_restores_in_each_mode_verified() {
+    for backend in backends("bench snapshot") {
+        let dir =
+            std::env::temp_dir().join(format!("ferry-bsnap-{backend}-{}", std::process::id()));
+        let out = Ferry::new("bench snapshot")
+            .on(backend)
+            .args(&[
+                "--sizes-mib",
+                "32",
+                "--json",
+                "--dir",
+                dir.to_str().unwrap(),
+                "--out",
+                dir.to_str().unwrap(),
+            ])
+            .run();
+        assert_success(&out);
+        let j = last_json(&out);
+        let cells = j["cells"].as_array().expect("cells");
+        assert_eq!(cells.len(), 2, "{j}");
+        // 32 MiB: 8,192 pages, a tenth of each vCPU's 4,096 the hot set.
+        let hot = 2 * (4096 / 10);
+        for c in cells {
+            assert_eq!(c["guest_mib"], 32, "{c}");
+            let writing = c["writing"].as_bool().expect("writing");
+            for key in ["total_ms", "pause_ms", "bytes"] {
+                assert!(c["snapshot"][key].as_f64().unwrap() > 0.0, "{key}: {c}");
+            }
+            let ws = c["snapshot"]["working_set_pages"].as_u64().unwrap();
+            match writing {
+                // Random visits in the short snapshot reach most of it.
+                true => assert!(ws >= hot / 2 && ws < hot + 64, "{ws} pages: {c}"),
+                false => assert!(ws < 64, "{ws} pages for a guest that reads: {c}"),
+            }
+            assert_eq!(c["checks"].is_object(), writing, "{c}");
+            for mode in MODES {
+                let r = &c["restore"][mode];
+                assert_eq!(r["digest_match"], true, "{backend} {mode}: {r}");
+                assert_eq!(r["mismatches"], 0, "{backend} {mode}: {r}");
+                assert!(r["passes_after"].as_u64().unwrap() > 0, "{mode}: {r}");
+                for key in ["first_instruction_ms", "working_set_ms", "progress_first_s"] {
+                    assert!(r[key].as_f64().unwrap() > 0.0, "{mode} {key}: {r}");
+                }
+                assert!(r["blocking_faults"].is_u64(), "{mode}: {r}");
+            }
+            // Eager has every page in before the first instruction.
+            assert_eq!(c["restore"]["eager"]["blocking_faults"], 0, "{c}");
+        }
+        assert!(dir.join("snapshot.svg").exists());
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().extension().is_some_and(|x| x == "snap"))
+            .collect();
+        assert!(left.is_empty(), "snapshot files left behind: {left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn a_size_that_is_not_two_whole_regions_is_refused_in_words() {
+    let out = Ferry::new("bench snapshot")
+        .args(&["--sizes-mib", "6"])
+        .run();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("each a multiple of 4"), "{err}");
+}
