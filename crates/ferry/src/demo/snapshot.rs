@@ -8,7 +8,7 @@ use crate::args::BackendArgs;
 use crate::error::CmdError;
 use crate::vms::{self, Role};
 use ferry_engine::snapshot::{
-    self, RestoreMode, RestoreOptions, RestoreSummary, SnapshotOptions, SnapshotSummary,
+    self, RestoreMode, RestoreOptions, RestoreSummary, Restoring, SnapshotOptions, SnapshotSummary,
 };
 use ferry_engine::vmm::StreamHeader;
 use ferry_memstress::{MemstressProbe, VmConfig};
@@ -182,10 +182,59 @@ impl Report {
     }
 }
 
+/// A snapshot error as the command's, saying what failed.
+pub(crate) fn failed(
+    what: &'static str,
+) -> impl Fn(ferry_engine::error::SnapshotError) -> CmdError {
+    move |e| CmdError::Failed(format!("{what}: {}", chain(&e)))
+}
+
+/// A guest restored from a snapshot and started.
+pub(crate) struct Started {
+    /// The restored VM, running.
+    pub vm: Box<dyn Vm>,
+    /// The restore, still bringing pages in if lazy.
+    pub restoring: Restoring,
+    /// The guest's checks as restored, before it ran.
+    pub at_restore: ferry_vm::GuestCheck,
+    /// From the restore's call to the guest running, the start included.
+    pub first_instruction_ms: f64,
+}
+
+/// Restores `path` in `mode` into a VM this backend builds from the
+/// file's header, reads the guest's checks while it is paused (lazily,
+/// that faults their few pages in), then starts it.
+pub(crate) fn restore_and_start(
+    path: &std::path::Path,
+    backend: &BackendArgs,
+    mode: RestoreMode,
+) -> Result<Started, CmdError> {
+    let backend = backend.clone();
+    let mut create = move |h: &StreamHeader| -> Result<Box<dyn Vm>, VmError> {
+        let (kind, config) = vms::from_stream(&h.vmm, &h.vmm_config, backend.backing())?;
+        vms::create_destination(kind, &config, &backend, &[])
+    };
+    let mut paused = RestoreOptions::default();
+    paused.paused = true;
+    paused.mode = mode;
+    let (mut vm, restoring) =
+        snapshot::restore(path, &mut create, &paused).map_err(failed("the restore failed"))?;
+    let at_restore = MemstressProbe
+        .read(&*vm)
+        .map_err(|e| CmdError::Failed(chain(&e)))?;
+    let t = Instant::now();
+    vm.start()?;
+    let first_instruction_ms =
+        restoring.summary().first_instruction_ms + t.elapsed().as_secs_f64() * 1e3;
+    Ok(Started {
+        vm,
+        restoring,
+        at_restore,
+        first_instruction_ms,
+    })
+}
+
 fn save_and_restore(d: &SnapshotDemo, path: &std::path::Path) -> Result<Report, CmdError> {
-    fn failed(what: &'static str) -> impl Fn(ferry_engine::error::SnapshotError) -> CmdError {
-        move |e| CmdError::Failed(format!("{what}: {}", chain(&e)))
-    }
     let kind = d.backend.kind();
     let mut vm = vms::create(kind, &d.config, d.backend, Role::Source)?;
     vm.start()?;
@@ -208,24 +257,12 @@ fn save_and_restore(d: &SnapshotDemo, path: &std::path::Path) -> Result<Report, 
     drop(vm);
 
     eprintln!("ferry demo: the source ended; restoring from the file");
-    let backend = d.backend.clone();
-    let mut create = move |h: &StreamHeader| -> Result<Box<dyn Vm>, VmError> {
-        let (kind, config) = vms::from_stream(&h.vmm, &h.vmm_config, backend.backing())?;
-        vms::create_destination(kind, &config, &backend, &[])
-    };
-    let mut paused = RestoreOptions::default();
-    paused.paused = true;
-    paused.mode = d.restore;
-    let (mut restored, restoring) =
-        snapshot::restore(path, &mut create, &paused).map_err(failed("the restore failed"))?;
-    // Lazily, reading the guest's counters faults their few pages in.
-    let at_restore = MemstressProbe
-        .read(&*restored)
-        .map_err(|e| CmdError::Failed(chain(&e)))?;
-    let t = Instant::now();
-    restored.start()?;
-    let first_instruction_ms =
-        restoring.summary().first_instruction_ms + t.elapsed().as_secs_f64() * 1e3;
+    let Started {
+        vm: mut restored,
+        restoring,
+        at_restore,
+        first_instruction_ms,
+    } = restore_and_start(path, d.backend, d.restore)?;
     // The guest runs while the rest of its memory comes in.
     let restore = restoring
         .finish(&mut *restored)

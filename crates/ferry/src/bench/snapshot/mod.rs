@@ -27,14 +27,14 @@
 mod report;
 
 use crate::args::BackendArgs;
+use crate::demo::snapshot::{failed, restore_and_start, Started};
 use crate::error::CmdError;
 use crate::vms::{self, Role};
 use clap::Args;
-use ferry_engine::snapshot::{self, RestoreMode, RestoreOptions, SnapshotOptions};
-use ferry_engine::vmm::StreamHeader;
+use ferry_engine::snapshot::{self, RestoreMode, SnapshotOptions};
 use ferry_memstress::{read_progress, set_write_percent, AccessOrder, Fill, MemstressProbe};
 use ferry_memstress::{VmConfig, Workload};
-use ferry_vm::{error_chain as chain, Backing, GuestProbe, Vm, VmError};
+use ferry_vm::{error_chain as chain, Backing, GuestProbe, Vm};
 use report::{Cell, RestoreCell};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -113,10 +113,6 @@ fn accesses_over(vm: &dyn Vm, d: Duration) -> Result<u64, CmdError> {
     Ok(accesses(vm)? - before)
 }
 
-fn failed(what: &'static str) -> impl Fn(ferry_engine::error::SnapshotError) -> CmdError {
-    move |e| CmdError::Failed(format!("{what}: {}", chain(&e)))
-}
-
 /// One cell: boot, baseline, snapshot, and the three restores.
 fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Cell, CmdError> {
     let kind = a.backend.kind();
@@ -172,22 +168,12 @@ fn restore_once(
     mode: RestoreMode,
     baseline: u64,
 ) -> Result<RestoreCell, CmdError> {
-    let backend = a.backend.clone();
-    let mut create = move |h: &StreamHeader| -> Result<Box<dyn Vm>, VmError> {
-        let (kind, config) = vms::from_stream(&h.vmm, &h.vmm_config, backend.backing())?;
-        vms::create_destination(kind, &config, &backend, &[])
-    };
-    let mut opts = RestoreOptions::default();
-    opts.paused = true;
-    opts.mode = mode;
-    let (mut vm, restoring) =
-        snapshot::restore(file, &mut create, &opts).map_err(failed("the restore failed"))?;
-    let at_restore = MemstressProbe
-        .read(&*vm)
-        .map_err(|e| CmdError::Failed(chain(&e)))?;
-    let t = Instant::now();
-    vm.start()?;
-    let first_instruction_ms = restoring.summary().first_instruction_ms + ms(t.elapsed());
+    let Started {
+        mut vm,
+        restoring,
+        at_restore,
+        first_instruction_ms,
+    } = restore_and_start(file, &a.backend, mode)?;
     let first_second = accesses_over(&*vm, Duration::from_secs(1))?;
     let summary = restoring
         .finish(&mut *vm)
@@ -206,10 +192,6 @@ fn restore_once(
         passes_after: after.since_resume.progress,
         problem: after.problem,
     })
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 /// Runs every cell.
