@@ -105,7 +105,7 @@ pub fn chunks(runs: &[(u64, u64)], chunk: u64) -> Vec<(u64, u64)> {
     let end = runs.iter().map(|&(g, n)| g + n).max().unwrap_or(0);
     let mut seen = vec![false; end.div_ceil(chunk) as usize];
     let mut order = Vec::new();
-    for &(first, n) in runs {
+    for &(first, n) in runs.iter().filter(|&&(_, n)| n > 0) {
         for c in first / chunk..=(first + n - 1) / chunk {
             if !std::mem::replace(&mut seen[c as usize], true) {
                 order.push((c * chunk, chunk));
@@ -136,6 +136,7 @@ mod tests {
         let runs = [(9, 2), (1, 1), (40, 1), (3, 1), (17, 1)];
         assert_eq!(chunks(&runs, 8), vec![(8, 8), (0, 8), (40, 8), (16, 8)]);
         assert!(chunks(&[], 8).is_empty());
+        assert_eq!(chunks(&[(0, 0), (3, 1)], 8), vec![(0, 8)]);
     }
 
     #[test]
