@@ -19,6 +19,8 @@ fn every_cell_snapshots_once_and_restores_in_each_mode_verified() {
             .args(&[
                 "--sizes-mib",
                 "32",
+                // Each restore reads the file from disk.
+                "--cold",
                 "--json",
                 "--dir",
                 dir.to_str().unwrap(),
@@ -34,6 +36,7 @@ fn every_cell_snapshots_once_and_restores_in_each_mode_verified() {
         let hot = 2 * (4096 / 10);
         for c in cells {
             assert_eq!(c["guest_mib"], 32, "{c}");
+            assert_eq!(c["page_cache"], "dropped", "{c}");
             let writing = c["writing"].as_bool().expect("writing");
             for key in ["total_ms", "pause_ms", "bytes"] {
                 assert!(c["snapshot"][key].as_f64().unwrap() > 0.0, "{key}: {c}");

@@ -68,6 +68,11 @@ pub struct SnapshotArgs {
     /// cell).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Drop the file from the page cache before each restore, so that the
+    /// restore reads it from the disk, as after a host's reboot (default:
+    /// the restores read what the snapshot just wrote, from memory).
+    #[arg(long)]
+    pub cold: bool,
     /// Print one JSON object as the last line of stdout: `{"cells": [...]}`,
     /// each cell with `guest_mib`, `writing`, `snapshot` and
     /// `restore.{eager, lazy, lazy_working_set}`.
@@ -155,9 +160,31 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
             "ferry: {mib} MiB {what} guest: restoring it {} ...",
             mode.name()
         );
+        if a.cold {
+            drop_from_page_cache(file)?;
+        }
         restores.push(restore_once(a, file, mode, baseline)?);
     }
-    Ok(Cell::new(mib, writing, baseline, &saved, restores))
+    Ok(Cell::new(mib, writing, a.cold, baseline, &saved, restores))
+}
+
+/// Asks the kernel to drop `file`'s pages from the page cache (they are
+/// clean: the snapshot synced them), so the next read comes from disk.
+fn drop_from_page_cache(file: &Path) -> Result<(), CmdError> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(file)
+        .map_err(|e| CmdError::Failed(format!("cannot open {}: {e}", file.display())))?;
+    // SAFETY: posix_fadvise on a file descriptor this function owns, over
+    // the whole file; it only advises the kernel and touches no memory.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    match rc {
+        0 => Ok(()),
+        e => Err(CmdError::Failed(format!(
+            "cannot drop {} from the page cache: {}",
+            file.display(),
+            std::io::Error::from_raw_os_error(e)
+        ))),
+    }
 }
 
 /// Restores the file in `mode`, runs the guest a second and then on until

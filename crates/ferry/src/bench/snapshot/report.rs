@@ -13,6 +13,9 @@ pub struct Cell {
     pub guest_mib: u64,
     /// Whether the guest wrote its hot set (else it only read it).
     pub writing: bool,
+    /// "dropped" when each restore read the file from disk (`--cold`),
+    /// else "warm" (it read what the snapshot had just written).
+    pub page_cache: &'static str,
     /// The guest's page accesses in its first second after the snapshot's
     /// pause, running on where it was saved (not restored).
     pub baseline_accesses_s: u64,
@@ -129,6 +132,7 @@ impl Cell {
     pub fn new(
         guest_mib: u64,
         writing: bool,
+        cold: bool,
         baseline_accesses_s: u64,
         s: &SnapshotSummary,
         restores: Vec<RestoreCell>,
@@ -143,6 +147,7 @@ impl Cell {
         Cell {
             guest_mib,
             writing,
+            page_cache: if cold { "dropped" } else { "warm" },
             baseline_accesses_s,
             snapshot: SnapshotCell {
                 total_ms: s.total_ms,
@@ -262,7 +267,12 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
         }
     }
     restores.note("progress 1st s: the guest's page accesses in its first second after the restore, over the same guest's in its first second after the snapshot's pause, running on where it was (not restored). The guest keeps a schedule per pass: a vCPU held back (by the snapshot's tracking, or by faults) catches up later in its pass when it can, so both seconds start with the same debt (the unrestored guest's a pause longer: its clock ran through the pause).");
-    restores.note("The file was written just before: restores read it from the page cache. verified: the digest matched, the guest's stamp checks found no stale page through a whole pass after, and its vCPUs ran.");
+    restores.note(if a.cold {
+        "--cold: the file was dropped from the page cache before each restore, which read it from disk."
+    } else {
+        "The file was written just before: restores read it from the page cache (--cold reads it from disk)."
+    });
+    restores.note("verified: the digest matched, the guest's stamp checks found no stale page through a whole pass after, and its vCPUs ran.");
     for s in &skipped {
         restores.note(format!("skipped {s}"));
     }
