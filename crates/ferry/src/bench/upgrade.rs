@@ -253,17 +253,10 @@ fn move_tcp(a: &LocalArgs, kind: BackendKind, c: &VmConfig) -> Result<Cell, CmdE
     })
 }
 
-/// Memory the host can give, in bytes (MemAvailable).
+/// Memory the host can give, in bytes (MemAvailable; unlimited where
+/// `/proc/meminfo` cannot be read).
 pub(crate) fn available() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(u64::MAX, |kb| kb << 10)
+    ferry_vm::admission::HostMemory::read().map_or(u64::MAX, |m| m.available)
 }
 
 /// Runs the moves.

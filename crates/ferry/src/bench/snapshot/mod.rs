@@ -34,8 +34,8 @@ use clap::Args;
 use ferry_engine::snapshot::{self, RestoreMode, SnapshotOptions};
 use ferry_memstress::{read_progress, set_write_percent, AccessOrder, Fill, MemstressProbe};
 use ferry_memstress::{VmConfig, Workload};
-use ferry_vm::{error_chain as chain, Backing, GuestProbe, Vm};
-use report::{Cell, RestoreCell};
+use ferry_vm::{error_chain as chain, GuestProbe, Vm};
+use report::{Cell, RestoreCell, Restores};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -84,7 +84,7 @@ pub struct SnapshotArgs {
 }
 
 /// The guests of one size: two vCPUs, text in every page, a hot set.
-fn config(a: &SnapshotArgs, mib: u64, backing: Backing) -> Result<VmConfig, CmdError> {
+fn config(a: &SnapshotArgs, mib: u64) -> Result<VmConfig, CmdError> {
     let workload = Workload {
         vcpus: 2,
         bytes_per_vcpu: (mib / 2) << 20,
@@ -98,7 +98,10 @@ fn config(a: &SnapshotArgs, mib: u64, backing: Backing) -> Result<VmConfig, CmdE
     workload
         .validate()
         .map_err(|e| CmdError::Usage(format!("--sizes-mib {mib}: {e}")))?;
-    Ok(VmConfig { workload, backing })
+    Ok(VmConfig {
+        workload,
+        backing: a.backend.backing(),
+    })
 }
 
 /// The guest's page accesses so far, all vCPUs.
@@ -121,7 +124,7 @@ fn accesses_over(vm: &dyn Vm, d: Duration) -> Result<u64, CmdError> {
 /// One cell: boot, baseline, snapshot, and the three restores.
 fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Cell, CmdError> {
     let kind = a.backend.kind();
-    let config = config(a, mib, a.backend.backing())?;
+    let config = config(a, mib)?;
     let what = if writing { "writing" } else { "idle" };
     eprintln!("ferry: {mib} MiB {what} guest: booting and warming up ...");
     let mut vm = vms::create(kind, &config, &a.backend, Role::Source)?;
@@ -154,8 +157,7 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
     }
     drop(vm);
 
-    let mut restores = Vec::new();
-    for mode in RestoreMode::ALL {
+    let restore = |mode: RestoreMode| {
         eprintln!(
             "ferry: {mib} MiB {what} guest: restoring it {} ...",
             mode.name()
@@ -163,8 +165,13 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
         if a.cold {
             drop_from_page_cache(file)?;
         }
-        restores.push(restore_once(a, file, mode, baseline)?);
-    }
+        restore_once(a, file, mode, baseline)
+    };
+    let restores = Restores {
+        eager: restore(RestoreMode::Eager)?,
+        lazy: restore(RestoreMode::Lazy)?,
+        lazy_working_set: restore(RestoreMode::LazyWorkingSet)?,
+    };
     Ok(Cell::new(mib, writing, a.cold, baseline, &saved, restores))
 }
 

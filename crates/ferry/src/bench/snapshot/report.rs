@@ -2,7 +2,7 @@
 //! on each writing cell, the tables and the charts.
 
 use super::SnapshotArgs;
-use ferry_engine::snapshot::SnapshotSummary;
+use ferry_engine::snapshot::{RestoreMode, SnapshotSummary};
 use ferry_report::{Bar, Bars, Report, Table};
 use serde::Serialize;
 
@@ -125,25 +125,15 @@ impl Checks {
 }
 
 impl Cell {
-    /// A cell from its snapshot and its restores in [`RestoreMode::ALL`]'s
-    /// order.
-    ///
-    /// [`RestoreMode::ALL`]: ferry_engine::snapshot::RestoreMode::ALL
+    /// A cell from its snapshot and its restores.
     pub fn new(
         guest_mib: u64,
         writing: bool,
         cold: bool,
         baseline_accesses_s: u64,
         s: &SnapshotSummary,
-        restores: Vec<RestoreCell>,
+        restore: Restores,
     ) -> Self {
-        let [eager, lazy, lazy_working_set]: [RestoreCell; 3] =
-            restores.try_into().expect("one restore per mode");
-        let restore = Restores {
-            eager,
-            lazy,
-            lazy_working_set,
-        };
         Cell {
             guest_mib,
             writing,
@@ -162,14 +152,15 @@ impl Cell {
         }
     }
 
-    /// The restores, in [`RestoreMode::ALL`]'s order, named.
-    ///
-    /// [`RestoreMode::ALL`]: ferry_engine::snapshot::RestoreMode::ALL
+    /// The restores, in [`RestoreMode::ALL`]'s order, with their modes'
+    /// names.
     pub fn named(&self) -> [(&'static str, &RestoreCell); 3] {
+        let r = &self.restore;
+        let [eager, lazy, lazy_working_set] = RestoreMode::ALL.map(RestoreMode::name);
         [
-            ("eager", &self.restore.eager),
-            ("lazy", &self.restore.lazy),
-            ("lazy-working-set", &self.restore.lazy_working_set),
+            (eager, &r.eager),
+            (lazy, &r.lazy),
+            (lazy_working_set, &r.lazy_working_set),
         ]
     }
 
@@ -277,9 +268,10 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
         restores.note(format!("skipped {s}"));
     }
     let categories: Vec<String> = cells.iter().map(Cell::label).collect();
-    let groups: Vec<String> = ["eager", "lazy", "lazy-working-set"]
-        .map(String::from)
-        .to_vec();
+    let groups: Vec<String> = RestoreMode::ALL
+        .iter()
+        .map(|m| m.name().to_string())
+        .collect();
     let bars = |title: &str, y: &str, f: fn(&RestoreCell) -> f64| Bars {
         title: title.into(),
         y_label: y.into(),
