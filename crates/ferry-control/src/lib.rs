@@ -13,7 +13,7 @@
 mod lines;
 mod qmp;
 
-pub use lines::{MigrateRequest, Request};
+pub use lines::{MigrateRequest, Request, SnapshotRequest};
 pub use qmp::{Capability, ParamUpdate, QmpCommand, QmpError, COMMANDS};
 
 use serde_json::Value;

@@ -78,6 +78,26 @@ impl MigrateRequest {
     }
 }
 
+/// A snapshot's settings, from `{"cmd":"snapshot",...}` or QMP's
+/// `migrate` to a `file:` URI.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// The file to write; absolute, since the VM's process may run
+    /// elsewhere in the file system than its client. It is written beside
+    /// itself and renamed into place once complete.
+    pub path: std::path::PathBuf,
+    /// Leave the guest paused afterwards (QMP: the default, as QEMU's
+    /// guest stays stopped after a migration to a file; `cont` runs it).
+    #[serde(default)]
+    pub stop: bool,
+    /// The longest pause aimed for, in ms (default: the VM's downtime
+    /// target, `set`'s `downtime_ms` or QMP's `downtime-limit`).
+    pub max_downtime_ms: Option<u64>,
+    /// The most live rounds (default: the VM's round cap).
+    pub max_rounds: Option<u32>,
+}
+
 /// A request on the control socket.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "cmd", rename_all = "lowercase", deny_unknown_fields)]
@@ -99,6 +119,8 @@ pub enum Request {
     },
     /// Migrates the VM; the reply is the summary.
     Migrate(MigrateRequest),
+    /// Saves the VM to a file while it runs; the reply is the summary.
+    Snapshot(SnapshotRequest),
     /// Throttles every vCPU.
     Throttle {
         /// Share of each 10 ms slice a vCPU sleeps, in percent.

@@ -1,6 +1,6 @@
 //! QMP's requests: `{"execute": NAME, "arguments": {...}, "id": ...}`.
 
-use super::MigrateRequest;
+use super::{MigrateRequest, SnapshotRequest};
 use ferry_engine::choices::ConvergeMode;
 use ferry_engine::TunableChange;
 use serde_json::{Map, Value};
@@ -82,6 +82,9 @@ pub enum QmpCommand {
         /// Where to, and how.
         settings: Box<MigrateRequest>,
     },
+    /// `migrate` to a `file:` URI: a snapshot of the running VM, left
+    /// paused afterwards as QEMU's is, unless `stop` is false.
+    Snapshot(Box<SnapshotRequest>),
     /// `migrate_cancel`.
     Cancel,
     /// `migrate-start-postcopy`: a running hybrid switches at the end of
@@ -263,15 +266,51 @@ fn set_capabilities(args: &Map<String, Value>) -> Result<QmpCommand, QmpError> {
     Ok(QmpCommand::SetCapabilities(out))
 }
 
+/// `migrate` to `file:PATH`: a snapshot in ferry's own format (pages at
+/// fixed places, as `mapped-ram` has them), which ferry's restore reads.
+fn snapshot(path: &str, args: &Map<String, Value>) -> Result<QmpCommand, QmpError> {
+    if path.contains(",offset=") {
+        return Err(QmpError::generic(format!(
+            "uri 'file:{path}': ferry writes its own file from its start; \
+             an offset into a file is not supported"
+        )));
+    }
+    if !path.starts_with('/') {
+        return Err(QmpError::generic(format!(
+            "uri 'file:{path}': the path must be absolute (the VM's process does not \
+             share its client's working directory)"
+        )));
+    }
+    if args.contains_key("resume") {
+        return Err(QmpError::generic("a snapshot to a file cannot be resumed"));
+    }
+    // ferry's own settings, with QMP's dashes or the socket's underscores.
+    let mut fields: Map<String, Value> = args
+        .iter()
+        .filter(|(k, _)| k.as_str() != "uri")
+        .map(|(k, v)| (k.replace('-', "_"), v.clone()))
+        .collect();
+    fields.insert("path".into(), Value::String(path.to_string()));
+    // As QEMU: the guest stays stopped once its state is in the file.
+    fields.entry("stop").or_insert(Value::Bool(true));
+    let request: SnapshotRequest = serde_json::from_value(Value::Object(fields))
+        .map_err(|e| QmpError::generic(format!("bad migrate arguments for a file: {e}")))?;
+    Ok(QmpCommand::Snapshot(Box::new(request)))
+}
+
 fn migrate(args: &Map<String, Value>) -> Result<QmpCommand, QmpError> {
     let Some(uri) = args.get("uri").and_then(Value::as_str) else {
         return Err(QmpError::generic(
             "migrate needs 'uri', e.g. \"tcp:10.0.0.2:7070\"",
         ));
     };
+    if let Some(path) = uri.strip_prefix("file:") {
+        return snapshot(path, args);
+    }
     let Some(to) = uri.strip_prefix("tcp:") else {
         return Err(QmpError::generic(format!(
-            "uri '{uri}': ferry migrates over tcp only (tcp:HOST:PORT; TLS with tls-dir)"
+            "uri '{uri}': ferry migrates over tcp (tcp:HOST:PORT; TLS with tls-dir), \
+             or saves to a file (file:PATH)"
         )));
     };
     let resume = match args.get("resume") {
@@ -359,6 +398,20 @@ mod tests {
         assert!(!resume);
         assert_eq!(settings.to, "h:1");
         assert_eq!(settings.stall_timeout_s, Some(3));
+        let Ok(QmpCommand::Snapshot(file)) =
+            parse_str(r#"{"execute":"migrate","arguments":{"uri":"file:/s/vm.snap"}}"#)
+        else {
+            panic!("migrate to a file did not parse");
+        };
+        assert_eq!(file.path, std::path::Path::new("/s/vm.snap"));
+        assert!(file.stop, "QEMU leaves the guest stopped after a file");
+        let Ok(QmpCommand::Snapshot(file)) = parse_str(
+            r#"{"execute":"migrate","arguments":{"uri":"file:/v","stop":false,"max-rounds":3}}"#,
+        ) else {
+            panic!("migrate to a file with ferry's settings did not parse");
+        };
+        assert!(!file.stop);
+        assert_eq!(file.max_rounds, Some(3));
     }
 
     #[test]
@@ -371,6 +424,17 @@ mod tests {
         );
         let desc = |s| parse_str(s).unwrap_err().desc;
         assert!(desc(r#"{"execute":"migrate","arguments":{"uri":"exec:x"}}"#).contains("tcp"));
+        assert!(
+            desc(r#"{"execute":"migrate","arguments":{"uri":"file:rel"}}"#).contains("absolute")
+        );
+        assert!(
+            desc(r#"{"execute":"migrate","arguments":{"uri":"file:/f,offset=4096"}}"#)
+                .contains("offset")
+        );
+        assert!(
+            desc(r#"{"execute":"migrate","arguments":{"uri":"file:/f","connections":2}}"#)
+                .contains("connections")
+        );
         assert!(desc(
             r#"{"execute":"migrate-set-capabilities","arguments":{"capabilities":[
                 {"capability":"auto-converge","state":true},{"capability":"dirty-limit","state":true}]}}"#

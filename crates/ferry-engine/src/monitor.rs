@@ -11,7 +11,9 @@
 //! subscribers ([`EventSink`]) and drops one that fails (give a socket a
 //! write timeout before subscribing it).
 
+use crate::error::SnapshotError;
 use crate::progress::{Phase, Progress};
+use crate::snapshot::SnapshotSummary;
 use crate::summary::{MigrationSummary, Outcome, RoundStats, ThrottleStep};
 use serde_json::{json, Value};
 use std::io::Write;
@@ -346,6 +348,43 @@ impl Monitor {
                 summary: summary_json,
             },
         );
+    }
+
+    /// Records how a snapshot to a file ended (QMP's `migrate` to a
+    /// `file:` URI): `completed`, `cancelled`, or `failed` with why, and
+    /// `summary_json` as the summary's form.
+    pub fn finish_snapshot(
+        &self,
+        result: &Result<SnapshotSummary, SnapshotError>,
+        summary_json: Value,
+    ) {
+        let (status, finished) = match result {
+            Ok(s) => (
+                MigStatus::Completed,
+                Finished {
+                    total_ms: s.total_ms,
+                    downtime_ms: s.pause_ms,
+                    error: None,
+                    summary: summary_json,
+                },
+            ),
+            Err(e) => (
+                match e {
+                    SnapshotError::Cancelled { .. } => MigStatus::Cancelled,
+                    _ => MigStatus::Failed,
+                },
+                Finished {
+                    total_ms: self
+                        .state()
+                        .started
+                        .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3),
+                    downtime_ms: 0.0,
+                    error: Some(ferry_vm::error_chain(e)),
+                    summary: summary_json,
+                },
+            ),
+        };
+        self.end(status, finished);
     }
 
     fn end(&self, status: MigStatus, finished: Finished) {

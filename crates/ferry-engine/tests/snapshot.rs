@@ -331,3 +331,70 @@ fn a_snapshot_of_another_vmm_is_refused_by_the_factory() {
     };
     assert!(e.to_string().contains("build the VM"), "{e}");
 }
+
+/// What a snapshot told its observer.
+#[derive(Default)]
+struct Seen {
+    phases: std::sync::Mutex<Vec<ferry_engine::progress::Phase>>,
+    rounds: std::sync::atomic::AtomicU64,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+impl ferry_engine::progress::Progress for Seen {
+    fn phase(&self, phase: ferry_engine::progress::Phase) {
+        self.phases.lock().unwrap().push(phase);
+    }
+    fn round_started(&self, _round: u32, _pages: u64) {
+        self.rounds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn pages_sent(&self, _pages: u64, bytes: u64) {
+        self.bytes
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn a_steered_snapshot_reports_its_rounds_and_a_cancel_keeps_the_old_file() {
+    use ferry_engine::progress::Phase;
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = Scratch::new("steered");
+    let path = dir.file("vm.snap");
+    let mut vm = churning_source();
+    let mut opts = SnapshotOptions::default();
+    opts.max_downtime = std::time::Duration::ZERO;
+    opts.max_rounds = 2;
+    let seen = Seen::default();
+    let steering = snapshot::Steering {
+        progress: &seen,
+        tunables: ferry_engine::Tunables::shared(),
+    };
+    let s = snapshot::save_steered(&mut vm, &path, &opts, &steering).unwrap();
+    // Every round, the paused one included, and every byte written.
+    assert_eq!(seen.rounds.load(Relaxed), s.rounds.len() as u64, "{s:?}");
+    let written: u64 = s.rounds.iter().map(|r| r.bytes).sum();
+    assert_eq!(seen.bytes.load(Relaxed), written, "{s:?}");
+    let phases = seen.phases.lock().unwrap().clone();
+    assert_eq!(phases.first(), Some(&Phase::FullPass), "{phases:?}");
+    assert!(phases.contains(&Phase::Switchover), "{phases:?}");
+    assert!(vm.is_running());
+
+    // A cancel ends the snapshot at its next chunk: the file written before
+    // stands, no partial file is left, and the guest runs on.
+    let before = std::fs::read(&path).unwrap();
+    steering.tunables.cancel();
+    let e = snapshot::save_steered(&mut vm, &path, &opts, &steering).unwrap_err();
+    assert!(
+        matches!(&e, SnapshotError::Cancelled { path: p } if *p == path),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    assert_eq!(std::fs::read_dir(&dir.0).unwrap().count(), 1);
+    assert!(
+        vm.is_running(),
+        "a cancelled snapshot leaves the guest running"
+    );
+    let at = check(&vm).progress;
+    wait_for_passes(&vm, at + 1);
+    assert_eq!(check(&vm).errors, 0);
+}

@@ -108,6 +108,13 @@ pub enum SnapshotError {
         /// The digest of the pages the file holds.
         file: u64,
     },
+    /// Cancelled through [`crate::Tunables::cancel`] before the pause: the
+    /// file is not kept, and the guest runs on.
+    #[error("snapshot cancelled; the guest runs on, and {path} was not written")]
+    Cancelled {
+        /// The file that was not written.
+        path: PathBuf,
+    },
     /// The restored guest's memory is not what the snapshot describes.
     #[error("the restored memory's digest {restored:#018x} is not the snapshot's {saved:#018x}")]
     Digest {

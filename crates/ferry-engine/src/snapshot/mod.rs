@@ -38,10 +38,26 @@ mod working_set;
 
 pub use format::{FORMAT, OLDEST_FORMAT};
 pub use restore::{restore, restore_as, Restoring};
-pub use save::save;
+pub use save::{save, save_steered};
 
+use crate::progress::Progress;
+use crate::Tunables;
 use serde::Serialize;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// Who watches a snapshot while it runs, and may steer it: a control
+/// socket's monitor and the VM's tunables, as a migration has them.
+pub struct Steering<'a> {
+    /// Told of each round, of the bytes written and of the pause (QMP's
+    /// `query-migrate` and its events read the monitor this is).
+    pub progress: &'a dyn Progress,
+    /// Read while the live rounds write: a cancel ends the snapshot (the
+    /// guest runs on, the file is not kept), and the bandwidth cap paces
+    /// the writes, so a snapshot need not take all of the disk. The pause
+    /// is never paced.
+    pub tunables: Arc<Tunables>,
+}
 
 /// How a snapshot is taken.
 #[non_exhaustive]

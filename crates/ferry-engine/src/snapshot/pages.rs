@@ -48,8 +48,15 @@ impl<'a> PageWriter<'a> {
 
     /// Copies every RAM frame of `set` from `ram` to its place. A page of
     /// zeros takes no space: it is never written, and a place that held
-    /// data is punched back to a hole.
-    pub fn write(&mut self, ram: &GuestRam, set: &DirtyPages) -> Result<Written, SnapshotError> {
+    /// data is punched back to a hole. `after_chunk` is told what each
+    /// chunk (up to 1 MiB) wrote, and may pace the writes or end them with
+    /// an error (a cancel).
+    pub fn write(
+        &mut self,
+        ram: &GuestRam,
+        set: &DirtyPages,
+        after_chunk: &mut dyn FnMut(Written) -> Result<(), SnapshotError>,
+    ) -> Result<Written, SnapshotError> {
         let mut done = Written::default();
         for (first, count) in set.runs() {
             for (run, n) in ram.ram_runs(first, count) {
@@ -57,7 +64,12 @@ impl<'a> PageWriter<'a> {
                 while at < n {
                     let chunk = (n - at).min(CHUNK_PAGES);
                     let gfn = Gfn(run.0 + at);
-                    self.write_chunk(ram, gfn, chunk, &mut done)?;
+                    let mut this = Written::default();
+                    self.write_chunk(ram, gfn, chunk, &mut this)?;
+                    done.pages += this.pages;
+                    done.data += this.data;
+                    done.bytes += this.bytes;
+                    after_chunk(this)?;
                     at += chunk;
                 }
             }

@@ -4,15 +4,19 @@
 use super::format::{page_offset, Manifest, Part, Superblock, FORMAT};
 use super::pages::{PageWriter, Written};
 use super::working_set;
-use super::{SnapshotOptions, SnapshotRound, SnapshotSummary};
+use super::{SnapshotOptions, SnapshotRound, SnapshotSummary, Steering};
 use crate::digest::{digest_of, memory_digest, source_digest_threads};
 use crate::error::SnapshotError;
-use crate::summary::ms;
+use crate::progress::{NoProgress, Phase};
+use crate::summary::{ms, RoundKind, RoundStats};
+use crate::tunables::{pace, TokenBucket};
 use crate::wire::StreamHeader;
+use crate::Tunables;
 use ferry_vm::{DirtyPages, Vm};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Saves `vm` to `path` while it runs (see [`super`] for the file's
@@ -27,11 +31,34 @@ pub fn save(
     path: &Path,
     opts: &SnapshotOptions,
 ) -> Result<SnapshotSummary, SnapshotError> {
+    let steering = Steering {
+        progress: &NoProgress,
+        tunables: Tunables::shared(),
+    };
+    save_steered(vm, path, opts, &steering)
+}
+
+/// [`save`], watched and steered while it runs (a control socket's
+/// snapshot): `steering` hears each round and may cancel it or cap its
+/// write rate. A cancelled snapshot fails with
+/// [`SnapshotError::Cancelled`], as any failure does: the guest runs on.
+pub fn save_steered(
+    vm: &mut dyn Vm,
+    path: &Path,
+    opts: &SnapshotOptions,
+    steering: &Steering,
+) -> Result<SnapshotSummary, SnapshotError> {
     let start = Instant::now();
     let partial = partial_path(path);
     let was_running = vm.is_running();
     let mut logging = false;
-    let result = write_file(vm, &partial, opts, &mut logging);
+    let result = write_file(vm, &partial, opts, steering, &mut logging).map_err(|e| match e {
+        // Named by the file asked for, not the partial one.
+        SnapshotError::Cancelled { .. } => SnapshotError::Cancelled {
+            path: path.to_path_buf(),
+        },
+        e => e,
+    });
     if logging {
         crate::dirty_logs::stop(vm, "the snapshot ended");
     }
@@ -81,8 +108,23 @@ fn write_file(
     vm: &mut dyn Vm,
     path: &Path,
     opts: &SnapshotOptions,
+    steering: &Steering,
     logging: &mut bool,
 ) -> Result<SnapshotSummary, SnapshotError> {
+    let progress = steering.progress;
+    let tunables = &steering.tunables;
+    let bucket = Mutex::new(TokenBucket::new(Arc::clone(tunables)));
+    // A live round's chunks: paced by the cap, and a cancel ends them.
+    let mut live_chunk = |w: Written| {
+        progress.pages_sent(w.pages, w.bytes);
+        if tunables.is_cancelled() {
+            return Err(SnapshotError::Cancelled {
+                path: path.to_path_buf(),
+            });
+        }
+        pace(&bucket, w.bytes);
+        Ok(())
+    };
     let header = StreamHeader::for_vm(vm);
     let ram = std::sync::Arc::clone(vm.ram());
     let frames = ram.pages();
@@ -107,24 +149,32 @@ fn write_file(
     if was_running {
         crate::dirty_logs::start(vm).map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
         *logging = true;
+        progress.phase(Phase::FullPass);
         loop {
             let t = Instant::now();
-            let done = writer.write(&ram, &todo)?;
+            let n = rounds.len() as u32;
+            progress.round_started(n, todo.count());
+            let done = writer.write(&ram, &todo, &mut live_chunk)?;
             let took = t.elapsed();
             rounds.push(round(rounds.len(), done, took));
             todo = DirtyPages::new(frames);
+            let harvest = Instant::now();
             crate::dirty_logs::collect(vm, &mut todo)
                 .map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
+            progress.round_finished(&stats(n, done, took, todo.count(), harvest.elapsed()));
             recent.record(Instant::now(), &todo);
             let per_page = took.as_secs_f64() / done.pages.max(1) as f64;
             let predicted = Duration::from_secs_f64(per_page * todo.count() as f64);
+            progress.downtime_predicted(predicted);
             if predicted <= opts.max_downtime || rounds.len() as u32 >= opts.max_rounds {
                 break;
             }
+            progress.phase(Phase::DirtyRounds);
         }
     }
 
     // The pause: the last dirty pages, the vCPUs and the devices.
+    progress.phase(Phase::Switchover);
     let paused_at = Instant::now();
     if was_running {
         vm.pause()
@@ -133,7 +183,11 @@ fn write_file(
             .map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
     }
     let t = Instant::now();
-    let done = writer.write(&ram, &todo)?;
+    progress.round_started(rounds.len() as u32, todo.count());
+    let done = writer.write(&ram, &todo, &mut |w| {
+        progress.pages_sent(w.pages, w.bytes);
+        Ok(())
+    })?;
     rounds.push(round(rounds.len(), done, t.elapsed()));
     let vcpus = ferry_vm::save_vcpu_state_for(vm, false)
         .map_err(SnapshotError::vm("save the vCPUs' state"))?;
@@ -146,6 +200,7 @@ fn write_file(
     if opts.verify {
         // The proof that the dirty logs missed nothing: the paused guest's
         // memory, hashed on its own, is what the file holds.
+        progress.phase(Phase::Verifying);
         let t = Instant::now();
         let memory = memory_digest(&ram, source_digest_threads())
             .map_err(SnapshotError::ram("hash the paused guest's memory"))?;
@@ -235,6 +290,27 @@ fn write_file(
         working_set_pages: working_set::pages(&working_set),
         stopped,
     })
+}
+
+/// A live round as a migration's monitor takes it: the file is the link.
+fn stats(n: u32, done: Written, took: Duration, dirtied: u64, harvest: Duration) -> RoundStats {
+    let secs = took.as_secs_f64().max(1e-9);
+    RoundStats {
+        round: n,
+        kind: if n == 0 {
+            RoundKind::Full
+        } else {
+            RoundKind::Dirty
+        },
+        pages: done.pages,
+        zero_pages: done.pages - done.data,
+        bytes: done.bytes,
+        raw_bytes: done.pages * ferry_vm::PAGE_SIZE as u64,
+        ms: ms(took),
+        dirty_rate_pages_s: dirtied as f64 / secs,
+        bandwidth_mb_s: done.bytes as f64 / secs / 1e6,
+        harvest_ms: ms(harvest),
+    }
 }
 
 fn round(n: usize, done: Written, took: Duration) -> SnapshotRound {

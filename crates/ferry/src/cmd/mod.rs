@@ -8,7 +8,9 @@ mod drain;
 mod migrate;
 mod plan;
 mod receive;
+mod restore;
 mod run;
+mod snapshot;
 
 use crate::error::CmdError;
 use clap::Subcommand;
@@ -26,6 +28,13 @@ pub enum Command {
     Receive(receive::ReceiveArgs),
     /// Boot a VM with the memstress guest and migrate it to a `ferry receive`.
     Migrate(migrate::MigrateArgs),
+    /// Save a running VM to a file while it runs, through its control
+    /// socket (`ferry run --control`, `ferry receive --control`, `ferry
+    /// restore --control`).
+    Snapshot(snapshot::SnapshotArgs),
+    /// Restore a VM from a snapshot file (eagerly, lazily, or lazily with
+    /// its working set first) and run it on, served as `ferry run` serves.
+    Restore(restore::RestoreArgs),
     /// Talk to a `ferry run --control` socket in QMP's terms: query, set
     /// parameters, migrate, cancel, and follow events.
     Ctl(ctl::CtlArgs),
@@ -52,6 +61,8 @@ pub fn run(command: Command) -> Result<ExitCode, CmdError> {
         Command::Run(a) => run::run(a),
         Command::Receive(a) => receive::run(a),
         Command::Migrate(a) => migrate::run(a),
+        Command::Snapshot(a) => snapshot::run(a),
+        Command::Restore(a) => restore::run(a),
         Command::Ctl(a) => ctl::run(a),
         Command::Certs(a) => certs::run(a),
         Command::Plan(a) => plan::run_plan(a),

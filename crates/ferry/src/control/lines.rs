@@ -66,6 +66,15 @@ pub fn handle(req: Request, shared: &Shared) -> Value {
             }),
             Err(e) => json!({"ok": false, "error": e}),
         },
+        Request::Snapshot(request) => {
+            if !request.path.is_absolute() {
+                return json!({"ok": false, "error": format!(
+                    "snapshot path {} is not absolute (the VM's process does not share its \
+                     client's working directory)", request.path.display()
+                )});
+            }
+            forward(shared, |reply| VmCommand::Snapshot { request, reply })
+        }
         Request::Throttle { percent } => {
             if shared.tunables.is_migrating() {
                 // The VM's thread is inside the migration: the engine applies

@@ -13,6 +13,8 @@
 //!      optional: connections, stall_timeout_s, compress, verify_before_resume, tls_dir,
 //!      delta_cache_mib, converge, max_downtime_ms, give_up_after_s, mode,
 //!      postcopy_after_rounds, on_stall, recover_timeout_s, harvest_within_rounds
+//!  {"cmd":"snapshot","path":"/var/vm.snap"}          -> the snapshot's summary (blocks);
+//!      optional: stop (leave the guest paused), max_downtime_ms, max_rounds
 //!  {"cmd":"resume"}                                  -> resumes a postcopy whose automatic
 //!      recovery ran out of time (the source stays paused until then);
 //!      optional: to (another address of the same destination)
@@ -81,6 +83,12 @@ pub enum VmCommand {
         /// The engine's options, on the VM's own tunables.
         opts: ferry_engine::PrecopyOptions,
         tls: Option<ferry_engine::TlsConfig>,
+        reply: Sender<Value>,
+    },
+    /// Saves the VM to a file while it runs (`{"cmd":"snapshot"}`, or
+    /// QMP's `migrate` to a `file:` URI).
+    Snapshot {
+        request: ferry_control::SnapshotRequest,
         reply: Sender<Value>,
     },
     Throttle {

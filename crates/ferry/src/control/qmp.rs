@@ -10,7 +10,7 @@
 //! | `query-migrate-parameters` | the parameters below, as they are now |
 //! | `migrate-set-parameters` | `downtime-limit` (ms), `max-bandwidth` (bytes/s, 0 = no cap), and ferry's `x-converge` (none, auto, quota, dirty-limit), `x-quota-interval` (ms), `x-max-rounds` |
 //! | `query-migrate-capabilities` / `migrate-set-capabilities` | `auto-converge` and `dirty-limit`: choose that policy (false: back to the default, quota where the backend meters each vCPU) |
-//! | `migrate` | `uri` (`tcp:HOST:PORT`); returns at once, progress is in `query-migrate` and the events. `resume: true` resumes a postcopy in `postcopy-paused`. ferry's own settings (`connections`, `mode`, `compress`, ... as in `{"cmd":"migrate"}`) may follow, with dashes or underscores |
+//! | `migrate` | `uri` (`tcp:HOST:PORT`, or `file:PATH`: a snapshot to that file, the guest left paused as QEMU leaves it; `stop: false` runs it on); returns at once, progress is in `query-migrate` and the events. `resume: true` resumes a postcopy in `postcopy-paused`. ferry's own settings (`connections`, `mode`, `compress`, ... as in `{"cmd":"migrate"}`) may follow, with dashes or underscores |
 //! | `migrate_cancel` | cancels a migration in precopy (the source runs on) |
 //! | `migrate-start-postcopy` | a running migration that may switch (capability `postcopy-ram`, or mode hybrid) switches to postcopy at the end of the round under way |
 //! | `query-status` | `running`, and `status`: `inmigrate` (a destination's, while the VM arrives), `running`, `paused` (by `stop`, arrived paused, or held after a lost Commit), `finish-migrate` (switchover) or `postmigrate` (the destination runs the guest) |
@@ -123,6 +123,7 @@ fn answer(command: QmpCommand, shared: &Shared, conn: &Writer) -> Result<Value, 
         }
         QmpCommand::SetCapabilities(list) => set_capabilities(&list, shared),
         QmpCommand::Migrate { resume, settings } => migrate(resume, *settings, shared),
+        QmpCommand::Snapshot(request) => snapshot(*request, shared),
         QmpCommand::StartPostcopy => start_postcopy(shared),
         QmpCommand::Cont => cont(shared),
         QmpCommand::Stop => {
@@ -260,6 +261,29 @@ fn set_capabilities(list: &[(Capability, bool)], shared: &Shared) -> Result<Valu
         }
     }
     Ok(json!({}))
+}
+
+/// `migrate` to a `file:` URI: returns at once, as a migration does; its
+/// progress is in `query-migrate` and the events.
+fn snapshot(request: ferry_control::SnapshotRequest, shared: &Shared) -> Result<Value, QmpError> {
+    shared
+        .custody
+        .may_migrate()
+        .map_err(|e| QmpError::generic(e.to_string()))?;
+    if !shared.monitor.begin() {
+        return Err(QmpError::generic("there's a migration process in progress"));
+    }
+    let (tx, _) = std::sync::mpsc::channel();
+    match shared
+        .commands
+        .send(VmCommand::Snapshot { request, reply: tx })
+    {
+        Ok(()) => Ok(json!({})),
+        Err(_) => {
+            shared.monitor.refuse("the VM has stopped");
+            Err(QmpError::generic("the VM has stopped"))
+        }
+    }
 }
 
 fn migrate(

@@ -191,27 +191,37 @@ pub(crate) fn failed(
 
 /// A guest restored from a snapshot and started.
 pub(crate) struct Started {
-    /// The restored VM, running.
+    /// The restored VM, running (unless asked not to start it).
     pub vm: Box<dyn Vm>,
     /// The restore, still bringing pages in if lazy.
     pub restoring: Restoring,
     /// The guest's checks as restored, before it ran.
     pub at_restore: ferry_vm::GuestCheck,
-    /// From the restore's call to the guest running, the start included.
+    /// From the restore's call to the guest running, the start included
+    /// (to the end of the restore's work, when left paused).
     pub first_instruction_ms: f64,
 }
 
 /// Restores `path` in `mode` into a VM this backend builds from the
 /// file's header, reads the guest's checks while it is paused (lazily,
-/// that faults their few pages in), then starts it.
+/// that faults their few pages in), then starts it unless `start` is
+/// false. A backend named on the command line (not auto) must be the
+/// file's.
 pub(crate) fn restore_and_start(
     path: &std::path::Path,
     backend: &BackendArgs,
     mode: RestoreMode,
+    start: bool,
 ) -> Result<Started, CmdError> {
     let backend = backend.clone();
     let mut create = move |h: &StreamHeader| -> Result<Box<dyn Vm>, VmError> {
         let (kind, config) = vms::from_stream(&h.vmm, &h.vmm_config, backend.backing())?;
+        if backend.backend != "auto" && kind != backend.kind() {
+            return Err(VmError::Guest(format!(
+                "the snapshot holds a {kind} VM, and --backend asks for {}",
+                backend.kind()
+            )));
+        }
         vms::create_destination(kind, &config, &backend, &[])
     };
     let mut paused = RestoreOptions::default();
@@ -223,7 +233,9 @@ pub(crate) fn restore_and_start(
         .read(&*vm)
         .map_err(|e| CmdError::Failed(chain(&e)))?;
     let t = Instant::now();
-    vm.start()?;
+    if start {
+        vm.start()?;
+    }
     let first_instruction_ms =
         restoring.summary().first_instruction_ms + t.elapsed().as_secs_f64() * 1e3;
     Ok(Started {
@@ -262,7 +274,7 @@ fn save_and_restore(d: &SnapshotDemo, path: &std::path::Path) -> Result<Report, 
         restoring,
         at_restore,
         first_instruction_ms,
-    } = restore_and_start(path, d.backend, d.restore)?;
+    } = restore_and_start(path, d.backend, d.restore, true)?;
     // The guest runs while the rest of its memory comes in.
     let restore = restoring
         .finish(&mut *restored)

@@ -4,6 +4,7 @@
 //! arrived (also a same-host upgrade's).
 
 mod job;
+mod snapshot;
 
 use crate::control::{self, VmCommand};
 use crate::error::CmdError;
@@ -101,6 +102,14 @@ pub fn serve_vm_on(
                 let _ = reply.send(serde_json::json!({"ok": true}));
                 control::wait_answered(&ctl.answering);
                 break;
+            }
+            Ok(VmCommand::Snapshot { request, reply }) => {
+                snapshot::run(vm, request, reply, &ctl);
+                // The guest's progress from here, not across the pause.
+                before =
+                    read_progress(vm.ram(), vcpus).map_err(|e| CmdError::Failed(e.to_string()))?;
+                at = Instant::now();
+                continue;
             }
             Ok(VmCommand::Resume { to, reply }) => {
                 let Some((was_to, opts, tls)) = last.clone() else {
@@ -271,6 +280,7 @@ fn refuse_moved(command: VmCommand, to: &str) {
     let error = format!("the VM has moved to {to}: this monitor only answers queries and quit");
     let reply = match command {
         VmCommand::Migrate { reply, .. }
+        | VmCommand::Snapshot { reply, .. }
         | VmCommand::Throttle { reply, .. }
         | VmCommand::Resume { reply, .. }
         | VmCommand::Cont { reply }

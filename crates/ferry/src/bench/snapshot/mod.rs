@@ -207,7 +207,7 @@ fn restore_once(
         restoring,
         at_restore,
         first_instruction_ms,
-    } = restore_and_start(file, &a.backend, mode)?;
+    } = restore_and_start(file, &a.backend, mode, true)?;
     let first_second = accesses_over(&*vm, Duration::from_secs(1))?;
     let summary = restoring
         .finish(&mut *vm)

@@ -1,0 +1,175 @@
+//! `ferry snapshot SOCKET FILE`: saves a running VM to a file while it
+//! runs, through its control socket (`{"cmd":"snapshot"}`), and says how
+//! it went. The VM's process writes the file; this one asks and watches.
+
+use crate::control::{self, ControlError};
+use crate::error::CmdError;
+use clap::Args;
+use ferry_report::Table;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Arguments of `ferry snapshot`.
+#[derive(Args, Debug)]
+#[command(after_help = "\
+The guest runs while its memory is written, in rounds that rewrite in place
+what it dirtied, then pauses for the last pages, its vCPUs and devices. The
+file is written beside FILE and renamed over it only once complete: a failed
+or cancelled snapshot leaves FILE as it was, and the guest running.
+
+Examples:
+  ferry run --control /tmp/vm.sock &
+  ferry snapshot /tmp/vm.sock /var/tmp/vm.snap
+  ferry restore /var/tmp/vm.snap --control /tmp/vm2.sock
+
+QMP's way, as QEMU spells it (the guest is left paused, as QEMU leaves it):
+  ferry ctl /tmp/vm.sock migrate uri=file:/var/tmp/vm.snap --follow")]
+pub struct SnapshotArgs {
+    /// The VM's control socket (`--control` of `ferry run`, `ferry receive`
+    /// or `ferry restore`).
+    pub socket: PathBuf,
+    /// The file to write (its directory must exist).
+    pub file: PathBuf,
+    /// Leave the guest paused once it is saved (its state is then the
+    /// file's, as before a host reboot); `ferry ctl SOCKET cont` runs it.
+    #[arg(long)]
+    pub stop: bool,
+    /// The longest pause to aim for, in ms (default: the VM's downtime
+    /// target, 300 ms unless set).
+    #[arg(long = "downtime-ms", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub downtime_ms: Option<u64>,
+    /// The most live rounds before the pause, however much is dirty
+    /// (default: the VM's round cap).
+    #[arg(long = "max-rounds", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub max_rounds: Option<u32>,
+    /// Print the summary as one JSON line last.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `ferry snapshot`.
+pub fn run(a: SnapshotArgs) -> Result<ExitCode, CmdError> {
+    let file = std::path::absolute(&a.file)
+        .map_err(|e| CmdError::Usage(format!("{}: {e}", a.file.display())))?;
+    if file.is_dir() {
+        return Err(CmdError::Usage(format!(
+            "{} is a directory: name the file to write",
+            file.display()
+        )));
+    }
+    let mut request = json!({"cmd": "snapshot", "path": file, "stop": a.stop});
+    if let Some(ms) = a.downtime_ms {
+        request["max_downtime_ms"] = ms.into();
+    }
+    if let Some(r) = a.max_rounds {
+        request["max_rounds"] = r.into();
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = watch(a.socket.clone(), Arc::clone(&done));
+    let reply = control::request(&a.socket, &request);
+    done.store(true, Ordering::Release);
+    let _ = watcher.join();
+    let reply = reply.map_err(|e| CmdError::Failed(ferry_vm::error_chain(&e)))?;
+    if reply["ok"].as_bool() != Some(true) {
+        let why = reply["error"].as_str().unwrap_or("no reason given");
+        if a.json {
+            println!(
+                "{}",
+                json!({"status": "failed", "file": file, "error": why})
+            );
+        }
+        return Err(CmdError::Failed(format!("the snapshot failed: {why}")));
+    }
+    println!("{}", table(&reply).render());
+    if a.json {
+        let mut line = reply.clone();
+        if let Some(o) = line.as_object_mut() {
+            o.remove("ok");
+            o.insert("status".into(), "completed".into());
+        }
+        println!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The summary as a table.
+fn table(s: &Value) -> Table {
+    let mut t = Table::new("snapshot", &["", ""]);
+    let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
+    let u = |k: &str| s[k].as_u64().unwrap_or(0);
+    let rows = [
+        ("file", s["file"].as_str().unwrap_or("").to_string()),
+        ("total", format!("{:.0} ms", f("total_ms"))),
+        (
+            "the guest's pause",
+            format!(
+                "{:.0} ms ({:.0} ms of it hashing)",
+                f("pause_ms"),
+                f("digest_ms")
+            ),
+        ),
+        (
+            "rounds",
+            s["rounds"].as_array().map_or(0, Vec::len).to_string(),
+        ),
+        (
+            "on disk",
+            format!(
+                "{} MiB ({} MiB with holes)",
+                u("bytes") >> 20,
+                u("file_bytes") >> 20
+            ),
+        ),
+        ("working set", format!("{} pages", u("working_set_pages"))),
+        ("digest", format!("{:#018x}", u("digest"))),
+        (
+            "the guest",
+            if s["stopped"].as_bool() == Some(true) {
+                "paused (cont runs it)"
+            } else {
+                "runs on"
+            }
+            .to_string(),
+        ),
+    ];
+    for (k, v) in rows {
+        t.row(vec![k.to_string(), v]);
+    }
+    t
+}
+
+/// Prints the snapshot's progress from the VM's monitor (`query-migrate`
+/// on a second connection) once a second, until `done`.
+fn watch(socket: PathBuf, done: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut next = start + Duration::from_secs(1);
+        while !done.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(100));
+            if Instant::now() < next {
+                continue;
+            }
+            next += Duration::from_secs(1);
+            let q = match control::request(&socket, &json!({"execute": "query-migrate"})) {
+                Ok(q) => q,
+                Err(ControlError::Connect { .. }) => return,
+                Err(_) => continue,
+            };
+            let r = &q["return"];
+            if r["status"].is_null() {
+                continue;
+            }
+            eprintln!(
+                "ferry snapshot: {} s, {}, round {}, {} MiB written",
+                start.elapsed().as_secs(),
+                r["status"].as_str().unwrap_or("?"),
+                r["ram"]["dirty-sync-count"].as_u64().unwrap_or(0),
+                r["ram"]["transferred"].as_u64().unwrap_or(0) >> 20
+            );
+        }
+    })
+}
