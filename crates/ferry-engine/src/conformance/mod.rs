@@ -2,7 +2,7 @@
 //! own [`Vm`] implementation, in its own tests, in the spirit of
 //! vm-memory's shared bitmap tests. Built with the `conformance` feature.
 //!
-//! The engine trusts a VM on six points that it cannot check while it
+//! The engine trusts a VM on seven points that it cannot check while it
 //! migrates one; each is a check here, run on VMs the VMM builds itself:
 //!
 //! | check | function | what it proves |
@@ -13,6 +13,7 @@
 //! | [`Check::PauseStopsMemory`] | [`pause_stops_memory`] | once `pause` returns, guest memory stops changing (read in memory, not from `is_running`) |
 //! | [`Check::VcpuStateRoundTrip`] | [`vcpu_state_round_trips`] | vCPU state saved, restored into a fresh VM and saved again is the same |
 //! | [`Check::LoopbackMigration`] | [`loopback_migration`] | a precopy migration to a VM of the same VMM over loopback ends with matching digests |
+//! | [`Check::SnapshotRoundTrip`] | [`snapshot_round_trip`] | a live snapshot to a file proves itself at its pause, and restores (eagerly, lazily, lazily with the working set first) into VMs of the same VMM that run with the snapshot's digest |
 //!
 //! [`run_all`] runs them all and returns a [`Report`]. A check that does not
 //! apply to a VM (no sections, no [`ferry_vm::VcpuState`]) says it was
@@ -34,6 +35,7 @@ mod migration;
 mod pages;
 mod pause;
 mod sections;
+mod snapshot;
 #[cfg(test)]
 mod tests;
 mod vcpu;
@@ -43,6 +45,7 @@ pub use migration::{loopback_migration, MigrationCheckError, MIGRATION_DEADLINE}
 pub use pages::{chosen_pages, describe_frame, PagesError};
 pub use pause::{pause_stops_memory, PauseError, PAUSED_WAIT, WRITES_DEADLINE};
 pub use sections::{section_versions_refused, sections_round_trip, SectionsError};
+pub use snapshot::{snapshot_round_trip, SnapshotCheckError};
 pub use vcpu::{vcpu_state_round_trips, VcpuError};
 
 use ferry_vm::{error_chain, Gfn, Section, Vm, VmError};
@@ -110,17 +113,20 @@ pub enum Check {
     VcpuStateRoundTrip,
     /// [`loopback_migration`].
     LoopbackMigration,
+    /// [`snapshot_round_trip`].
+    SnapshotRoundTrip,
 }
 
 impl Check {
     /// Every check, in the order [`run_all`] runs them.
-    pub const ALL: [Check; 6] = [
+    pub const ALL: [Check; 7] = [
         Check::DirtyPages,
         Check::SectionsRoundTrip,
         Check::SectionVersions,
         Check::PauseStopsMemory,
         Check::VcpuStateRoundTrip,
         Check::LoopbackMigration,
+        Check::SnapshotRoundTrip,
     ];
 
     /// Its name in reports.
@@ -132,6 +138,7 @@ impl Check {
             Check::PauseStopsMemory => "pause stops memory",
             Check::VcpuStateRoundTrip => "vCPU state round trip",
             Check::LoopbackMigration => "loopback migration",
+            Check::SnapshotRoundTrip => "snapshot round trip",
         }
     }
 
@@ -144,6 +151,7 @@ impl Check {
             Check::PauseStopsMemory => pause_stops_memory(vmm),
             Check::VcpuStateRoundTrip => vcpu_state_round_trips(vmm),
             Check::LoopbackMigration => loopback_migration(vmm),
+            Check::SnapshotRoundTrip => snapshot_round_trip(vmm),
         }
     }
 }
@@ -213,6 +221,9 @@ pub enum CheckError {
     /// [`loopback_migration`].
     #[error(transparent)]
     Migration(#[from] MigrationCheckError),
+    /// [`snapshot_round_trip`].
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotCheckError),
 }
 
 /// A call into the VM or the VMM's hook that failed during a check.

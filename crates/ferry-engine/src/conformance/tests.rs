@@ -416,6 +416,15 @@ fn a_write_no_log_sees_fails_the_loopback_migration() {
 }
 
 #[test]
+fn a_write_no_log_sees_fails_the_snapshot_at_its_pause() {
+    let text = failed(Check::SnapshotRoundTrip, Breakage::UntrackedWriteOnSave);
+    assert!(
+        text.contains("the live snapshot failed") && text.contains("escaped the dirty logs"),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_vm_without_sections_or_vcpu_state_is_skipped_not_passed() {
     /// The toy VMM, its VMs without sections or vCPU state.
     struct Bare(Toy);

@@ -92,6 +92,10 @@ pub enum SnapshotError {
         /// What is wrong with it.
         detail: String,
     },
+    /// The sections the devices saved are not what the VM declared (a
+    /// version other than its spec's, or more bytes than declared).
+    #[error("the devices' saved state does not match what the VM declared: {0}")]
+    Sections(String),
     /// The VM the factory built cannot take this snapshot.
     #[error("the snapshot does not fit the VM built for it: {0}")]
     Header(String),

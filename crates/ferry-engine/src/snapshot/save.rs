@@ -179,6 +179,18 @@ fn write_file(
     if was_running {
         vm.pause()
             .map_err(SnapshotError::vm("pause the guest for the snapshot"))?;
+    }
+    // Before the final harvest, as a migration's switchover does: saving a
+    // device may write guest memory (a flush into its ring), and those
+    // pages must reach the file.
+    let mut sections = vm
+        .save_sections()
+        .map_err(SnapshotError::vm("save the devices' state sections"))?;
+    // Stamped and held to the header, as a migration holds them: a
+    // section the VMM left at version 0 gets its spec's version.
+    crate::wire::sections::check_saved(&mut sections, &header.sections, &header.section_bytes)
+        .map_err(|e| SnapshotError::Sections(e.to_string()))?;
+    if was_running {
         crate::dirty_logs::collect(vm, &mut todo)
             .map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
     }
@@ -191,9 +203,6 @@ fn write_file(
     rounds.push(round(rounds.len(), done, t.elapsed()));
     let vcpus = ferry_vm::save_vcpu_state_for(vm, false)
         .map_err(SnapshotError::vm("save the vCPUs' state"))?;
-    let sections = vm
-        .save_sections()
-        .map_err(SnapshotError::vm("save the devices' state sections"))?;
     let sections = crate::wire::sections::encode(&sections);
     let digest = digest_of(&writer.hashes);
     let mut digest_ms = 0.0;
