@@ -138,3 +138,16 @@ fn a_destination_killed_mid_migration_leaves_the_source_running_without_a_gap() 
     assert!(lines > at_kill, "{lines} lines (at the kill: {at_kill})");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn the_demo_saves_a_running_guest_and_restores_it_with_every_stream_whole() {
+    if kvm("minivmm demo --snapshot") {
+        for mode in ["lazy-working-set", "eager"] {
+            let j = demo(&["--snapshot", "--restore", mode]);
+            assert_clean(&j);
+            assert_eq!(j["mode"], "snapshot", "{j}");
+            // The guest's pause is the snapshot's, measured at its pause.
+            assert!(j["downtime_ms"].as_f64().unwrap() > 0.0, "{j}");
+        }
+    }
+}

@@ -24,6 +24,15 @@ pub struct DemoArgs {
     /// memory over a UNIX socket instead of receiving a copy.
     #[arg(long, conflicts_with_all = ["tls", "connections", "mode"])]
     local: bool,
+    /// A snapshot instead of a migration: the source saves the running
+    /// guest to a file and ends, then a new process restores it from the
+    /// file (`--restore`) and runs it on.
+    #[arg(long, conflicts_with_all = ["tls", "connections", "mode", "local", "vhost"])]
+    snapshot: bool,
+    /// With --snapshot: how the pages come in: eager, lazy, or
+    /// lazy-working-set.
+    #[arg(long, default_value = "lazy-working-set", requires = "snapshot")]
+    restore: String,
     /// With --local: remove the disk image's path once the source has it
     /// open, before the destination builds its VM. The destination can then
     /// only serve the disk through the fd the source hands over.
@@ -90,6 +99,17 @@ pub struct DemoArgs {
     guest: super::guest::GuestArgs,
 }
 
+impl DemoArgs {
+    /// How the guest moves, as the summary names it.
+    fn mode_name(&self) -> &str {
+        match (self.snapshot, self.local) {
+            (true, _) => "snapshot",
+            (false, true) => "local",
+            (false, false) => &self.mode,
+        }
+    }
+}
+
 pub fn demo(a: DemoArgs) -> Result<(), String> {
     let (dir, temporary) = match &a.dir {
         Some(d) => (d.clone(), false),
@@ -120,122 +140,10 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         tls = vec!["--tls".into(), certs.display().to_string()];
     }
 
-    let socket = dir.join("local.sock");
-    let at: Vec<String> = if a.local {
-        vec!["--local".into(), socket.display().to_string()]
-    } else {
-        vec!["--listen".into(), "127.0.0.1:0".into()]
+    let (src_json, dest_json, dest_ok) = match a.snapshot {
+        true => snapshot_ends(a, dir, &exe, (&src_console, &dst_console), &disk)?,
+        false => migration_ends(a, dir, &exe, (&src_console, &dst_console), &disk, tls)?,
     };
-    let mut dest = Reaped(
-        Command::new(&exe)
-            .args(["receive", "--json", "--console"])
-            .arg(&dst_console)
-            .args(&at)
-            .args(&tls)
-            .args(a.no_output_gate.then_some("--no-output-gate"))
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot start the destination: {e}"))?,
-    );
-    let mut dest_out = BufReader::new(dest.stdout.take().expect("piped"));
-    let mut first = String::new();
-    dest_out
-        .read_line(&mut first)
-        .map_err(|e| format!("the destination said nothing: {e}"))?;
-    let addr = serde_json::from_str::<serde_json::Value>(&first)
-        .ok()
-        .and_then(|v| v["listening"].as_str().map(String::from))
-        .ok_or_else(|| format!("the destination did not say where it listens: {first:?}"))?;
-
-    let mut src_args: Vec<String> = if a.local {
-        let memfd = ["--backing", "memfd"].map(String::from);
-        [
-            vec!["migrate".into(), "--local".into(), addr],
-            memfd.to_vec(),
-        ]
-        .concat()
-    } else {
-        let mode = [
-            "--mode",
-            &a.mode,
-            "--connections",
-            &a.connections.to_string(),
-        ]
-        .map(String::from);
-        [vec!["migrate".into(), "--to".into(), addr], mode.to_vec()].concat()
-    };
-    src_args.extend([
-        "--json".into(),
-        "--vcpus".into(),
-        a.vcpus.to_string(),
-        "--notify".into(),
-        a.notify.to_string(),
-        "--cache".into(),
-        a.cache.clone(),
-        "--data-mib".into(),
-        a.data_mib.to_string(),
-        "--bandwidth-mib-s".into(),
-        a.bandwidth_mib_s.to_string(),
-        "--downtime-ms".into(),
-        a.downtime_ms.to_string(),
-        "--disk".into(),
-        disk.display().to_string(),
-        "--console".into(),
-        src_console.display().to_string(),
-    ]);
-    if a.vhost {
-        src_args.push("--vhost".into());
-        if !a.local {
-            src_args.extend(["--backing".into(), "memfd".into()]);
-        }
-    }
-    if a.uncapped_pause {
-        src_args.push("--uncapped-pause".into());
-    }
-    if a.no_vhost_dirty_log {
-        src_args.push("--no-vhost-dirty-log".into());
-    }
-    if let Some(c) = &a.converge {
-        src_args.extend(["--converge".into(), c.clone()]);
-    }
-    src_args.extend(["--dirty-log".into(), a.dirty_log.clone()]);
-    if let Some(kept) = &a.dir {
-        // Kept runs keep where the source's vCPUs spent their time.
-        let trace = kept.join("source-vcpus.jsonl");
-        src_args.extend(["--vcpu-trace".into(), trace.display().to_string()]);
-    }
-    src_args.extend(tls);
-    src_args.extend(a.guest.to_args());
-    let mut src = Reaped(
-        Command::new(&exe)
-            .args(&src_args)
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot start the source: {e}"))?,
-    );
-    if a.unlink_disk {
-        unlink_once_open(&mut src, &disk)?;
-    }
-    let src_json = last_json(&mut src, "source")?;
-    if src_json["status"] != "completed" {
-        // A source refused before it connected leaves the destination
-        // waiting: give it a moment to end on its own, then end it.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while dest.try_wait().map_err(|e| e.to_string())?.is_none()
-            && std::time::Instant::now() < deadline
-        {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let _ = dest.kill();
-    }
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut dest_out, &mut rest).map_err(|e| e.to_string())?;
-    let dest_ok = dest.wait().map_err(|e| e.to_string())?.success();
-    let dest_json = ferry_harness::output::last_json(&rest).filter(|j| j["role"] == "destination");
-    if dest_json.is_none() && src_json["status"] == "completed" {
-        return Err("the destination printed no summary".into());
-    }
-    let dest_json = dest_json.unwrap_or(serde_json::Value::Null);
     if a.guest.is_linux() {
         return linux_summary(
             a,
@@ -281,7 +189,7 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         .filter(|_| a.vhost && a.mode != "precopy")
         .map(String::from);
     let completed = src_json["status"] == "completed" && dest_ok;
-    let mode = if a.local { "local" } else { a.mode.as_str() };
+    let mode = a.mode_name();
     let summary = serde_json::json!({
         "vcpus": a.vcpus,
         "notify": a.notify,
@@ -381,7 +289,7 @@ fn linux_summary(
         source_console: read(src_console),
         destination_console: read(dst_console),
     };
-    let mode = if a.local { "local" } else { a.mode.as_str() };
+    let mode = a.mode_name();
     let (summary, clean) = super::demo_linux::summarize(mode, a.vcpus, &ends);
     eprintln!(
         "minivmm demo (Linux {}, {} vCPUs, {mode}): {}, digest {}, downtime {:.1} ms, the guest saw {:.1} ms; checker lines {} ({} lost, {} doubled, {} bad), {} mismatches; disk {} records ({} lost, {} doubled, {} bad reads); {} kernel warnings; guest {}",
@@ -483,4 +391,191 @@ fn unlink_once_open(child: &mut Child, path: &Path) -> Result<(), String> {
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+}
+
+/// The two ends of a migration: a destination listening, a source that
+/// boots the guest and moves it there. Returns what each printed last,
+/// and whether the destination exited 0.
+fn migration_ends(
+    a: &DemoArgs,
+    dir: &Path,
+    exe: &Path,
+    (src_console, dst_console): (&Path, &Path),
+    disk: &Path,
+    tls: Vec<String>,
+) -> Result<(serde_json::Value, serde_json::Value, bool), String> {
+    let socket = dir.join("local.sock");
+    let at: Vec<String> = if a.local {
+        vec!["--local".into(), socket.display().to_string()]
+    } else {
+        vec!["--listen".into(), "127.0.0.1:0".into()]
+    };
+    let mut dest = Reaped(
+        Command::new(exe)
+            .args(["receive", "--json", "--console"])
+            .arg(dst_console)
+            .args(&at)
+            .args(&tls)
+            .args(a.no_output_gate.then_some("--no-output-gate"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start the destination: {e}"))?,
+    );
+    let mut dest_out = BufReader::new(dest.stdout.take().expect("piped"));
+    let mut first = String::new();
+    dest_out
+        .read_line(&mut first)
+        .map_err(|e| format!("the destination said nothing: {e}"))?;
+    let addr = serde_json::from_str::<serde_json::Value>(&first)
+        .ok()
+        .and_then(|v| v["listening"].as_str().map(String::from))
+        .ok_or_else(|| format!("the destination did not say where it listens: {first:?}"))?;
+
+    let mut src_args: Vec<String> = if a.local {
+        let memfd = ["--backing", "memfd"].map(String::from);
+        [
+            vec!["migrate".into(), "--local".into(), addr],
+            memfd.to_vec(),
+        ]
+        .concat()
+    } else {
+        let mode = [
+            "--mode",
+            &a.mode,
+            "--connections",
+            &a.connections.to_string(),
+        ]
+        .map(String::from);
+        [vec!["migrate".into(), "--to".into(), addr], mode.to_vec()].concat()
+    };
+    src_args.extend(source_args(a, disk, src_console));
+    src_args.extend(tls);
+    let mut src = Reaped(
+        Command::new(exe)
+            .args(&src_args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start the source: {e}"))?,
+    );
+    if a.unlink_disk {
+        unlink_once_open(&mut src, disk)?;
+    }
+    let src_json = last_json(&mut src, "source")?;
+    if src_json["status"] != "completed" {
+        // A source refused before it connected leaves the destination
+        // waiting: give it a moment to end on its own, then end it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while dest.try_wait().map_err(|e| e.to_string())?.is_none()
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = dest.kill();
+    }
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut dest_out, &mut rest).map_err(|e| e.to_string())?;
+    let dest_ok = dest.wait().map_err(|e| e.to_string())?.success();
+    let dest_json = ferry_harness::output::last_json(&rest).filter(|j| j["role"] == "destination");
+    if dest_json.is_none() && src_json["status"] == "completed" {
+        return Err("the destination printed no summary".into());
+    }
+    let dest_json = dest_json.unwrap_or(serde_json::Value::Null);
+    Ok((src_json, dest_json, dest_ok))
+}
+
+/// The two ends of a snapshot: a source that boots the guest, saves it to
+/// a file and ends, then a process that restores it from the file and
+/// runs it on. Returns what each printed last, and whether the second
+/// exited 0.
+fn snapshot_ends(
+    a: &DemoArgs,
+    dir: &Path,
+    exe: &Path,
+    (src_console, dst_console): (&Path, &Path),
+    disk: &Path,
+) -> Result<(serde_json::Value, serde_json::Value, bool), String> {
+    let file = dir.join("guest.snap");
+    let _ = std::fs::remove_file(&file);
+    let mut src_args: Vec<String> = vec!["migrate".into(), "--snapshot".into()];
+    src_args.push(file.display().to_string());
+    src_args.extend(source_args(a, disk, src_console));
+    let mut src = Reaped(
+        Command::new(exe)
+            .args(&src_args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start the source: {e}"))?,
+    );
+    let src_json = last_json(&mut src, "source")?;
+    if src_json["status"] != "completed" {
+        return Ok((src_json, serde_json::Value::Null, false));
+    }
+    let mut dest = Reaped(
+        Command::new(exe)
+            .args(["receive", "--json", "--console"])
+            .arg(dst_console)
+            .arg("--from-snapshot")
+            .arg(&file)
+            .args(["--restore", &a.restore])
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start the restore: {e}"))?,
+    );
+    let mut out = String::new();
+    if let Some(mut o) = dest.stdout.take() {
+        std::io::Read::read_to_string(&mut o, &mut out).map_err(|e| e.to_string())?;
+    }
+    let dest_ok = dest.wait().map_err(|e| e.to_string())?.success();
+    let dest_json = ferry_harness::output::last_json(&out)
+        .filter(|j| j["role"] == "destination")
+        .ok_or("the restored VM printed no summary")?;
+    let _ = std::fs::remove_file(&file);
+    Ok((src_json, dest_json, dest_ok))
+}
+
+/// What both kinds of source take: the guest, its devices, the link.
+fn source_args(a: &DemoArgs, disk: &Path, src_console: &Path) -> Vec<String> {
+    let mut src_args = Vec::new();
+    src_args.extend([
+        "--json".into(),
+        "--vcpus".into(),
+        a.vcpus.to_string(),
+        "--notify".into(),
+        a.notify.to_string(),
+        "--cache".into(),
+        a.cache.clone(),
+        "--data-mib".into(),
+        a.data_mib.to_string(),
+        "--bandwidth-mib-s".into(),
+        a.bandwidth_mib_s.to_string(),
+        "--downtime-ms".into(),
+        a.downtime_ms.to_string(),
+        "--disk".into(),
+        disk.display().to_string(),
+        "--console".into(),
+        src_console.display().to_string(),
+    ]);
+    if a.vhost {
+        src_args.push("--vhost".into());
+        if !a.local {
+            src_args.extend(["--backing".into(), "memfd".into()]);
+        }
+    }
+    if a.uncapped_pause {
+        src_args.push("--uncapped-pause".into());
+    }
+    if a.no_vhost_dirty_log {
+        src_args.push("--no-vhost-dirty-log".into());
+    }
+    if let Some(c) = &a.converge {
+        src_args.extend(["--converge".into(), c.clone()]);
+    }
+    src_args.extend(["--dirty-log".into(), a.dirty_log.clone()]);
+    if let Some(kept) = &a.dir {
+        // Kept runs keep where the source's vCPUs spent their time.
+        let trace = kept.join("source-vcpus.jsonl");
+        src_args.extend(["--vcpu-trace".into(), trace.display().to_string()]);
+    }
+    src_args.extend(a.guest.to_args());
+    src_args
 }

@@ -4,6 +4,7 @@ use super::{consoles, flush, merge, parse_backing, vm_report, VmArgs};
 use ferry_engine::choices::Compression;
 use ferry_engine::choices::ConvergeMode;
 use ferry_engine::local::{migrate_local, LocalOptions};
+use ferry_engine::snapshot::{self, SnapshotOptions, Steering};
 use ferry_engine::transport::{Dial, TcpDialer, TlsConfig};
 use ferry_engine::vmm::{Backing, Vm};
 use ferry_engine::{
@@ -21,13 +22,19 @@ pub struct MigrateArgs {
     #[command(flatten)]
     vm: VmArgs,
     /// The destination's address (`minivmm receive --listen`).
-    #[arg(long, required_unless_present = "local")]
+    #[arg(long, required_unless_present_any = ["local", "snapshot"])]
     to: Option<String>,
     /// Same-host live upgrade: hand the guest memory to the `minivmm
     /// receive --local` listening on this UNIX socket instead of copying it
     /// (needs `--backing memfd`).
     #[arg(long, conflicts_with = "to")]
     local: Option<PathBuf>,
+    /// Save the running VM to this file instead of migrating it: live
+    /// rounds while the guest runs, then a pause for the rest, after which
+    /// the guest stays stopped (the file is its only copy; `minivmm
+    /// receive --from-snapshot FILE` runs it on).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["to", "local", "tls"])]
+    snapshot: Option<PathBuf>,
     /// precopy, postcopy, or hybrid (precopy rounds, then postcopy).
     #[arg(long, default_value = "precopy")]
     mode: Mode,
@@ -167,9 +174,10 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
         Some(path) => Some(super::vcpu_trace::VcpuTrace::start(path, vm.run_probes())?),
         None => None,
     };
-    let outcome = match &a.local {
-        Some(path) => local(&mut vm, path),
-        None => over_the_network(&mut vm, &*dialer, &opts),
+    let outcome = match (&a.local, &a.snapshot) {
+        (Some(path), _) => local(&mut vm, path),
+        (None, Some(file)) => to_file(&mut vm, file, Duration::from_millis(a.downtime_ms)),
+        (None, None) => over_the_network(&mut vm, &*dialer, &opts),
     };
     drop(trace);
     let moved = outcome.status == "completed";
@@ -212,9 +220,10 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
         ),
     }
     if a.json {
-        let mode = match a.local {
-            Some(_) => "local".to_string(),
-            None => a.mode.to_string(),
+        let mode = match (&a.local, &a.snapshot) {
+            (Some(_), _) => "local".to_string(),
+            (None, Some(_)) => "snapshot".to_string(),
+            (None, None) => a.mode.to_string(),
         };
         let j = serde_json::json!({
             "role": "source",
@@ -263,6 +272,30 @@ fn over_the_network(vm: &mut MiniVm, dialer: &dyn Dial, opts: &PrecopyOptions) -
     }
 }
 
+/// A live snapshot to `file`, the guest left stopped: its state is the
+/// file's. The save proves itself at its pause (the paused memory, hashed
+/// on its own, is what the file holds), so a completed one matches.
+fn to_file(vm: &mut MiniVm, file: &std::path::Path, max_downtime: Duration) -> Outcome {
+    let mut opts = SnapshotOptions::default();
+    opts.max_downtime = max_downtime;
+    opts.stop = true;
+    let steering = Steering {
+        progress: &RoundLog,
+        tunables: Tunables::shared(),
+    };
+    match snapshot::save_steered(vm, file, &opts, &steering) {
+        Ok(s) => Outcome {
+            status: "completed".into(),
+            digest_match: true,
+            downtime_ms: Some(s.pause_ms),
+            total_ms: Some(s.total_ms),
+            error: None,
+            summary: serde_json::to_value(&s).unwrap_or_default(),
+        },
+        Err(e) => failed(&e),
+    }
+}
+
 fn local(vm: &mut MiniVm, path: &std::path::Path) -> Outcome {
     let opts = {
         let mut o = LocalOptions::default();
@@ -282,7 +315,7 @@ fn local(vm: &mut MiniVm, path: &std::path::Path) -> Outcome {
     }
 }
 
-fn failed(e: &ferry_engine::MigrationError) -> Outcome {
+fn failed(e: &dyn std::error::Error) -> Outcome {
     Outcome {
         status: "failed".into(),
         digest_match: false,
