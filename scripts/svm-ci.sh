@@ -119,6 +119,12 @@ step "minivmm's Linux-guest arguments" 'test result: ok' "$(test_exe minivmm lin
 if cargo build -q --release -p minivmm; then
     step "minivmm demo, a Linux guest, precopy" '"guest":"linux".*"kernel_warnings":\[\].*"status":"completed"' \
         target/release/minivmm demo --guest linux --vcpus 2 --json
+    # The same guest saved live to a file, the source ended, and restored
+    # lazily with its working set first by a new process: its checker
+    # must find its memory, disk and console whole across the snapshot.
+    step "minivmm demo, a Linux guest, snapshot and lazy restore" \
+        '"guest":"linux".*"kernel_warnings":\[\].*"mode":"snapshot".*"status":"completed"' \
+        target/release/minivmm demo --guest linux --vcpus 2 --snapshot --json
     # A guest that dies after a good move is a failed migration: its
     # checker panics the kernel once told it moved. panic=0 (spin, where
     # the default resets): a nested guest's reset froze the emulated host

@@ -17,6 +17,10 @@
 //!
 //! `cargo run --release -p ferry-engine --example foreign_guest -- --json`
 //!
+//! `--snapshot` then saves the migrated VM to a file while it runs, ends
+//! it, and restores it lazily, its working set first, into a new VM: the
+//! same factory, the same contract, nothing new for the VMM.
+//!
 //! `--predict` first samples the guest's dirtying through the VM's own dirty
 //! logs and predicts the migration (`ferry_engine::converge::predict_vm`),
 //! then reports the prediction beside what happened. `--data-mib N` sizes
@@ -49,9 +53,10 @@ fn regions(data_mib: u64) -> [(u64, u64); 2] {
 
 /// What the command line asks.
 #[derive(Clone, Copy)]
-struct Args {
+pub struct Args {
     json: bool,
     predict: bool,
+    snapshot: bool,
     data_mib: u64,
     write_mib_s: u64,
     bandwidth_mib_s: u64,
@@ -61,11 +66,13 @@ struct Args {
 const USAGE: &str = "\
 Migrates a VM that is not ferry's own (a memory hole, two devices) over loopback.
 
-Usage: foreign_guest [--json] [--predict] [--data-mib N] [--write-mib-s N] [--bandwidth-mib-s N]
+Usage: foreign_guest [--json] [--predict] [--snapshot] [--data-mib N] [--write-mib-s N] [--bandwidth-mib-s N]
 
 Options:
   --json               print one JSON object as the last line of stdout
   --predict            sample the guest's dirtying first and print the prediction beside the run
+  --snapshot           then save the migrated VM to a file while it runs, and restore it lazily
+                       (its working set first) into a new VM that runs on
   --data-mib N         size of the second region in MiB, rounded down to 2 MiB (default 6)
   --write-mib-s N      cap the guest's dirtying at N MiB/s (default 0: no cap)
   --bandwidth-mib-s N  cap the link at N MiB/s (default 0: no cap)
@@ -90,10 +97,11 @@ impl Args {
     }
 
     /// The arguments, or `None` for `--help`.
-    fn parse_from(mut argv: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
+    pub fn parse_from(mut argv: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
         let mut args = Args {
             json: false,
             predict: false,
+            snapshot: false,
             data_mib: 6,
             write_mib_s: 0,
             bandwidth_mib_s: 0,
@@ -113,6 +121,7 @@ impl Args {
                 "-h" | "--help" => return Ok(None),
                 "--json" => args.json = true,
                 "--predict" => args.predict = true,
+                "--snapshot" => args.snapshot = true,
                 // Whole 2 MiB, as every region is.
                 "--data-mib" => args.data_mib = number()?.max(2) & !1,
                 "--write-mib-s" => args.write_mib_s = number()?,
@@ -355,7 +364,14 @@ impl GuestProbe for Probe {
 }
 
 fn main() {
-    let args = Args::parse();
+    let report = run(Args::parse());
+    println!("{report}");
+}
+
+/// Migrates the VM as `args` say (then snapshots and restores it, with
+/// `--snapshot`) and returns the report; without `--json`, also a line in
+/// words first.
+pub fn run(args: Args) -> serde_json::Value {
     let json = args.json;
     let listener = listen("127.0.0.1:0").expect("listen on loopback");
     let to = TcpDialer(listener.local_addr().expect("address").to_string());
@@ -410,7 +426,7 @@ fn main() {
         ferry_engine::converge::predict_vm(&mut vm, &sample, &settings).expect("predict")
     });
     let summary = migrate(&mut vm, &to, &opts, &NoProgress).expect("the migration completes");
-    let (dvm, dsum, returned) = destination
+    let (mut dvm, dsum, returned) = destination
         .join()
         .expect("the destination thread")
         .expect("the destination receives");
@@ -461,6 +477,7 @@ fn main() {
         "guest_errors_after": after.errors,
         "rounds": summary.memory.rounds.len(),
         "predicted": forecast,
+        "snapshot": args.snapshot.then(|| snapshot_and_restore(&mut dvm, args)),
     });
     if !json {
         println!(
@@ -473,5 +490,55 @@ fn main() {
             after.errors
         );
     }
-    println!("{report}");
+    report
+}
+
+/// Saves `vm` (running) to a file, ends it, and restores the file lazily
+/// with its working set first into a new VM built as a destination's:
+/// what a VMM writes for snapshots is what it wrote for migrations.
+fn snapshot_and_restore(vm: &mut ForeignVm, args: Args) -> serde_json::Value {
+    use ferry_engine::snapshot::{self, RestoreMode, RestoreOptions, SnapshotOptions};
+    let path = std::env::temp_dir().join(format!("foreign-guest-{}.snap", std::process::id()));
+    let saved = snapshot::save(vm, &path, &SnapshotOptions::default()).expect("the snapshot");
+    // The source ends here, at a pass boundary or not: the file is the VM.
+    vm.pause().expect("pause the source");
+    let saved_devices = vm.devices.clone();
+    let saved_check = Probe.read(vm).expect("read the guest");
+    let restored = Arc::new(Mutex::new(None));
+    let mut factory = |h: &StreamHeader| -> Result<ForeignVm, VmError> {
+        if h.vmm != VMM_ID {
+            return Err(VmError::Guest(format!("cannot build a {} VM", h.vmm)));
+        }
+        let mut vm = ForeignVm::new(args);
+        vm.restored = Arc::clone(&restored);
+        Ok(vm)
+    };
+    let mut opts = RestoreOptions::default();
+    opts.mode = RestoreMode::LazyWorkingSet;
+    let (mut back, restoring) =
+        snapshot::restore_as(&path, &mut factory, &opts).expect("the restore");
+    let r = restoring.finish(&mut back).expect("every page in, checked");
+    let _ = std::fs::remove_file(&path);
+    // The restored guest walks on from where it was saved.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let now = Probe.read(&back).expect("read the guest");
+        if now.progress > saved_check.progress + 1 || Instant::now() > deadline {
+            break now.since(&saved_check);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    serde_json::json!({
+        "total_ms": saved.total_ms,
+        "pause_ms": saved.pause_ms,
+        "digest_match": r.digest_match,
+        "first_instruction_ms": r.first_instruction_ms,
+        "working_set_pages": r.working_set_pages,
+        "blocking_faults": r.blocking_faults,
+        "devices_restored": restored.lock().unwrap().as_ref() == Some(&saved_devices),
+        "timer_ticks_in_guest_memory": back.ram().load_u64(TIMER_TICKS).unwrap_or(0),
+        "timer_ticks_saved": saved_devices.timer_ticks,
+        "guest_passes_after": after.progress,
+        "guest_errors_after": after.errors,
+    })
 }
