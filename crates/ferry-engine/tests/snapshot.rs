@@ -433,3 +433,47 @@ fn a_device_that_writes_guest_memory_while_saved_is_in_the_file() {
         );
     }
 }
+
+#[test]
+fn a_restore_s_first_touches_lead_the_next_snapshot_s_working_set() {
+    let dir = Scratch::new("first-touches");
+    let (path, again) = (dir.file("vm.snap"), dir.file("again.snap"));
+    let mut vm = running_source();
+    snapshot::save(&mut vm, &path, &stopped()).unwrap();
+    drop(vm);
+    let last = common::config().total_pages() - 1;
+    // The fill goes in address order: a read of the last frame right after
+    // the restore returns usually beats it, and is a touch to record. A
+    // loaded host may let the fill win; then try again.
+    let (mut restored, r) = (0..20)
+        .find_map(|_| {
+            let (mut restored, restoring) =
+                snapshot::restore_as(&path, &mut build, &in_mode(RestoreMode::Lazy, true)).unwrap();
+            let gpa = ferry_vm::Gfn(last).gpa();
+            restored.ram().load_u64(gpa).unwrap();
+            let r = restoring.finish(&mut restored).unwrap();
+            (!r.first_touches.is_empty()).then_some((restored, r))
+        })
+        .expect("in 20 restores, a read beat the fill at least once");
+    assert!(r.first_touches.contains(&last), "{:?}", r.first_touches);
+    assert_eq!(r.first_touch_pages, r.first_touches.len() as u64);
+    // The restored VM's next snapshot: its guest never ran, so its working
+    // set is exactly what the restore saw it ask for, in that order.
+    let mut opts = stopped();
+    opts.first_touches = r.first_touches.clone();
+    snapshot::save(&mut restored, &again, &opts).unwrap();
+    let info = snapshot::inspect(&again).unwrap();
+    let mut expected: Vec<u64> = Vec::new();
+    for g in &r.first_touches {
+        if !expected.contains(g) {
+            expected.push(*g);
+        }
+    }
+    let frames: Vec<u64> = info
+        .working_set
+        .iter()
+        .flat_map(|&(g, n)| g..g + n)
+        .collect();
+    assert_eq!(frames, expected, "{info:?}");
+    assert_eq!(info.working_set_pages, expected.len() as u64);
+}

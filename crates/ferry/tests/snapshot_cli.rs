@@ -133,6 +133,13 @@ fn a_running_guest_is_saved_through_its_socket_and_restored_in_every_mode() {
             std::fs::metadata(&file).unwrap().len(),
             j["file_bytes"].as_u64().unwrap()
         );
+        // What the file holds, its parts checked, without restoring it.
+        let out = run(&["restore", file.to_str().unwrap(), "--inspect", "--json"]);
+        let info = last_json(&out);
+        assert!(out.status.success(), "{info}");
+        assert_eq!(info["working_set_pages"], j["working_set_pages"], "{info}");
+        assert_eq!(info["digest"], j["digest"], "{info}");
+        assert_eq!(info["vcpus"], 2, "{info}");
         // Without --stop, the guest runs on after its snapshot.
         assert_runs(&sock, "after the snapshot");
         assert!(stop(&mut vm, &sock), "{backend}: the source's own checks");
@@ -264,6 +271,12 @@ fn snapshot_and_restore_refuse_bad_input_in_words() {
     std::fs::write(&junk, vec![7u8; 8192]).unwrap();
     let out = run(&["restore", junk.to_str().unwrap()]);
     assert_no_panic(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not a ferry snapshot"), "{stderr}");
+
+    let out = run(&["restore", junk.to_str().unwrap(), "--inspect"]);
+    assert_no_panic(&out);
+    assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("not a ferry snapshot"), "{stderr}");
 

@@ -72,7 +72,13 @@ struct Shared {
     blocking_faults: AtomicU64,
     fault_pages: AtomicU64,
     bytes_read: AtomicU64,
+    /// Frames the guest touched before they were in, in the order it
+    /// touched them, each once (up to [`MAX_FIRST_TOUCHES`]).
+    first_touches: Mutex<Vec<u64>>,
 }
+
+/// The most first touches a restore records (2 MiB of them).
+pub const MAX_FIRST_TOUCHES: usize = 1 << 18;
 
 /// A lazy restore's pages while they come in.
 pub(super) struct LazyPages {
@@ -89,6 +95,8 @@ pub(super) struct LazyReport {
     pub blocking_faults: u64,
     pub fault_pages: u64,
     pub bytes_read: u64,
+    /// Frames the guest touched before they were in, in order.
+    pub first_touches: Vec<u64>,
     /// The digest of the pages placed: a frame's recorded hash once it is
     /// in (each was checked against it before it was placed), 0 while it
     /// is not. It matches the snapshot's only once every frame is in.
@@ -155,6 +163,7 @@ impl LazyPages {
             done: (Mutex::new(()), Condvar::new()),
             blocking_faults: AtomicU64::new(0),
             fault_pages: AtomicU64::new(0),
+            first_touches: Mutex::new(Vec::new()),
             bytes_read: AtomicU64::new(0),
             ram,
         });
@@ -258,6 +267,9 @@ impl LazyPages {
             blocking_faults: s.blocking_faults.load(Ordering::SeqCst),
             fault_pages: s.fault_pages.load(Ordering::SeqCst),
             bytes_read: s.bytes_read.load(Ordering::SeqCst),
+            first_touches: std::mem::take(
+                &mut *s.first_touches.lock().unwrap_or_else(|p| p.into_inner()),
+            ),
             digest: digest_of(&placed).value,
         })
     }
@@ -469,6 +481,14 @@ fn touched(s: &Shared, gfn: Gfn, buf: &mut Vec<u8>) -> Result<(), SnapshotError>
     s.blocking_faults.fetch_add(1, Ordering::Relaxed);
     if s.present.contains(gfn) {
         return Ok(());
+    }
+    {
+        // The order the guest asks for its pages in, from its first
+        // instruction: the next snapshot's working set starts with it.
+        let mut order = s.first_touches.lock().unwrap_or_else(|p| p.into_inner());
+        if order.len() < MAX_FIRST_TOUCHES {
+            order.push(gfn.0);
+        }
     }
     let Some((first, n)) = s.fault_run(gfn.0) else {
         let words = format!("the guest touched frame {:#x}, which is not RAM", gfn.0);

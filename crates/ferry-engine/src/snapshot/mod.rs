@@ -37,7 +37,7 @@ mod save;
 mod working_set;
 
 pub use format::{FORMAT, OLDEST_FORMAT};
-pub use restore::{restore, restore_as, Restoring};
+pub use restore::{inspect, restore, restore_as, Restoring};
 pub use save::{save, save_steered};
 
 use crate::progress::Progress;
@@ -75,6 +75,10 @@ pub struct SnapshotOptions {
     /// pages before the guest runs on: the proof that no write escaped
     /// the dirty logs. It lengthens the pause by one pass over memory.
     pub verify: bool,
+    /// Frames a lazy restore of this VM saw its guest touch first, in
+    /// order ([`RestoreSummary::first_touches`]): the working set starts
+    /// with them, before the pages the dirty logs saw written last.
+    pub first_touches: Vec<u64>,
 }
 
 impl Default for SnapshotOptions {
@@ -84,6 +88,7 @@ impl Default for SnapshotOptions {
             max_rounds: 30,
             stop: false,
             verify: true,
+            first_touches: Vec::new(),
         }
     }
 }
@@ -194,6 +199,35 @@ pub struct SnapshotSummary {
     pub stopped: bool,
 }
 
+/// What a snapshot file holds ([`inspect`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SnapshotInfo {
+    /// The ferry release that wrote it.
+    pub ferry: String,
+    /// The VMM whose VM it holds.
+    pub vmm: String,
+    /// The VM's vCPUs.
+    pub vcpus: u32,
+    /// The VM's memory, holes excluded.
+    pub memory_bytes: u64,
+    /// Its device sections (`name` instance vVERSION).
+    pub sections: Vec<String>,
+    /// The memory digest at the pause.
+    pub digest: u64,
+    /// Frames of RAM stored as data.
+    pub data_pages: u64,
+    /// Whether the guest was left stopped after the snapshot.
+    pub stopped: bool,
+    /// When the pause ended, in seconds since the epoch.
+    pub created_unix_s: u64,
+    /// Pages in its working set.
+    pub working_set_pages: u64,
+    /// Its working set as runs of frames, in the order a lazy restore
+    /// brings them in first.
+    #[serde(skip)]
+    pub working_set: Vec<(u64, u64)>,
+}
+
 /// What a restore did.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RestoreSummary {
@@ -233,4 +267,14 @@ pub struct RestoreSummary {
     pub digest_match: bool,
     /// Whether the guest was started.
     pub started: bool,
+    /// Lazily: frames the guest touched before they were in
+    /// ([`RestoreSummary::first_touches`]).
+    pub first_touch_pages: u64,
+    /// Lazily: the frames the guest touched before they were in, in the
+    /// order it touched them: what it asks for first when it starts from
+    /// this state. Give them to the next snapshot of this VM
+    /// ([`SnapshotOptions::first_touches`]), whose working set then starts
+    /// with them. Reads included, which the dirty logs do not see.
+    #[serde(skip)]
+    pub first_touches: Vec<u64>,
 }

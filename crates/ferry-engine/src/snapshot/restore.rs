@@ -8,7 +8,7 @@
 
 use super::format::{page_offset, Manifest, Superblock};
 use super::lazy::LazyPages;
-use super::{working_set, RestoreMode, RestoreOptions, RestoreSummary};
+use super::{working_set, RestoreMode, RestoreOptions, RestoreSummary, SnapshotInfo};
 use crate::digest::{memory_digest, source_digest_threads};
 use crate::error::SnapshotError;
 use crate::summary::ms;
@@ -73,6 +73,8 @@ impl Restoring {
         summary.fault_pages = report.fault_pages;
         summary.pages_read = report.bytes_read / ferry_vm::PAGE_SIZE as u64;
         summary.bytes_read = report.bytes_read;
+        summary.first_touch_pages = report.first_touches.len() as u64;
+        summary.first_touches = report.first_touches;
         if verify {
             if report.digest != digest {
                 if vm.is_running() {
@@ -137,6 +139,8 @@ pub fn restore(
         bytes_read: 0,
         digest_match: false,
         started: !opts.paused,
+        first_touch_pages: 0,
+        first_touches: Vec::new(),
     };
     let lazy = match opts.mode {
         RestoreMode::Eager => {
@@ -287,6 +291,27 @@ pub fn restore_as<V: Vm>(
         // restore returns the VM its factory built, and nothing else.
         Err(_) => unreachable!("restore returned a VM its factory did not build"),
     }
+}
+
+/// What a snapshot file holds, read and checked without building a VM:
+/// every part but the pages is CRC-checked, as a restore checks it first.
+pub fn inspect(path: &Path) -> Result<SnapshotInfo, SnapshotError> {
+    let file = File::open(path).map_err(SnapshotError::io("open", path))?;
+    let c = check(&file, path)?;
+    let h = &c.manifest.header;
+    Ok(SnapshotInfo {
+        ferry: c.manifest.ferry.clone(),
+        vmm: h.vmm.clone(),
+        vcpus: h.vcpus,
+        memory_bytes: h.memory_bytes,
+        sections: c.sections.iter().map(|s| s.id.to_string()).collect(),
+        digest: c.manifest.digest,
+        data_pages: c.manifest.data_pages,
+        stopped: c.manifest.stopped,
+        created_unix_s: c.manifest.created_unix_s,
+        working_set_pages: working_set::pages(&c.working_set),
+        working_set: c.working_set,
+    })
 }
 
 /// Reads and checks everything in the file but the pages.

@@ -234,9 +234,9 @@ fn write_file(
     // Once the guest runs again: ordering the working set is no work for
     // the pause.
     let working_set = if was_running {
-        recent.finish(&todo, paused_at)
+        recent.finish(&opts.first_touches, &todo, paused_at)
     } else {
-        Vec::new()
+        working_set::in_order(&opts.first_touches, frames).0
     };
 
     // The parts after the pages, then the manifest, then the superblock.

@@ -36,14 +36,17 @@ impl Recorder {
 
     /// The working set at a pause at `paused_at`, whose own harvest is
     /// `last` (it holds the latest live round's writes too): runs of
-    /// frames, newest round first.
-    pub fn finish(self, last: &DirtyPages, paused_at: Instant) -> Vec<(u64, u64)> {
-        let mut taken = last.clone();
-        let mut runs: Vec<(u64, u64)> = last.runs().into_iter().map(|(g, n)| (g.0, n)).collect();
-        for (at, set) in self.recent.iter().rev() {
-            if paused_at.saturating_duration_since(*at) > WINDOW {
-                break;
-            }
+    /// frames, `first` (a restore's first touches) first, then the rest,
+    /// newest round first.
+    pub fn finish(self, first: &[u64], last: &DirtyPages, paused_at: Instant) -> Vec<(u64, u64)> {
+        let (mut runs, mut taken) = in_order(first, last.pages());
+        let within = self
+            .recent
+            .iter()
+            .rev()
+            .take_while(|(at, _)| paused_at.saturating_duration_since(*at) <= WINDOW)
+            .map(|(_, set)| set);
+        for set in std::iter::once(last).chain(within) {
             let mut fresh = DirtyPages::new(set.pages());
             for g in set.iter() {
                 if !taken.contains(g) {
@@ -55,6 +58,24 @@ impl Recorder {
         }
         runs
     }
+}
+
+/// `frames` in their order, each once (and only those of a guest of
+/// `pages` frames), as runs of consecutive frames; and the set of them.
+pub fn in_order(frames: &[u64], pages: u64) -> (Vec<(u64, u64)>, DirtyPages) {
+    let mut taken = DirtyPages::new(pages);
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &g in frames.iter().filter(|&&g| g < pages) {
+        if taken.contains(Gfn(g)) {
+            continue;
+        }
+        taken.set(Gfn(g));
+        match runs.last_mut() {
+            Some((first, n)) if *first + *n == g => *n += 1,
+            _ => runs.push((g, 1)),
+        }
+    }
+    (runs, taken)
 }
 
 /// Pages in `runs`.
@@ -145,7 +166,7 @@ mod tests {
         let mut r = Recorder::new();
         r.record(now, &set(&[40, 41]));
         r.record(now, &set(&[1, 2, 3]));
-        let runs = r.finish(&set(&[2, 3, 9]), now);
+        let runs = r.finish(&[], &set(&[2, 3, 9]), now);
         assert_eq!(runs, vec![(2, 2), (9, 1), (1, 1), (40, 2)]);
         assert_eq!(pages(&runs), 6);
         assert_eq!(decode(&encode(&runs), 64).unwrap(), runs);
@@ -158,7 +179,20 @@ mod tests {
         r.record(now, &set(&[7]));
         let later = now + WINDOW + Duration::from_millis(1);
         r.record(later, &set(&[8]));
-        assert_eq!(r.finish(&set(&[]), later), vec![(8, 1)]);
+        assert_eq!(r.finish(&[], &set(&[]), later), vec![(8, 1)]);
+    }
+
+    #[test]
+    fn a_restore_s_first_touches_come_first_in_their_order() {
+        let now = Instant::now();
+        let mut r = Recorder::new();
+        r.record(now, &set(&[1, 2, 3]));
+        // Touched in this order after a restore; 30 twice, 99 past the guest.
+        let first = [30, 31, 5, 30, 99, 2];
+        let runs = r.finish(&first, &set(&[2, 9]), now);
+        assert_eq!(runs, vec![(30, 2), (5, 1), (2, 1), (9, 1), (1, 1), (3, 1)]);
+        // Without a running guest, the first touches are all there is.
+        assert_eq!(in_order(&first, 64).0, vec![(30, 2), (5, 1), (2, 1)]);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::error::CmdError;
 use crate::serve::{serve_vm_on, Serve};
 use clap::Args;
 use ferry_engine::custody::CopyState;
-use ferry_engine::snapshot::{RestoreMode, RestoreSummary};
+use ferry_engine::snapshot::{self, RestoreMode, RestoreSummary};
 use ferry_report::Table;
 use serde_json::json;
 use std::path::PathBuf;
@@ -75,6 +75,10 @@ pub struct RestoreArgs {
     /// Print the restore's summary as one JSON line once every page is in.
     #[arg(long)]
     pub json: bool,
+    /// Say what the file holds (its VM, release, digest, working set) and
+    /// check every part but the pages, without restoring it.
+    #[arg(long, conflicts_with_all = ["paused", "exit_after_restore", "control", "qmp", "duration"])]
+    pub inspect: bool,
 }
 
 fn parse_mode(name: &str) -> Result<RestoreMode, String> {
@@ -88,6 +92,9 @@ fn parse_mode(name: &str) -> Result<RestoreMode, String> {
 pub fn run(a: RestoreArgs) -> Result<ExitCode, CmdError> {
     if !a.run_after.is_finite() || a.run_after < 0.0 {
         return Err(CmdError::Usage("--run-after must be 0 or more".into()));
+    }
+    if a.inspect {
+        return inspect(&a);
     }
     let Started {
         mut vm,
@@ -139,6 +146,9 @@ pub fn run(a: RestoreArgs) -> Result<ExitCode, CmdError> {
     };
     let (ctl, commands) = crate::control::Shared::new(state, vm.ram().size())
         .map_err(|e| CmdError::Failed(format!("cannot start the monitor's event thread: {e}")))?;
+    // What the guest asked for first leads this VM's next snapshot.
+    *ctl.first_touches.lock().unwrap_or_else(|p| p.into_inner()) =
+        std::mem::take(&mut report.restore.first_touches);
     ctl.serve_sockets(a.control.as_deref(), a.qmp.as_deref())
         .map_err(|e| CmdError::Failed(ferry_vm::error_chain(&e)))?;
     let serve = Serve {
@@ -149,6 +159,46 @@ pub fn run(a: RestoreArgs) -> Result<ExitCode, CmdError> {
         qmp: a.qmp.clone(),
     };
     serve_vm_on(&mut *vm, &serve, ctl, commands)
+}
+
+/// `--inspect`: what the file holds, every part but the pages checked.
+fn inspect(a: &RestoreArgs) -> Result<ExitCode, CmdError> {
+    let info = snapshot::inspect(&a.file).map_err(failed("the file cannot be restored"))?;
+    let mut t = Table::new("snapshot file", &["", ""]);
+    let rows = [
+        ("file", a.file.display().to_string()),
+        ("written by", format!("ferry {}", info.ferry)),
+        (
+            "VM",
+            format!(
+                "{}, {} vCPUs, {} MiB",
+                info.vmm,
+                info.vcpus,
+                info.memory_bytes >> 20
+            ),
+        ),
+        ("device sections", info.sections.join(", ")),
+        ("pages with data", info.data_pages.to_string()),
+        ("working set", format!("{} pages", info.working_set_pages)),
+        ("digest", format!("{:#018x}", info.digest)),
+        (
+            "the guest after the snapshot",
+            match info.stopped {
+                true => "stopped",
+                false => "ran on",
+            }
+            .into(),
+        ),
+        ("parts but the pages", "checked (CRC32)".into()),
+    ];
+    for (k, v) in rows {
+        t.row(vec![k.to_string(), v]);
+    }
+    println!("{}", t.render());
+    if a.json {
+        println!("{}", serde_json::to_value(&info).unwrap_or_default());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// What the restore did, and what the guest's own checks say.

@@ -160,6 +160,10 @@ pub struct Shared {
     /// QMP's `postcopy-ram` capability: a migration that names no mode
     /// runs as a hybrid that switches only when asked.
     pub postcopy_ram: Arc<AtomicBool>,
+    /// The frames a lazy restore of this VM saw its guest touch first, in
+    /// order (empty for a VM not restored lazily): its snapshots' working
+    /// sets start with them.
+    pub first_touches: Arc<Mutex<Vec<u64>>>,
 }
 
 /// The guest a monitor serves.
@@ -187,6 +191,7 @@ impl Shared {
             next_converge: Arc::default(),
             custody: Arc::new(Custody::new(state)),
             postcopy_ram: Arc::default(),
+            first_touches: Arc::default(),
         };
         Ok((shared, rx))
     }

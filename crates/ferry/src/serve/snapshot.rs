@@ -33,6 +33,11 @@ pub fn run(
         .map_or_else(|| tunables.downtime_target(), Duration::from_millis);
     opts.max_rounds = request.max_rounds.unwrap_or_else(|| tunables.max_rounds());
     opts.stop = request.stop;
+    opts.first_touches = ctl
+        .first_touches
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     // A cancel aimed at an earlier migration must not stop this one.
     tunables.reset_cancel();
     // Claimed already when QMP's migrate asked for it.
