@@ -96,6 +96,9 @@ pub struct SnapshotRequest {
     pub max_downtime_ms: Option<u64>,
     /// The most live rounds (default: the VM's round cap).
     pub max_rounds: Option<u32>,
+    /// Write a diff against this snapshot of the VM: only the frames that
+    /// differ from it (absolute, as `path`).
+    pub parent: Option<std::path::PathBuf>,
 }
 
 /// A request on the control socket.

@@ -295,6 +295,12 @@ fn snapshot(path: &str, args: &Map<String, Value>) -> Result<QmpCommand, QmpErro
     fields.entry("stop").or_insert(Value::Bool(true));
     let request: SnapshotRequest = serde_json::from_value(Value::Object(fields))
         .map_err(|e| QmpError::generic(format!("bad migrate arguments for a file: {e}")))?;
+    if let Some(parent) = request.parent.as_ref().filter(|p| !p.is_absolute()) {
+        return Err(QmpError::generic(format!(
+            "parent '{}': the path must be absolute",
+            parent.display()
+        )));
+    }
     Ok(QmpCommand::Snapshot(Box::new(request)))
 }
 

@@ -477,3 +477,145 @@ fn a_restore_s_first_touches_lead_the_next_snapshot_s_working_set() {
     assert_eq!(frames, expected, "{info:?}");
     assert_eq!(info.working_set_pages, expected.len() as u64);
 }
+
+/// A stopped snapshot at `parent`, then three data pages changed while the
+/// guest stays paused, then a diff of it at `diff`: the changed pages and
+/// what they now hold.
+fn diff_of_three_pages(
+    vm: &mut TestVm,
+    parent: &Path,
+    diff: &Path,
+) -> (snapshot::SnapshotSummary, Vec<(ferry_vm::Gpa, u64)>) {
+    snapshot::save(vm, parent, &stopped()).unwrap();
+    let cfg = common::config();
+    let changed: Vec<_> = [3, 500, cfg.pages() - 1]
+        .iter()
+        .map(|&p| (cfg.data_gpa(p), 0xd1ff_0000 + p))
+        .collect();
+    for &(gpa, value) in &changed {
+        vm.ram().store_u64(gpa, value).unwrap();
+    }
+    let mut opts = stopped();
+    opts.parent = Some(parent.to_path_buf());
+    (snapshot::save(vm, diff, &opts).unwrap(), changed)
+}
+
+#[test]
+fn a_diff_snapshot_holds_only_what_changed_and_restores_through_its_parent() {
+    let dir = Scratch::new("diff");
+    let (parent, diff, merged) = (
+        dir.file("parent.snap"),
+        dir.file("diff.snap"),
+        dir.file("merged.snap"),
+    );
+    let mut vm = running_source();
+    let (d, changed) = diff_of_three_pages(&mut vm, &parent, &diff);
+    assert_eq!(d.data_pages, 3, "{d:?}");
+    let info = snapshot::inspect(&diff).unwrap();
+    assert_eq!(info.frames_held, 3, "{info:?}");
+    assert_eq!(info.parent.as_deref(), parent.to_str());
+    let full = snapshot::inspect(&parent).unwrap();
+    assert!(full.parent.is_none() && full.data_pages > 1000, "{full:?}");
+    for mode in MODES {
+        let (mut r, restoring) =
+            snapshot::restore_as(&diff, &mut build, &in_mode(mode, true)).unwrap();
+        let s = restoring.finish(&mut r).unwrap();
+        assert!(s.digest_match, "{mode:?}: {s:?}");
+        for &(gpa, value) in &changed {
+            assert_eq!(r.ram().load_u64(gpa).unwrap(), value, "{mode:?}");
+        }
+        assert_eq!(check(&r), check(&vm), "{mode:?}");
+    }
+    // Flattened, it is the same memory in one file, its parent not needed.
+    let m = snapshot::merge(&diff, &merged).unwrap();
+    assert_eq!(m.chain, 2, "{m:?}");
+    std::fs::remove_file(&parent).unwrap();
+    let info = snapshot::inspect(&merged).unwrap();
+    assert!(info.parent.is_none(), "{info:?}");
+    assert_eq!(info.digest, d.digest);
+    let (mut r, restoring) =
+        snapshot::restore_as(&merged, &mut build, &in_mode(RestoreMode::Eager, true)).unwrap();
+    assert!(restoring.finish(&mut r).unwrap().digest_match);
+    assert_eq!(check(&r), check(&vm));
+}
+
+#[test]
+fn a_diff_whose_parent_is_gone_damaged_or_another_is_refused() {
+    let dir = Scratch::new("diff-damage");
+    let (parent, diff) = (dir.file("parent.snap"), dir.file("diff.snap"));
+    let mut vm = running_source();
+    diff_of_three_pages(&mut vm, &parent, &diff);
+    let kept = std::fs::read(&parent).unwrap();
+
+    // Gone: refused naming the parent, before the VM is built.
+    std::fs::remove_file(&parent).unwrap();
+    for mode in MODES {
+        let (e, built) = restore_counting(&diff, mode);
+        assert_eq!(built, 0, "{mode:?}: {e}");
+        assert!(e.to_string().contains("parent.snap"), "{mode:?}: {e}");
+    }
+
+    // Another snapshot in its place: refused, naming both digests.
+    vm.ram().store_u64(common::config().data_gpa(7), 7).unwrap();
+    snapshot::save(&mut vm, &parent, &stopped()).unwrap();
+    let (e, built) = restore_counting(&diff, RestoreMode::Eager);
+    assert_eq!(built, 0, "{e}");
+    assert!(
+        matches!(&e, SnapshotError::Parent { detail, .. } if detail.contains("not its parent")),
+        "{e}"
+    );
+
+    // A flipped bit in a page the diff takes from its parent: refused
+    // naming the parent's file and the page's offset in it.
+    std::fs::write(&parent, &kept).unwrap();
+    let page = common::config().data_gpa(10).gfn().0;
+    let offset = 4096 + page * PAGE_SIZE as u64 + 100;
+    let mut bytes = kept.clone();
+    bytes[offset as usize] ^= 1;
+    std::fs::write(&parent, &bytes).unwrap();
+    for mode in MODES {
+        let (e, _) = restore_counting(&diff, mode);
+        let text = ferry_vm::error_chain(&e);
+        assert!(
+            text.contains("parent.snap") && text.contains(&format!("{page:#x}")),
+            "{mode:?}: {text}"
+        );
+    }
+
+    // A parent of another VM is refused at the save, naming what differs.
+    let mut other = TestVm::new(&common::TestConfig {
+        data_bytes: 8 << 20,
+        ..common::config()
+    })
+    .unwrap();
+    let mut opts = stopped();
+    opts.parent = Some(parent.clone());
+    std::fs::write(&parent, &kept).unwrap();
+    let e = snapshot::save(&mut other, &dir.file("other.snap"), &opts).unwrap_err();
+    assert!(e.to_string().contains("memory layout"), "{e}");
+}
+
+#[test]
+fn a_live_diff_of_a_running_guest_restores_lazily_and_walks_on() {
+    let dir = Scratch::new("diff-live");
+    let (parent, diff) = (dir.file("parent.snap"), dir.file("diff.snap"));
+    let mut vm = running_source();
+    snapshot::save(&mut vm, &parent, &SnapshotOptions::default()).unwrap();
+    let at = check(&vm).progress;
+    wait_for_passes(&vm, at + 1);
+    let mut opts = SnapshotOptions::default();
+    opts.parent = Some(parent.clone());
+    opts.stop = true;
+    let d = snapshot::save(&mut vm, &diff, &opts).unwrap();
+    let saved = check(&vm);
+    let (mut r, restoring) = snapshot::restore_as(
+        &diff,
+        &mut build,
+        &in_mode(RestoreMode::LazyWorkingSet, false),
+    )
+    .unwrap();
+    let s = restoring.finish(&mut r).unwrap();
+    assert!(s.digest_match, "{s:?} {d:?}");
+    wait_for_passes(&r, saved.progress + 2);
+    assert_eq!(check(&r).errors, 0);
+}

@@ -320,3 +320,61 @@ fn snapshot_and_restore_refuse_bad_input_in_words() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_diff_snapshot_holds_what_changed_and_a_merge_flattens_its_chain() {
+    let dir = scratch("diff");
+    let (full, diff, merged) = (
+        dir.join("full.snap"),
+        dir.join("diff.snap"),
+        dir.join("merged.snap"),
+    );
+    // The guest writes a tenth of its memory; the rest keeps its boot fill.
+    let (mut vm, sock) = run_with_control(
+        Ferry::new("run")
+            .on("soft")
+            .guest("32M", 64)
+            .args(&["--hot-percent", "10", "--fill", "text"]),
+    );
+    let f = last_json(&snapshot(&sock, &full, &[]));
+    let out = snapshot(&sock, &diff, &["--parent", full.to_str().unwrap()]);
+    let d = last_json(&out);
+    assert!(out.status.success(), "{d}");
+    let (full_pages, diff_pages) = (
+        f["data_pages"].as_u64().unwrap(),
+        d["data_pages"].as_u64().unwrap(),
+    );
+    assert!(
+        diff_pages > 0 && diff_pages * 3 < full_pages,
+        "the diff holds {diff_pages} pages, the full snapshot {full_pages}"
+    );
+    assert!(stop(&mut vm, &sock));
+    let info = last_json(&run(&[
+        "restore",
+        diff.to_str().unwrap(),
+        "--inspect",
+        "--json",
+    ]));
+    assert_eq!(info["parent"], full.to_str().unwrap(), "{info}");
+    restore_checked(&diff, "lazy-working-set", "a diff");
+
+    let out = run(&[
+        "snapshot",
+        "--merge",
+        diff.to_str().unwrap(),
+        merged.to_str().unwrap(),
+        "--json",
+    ]);
+    let m = last_json(&out);
+    assert!(out.status.success(), "{m}");
+    assert_eq!(m["chain"], 2, "{m}");
+    std::fs::remove_file(&full).unwrap();
+    // Without its parent the diff is refused, naming it; the merged file
+    // needs none.
+    let out = run(&["restore", diff.to_str().unwrap(), "--exit-after-restore"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("full.snap"), "{stderr}");
+    restore_checked(&merged, "eager", "merged");
+    let _ = std::fs::remove_dir_all(&dir);
+}

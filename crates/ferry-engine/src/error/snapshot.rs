@@ -96,6 +96,15 @@ pub enum SnapshotError {
     /// version other than its spec's, or more bytes than declared).
     #[error("the devices' saved state does not match what the VM declared: {0}")]
     Sections(String),
+    /// A diff snapshot's parent is missing, another VM's, not the one it
+    /// was taken against, or its chain is too long.
+    #[error("{path}, a diff snapshot's parent: {detail}")]
+    Parent {
+        /// The parent (or the last file of the chain reached).
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
     /// The VM the factory built cannot take this snapshot.
     #[error("the snapshot does not fit the VM built for it: {0}")]
     Header(String),

@@ -11,8 +11,12 @@ use std::path::Path;
 
 /// The superblock's first bytes.
 pub const MAGIC: [u8; 8] = *b"FERRYSNP";
-/// The format this release writes.
-pub const FORMAT: u32 = 1;
+/// The newest format this release reads and writes: 2 is a diff snapshot
+/// (a parent named by digest, and the frames this file holds); a full
+/// snapshot is still written as 1, which releases before diffs read.
+pub const FORMAT: u32 = 2;
+/// The format of a full snapshot.
+pub const FULL_FORMAT: u32 = 1;
 /// The oldest format this release reads.
 pub const OLDEST_FORMAT: u32 = 1;
 /// Bytes of the superblock: one page, so that guest pages start aligned.
@@ -105,12 +109,74 @@ pub struct Manifest {
     /// it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_set: Option<Part>,
+    /// A diff snapshot's parent: the frames this file does not hold are
+    /// the parent's (format 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentRef>,
+    /// A diff snapshot's frames that this file holds, one bit per frame
+    /// (a hole among them holds zeros); the rest are the parent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub present: Option<Part>,
     /// Frames of RAM that held data (the rest are holes in the file).
     pub data_pages: u64,
     /// Whether the guest was left stopped after the snapshot.
     pub stopped: bool,
     /// When the pause ended, in seconds since the epoch.
     pub created_unix_s: u64,
+}
+
+/// Writes the parts after the pages, one after another, then the manifest
+/// and, last, the superblock: a file without one was never finished.
+pub struct Tail<'a> {
+    file: &'a std::fs::File,
+    path: &'a Path,
+    at: u64,
+}
+
+impl<'a> Tail<'a> {
+    /// Parts from `at` on (the end of the pages).
+    pub fn new(file: &'a std::fs::File, path: &'a Path, at: u64) -> Self {
+        Tail { file, path, at }
+    }
+
+    /// Writes `bytes` as the next part.
+    pub fn put(&mut self, bytes: &[u8]) -> Result<Part, SnapshotError> {
+        let part = Part::of(self.at, bytes);
+        self.file
+            .write_all_at(bytes, self.at)
+            .map_err(SnapshotError::io("write", self.path))?;
+        self.at += bytes.len() as u64;
+        Ok(part)
+    }
+
+    /// Writes `manifest`, syncs everything, then writes the superblock of
+    /// `format` and syncs again.
+    pub fn finish(mut self, manifest: &Manifest, format: u32) -> Result<(), SnapshotError> {
+        let json = serde_json::to_vec(manifest).map_err(|e| SnapshotError::Manifest {
+            path: self.path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+        let superblock = Superblock {
+            format,
+            manifest: self.put(&json)?,
+        };
+        let sync = |f: &std::fs::File| f.sync_all().map_err(SnapshotError::io("sync", self.path));
+        sync(self.file)?;
+        self.file
+            .write_all_at(&superblock.encode(), 0)
+            .map_err(SnapshotError::io("write", self.path))?;
+        sync(self.file)
+    }
+}
+
+/// The snapshot a diff snapshot was taken against.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentRef {
+    /// Where it was, as given (relative paths are the diff file's
+    /// directory's).
+    pub path: String,
+    /// Its memory digest: a parent file that holds another is refused.
+    pub digest: u64,
 }
 
 /// The fixed first page of the file: the magic, the format, and where the

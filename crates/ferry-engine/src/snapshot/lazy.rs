@@ -20,15 +20,12 @@
 //! restore's owner stops the guest ([`super::Restoring::finish`]), so that
 //! nothing runs on from damaged data.
 
-use super::format::page_offset;
+use super::chain::PageSource;
 use super::working_set;
-use crate::digest::{digest_of, page_hash};
+use crate::digest::digest_of;
 use crate::error::SnapshotError;
 use ferry_vm::uffd::{Fault, Placed, Placer};
 use ferry_vm::{FetchError, Gfn, GuestRam, PageBits, PAGE_SIZE};
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -44,8 +41,8 @@ const FAULT_POLL: Duration = Duration::from_millis(50);
 
 /// What the fault thread, the fill and the vCPUs' fault exits share.
 struct Shared {
-    file: File,
-    path: PathBuf,
+    /// Where each frame's page lies (the file, or a diff's chain).
+    source: PageSource,
     /// What each frame must hash to.
     hashes: Vec<u64>,
     ram: Arc<GuestRam>,
@@ -111,8 +108,7 @@ impl LazyPages {
     /// order. `start` is when the restore began, for the times
     /// reported (among them when the working set was in, either way).
     pub fn start(
-        file: File,
-        path: PathBuf,
+        source: PageSource,
         ram: Arc<GuestRam>,
         hashes: Vec<u64>,
         working_set: &[(u64, u64)],
@@ -146,8 +142,7 @@ impl LazyPages {
                 members.insert(g);
             });
         let shared = Arc::new(Shared {
-            file,
-            path,
+            source,
             hashes,
             placer: RwLock::new(Some(placer)),
             present: Arc::new(PageBits::new(frames)),
@@ -376,21 +371,8 @@ impl Shared {
     /// each against its hash.
     fn read(&self, first: u64, n: u64, buf: &mut Vec<u8>) -> Result<(), SnapshotError> {
         buf.resize(n as usize * PAGE_SIZE, 0);
-        self.file
-            .read_exact_at(buf, page_offset(first))
-            .map_err(SnapshotError::io("read", &self.path))?;
-        self.bytes_read
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        for (i, page) in buf.chunks_exact(PAGE_SIZE).enumerate() {
-            let gfn = first + i as u64;
-            if page_hash(page) != self.hashes[gfn as usize] {
-                return Err(SnapshotError::DamagedPage {
-                    path: self.path.clone(),
-                    gfn,
-                    offset: page_offset(gfn),
-                });
-            }
-        }
+        let bytes = self.source.read_checked(first, n, buf, &self.hashes)?;
+        self.bytes_read.fetch_add(bytes, Ordering::Relaxed);
         Ok(())
     }
 

@@ -29,6 +29,7 @@
 //! sections and dirty logs are the migration's; the restore's factory is
 //! a destination's.
 
+mod chain;
 mod format;
 mod lazy;
 mod pages;
@@ -36,7 +37,8 @@ mod restore;
 mod save;
 mod working_set;
 
-pub use format::{FORMAT, OLDEST_FORMAT};
+pub use chain::{merge, MergeSummary, MAX_CHAIN};
+pub use format::{FORMAT, FULL_FORMAT, OLDEST_FORMAT};
 pub use restore::{inspect, restore, restore_as, Restoring};
 pub use save::{save, save_steered};
 
@@ -79,6 +81,11 @@ pub struct SnapshotOptions {
     /// order ([`RestoreSummary::first_touches`]): the working set starts
     /// with them, before the pages the dirty logs saw written last.
     pub first_touches: Vec<u64>,
+    /// Write a diff against this snapshot of the same VM: only the frames
+    /// whose content differs from it ([`merge`] flattens a chain). The
+    /// diff names it by path (as given: a relative path is taken from the
+    /// diff's directory when restored) and by digest.
+    pub parent: Option<std::path::PathBuf>,
 }
 
 impl Default for SnapshotOptions {
@@ -89,6 +96,7 @@ impl Default for SnapshotOptions {
             stop: false,
             verify: true,
             first_touches: Vec::new(),
+            parent: None,
         }
     }
 }
@@ -220,6 +228,11 @@ pub struct SnapshotInfo {
     pub stopped: bool,
     /// When the pause ended, in seconds since the epoch.
     pub created_unix_s: u64,
+    /// A diff snapshot's parent, its path as recorded.
+    pub parent: Option<String>,
+    /// Of a diff, the frames it holds (the rest are its parent's); of a
+    /// full snapshot, every frame.
+    pub frames_held: u64,
     /// Pages in its working set.
     pub working_set_pages: u64,
     /// Its working set as runs of frames, in the order a lazy restore

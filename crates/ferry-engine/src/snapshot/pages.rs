@@ -1,6 +1,7 @@
 //! Writing guest pages to their fixed places in the file, and reading them
 //! back checked against the hashes the snapshot recorded.
 
+use super::chain::PageSource;
 use super::format::page_offset;
 use crate::digest::{page_hash, zero_page_hash};
 use crate::error::SnapshotError;
@@ -26,12 +27,16 @@ pub struct Written {
 }
 
 /// Writes guest pages into the file and keeps, for each frame, the hash of
-/// what the file holds for it (a hole holds zeros).
+/// what the snapshot holds for it (a hole holds zeros; in a diff, a frame
+/// the file does not hold is its parent's).
 pub struct PageWriter<'a> {
     file: &'a File,
     path: &'a Path,
     /// One hash per frame, holes included.
     pub hashes: Vec<u64>,
+    /// A diff's frames that this file holds; `None` for a full snapshot,
+    /// which holds them all.
+    pub present: Option<DirtyPages>,
     buf: Vec<u8>,
 }
 
@@ -42,8 +47,34 @@ impl<'a> PageWriter<'a> {
             file,
             path,
             hashes: vec![zero_page_hash(); frames as usize],
+            present: None,
             buf: vec![0u8; (CHUNK_PAGES as usize) * PAGE_SIZE],
         }
+    }
+
+    /// A writer for a diff against a parent whose frames hash to
+    /// `parent`: a page that hashes as the parent's is not written, and
+    /// the file does not hold it (until a later round finds it changed).
+    pub fn diff(file: &'a File, path: &'a Path, parent: Vec<u64>) -> Self {
+        let frames = parent.len() as u64;
+        PageWriter {
+            hashes: parent,
+            present: Some(DirtyPages::new(frames)),
+            ..PageWriter::new(file, path, 0)
+        }
+    }
+
+    /// Frames of RAM whose data this file holds.
+    pub fn data_pages(&self) -> u64 {
+        let zero = zero_page_hash();
+        (0..self.hashes.len())
+            .filter(|&g| self.hashes[g] != zero)
+            .filter(|&g| {
+                self.present
+                    .as_ref()
+                    .is_none_or(|p| p.contains(Gfn(g as u64)))
+            })
+            .count() as u64
     }
 
     /// Copies every RAM frame of `set` from `ram` to its place. A page of
@@ -91,7 +122,20 @@ impl<'a> PageWriter<'a> {
         let mut run: Option<u64> = None;
         for (i, page) in (0..count).zip(bytes.chunks_exact(PAGE_SIZE)) {
             let gfn = first.0 + i;
-            if is_zero_page(page) {
+            let zero = is_zero_page(page);
+            if let Some(present) = &mut self.present {
+                let hash = match zero {
+                    true => zero_page_hash(),
+                    false => page_hash(page),
+                };
+                if !present.contains(Gfn(gfn)) && hash == self.hashes[gfn as usize] {
+                    // The parent holds this very page.
+                    write_run(self.file, self.path, bytes, first, run.take(), i, done)?;
+                    continue;
+                }
+                present.set(Gfn(gfn));
+            }
+            if zero {
                 write_run(self.file, self.path, bytes, first, run.take(), i, done)?;
                 if self.hashes[gfn as usize] != zero_page_hash() {
                     punch_hole(self.file, self.path, gfn)?;
@@ -151,12 +195,11 @@ fn punch_hole(file: &File, path: &Path, gfn: u64) -> Result<(), SnapshotError> {
         .map_err(SnapshotError::io("write", path))
 }
 
-/// Reads every RAM frame from the file into `ram`, checking each page
+/// Reads every RAM frame from `source` into `ram`, checking each page
 /// against `hashes` before it is placed; a page of zeros is not written
 /// (fresh guest memory is zero). Returns the pages and bytes read.
 pub fn read_all(
-    file: &File,
-    path: &Path,
+    source: &PageSource,
     ram: &GuestRam,
     hashes: &[u64],
 ) -> Result<(u64, u64), SnapshotError> {
@@ -168,24 +211,14 @@ pub fn read_all(
             let count = (n - at).min(CHUNK_PAGES);
             let first = run.0 + at;
             let chunk = &mut buf[..count as usize * PAGE_SIZE];
-            file.read_exact_at(chunk, page_offset(first))
-                .map_err(SnapshotError::io("read", path))?;
+            bytes += source.read_checked(first, count, chunk, hashes)?;
             for (i, page) in chunk.chunks_exact(PAGE_SIZE).enumerate() {
-                let gfn = first + i as u64;
-                if page_hash(page) != hashes[gfn as usize] {
-                    return Err(SnapshotError::DamagedPage {
-                        path: path.to_path_buf(),
-                        gfn,
-                        offset: page_offset(gfn),
-                    });
-                }
                 if !is_zero_page(page) {
-                    ram.write_pages(Gfn(gfn), page)
+                    ram.write_pages(Gfn(first + i as u64), page)
                         .map_err(SnapshotError::ram("place a page from the snapshot"))?;
                 }
             }
             pages += count;
-            bytes += chunk.len() as u64;
             at += count;
         }
     }

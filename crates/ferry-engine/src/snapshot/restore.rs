@@ -6,6 +6,7 @@
 //! the vCPUs run at once, each page is checked as it comes in, and the
 //! placed pages' hashes against the digest once all are in.
 
+use super::chain::PageSource;
 use super::format::{page_offset, Manifest, Superblock};
 use super::lazy::LazyPages;
 use super::{working_set, RestoreMode, RestoreOptions, RestoreSummary, SnapshotInfo};
@@ -19,13 +20,15 @@ use std::path::Path;
 use std::time::Instant;
 
 /// What a file holds, checked: everything but the pages.
-struct Checked {
-    manifest: Manifest,
-    vcpus: Vec<u8>,
-    sections: Vec<ferry_vm::Section>,
-    hashes: Vec<u64>,
+pub(super) struct Checked {
+    pub manifest: Manifest,
+    pub vcpus: Vec<u8>,
+    pub sections: Vec<ferry_vm::Section>,
+    pub hashes: Vec<u64>,
     /// Runs of frames, newest first (empty: none recorded).
-    working_set: Vec<(u64, u64)>,
+    pub working_set: Vec<(u64, u64)>,
+    /// A diff's frames that the file holds (`None`: all of them).
+    pub present: Option<ferry_vm::DirtyPages>,
 }
 
 /// A restored VM's memory while it comes in, returned with the VM by
@@ -106,6 +109,8 @@ pub fn restore(
     let start = Instant::now();
     let file = File::open(path).map_err(SnapshotError::io("open", path))?;
     let checked = check(&file, path)?;
+    // A diff's chain, each parent checked, before the VM is built.
+    let source = PageSource::open(file, path, &checked)?;
     let header = &checked.manifest.header;
     let mut vm = create_vm(header).map_err(SnapshotError::vm("build the VM for the snapshot"))?;
     header
@@ -144,14 +149,13 @@ pub fn restore(
     };
     let lazy = match opts.mode {
         RestoreMode::Eager => {
-            read_eagerly(&file, path, &mut *vm, &checked, opts, &mut summary)?;
+            read_eagerly(&source, &mut *vm, &checked, opts, &mut summary)?;
             None
         }
         RestoreMode::Lazy | RestoreMode::LazyWorkingSet => {
             let first = opts.mode == RestoreMode::LazyWorkingSet;
             Some(start_lazily(
-                file,
-                path,
+                source,
                 &mut *vm,
                 &checked,
                 first,
@@ -185,15 +189,14 @@ pub fn restore(
 
 /// Reads every page before a vCPU runs, and checks the whole memory.
 fn read_eagerly(
-    file: &File,
-    path: &Path,
+    source: &PageSource,
     vm: &mut dyn Vm,
     checked: &Checked,
     opts: &RestoreOptions,
     summary: &mut RestoreSummary,
 ) -> Result<(), SnapshotError> {
     let t = Instant::now();
-    let (pages_read, bytes_read) = super::pages::read_all(file, path, vm.ram(), &checked.hashes)?;
+    let (pages_read, bytes_read) = super::pages::read_all(source, vm.ram(), &checked.hashes)?;
     summary.read_ms = ms(t.elapsed());
     summary.pages_read = pages_read;
     summary.bytes_read = bytes_read;
@@ -216,8 +219,7 @@ fn read_eagerly(
 /// Empties the VM's memory and starts serving it from the file: faults
 /// through userfaultfd, or the VM's own fault exits where it has them.
 fn start_lazily(
-    file: File,
-    path: &Path,
+    source: PageSource,
     vm: &mut dyn Vm,
     checked: &Checked,
     working_set_first: bool,
@@ -237,8 +239,7 @@ fn start_lazily(
         });
     }
     let lazy = LazyPages::start(
-        file,
-        path.to_path_buf(),
+        source,
         std::sync::Arc::clone(vm.ram()),
         checked.hashes.clone(),
         &checked.working_set,
@@ -309,13 +310,18 @@ pub fn inspect(path: &Path) -> Result<SnapshotInfo, SnapshotError> {
         data_pages: c.manifest.data_pages,
         stopped: c.manifest.stopped,
         created_unix_s: c.manifest.created_unix_s,
+        parent: c.manifest.parent.as_ref().map(|p| p.path.clone()),
+        frames_held: c
+            .present
+            .as_ref()
+            .map_or(c.hashes.len() as u64, |p| p.count()),
         working_set_pages: working_set::pages(&c.working_set),
         working_set: c.working_set,
     })
 }
 
 /// Reads and checks everything in the file but the pages.
-fn check(file: &File, path: &Path) -> Result<Checked, SnapshotError> {
+pub(super) fn check(file: &File, path: &Path) -> Result<Checked, SnapshotError> {
     let size = file
         .metadata()
         .map_err(SnapshotError::io("stat", path))?
@@ -381,11 +387,32 @@ fn check(file: &File, path: &Path) -> Result<Checked, SnapshotError> {
         }
         None => Vec::new(),
     };
+    let present = match &manifest.present {
+        Some(part) => {
+            let raw = part.read(file, size, path, "present frames")?;
+            Some(
+                super::chain::decode_present(&raw, frames).map_err(|detail| {
+                    SnapshotError::Manifest {
+                        path: path.to_path_buf(),
+                        detail,
+                    }
+                })?,
+            )
+        }
+        None => None,
+    };
+    if present.is_some() != manifest.parent.is_some() {
+        return Err(SnapshotError::Manifest {
+            path: path.to_path_buf(),
+            detail: "it names a parent without its present frames, or the other way".into(),
+        });
+    }
     Ok(Checked {
         manifest,
         vcpus,
         sections,
         hashes,
         working_set,
+        present,
     })
 }

@@ -1,7 +1,8 @@
 //! Saving a running VM to a file: rounds that write the pages the guest
 //! dirtied in place while it runs, then a short pause for the rest.
 
-use super::format::{page_offset, Manifest, Part, Superblock, FORMAT};
+use super::chain;
+use super::format::{page_offset, Manifest, Tail, FORMAT, FULL_FORMAT};
 use super::pages::{PageWriter, Written};
 use super::working_set;
 use super::{SnapshotOptions, SnapshotRound, SnapshotSummary, Steering};
@@ -14,7 +15,7 @@ use crate::wire::StreamHeader;
 use crate::Tunables;
 use ferry_vm::{DirtyPages, Vm};
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -87,7 +88,7 @@ pub fn save_steered(
 }
 
 /// Where the file is written until it is complete.
-fn partial_path(path: &Path) -> PathBuf {
+pub(super) fn partial_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".partial");
     path.with_file_name(name)
@@ -138,7 +139,14 @@ fn write_file(
     let pages_end = page_offset(frames);
     file.set_len(pages_end)
         .map_err(SnapshotError::io("size", path))?;
-    let mut writer = PageWriter::new(&file, path, frames);
+    let parent = match &opts.parent {
+        Some(p) => Some(chain::Parent::open(p, &header)?),
+        None => None,
+    };
+    let mut writer = match &parent {
+        Some(p) => PageWriter::diff(&file, path, p.hashes.clone()),
+        None => PageWriter::new(&file, path, frames),
+    };
     let was_running = vm.is_running();
     let mut rounds = Vec::new();
 
@@ -241,50 +249,35 @@ fn write_file(
 
     // The parts after the pages, then the manifest, then the superblock.
     let hashes: Vec<u8> = writer.hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
-    let mut at = pages_end;
-    let mut put = |bytes: &[u8]| -> Result<Part, SnapshotError> {
-        let part = Part::of(at, bytes);
-        file.write_all_at(bytes, at)
-            .map_err(SnapshotError::io("write", path))?;
-        at += bytes.len() as u64;
-        Ok(part)
-    };
+    let mut tail = Tail::new(&file, path, pages_end);
     let manifest = Manifest {
         ferry: env!("CARGO_PKG_VERSION").to_string(),
         header,
         digest_pages: digest.pages,
         digest: digest.value,
-        vcpus: put(&vcpus)?,
-        sections: put(&sections)?,
-        page_hashes: put(&hashes)?,
+        vcpus: tail.put(&vcpus)?,
+        sections: tail.put(&sections)?,
+        page_hashes: tail.put(&hashes)?,
         working_set: match working_set.is_empty() {
             true => None,
-            false => Some(put(&working_set::encode(&working_set))?),
+            false => Some(tail.put(&working_set::encode(&working_set))?),
         },
-        data_pages: writer
-            .hashes
-            .iter()
-            .filter(|&&h| h != crate::digest::zero_page_hash())
-            .count() as u64,
+        present: match &writer.present {
+            Some(bits) => Some(tail.put(&chain::encode_present(bits))?),
+            None => None,
+        },
+        parent: parent.as_ref().map(|p| p.reference.clone()),
+        data_pages: writer.data_pages(),
         stopped,
         created_unix_s: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     };
-    let json = serde_json::to_vec(&manifest).map_err(|e| SnapshotError::Manifest {
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-    })?;
-    let superblock = Superblock {
-        format: FORMAT,
-        manifest: put(&json)?,
+    let format = match manifest.parent {
+        Some(_) => FORMAT,
+        None => FULL_FORMAT,
     };
-    // The superblock last, after the rest is on disk: a file without one
-    // was never finished.
-    file.sync_all().map_err(SnapshotError::io("sync", path))?;
-    file.write_all_at(&superblock.encode(), 0)
-        .map_err(SnapshotError::io("write", path))?;
-    file.sync_all().map_err(SnapshotError::io("sync", path))?;
+    tail.finish(&manifest, format)?;
     let meta = file.metadata().map_err(SnapshotError::io("stat", path))?;
     Ok(SnapshotSummary {
         // The caller's, once the file is in place.

@@ -24,16 +24,30 @@ or cancelled snapshot leaves FILE as it was, and the guest running.
 Examples:
   ferry run --control /tmp/vm.sock &
   ferry snapshot /tmp/vm.sock /var/tmp/vm.snap
+  ferry snapshot /tmp/vm.sock /var/tmp/vm-2.snap --parent /var/tmp/vm.snap
+  ferry snapshot --merge /var/tmp/vm-2.snap /var/tmp/vm-full.snap
   ferry restore /var/tmp/vm.snap --control /tmp/vm2.sock
 
 QMP's way, as QEMU spells it (the guest is left paused, as QEMU leaves it):
   ferry ctl /tmp/vm.sock migrate uri=file:/var/tmp/vm.snap --follow")]
 pub struct SnapshotArgs {
     /// The VM's control socket (`--control` of `ferry run`, `ferry receive`
-    /// or `ferry restore`).
+    /// or `ferry restore`); with --merge, the diff snapshot to flatten.
+    #[arg(value_name = "SOCKET")]
     pub socket: PathBuf,
     /// The file to write (its directory must exist).
     pub file: PathBuf,
+    /// Write a diff against this earlier snapshot of the same VM: only the
+    /// pages that differ from it. The diff names it by path and digest, and
+    /// a restore follows the chain (a relative path is taken from the
+    /// diff's directory).
+    #[arg(long, value_name = "PARENT", conflicts_with = "merge")]
+    pub parent: Option<PathBuf>,
+    /// Flatten the diff snapshot SOCKET names (and its chain of parents)
+    /// into one full snapshot FILE, each page checked as it is copied.
+    /// Needs no VM.
+    #[arg(long, conflicts_with_all = ["stop", "downtime_ms", "max_rounds"])]
+    pub merge: bool,
     /// Leave the guest paused once it is saved (its state is then the
     /// file's, as before a host reboot); `ferry ctl SOCKET cont` runs it.
     #[arg(long)]
@@ -61,7 +75,15 @@ pub fn run(a: SnapshotArgs) -> Result<ExitCode, CmdError> {
             file.display()
         )));
     }
+    if a.merge {
+        return merge(&a, &file);
+    }
     let mut request = json!({"cmd": "snapshot", "path": file, "stop": a.stop});
+    if let Some(parent) = &a.parent {
+        let parent = std::path::absolute(parent)
+            .map_err(|e| CmdError::Usage(format!("{}: {e}", parent.display())))?;
+        request["parent"] = json!(parent);
+    }
     if let Some(ms) = a.downtime_ms {
         request["max_downtime_ms"] = ms.into();
     }
@@ -92,6 +114,31 @@ pub fn run(a: SnapshotArgs) -> Result<ExitCode, CmdError> {
             o.insert("status".into(), "completed".into());
         }
         println!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--merge`: the chain ending in the diff `a.socket` names, flattened.
+fn merge(a: &SnapshotArgs, out: &std::path::Path) -> Result<ExitCode, CmdError> {
+    let m = ferry_engine::snapshot::merge(&a.socket, out).map_err(|e| {
+        CmdError::Failed(format!("the merge failed: {}", ferry_vm::error_chain(&e)))
+    })?;
+    let mut t = Table::new("merged snapshot", &["", ""]);
+    for (k, v) in [
+        ("file", out.display().to_string()),
+        ("files flattened", m.chain.to_string()),
+        ("pages with data", m.data_pages.to_string()),
+        ("on disk", format!("{} MiB", m.bytes >> 20)),
+        ("took", format!("{:.0} ms", m.total_ms)),
+    ] {
+        t.row(vec![k.to_string(), v]);
+    }
+    println!("{}", t.render());
+    if a.json {
+        let mut j = serde_json::to_value(&m).unwrap_or_default();
+        j["status"] = "completed".into();
+        j["file"] = json!(out);
+        println!("{j}");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -67,6 +67,12 @@ pub fn handle(req: Request, shared: &Shared) -> Value {
             Err(e) => json!({"ok": false, "error": e}),
         },
         Request::Snapshot(request) => {
+            if let Some(parent) = request.parent.as_ref().filter(|p| !p.is_absolute()) {
+                return json!({"ok": false, "error": format!(
+                    "snapshot parent {} is not absolute (the VM's process does not share its \
+                     client's working directory)", parent.display()
+                )});
+            }
             if !request.path.is_absolute() {
                 return json!({"ok": false, "error": format!(
                     "snapshot path {} is not absolute (the VM's process does not share its \

@@ -33,6 +33,7 @@ pub fn run(
         .map_or_else(|| tunables.downtime_target(), Duration::from_millis);
     opts.max_rounds = request.max_rounds.unwrap_or_else(|| tunables.max_rounds());
     opts.stop = request.stop;
+    opts.parent = request.parent.clone();
     opts.first_touches = ctl
         .first_touches
         .lock()
