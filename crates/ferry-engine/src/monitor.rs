@@ -11,9 +11,7 @@
 //! subscribers ([`EventSink`]) and drops one that fails (give a socket a
 //! write timeout before subscribing it).
 
-use crate::error::SnapshotError;
 use crate::progress::{Phase, Progress};
-use crate::snapshot::SnapshotSummary;
 use crate::summary::{MigrationSummary, Outcome, RoundStats, ThrottleStep};
 use serde_json::{json, Value};
 use std::io::Write;
@@ -83,6 +81,23 @@ impl MigStatus {
                 | MigStatus::PostcopyPaused
         )
     }
+}
+
+/// How a snapshot to a file ended ([`Monitor::finish_snapshot`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum SnapshotEnd {
+    /// The file is complete, after `total_ms` with the guest paused for
+    /// `pause_ms`.
+    Completed {
+        /// From the call to the file in place.
+        total_ms: f64,
+        /// The guest's pause.
+        pause_ms: f64,
+    },
+    /// Cancelled before its pause; why, in words.
+    Cancelled(String),
+    /// It failed; why, in words.
+    Failed(String),
 }
 
 /// Where events go: one JSON line at a time (with its newline), whole.
@@ -351,40 +366,28 @@ impl Monitor {
     }
 
     /// Records how a snapshot to a file ended (QMP's `migrate` to a
-    /// `file:` URI): `completed`, `cancelled`, or `failed` with why, and
-    /// `summary_json` as the summary's form.
-    pub fn finish_snapshot(
-        &self,
-        result: &Result<SnapshotSummary, SnapshotError>,
-        summary_json: Value,
-    ) {
-        let (status, finished) = match result {
-            Ok(s) => (
-                MigStatus::Completed,
-                Finished {
-                    total_ms: s.total_ms,
-                    downtime_ms: s.pause_ms,
-                    error: None,
-                    summary: summary_json,
-                },
-            ),
-            Err(e) => (
-                match e {
-                    SnapshotError::Cancelled { .. } => MigStatus::Cancelled,
-                    _ => MigStatus::Failed,
-                },
-                Finished {
-                    total_ms: self
-                        .state()
-                        .started
-                        .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3),
-                    downtime_ms: 0.0,
-                    error: Some(ferry_vm::error_chain(e)),
-                    summary: summary_json,
-                },
-            ),
+    /// `file:` URI), with `summary_json` as the summary's form.
+    pub fn finish_snapshot(&self, end: SnapshotEnd, summary_json: Value) {
+        let elapsed = self
+            .state()
+            .started
+            .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
+        let (status, total_ms, downtime_ms, error) = match end {
+            SnapshotEnd::Completed { total_ms, pause_ms } => {
+                (MigStatus::Completed, total_ms, pause_ms, None)
+            }
+            SnapshotEnd::Cancelled(why) => (MigStatus::Cancelled, elapsed, 0.0, Some(why)),
+            SnapshotEnd::Failed(why) => (MigStatus::Failed, elapsed, 0.0, Some(why)),
         };
-        self.end(status, finished);
+        self.end(
+            status,
+            Finished {
+                total_ms,
+                downtime_ms,
+                error,
+                summary: summary_json,
+            },
+        );
     }
 
     fn end(&self, status: MigStatus, finished: Finished) {

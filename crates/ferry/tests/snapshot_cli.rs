@@ -330,12 +330,12 @@ fn a_diff_snapshot_holds_what_changed_and_a_merge_flattens_its_chain() {
         dir.join("merged.snap"),
     );
     // The guest writes a tenth of its memory; the rest keeps its boot fill.
-    let (mut vm, sock) = run_with_control(
-        Ferry::new("run")
-            .on("soft")
-            .guest("32M", 64)
-            .args(&["--hot-percent", "10", "--fill", "text"]),
-    );
+    let (mut vm, sock) = run_with_control(Ferry::new("run").on("soft").guest("32M", 64).args(&[
+        "--hot-percent",
+        "10",
+        "--fill",
+        "text",
+    ]));
     let f = last_json(&snapshot(&sock, &full, &[]));
     let out = snapshot(&sock, &diff, &["--parent", full.to_str().unwrap()]);
     let d = last_json(&out);

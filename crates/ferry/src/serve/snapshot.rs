@@ -6,6 +6,8 @@
 use super::say;
 use crate::control;
 use ferry_control::SnapshotRequest;
+use ferry_engine::error::SnapshotError;
+use ferry_engine::monitor::SnapshotEnd;
 use ferry_engine::snapshot::{self, SnapshotOptions, Steering};
 use serde_json::{json, Value};
 use std::sync::mpsc::Sender;
@@ -88,6 +90,16 @@ pub fn run(
             ferry_vm::error_chain(e)
         ));
     }
-    ctl.monitor.finish_snapshot(&result, answer.clone());
+    let end = match &result {
+        Ok(s) => SnapshotEnd::Completed {
+            total_ms: s.total_ms,
+            pause_ms: s.pause_ms,
+        },
+        Err(e @ SnapshotError::Cancelled { .. }) => {
+            SnapshotEnd::Cancelled(ferry_vm::error_chain(e))
+        }
+        Err(e) => SnapshotEnd::Failed(ferry_vm::error_chain(e)),
+    };
+    ctl.monitor.finish_snapshot(end, answer.clone());
     let _ = reply.send(answer);
 }
