@@ -17,8 +17,8 @@
 //!  frame g      from the first file of [child, parent, ...] that holds it
 //! ```
 
-use super::format::{page_offset, Manifest, Tail, FULL_FORMAT};
-use super::restore::{check, Checked};
+use super::checked::{check, Checked};
+use super::format::{page_offset, partial_path, Manifest, Tail, FULL_FORMAT};
 use crate::digest::page_hash;
 use crate::error::SnapshotError;
 use crate::wire::is_zero_page;
@@ -31,31 +31,6 @@ use std::time::Instant;
 
 /// The most files a chain may have, the newest included.
 pub const MAX_CHAIN: usize = 32;
-
-/// A diff's present bits, as the file holds them: bit `g % 8` of byte
-/// `g / 8` for frame `g`.
-pub fn encode_present(bits: &DirtyPages) -> Vec<u8> {
-    let mut bytes = vec![0u8; bits.pages().div_ceil(8) as usize];
-    for g in bits.iter() {
-        bytes[(g.0 / 8) as usize] |= 1 << (g.0 % 8);
-    }
-    bytes
-}
-
-/// Reads [`encode_present`]'s form back for a guest of `frames` frames.
-pub fn decode_present(bytes: &[u8], frames: u64) -> Result<DirtyPages, String> {
-    if bytes.len() as u64 != frames.div_ceil(8) {
-        return Err(format!(
-            "its present bits are {} bytes for {frames} frames",
-            bytes.len()
-        ));
-    }
-    let mut bits = DirtyPages::new(frames);
-    (0..frames)
-        .filter(|g| bytes[(g / 8) as usize] & (1 << (g % 8)) != 0)
-        .for_each(|g| bits.set(Gfn(g)));
-    Ok(bits)
-}
 
 /// A parent as a diff's save takes it: its page hashes, and how the diff
 /// names it.
@@ -252,7 +227,7 @@ pub fn merge(child: &Path, out: &Path) -> Result<MergeSummary, SnapshotError> {
     let file = File::open(child).map_err(SnapshotError::io("open", child))?;
     let c = check(&file, child)?;
     let source = PageSource::open(file, child, &c)?;
-    let partial = super::save::partial_path(out);
+    let partial = partial_path(out);
     let written = write_merged(&c, &source, &partial);
     let written = written.and_then(|w| {
         std::fs::rename(&partial, out).map_err(SnapshotError::io("rename", &partial))?;

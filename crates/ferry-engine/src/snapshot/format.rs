@@ -4,7 +4,7 @@
 
 use crate::error::SnapshotError;
 use crate::wire::StreamHeader;
-use ferry_vm::PAGE_SIZE;
+use ferry_vm::{DirtyPages, Gfn, PAGE_SIZE};
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -259,6 +259,39 @@ impl Superblock {
             },
         })
     }
+}
+
+/// A diff's present bits, as the file holds them: bit `g % 8` of byte
+/// `g / 8` for frame `g`.
+pub fn encode_present(bits: &DirtyPages) -> Vec<u8> {
+    let mut bytes = vec![0u8; bits.pages().div_ceil(8) as usize];
+    for g in bits.iter() {
+        bytes[(g.0 / 8) as usize] |= 1 << (g.0 % 8);
+    }
+    bytes
+}
+
+/// Reads [`encode_present`]'s form back for a guest of `frames` frames.
+pub fn decode_present(bytes: &[u8], frames: u64) -> Result<DirtyPages, String> {
+    if bytes.len() as u64 != frames.div_ceil(8) {
+        return Err(format!(
+            "its present bits are {} bytes for {frames} frames",
+            bytes.len()
+        ));
+    }
+    let mut bits = DirtyPages::new(frames);
+    (0..frames)
+        .filter(|g| bytes[(g / 8) as usize] & (1 << (g % 8)) != 0)
+        .for_each(|g| bits.set(Gfn(g)));
+    Ok(bits)
+}
+
+/// Where a file is written until it is complete (it is renamed over
+/// `path` only then).
+pub fn partial_path(path: &Path) -> std::path::PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    path.with_file_name(name)
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@
 //! a destination's.
 
 mod chain;
+mod checked;
 mod format;
 mod lazy;
 mod pages;

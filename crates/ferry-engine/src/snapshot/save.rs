@@ -2,7 +2,9 @@
 //! dirtied in place while it runs, then a short pause for the rest.
 
 use super::chain;
-use super::format::{page_offset, Manifest, Tail, FORMAT, FULL_FORMAT};
+use super::format::{
+    encode_present, page_offset, partial_path, Manifest, Tail, FORMAT, FULL_FORMAT,
+};
 use super::pages::{PageWriter, Written};
 use super::working_set;
 use super::{SnapshotOptions, SnapshotRound, SnapshotSummary, Steering};
@@ -16,7 +18,7 @@ use crate::Tunables;
 use ferry_vm::{DirtyPages, Vm};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -85,13 +87,6 @@ pub fn save_steered(
             Err(e)
         }
     }
-}
-
-/// Where the file is written until it is complete.
-pub(super) fn partial_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".partial");
-    path.with_file_name(name)
 }
 
 /// Syncs the directory of `path`, so that the rename survives a crash.
@@ -263,7 +258,7 @@ fn write_file(
             false => Some(tail.put(&working_set::encode(&working_set))?),
         },
         present: match &writer.present {
-            Some(bits) => Some(tail.put(&chain::encode_present(bits))?),
+            Some(bits) => Some(tail.put(&encode_present(bits))?),
             None => None,
         },
         parent: parent.as_ref().map(|p| p.reference.clone()),
