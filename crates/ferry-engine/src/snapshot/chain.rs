@@ -18,13 +18,13 @@
 //! ```
 
 use super::checked::{check, Checked};
-use super::format::{page_offset, partial_path, Manifest, Tail, FULL_FORMAT};
+use super::format::{create_sized, page_offset, partial_path, Manifest, Tail, FULL_FORMAT};
 use crate::digest::page_hash;
 use crate::error::SnapshotError;
 use crate::wire::is_zero_page;
 use ferry_vm::{DirtyPages, Gfn, PAGE_SIZE};
 use serde::Serialize;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -253,16 +253,8 @@ fn write_merged(
     path: &Path,
 ) -> Result<(u64, u64), SnapshotError> {
     let frames = c.hashes.len() as u64;
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .map_err(SnapshotError::io("create", path))?;
+    let file = create_sized(path, frames)?;
     let pages_end = page_offset(frames);
-    file.set_len(pages_end)
-        .map_err(SnapshotError::io("size", path))?;
     const CHUNK: u64 = 256;
     let mut buf = vec![0u8; CHUNK as usize * PAGE_SIZE];
     let mut data_pages = 0;

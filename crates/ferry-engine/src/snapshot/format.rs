@@ -286,6 +286,21 @@ pub fn decode_present(bytes: &[u8], frames: u64) -> Result<DirtyPages, String> {
     Ok(bits)
 }
 
+/// Creates (or empties) the file at `path` with room for `frames` pages
+/// after the superblock: every page a hole until written.
+pub fn create_sized(path: &Path, frames: u64) -> Result<std::fs::File, SnapshotError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .map_err(SnapshotError::io("create", path))?;
+    file.set_len(page_offset(frames))
+        .map_err(SnapshotError::io("size", path))?;
+    Ok(file)
+}
+
 /// Where a file is written until it is complete (it is renamed over
 /// `path` only then).
 pub fn partial_path(path: &Path) -> std::path::PathBuf {

@@ -3,7 +3,7 @@
 
 use super::chain;
 use super::format::{
-    encode_present, page_offset, partial_path, Manifest, Tail, FORMAT, FULL_FORMAT,
+    create_sized, encode_present, page_offset, partial_path, Manifest, Tail, FORMAT, FULL_FORMAT,
 };
 use super::pages::{PageWriter, Written};
 use super::working_set;
@@ -16,7 +16,7 @@ use crate::tunables::{pace, TokenBucket};
 use crate::wire::StreamHeader;
 use crate::Tunables;
 use ferry_vm::{DirtyPages, Vm};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -124,16 +124,8 @@ fn write_file(
     let header = StreamHeader::for_vm(vm);
     let ram = std::sync::Arc::clone(vm.ram());
     let frames = ram.pages();
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .map_err(SnapshotError::io("create", path))?;
+    let file = create_sized(path, frames)?;
     let pages_end = page_offset(frames);
-    file.set_len(pages_end)
-        .map_err(SnapshotError::io("size", path))?;
     let parent = match &opts.parent {
         Some(p) => Some(chain::Parent::open(p, &header)?),
         None => None,

@@ -171,6 +171,28 @@ fn config_of(h: &StreamHeader) -> Result<MiniConfig, VmError> {
         .map_err(|e| VmError::Guest(format!("not a minivmm configuration: {e}")))
 }
 
+/// The VM a migration's or a snapshot's header describes, built to take
+/// its state, as `a` asks.
+fn incoming_vm(
+    a: &ReceiveArgs,
+    h: &StreamHeader,
+    make_consoles: &MakeConsoles,
+) -> Result<MiniVm, VmError> {
+    let config = config_of(h)?;
+    let outs = make_consoles(&config)?;
+    // The fill device's backend maps guest memory by its memfds.
+    let backing = if config.fill {
+        Backing::Memfd
+    } else {
+        a.backing
+    };
+    let mut vm = MiniVm::incoming(config, backing, outs)?;
+    vm.crash_on_restore = a.crash_on_restore;
+    vm.no_output_gate = a.no_output_gate;
+    vm.cpu_without = a.cpu_without.clone();
+    Ok(vm)
+}
+
 fn announce(at: &str) {
     println!("{}", serde_json::json!({ "listening": at }));
     eprintln!("minivmm: waiting for a migration on {at}");
@@ -193,18 +215,7 @@ fn over_the_network(a: &ReceiveArgs, make_consoles: &MakeConsoles) -> Result<Arr
     };
     announce(&addr.to_string());
     let incoming = await_migration(&*listener, None).map_err(|e| e.to_string())?;
-    let backing = a.backing;
-    let mut factory = |h: &StreamHeader| -> Result<MiniVm, VmError> {
-        let config = config_of(h)?;
-        let outs = make_consoles(&config)?;
-        // The fill device's backend maps guest memory by its memfds.
-        let backing = if config.fill { Backing::Memfd } else { backing };
-        let mut vm = MiniVm::incoming(config, backing, outs)?;
-        vm.crash_on_restore = a.crash_on_restore;
-        vm.no_output_gate = a.no_output_gate;
-        vm.cpu_without = a.cpu_without.clone();
-        Ok(vm)
-    };
+    let mut factory = |h: &StreamHeader| incoming_vm(a, h, make_consoles);
     let opts = {
         let mut o = ReceiveOptions::default();
         o.probe = Some(Arc::new(MiniProbe));
@@ -239,15 +250,7 @@ fn from_snapshot(
         file.display(),
         a.restore.name()
     );
-    let backing = a.backing;
-    let mut factory = |h: &StreamHeader| -> Result<MiniVm, VmError> {
-        let config = config_of(h)?;
-        let outs = make_consoles(&config)?;
-        let backing = if config.fill { Backing::Memfd } else { backing };
-        let mut vm = MiniVm::incoming(config, backing, outs)?;
-        vm.cpu_without = a.cpu_without.clone();
-        Ok(vm)
-    };
+    let mut factory = |h: &StreamHeader| incoming_vm(a, h, make_consoles);
     let mut opts = RestoreOptions::default();
     opts.mode = a.restore;
     let (mut vm, restoring) = snapshot::restore_as(file, &mut factory, &opts)
