@@ -346,6 +346,18 @@ pub fn ranged_u32(
     clap::value_parser!(u32).range(ranged(range))
 }
 
+/// A restore mode's flag (`--restore`, `--mode`): the names of
+/// [`RestoreMode::ALL`](ferry_engine::snapshot::RestoreMode::ALL), listed
+/// in `--help` and in the refusal of any other.
+pub fn restore_mode(
+) -> impl clap::builder::TypedValueParser<Value = ferry_engine::snapshot::RestoreMode> {
+    use clap::builder::TypedValueParser;
+    use ferry_engine::snapshot::RestoreMode;
+    clap::builder::PossibleValuesParser::new(RestoreMode::ALL.map(RestoreMode::name))
+        // The parser admits only the names above.
+        .map(|name: String| RestoreMode::from_name(&name).unwrap_or_default())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

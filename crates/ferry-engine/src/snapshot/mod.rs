@@ -141,6 +141,18 @@ impl RestoreMode {
     }
 }
 
+/// A mode by its name ([`RestoreMode::name`]); any other is refused,
+/// naming the modes.
+impl std::str::FromStr for RestoreMode {
+    type Err = String;
+    fn from_str(name: &str) -> Result<Self, String> {
+        RestoreMode::from_name(name).ok_or_else(|| {
+            let names: Vec<_> = RestoreMode::ALL.iter().map(|m| m.name()).collect();
+            format!("no restore mode '{name}' (modes: {})", names.join(", "))
+        })
+    }
+}
+
 /// How a snapshot is restored.
 #[non_exhaustive]
 #[derive(Clone, Debug)]

@@ -123,11 +123,11 @@ impl<'a> PageWriter<'a> {
         for (i, page) in (0..count).zip(bytes.chunks_exact(PAGE_SIZE)) {
             let gfn = first.0 + i;
             let zero = is_zero_page(page);
+            let hash = match zero {
+                true => zero_page_hash(),
+                false => page_hash(page),
+            };
             if let Some(present) = &mut self.present {
-                let hash = match zero {
-                    true => zero_page_hash(),
-                    false => page_hash(page),
-                };
                 if !present.contains(Gfn(gfn)) && hash == self.hashes[gfn as usize] {
                     // The parent holds this very page.
                     write_run(self.file, self.path, bytes, first, run.take(), i, done)?;
@@ -137,14 +137,13 @@ impl<'a> PageWriter<'a> {
             }
             if zero {
                 write_run(self.file, self.path, bytes, first, run.take(), i, done)?;
-                if self.hashes[gfn as usize] != zero_page_hash() {
+                if self.hashes[gfn as usize] != hash {
                     punch_hole(self.file, self.path, gfn)?;
-                    self.hashes[gfn as usize] = zero_page_hash();
                 }
             } else {
-                self.hashes[gfn as usize] = page_hash(page);
                 run.get_or_insert(i);
             }
+            self.hashes[gfn as usize] = hash;
         }
         write_run(self.file, self.path, bytes, first, run, count, done)?;
         done.pages += count;

@@ -80,7 +80,7 @@ pub struct DemoArgs {
         long = "restore",
         value_name = "MODE",
         default_value = "lazy-working-set",
-        value_parser = restore_mode(),
+        value_parser = crate::args::restore_mode(),
         requires = "snapshot"
     )]
     pub restore: RestoreMode,
@@ -148,12 +148,4 @@ fn receive_args(a: &DemoArgs) -> Vec<String> {
         args.push("--break-guest-after-resume".into());
     }
     args
-}
-
-/// `--restore`: the names of [`RestoreMode::ALL`].
-fn restore_mode() -> impl clap::builder::TypedValueParser<Value = RestoreMode> {
-    use clap::builder::TypedValueParser;
-    clap::builder::PossibleValuesParser::new(RestoreMode::ALL.map(RestoreMode::name))
-        // The parser admits only the names above.
-        .map(|name: String| RestoreMode::from_name(&name).unwrap_or_default())
 }

@@ -41,7 +41,7 @@ pub struct RestoreArgs {
     /// `file:` URI, or `ferry demo --snapshot --snapshot-file`).
     pub file: PathBuf,
     /// How the pages come in: eager, lazy or lazy-working-set.
-    #[arg(long, default_value = "lazy-working-set", value_parser = parse_mode)]
+    #[arg(long, default_value = "lazy-working-set", value_parser = crate::args::restore_mode())]
     pub mode: RestoreMode,
     #[command(flatten)]
     pub backend: BackendArgs,
@@ -79,13 +79,6 @@ pub struct RestoreArgs {
     /// check every part but the pages, without restoring it.
     #[arg(long, conflicts_with_all = ["paused", "exit_after_restore", "control", "qmp", "duration"])]
     pub inspect: bool,
-}
-
-fn parse_mode(name: &str) -> Result<RestoreMode, String> {
-    RestoreMode::from_name(name).ok_or_else(|| {
-        let names: Vec<_> = RestoreMode::ALL.iter().map(|m| m.name()).collect();
-        format!("no restore mode '{name}' (modes: {})", names.join(", "))
-    })
 }
 
 /// Runs `ferry restore`.

@@ -57,48 +57,47 @@ pub fn run(
     let result = snapshot::save_steered(vm, &request.path, &opts, &steering);
     tunables.set_migrating(false);
     tunables.take_throttle_request();
-    let answer = match &result {
+    // The reply, the progress line and the monitor's end, from one match.
+    let (answer, end) = match &result {
         Ok(summary) => {
+            if summary.stopped {
+                // The guest stays paused, its state the file's: `cont` runs it.
+                let _ = ctl.custody.stop(|| Ok::<(), std::convert::Infallible>(()));
+            }
+            say(format_args!(
+                "snapshot written to {}: {:.0} ms, the guest paused {:.0} ms, {} MiB on disk; \
+                 the guest {}",
+                request.path.display(),
+                summary.total_ms,
+                summary.pause_ms,
+                summary.bytes >> 20,
+                if summary.stopped {
+                    "stays paused (cont runs it)"
+                } else {
+                    "runs on"
+                }
+            ));
             let mut v = serde_json::to_value(summary).unwrap_or_default();
             v["ok"] = true.into();
             v["file"] = json!(request.path);
-            v
+            let end = SnapshotEnd::Completed {
+                total_ms: summary.total_ms,
+                pause_ms: summary.pause_ms,
+            };
+            (v, end)
         }
-        Err(e) => json!({"ok": false, "error": ferry_vm::error_chain(e)}),
-    };
-    if let Ok(summary) = &result {
-        if summary.stopped {
-            // The guest stays paused, its state the file's: `cont` runs it.
-            let _ = ctl.custody.stop(|| Ok::<(), std::convert::Infallible>(()));
+        Err(e) => {
+            let why = ferry_vm::error_chain(e);
+            say(format_args!(
+                "the snapshot failed, the guest runs as before: {why}"
+            ));
+            let answer = json!({"ok": false, "error": why});
+            let end = match e {
+                SnapshotError::Cancelled { .. } => SnapshotEnd::Cancelled(why),
+                _ => SnapshotEnd::Failed(why),
+            };
+            (answer, end)
         }
-        say(format_args!(
-            "snapshot written to {}: {:.0} ms, the guest paused {:.0} ms, {} MiB on disk; \
-             the guest {}",
-            request.path.display(),
-            summary.total_ms,
-            summary.pause_ms,
-            summary.bytes >> 20,
-            if summary.stopped {
-                "stays paused (cont runs it)"
-            } else {
-                "runs on"
-            }
-        ));
-    } else if let Err(e) = &result {
-        say(format_args!(
-            "the snapshot failed, the guest runs as before: {}",
-            ferry_vm::error_chain(e)
-        ));
-    }
-    let end = match &result {
-        Ok(s) => SnapshotEnd::Completed {
-            total_ms: s.total_ms,
-            pause_ms: s.pause_ms,
-        },
-        Err(e @ SnapshotError::Cancelled { .. }) => {
-            SnapshotEnd::Cancelled(ferry_vm::error_chain(e))
-        }
-        Err(e) => SnapshotEnd::Failed(ferry_vm::error_chain(e)),
     };
     ctl.monitor.finish_snapshot(end, answer.clone());
     let _ = reply.send(answer);

@@ -28,7 +28,7 @@ pub struct ReceiveArgs {
     from_snapshot: Option<PathBuf>,
     /// With --from-snapshot: how its pages come in: eager, lazy, or
     /// lazy-working-set (the pages the guest wrote last, first).
-    #[arg(long, default_value = "lazy-working-set", value_parser = parse_restore_mode)]
+    #[arg(long, default_value = "lazy-working-set")]
     restore: RestoreMode,
     /// Same-host live upgrade: take the VM from a `minivmm migrate --local`
     /// on this UNIX socket, mapping its memory instead of copying it.
@@ -228,13 +228,6 @@ fn over_the_network(a: &ReceiveArgs, make_consoles: &MakeConsoles) -> Result<Arr
         status: status_name(summary.status),
         digest_match: summary.digest_match,
         summary: serde_json::to_value(&summary).unwrap_or_default(),
-    })
-}
-
-fn parse_restore_mode(name: &str) -> Result<RestoreMode, String> {
-    RestoreMode::from_name(name).ok_or_else(|| {
-        let names: Vec<_> = RestoreMode::ALL.iter().map(|m| m.name()).collect();
-        format!("no restore mode '{name}' (modes: {})", names.join(", "))
     })
 }
 
