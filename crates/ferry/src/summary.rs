@@ -313,7 +313,7 @@ pub fn tables(s: &MigrationSummary, after: &DestinationChecks) -> [Table; 2] {
         ("guest runtime / progress", vcpu_shares(s)),
         ("predicted", predicted(s)),
         ("total time", format!("{:.1} ms", s.total_ms)),
-        ("downtime", downtime(s)),
+        ("downtime", downtime_and_settle(s)),
         (
             "bytes sent",
             ferry_vm::types::human_bytes(s.link.bytes_sent),
@@ -389,6 +389,20 @@ pub fn throttle_changes(s: &MigrationSummary) -> Table {
         t.note("the policy changed no throttle");
     }
     t
+}
+
+/// The measured downtime, and the settle before it where the guest was
+/// held.
+fn downtime_and_settle(s: &MigrationSummary) -> String {
+    match s.switchover.settle_ms > 0.0 {
+        true => format!(
+            "{} (the held guest first ran free {:.1} ms, dirtying {} pages)",
+            downtime(s),
+            s.switchover.settle_ms,
+            s.switchover.settle_pages
+        ),
+        false => downtime(s),
+    }
 }
 
 /// A count where it is known, `-` where nobody measured it.

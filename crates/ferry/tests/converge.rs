@@ -58,6 +58,14 @@ fn the_quota_policy_converges_a_busy_soft_guest() {
         assert_eq!(step["percent"], 0, "quota never time-throttles: {j}");
         assert!(step["quota_bytes"].as_u64().unwrap_or(0) >= 4096, "{j}");
     }
+    // The quota held the guest to the end: it ran free before the pause,
+    // wherever the prediction left the link a page's time (64 MiB/s: 61
+    // us) under the 20 ms target. (Its pages count only where first
+    // dirtied since the last harvest: this writer's 8 MiB often all are.)
+    let slack_ms = 20.0 - j["predicted_downtime_ms"].as_f64().unwrap_or(20.0);
+    if slack_ms > 0.07 {
+        assert!(j["settle_ms"].as_f64().unwrap_or(0.0) > 0.0, "{j}");
+    }
 }
 
 #[test]

@@ -35,6 +35,7 @@ mod predict;
 mod quota;
 mod sample;
 mod sample_vm;
+mod settle;
 mod share;
 mod stall;
 
@@ -44,6 +45,7 @@ pub use predict::predict;
 pub use quota::QuotaPolicy;
 pub use sample::{RoundEnd, Sample};
 pub use sample_vm::{data_bytes, predict_vm, sample_dirtying, DirtySample, PredictSettings};
+pub use settle::{allowance as settle_allowance, Settled, SETTLE_MAX};
 pub use stall::Stall;
 
 pub(crate) use crate::choices::ConvergeMode;

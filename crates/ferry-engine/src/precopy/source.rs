@@ -5,7 +5,7 @@
 
 use super::downtime::{FinalRound, SwitchRule};
 use super::give_up::GiveUp;
-use crate::converge::RoundEnd;
+use crate::converge::{settle_allowance, RoundEnd};
 use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
 use crate::session::{
@@ -240,6 +240,8 @@ impl Source<'_> {
         self.send_round(0, RoundKind::Full, &self.ram.frames())?;
         self.send_live()?;
         let mut round = 1;
+        // What the guest may dirty while it settles before the pause.
+        let mut settle = 0;
         loop {
             self.vm
                 .check_health()
@@ -286,6 +288,7 @@ impl Source<'_> {
             let fits = switch_rule.decide(predicted, tun.downtime_target());
             self.summary.converged = dirty.is_empty() || fits;
             if self.summary.converged {
+                settle = settle_allowance(predicted, tun.downtime_target(), bandwidth);
                 break;
             }
             let capped = round >= tun.max_rounds();
@@ -315,6 +318,6 @@ impl Source<'_> {
         if self.opts.tunables.is_cancelled() {
             return Err(MigrationError::Cancelled);
         }
-        self.switchover(round, dirty, strict)
+        self.switchover(round, dirty, strict, settle)
     }
 }

@@ -13,13 +13,20 @@ use ferry_vm::DirtyPages;
 use std::time::{Duration, Instant};
 
 impl Source<'_> {
-    /// Pause, send the rest, hand over, verify, and commit or roll back.
+    /// Settle, pause, send the rest, hand over, verify, and commit or roll
+    /// back. A guest a policy holds first runs free until it has dirtied
+    /// `settle` bytes, or briefly (`converge::settle`).
     pub(crate) fn switchover(
         &mut self,
         round: u32,
         mut dirty: DirtyPages,
         strict: bool,
+        settle: u64,
     ) -> Result<(), MigrationError> {
+        if let Some(s) = self.convergence.converger.settle(&mut *self.vm, settle) {
+            self.summary.switchover.settle_ms = s.ms;
+            self.summary.switchover.settle_pages = s.pages;
+        }
         let paused_at = self.pause_for_switchover()?;
         let mut last = Instant::now();
         let (_, harvest) = self.harvest(&mut dirty, &mut last)?;

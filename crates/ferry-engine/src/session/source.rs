@@ -91,6 +91,8 @@ pub(crate) fn fresh_summary(
             save_sections_ms: 0.0,
             digest_ms: 0.0,
             verify_before_resume: opts.verify_before_resume,
+            settle_ms: 0.0,
+            settle_pages: 0,
         },
         devices: DeviceReport {
             device_state_bytes_per_sec: super::device_cost::rate(vm.vmm_id()),

@@ -108,6 +108,11 @@ pub struct SwitchoverReport {
     pub digest_ms: f64,
     /// Whether the destination was asked to verify before resuming.
     pub verify_before_resume: bool,
+    /// How long a guest a policy held ran free before the pause, in ms
+    /// (0: nothing held it; `converge::settle`).
+    pub settle_ms: f64,
+    /// Pages the guest dirtied while it settled (sent in the final round).
+    pub settle_pages: u64,
 }
 
 /// The VMM's device state: how much, and at what cost it was predicted.
