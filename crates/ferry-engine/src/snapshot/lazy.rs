@@ -10,7 +10,8 @@
 //!  lazy-faults: event ─► read the page (and the missing ones after it)
 //!                        from the file, check each hash, UFFDIO_COPY (wakes it)
 //!  vCPU with fault exits ─► the same, on its own thread
-//!  lazy-fill: working set, then address order ─► read 1 MiB, check, copy
+//!  lazy-fill: working set (two readers), then address order (one)
+//!             ─► read 1 MiB, check, copy
 //! ```
 //!
 //! Every page is checked against the hash the snapshot recorded before it
@@ -26,7 +27,7 @@ use crate::digest::digest_of;
 use crate::error::SnapshotError;
 use ferry_vm::uffd::{Fault, Placed, Placer};
 use ferry_vm::{FetchError, Gfn, GuestRam, PageBits, PAGE_SIZE};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -38,6 +39,11 @@ const FAULT_PAGES: u64 = 16;
 const FILL_PAGES: u64 = 256;
 /// How long the fault thread waits for events before it looks at `stop`.
 const FAULT_POLL: Duration = Duration::from_millis(50);
+/// Threads that read the working set. While it comes in, the vCPUs mostly
+/// wait on their faults, so a second reader has a core; the rest of
+/// memory is read by one, so that a guest running flat out once its
+/// working set is in keeps the other.
+const WORKING_SET_READERS: usize = 2;
 
 /// What the fault thread, the fill and the vCPUs' fault exits share.
 struct Shared {
@@ -172,15 +178,30 @@ impl LazyPages {
             pages.abandon();
             return Err(e);
         }
-        let s = Arc::clone(&shared);
-        let mut fill_order: Vec<(u64, u64)> = match working_set_first {
+        let mut order: Vec<(u64, u64)> = match working_set_first {
             true => working_set::chunks(working_set, FILL_PAGES),
             false => Vec::new(),
         };
-        fill_order.extend(runs.iter().map(|&(g, n)| (g.0, n)));
-        if let Err(e) = pages.spawn("lazy-fill", move || fill(&s, &fill_order)) {
-            pages.abandon();
-            return Err(e);
+        let working_set_entries = order.len();
+        order.extend(runs.iter().map(|&(g, n)| (g.0, n)));
+        let queue = Arc::new(FillQueue {
+            order,
+            working_set_entries,
+            next: AtomicUsize::new(0),
+        });
+        let readers = match working_set_entries {
+            0 => 1,
+            _ => WORKING_SET_READERS,
+        };
+        for reader in 0..readers {
+            let (s, q) = (Arc::clone(&shared), Arc::clone(&queue));
+            // Reader 0 goes on to the rest of memory; the others stop
+            // at the end of the working set.
+            let all = reader == 0;
+            if let Err(e) = pages.spawn("lazy-fill", move || fill(&s, &q, all)) {
+                pages.abandon();
+                return Err(e);
+            }
         }
         Ok(pages)
     }
@@ -525,34 +546,58 @@ fn serve_faults(s: &Shared) {
     }
 }
 
-/// The fill: every frame of `order`, in order, that is not in yet.
-fn fill(s: &Shared, order: &[(u64, u64)]) {
+/// What the fill brings in, in order, shared by its readers: the working
+/// set's chunks (the first `working_set_entries`), then every RAM run.
+struct FillQueue {
+    order: Vec<(u64, u64)>,
+    working_set_entries: usize,
+    /// The next entry a reader takes.
+    next: AtomicUsize,
+}
+
+/// A fill reader: takes the queue's next entry and brings in its frames
+/// that are not in yet, until the queue ends (or, unless `all`, the
+/// working set does).
+fn fill(s: &Shared, q: &FillQueue, all: bool) {
     let mut buf = Vec::new();
-    for &(first, n) in order {
-        for (run, len) in s.ram.ram_runs(Gfn(first), n) {
-            let mut g = run.0;
-            let end = run.0 + len;
-            while g < end {
-                if s.stop.load(Ordering::SeqCst)
-                    || s.failed.load(Ordering::SeqCst)
-                    || s.left.load(Ordering::SeqCst) == 0
-                {
-                    return;
-                }
-                if s.present.contains(Gfn(g)) {
-                    g += 1;
-                    continue;
-                }
-                let mut m = 1;
-                while m < FILL_PAGES && g + m < end && !s.present.contains(Gfn(g + m)) {
-                    m += 1;
-                }
-                if let Err(e) = s.bring_in(g, m, &mut buf) {
-                    s.fail(e);
-                    return;
-                }
-                g += m;
-            }
+    loop {
+        let i = q.next.fetch_add(1, Ordering::Relaxed);
+        let Some(&(first, n)) = q.order.get(i) else {
+            return;
+        };
+        if (!all && i >= q.working_set_entries) || !fill_entry(s, first, n, &mut buf) {
+            return;
         }
     }
+}
+
+/// Brings in the frames of `first..first + n` that are not in yet, up to
+/// [`FILL_PAGES`] at a time; false where the fill must end.
+fn fill_entry(s: &Shared, first: u64, n: u64, buf: &mut Vec<u8>) -> bool {
+    for (run, len) in s.ram.ram_runs(Gfn(first), n) {
+        let mut g = run.0;
+        let end = run.0 + len;
+        while g < end {
+            if s.stop.load(Ordering::SeqCst)
+                || s.failed.load(Ordering::SeqCst)
+                || s.left.load(Ordering::SeqCst) == 0
+            {
+                return false;
+            }
+            if s.present.contains(Gfn(g)) {
+                g += 1;
+                continue;
+            }
+            let mut m = 1;
+            while m < FILL_PAGES && g + m < end && !s.present.contains(Gfn(g + m)) {
+                m += 1;
+            }
+            if let Err(e) = s.bring_in(g, m, buf) {
+                s.fail(e);
+                return false;
+            }
+            g += m;
+        }
+    }
+    true
 }
