@@ -80,9 +80,12 @@ const OUTRUN_QUOTA: f64 = 2.0;
 /// resends feel. (An idle guest that brushes a small quota does not
 /// count.)
 const OUTRUN_LINK_SHARE: f64 = 0.25;
-/// Policy intervals in a row that outrun the quota before the longest
-/// sleep doubles.
-const OUTRUN_INTERVALS: u32 = 3;
+/// Windows in a row that outrun the quota before the longest sleep
+/// doubles...
+const OUTRUN_WINDOWS: u32 = 2;
+/// ...each at least this many policy intervals long: a guest held by the
+/// quota writes in bursts, between sleeps longer than an interval.
+const OUTRUN_WINDOW_INTERVALS: f64 = 3.0;
 
 /// The budget's factor for `s`: with harvests within rounds, in the full
 /// pass, 1 / (share of memory sent), at most [`FULL_PASS_ALLOWANCE`];
@@ -101,8 +104,10 @@ pub struct QuotaPolicy {
     share: LinkShare,
     /// The last split, in bytes per second per vCPU.
     last: Vec<f64>,
-    /// Intervals in a row whose guest outran its quota.
-    outrun_intervals: u32,
+    /// Bytes dirtied and seconds in the window being read.
+    window: (u64, f64),
+    /// Windows in a row whose guest outran its quota.
+    outrun_windows: u32,
     /// Doublings of the longest sleep for a quota the guest outran.
     held_harder: u32,
 }
@@ -112,7 +117,8 @@ impl Default for QuotaPolicy {
         QuotaPolicy {
             share: LinkShare::starting_at(QUOTA_SHARE),
             last: Vec::new(),
-            outrun_intervals: 0,
+            window: (0, 0.0),
+            outrun_windows: 0,
             held_harder: 0,
         }
     }
@@ -211,10 +217,10 @@ impl QuotaPolicy {
         shortest.saturating_mul(1 << doublings.min(8))
     }
 
-    /// Counts the intervals in a row in which the guest dirtied more than
-    /// [`OUTRUN_QUOTA`] times its quota, and more than
-    /// [`OUTRUN_LINK_SHARE`] of the link; at each [`OUTRUN_INTERVALS`] of
-    /// them, the longest sleep doubles.
+    /// Reads the guest's dirtying in windows of [`OUTRUN_WINDOW_INTERVALS`]
+    /// policy intervals: where it dirtied more than [`OUTRUN_QUOTA`] times
+    /// its quota, and more than [`OUTRUN_LINK_SHARE`] of the link, in
+    /// [`OUTRUN_WINDOWS`] windows in a row, the longest sleep doubles.
     ///
     /// Why not wait for the rounds: a guest whose short sleeps let it dirty
     /// several times its quota may still dirty less than half the link, so
@@ -223,21 +229,26 @@ impl QuotaPolicy {
     /// quota of 1 MB/s on an 8 MiB/s link, round after round at 50 ms
     /// sleeps: each round about half the last, 9 rounds.
     fn watch_outrun(&mut self, s: &Sample) {
-        let secs = s.elapsed.as_secs_f64();
-        let quota: f64 = self.last.iter().sum();
-        if self.last.is_empty() || secs < s.quota_interval.as_secs_f64() * SHORTEST_WINDOW {
+        if self.last.is_empty() || s.vcpu_dirty_bytes.len() != s.vcpus as usize {
+            self.window = (0, 0.0);
             return;
         }
-        let Some(rate) = s.dirty_rate() else {
+        self.window.0 += s.vcpu_dirty_bytes.iter().sum::<u64>();
+        self.window.1 += s.elapsed.as_secs_f64();
+        let (bytes, secs) = self.window;
+        if secs < s.quota_interval.as_secs_f64() * OUTRUN_WINDOW_INTERVALS {
             return;
-        };
+        }
+        self.window = (0, 0.0);
+        let rate = bytes as f64 / secs;
+        let quota: f64 = self.last.iter().sum();
         let outran = rate > quota * OUTRUN_QUOTA && rate > s.link_bytes_per_sec * OUTRUN_LINK_SHARE;
-        self.outrun_intervals = match outran {
-            true => self.outrun_intervals + 1,
+        self.outrun_windows = match outran {
+            true => self.outrun_windows + 1,
             false => 0,
         };
-        if self.outrun_intervals >= OUTRUN_INTERVALS {
-            self.outrun_intervals = 0;
+        if self.outrun_windows >= OUTRUN_WINDOWS {
+            self.outrun_windows = 0;
             let most = (QUOTA_LONGEST_SLEEPS.end().as_millis()
                 / QUOTA_LONGEST_SLEEPS.start().as_millis().max(1))
             .ilog2();
@@ -338,9 +349,14 @@ mod tests {
         // 400 MB/s: over twice the quota and a quarter of the link.
         let outrun = || interval(0, &[20_000_000, 20_000_000]);
         let held: Vec<Duration> = (0..9).map(|_| longest_sleep(q.decide(&outrun()))).collect();
-        assert_eq!(held[..3], [ms(50), ms(50), ms(100)], "{held:?}");
+        // Windows of 3 intervals, two of them in a row.
+        assert_eq!(held[..5], [ms(50); 5], "{held:?}");
+        assert_eq!(held[5], ms(100), "{held:?}");
+        let held: Vec<Duration> = (0..18)
+            .map(|_| longest_sleep(q.decide(&outrun())))
+            .collect();
         assert_eq!(held[5], ms(200), "{held:?}");
-        assert_eq!(held[8], *QUOTA_LONGEST_SLEEPS.end(), "never past it");
+        assert_eq!(held[17], *QUOTA_LONGEST_SLEEPS.end(), "never past it");
         // One within twice its quota keeps the short sleeps.
         let mut q = QuotaPolicy::default();
         q.decide(&interval(0, &[50_000_000, 50_000_000]));
