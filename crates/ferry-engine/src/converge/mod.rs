@@ -440,9 +440,10 @@ impl Converger {
 
     /// Whether `action` is what the VM runs under already. A quota or a
     /// limit within [`SAME_WITHIN`] of the one in force counts as the same
-    /// (for quotas: no vCPU's moves by more than that share of the largest),
-    /// so that one following the measured link does not change (and fill
-    /// the timeline) at every interval.
+    /// (for quotas: no vCPU's moves by more than that share of the largest,
+    /// and the interval and the longest sleep are the same), so that one
+    /// following the measured link does not change (and fill the timeline)
+    /// at every interval.
     fn in_force(&self, action: &Action) -> bool {
         let near = |a: u64, b: u64| a.abs_diff(b) <= b / SAME_WITHIN;
         match (action, &self.quota, self.limit) {
@@ -450,6 +451,7 @@ impl Converger {
             (Action::Quota(Some(q)), Some(now), _) => {
                 let slack = now.largest() / SAME_WITHIN;
                 q.interval == now.interval
+                    && q.longest_sleep == now.longest_sleep
                     && q.bytes.len() == now.bytes.len()
                     && q.bytes
                         .iter()
@@ -547,6 +549,17 @@ impl Converger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quota_that_only_holds_longer_is_a_new_quota() {
+        let mut c = Converger::new(ConvergeMode::Quota, Duration::from_millis(300));
+        let q = Quota::uniform(1 << 20, 2, Duration::from_millis(100));
+        c.quota = Some(q.clone());
+        let nearly = Quota::uniform((1 << 20) + 4096, 2, Duration::from_millis(100));
+        assert!(c.in_force(&Action::Quota(Some(nearly))));
+        let longer = q.with_longest_sleep(Duration::from_millis(100));
+        assert!(!c.in_force(&Action::Quota(Some(longer))));
+    }
 
     #[test]
     fn an_unserved_policy_names_what_it_needs_and_the_vm() {
