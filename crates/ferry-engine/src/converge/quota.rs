@@ -80,6 +80,11 @@ const OUTRUN_QUOTA: f64 = 2.0;
 /// resends feel. (An idle guest that brushes a small quota does not
 /// count.)
 const OUTRUN_LINK_SHARE: f64 = 0.25;
+/// A round that leaves less than this many downtime targets of the link
+/// to send is near the end: the holds a guest earned by outrunning its
+/// quota are lifted, so that its last seconds before the pause (which the
+/// guest's first readings after the move cover) are not its longest stalls.
+const NEAR_END_TARGETS: f64 = 4.0;
 /// Windows in a row that outrun the quota before the longest sleep
 /// doubles...
 const OUTRUN_WINDOWS: u32 = 2;
@@ -110,6 +115,8 @@ pub struct QuotaPolicy {
     outrun_windows: u32,
     /// Doublings of the longest sleep for a quota the guest outran.
     held_harder: u32,
+    /// The last round's end left little to send ([`NEAR_END_TARGETS`]).
+    near_end: bool,
 }
 
 impl Default for QuotaPolicy {
@@ -120,6 +127,7 @@ impl Default for QuotaPolicy {
             window: (0, 0.0),
             outrun_windows: 0,
             held_harder: 0,
+            near_end: false,
         }
     }
 }
@@ -210,10 +218,14 @@ impl QuotaPolicy {
     /// between two such sleeps allows; so a writer that outruns the link
     /// round after round is held harder each round, and a guest the quota
     /// engaged on for a burst (an idle one, at its working set) keeps the
-    /// short sleeps.
+    /// short sleeps. Near the end, the quota's outruns no longer count.
     fn longest_sleep(&self) -> Duration {
         let shortest = *QUOTA_LONGEST_SLEEPS.start();
-        let doublings = self.share.halvings().max(self.held_harder);
+        let harder = match self.near_end {
+            true => 0,
+            false => self.held_harder,
+        };
+        let doublings = self.share.halvings().max(harder);
         shortest.saturating_mul(1 << doublings.min(8))
     }
 
@@ -229,6 +241,10 @@ impl QuotaPolicy {
     /// quota of 1 MB/s on an 8 MiB/s link, round after round at 50 ms
     /// sleeps: each round about half the last, 9 rounds.
     fn watch_outrun(&mut self, s: &Sample) {
+        if s.round_end.is_some() {
+            let absorbed = s.link_bytes_per_sec * s.downtime_target.as_secs_f64();
+            self.near_end = (s.remaining_bytes as f64) < absorbed * NEAR_END_TARGETS;
+        }
         if self.last.is_empty() || s.vcpu_dirty_bytes.len() != s.vcpus as usize {
             self.window = (0, 0.0);
             return;
@@ -357,6 +373,10 @@ mod tests {
             .collect();
         assert_eq!(held[5], ms(200), "{held:?}");
         assert_eq!(held[17], *QUOTA_LONGEST_SLEEPS.end(), "never past it");
+        // A round's end that leaves little to send lifts the longer holds.
+        let mut end = crate::converge::sample::sample(1, 1_000_000, 100_000_000);
+        end.downtime_target = ms(300);
+        assert_eq!(longest_sleep(q.decide(&end)), ms(50), "near the end");
         // One within twice its quota keeps the short sleeps.
         let mut q = QuotaPolicy::default();
         q.decide(&interval(0, &[50_000_000, 50_000_000]));
