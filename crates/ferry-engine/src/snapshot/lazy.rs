@@ -555,17 +555,33 @@ struct FillQueue {
     next: AtomicUsize,
 }
 
+impl FillQueue {
+    /// Takes the next entry for a reader; `all` readers take any, the
+    /// others only the working set's. An entry a reader may not take is
+    /// left in the queue for one that may: taking it and dropping it
+    /// would leave its frames to no one, and the restore would wait on
+    /// them for ever.
+    fn take(&self, all: bool) -> Option<(u64, u64)> {
+        let end = match all {
+            true => self.order.len(),
+            false => self.working_set_entries.min(self.order.len()),
+        };
+        self.next
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |i| {
+                (i < end).then_some(i + 1)
+            })
+            .ok()
+            .map(|i| self.order[i])
+    }
+}
+
 /// A fill reader: takes the queue's next entry and brings in its frames
 /// that are not in yet, until the queue ends (or, unless `all`, the
 /// working set does).
 fn fill(s: &Shared, q: &FillQueue, all: bool) {
     let mut buf = Vec::new();
-    loop {
-        let i = q.next.fetch_add(1, Ordering::Relaxed);
-        let Some(&(first, n)) = q.order.get(i) else {
-            return;
-        };
-        if (!all && i >= q.working_set_entries) || !fill_entry(s, first, n, &mut buf) {
+    while let Some((first, n)) = q.take(all) {
+        if !fill_entry(s, first, n, &mut buf) {
             return;
         }
     }
@@ -600,4 +616,47 @@ fn fill_entry(s: &Shared, first: u64, n: u64, buf: &mut Vec<u8>) -> bool {
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two readers limited to the working set and one that takes all,
+    /// racing: every entry is taken exactly once, and the limited ones
+    /// never take past the working set.
+    #[test]
+    fn every_entry_of_the_fill_queue_is_taken_once_whoever_races_for_it() {
+        for round in 0..200 {
+            let q = Arc::new(FillQueue {
+                order: (0..64).map(|i| (i, 1)).collect(),
+                working_set_entries: 16 + round % 8,
+                next: AtomicUsize::new(0),
+            });
+            let readers: Vec<_> = [false, false, true]
+                .into_iter()
+                .map(|all| {
+                    let q = Arc::clone(&q);
+                    std::thread::spawn(move || {
+                        let mut taken = Vec::new();
+                        while let Some((first, _)) = q.take(all) {
+                            taken.push(first);
+                        }
+                        (all, taken)
+                    })
+                })
+                .collect();
+            let mut seen = Vec::new();
+            for r in readers {
+                let (all, taken) = r.join().unwrap();
+                if !all {
+                    let ws = q.working_set_entries as u64;
+                    assert!(taken.iter().all(|&f| f < ws), "{taken:?}");
+                }
+                seen.extend(taken);
+            }
+            seen.sort_unstable();
+            assert_eq!(seen, (0..64).collect::<Vec<u64>>());
+        }
+    }
 }
