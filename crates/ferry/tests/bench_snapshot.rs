@@ -1,7 +1,7 @@
 //! `ferry bench snapshot --json` on a small guest, each backend: both
 //! cells (idle, writing) snapshot once and restore in all three modes,
 //! every restore verified (digest, the guest's stamps), and the JSON has
-//! every key the issue names. The working set is the writing guest's hot
+//! every key the issue names. The working set lies in the writing guest's hot
 //! set and the idle guest's few records. No time is asserted.
 
 mod common;
@@ -43,9 +43,15 @@ fn every_cell_snapshots_once_and_restores_in_each_mode_verified() {
             }
             let ws = c["snapshot"]["working_set_pages"].as_u64().unwrap();
             match writing {
-                // Random visits in the short snapshot reach most of it.
-                true => assert!(ws >= hot / 2 && ws < hot + 64, "{ws} pages: {c}"),
-                false => assert!(ws < 64, "{ws} pages for a guest that reads: {c}"),
+                // What the guest wrote in the snapshot, inside its hot set
+                // (and its few records): how much of the hot set a short
+                // snapshot sees depends on how long the host ran the
+                // vCPUs (242 of 818 pages once, on a loaded host). That
+                // the whole hot set is recorded once every vCPU walked it
+                // is held where passes can be counted, in
+                // ferry-kvm-memstress's tests/snapshot.rs.
+                true => assert!(ws > 0 && ws < hot + 64, "{backend}: {ws} pages: {c}"),
+                false => assert!(ws < 64, "{backend}: {ws} pages for a guest that reads: {c}"),
             }
             assert_eq!(c["checks"].is_object(), writing, "{c}");
             for mode in MODES {
