@@ -20,6 +20,11 @@
 //! fails its hash is never placed: the vCPUs that touch it wait until the
 //! restore's owner stops the guest ([`super::Restoring::finish`]), so that
 //! nothing runs on from damaged data.
+//!
+//! A restore never waits on a page that cannot come: when the last fill
+//! reader ends, every RAM frame is in, and one that is not fails the
+//! restore by name (`Shared::reader_ended`) rather than hold the guest
+//! for ever.
 
 use super::chain::PageSource;
 use super::working_set;
@@ -60,6 +65,8 @@ struct Shared {
     working_set_left: AtomicU64,
     /// RAM frames not placed yet.
     left: AtomicU64,
+    /// Fill readers still running ([`Shared::reader_ended`]).
+    readers: AtomicUsize,
     start: Instant,
     working_set_ns: AtomicU64,
     resident_ns: AtomicU64,
@@ -155,6 +162,7 @@ impl LazyPages {
             working_set_left: AtomicU64::new(members.count()),
             working_set: members,
             left: AtomicU64::new(runs.iter().map(|&(_, n)| n).sum()),
+            readers: AtomicUsize::new(0),
             start,
             working_set_ns: AtomicU64::new(0),
             resident_ns: AtomicU64::new(0),
@@ -193,12 +201,16 @@ impl LazyPages {
             0 => 1,
             _ => WORKING_SET_READERS,
         };
+        shared.readers.store(readers, Ordering::SeqCst);
         for reader in 0..readers {
             let (s, q) = (Arc::clone(&shared), Arc::clone(&queue));
             // Reader 0 goes on to the rest of memory; the others stop
             // at the end of the working set.
             let all = reader == 0;
-            if let Err(e) = pages.spawn("lazy-fill", move || fill(&s, &q, all)) {
+            if let Err(e) = pages.spawn("lazy-fill", move || {
+                let _running = ReaderRunning(&s);
+                fill(&s, &q, all)
+            }) {
                 pages.abandon();
                 return Err(e);
             }
@@ -359,6 +371,31 @@ impl Shared {
         self.failed.store(true, Ordering::SeqCst);
         let _guard = self.done.0.lock().unwrap_or_else(|p| p.into_inner());
         self.done.1.notify_all();
+    }
+
+    /// A fill reader ended. Once a reader is through an entry, each of its
+    /// frames is in (placed by it, or found placed by another thread), so
+    /// when the last reader ends every RAM frame is in, unless the owner
+    /// stopped the restore or a page failed. A frame still out then would
+    /// never come, and the owner would wait on it for ever (a reader that
+    /// dropped an entry once did just that): the restore fails instead,
+    /// naming the frame.
+    fn reader_ended(&self) {
+        if self.readers.fetch_sub(1, Ordering::SeqCst) != 1
+            || self.stop.load(Ordering::SeqCst)
+            || self.failed.load(Ordering::SeqCst)
+        {
+            return;
+        }
+        let runs = self.ram.ram_runs(Gfn(0), self.ram.pages());
+        if let Some(g) = first_missing(&self.present, &runs) {
+            self.fail(SnapshotError::Lazy {
+                detail: format!(
+                    "frame {g:#x} never came in: every fill reader ended without it \
+                     (a fault of ferry's, not of the file)"
+                ),
+            });
+        }
     }
 
     /// The first failure, for the owner.
@@ -575,6 +612,23 @@ impl FillQueue {
     }
 }
 
+/// Held by a fill reader's thread while it runs: ends it on any way out,
+/// a panic included.
+struct ReaderRunning<'a>(&'a Shared);
+
+impl Drop for ReaderRunning<'_> {
+    fn drop(&mut self) {
+        self.0.reader_ended();
+    }
+}
+
+/// The first frame of `runs` not in `present`.
+fn first_missing(present: &PageBits, runs: &[(Gfn, u64)]) -> Option<u64> {
+    runs.iter()
+        .flat_map(|&(first, n)| first.0..first.0 + n)
+        .find(|&g| !present.contains(Gfn(g)))
+}
+
 /// A fill reader: takes the queue's next entry and brings in its frames
 /// that are not in yet, until the queue ends (or, unless `all`, the
 /// working set does).
@@ -621,6 +675,23 @@ fn fill_entry(s: &Shared, first: u64, n: u64, buf: &mut Vec<u8>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_missing_frame_is_found_in_ram_only() {
+        let present = PageBits::new(64);
+        let runs = [(Gfn(0), 8), (Gfn(32), 8)];
+        assert_eq!(first_missing(&present, &runs), Some(0));
+        (0..8).chain(32..40).for_each(|g| {
+            present.insert(Gfn(g));
+        });
+        // Frames between the runs are not RAM: never placed, never owed.
+        assert_eq!(first_missing(&present, &runs), None);
+        let present = PageBits::new(64);
+        (0..8).chain(32..36).chain(37..40).for_each(|g| {
+            present.insert(Gfn(g));
+        });
+        assert_eq!(first_missing(&present, &runs), Some(36));
+    }
 
     /// Two readers limited to the working set and one that takes all,
     /// racing: every entry is taken exactly once, and the limited ones
