@@ -18,11 +18,10 @@
 # heartbeat stopped; both named by svm-host.sh) is tried again, up to
 # three tries in all: the emulator is not ferry. (On 2026-12-04 the host
 # froze on the first try of the same step in two runs of this script in a
-# row, its one vCPU held in a nested guest's user-space loop with a timer
-# interrupt pending that never reached it; a fresh host passed each time.)
-# A command that hangs in a live host (124) fails
-# the step. Prints a SKIP line where the
-# host cannot be had (scripts/setup.sh recorded why).
+# row, its one vCPU held in a nested guest's loop with a timer interrupt
+# pending that never reached it; a fresh host passed each time.) A
+# command that hangs in a live host (124) fails the step. Prints a SKIP
+# line where the host cannot be had (scripts/setup.sh recorded why).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +35,8 @@ ferry=target/debug/ferry
 passed=0
 failed=0
 # step NAME CHECK COMMAND...: runs COMMAND in the host (again after a
-# host failure, up to three tries); CHECK is a grep -E pattern its output must hold.
+# host failure, up to three tries); CHECK is a grep -E pattern its
+# output must hold.
 step() {
     local name=$1 check=$2
     shift 2

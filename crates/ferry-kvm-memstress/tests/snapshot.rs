@@ -187,8 +187,6 @@ fn the_working_set_is_the_guest_s_writes_not_the_boot_s() {
     let all = 2 * c.workload.pages_per_vcpu();
     let mut stop = SnapshotOptions::default();
     stop.stop = true;
-    // How far back the working set reaches (snapshot::working_set::WINDOW).
-    let window = std::time::Duration::from_secs(2);
     for writing in [true, false] {
         let path = dir.join(format!("{writing}.snap"));
         let mut src = KvmVm::new(c.clone(), DirtyTracking::Bitmap, Role::Source).unwrap();
@@ -238,7 +236,8 @@ fn the_working_set_is_the_guest_s_writes_not_the_boot_s() {
                 .iter()
                 .zip(vcpu_passes(&src))
                 .all(|(b, a)| a >= b + 2);
-            if walked && took < window {
+            // Rounds older than the window before the pause do not count.
+            if walked && took < snapshot::WORKING_SET_WINDOW {
                 assert!(
                     ws >= hot,
                     "{ws} pages for a hot set of {hot} of {all}, every vCPU having walked it"

@@ -42,6 +42,7 @@ pub use chain::{merge, MergeSummary, MAX_CHAIN};
 pub use format::{FORMAT, FULL_FORMAT, OLDEST_FORMAT};
 pub use restore::{inspect, restore, restore_as, Restoring};
 pub use save::{save, save_steered};
+pub use working_set::WINDOW as WORKING_SET_WINDOW;
 
 use crate::progress::Progress;
 use crate::Tunables;
