@@ -99,6 +99,9 @@ pub struct SnapshotRequest {
     /// Write a diff against this snapshot of the VM: only the frames that
     /// differ from it (absolute, as `path`).
     pub parent: Option<std::path::PathBuf>,
+    /// The convergence policy while the live rounds write (default: the
+    /// one the next migration would take, else the best the VM serves).
+    pub converge: Option<ConvergeMode>,
 }
 
 /// A request on the control socket.
@@ -185,6 +188,27 @@ mod tests {
             .to_string();
         assert!(
             err.contains(r#"converge "fast": expected one of none, auto, quota, dirty-limit"#),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_snapshot_request_names_its_policy() {
+        let line = r#"{"cmd":"snapshot","path":"/var/tmp/vm.snap","converge":"quota"}"#;
+        match serde_json::from_str::<Request>(line) {
+            Ok(Request::Snapshot(s)) => {
+                assert_eq!(s.converge, Some(ConvergeMode::Quota));
+                assert!(!s.stop && s.parent.is_none());
+            }
+            other => panic!("{line}: {other:?}"),
+        }
+        let err = serde_json::from_str::<Request>(
+            r#"{"cmd":"snapshot","path":"/v.snap","converge":"fast"}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("expected one of none, auto, quota, dirty-limit"),
             "{err}"
         );
     }

@@ -163,6 +163,11 @@ pub enum SnapshotError {
     /// A dirty log could not be started or read.
     #[error(transparent)]
     DirtyLog(Box<super::MigrationError>),
+    /// The convergence policy asked for is one the VM does not serve, or
+    /// the VM refused what the policy set (the guest then runs on, with
+    /// nothing the snapshot set left in force).
+    #[error(transparent)]
+    Converge(Box<super::MigrationError>),
 }
 
 impl SnapshotError {

@@ -56,7 +56,7 @@ mod within_round;
 pub(crate) use dest::{Dest, Outputs};
 pub(crate) use device_intake::DeviceIntake;
 pub(crate) use huge::HUGE_PAGES;
-pub(crate) use link_estimate::Transfer;
+pub(crate) use link_estimate::{LinkEstimate, Transfer};
 pub(crate) use loaded::Loaded;
 pub(crate) use options::Blocked;
 pub use options::{

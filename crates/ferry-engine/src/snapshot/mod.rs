@@ -31,6 +31,7 @@
 
 mod chain;
 mod checked;
+mod converge;
 mod format;
 mod lazy;
 mod pages;
@@ -44,7 +45,9 @@ pub use restore::{inspect, restore, restore_as, Restoring};
 pub use save::{save, save_steered};
 pub use working_set::WINDOW as WORKING_SET_WINDOW;
 
+use crate::choices::ConvergeMode;
 use crate::progress::Progress;
+use crate::summary::ConvergenceReport;
 use crate::Tunables;
 use serde::Serialize;
 use std::sync::Arc;
@@ -88,6 +91,10 @@ pub struct SnapshotOptions {
     /// diff names it by path (as given: a relative path is taken from the
     /// diff's directory when restored) and by digest.
     pub parent: Option<std::path::PathBuf>,
+    /// The convergence policy while the live rounds write, as a
+    /// migration's `--converge` (`None`: the best the VM serves). It acts
+    /// where the guest dirties memory faster than the file takes it.
+    pub converge: Option<ConvergeMode>,
 }
 
 impl Default for SnapshotOptions {
@@ -99,6 +106,7 @@ impl Default for SnapshotOptions {
             verify: true,
             first_touches: Vec::new(),
             parent: None,
+            converge: None,
         }
     }
 }
@@ -219,6 +227,18 @@ pub struct SnapshotSummary {
     pub working_set_pages: u64,
     /// Whether the guest was left stopped.
     pub stopped: bool,
+    /// Whether the live rounds converged: what was left for the pause was
+    /// predicted to fit `max_downtime` (else the round cap ended them).
+    /// A VM saved paused converged at once.
+    pub converged: bool,
+    /// The convergence policy the live rounds ran, and what it did (the
+    /// file was their link).
+    pub convergence: ConvergenceReport,
+    /// How long a guest the policy held ran free before the pause, in ms
+    /// (0: nothing held it; `converge::settle`).
+    pub settle_ms: f64,
+    /// Pages it dirtied meanwhile (they joined the paused round).
+    pub settle_pages: u64,
 }
 
 /// What a snapshot file holds ([`inspect`]).

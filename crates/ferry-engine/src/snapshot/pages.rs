@@ -26,6 +26,17 @@ pub struct Written {
     pub bytes: u64,
 }
 
+impl Written {
+    /// This pass and `other` together.
+    pub fn plus(self, other: Written) -> Written {
+        Written {
+            pages: self.pages + other.pages,
+            data: self.data + other.data,
+            bytes: self.bytes + other.bytes,
+        }
+    }
+}
+
 /// Writes guest pages into the file and keeps, for each frame, the hash of
 /// what the snapshot holds for it (a hole holds zeros; in a diff, a frame
 /// the file does not hold is its parent's).

@@ -2,6 +2,7 @@
 //! dirtied in place while it runs, then a short pause for the rest.
 
 use super::chain;
+use super::converge::FileConvergence;
 use super::format::{
     create_sized, encode_present, page_offset, partial_path, Manifest, Tail, FORMAT, FULL_FORMAT,
 };
@@ -55,7 +56,12 @@ pub fn save_steered(
     let partial = partial_path(path);
     let was_running = vm.is_running();
     let mut logging = false;
-    let result = write_file(vm, &partial, opts, steering, &mut logging).map_err(|e| match e {
+    let mut converge = FileConvergence::new(vm, opts.converge, opts.max_downtime)?;
+    let result = write_file(vm, &partial, opts, steering, &mut logging, &mut converge);
+    // Nothing a policy set outlives the snapshot, failed or not (after a
+    // settle nothing is in force, and this is no work).
+    converge.release(vm);
+    let result = result.map_err(|e| match e {
         // Named by the file asked for, not the partial one.
         SnapshotError::Cancelled { .. } => SnapshotError::Cancelled {
             path: path.to_path_buf(),
@@ -106,21 +112,11 @@ fn write_file(
     opts: &SnapshotOptions,
     steering: &Steering,
     logging: &mut bool,
+    converge: &mut FileConvergence,
 ) -> Result<SnapshotSummary, SnapshotError> {
     let progress = steering.progress;
     let tunables = &steering.tunables;
     let bucket = Mutex::new(TokenBucket::new(Arc::clone(tunables)));
-    // A live round's chunks: paced by the cap, and a cancel ends them.
-    let mut live_chunk = |w: Written| {
-        progress.pages_sent(w.pages, w.bytes);
-        if tunables.is_cancelled() {
-            return Err(SnapshotError::Cancelled {
-                path: path.to_path_buf(),
-            });
-        }
-        pace(&bucket, w.bytes);
-        Ok(())
-    };
     let header = StreamHeader::for_vm(vm);
     let ram = std::sync::Arc::clone(vm.ram());
     let frames = ram.pages();
@@ -141,15 +137,36 @@ fn write_file(
     // until what is left would fit the pause.
     let mut todo = ram.frames();
     let mut recent = working_set::Recorder::new();
+    let mut predicted = Duration::ZERO;
+    let mut converged = true;
     if was_running {
+        // The meter first, as a migration's: a writer that re-dirties its
+        // pages as soon as the logs protect them is seen from the start.
+        converge.start(vm);
         crate::dirty_logs::start(vm).map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
         *logging = true;
         progress.phase(Phase::FullPass);
         loop {
             let t = Instant::now();
             let n = rounds.len() as u32;
-            progress.round_started(n, todo.count());
-            let done = writer.write(&ram, &todo, &mut live_chunk)?;
+            let total = todo.count();
+            progress.round_started(n, total);
+            let mut so_far = Written::default();
+            // A live round's chunks: paced by the cap, a cancel ends them,
+            // and the policy hears of them once per interval.
+            let done = writer.write(&ram, &todo, &mut |w: Written| {
+                progress.pages_sent(w.pages, w.bytes);
+                if tunables.is_cancelled() {
+                    return Err(SnapshotError::Cancelled {
+                        path: path.to_path_buf(),
+                    });
+                }
+                pace(&bucket, w.bytes);
+                so_far = so_far.plus(w);
+                let secs = t.elapsed().as_secs_f64();
+                let left = total.saturating_sub(so_far.pages);
+                converge.between_chunks(vm, tunables, progress, n, (so_far, secs), left)
+            })?;
             let took = t.elapsed();
             rounds.push(round(rounds.len(), done, took));
             todo = DirtyPages::new(frames);
@@ -158,18 +175,26 @@ fn write_file(
                 .map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
             progress.round_finished(&stats(n, done, took, todo.count(), harvest.elapsed()));
             recent.record(Instant::now(), &todo);
+            let written = (done, took.as_secs_f64());
+            converge.after_round(vm, tunables, progress, n, written, todo.count())?;
             let per_page = took.as_secs_f64() / done.pages.max(1) as f64;
-            let predicted = Duration::from_secs_f64(per_page * todo.count() as f64);
+            predicted = Duration::from_secs_f64(per_page * todo.count() as f64);
             progress.downtime_predicted(predicted);
-            if predicted <= opts.max_downtime || rounds.len() as u32 >= opts.max_rounds {
+            converged = predicted <= opts.max_downtime;
+            if converged || rounds.len() as u32 >= opts.max_rounds {
                 break;
             }
             progress.phase(Phase::DirtyRounds);
         }
     }
 
-    // The pause: the last dirty pages, the vCPUs and the devices.
+    // The pause: the last dirty pages, the vCPUs and the devices. A guest
+    // the policy holds runs free for a moment first.
     progress.phase(Phase::Switchover);
+    let settled = match was_running {
+        true => converge.settle(vm, tunables, predicted),
+        false => None,
+    };
     let paused_at = Instant::now();
     if was_running {
         vm.pause()
@@ -278,6 +303,10 @@ fn write_file(
         digest: digest.value,
         working_set_pages: working_set::pages(&working_set),
         stopped,
+        converged,
+        convergence: converge.report(),
+        settle_ms: settled.map_or(0.0, |s| s.ms),
+        settle_pages: settled.map_or(0, |s| s.pages),
     })
 }
 

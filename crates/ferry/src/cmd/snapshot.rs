@@ -5,6 +5,7 @@
 use crate::control::{self, ControlError};
 use crate::error::CmdError;
 use clap::Args;
+use ferry_engine::choices::ConvergeMode;
 use ferry_report::Table;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -46,7 +47,7 @@ pub struct SnapshotArgs {
     /// Flatten the diff snapshot SOCKET names (and its chain of parents)
     /// into one full snapshot FILE, each page checked as it is copied.
     /// Needs no VM.
-    #[arg(long, conflicts_with_all = ["stop", "downtime_ms", "max_rounds"])]
+    #[arg(long, conflicts_with_all = ["stop", "downtime_ms", "max_rounds", "converge"])]
     pub merge: bool,
     /// Leave the guest paused once it is saved (its state is then the
     /// file's, as before a host reboot); `ferry ctl SOCKET cont` runs it.
@@ -60,6 +61,14 @@ pub struct SnapshotArgs {
     /// (default: the VM's round cap).
     #[arg(long = "max-rounds", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub max_rounds: Option<u32>,
+    /// The convergence policy while the live rounds write, as `ferry
+    /// migrate --converge` (none, auto, quota, dirty-limit): it slows a
+    /// guest that dirties memory faster than the file takes it (a slow
+    /// disk, or the VM's bandwidth cap), so that the pause stays near the
+    /// downtime target. Default: the VM's next migration's, else the best
+    /// the VM serves.
+    #[arg(long, value_parser = clap::value_parser!(ConvergeMode))]
+    pub converge: Option<ConvergeMode>,
     /// Print the summary as one JSON line last.
     #[arg(long)]
     pub json: bool,
@@ -89,6 +98,9 @@ pub fn run(a: SnapshotArgs) -> Result<ExitCode, CmdError> {
     }
     if let Some(r) = a.max_rounds {
         request["max_rounds"] = r.into();
+    }
+    if let Some(c) = a.converge {
+        request["converge"] = c.to_string().into();
     }
     let done = Arc::new(AtomicBool::new(false));
     let watcher = watch(a.socket.clone(), Arc::clone(&done));
@@ -171,6 +183,7 @@ fn table(s: &Value) -> Table {
                 u("file_bytes") >> 20
             ),
         ),
+        ("convergence", convergence(s)),
         ("working set", format!("{} pages", u("working_set_pages"))),
         ("digest", format!("{:#018x}", u("digest"))),
         (
@@ -219,4 +232,18 @@ fn watch(socket: PathBuf, done: Arc<AtomicBool>) -> std::thread::JoinHandle<()> 
             );
         }
     })
+}
+
+/// The policy the live rounds ran and what it did, in a few words.
+fn convergence(s: &Value) -> String {
+    let c = &s["convergence"];
+    let policy = c["converge"].as_str().unwrap_or("none");
+    let steps = c["throttle_timeline"].as_array().map_or(0, Vec::len);
+    match steps {
+        0 => format!("{policy}: never engaged"),
+        n => format!(
+            "{policy}: {n} changes; the guest ran free {:.0} ms before the pause",
+            s["settle_ms"].as_f64().unwrap_or(0.0)
+        ),
+    }
 }

@@ -36,6 +36,7 @@ pub fn run(
     opts.max_rounds = request.max_rounds.unwrap_or_else(|| tunables.max_rounds());
     opts.stop = request.stop;
     opts.parent = request.parent.clone();
+    opts.converge = request.converge.or_else(|| ctl.next_converge());
     opts.first_touches = ctl
         .first_touches
         .lock()

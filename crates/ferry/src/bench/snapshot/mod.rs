@@ -31,7 +31,9 @@ use crate::demo::snapshot::{failed, restore_and_start, Started};
 use crate::error::CmdError;
 use crate::vms::{self, Role};
 use clap::Args;
-use ferry_engine::snapshot::{self, RestoreMode, SnapshotOptions};
+use ferry_engine::choices::ConvergeMode;
+use ferry_engine::snapshot::{self, RestoreMode, SnapshotOptions, SnapshotSummary, Steering};
+use ferry_engine::{NoProgress, Tunables};
 use ferry_memstress::{read_progress, set_write_percent, AccessOrder, Fill, MemstressProbe};
 use ferry_memstress::{VmConfig, Workload};
 use ferry_vm::{error_chain as chain, GuestProbe, Vm};
@@ -64,6 +66,17 @@ pub struct SnapshotArgs {
     #[arg(long = "rate-limit", default_value_t = 256,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub rate_limit_mib_s: u64,
+    /// Cap the snapshot's writes at this many MiB/s, as a slow disk would
+    /// (the bandwidth cap that paces them; 0: none). A writing guest that
+    /// outruns it is what the convergence policies are for.
+    #[arg(long = "file-cap-mib-s", default_value_t = 0)]
+    pub file_cap_mib_s: u64,
+    /// The convergence policies to snapshot each guest under (none, auto,
+    /// quota, dirty-limit). The first one's file is restored; each other
+    /// one snapshots the same guest again right after, in the same run, for
+    /// its pause and rounds alone. Default: the best the VM serves.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(ConvergeMode))]
+    pub converge: Vec<ConvergeMode>,
     /// Directory for the snapshot files (one at a time, removed after its
     /// cell).
     #[arg(long)]
@@ -136,12 +149,12 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
     // Its dirty rate settles before the snapshot.
     accesses_over(&*vm, Duration::from_millis(500))?;
 
-    eprintln!(
-        "ferry: {mib} MiB {what} guest: saving it live to {} ...",
-        file.display()
-    );
-    let saved = snapshot::save(&mut *vm, file, &SnapshotOptions::default())
-        .map_err(failed("the snapshot failed"))?;
+    eprintln!("ferry: {mib} MiB {what} guest:");
+    let policies: Vec<Option<ConvergeMode>> = match a.converge.as_slice() {
+        [] => vec![None],
+        list => list.iter().copied().map(Some).collect(),
+    };
+    let saved = save(a, &mut *vm, file, policies[0])?;
     // The same guest not restored: it runs on from the pause here. Its
     // schedule has the same debt from the snapshot's rounds as the
     // restored guests' (and the pause's more: its clock ran on).
@@ -154,6 +167,15 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
             "the guest found {} stale pages before its restores",
             source.errors
         )));
+    }
+    // The other policies, on the same guest running on, for their
+    // snapshots alone.
+    let mut also = Vec::new();
+    for &policy in &policies[1..] {
+        let alt = file.with_extension("policy.snap");
+        let s = save(a, &mut *vm, &alt, policy);
+        let _ = std::fs::remove_file(&alt);
+        also.push(s?);
     }
     drop(vm);
 
@@ -172,7 +194,31 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
         lazy: restore(RestoreMode::Lazy)?,
         lazy_working_set: restore(RestoreMode::LazyWorkingSet)?,
     };
-    Ok(Cell::new(mib, writing, a.cold, baseline, &saved, restores))
+    Ok(Cell::new(mib, writing, a.cold, baseline, &saved, restores).with_also(&also))
+}
+
+/// One live snapshot of `vm` to `file` under `policy`, its writes capped
+/// at `--file-cap-mib-s`.
+fn save(
+    a: &SnapshotArgs,
+    vm: &mut dyn Vm,
+    file: &Path,
+    policy: Option<ConvergeMode>,
+) -> Result<SnapshotSummary, CmdError> {
+    let tunables = Tunables::shared();
+    tunables.set_bandwidth_bytes_per_sec(a.file_cap_mib_s << 20);
+    let steering = Steering {
+        progress: &NoProgress,
+        tunables,
+    };
+    let mut opts = SnapshotOptions::default();
+    opts.converge = policy;
+    eprintln!(
+        "ferry: saving it live to {} (policy {}) ...",
+        file.display(),
+        policy.map_or("default".into(), |p| p.to_string())
+    );
+    snapshot::save_steered(vm, file, &opts, &steering).map_err(failed("the snapshot failed"))
 }
 
 /// Asks the kernel to drop `file`'s pages from the page cache (they are

@@ -21,6 +21,10 @@ pub struct Cell {
     pub baseline_accesses_s: u64,
     /// The live snapshot.
     pub snapshot: SnapshotCell,
+    /// The same guest snapshotted again right after, under each other
+    /// policy asked for (`--converge`); its file is not restored.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub snapshot_also: Vec<SnapshotCell>,
     /// The restores, by mode.
     pub restore: Restores,
     /// The ratios, on a writing cell.
@@ -43,6 +47,38 @@ pub struct SnapshotCell {
     pub rounds: usize,
     /// Pages in the recorded working set.
     pub working_set_pages: u64,
+    /// The convergence policy the live rounds ran.
+    pub policy: String,
+    /// Whether what was left for the pause fitted the downtime target
+    /// (else the round cap ended the rounds).
+    pub converged: bool,
+    /// Pages the paused round wrote.
+    pub paused_pages: u64,
+    /// Throttle changes the policy made.
+    pub throttle_steps: usize,
+    /// How long the held guest ran free before the pause (ms).
+    pub settle_ms: f64,
+}
+
+impl SnapshotCell {
+    fn of(s: &SnapshotSummary) -> Self {
+        SnapshotCell {
+            total_ms: s.total_ms,
+            pause_ms: s.pause_ms,
+            bytes: s.bytes,
+            bytes_written: s.rounds.iter().map(|r| r.bytes).sum(),
+            rounds: s.rounds.len(),
+            working_set_pages: s.working_set_pages,
+            policy: s
+                .convergence
+                .converge
+                .map_or("default".into(), |p| p.to_string()),
+            converged: s.converged,
+            paused_pages: s.rounds.last().map_or(0, |r| r.pages),
+            throttle_steps: s.convergence.throttle_timeline.len(),
+            settle_ms: s.settle_ms,
+        }
+    }
 }
 
 /// The restores of one file.
@@ -139,17 +175,22 @@ impl Cell {
             writing,
             page_cache: if cold { "dropped" } else { "warm" },
             baseline_accesses_s,
-            snapshot: SnapshotCell {
-                total_ms: s.total_ms,
-                pause_ms: s.pause_ms,
-                bytes: s.bytes,
-                bytes_written: s.rounds.iter().map(|r| r.bytes).sum(),
-                rounds: s.rounds.len(),
-                working_set_pages: s.working_set_pages,
-            },
+            snapshot: SnapshotCell::of(s),
+            snapshot_also: Vec::new(),
             checks: writing.then(|| Checks::of(&restore)),
             restore,
         }
+    }
+
+    /// This cell, with the same guest's snapshots under other policies.
+    pub fn with_also(mut self, also: &[SnapshotSummary]) -> Self {
+        self.snapshot_also = also.iter().map(SnapshotCell::of).collect();
+        self
+    }
+
+    /// Every snapshot of the guest: the one restored first.
+    fn snapshots(&self) -> impl Iterator<Item = &SnapshotCell> {
+        std::iter::once(&self.snapshot).chain(&self.snapshot_also)
     }
 
     /// The restores, in [`RestoreMode::ALL`]'s order, with their modes'
@@ -196,25 +237,43 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
         format!("live snapshot to a file, {backend} guest, 2 vCPUs"),
         &[
             "guest",
+            "policy",
             "total ms",
             "pause ms",
             "rounds",
+            "converged",
+            "paused pages",
+            "throttle steps",
             "MiB written",
             "MiB on disk",
             "working set pages",
         ],
     );
     for c in &cells {
-        let s = &c.snapshot;
-        saves.row(vec![
-            c.label(),
-            format!("{:.0}", s.total_ms),
-            format!("{:.1}", s.pause_ms),
-            s.rounds.to_string(),
-            (s.bytes_written >> 20).to_string(),
-            (s.bytes >> 20).to_string(),
-            s.working_set_pages.to_string(),
-        ]);
+        for s in c.snapshots() {
+            saves.row(vec![
+                c.label(),
+                s.policy.clone(),
+                format!("{:.0}", s.total_ms),
+                format!("{:.1}", s.pause_ms),
+                s.rounds.to_string(),
+                if s.converged { "yes" } else { "no" }.into(),
+                s.paused_pages.to_string(),
+                s.throttle_steps.to_string(),
+                (s.bytes_written >> 20).to_string(),
+                (s.bytes >> 20).to_string(),
+                s.working_set_pages.to_string(),
+            ]);
+        }
+    }
+    if a.file_cap_mib_s > 0 {
+        saves.note(format!(
+            "The snapshot's writes were capped at {} MiB/s (--file-cap-mib-s), as a slow disk would take them; the policies take the file's measured rate, within that cap, as their link.",
+            a.file_cap_mib_s
+        ));
+    }
+    if cells.iter().any(|c| !c.snapshot_also.is_empty()) {
+        saves.note("Each guest's first row is the snapshot its restores read; the rows after it snapshot the same guest again right after, under the other policies.");
     }
     saves.note(format!(
         "The guest: text written once at boot in every page; a hot set of {}% of its memory visited in random order at {} MiB/s per vCPU (writing: every visit writes; idle: reads only, so its dirty log, and with it its working set, is empty).",
