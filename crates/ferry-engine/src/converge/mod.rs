@@ -27,9 +27,14 @@
 //!
 //! Before a migration, [`predict`] runs the same policies over a model of
 //! the rounds, fed with the guest's measured dirty rates and the link.
+//!
+//! What the source believes its link moves (`link`: learned from the
+//! transfers it measured) lives here too, since the policies plan with
+//! it: a migration's link is its connections, a snapshot's the file.
 
 mod auto;
 mod limit;
+mod link;
 pub mod model;
 mod predict;
 mod quota;
@@ -41,6 +46,7 @@ mod stall;
 
 pub use auto::AutoConverge;
 pub use limit::DirtyLimitPolicy;
+pub(crate) use link::{LinkEstimate, Transfer};
 pub use predict::predict;
 pub use quota::QuotaPolicy;
 pub use sample::{RoundEnd, Sample};

@@ -5,11 +5,11 @@
 
 use super::downtime::{FinalRound, SwitchRule};
 use super::give_up::GiveUp;
-use crate::converge::{settle_allowance, RoundEnd};
+use crate::converge::{settle_allowance, RoundEnd, Transfer};
 use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
 use crate::session::{
-    fresh_summary, new_session_id, Blocked, Migrating, Mode, PrecopyOptions, Source, Transfer,
+    fresh_summary, new_session_id, Blocked, Migrating, Mode, PrecopyOptions, Source,
     EST_BYTES_PER_PAGE,
 };
 use crate::summary::{ms, MigrationSummary, RoundKind};

@@ -8,8 +8,6 @@
 //!   source       the source's VM, connections, dirty logging, rounds sent
 //!   links        the source's connections: main channel, senders,
 //!                page server, their health, the session
-//!   link_estimate  what the source believes its link moves, and the
-//!                compression ratio, learned from transfers it measured
 //!   device_plan  the source's device state: live, at the pause, in parts
 //!   switchover   the source's pause, vCPU state, digest, commit, rollback
 //!   dest         the destination's VM, connections, loading and commit
@@ -38,7 +36,6 @@ pub mod device_cost;
 mod device_intake;
 mod device_plan;
 mod huge;
-mod link_estimate;
 mod links;
 mod loaded;
 mod options;
@@ -56,7 +53,6 @@ mod within_round;
 pub(crate) use dest::{Dest, Outputs};
 pub(crate) use device_intake::DeviceIntake;
 pub(crate) use huge::HUGE_PAGES;
-pub(crate) use link_estimate::{LinkEstimate, Transfer};
 pub(crate) use loaded::Loaded;
 pub(crate) use options::Blocked;
 pub use options::{

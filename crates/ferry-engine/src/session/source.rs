@@ -8,13 +8,13 @@
 use super::delta::DeltaCache;
 use super::dest_takes::DestTakes;
 use super::device_plan::DevicePlan;
-use super::link_estimate::{LinkEstimate, Transfer};
 use super::links::Links;
 use super::page_server::PageServer;
 use super::senders::Senders;
 use super::within_round::WithinRound;
 use super::{unexpected, PostcopyResume, PrecopyOptions, SourcePhase};
 use crate::converge::{Converger, RoundEnd, Sample};
+use crate::converge::{LinkEstimate, Transfer};
 use crate::error::MigrationError;
 use crate::progress::{Phase, Progress};
 use crate::summary::{

@@ -19,10 +19,11 @@
 //! - a snapshot that fails or is cancelled lifts whatever it set.
 
 use super::pages::Written;
-use crate::converge::{self, ConvergeMode, Converger, RoundEnd, Sample, Settled};
+use crate::converge::{
+    self, ConvergeMode, Converger, LinkEstimate, RoundEnd, Sample, Settled, Transfer,
+};
 use crate::error::SnapshotError;
 use crate::progress::Progress;
-use crate::session::{LinkEstimate, Transfer};
 use crate::summary::ConvergenceReport;
 use crate::Tunables;
 use ferry_vm::{Vm, PAGE_SIZE};
