@@ -176,7 +176,12 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
     };
     let outcome = match (&a.local, &a.snapshot) {
         (Some(path), _) => local(&mut vm, path),
-        (None, Some(file)) => to_file(&mut vm, file, Duration::from_millis(a.downtime_ms)),
+        (None, Some(file)) => to_file(
+            &mut vm,
+            file,
+            Duration::from_millis(a.downtime_ms),
+            a.converge,
+        ),
         (None, None) => over_the_network(&mut vm, &*dialer, &opts),
     };
     drop(trace);
@@ -274,10 +279,17 @@ fn over_the_network(vm: &mut MiniVm, dialer: &dyn Dial, opts: &PrecopyOptions) -
 
 /// A live snapshot to `file`, the guest left stopped: its state is the
 /// file's. The save proves itself at its pause (the paused memory, hashed
-/// on its own, is what the file holds), so a completed one matches.
-fn to_file(vm: &mut MiniVm, file: &std::path::Path, max_downtime: Duration) -> Outcome {
+/// on its own, is what the file holds), so a completed one matches. The
+/// live rounds run `converge` (default: the best the VM serves).
+fn to_file(
+    vm: &mut MiniVm,
+    file: &std::path::Path,
+    max_downtime: Duration,
+    converge: Option<ConvergeMode>,
+) -> Outcome {
     let mut opts = SnapshotOptions::default();
     opts.max_downtime = max_downtime;
+    opts.converge = converge;
     opts.stop = true;
     let steering = Steering {
         progress: &RoundLog,
