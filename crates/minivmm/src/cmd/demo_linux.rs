@@ -34,7 +34,7 @@ pub fn summarize(mode: &str, vcpus: u32, e: &Ends) -> (Value, bool) {
     let digest_match = e.source["digest_match"] == true && e.destination["digest_match"] == true;
     let completed = e.source["status"] == "completed";
     let error = first_error(e, completed, &console, guest_exit.as_deref());
-    let summary = json!({
+    let mut summary = json!({
         "guest": "linux",
         "kernel": console.kernel,
         "vcpus": vcpus,
@@ -64,6 +64,25 @@ pub fn summarize(mode: &str, vcpus: u32, e: &Ends) -> (Value, bool) {
         "guest_exit": guest_exit,
         "error": error,
     });
+    if mode == "snapshot" {
+        // The save's and the restore's own figures (their summaries).
+        let (saved, restored) = (&e.source["summary"], &e.destination["summary"]);
+        summary["snapshot"] = json!({
+            "total_ms": saved["total_ms"],
+            "pause_ms": saved["pause_ms"],
+            "digest_ms": saved["digest_ms"],
+            "bytes": saved["bytes"],
+            "converged": saved["converged"],
+            "policy": saved["convergence"]["converge"],
+        });
+        summary["restore"] = json!({
+            "mode": restored["mode"],
+            "first_instruction_ms": restored["first_instruction_ms"],
+            "working_set_ms": restored["working_set_ms"],
+            "resident_ms": restored["resident_ms"],
+            "blocking_faults": restored["blocking_faults"],
+        });
+    }
     let clean = error.is_none()
         && digest_match
         && last.mismatches == 0
@@ -160,5 +179,33 @@ mod tests {
                 && error.contains("vCPU 1 stopped: unexpected exit Shutdown"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_snapshot_s_summary_carries_the_save_s_and_the_restore_s_figures() {
+        let source = json!({"status": "completed", "digest_match": true, "summary": {
+            "total_ms": 4261.8, "pause_ms": 1087.9, "digest_ms": 991.0, "bytes": 89149440,
+            "converged": true, "convergence": {"converge": "quota"}}});
+        let destination = json!({"status": "completed", "digest_match": true,
+            "guest_exit": "poweroff", "summary": {"mode": "lazy-working-set",
+            "first_instruction_ms": 304.1, "working_set_ms": 120.0, "resident_ms": 14427.7,
+            "blocking_faults": 269}});
+        let ends = Ends {
+            source: &source,
+            destination: &destination,
+            destination_ok: true,
+            source_console: String::new(),
+            destination_console: String::new(),
+        };
+        let (summary, _) = summarize("snapshot", 2, &ends);
+        assert_eq!(summary["snapshot"]["pause_ms"], 1087.9);
+        assert_eq!(summary["snapshot"]["digest_ms"], 991.0);
+        assert_eq!(summary["snapshot"]["policy"], "quota");
+        assert_eq!(summary["restore"]["mode"], "lazy-working-set");
+        assert_eq!(summary["restore"]["first_instruction_ms"], 304.1);
+        assert_eq!(summary["restore"]["blocking_faults"], 269);
+        // A migration has neither.
+        let (moved, _) = summarize("precopy", 2, &ends);
+        assert!(moved.get("snapshot").is_none() && moved.get("restore").is_none());
     }
 }

@@ -24,6 +24,7 @@
 mod qemu;
 mod qmp;
 mod report;
+mod snapshot;
 mod stamps;
 
 use minivmm::checks;
@@ -51,6 +52,10 @@ enum Which {
     /// The same Linux guest moved by ferry and by QEMU (-accel kvm), idle
     /// and writing, interleaved (run it inside scripts/svm-host.sh).
     Qemu(QemuArgs),
+    /// The same Linux guest saved live to a file and restored, by ferry
+    /// and by QEMU (exec:cat), idle and writing, interleaved (run it
+    /// inside scripts/svm-host.sh).
+    QemuSnapshot(snapshot::SnapshotBenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -251,6 +256,7 @@ pub struct CellResult {
 pub fn bench(a: BenchArgs) -> Result<(), String> {
     match a.which {
         Which::Qemu(q) => bench_qemu(q),
+        Which::QemuSnapshot(s) => snapshot::bench(s),
     }
 }
 

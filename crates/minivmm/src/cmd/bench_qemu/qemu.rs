@@ -18,20 +18,23 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// A QEMU process with its console (serial on stdio) captured, killed when
 /// dropped.
-struct Qemu {
-    child: Child,
+pub(super) struct Qemu {
+    pub(super) child: Child,
     console: Arc<Mutex<String>>,
-    stdin: Option<ChildStdin>,
-    qmp: PathBuf,
+    pub(super) stdin: Option<ChildStdin>,
+    pub(super) qmp: PathBuf,
 }
 
 impl Qemu {
-    fn start(
+    /// Starts QEMU on `guest`, its console captured into `dir/name.console`;
+    /// with `incoming`, waiting for the guest's state at that URI
+    /// (`tcp:HOST:PORT`, `exec:COMMAND`).
+    pub(super) fn start(
         qemu: &str,
         guest: &Guest,
         dir: &Path,
         name: &str,
-        incoming: Option<u16>,
+        incoming: Option<&str>,
     ) -> Result<Qemu, String> {
         // UNIX sockets cannot live on the SVM host's 9p share: the
         // monitor's goes in the scratch directory beside the disk.
@@ -68,8 +71,8 @@ impl Qemu {
             .args(["-device", "virtio-blk-device,drive=vda"])
             .arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", qmp.display()));
-        if let Some(port) = incoming {
-            cmd.args(["-incoming", &format!("tcp:127.0.0.1:{port}")]);
+        if let Some(uri) = incoming {
+            cmd.args(["-incoming", uri]);
         }
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -95,7 +98,7 @@ impl Qemu {
         })
     }
 
-    fn console(&self) -> String {
+    pub(super) fn console(&self) -> String {
         self.console
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -104,7 +107,11 @@ impl Qemu {
 
     /// Waits until `done` holds for the console, the process exits, or
     /// `limit` passes; says which.
-    fn wait_console(&mut self, limit: Duration, done: impl Fn(&str) -> bool) -> Result<(), String> {
+    pub(super) fn wait_console(
+        &mut self,
+        limit: Duration,
+        done: impl Fn(&str) -> bool,
+    ) -> Result<(), String> {
         let deadline = Instant::now() + limit;
         loop {
             if done(&self.console()) {
@@ -214,7 +221,8 @@ fn migrate(
         .wait_console(guest.boot_limit, |t| checker_lines(t, 3))
         .map_err(|e| format!("the source's guest did not boot to its checker: {e}"))?;
     let port = free_port()?;
-    let mut dest = Qemu::start(qemu, guest, dir, "qemu-destination", Some(port))?;
+    let uri = format!("tcp:127.0.0.1:{port}");
+    let mut dest = Qemu::start(qemu, guest, dir, "qemu-destination", Some(&uri))?;
     let mut qmp = Qmp::connect(&source.qmp, Duration::from_secs(30)).map_err(|e| e.to_string())?;
     // Dial the destination's monitor too: it is up before the move starts.
     let _dest_qmp = Qmp::connect(&dest.qmp, Duration::from_secs(30)).map_err(|e| e.to_string())?;
@@ -275,8 +283,12 @@ fn migrate(
         _ => None,
     };
     let _ = qmp.cmd("quit", json!({}));
-    // The guest runs on at the destination, told that it moved; its
-    // checker then powers it off, and QEMU exits.
+    run_on(&mut dest, guest, side)
+}
+
+/// The guest runs on at the destination, told that it moved; its checker
+/// then powers it off, and QEMU exits. Its checks go into `side`.
+pub(super) fn run_on(dest: &mut Qemu, guest: &Guest, side: &mut Side) -> Result<(), String> {
     dest.wait_console(Duration::from_secs(120), |t| checker_lines(t, 1))
         .map_err(|e| format!("the destination's guest printed nothing after the move: {e}"))?;
     if let Some(stdin) = dest.stdin.as_mut() {
