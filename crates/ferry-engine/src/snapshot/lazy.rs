@@ -28,7 +28,7 @@
 
 use super::chain::PageSource;
 use super::working_set;
-use crate::digest::digest_of;
+use crate::digest::{digest_of, zero_page_hash};
 use crate::error::SnapshotError;
 use ferry_vm::uffd::{Fault, Placed, Placer};
 use ferry_vm::{FetchError, Gfn, GuestRam, PageBits, PAGE_SIZE};
@@ -434,8 +434,10 @@ impl Shared {
         Ok(())
     }
 
-    /// Reads and places the missing frames of `first..first + n` (one RAM
-    /// run); returns how many this call placed.
+    /// Places the missing frames of `first..first + n` (one RAM run);
+    /// returns how many this call placed. Frames the snapshot recorded as
+    /// zeros are mapped as zeros, with nothing read: a guest's free memory
+    /// (most of an idle one's) costs no read, copy or hash.
     fn bring_in(&self, first: u64, n: u64, buf: &mut Vec<u8>) -> Result<u64, SnapshotError> {
         // After the end nothing more is placed; a window another thread
         // has brought in already is not read again.
@@ -444,7 +446,35 @@ impl Shared {
         {
             return Ok(0);
         }
-        self.read(first, n, buf)?;
+        let zero = zero_page_hash();
+        let is_zero = |g: u64| self.hashes[g as usize] == zero;
+        let (mut at, end, mut placed) = (first, first + n, 0);
+        while at < end {
+            let zeros = is_zero(at);
+            let k = (at..end).take_while(|&g| is_zero(g) == zeros).count() as u64;
+            placed += match zeros {
+                true => self.place(at, k, |p, g, i| p.zero(Gfn(g), k - i))?,
+                false => {
+                    self.read(at, k, buf)?;
+                    self.place(at, k, |p, g, i| {
+                        p.copy(Gfn(g), &buf[i as usize * PAGE_SIZE..])
+                    })?
+                }
+            };
+            at += k;
+        }
+        Ok(placed)
+    }
+
+    /// Places the missing frames of `first..first + n` with `put` (given
+    /// the placer, a frame, and its index in the window; it places from
+    /// there on, as far as the frames are missing); how many it placed.
+    fn place(
+        &self,
+        first: u64,
+        n: u64,
+        put: impl Fn(&Placer, u64, u64) -> std::io::Result<Placed>,
+    ) -> Result<u64, SnapshotError> {
         let placer = self.placer.read().unwrap_or_else(|p| p.into_inner());
         let Some(p) = placer.as_ref() else {
             return Ok(0);
@@ -456,8 +486,7 @@ impl Shared {
                 i += 1;
                 continue;
             }
-            let bytes = &buf[i as usize * PAGE_SIZE..];
-            let copied = match p.copy(Gfn(g), bytes) {
+            let placed_now = match put(p, g, i) {
                 Ok(Placed::Copied(k)) => k,
                 // Page k was placed by another thread, which counts it; it
                 // is in memory already, so a fault exit waiting for it can
@@ -477,9 +506,9 @@ impl Shared {
                     })
                 }
             };
-            (g..g + copied).for_each(|f| self.placed_one(f));
-            placed += copied;
-            i += copied.max(1);
+            (g..g + placed_now).for_each(|f| self.placed_one(f));
+            placed += placed_now;
+            i += placed_now.max(1);
         }
         Ok(placed)
     }

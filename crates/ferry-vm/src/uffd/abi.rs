@@ -28,6 +28,7 @@ pub(super) const UFFDIO_API: u64 = uffd_ioc(IOC_RW, 0x3f, 24);
 pub(super) const UFFDIO_REGISTER: u64 = uffd_ioc(IOC_RW, 0x00, 32);
 pub(super) const UFFDIO_UNREGISTER: u64 = uffd_ioc(IOC_READ, 0x01, 16);
 pub(super) const UFFDIO_COPY: u64 = uffd_ioc(IOC_RW, 0x03, 40);
+pub(super) const UFFDIO_ZEROPAGE: u64 = uffd_ioc(IOC_RW, 0x04, 32);
 pub(super) const UFFDIO_CONTINUE: u64 = uffd_ioc(IOC_RW, 0x07, 32);
 pub(super) const UFFDIO_WAKE: u64 = uffd_ioc(IOC_READ, 0x02, 16);
 
@@ -59,6 +60,13 @@ pub(super) struct UffdioCopy {
     pub len: u64,
     pub mode: u64,
     pub copy: i64,
+}
+
+#[repr(C)]
+pub(super) struct UffdioZeropage {
+    pub range: UffdioRange,
+    pub mode: u64,
+    pub zeropage: i64,
 }
 
 #[repr(C)]
@@ -132,6 +140,7 @@ mod tests {
         assert_eq!(UFFDIO_REGISTER, 0xc020_aa00);
         assert_eq!(UFFDIO_UNREGISTER, 0x8010_aa01);
         assert_eq!(UFFDIO_COPY, 0xc028_aa03);
+        assert_eq!(UFFDIO_ZEROPAGE, 0xc020_aa04);
         assert_eq!(UFFDIO_CONTINUE, 0xc020_aa07);
     }
 }

@@ -330,6 +330,44 @@ impl Placer {
         Ok(Placed::Copied(pages))
     }
 
+    /// Places `pages` frames of zeros at `first`, as far as they are
+    /// missing and lie in `first`'s range (see [`Placed`]): no data is
+    /// read or copied (anonymous memory maps the shared zero page until
+    /// the guest writes).
+    pub fn zero(&self, first: Gfn, pages: u64) -> io::Result<Placed> {
+        let Some(r) = self.range_of(first.0) else {
+            return Ok(Placed::Unregistered);
+        };
+        let pages = pages.min(r.first + r.pages - first.0);
+        let mut done = 0u64;
+        while done < pages {
+            let mut z = UffdioZeropage {
+                range: UffdioRange {
+                    start: r.host + (first.0 - r.first + done) * PAGE_SIZE as u64,
+                    len: (pages - done) * PAGE_SIZE as u64,
+                },
+                mode: 0,
+                zeropage: 0,
+            };
+            // SAFETY: UFFDIO_ZEROPAGE takes a uffdio_zeropage over a range
+            // this Placer registered (checked above); the kernel maps zeros
+            // there and writes back only the count in the struct.
+            let r = unsafe { uffd_ioctl(&self.fd, UFFDIO_ZEROPAGE, &mut z) };
+            if z.zeropage > 0 {
+                done += z.zeropage as u64 / PAGE_SIZE as u64;
+            }
+            match r {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    return Ok(Placed::PresentAt(done))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Placed::Copied(pages))
+    }
+
     /// Maps `pages` frames from `first` whose contents are already in the
     /// page cache (a MINOR range), waking their waiters. Returns false if
     /// a page was mapped already (by another handler).
