@@ -18,7 +18,8 @@ pub fn brief(s: &Side) -> String {
     }
 }
 
-fn ms(v: Option<f64>) -> String {
+/// Milliseconds, rounded, or `-` where there is no value.
+pub(super) fn ms(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.0}"))
 }
 

@@ -21,6 +21,7 @@
 
 use super::qemu::{checker_lines, run_on, Qemu};
 use super::qmp::Qmp;
+use super::report::ms;
 use super::{fresh_disk, run_within, Cell, Guest, Side};
 use ferry_report::{Bar, Bars, Report, Table};
 use serde::Serialize;
@@ -425,10 +426,6 @@ fn brief(s: &SnapSide) -> String {
         ),
         Some(e) => format!("failed: {e}"),
     }
-}
-
-fn ms(v: Option<f64>) -> String {
-    v.map_or("-".into(), |v| format!("{v:.0}"))
 }
 
 /// `qemu / ferry` where both have a value.
