@@ -10,7 +10,7 @@ mod common;
 
 use common::{check, churning_source, running_source, wait_for_passes, TestVm};
 use ferry_engine::error::SnapshotError;
-use ferry_engine::snapshot::{self, RestoreMode, RestoreOptions, SnapshotOptions};
+use ferry_engine::snapshot::{self, ProofAt, RestoreMode, RestoreOptions, SnapshotOptions};
 use ferry_engine::vmm::StreamHeader;
 use ferry_vm::{Backing, Vm, VmError, PAGE_SIZE};
 use std::path::{Path, PathBuf};
@@ -120,6 +120,9 @@ fn a_guest_saved_while_it_runs_restores_and_walks_on_with_its_checks_clean() {
         !s.stopped && vm.is_running(),
         "the guest runs on after the snapshot"
     );
+    // Its proof was made after the pause, its memory frozen meanwhile,
+    // while the guest walked on writing.
+    assert_eq!(s.proof, expected_live_proof(), "{s:?}");
     // The source's guest keeps walking and checking.
     let at = check(&vm).progress;
     wait_for_passes(&vm, at + 2);
@@ -187,6 +190,8 @@ fn a_stopped_snapshot_holds_the_guest_exactly_where_it_stopped() {
     let mut vm = running_source();
     let s = snapshot::save(&mut vm, &path, &stopped()).unwrap();
     assert!(s.stopped && !vm.is_running(), "{s:?}");
+    // A guest left stopped is proved in the pause: nothing runs to wait.
+    assert_eq!(s.proof, ProofAt::Pause, "{s:?}");
     // Zero pages take no space: the data slot's pages hold stamps, the
     // system slot is mostly zeros.
     assert!(s.bytes < s.file_bytes, "{s:?}");
@@ -200,21 +205,39 @@ fn a_stopped_snapshot_holds_the_guest_exactly_where_it_stopped() {
     assert_eq!(check(&restored).errors, 0);
 }
 
+/// Where a running guest's proof is made: after the pause where this
+/// kernel can freeze memory (userfaultfd's write-protect), else in it.
+fn expected_live_proof() -> ProofAt {
+    let ram = ferry_vm::GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap();
+    match ferry_vm::uffd::Placer::freeze(&ram) {
+        Ok(_) => ProofAt::Frozen,
+        Err(e) => {
+            eprintln!("SKIP: memory cannot be frozen here ({e}): the proof is made in the pause");
+            ProofAt::Pause
+        }
+    }
+}
+
 #[test]
 fn a_write_the_dirty_logs_missed_fails_the_snapshot_and_the_guest_runs_on() {
-    let dir = Scratch::new("untracked");
-    let path = dir.file("vm.snap");
-    std::fs::write(&path, b"the previous snapshot").unwrap();
-    let mut vm = running_source();
-    vm.untracked_write_on_save = true;
-    let e = snapshot::save(&mut vm, &path, &SnapshotOptions::default()).unwrap_err();
-    assert!(matches!(e, SnapshotError::Untracked { .. }), "{e}");
-    assert!(
-        vm.is_running(),
-        "a failed snapshot leaves the guest running"
-    );
-    assert_eq!(std::fs::read(&path).unwrap(), b"the previous snapshot");
-    assert!(!dir.file("vm.snap.partial").exists());
+    // Either proof finds it: in the pause, or after it with memory frozen.
+    for after_pause in [true, false] {
+        let dir = Scratch::new("untracked");
+        let path = dir.file("vm.snap");
+        std::fs::write(&path, b"the previous snapshot").unwrap();
+        let mut vm = running_source();
+        vm.untracked_write_on_save = true;
+        let mut opts = SnapshotOptions::default();
+        opts.proof_after_pause = after_pause;
+        let e = snapshot::save(&mut vm, &path, &opts).unwrap_err();
+        assert!(matches!(e, SnapshotError::Untracked { .. }), "{e}");
+        assert!(
+            vm.is_running(),
+            "a failed snapshot leaves the guest running"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"the previous snapshot");
+        assert!(!dir.file("vm.snap.partial").exists());
+    }
 }
 
 /// Where each part of a finished snapshot is: (name, offset, length).

@@ -34,6 +34,7 @@ mod checked;
 mod converge;
 mod format;
 mod lazy;
+mod live_proof;
 mod pages;
 mod restore;
 mod save;
@@ -41,6 +42,7 @@ mod working_set;
 
 pub use chain::{merge, MergeSummary, MAX_CHAIN};
 pub use format::{FORMAT, FULL_FORMAT, OLDEST_FORMAT};
+pub use live_proof::ProofAt;
 pub use restore::{inspect, restore, restore_as, Restoring};
 pub use save::{save, save_steered};
 pub use working_set::WINDOW as WORKING_SET_WINDOW;
@@ -78,10 +80,15 @@ pub struct SnapshotOptions {
     /// Leave the guest stopped after the snapshot (its state is then the
     /// file's, as for a host reboot).
     pub stop: bool,
-    /// Hash the paused guest's memory and compare it with the file's
-    /// pages before the guest runs on: the proof that no write escaped
-    /// the dirty logs. It lengthens the pause by one pass over memory.
+    /// Hash the guest's memory as it was at the pause and compare it with
+    /// the file's pages: the proof that no write escaped the dirty logs.
+    /// The snapshot fails if they differ.
     pub verify: bool,
+    /// Where the guest runs on, make the proof after the pause, its memory
+    /// frozen meanwhile (`live_proof`), so that the pause does not last a
+    /// pass over memory. Off, or where memory cannot be frozen, the proof
+    /// is made inside the pause.
+    pub proof_after_pause: bool,
     /// Frames a lazy restore of this VM saw its guest touch first, in
     /// order ([`RestoreSummary::first_touches`]): the working set starts
     /// with them, before the pages the dirty logs saw written last.
@@ -104,6 +111,7 @@ impl Default for SnapshotOptions {
             max_rounds: 30,
             stop: false,
             verify: true,
+            proof_after_pause: true,
             first_touches: Vec::new(),
             parent: None,
             converge: None,
@@ -210,8 +218,12 @@ pub struct SnapshotSummary {
     /// The guest's pause, from stopping it to running it again (to the
     /// end of the work, where it stays stopped).
     pub pause_ms: f64,
-    /// Of the pause, hashing the paused memory ([`SnapshotOptions::verify`]).
+    /// Hashing the memory of the pause for the proof
+    /// ([`SnapshotOptions::verify`]): inside the pause, or after it ([`Self::proof`]).
     pub digest_ms: f64,
+    /// Where the proof was made: in the pause, or after it with memory
+    /// frozen while the guest ran on (`live_proof`).
+    pub proof: ProofAt,
     /// Every pass, the paused one last.
     pub rounds: Vec<SnapshotRound>,
     /// Bytes the file takes on disk.

@@ -6,10 +6,11 @@ use super::converge::FileConvergence;
 use super::format::{
     create_sized, encode_present, page_offset, partial_path, Manifest, Tail, FORMAT, FULL_FORMAT,
 };
+use super::live_proof::{self, ProofAt};
 use super::pages::{PageWriter, Written};
 use super::working_set;
 use super::{SnapshotOptions, SnapshotRound, SnapshotSummary, Steering};
-use crate::digest::{digest_of, memory_digest, source_digest_threads};
+use crate::digest::{digest_of, memory_digest, source_digest_threads, MemoryDigest};
 use crate::error::SnapshotError;
 use crate::progress::{NoProgress, Phase};
 use crate::summary::{ms, RoundKind, RoundStats};
@@ -225,32 +226,47 @@ fn write_file(
         .map_err(SnapshotError::vm("save the vCPUs' state"))?;
     let sections = crate::wire::sections::encode(&sections);
     let digest = digest_of(&writer.hashes);
+    let stopped = opts.stop || !was_running;
+    // The proof that the dirty logs missed nothing: the memory of the
+    // pause, hashed on its own, is what the file holds. A guest that runs
+    // on has its memory frozen instead, and hashed once it runs
+    // (`live_proof`); elsewhere the hash is made here.
+    let frozen = match opts.verify && opts.proof_after_pause && !stopped {
+        true => live_proof::freeze(&ram),
+        false => None,
+    };
     let mut digest_ms = 0.0;
-    if opts.verify {
-        // The proof that the dirty logs missed nothing: the paused guest's
-        // memory, hashed on its own, is what the file holds.
-        progress.phase(Phase::Verifying);
-        let t = Instant::now();
-        let memory = memory_digest(&ram, source_digest_threads())
-            .map_err(SnapshotError::ram("hash the paused guest's memory"))?;
-        digest_ms = ms(t.elapsed());
-        if memory != digest {
-            return Err(SnapshotError::Untracked {
-                memory: memory.value,
-                file: digest.value,
-            });
+    let proof = match (&frozen, opts.verify) {
+        (Some(_), _) => ProofAt::Frozen,
+        (None, true) => {
+            progress.phase(Phase::Verifying);
+            let t = Instant::now();
+            let memory = memory_digest(&ram, source_digest_threads())
+                .map_err(SnapshotError::ram("hash the paused guest's memory"))?;
+            digest_ms = ms(t.elapsed());
+            held_to(memory, digest)?;
+            ProofAt::Pause
         }
-    }
+        (None, false) => ProofAt::Skipped,
+    };
     if *logging {
         crate::dirty_logs::stop(vm, "the snapshot's pause");
         *logging = false;
     }
-    let stopped = opts.stop || !was_running;
     if !stopped {
         vm.start()
             .map_err(SnapshotError::vm("resume the guest after the snapshot"))?;
     }
     let pause_ms = ms(paused_at.elapsed());
+    if let Some(frozen) = frozen {
+        progress.phase(Phase::Verifying);
+        let t = Instant::now();
+        let memory = frozen
+            .hash(source_digest_threads())
+            .map_err(SnapshotError::ram("hash the memory frozen at the pause"))?;
+        digest_ms = ms(t.elapsed());
+        held_to(memory, digest)?;
+    }
     // Once the guest runs again: ordering the working set is no work for
     // the pause.
     let working_set = if was_running {
@@ -296,6 +312,7 @@ fn write_file(
         total_ms: 0.0,
         pause_ms,
         digest_ms,
+        proof,
         rounds,
         bytes: meta.blocks() * 512,
         file_bytes: meta.len(),
@@ -308,6 +325,17 @@ fn write_file(
         settle_ms: settled.map_or(0.0, |s| s.ms),
         settle_pages: settled.map_or(0, |s| s.pages),
     })
+}
+
+/// The proof's verdict: the memory of the pause is what the file holds.
+fn held_to(memory: MemoryDigest, file: MemoryDigest) -> Result<(), SnapshotError> {
+    match memory == file {
+        true => Ok(()),
+        false => Err(SnapshotError::Untracked {
+            memory: memory.value,
+            file: file.value,
+        }),
+    }
 }
 
 /// A live round as a migration's monitor takes it: the file is the link.

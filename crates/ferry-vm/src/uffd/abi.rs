@@ -5,13 +5,19 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 pub(super) const UFFD_API: u64 = 0xaa;
+/// Write-protect faults are reported (`UFFDIO_REGISTER_MODE_WP`).
+pub(super) const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
 pub(super) const UFFD_FEATURE_SIGBUS: u64 = 1 << 7;
 /// Fault events name the faulting thread (`uffd_msg.pagefault.feat.ptid`).
 pub(super) const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
 pub(super) const UFFD_FEATURE_MINOR_HUGETLBFS: u64 = 1 << 9;
 pub(super) const UFFD_FEATURE_MINOR_SHMEM: u64 = 1 << 10;
+/// A write-protect reaches pages never touched too (Linux 6.4).
+pub(super) const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
 pub(super) const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
+pub(super) const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
 pub(super) const UFFDIO_REGISTER_MODE_MINOR: u64 = 1 << 2;
+pub(super) const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 pub(super) const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 /// Bytes of one `struct uffd_msg`; the fault address is at offset 16 and,
 /// with [`UFFD_FEATURE_THREAD_ID`], the faulting thread's id at 24.
@@ -29,6 +35,7 @@ pub(super) const UFFDIO_REGISTER: u64 = uffd_ioc(IOC_RW, 0x00, 32);
 pub(super) const UFFDIO_UNREGISTER: u64 = uffd_ioc(IOC_READ, 0x01, 16);
 pub(super) const UFFDIO_COPY: u64 = uffd_ioc(IOC_RW, 0x03, 40);
 pub(super) const UFFDIO_ZEROPAGE: u64 = uffd_ioc(IOC_RW, 0x04, 32);
+pub(super) const UFFDIO_WRITEPROTECT: u64 = uffd_ioc(IOC_RW, 0x06, 24);
 pub(super) const UFFDIO_CONTINUE: u64 = uffd_ioc(IOC_RW, 0x07, 32);
 pub(super) const UFFDIO_WAKE: u64 = uffd_ioc(IOC_READ, 0x02, 16);
 
@@ -67,6 +74,12 @@ pub(super) struct UffdioZeropage {
     pub range: UffdioRange,
     pub mode: u64,
     pub zeropage: i64,
+}
+
+#[repr(C)]
+pub(super) struct UffdioWriteprotect {
+    pub range: UffdioRange,
+    pub mode: u64,
 }
 
 #[repr(C)]
@@ -141,6 +154,7 @@ mod tests {
         assert_eq!(UFFDIO_UNREGISTER, 0x8010_aa01);
         assert_eq!(UFFDIO_COPY, 0xc028_aa03);
         assert_eq!(UFFDIO_ZEROPAGE, 0xc020_aa04);
+        assert_eq!(UFFDIO_WRITEPROTECT, 0xc018_aa06);
         assert_eq!(UFFDIO_CONTINUE, 0xc020_aa07);
     }
 }

@@ -24,7 +24,11 @@
 //!                             backend's): read its faults, and
 //!   wake(gfn, pages)          UFFDIO_WAKE its waiters once the pages are in
 //!                             the shared memory by another way
-//!   drop                      UFFDIO_UNREGISTER (not a foreign one's)
+//!   freeze(ram)               WP over all RAM: a write blocks the writer
+//!                             and queues a fault until
+//!   thaw(gfn, pages)          lifts the protection and wakes the writers
+//!   drop                      thaws what is frozen; UFFDIO_UNREGISTER (not
+//!                             a foreign one's)
 //! ```
 //!
 //! With `UFFD_FEATURE_SIGBUS` a stray touch of a missing page while the
@@ -43,6 +47,7 @@
 
 mod abi;
 mod faults;
+mod freeze;
 
 use crate::ram::{Backing, GuestRam};
 use crate::types::{Gfn, PAGE_SIZE};
@@ -82,6 +87,11 @@ pub const IOCTL_REQUESTS: &[(&str, u64, &str)] = &[
         "mapping a page already written into a memfd's or hugetlb file's page cache",
     ),
     (
+        "UFFDIO_WRITEPROTECT",
+        UFFDIO_WRITEPROTECT,
+        "freezing guest RAM for a snapshot's proof while the guest runs on, then thawing it",
+    ),
+    (
         "UFFDIO_WAKE",
         UFFDIO_WAKE,
         "waking a device's threads once the pages they fault on are in",
@@ -108,6 +118,9 @@ pub struct Placer {
     /// Another process registered the ranges (in its own address space):
     /// they are not this one's to unregister.
     foreign: bool,
+    /// The ranges are write-protected ([`Placer::freeze`]): dropping the
+    /// Placer thaws them first.
+    frozen: bool,
 }
 
 /// What [`Placer::copy`] did.
@@ -148,6 +161,7 @@ impl Placer {
             ranges: Vec::new(),
             granule: if hugetlb { HUGE_PAGES } else { 1 },
             foreign: false,
+            frozen: false,
         };
         if !hugetlb || hugetlb_too {
             for slot in ram.slots() {
@@ -205,6 +219,7 @@ impl Placer {
             ranges: Vec::new(),
             granule,
             foreign: false,
+            frozen: false,
         };
         placer.add(ram, first, pages, reg_mode)?;
         Ok(placer)
@@ -258,6 +273,7 @@ impl Placer {
                 .collect(),
             granule: 1,
             foreign: true,
+            frozen: false,
         }
     }
 
@@ -402,6 +418,14 @@ impl Drop for Placer {
     fn drop(&mut self) {
         if self.foreign {
             return;
+        }
+        if self.frozen {
+            // Never leave a writer waiting, nor a page read-only after us.
+            for r in &self.ranges {
+                if let Err(e) = self.thaw(Gfn(r.first), r.pages) {
+                    tracing::warn!("userfaultfd thaw: {e}");
+                }
+            }
         }
         for r in &self.ranges {
             let mut range = UffdioRange {

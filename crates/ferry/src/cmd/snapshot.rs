@@ -6,6 +6,7 @@ use crate::control::{self, ControlError};
 use crate::error::CmdError;
 use clap::Args;
 use ferry_engine::choices::ConvergeMode;
+use ferry_engine::snapshot::ProofAt;
 use ferry_report::Table;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -165,11 +166,9 @@ fn table(s: &Value) -> Table {
         ("total", format!("{:.0} ms", f("total_ms"))),
         (
             "the guest's pause",
-            format!(
-                "{:.0} ms ({:.0} ms of it hashing)",
-                f("pause_ms"),
-                f("digest_ms")
-            ),
+            serde_json::from_value::<ProofAt>(s["proof"].clone())
+                .unwrap_or(ProofAt::Pause)
+                .pause_words(f("pause_ms"), f("digest_ms")),
         ),
         (
             "rounds",

@@ -91,7 +91,7 @@ impl Report {
             ("snapshot: total", format!("{:.0} ms", s.total_ms)),
             (
                 "snapshot: the guest's pause",
-                format!("{:.0} ms ({:.0} ms of it hashing)", s.pause_ms, s.digest_ms),
+                s.proof.pause_words(s.pause_ms, s.digest_ms),
             ),
             ("snapshot: rounds", s.rounds.len().to_string()),
             (

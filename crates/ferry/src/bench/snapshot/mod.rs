@@ -77,6 +77,11 @@ pub struct SnapshotArgs {
     /// its pause and rounds alone. Default: the best the VM serves.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(ConvergeMode))]
     pub converge: Vec<ConvergeMode>,
+    /// Snapshot each guest once more right after, with its proof made
+    /// inside the pause (as before the memory was frozen for it), for that
+    /// snapshot's pause alone: the baseline of the frozen proof, same run.
+    #[arg(long)]
+    pub proof_in_pause_too: bool,
     /// Directory for the snapshot files (one at a time, removed after its
     /// cell).
     #[arg(long)]
@@ -154,7 +159,7 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
         [] => vec![None],
         list => list.iter().copied().map(Some).collect(),
     };
-    let saved = save(a, &mut *vm, file, policies[0])?;
+    let saved = save(a, &mut *vm, file, policies[0], true)?;
     // The same guest not restored: it runs on from the pause here. Its
     // schedule has the same debt from the snapshot's rounds as the
     // restored guests' (and the pause's more: its clock ran on).
@@ -171,9 +176,11 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
     // The other policies, on the same guest running on, for their
     // snapshots alone.
     let mut also = Vec::new();
-    for &policy in &policies[1..] {
-        let alt = file.with_extension("policy.snap");
-        let s = save(a, &mut *vm, &alt, policy);
+    let in_pause = a.proof_in_pause_too.then_some((policies[0], false));
+    let others = policies[1..].iter().map(|&p| (p, true));
+    for (policy, after_pause) in others.chain(in_pause) {
+        let alt = file.with_extension("also.snap");
+        let s = save(a, &mut *vm, &alt, policy, after_pause);
         let _ = std::fs::remove_file(&alt);
         also.push(s?);
     }
@@ -198,12 +205,13 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
 }
 
 /// One live snapshot of `vm` to `file` under `policy`, its writes capped
-/// at `--file-cap-mib-s`.
+/// at `--file-cap-mib-s`, its proof after the pause where it can be.
 fn save(
     a: &SnapshotArgs,
     vm: &mut dyn Vm,
     file: &Path,
     policy: Option<ConvergeMode>,
+    proof_after_pause: bool,
 ) -> Result<SnapshotSummary, CmdError> {
     let tunables = Tunables::shared();
     tunables.set_bandwidth_bytes_per_sec(a.file_cap_mib_s << 20);
@@ -213,6 +221,7 @@ fn save(
     };
     let mut opts = SnapshotOptions::default();
     opts.converge = policy;
+    opts.proof_after_pause = proof_after_pause;
     eprintln!(
         "ferry: saving it live to {} (policy {}) ...",
         file.display(),

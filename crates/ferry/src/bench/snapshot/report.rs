@@ -2,7 +2,7 @@
 //! on each writing cell, the tables and the charts.
 
 use super::SnapshotArgs;
-use ferry_engine::snapshot::{RestoreMode, SnapshotSummary};
+use ferry_engine::snapshot::{ProofAt, RestoreMode, SnapshotSummary};
 use ferry_report::{Bar, Bars, Report, Table};
 use serde::Serialize;
 
@@ -58,6 +58,11 @@ pub struct SnapshotCell {
     pub throttle_steps: usize,
     /// How long the held guest ran free before the pause (ms).
     pub settle_ms: f64,
+    /// Where the proof was made: in the pause, or after it with memory
+    /// frozen.
+    pub proof: ProofAt,
+    /// How long the proof's hash took (ms).
+    pub proof_ms: f64,
 }
 
 impl SnapshotCell {
@@ -77,6 +82,8 @@ impl SnapshotCell {
             paused_pages: s.rounds.last().map_or(0, |r| r.pages),
             throttle_steps: s.convergence.throttle_timeline.len(),
             settle_ms: s.settle_ms,
+            proof: s.proof,
+            proof_ms: s.digest_ms,
         }
     }
 }
@@ -240,6 +247,8 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
             "policy",
             "total ms",
             "pause ms",
+            "proof",
+            "proof ms",
             "rounds",
             "converged",
             "paused pages",
@@ -256,6 +265,8 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
                 s.policy.clone(),
                 format!("{:.0}", s.total_ms),
                 format!("{:.1}", s.pause_ms),
+                s.proof.name().into(),
+                format!("{:.0}", s.proof_ms),
                 s.rounds.to_string(),
                 if s.converged { "yes" } else { "no" }.into(),
                 s.paused_pages.to_string(),
@@ -273,8 +284,9 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
         ));
     }
     if cells.iter().any(|c| !c.snapshot_also.is_empty()) {
-        saves.note("Each guest's first row is the snapshot its restores read; the rows after it snapshot the same guest again right after, under the other policies.");
+        saves.note("Each guest's first row is the snapshot its restores read; the rows after it snapshot the same guest again right after, under the other policies, then (--proof-in-pause-too) with the proof inside the pause.");
     }
+    saves.note("proof: where the hash of the memory of the pause, held to the file's pages, was made. frozen: after the pause, the guest running on with its memory write-protected until each 2 MiB is hashed; pause: inside the pause.");
     saves.note(format!(
         "The guest: text written once at boot in every page; a hot set of {}% of its memory visited in random order at {} MiB/s per vCPU (writing: every visit writes; idle: reads only, so its dirty log, and with it its working set, is empty).",
         a.hot_percent, a.rate_limit_mib_s
