@@ -33,7 +33,8 @@
 //!   expect = shadow[page] == 0 ? 0 : stamp(vcpu, page, shadow[page])
 //!   if *(region + page*4096) != expect { mismatches += 1 }
 //!   if next_rand32() < write_threshold { *(..) = stamp(vcpu, page, pass); shadow[page] = pass }
-//!   (rate limit: spin on rdtsc until pass_start + accessed * tsc_per_page)
+//!   (rate limit: spin on rdtsc until pass_start + accessed * tsc_per_page;
+//!    behind by more than RATE_BURST_PAGES pages' worth, move pass_start up)
 //! ```
 //! (`accesses` is published as it goes: per access on kvm, per 64 on soft),
 //! then publish `pass` and `mismatches` in the vCPU's progress record,
@@ -116,6 +117,15 @@ pub mod param {
     /// page by page instead.
     pub const SLEEP_MIN: u64 = 96;
 }
+
+/// Pages' worth of time a rate-limited guest behind its schedule makes up
+/// in a burst; beyond that, the time it lost (a throttle's sleep, a pause,
+/// a busy host) is lost. A rate limit caps the rate over any stretch, as a
+/// real writer's pace does: a guest that caught up on all it missed would
+/// write flat out after every throttle sleep, so a throttle would postpone
+/// its writes rather than cut them (a kvm guest slept 200 ms by the dirty
+/// quota rewrote its whole region in the 10 ms it then ran).
+pub const RATE_BURST_PAGES: u64 = 16;
 
 /// A rate-limited guest runs ahead of its schedule by up to
 /// [`param::SLEEP_MIN`] ticks; once further ahead, it writes the ticks left into

@@ -19,7 +19,9 @@
 use crate::error::SoftError;
 use crate::guest_mem::VcpuMem;
 use crate::quota::Throttle;
-use ferry_memstress::{next_rand32, param, progress, scale_rand, stamp, MemoryLayout};
+use ferry_memstress::{
+    next_rand32, param, progress, scale_rand, stamp, MemoryLayout, RATE_BURST_PAGES,
+};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -415,6 +417,12 @@ fn run_inner(
                 // ahead of schedule, then sleep (offline, so flushes do not
                 // wait for a sleeping vCPU) instead of spinning.
                 let due = st.index * p.ns_per_page;
+                // Behind by more than the burst: only that much is made up.
+                let burst = RATE_BURST_PAGES * p.ns_per_page;
+                let behind = clock_ns(epoch).wrapping_sub(pass_start).wrapping_sub(due);
+                if behind > burst && behind < u64::MAX / 2 {
+                    pass_start = pass_start.wrapping_add(behind - burst);
+                }
                 loop {
                     let ahead = due.saturating_sub(clock_ns(epoch).wrapping_sub(pass_start));
                     if ahead < RATE_LIMIT_SLACK_NS || ctl.pause.load(Ordering::Relaxed) {

@@ -23,7 +23,7 @@
 //! `SLEEP_PORT`), like an idle guest halting on a timer. The host stops vCPUs
 //! by signalling their threads.
 
-use ferry_memstress::{param, progress, SLEEP_PORT};
+use ferry_memstress::{param, progress, RATE_BURST_PAGES, SLEEP_PORT};
 use iced_x86::code_asm::*;
 
 /// LCG multiplier, as in `ferry_memstress::next_rand32`.
@@ -93,6 +93,7 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     let mut wait = a.create_label();
     let mut next = a.create_label();
     let mut spin = a.create_label();
+    let mut behind = a.create_label();
 
     // Load parameters. Resuming state (pass, mismatches) comes from the
     // progress record, which is zero on a fresh guest.
@@ -178,9 +179,10 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     // a pass (a reader's share of a short migration) sees it.
     a.inc(qword_ptr(rsi + disp(progress::ACCESSES)))?;
 
-    // Rate limit: spin until (now - pass_start) >= i * tsc_per_page. A clock
-    // that went backwards (as after a migration) makes the difference huge and
-    // never stalls the guest.
+    // Rate limit: spin until (now - pass_start) >= i * tsc_per_page. Behind
+    // by more than RATE_BURST_PAGES pages' worth, pass_start moves up so that
+    // only that much is made up. A clock that went backwards (as after a
+    // migration) reads as far behind, so the schedule restarts from now.
     a.mov(r10, qword_ptr(rdi + disp(param::TSC_PER_PAGE)))?;
     a.test(r10, r10)?;
     a.jz(next)?;
@@ -191,7 +193,7 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     a.or(rax, rdx)?;
     a.sub(rax, qword_ptr(rsi + disp(progress::PASS_START)))?;
     a.cmp(rax, r10)?;
-    a.jae(next)?;
+    a.jae(behind)?;
     // Ahead of schedule. With sleeping allowed, run on until a millisecond or
     // more ahead, then ask the host to sleep the vCPU for the ticks left (one
     // exit per millisecond of idleness at most). Without, spin page by page.
@@ -209,6 +211,17 @@ pub fn memstress(origin: u64) -> Result<Vec<u8>, CodeError> {
     a.set_label(&mut spin)?;
     a.pause()?;
     a.jmp(wait)?;
+
+    // On or behind schedule: rcx = how far behind, rdx = the burst allowed.
+    a.set_label(&mut behind)?;
+    a.mov(rcx, rax)?;
+    a.sub(rcx, r10)?;
+    a.mov(rdx, qword_ptr(rdi + disp(param::TSC_PER_PAGE)))?;
+    a.imul_3(rdx, rdx, RATE_BURST_PAGES as i32)?;
+    a.cmp(rcx, rdx)?;
+    a.jbe(next)?;
+    a.sub(rcx, rdx)?;
+    a.add(qword_ptr(rsi + disp(progress::PASS_START)), rcx)?;
 
     a.set_label(&mut next)?;
     a.cmp(r15, qword_ptr(rdi + disp(param::ACCESSES)))?;
