@@ -419,8 +419,8 @@ fn run_inner(
                 let due = st.index * p.ns_per_page;
                 // Behind by more than the burst: only that much is made up.
                 let burst = RATE_BURST_PAGES * p.ns_per_page;
-                let behind = clock_ns(epoch).wrapping_sub(pass_start).wrapping_sub(due);
-                if behind > burst && behind < u64::MAX / 2 {
+                let behind = clock_ns(epoch).wrapping_sub(pass_start).saturating_sub(due);
+                if behind > burst {
                     pass_start = pass_start.wrapping_add(behind - burst);
                 }
                 loop {
