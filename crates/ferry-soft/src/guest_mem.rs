@@ -225,6 +225,7 @@ impl VcpuMem {
             self.faults += 1;
             crate::hw_cost::spin_for(self.exit_cost_ns);
         }
+        self.mmu.note_access(gfn);
         let host = self.view.host(gfn)?;
         self.tlb.fill(gfn, host, t.writable);
         Ok(host)

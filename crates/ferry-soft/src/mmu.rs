@@ -34,7 +34,7 @@ use crate::pte::{self, ROOT_LEVEL};
 use crate::table::{Arena, Table};
 use crate::tlb::FlushDomain;
 use ferry_vm::Gpa;
-use ferry_vm::{Gfn, SharedDirtyBitmap};
+use ferry_vm::{DirtyPages, Gfn, SharedDirtyBitmap};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -109,6 +109,10 @@ pub struct Mmu {
     pub(crate) gen: AtomicU64,
     pub(crate) logging: AtomicBool,
     dirty: Arc<SharedDirtyBitmap>,
+    /// The pages vCPUs touched since the last harvest, while `tracking`
+    /// (the soft MMU's accessed bits; see [`Mmu::harvest_accessed`]).
+    accessed: SharedDirtyBitmap,
+    tracking: AtomicBool,
     pub(crate) flush: FlushDomain,
     pub(crate) counters: MmuCounters,
     residency: OnceLock<Arc<Residency>>,
@@ -131,6 +135,8 @@ impl Mmu {
             gen: AtomicU64::new(0),
             logging: AtomicBool::new(false),
             dirty: Arc::new(SharedDirtyBitmap::new(frames)),
+            accessed: SharedDirtyBitmap::new(frames),
+            tracking: AtomicBool::new(false),
             flush: FlushDomain::new(vcpus),
             counters: MmuCounters::default(),
             residency: OnceLock::new(),
@@ -178,6 +184,43 @@ impl Mmu {
             flushes: self.flush.flushes(),
             tables: self.arena.in_use(),
         }
+    }
+
+    /// Starts tracking which pages the vCPUs touch: forgets what was
+    /// marked, and flushes every TLB, so that each page's next access
+    /// walks (and is marked).
+    pub fn start_access_log(&self) {
+        self.accessed.clear();
+        self.tracking.store(true, Ordering::SeqCst);
+        self.flush.flush_remote(None);
+    }
+
+    /// Stops tracking accesses.
+    pub fn stop_access_log(&self) {
+        self.tracking.store(false, Ordering::SeqCst);
+    }
+
+    /// A vCPU's TLB miss on `gfn`: its accessed bit, while tracking. Read
+    /// before it is set: a hot page misses again and again in a period,
+    /// and a load leaves the bitmap's shared lines alone where a mark
+    /// would write them from every vCPU.
+    #[inline]
+    pub(crate) fn note_access(&self, gfn: u64) {
+        if self.tracking.load(Ordering::Relaxed) && !self.accessed.is_marked(Gfn(gfn)) {
+            self.accessed.mark(Gfn(gfn));
+        }
+    }
+
+    /// Moves the pages touched since the last harvest into `into`, then
+    /// flushes every TLB: a vCPU marks a page only as it walks to it, as
+    /// hardware sets an accessed bit, so a translation it still caches
+    /// would hide its next touches. A touch between the exchange and the
+    /// flush through a cached translation is missed (as KVM's aging misses
+    /// one between its clear and its flush): a hint, not a proof.
+    pub fn harvest_accessed(&self, into: &mut DirtyPages) -> u64 {
+        let n = self.accessed.harvest_into(into);
+        self.flush.flush_remote(None);
+        n
     }
 
     /// Takes the lock shared. A vCPU that has to wait keeps acknowledging

@@ -17,8 +17,8 @@ use crate::vcpu::{self, Control, Program, VcpuState};
 use ferry_memstress::{self as memstress, VmConfig};
 use ferry_vm::capability;
 use ferry_vm::{
-    DirtyLog, DirtyLogMethod, DirtyMeter, DirtyPages, FaultExits, GuestRam, HarvestStats,
-    MemoryFaults, Quota, Vm, VmError,
+    AccessLog, DirtyLog, DirtyLogMethod, DirtyMeter, DirtyPages, FaultExits, GuestRam,
+    HarvestStats, MemoryFaults, Quota, Vm, VmError,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
@@ -257,6 +257,27 @@ impl Vm for SoftVm {
 
     fn memory_faults(&mut self) -> Option<&mut dyn MemoryFaults> {
         Some(self)
+    }
+
+    fn access_log(&mut self) -> Option<&mut dyn AccessLog> {
+        Some(self)
+    }
+}
+
+/// The soft MMU's accessed bits: a vCPU marks each page it walks to.
+impl AccessLog for SoftVm {
+    fn start_access_log(&mut self) -> Result<(), VmError> {
+        self.mmu.start_access_log();
+        Ok(())
+    }
+
+    fn harvest_accessed(&mut self, into: &mut DirtyPages) -> Result<u64, VmError> {
+        Ok(self.mmu.harvest_accessed(into))
+    }
+
+    fn stop_access_log(&mut self) -> Result<(), VmError> {
+        self.mmu.stop_access_log();
+        Ok(())
     }
 }
 

@@ -11,6 +11,7 @@
 //! | [`DirtyMeter`] | [`crate::Vm::dirty_meter`] | the seed's per-vCPU quota, and QEMU's dirty limit |
 //! | [`VcpuState`] | [`crate::Vm::vcpu_state`] | saves the vCPUs at the pause, loads them before the start |
 //! | [`MemoryFaults`] | [`crate::Vm::memory_faults`] | postcopy with annotated memory-fault exits |
+//! | [`AccessLog`] | [`crate::Vm::access_log`] | a snapshot's working set: the pages the guest read, not only wrote |
 //!
 //! A VM without [`DirtyLog`] is one whose every guest write goes through
 //! `GuestRam` (or a [`crate::DirtySource`]); the digest at the switchover
@@ -169,6 +170,65 @@ pub trait DirtyLog {
     fn harvest_dirty(&mut self, into: &mut DirtyPages) -> Result<HarvestStats, VmError>;
     /// Stops logging.
     fn stop_dirty_log(&mut self) -> Result<(), VmError>;
+}
+
+/// Which pages the vCPUs touched, reads included: what a [`DirtyLog`]
+/// cannot see. A snapshot records the pages its guest touched in its last
+/// seconds as the working set a lazy restore brings in first; with the
+/// dirty logs alone that is the pages it wrote, and a guest that reads
+/// more than it writes (a cache, its own code) faults on the rest.
+///
+/// Like the accessed bits KVM ages for the host's page reclaim, it is a
+/// hint: a touch the log misses costs a fault at the restore, never data,
+/// so the engine goes on without it when a harvest fails.
+///
+/// # Example
+///
+/// ```
+/// # use ferry_vm::{Backing, GuestRam, Vm, VmError};
+/// # use std::sync::Arc;
+/// # fn ram() -> Arc<GuestRam> {
+/// #     Arc::new(GuestRam::new(&[2 << 20], Backing::Anonymous).unwrap())
+/// # }
+/// use ferry_vm::{AccessLog, DirtyPages, Gfn, SharedDirtyBitmap};
+///
+/// struct TrackedVm { ram: Arc<GuestRam>, touched: SharedDirtyBitmap }
+///
+/// impl AccessLog for TrackedVm {
+///     fn start_access_log(&mut self) -> Result<(), VmError> { self.touched.clear(); Ok(()) }
+///     fn harvest_accessed(&mut self, into: &mut DirtyPages) -> Result<u64, VmError> {
+///         Ok(self.touched.harvest_into(into))
+///     }
+///     fn stop_access_log(&mut self) -> Result<(), VmError> { Ok(()) }
+/// }
+/// impl Vm for TrackedVm {
+/// #   fn vmm_id(&self) -> &str { "example" }
+/// #   fn ram(&self) -> &Arc<GuestRam> { &self.ram }
+/// #   fn start(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn pause(&mut self) -> Result<(), VmError> { Ok(()) }
+/// #   fn is_running(&self) -> bool { true }
+///     // vmm_id, ram, start, pause and is_running as for any VM, and:
+///     fn access_log(&mut self) -> Option<&mut dyn AccessLog> { Some(self) }
+/// }
+///
+/// let ram = ram();
+/// let mut vm = TrackedVm { touched: SharedDirtyBitmap::new(ram.pages()), ram };
+/// vm.access_log().expect("the VM tracks accesses").start_access_log().unwrap();
+/// // The "vCPU" reads page 5.
+/// vm.touched.mark(Gfn(5));
+/// let mut touched = DirtyPages::new(vm.ram.pages());
+/// assert_eq!(vm.access_log().unwrap().harvest_accessed(&mut touched).unwrap(), 1);
+/// assert_eq!(touched.iter().collect::<Vec<_>>(), vec![Gfn(5)]);
+/// ```
+pub trait AccessLog {
+    /// Starts tracking the vCPUs' accesses, forgetting any before.
+    fn start_access_log(&mut self) -> Result<(), VmError>;
+    /// Adds every page a vCPU read or wrote since the last harvest (or
+    /// since the start) to `into`, re-arms tracking for them, and returns
+    /// how many pages it added.
+    fn harvest_accessed(&mut self, into: &mut DirtyPages) -> Result<u64, VmError>;
+    /// Stops tracking.
+    fn stop_access_log(&mut self) -> Result<(), VmError>;
 }
 
 /// Holds back what the guest does outside itself (disk writes, console

@@ -9,7 +9,9 @@
 //! The engine merges what the VM's [`DirtyLog`] and dirty sources return with
 //! the pages the VMM wrote itself ([`crate::GuestRam::take_vmm_dirty`]).
 
-pub use crate::capability::{DirtyLog, DirtyMeter, MemoryFaults, TimeThrottle, VcpuState};
+pub use crate::capability::{
+    AccessLog, DirtyLog, DirtyMeter, MemoryFaults, TimeThrottle, VcpuState,
+};
 pub use crate::error::VmError;
 use crate::ram::GuestRam;
 use std::sync::Arc;
@@ -253,6 +255,12 @@ pub trait Vm: Send + std::any::Any {
     }
     /// Memory faults as vCPU exits, for postcopy, if the VM has them.
     fn memory_faults(&mut self) -> Option<&mut dyn MemoryFaults> {
+        None
+    }
+    /// Its log of the pages the vCPUs touched, reads included, if it
+    /// keeps one. None by default: a snapshot's working set is then what
+    /// the dirty logs saw written.
+    fn access_log(&mut self) -> Option<&mut dyn AccessLog> {
         None
     }
 }

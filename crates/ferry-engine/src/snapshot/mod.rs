@@ -93,6 +93,10 @@ pub struct SnapshotOptions {
     /// order ([`RestoreSummary::first_touches`]): the working set starts
     /// with them, before the pages the dirty logs saw written last.
     pub first_touches: Vec<u64>,
+    /// Read the VM's access log, where it has one ([`ferry_vm::AccessLog`]):
+    /// the working set then holds the pages the guest read in its last
+    /// seconds too, not only those the dirty logs saw written.
+    pub access_log: bool,
     /// Write a diff against this snapshot of the same VM: only the frames
     /// whose content differs from it ([`merge`] flattens a chain). The
     /// diff names it by path (as given: a relative path is taken from the
@@ -113,6 +117,7 @@ impl Default for SnapshotOptions {
             verify: true,
             proof_after_pause: true,
             first_touches: Vec::new(),
+            access_log: true,
             parent: None,
             converge: None,
         }
@@ -234,9 +239,14 @@ pub struct SnapshotSummary {
     pub data_pages: u64,
     /// The memory digest the file holds.
     pub digest: u64,
-    /// Pages the guest wrote in its last seconds before the pause,
+    /// Pages the guest touched in its last seconds before the pause,
     /// recorded for a lazy restore to bring in first.
     pub working_set_pages: u64,
+    /// Whether the VM's access log was read ([`SnapshotOptions::access_log`]).
+    pub access_log: bool,
+    /// Of the working set, the pages only the access log saw: read, not
+    /// written, in those seconds.
+    pub working_set_read_pages: u64,
     /// Whether the guest was left stopped.
     pub stopped: bool,
     /// Whether the live rounds converged: what was left for the pause was

@@ -57,8 +57,18 @@ pub fn save_steered(
     let partial = partial_path(path);
     let was_running = vm.is_running();
     let mut logging = false;
+    let mut reads = working_set::Reads::default();
     let mut converge = FileConvergence::new(vm, opts.converge, opts.max_downtime)?;
-    let result = write_file(vm, &partial, opts, steering, &mut logging, &mut converge);
+    let result = write_file(
+        vm,
+        &partial,
+        opts,
+        steering,
+        &mut logging,
+        &mut reads,
+        &mut converge,
+    );
+    reads.stop(vm);
     // Nothing a policy set outlives the snapshot, failed or not (after a
     // settle nothing is in force, and this is no work).
     converge.release(vm);
@@ -113,6 +123,7 @@ fn write_file(
     opts: &SnapshotOptions,
     steering: &Steering,
     logging: &mut bool,
+    reads: &mut working_set::Reads,
     converge: &mut FileConvergence,
 ) -> Result<SnapshotSummary, SnapshotError> {
     let progress = steering.progress;
@@ -146,6 +157,7 @@ fn write_file(
         converge.start(vm);
         crate::dirty_logs::start(vm).map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
         *logging = true;
+        reads.start(vm, opts.access_log);
         progress.phase(Phase::FullPass);
         loop {
             let t = Instant::now();
@@ -175,7 +187,8 @@ fn write_file(
             crate::dirty_logs::collect(vm, &mut todo)
                 .map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
             progress.round_finished(&stats(n, done, took, todo.count(), harvest.elapsed()));
-            recent.record(Instant::now(), &todo);
+            let read = reads.harvest(vm);
+            recent.record(Instant::now(), &todo, read.as_ref());
             let written = (done, took.as_secs_f64());
             converge.after_round(vm, tunables, progress, n, written, todo.count())?;
             let per_page = took.as_secs_f64() / done.pages.max(1) as f64;
@@ -211,10 +224,14 @@ fn write_file(
     // section the VMM left at version 0 gets its spec's version.
     crate::wire::sections::check_saved(&mut sections, &header.sections, &header.section_bytes)
         .map_err(|e| SnapshotError::Sections(e.to_string()))?;
+    let mut last_read = None;
     if was_running {
         crate::dirty_logs::collect(vm, &mut todo)
             .map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
+        last_read = reads.harvest(vm);
     }
+    let access_log = reads.is_on();
+    reads.stop(vm);
     let t = Instant::now();
     progress.round_started(rounds.len() as u32, todo.count());
     let done = writer.write(&ram, &todo, &mut |w| {
@@ -269,11 +286,14 @@ fn write_file(
     }
     // Once the guest runs again: ordering the working set is no work for
     // the pause.
-    let working_set = if was_running {
-        recent.finish(&opts.first_touches, &todo, paused_at)
-    } else {
-        working_set::in_order(&opts.first_touches, frames).0
+    let working_set = match was_running {
+        true => recent.finish(&opts.first_touches, &todo, last_read.as_ref(), paused_at),
+        false => working_set::Finished {
+            runs: working_set::in_order(&opts.first_touches, frames).0,
+            read_pages: 0,
+        },
     };
+    let (working_set, working_set_read_pages) = (working_set.runs, working_set.read_pages);
 
     // The parts after the pages, then the manifest, then the superblock.
     let hashes: Vec<u8> = writer.hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
@@ -319,6 +339,8 @@ fn write_file(
         data_pages: manifest.data_pages,
         digest: digest.value,
         working_set_pages: working_set::pages(&working_set),
+        access_log,
+        working_set_read_pages,
         stopped,
         converged,
         convergence: converge.report(),

@@ -1,4 +1,4 @@
-//! The snapshot's working set: the pages the guest wrote in its last
+//! The snapshot's working set: the pages the guest touched in its last
 //! seconds before the pause, newest first. A lazy restore brings them in
 //! before the rest ([`super::RestoreMode::LazyWorkingSet`]): a guest that
 //! runs on from the pause touches first what it was touching then.
@@ -7,17 +7,101 @@
 //! touches that every VM in the contract offers, and a live snapshot reads
 //! them anyway. They see writes only, one set per round (no order within a
 //! round), so the order is by round, newest first, and by address within a
-//! round.
+//! round. A VM that also keeps an access log ([`ferry_vm::AccessLog`])
+//! adds the pages its guest only read ([`Reads`]): a guest that reads more
+//! than it writes would otherwise fault on them after a lazy restore.
 
-use ferry_vm::{DirtyPages, Gfn};
+use ferry_vm::{DirtyPages, Gfn, Vm};
 use std::time::{Duration, Instant};
 
 /// How far back before the pause a round's writes count.
 pub const WINDOW: Duration = Duration::from_secs(2);
 
+/// The VM's access log while a snapshot reads it. A hint, never a proof: a
+/// log that fails is dropped with a warning, and the working set is then
+/// what the dirty logs saw written.
+#[derive(Default)]
+pub struct Reads {
+    on: bool,
+}
+
+impl Reads {
+    /// Starts the VM's access log, where it has one and `wanted`.
+    pub fn start(&mut self, vm: &mut dyn Vm, wanted: bool) {
+        let Some(log) = vm.access_log().filter(|_| wanted) else {
+            return;
+        };
+        match log.start_access_log() {
+            Ok(()) => self.on = true,
+            Err(e) => tracing::warn!(
+                "the VM's access log does not start ({e}): the working set is what the guest wrote"
+            ),
+        }
+    }
+
+    /// Whether the log is read.
+    pub fn is_on(&self) -> bool {
+        self.on
+    }
+
+    /// The pages the guest touched since the last harvest (None where the
+    /// log is off).
+    pub fn harvest(&mut self, vm: &mut dyn Vm) -> Option<DirtyPages> {
+        if !self.on {
+            return None;
+        }
+        let mut touched = DirtyPages::new(vm.ram().pages());
+        match vm
+            .access_log()
+            .map(|log| log.harvest_accessed(&mut touched))
+        {
+            Some(Ok(_)) => Some(touched),
+            Some(Err(e)) => {
+                tracing::warn!(
+                    "the VM's access log failed ({e}): the working set is what the guest wrote"
+                );
+                self.stop(vm);
+                None
+            }
+            None => {
+                self.on = false;
+                None
+            }
+        }
+    }
+
+    /// Stops the log, if on.
+    pub fn stop(&mut self, vm: &mut dyn Vm) {
+        if !std::mem::take(&mut self.on) {
+            return;
+        }
+        if let Some(Err(e)) = vm.access_log().map(|log| log.stop_access_log()) {
+            tracing::warn!("the VM's access log does not stop: {e}");
+        }
+    }
+}
+
+/// One live round's touches: what the dirty logs saw written, and with
+/// them what the access log saw (reads included).
+struct Round {
+    at: Instant,
+    written: DirtyPages,
+    touched: DirtyPages,
+}
+
+/// The working set at a pause ([`Recorder::finish`]).
+#[derive(Debug, PartialEq)]
+pub struct Finished {
+    /// Runs of frames, in the order a lazy restore brings them in.
+    pub runs: Vec<(u64, u64)>,
+    /// Of its pages, those only the access log saw (read, never written
+    /// in the window); 0 without one.
+    pub read_pages: u64,
+}
+
 /// The harvests of the live rounds still inside [`WINDOW`].
 pub struct Recorder {
-    recent: Vec<(Instant, DirtyPages)>,
+    recent: Vec<Round>,
 }
 
 impl Recorder {
@@ -26,38 +110,64 @@ impl Recorder {
         Recorder { recent: Vec::new() }
     }
 
-    /// Records a live round's harvest, taken at `at`; forgets the ones
-    /// that are already too old to count.
-    pub fn record(&mut self, at: Instant, harvest: &DirtyPages) {
+    /// Records a live round's harvest `written`, and what the access log
+    /// saw touched (`read`, where there is one), taken at `at`; forgets
+    /// the rounds already too old to count.
+    pub fn record(&mut self, at: Instant, written: &DirtyPages, read: Option<&DirtyPages>) {
         self.recent
-            .retain(|(t, _)| at.saturating_duration_since(*t) <= WINDOW);
-        self.recent.push((at, harvest.clone()));
+            .retain(|r| at.saturating_duration_since(r.at) <= WINDOW);
+        self.recent.push(Round {
+            at,
+            written: written.clone(),
+            touched: touched(written, read),
+        });
     }
 
-    /// The working set at a pause at `paused_at`, whose own harvest is
-    /// `last` (it holds the latest live round's writes too): runs of
-    /// frames, `first` (a restore's first touches) first, then the rest,
+    /// The working set at a pause at `paused_at`, whose own harvests are
+    /// `last` and `last_read` (they hold the latest live round's touches
+    /// too): `first` (a restore's first touches) first, then the rest,
     /// newest round first.
-    pub fn finish(self, first: &[u64], last: &DirtyPages, paused_at: Instant) -> Vec<(u64, u64)> {
+    pub fn finish(
+        self,
+        first: &[u64],
+        last: &DirtyPages,
+        last_read: Option<&DirtyPages>,
+        paused_at: Instant,
+    ) -> Finished {
         let (mut runs, mut taken) = in_order(first, last.pages());
-        let within = self
+        let within: Vec<&Round> = self
             .recent
             .iter()
             .rev()
-            .take_while(|(at, _)| paused_at.saturating_duration_since(*at) <= WINDOW)
-            .map(|(_, set)| set);
-        for set in std::iter::once(last).chain(within) {
+            .take_while(|r| paused_at.saturating_duration_since(r.at) <= WINDOW)
+            .collect();
+        let mut written = last.clone();
+        within.iter().for_each(|r| written.merge(&r.written));
+        let last_touched = touched(last, last_read);
+        let sets = std::iter::once(&last_touched).chain(within.iter().map(|r| &r.touched));
+        let mut read_pages = 0;
+        for set in sets {
             let mut fresh = DirtyPages::new(set.pages());
             for g in set.iter() {
                 if !taken.contains(g) {
                     fresh.set(g);
                     taken.set(g);
+                    read_pages += u64::from(!written.contains(g));
                 }
             }
             runs.extend(fresh.runs().into_iter().map(|(g, n)| (g.0, n)));
         }
-        runs
+        Finished { runs, read_pages }
     }
+}
+
+/// `written` with the access log's `read`, where there is one.
+fn touched(written: &DirtyPages, read: Option<&DirtyPages>) -> DirtyPages {
+    let mut all = written.clone();
+    if let Some(read) = read {
+        all.merge(read);
+    }
+    all
 }
 
 /// `frames` in their order, each once (and only those of a guest of
@@ -164,9 +274,9 @@ mod tests {
     fn the_newest_writes_come_first_and_each_page_once() {
         let now = Instant::now();
         let mut r = Recorder::new();
-        r.record(now, &set(&[40, 41]));
-        r.record(now, &set(&[1, 2, 3]));
-        let runs = r.finish(&[], &set(&[2, 3, 9]), now);
+        r.record(now, &set(&[40, 41]), None);
+        r.record(now, &set(&[1, 2, 3]), None);
+        let runs = r.finish(&[], &set(&[2, 3, 9]), None, now).runs;
         assert_eq!(runs, vec![(2, 2), (9, 1), (1, 1), (40, 2)]);
         assert_eq!(pages(&runs), 6);
         assert_eq!(decode(&encode(&runs), 64).unwrap(), runs);
@@ -176,23 +286,43 @@ mod tests {
     fn rounds_older_than_the_window_do_not_count() {
         let now = Instant::now();
         let mut r = Recorder::new();
-        r.record(now, &set(&[7]));
+        r.record(now, &set(&[7]), None);
         let later = now + WINDOW + Duration::from_millis(1);
-        r.record(later, &set(&[8]));
-        assert_eq!(r.finish(&[], &set(&[]), later), vec![(8, 1)]);
+        r.record(later, &set(&[8]), None);
+        assert_eq!(r.finish(&[], &set(&[]), None, later).runs, vec![(8, 1)]);
     }
 
     #[test]
     fn a_restore_s_first_touches_come_first_in_their_order() {
         let now = Instant::now();
         let mut r = Recorder::new();
-        r.record(now, &set(&[1, 2, 3]));
+        r.record(now, &set(&[1, 2, 3]), None);
         // Touched in this order after a restore; 30 twice, 99 past the guest.
         let first = [30, 31, 5, 30, 99, 2];
-        let runs = r.finish(&first, &set(&[2, 9]), now);
+        let runs = r.finish(&first, &set(&[2, 9]), None, now).runs;
         assert_eq!(runs, vec![(30, 2), (5, 1), (2, 1), (9, 1), (1, 1), (3, 1)]);
         // Without a running guest, the first touches are all there is.
         assert_eq!(in_order(&first, 64).0, vec![(30, 2), (5, 1), (2, 1)]);
+    }
+
+    #[test]
+    fn pages_only_read_join_their_round_and_are_counted() {
+        let now = Instant::now();
+        let mut r = Recorder::new();
+        // An older round wrote 1 and read 20-21; the pause's harvest wrote
+        // 2 and read 1 and 30.
+        r.record(now, &set(&[1]), Some(&set(&[1, 20, 21])));
+        let done = r.finish(&[], &set(&[2]), Some(&set(&[1, 30])), now);
+        assert_eq!(done.runs, vec![(1, 2), (30, 1), (20, 2)]);
+        // 30, 20 and 21 were only read; 1 was read last but written before.
+        assert_eq!(done.read_pages, 3);
+        let mut r = Recorder::new();
+        r.record(now, &set(&[1]), None);
+        let written_only = r.finish(&[], &set(&[2]), None, now);
+        assert_eq!(
+            (written_only.runs, written_only.read_pages),
+            (vec![(2, 1), (1, 1)], 0)
+        );
     }
 
     #[test]

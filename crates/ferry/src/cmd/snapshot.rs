@@ -157,6 +157,18 @@ fn merge(a: &SnapshotArgs, out: &std::path::Path) -> Result<ExitCode, CmdError> 
 }
 
 /// The summary as a table.
+/// The working set's size, and what the access log added to it.
+fn working_set_words(s: &Value) -> String {
+    let pages = s["working_set_pages"].as_u64().unwrap_or(0);
+    match s["access_log"].as_bool() {
+        Some(true) => format!(
+            "{pages} pages ({} of them only read, from the VM's access log)",
+            s["working_set_read_pages"].as_u64().unwrap_or(0)
+        ),
+        _ => format!("{pages} pages (written: the VM keeps no access log)"),
+    }
+}
+
 fn table(s: &Value) -> Table {
     let mut t = Table::new("snapshot", &["", ""]);
     let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
@@ -183,7 +195,7 @@ fn table(s: &Value) -> Table {
             ),
         ),
         ("convergence", convergence(s)),
-        ("working set", format!("{} pages", u("working_set_pages"))),
+        ("working set", working_set_words(s)),
         ("digest", format!("{:#018x}", u("digest"))),
         (
             "the guest",

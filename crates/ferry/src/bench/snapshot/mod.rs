@@ -82,6 +82,13 @@ pub struct SnapshotArgs {
     /// snapshot's pause alone: the baseline of the frozen proof, same run.
     #[arg(long)]
     pub proof_in_pause_too: bool,
+    /// Snapshot each guest once more right after with the VM's access log
+    /// off, so that its working set is what the dirty logs saw written, and
+    /// restore that file lazily with its working set first too: the
+    /// baseline of the access log, same run (only a VM that keeps one, the
+    /// soft backend, differs).
+    #[arg(long)]
+    pub access_log_off_too: bool,
     /// Directory for the snapshot files (one at a time, removed after its
     /// cell).
     #[arg(long)]
@@ -159,7 +166,7 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
         [] => vec![None],
         list => list.iter().copied().map(Some).collect(),
     };
-    let saved = save(a, &mut *vm, file, policies[0], true)?;
+    let saved = save(a, &mut *vm, file, policies[0], true, true)?;
     // The same guest not restored: it runs on from the pause here. Its
     // schedule has the same debt from the snapshot's rounds as the
     // restored guests' (and the pause's more: its clock ran on).
@@ -180,11 +187,19 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
     let others = policies[1..].iter().map(|&p| (p, true));
     for (policy, after_pause) in others.chain(in_pause) {
         let alt = file.with_extension("also.snap");
-        let s = save(a, &mut *vm, &alt, policy, after_pause);
+        let s = save(a, &mut *vm, &alt, policy, after_pause, true);
         let _ = std::fs::remove_file(&alt);
         also.push(s?);
     }
+    let writes_only = file.with_extension("writes-only.snap");
+    let writes_only_saved = match a.access_log_off_too {
+        true => Some(save(a, &mut *vm, &writes_only, policies[0], true, false)),
+        false => None,
+    };
     drop(vm);
+    let writes_only_saved = writes_only_saved.transpose().inspect_err(|_| {
+        let _ = std::fs::remove_file(&writes_only);
+    })?;
 
     let restore = |mode: RestoreMode| {
         eprintln!(
@@ -196,22 +211,45 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
         }
         restore_once(a, file, mode, baseline)
     };
-    let restores = Restores {
-        eager: restore(RestoreMode::Eager)?,
-        lazy: restore(RestoreMode::Lazy)?,
-        lazy_working_set: restore(RestoreMode::LazyWorkingSet)?,
-    };
-    Ok(Cell::new(mib, writing, a.cold, baseline, &saved, restores).with_also(&also))
+    let restores = (|| {
+        Ok::<_, CmdError>(Restores {
+            eager: restore(RestoreMode::Eager)?,
+            lazy: restore(RestoreMode::Lazy)?,
+            lazy_working_set: restore(RestoreMode::LazyWorkingSet)?,
+            lazy_working_set_writes_only: match &writes_only_saved {
+                Some(_) => {
+                    eprintln!(
+                        "ferry: {mib} MiB {what} guest: the file saved without its access log ..."
+                    );
+                    Some(restore_once(
+                        a,
+                        &writes_only,
+                        RestoreMode::LazyWorkingSet,
+                        baseline,
+                    )?)
+                }
+                None => None,
+            },
+        })
+    })();
+    let _ = std::fs::remove_file(&writes_only);
+    let cell = Cell::new(mib, writing, a.cold, baseline, &saved, restores?).with_also(&also);
+    Ok(match &writes_only_saved {
+        Some(s) => cell.with_writes_only(s),
+        None => cell,
+    })
 }
 
 /// One live snapshot of `vm` to `file` under `policy`, its writes capped
-/// at `--file-cap-mib-s`, its proof after the pause where it can be.
+/// at `--file-cap-mib-s`, its proof after the pause where it can be, and
+/// its working set with the VM's access log where `access_log`.
 fn save(
     a: &SnapshotArgs,
     vm: &mut dyn Vm,
     file: &Path,
     policy: Option<ConvergeMode>,
     proof_after_pause: bool,
+    access_log: bool,
 ) -> Result<SnapshotSummary, CmdError> {
     let tunables = Tunables::shared();
     tunables.set_bandwidth_bytes_per_sec(a.file_cap_mib_s << 20);
@@ -222,6 +260,7 @@ fn save(
     let mut opts = SnapshotOptions::default();
     opts.converge = policy;
     opts.proof_after_pause = proof_after_pause;
+    opts.access_log = access_log;
     eprintln!(
         "ferry: saving it live to {} (policy {}) ...",
         file.display(),

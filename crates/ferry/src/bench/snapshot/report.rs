@@ -25,6 +25,11 @@ pub struct Cell {
     /// policy asked for (`--converge`); its file is not restored.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub snapshot_also: Vec<SnapshotCell>,
+    /// The same guest snapshotted again with its access log off
+    /// (`--access-log-off-too`); restored lazily with its working set
+    /// first ([`Restores::lazy_working_set_writes_only`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_writes_only: Option<SnapshotCell>,
     /// The restores, by mode.
     pub restore: Restores,
     /// The ratios, on a writing cell.
@@ -47,6 +52,10 @@ pub struct SnapshotCell {
     pub rounds: usize,
     /// Pages in the recorded working set.
     pub working_set_pages: u64,
+    /// Whether the VM's access log was read for it.
+    pub access_log: bool,
+    /// Of its pages, those only the access log saw (read, not written).
+    pub working_set_read_pages: u64,
     /// The convergence policy the live rounds ran.
     pub policy: String,
     /// Whether what was left for the pause fitted the downtime target
@@ -74,6 +83,8 @@ impl SnapshotCell {
             bytes_written: s.rounds.iter().map(|r| r.bytes).sum(),
             rounds: s.rounds.len(),
             working_set_pages: s.working_set_pages,
+            access_log: s.access_log,
+            working_set_read_pages: s.working_set_read_pages,
             policy: s
                 .convergence
                 .converge
@@ -97,6 +108,11 @@ pub struct Restores {
     pub lazy: RestoreCell,
     /// On demand, the fill taking the working set first.
     pub lazy_working_set: RestoreCell,
+    /// The same, from the file saved with the access log off
+    /// (`--access-log-off-too`): its working set is what the dirty logs
+    /// saw written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lazy_working_set_writes_only: Option<RestoreCell>,
 }
 
 /// One restore.
@@ -184,6 +200,7 @@ impl Cell {
             baseline_accesses_s,
             snapshot: SnapshotCell::of(s),
             snapshot_also: Vec::new(),
+            snapshot_writes_only: None,
             checks: writing.then(|| Checks::of(&restore)),
             restore,
         }
@@ -195,9 +212,17 @@ impl Cell {
         self
     }
 
+    /// This cell, with the same guest's snapshot with its access log off.
+    pub fn with_writes_only(mut self, s: &SnapshotSummary) -> Self {
+        self.snapshot_writes_only = Some(SnapshotCell::of(s));
+        self
+    }
+
     /// Every snapshot of the guest: the one restored first.
     fn snapshots(&self) -> impl Iterator<Item = &SnapshotCell> {
-        std::iter::once(&self.snapshot).chain(&self.snapshot_also)
+        std::iter::once(&self.snapshot)
+            .chain(&self.snapshot_also)
+            .chain(&self.snapshot_writes_only)
     }
 
     /// The restores, in [`RestoreMode::ALL`]'s order, with their modes'
@@ -212,9 +237,10 @@ impl Cell {
         ]
     }
 
-    /// The restores.
+    /// Every restore, the one from the file without the access log last.
     pub fn restores(&self) -> impl Iterator<Item = &RestoreCell> {
-        self.named().into_iter().map(|(_, r)| r)
+        let writes_only = self.restore.lazy_working_set_writes_only.as_ref();
+        self.named().into_iter().map(|(_, r)| r).chain(writes_only)
     }
 
     fn label(&self) -> String {
@@ -256,6 +282,7 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
             "MiB written",
             "MiB on disk",
             "working set pages",
+            "of them only read",
         ],
     );
     for c in &cells {
@@ -274,6 +301,10 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
                 (s.bytes_written >> 20).to_string(),
                 (s.bytes >> 20).to_string(),
                 s.working_set_pages.to_string(),
+                match s.access_log {
+                    true => s.working_set_read_pages.to_string(),
+                    false => "no access log".into(),
+                },
             ]);
         }
     }
@@ -286,9 +317,13 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
     if cells.iter().any(|c| !c.snapshot_also.is_empty()) {
         saves.note("Each guest's first row is the snapshot its restores read; the rows after it snapshot the same guest again right after, under the other policies, then (--proof-in-pause-too) with the proof inside the pause.");
     }
+    if cells.iter().any(|c| c.snapshot_writes_only.is_some()) {
+        saves.note("--access-log-off-too: each guest's last row snapshots it once more with the VM's access log off: its working set is what the dirty logs saw written.");
+    }
+    saves.note("of them only read: the working set's pages that only the VM's access log saw (read, not written, in the guest's last seconds); a VM without one (kvm) records what the dirty logs saw written.");
     saves.note("proof: where the hash of the memory of the pause, held to the file's pages, was made. frozen: after the pause, the guest running on with its memory write-protected until each 2 MiB is hashed; pause: inside the pause.");
     saves.note(format!(
-        "The guest: text written once at boot in every page; a hot set of {}% of its memory visited in random order at {} MiB/s per vCPU (writing: every visit writes; idle: reads only, so its dirty log, and with it its working set, is empty).",
+        "The guest: text written once at boot in every page; a hot set of {}% of its memory visited in random order at {} MiB/s per vCPU (writing: every visit writes; idle: reads only, so its dirty log is empty, and its working set is what an access log saw).",
         a.hot_percent, a.rate_limit_mib_s
     ));
     let mut restores = Table::new(
@@ -305,7 +340,12 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
         ],
     );
     for c in &cells {
-        for (mode, r) in c.named() {
+        let writes_only = c.restore.lazy_working_set_writes_only.as_ref();
+        let rows = c
+            .named()
+            .into_iter()
+            .chain(writes_only.map(|r| ("lazy-working-set, writes only", r)));
+        for (mode, r) in rows {
             restores.row(vec![
                 c.label(),
                 mode.into(),
@@ -334,6 +374,12 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
     } else {
         "The file was written just before: restores read it from the page cache (--cold reads it from disk)."
     });
+    if cells
+        .iter()
+        .any(|c| c.restore.lazy_working_set_writes_only.is_some())
+    {
+        restores.note("lazy-working-set, writes only: the same guest's file saved right after with its access log off (--access-log-off-too), restored the same way: the baseline of the access log.");
+    }
     restores.note("verified: the digest matched, the guest's stamp checks found no stale page through a whole pass after, and its vCPUs ran.");
     for s in &skipped {
         restores.note(format!("skipped {s}"));
