@@ -216,7 +216,8 @@ impl Mmu {
     /// hardware sets an accessed bit, so a translation it still caches
     /// would hide its next touches. A touch between the exchange and the
     /// flush through a cached translation is missed (as KVM's aging misses
-    /// one between its clear and its flush): a hint, not a proof.
+    /// one between its clear and its flush): a hint, not a proof. Not from
+    /// a vCPU thread: the flush waits for every online vCPU to acknowledge.
     pub fn harvest_accessed(&self, into: &mut DirtyPages) -> u64 {
         let n = self.accessed.harvest_into(into);
         self.flush.flush_remote(None);

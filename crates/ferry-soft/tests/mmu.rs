@@ -187,13 +187,15 @@ fn write_protect_modes_agree_on_what_is_dirty() {
 
 /// The access log's marks come from TLB misses, so each harvest must make
 /// the vCPUs walk again: a page a vCPU keeps reading, with its translation
-/// cached, is in every harvest, and the dirty log never sees it.
+/// cached, is in every harvest, and the dirty log never sees it. A start
+/// forgets what an earlier log marked; a stopped log marks nothing.
 #[test]
 fn the_access_log_sees_every_period_s_reads_and_the_dirty_log_none() {
     use ferry_soft::guest_mem::{HostView, VcpuMem};
     use ferry_vm::{Backing, GuestRam, PAGE_SIZE};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
+    use std::time::{Duration, Instant};
 
     const PAGES: u64 = 512; // one 2 MiB slot
     let ram = Arc::new(GuestRam::new(&[PAGES * PAGE_SIZE as u64], Backing::Anonymous).unwrap());
@@ -201,55 +203,77 @@ fn the_access_log_sees_every_period_s_reads_and_the_dirty_log_none() {
     mmu.start_dirty_log().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicU64::new(0));
+    // The page the vCPU reads, over and over.
+    let page = Arc::new(AtomicU64::new(5));
     let vcpu = {
-        let (mmu, ram, stop, reads) = (mmu.clone(), ram.clone(), stop.clone(), reads.clone());
+        let (mmu, ram, stop, reads, page) = (
+            mmu.clone(),
+            ram.clone(),
+            stop.clone(),
+            reads.clone(),
+            page.clone(),
+        );
         std::thread::spawn(move || {
             let mut mem = VcpuMem::new(mmu, HostView::of(&ram), 0);
             mem.online();
             while !stop.load(Ordering::Relaxed) {
                 mem.boundary();
-                mem.load_u64(5 * PAGE_SIZE as u64).unwrap();
+                let gpa = page.load(Ordering::Relaxed) * PAGE_SIZE as u64;
+                mem.load_u64(gpa).unwrap();
                 reads.fetch_add(1, Ordering::Relaxed);
             }
             mem.offline();
         })
     };
-    // Reads from before the log started do not count.
-    while reads.load(Ordering::Relaxed) < 1000 {
-        std::thread::yield_now();
-    }
+    // Waits until the vCPU has read 1,000 more times (or fails, should it
+    // have stopped).
+    let more_reads = || {
+        let (from, deadline) = (
+            reads.load(Ordering::Relaxed),
+            Instant::now() + Duration::from_secs(30),
+        );
+        while reads.load(Ordering::Relaxed) < from + 1000 {
+            assert!(
+                !vcpu.is_finished() && Instant::now() < deadline,
+                "the vCPU stopped reading"
+            );
+            std::thread::yield_now();
+        }
+    };
+    let harvest = || {
+        let mut touched = DirtyPages::new(PAGES);
+        let n = mmu.harvest_accessed(&mut touched);
+        (n, touched.iter().collect::<Vec<_>>())
+    };
+    // A log that marks page 5, then stops; the vCPU moves on to page 6,
+    // and a new log starts: it forgets page 5.
+    mmu.start_access_log();
+    more_reads();
+    mmu.stop_access_log();
+    page.store(6, Ordering::Relaxed);
+    more_reads();
     mmu.start_access_log();
     let mut periods = Vec::new();
     for _ in 0..3 {
-        let from = reads.load(Ordering::Relaxed);
-        while reads.load(Ordering::Relaxed) < from + 1000 {
-            std::thread::yield_now();
-        }
-        let mut touched = DirtyPages::new(PAGES);
-        let n = mmu.harvest_accessed(&mut touched);
-        periods.push((n, touched.iter().collect::<Vec<_>>()));
+        more_reads();
+        periods.push(harvest());
     }
     // Once stopped (and drained), the reads go on unmarked. Twice: a read
     // that saw the log on may mark after the first exchange, but it ends
     // before the vCPU acknowledges that harvest's flush.
     mmu.stop_access_log();
-    for _ in 0..2 {
-        mmu.harvest_accessed(&mut DirtyPages::new(PAGES));
-    }
-    let from = reads.load(Ordering::Relaxed);
-    while reads.load(Ordering::Relaxed) < from + 1000 {
-        std::thread::yield_now();
-    }
-    let mut after = DirtyPages::new(PAGES);
-    let unmarked = mmu.harvest_accessed(&mut after);
+    harvest();
+    harvest();
+    more_reads();
+    let unmarked = harvest();
     stop.store(true, Ordering::Relaxed);
     vcpu.join().unwrap();
     assert_eq!(
         periods,
-        vec![(1, vec![Gfn(5)]); 3],
-        "each period sees the read"
+        vec![(1, vec![Gfn(6)]); 3],
+        "each period sees the read, and only it"
     );
-    assert_eq!(unmarked, 0, "nothing marked once stopped");
+    assert_eq!(unmarked, (0, vec![]), "nothing marked once stopped");
     let mut dirty = DirtyPages::new(PAGES);
     mmu.harvest(&mut dirty).unwrap();
     assert!(dirty.is_empty(), "reads are not writes: {:?}", dirty.runs());

@@ -224,8 +224,10 @@ pub trait AccessLog {
     /// Starts tracking the vCPUs' accesses, forgetting any before.
     fn start_access_log(&mut self) -> Result<(), VmError>;
     /// Adds every page a vCPU read or wrote since the last harvest (or
-    /// since the start) to `into`, re-arms tracking for them, and returns
-    /// how many pages it added.
+    /// since the start) to `into` (sized to [`crate::Vm::ram`]'s pages, as
+    /// a dirty log's harvest is), re-arms tracking for them, and returns
+    /// how many pages it added. Called from the engine's thread, never a
+    /// vCPU's.
     fn harvest_accessed(&mut self, into: &mut DirtyPages) -> Result<u64, VmError>;
     /// Stops tracking.
     fn stop_access_log(&mut self) -> Result<(), VmError>;

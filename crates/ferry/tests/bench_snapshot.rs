@@ -1,13 +1,21 @@
 //! `ferry bench snapshot --json` on a small guest, each backend: both
-//! cells (idle, writing) snapshot once and restore in all three modes,
-//! every restore verified (digest, the guest's stamps), and the JSON has
-//! every key the issue names. The working set lies in the writing guest's hot
-//! set and the idle guest's few records. No time is asserted.
+//! cells (idle, writing) snapshot once and restore in all three modes, and
+//! once more from a file saved with the access log off
+//! (`--access-log-off-too`), every restore verified (digest, the guest's
+//! stamps), and the JSON has every key the issue names. The working set
+//! lies in the writing guest's hot set; the idle guest's is its hot set
+//! where the VM keeps an access log (soft), else its few records. No time
+//! is asserted.
 
 mod common;
 use common::*;
 
-const MODES: [&str; 3] = ["eager", "lazy", "lazy_working_set"];
+const MODES: [&str; 4] = [
+    "eager",
+    "lazy",
+    "lazy_working_set",
+    "lazy_working_set_writes_only",
+];
 
 #[test]
 fn every_cell_snapshots_once_and_restores_in_each_mode_verified() {
@@ -21,6 +29,7 @@ fn every_cell_snapshots_once_and_restores_in_each_mode_verified() {
                 "32",
                 // Each restore reads the file from disk.
                 "--cold",
+                "--access-log-off-too",
                 "--json",
                 "--dir",
                 dir.to_str().unwrap(),
@@ -42,7 +51,17 @@ fn every_cell_snapshots_once_and_restores_in_each_mode_verified() {
                 assert!(c["snapshot"][key].as_f64().unwrap() > 0.0, "{key}: {c}");
             }
             let ws = c["snapshot"]["working_set_pages"].as_u64().unwrap();
-            match writing {
+            let access_log = c["snapshot"]["access_log"].as_bool().expect("access_log");
+            assert_eq!(
+                access_log,
+                backend == "soft",
+                "{backend} keeps an access log: {c}"
+            );
+            let read_only = c["snapshot"]["working_set_read_pages"].as_u64().unwrap();
+            let writes_only = &c["snapshot_writes_only"];
+            assert_eq!(writes_only["access_log"], false, "{c}");
+            let ws_writes_only = writes_only["working_set_pages"].as_u64().unwrap();
+            match (writing, access_log) {
                 // What the guest wrote in the snapshot, inside its hot set
                 // (and its few records): how much of the hot set a short
                 // snapshot sees depends on how long the host ran the
@@ -50,8 +69,19 @@ fn every_cell_snapshots_once_and_restores_in_each_mode_verified() {
                 // the whole hot set is recorded once every vCPU walked it
                 // is held where passes can be counted, in
                 // ferry-kvm-memstress's tests/snapshot.rs.
-                true => assert!(ws > 0 && ws < hot + 64, "{backend}: {ws} pages: {c}"),
-                false => assert!(ws < 64, "{backend}: {ws} pages for a guest that reads: {c}"),
+                (true, _) => assert!(ws > 0 && ws < hot + 64, "{backend}: {ws} pages: {c}"),
+                // The reads of its hot set, through the access log; the
+                // same guest saved without it has its few records only.
+                (false, true) => {
+                    assert!(read_only > 0 && ws < hot + 64, "{backend}: {ws} pages: {c}");
+                    assert!(ws_writes_only < 64, "writes only: {ws_writes_only}: {c}");
+                }
+                (false, false) => {
+                    assert!(ws < 64, "{backend}: {ws} pages for a guest that reads: {c}")
+                }
+            }
+            if !access_log {
+                assert_eq!(read_only, 0, "{c}");
             }
             assert_eq!(c["checks"].is_object(), writing, "{c}");
             for mode in MODES {

@@ -29,6 +29,7 @@
 //! sections and dirty logs are the migration's; the restore's factory is
 //! a destination's.
 
+mod accesses;
 mod chain;
 mod checked;
 mod converge;

@@ -1,6 +1,7 @@
 //! Saving a running VM to a file: rounds that write the pages the guest
 //! dirtied in place while it runs, then a short pause for the rest.
 
+use super::accesses::Accesses;
 use super::chain;
 use super::converge::FileConvergence;
 use super::format::{
@@ -57,7 +58,7 @@ pub fn save_steered(
     let partial = partial_path(path);
     let was_running = vm.is_running();
     let mut logging = false;
-    let mut reads = working_set::Reads::default();
+    let mut accesses = Accesses::default();
     let mut converge = FileConvergence::new(vm, opts.converge, opts.max_downtime)?;
     let result = write_file(
         vm,
@@ -65,10 +66,10 @@ pub fn save_steered(
         opts,
         steering,
         &mut logging,
-        &mut reads,
+        &mut accesses,
         &mut converge,
     );
-    reads.stop(vm);
+    accesses.stop(vm);
     // Nothing a policy set outlives the snapshot, failed or not (after a
     // settle nothing is in force, and this is no work).
     converge.release(vm);
@@ -123,7 +124,7 @@ fn write_file(
     opts: &SnapshotOptions,
     steering: &Steering,
     logging: &mut bool,
-    reads: &mut working_set::Reads,
+    accesses: &mut Accesses,
     converge: &mut FileConvergence,
 ) -> Result<SnapshotSummary, SnapshotError> {
     let progress = steering.progress;
@@ -149,6 +150,7 @@ fn write_file(
     // until what is left would fit the pause.
     let mut todo = ram.frames();
     let mut recent = working_set::Recorder::new();
+    let mut last_accessed = None;
     let mut predicted = Duration::ZERO;
     let mut converged = true;
     if was_running {
@@ -157,7 +159,7 @@ fn write_file(
         converge.start(vm);
         crate::dirty_logs::start(vm).map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
         *logging = true;
-        reads.start(vm, opts.access_log);
+        accesses.start(vm, opts.access_log);
         progress.phase(Phase::FullPass);
         loop {
             let t = Instant::now();
@@ -187,8 +189,11 @@ fn write_file(
             crate::dirty_logs::collect(vm, &mut todo)
                 .map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
             progress.round_finished(&stats(n, done, took, todo.count(), harvest.elapsed()));
-            let read = reads.harvest(vm);
-            recent.record(Instant::now(), &todo, read.as_ref());
+            let accessed = accesses.harvest(vm);
+            recent.record(Instant::now(), &todo, accessed.as_ref());
+            // The pause writes this round's pages, and ranks its accesses
+            // with the pause's own.
+            last_accessed = accessed;
             let written = (done, took.as_secs_f64());
             converge.after_round(vm, tunables, progress, n, written, todo.count())?;
             let per_page = took.as_secs_f64() / done.pages.max(1) as f64;
@@ -224,14 +229,18 @@ fn write_file(
     // section the VMM left at version 0 gets its spec's version.
     crate::wire::sections::check_saved(&mut sections, &header.sections, &header.section_bytes)
         .map_err(|e| SnapshotError::Sections(e.to_string()))?;
-    let mut last_read = None;
     if was_running {
         crate::dirty_logs::collect(vm, &mut todo)
             .map_err(|e| SnapshotError::DirtyLog(Box::new(e)))?;
-        last_read = reads.harvest(vm);
+        last_accessed = match (last_accessed, accesses.harvest(vm)) {
+            (Some(mut round), Some(pause)) => {
+                round.merge(&pause);
+                Some(round)
+            }
+            (round, pause) => pause.or(round),
+        };
     }
-    let access_log = reads.is_on();
-    reads.stop(vm);
+    accesses.stop(vm);
     let t = Instant::now();
     progress.round_started(rounds.len() as u32, todo.count());
     let done = writer.write(&ram, &todo, &mut |w| {
@@ -287,7 +296,12 @@ fn write_file(
     // Once the guest runs again: ordering the working set is no work for
     // the pause.
     let working_set = match was_running {
-        true => recent.finish(&opts.first_touches, &todo, last_read.as_ref(), paused_at),
+        true => recent.finish(
+            &opts.first_touches,
+            &todo,
+            last_accessed.as_ref(),
+            paused_at,
+        ),
         false => working_set::Finished {
             runs: working_set::in_order(&opts.first_touches, frames).0,
             read_pages: 0,
@@ -339,7 +353,7 @@ fn write_file(
         data_pages: manifest.data_pages,
         digest: digest.value,
         working_set_pages: working_set::pages(&working_set),
-        access_log,
+        access_log: accesses.used(),
         working_set_read_pages,
         stopped,
         converged,

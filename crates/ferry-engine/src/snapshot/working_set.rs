@@ -8,85 +8,22 @@
 //! them anyway. They see writes only, one set per round (no order within a
 //! round), so the order is by round, newest first, and by address within a
 //! round. A VM that also keeps an access log ([`ferry_vm::AccessLog`])
-//! adds the pages its guest only read ([`Reads`]): a guest that reads more
-//! than it writes would otherwise fault on them after a lazy restore.
+//! adds the pages its guest only read (`super::accesses`): a guest that
+//! reads more than it writes would otherwise fault on them after a lazy
+//! restore.
 
-use ferry_vm::{DirtyPages, Gfn, Vm};
+use ferry_vm::{DirtyPages, Gfn};
 use std::time::{Duration, Instant};
 
 /// How far back before the pause a round's writes count.
 pub const WINDOW: Duration = Duration::from_secs(2);
 
-/// The VM's access log while a snapshot reads it. A hint, never a proof: a
-/// log that fails is dropped with a warning, and the working set is then
-/// what the dirty logs saw written.
-#[derive(Default)]
-pub struct Reads {
-    on: bool,
-}
-
-impl Reads {
-    /// Starts the VM's access log, where it has one and `wanted`.
-    pub fn start(&mut self, vm: &mut dyn Vm, wanted: bool) {
-        let Some(log) = vm.access_log().filter(|_| wanted) else {
-            return;
-        };
-        match log.start_access_log() {
-            Ok(()) => self.on = true,
-            Err(e) => tracing::warn!(
-                "the VM's access log does not start ({e}): the working set is what the guest wrote"
-            ),
-        }
-    }
-
-    /// Whether the log is read.
-    pub fn is_on(&self) -> bool {
-        self.on
-    }
-
-    /// The pages the guest touched since the last harvest (None where the
-    /// log is off).
-    pub fn harvest(&mut self, vm: &mut dyn Vm) -> Option<DirtyPages> {
-        if !self.on {
-            return None;
-        }
-        let mut touched = DirtyPages::new(vm.ram().pages());
-        match vm
-            .access_log()
-            .map(|log| log.harvest_accessed(&mut touched))
-        {
-            Some(Ok(_)) => Some(touched),
-            Some(Err(e)) => {
-                tracing::warn!(
-                    "the VM's access log failed ({e}): the working set is what the guest wrote"
-                );
-                self.stop(vm);
-                None
-            }
-            None => {
-                self.on = false;
-                None
-            }
-        }
-    }
-
-    /// Stops the log, if on.
-    pub fn stop(&mut self, vm: &mut dyn Vm) {
-        if !std::mem::take(&mut self.on) {
-            return;
-        }
-        if let Some(Err(e)) = vm.access_log().map(|log| log.stop_access_log()) {
-            tracing::warn!("the VM's access log does not stop: {e}");
-        }
-    }
-}
-
-/// One live round's touches: what the dirty logs saw written, and with
-/// them what the access log saw (reads included).
+/// One live round's touches: what the dirty logs saw written, and what
+/// the access log saw accessed (where there is one).
 struct Round {
     at: Instant,
     written: DirtyPages,
-    touched: DirtyPages,
+    accessed: Option<DirtyPages>,
 }
 
 /// The working set at a pause ([`Recorder::finish`]).
@@ -110,28 +47,29 @@ impl Recorder {
         Recorder { recent: Vec::new() }
     }
 
-    /// Records a live round's harvest `written`, and what the access log
-    /// saw touched (`read`, where there is one), taken at `at`; forgets
-    /// the rounds already too old to count.
-    pub fn record(&mut self, at: Instant, written: &DirtyPages, read: Option<&DirtyPages>) {
+    /// Records a live round's harvests taken at `at`: `written` from the
+    /// dirty logs, `accessed` from the access log where there is one;
+    /// forgets the rounds already too old to count.
+    pub fn record(&mut self, at: Instant, written: &DirtyPages, accessed: Option<&DirtyPages>) {
         self.recent
             .retain(|r| at.saturating_duration_since(r.at) <= WINDOW);
         self.recent.push(Round {
             at,
             written: written.clone(),
-            touched: touched(written, read),
+            accessed: accessed.cloned(),
         });
     }
 
-    /// The working set at a pause at `paused_at`, whose own harvests are
-    /// `last` and `last_read` (they hold the latest live round's touches
-    /// too): `first` (a restore's first touches) first, then the rest,
-    /// newest round first.
+    /// The working set at a pause at `paused_at`: `first` (a restore's
+    /// first touches) first, then the pause's touches, then the recorded
+    /// rounds', newest first. `last` and `last_accessed` are the pause's
+    /// harvests, each holding the latest live round's too (as the pages
+    /// the pause writes hold them), so that round's touches lead.
     pub fn finish(
         self,
         first: &[u64],
         last: &DirtyPages,
-        last_read: Option<&DirtyPages>,
+        last_accessed: Option<&DirtyPages>,
         paused_at: Instant,
     ) -> Finished {
         let (mut runs, mut taken) = in_order(first, last.pages());
@@ -143,12 +81,15 @@ impl Recorder {
             .collect();
         let mut written = last.clone();
         within.iter().for_each(|r| written.merge(&r.written));
-        let last_touched = touched(last, last_read);
-        let sets = std::iter::once(&last_touched).chain(within.iter().map(|r| &r.touched));
+        let sets = std::iter::once((last, last_accessed))
+            .chain(within.iter().map(|r| (&r.written, r.accessed.as_ref())));
         let mut read_pages = 0;
-        for set in sets {
-            let mut fresh = DirtyPages::new(set.pages());
-            for g in set.iter() {
+        for (round_written, round_accessed) in sets {
+            let mut fresh = DirtyPages::new(round_written.pages());
+            let touched = round_written
+                .iter()
+                .chain(round_accessed.into_iter().flat_map(|a| a.iter()));
+            for g in touched {
                 if !taken.contains(g) {
                     fresh.set(g);
                     taken.set(g);
@@ -159,15 +100,6 @@ impl Recorder {
         }
         Finished { runs, read_pages }
     }
-}
-
-/// `written` with the access log's `read`, where there is one.
-fn touched(written: &DirtyPages, read: Option<&DirtyPages>) -> DirtyPages {
-    let mut all = written.clone();
-    if let Some(read) = read {
-        all.merge(read);
-    }
-    all
 }
 
 /// `frames` in their order, each once (and only those of a guest of
@@ -309,19 +241,21 @@ mod tests {
     fn pages_only_read_join_their_round_and_are_counted() {
         let now = Instant::now();
         let mut r = Recorder::new();
-        // An older round wrote 1 and read 20-21; the pause's harvest wrote
-        // 2 and read 1 and 30.
-        r.record(now, &set(&[1]), Some(&set(&[1, 20, 21])));
-        let done = r.finish(&[], &set(&[2]), Some(&set(&[1, 30])), now);
-        assert_eq!(done.runs, vec![(1, 2), (30, 1), (20, 2)]);
-        // 30, 20 and 21 were only read; 1 was read last but written before.
-        assert_eq!(done.read_pages, 3);
+        // An older round wrote 40 and read 20-21; the latest live round
+        // wrote 1 and read 1 and 30; the pause's harvests saw 2 written and
+        // 5 read, and hold the latest round's too, as in a snapshot.
+        r.record(now, &set(&[40]), Some(&set(&[20, 21, 40])));
+        r.record(now, &set(&[1]), Some(&set(&[1, 30])));
+        let done = r.finish(&[], &set(&[1, 2]), Some(&set(&[1, 5, 30])), now);
+        assert_eq!(done.runs, vec![(1, 2), (5, 1), (30, 1), (20, 2), (40, 1)]);
+        // 5, 30, 20 and 21 were only read; 1 and 40 were written too.
+        assert_eq!(done.read_pages, 4);
         let mut r = Recorder::new();
         r.record(now, &set(&[1]), None);
-        let written_only = r.finish(&[], &set(&[2]), None, now);
+        let written_only = r.finish(&[], &set(&[1, 2]), None, now);
         assert_eq!(
             (written_only.runs, written_only.read_pages),
-            (vec![(2, 1), (1, 1)], 0)
+            (vec![(1, 2)], 0)
         );
     }
 

@@ -25,8 +25,8 @@ use ferry_memstress::MemstressProbe;
 use ferry_report::{Plot, Report, Series, Table};
 use ferry_vm::synthetic::BigDevice;
 use ferry_vm::{
-    Blocker, DirtyLog, DirtyMeter, DirtySource, GuestRam, Lifecycle, LiveState, MemoryFaults,
-    Section, SectionSpec, TimeThrottle, VcpuState, Vm, VmError,
+    AccessLog, Blocker, DirtyLog, DirtyMeter, DirtySource, GuestRam, Lifecycle, LiveState,
+    MemoryFaults, Section, SectionSpec, TimeThrottle, VcpuState, Vm, VmError,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -200,6 +200,9 @@ impl Vm for WithDevice {
     }
     fn memory_faults(&mut self) -> Option<&mut dyn MemoryFaults> {
         self.vm.memory_faults()
+    }
+    fn access_log(&mut self) -> Option<&mut dyn AccessLog> {
+        self.vm.access_log()
     }
 }
 

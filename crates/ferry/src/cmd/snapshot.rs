@@ -156,8 +156,7 @@ fn merge(a: &SnapshotArgs, out: &std::path::Path) -> Result<ExitCode, CmdError> 
     Ok(ExitCode::SUCCESS)
 }
 
-/// The summary as a table.
-/// The working set's size, and what the access log added to it.
+/// The working set's size, and what the VM's access log added to it.
 fn working_set_words(s: &Value) -> String {
     let pages = s["working_set_pages"].as_u64().unwrap_or(0);
     match s["access_log"].as_bool() {
@@ -165,10 +164,11 @@ fn working_set_words(s: &Value) -> String {
             "{pages} pages ({} of them only read, from the VM's access log)",
             s["working_set_read_pages"].as_u64().unwrap_or(0)
         ),
-        _ => format!("{pages} pages (written: the VM keeps no access log)"),
+        _ => format!("{pages} pages (without an access log)"),
     }
 }
 
+/// The summary as a table.
 fn table(s: &Value) -> Table {
     let mut t = Table::new("snapshot", &["", ""]);
     let f = |k: &str| s[k].as_f64().unwrap_or(0.0);

@@ -201,9 +201,10 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
         let _ = std::fs::remove_file(&writes_only);
     })?;
 
-    let restore = |mode: RestoreMode| {
+    let restore = |file: &Path, mode: RestoreMode| {
         eprintln!(
-            "ferry: {mib} MiB {what} guest: restoring it {} ...",
+            "ferry: {mib} MiB {what} guest: restoring {} {} ...",
+            file.display(),
             mode.name()
         );
         if a.cold {
@@ -213,21 +214,11 @@ fn run_cell(a: &SnapshotArgs, mib: u64, writing: bool, file: &Path) -> Result<Ce
     };
     let restores = (|| {
         Ok::<_, CmdError>(Restores {
-            eager: restore(RestoreMode::Eager)?,
-            lazy: restore(RestoreMode::Lazy)?,
-            lazy_working_set: restore(RestoreMode::LazyWorkingSet)?,
+            eager: restore(file, RestoreMode::Eager)?,
+            lazy: restore(file, RestoreMode::Lazy)?,
+            lazy_working_set: restore(file, RestoreMode::LazyWorkingSet)?,
             lazy_working_set_writes_only: match &writes_only_saved {
-                Some(_) => {
-                    eprintln!(
-                        "ferry: {mib} MiB {what} guest: the file saved without its access log ..."
-                    );
-                    Some(restore_once(
-                        a,
-                        &writes_only,
-                        RestoreMode::LazyWorkingSet,
-                        baseline,
-                    )?)
-                }
+                Some(_) => Some(restore(&writes_only, RestoreMode::LazyWorkingSet)?),
                 None => None,
             },
         })

@@ -6,6 +6,9 @@ use ferry_engine::snapshot::{ProofAt, RestoreMode, SnapshotSummary};
 use ferry_report::{Bar, Bars, Report, Table};
 use serde::Serialize;
 
+/// The name of the restore from the file saved with the access log off.
+const WRITES_ONLY: &str = "lazy-working-set, writes only";
+
 /// One guest: its snapshot and its three restores.
 #[derive(Clone, Debug, Serialize)]
 pub struct Cell {
@@ -344,7 +347,7 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
         let rows = c
             .named()
             .into_iter()
-            .chain(writes_only.map(|r| ("lazy-working-set, writes only", r)));
+            .chain(writes_only.map(|r| (WRITES_ONLY, r)));
         for (mode, r) in rows {
             restores.row(vec![
                 c.label(),
@@ -374,10 +377,10 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
     } else {
         "The file was written just before: restores read it from the page cache (--cold reads it from disk)."
     });
-    if cells
+    let writes_only = cells
         .iter()
-        .any(|c| c.restore.lazy_working_set_writes_only.is_some())
-    {
+        .any(|c| c.restore.lazy_working_set_writes_only.is_some());
+    if writes_only {
         restores.note("lazy-working-set, writes only: the same guest's file saved right after with its access log off (--access-log-off-too), restored the same way: the baseline of the access log.");
     }
     restores.note("verified: the digest matched, the guest's stamp checks found no stale page through a whole pass after, and its vCPUs ran.");
@@ -385,10 +388,13 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
         restores.note(format!("skipped {s}"));
     }
     let categories: Vec<String> = cells.iter().map(Cell::label).collect();
-    let groups: Vec<String> = RestoreMode::ALL
+    let mut groups: Vec<String> = RestoreMode::ALL
         .iter()
         .map(|m| m.name().to_string())
         .collect();
+    if writes_only {
+        groups.push(WRITES_ONLY.into());
+    }
     let bars = |title: &str, y: &str, f: fn(&RestoreCell) -> f64| Bars {
         title: title.into(),
         y_label: y.into(),
@@ -396,7 +402,12 @@ pub fn report(a: &SnapshotArgs, cells: Vec<Cell>, skipped: Vec<String>) -> Repor
         groups: groups.clone(),
         values: cells
             .iter()
-            .map(|c| c.restores().map(|r| Bar::Value(f(r))).collect())
+            .map(|c| {
+                let named = c.named().into_iter().map(|(_, r)| Bar::Value(f(r)));
+                let extra = c.restore.lazy_working_set_writes_only.as_ref();
+                let extra = writes_only.then(|| extra.map_or(Bar::NotRun, |r| Bar::Value(f(r))));
+                named.chain(extra).collect()
+            })
             .collect(),
         references: Vec::new(),
         reference_label: String::new(),
