@@ -183,6 +183,74 @@ fn a_lazy_restore_serves_the_pages_a_paused_guest_is_read_for_on_demand() {
     }
 }
 
+/// A device that maps guest memory a second time with a userfaultfd of
+/// its own (as a vhost-user backend maps it in its process) and touches a
+/// page not yet in after a lazy restore is served from the file and woken:
+/// it reads the snapshot's data. Its userfaultfd is registered before the
+/// restore empties memory, so it never finds the hole; unserved, its touch
+/// would wait for ever.
+#[test]
+fn a_device_that_maps_guest_memory_itself_is_served_by_a_lazy_restore() {
+    if !common::uffd_available("a device's faults in a lazy restore") {
+        return;
+    }
+    let dir = Scratch::new("device");
+    let path = dir.file("vm.snap");
+    // Large enough that the fill, in address order, takes a while to reach
+    // the last page the device reads first.
+    let config = common::TestConfig {
+        data_bytes: 128 << 20,
+        hole_bytes: 0,
+        backing: Backing::Memfd,
+    };
+    let mut src = TestVm::new(&config).unwrap();
+    src.start().unwrap();
+    wait_for_passes(&src, 1);
+    snapshot::save(&mut src, &path, &stopped()).unwrap();
+    let last = ferry_vm::Gfn(src.ram().pages() - 1);
+    let mut saved = vec![0u8; PAGE_SIZE];
+    src.ram().read_pages(last, &mut saved).unwrap();
+    assert_ne!(
+        saved,
+        vec![0u8; PAGE_SIZE],
+        "the guest stamped its last page"
+    );
+    drop(src);
+
+    for mode in [RestoreMode::Lazy, RestoreMode::LazyWorkingSet] {
+        let mapping = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let mut factory = |h: &StreamHeader| {
+            let mut vm = TestVm::new(&TestVm::config_from(h, Backing::Memfd)?)?;
+            vm.device_mapping = Some(mapping.clone());
+            Ok(vm)
+        };
+        let (mut restored, restoring) =
+            snapshot::restore_as(&path, &mut factory, &in_mode(mode, true)).unwrap();
+        let device: std::sync::Arc<ferry_vm::GuestRam> = mapping
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("the engine asked for it");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut page = vec![0u8; PAGE_SIZE];
+            let read = device.read_pages(last, &mut page).map(|()| page);
+            let _ = tx.send(read);
+        });
+        let read = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("{mode:?}: the device's touch was never served"))
+            .unwrap();
+        assert!(
+            read == saved,
+            "{mode:?}: the device read other data than the snapshot's"
+        );
+        let r = restoring.finish(&mut restored).unwrap();
+        assert!(r.digest_match, "{mode:?}: {r:?}");
+        println!("{mode:?}: the device's faults: {}", r.device_faults);
+    }
+}
+
 #[test]
 fn a_stopped_snapshot_holds_the_guest_exactly_where_it_stopped() {
     let dir = Scratch::new("stopped");

@@ -3,7 +3,6 @@
 //! the connections break on the way, the guest runs on (a vCPU that touches
 //! a missing page waits in the kernel) while the source reconnects.
 
-use super::device_faults::DeviceFaults;
 use super::pager::Pager;
 use super::recoverable;
 use crate::error::MigrationError;
@@ -12,6 +11,7 @@ use crate::summary::ms;
 use crate::summary::PostcopyReport;
 use crate::transport::Listen;
 use crate::wire::{MemoryDigest, Message};
+use ferry_vm::uffd::DeviceFaults;
 use std::time::{Duration, Instant};
 
 /// How often the destination looks whether every page is in.
@@ -67,7 +67,10 @@ impl Dest {
             .device_userfaultfds()
             .map_err(MigrationError::backend("set devices up for postcopy"))?;
         let device_faults = (!devices.is_empty()).then(|| {
-            DeviceFaults::start(devices, std::sync::Arc::clone(&self.loaded), opts.prefetch)
+            DeviceFaults::start(
+                devices,
+                super::pager::fetcher(std::sync::Arc::clone(&self.loaded), opts.prefetch),
+            )
         });
         // What the probe reads may be on a missing page: the pager fetches it.
         self.read_probe(opts)?;

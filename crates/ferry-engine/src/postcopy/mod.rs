@@ -43,7 +43,6 @@
 
 mod blocked;
 mod destination;
-mod device_faults;
 pub(crate) mod pager;
 mod recovery;
 mod resume;

@@ -30,7 +30,7 @@ use super::chain::PageSource;
 use super::working_set;
 use crate::digest::{digest_of, zero_page_hash};
 use crate::error::SnapshotError;
-use ferry_vm::uffd::{Fault, Placed, Placer};
+use ferry_vm::uffd::{DeviceFaults, Fault, Placed, Placer};
 use ferry_vm::{FetchError, Gfn, GuestRam, PageBits, PAGE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -94,6 +94,12 @@ pub const MAX_FIRST_TOUCHES: usize = 1 << 18;
 pub(super) struct LazyPages {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// The threads serving devices in other processes
+    /// ([`LazyPages::serve_devices`]), and the faults they served once
+    /// stopped.
+    devices: Option<DeviceFaults>,
+    devices_served: bool,
+    device_faults: u64,
     /// The owner ended it ([`LazyPages::finish`] or [`LazyPages::abandon`]).
     ended: bool,
 }
@@ -105,6 +111,10 @@ pub(super) struct LazyReport {
     pub blocking_faults: u64,
     pub fault_pages: u64,
     pub bytes_read: u64,
+    /// Whether devices in other processes had their faults served.
+    pub devices_served: bool,
+    /// Of the blocking faults, those of devices in other processes.
+    pub device_faults: u64,
     /// Frames the guest touched before they were in, in order.
     pub first_touches: Vec<u64>,
     /// The digest of the pages placed: a frame's recorded hash once it is
@@ -179,6 +189,9 @@ impl LazyPages {
         let mut pages = LazyPages {
             shared: Arc::clone(&shared),
             threads: Vec::new(),
+            devices: None,
+            devices_served: false,
+            device_faults: 0,
             ended: false,
         };
         let s = Arc::clone(&shared);
@@ -231,6 +244,19 @@ impl LazyPages {
             })?;
         self.threads.push(handle);
         Ok(())
+    }
+
+    /// Serves the faults of `devices`, which map guest memory in other
+    /// processes (a vhost-user backend), as a postcopy destination does:
+    /// each page is brought in as a vCPU's touch would bring it, and the
+    /// device is woken. They must have registered their userfaultfds
+    /// before memory was emptied ([`LazyPages::start`]): a touch before
+    /// that would have found a hole and filled it with zeros.
+    pub fn serve_devices(&mut self, devices: Vec<ferry_vm::DeviceUserfaultfd>) {
+        if !devices.is_empty() {
+            self.devices = Some(DeviceFaults::start(devices, self.fault_exits().fetch));
+            self.devices_served = true;
+        }
     }
 
     /// The fault exits for a VM whose vCPUs bring in their own pages.
@@ -295,6 +321,8 @@ impl LazyPages {
             blocking_faults: s.blocking_faults.load(Ordering::SeqCst),
             fault_pages: s.fault_pages.load(Ordering::SeqCst),
             bytes_read: s.bytes_read.load(Ordering::SeqCst),
+            devices_served: self.devices_served,
+            device_faults: self.device_faults,
             first_touches: std::mem::take(
                 &mut *s.first_touches.lock().unwrap_or_else(|p| p.into_inner()),
             ),
@@ -330,6 +358,9 @@ impl LazyPages {
     }
 
     fn halt(&mut self) {
+        if let Some(devices) = self.devices.take() {
+            self.device_faults = devices.stop();
+        }
         self.shared.stop.store(true, Ordering::SeqCst);
         for t in self.threads.drain(..) {
             let _ = t.join();

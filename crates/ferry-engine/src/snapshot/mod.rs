@@ -317,6 +317,10 @@ pub struct RestoreSummary {
     pub blocking_faults: u64,
     /// Of the pages read, those read for a touch (the rest by the fill).
     pub fault_pages: u64,
+    /// Of the blocking faults, those of devices in other processes that
+    /// map guest memory (a vhost-user backend), served as a postcopy
+    /// destination serves them.
+    pub device_faults: u64,
     /// How a touch of a missing page reached the reader: "userfaultfd",
     /// "vcpu exit" (the VM's annotated fault exits), or "none" (eager).
     pub fault_path: &'static str,

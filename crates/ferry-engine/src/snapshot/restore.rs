@@ -58,6 +58,12 @@ impl Restoring {
             )),
             false => Ok(()),
         })?;
+        if report.devices_served {
+            // Every page is in: the devices drop their userfaultfds, as at
+            // the end of a postcopy.
+            vm.migration_event(ferry_vm::Lifecycle::Completed);
+        }
+        summary.device_faults = report.device_faults;
         summary.working_set_ms = report.working_set_ms.max(summary.first_instruction_ms);
         summary.resident_ms = report.resident_ms;
         summary.blocking_faults = report.blocking_faults;
@@ -134,8 +140,9 @@ pub fn restore(
         started: !opts.paused,
         first_touch_pages: 0,
         first_touches: Vec::new(),
+        device_faults: 0,
     };
-    let lazy = match opts.mode {
+    let mut lazy = match opts.mode {
         RestoreMode::Eager => {
             read_eagerly(&source, &mut *vm, &checked, opts, &mut summary)?;
             None
@@ -152,7 +159,7 @@ pub fn restore(
             )?)
         }
     };
-    let loaded = load_and_start(&mut *vm, &checked, opts);
+    let loaded = load_and_start(&mut *vm, &checked, opts, lazy.as_mut());
     if let Err(e) = loaded {
         if let Some(l) = lazy {
             l.abandon();
@@ -214,18 +221,6 @@ fn start_lazily(
     start: Instant,
     summary: &mut RestoreSummary,
 ) -> Result<LazyPages, SnapshotError> {
-    let devices = vm.device_userfaultfds().map_err(SnapshotError::vm(
-        "ask the devices how they map guest memory",
-    ))?;
-    if !devices.is_empty() {
-        return Err(SnapshotError::Lazy {
-            detail: format!(
-                "{} of its devices map guest memory in other processes, whose faults \
-                 this release serves in a migration only; restore eagerly",
-                devices.len()
-            ),
-        });
-    }
     let lazy = LazyPages::start(
         source,
         std::sync::Arc::clone(vm.ram()),
@@ -249,15 +244,26 @@ fn start_lazily(
 }
 
 /// Loads the vCPUs and devices, and starts the guest unless asked not to.
+/// In a lazy restore, devices in other processes that map guest memory (a
+/// vhost-user backend) hand over their userfaultfds between the two, as on
+/// a postcopy destination: a touch of theirs then waits for its page
+/// instead of finding a hole.
 fn load_and_start(
     vm: &mut dyn Vm,
     checked: &Checked,
     opts: &RestoreOptions,
+    lazy: Option<&mut LazyPages>,
 ) -> Result<(), SnapshotError> {
     ferry_vm::restore_vcpu_state(vm, &checked.vcpus)
         .map_err(SnapshotError::vm("load the vCPUs' state"))?;
     vm.restore_sections(&checked.sections)
         .map_err(SnapshotError::vm("load the devices' state sections"))?;
+    if let Some(lazy) = lazy {
+        let devices = vm.device_userfaultfds().map_err(SnapshotError::vm(
+            "ask the devices in other processes for their userfaultfds",
+        ))?;
+        lazy.serve_devices(devices);
+    }
     if !opts.paused {
         vm.start()
             .map_err(SnapshotError::vm("start the restored guest"))?;

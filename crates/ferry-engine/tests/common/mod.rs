@@ -290,6 +290,11 @@ pub struct TestVm {
     /// Files the VMM hands a same-host destination by name
     /// (`Vm::handover_fds`), as a VMM hands its disks.
     pub handed: Vec<(String, std::fs::File)>,
+    /// A device that maps guest memory (memfd) a second time with a
+    /// userfaultfd of its own, as a vhost-user backend does in its
+    /// process: made when the engine asks for `device_userfaultfds`, and
+    /// then its mapping here.
+    pub device_mapping: Option<Arc<Mutex<Option<Arc<GuestRam>>>>>,
 }
 
 /// Pages the guest is asked to write, served from its own thread, and how
@@ -482,6 +487,7 @@ impl TestVm {
             requests: Arc::default(),
             output_gate: false,
             handed: Vec::new(),
+            device_mapping: None,
         }
     }
 
@@ -709,6 +715,29 @@ impl Vm for TestVm {
             }),
             _ => Ok(()),
         }
+    }
+    fn device_userfaultfds(&mut self) -> Result<Vec<ferry_vm::DeviceUserfaultfd>, VmError> {
+        let Some(slot) = &self.device_mapping else {
+            return Ok(Vec::new());
+        };
+        let files = self.ram.region_files().ok_or_else(|| {
+            VmError::Guest("a device's second mapping needs file-backed RAM".into())
+        })?;
+        let regions = files
+            .iter()
+            .map(|(slot, file, offset)| ferry_vm::SharedRegion {
+                gpa: slot.gpa,
+                size: slot.size,
+                file: file.try_clone().expect("dup a memfd"),
+                offset: *offset,
+            })
+            .collect();
+        let mapping = Arc::new(GuestRam::from_files(regions, self.config.backing)?);
+        let device = ferry_vm::uffd::Placer::register_for_faults(&mapping)
+            .and_then(|p| p.into_device("test device"))
+            .map_err(|e| VmError::Guest(format!("the device's userfaultfd: {e}")))?;
+        *slot.lock().unwrap() = Some(mapping);
+        Ok(vec![device])
     }
     fn dirty_sources(&mut self) -> &mut [Box<dyn DirtySource>] {
         &mut self.sources

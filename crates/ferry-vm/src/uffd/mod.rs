@@ -46,6 +46,7 @@
 //! fills each huge page before it places it).
 
 mod abi;
+mod device_faults;
 mod faults;
 mod freeze;
 
@@ -55,6 +56,7 @@ use abi::*;
 use std::io;
 use std::os::fd::OwnedFd;
 
+pub use device_faults::{DeviceFaults, Fetch};
 pub use faults::{Fault, FaultMode};
 
 /// The ioctl requests this module makes, by name: what a seccomp filter
@@ -275,6 +277,31 @@ impl Placer {
             foreign: true,
             frozen: false,
         }
+    }
+
+    /// This registration handed over as a device's
+    /// ([`crate::DeviceUserfaultfd`]), for a device of this process that
+    /// maps guest memory a second time (`GuestRam::from_files`): whoever
+    /// brings memory in lazily serves it as it serves a vhost-user
+    /// backend's. The registration lasts while the returned fd is open.
+    pub fn into_device(mut self, name: &str) -> io::Result<crate::DeviceUserfaultfd> {
+        let fd = self.fd.try_clone()?;
+        // The registration is the device's now: dropping this leaves it.
+        self.foreign = true;
+        let regions = self
+            .ranges
+            .iter()
+            .map(|r| crate::DeviceRegion {
+                first: Gfn(r.first),
+                pages: r.pages,
+                host: r.host,
+            })
+            .collect();
+        Ok(crate::DeviceUserfaultfd {
+            name: name.to_string(),
+            fd,
+            regions,
+        })
     }
 
     /// Wakes whoever waits on `pages` frames from `first` (pages another

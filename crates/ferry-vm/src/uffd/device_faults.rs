@@ -1,19 +1,18 @@
-//! Faults of devices in other processes on a postcopy destination (a
-//! vhost-user backend's userfaultfd, [`ferry_vm::DeviceUserfaultfd`]): one
-//! thread per device reads its faults, fetches each page as a vCPU's own
-//! fault would (asking the source, or placing a known zero page), and once
-//! the page is in guest memory wakes the device, whose mapping of the same
-//! memory now finds it.
+//! Faults of devices in other processes (a vhost-user backend's
+//! userfaultfd, [`crate::DeviceUserfaultfd`]) while guest memory comes in
+//! lazily: a postcopy destination's pages from the source, a lazy restore's
+//! from its file. One thread per device reads its faults, brings each page
+//! in as a vCPU's own fault would (`fetch`), and once the page is in guest
+//! memory wakes the device, whose mapping of the same memory now finds it.
 //!
 //! ```text
 //!  backend touches a missing page ── its uffd queues the fault, it blocks
-//!  device-faults thread: wait_faults ─► fetch(gfn): PageRequest, wait for the placement
+//!  device-faults thread: wait_faults ─► fetch(gfn): the page placed in guest memory
 //!                                     └► UFFDIO_WAKE on the backend's uffd
 //! ```
 
-use crate::session::Loaded;
-use ferry_vm::uffd::{Fault, Placer};
-use ferry_vm::{DeviceUserfaultfd, Gfn};
+use super::{Fault, Placer};
+use crate::{DeviceUserfaultfd, FetchError, Gfn};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -22,17 +21,19 @@ use std::time::Duration;
 /// How long a thread waits for faults before it looks at `stop`.
 const POLL: Duration = Duration::from_millis(50);
 
+/// Brings a page into guest memory, returning once it is there.
+pub type Fetch = Arc<dyn Fn(Gfn) -> Result<(), FetchError> + Send + Sync>;
+
 /// The threads serving every device's faults.
-pub(crate) struct DeviceFaults {
+pub struct DeviceFaults {
     stop: Arc<AtomicBool>,
     served: Arc<AtomicU64>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl DeviceFaults {
-    /// Serves `devices`' faults from `loaded`, asking for `prefetch` pages
-    /// a fault.
-    pub fn start(devices: Vec<DeviceUserfaultfd>, loaded: Arc<Loaded>, prefetch: u32) -> Self {
+    /// Serves `devices`' faults, each page brought in by `fetch`.
+    pub fn start(devices: Vec<DeviceUserfaultfd>, fetch: Fetch) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let served = Arc::new(AtomicU64::new(0));
         let threads = devices
@@ -41,7 +42,7 @@ impl DeviceFaults {
                 let name = device.name.clone();
                 let thread_name = name.clone();
                 let placer = Placer::foreign(device);
-                let fetch = super::pager::fetcher(Arc::clone(&loaded), prefetch);
+                let fetch = Arc::clone(&fetch);
                 let (stop, served) = (Arc::clone(&stop), Arc::clone(&served));
                 std::thread::Builder::new()
                     .name("device-faults".into())
@@ -72,7 +73,7 @@ impl DeviceFaults {
 }
 
 impl Drop for DeviceFaults {
-    /// A postcopy that failed on the way stops them too.
+    /// Whatever failed on the way stops them too.
     fn drop(&mut self) {
         self.join();
     }
@@ -81,7 +82,7 @@ impl Drop for DeviceFaults {
 fn serve(
     name: &str,
     placer: &Placer,
-    fetch: &(dyn Fn(Gfn) -> Result<(), ferry_vm::FetchError> + Send + Sync),
+    fetch: &(dyn Fn(Gfn) -> Result<(), FetchError> + Send + Sync),
     stop: &AtomicBool,
     served: &AtomicU64,
 ) {
@@ -97,7 +98,8 @@ fn serve(
                 tracing::warn!("{name}: page {:#x}: {why}", gfn.0);
             }
             // Woken either way: a page that could not come leaves the
-            // device to fault again, and the migration fails on its own.
+            // device to fault again, and what brings memory in fails on
+            // its own.
             if let Err(e) = placer.wake(gfn, 1) {
                 tracing::warn!("{name}: waking it at page {:#x}: {e}", gfn.0);
             }
