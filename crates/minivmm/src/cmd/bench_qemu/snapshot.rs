@@ -10,6 +10,11 @@
 //!           the same downtime limit, no bandwidth cap), the source quits,
 //!           a new QEMU takes -incoming "exec:cat FILE" (eager: the whole
 //!           stream before the guest runs)
+//!   QEMU    with --qemu-mapped-ram (9.0 or later): the same, with the
+//!   mapped- mapped-ram capability on both sides and "file:FILE", a fixed
+//!   ram     place per page as in ferry's file (scripts/qemu-trixie.sh
+//!           fetches Debian trixie's 10.0); also read whole before the
+//!           guest runs
 //! ```
 //!
 //! Each restored guest is told it moved, runs on 10 s with its checker
@@ -32,6 +37,11 @@ use std::time::{Duration, Instant};
 
 /// How often QEMU's state is polled.
 const POLL: Duration = Duration::from_millis(10);
+
+/// QMP's capability for a fixed place per page in a file (QEMU 9.0 on).
+fn mapped_ram() -> serde_json::Value {
+    json!({ "capability": "mapped-ram", "state": true })
+}
 
 #[derive(clap::Args, Debug)]
 pub struct SnapshotBenchArgs {
@@ -60,6 +70,12 @@ pub struct SnapshotBenchArgs {
     /// The QEMU binary.
     #[arg(long, default_value = "qemu-system-x86_64")]
     qemu: String,
+    /// A QEMU of 9.0 or later for a third side, which saves with
+    /// `mapped-ram` (a `file:` URI, a fixed place per page) and restores
+    /// from it; `scripts/qemu-trixie.sh` fetches Debian trixie's 10.0.
+    /// Without it, that side is not run.
+    #[arg(long)]
+    qemu_mapped_ram: Option<String>,
     /// The bzImage [default: $SVM_HOST_KERNEL].
     #[arg(long)]
     kernel: Option<PathBuf>,
@@ -139,6 +155,30 @@ pub struct SnapResult {
     pub downtime_limit_ms: u64,
     pub ferry: SnapSide,
     pub qemu: SnapSide,
+    /// QEMU with `mapped-ram`, where `--qemu-mapped-ram` named one.
+    pub qemu_mapped_ram: Option<SnapSide>,
+}
+
+/// How a QEMU side writes its file and reads it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum QemuFile {
+    /// 7.2's way: `migrate "exec:cat > FILE"` and `-incoming "exec:cat
+    /// FILE"`, one stream in which a page dirtied again is written again.
+    Stream,
+    /// 9.0 on: the `mapped-ram` capability on both sides and `file:FILE`,
+    /// a fixed place per page that a later round overwrites (QEMU's
+    /// `docs/devel/migration/mapped-ram.rst`); the destination takes it
+    /// with `-incoming defer`, the capability, then `migrate-incoming`.
+    MappedRam,
+}
+
+impl QemuFile {
+    fn name(self) -> &'static str {
+        match self {
+            QemuFile::Stream => "qemu",
+            QemuFile::MappedRam => "qemu-mapped-ram",
+        }
+    }
 }
 
 pub fn bench(a: SnapshotBenchArgs) -> Result<(), String> {
@@ -155,6 +195,17 @@ pub fn bench(a: SnapshotBenchArgs) -> Result<(), String> {
         .stdout(Stdio::null())
         .status()
         .map_err(|e| format!("{}: {e} (Debian's qemu-system-x86)", a.qemu))?;
+    if let Some(q) = &a.qemu_mapped_ram {
+        let out = Command::new(q)
+            .arg("--version")
+            .output()
+            .map_err(|e| format!("--qemu-mapped-ram {q}: {e} (scripts/qemu-trixie.sh)"))?;
+        let version = String::from_utf8_lossy(&out.stdout);
+        eprintln!(
+            "minivmm bench qemu-snapshot: mapped-ram side: {}",
+            version.lines().next().unwrap_or("?")
+        );
+    }
     let cells = [
         Cell {
             name: "idle",
@@ -205,7 +256,7 @@ pub fn bench(a: SnapshotBenchArgs) -> Result<(), String> {
                 boot_limit: Duration::from_secs(a.boot_limit_s),
                 after_move_s: 10,
             };
-            let result = |ferry: SnapSide, qemu: SnapSide| SnapResult {
+            let result = |ferry: SnapSide, qemu: SnapSide, mapped: Option<SnapSide>| SnapResult {
                 cell: cell.name.into(),
                 run,
                 guest_mib: a.mem_mib,
@@ -216,6 +267,7 @@ pub fn bench(a: SnapshotBenchArgs) -> Result<(), String> {
                 downtime_limit_ms: cell.downtime_ms,
                 ferry,
                 qemu,
+                qemu_mapped_ram: mapped,
             };
             eprintln!(
                 "minivmm bench qemu-snapshot: {} (run {run}): ferry ...",
@@ -234,17 +286,38 @@ pub fn bench(a: SnapshotBenchArgs) -> Result<(), String> {
                 error: Some(super::QEMU_PENDING.into()),
                 ..SnapSide::default()
             };
-            results.push(result(ferry.clone(), pending));
+            let mapped_pending = a.qemu_mapped_ram.as_ref().map(|_| pending.clone());
+            results.push(result(
+                ferry.clone(),
+                pending.clone(),
+                mapped_pending.clone(),
+            ));
             write(&results, &a.out, false)?;
             results.pop();
             fresh_disk(&guest.disk)?;
-            let qemu = qemu_side(&a.qemu, &guest, cell, limit, &dir);
+            let qemu = qemu_side(&a.qemu, QemuFile::Stream, &guest, cell, limit, &dir);
             eprintln!(
                 "minivmm bench qemu-snapshot: {} (run {run}): QEMU {}",
                 cell.name,
                 brief(&qemu)
             );
-            results.push(result(ferry, qemu));
+            let mapped = match &a.qemu_mapped_ram {
+                None => None,
+                Some(q) => {
+                    results.push(result(ferry.clone(), qemu.clone(), mapped_pending));
+                    write(&results, &a.out, false)?;
+                    results.pop();
+                    fresh_disk(&guest.disk)?;
+                    let side = qemu_side(q, QemuFile::MappedRam, &guest, cell, limit, &dir);
+                    eprintln!(
+                        "minivmm bench qemu-snapshot: {} (run {run}): QEMU mapped-ram {}",
+                        cell.name,
+                        brief(&side)
+                    );
+                    Some(side)
+                }
+            };
+            results.push(result(ferry, qemu, mapped));
             write(&results, &a.out, false)?;
         }
     }
@@ -305,24 +378,36 @@ fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> SnapSi
     side
 }
 
-/// QEMU's side: saved by `exec:cat > FILE`, restored by a new QEMU from
-/// `exec:cat FILE`.
-fn qemu_side(qemu: &str, guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> SnapSide {
+/// A QEMU side: saved to a file the way `how` says, restored by a new
+/// QEMU from it.
+fn qemu_side(
+    qemu: &str,
+    how: QemuFile,
+    guest: &Guest,
+    cell: &Cell,
+    limit: Duration,
+    dir: &Path,
+) -> SnapSide {
     let mut side = SnapSide {
-        restore_mode: Some("eager".into()),
+        restore_mode: Some(match how {
+            QemuFile::Stream => "eager".into(),
+            QemuFile::MappedRam => "eager, mapped-ram".into(),
+        }),
         ..SnapSide::default()
     };
     // On the scratch disk, not the 9p share, as ferry's file is.
-    let file = guest.scratch.join("qemu.snap");
-    if let Err(e) = save_and_restore(qemu, guest, cell, limit, dir, &file, &mut side) {
+    let file = guest.scratch.join(format!("{}.snap", how.name()));
+    if let Err(e) = save_and_restore(qemu, how, guest, cell, limit, dir, &file, &mut side) {
         side.error = Some(e);
     }
     let _ = std::fs::remove_file(&file);
     side
 }
 
+#[allow(clippy::too_many_arguments)]
 fn save_and_restore(
     qemu: &str,
+    how: QemuFile,
     guest: &Guest,
     cell: &Cell,
     limit: Duration,
@@ -331,14 +416,19 @@ fn save_and_restore(
     side: &mut SnapSide,
 ) -> Result<(), String> {
     let _ = std::fs::remove_file(file);
-    let mut source = Qemu::start(qemu, guest, dir, "qemu-source", None)?;
+    let name = how.name();
+    let mut source = Qemu::start(qemu, guest, dir, &format!("{name}-source"), None)?;
     source
         .wait_console(guest.boot_limit, |t| checker_lines(t, 3))
         .map_err(|e| format!("the guest did not boot to its checker: {e}"))?;
     let mut qmp = Qmp::connect(&source.qmp, Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    let mut capabilities = vec![json!({ "capability": "auto-converge", "state": true })];
+    if how == QemuFile::MappedRam {
+        capabilities.push(mapped_ram());
+    }
     qmp.cmd(
         "migrate-set-capabilities",
-        json!({ "capabilities": [{ "capability": "auto-converge", "state": true }] }),
+        json!({ "capabilities": capabilities }),
     )
     .map_err(|e| e.to_string())?;
     // No cap, as ferry's snapshot has none (QEMU's default is 128 MiB/s).
@@ -347,7 +437,10 @@ fn save_and_restore(
         json!({ "max-bandwidth": 100u64 << 30, "downtime-limit": cell.downtime_ms }),
     )
     .map_err(|e| e.to_string())?;
-    let uri = format!("exec:cat > {}", file.display());
+    let uri = match how {
+        QemuFile::Stream => format!("exec:cat > {}", file.display()),
+        QemuFile::MappedRam => format!("file:{}", file.display()),
+    };
     qmp.cmd("migrate", json!({ "uri": uri }))
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
@@ -385,10 +478,24 @@ fn save_and_restore(
     let _ = source.child.wait();
 
     let t = Instant::now();
-    let uri = format!("exec:cat {}", file.display());
-    let mut dest = Qemu::start(qemu, guest, dir, "qemu-destination", Some(&uri))?;
+    let incoming = match how {
+        QemuFile::Stream => format!("exec:cat {}", file.display()),
+        QemuFile::MappedRam => "defer".into(),
+    };
+    let dest_name = format!("{name}-destination");
+    let mut dest = Qemu::start(qemu, guest, dir, &dest_name, Some(&incoming))?;
     let mut qmp = Qmp::connect(&dest.qmp, Duration::from_secs(60)).map_err(|e| e.to_string())?;
     let monitor = Instant::now();
+    if how == QemuFile::MappedRam {
+        qmp.cmd(
+            "migrate-set-capabilities",
+            json!({ "capabilities": [mapped_ram()] }),
+        )
+        .map_err(|e| e.to_string())?;
+        let uri = format!("file:{}", file.display());
+        qmp.cmd("migrate-incoming", json!({ "uri": uri }))
+            .map_err(|e| e.to_string())?;
+    }
     loop {
         let status = qmp
             .cmd("query-status", json!({}))
@@ -428,6 +535,15 @@ fn brief(s: &SnapSide) -> String {
     }
 }
 
+/// Each side a result has, named as the table names it.
+fn sides(r: &SnapResult) -> Vec<(&'static str, &SnapSide)> {
+    let mut all = vec![("ferry", &r.ferry), ("QEMU", &r.qemu)];
+    if let Some(s) = &r.qemu_mapped_ram {
+        all.push(("QEMU mapped-ram", s));
+    }
+    all
+}
+
 /// `qemu / ferry` where both have a value.
 fn ratio(ferry: Option<f64>, qemu: Option<f64>) -> String {
     match (ferry, qemu) {
@@ -459,9 +575,9 @@ fn write(results: &[SnapResult], out: &Path, json: bool) -> Result<(), String> {
         ],
     );
     for r in results {
-        for (name, s) in [("ferry", &r.ferry), ("QEMU", &r.qemu)] {
+        for (name, s) in sides(r) {
             let first = name == "ferry";
-            let both = r.ferry.ok() && r.qemu.ok();
+            let both = r.ferry.ok() && s.ok();
             t.row(vec![
                 if first { r.cell.clone() } else { String::new() },
                 if first {
@@ -480,11 +596,11 @@ fn write(results: &[SnapResult], out: &Path, json: bool) -> Result<(), String> {
                 s.checker_mismatches.map_or("-".into(), |m| m.to_string()),
                 s.console_lines_lost.map_or("-".into(), |m| m.to_string()),
                 match (first, both) {
-                    (false, true) => ratio(r.ferry.snapshot_ms, r.qemu.snapshot_ms),
+                    (false, true) => ratio(r.ferry.snapshot_ms, s.snapshot_ms),
                     _ => String::new(),
                 },
                 match (first, both) {
-                    (false, true) => ratio(r.ferry.restore_ms, r.qemu.restore_ms),
+                    (false, true) => ratio(r.ferry.restore_ms, s.restore_ms),
                     _ => String::new(),
                 },
             ]);
@@ -501,10 +617,13 @@ fn write(results: &[SnapResult], out: &Path, json: bool) -> Result<(), String> {
         ));
     }
     t.note("ferry: minivmm demo --guest linux --snapshot (the policy its VM declares best; restored lazily, working set first, in a new process). QEMU 7.2: auto-converge, migrate \"exec:cat > FILE\", then a new QEMU with -incoming \"exec:cat FILE\" (eager)");
+    if results.iter().any(|r| r.qemu_mapped_ram.is_some()) {
+        t.note("QEMU mapped-ram (--qemu-mapped-ram): auto-converge and mapped-ram, migrate \"file:FILE\", then a new QEMU with -incoming defer, mapped-ram, migrate-incoming \"file:FILE\" (eager)");
+    }
     t.note("of it, proof: ferry hashes the paused memory on its own and compares it with what the file holds before the pause ends (SnapshotOptions::verify); QEMU has no such check");
     t.note("to running: ferry, from the restore's call to the first guest instruction; QEMU, from its process's start to query-status running (restore_from_monitor_ms in the JSON leaves its process's start out). The pause the guest saw is not compared: ferry's restore sets the guest's clock to the host's time, QEMU's to the saved one");
     for r in results {
-        for (name, s) in [("ferry", &r.ferry), ("QEMU", &r.qemu)] {
+        for (name, s) in sides(r) {
             if let Some(e) = &s.error {
                 t.note(format!("{} run {}, {name}: {e}", r.cell, r.run));
             }
@@ -518,14 +637,28 @@ fn write(results: &[SnapResult], out: &Path, json: bool) -> Result<(), String> {
         (None, Some(v)) => Bar::Value(v),
         _ => Bar::NoValue("failed".into()),
     };
+    let mapped = results.iter().any(|r| r.qemu_mapped_ram.is_some());
+    let mut groups = vec!["ferry".to_string(), "QEMU".into()];
+    if mapped {
+        groups.push("QEMU mapped-ram".into());
+    }
     let chart = |title: &str, y: &str, f: fn(&SnapSide) -> Option<f64>| Bars {
         title: title.into(),
         y_label: y.into(),
         categories: categories.clone(),
-        groups: vec!["ferry".into(), "QEMU".into()],
+        groups: groups.clone(),
         values: results
             .iter()
-            .map(|r| vec![bar(&r.ferry, f(&r.ferry)), bar(&r.qemu, f(&r.qemu))])
+            .map(|r| {
+                let mut bars = vec![bar(&r.ferry, f(&r.ferry)), bar(&r.qemu, f(&r.qemu))];
+                if mapped {
+                    bars.push(match &r.qemu_mapped_ram {
+                        Some(s) => bar(s, f(s)),
+                        None => Bar::NotRun,
+                    });
+                }
+                bars
+            })
             .collect(),
         references: Vec::new(),
         reference_label: String::new(),
