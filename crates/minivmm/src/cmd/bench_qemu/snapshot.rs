@@ -607,13 +607,16 @@ fn write(results: &[SnapResult], out: &Path, json: bool) -> Result<(), String> {
         }
     }
     if let Some(r) = results.first() {
+        let writing = match results.iter().find(|r| r.writing) {
+            Some(w) => format!(
+                "; the writing cell's checker dirties {} MiB at {} MiB/s",
+                w.hot_mib, w.rate_mib_s
+            ),
+            None => String::new(),
+        };
         t.note(format!(
-            "{} MiB guest, {} vCPUs; downtime limit {} ms on both sides, no bandwidth cap; the writing cell's checker dirties {} MiB at {} MiB/s",
-            r.guest_mib,
-            r.vcpus,
-            r.downtime_limit_ms,
-            results.iter().find(|r| r.writing).map_or(0, |r| r.hot_mib),
-            results.iter().find(|r| r.writing).map_or(0, |r| r.rate_mib_s),
+            "{} MiB guest, {} vCPUs; downtime limit {} ms on every side, no bandwidth cap{writing}",
+            r.guest_mib, r.vcpus, r.downtime_limit_ms,
         ));
     }
     t.note("ferry: minivmm demo --guest linux --snapshot (the policy its VM declares best; restored lazily, working set first, in a new process). QEMU 7.2: auto-converge, migrate \"exec:cat > FILE\", then a new QEMU with -incoming \"exec:cat FILE\" (eager)");
