@@ -34,6 +34,11 @@ pub struct HarvestStats {
     pub clear_ns: u64,
 }
 
+/// Brings frame `gfn` into guest memory and returns once it is present,
+/// or says why it cannot: what a vCPU's fault exit and a device's
+/// userfaultfd ([`crate::uffd::DeviceFaults`]) both call.
+pub type FetchPage = Arc<dyn Fn(crate::Gfn) -> Result<(), FetchError> + Send + Sync>;
+
 /// What a vCPU needs to resolve its own memory faults (see
 /// [`MemoryFaults::set_fault_exits`]).
 #[derive(Clone)]
@@ -43,7 +48,7 @@ pub struct FaultExits {
     pub present: Arc<crate::PageBits>,
     /// Brings frame `gfn` in and returns once it is present, or says why
     /// it cannot (the migration failed: the vCPU then stops).
-    pub fetch: Arc<dyn Fn(crate::Gfn) -> Result<(), FetchError> + Send + Sync>,
+    pub fetch: FetchPage,
 }
 
 /// Why [`FaultExits::fetch`] could not bring a page in.

@@ -50,8 +50,8 @@ pub mod vm;
 pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use capability::{
     throttle_sleep, AccessLog, DirtyLog, DirtyLogMethod, DirtyMeter, FaultExits, FetchError,
-    HarvestStats, MemoryFaults, OutputGate, Quota, TimeThrottle, VcpuState, MAX_THROTTLE_PERCENT,
-    QUOTA_INTERVAL, QUOTA_INTERVALS, QUOTA_LONGEST_SLEEPS, THROTTLE_SLICE,
+    FetchPage, HarvestStats, MemoryFaults, OutputGate, Quota, TimeThrottle, VcpuState,
+    MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, QUOTA_LONGEST_SLEEPS, THROTTLE_SLICE,
 };
 pub use device_faults::{DeviceRegion, DeviceUserfaultfd};
 pub use dirty_source::{DirtySource, DirtySourceError};

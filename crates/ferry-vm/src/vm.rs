@@ -150,12 +150,13 @@ pub trait Vm: Send + std::any::Any {
     }
     /// On a postcopy destination or in a lazy restore from a snapshot,
     /// after the sections are restored and before the VM starts (its
-    /// memory is then still mostly missing): the userfaultfds of devices in other processes
-    /// that will touch guest memory (a vhost-user backend after
-    /// `VHOST_USER_POSTCOPY_ADVISE` and `_LISTEN`), each with where the
-    /// device maps guest memory. The engine serves their faults from the
-    /// pages it receives or reads, and wakes the device as each arrives;
-    /// [`Lifecycle::Completed`] says every page is in. None by default.
+    /// memory is then still mostly missing): the userfaultfds of devices
+    /// in other processes that will touch guest memory (a vhost-user
+    /// backend after `VHOST_USER_POSTCOPY_ADVISE` and `_LISTEN`), each with
+    /// where the device maps guest memory. The engine serves their faults
+    /// from the pages it receives or reads, and wakes the device as each
+    /// arrives; [`Lifecycle::Completed`] says every page is in. None by
+    /// default.
     fn device_userfaultfds(&mut self) -> Result<Vec<crate::DeviceUserfaultfd>, VmError> {
         Ok(Vec::new())
     }

@@ -38,10 +38,7 @@ const FAULT_POLL: Duration = Duration::from_millis(50);
 /// `prefetch` − 1 missing ones after it) itself, with no handler thread in
 /// between, and waits for the placement. Fails once postcopy has ended
 /// without the page (the migration failed: the vCPU stops).
-pub(crate) fn fetcher(
-    loaded: Arc<Loaded>,
-    prefetch: u32,
-) -> Arc<dyn Fn(Gfn) -> Result<(), ferry_vm::FetchError> + Send + Sync> {
+pub(crate) fn fetcher(loaded: Arc<Loaded>, prefetch: u32) -> ferry_vm::FetchPage {
     let prefetch = prefetch.clamp(1, crate::wire::messages::MAX_REQUEST_PAGES);
     Arc::new(move |gfn: Gfn| {
         loaded.requests.exits.fetch_add(1, Ordering::Relaxed);

@@ -249,9 +249,9 @@ impl LazyPages {
     /// Serves the faults of `devices`, which map guest memory in other
     /// processes (a vhost-user backend), as a postcopy destination does:
     /// each page is brought in as a vCPU's touch would bring it, and the
-    /// device is woken. They must have registered their userfaultfds
-    /// before memory was emptied ([`LazyPages::start`]): a touch before
-    /// that would have found a hole and filled it with zeros.
+    /// device is woken. Called before the guest starts, and so before the
+    /// devices touch guest memory (they start with it): a touch before
+    /// their registration would find a hole and fill it with zeros.
     pub fn serve_devices(&mut self, devices: Vec<ferry_vm::DeviceUserfaultfd>) {
         if !devices.is_empty() {
             self.devices = Some(DeviceFaults::start(devices, self.fault_exits().fetch));

@@ -12,7 +12,7 @@
 //! ```
 
 use super::{Fault, Placer};
-use crate::{DeviceUserfaultfd, FetchError, Gfn};
+use crate::{DeviceUserfaultfd, FetchPage};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -20,9 +20,6 @@ use std::time::Duration;
 
 /// How long a thread waits for faults before it looks at `stop`.
 const POLL: Duration = Duration::from_millis(50);
-
-/// Brings a page into guest memory, returning once it is there.
-pub type Fetch = Arc<dyn Fn(Gfn) -> Result<(), FetchError> + Send + Sync>;
 
 /// The threads serving every device's faults.
 pub struct DeviceFaults {
@@ -33,7 +30,7 @@ pub struct DeviceFaults {
 
 impl DeviceFaults {
     /// Serves `devices`' faults, each page brought in by `fetch`.
-    pub fn start(devices: Vec<DeviceUserfaultfd>, fetch: Fetch) -> Self {
+    pub fn start(devices: Vec<DeviceUserfaultfd>, fetch: FetchPage) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let served = Arc::new(AtomicU64::new(0));
         let threads = devices
@@ -46,7 +43,7 @@ impl DeviceFaults {
                 let (stop, served) = (Arc::clone(&stop), Arc::clone(&served));
                 std::thread::Builder::new()
                     .name("device-faults".into())
-                    .spawn(move || serve(&thread_name, &placer, &*fetch, &stop, &served))
+                    .spawn(move || serve(&thread_name, &placer, &fetch, &stop, &served))
                     .map_err(|e| tracing::warn!("{name}: no thread for its faults: {e}"))
                     .ok()
             })
@@ -79,13 +76,7 @@ impl Drop for DeviceFaults {
     }
 }
 
-fn serve(
-    name: &str,
-    placer: &Placer,
-    fetch: &(dyn Fn(Gfn) -> Result<(), FetchError> + Send + Sync),
-    stop: &AtomicBool,
-    served: &AtomicU64,
-) {
+fn serve(name: &str, placer: &Placer, fetch: &FetchPage, stop: &AtomicBool, served: &AtomicU64) {
     let mut faults = Vec::new();
     while !stop.load(Ordering::Acquire) {
         faults.clear();

@@ -56,7 +56,7 @@ use abi::*;
 use std::io;
 use std::os::fd::OwnedFd;
 
-pub use device_faults::{DeviceFaults, Fetch};
+pub use device_faults::DeviceFaults;
 pub use faults::{Fault, FaultMode};
 
 /// The ioctl requests this module makes, by name: what a seccomp filter
