@@ -179,6 +179,14 @@ impl QemuFile {
             QemuFile::MappedRam => "qemu-mapped-ram",
         }
     }
+
+    /// As the table names the side.
+    fn label(self) -> &'static str {
+        match self {
+            QemuFile::Stream => "QEMU",
+            QemuFile::MappedRam => "QEMU mapped-ram",
+        }
+    }
 }
 
 pub fn bench(a: SnapshotBenchArgs) -> Result<(), String> {
@@ -287,34 +295,28 @@ pub fn bench(a: SnapshotBenchArgs) -> Result<(), String> {
                 ..SnapSide::default()
             };
             let mapped_pending = a.qemu_mapped_ram.as_ref().map(|_| pending.clone());
-            results.push(result(
-                ferry.clone(),
-                pending.clone(),
-                mapped_pending.clone(),
-            ));
-            write(&results, &a.out, false)?;
-            results.pop();
-            fresh_disk(&guest.disk)?;
-            let qemu = qemu_side(&a.qemu, QemuFile::Stream, &guest, cell, limit, &dir);
-            eprintln!(
-                "minivmm bench qemu-snapshot: {} (run {run}): QEMU {}",
-                cell.name,
-                brief(&qemu)
-            );
+            // Each QEMU side runs with the sides before it on record.
+            let mut qemu_after = |so_far: SnapResult, binary: &str, how: QemuFile| {
+                results.push(so_far);
+                write(&results, &a.out, false)?;
+                results.pop();
+                fresh_disk(&guest.disk)?;
+                let side = qemu_side(binary, how, &guest, cell, limit, &dir);
+                eprintln!(
+                    "minivmm bench qemu-snapshot: {} (run {run}): {} {}",
+                    cell.name,
+                    how.label(),
+                    brief(&side)
+                );
+                Ok::<_, String>(side)
+            };
+            let so_far = result(ferry.clone(), pending, mapped_pending.clone());
+            let qemu = qemu_after(so_far, &a.qemu, QemuFile::Stream)?;
             let mapped = match &a.qemu_mapped_ram {
                 None => None,
                 Some(q) => {
-                    results.push(result(ferry.clone(), qemu.clone(), mapped_pending));
-                    write(&results, &a.out, false)?;
-                    results.pop();
-                    fresh_disk(&guest.disk)?;
-                    let side = qemu_side(q, QemuFile::MappedRam, &guest, cell, limit, &dir);
-                    eprintln!(
-                        "minivmm bench qemu-snapshot: {} (run {run}): QEMU mapped-ram {}",
-                        cell.name,
-                        brief(&side)
-                    );
-                    Some(side)
+                    let so_far = result(ferry.clone(), qemu.clone(), mapped_pending);
+                    Some(qemu_after(so_far, q, QemuFile::MappedRam)?)
                 }
             };
             results.push(result(ferry, qemu, mapped));
@@ -537,9 +539,9 @@ fn brief(s: &SnapSide) -> String {
 
 /// Each side a result has, named as the table names it.
 fn sides(r: &SnapResult) -> Vec<(&'static str, &SnapSide)> {
-    let mut all = vec![("ferry", &r.ferry), ("QEMU", &r.qemu)];
+    let mut all = vec![("ferry", &r.ferry), (QemuFile::Stream.label(), &r.qemu)];
     if let Some(s) = &r.qemu_mapped_ram {
-        all.push(("QEMU mapped-ram", s));
+        all.push((QemuFile::MappedRam.label(), s));
     }
     all
 }
