@@ -129,7 +129,8 @@ const THREADS_AND_MEMORY: &[Syscall] = &[
     sys!(
         SYS_openat,
         "/sys/devices/system/cpu/online: how many digest threads to run; \
-         /proc/TID/comm: the name of a thread that waited for pages in postcopy"
+         /proc/TID/comm: the name of a thread that waited for pages in postcopy; \
+         /proc/self/smaps: whether guest RAM may be on huge pages (placement auto)"
     ),
     sys!(SYS_read, "reading them"),
     sys!(SYS_write, "writing to sockets; log lines"),

@@ -18,6 +18,7 @@
 //! * [`capability`]: what a VM can do beyond that, a small trait each.
 //! * [`probe`]: a guest's own checks, which a VMM may hand the engine.
 //! * [`section`]: device state as named, versioned sections.
+//! * [`thp`]: whether guest RAM can be on transparent huge pages.
 //! * [`dirty_source`]: writers of guest memory that keep their own dirty log.
 //! * `synthetic` (feature `synthetic`): a device with large, changing state,
 //!   for tests and benchmarks.
@@ -43,6 +44,7 @@ pub mod section;
 pub mod skip;
 #[cfg(feature = "synthetic")]
 pub mod synthetic;
+pub mod thp;
 pub mod types;
 pub mod uffd;
 pub mod vm;
@@ -50,8 +52,9 @@ pub mod vm;
 pub use bitmap::{DirtyPages, PageBits, SharedDirtyBitmap};
 pub use capability::{
     throttle_sleep, AccessLog, DirtyLog, DirtyLogMethod, DirtyMeter, FaultExits, FetchError,
-    FetchPage, HarvestStats, MemoryFaults, OutputGate, Quota, TimeThrottle, VcpuState,
-    MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, QUOTA_LONGEST_SLEEPS, THROTTLE_SLICE,
+    FetchPage, GuestEntries, HarvestStats, MemoryFaults, OutputGate, Quota, TimeThrottle,
+    VcpuState, MAX_THROTTLE_PERCENT, QUOTA_INTERVAL, QUOTA_INTERVALS, QUOTA_LONGEST_SLEEPS,
+    THROTTLE_SLICE,
 };
 pub use device_faults::{DeviceRegion, DeviceUserfaultfd};
 pub use dirty_source::{DirtySource, DirtySourceError};

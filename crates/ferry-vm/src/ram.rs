@@ -450,6 +450,20 @@ impl GuestRam {
         holes
     }
 
+    /// Whether the kernel may back every slot with transparent huge pages
+    /// ([`crate::thp`]); false where it cannot say.
+    pub fn thp_eligible(&self) -> bool {
+        let ranges: Vec<_> = self
+            .slots
+            .iter()
+            .map(|s| {
+                let at = self.host_address(s) as usize;
+                at..at + s.size as usize
+            })
+            .collect();
+        crate::thp::eligible(&ranges).unwrap_or(false)
+    }
+
     /// Host virtual address of the first byte of `slot`, for registering it with
     /// a hypervisor. The pointer stays valid as long as `self` lives.
     pub fn host_address(&self, slot: &RamSlot) -> *mut u8 {

@@ -152,9 +152,12 @@ pub enum TrackingMode {
 #[derive(Args, Debug, Clone)]
 pub struct PagingArgs {
     /// How received pages land in untouched guest memory: uffd (UFFDIO_COPY,
-    /// no zeroing first; falls back to write where unavailable and on
-    /// hugetlb) or write (a plain copy, after the kernel zeroes the page).
-    #[arg(long, default_value = "uffd", value_parser = placement_parser())]
+    /// no zeroing first, but always 4 KiB pages; falls back to write where
+    /// unavailable and on hugetlb), write (a plain copy, after the kernel
+    /// zeroes the page; transparent huge pages stay huge), or auto (write
+    /// where the kernel may put guest RAM on transparent huge pages, else
+    /// uffd).
+    #[arg(long, default_value = "auto", value_parser = placement_parser())]
     pub placement: Placement,
     /// Postcopy: pages asked for per fault, the faulting page and the
     /// missing ones right after it (1 = no prefetch).

@@ -92,7 +92,11 @@ impl Loaded {
                     "postcopy needs userfaultfd on the destination: {e}"
                 ))
             })?),
-            Placement::Uffd => Placer::register(&ram)
+            Placement::Auto if ram.thp_eligible() => {
+                tracing::info!("pages are written, so that guest RAM stays on huge pages");
+                None
+            }
+            Placement::Auto | Placement::Uffd => Placer::register(&ram)
                 .map_err(|e| tracing::info!("pages are written, not placed by copy: {e}"))
                 .ok(),
             Placement::Write => None,

@@ -253,10 +253,16 @@ pub struct ReceiveOptions {
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Placement {
+    /// `Write` where the kernel may back guest RAM with transparent huge
+    /// pages ([`ferry_vm::thp`]), else `Uffd`: a page placed by copy is a
+    /// 4 KiB page, and RAM registered with userfaultfd is never collapsed
+    /// into huge pages, so the guest would run on 4 KiB pages (and 4 KiB
+    /// second-level mappings) after the move.
+    #[default]
+    Auto,
     /// `UFFDIO_COPY`: the kernel allocates the page already filled (no
     /// zeroing first); falls back to `Write` where userfaultfd is missing
     /// and on hugetlb backing.
-    #[default]
     Uffd,
     /// A plain copy into the mapping: the first touch faults and the kernel
     /// zeroes the page before the data overwrites it.
@@ -265,11 +271,13 @@ pub enum Placement {
 
 impl Placement {
     /// Every placement, for parsers and their help.
-    pub const ALL: [Placement; 2] = [Placement::Uffd, Placement::Write];
+    pub const ALL: [Placement; 3] = [Placement::Auto, Placement::Uffd, Placement::Write];
 
-    /// Its name on a command line (`uffd`, `write`), which `parse` takes.
+    /// Its name on a command line (`auto`, `uffd`, `write`), which `parse`
+    /// takes.
     pub fn name(self) -> &'static str {
         match self {
+            Placement::Auto => "auto",
             Placement::Uffd => "uffd",
             Placement::Write => "write",
         }
@@ -295,7 +303,7 @@ impl Default for ReceiveOptions {
             expect: None,
             verify_before_resume: false,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
-            placement: Placement::Uffd,
+            placement: Placement::Auto,
             prefetch: DEFAULT_PREFETCH,
             recover_timeout: DEFAULT_RECOVER_TIMEOUT,
             vcpu_fault_exits: true,
