@@ -32,7 +32,36 @@ pub struct Line {
     /// that stops the kvmclock for part of the pause hides that part from
     /// the gaps above).
     pub clock_ms: f64,
+    /// The longest gaps since the line before ([`NOTED_GAPS`] at most,
+    /// each at least [`NOTED_GAP_MS`]), in the order they ended: where a
+    /// host knows when it paused the guest, it picks out the gap that
+    /// spans its pause from those of a throttle just before it.
+    pub gaps: Vec<Gap>,
 }
+
+/// One gap between two readings of the clock, on the scale of
+/// [`Line::clock_ms`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Gap {
+    /// When the gap ended (the clock's reading after it), in ms since the
+    /// checker started.
+    pub end_ms: f64,
+    /// How long it was, in ms.
+    pub ms: f64,
+}
+
+impl Gap {
+    /// When it began.
+    pub fn start_ms(&self) -> f64 {
+        self.end_ms - self.ms
+    }
+}
+
+/// The most gaps a line lists.
+pub const NOTED_GAPS: usize = 16;
+/// The shortest gap a line lists, in ms: longer than a guest's scheduler
+/// tick, so that a worker merely sharing its CPU is not listed.
+pub const NOTED_GAP_MS: f64 = 20.0;
 
 /// FNV-1a, 64 bits: the line checksum.
 fn fnv(text: &str) -> u64 {
@@ -57,6 +86,17 @@ impl Line {
             self.warnings,
             self.clock_ms
         );
+        let body = match self.gaps.is_empty() {
+            true => body,
+            false => {
+                let gaps: Vec<String> = self
+                    .gaps
+                    .iter()
+                    .map(|g| format!("{:.1}:{:.1}", g.end_ms, g.ms))
+                    .collect();
+                format!("{body} gaps={}", gaps.join(","))
+            }
+        };
         format!("{body} sum={:016x}", fnv(&body))
     }
 
@@ -102,11 +142,25 @@ impl Line {
                 "disk_bad_reads" => line.disk_bad_reads = int(),
                 "warnings" => line.warnings = int(),
                 "clock_ms" => line.clock_ms = float(),
+                "gaps" => line.gaps = parse_gaps(v).ok_or_else(|| format!("bad gaps: {text:?}"))?,
                 _ => {}
             }
         }
         Ok(line)
     }
+}
+
+/// `END:MS,END:MS`.
+fn parse_gaps(v: &str) -> Option<Vec<Gap>> {
+    v.split(',')
+        .map(|g| {
+            let (end, ms) = g.split_once(':')?;
+            Some(Gap {
+                end_ms: end.parse().ok()?,
+                ms: ms.parse().ok()?,
+            })
+        })
+        .collect()
 }
 
 /// The prefix of a kernel warning the checker passes on to the console,
@@ -140,5 +194,33 @@ mod tests {
         assert!(matches!(Line::parse(&text[..text.len() - 3]), Some(Err(_))));
         assert_eq!(Line::parse("[    1.0] checker: nothing"), None);
         assert_eq!(Line::parse("checker start: 2 threads"), None);
+    }
+
+    #[test]
+    fn a_line_lists_its_gaps_and_a_line_without_them_still_reads() {
+        let gap = |end_ms, ms| Gap { end_ms, ms };
+        let l = Line {
+            seq: 41,
+            gap_ms: 325.0,
+            clock_ms: 51229.8,
+            gaps: vec![gap(50110.5, 325.0), gap(50400.0, 96.5)],
+            ..Line::default()
+        };
+        let text = l.format();
+        assert!(
+            text.contains(" gaps=50110.5:325.0,50400.0:96.5 sum="),
+            "{text}"
+        );
+        assert_eq!(Line::parse(&text), Some(Ok(l.clone())));
+        assert_eq!(l.gaps[0].start_ms(), 49785.5);
+        let none = Line {
+            gaps: Vec::new(),
+            ..l
+        };
+        assert!(!none.format().contains("gaps="));
+        assert_eq!(Line::parse(&none.format()), Some(Ok(none)));
+        let bad = "checker 1 gaps=12:x";
+        let bad = format!("{bad} sum={:016x}", fnv(bad));
+        assert!(matches!(Line::parse(&bad), Some(Err(_))));
     }
 }

@@ -13,6 +13,9 @@
 //!   it writes and while it waits on its rate, and keeps the largest gap
 //!   between two samples: the pause the guest itself saw (a thread that
 //!   is only slowed, by a dirty quota, say, shows as slow, not paused);
+//!   each line also lists the window's longest gaps with when each ended,
+//!   so that a host that knows when it paused the guest can tell the gap
+//!   of its pause from a throttle's just before;
 //! - appends numbered, checksummed records to the disk `checker.disk`
 //!   (default `/dev/vda`, where it exists), each read back;
 //! - reads the kernel log and passes on every warning: those logged while
@@ -45,7 +48,9 @@ mod pid1;
 mod sched;
 
 use console::say;
-use ferry_guest_checker::line::{Line, BOOT_WARNING_PREFIX, DONE_PREFIX, WARNING_PREFIX};
+use ferry_guest_checker::line::{
+    Gap, Line, BOOT_WARNING_PREFIX, DONE_PREFIX, NOTED_GAPS, WARNING_PREFIX,
+};
 use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -60,6 +65,9 @@ struct Counters {
     max_gap_ns: AtomicU64,
     /// The largest gap since the main loop last took it.
     window_gap_ns: AtomicU64,
+    /// The longest gaps since the main loop last took them: when each
+    /// ended, and its length in ns.
+    window_gaps: Mutex<Vec<(Instant, u64)>>,
     /// Set once the worker's region is in memory: its pattern starts.
     ready: AtomicBool,
     /// The worker thread's id, for `checker.sched`.
@@ -187,6 +195,7 @@ fn main() {
         }
         let mut line = summary(seq, &counters, &disk_counters, warned, true);
         line.clock_ms = start.elapsed().as_secs_f64() * 1e3;
+        line.gaps = window_gaps(&counters, start);
         say(&line.format());
         if sched_lines {
             let (now, steal, ipis) = (tasks(), sched::steal(), sched::ipis());
@@ -223,6 +232,24 @@ fn main() {
     if init {
         pid1::power_off();
     }
+}
+
+/// The longest gaps every worker noted since the last line (taken), on
+/// the scale of the line's clock (`start`), in the order they ended.
+fn window_gaps(counters: &[Counters], start: Instant) -> Vec<Gap> {
+    let mut all: Vec<(Instant, u64)> = counters
+        .iter()
+        .flat_map(|c| std::mem::take(&mut *c.window_gaps.lock().unwrap_or_else(|e| e.into_inner())))
+        .collect();
+    all.sort_by_key(|&(_, ns)| std::cmp::Reverse(ns));
+    all.truncate(NOTED_GAPS);
+    all.sort_by_key(|&(end, _)| end);
+    all.into_iter()
+        .map(|(end, ns)| Gap {
+            end_ms: end.saturating_duration_since(start).as_secs_f64() * 1e3,
+            ms: ns as f64 / 1e6,
+        })
+        .collect()
 }
 
 /// The line numbered `seq` from the counters; `take_window` resets the
@@ -264,5 +291,6 @@ fn summary(
             + disk.errors.load(Ordering::Relaxed),
         warnings,
         clock_ms: 0.0,
+        gaps: Vec::new(),
     }
 }

@@ -418,6 +418,31 @@ pub trait DirtyMeter {
     /// limit), with the feedback loop of
     /// [`crate::dirty_limit::DirtyLimiter`].
     fn set_dirty_limit(&mut self, bytes_per_sec: Option<u64>) -> Result<(), VmError>;
+    /// How often each vCPU has entered the guest so far, and whether it
+    /// is in it now (`None`, the default: the VM does not count). Before a
+    /// switchover the engine lifts the quota or limit that holds the guest
+    /// and waits until each vCPU it kept out has run again, so that the
+    /// guest does not see a throttle's sleep and the pause as one gap.
+    fn guest_entries(&self) -> Option<Vec<GuestEntries>> {
+        None
+    }
+}
+
+/// One vCPU's passes into the guest ([`DirtyMeter::guest_entries`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GuestEntries {
+    /// Entries so far (KVM_RUN calls, say).
+    pub entered: u64,
+    /// In the guest now.
+    pub inside: bool,
+}
+
+impl GuestEntries {
+    /// Whether the vCPU has run since `before` was read: it entered the
+    /// guest again, or is in it.
+    pub fn ran_since(&self, before: &GuestEntries) -> bool {
+        self.inside || self.entered > before.entered
+    }
 }
 
 /// The vCPUs' state as one blob, in the format the VM's `vmm_id` names. A

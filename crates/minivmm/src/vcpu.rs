@@ -19,14 +19,14 @@
 use crate::layout::{MMIO_BASE, MMIO_SIZE};
 use crate::linux::SLEEP_PORT;
 use crate::Devices;
-use ferry_engine::vmm::catch_panic;
+use ferry_engine::vmm::{catch_panic, GuestEntries};
 use ferry_kvm::dirty::ring::DirtyRing;
 use ferry_kvm::dirty::{RingFull, EXIT_DIRTY_RING_FULL};
 use ferry_kvm::stats::KvmStats;
 use ferry_kvm::throttle::{ThrottleSlot, Throttled};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -78,6 +78,10 @@ pub struct Shared {
     exits: RunExits,
     /// Nanoseconds spent inside KVM_RUN.
     in_run_ns: AtomicU64,
+    /// KVM_RUN calls while wanted running, counted as each begins.
+    entries: AtomicU64,
+    /// Inside KVM_RUN now (while wanted running).
+    in_guest: AtomicBool,
     /// What KVM counts for the vCPU (`None` on kernels before 5.14).
     kvm_stats: Option<KvmStats>,
 }
@@ -125,6 +129,11 @@ impl RunProbe {
     pub fn run_stats(&self) -> RunStats {
         self.0.run_stats()
     }
+
+    /// The vCPU thread's kernel id (0 until it has started).
+    pub fn thread_id(&self) -> u32 {
+        self.0.tid.load(Ordering::Acquire)
+    }
 }
 
 /// One vCPU and its thread.
@@ -165,6 +174,8 @@ impl Vcpu {
             longest_out_ns: AtomicU64::new(0),
             exits: RunExits::default(),
             in_run_ns: AtomicU64::new(0),
+            entries: AtomicU64::new(0),
+            in_guest: AtomicBool::new(false),
             kvm_stats,
             ring,
             devices,
@@ -248,6 +259,15 @@ impl Vcpu {
     /// What the throttle and KVM_RUN did to this vCPU so far.
     pub fn run_stats(&self) -> RunStats {
         self.shared.run_stats()
+    }
+
+    /// Its passes into the guest while wanted running: KVM_RUN calls so
+    /// far, and whether it is in one now.
+    pub fn guest_entries(&self) -> GuestEntries {
+        GuestEntries {
+            entered: self.shared.entries.load(Ordering::Acquire),
+            inside: self.shared.in_guest.load(Ordering::Acquire),
+        }
     }
 
     /// A handle that samples [`Vcpu::run_stats`] from another thread.
@@ -379,7 +399,10 @@ fn run_until_asked(s: &Shared) -> Result<Stop, String> {
             s.longest_out_ns
                 .fetch_max((entered - t).as_nanos() as u64, Ordering::Relaxed);
         }
+        s.entries.fetch_add(1, Ordering::Release);
+        s.in_guest.store(true, Ordering::Release);
         let ran = fd.run();
+        s.in_guest.store(false, Ordering::Release);
         let left = Instant::now();
         s.in_run_ns
             .fetch_add((left - entered).as_nanos() as u64, Ordering::Relaxed);

@@ -10,8 +10,8 @@ use crate::serial::{self, Console, ConsoleOut};
 use crate::vcpu::Vcpu;
 use crate::{boot, layout, memory, Devices};
 use ferry_engine::vmm::{
-    Backing, DeviceUserfaultfd, DirtyMeter, DirtySource, GuestRam, Lifecycle, OutputGate, Quota,
-    Section, SectionSpec, TimeThrottle, VcpuState, Vm, VmError, PAGE_SIZE,
+    Backing, DeviceUserfaultfd, DirtyMeter, DirtySource, GuestEntries, GuestRam, Lifecycle,
+    OutputGate, Quota, Section, SectionSpec, TimeThrottle, VcpuState, Vm, VmError, PAGE_SIZE,
 };
 use ferry_kvm::cpu_check::{CpuCheckError, CpuProfile, HostCpu};
 use ferry_kvm::cpu_state::{self, Snapshot, VcpuContext, VmDevices, XsaveKind};
@@ -222,6 +222,9 @@ pub struct MiniVm {
     running: bool,
     /// Requests made available and not completed as the last pause began.
     in_flight_at_pause: u64,
+    /// When the last pause of a running guest began (the host's
+    /// CLOCK_REALTIME, ms since the epoch).
+    paused_unix_ms: Option<f64>,
     /// Exit the process when vCPU state arrives (tests: a destination that
     /// dies before it resumes).
     pub crash_on_restore: bool,
@@ -582,6 +585,7 @@ impl MiniVm {
             },
             running: false,
             in_flight_at_pause: 0,
+            paused_unix_ms: None,
             crash_on_restore: false,
             held: false,
             no_output_gate: false,
@@ -662,6 +666,14 @@ impl MiniVm {
     /// was quiesced).
     pub fn requests_in_flight_at_pause(&self) -> u64 {
         self.in_flight_at_pause
+    }
+
+    /// When the last pause of the running guest began, in ms since the
+    /// epoch (CLOCK_REALTIME, the clock QEMU stamps its events with): a
+    /// migration's switchover, against which the guest's own clock gaps
+    /// can be placed.
+    pub fn paused_unix_ms(&self) -> Option<f64> {
+        self.paused_unix_ms
     }
 
     /// Disk notifications that exited to a vCPU thread.
@@ -786,6 +798,9 @@ impl Vm for MiniVm {
         Ok(())
     }
     fn pause(&mut self) -> Result<(), VmError> {
+        if self.running {
+            self.paused_unix_ms = Some(unix_ms());
+        }
         self.in_flight_at_pause = self
             .devices
             .rings
@@ -1077,6 +1092,10 @@ impl DirtyMeter for MiniVm {
         self.throttler()?.set_limit(bytes_per_sec);
         Ok(())
     }
+
+    fn guest_entries(&self) -> Option<Vec<GuestEntries>> {
+        Some(self.vcpus.iter().map(Vcpu::guest_entries).collect())
+    }
 }
 
 /// The disks' requests wait in their queues (each I/O thread stays
@@ -1106,4 +1125,11 @@ impl OutputGate for MiniVm {
         }
         Ok(())
     }
+}
+
+/// The host's CLOCK_REALTIME, in ms since the epoch.
+fn unix_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }

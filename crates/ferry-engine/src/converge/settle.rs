@@ -12,19 +12,35 @@
 //! guest wakes every sleeping vCPU at once; a few milliseconds later each
 //! has run, and the pause that follows is the only gap the guest sees.
 //!
+//! **Until each vCPU has run.** A woken vCPU still waits for a host CPU.
+//! Inside the SVM host, where the guest's two vCPUs, both VMMs and the
+//! link share one CPU, a fixed 30 ms was not always enough: the checker
+//! listed its gaps, and one vCPU's 554 ms gap spanned the pause (it began
+//! in a quota sleep 440 ms earlier) where the other vCPU's was 140 ms. So
+//! where the VM counts its vCPUs' entries into the guest
+//! ([`DirtyMeter::guest_entries`]), the settle lasts until each vCPU has
+//! entered the guest since the lift (or is in it), up to
+//! [`SETTLE_WAIT_MAX`]; elsewhere it lasts [`SETTLE_MAX`].
+//!
 //! **What it costs.** What the guest dirties while it runs free joins the
-//! final round. So the settle ends at the first of: [`SETTLE_MAX`], or the
-//! guest having dirtied the bytes the downtime target's slack can send (the
-//! target less the predicted downtime, at the link's rate). A VM without a
-//! per-vCPU dirty meter cannot count that, and is paused as before.
+//! final round. So the settle ends early, too, once the guest has dirtied
+//! the bytes the downtime target's slack can send (the target less the
+//! predicted downtime, at the link's rate). A VM without a per-vCPU dirty
+//! meter cannot count that, and is paused as before.
 
 use super::{dirtied, Converger};
-use ferry_vm::{Vm, PAGE_SIZE};
+use ferry_vm::{DirtyMeter, GuestEntries, Vm, PAGE_SIZE};
 use std::time::{Duration, Instant};
 
 /// The longest a held guest runs free before the pause: several of its
 /// scheduler's ticks, and a tenth of QEMU's default downtime limit.
 pub const SETTLE_MAX: Duration = Duration::from_millis(30);
+
+/// The longest a held guest runs free where the VM tells when each vCPU
+/// has run again: a third of QEMU's default downtime limit, spent only by
+/// a host too busy to run a woken vCPU sooner (or a vCPU that stays out
+/// of the guest, serving an exit).
+pub const SETTLE_WAIT_MAX: Duration = Duration::from_millis(100);
 
 /// How often the settle reads the dirty meter.
 const POLL: Duration = Duration::from_millis(1);
@@ -36,6 +52,9 @@ pub struct Settled {
     pub ms: f64,
     /// Pages it dirtied meanwhile (they join the final round).
     pub pages: u64,
+    /// Every vCPU had entered the guest since the lift (false where the
+    /// VM does not count entries).
+    pub all_ran: bool,
 }
 
 impl Converger {
@@ -54,24 +73,46 @@ impl Converger {
             return None;
         }
         let base: u64 = dirtied(vm).iter().sum();
+        let lifted = entries(vm);
+        let longest = match lifted {
+            Some(_) => SETTLE_WAIT_MAX,
+            None => SETTLE_MAX,
+        };
         let start = Instant::now();
         // As a failed migration's release does: the timeline keeps the
         // rounds' steps, and the summary this settle.
         self.release(vm);
         let pages_allowed = allowance / PAGE_SIZE as u64;
         let mut pages = 0;
-        while start.elapsed() < SETTLE_MAX {
-            std::thread::sleep(POLL.min(SETTLE_MAX.saturating_sub(start.elapsed())));
+        let mut all_ran = false;
+        while start.elapsed() < longest {
+            std::thread::sleep(POLL.min(longest.saturating_sub(start.elapsed())));
             pages = dirtied(vm).iter().sum::<u64>().saturating_sub(base);
-            if pages >= pages_allowed {
+            all_ran = lifted
+                .as_ref()
+                .zip(entries(vm))
+                .is_some_and(|(before, now)| all_ran_since(before, &now));
+            if pages >= pages_allowed || all_ran {
                 break;
             }
         }
         Some(Settled {
             ms: start.elapsed().as_secs_f64() * 1e3,
             pages,
+            all_ran,
         })
     }
+}
+
+/// Each vCPU's entries into the guest, where `vm` counts them.
+fn entries(vm: &mut dyn Vm) -> Option<Vec<GuestEntries>> {
+    vm.dirty_meter().and_then(|m| DirtyMeter::guest_entries(m))
+}
+
+/// Whether every vCPU has run since `before` (a VM whose vCPUs changed
+/// in number has not said).
+fn all_ran_since(before: &[GuestEntries], now: &[GuestEntries]) -> bool {
+    before.len() == now.len() && now.iter().zip(before).all(|(n, b)| n.ran_since(b))
 }
 
 /// The bytes the guest may dirty in a settle: what the link sends, at
@@ -84,6 +125,18 @@ pub fn allowance(predicted: Duration, target: Duration, link_bytes_per_sec: f64)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_vcpu_has_run_once_it_entered_the_guest_again_or_is_in_it() {
+        let e = |entered, inside| GuestEntries { entered, inside };
+        // vCPU 0 was in the guest; vCPU 1 asleep on its quota.
+        let before = [e(10, true), e(7, false)];
+        assert!(!all_ran_since(&before, &[e(10, false), e(7, false)]));
+        assert!(all_ran_since(&before, &[e(11, true), e(8, true)]));
+        // In and out again between two looks.
+        assert!(all_ran_since(&before, &[e(12, false), e(8, false)]));
+        assert!(!all_ran_since(&before, &[e(12, false)]));
+    }
 
     #[test]
     fn the_allowance_is_what_the_link_sends_in_the_slack() {

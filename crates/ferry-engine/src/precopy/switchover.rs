@@ -26,6 +26,7 @@ impl Source<'_> {
         if let Some(s) = self.convergence.converger.settle(&mut *self.vm, settle) {
             self.summary.switchover.settle_ms = s.ms;
             self.summary.switchover.settle_pages = s.pages;
+            self.summary.switchover.settle_all_ran = s.all_ran;
         }
         let paused_at = self.pause_for_switchover()?;
         let mut last = Instant::now();

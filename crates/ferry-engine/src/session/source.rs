@@ -93,6 +93,7 @@ pub(crate) fn fresh_summary(
             verify_before_resume: opts.verify_before_resume,
             settle_ms: 0.0,
             settle_pages: 0,
+            settle_all_ran: false,
         },
         devices: DeviceReport {
             device_state_bytes_per_sec: super::device_cost::rate(vm.vmm_id()),

@@ -113,6 +113,9 @@ pub struct SwitchoverReport {
     pub settle_ms: f64,
     /// Pages the guest dirtied while it settled (sent in the final round).
     pub settle_pages: u64,
+    /// Every vCPU had entered the guest again before the pause (where the
+    /// VM counts entries; `converge::settle`).
+    pub settle_all_ran: bool,
 }
 
 /// The VMM's device state: how much, and at what cost it was predicted.

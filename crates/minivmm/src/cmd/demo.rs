@@ -84,10 +84,15 @@ pub struct DemoArgs {
     /// paused until the digest's verdict (see `minivmm receive`).
     #[arg(long, hide = true)]
     no_output_gate: bool,
+    /// Measuring: the destination's page placement (auto, uffd, write).
+    #[arg(long, hide = true, default_value = "auto")]
+    placement: String,
     /// Keep the demo's files (disk, consoles, and each end's whole summary
     /// as source.json and destination.json: rounds, throttle, vCPU shares;
-    /// and the source's vCPU trace, source-vcpus.jsonl, as `minivmm
-    /// migrate --vcpu-trace` writes it)
+    /// and the vCPU traces, source-vcpus.jsonl and, over the network,
+    /// destination-vcpus.jsonl, as `--vcpu-trace` writes them; for a Linux
+    /// guest, the host's time of each checker line and of the pause,
+    /// console-stamps.jsonl)
     /// here instead of a fresh temporary directory that is removed
     /// afterwards.
     #[arg(long)]
@@ -140,17 +145,23 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
         tls = vec!["--tls".into(), certs.display().to_string()];
     }
 
-    let (src_json, dest_json, dest_ok) = match a.snapshot {
-        true => snapshot_ends(a, dir, &exe, (&src_console, &dst_console), &disk)?,
-        false => migration_ends(a, dir, &exe, (&src_console, &dst_console), &disk, tls)?,
+    // The host's time of each checker line, to place the guest's pause.
+    let stamper = a
+        .guest
+        .is_linux()
+        .then(|| super::stamps::Stamper::follow(dir, "source.console", "destination.console"));
+    let ends = match a.snapshot {
+        true => snapshot_ends(a, dir, &exe, (&src_console, &dst_console), &disk),
+        false => migration_ends(a, dir, &exe, (&src_console, &dst_console), &disk, tls),
     };
+    let stamps = stamper.map(|s| s.finish()).unwrap_or_default();
+    let (src_json, dest_json, dest_ok) = ends?;
     if a.guest.is_linux() {
         return linux_summary(
             a,
-            &src_json,
-            &dest_json,
-            dest_ok,
+            (&src_json, &dest_json, dest_ok),
             (&src_console, &dst_console),
+            stamps,
         );
     }
 
@@ -270,13 +281,14 @@ fn run_demo(a: &DemoArgs, dir: &Path) -> Result<(), String> {
 /// The summary of a Linux guest's move ([`super::demo_linux`]).
 fn linux_summary(
     a: &DemoArgs,
-    src_json: &serde_json::Value,
-    dest_json: &serde_json::Value,
-    dest_ok: bool,
+    (src_json, dest_json, dest_ok): (&serde_json::Value, &serde_json::Value, bool),
     (src_console, dst_console): (&Path, &Path),
+    stamps: Vec<super::stamps::Stamp>,
 ) -> Result<(), String> {
     let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
     if let Some(dir) = &a.dir {
+        let paused = src_json["paused_unix_ms"].as_f64();
+        super::stamps::keep(&dir.join("console-stamps.jsonl"), &stamps, paused);
         for (name, j) in [("source.json", src_json), ("destination.json", dest_json)] {
             let path = dir.join(name);
             if let Err(e) = std::fs::write(&path, format!("{j:#}\n")) {
@@ -290,6 +302,7 @@ fn linux_summary(
         destination_ok: dest_ok,
         source_console: read(src_console),
         destination_console: read(dst_console),
+        stamps,
     };
     let mode = a.mode_name();
     let (summary, clean) = super::demo_linux::summarize(mode, a.vcpus, &ends);
@@ -419,6 +432,8 @@ fn migration_ends(
             .args(&at)
             .args(&tls)
             .args(a.no_output_gate.then_some("--no-output-gate"))
+            .args(dest_trace(a))
+            .args(["--placement", &a.placement])
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start the destination: {e}"))?,
@@ -580,4 +595,16 @@ fn source_args(a: &DemoArgs, disk: &Path, src_console: &Path) -> Vec<String> {
     }
     src_args.extend(a.guest.to_args());
     src_args
+}
+
+/// A kept run keeps the destination's vCPU trace too, for the pause its
+/// guest sees after the move (destination-vcpus.jsonl).
+fn dest_trace(a: &DemoArgs) -> Vec<String> {
+    match (&a.dir, a.local) {
+        (Some(kept), false) => {
+            let trace = kept.join("destination-vcpus.jsonl");
+            vec!["--vcpu-trace".into(), trace.display().to_string()]
+        }
+        _ => Vec::new(),
+    }
 }

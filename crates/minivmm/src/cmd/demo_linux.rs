@@ -11,15 +11,21 @@ pub struct Ends<'a> {
     pub destination_ok: bool,
     pub source_console: String,
     pub destination_console: String,
+    /// The host's time of each checker line, as the consoles grew.
+    pub stamps: Vec<super::stamps::Stamp>,
 }
 
 /// The summary, and whether every check passed.
 pub fn summarize(mode: &str, vcpus: u32, e: &Ends) -> (Value, bool) {
     let console = checks::linux_console(&(e.source_console.clone() + &e.destination_console));
     let dest_lines = checks::linux_console(&e.destination_console);
-    // The pause the guest saw: the largest gap between its clock readings
-    // in the destination's first lines, which span the switchover.
-    let guest_pause_ms = first_gaps(&e.destination_console, 3);
+    // The pause the guest saw: the gap between its clock readings that
+    // spans the source's pause for the switchover. The destination's first
+    // lines span it too, with a throttle's stalls before it.
+    let guest_pause_ms = e.source["paused_unix_ms"]
+        .as_f64()
+        .and_then(|at| super::stamps::switchover_gap_ms(&e.stamps, at));
+    let gap_near_move_ms = first_gaps(&e.destination_console, 3);
     let journal: Vec<u64> = [e.source, e.destination]
         .iter()
         .flat_map(|j| {
@@ -47,6 +53,8 @@ pub fn summarize(mode: &str, vcpus: u32, e: &Ends) -> (Value, bool) {
         "converge": e.source["summary"]["converge"],
         "rounds": e.source["summary"]["rounds"].as_array().map(Vec::len),
         "guest_pause_ms": guest_pause_ms,
+        "gap_near_move_ms": gap_near_move_ms,
+        "guest_clock_lost_ms": super::stamps::clock_lost_ms(&e.stamps),
         "checker_lines_after_move": dest_lines.lines.lines,
         "checker_mismatches": last.mismatches,
         "checker_done": console.done,
@@ -169,6 +177,7 @@ mod tests {
             destination_console: "[   41.2] sysrq: Trigger a crash\n\
                 [   41.2] Kernel panic - not syncing: sysrq triggered crash\n"
                 .into(),
+            stamps: Vec::new(),
         };
         let (summary, clean) = summarize("precopy", 2, &ends);
         assert!(!clean, "{summary}");
@@ -196,6 +205,7 @@ mod tests {
             destination_ok: true,
             source_console: String::new(),
             destination_console: String::new(),
+            stamps: Vec::new(),
         };
         let (summary, _) = summarize("snapshot", 2, &ends);
         assert_eq!(summary["snapshot"]["pause_ms"], 1087.9);

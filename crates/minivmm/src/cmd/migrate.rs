@@ -204,6 +204,7 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
     }
     // The in-flight count of the migration's own pause, before this one.
     let in_flight = vm.requests_in_flight_at_pause();
+    let paused_unix_ms = vm.paused_unix_ms();
     vm.pause().map_err(|e| e.to_string())?;
     flush(&outs);
     let report = vm_report(&vm)?;
@@ -244,6 +245,8 @@ pub fn migrate(a: MigrateArgs) -> Result<(), String> {
         });
         let mut j = merge(j, report);
         j["requests_in_flight_at_pause"] = in_flight.into();
+        // The migration's pause (its switchover), not the one above.
+        j["paused_unix_ms"] = paused_unix_ms.into();
         println!("{j}");
     }
     if moved {

@@ -9,6 +9,7 @@ mod migrate;
 mod probe;
 mod receive;
 mod run;
+mod stamps;
 mod vcpu_trace;
 
 use clap::{Args, Parser, Subcommand};

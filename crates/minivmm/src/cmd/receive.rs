@@ -1,7 +1,9 @@
 //! `minivmm receive`: wait for a migrated VM, run it on, report.
 
+use super::vcpu_trace::VcpuTrace;
 use super::{consoles, flush, merge, parse_backing, status_name, vm_report};
 use ferry_engine::local::{await_local, listen_local, receive_local_as, LocalOptions};
+use ferry_engine::precopy::Placement;
 use ferry_engine::snapshot::{self, RestoreMode, RestoreOptions};
 use ferry_engine::transport::{Listen, TlsConfig};
 use ferry_engine::vmm::{receive_as, Backing, GuestRam, StreamHeader, Vm, VmError};
@@ -51,6 +53,12 @@ pub struct ReceiveArgs {
     /// appended) instead of stdout.
     #[arg(long)]
     console: Option<PathBuf>,
+    /// Sample each vCPU's run statistics (time in KVM_RUN and on a CPU,
+    /// waits for one, KVM's own counters) every 100 ms from the VM's
+    /// arrival to the end, as JSON lines in this file (as `minivmm
+    /// migrate --vcpu-trace` writes them).
+    #[arg(long)]
+    vcpu_trace: Option<PathBuf>,
     /// End with the summary as one JSON line on stdout.
     #[arg(long)]
     json: bool,
@@ -63,6 +71,10 @@ pub struct ReceiveArgs {
     /// held-outputs capability).
     #[arg(long, hide = true)]
     no_output_gate: bool,
+    /// Measuring: how received pages land in guest memory (auto, uffd,
+    /// write; `ferry receive --placement` says what each does).
+    #[arg(long, hide = true, default_value = "auto")]
+    placement: Placement,
     /// Offer a migrating guest a CPU without these features (comma
     /// separated, as /proc/cpuinfo names them: `avx2,avx512f`), as a fleet's
     /// baseline CPU model does: a guest that was given one of them is
@@ -94,6 +106,7 @@ pub fn receive(a: ReceiveArgs) -> Result<(), String> {
         status,
         digest_match,
         summary,
+        trace: _trace,
     } = arrived;
     let linux = vm.config().linux.is_some();
     let (mut guest_exit, mut failed) = (None, None);
@@ -160,6 +173,8 @@ struct Arrived {
     status: String,
     digest_match: bool,
     summary: serde_json::Value,
+    /// `--vcpu-trace`'s sampler, from the VM's arrival to the end.
+    trace: Option<VcpuTrace>,
 }
 
 /// The VM's configuration from the header, if it is a minivmm VM.
@@ -215,10 +230,18 @@ fn over_the_network(a: &ReceiveArgs, make_consoles: &MakeConsoles) -> Result<Arr
     };
     announce(&addr.to_string());
     let incoming = await_migration(&*listener, None).map_err(|e| e.to_string())?;
-    let mut factory = |h: &StreamHeader| incoming_vm(a, h, make_consoles);
+    let mut trace = None;
+    let mut factory = |h: &StreamHeader| {
+        let vm = incoming_vm(a, h, make_consoles)?;
+        if let Some(path) = &a.vcpu_trace {
+            trace = Some(VcpuTrace::start(path, vm.run_probes()).map_err(VmError::Guest)?);
+        }
+        Ok(vm)
+    };
     let opts = {
         let mut o = ReceiveOptions::default();
         o.probe = Some(Arc::new(MiniProbe));
+        o.placement = a.placement;
         o
     };
     let (vm, summary) = receive_as(incoming, &*listener, &mut factory, &opts)
@@ -228,6 +251,7 @@ fn over_the_network(a: &ReceiveArgs, make_consoles: &MakeConsoles) -> Result<Arr
         status: status_name(summary.status),
         digest_match: summary.digest_match,
         summary: serde_json::to_value(&summary).unwrap_or_default(),
+        trace,
     })
 }
 
@@ -271,6 +295,7 @@ fn from_snapshot(
         status: "completed".into(),
         digest_match: summary.digest_match,
         summary: serde_json::to_value(&summary).unwrap_or_default(),
+        trace: None,
     })
 }
 
@@ -317,5 +342,6 @@ fn local(
         status: status_name(summary.status),
         digest_match: summary.digest_match,
         summary: serde_json::to_value(&summary).unwrap_or_default(),
+        trace: None,
     })
 }

@@ -3,12 +3,19 @@
 //! sample, cumulative (a reader takes differences):
 //!
 //! ```text
-//! {"t_ms":1200.4,"vcpu":0,"in_run_ms":..,"slept_ms":..,"sleeps":..,
-//!  "kvm_run_returns":..,"interrupted":..,"kvm":{"exits":..,"pf_fixed":..}}
+//! {"t_ms":1200.4,"mono_ms":..,"process_cpu_ms":..,"vcpu":0,
+//!  "thread_cpu_ms":..,"runq_wait_ms":..,"in_run_ms":..,"slept_ms":..,
+//!  "sleeps":..,"kvm_run_returns":..,"interrupted":..,
+//!  "kvm":{"exits":..,"pf_fixed":..}}
 //! ```
 //!
 //! (the fields of the summary's `throttle_per_vcpu`; a KVM counter still
-//! at 0 is left out).
+//! at 0 is left out). `mono_ms` is the host's CLOCK_MONOTONIC, so that a
+//! source's and a destination's traces on one host line up;
+//! `process_cpu_ms` is the whole process's CPU time (a source's digest
+//! shows there); `thread_cpu_ms` and `runq_wait_ms` are the vCPU thread's
+//! time on a CPU and runnable but waiting for one (its schedstat), which
+//! tell a vCPU the host did not schedule from one KVM kept busy.
 //!
 //! What it is for: telling where a guest's time went when the guest's own
 //! clock readings stop (docs/svm-host.md), between the host's throttle
@@ -46,9 +53,14 @@ impl VcpuTrace {
                 let start = Instant::now();
                 while !stopping.load(Ordering::Acquire) {
                     let t_ms = start.elapsed().as_secs_f64() * 1e3;
+                    let (mono_ms, process_cpu_ms) = (monotonic_ms(), process_cpu_ms());
                     for (i, p) in probes.iter().enumerate() {
                         let stats = super::run_stats_json(&p.run_stats());
-                        let at = serde_json::json!({"t_ms": t_ms, "vcpu": i});
+                        let (thread_cpu_ms, runq_wait_ms) = schedstat_ms(p.thread_id());
+                        let at = serde_json::json!({
+                            "t_ms": t_ms, "mono_ms": mono_ms, "process_cpu_ms": process_cpu_ms,
+                            "vcpu": i, "thread_cpu_ms": thread_cpu_ms, "runq_wait_ms": runq_wait_ms,
+                        });
                         let line = super::merge(at, stats);
                         // A full disk ends the trace, not the migration.
                         if writeln!(out, "{line}").is_err() {
@@ -67,6 +79,44 @@ impl VcpuTrace {
             thread: Some(thread),
         })
     }
+}
+
+/// CLOCK_MONOTONIC, in ms.
+fn monotonic_ms() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec the call writes.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
+}
+
+/// This process's CPU time (user and system), in ms.
+fn process_cpu_ms() -> f64 {
+    // SAFETY: a zeroed rusage is valid, and the call writes at most it.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+    ms(ru.ru_utime) + ms(ru.ru_stime)
+}
+
+/// A thread's time on a CPU and runnable but waiting for one, in ms, from
+/// `/proc/self/task/TID/schedstat` (nulls where the kernel has none or
+/// the thread has not started).
+fn schedstat_ms(tid: u32) -> (Option<f64>, Option<f64>) {
+    if tid == 0 {
+        return (None, None);
+    }
+    let Ok(text) = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")) else {
+        return (None, None);
+    };
+    let mut ns = text.split_whitespace().map(|w| w.parse::<f64>().ok());
+    let mut next = || ns.next().flatten().map(|v| v / 1e6);
+    (next(), next())
 }
 
 impl Drop for VcpuTrace {

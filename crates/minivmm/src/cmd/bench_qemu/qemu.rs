@@ -201,10 +201,21 @@ pub fn run(qemu: &str, guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) 
     };
     let stamper =
         super::stamps::Stamper::follow(dir, "qemu-source.console", "qemu-destination.console");
-    if let Err(e) = migrate(qemu, guest, cell, limit, dir, &mut side) {
+    let mut paused_unix_ms = None;
+    if let Err(e) = migrate(
+        qemu,
+        guest,
+        cell,
+        limit,
+        dir,
+        &mut side,
+        &mut paused_unix_ms,
+    ) {
         side.error = Some(e);
     }
-    side.clock_lost(&stamper.finish());
+    let stamps = stamper.finish();
+    super::stamps::keep(&dir.join("qemu-console-stamps.jsonl"), &stamps, paused_unix_ms);
+    side.place_pause(&stamps, paused_unix_ms);
     side
 }
 
@@ -215,6 +226,7 @@ fn migrate(
     limit: Duration,
     dir: &Path,
     side: &mut Side,
+    paused_unix_ms: &mut Option<f64>,
 ) -> Result<(), String> {
     let mut source = Qemu::start(qemu, guest, dir, "qemu-source", None)?;
     source
@@ -274,6 +286,8 @@ fn migrate(
         std::thread::sleep(POLL);
     };
     side.read_source(&source.console());
+    // The source stopped the VM for the switchover (and never since).
+    *paused_unix_ms = qmp.last_event_unix_ms("STOP");
     side.converged = true;
     side.total_ms = info["total-time"].as_f64();
     side.downtime_ms = info["downtime"].as_f64();

@@ -1,5 +1,6 @@
 //! A QMP client: QEMU's monitor protocol over a UNIX socket, one command
-//! at a time (asynchronous events in between are skipped).
+//! at a time (asynchronous events that come in between are kept, for
+//! [`Qmp::last_event_unix_ms`]).
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
@@ -36,6 +37,8 @@ pub struct Qmp {
     path: String,
     reader: BufReader<UnixStream>,
     writer: UnixStream,
+    /// The events read so far.
+    events: Vec<Value>,
 }
 
 impl Qmp {
@@ -62,6 +65,7 @@ impl Qmp {
             path: name.clone(),
             reader: BufReader::new(stream),
             writer,
+            events: Vec::new(),
         };
         qmp.read()?; // the greeting
         qmp.cmd("qmp_capabilities", json!({}))?;
@@ -105,6 +109,18 @@ impl Qmp {
                 });
             }
             // An event: not the answer.
+            if reply.get("event").is_some() {
+                self.events.push(reply);
+            }
         }
+    }
+
+    /// When QEMU last sent `event` (`STOP`: the VM paused), by its own
+    /// stamp: the host's CLOCK_REALTIME, in ms since the epoch. Only
+    /// events read while waiting for answers count.
+    pub fn last_event_unix_ms(&self, event: &str) -> Option<f64> {
+        let e = self.events.iter().rev().find(|e| e["event"] == event)?;
+        let t = &e["timestamp"];
+        Some(t["seconds"].as_f64()? * 1e3 + t["microseconds"].as_f64()? / 1e3)
     }
 }

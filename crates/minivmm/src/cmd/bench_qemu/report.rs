@@ -55,6 +55,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
             "total (ms)",
             "downtime (ms)",
             "guest pause (ms)",
+            "gap near the move (ms)",
             "clock lost (ms)",
             "pause, host time (ms)",
             "longest stall while moving (ms)",
@@ -79,6 +80,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
                 ms(s.total()),
                 ms(s.downtime_ms.filter(|_| s.converged)),
                 ms(s.guest_pause_ms),
+                ms(s.gap_near_move_ms),
                 s.guest_clock_lost_ms
                     .map_or("-".into(), |v| format!("{v:.0}")),
                 ms(s.guest_pause_host_ms),
@@ -113,7 +115,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
         ));
     }
     t.note("QEMU: -accel kvm, microvm with ACPI, auto-converge, migrate tcp: over loopback; its limit is max(5x ferry's total, 300 s)");
-    t.note("guest pause: the largest gap in the guest's clock over the destination's first 3 lines; clock lost: how far the guest's clock fell behind the host's across the move (QEMU's kvmclock does not count the time from saving the device state to the destination's start; ferry's counts it all); pause, host time: the two added");
+    t.note("guest pause: the gap in the guest's clock that spans the moment the source paused it for the switchover (the longest, over its vCPUs), placed on the guest's clock by the host's time of the checker's lines; gap near the move: the largest gap over the destination's first 3 checker lines, which can be a throttle's stall before the pause; clock lost: how far the guest's clock fell behind the host's across the move (QEMU's kvmclock does not count the time from saving the device state to the destination's start; ferry's counts it all); pause, host time: the two added");
     for r in results {
         let f = &r.ferry;
         if f.policy.is_some() || f.rounds.is_some() {

@@ -12,27 +12,36 @@
 //! holds its guest's outputs until the commit sends them in a burst), never
 //! early, so the least of (host time - guest time) over a console is its
 //! offset, and the destination's less the source's is what the clock lost.
+//!
+//! The same offset places the host's moment of the switchover on the
+//! guest's clock, and with it the gap the pause made among those each line
+//! lists ([`switchover_gap_ms`]): a throttle's stalls just before the
+//! pause fall in the same lines, and are not the pause.
 
-use ferry_guest_checker::line::Line;
+use ferry_guest_checker::line::{Gap, Line};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How often the console files are read: often enough to place a line
 /// within a few ms, seldom enough to cost the emulated host little.
 const POLL: Duration = Duration::from_millis(10);
 
 /// One checker line, as the host saw it arrive.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Stamp {
     /// On the destination's console (else the source's).
     pub destination: bool,
-    /// When the host saw the line whole, in ms since the stamper started.
+    /// When the host saw the line whole: its CLOCK_REALTIME, in ms since
+    /// the epoch (the clock QEMU stamps its events with, and minivmm its
+    /// pause).
     pub host_ms: f64,
     /// The guest's clock in the line (`clock_ms`).
     pub clock_ms: f64,
+    /// The longest gaps it lists, on the guest's clock.
+    pub gaps: Vec<Gap>,
 }
 
 /// Follows a source's and a destination's console files.
@@ -48,7 +57,6 @@ impl Stamper {
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
-            let started = Instant::now();
             let mut files =
                 [(source, false), (destination, true)].map(|(path, destination)| Followed {
                     path,
@@ -60,7 +68,7 @@ impl Stamper {
             loop {
                 let last = stopping.load(Ordering::Acquire);
                 for f in &mut files {
-                    f.read_lines(started, &mut stamps);
+                    f.read_lines(&mut stamps);
                 }
                 if last {
                     return stamps;
@@ -99,7 +107,7 @@ struct Followed {
 
 impl Followed {
     /// Stamps the whole checker lines written since the last read.
-    fn read_lines(&mut self, started: Instant, stamps: &mut Vec<Stamp>) {
+    fn read_lines(&mut self, stamps: &mut Vec<Stamp>) {
         use std::io::Read;
         if self.file.is_none() {
             self.file = std::fs::File::open(&self.path).ok();
@@ -111,7 +119,7 @@ impl Followed {
         if file.read_to_end(&mut new).is_err() || new.is_empty() {
             return;
         }
-        let host_ms = started.elapsed().as_secs_f64() * 1e3;
+        let host_ms = unix_ms();
         self.partial.push_str(&String::from_utf8_lossy(&new));
         while let Some(end) = self.partial.find('\n') {
             let line: String = self.partial.drain(..=end).collect();
@@ -120,24 +128,79 @@ impl Followed {
                     destination: self.destination,
                     host_ms,
                     clock_ms: l.clock_ms,
+                    gaps: l.gaps,
                 });
             }
         }
     }
 }
 
+/// Keeps `stamps` and the moment of the pause in `path`, one JSON line
+/// per checker line and a last one for the pause, for a reader who wants
+/// to place a gap by hand; a failure to write is only reported.
+pub fn keep(path: &std::path::Path, stamps: &[Stamp], paused_unix_ms: Option<f64>) {
+    let mut text = String::new();
+    for s in stamps {
+        let gaps: Vec<[f64; 2]> = s.gaps.iter().map(|g| [g.end_ms, g.ms]).collect();
+        let j = serde_json::json!({
+            "destination": s.destination, "host_ms": s.host_ms,
+            "clock_ms": s.clock_ms, "gaps": gaps,
+        });
+        text += &format!("{j}\n");
+    }
+    text += &format!("{}\n", serde_json::json!({ "paused_unix_ms": paused_unix_ms }));
+    if let Err(e) = std::fs::write(path, text) {
+        eprintln!("minivmm: {}: {e}", path.display());
+    }
+}
+
+/// The host's CLOCK_REALTIME, in ms since the epoch.
+pub fn unix_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+}
+
+/// The least of (host time - guest time) over one console's lines: the
+/// host's time at the guest clock's zero, to within the lines' delay.
+fn offset(stamps: &[Stamp], destination: bool) -> Option<f64> {
+    stamps
+        .iter()
+        .filter(|s| s.destination == destination && s.clock_ms > 0.0)
+        .map(|s| s.host_ms - s.clock_ms)
+        .reduce(f64::min)
+}
+
 /// How far the guest's clock fell behind the host's from the source's
 /// console to the destination's, in ms (see the module's docs); `None`
 /// without lines on both.
 pub fn clock_lost_ms(stamps: &[Stamp]) -> Option<f64> {
-    let offset = |destination: bool| {
-        stamps
-            .iter()
-            .filter(|s| s.destination == destination && s.clock_ms > 0.0)
-            .map(|s| s.host_ms - s.clock_ms)
-            .reduce(f64::min)
-    };
-    Some(offset(true)? - offset(false)?)
+    Some(offset(stamps, true)? - offset(stamps, false)?)
+}
+
+/// How much earlier than its listed start a gap may begin and still be
+/// taken as the pause's, in ms: the lines' delay, which the offset
+/// overstates by (the stamper reads the consoles every [`POLL`]).
+const PLACE_SLACK_MS: f64 = 30.0;
+
+/// The pause the guest saw at the switchover: the longest gap, among those
+/// the lines list, that spans the moment the host paused the guest
+/// (`paused_unix_ms`, on the stamps' clock), placed on the guest's clock
+/// by the source console's offset. `None` where no listed gap spans it (a
+/// checker too old to list its gaps, a pause under [`NOTED_GAP_MS`]).
+///
+/// [`NOTED_GAP_MS`]: ferry_guest_checker::line::NOTED_GAP_MS
+pub fn switchover_gap_ms(stamps: &[Stamp], paused_unix_ms: f64) -> Option<f64> {
+    // The offset is the lines' least delay too late, so the estimate is
+    // early by as much: a gap that began up to the slack after it began
+    // before the pause.
+    let at = paused_unix_ms - offset(stamps, false)?;
+    stamps
+        .iter()
+        .flat_map(|s| &s.gaps)
+        .filter(|g| g.start_ms() <= at + PLACE_SLACK_MS && g.end_ms >= at)
+        .map(|g| g.ms)
+        .reduce(f64::max)
 }
 
 #[cfg(test)]
@@ -149,7 +212,42 @@ mod tests {
             destination,
             host_ms,
             clock_ms,
+            gaps: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_pause_is_the_gap_that_spans_the_hosts_moment_not_a_throttles_before_it() {
+        let gap = |end_ms, ms| Gap { end_ms, ms };
+        // The guest's clock is at 0 at host time 10,000; lines arrive
+        // 2-6 ms late. Under a throttle, the gaps of 390 and 400 ms end
+        // before the pause at host 13,500 (guest 3,500); the pause's own
+        // gaps, one per vCPU, are 180 and 150 ms; after it, 60 ms.
+        let stamps = [
+            stamp(false, 11_002.0, 1_000.0),
+            stamp(false, 12_006.0, 2_000.0),
+            Stamp {
+                gaps: vec![gap(2_900.0, 390.0), gap(3_450.0, 400.0)],
+                ..stamp(false, 13_003.0, 3_000.0)
+            },
+            Stamp {
+                gaps: vec![gap(3_660.0, 180.0), gap(3_662.0, 150.0)],
+                ..stamp(true, 14_005.0, 4_000.0)
+            },
+            Stamp {
+                gaps: vec![gap(4_500.0, 60.0)],
+                ..stamp(true, 15_004.0, 5_000.0)
+            },
+        ];
+        assert_eq!(switchover_gap_ms(&stamps, 13_500.0), Some(180.0));
+        // A vCPU asleep on the throttle when the pause came saw both as
+        // one gap: that is what it saw.
+        let mut merged = stamps.clone();
+        merged[3].gaps.push(gap(3_661.0, 500.0));
+        assert_eq!(switchover_gap_ms(&merged, 13_500.0), Some(500.0));
+        // No listed gap spans it, or no source line to place it by.
+        assert_eq!(switchover_gap_ms(&stamps, 14_300.0), None);
+        assert_eq!(switchover_gap_ms(&stamps[3..], 13_500.0), None);
     }
 
     #[test]
