@@ -19,8 +19,8 @@
 //! in a quota sleep 440 ms earlier) where the other vCPU's was 140 ms. So
 //! where the VM counts its vCPUs' entries into the guest
 //! ([`DirtyMeter::guest_entries`]), the settle lasts until each vCPU has
-//! entered the guest since the lift (or is in it), up to
-//! [`SETTLE_WAIT_MAX`]; elsewhere it lasts [`SETTLE_MAX`].
+//! entered the guest since the lift (or is in it), and [`SETTLE_RUN`]
+//! more, up to [`SETTLE_WAIT_MAX`]; elsewhere it lasts [`SETTLE_MAX`].
 //!
 //! **What it costs.** What the guest dirties while it runs free joins the
 //! final round. So the settle ends early, too, once the guest has dirtied
@@ -41,6 +41,13 @@ pub const SETTLE_MAX: Duration = Duration::from_millis(30);
 /// a host too busy to run a woken vCPU sooner (or a vCPU that stays out
 /// of the guest, serving an exit).
 pub const SETTLE_WAIT_MAX: Duration = Duration::from_millis(100);
+
+/// How long the guest runs on once every vCPU is back in it: a woken
+/// kernel first catches up on the timer ticks it slept through, then runs
+/// the task it left (a scheduler tick at 100 Hz). Inside the SVM host, a
+/// settle that paused as soon as each vCPU had re-entered left both
+/// vCPUs' gaps spanning the pause from 180-280 ms before it.
+const SETTLE_RUN: Duration = Duration::from_millis(10);
 
 /// How often the settle reads the dirty meter.
 const POLL: Duration = Duration::from_millis(1);
@@ -84,15 +91,19 @@ impl Converger {
         self.release(vm);
         let pages_allowed = allowance / PAGE_SIZE as u64;
         let mut pages = 0;
-        let mut all_ran = false;
+        let (mut all_ran, mut all_in) = (false, None::<Instant>);
         while start.elapsed() < longest {
             std::thread::sleep(POLL.min(longest.saturating_sub(start.elapsed())));
             pages = dirtied(vm).iter().sum::<u64>().saturating_sub(base);
-            all_ran = lifted
-                .as_ref()
-                .zip(entries(vm))
-                .is_some_and(|(before, now)| all_ran_since(before, &now));
-            if pages >= pages_allowed || all_ran {
+            if !all_ran {
+                all_ran = lifted
+                    .as_ref()
+                    .zip(entries(vm))
+                    .is_some_and(|(before, now)| all_ran_since(before, &now));
+                all_in = all_in.or(all_ran.then(Instant::now));
+            }
+            let ran_on = all_in.is_some_and(|at| at.elapsed() >= SETTLE_RUN);
+            if pages >= pages_allowed || ran_on {
                 break;
             }
         }

@@ -148,7 +148,10 @@ pub fn keep(path: &std::path::Path, stamps: &[Stamp], paused_unix_ms: Option<f64
         });
         text += &format!("{j}\n");
     }
-    text += &format!("{}\n", serde_json::json!({ "paused_unix_ms": paused_unix_ms }));
+    text += &format!(
+        "{}\n",
+        serde_json::json!({ "paused_unix_ms": paused_unix_ms })
+    );
     if let Err(e) = std::fs::write(path, text) {
         eprintln!("minivmm: {}: {e}", path.display());
     }
@@ -186,15 +189,20 @@ const PLACE_SLACK_MS: f64 = 30.0;
 /// The pause the guest saw at the switchover: the longest gap, among those
 /// the lines list, that spans the moment the host paused the guest
 /// (`paused_unix_ms`, on the stamps' clock), placed on the guest's clock
-/// by the source console's offset. `None` where no listed gap spans it (a
+/// by the consoles' offset. A gap that ended just before the pause, within
+/// the lines' least delay, can be taken for one that spans it. `None` where no listed gap spans it (a
 /// checker too old to list its gaps, a pause under [`NOTED_GAP_MS`]).
 ///
 /// [`NOTED_GAP_MS`]: ferry_guest_checker::line::NOTED_GAP_MS
 pub fn switchover_gap_ms(stamps: &[Stamp], paused_unix_ms: f64) -> Option<f64> {
     // The offset is the lines' least delay too late, so the estimate is
     // early by as much: a gap that began up to the slack after it began
-    // before the pause.
-    let at = paused_unix_ms - offset(stamps, false)?;
+    // before the pause. The least over both consoles: a source's lines
+    // come late under a throttle (a vCPU held while it prints), and a
+    // destination's clock never runs ahead of the source's (a VMM that
+    // stops the clock puts it behind, where the source's offset is less).
+    let source = offset(stamps, false)?;
+    let at = paused_unix_ms - offset(stamps, true).map_or(source, |d| d.min(source));
     stamps
         .iter()
         .flat_map(|s| &s.gaps)

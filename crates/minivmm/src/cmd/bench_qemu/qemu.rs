@@ -214,7 +214,11 @@ pub fn run(qemu: &str, guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) 
         side.error = Some(e);
     }
     let stamps = stamper.finish();
-    super::stamps::keep(&dir.join("qemu-console-stamps.jsonl"), &stamps, paused_unix_ms);
+    super::stamps::keep(
+        &dir.join("qemu-console-stamps.jsonl"),
+        &stamps,
+        paused_unix_ms,
+    );
     side.place_pause(&stamps, paused_unix_ms);
     side
 }
