@@ -105,7 +105,7 @@ THPeligible:    0
     fn a_range_is_eligible_only_where_every_mapping_under_it_is() {
         let base = 0x7f00_0000_0000usize;
         let yes = base..base + 0x80_0000;
-        assert_eq!(eligible_in(SMAPS, &[yes.clone()]), Some(true));
+        assert_eq!(eligible_in(SMAPS, std::slice::from_ref(&yes)), Some(true));
         let into_memfd = base + 0x70_0000..base + 0x90_0000;
         assert_eq!(eligible_in(SMAPS, &[yes, into_memfd]), Some(false));
         let past_the_end = base + 0x90_0000..base + 0xb0_0000;
@@ -118,7 +118,10 @@ THPeligible:    0
     fn a_kernel_that_does_not_say_is_not_guessed_for() {
         let old = "7f0000000000-7f0000400000 rw-p 00000000 00:00 0 \nRss: 0 kB\n";
         assert_eq!(
-            eligible_in(old, &[0x7f00_0000_0000..0x7f00_0000_1000]),
+            eligible_in(
+                old,
+                std::slice::from_ref(&(0x7f00_0000_0000..0x7f00_0000_1000))
+            ),
             None
         );
     }
@@ -153,8 +156,15 @@ THPeligible:    0
         };
         let (advised, refused) = (map(libc::MADV_HUGEPAGE), map(libc::MADV_NOHUGEPAGE));
         let on = !enabled.contains("[never]");
-        assert_eq!(eligible(&[advised..advised + len]), Some(on), "{enabled}");
-        assert_eq!(eligible(&[refused..refused + len]), Some(false));
+        assert_eq!(
+            eligible(std::slice::from_ref(&(advised..advised + len))),
+            Some(on),
+            "{enabled}"
+        );
+        assert_eq!(
+            eligible(std::slice::from_ref(&(refused..refused + len))),
+            Some(false)
+        );
         for p in [advised, refused] {
             // SAFETY: each is the mapping made above, used by nothing else.
             unsafe { libc::munmap(p as *mut libc::c_void, len) };
