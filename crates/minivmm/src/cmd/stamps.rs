@@ -63,6 +63,7 @@ impl Stamper {
                     destination,
                     file: None,
                     partial: String::new(),
+                    partial_seen_ms: 0.0,
                 });
             let mut stamps = Vec::new();
             loop {
@@ -103,6 +104,8 @@ struct Followed {
     file: Option<std::fs::File>,
     /// The end of what was read, not yet a whole line.
     partial: String,
+    /// When the host first saw the start of `partial`.
+    partial_seen_ms: f64,
 }
 
 impl Followed {
@@ -119,10 +122,23 @@ impl Followed {
         if file.read_to_end(&mut new).is_err() || new.is_empty() {
             return;
         }
-        let host_ms = unix_ms();
-        self.partial.push_str(&String::from_utf8_lossy(&new));
+        self.add(&String::from_utf8_lossy(&new), unix_ms(), stamps);
+    }
+
+    /// Takes `new` text, read at `host_ms`, stamping each line it completes.
+    fn add(&mut self, new: &str, host_ms: f64, stamps: &mut Vec<Stamp>) {
+        // A line is stamped when its start was seen, not its end: the
+        // guest reads its clock just before it prints the line, and a
+        // serial port takes a VM exit per byte, tens of ms for a line
+        // inside the SVM host, which would place the pause that late.
+        let mut seen_ms = match self.partial.is_empty() {
+            true => host_ms,
+            false => self.partial_seen_ms,
+        };
+        self.partial.push_str(new);
         while let Some(end) = self.partial.find('\n') {
             let line: String = self.partial.drain(..=end).collect();
+            let host_ms = std::mem::replace(&mut seen_ms, host_ms);
             if let Some(Ok(l)) = Line::parse(&line) {
                 stamps.push(Stamp {
                     destination: self.destination,
@@ -132,6 +148,7 @@ impl Followed {
                 });
             }
         }
+        self.partial_seen_ms = seen_ms;
     }
 }
 
@@ -328,6 +345,37 @@ mod tests {
         assert_eq!(stamps.len(), 2, "{stamps:?}");
         assert!(!stamps[0].destination && stamps[1].destination);
         assert_eq!((stamps[0].clock_ms, stamps[1].clock_ms), (10.0, 20.0));
-        assert!(stamps[1].host_ms - stamps[0].host_ms >= 50.0, "{stamps:?}");
+        // Seen in the order written (the second begun 50 ms after the
+        // first was whole).
+        assert!(stamps[1].host_ms > stamps[0].host_ms, "{stamps:?}");
+    }
+
+    #[test]
+    fn a_line_is_stamped_when_its_start_was_seen() {
+        let mut f = Followed {
+            path: PathBuf::new(),
+            destination: false,
+            file: None,
+            partial: String::new(),
+            partial_seen_ms: 0.0,
+        };
+        let line = |seq, clock_ms| {
+            Line {
+                seq,
+                clock_ms,
+                ..Line::default()
+            }
+            .format()
+        };
+        let (one, two, three) = (line(1, 1.0), line(2, 2.0), line(3, 3.0));
+        let mut stamps = Vec::new();
+        // Line 1 starts at 100 and ends at 160; line 2 starts and ends at
+        // 160, line 3 starts there and ends at 230.
+        f.add(&one[..20], 100.0, &mut stamps);
+        f.add(&one[20..], 130.0, &mut stamps);
+        f.add(&format!("\n{two}\n{}", &three[..5]), 160.0, &mut stamps);
+        f.add(&format!("{}\n", &three[5..]), 230.0, &mut stamps);
+        let at: Vec<f64> = stamps.iter().map(|s| s.host_ms).collect();
+        assert_eq!(at, [100.0, 160.0, 160.0]);
     }
 }
