@@ -1128,7 +1128,7 @@ impl OutputGate for MiniVm {
 }
 
 /// The host's CLOCK_REALTIME, in ms since the epoch.
-fn unix_ms() -> f64 {
+pub fn unix_ms() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64() * 1e3)

@@ -19,6 +19,7 @@
 //! pause fall in the same lines, and are not the pause.
 
 use ferry_guest_checker::line::{Gap, Line};
+use minivmm::vm::unix_ms;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -174,13 +175,6 @@ pub fn keep(path: &std::path::Path, stamps: &[Stamp], paused_unix_ms: Option<f64
     }
 }
 
-/// The host's CLOCK_REALTIME, in ms since the epoch.
-pub fn unix_ms() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
-}
-
 /// The least of (host time - guest time) over one console's lines: the
 /// host's time at the guest clock's zero, to within the lines' delay.
 fn offset(stamps: &[Stamp], destination: bool) -> Option<f64> {
@@ -231,6 +225,16 @@ pub fn switchover_gap_ms(stamps: &[Stamp], paused_unix_ms: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A checker line, as the guest prints it.
+    fn line(seq: u64, clock_ms: f64) -> String {
+        Line {
+            seq,
+            clock_ms,
+            ..Line::default()
+        }
+        .format()
+    }
 
     fn stamp(destination: bool, host_ms: f64, clock_ms: f64) -> Stamp {
         Stamp {
@@ -322,14 +326,6 @@ mod tests {
         let _ = std::fs::remove_file(&src);
         let _ = std::fs::remove_file(&dst);
         let stamper = Stamper::start(src.clone(), dst.clone());
-        let line = |seq, clock_ms| {
-            Line {
-                seq,
-                clock_ms,
-                ..Line::default()
-            }
-            .format()
-        };
         std::fs::write(&src, format!("kernel noise\n{}\n", line(1, 10.0))).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         // A line written in two pieces counts once, when whole.
@@ -358,14 +354,6 @@ mod tests {
             file: None,
             partial: String::new(),
             partial_seen_ms: 0.0,
-        };
-        let line = |seq, clock_ms| {
-            Line {
-                seq,
-                clock_ms,
-                ..Line::default()
-            }
-            .format()
         };
         let (one, two, three) = (line(1, 1.0), line(2, 2.0), line(3, 3.0));
         let mut stamps = Vec::new();
