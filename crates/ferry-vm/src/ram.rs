@@ -488,6 +488,36 @@ impl GuestRam {
             })
     }
 
+    /// Hands `f` the `count` frames from `first` in place, as bytes, for
+    /// reading a whole guest's memory without copying it first (hashing a
+    /// paused guest: the copy cost as much as the hash). The frames must
+    /// lie in one slot.
+    ///
+    /// # Safety
+    ///
+    /// Nothing may write the frames while `f` runs: the guest is paused
+    /// and its devices are quiet (the only writers of guest memory).
+    pub unsafe fn with_frames<R>(
+        &self,
+        first: Gfn,
+        count: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, RamError> {
+        let gpa = first.gpa();
+        let len = count as usize * PAGE_SIZE;
+        let slice = self
+            .mem
+            .get_slice(GuestAddress(gpa.0), len)
+            .map_err(|_| RamError::OutOfRange { gpa, len })?;
+        let guard = slice.ptr_guard();
+        // SAFETY: [ptr, ptr + len) is mapped for as long as `self` lives
+        // (get_slice checked that it lies inside one region), every byte
+        // value is a valid u8, and the caller promises no writes while the
+        // borrow lasts.
+        let bytes = unsafe { std::slice::from_raw_parts(guard.as_ptr(), len) };
+        Ok(f(bytes))
+    }
+
     /// [`GuestRam::read_pages`] for sending: a discarded frame reads as
     /// zero without touching its memory (which a read would fault back in,
     /// on a shared backing).
