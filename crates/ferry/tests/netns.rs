@@ -77,6 +77,8 @@ fn a_demo_between_two_namespaces_over_a_shaped_link_verifies_and_leaves_nothing(
     assert_verified(&j, "demo --netns");
     // The prediction knew the shaped link's rate.
     assert_eq!(j["predicted"]["link_known"], true, "{j}");
+    // Two hosts: the source hashed at once, yielding to no guest.
+    assert_eq!(j["digest_yield_ms"].as_f64(), Some(0.0), "{j}");
     assert_namespaces_gone(pid, "the demo");
 }
 

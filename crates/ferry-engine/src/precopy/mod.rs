@@ -11,7 +11,8 @@
 //!  pause ── harvest ── final pages, vCPU state,
 //!  Switchover ────────────────────────────────────► restore vCPUs, START guest
 //!            ◄──────────────────────────────────── Resumed          (downtime ends)
-//!  hash all frozen memory (2 threads), Digest ────► compare with per-page hashes
+//!  [one host: let the guest run SHARED_HOST_YIELD]
+//!  hash all frozen memory (1/CPU), Digest ────────► compare with per-page hashes
 //!            ◄──────────────────────────────────── Verified(match)
 //!  match: stop_dirty_log, stay paused (committed)   match: keep running (committed)
 //!  no match: start the guest again (rolled back)    no match: pause the guest, fail
@@ -40,7 +41,7 @@
 //! migration; the main channel has a reader and a heartbeat thread on
 //! each side (see [`crate::transport::main_channel`]); each data connection has a
 //! sender thread on the source and a receiver thread on the destination. The
-//! source's digest runs on two scoped threads while its guest is paused. A
+//! source's digest runs on one scoped thread per CPU while its guest is paused. A
 //! link on which nothing moves for the stall timeout fails both sides with
 //! `no progress from <peer> for N s`; nothing else has a timeout.
 //!
@@ -65,7 +66,7 @@ mod switchover;
 pub use crate::session::{
     MigrationSettings, Placement, PrecopyOptions, ReceiveOptions, DEFAULT_BATCH_PAGES,
     DEFAULT_STALL_TIMEOUT, FAULT_HANDLERS, MAX_CONNECTIONS, PREFETCH_PAGES, RECOVER_TIMEOUT_SECS,
-    STALL_TIMEOUT_SECS,
+    SHARED_HOST_YIELD, STALL_TIMEOUT_SECS,
 };
 pub use destination::{await_migration, receive, receive_as, IncomingMigration};
 pub use source::{migrate, migrate_accounted};

@@ -62,6 +62,7 @@ impl Source<'_> {
                 (Message::Resumed { resume_ns }, _) => {
                     resumed = true;
                     self.record_resumed(paused_at, resume_ns);
+                    self.yield_to_resumed_guest();
                 }
                 (m, offset) => return Err(unexpected("Resumed", &m, offset)),
             }
@@ -75,6 +76,7 @@ impl Source<'_> {
                     resumed = true;
                     self.record_resumed(paused_at, resume_ns);
                     if digest.is_none() {
+                        self.yield_to_resumed_guest();
                         digest = Some(self.send_digest()?);
                     }
                 }

@@ -65,6 +65,7 @@ pub(crate) use phase::SourcePhase;
 pub use settings::MigrationSettings;
 pub(crate) use source::fresh_summary;
 pub(crate) use source::{new_session_id, ship, Migrating, Source, EST_BYTES_PER_PAGE};
+pub use switchover::SHARED_HOST_YIELD;
 
 use crate::error::MigrationError;
 pub use crate::error::PostcopyResume;

@@ -90,6 +90,7 @@ pub(crate) fn fresh_summary(
             save_vcpus_ms: 0.0,
             save_sections_ms: 0.0,
             digest_ms: 0.0,
+            digest_yield_ms: 0.0,
             verify_before_resume: opts.verify_before_resume,
             settle_ms: 0.0,
             settle_pages: 0,

@@ -106,6 +106,10 @@ pub struct SwitchoverReport {
     pub save_sections_ms: f64,
     /// Time the source spent hashing its memory for the digest.
     pub digest_ms: f64,
+    /// How long the source waited before hashing, the destination's guest
+    /// running, because both ends share this host's CPUs
+    /// ([`crate::precopy::SHARED_HOST_YIELD`]); 0 across hosts.
+    pub digest_yield_ms: f64,
     /// Whether the destination was asked to verify before resuming.
     pub verify_before_resume: bool,
     /// How long a guest a policy held ran free before the pause, in ms

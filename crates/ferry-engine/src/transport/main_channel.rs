@@ -43,6 +43,8 @@ pub(crate) struct Incoming {
 pub struct MainChannel {
     /// The wire version both ends settled on.
     version: u32,
+    /// Whether the peer runs on this host ([`super::Link::peer_on_this_host`]).
+    peer_on_this_host: bool,
     health: Arc<Health>,
     writer: Arc<Mutex<Channel>>,
     rx: Receiver<Incoming>,
@@ -57,6 +59,7 @@ impl MainChannel {
     pub fn start(io: Channel, health: Arc<Health>) -> Result<MainChannel, MigrationError> {
         let version = io.version();
         let link = io.get_ref();
+        let peer_on_this_host = link.peer_on_this_host();
         let write_half = link.try_clone_link().map_err(StreamError::Io)?;
         write_half
             .set_write_timeout_link(Some(health.stall_timeout()))
@@ -76,6 +79,7 @@ impl MainChannel {
         .map_err(StreamError::Io)?;
         Ok(MainChannel {
             version,
+            peer_on_this_host,
             health,
             writer,
             rx,
@@ -88,6 +92,11 @@ impl MainChannel {
     /// The wire version both ends speak.
     pub fn version(&self) -> u32 {
         self.version
+    }
+
+    /// Whether the peer runs on this host, sharing its CPUs.
+    pub fn peer_on_this_host(&self) -> bool {
+        self.peer_on_this_host
     }
 
     /// Bytes this side wrote on the main channel.

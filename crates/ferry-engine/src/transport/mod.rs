@@ -59,4 +59,10 @@ pub trait Link: Read + Write + Send {
     fn queued_bytes(&self) -> Option<u64> {
         None
     }
+    /// Whether the peer runs on this host (a UNIX socket, a TCP peer at a
+    /// loopback address or at this end's own): the two ends then share
+    /// this host's CPUs. False where the link cannot tell.
+    fn peer_on_this_host(&self) -> bool {
+        false
+    }
 }

@@ -164,6 +164,18 @@ impl Link for TcpStream {
     fn queued_bytes(&self) -> Option<u64> {
         send_queue(self)
     }
+    fn peer_on_this_host(&self) -> bool {
+        peer_on_this_host(self)
+    }
+}
+
+/// Whether `s`'s peer is on this host: at a loopback address, or at the
+/// address this end has.
+pub(crate) fn peer_on_this_host(s: &TcpStream) -> bool {
+    match (s.peer_addr(), s.local_addr()) {
+        (Ok(peer), Ok(us)) => peer.ip().is_loopback() || peer.ip() == us.ip(),
+        _ => false,
+    }
 }
 
 /// The bytes in `s`'s send queue not yet acknowledged (`SIOCOUTQ`).
@@ -208,6 +220,14 @@ mod tests {
         }
         let queued = s.queued_bytes().unwrap();
         assert!(queued > 0 && queued <= sent, "{queued} of {sent}");
+    }
+
+    #[test]
+    fn a_loopback_peer_is_on_this_host() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (peer, _) = l.accept().unwrap();
+        assert!(s.peer_on_this_host() && peer.peer_on_this_host());
     }
 
     #[test]

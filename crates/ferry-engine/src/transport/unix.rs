@@ -50,6 +50,9 @@ impl Link for UnixStream {
             None => format!("unix socket fd {}", self.as_raw_fd()),
         }
     }
+    fn peer_on_this_host(&self) -> bool {
+        true
+    }
 }
 
 /// Connects to a UNIX socket for every connection of a migration.
@@ -214,6 +217,12 @@ mod tests {
         }
         let err = held.dial().err().unwrap().to_string();
         assert!(err.contains("2 connections were handed over"), "{err}");
+    }
+
+    #[test]
+    fn a_unix_peer_is_on_this_host() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert!(a.peer_on_this_host());
     }
 
     #[test]

@@ -318,6 +318,10 @@ impl Link for TlsLink {
         self.tcp.set_read_timeout(t)
     }
 
+    fn peer_on_this_host(&self) -> bool {
+        crate::transport::tcp::peer_on_this_host(&self.tcp)
+    }
+
     fn queued_bytes(&self) -> Option<u64> {
         crate::transport::tcp::send_queue(&self.tcp)
     }
