@@ -510,10 +510,9 @@ impl GuestRam {
             .get_slice(GuestAddress(gpa.0), len)
             .map_err(|_| RamError::OutOfRange { gpa, len })?;
         let guard = slice.ptr_guard();
-        // SAFETY: [ptr, ptr + len) is mapped for as long as `self` lives
-        // (get_slice checked that it lies inside one region), every byte
-        // value is a valid u8, and the caller promises no writes while the
-        // borrow lasts.
+        // SAFETY: [ptr, ptr + len) lies in one region (get_slice checked),
+        // mapped while `self` lives; any byte is a valid u8, and the caller
+        // promises no writes while the borrow lasts.
         let bytes = unsafe { std::slice::from_raw_parts(guard.as_ptr(), len) };
         Ok(f(bytes))
     }
