@@ -10,8 +10,7 @@
 //! tracking missed shows up as a mismatch; it does so after the destination
 //! has resumed, on [`source_digest_threads`] threads.
 
-use crate::wire::is_zero_page;
-use ferry_vm::{Gfn, GuestRam, RamError, PAGE_SIZE};
+use ferry_vm::{is_zero_page, Gfn, GuestRam, RamError, PAGE_SIZE};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -64,7 +64,7 @@ pub use probe::{GuestCheck, GuestProbe, ProbeError};
 pub use ram::{Backing, GuestRam, Memslot, RamError, RamSlot};
 pub use ram_share::SharedRegion;
 pub use section::{LiveState, Section, SectionId, SectionSpec, Subsection};
-pub use types::{Gfn, Gpa, PAGE_SHIFT, PAGE_SIZE};
+pub use types::{is_zero_page, Gfn, Gpa, PAGE_SHIFT, PAGE_SIZE};
 pub use vm::{
     current_thread_id, dirty_tracking, restore_vcpu_state, save_vcpu_state, save_vcpu_state_for,
     saves_compact_vcpu_state, BlockScope, Blocker, Lifecycle, Vm,

@@ -9,6 +9,20 @@ pub const PAGE_SIZE: usize = 4096;
 /// log2 of [`PAGE_SIZE`].
 pub const PAGE_SHIFT: u32 = 12;
 
+/// Whether every byte of `page` is zero. It ORs 64-byte blocks as u64
+/// words, which the compiler turns into wide vector loads.
+pub fn is_zero_page(page: &[u8]) -> bool {
+    let mut blocks = page.chunks_exact(64);
+    let blocks_zero = blocks.by_ref().all(|block| {
+        block.chunks_exact(8).fold(0u64, |acc, w| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(w);
+            acc | u64::from_ne_bytes(b)
+        }) == 0
+    });
+    blocks_zero && blocks.remainder().iter().all(|&b| b == 0)
+}
+
 /// A guest frame number: guest-physical address >> 12.
 #[derive(
     Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
@@ -71,6 +85,19 @@ pub fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_detection() {
+        let mut page = vec![0u8; PAGE_SIZE];
+        assert!(is_zero_page(&page));
+        for at in [0, 7, 63, 64, 2048, PAGE_SIZE - 1] {
+            page[at] = 1;
+            assert!(!is_zero_page(&page), "byte {at}");
+            page[at] = 0;
+        }
+        assert!(is_zero_page(&[0u8; 70]));
+        assert!(!is_zero_page(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 9]));
+    }
 
     #[test]
     fn gfn_gpa_round_trip() {

@@ -25,7 +25,7 @@
 use super::{predict, ConvergeMode};
 use crate::error::MigrationError;
 use crate::summary::{PredictInput, Prediction};
-use crate::wire::is_zero_page;
+use ferry_vm::is_zero_page;
 use ferry_vm::{DirtyPages, Gfn, GuestRam, RamError, Vm, PAGE_SIZE};
 use std::time::{Duration, Instant};
 

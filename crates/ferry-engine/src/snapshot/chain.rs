@@ -21,7 +21,7 @@ use super::checked::{check, Checked};
 use super::format::{create_sized, page_offset, partial_path, Manifest, Tail, FULL_FORMAT};
 use crate::digest::page_hash;
 use crate::error::SnapshotError;
-use crate::wire::is_zero_page;
+use ferry_vm::is_zero_page;
 use ferry_vm::{DirtyPages, Gfn, PAGE_SIZE};
 use serde::Serialize;
 use std::fs::File;

@@ -5,7 +5,7 @@ use super::chain::PageSource;
 use super::format::page_offset;
 use crate::digest::{page_hash, zero_page_hash};
 use crate::error::SnapshotError;
-use crate::wire::is_zero_page;
+use ferry_vm::is_zero_page;
 use ferry_vm::{DirtyPages, Gfn, GuestRam, PAGE_SIZE};
 use std::fs::File;
 use std::os::fd::AsRawFd;

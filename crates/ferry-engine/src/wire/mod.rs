@@ -69,7 +69,7 @@ pub use channel::{FrameStream, ReadFrame, Replay};
 pub use frame::FrameKind;
 pub use header::{CreateVm, ExpectedVm, HeaderError, Region, StreamHeader};
 pub use messages::{FinalReport, MemoryDigest, Message};
-pub use pages::{decode_batch, is_zero_page, BatchView, PageBatch, MAX_BATCH_PAGES};
+pub use pages::{decode_batch, BatchView, PageBatch, MAX_BATCH_PAGES};
 pub use sections::SectionError;
 
 use thiserror::Error;

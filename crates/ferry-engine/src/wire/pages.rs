@@ -4,27 +4,13 @@
 //! of consecutive frames, so a scattered dirty set still goes out in large
 //! frames. Zero pages travel as one bit in the zero bitmap and no data: an
 //! idle guest's first pass is then mostly bitmap, and the destination need not
-//! even touch those pages. Zero detection ORs 64-byte blocks as u64 words,
-//! which the compiler turns into wide vector loads.
+//! even touch those pages (`ferry_vm::is_zero_page` tells them).
 
-use ferry_vm::{Gfn, PAGE_SIZE};
+use ferry_vm::{is_zero_page, Gfn, PAGE_SIZE};
 
 /// Most pages in one batch (16 MiB of data; the frame limit leaves room).
 pub const MAX_BATCH_PAGES: usize = 4096;
 const RUN_BYTES: usize = 12;
-
-/// Whether every byte of `page` is zero.
-pub fn is_zero_page(page: &[u8]) -> bool {
-    let mut blocks = page.chunks_exact(64);
-    let blocks_zero = blocks.by_ref().all(|block| {
-        block.chunks_exact(8).fold(0u64, |acc, w| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(w);
-            acc | u64::from_ne_bytes(b)
-        }) == 0
-    });
-    blocks_zero && blocks.remainder().iter().all(|&b| b == 0)
-}
 
 /// A batch being assembled by the source.
 pub struct PageBatch {
@@ -358,19 +344,6 @@ pub fn decode_batch(payload: &[u8], total_pages: u64) -> Result<BatchView<'_>, S
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn zero_detection() {
-        let mut page = vec![0u8; PAGE_SIZE];
-        assert!(is_zero_page(&page));
-        for at in [0, 7, 63, 64, 2048, PAGE_SIZE - 1] {
-            page[at] = 1;
-            assert!(!is_zero_page(&page), "byte {at}");
-            page[at] = 0;
-        }
-        assert!(is_zero_page(&[0u8; 70]));
-        assert!(!is_zero_page(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 9]));
-    }
 
     fn payload(batch: &PageBatch) -> Vec<u8> {
         batch.parts().concat()
