@@ -320,10 +320,13 @@ pub fn tables(s: &MigrationSummary, after: &DestinationChecks) -> [Table; 2] {
         ),
         (
             "sent once, not twice",
-            if s.memory.spared_pages > 0 {
+            if s.memory.spared_pages + s.memory.deferred_pages > 0 {
                 format!(
-                    "{} pages dirtied ahead of the send cursor (harvests within rounds)",
-                    s.memory.spared_pages
+                    "{} pages dirtied ahead of the send cursor (harvests within rounds): \
+                     {} sent in their round, {} the full pass left for the next",
+                    s.memory.spared_pages + s.memory.deferred_pages,
+                    s.memory.spared_pages,
+                    s.memory.deferred_pages
                 )
             } else {
                 "none (--harvest-within-rounds spares pages dirtied ahead of the cursor)".into()

@@ -105,6 +105,7 @@ pub(crate) fn fresh_summary(
             dirty_tracking: ferry_vm::dirty_tracking(vm).to_string(),
             discarded_bytes: vm.ram().discarded_pages() * ferry_vm::PAGE_SIZE as u64,
             spared_pages: 0,
+            deferred_pages: 0,
             rounds: Vec::new(),
         },
         convergence: ConvergenceReport {
@@ -473,6 +474,7 @@ impl Source<'_> {
         self.collect_logs(into)?;
         self.convergence.within.take_into(into);
         self.summary.memory.spared_pages = self.convergence.within.spared();
+        self.summary.memory.deferred_pages = self.convergence.within.deferred();
         let since = last.elapsed();
         *last = Instant::now();
         Ok((into.count() - before, since))
@@ -662,10 +664,23 @@ impl Source<'_> {
         let (opts, progress) = (self.opts, self.progress);
         let (mut pages, mut zero, mut raw) = (0u64, 0u64, 0u64);
         let mut batch = self.links.senders()?.batch()?;
+        // The full pass leaves what it finds dirtied ahead of it for the
+        // next round (`within_round`'s docs).
+        let defers =
+            kind == RoundKind::Full && self.opts.harvest_within_rounds && self.convergence.logging;
+        self.convergence.within.defer_ahead(defers);
         for (first, count) in set.runs() {
             let (mut gfn, mut left) = (first.0, count as usize);
             while left > 0 {
-                let n = left.min(batch.room());
+                if defers && self.convergence.within.defers(Gfn(gfn)) {
+                    gfn += 1;
+                    left -= 1;
+                    continue;
+                }
+                let within = &self.convergence.within;
+                let n = (1..left.min(batch.room()))
+                    .find(|&i| defers && within.defers(Gfn(gfn + i as u64)))
+                    .unwrap_or(left.min(batch.room()));
                 let buf = batch.push_run(Gfn(gfn), n);
                 self.ram
                     .read_pages_to_send(Gfn(gfn), buf)

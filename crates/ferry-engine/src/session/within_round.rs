@@ -19,6 +19,14 @@
 //!   spared                      │ x   x     x   x    sent once, below
 //! ```
 //!
+//! **The full pass defers instead.** In the first round every page goes
+//! out once anyway, so a page the guest dirtied ahead of the cursor is
+//! better left for the next round than sent now: if the guest writes it
+//! again (a hot page), it would go again; if not, it goes once, later. A
+//! round that defers skips such a page and carries it. Inside the SVM host,
+//! a Linux guest rewriting a 128 MiB hot set had 110 of those MiB sent in
+//! the full pass and again in the next round.
+//!
 //! With `--harvest-within-rounds`, the engine harvests at each policy
 //! interval while a round runs. The round's end harvest then counts only the
 //! pages that must go again, and that is what the policies see of the round
@@ -38,6 +46,11 @@ pub(crate) struct WithinRound {
     ahead: DirtyPages,
     /// Pages sent once instead of twice, over the rounds ended so far.
     spared: u64,
+    /// Whether the round defers what it finds ahead of the cursor to the
+    /// next round (the full pass) instead of sending it.
+    defer: bool,
+    /// Pages a round deferred, over the rounds ended so far.
+    deferred: u64,
 }
 
 impl WithinRound {
@@ -47,7 +60,22 @@ impl WithinRound {
             carried: DirtyPages::new(pages),
             ahead: DirtyPages::new(pages),
             spared: 0,
+            defer: false,
+            deferred: 0,
         }
+    }
+
+    /// From now to the round's end ([`WithinRound::take_into`]), pages
+    /// found ahead of the cursor wait for the next round when `on`.
+    pub fn defer_ahead(&mut self, on: bool) {
+        self.defer = on;
+    }
+
+    /// Whether the round skips `gfn`, the page at its cursor: found dirty
+    /// ahead of the cursor in a round that defers. (Carried pages the
+    /// round had read already all lie behind the cursor.)
+    pub fn defers(&self, gfn: Gfn) -> bool {
+        self.defer && self.carried.contains(gfn)
     }
 
     /// Files `found`, harvested while the round sending `set` had read each
@@ -63,8 +91,17 @@ impl WithinRound {
                 (dirty & !ahead, dirty & ahead)
             })
             .unzip();
+        if self.defer {
+            self.deferred += ahead
+                .iter()
+                .zip(self.carried.words())
+                .map(|(&a, &c)| u64::from((a & !c).count_ones()))
+                .sum::<u64>();
+            self.carried.merge_words(Gfn(0), &ahead);
+        } else {
+            self.ahead.merge_words(Gfn(0), &ahead);
+        }
         self.carried.merge_words(Gfn(0), &keep);
-        self.ahead.merge_words(Gfn(0), &ahead);
     }
 
     /// Moves the carried pages into `into` (the round's end harvest), and
@@ -81,11 +118,17 @@ impl WithinRound {
         into.merge(&self.carried);
         self.carried.clear();
         self.ahead.clear();
+        self.defer = false;
     }
 
     /// Pages sent once instead of twice, in the rounds ended so far.
     pub fn spared(&self) -> u64 {
         self.spared
+    }
+
+    /// Pages a round left for the next, in the rounds ended so far.
+    pub fn deferred(&self) -> u64 {
+        self.deferred
     }
 }
 
@@ -134,6 +177,30 @@ mod tests {
         let mut again = DirtyPages::new(300);
         w.take_into(&mut again);
         assert!(again.is_empty());
+    }
+
+    #[test]
+    fn a_deferring_round_skips_what_it_finds_ahead_and_carries_it() {
+        let mut w = WithinRound::new(300);
+        let set = DirtyPages::all(300);
+        w.defer_ahead(true);
+        w.file(&pages(300, &[10, 130, 200]), &set, Gfn(130));
+        // 200 found again: deferred once.
+        w.file(&pages(300, &[200, 250]), &set, Gfn(150));
+        assert!(w.defers(Gfn(130)) && w.defers(Gfn(200)) && w.defers(Gfn(250)));
+        assert!(!w.defers(Gfn(131)) && !w.defers(Gfn(299)));
+        let mut next = DirtyPages::new(300);
+        w.take_into(&mut next);
+        let carried: Vec<u64> = next.iter().map(|g| g.0).collect();
+        assert_eq!(carried, vec![10, 130, 200, 250]);
+        assert_eq!((w.deferred(), w.spared()), (3, 0));
+        // The round's end stops deferring: the next round spares.
+        assert!(!w.defers(Gfn(10)));
+        w.file(&pages(300, &[250]), &set, Gfn(100));
+        let mut again = DirtyPages::new(300);
+        w.take_into(&mut again);
+        assert!(again.is_empty());
+        assert_eq!((w.deferred(), w.spared()), (3, 1));
     }
 
     #[test]

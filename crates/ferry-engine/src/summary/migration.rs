@@ -150,6 +150,10 @@ pub struct MemoryReport {
     /// round caught, so that the round's own read sent them and the next
     /// round did not send them again.
     pub spared_pages: u64,
+    /// Pages dirtied ahead of the send cursor in the full pass that a
+    /// harvest within it caught, so that the full pass left them for the
+    /// next round instead of sending them twice.
+    pub deferred_pages: u64,
     /// Every round, the final one last.
     pub rounds: Vec<RoundStats>,
 }

@@ -80,6 +80,11 @@ pub struct DemoArgs {
     /// does (see `minivmm migrate --help`).
     #[arg(long)]
     uncapped_pause: bool,
+    /// Harvest the dirty log while rounds are sent (see `minivmm migrate
+    /// --help`): the full pass leaves a page dirtied ahead of it for the
+    /// next round, later rounds send such a page once.
+    #[arg(long)]
+    harvest_within_rounds: bool,
     /// Measuring: the destination holds no outputs, so the guest stays
     /// paused until the digest's verdict (see `minivmm receive`).
     #[arg(long, hide = true)]
@@ -580,6 +585,9 @@ fn source_args(a: &DemoArgs, disk: &Path, src_console: &Path) -> Vec<String> {
     }
     if a.uncapped_pause {
         src_args.push("--uncapped-pause".into());
+    }
+    if a.harvest_within_rounds {
+        src_args.push("--harvest-within-rounds".into());
     }
     if a.no_vhost_dirty_log {
         src_args.push("--no-vhost-dirty-log".into());

@@ -120,11 +120,15 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
         let f = &r.ferry;
         if f.policy.is_some() || f.rounds.is_some() {
             t.note(format!(
-                "{} run {}, ferry: policy {}, {} rounds",
+                "{} run {}, ferry: policy {}, {} rounds, {}",
                 r.cell,
                 r.run,
                 f.policy.as_deref().unwrap_or("-"),
                 f.rounds.map_or("-".into(), |v| v.to_string()),
+                match r.ferry_harvest_within_rounds {
+                    true => "harvests within rounds",
+                    false => "harvests at round ends",
+                },
             ));
         }
         let q = &r.qemu;

@@ -222,6 +222,7 @@ pub fn bench(a: SnapshotBenchArgs) -> Result<(), String> {
             rate_mib_s: super::IDLE_RATE_MIB_S,
             bandwidth_mib_s: 0,
             downtime_ms: a.downtime_ms,
+            ferry_harvest_within_rounds: false,
         },
         Cell {
             name: "writing",
@@ -230,6 +231,7 @@ pub fn bench(a: SnapshotBenchArgs) -> Result<(), String> {
             rate_mib_s: a.rate_mib_s,
             bandwidth_mib_s: 0,
             downtime_ms: a.downtime_ms,
+            ferry_harvest_within_rounds: false,
         },
     ];
     let cells: Vec<&Cell> = a
