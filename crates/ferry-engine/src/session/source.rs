@@ -677,10 +677,16 @@ impl Source<'_> {
                     left -= 1;
                     continue;
                 }
+                // Up to the next deferred page; rounds that defer nothing
+                // do not look.
+                let most = left.min(batch.room());
                 let within = &self.convergence.within;
-                let n = (1..left.min(batch.room()))
-                    .find(|&i| defers && within.defers(Gfn(gfn + i as u64)))
-                    .unwrap_or(left.min(batch.room()));
+                let n = match defers {
+                    true => (1..most)
+                        .find(|&i| within.defers(Gfn(gfn + i as u64)))
+                        .unwrap_or(most),
+                    false => most,
+                };
                 let buf = batch.push_run(Gfn(gfn), n);
                 self.ram
                     .read_pages_to_send(Gfn(gfn), buf)
