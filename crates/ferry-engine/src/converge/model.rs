@@ -46,8 +46,11 @@ struct VcpuModel {
     ws: f64,
     /// Bytes dirtied since its pages were last protected.
     dirty: f64,
-    /// With harvests within rounds: bytes the next round sends again.
+    /// With harvests within rounds: bytes the next round sends again, and
+    /// the distinct bytes the round's harvests have found (a page
+    /// rewritten after a harvest counts once: at most a working set).
     again: f64,
+    found: f64,
     /// Bytes newly dirtied since the policy's last sample (its meter).
     metered: f64,
     /// dirty-limit: the throttle its feedback loop holds it at, percent,
@@ -148,6 +151,7 @@ impl VcpuModel {
         if let Some(f) = again_share {
             // The interval's harvest protects its pages again.
             self.again = (self.again + new * f).min(self.ws);
+            self.found = (self.found + new).min(self.ws);
             self.dirty = 0.0;
         }
         if let Some(Action::Limit(Some(limit))) = action {
@@ -176,6 +180,7 @@ impl VcpuModel {
         let found = if within { self.again } else { self.dirty };
         self.dirty = 0.0;
         self.again = 0.0;
+        self.found = 0.0;
         found
     }
 }
@@ -279,7 +284,7 @@ impl MigrationModel {
                 quota_interval: interval,
                 vcpus: vcpus as u32,
                 round_end: None,
-                harvests_within_rounds: input.harvest_within_rounds,
+                within_round_found: input.harvest_within_rounds.then_some(0),
             },
             mode,
             memory: input.memory_bytes as f64,
@@ -365,6 +370,9 @@ impl MigrationModel {
                 .collect(),
             remaining_bytes: remaining as u64,
             round_end,
+            within_round_found: self
+                .within
+                .then(|| self.vcpus.iter().map(|m| m.found).sum::<f64>() as u64),
             ..self.template.clone()
         };
         self.since_sample = 0.0;

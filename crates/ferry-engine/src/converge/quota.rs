@@ -96,7 +96,7 @@ const OUTRUN_WINDOW_INTERVALS: f64 = 3.0;
 /// pass, 1 / (share of memory sent), at most [`FULL_PASS_ALLOWANCE`];
 /// otherwise 1.
 fn full_pass_allowance(s: &Sample) -> f64 {
-    if !s.harvests_within_rounds {
+    if !s.harvests_within_rounds() {
         return 1.0;
     }
     let sent = 1.0 - s.full_pass_unsent();
@@ -432,7 +432,7 @@ mod tests {
             let mut s = interval(round, &[100_000_000, 100_000_000]);
             s.guest_bytes = 1000;
             s.remaining_bytes = unsent;
-            s.harvests_within_rounds = true;
+            s.within_round_found = Some(200_000_000);
             if harvest {
                 s.round_end = Some(crate::converge::sample::RoundEnd {
                     dirty_bytes: 200_000_000,
@@ -458,7 +458,7 @@ mod tests {
             let mut s = interval(0, &[per_100ms, per_100ms]);
             s.guest_bytes = 1_000_000_000;
             s.remaining_bytes = 1_000_000_000;
-            s.harvests_within_rounds = within;
+            s.within_round_found = within.then_some(2 * per_100ms);
             bytes(q.decide(&s)).iter().sum()
         };
         let plain = 12_500_000;

@@ -35,9 +35,14 @@ pub struct Sample {
     pub vcpus: u32,
     /// Set at a harvest: what the round that just ended dirtied and sent.
     pub round_end: Option<RoundEnd>,
-    /// Whether the engine harvests within rounds: a page dirtied ahead of
-    /// the send cursor is then sent once.
-    pub harvests_within_rounds: bool,
+    /// With harvests within rounds (a page dirtied ahead of the send
+    /// cursor is then sent once): the bytes of the distinct pages the
+    /// round's harvests have found so far, this sample's included. A page
+    /// rewritten after a harvest is metered again but counted here once,
+    /// so a guest rewriting a small working set is not mistaken for one
+    /// dirtying much of memory. `None` without them: the meter's count
+    /// since the round began is then that count.
+    pub within_round_found: Option<u64>,
 }
 
 /// What one round dirtied and sent (a harvest's sample).
@@ -60,6 +65,11 @@ impl Sample {
             return 0.0;
         }
         (self.remaining_bytes as f64 / self.guest_bytes as f64).clamp(0.0, 1.0)
+    }
+
+    /// Whether the engine harvests within rounds.
+    pub fn harvests_within_rounds(&self) -> bool {
+        self.within_round_found.is_some()
     }
 
     /// The guest's metered dirty rate over the sample, bytes per second:
@@ -140,7 +150,7 @@ pub(crate) fn sample(round: u32, dirty: u64, sent: u64) -> Sample {
             dirty_bytes: dirty,
             sent_bytes: sent,
         }),
-        harvests_within_rounds: false,
+        within_round_found: None,
     }
 }
 

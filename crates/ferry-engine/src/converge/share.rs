@@ -30,7 +30,11 @@
 //! engaged the quota in the full pass; its eighth of the link, 13 pages
 //! per vCPU per interval, is less than a Linux vCPU dirties by running,
 //! and the guest's clock stopped for seconds at a time (docs/svm-host.md,
-//! "The idle cell under the quota").
+//! "The idle cell under the quota"). With harvests within rounds the
+//! count is of the distinct pages the round's harvests found: each
+//! harvest protects the pages again, so the meter counts a working set
+//! once per interval, and an idle Linux guest's rewrites passed an eighth
+//! of its memory 12.7 s into the full pass (the same section, 2026-12-06).
 //! Between harvests the budget follows the measured link. The policies
 //! differ only in how the backend enforces it.
 
@@ -53,8 +57,9 @@ pub(super) struct LinkShare {
     /// The share it engages at, in 1/1024ths.
     initial: u64,
     /// Bytes the per-vCPU count metered since the last harvest: what the
-    /// round has dirtied so far (with harvests within rounds, a page
-    /// rewritten after one counts again: an overcount, never an under).
+    /// round has dirtied so far, where the engine does not harvest within
+    /// rounds (with them, a page rewritten after a harvest is metered
+    /// again, and the sample's `within_round_found` is the count).
     metered: u64,
 }
 
@@ -88,7 +93,8 @@ impl LinkShare {
             }
             None => {
                 let least = absorbed.max(s.guest_bytes as f64 * INTERVAL_MEMORY_SHARE);
-                metered as f64 > least
+                let dirtied = s.within_round_found.unwrap_or(metered);
+                dirtied as f64 > least
                     && s.dirty_rate()
                         .is_some_and(|rate| rate > s.link_bytes_per_sec * threshold)
             }
@@ -180,6 +186,24 @@ mod tests {
         assert_eq!(share.decide(&fast()), None);
         assert_eq!(share.decide(&sample(1, 0, 100)), None);
         assert_eq!(share.decide(&fast()), None, "a new round's count");
+    }
+
+    #[test]
+    fn with_harvests_within_rounds_a_rewritten_working_set_counts_once() {
+        // A 512 MB guest on a 1 GB/s link rewrites the same 30 MB per vCPU
+        // each interval: the meter passes an eighth of memory (64 MB) at
+        // the second interval, the pages found do not.
+        let rewrite = |found| Sample {
+            guest_bytes: 512_000_000,
+            within_round_found: Some(found),
+            ..interval(0, &[30_000_000, 30_000_000])
+        };
+        let mut share = LinkShare::default();
+        for _ in 0..10 {
+            assert_eq!(share.decide(&rewrite(60_000_000)), None, "60 MB found");
+        }
+        // A writer at the same rate over fresh pages: found grows.
+        assert!(share.decide(&rewrite(120_000_000)).is_some(), "engaged");
     }
 
     #[test]

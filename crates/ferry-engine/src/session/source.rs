@@ -544,7 +544,10 @@ impl Source<'_> {
             quota_interval: self.opts.tunables.quota_interval(),
             vcpus: self.vm.vcpus(),
             round_end,
-            harvests_within_rounds: self.opts.harvest_within_rounds,
+            within_round_found: self
+                .opts
+                .harvest_within_rounds
+                .then(|| self.convergence.within.found() * PAGE_SIZE as u64),
         }
     }
 

@@ -121,6 +121,17 @@ impl WithinRound {
         self.defer = false;
     }
 
+    /// The distinct pages the round's harvests have found so far: a page
+    /// found again after its first harvest counts once.
+    pub fn found(&self) -> u64 {
+        self.carried
+            .words()
+            .iter()
+            .zip(self.ahead.words())
+            .map(|(&c, &a)| u64::from((c | a).count_ones()))
+            .sum()
+    }
+
     /// Pages sent once instead of twice, in the rounds ended so far.
     pub fn spared(&self) -> u64 {
         self.spared
@@ -167,12 +178,14 @@ mod tests {
         // A later harvest finds 191 again (still ahead: spared once) and
         // 131, written again after the cursor passed it: it goes again.
         w.file(&pages(300, &[131, 191]), &set, Gfn(150));
+        assert_eq!(w.found(), 10, "131 and 191 found twice, counted once");
         // Read already: 0, 63, 64, 129; not in the set: 205.
         let mut next = DirtyPages::new(300);
         w.take_into(&mut next);
         let carried: Vec<u64> = next.iter().map(|g| g.0).collect();
         assert_eq!(carried, vec![0, 63, 64, 129, 131, 205]);
         assert_eq!(w.spared(), 4, "130, 191, 192 and 299");
+        assert_eq!(w.found(), 0, "a new round's count");
         // Taken once: nothing carried twice.
         let mut again = DirtyPages::new(300);
         w.take_into(&mut again);
@@ -189,6 +202,7 @@ mod tests {
         w.file(&pages(300, &[200, 250]), &set, Gfn(150));
         assert!(w.defers(Gfn(130)) && w.defers(Gfn(200)) && w.defers(Gfn(250)));
         assert!(!w.defers(Gfn(131)) && !w.defers(Gfn(299)));
+        assert_eq!(w.found(), 4, "200 found twice, counted once");
         let mut next = DirtyPages::new(300);
         w.take_into(&mut next);
         let carried: Vec<u64> = next.iter().map(|g| g.0).collect();

@@ -167,7 +167,7 @@ impl FileConvergence {
             quota_interval: tunables.quota_interval(),
             vcpus: vm.vcpus(),
             round_end,
-            harvests_within_rounds: false,
+            within_round_found: None,
         }
     }
 

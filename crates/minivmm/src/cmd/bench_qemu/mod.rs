@@ -9,7 +9,8 @@
 //! (`migration_completion`); ferry is told to do the same
 //! (`--uncapped-pause`). QEMU gets its best convergence setting (auto-converge; 7.2 has
 //! no dirty-limit), ferry the policy minivmm's VM declares best
-//! (`--ferry-harvest-within-rounds` adds harvests within rounds). The
+//! with harvests within rounds (`--ferry-harvest-within-rounds false`
+//! harvests at round ends only). The
 //! cells are fixed in advance:
 //!
 //! ```text
@@ -81,12 +82,12 @@ pub struct QemuArgs {
     /// dirtied at twice the link cap.
     #[arg(long, default_value_t = 128)]
     hot_mib: u64,
-    /// ferry's source also harvests the dirty log within rounds (`minivmm
-    /// demo --harvest-within-rounds`): its full pass leaves what the guest
-    /// dirties ahead of it for the next round. Inside the SVM host that
-    /// took the writing cell from 46-48 s to 35-39 s, but it made the
-    /// quota engage on the idle cell (docs/svm-host.md).
-    #[arg(long)]
+    /// Whether ferry's source also harvests the dirty log within rounds
+    /// (`minivmm demo --harvest-within-rounds`): its full pass leaves what
+    /// the guest dirties ahead of it for the next round. Inside the SVM
+    /// host that took the writing cell from 46-48 s to 35-39 s
+    /// (docs/svm-host.md). `false` harvests at round ends only.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     ferry_harvest_within_rounds: bool,
     /// Runs of each cell (each a ferry run then a QEMU run).
     #[arg(long, default_value_t = 1)]
