@@ -51,6 +51,8 @@ pub(crate) struct WithinRound {
     defer: bool,
     /// Pages a round deferred, over the rounds ended so far.
     deferred: u64,
+    /// Distinct pages the harvests found in the current round.
+    found: u64,
 }
 
 impl WithinRound {
@@ -62,6 +64,7 @@ impl WithinRound {
             spared: 0,
             defer: false,
             deferred: 0,
+            found: 0,
         }
     }
 
@@ -81,6 +84,12 @@ impl WithinRound {
     /// Files `found`, harvested while the round sending `set` had read each
     /// of its pages below `cursor` and none from `cursor` on.
     pub fn file(&mut self, found: &DirtyPages, set: &DirtyPages, cursor: Gfn) {
+        self.found += found
+            .words()
+            .iter()
+            .zip(self.carried.words().iter().zip(self.ahead.words()))
+            .map(|(&f, (&c, &a))| u64::from((f & !(c | a)).count_ones()))
+            .sum::<u64>();
         let (keep, ahead): (Vec<u64>, Vec<u64>) = found
             .words()
             .iter()
@@ -119,17 +128,13 @@ impl WithinRound {
         self.carried.clear();
         self.ahead.clear();
         self.defer = false;
+        self.found = 0;
     }
 
     /// The distinct pages the round's harvests have found so far: a page
     /// found again after its first harvest counts once.
     pub fn found(&self) -> u64 {
-        self.carried
-            .words()
-            .iter()
-            .zip(self.ahead.words())
-            .map(|(&c, &a)| u64::from((c | a).count_ones()))
-            .sum()
+        self.found
     }
 
     /// Pages sent once instead of twice, in the rounds ended so far.

@@ -32,6 +32,44 @@ fn ratio(ferry: Option<f64>, qemu: Option<f64>) -> String {
     }
 }
 
+/// With repeats, each cell's medians over its runs, per side (over the
+/// runs that side converged in): one run's pause is a draw from the
+/// guest's ordinary stalls on this host ("usual stall after"), so the
+/// median over runs is the cell's figure.
+fn median_notes(results: &[CellResult]) -> Vec<String> {
+    let mut cells: Vec<&str> = Vec::new();
+    for r in results {
+        if !cells.contains(&r.cell.as_str()) {
+            cells.push(&r.cell);
+        }
+    }
+    let mut notes = Vec::new();
+    for cell in cells {
+        let runs: Vec<&CellResult> = results.iter().filter(|r| r.cell == cell).collect();
+        if runs.len() < 2 {
+            continue;
+        }
+        let ferry: Vec<&Side> = runs.iter().map(|r| &r.ferry).collect();
+        let qemu: Vec<&Side> = runs.iter().map(|r| &r.qemu).collect();
+        let of = |sides: &[&Side], f: fn(&Side) -> Option<f64>| {
+            super::median(sides.iter().filter_map(|s| f(s)).collect())
+        };
+        let (ft, fp) = (of(&ferry, Side::total), of(&ferry, Side::pause));
+        let (qt, qp) = (of(&qemu, Side::total), of(&qemu, Side::pause));
+        notes.push(format!(
+            "{cell}, medians of {} runs: ferry total {} ms, pause {} ms; QEMU total {} ms ({}), pause {} ms ({})",
+            runs.len(),
+            ms(ft),
+            ms(fp),
+            ms(qt),
+            ratio(ft, qt),
+            ms(qp),
+            ratio(fp, qp),
+        ));
+    }
+    notes
+}
+
 fn bar(s: &Side, v: Option<f64>) -> Bar {
     match (s.converged, v) {
         (true, Some(v)) => Bar::Value(v),
@@ -58,6 +96,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
             "gap near the move (ms)",
             "clock lost (ms)",
             "pause, host time (ms)",
+            "usual stall after (ms)",
             "longest stall while moving (ms)",
             "guest wrote (MiB/s)",
             "mismatches",
@@ -84,6 +123,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
                 s.guest_clock_lost_ms
                     .map_or("-".into(), |v| format!("{v:.0}")),
                 ms(s.guest_pause_host_ms),
+                ms(s.usual_stall_ms),
                 ms(s.source_stall_ms),
                 s.source_write_mib_s
                     .map_or("-".into(), |r| format!("{r:.1}")),
@@ -115,7 +155,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
         ));
     }
     t.note("QEMU: -accel kvm, microvm with ACPI, auto-converge, migrate tcp: over loopback; its limit is max(5x ferry's total, 300 s)");
-    t.note("guest pause: the gap in the guest's clock that spans the moment the source paused it for the switchover (the longest, over its vCPUs), placed on the guest's clock by the host's time of the checker's lines; gap near the move: the largest gap over the destination's first 3 checker lines, which can be a throttle's stall before the pause; clock lost: how far the guest's clock fell behind the host's across the move (QEMU's kvmclock does not count the time from saving the device state to the destination's start; ferry's counts it all); pause, host time: the two added");
+    t.note("guest pause: the gap in the guest's clock that spans the moment the source paused it for the switchover (the longest, over its vCPUs), placed on the guest's clock by the host's time of the checker's lines; gap near the move: the largest gap over the destination's first 3 checker lines, which can be a throttle's stall before the pause; clock lost: how far the guest's clock fell behind the host's across the move (QEMU's kvmclock does not count the time from saving the device state to the destination's start; ferry's counts it all); pause, host time: the two added; usual stall after: the median over the destination's checker lines after the third (one a second) of each line's largest gap, the stall the guest meets every second on this host under that VMM (a pause below it is lost in the guest's ordinary running)");
     for r in results {
         let f = &r.ferry;
         if f.policy.is_some() || f.rounds.is_some() {
@@ -144,6 +184,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
             ));
         }
     }
+    median_notes(results).into_iter().for_each(|n| t.note(n));
     for r in results {
         for (name, s) in [("ferry", &r.ferry), ("QEMU", &r.qemu)] {
             if let Some(e) = &s.error {
@@ -205,4 +246,54 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
         println!("{}", serde_json::json!({ "cells": results }));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(cell: &str, run: u32, ferry: (f64, f64), qemu: Option<(f64, f64)>) -> CellResult {
+        let side = |v: Option<(f64, f64)>| Side {
+            converged: v.is_some(),
+            total_ms: v.map(|v| v.0),
+            guest_pause_ms: v.map(|v| v.1),
+            ..Side::default()
+        };
+        CellResult {
+            cell: cell.into(),
+            run,
+            guest_mib: 512,
+            vcpus: 2,
+            writing: cell == "writing",
+            hot_mib: 128,
+            rate_mib_s: 16,
+            bandwidth_mib_s: 8,
+            downtime_limit_ms: 300,
+            ferry_harvest_within_rounds: true,
+            ferry: side(Some(ferry)),
+            qemu: side(qemu),
+        }
+    }
+
+    #[test]
+    fn repeats_get_each_cells_medians_over_the_runs_each_side_converged_in() {
+        let results = [
+            run("idle", 1, (15_000.0, 180.0), Some((13_000.0, 130.0))),
+            run("writing", 1, (36_000.0, 240.0), None),
+            run("idle", 2, (16_000.0, 100.0), Some((14_000.0, 600.0))),
+            run("writing", 2, (35_000.0, 200.0), Some((90_000.0, 900.0))),
+            run("idle", 3, (15_500.0, 150.0), Some((13_500.0, 580.0))),
+        ];
+        let notes = median_notes(&results);
+        assert_eq!(notes.len(), 2);
+        assert_eq!(
+            notes[0],
+            "idle, medians of 3 runs: ferry total 15500 ms, pause 150 ms; \
+             QEMU total 13500 ms (0.87x), pause 580 ms (3.87x)"
+        );
+        // QEMU's one converged run is its median; ferry's is the upper one.
+        assert!(notes[1].starts_with("writing, medians of 2 runs: ferry total 36000 ms"));
+        assert!(notes[1].contains("QEMU total 90000 ms (2.50x), pause 900 ms (3.75x)"));
+        assert!(median_notes(&results[..2]).is_empty(), "one run each");
+    }
 }
