@@ -194,8 +194,9 @@ fn main() {
             seen = found.len();
         }
         let mut line = summary(seq, &counters, &disk_counters, warned, true);
-        line.clock_ms = start.elapsed().as_secs_f64() * 1e3;
+        // The gaps first: the clock then reads after every gap listed ends.
         line.gaps = window_gaps(&counters, start);
+        line.clock_ms = start.elapsed().as_secs_f64() * 1e3;
         say(&line.format());
         if sched_lines {
             let (now, steal, ipis) = (tasks(), sched::steal(), sched::ipis());
