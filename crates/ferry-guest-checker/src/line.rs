@@ -68,7 +68,7 @@ impl Gap {
 
 /// The most gaps a line lists: the longest of its second. Inside the SVM
 /// host the gap that spanned a move's pause was the longest, second or
-/// third longest of its line's in each of 12 runs (ferry's and QEMU's);
+/// third longest of its line's in each of 11 runs (ferry's and QEMU's);
 /// each one listed costs a line some 8 bytes.
 pub const NOTED_GAPS: usize = 8;
 /// The shortest gap a line lists, in ms: longer than a guest's scheduler
