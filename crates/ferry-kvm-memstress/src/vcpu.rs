@@ -154,6 +154,7 @@ impl VcpuThread {
     /// Asks the vCPU to stop; does not wait.
     pub fn request_pause(&self) {
         self.shared.want.store(WANT_PAUSE, Ordering::Release);
+        self.shared.slot.interrupt();
     }
 
     /// Waits until the vCPU is out of KVM_RUN, kicking it as needed.
@@ -244,6 +245,7 @@ impl Drop for VcpuThread {
             let _state = self.shared.lock_state();
             self.shared.want.store(WANT_EXIT, Ordering::Release);
         }
+        self.shared.slot.interrupt();
         self.shared.changed.notify_all();
         self.wait_paused();
         if let Some(h) = self.handle.take() {

@@ -30,12 +30,13 @@
 //! count pages per VM, not per vCPU.
 //!
 //! A VMM gives each vCPU a [`ThrottleSlot`], implements [`Throttled`] for
-//! what its throttle thread sees of a vCPU, and calls
-//! [`ThrottleSlot::take`] before each KVM_RUN and after each EINTR.
+//! what its throttle thread sees of a vCPU, calls [`ThrottleSlot::take`]
+//! before each KVM_RUN and after each EINTR, and calls
+//! [`ThrottleSlot::interrupt`] when it asks the vCPU to stop.
 
 use crate::dirty::ring::DirtyRing;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -60,6 +61,13 @@ pub trait Throttled: Send + Sync {
 
 /// A vCPU's throttle sleep: left by the throttle thread, taken by the vCPU's
 /// own thread, and counted.
+///
+/// The sleep blocks on a condition variable until it is due, the throttle
+/// is lifted ([`ThrottleSlot::wake`]) or the VMM asks the vCPU to stop
+/// ([`ThrottleSlot::interrupt`]). It used to poll in 1 ms steps: inside the
+/// SVM host a vCPU asleep on the quota then used about 100 ms of CPU a
+/// second, a fifth of the host's one CPU with both vCPUs held, which the
+/// guest's own tasks and ferry's sender were short of (docs/svm-host.md).
 #[derive(Debug, Default)]
 pub struct ThrottleSlot {
     /// Nanoseconds the vCPU must sleep before it next runs.
@@ -70,11 +78,12 @@ pub struct ThrottleSlot {
     slept_ns: AtomicU64,
     /// Bumped when the throttle is lifted: a sleep under way ends early.
     wakes: AtomicU64,
+    /// Held by a sleeper between its checks and its wait, and by whoever
+    /// rings it, so that no ring falls between the two.
+    gate: Mutex<()>,
+    /// Rung by [`ThrottleSlot::wake`] and [`ThrottleSlot::interrupt`].
+    bell: Condvar,
 }
-
-/// The step a throttle sleep is taken in, so that a pause waits at most
-/// this long.
-const SLEEP_STEP: Duration = Duration::from_millis(1);
 
 impl ThrottleSlot {
     /// Leaves the vCPU `sleep` to take (replacing one not yet taken).
@@ -83,9 +92,10 @@ impl ThrottleSlot {
             .store(sleep.as_nanos() as u64, Ordering::Release);
     }
 
-    /// Takes the sleep left for this vCPU, if any, in short steps while
-    /// `keep_running()` says the vCPU is still wanted running (a pause does
-    /// not wait for a throttle).
+    /// Takes the sleep left for this vCPU, if any, while `keep_running()`
+    /// says the vCPU is still wanted running (a pause does not wait for a
+    /// throttle). The VMM that changes what `keep_running` reads must then
+    /// call [`ThrottleSlot::interrupt`], or the sleep runs its course.
     pub fn take(&self, keep_running: impl Fn() -> bool) {
         let ns = self.sleep_ns.swap(0, Ordering::AcqRel);
         if ns == 0 {
@@ -95,13 +105,21 @@ impl ThrottleSlot {
         let wakes = self.wakes.load(Ordering::Acquire);
         let start = Instant::now();
         let until = start + Duration::from_nanos(ns);
+        let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
         while keep_running() && self.wakes.load(Ordering::Acquire) == wakes {
             let now = Instant::now();
             if now >= until {
                 break;
             }
-            std::thread::sleep(SLEEP_STEP.min(until - now));
+            // A signal (the VMM's kick) may end the wait early: the loop
+            // checks again.
+            gate = self
+                .bell
+                .wait_timeout(gate, until - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
+        drop(gate);
         self.slept_ns
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
@@ -111,7 +129,16 @@ impl ThrottleSlot {
     /// the end of a quota debt of up to a second).
     pub fn wake(&self) {
         self.sleep_ns.store(0, Ordering::Release);
+        let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
         self.wakes.fetch_add(1, Ordering::AcqRel);
+        self.bell.notify_all();
+    }
+
+    /// Makes a sleep under way check `keep_running` again: the VMM calls
+    /// it after it asks the vCPU to stop. A sleep not yet taken stays.
+    pub fn interrupt(&self) {
+        let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        self.bell.notify_all();
     }
 
     /// Throttle sleeps taken so far.
@@ -740,5 +767,50 @@ mod tests {
         slot.leave(Duration::from_secs(600));
         slot.take(|| false);
         assert_eq!(slot.sleeps(), 2);
+    }
+
+    #[test]
+    fn a_pause_ends_a_sleep_under_way_and_a_kick_alone_does_not() {
+        use std::sync::atomic::AtomicBool;
+        let slot = Arc::new(ThrottleSlot::default());
+        let wanted = Arc::new(AtomicBool::new(true));
+        slot.leave(Duration::from_secs(600));
+        let taker = {
+            let (slot, wanted) = (Arc::clone(&slot), Arc::clone(&wanted));
+            std::thread::spawn(move || slot.take(|| wanted.load(Ordering::Acquire)))
+        };
+        while slot.sleeps() == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Rung while the vCPU is still wanted: the sleep goes on.
+        slot.interrupt();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!taker.is_finished(), "an interrupt alone ended the sleep");
+        // The VMM's pause: it stops wanting the vCPU, then rings.
+        wanted.store(false, Ordering::Release);
+        slot.interrupt();
+        // A guard against a hang, not a timing: the sleep left was 600 s.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !taker.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(taker.is_finished(), "the pause did not end the sleep");
+        taker.join().unwrap();
+        assert!(
+            slot.slept() < Duration::from_secs(600),
+            "{:?}",
+            slot.slept()
+        );
+
+        // Left alone, a sleep runs its whole course.
+        let short = Duration::from_millis(30);
+        let before = slot.slept();
+        slot.leave(short);
+        slot.take(|| true);
+        assert!(
+            slot.slept() - before >= short,
+            "{:?}",
+            slot.slept() - before
+        );
     }
 }

@@ -222,6 +222,7 @@ impl Vcpu {
     /// every vCPU first stops them together.
     pub fn ask_pause(&self) {
         self.shared.want.store(PAUSE, Ordering::Release);
+        self.shared.slot.interrupt();
         self.kick();
     }
 
@@ -325,6 +326,7 @@ fn kick(s: &Shared) {
 impl Drop for Vcpu {
     fn drop(&mut self) {
         self.shared.want.store(EXIT, Ordering::Release);
+        self.shared.slot.interrupt();
         {
             let _state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
             self.shared.changed.notify_all();
