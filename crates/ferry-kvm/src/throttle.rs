@@ -36,7 +36,7 @@
 
 use crate::dirty::ring::DirtyRing;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -83,9 +83,49 @@ pub struct ThrottleSlot {
     gate: Mutex<()>,
     /// Rung by [`ThrottleSlot::wake`] and [`ThrottleSlot::interrupt`].
     bell: Condvar,
+    /// The CPU clock of the vCPU's thread, once it has bound itself.
+    cpu_clock: OnceLock<libc::clockid_t>,
+    /// The thread's CPU time, in nanoseconds, when its last sleep ended.
+    woke_cpu_ns: AtomicU64,
+}
+
+/// A CPU clock's reading.
+fn cpu_time(clock: libc::clockid_t) -> Option<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; a bad clock id is an
+    // error return, not undefined behaviour.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    (rc == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
 impl ThrottleSlot {
+    /// Called on the vCPU's own thread before its first KVM_RUN, so that
+    /// the quota can count the CPU the vCPU gets between its sleeps, not
+    /// the wall time (docs/svm-host.md: on a host short of CPU, 10 ms
+    /// of wall time after a sleep was about 5 ms in the guest, most of
+    /// it the guest kernel's catching up). The thread must outlive the
+    /// throttle thread, as it must for kicks.
+    pub fn bind_to_current_thread(&self) {
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: pthread_self is this live thread, and `clock` is a valid
+        // place for its clock id.
+        let rc = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) };
+        if rc == 0 {
+            let _ = self.cpu_clock.set(clock);
+        }
+    }
+
+    /// The CPU the vCPU's thread used since its last throttle sleep ended
+    /// (`None` until it binds itself).
+    pub fn cpu_since_sleep(&self) -> Option<Duration> {
+        let now = cpu_time(*self.cpu_clock.get()?)?;
+        let woke = Duration::from_nanos(self.woke_cpu_ns.load(Ordering::Acquire));
+        Some(now.saturating_sub(woke))
+    }
+
     /// Leaves the vCPU `sleep` to take (replacing one not yet taken).
     pub fn leave(&self, sleep: Duration) {
         self.sleep_ns
@@ -122,6 +162,12 @@ impl ThrottleSlot {
         drop(gate);
         self.slept_ns
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if self.cpu_clock.get().is_some() {
+            if let Some(now) = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID) {
+                self.woke_cpu_ns
+                    .store(now.as_nanos() as u64, Ordering::Release);
+            }
+        }
     }
 
     /// Drops a sleep not yet taken and ends one under way: the throttle
@@ -388,8 +434,17 @@ struct QuotaMeter {
 const SHORTEST_HOLD: Duration = *QUOTA_LONGEST_SLEEPS.start();
 
 /// The least a vCPU runs after a quota sleep before the next: QEMU's
-/// time-throttle slice, time for a guest's task to get work done.
+/// time-throttle slice, time for a guest's task to get work done. It is
+/// CPU time where the vCPU's thread is bound
+/// ([`ThrottleSlot::bind_to_current_thread`]): on a host short of CPU a
+/// vCPU woken from a sleep waits for the CPU, and then the guest kernel
+/// catches up on the ticks it missed before any task runs.
 const QUOTA_RUN: Duration = TIMESLICE;
+
+/// The most wall time a vCPU in debt runs after a quota sleep before the
+/// next, whatever CPU it got: a vCPU that halts in the guest gets no CPU
+/// and dirties nothing, and one the host starves must not go unheld.
+const QUOTA_RUN_MOST: Duration = Duration::from_millis(50);
 
 /// When a vCPU that owes `owed` of sleep at `now` wakes, held at most
 /// `hold`: at the first boundary that repays it, or at the last boundary
@@ -480,12 +535,19 @@ impl QuotaMeter {
                 total.saturating_sub(self.seen[i]) * PAGE_SIZE as u64
             };
             self.seen[i] = total;
+            // Read only once the wall time allows a sleep: it is a system
+            // call per vCPU per tick.
+            let ran = match now >= self.asleep_until[i] + QUOTA_RUN {
+                true => v.slot().cpu_since_sleep(),
+                false => None,
+            };
             let charge = Charge {
                 now,
                 share,
                 spent,
                 quota,
                 times,
+                ran,
             };
             if let Some(sleep) = self.charge(i, charge, v.is_running()) {
                 v.slot().leave(sleep);
@@ -504,7 +566,9 @@ impl QuotaMeter {
         let budget = (self.budget[i] + earned).min(quota) - c.spent as f64;
         self.outran_hold[i] |= budget < -most_owed;
         self.budget[i] = budget.max(-most_owed);
-        let ran_enough = c.now >= self.asleep_until[i] + QUOTA_RUN;
+        let woke = self.asleep_until[i];
+        let ran_enough = c.now >= woke + QUOTA_RUN
+            && (c.ran.is_none_or(|cpu| cpu >= QUOTA_RUN) || c.now >= woke + QUOTA_RUN_MOST);
         if !ran_enough || !running {
             return None;
         }
@@ -535,6 +599,8 @@ struct Charge {
     /// Its quota, bytes per interval.
     quota: u64,
     times: QuotaTimes,
+    /// The CPU its thread used since its last sleep ended, where known.
+    ran: Option<Duration>,
 }
 
 /// The quota's interval, and the longest sleep it may hold a vCPU to.
@@ -626,7 +692,21 @@ mod tests {
         ticks: u32,
         longest: Duration,
     ) -> (Vec<Duration>, u32) {
+        let (sleeps, ran, _) = meter_run_starved(per_tick, ticks, longest, 1.0);
+        (sleeps, ran)
+    }
+
+    /// [`meter_run_held`] for a vCPU whose thread gets `cpu_share` of the
+    /// CPU while awake; also the ticks it was awake before each sleep.
+    fn meter_run_starved(
+        per_tick: impl Fn(u32) -> u64,
+        ticks: u32,
+        longest: Duration,
+        cpu_share: f64,
+    ) -> (Vec<Duration>, u32, Vec<u32>) {
         let mut m = QuotaMeter::new(1);
+        let mut awake_runs = Vec::new();
+        let mut awake_ticks = 0;
         let epoch = m.epoch;
         let (mut sleeps, mut ran) = (Vec::new(), 0);
         let mut awake_at = epoch;
@@ -635,6 +715,7 @@ mod tests {
             let running = now >= awake_at;
             let spent = if running { per_tick(t) } else { 0 };
             ran += u32::from(running);
+            awake_ticks += u32::from(running);
             let c = Charge {
                 now,
                 share: QUOTA_TICK.as_secs_f64() / QUOTA_INTERVAL.as_secs_f64(),
@@ -644,13 +725,36 @@ mod tests {
                     interval: QUOTA_INTERVAL,
                     longest_sleep: longest,
                 },
+                ran: Some(now.saturating_duration_since(awake_at).mul_f64(cpu_share)),
             };
             if let Some(s) = m.charge(0, c, running) {
                 sleeps.push(s);
+                awake_runs.push(std::mem::take(&mut awake_ticks));
                 awake_at = now + s;
             }
         }
-        (sleeps, ran)
+        (sleeps, ran, awake_runs)
+    }
+
+    #[test]
+    fn a_vcpu_short_of_cpu_runs_its_slice_in_cpu_time_up_to_a_wall_limit() {
+        let tick_ms = QUOTA_TICK.as_millis() as u32;
+        // A quarter of the CPU: QUOTA_RUN of CPU takes four times as long.
+        let (sleeps, _, runs) =
+            meter_run_starved(|_| 100 * PAGE_SIZE as u64, 2000, LONGEST_HOLD, 0.25);
+        assert!(sleeps.len() >= 10, "{sleeps:?}");
+        let quarter = 4 * QUOTA_RUN.as_millis() as u32 / tick_ms;
+        assert!(runs[1..].iter().all(|r| *r >= quarter), "{runs:?}");
+        // A twentieth: held all the same, after QUOTA_RUN_MOST of wall time.
+        let (sleeps, _, runs) =
+            meter_run_starved(|_| 100 * PAGE_SIZE as u64, 2000, LONGEST_HOLD, 0.05);
+        assert!(sleeps.len() >= 10, "{sleeps:?}");
+        let most = QUOTA_RUN_MOST.as_millis() as u32 / tick_ms;
+        // (The tick it wakes on counts as awake.)
+        assert!(
+            runs[1..].iter().all(|r| (most..=most + 1).contains(r)),
+            "{runs:?}"
+        );
     }
 
     #[test]
