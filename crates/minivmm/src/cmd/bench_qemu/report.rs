@@ -8,15 +8,22 @@ use ferry_report::{Bar, Bars, Report, Table};
 pub fn brief(s: &Side) -> String {
     match (s.converged, &s.error) {
         (true, None) => format!(
-            "total {:.1} s, downtime {:.0} ms, the guest saw {:.0} ms",
+            "total {:.1} s, downtime {:.0} ms, {}",
             s.total_ms.unwrap_or(f64::NAN) / 1e3,
             s.downtime_ms.unwrap_or(f64::NAN),
-            s.guest_pause_ms.unwrap_or(f64::NAN)
+            s.guest_pause_ms.map_or(NOT_LISTED.into(), |p| format!(
+                "the guest saw {p:.0} ms"
+            ))
         ),
         (_, Some(e)) => format!("failed: {e}"),
         (false, None) => "did not converge".into(),
     }
 }
+
+/// Why a side that converged has no guest pause: its lines list each
+/// second's longest gaps, and a throttle's stalls just before the move
+/// can crowd out the pause's own.
+const NOT_LISTED: &str = "the gap that spans the pause is not among those the checker's lines list";
 
 /// Milliseconds, rounded, or `-` where there is no value.
 pub(super) fn ms(v: Option<f64>) -> String {
@@ -71,13 +78,11 @@ fn median_notes(results: &[CellResult]) -> Vec<String> {
 }
 
 fn bar(s: &Side, v: Option<f64>) -> Bar {
-    match (s.converged, v) {
-        (true, Some(v)) => Bar::Value(v),
-        _ => Bar::NoValue(
-            s.error
-                .clone()
-                .map_or("did not converge".into(), |_| "failed".into()),
-        ),
+    match (s.converged, v, &s.error) {
+        (true, Some(v), _) => Bar::Value(v),
+        (_, _, Some(_)) => Bar::NoValue("failed".into()),
+        (true, None, None) => Bar::NoValue("not in the checker's lines".into()),
+        (false, None, None) => Bar::NoValue("did not converge".into()),
     }
 }
 
@@ -295,5 +300,29 @@ mod tests {
         assert!(notes[1].starts_with("writing, medians of 2 runs: ferry total 36000 ms"));
         assert!(notes[1].contains("QEMU total 90000 ms (2.50x), pause 900 ms (3.75x)"));
         assert!(median_notes(&results[..2]).is_empty(), "one run each");
+    }
+
+    #[test]
+    fn a_side_that_converged_with_no_pause_in_its_lines_is_not_called_unconverged() {
+        let moved = Side {
+            converged: true,
+            total_ms: Some(37_000.0),
+            downtime_ms: Some(86.0),
+            ..Side::default()
+        };
+        let said = |b: Bar| match b {
+            Bar::NoValue(why) => why,
+            _ => "a value".into(),
+        };
+        assert_eq!(said(bar(&moved, None)), "not in the checker's lines");
+        assert!(brief(&moved).ends_with(NOT_LISTED), "{}", brief(&moved));
+        let stuck = Side::default();
+        assert_eq!(said(bar(&stuck, None)), "did not converge");
+        let failed = Side {
+            error: Some("the SVM host: hung".into()),
+            ..moved.clone()
+        };
+        assert_eq!(said(bar(&failed, None)), "failed");
+        assert_eq!(said(bar(&moved, Some(399.0))), "a value");
     }
 }
