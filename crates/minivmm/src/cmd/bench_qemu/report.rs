@@ -11,9 +11,8 @@ pub fn brief(s: &Side) -> String {
             "total {:.1} s, downtime {:.0} ms, {}",
             s.total_ms.unwrap_or(f64::NAN) / 1e3,
             s.downtime_ms.unwrap_or(f64::NAN),
-            s.guest_pause_ms.map_or(NOT_LISTED.into(), |p| format!(
-                "the guest saw {p:.0} ms"
-            ))
+            s.guest_pause_ms
+                .map_or(NOT_LISTED.into(), |p| format!("the guest saw {p:.0} ms"))
         ),
         (_, Some(e)) => format!("failed: {e}"),
         (false, None) => "did not converge".into(),
