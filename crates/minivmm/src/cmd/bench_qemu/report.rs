@@ -81,7 +81,7 @@ fn bar(s: &Side, v: Option<f64>) -> Bar {
         (true, Some(v), _) => Bar::Value(v),
         (_, _, Some(_)) => Bar::NoValue("failed".into()),
         (true, None, None) => Bar::NoValue("not in the checker's lines".into()),
-        (false, None, None) => Bar::NoValue("did not converge".into()),
+        (false, _, None) => Bar::NoValue("did not converge".into()),
     }
 }
 
