@@ -874,7 +874,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pause_ends_a_sleep_under_way_and_a_kick_alone_does_not() {
+    fn a_pause_ends_a_sleep_under_way_and_an_interrupt_alone_does_not() {
         use std::sync::atomic::AtomicBool;
         let slot = Arc::new(ThrottleSlot::default());
         let wanted = Arc::new(AtomicBool::new(true));
