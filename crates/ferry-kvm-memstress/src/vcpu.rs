@@ -273,7 +273,6 @@ fn run_loop(shared: &VcpuShared) {
     shared
         .tid
         .store(ferry_vm::current_thread_id(), Ordering::Release);
-    shared.slot.bind_to_current_thread();
     loop {
         // Wait until asked to run (or to exit).
         {

@@ -83,8 +83,9 @@ pub struct ThrottleSlot {
     gate: Mutex<()>,
     /// Rung by [`ThrottleSlot::wake`] and [`ThrottleSlot::interrupt`].
     bell: Condvar,
-    /// The CPU clock of the vCPU's thread, once it has bound itself.
-    cpu_clock: OnceLock<libc::clockid_t>,
+    /// The CPU clock of the vCPU's thread, read at its first
+    /// [`ThrottleSlot::take`] (`None`: the thread has none).
+    cpu_clock: OnceLock<Option<libc::clockid_t>>,
     /// The thread's CPU time, in nanoseconds, when its last sleep ended.
     woke_cpu_ns: AtomicU64,
 }
@@ -101,27 +102,24 @@ fn cpu_time(clock: libc::clockid_t) -> Option<Duration> {
     (rc == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
-impl ThrottleSlot {
-    /// Called on the vCPU's own thread before its first KVM_RUN, so that
-    /// the quota can count the CPU the vCPU gets between its sleeps, not
-    /// the wall time (docs/svm-host.md: on a host short of CPU, 10 ms
-    /// of wall time after a sleep was about 5 ms in the guest, most of
-    /// it the guest kernel's catching up). The thread must outlive the
-    /// throttle thread, as it must for kicks.
-    pub fn bind_to_current_thread(&self) {
-        let mut clock: libc::clockid_t = 0;
-        // SAFETY: pthread_self is this live thread, and `clock` is a valid
-        // place for its clock id.
-        let rc = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) };
-        if rc == 0 {
-            let _ = self.cpu_clock.set(clock);
-        }
-    }
+/// The CPU clock of the calling thread.
+fn this_threads_cpu_clock() -> Option<libc::clockid_t> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: pthread_self is this live thread, and `clock` is a valid
+    // place for its clock id.
+    let rc = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) };
+    (rc == 0).then_some(clock)
+}
 
+impl ThrottleSlot {
     /// The CPU the vCPU's thread used since its last throttle sleep ended
-    /// (`None` until it binds itself).
+    /// (`None` before its first [`ThrottleSlot::take`]), so that the quota
+    /// counts the CPU a vCPU gets between its sleeps, not the wall time
+    /// (docs/svm-host.md: on a host short of CPU, 10 ms of wall time after
+    /// a sleep left the guest a few milliseconds, most of them the guest
+    /// kernel's catching up). A thread that has exited reads as `None`.
     pub fn cpu_since_sleep(&self) -> Option<Duration> {
-        let now = cpu_time(*self.cpu_clock.get()?)?;
+        let now = cpu_time((*self.cpu_clock.get()?)?)?;
         let woke = Duration::from_nanos(self.woke_cpu_ns.load(Ordering::Acquire));
         Some(now.saturating_sub(woke))
     }
@@ -137,6 +135,7 @@ impl ThrottleSlot {
     /// throttle). The VMM that changes what `keep_running` reads must then
     /// call [`ThrottleSlot::interrupt`], or the sleep runs its course.
     pub fn take(&self, keep_running: impl Fn() -> bool) {
+        self.cpu_clock.get_or_init(this_threads_cpu_clock);
         let ns = self.sleep_ns.swap(0, Ordering::AcqRel);
         if ns == 0 {
             return;
@@ -162,11 +161,9 @@ impl ThrottleSlot {
         drop(gate);
         self.slept_ns
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        if self.cpu_clock.get().is_some() {
-            if let Some(now) = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID) {
-                self.woke_cpu_ns
-                    .store(now.as_nanos() as u64, Ordering::Release);
-            }
+        if let Some(now) = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID) {
+            self.woke_cpu_ns
+                .store(now.as_nanos() as u64, Ordering::Release);
         }
     }
 
@@ -435,8 +432,8 @@ const SHORTEST_HOLD: Duration = *QUOTA_LONGEST_SLEEPS.start();
 
 /// The least a vCPU runs after a quota sleep before the next: QEMU's
 /// time-throttle slice, time for a guest's task to get work done. It is
-/// CPU time where the vCPU's thread is bound
-/// ([`ThrottleSlot::bind_to_current_thread`]): on a host short of CPU a
+/// CPU time where the vCPU's thread has one
+/// ([`ThrottleSlot::cpu_since_sleep`]): on a host short of CPU a
 /// vCPU woken from a sleep waits for the CPU, and then the guest kernel
 /// catches up on the ticks it missed before any task runs.
 const QUOTA_RUN: Duration = TIMESLICE;

@@ -357,7 +357,6 @@ fn run(s: &Shared) {
     s.pthread.store(me as u64, Ordering::Release);
     s.tid
         .store(ferry_engine::vmm::current_thread_id(), Ordering::Release);
-    s.slot.bind_to_current_thread();
     loop {
         {
             let mut state = s.state.lock().unwrap_or_else(|e| e.into_inner());
