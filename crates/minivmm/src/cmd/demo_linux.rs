@@ -22,9 +22,13 @@ pub fn summarize(mode: &str, vcpus: u32, e: &Ends) -> (Value, bool) {
     // The pause the guest saw: the gap between its clock readings that
     // spans the source's pause for the switchover. The destination's first
     // lines span it too, with a throttle's stalls before it.
-    let guest_pause_ms = e.source["paused_unix_ms"]
-        .as_f64()
-        .and_then(|at| super::stamps::switchover_gap_ms(&e.stamps, at));
+    let paused = e.source["paused_unix_ms"].as_f64();
+    let guest_pause_ms = paused.and_then(|at| super::stamps::switchover_gap_ms(&e.stamps, at));
+    // Where a throttle's stalls crowded it out of its lines: the most it
+    // can have been.
+    let guest_pause_at_most_ms = paused
+        .filter(|_| guest_pause_ms.is_none())
+        .and_then(|at| super::stamps::switchover_gap_at_most_ms(&e.stamps, at));
     let gap_near_move_ms = first_gaps(&e.destination_console, 3);
     let journal: Vec<u64> = [e.source, e.destination]
         .iter()
@@ -53,6 +57,7 @@ pub fn summarize(mode: &str, vcpus: u32, e: &Ends) -> (Value, bool) {
         "converge": e.source["summary"]["converge"],
         "rounds": e.source["summary"]["rounds"].as_array().map(Vec::len),
         "guest_pause_ms": guest_pause_ms,
+        "guest_pause_at_most_ms": guest_pause_at_most_ms,
         "gap_near_move_ms": gap_near_move_ms,
         "guest_clock_lost_ms": super::stamps::clock_lost_ms(&e.stamps),
         "checker_lines_after_move": dest_lines.lines.lines,

@@ -222,6 +222,37 @@ pub fn switchover_gap_ms(stamps: &[Stamp], paused_unix_ms: f64) -> Option<f64> {
         .reduce(f64::max)
 }
 
+/// Where no listed gap spans the pause ([`switchover_gap_ms`] is `None`):
+/// the longest the pause's gap can have been, from the lines it must have
+/// been noted in. Its gap ended after the pause, so the first line made
+/// after the pause, or the one after that, took it; a line lists the
+/// [`NOTED_GAPS`] longest of its window, so one that lists that many
+/// without the pause's had it no longer than the shortest it lists, and
+/// one that lists fewer did not have it (or had it under
+/// [`NOTED_GAP_MS`]). The bound is the larger of the two lines'. `None`
+/// without both lines.
+///
+/// [`NOTED_GAPS`]: ferry_guest_checker::line::NOTED_GAPS
+/// [`NOTED_GAP_MS`]: ferry_guest_checker::line::NOTED_GAP_MS
+pub fn switchover_gap_at_most_ms(stamps: &[Stamp], paused_unix_ms: f64) -> Option<f64> {
+    use ferry_guest_checker::line::{NOTED_GAPS, NOTED_GAP_MS};
+    let source = offset(stamps, false)?;
+    let at = paused_unix_ms - offset(stamps, true).map_or(source, |d| d.min(source));
+    let mut after: Vec<&Stamp> = stamps
+        .iter()
+        .filter(|s| s.clock_ms >= at - PLACE_SLACK_MS)
+        .collect();
+    after.sort_by(|a, b| a.clock_ms.total_cmp(&b.clock_ms));
+    let most = |s: &Stamp| match s.gaps.len() >= NOTED_GAPS {
+        true => s.gaps.iter().map(|g| g.ms).reduce(f64::min),
+        false => Some(NOTED_GAP_MS),
+    };
+    match after.as_slice() {
+        [first, second, ..] => Some(most(first)?.max(most(second)?)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,6 +308,48 @@ mod tests {
         // No listed gap spans it, or no source line to place it by.
         assert_eq!(switchover_gap_ms(&stamps, 14_300.0), None);
         assert_eq!(switchover_gap_ms(&stamps[3..], 13_500.0), None);
+    }
+
+    #[test]
+    fn a_pause_crowded_out_of_its_line_is_bounded_by_the_shortest_it_lists() {
+        use ferry_guest_checker::line::{NOTED_GAPS, NOTED_GAP_MS};
+        let gap = |end_ms, ms| Gap { end_ms, ms };
+        // As in run b1: the first line after the pause at guest 3,500
+        // lists the throttle's stalls before it, 8 of 190-710 ms, and
+        // not the pause; the next lists two short gaps.
+        let stalls: Vec<Gap> = (0..NOTED_GAPS)
+            .map(|i| gap(2_000.0 + 150.0 * i as f64, 190.0 + 70.0 * i as f64))
+            .collect();
+        let mut stamps = vec![
+            stamp(false, 11_002.0, 1_000.0),
+            stamp(false, 12_006.0, 2_000.0),
+            Stamp {
+                gaps: stalls.clone(),
+                ..stamp(true, 14_005.0, 4_000.0)
+            },
+            Stamp {
+                gaps: vec![gap(4_400.0, 33.0), gap(4_450.0, 41.0)],
+                ..stamp(true, 15_004.0, 5_000.0)
+            },
+        ];
+        assert_eq!(switchover_gap_ms(&stamps, 13_500.0), None, "not listed");
+        assert_eq!(switchover_gap_at_most_ms(&stamps, 13_500.0), Some(190.0));
+        // The next line full too: it may have been there, up to its
+        // shortest.
+        stamps[3].gaps = stalls
+            .iter()
+            .map(|g| gap(g.end_ms + 2_000.0, g.ms + 60.0))
+            .collect();
+        assert_eq!(switchover_gap_at_most_ms(&stamps, 13_500.0), Some(250.0));
+        // Neither full: it was under the shortest a line lists.
+        stamps[2].gaps.truncate(3);
+        stamps[3].gaps.truncate(3);
+        assert_eq!(
+            switchover_gap_at_most_ms(&stamps, 13_500.0),
+            Some(NOTED_GAP_MS)
+        );
+        // One line after the pause only: no bound.
+        assert_eq!(switchover_gap_at_most_ms(&stamps[..3], 13_500.0), None);
     }
 
     #[test]

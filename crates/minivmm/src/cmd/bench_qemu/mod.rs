@@ -158,6 +158,10 @@ pub struct Side {
     /// gaps its checker lists that spans the moment the VMM paused it
     /// ([`stamps::switchover_gap_ms`]).
     pub guest_pause_ms: Option<f64>,
+    /// Where the pause's gap is not among those listed (a throttle's
+    /// stalls just before it crowded it out of its line): the most it can
+    /// have been ([`stamps::switchover_gap_at_most_ms`]).
+    pub guest_pause_at_most_ms: Option<f64>,
     /// The largest gap in the first three checker lines on the
     /// destination's console, which span the switchover: the pause, or a
     /// throttle's stall before it where that was longer (what this bench
@@ -273,6 +277,9 @@ impl Side {
     fn place_pause(&mut self, stamps: &[stamps::Stamp], paused_unix_ms: Option<f64>) {
         self.guest_clock_lost_ms = stamps::clock_lost_ms(stamps);
         self.guest_pause_ms = paused_unix_ms.and_then(|at| stamps::switchover_gap_ms(stamps, at));
+        self.guest_pause_at_most_ms = paused_unix_ms
+            .filter(|_| self.guest_pause_ms.is_none())
+            .and_then(|at| stamps::switchover_gap_at_most_ms(stamps, at));
         self.add_lost_time();
     }
 
@@ -510,6 +517,7 @@ fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
     side.total_ms = j["total_ms"].as_f64();
     side.downtime_ms = j["downtime_ms"].as_f64();
     side.guest_pause_ms = j["guest_pause_ms"].as_f64();
+    side.guest_pause_at_most_ms = j["guest_pause_at_most_ms"].as_f64();
     side.gap_near_move_ms = j["gap_near_move_ms"].as_f64();
     side.guest_clock_lost_ms = j["guest_clock_lost_ms"].as_f64();
     side.add_lost_time();

@@ -11,8 +11,7 @@ pub fn brief(s: &Side) -> String {
             "total {:.1} s, downtime {:.0} ms, {}",
             s.total_ms.unwrap_or(f64::NAN) / 1e3,
             s.downtime_ms.unwrap_or(f64::NAN),
-            s.guest_pause_ms
-                .map_or(NOT_LISTED.into(), |p| format!("the guest saw {p:.0} ms"))
+            pause_words(s)
         ),
         (_, Some(e)) => format!("failed: {e}"),
         (false, None) => "did not converge".into(),
@@ -23,6 +22,35 @@ pub fn brief(s: &Side) -> String {
 /// second's longest gaps, and a throttle's stalls just before the move
 /// can crowd out the pause's own.
 const NOT_LISTED: &str = "the gap that spans the pause is not among those the checker's lines list";
+
+/// The pause the guest saw, in words: measured, bounded, or missing.
+fn pause_words(s: &Side) -> String {
+    match (s.guest_pause_ms, s.guest_pause_at_most_ms) {
+        (Some(p), _) => format!("the guest saw {p:.0} ms"),
+        (None, Some(b)) => format!("the guest saw at most {b:.0} ms ({NOT_LISTED})"),
+        (None, None) => NOT_LISTED.into(),
+    }
+}
+
+/// The guest's pause for the table: `≤ N` where only bounded.
+fn pause_cell(s: &Side) -> String {
+    match (s.guest_pause_ms, s.guest_pause_at_most_ms) {
+        (None, Some(b)) => format!("<= {b:.0}"),
+        (p, _) => ms(p),
+    }
+}
+
+/// QEMU's pause over ferry's, `>= x` where ferry's is only bounded.
+fn pause_ratio(ferry: &Side, qemu: &Side) -> String {
+    match (
+        ferry.guest_pause_ms,
+        ferry.guest_pause_at_most_ms,
+        qemu.guest_pause_ms,
+    ) {
+        (None, Some(b), Some(q)) if b > 0.0 => format!(">= {:.2}x", q / b),
+        _ => ratio(ferry.guest_pause_ms, qemu.guest_pause_ms),
+    }
+}
 
 /// Milliseconds, rounded, or `-` where there is no value.
 pub(super) fn ms(v: Option<f64>) -> String {
@@ -122,7 +150,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
                 name.into(),
                 ms(s.total()),
                 ms(s.downtime_ms.filter(|_| s.converged)),
-                ms(s.guest_pause_ms),
+                pause_cell(s),
                 ms(s.gap_near_move_ms),
                 s.guest_clock_lost_ms
                     .map_or("-".into(), |v| format!("{v:.0}")),
@@ -140,7 +168,7 @@ pub fn write(results: &[CellResult], out: &std::path::Path, json: bool) -> Resul
                 if first || r.qemu.error.is_some() {
                     String::new()
                 } else {
-                    ratio(r.ferry.guest_pause_ms, r.qemu.guest_pause_ms)
+                    pause_ratio(&r.ferry, &r.qemu)
                 },
                 if first || r.qemu.error.is_some() {
                     String::new()
@@ -323,5 +351,35 @@ mod tests {
         };
         assert_eq!(said(bar(&failed, None)), "failed");
         assert_eq!(said(bar(&moved, Some(399.0))), "a value");
+    }
+
+    #[test]
+    fn a_pause_crowded_out_of_its_lines_is_shown_as_its_bound() {
+        let bounded = Side {
+            converged: true,
+            total_ms: Some(37_000.0),
+            guest_pause_at_most_ms: Some(192.0),
+            ..Side::default()
+        };
+        let qemu = Side {
+            converged: true,
+            guest_pause_ms: Some(704.0),
+            ..Side::default()
+        };
+        assert_eq!(pause_cell(&bounded), "<= 192");
+        assert_eq!(pause_ratio(&bounded, &qemu), ">= 3.67x");
+        assert!(
+            brief(&bounded).contains("the guest saw at most 192 ms"),
+            "{}",
+            brief(&bounded)
+        );
+        // A measured pause is shown as measured, whatever the bound.
+        let measured = Side {
+            guest_pause_ms: Some(177.0),
+            ..bounded.clone()
+        };
+        assert_eq!(pause_cell(&measured), "177");
+        assert_eq!(pause_ratio(&measured, &qemu), "3.98x");
+        assert_eq!(pause_cell(&Side::default()), "-");
     }
 }
