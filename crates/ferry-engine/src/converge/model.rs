@@ -285,6 +285,7 @@ impl MigrationModel {
                 vcpus: vcpus as u32,
                 round_end: None,
                 within_round_found: input.harvest_within_rounds.then_some(0),
+                resends_found: None,
             },
             mode,
             memory: input.memory_bytes as f64,

@@ -27,13 +27,18 @@
 //! its small quota and gets an equal share at the next interval. Where a
 //! sample has no per-vCPU count, the last split is scaled to the budget.
 //!
-//! **The full pass.** With harvests within rounds (`precopy::ahead`), a page
-//! dirtied ahead of the send cursor goes out once, in this pass. So while
-//! the full pass runs, the budget is divided by the share already sent (at
-//! most [`FULL_PASS_ALLOWANCE`]-fold): only the writes behind the cursor
-//! cost a resend, about the same resend as a plain budget throughout (for
-//! writes spread over memory). Without them, every page dirtied in the pass
-//! is sent again, so the budget stays plain. (Earlier the allowance also
+//! **The full pass.** With harvests within rounds (`session::within_round`),
+//! a page dirtied ahead of the send cursor goes out once (the full pass
+//! leaves it for the next round). So while the full pass runs, only the
+//! writes behind the cursor cost a resend, and the budget is divided by
+//! their share of the guest's writes (at most [`FULL_PASS_ALLOWANCE`]-fold):
+//! about the same resend as a plain budget throughout. The harvests measure
+//! that share: each counts the pages it finds dirty that the pass had sent
+//! and not yet carried ([`Sample::resends_found`]), against what the meter
+//! counted. For writes spread over memory it is the share sent, which is
+//! the estimate's prior; for a hot set it is near 0 until the cursor
+//! reaches the set and near 1 after it. Without harvests within rounds,
+//! every page dirtied in the pass is sent again, so the budget stays plain. (Earlier the allowance also
 //! went, without them, to a vCPU fast enough to dirty its share of memory
 //! before the pass ended: it then dirtied all of it, where the plain budget
 //! would have held it to an eighth of what the pass sent. On kvm that cost
@@ -69,8 +74,15 @@ const FLOOR_SHARE: f64 = 0.125;
 /// each round's end, several times per interval in the last short rounds.
 /// Under shadow paging (kvm_pvm) the same readers dirty 1.
 const FLOOR_PAGES: f64 = 16.0;
-/// Most the budget grows early in the full pass (see the module's doc).
+/// Most the budget grows in the full pass (see the module's doc).
 const FULL_PASS_ALLOWANCE: f64 = 8.0;
+/// What the full pass's measured resend share forgets per policy sample
+/// (at 100 ms intervals, half of it in about 300 ms): it follows the
+/// cursor onto a hot set within a second.
+const COST_DECAY: f64 = 0.8;
+/// How much the prior of the measured resend share weighs, in bytes
+/// metered: 64 pages, under a second of an eighth of an 8 MiB/s link.
+const COST_PRIOR_BYTES: f64 = 64.0 * PAGE_SIZE as f64;
 /// The share of the link the quota gives the guest once it engages, in
 /// 1/1024ths: an eighth (see the module's doc).
 pub const QUOTA_SHARE: u64 = 128;
@@ -80,11 +92,6 @@ const OUTRUN_QUOTA: f64 = 2.0;
 /// resends feel. (An idle guest that brushes a small quota does not
 /// count.)
 const OUTRUN_LINK_SHARE: f64 = 0.25;
-/// A round that leaves less than this many downtime targets of the link
-/// to send is near the end: the holds a guest earned by outrunning its
-/// quota are lifted, so that its last seconds before the pause (which the
-/// guest's first readings after the move cover) are not its longest stalls.
-const NEAR_END_TARGETS: f64 = 4.0;
 /// Windows in a row that outrun the quota before the longest sleep
 /// doubles...
 const OUTRUN_WINDOWS: u32 = 2;
@@ -92,15 +99,46 @@ const OUTRUN_WINDOWS: u32 = 2;
 /// quota writes in bursts, between sleeps longer than an interval.
 const OUTRUN_WINDOW_INTERVALS: f64 = 3.0;
 
-/// The budget's factor for `s`: with harvests within rounds, in the full
-/// pass, 1 / (share of memory sent), at most [`FULL_PASS_ALLOWANCE`];
-/// otherwise 1.
-fn full_pass_allowance(s: &Sample) -> f64 {
-    if !s.harvests_within_rounds() {
-        return 1.0;
+/// How much of the guest's writing in the full pass costs a resend, as
+/// the harvests within it measure it (see the module's doc).
+#[derive(Debug, Default)]
+struct FullPassCost {
+    /// Bytes the harvests found that the pass had read already, each
+    /// sample's weight decaying by [`COST_DECAY`]...
+    resent: f64,
+    /// ...and the bytes the meter counted, weighted alike.
+    metered: f64,
+}
+
+impl FullPassCost {
+    /// Takes in `s`'s harvest and meter (every sample the policy is told,
+    /// engaged or not); forgets all outside the full pass.
+    fn observe(&mut self, s: &Sample) {
+        if !s.harvests_within_rounds() || s.full_pass_unsent() == 0.0 {
+            *self = FullPassCost::default();
+            return;
+        }
+        if let Some(resent) = s.resends_found {
+            let metered = s.vcpu_dirty_bytes.iter().sum::<u64>().max(resent);
+            self.resent = self.resent * COST_DECAY + resent as f64;
+            self.metered = self.metered * COST_DECAY + metered as f64;
+        }
     }
-    let sent = 1.0 - s.full_pass_unsent();
-    1.0 / sent.max(1.0 / FULL_PASS_ALLOWANCE)
+
+    /// The budget's factor for `s`: with harvests within rounds, in the
+    /// full pass, 1 / (the share of the guest's writes that cost a resend),
+    /// at most [`FULL_PASS_ALLOWANCE`]; otherwise 1. The share is
+    /// measured, with the share of memory sent as its prior (what it is
+    /// for writes spread over memory) worth [`COST_PRIOR_BYTES`].
+    fn allowance(&self, s: &Sample) -> f64 {
+        let unsent = s.full_pass_unsent();
+        if !s.harvests_within_rounds() || unsent == 0.0 {
+            return 1.0;
+        }
+        let prior = 1.0 - unsent;
+        let share = (self.resent + prior * COST_PRIOR_BYTES) / (self.metered + COST_PRIOR_BYTES);
+        1.0 / share.max(1.0 / FULL_PASS_ALLOWANCE)
+    }
 }
 
 /// The quota policy's state.
@@ -115,8 +153,8 @@ pub struct QuotaPolicy {
     outrun_windows: u32,
     /// Doublings of the longest sleep for a quota the guest outran.
     held_harder: u32,
-    /// The last round's end left little to send ([`NEAR_END_TARGETS`]).
-    near_end: bool,
+    /// The full pass's resend share, for its allowance.
+    cost: FullPassCost,
 }
 
 impl Default for QuotaPolicy {
@@ -127,7 +165,7 @@ impl Default for QuotaPolicy {
             window: (0, 0.0),
             outrun_windows: 0,
             held_harder: 0,
-            near_end: false,
+            cost: FullPassCost::default(),
         }
     }
 }
@@ -191,7 +229,7 @@ impl QuotaPolicy {
     /// that use it).
     fn quotas(&mut self, s: &Sample, per_vcpu: f64) -> Action {
         let n = s.vcpus.max(1) as usize;
-        let per_vcpu = per_vcpu * full_pass_allowance(s);
+        let per_vcpu = per_vcpu * self.cost.allowance(s);
         let total = per_vcpu * n as f64;
         let least = FLOOR_PAGES * PAGE_SIZE as f64 / s.quota_interval.as_secs_f64();
         let rates = match self.demand(s) {
@@ -218,14 +256,15 @@ impl QuotaPolicy {
     /// between two such sleeps allows; so a writer that outruns the link
     /// round after round is held harder each round, and a guest the quota
     /// engaged on for a burst (an idle one, at its working set) keeps the
-    /// short sleeps. Near the end, the quota's outruns no longer count.
+    /// short sleeps. The holds stay to the end: lifted near it (in rounds
+    /// that left under four downtime targets to send), a writer held
+    /// behind its pace caught up at once, above the link, and the last
+    /// rounds grew again (docs/svm-host.md, "The quota engages sooner in
+    /// the full pass"). The settle (`settle`) lets a held guest run before
+    /// the pause.
     fn longest_sleep(&self) -> Duration {
         let shortest = *QUOTA_LONGEST_SLEEPS.start();
-        let harder = match self.near_end {
-            true => 0,
-            false => self.held_harder,
-        };
-        let doublings = self.share.halvings().max(harder);
+        let doublings = self.share.halvings().max(self.held_harder);
         shortest.saturating_mul(1 << doublings.min(8))
     }
 
@@ -241,10 +280,6 @@ impl QuotaPolicy {
     /// quota of 1 MB/s on an 8 MiB/s link, round after round at 50 ms
     /// sleeps: each round about half the last, 9 rounds.
     fn watch_outrun(&mut self, s: &Sample) {
-        if s.round_end.is_some() {
-            let absorbed = s.link_bytes_per_sec * s.downtime_target.as_secs_f64();
-            self.near_end = (s.remaining_bytes as f64) < absorbed * NEAR_END_TARGETS;
-        }
         if self.last.is_empty() || s.vcpu_dirty_bytes.len() != s.vcpus as usize {
             self.window = (0, 0.0);
             return;
@@ -280,6 +315,7 @@ impl Policy for QuotaPolicy {
 
     fn decide(&mut self, s: &Sample) -> Option<Action> {
         self.watch_outrun(s);
+        self.cost.observe(s);
         let per_vcpu = self.share.decide(s)?;
         Some(self.quotas(s, per_vcpu))
     }
@@ -373,10 +409,10 @@ mod tests {
             .collect();
         assert_eq!(held[5], ms(200), "{held:?}");
         assert_eq!(held[17], *QUOTA_LONGEST_SLEEPS.end(), "never past it");
-        // A round's end that leaves little to send lifts the longer holds.
+        // A round's end that leaves little to send keeps them.
         let mut end = crate::converge::sample::sample(1, 1_000_000, 100_000_000);
         end.downtime_target = ms(300);
-        assert_eq!(longest_sleep(q.decide(&end)), ms(50), "near the end");
+        assert_eq!(longest_sleep(q.decide(&end)), ms(200), "near the end too");
         // One within twice its quota keeps the short sleeps.
         let mut q = QuotaPolicy::default();
         q.decide(&interval(0, &[50_000_000, 50_000_000]));
@@ -422,9 +458,9 @@ mod tests {
         assert_eq!(bytes(q.decide(&short)), first);
     }
 
-    /// With harvests within rounds, in the full pass the budget is divided
-    /// by the share of memory sent (at most eightfold); at a harvest, and
-    /// after the pass, it is plain.
+    /// With harvests within rounds, in the full pass and with no resend
+    /// measured, the budget is divided by the share of memory sent (at
+    /// most eightfold); at a harvest, and after the pass, it is plain.
     #[test]
     fn the_full_pass_allows_more_while_little_is_sent() {
         let budget = |unsent: u64, round: u32, harvest: bool| -> u64 {
@@ -448,6 +484,35 @@ mod tests {
         assert_eq!(budget(1000, 0, false), 8 * plain, "nothing sent: capped");
         assert_eq!(budget(950, 0, false), 8 * plain, "5% sent: capped");
         assert_eq!(budget(500, 1, true), plain, "at a harvest");
+    }
+
+    /// The allowance follows the resends the harvests find, whatever the
+    /// share sent: a guest writing ahead of the cursor (a hot set the pass
+    /// has not reached) costs none and gets all of it; one writing over
+    /// pages the pass has sent (a hot set behind it) costs a resend per
+    /// page and is held to the plain budget within a second; and back.
+    #[test]
+    fn the_full_pass_allowance_follows_the_resends_its_harvests_find() {
+        let plain = 12_500_000u64;
+        let step = |q: &mut QuotaPolicy, resent: u64| -> u64 {
+            let mut s = interval(0, &[100_000_000, 100_000_000]);
+            s.guest_bytes = 1000;
+            s.remaining_bytes = 500;
+            s.within_round_found = Some(200_000_000);
+            s.resends_found = Some(resent);
+            bytes(q.decide(&s)).iter().sum()
+        };
+        let mut q = QuotaPolicy::default();
+        assert_eq!(step(&mut q, 0), 8 * plain, "ahead: no resend");
+        let behind: Vec<u64> = (0..10).map(|_| step(&mut q, 200_000_000)).collect();
+        assert!(behind[0] < 2 * plain, "at once under a quarter: {behind:?}");
+        assert!(behind.windows(2).all(|w| w[1] <= w[0]), "{behind:?}");
+        assert!(behind[9] < plain * 11 / 10, "behind: plain {behind:?}");
+        // Half of its writes behind: about twice the plain budget.
+        let half = (0..30).map(|_| step(&mut q, 100_000_000)).last().unwrap();
+        assert!(half.abs_diff(2 * plain) < plain / 20, "{half}");
+        let ahead = (0..30).map(|_| step(&mut q, 0)).last().unwrap();
+        assert_eq!(ahead, 8 * plain, "ahead again");
     }
 
     #[test]

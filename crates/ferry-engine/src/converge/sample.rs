@@ -43,6 +43,11 @@ pub struct Sample {
     /// dirtying much of memory. `None` without them: the meter's count
     /// since the round began is then that count.
     pub within_round_found: Option<u64>,
+    /// With harvests within rounds: the bytes of the pages this sample's
+    /// harvest found dirty for the first time in the round that the round
+    /// had read already, each of which now goes again (the full-pass
+    /// allowance's measure, see `quota`). `None` without them.
+    pub resends_found: Option<u64>,
 }
 
 /// What one round dirtied and sent (a harvest's sample).
@@ -151,6 +156,7 @@ pub(crate) fn sample(round: u32, dirty: u64, sent: u64) -> Sample {
             sent_bytes: sent,
         }),
         within_round_found: None,
+        resends_found: None,
     }
 }
 

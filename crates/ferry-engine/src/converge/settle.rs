@@ -44,10 +44,13 @@ pub const SETTLE_WAIT_MAX: Duration = Duration::from_millis(100);
 
 /// How long the guest runs on once every vCPU is back in it: a woken
 /// kernel first catches up on the timer ticks it slept through, then runs
-/// the task it left (a scheduler tick at 100 Hz). Inside the SVM host, a
-/// settle that paused as soon as each vCPU had re-entered left both
-/// vCPUs' gaps spanning the pause from 180-280 ms before it.
-const SETTLE_RUN: Duration = Duration::from_millis(10);
+/// the task it left. Inside the SVM host, a settle that paused as soon as
+/// each vCPU had re-entered left both vCPUs' gaps spanning the pause from
+/// 180-280 ms before it; with 10 ms, once the quota's holds of 200 ms
+/// lasted to the end, a vCPU ran 4 ms in KVM_RUN in its settle and the
+/// checker's gap spanned the pause from 430 ms before it (run c4, 483 ms
+/// against a downtime of 52 ms); with 40 ms, 177 ms (run c6).
+const SETTLE_RUN: Duration = Duration::from_millis(40);
 
 /// How often the settle reads the dirty meter.
 const POLL: Duration = Duration::from_millis(1);

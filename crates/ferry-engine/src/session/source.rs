@@ -548,6 +548,10 @@ impl Source<'_> {
                 .opts
                 .harvest_within_rounds
                 .then(|| self.convergence.within.found() * PAGE_SIZE as u64),
+            resends_found: self
+                .opts
+                .harvest_within_rounds
+                .then(|| self.convergence.within.take_resends() * PAGE_SIZE as u64),
         }
     }
 

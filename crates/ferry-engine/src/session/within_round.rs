@@ -53,6 +53,9 @@ pub(crate) struct WithinRound {
     deferred: u64,
     /// Distinct pages the harvests found in the current round.
     found: u64,
+    /// Pages found since the last [`WithinRound::take_resends`] that the
+    /// round had read already and did not carry yet: each now goes again.
+    resends: u64,
 }
 
 impl WithinRound {
@@ -65,6 +68,7 @@ impl WithinRound {
             defer: false,
             deferred: 0,
             found: 0,
+            resends: 0,
         }
     }
 
@@ -84,12 +88,20 @@ impl WithinRound {
     /// Files `found`, harvested while the round sending `set` had read each
     /// of its pages below `cursor` and none from `cursor` on.
     pub fn file(&mut self, found: &DirtyPages, set: &DirtyPages, cursor: Gfn) {
-        self.found += found
+        let (new, resends) = found
             .words()
             .iter()
             .zip(self.carried.words().iter().zip(self.ahead.words()))
-            .map(|(&f, (&c, &a))| u64::from((f & !(c | a)).count_ones()))
-            .sum::<u64>();
+            .zip(set.words())
+            .enumerate()
+            .map(|(i, ((&f, (&c, &a)), &sends))| {
+                let read = sends & !at_or_after(i, cursor);
+                let new = u64::from((f & !(c | a)).count_ones());
+                (new, u64::from((f & read & !c).count_ones()))
+            })
+            .fold((0, 0), |(n, r), (a, b)| (n + a, r + b));
+        self.found += new;
+        self.resends += resends;
         let (keep, ahead): (Vec<u64>, Vec<u64>) = found
             .words()
             .iter()
@@ -129,12 +141,20 @@ impl WithinRound {
         self.ahead.clear();
         self.defer = false;
         self.found = 0;
+        self.resends = 0;
     }
 
     /// The distinct pages the round's harvests have found so far: a page
     /// found again after its first harvest counts once.
     pub fn found(&self) -> u64 {
         self.found
+    }
+
+    /// Pages found since the last call that the round had read already
+    /// (sent, or zero and skipped) and did not carry yet: what the guest's
+    /// writes since cost in pages sent again.
+    pub fn take_resends(&mut self) -> u64 {
+        std::mem::take(&mut self.resends)
     }
 
     /// Pages sent once instead of twice, in the rounds ended so far.
@@ -182,8 +202,10 @@ mod tests {
         w.file(&found, &set, Gfn(130));
         // A later harvest finds 191 again (still ahead: spared once) and
         // 131, written again after the cursor passed it: it goes again.
+        assert_eq!(w.take_resends(), 4, "0, 63, 64 and 129 go again");
         w.file(&pages(300, &[131, 191]), &set, Gfn(150));
         assert_eq!(w.found(), 10, "131 and 191 found twice, counted once");
+        assert_eq!(w.take_resends(), 1, "131, read since it was spared");
         // Read already: 0, 63, 64, 129; not in the set: 205.
         let mut next = DirtyPages::new(300);
         w.take_into(&mut next);
@@ -204,7 +226,8 @@ mod tests {
         w.defer_ahead(true);
         w.file(&pages(300, &[10, 130, 200]), &set, Gfn(130));
         // 200 found again: deferred once.
-        w.file(&pages(300, &[200, 250]), &set, Gfn(150));
+        w.file(&pages(300, &[10, 200, 250]), &set, Gfn(150));
+        assert_eq!(w.take_resends(), 1, "10, once: deferred pages cost none");
         assert!(w.defers(Gfn(130)) && w.defers(Gfn(200)) && w.defers(Gfn(250)));
         assert!(!w.defers(Gfn(131)) && !w.defers(Gfn(299)));
         assert_eq!(w.found(), 4, "200 found twice, counted once");

@@ -168,6 +168,7 @@ impl FileConvergence {
             vcpus: vm.vcpus(),
             round_end,
             within_round_found: None,
+            resends_found: None,
         }
     }
 
