@@ -40,7 +40,7 @@
 //! the SVM host an idle Linux guest's full pass found 3 MiB in all of its
 //! 512 MiB, a fifth of the bar; the writing cell's writer, at 16 MiB/s,
 //! reached the eighth only 4.5 s into its full pass, dirtying half its
-//! 128 MiB hot set before the quota held it, and the thirty-second 1.4 s
+//! 128 MiB hot set before the quota held it, and the thirty-second 1.3-1.8 s
 //! in (docs/svm-host.md, "The quota engages sooner in the full pass").
 //! Between harvests the budget follows the measured link. The policies
 //! differ only in how the backend enforces it.
