@@ -500,6 +500,7 @@ impl QuotaMeter {
 
     fn reset(&mut self) {
         self.last = None;
+        self.outran_hold.iter_mut().for_each(|o| *o = false);
     }
 
     /// Marks every ring's entries so far as seen, uncharged.
@@ -581,8 +582,10 @@ impl QuotaMeter {
             return None;
         }
         if self.budget[i] >= 0.0 {
-            // A slice run within its budget: the hold can ease.
+            // A slice run within its budget: the hold can ease, and what
+            // it owed earlier is repaid.
             self.hold[i] = (hold / 2).max(SHORTEST_HOLD);
+            self.outran_hold[i] = false;
             return None;
         }
         if std::mem::take(&mut self.outran_hold[i]) {
@@ -748,18 +751,18 @@ mod tests {
     fn a_vcpu_short_of_cpu_runs_its_slice_in_cpu_time_up_to_a_wall_limit() {
         let tick_ms = QUOTA_TICK.as_millis() as u32;
         // A quarter of the CPU: QUOTA_RUN of CPU takes four times as long.
-        // It dirties with the CPU it gets: a page a tick against 0.8 of
-        // quota, a debt no slice passes a hold with.
-        // (Its debt passes what a hold repays now and then: that slice ends
-        // sooner, and the hold doubles.)
+        // It dirties with the CPU it gets, a page a tick against 0.8 of
+        // quota. Not every slice runs it: now and then its debt passes
+        // what a hold repays, and that slice ends sooner (the hold then
+        // doubles). With the wall-time rule every slice ran 2-3 ticks.
         let (sleeps, _, runs) = meter_run_starved(|_| PAGE_SIZE as u64, 2000, LONGEST_HOLD, 0.25);
         assert!(sleeps.len() >= 10, "{sleeps:?}");
         let quarter = 4 * QUOTA_RUN.as_millis() as u32 / tick_ms;
         let full = runs.iter().filter(|r| **r >= quarter).count();
         assert!(full * 4 >= runs.len() * 3, "{runs:?}");
-        // A twentieth: held all the same, after QUOTA_RUN_MOST of wall time.
-        // (A page and a half a tick: in debt within its slice, never past
-        // what a hold repays.)
+        // A twentieth: held all the same, after QUOTA_RUN_MOST of wall time
+        // (without that limit, a slice would run 40 ticks). A page and a
+        // half a tick: in debt within most slices.
         let (sleeps, _, runs) =
             meter_run_starved(|_| 3 * PAGE_SIZE as u64 / 2, 2000, LONGEST_HOLD, 0.05);
         assert!(sleeps.len() >= 10, "{sleeps:?}");

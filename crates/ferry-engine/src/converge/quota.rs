@@ -35,10 +35,18 @@
 //! about the same resend as a plain budget throughout. The harvests measure
 //! that share: each counts the pages it finds dirty that the pass had sent
 //! and not yet carried ([`Sample::resends_found`]), against what the meter
-//! counted. For writes spread over memory it is the share sent, which is
-//! the estimate's prior; for a hot set it is near 0 until the cursor
-//! reaches the set and near 1 after it. Without harvests within rounds,
-//! every page dirtied in the pass is sent again, so the budget stays plain. (Earlier the allowance also
+//! counted. So it is the marginal cost of the guest's writes: a page found
+//! again once carried costs nothing more in this pass. For writes spread
+//! over memory it is the share sent, which is the estimate's prior. A
+//! writer sweeping a set larger than it rewrites in a second (the SVM
+//! host's checker: 128 MiB) costs nothing while the set lies ahead of the
+//! cursor, and a resend a page once the cursor has passed it; one that
+//! rewrites a small set costs once per page, and then writes for free. A
+//! zero page the pass skipped and the guest then writes counts as a
+//! resend, though it would have gone once anyway: an overstatement, on
+//! the side of holding the guest. Without harvests within rounds, every
+//! page dirtied in the pass is sent again, so the budget stays plain.
+//! (Earlier the allowance also
 //! went, without them, to a vCPU fast enough to dirty its share of memory
 //! before the pass ended: it then dirtied all of it, where the plain budget
 //! would have held it to an eighth of what the pass sent. On kvm that cost
@@ -81,7 +89,9 @@ const FULL_PASS_ALLOWANCE: f64 = 8.0;
 /// cursor onto a hot set within a second.
 const COST_DECAY: f64 = 0.8;
 /// How much the prior of the measured resend share weighs, in bytes
-/// metered: 64 pages, under a second of an eighth of an 8 MiB/s link.
+/// metered: 64 pages. The decay keeps about five intervals of the meter,
+/// so the prior matters only for a guest that dirties under about 500
+/// KiB/s, where the allowance hardly matters either.
 const COST_PRIOR_BYTES: f64 = 64.0 * PAGE_SIZE as f64;
 /// The share of the link the quota gives the guest once it engages, in
 /// 1/1024ths: an eighth (see the module's doc).
@@ -487,9 +497,9 @@ mod tests {
     }
 
     /// The allowance follows the resends the harvests find, whatever the
-    /// share sent: a guest writing ahead of the cursor (a hot set the pass
-    /// has not reached) costs none and gets all of it; one writing over
-    /// pages the pass has sent (a hot set behind it) costs a resend per
+    /// share sent: a guest writing ahead of the cursor (a set the pass has
+    /// not reached) costs none and gets all of it; one sweeping pages the
+    /// pass has sent, each for the first time since, costs a resend per
     /// page and is held to the plain budget within a second; and back.
     #[test]
     fn the_full_pass_allowance_follows_the_resends_its_harvests_find() {

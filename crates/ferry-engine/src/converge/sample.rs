@@ -44,9 +44,10 @@ pub struct Sample {
     /// since the round began is then that count.
     pub within_round_found: Option<u64>,
     /// With harvests within rounds: the bytes of the pages this sample's
-    /// harvest found dirty for the first time in the round that the round
-    /// had read already, each of which now goes again (the full-pass
-    /// allowance's measure, see `quota`). `None` without them.
+    /// harvest found dirty that the round had read already (sent, or zero
+    /// and skipped) and did not carry yet, each of which now goes again
+    /// (the full-pass allowance's measure, see `quota`). `None` without
+    /// them.
     pub resends_found: Option<u64>,
 }
 

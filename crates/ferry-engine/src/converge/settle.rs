@@ -49,7 +49,11 @@ pub const SETTLE_WAIT_MAX: Duration = Duration::from_millis(100);
 /// 180-280 ms before it; with 10 ms, once the quota's holds of 200 ms
 /// lasted to the end, a vCPU ran 4 ms in KVM_RUN in its settle and the
 /// checker's gap spanned the pause from 430 ms before it (run c4, 483 ms
-/// against a downtime of 52 ms); with 40 ms, 177 ms (run c6).
+/// against a downtime of 52 ms); with 40 ms, 78-379 ms against
+/// downtimes of 41-65 ms (runs c6, d1, d2). It is longer than
+/// [`SETTLE_MAX`], the blind wait where the VM does not count entries:
+/// that one cannot tell a vCPU still waiting for the CPU from one that
+/// ran, so it stays short.
 const SETTLE_RUN: Duration = Duration::from_millis(40);
 
 /// How often the settle reads the dirty meter.
@@ -75,7 +79,9 @@ impl Converger {
 
     /// If a policy holds the guest and `vm` meters its writes, lifts the
     /// hold and lets the guest run until it has dirtied `allowance` bytes,
-    /// or [`SETTLE_MAX`] has passed; what it did, or `None` where nothing
+    /// or each vCPU has run [`SETTLE_RUN`] since it was back in the guest
+    /// (at most [`SETTLE_WAIT_MAX`]; [`SETTLE_MAX`] where the VM does not
+    /// count its vCPUs' entries); what it did, or `None` where nothing
     /// was lifted. The caller pauses the guest next. A hold that cannot be
     /// lifted is logged, and the pause comes as before.
     pub fn settle(&mut self, vm: &mut dyn Vm, allowance: u64) -> Option<Settled> {

@@ -36,12 +36,16 @@
 //! once per interval, and an idle Linux guest's rewrites passed an eighth
 //! of its memory 12.7 s into the full pass (the same section, 2026-12-06).
 //! Those distinct pages are a truer count than the meter's, so their bar
-//! is lower: a thirty-second of memory ([`INTERVAL_FOUND_SHARE`]). Inside
-//! the SVM host an idle Linux guest's full pass found 3 MiB in all of its
-//! 512 MiB, a fifth of the bar; the writing cell's writer, at 16 MiB/s,
-//! reached the eighth only 4.5 s into its full pass, dirtying half its
-//! 128 MiB hot set before the quota held it, and the thirty-second 1.3-1.8 s
-//! in (docs/svm-host.md, "The quota engages sooner in the full pass").
+//! can be lower, a thirty-second of memory ([`INTERVAL_FOUND_SHARE`]): the
+//! bar is there to let an idle guest's working set pass, not to let a
+//! writer dirty an eighth first (a writer that outruns the link goes on
+//! to dirty far more than the bar, and every page of it may go twice).
+//! Inside the SVM host an idle Linux guest's full pass found 3 MiB in all
+//! of its 512 MiB, a fifth of the bar; the writing cell's writer, at 16
+//! MiB/s, reached the eighth only 4.5 s into its full pass, dirtying half
+//! its 128 MiB hot set before the quota held it, and the thirty-second
+//! 1.3-1.8 s in (docs/svm-host.md, "The quota engages sooner in the full
+//! pass").
 //! Between harvests the budget follows the measured link. The policies
 //! differ only in how the backend enforces it.
 

@@ -224,8 +224,10 @@ pub fn switchover_gap_ms(stamps: &[Stamp], paused_unix_ms: f64) -> Option<f64> {
 
 /// Where no listed gap spans the pause ([`switchover_gap_ms`] is `None`):
 /// the longest the pause's gap can have been, from the lines it must have
-/// been noted in. Its gap ended after the pause, so the first line made
-/// after the pause, or the one after that, took it; a line lists the
+/// been noted in. Its gap ended after the pause, so the destination's
+/// first line, or the one after that, took it (a line a second later: a
+/// worker that read no clock for that long after the resume has a gap
+/// longer than any throttle's stall, and its line lists it); a line lists the
 /// [`NOTED_GAPS`] longest of its window, so one that lists that many
 /// without the pause's had it no longer than the shortest it lists, and
 /// one that lists fewer did not have it (or had it under
@@ -240,7 +242,7 @@ pub fn switchover_gap_at_most_ms(stamps: &[Stamp], paused_unix_ms: f64) -> Optio
     let at = paused_unix_ms - offset(stamps, true).map_or(source, |d| d.min(source));
     let mut after: Vec<&Stamp> = stamps
         .iter()
-        .filter(|s| s.clock_ms >= at - PLACE_SLACK_MS)
+        .filter(|s| s.destination && s.clock_ms >= at - PLACE_SLACK_MS)
         .collect();
     after.sort_by(|a, b| a.clock_ms.total_cmp(&b.clock_ms));
     let most = |s: &Stamp| match s.gaps.len() >= NOTED_GAPS {
@@ -350,6 +352,21 @@ mod tests {
         );
         // One line after the pause only: no bound.
         assert_eq!(switchover_gap_at_most_ms(&stamps[..3], 13_500.0), None);
+        // A source line made just before the pause, within the placing
+        // slack, cannot hold the pause's gap: the destination's first two
+        // lines count, the second of them full (at most 250 ms).
+        stamps[3].gaps = stalls
+            .iter()
+            .map(|g| gap(g.end_ms + 2_000.0, g.ms + 60.0))
+            .collect();
+        stamps.insert(
+            2,
+            Stamp {
+                gaps: stalls.iter().map(|g| gap(g.end_ms, 20.0)).collect(),
+                ..stamp(false, 13_490.0, 3_490.0)
+            },
+        );
+        assert_eq!(switchover_gap_at_most_ms(&stamps, 13_500.0), Some(250.0));
     }
 
     #[test]
