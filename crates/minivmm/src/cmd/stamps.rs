@@ -201,8 +201,10 @@ const PLACE_SLACK_MS: f64 = 30.0;
 /// the lines list, that spans the moment the host paused the guest
 /// (`paused_unix_ms`, on the stamps' clock), placed on the guest's clock
 /// by the consoles' offset. A gap that ended just before the pause, within
-/// the lines' least delay, can be taken for one that spans it. `None` where no listed gap spans it (a
-/// checker too old to list its gaps, a pause under [`NOTED_GAP_MS`]).
+/// the lines' least delay, can be taken for one that spans it. `None`
+/// where no listed gap spans it (a checker too old to list its gaps, a
+/// pause under [`NOTED_GAP_MS`], or one a throttle's stalls crowded out of
+/// its line: [`switchover_gap_at_most_ms`]).
 ///
 /// [`NOTED_GAP_MS`]: ferry_guest_checker::line::NOTED_GAP_MS
 pub fn switchover_gap_ms(stamps: &[Stamp], paused_unix_ms: f64) -> Option<f64> {
