@@ -197,6 +197,19 @@ pub fn clock_lost_ms(stamps: &[Stamp]) -> Option<f64> {
 /// overstates by (the stamper reads the consoles every [`POLL`]).
 const PLACE_SLACK_MS: f64 = 30.0;
 
+/// The host's moment of the pause (`paused_unix_ms`) on the guest's clock,
+/// by the consoles' offset; `None` without a source line. The offset is
+/// the lines' least delay too late, so the estimate is early by as much: a
+/// gap that began up to the slack after it began before the pause. The
+/// least over both consoles: a source's lines come late under a throttle
+/// (a vCPU held while it prints), and a destination's clock never runs
+/// ahead of the source's (a VMM that stops the clock puts it behind, where
+/// the source's offset is less).
+fn pause_on_guest_clock(stamps: &[Stamp], paused_unix_ms: f64) -> Option<f64> {
+    let source = offset(stamps, false)?;
+    Some(paused_unix_ms - offset(stamps, true).map_or(source, |d| d.min(source)))
+}
+
 /// The pause the guest saw at the switchover: the longest gap, among those
 /// the lines list, that spans the moment the host paused the guest
 /// (`paused_unix_ms`, on the stamps' clock), placed on the guest's clock
@@ -208,14 +221,7 @@ const PLACE_SLACK_MS: f64 = 30.0;
 ///
 /// [`NOTED_GAP_MS`]: ferry_guest_checker::line::NOTED_GAP_MS
 pub fn switchover_gap_ms(stamps: &[Stamp], paused_unix_ms: f64) -> Option<f64> {
-    // The offset is the lines' least delay too late, so the estimate is
-    // early by as much: a gap that began up to the slack after it began
-    // before the pause. The least over both consoles: a source's lines
-    // come late under a throttle (a vCPU held while it prints), and a
-    // destination's clock never runs ahead of the source's (a VMM that
-    // stops the clock puts it behind, where the source's offset is less).
-    let source = offset(stamps, false)?;
-    let at = paused_unix_ms - offset(stamps, true).map_or(source, |d| d.min(source));
+    let at = pause_on_guest_clock(stamps, paused_unix_ms)?;
     stamps
         .iter()
         .flat_map(|s| &s.gaps)
@@ -240,8 +246,7 @@ pub fn switchover_gap_ms(stamps: &[Stamp], paused_unix_ms: f64) -> Option<f64> {
 /// [`NOTED_GAP_MS`]: ferry_guest_checker::line::NOTED_GAP_MS
 pub fn switchover_gap_at_most_ms(stamps: &[Stamp], paused_unix_ms: f64) -> Option<f64> {
     use ferry_guest_checker::line::{NOTED_GAPS, NOTED_GAP_MS};
-    let source = offset(stamps, false)?;
-    let at = paused_unix_ms - offset(stamps, true).map_or(source, |d| d.min(source));
+    let at = pause_on_guest_clock(stamps, paused_unix_ms)?;
     let mut after: Vec<&Stamp> = stamps
         .iter()
         .filter(|s| s.destination && s.clock_ms >= at - PLACE_SLACK_MS)
