@@ -26,9 +26,8 @@ pub fn summarize(mode: &str, vcpus: u32, e: &Ends) -> (Value, bool) {
     let guest_pause_ms = paused.and_then(|at| super::stamps::switchover_gap_ms(&e.stamps, at));
     // Where a throttle's stalls crowded it out of its lines: the most it
     // can have been.
-    let guest_pause_at_most_ms = paused
-        .filter(|_| guest_pause_ms.is_none())
-        .and_then(|at| super::stamps::switchover_gap_at_most_ms(&e.stamps, at));
+    let guest_pause_at_most_ms =
+        paused.and_then(|at| super::stamps::switchover_gap_at_most_ms(&e.stamps, at));
     let gap_near_move_ms = first_gaps(&e.destination_console, 3);
     let journal: Vec<u64> = [e.source, e.destination]
         .iter()

@@ -240,12 +240,15 @@ pub fn switchover_gap_ms(stamps: &[Stamp], paused_unix_ms: f64) -> Option<f64> {
 /// without the pause's had it no longer than the shortest it lists, and
 /// one that lists fewer did not have it (or had it under
 /// [`NOTED_GAP_MS`]). The bound is the larger of the two lines'. `None`
-/// without both lines.
+/// without both lines, or where a listed gap spans the pause.
 ///
 /// [`NOTED_GAPS`]: ferry_guest_checker::line::NOTED_GAPS
 /// [`NOTED_GAP_MS`]: ferry_guest_checker::line::NOTED_GAP_MS
 pub fn switchover_gap_at_most_ms(stamps: &[Stamp], paused_unix_ms: f64) -> Option<f64> {
     use ferry_guest_checker::line::{NOTED_GAPS, NOTED_GAP_MS};
+    if switchover_gap_ms(stamps, paused_unix_ms).is_some() {
+        return None;
+    }
     let at = pause_on_guest_clock(stamps, paused_unix_ms)?;
     let mut after: Vec<&Stamp> = stamps
         .iter()

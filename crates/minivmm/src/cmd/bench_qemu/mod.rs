@@ -277,9 +277,8 @@ impl Side {
     fn place_pause(&mut self, stamps: &[stamps::Stamp], paused_unix_ms: Option<f64>) {
         self.guest_clock_lost_ms = stamps::clock_lost_ms(stamps);
         self.guest_pause_ms = paused_unix_ms.and_then(|at| stamps::switchover_gap_ms(stamps, at));
-        self.guest_pause_at_most_ms = paused_unix_ms
-            .filter(|_| self.guest_pause_ms.is_none())
-            .and_then(|at| stamps::switchover_gap_at_most_ms(stamps, at));
+        self.guest_pause_at_most_ms =
+            paused_unix_ms.and_then(|at| stamps::switchover_gap_at_most_ms(stamps, at));
         self.add_lost_time();
     }
 
