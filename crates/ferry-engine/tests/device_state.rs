@@ -99,6 +99,14 @@ fn device_state_larger_than_a_frame_moves_in_parts_and_loads_whole() {
         "{}",
         summary.devices.device_bytes_at_pause
     );
+    // Encoding and sending the state is the source thread's own work in
+    // the downtime: its CPU clock saw it, and never more than the wall's.
+    let cpu = summary.switchover.downtime_cpu_ms;
+    assert!(
+        cpu > 1.0 && cpu <= summary.downtime_ms + 1.0,
+        "{cpu} ms of CPU in {} ms of downtime",
+        summary.downtime_ms
+    );
     let loaded = loaded.unwrap();
     assert_eq!(loaded.len(), 1);
     assert_eq!(loaded[0].data.len(), saved[0].data.len());

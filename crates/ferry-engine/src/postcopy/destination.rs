@@ -23,7 +23,7 @@ impl Dest {
     pub(crate) fn postcopy(
         &mut self,
         final_round: u32,
-        switched: Instant,
+        switched: crate::session::Moment,
         listener: &dyn Listen,
         opts: &ReceiveOptions,
     ) -> Result<(), MigrationError> {
@@ -31,7 +31,7 @@ impl Dest {
         if final_round > 0 {
             self.loaded.wait_round(final_round - 1, &self.health)?;
         }
-        self.summary.resume_steps.pages_ms = crate::summary::ms(switched.elapsed());
+        self.summary.resume_steps.pages_ms = switched.elapsed_ms();
         let missing = self
             .missing
             .take()

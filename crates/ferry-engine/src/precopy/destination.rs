@@ -329,14 +329,14 @@ impl Dest {
         })?;
         self.accept_data(listener, hello, 0)?;
         let (strict, final_round, postcopy) = self.load()?;
-        let switched = Instant::now();
+        let switched = crate::session::Moment::now();
         if postcopy {
             return self.postcopy(final_round, switched, listener, opts);
         }
         // Precopy completed: no page will be asked for.
         self.priority = None;
         self.loaded.wait_round(final_round, &self.health)?;
-        self.summary.resume_steps.pages_ms = ms(switched.elapsed());
+        self.summary.resume_steps.pages_ms = switched.elapsed_ms();
         // Every page is in; the guest may touch any of them from now on.
         self.loaded.end_placement();
         let total = self.header.pages();

@@ -6,6 +6,7 @@
 
 use super::device_intake::DeviceIntake;
 use super::loaded::Loaded;
+use super::moment::Moment;
 use super::receivers::Receivers;
 use super::{unexpected, ReceiveOptions};
 use crate::error::MigrationError;
@@ -106,7 +107,7 @@ impl Dest {
     pub(crate) fn verify_and_commit(
         &mut self,
         strict: bool,
-        switched: Instant,
+        switched: Moment,
         theirs: crate::wire::MemoryDigest,
     ) -> Result<(), MigrationError> {
         let ours = self.loaded.hashes.digest();
@@ -360,7 +361,7 @@ impl Dest {
 
     /// Starts the guest here, unless it was paused on the source (then it
     /// stays paused, the VMM's to resume), and tells the source.
-    pub(crate) fn resume(&mut self, switched: Instant) -> Result<(), MigrationError> {
+    pub(crate) fn resume(&mut self, switched: Moment) -> Result<(), MigrationError> {
         if !self.summary.paused {
             let t = Instant::now();
             self.vm.start().map_err(MigrationError::backend(
@@ -370,6 +371,7 @@ impl Dest {
         }
         let took = switched.elapsed();
         self.summary.resume_ms = ms(took);
+        self.summary.resume_steps.cpu_ms = switched.cpu_ms();
         self.ctl.send(&Message::Resumed {
             resume_ns: took.as_nanos().min(u128::from(u64::MAX)) as u64,
         })?;

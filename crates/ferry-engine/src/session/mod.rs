@@ -10,6 +10,8 @@
 //!                page server, their health, the session
 //!   device_plan  the source's device state: live, at the pause, in parts
 //!   switchover   the source's pause, vCPU state, digest, commit, rollback
+//!   moment       when a switchover step began, on the wall's clock and
+//!                its thread's CPU clock
 //!   dest         the destination's VM, connections, loading and commit
 //!   device_intake  the destination's device state as it arrives, within
 //!                one limit
@@ -38,6 +40,7 @@ mod device_plan;
 mod huge;
 mod links;
 mod loaded;
+mod moment;
 mod options;
 mod page_requests;
 mod page_server;
@@ -54,6 +57,7 @@ pub(crate) use dest::{Dest, Outputs};
 pub(crate) use device_intake::DeviceIntake;
 pub(crate) use huge::HUGE_PAGES;
 pub(crate) use loaded::Loaded;
+pub(crate) use moment::Moment;
 pub(crate) use options::Blocked;
 pub use options::{
     Mode, Placement, PrecopyOptions, ReceiveOptions, DEFAULT_BATCH_PAGES, DEFAULT_PREFETCH,

@@ -86,6 +86,7 @@ pub(crate) fn fresh_summary(
         switchover: SwitchoverReport {
             predicted_downtime_ms: 0.0,
             dest_resume_ms: 0.0,
+            downtime_cpu_ms: 0.0,
             pause_ms: 0.0,
             save_vcpus_ms: 0.0,
             save_sections_ms: 0.0,

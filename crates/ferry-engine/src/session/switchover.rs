@@ -2,6 +2,7 @@
 //! state and sections, the digest, the commit or the rollback, and the
 //! destination's final report.
 
+use super::moment::Moment;
 use super::source::Source;
 use super::unexpected;
 use crate::digest::{memory_digest, source_digest_threads};
@@ -24,10 +25,10 @@ impl Source<'_> {
     /// probe, if the VMM gave one, and saves the devices' sections (before
     /// the final harvest: saving may write guest memory). Returns when the
     /// pause began.
-    pub(crate) fn pause_for_switchover(&mut self) -> Result<Instant, MigrationError> {
+    pub(crate) fn pause_for_switchover(&mut self) -> Result<Moment, MigrationError> {
         self.progress.phase(Phase::Switchover);
         self.opts.tunables.set_paused(true);
-        let paused_at = Instant::now();
+        let paused_at = Moment::now();
         let by_us = self.vm.is_running();
         if by_us {
             self.vm
@@ -41,7 +42,7 @@ impl Source<'_> {
         self.vm
             .check_health()
             .map_err(MigrationError::backend("pause the guest for switchover"))?;
-        self.summary.switchover.pause_ms = ms(paused_at.elapsed());
+        self.summary.switchover.pause_ms = paused_at.elapsed_ms();
         super::probe_paused(&*self.vm, self.opts, &mut self.summary)?;
         let saving = Instant::now();
         let sections = self
@@ -102,8 +103,9 @@ impl Source<'_> {
 
     /// The destination said Resumed: the downtime ends, counted from the
     /// source's pause.
-    pub(crate) fn record_resumed(&mut self, paused_at: Instant, resume_ns: u64) {
-        self.summary.downtime_ms = ms(paused_at.elapsed());
+    pub(crate) fn record_resumed(&mut self, paused_at: Moment, resume_ns: u64) {
+        self.summary.downtime_ms = paused_at.elapsed_ms();
+        self.summary.switchover.downtime_cpu_ms = paused_at.cpu_ms();
         self.summary.switchover.dest_resume_ms = resume_ns as f64 / 1e6;
         // Saving, and the destination's loading (most of its resume).
         let took =

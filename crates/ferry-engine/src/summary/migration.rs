@@ -100,6 +100,11 @@ pub struct SwitchoverReport {
     /// the final round (`rounds.last()`: its `harvest_ms` and `ms`),
     /// `save_vcpus_ms`, `dest_resume_ms`, and the network.
     pub pause_ms: f64,
+    /// The source's migrating thread's CPU time over the downtime: the
+    /// pause, saving, the final round's harvest and sends. The rest it
+    /// waited: on its data senders, the destination, the network, or a
+    /// CPU where the host's are crowded.
+    pub downtime_cpu_ms: f64,
     /// Part of the downtime spent in `Vm::save_vcpus`.
     pub save_vcpus_ms: f64,
     /// Part of the downtime spent saving and encoding the sections.

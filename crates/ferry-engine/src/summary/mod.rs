@@ -173,6 +173,11 @@ pub struct ResumeSteps {
     pub probe_ms: f64,
     /// The VMM's start of the guest.
     pub start_ms: f64,
+    /// The migrating thread's CPU time over `resume_ms`. The rest it
+    /// waited: for the final pages (`pages_ms`), in the VMM's hooks, or
+    /// for a CPU where the host's are crowded (the guest's vCPUs it
+    /// starts run first on a host of one CPU).
+    pub cpu_ms: f64,
 }
 
 /// Milliseconds of a duration, as f64.
