@@ -1,6 +1,7 @@
 //! `minivmm migrate`: boot the VM, let it run, migrate it live.
 
 use super::{consoles, flush, merge, parse_backing, vm_report, VmArgs};
+use super::line_log::LineLog;
 use ferry_engine::choices::Compression;
 use ferry_engine::choices::ConvergeMode;
 use ferry_engine::local::{migrate_local, LocalOptions};
@@ -96,15 +97,23 @@ pub struct MigrateArgs {
     json: bool,
 }
 
-/// Rounds as they finish, on stderr.
-struct RoundLog;
+/// Rounds as they finish, on stderr, written by a thread of its own: the
+/// final round finishes in the downtime ([`LineLog`] says why). Dropping
+/// it writes what is left.
+struct RoundLog(LineLog);
+
+impl RoundLog {
+    fn new() -> RoundLog {
+        RoundLog(LineLog::stderr())
+    }
+}
 
 impl Progress for RoundLog {
     fn round_finished(&self, r: &RoundStats) {
-        eprintln!(
+        self.0.line(format!(
             "minivmm: round {} ({:?}): {} pages in {:.0} ms",
             r.round, r.kind, r.pages, r.ms
-        );
+        ));
     }
 }
 
@@ -267,7 +276,7 @@ struct Outcome {
 }
 
 fn over_the_network(vm: &mut MiniVm, dialer: &dyn Dial, opts: &PrecopyOptions) -> Outcome {
-    match engine_migrate(vm, dialer, opts, &RoundLog) {
+    match engine_migrate(vm, dialer, opts, &RoundLog::new()) {
         Ok(s) => Outcome {
             status: super::status_name(s.status),
             digest_match: s.digest_match,
@@ -294,8 +303,9 @@ fn to_file(
     opts.max_downtime = max_downtime;
     opts.converge = converge;
     opts.stop = true;
+    let log = RoundLog::new();
     let steering = Steering {
-        progress: &RoundLog,
+        progress: &log,
         tunables: Tunables::shared(),
     };
     match snapshot::save_steered(vm, file, &opts, &steering) {

@@ -4,6 +4,7 @@ mod bench_qemu;
 mod demo;
 mod demo_linux;
 mod guest;
+mod line_log;
 mod linux_run;
 mod migrate;
 mod probe;
