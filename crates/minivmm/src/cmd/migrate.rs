@@ -1,7 +1,7 @@
 //! `minivmm migrate`: boot the VM, let it run, migrate it live.
 
-use super::{consoles, flush, merge, parse_backing, vm_report, VmArgs};
 use super::line_log::LineLog;
+use super::{consoles, flush, merge, parse_backing, vm_report, VmArgs};
 use ferry_engine::choices::Compression;
 use ferry_engine::choices::ConvergeMode;
 use ferry_engine::local::{migrate_local, LocalOptions};

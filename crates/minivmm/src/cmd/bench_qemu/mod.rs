@@ -464,7 +464,13 @@ fn fresh_disk(path: &Path) -> Result<(), String> {
 }
 
 /// Runs `cell` under ferry: `minivmm demo --guest linux`, its summary read
-/// back.
+/// back. The demo keeps its files (disk, consoles, vCPU traces, summaries)
+/// in the local scratch directory, as QEMU's side keeps its disk there,
+/// and they are copied to `dir/ferry` afterwards. Kept on the share, each
+/// console line the guest printed was a 9p round trip on the vCPU thread
+/// that printed it (minivmm writes a line as it ends), and each disk
+/// record one on the I/O thread: a cost QEMU's side, writing its consoles
+/// to pipes and its disk to tmpfs, did not pay.
 fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
     let mut side = Side::default();
     let exe = match std::env::current_exe() {
@@ -474,7 +480,9 @@ fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
             return side;
         }
     };
-    let run_dir = dir.join("ferry");
+    let kept = dir.join("ferry");
+    let run_dir = guest.scratch.join("ferry");
+    let _ = std::fs::remove_dir_all(&run_dir);
     let mut cmd = Command::new(exe);
     cmd.args(["demo", "--guest", "linux", "--json", "--mode", "precopy"])
         .args(["--vcpus", &guest.vcpus.to_string()])
@@ -498,6 +506,9 @@ fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
         .stderr(Stdio::inherit());
     let _ = std::fs::create_dir_all(&run_dir);
     let ran = run_within(cmd, limit);
+    if let Err(e) = copy_files(&run_dir, &kept) {
+        eprintln!("minivmm bench qemu: keeping ferry's files: {e}");
+    }
     let out = match ran {
         Ok(out) => out,
         Err(e) => {
@@ -527,6 +538,20 @@ fn ferry_side(guest: &Guest, cell: &Cell, limit: Duration, dir: &Path) -> Side {
     side.kernel_warnings = serde_json::from_value(j["kernel_warnings"].clone()).unwrap_or_default();
     side.error = j["error"].as_str().map(String::from);
     side
+}
+
+/// Copies the files of directory `from` into `to` (made if missing).
+fn copy_files(from: &Path, to: &Path) -> Result<(), String> {
+    let what = |p: &Path, e: std::io::Error| format!("{}: {e}", p.display());
+    std::fs::create_dir_all(to).map_err(|e| what(to, e))?;
+    for entry in std::fs::read_dir(from).map_err(|e| what(from, e))? {
+        let path = entry.map_err(|e| what(from, e))?.path();
+        if path.is_file() {
+            let target = to.join(path.file_name().expect("a file has a name"));
+            std::fs::copy(&path, &target).map_err(|e| what(&path, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Runs `cmd` to its end, or kills it (and the processes it started)
