@@ -67,7 +67,7 @@ pub trait Throttled: Send + Sync {
 /// ([`ThrottleSlot::interrupt`]). It used to poll in 1 ms steps: inside the
 /// SVM host a vCPU asleep on the quota then used about 100 ms of CPU a
 /// second, a fifth of the host's one CPU with both vCPUs held, which the
-/// guest's own tasks and ferry's sender were short of (docs/svm-host.md).
+/// guest's own tasks and ferry's sender were short of (docs/svm-host-runs.md).
 #[derive(Debug, Default)]
 pub struct ThrottleSlot {
     /// Nanoseconds the vCPU must sleep before it next runs.
@@ -115,7 +115,7 @@ impl ThrottleSlot {
     /// The CPU the vCPU's thread used since its last throttle sleep ended
     /// (`None` before its first [`ThrottleSlot::take`]), so that the quota
     /// counts the CPU a vCPU gets between its sleeps, not the wall time
-    /// (docs/svm-host.md: on a host short of CPU, 10 ms of wall time after
+    /// (docs/svm-host-runs.md: on a host short of CPU, 10 ms of wall time after
     /// a sleep left the guest a few milliseconds, most of them the guest
     /// kernel's catching up). A thread that has exited reads as `None`.
     pub fn cpu_since_sleep(&self) -> Option<Duration> {
@@ -391,7 +391,7 @@ fn limit_tick(vcpus: &[Arc<dyn Throttled>], limit: &DirtyLimiter, seen: &mut [u6
 /// other (an IPI, a lock held by a vCPU asleep), and a task needs the CPU
 /// to get anything done: a vCPU that only ever ran the few milliseconds to
 /// the meter's next tick between sleeps made a Linux guest's own clock
-/// readings stop for seconds (docs/svm-host.md).
+/// readings stop for seconds (docs/svm-host-runs.md).
 ///
 /// **The hold.** A sleep is at most the vCPU's hold, which starts at
 /// [`SHORTEST_HOLD`]. A writer that dirties more in its slice than a
@@ -404,7 +404,7 @@ fn limit_tick(vcpus: &[Arc<dyn Throttled>], limit: &DirtyLimiter, seen: &mut [u6
 /// quota's longest sleep only while rounds show the guest outrunning the
 /// link (`ferry_engine::converge::quota`): a fixed 50 ms cap could not hold
 /// a writer under a sixth of its speed (inside the SVM host a Linux guest's
-/// checker then outran the link round after round: docs/svm-host.md, "The
+/// checker then outran the link round after round: docs/svm-host-runs.md, "The
 /// quota's hold"), and an idle guest that only brushes a small quota should
 /// not sleep longer for it.
 struct QuotaMeter {
@@ -427,7 +427,7 @@ struct QuotaMeter {
 
 /// The shortest hold, where every vCPU starts. Inside the SVM host, on
 /// the writing cell of `minivmm bench qemu`, a Linux guest's own clock
-/// readings stopped for longer the longer the sleeps (docs/svm-host.md).
+/// readings stopped for longer the longer the sleeps (docs/svm-host-runs.md).
 const SHORTEST_HOLD: Duration = *QUOTA_LONGEST_SLEEPS.start();
 
 /// The least a vCPU runs after a quota sleep before the next: QEMU's

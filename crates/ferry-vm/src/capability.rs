@@ -599,7 +599,7 @@ pub const QUOTA_INTERVALS: std::ops::RangeInclusive<Duration> =
 /// finds the guest still outrunning the link may take it). A vCPU whose
 /// debt one sleep does not repay runs a short slice and sleeps again; so
 /// the longer the sleep, the harder a writer can be held, and the longer
-/// a guest's task waits. Measured on a Linux guest: docs/svm-host.md,
+/// a guest's task waits. Measured on a Linux guest: docs/svm-host-runs.md,
 /// "The quota's hold".
 pub const QUOTA_LONGEST_SLEEPS: std::ops::RangeInclusive<Duration> =
     Duration::from_millis(50)..=Duration::from_millis(200);

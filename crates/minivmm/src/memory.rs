@@ -9,7 +9,7 @@
 //! host-virtual address agree modulo 2 MiB; otherwise every 4 KiB page of
 //! the guest takes its own nested-paging fault, and a destination that
 //! just received a busy guest pays one per page the guest touches after
-//! the move (docs/svm-host.md has what that cost a Linux guest).
+//! the move (docs/svm-host-runs.md has what that cost a Linux guest).
 
 use crate::layout::{DATA_GPA, SYSTEM_BYTES};
 use ferry_engine::vmm::{Backing, PAGE_SIZE};

@@ -269,7 +269,7 @@ impl QuotaPolicy {
     /// short sleeps. The holds stay to the end: lifted near it (in rounds
     /// that left under four downtime targets to send), a writer held
     /// behind its pace caught up at once, above the link, and the last
-    /// rounds grew again (docs/svm-host.md, "The quota engages sooner in
+    /// rounds grew again (docs/svm-host-runs.md, "The quota engages sooner in
     /// the full pass"). The settle (`settle`) lets a held guest run before
     /// the pause.
     fn longest_sleep(&self) -> Duration {

@@ -29,7 +29,7 @@
 //! guest's (a few MiB in its first second) read above half the link and
 //! engaged the quota in the full pass; its eighth of the link, 13 pages
 //! per vCPU per interval, is less than a Linux vCPU dirties by running,
-//! and the guest's clock stopped for seconds at a time (docs/svm-host.md,
+//! and the guest's clock stopped for seconds at a time (docs/svm-host-runs.md,
 //! "The idle cell under the quota"). With harvests within rounds the
 //! count is of the distinct pages the round's harvests found: each
 //! harvest protects the pages again, so the meter counts a working set
@@ -44,7 +44,7 @@
 //! of its 512 MiB, a fifth of the bar; the writing cell's writer, at 16
 //! MiB/s, reached the eighth only 4.5 s into its full pass, dirtying half
 //! its 128 MiB hot set before the quota held it, and the thirty-second
-//! 1.3-1.8 s in (docs/svm-host.md, "The quota engages sooner in the full
+//! 1.3-1.8 s in (docs/svm-host-runs.md, "The quota engages sooner in the full
 //! pass").
 //! Between harvests the budget follows the measured link. The policies
 //! differ only in how the backend enforces it.

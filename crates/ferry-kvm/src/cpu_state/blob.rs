@@ -20,7 +20,7 @@ pub const MAGIC: [u8; 8] = *b"FERRYCPU";
 pub const JSON: u32 = 1;
 /// Format 2: the same state with a bincode body. In Debian's kernel
 /// under the SVM host, parsing the JSON of two vCPUs was a large share of
-/// the paused guest's time (docs/svm-host.md, "The idle cell's pause").
+/// the paused guest's time (docs/svm-host-runs.md, "The idle cell's pause").
 pub const COMPACT: u32 = 2;
 /// The newest format this ferry loads.
 pub const VERSION: u32 = COMPACT;

@@ -107,7 +107,7 @@ pub struct DirtyRing {
     /// often, or one a throttle wakes, reports the same page hundreds of
     /// times a second. Inside the SVM host those entries engaged the quota
     /// on an idle Linux guest whose full pass dirtied almost nothing
-    /// (docs/svm-host.md, "The quota's hold").
+    /// (docs/svm-host-runs.md, "The quota's hold").
     collected: AtomicU64,
 }
 

@@ -18,7 +18,7 @@
 //! tell a vCPU the host did not schedule from one KVM kept busy.
 //!
 //! What it is for: telling where a guest's time went when the guest's own
-//! clock readings stop (docs/svm-host.md), between the host's throttle
+//! clock readings stop (docs/svm-host-runs.md), between the host's throttle
 //! (`slept_ms`), KVM_RUN (`in_run_ms`) and, inside KVM_RUN, KVM's work for
 //! the vCPU (`kvm`: its exits, second-level faults fixed, signal exits).
 

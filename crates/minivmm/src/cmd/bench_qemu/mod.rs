@@ -86,7 +86,7 @@ pub struct QemuArgs {
     /// (`minivmm demo --harvest-within-rounds`): its full pass leaves what
     /// the guest dirties ahead of it for the next round. Inside the SVM
     /// host that took the writing cell from 46-48 s to 35-39 s
-    /// (docs/svm-host.md). `false` harvests at round ends only.
+    /// (docs/svm-host-runs.md). `false` harvests at round ends only.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     ferry_harvest_within_rounds: bool,
     /// Runs of each cell (each a ferry run then a QEMU run).
@@ -426,7 +426,7 @@ fn bench_qemu(a: QemuArgs) -> Result<(), String> {
                 qemu,
             };
             // ferry's side on record before QEMU's run: the emulated host
-            // has frozen under QEMU's run too (docs/svm-host.md).
+            // has frozen under QEMU's run too (docs/svm-host-runs.md).
             let pending = Side {
                 error: Some(QEMU_PENDING.into()),
                 ..Side::default()
