@@ -256,9 +256,11 @@ trap 'exit 130' INT TERM
 hung=0
 froze=0
 start=$(date +%s)
-# Once the host is up, its console grows at least every 10 s (the
-# heartbeat); 60 s without growth means it froze.
-beat_size=0
+# Once the host is up, its init adds a heartbeat line every 10 s; 60 s
+# without a new one means it froze. Heartbeats are counted, not the
+# console's size: with two outer vCPUs one can freeze while the other
+# fills the console with the stalls it sees (2026-12-07, h1).
+beats=0
 beat_at=$start
 while kill -0 $qpid 2>/dev/null; do
     now=$(date +%s)
@@ -267,11 +269,11 @@ while kill -0 $qpid 2>/dev/null; do
         kill $qpid 2>/dev/null
         break
     fi
-    size=$(stat -c %s "$console" 2>/dev/null || echo 0)
-    if [ "$size" != "$beat_size" ]; then
-        beat_size=$size
+    n=$(grep -c '^svm-host: heartbeat' "$console" 2>/dev/null || true)
+    if [ "${n:-0}" != "$beats" ]; then
+        beats=${n:-0}
         beat_at=$now
-    elif [ $((now - beat_at)) -ge 60 ] && grep -q '^svm-host: heartbeat' "$console"; then
+    elif [ $((now - beat_at)) -ge 60 ] && [ "$beats" -gt 0 ]; then
         froze=1
         python3 "$repo/scripts/svm-freeze.py" "$monitor" "$console" "$state/kallsyms-$kver" "$run/modsyms" \
             >"$state/freeze.log" 2>&1 || true
