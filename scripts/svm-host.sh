@@ -15,8 +15,10 @@
 # runs). If the host itself fails, this exits non-zero naming the cause:
 #   125  the host crashed (a kernel panic, BUG or Oops on its console)
 #   126  the host froze: its heartbeat (a console line every 10 s from its
-#        init) stopped for 60 s, so nothing inside it ran any more
+#        init) stopped for 60 s, so its userspace no longer ran
 #   124  CMD hung: no exit within --timeout, the host still beating
+# (An RCU stall report on the host's console, a CPU stuck for 21 s that
+# another CPU saw, is named on stderr and leaves the status alone.)
 #
 # Options (before CMD): --timeout S (default 3600), --smp N, --mem MiB.
 # The configuration's other knobs, for trying others (docs/svm-host.md):
@@ -290,12 +292,18 @@ wait $t1 $t2 2>/dev/null || true
 fault=$(grep -m1 -E 'Kernel panic|BUG:|Oops:|general protection fault|stack guard page|corrupted stack end' "$console" || true)
 mv -f "$console" "$state/console.log"
 console="$state/console.log"
+# With two outer vCPUs one can stop while the other runs on, reporting it:
+# the command may finish, but what it measured ran on a limping host.
+stalls=$(grep -c 'rcu: INFO: .* detected stalls' "$console" || true)
+if [ "${stalls:-0}" -gt 0 ]; then
+    say "the SVM host logged $stalls RCU stall report(s), a CPU of its stuck for over 21 s: distrust what this boot measured (console: $console)"
+fi
 status=
 if [ -n "$fault" ]; then
     say "the SVM host crashed: $fault (console: $console)"
     status=125
 elif [ "$froze" -eq 1 ]; then
-    say "the SVM host froze: no heartbeat on its console for 60 s, so nothing inside it ran (console: $console; its CPU: $state/freeze.log, $(grep -m1 '^RIP' "$state/freeze.log" 2>/dev/null || echo 'no registers'))"
+    say "the SVM host froze: no heartbeat on its console for 60 s, so its userspace stopped running (console: $console; its CPU: $state/freeze.log, $(grep -m1 '^RIP' "$state/freeze.log" 2>/dev/null || echo 'no registers'))"
     status=126
 elif [ "$hung" -eq 1 ]; then
     say "the command hung: no exit within ${timeout_s} s, the host still beating (console: $console)"
