@@ -294,7 +294,7 @@ mv -f "$console" "$state/console.log"
 console="$state/console.log"
 # With two outer vCPUs one can stop while the other runs on, reporting it:
 # the command may finish, but what it measured ran on a limping host.
-stalls=$(grep -c 'rcu: INFO: .* detected stalls' "$console" || true)
+stalls=$(grep -cE 'rcu: INFO: .*(detected stalls|self-detected stall|detected expedited stalls)' "$console" || true)
 if [ "${stalls:-0}" -gt 0 ]; then
     say "the SVM host logged $stalls RCU stall report(s), a CPU of its stuck for over 21 s: distrust what this boot measured (console: $console)"
 fi
@@ -306,7 +306,11 @@ elif [ "$froze" -eq 1 ]; then
     say "the SVM host froze: no heartbeat on its console for 60 s, so its userspace stopped running (console: $console; its CPU: $state/freeze.log, $(grep -m1 '^RIP' "$state/freeze.log" 2>/dev/null || echo 'no registers'))"
     status=126
 elif [ "$hung" -eq 1 ]; then
-    say "the command hung: no exit within ${timeout_s} s, the host still beating (console: $console)"
+    if [ "$beats" -gt 0 ]; then
+        say "the command hung: no exit within ${timeout_s} s, the host still beating (console: $console)"
+    else
+        say "no exit within ${timeout_s} s, and the host never beat: it did not come up (console: $console)"
+    fi
     status=124
 elif [ ! -f "$run/status" ]; then
     say "the SVM host stopped without the command's status (console: $console; QEMU: $(tail -1 "$run/qemu.log"))"

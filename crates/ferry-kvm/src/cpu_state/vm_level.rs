@@ -82,6 +82,11 @@ pub struct VmSnapshot {
     pub pit: Option<kvm_pit_state2>,
     /// The kvmclock, where the host's KVM can set it.
     pub clock: Option<kvm_clock_data>,
+    /// The host's wall-clock time (`CLOCK_REALTIME`, ns) when `clock` was
+    /// read, where KVM did not pair the two itself (see [`stamp`]). Absent
+    /// from older sources' state: their destinations ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_read_at_ns: Option<u64>,
 }
 
 /// Reads the VM-level state of a paused VM.
@@ -112,44 +117,79 @@ pub fn save(vm: &VmFd, devices: VmDevices) -> Result<VmSnapshot, VmStateError> {
         false => None,
     };
     let clock = match devices.clock {
-        true => Some(with_realtime(
+        true => Some(
             vm.get_clock()
                 .map_err(|e| VmStateError::Ioctl("KVM_GET_CLOCK", e))?,
-        )),
+        ),
         false => None,
     };
     Ok(VmSnapshot {
         irqchip,
         pit,
+        clock_read_at_ns: clock.and_then(stamp),
         clock,
     })
 }
 
-/// `clock` with the host's wall-clock time at its reading, so that the
-/// restore moves it on by the time between (`KVM_CLOCK_REALTIME`).
+/// The host's wall-clock time at the reading of `clock`, where KVM did not
+/// pair the two (`KVM_CLOCK_REALTIME`), so that the restore can move the
+/// clock on by the time between.
 ///
-/// KVM pairs the two itself only where the host's clocksource is the TSC.
-/// Where it is not (a host that found its CPUs' TSCs unsynchronized, such as
-/// the SVM host with two outer vCPUs, which runs on HPET), the kvmclock came
-/// back without the pair, and a guest restored from it lost the time from
-/// the save to the restore: 6-20 ms a move there (docs/svm-host-runs.md,
-/// 2026-12-07, midday). Stamped here, microseconds after the ioctl, it is
-/// what KVM would have paired. `KVM_SET_CLOCK` honours the flag on any
-/// host: it reads the wall clock, not the TSC.
-fn with_realtime(mut clock: kvm_clock_data) -> kvm_clock_data {
-    if clock.flags & KVM_CLOCK_REALTIME == 0 {
-        clock.realtime = realtime_ns();
-        clock.flags |= KVM_CLOCK_REALTIME;
+/// KVM pairs them only where the host's clocksource is the TSC. Where it is
+/// not (a host that found its CPUs' TSCs unsynchronized, such as the SVM
+/// host with two outer vCPUs, which runs on HPET), a guest restored from
+/// the bare kvmclock lost the time from the save to the restore: 6-20 ms a
+/// move there (docs/svm-host-runs.md, 2026-12-07, midday). Taken
+/// microseconds after the ioctl, the stamp is what KVM would have paired.
+/// It travels beside the kvmclock, not in its flags: a KVM before 5.16
+/// refuses any flag in `KVM_SET_CLOCK`, and older ferry destinations pass
+/// the flags on.
+fn stamp(clock: kvm_clock_data) -> Option<u64> {
+    match clock.flags & KVM_CLOCK_REALTIME {
+        0 => realtime_ns(),
+        _ => None,
     }
-    clock
 }
 
 /// The host's wall-clock time (`CLOCK_REALTIME`) in nanoseconds, the clock
-/// `KVM_CLOCK_REALTIME` pairs the kvmclock with.
-fn realtime_ns() -> u64 {
+/// `KVM_CLOCK_REALTIME` pairs the kvmclock with; none before the epoch.
+fn realtime_ns() -> Option<u64> {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+        .ok()
+        .map(|d| d.as_nanos() as u64)
+}
+
+/// What to give `KVM_SET_CLOCK` for `saved` (read at `read_at`, the host's
+/// wall-clock time, where known): the kvmclock moved on by the wall-clock
+/// time since, never back. A KVM that `takes_realtime` (5.16 on) moves it
+/// itself; an older one is given it moved on at `now`.
+fn clock_to_set(
+    saved: &kvm_clock_data,
+    read_at: Option<u64>,
+    takes_realtime: bool,
+    now: Option<u64>,
+) -> kvm_clock_data {
+    let read_at = match saved.flags & KVM_CLOCK_REALTIME {
+        0 => read_at,
+        _ => Some(saved.realtime),
+    };
+    let bare = kvm_clock_data {
+        clock: saved.clock,
+        ..Default::default()
+    };
+    match (read_at, now) {
+        (Some(at), _) if takes_realtime => kvm_clock_data {
+            flags: KVM_CLOCK_REALTIME,
+            realtime: at,
+            ..bare
+        },
+        (Some(at), Some(now)) => kvm_clock_data {
+            clock: saved.clock + now.saturating_sub(at),
+            ..bare
+        },
+        _ => bare,
+    }
 }
 
 /// Checks that `snap` was saved from a VM with the same devices as this one.
@@ -199,12 +239,10 @@ pub fn restore(vm: &VmFd, snap: &VmSnapshot) -> Result<(), VmStateError> {
             .map_err(|e| VmStateError::Ioctl("KVM_SET_PIT2", e))?;
     }
     if let Some(clock) = &snap.clock {
-        // Only REALTIME means anything to KVM_SET_CLOCK: with it, KVM moves
-        // the clock on by the wall-clock time since the save (the downtime).
-        let clock = kvm_clock_data {
-            flags: clock.flags & KVM_CLOCK_REALTIME,
-            ..*clock
-        };
+        // The capability names the flags KVM_SET_CLOCK takes (5.16 on).
+        let flags = vm.check_extension_raw(u64::from(KVM_CAP_ADJUST_CLOCK));
+        let takes_realtime = flags > 0 && flags as u32 & KVM_CLOCK_REALTIME != 0;
+        let clock = clock_to_set(clock, snap.clock_read_at_ns, takes_realtime, realtime_ns());
         vm.set_clock(&clock)
             .map_err(|e| VmStateError::Ioctl("KVM_SET_CLOCK", e))?;
     }
@@ -216,30 +254,49 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    fn reading(clock: u64, paired_at: Option<u64>) -> kvm_clock_data {
+        kvm_clock_data {
+            clock,
+            flags: paired_at.map_or(0, |_| KVM_CLOCK_REALTIME),
+            realtime: paired_at.unwrap_or(0),
+            ..Default::default()
+        }
+    }
+
     #[test]
-    fn a_clock_read_without_the_wall_clock_is_stamped_with_it_and_one_with_it_is_kept() {
-        let before = realtime_ns();
-        let bare = with_realtime(kvm_clock_data {
-            clock: 5,
-            ..Default::default()
-        });
-        assert_eq!(bare.flags & KVM_CLOCK_REALTIME, KVM_CLOCK_REALTIME);
-        assert!((before..=realtime_ns()).contains(&bare.realtime));
-        assert_eq!(bare.clock, 5);
-        let paired = kvm_clock_data {
-            clock: 5,
-            flags: KVM_CLOCK_REALTIME,
-            realtime: 7,
-            ..Default::default()
-        };
-        assert_eq!(with_realtime(paired).realtime, 7);
+    fn only_a_clock_kvm_did_not_pair_is_stamped() {
+        let before = realtime_ns().unwrap();
+        let at = stamp(reading(5, None)).unwrap();
+        assert!((before..=realtime_ns().unwrap()).contains(&at));
+        assert_eq!(stamp(reading(5, Some(7))), None);
+    }
+
+    #[test]
+    fn the_clock_set_moves_on_by_the_wall_clock_since_its_reading() {
+        let ms = 1_000_000;
+        // A KVM from 5.16 on is given the pair, KVM's or the stamp.
+        for (saved, stamped) in [(reading(5, Some(100)), None), (reading(5, None), Some(100))] {
+            let set = clock_to_set(&saved, stamped, true, Some(100 + 30 * ms));
+            assert_eq!(
+                (set.clock, set.flags, set.realtime),
+                (5, KVM_CLOCK_REALTIME, 100)
+            );
+            // An older one takes no flag: it is given the clock moved on.
+            let set = clock_to_set(&saved, stamped, false, Some(100 + 30 * ms));
+            assert_eq!((set.clock, set.flags), (5 + 30 * ms, 0));
+        }
+        // Never back, and as saved where the reading's time is unknown.
+        let set = clock_to_set(&reading(5, None), Some(100), false, Some(50));
+        assert_eq!((set.clock, set.flags), (5, 0));
+        let set = clock_to_set(&reading(5, None), None, true, Some(50));
+        assert_eq!((set.clock, set.flags), (5, 0));
     }
 
     /// A kvmclock saved, held 200 ms and restored into another VM has moved
-    /// on by at least those 200 ms: the guest's clock keeps the host's
-    /// time across a move, both as `save` read it (paired by this host's
-    /// KVM, or stamped) and stamped anew from the bare kvmclock, as on a
-    /// host whose KVM does not pair them.
+    /// on by those 200 ms (and not by years): the guest's clock keeps the
+    /// host's time across a move, both as `save` read it (paired by this
+    /// host's KVM, or stamped) and from the bare kvmclock stamped anew, as
+    /// on a host whose KVM does not pair them.
     #[test]
     fn a_restored_kvmclock_moves_on_by_the_time_since_its_save() {
         if !crate::host::require_kvm("a_restored_kvmclock_moves_on_by_the_time_since_its_save") {
@@ -255,20 +312,18 @@ mod tests {
         let held = Duration::from_millis(200);
         for as_saved in [true, false] {
             let mut snap = save(&source, devices).unwrap();
-            if !as_saved {
-                let unpaired = kvm_clock_data {
-                    clock: snap.clock.unwrap().clock,
-                    ..Default::default()
-                };
-                snap.clock = Some(with_realtime(unpaired));
-            }
             let saved = snap.clock.unwrap().clock;
+            if !as_saved {
+                snap.clock = Some(reading(saved, None));
+                snap.clock_read_at_ns = stamp(reading(saved, None));
+            }
             std::thread::sleep(held);
             let dest = kvm.create_vm().unwrap();
             restore(&dest, &snap).unwrap();
             let now = dest.get_clock().unwrap().clock;
+            let moved = Duration::from_nanos(now.saturating_sub(saved));
             assert!(
-                now >= saved + held.as_nanos() as u64,
+                moved >= held && moved < held + Duration::from_secs(10),
                 "as saved {as_saved}: saved {saved} ns, restored {now} ns, held {held:?}"
             );
         }
