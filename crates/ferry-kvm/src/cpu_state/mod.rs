@@ -200,9 +200,6 @@ fn without_clocks(state: &[u8]) -> Option<serde_json::Value> {
     if let Some(clock) = &mut s.vm.clock {
         (clock.clock, clock.realtime, clock.host_tsc) = (0, 0, 0);
     }
-    if let Some(at) = &mut s.vm.clock_read_at_ns {
-        *at = 0;
-    }
     if let Some(pit) = &mut s.vm.pit {
         pit.channels.iter_mut().for_each(|c| c.count_load_time = 0);
     }

@@ -80,13 +80,11 @@ pub struct VmSnapshot {
     pub irqchip: Irqchip,
     /// The PIT, where the VM had one.
     pub pit: Option<kvm_pit_state2>,
-    /// The kvmclock, where the host's KVM can set it.
+    /// The kvmclock, where the host's KVM can set it. Its `realtime` is
+    /// the host's wall-clock time at the reading: KVM's, with
+    /// `KVM_CLOCK_REALTIME` in its flags, or else the save's own stamp
+    /// ([`stamped`]), or 0 where neither is known.
     pub clock: Option<kvm_clock_data>,
-    /// The host's wall-clock time (`CLOCK_REALTIME`, ns) when `clock` was
-    /// read, where KVM did not pair the two itself (see [`stamp`]). Absent
-    /// from older sources' state: their destinations ignore it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clock_read_at_ns: Option<u64>,
 }
 
 /// Reads the VM-level state of a paused VM.
@@ -117,23 +115,22 @@ pub fn save(vm: &VmFd, devices: VmDevices) -> Result<VmSnapshot, VmStateError> {
         false => None,
     };
     let clock = match devices.clock {
-        true => Some(
+        true => Some(stamped(
             vm.get_clock()
                 .map_err(|e| VmStateError::Ioctl("KVM_GET_CLOCK", e))?,
-        ),
+        )),
         false => None,
     };
     Ok(VmSnapshot {
         irqchip,
         pit,
-        clock_read_at_ns: clock.and_then(stamp),
         clock,
     })
 }
 
-/// The host's wall-clock time at the reading of `clock`, where KVM did not
-/// pair the two (`KVM_CLOCK_REALTIME`), so that the restore can move the
-/// clock on by the time between.
+/// `clock` with the host's wall-clock time at its reading in `realtime`,
+/// where KVM did not pair the two (`KVM_CLOCK_REALTIME`), so that the
+/// restore can move the clock on by the time between.
 ///
 /// KVM pairs them only where the host's clocksource is the TSC. Where it is
 /// not (a host that found its CPUs' TSCs unsynchronized, such as the SVM
@@ -141,13 +138,18 @@ pub fn save(vm: &VmFd, devices: VmDevices) -> Result<VmSnapshot, VmStateError> {
 /// the bare kvmclock lost the time from the save to the restore: 6-20 ms a
 /// move there (docs/svm-host-runs.md, 2026-12-07, midday). Taken
 /// microseconds after the ioctl, the stamp is what KVM would have paired.
-/// It travels beside the kvmclock, not in its flags: a KVM before 5.16
-/// refuses any flag in `KVM_SET_CLOCK`, and older ferry destinations pass
-/// the flags on.
-fn stamp(clock: kvm_clock_data) -> Option<u64> {
+/// The flag stays clear: a KVM before 5.16 refuses any flag in
+/// `KVM_SET_CLOCK`, and older ferry destinations pass the flag on. KVM
+/// leaves `realtime` 0 where it does not pair, so a stamp is told apart by
+/// the flag clear and `realtime` set; older destinations ignore it, and
+/// the state's layout (JSON or bincode) is unchanged.
+fn stamped(clock: kvm_clock_data) -> kvm_clock_data {
     match clock.flags & KVM_CLOCK_REALTIME {
-        0 => realtime_ns(),
-        _ => None,
+        0 => kvm_clock_data {
+            realtime: realtime_ns().unwrap_or(0),
+            ..clock
+        },
+        _ => clock,
     }
 }
 
@@ -160,19 +162,14 @@ fn realtime_ns() -> Option<u64> {
         .map(|d| d.as_nanos() as u64)
 }
 
-/// What to give `KVM_SET_CLOCK` for `saved` (read at `read_at`, the host's
-/// wall-clock time, where known): the kvmclock moved on by the wall-clock
-/// time since, never back. A KVM that `takes_realtime` (5.16 on) moves it
-/// itself; an older one is given it moved on at `now`.
-fn clock_to_set(
-    saved: &kvm_clock_data,
-    read_at: Option<u64>,
-    takes_realtime: bool,
-    now: Option<u64>,
-) -> kvm_clock_data {
-    let read_at = match saved.flags & KVM_CLOCK_REALTIME {
-        0 => read_at,
-        _ => Some(saved.realtime),
+/// What to give `KVM_SET_CLOCK` for `saved`: the kvmclock moved on by the
+/// wall-clock time since its reading, where that is known ([`stamped`]),
+/// never back. A KVM that `takes_realtime` (5.16 on) moves it itself; an
+/// older one is given it moved on at `now`.
+fn clock_to_set(saved: &kvm_clock_data, takes_realtime: bool, now: Option<u64>) -> kvm_clock_data {
+    let read_at = match (saved.flags & KVM_CLOCK_REALTIME, saved.realtime) {
+        (0, 0) => None,
+        (_, at) => Some(at),
     };
     let bare = kvm_clock_data {
         clock: saved.clock,
@@ -242,7 +239,7 @@ pub fn restore(vm: &VmFd, snap: &VmSnapshot) -> Result<(), VmStateError> {
         // The capability names the flags KVM_SET_CLOCK takes (5.16 on).
         let flags = vm.check_extension_raw(u64::from(KVM_CAP_ADJUST_CLOCK));
         let takes_realtime = flags > 0 && flags as u32 & KVM_CLOCK_REALTIME != 0;
-        let clock = clock_to_set(clock, snap.clock_read_at_ns, takes_realtime, realtime_ns());
+        let clock = clock_to_set(clock, takes_realtime, realtime_ns());
         vm.set_clock(&clock)
             .map_err(|e| VmStateError::Ioctl("KVM_SET_CLOCK", e))?;
     }
@@ -264,31 +261,37 @@ mod tests {
     }
 
     #[test]
-    fn only_a_clock_kvm_did_not_pair_is_stamped() {
+    fn only_a_clock_kvm_did_not_pair_is_stamped_and_its_flag_stays_clear() {
         let before = realtime_ns().unwrap();
-        let at = stamp(reading(5, None)).unwrap();
-        assert!((before..=realtime_ns().unwrap()).contains(&at));
-        assert_eq!(stamp(reading(5, Some(7))), None);
+        let bare = stamped(reading(5, None));
+        assert!((before..=realtime_ns().unwrap()).contains(&bare.realtime));
+        assert_eq!((bare.clock, bare.flags), (5, 0));
+        let paired = stamped(reading(5, Some(7)));
+        assert_eq!((paired.realtime, paired.flags), (7, KVM_CLOCK_REALTIME));
     }
 
     #[test]
     fn the_clock_set_moves_on_by_the_wall_clock_since_its_reading() {
         let ms = 1_000_000;
+        let stamp_only = kvm_clock_data {
+            realtime: 100,
+            ..reading(5, None)
+        };
         // A KVM from 5.16 on is given the pair, KVM's or the stamp.
-        for (saved, stamped) in [(reading(5, Some(100)), None), (reading(5, None), Some(100))] {
-            let set = clock_to_set(&saved, stamped, true, Some(100 + 30 * ms));
+        for saved in [reading(5, Some(100)), stamp_only] {
+            let set = clock_to_set(&saved, true, Some(100 + 30 * ms));
             assert_eq!(
                 (set.clock, set.flags, set.realtime),
                 (5, KVM_CLOCK_REALTIME, 100)
             );
             // An older one takes no flag: it is given the clock moved on.
-            let set = clock_to_set(&saved, stamped, false, Some(100 + 30 * ms));
+            let set = clock_to_set(&saved, false, Some(100 + 30 * ms));
             assert_eq!((set.clock, set.flags), (5 + 30 * ms, 0));
         }
         // Never back, and as saved where the reading's time is unknown.
-        let set = clock_to_set(&reading(5, None), Some(100), false, Some(50));
+        let set = clock_to_set(&stamp_only, false, Some(50));
         assert_eq!((set.clock, set.flags), (5, 0));
-        let set = clock_to_set(&reading(5, None), None, true, Some(50));
+        let set = clock_to_set(&reading(5, None), true, Some(50));
         assert_eq!((set.clock, set.flags), (5, 0));
     }
 
@@ -314,8 +317,7 @@ mod tests {
             let mut snap = save(&source, devices).unwrap();
             let saved = snap.clock.unwrap().clock;
             if !as_saved {
-                snap.clock = Some(reading(saved, None));
-                snap.clock_read_at_ns = stamp(reading(saved, None));
+                snap.clock = Some(stamped(reading(saved, None)));
             }
             std::thread::sleep(held);
             let dest = kvm.create_vm().unwrap();
