@@ -17,8 +17,8 @@
 #   126  the host froze: its heartbeat (a console line every 10 s from its
 #        init) stopped for 60 s, so its userspace no longer ran
 #   124  CMD hung: no exit within --timeout, the host still beating
-# (An RCU stall report on the host's console, a CPU stuck for 21 s that
-# another CPU saw, is named on stderr and leaves the status alone.)
+# (An RCU stall report on the host's console, a CPU of its stuck for over
+# 21 s, is named on stderr and leaves the status alone.)
 #
 # Options (before CMD): --timeout S (default 3600), --smp N, --mem MiB.
 # The configuration's other knobs, for trying others (docs/svm-host.md):
