@@ -791,6 +791,14 @@ impl Vm for MiniVm {
                 io.resume();
             }
         }
+        // The guest's kvmclock ran on while it was held (paused for a move,
+        // restored from a file later): a Linux guest told so does not take
+        // the hold for CPUs stuck that long (a soft lockup).
+        for (i, v) in self.vcpus.iter().enumerate() {
+            if let Err(e) = cpu_state::tell_guest_it_was_paused(&v.fd()) {
+                eprintln!("minivmm: vCPU {i}: {e}: a guest held for long may report a soft lockup");
+            }
+        }
         for v in &self.vcpus {
             v.resume();
         }

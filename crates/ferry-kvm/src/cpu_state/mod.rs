@@ -23,7 +23,7 @@ pub mod xsave;
 
 pub use blob::BlobError;
 pub use msrs::{MsrError, MsrProbe};
-pub use vcpu::{VcpuContext, VcpuError, VcpuSnapshot};
+pub use vcpu::{tell_guest_it_was_paused, VcpuContext, VcpuError, VcpuSnapshot};
 pub use vm_level::{Chips, Irqchip, VmDevices, VmSnapshot, VmStateError};
 pub use xsave::{XsaveError, XsaveKind};
 

@@ -180,6 +180,27 @@ fn pin_tsc(fd: &VcpuFd, saved: &[kvm_bindings::kvm_msr_entry]) -> Result<(), Vcp
     crate::ioctls::set_tsc_offset(fd, pinned).map_err(ioctl("KVM_SET_DEVICE_ATTR(TSC_OFFSET)"))
 }
 
+/// Tells a stopped vCPU's guest that the host held it
+/// (`KVM_KVMCLOCK_CTRL`): KVM sets `PVCLOCK_GUEST_STOPPED` in the guest's
+/// kvmclock page as it next enters, and a Linux guest then resets its soft
+/// lockup watchdog and skips one RCU stall check instead of reporting the
+/// hold as a CPU stuck for that long. A VMM calls it on every vCPU before
+/// it lets a paused or restored guest run: after a pause of over 20 s (a
+/// snapshot restored later, a guest held for an operator, a slow
+/// switchover rolled back) Linux would otherwise log `BUG: soft lockup`.
+/// QEMU does the same on each start.
+///
+/// `Ok(false)` where the guest has no kvmclock (it never wrote
+/// `MSR_KVM_SYSTEM_TIME_NEW`: a guest that is not Linux, or one not yet
+/// booted that far): nothing to tell.
+pub fn tell_guest_it_was_paused(fd: &VcpuFd) -> Result<bool, VcpuError> {
+    match fd.kvmclock_ctrl() {
+        Ok(()) => Ok(true),
+        Err(e) if e.errno() == libc::EINVAL => Ok(false),
+        Err(e) => Err(VcpuError::Ioctl("KVM_KVMCLOCK_CTRL", e)),
+    }
+}
+
 /// Loads `snap` into a stopped vCPU that has not run.
 pub fn restore(fd: &VcpuFd, cx: &VcpuContext, snap: &VcpuSnapshot) -> Result<(), VcpuError> {
     check_fits(snap, cx)?;

@@ -33,6 +33,12 @@ pub struct DemoArgs {
     /// lazy-working-set.
     #[arg(long, default_value = "lazy-working-set", requires = "snapshot")]
     restore: String,
+    /// With --snapshot: wait this many seconds between the save and the
+    /// restore, as a snapshot kept a while is restored. The guest's clock
+    /// moves on by them; a Linux guest held over 20 s takes the hold for a
+    /// soft lockup unless the VMM tells it (KVM_KVMCLOCK_CTRL).
+    #[arg(long, default_value_t = 0, requires = "snapshot")]
+    restore_after_s: u64,
     /// With --local: remove the disk image's path once the source has it
     /// open, before the destination builds its VM. The destination can then
     /// only serve the disk through the fd the source hands over.
@@ -531,6 +537,13 @@ fn snapshot_ends(
     let src_json = last_json(&mut src, "source")?;
     if src_json["status"] != "completed" {
         return Ok((src_json, serde_json::Value::Null, false));
+    }
+    if a.restore_after_s > 0 {
+        eprintln!(
+            "minivmm demo: the snapshot waits {} s before its restore",
+            a.restore_after_s
+        );
+        std::thread::sleep(std::time::Duration::from_secs(a.restore_after_s));
     }
     let mut dest = Reaped(
         Command::new(exe)
