@@ -793,10 +793,17 @@ impl Vm for MiniVm {
         }
         // The guest's kvmclock ran on while it was held (paused for a move,
         // restored from a file later): a Linux guest told so does not take
-        // the hold for CPUs stuck that long (a soft lockup).
-        for (i, v) in self.vcpus.iter().enumerate() {
-            if let Err(e) = cpu_state::tell_guest_it_was_paused(&v.fd()) {
-                eprintln!("minivmm: vCPU {i}: {e}: a guest held for long may report a soft lockup");
+        // the hold for CPUs stuck that long (a soft lockup). Only while
+        // parked: a running vCPU's thread holds its fd.
+        if !self.running {
+            for (i, v) in self.vcpus.iter().enumerate() {
+                if let Err(e) = cpu_state::tell_guest_it_was_paused(&v.fd()) {
+                    let why = std::error::Error::source(&e).map(|s| s.to_string());
+                    eprintln!(
+                        "minivmm: vCPU {i}: {e} ({}): a guest held for long may report a soft lockup",
+                        why.unwrap_or_default()
+                    );
+                }
             }
         }
         for v in &self.vcpus {

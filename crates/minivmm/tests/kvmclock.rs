@@ -14,7 +14,7 @@ use ferry_kvm::cpu_state::Snapshot;
 use ferry_vm::Gfn;
 use kvm_bindings::kvm_msr_entry;
 use minivmm::{MiniConfig, MiniVm};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// `MSR_KVM_SYSTEM_TIME_NEW`: where the guest asks KVM to keep its
 /// kvmclock page (bit 0: enabled).
@@ -46,9 +46,6 @@ fn a_guest_on_kvmclock_is_told_it_was_held_as_it_runs_again() {
     let config = MiniConfig::new(1, 8, dir.join("disk.img"));
     common::make_disks(&config);
     let mut vm = MiniVm::boot(config, Backing::Anonymous, common::sinks(1)).unwrap();
-    vm.start().unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    vm.pause().unwrap();
 
     // The guest takes up kvmclock, as Linux does as it boots: its state
     // as saved, with vCPU 0's kvmclock MSR pointing at the page.
@@ -70,11 +67,17 @@ fn a_guest_on_kvmclock_is_told_it_was_held_as_it_runs_again() {
     );
 
     vm.start().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    // KVM writes the page as the vCPU enters: wait for it (a loaded host
+    // may take a while to run the vCPU's thread).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let version = |page: &[u8]| u32::from_le_bytes(page[VERSION..VERSION + 4].try_into().unwrap());
+    while version(&clock_page(&vm)) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     vm.pause().unwrap();
     let page = clock_page(&vm);
     assert_ne!(
-        u32::from_le_bytes(page[VERSION..VERSION + 4].try_into().unwrap()),
+        version(&page),
         0,
         "KVM never wrote the guest's kvmclock page"
     );

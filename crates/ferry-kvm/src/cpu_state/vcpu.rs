@@ -188,7 +188,8 @@ fn pin_tsc(fd: &VcpuFd, saved: &[kvm_bindings::kvm_msr_entry]) -> Result<(), Vcp
 /// it lets a paused or restored guest run: after a pause of over 20 s (a
 /// snapshot restored later, a guest held for an operator, a slow
 /// switchover rolled back) Linux would otherwise log `BUG: soft lockup`.
-/// QEMU does the same on each start.
+/// QEMU does the same on each start. Call it while the vCPU is out of
+/// `KVM_RUN`: KVM serializes it with the vCPU's run.
 ///
 /// `Ok(false)` where the guest has no kvmclock (it never wrote
 /// `MSR_KVM_SYSTEM_TIME_NEW`: a guest that is not Linux, or one not yet
@@ -197,7 +198,7 @@ pub fn tell_guest_it_was_paused(fd: &VcpuFd) -> Result<bool, VcpuError> {
     match fd.kvmclock_ctrl() {
         Ok(()) => Ok(true),
         Err(e) if e.errno() == libc::EINVAL => Ok(false),
-        Err(e) => Err(VcpuError::Ioctl("KVM_KVMCLOCK_CTRL", e)),
+        Err(e) => Err(ioctl("KVM_KVMCLOCK_CTRL")(e)),
     }
 }
 
@@ -235,4 +236,34 @@ pub fn restore(fd: &VcpuFd, cx: &VcpuContext, snap: &VcpuSnapshot) -> Result<(),
     fd.set_debug_regs(&snap.debugregs)
         .map_err(ioctl("KVM_SET_DEBUGREGS"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvm_bindings::Msrs;
+
+    /// `MSR_KVM_SYSTEM_TIME_NEW`: where the guest keeps its kvmclock page.
+    const MSR_KVM_SYSTEM_TIME_NEW: u32 = 0x4b56_4d01;
+
+    #[test]
+    fn only_a_guest_on_kvmclock_is_told_it_was_paused() {
+        if !crate::host::require_kvm("only_a_guest_on_kvmclock_is_told_it_was_paused") {
+            return;
+        }
+        let kvm = kvm_ioctls::Kvm::new().unwrap();
+        let vm = kvm.create_vm().unwrap();
+        let vcpu = vm.create_vcpu(0).unwrap();
+        // No kvmclock yet: nothing to tell, and no error.
+        assert!(!tell_guest_it_was_paused(&vcpu).unwrap());
+        // The guest takes up kvmclock (a page at 1 MiB, enabled).
+        let msrs = Msrs::from_entries(&[kvm_msr_entry {
+            index: MSR_KVM_SYSTEM_TIME_NEW,
+            data: (1 << 20) | 1,
+            ..Default::default()
+        }])
+        .unwrap();
+        assert_eq!(vcpu.set_msrs(&msrs).unwrap(), 1);
+        assert!(tell_guest_it_was_paused(&vcpu).unwrap());
+    }
 }
