@@ -798,10 +798,9 @@ impl Vm for MiniVm {
         if !self.running {
             for (i, v) in self.vcpus.iter().enumerate() {
                 if let Err(e) = cpu_state::tell_guest_it_was_paused(&v.fd()) {
-                    let why = std::error::Error::source(&e).map(|s| s.to_string());
                     eprintln!(
-                        "minivmm: vCPU {i}: {e} ({}): a guest held for long may report a soft lockup",
-                        why.unwrap_or_default()
+                        "minivmm: vCPU {i}: {}: a guest held for long may report a soft lockup",
+                        ferry_engine::vmm::error_chain(&e)
                     );
                 }
             }

@@ -10,15 +10,13 @@
 mod common;
 
 use ferry_engine::vmm::{Backing, Vm};
+use ferry_kvm::cpu_state::msrs::KVM_SYSTEM_TIME_NEW;
 use ferry_kvm::cpu_state::Snapshot;
 use ferry_vm::Gfn;
 use kvm_bindings::kvm_msr_entry;
 use minivmm::{MiniConfig, MiniVm};
 use std::time::{Duration, Instant};
 
-/// `MSR_KVM_SYSTEM_TIME_NEW`: where the guest asks KVM to keep its
-/// kvmclock page (bit 0: enabled).
-const MSR_KVM_SYSTEM_TIME_NEW: u32 = 0x4b56_4d01;
 /// A page of region 0 that minivmm's guest never touches (above its
 /// lanes, below the hole; `minivmm::layout`).
 const CLOCK_PAGE: Gfn = Gfn(0xf00);
@@ -52,9 +50,9 @@ fn a_guest_on_kvmclock_is_told_it_was_held_as_it_runs_again() {
     let saved = vm.vcpu_state().unwrap().save_vcpus().unwrap();
     let mut snap = Snapshot::decode(&saved).unwrap();
     let msrs = &mut snap.vcpus[0].msrs;
-    msrs.retain(|m| m.index != MSR_KVM_SYSTEM_TIME_NEW);
+    msrs.retain(|m| m.index != KVM_SYSTEM_TIME_NEW);
     msrs.push(kvm_msr_entry {
-        index: MSR_KVM_SYSTEM_TIME_NEW,
+        index: KVM_SYSTEM_TIME_NEW,
         data: CLOCK_PAGE.gpa().0 | 1,
         ..Default::default()
     });

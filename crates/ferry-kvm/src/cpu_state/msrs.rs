@@ -16,6 +16,10 @@ use vmm_sys_util::errno;
 /// would move vCPU 0's TSC); every restore writes it.
 pub const IA32_TSC: u32 = 0x10;
 
+/// MSR_KVM_SYSTEM_TIME_NEW: where the guest asks KVM to keep its kvmclock
+/// page (bit 0: enabled); once written, the guest is on kvmclock.
+pub const KVM_SYSTEM_TIME_NEW: u32 = 0x4b56_4d01;
+
 /// HV_X64_MSR_TIME_REF_COUNT: Hyper-V's reference counter (100 ns units),
 /// which KVM lists as saveable where it offers Hyper-V (the SVM host, not
 /// kvm_pvm). KVM derives it from the VM's kvmclock: a clock, not state.

@@ -243,9 +243,6 @@ mod tests {
     use super::*;
     use kvm_bindings::Msrs;
 
-    /// `MSR_KVM_SYSTEM_TIME_NEW`: where the guest keeps its kvmclock page.
-    const MSR_KVM_SYSTEM_TIME_NEW: u32 = 0x4b56_4d01;
-
     #[test]
     fn only_a_guest_on_kvmclock_is_told_it_was_paused() {
         if !crate::host::require_kvm("only_a_guest_on_kvmclock_is_told_it_was_paused") {
@@ -258,7 +255,7 @@ mod tests {
         assert!(!tell_guest_it_was_paused(&vcpu).unwrap());
         // The guest takes up kvmclock (a page at 1 MiB, enabled).
         let msrs = Msrs::from_entries(&[kvm_msr_entry {
-            index: MSR_KVM_SYSTEM_TIME_NEW,
+            index: msrs::KVM_SYSTEM_TIME_NEW,
             data: (1 << 20) | 1,
             ..Default::default()
         }])
